@@ -1,0 +1,93 @@
+// The training configuration: YAML sections model, data, optimizer, schedule, offload,
+// runtime. Every key is documented in docs/config.md. Loading validates everything before
+// any work starts: an unknown key, a wrong type or an impossible value is a ConfigError
+// naming the key and what is allowed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fuyou {
+
+struct ModelConfig {
+  std::string family = "gpt2";  // gpt2 (GPT-2 / GPT-3 architecture)
+  int n_layer = 6;
+  int n_head = 6;
+  int d_model = 384;
+  int d_ff = 0;  // 0 means 4 * d_model
+  int vocab_size = 256;
+  int seq_len = 256;
+  float init_std = 0.02f;
+  uint64_t seed = 1234;  // initialisation seed; copied from runtime.seed
+};
+
+struct DataConfig {
+  // Plain-text files or directories, tokenized at start into shards in the run directory.
+  std::vector<std::string> text;
+  // Prebuilt token shards (see docs/data.md); used instead of `text` when given.
+  std::vector<std::string> train_shards;
+  std::vector<std::string> val_shards;
+  double val_fraction = 0.05;  // share of `text` held out for validation
+  std::string tokenizer = "byte";
+};
+
+struct OptimizerConfig {
+  double lr = 1e-3;
+  double min_lr = 1e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // 0 disables global-norm clipping
+};
+
+struct ScheduleConfig {
+  int64_t steps = 300;
+  int64_t warmup_steps = 20;
+  int micro_batch = 8;
+  int grad_accum = 1;
+  int64_t eval_every = 50;  // 0 disables periodic validation (the last step is still evaluated)
+  int eval_batches = 8;
+  int64_t log_every = 1;
+};
+
+enum class ActivationPolicy { kAuto, kKeep, kSwap, kRecompute };
+
+struct OffloadConfig {
+  uint64_t device_memory = 0;  // bytes; 0 means no limit below what the machine has
+  uint64_t host_memory = 0;
+  std::vector<std::string> ssd_paths;
+  ActivationPolicy activations = ActivationPolicy::kAuto;
+};
+
+struct RuntimeConfig {
+  std::string backend = "auto";  // cpu | cuda | auto
+  int threads = 0;               // 0 means every core the process may use
+  uint64_t seed = 1234;
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  OffloadConfig offload;
+  RuntimeConfig runtime;
+};
+
+// Parses and validates YAML text. `source` names it in errors (a path or "<default>").
+// Each override is "section.key=value", value in YAML syntax, applied before validation.
+Config parse_config(const std::string& yaml_text, const std::string& source,
+                    const std::vector<std::string>& overrides = {});
+Config load_config_file(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The embedded default config (configs/default.yaml, compiled in).
+const std::string& default_config_text();
+
+// The config as YAML, every key written out, so a run directory records what ran.
+std::string config_to_yaml(const Config& c);
+
+const char* activation_policy_name(ActivationPolicy p);
+
+}  // namespace fuyou

@@ -1,0 +1,72 @@
+// Training data: token shards on disk and the byte-level tokenizer that builds them from
+// plain text. The shard format is in docs/data.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fuyou {
+
+// Shard header: 32 bytes, little-endian.
+//   0  char[8] magic "FYTOKENS"
+//   8  u32     version (1)
+//   12 u32     bytes per token (2 or 4)
+//   16 u64     token count
+//   24 u32     vocab size (every token is < this)
+//   28 u32     reserved (0)
+// followed by `count` tokens of `bytes per token` each.
+constexpr char kShardMagic[8] = {'F', 'Y', 'T', 'O', 'K', 'E', 'N', 'S'};
+constexpr uint32_t kShardVersion = 1;
+
+struct TokenShard {
+  std::string path;
+  uint32_t vocab_size = 0;
+  std::vector<int32_t> tokens;
+};
+
+// Writes atomically. Uses 2 bytes per token when vocab_size <= 65536, else 4.
+void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens,
+                       uint32_t vocab_size);
+// Reads and validates (magic, version, width, count against file size, every token < vocab).
+TokenShard read_token_shard(const std::string& path);
+
+// Byte-level tokenizer: token = byte value, vocab 256.
+constexpr uint32_t kByteVocab = 256;
+std::vector<int32_t> byte_encode(const std::string& text);
+std::string byte_decode(const std::vector<int32_t>& tokens);
+
+struct TextShardResult {
+  std::string train_path;
+  std::string val_path;
+  uint64_t train_tokens = 0;
+  uint64_t val_tokens = 0;
+  size_t files = 0;
+  size_t skipped = 0;  // binary files (containing NUL bytes) and symlinks
+};
+
+// Tokenizes text files (directories are walked recursively, in sorted order; binary files and
+// symlinks are skipped) into out_dir/train.tok and out_dir/val.tok. The last val_fraction of
+// each file goes to validation, so both splits see every source.
+TextShardResult build_text_shards(const std::vector<std::string>& inputs,
+                                  const std::string& out_dir, double val_fraction);
+
+// Samples training windows: micro-batches of B sequences of T+1 tokens at random positions,
+// deterministic in the seed.
+class BatchSampler {
+ public:
+  BatchSampler(const std::vector<int32_t>* tokens, int B, int T, uint64_t seed);
+  // Fills `batch` (B*(T+1)) with the next random windows.
+  void next(int32_t* batch);
+  // Fills `batch` with the i-th fixed evaluation batch (windows evenly spaced).
+  void fixed(int64_t i, int64_t count, int32_t* batch) const;
+  uint64_t position() const { return draws_; }
+
+ private:
+  const std::vector<int32_t>* tokens_;
+  int B_, T_;
+  uint64_t seed_;
+  uint64_t draws_ = 0;
+};
+
+}  // namespace fuyou

@@ -1,0 +1,67 @@
+// Training: one optimizer step over in-memory state (StepRunner), and the whole run that
+// fuyou-train performs (run_training): data, loop, validation, metrics, final weights.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fuyou/backend.h"
+#include "fuyou/config.h"
+#include "fuyou/model.h"
+
+namespace fuyou {
+
+// Splits micro-batch rows of T+1 tokens into inputs (B*T) and next-token targets (B*T).
+void split_batch(const int32_t* batch, int B, int T, int32_t* inputs, int32_t* targets);
+
+// Holds the model on a backend and, on the host, the fp32 master weights and AdamW moments.
+// step() runs grad_accum micro-batches, reduces, clips, updates on the host, and copies the
+// new weights to the device.
+class StepRunner {
+ public:
+  StepRunner(const Config& cfg, Backend& backend);
+
+  GptModel& model() { return model_; }
+  const std::vector<float>& master() const { return master_; }
+
+  void init_params();                       // init_gpt_params with model.seed
+  void set_params(const float* host_params);  // layout() order, layout().total elements
+
+  struct Result {
+    float loss = 0;        // mean over micro-batches, before the update
+    double grad_norm = 0;  // global L2 norm before clipping
+    double lr = 0;
+  };
+  // `micro_batches` holds grad_accum pointers to B*(T+1) tokens each.
+  Result step(int64_t step_index, const std::vector<const int32_t*>& micro_batches);
+  // Mean loss of one B*(T+1) batch at the current weights, no gradients.
+  float eval_loss(const int32_t* batch);
+
+ private:
+  Config cfg_;
+  Backend& be_;
+  GptModel model_;
+  std::vector<float> master_, m_, v_, grad_;
+  std::vector<int32_t> inputs_, targets_;
+  int64_t t_ = 0;
+};
+
+struct TrainOptions {
+  std::string run_dir;          // empty: runs/<date-time>
+  bool progress_line = false;   // live \r progress line (stderr is a terminal)
+};
+
+struct TrainSummary {
+  std::string run_dir;
+  int64_t steps = 0;
+  double first_val_loss = 0;
+  double final_val_loss = 0;
+  double final_train_loss = 0;
+  double tokens_per_s = 0;
+};
+
+TrainSummary run_training(const Config& cfg, const TrainOptions& opts);
+
+}  // namespace fuyou

@@ -1,0 +1,94 @@
+#include "kernels/cpu/cpu_backend.h"
+
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "fuyou/config.h"
+#include "fuyou/error.h"
+#include "fuyou/sizes.h"
+#include "kernels/cpu/gemm.h"
+
+namespace fuyou::cpu {
+
+CpuBackend::CpuBackend(int threads, uint64_t capacity) : threads_(threads), capacity_(capacity) {
+  FY_CHECK(threads >= 1, "threads ", threads);
+  omp_set_num_threads(threads_);
+  set_gemm_threads(threads_);
+}
+
+CpuBackend::~CpuBackend() {
+  for (auto& [ptr, size] : sizes_) std::free(ptr);
+}
+
+std::string CpuBackend::name() const {
+  return str("cpu (", threads_, " threads, ", gemm_library_name(), ")");
+}
+
+void* CpuBackend::alloc(size_t bytes, const std::string& what) {
+  size_t rounded = (bytes + 63) / 64 * 64;
+  if (rounded == 0) rounded = 64;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (capacity_ != 0 && used_ + rounded > capacity_)
+      throw Error(str("device memory: ", what, " needs ", format_size(rounded), " but only ",
+                      format_size(capacity_ - used_), " of the ", format_size(capacity_),
+                      " budget (offload.device_memory) is free"));
+    used_ += rounded;
+    peak_ = std::max(peak_, used_);
+  }
+  void* p = std::aligned_alloc(64, rounded);
+  if (!p) throw Error(str("device memory: out of host memory allocating ", format_size(rounded),
+                          " for ", what));
+  std::memset(p, 0, rounded);
+  std::lock_guard<std::mutex> lock(mu_);
+  sizes_[p] = rounded;
+  return p;
+}
+
+void CpuBackend::free(void* ptr) {
+  if (!ptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sizes_.find(ptr);
+  FY_CHECK(it != sizes_.end(), "free of a pointer this backend did not allocate");
+  used_ -= it->second;
+  sizes_.erase(it);
+  std::free(ptr);
+}
+
+MemoryStats CpuBackend::memory() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {capacity_, used_, peak_};
+}
+
+void CpuBackend::copy_to_device(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+void CpuBackend::copy_to_host(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+void CpuBackend::copy_on_device(void* dst, const void* src, size_t bytes) { std::memmove(dst, src, bytes); }
+void CpuBackend::zero(void* ptr, size_t bytes) { std::memset(ptr, 0, bytes); }
+
+}  // namespace fuyou::cpu
+
+namespace fuyou {
+
+std::unique_ptr<Backend> make_cpu_backend(int threads, uint64_t device_memory) {
+  if (threads <= 0) threads = omp_get_num_procs();
+  return std::make_unique<cpu::CpuBackend>(threads, device_memory);
+}
+
+std::unique_ptr<Backend> make_backend(const RuntimeConfig& runtime, uint64_t device_memory,
+                                      std::string* reason) {
+  if (runtime.backend == "cuda")
+    throw Error("runtime.backend is 'cuda' but this build has no CUDA backend yet; use "
+                "runtime.backend: cpu (or auto)");
+  auto backend = make_cpu_backend(runtime.threads, device_memory);
+  if (reason) {
+    *reason = runtime.backend == "cpu"
+                  ? str("backend ", backend->name(), ": runtime.backend is cpu")
+                  : str("backend ", backend->name(),
+                        ": runtime.backend is auto and this build has no CUDA backend");
+  }
+  return backend;
+}
+
+}  // namespace fuyou

@@ -1,0 +1,18 @@
+// CPU GEMM entry points. One place chooses the library (docs/dependencies.md records the
+// measurement that chose it) so the rest of the CPU backend never names it.
+#pragma once
+
+namespace fuyou::cpu {
+
+// C(M,N) = alpha * op(A) * op(B) + beta * C, all row-major; op(X) = X^T when trans_X.
+// lda/ldb/ldc are row strides in elements. Uses the threads set by set_gemm_threads().
+void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+              int lda, const float* B, int ldb, float beta, float* C, int ldc);
+
+// Sets the thread count the GEMM library uses for calls made outside a parallel region.
+void set_gemm_threads(int threads);
+
+// The library and version, for logs and bench output.
+const char* gemm_library_name();
+
+}  // namespace fuyou::cpu

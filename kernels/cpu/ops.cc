@@ -1,0 +1,246 @@
+// Element-wise and row-wise kernels of the CPU backend. Each loops over the shared element
+// math (kernels/common/element_math.h) with OpenMP threads; GEMMs go to gemm.h.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/common/element_math.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/gemm.h"
+
+namespace fuyou::cpu {
+namespace {
+
+// Per-thread partial sums for reductions over rows (parameter gradients of LayerNorm and
+// biases). Grows once to the largest size seen, then is reused: no allocation per call
+// once warm.
+float* thread_partials(size_t n) {
+  static thread_local std::vector<float> buf;
+  if (buf.size() < n) buf.resize(n);
+  std::fill(buf.begin(), buf.begin() + n, 0.0f);
+  return buf.data();
+}
+
+// Adds per-thread partial vectors into dst. `partials[t]` has length n.
+void reduce_partials(float* dst, const std::vector<float*>& partials, int n) {
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < n; ++i) {
+    float s = 0;
+    for (float* p : partials) s += p[i];
+    dst[i] += s;
+  }
+}
+
+}  // namespace
+
+void CpuBackend::embedding_forward(float* out, const int32_t* tokens, const float* wte,
+                                   const float* wpe, int B, int T, int C) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < B * T; ++n) {
+    const float* te = wte + static_cast<size_t>(tokens[n]) * C;
+    const float* pe = wpe + static_cast<size_t>(n % T) * C;
+    float* o = out + static_cast<size_t>(n) * C;
+    for (int c = 0; c < C; ++c) o[c] = te[c] + pe[c];
+  }
+}
+
+void CpuBackend::embedding_backward(float* dwte, float* dwpe, const float* dout,
+                                    const int32_t* tokens, int B, int T, int C) {
+  // Several rows may share a token, so rows are split by column ranges across threads
+  // rather than by row: every thread owns a slice of every embedding row.
+#pragma omp parallel
+  {
+    int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    int c0 = static_cast<int>(static_cast<int64_t>(C) * id / nt);
+    int c1 = static_cast<int>(static_cast<int64_t>(C) * (id + 1) / nt);
+    for (int n = 0; n < B * T; ++n) {
+      const float* d = dout + static_cast<size_t>(n) * C;
+      float* te = dwte + static_cast<size_t>(tokens[n]) * C;
+      float* pe = dwpe + static_cast<size_t>(n % T) * C;
+      for (int c = c0; c < c1; ++c) {
+        te[c] += d[c];
+        pe[c] += d[c];
+      }
+    }
+  }
+}
+
+void CpuBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* in,
+                                   const float* w, const float* b, int N, int C) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const float* x = in + static_cast<size_t>(n) * C;
+    math::StatAcc s = 0;
+    for (int c = 0; c < C; ++c) s += x[c];
+    float m = static_cast<float>(s / C);
+    math::StatAcc v = 0;
+    for (int c = 0; c < C; ++c) {
+      math::StatAcc d = x[c] - m;
+      v += d * d;
+    }
+    float r = static_cast<float>(1.0 / std::sqrt(v / C + 1e-5));
+    float* o = out + static_cast<size_t>(n) * C;
+    for (int c = 0; c < C; ++c) o[c] = math::layernorm_apply(x[c], m, r, w[c], b[c]);
+    mean[n] = m;
+    rstd[n] = r;
+  }
+}
+
+void CpuBackend::layernorm_backward(float* din, float* dw, float* db, const float* dout,
+                                    const float* in, const float* w, const float* mean,
+                                    const float* rstd, int N, int C) {
+  std::vector<float*> partials(threads_, nullptr);
+#pragma omp parallel num_threads(threads_)
+  {
+    float* acc = thread_partials(2 * static_cast<size_t>(C));
+    partials[omp_get_thread_num()] = acc;
+    float* dw_acc = acc;
+    float* db_acc = acc + C;
+#pragma omp for schedule(static)
+    for (int n = 0; n < N; ++n) {
+      const float* x = in + static_cast<size_t>(n) * C;
+      const float* dy = dout + static_cast<size_t>(n) * C;
+      float* dx = din + static_cast<size_t>(n) * C;
+      float m = mean[n], r = rstd[n];
+      // dL/dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w.
+      math::StatAcc g_mean = 0, gx_mean = 0;
+      for (int c = 0; c < C; ++c) {
+        float xhat = (x[c] - m) * r;
+        float g = dy[c] * w[c];
+        g_mean += g;
+        gx_mean += g * xhat;
+      }
+      float gm = static_cast<float>(g_mean / C), gxm = static_cast<float>(gx_mean / C);
+      for (int c = 0; c < C; ++c) {
+        float xhat = (x[c] - m) * r;
+        float g = dy[c] * w[c];
+        dx[c] += (g - gm - xhat * gxm) * r;
+        dw_acc[c] += dy[c] * xhat;
+        db_acc[c] += dy[c];
+      }
+    }
+  }
+  partials.erase(std::remove(partials.begin(), partials.end(), nullptr), partials.end());
+  std::vector<float*> dws, dbs;
+  for (float* p : partials) {
+    dws.push_back(p);
+    dbs.push_back(p + C);
+  }
+  reduce_partials(dw, dws, C);
+  reduce_partials(db, dbs, C);
+}
+
+void CpuBackend::matmul_forward(float* out, const float* in, const float* w, const float* bias,
+                                int N, int IC, int OC) {
+  float beta = 0.0f;
+  if (bias) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; ++n) std::memcpy(out + static_cast<size_t>(n) * OC, bias, sizeof(float) * OC);
+    beta = 1.0f;
+  }
+  gemm_f32(false, true, N, OC, IC, 1.0f, in, IC, w, IC, beta, out, OC);
+}
+
+void CpuBackend::matmul_backward(float* din, float* dw, float* dbias, const float* dout,
+                                 const float* in, const float* w, int N, int IC, int OC) {
+  if (din) gemm_f32(false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, din, IC);
+  gemm_f32(true, false, OC, IC, N, 1.0f, dout, OC, in, IC, 1.0f, dw, IC);
+  if (dbias) {
+    // Column sums: threads own column blocks, rows stream through in order.
+    constexpr int kBlock = 256;
+#pragma omp parallel for schedule(static)
+    for (int o0 = 0; o0 < OC; o0 += kBlock) {
+      int o1 = std::min(OC, o0 + kBlock);
+      float acc[kBlock] = {};
+      for (int n = 0; n < N; ++n) {
+        const float* d = dout + static_cast<size_t>(n) * OC;
+        for (int o = o0; o < o1; ++o) acc[o - o0] += d[o];
+      }
+      for (int o = o0; o < o1; ++o) dbias[o] += acc[o - o0];
+    }
+  }
+}
+
+// The exp/tanh-heavy loops are compiled for several instruction sets and picked at run time
+// (GCC function multiversioning), so one binary uses AVX-512 where the CPU has it.
+#define FY_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+namespace {
+
+FY_CLONES void gelu_forward_impl(float* out, const float* in, size_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) out[i] = math::gelu(in[i]);
+}
+
+FY_CLONES void gelu_backward_impl(float* din, const float* in, const float* dout, size_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) din[i] = dout[i] * math::gelu_grad(in[i]);
+}
+
+FY_CLONES void crossentropy_forward_impl(float* losses, float* lse, const float* logits,
+                                         const int32_t* targets, int N, int V) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const float* l = logits + static_cast<size_t>(n) * V;
+    float mx = l[0];
+    for (int v = 1; v < V; ++v) mx = std::max(mx, l[v]);
+    double s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int v = 0; v < V; ++v) s += std::exp(l[v] - mx);
+    float z = mx + static_cast<float>(std::log(s));
+    lse[n] = z;
+    losses[n] = z - l[targets[n]];
+  }
+}
+
+FY_CLONES void crossentropy_backward_impl(float* logits, const float* lse, const int32_t* targets,
+                                          float scale, int N, int V) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    float* l = logits + static_cast<size_t>(n) * V;
+    float z = lse[n];
+#pragma omp simd
+    for (int v = 0; v < V; ++v) l[v] = std::exp(l[v] - z) * scale;
+    l[targets[n]] -= scale;
+  }
+}
+
+}  // namespace
+
+void CpuBackend::gelu_forward(float* out, const float* in, size_t n) { gelu_forward_impl(out, in, n); }
+
+void CpuBackend::gelu_backward(float* din, const float* in, const float* dout, size_t n) {
+  gelu_backward_impl(din, in, dout, n);
+}
+
+void CpuBackend::add(float* out, const float* a, const float* b, size_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+void CpuBackend::crossentropy_forward(float* losses, float* lse, const float* logits,
+                                      const int32_t* targets, int N, int V) {
+  crossentropy_forward_impl(losses, lse, logits, targets, N, V);
+}
+
+void CpuBackend::crossentropy_backward(float* logits, const float* lse, const int32_t* targets,
+                                       float scale, int N, int V) {
+  crossentropy_backward_impl(logits, lse, targets, scale, N, V);
+}
+
+double CpuBackend::sum_squares(const float* x, size_t n) {
+  double s = 0;
+#pragma omp parallel for simd reduction(+ : s) schedule(static)
+  for (size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+  return s;
+}
+
+void CpuBackend::scale(float* x, float s, size_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+}  // namespace fuyou::cpu

@@ -1,0 +1,345 @@
+#include "fuyou/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "fuyou/error.h"
+#include "fuyou/sizes.h"
+
+namespace fuyou {
+namespace {
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
+  return out;
+}
+
+// Reads one YAML section. Every get() records the key as known, so finish() can reject the
+// keys nobody asked for and list the ones that exist.
+class Section {
+ public:
+  Section(const YAML::Node& node, std::string name, std::string source)
+      : node_(node), name_(std::move(name)), source_(std::move(source)) {
+    if (node_ && !node_.IsNull() && !node_.IsMap())
+      throw ConfigError(str(source_, ": section '", name_, "' must be a mapping of keys to values"));
+  }
+
+  template <typename T>
+  void get(const std::string& key, T& out) {
+    known_.push_back(key);
+    if (!node_ || node_.IsNull()) return;
+    YAML::Node v = node_[key];
+    if (!v || v.IsNull()) return;
+    if (!v.IsScalar()) fail(key, "expected a single value");
+    try {
+      out = v.as<T>();
+    } catch (const YAML::Exception&) {
+      fail(key, str("expected ", type_name<T>(), ", got '", v.Scalar(), "'"));
+    }
+  }
+
+  void get_size(const std::string& key, uint64_t& out) {
+    std::string text;
+    get(key, text);
+    if (!text.empty()) out = parse_size(text, path(key));
+  }
+
+  void get_list(const std::string& key, std::vector<std::string>& out) {
+    known_.push_back(key);
+    if (!node_ || node_.IsNull()) return;
+    YAML::Node v = node_[key];
+    if (!v || v.IsNull()) return;
+    if (v.IsScalar()) {
+      out = {v.Scalar()};
+      return;
+    }
+    if (!v.IsSequence()) fail(key, "expected a list of strings");
+    out.clear();
+    for (const auto& item : v) {
+      if (!item.IsScalar()) fail(key, "expected a list of strings");
+      out.push_back(item.Scalar());
+    }
+  }
+
+  void finish() {
+    if (!node_ || node_.IsNull()) return;
+    for (const auto& kv : node_) {
+      std::string key = kv.first.as<std::string>();
+      if (std::find(known_.begin(), known_.end(), key) == known_.end())
+        throw ConfigError(str(source_, ": unknown key '", path(key), "' (allowed in ", name_,
+                              ": ", join(known_), ")"));
+    }
+  }
+
+  [[noreturn]] void fail(const std::string& key, const std::string& why) const {
+    throw ConfigError(str(source_, ": ", path(key), ": ", why));
+  }
+  std::string path(const std::string& key) const { return name_ + "." + key; }
+
+ private:
+  template <typename T>
+  static const char* type_name() {
+    if constexpr (std::is_same_v<T, bool>) return "true or false";
+    else if constexpr (std::is_integral_v<T>) return "an integer";
+    else if constexpr (std::is_floating_point_v<T>) return "a number";
+    else return "a string";
+  }
+
+  YAML::Node node_;
+  std::string name_;
+  std::string source_;
+  std::vector<std::string> known_;
+};
+
+template <typename T>
+void require(bool ok, const Section& s, const std::string& key, T value, const std::string& rule) {
+  if (!ok) s.fail(key, str("value ", value, " is not allowed: ", rule));
+}
+
+void apply_override(YAML::Node& root, const std::string& assignment, const std::string& source) {
+  size_t eq = assignment.find('=');
+  size_t dot = assignment.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot > eq)
+    throw ConfigError(str("--set '", assignment, "': expected section.key=value, e.g. model.n_layer=4"));
+  std::string section = assignment.substr(0, dot);
+  std::string key = assignment.substr(dot + 1, eq - dot - 1);
+  std::string value = assignment.substr(eq + 1);
+  static const std::set<std::string> sections = {"model",    "data",    "optimizer",
+                                                 "schedule", "offload", "runtime"};
+  if (!sections.count(section))
+    throw ConfigError(str("--set '", assignment, "': unknown section '", section,
+                          "' (allowed: data, model, offload, optimizer, runtime, schedule)"));
+  YAML::Node parsed;
+  try {
+    parsed = YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(str("--set '", assignment, "': value is not valid YAML: ", e.msg));
+  }
+  if (!root[section] || root[section].IsNull()) root[section] = YAML::Node(YAML::NodeType::Map);
+  root[section][key] = parsed;
+  (void)source;
+}
+
+ActivationPolicy parse_activations(const std::string& s, const Section& sec) {
+  if (s == "auto") return ActivationPolicy::kAuto;
+  if (s == "keep") return ActivationPolicy::kKeep;
+  if (s == "swap") return ActivationPolicy::kSwap;
+  if (s == "recompute") return ActivationPolicy::kRecompute;
+  sec.fail("activations", str("'", s, "' is not one of auto, keep, swap, recompute"));
+}
+
+}  // namespace
+
+const char* activation_policy_name(ActivationPolicy p) {
+  switch (p) {
+    case ActivationPolicy::kAuto: return "auto";
+    case ActivationPolicy::kKeep: return "keep";
+    case ActivationPolicy::kSwap: return "swap";
+    case ActivationPolicy::kRecompute: return "recompute";
+  }
+  return "?";
+}
+
+Config parse_config(const std::string& yaml_text, const std::string& source,
+                    const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(str(source, ": line ", e.mark.line + 1, ", column ", e.mark.column + 1,
+                          ": ", e.msg));
+  }
+  if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  if (!root.IsMap()) throw ConfigError(str(source, ": the top level must be a mapping of sections"));
+  for (const auto& o : overrides) apply_override(root, o, source);
+
+  static const std::vector<std::string> sections = {"model",    "data",    "optimizer",
+                                                    "schedule", "offload", "runtime"};
+  for (const auto& kv : root) {
+    std::string name = kv.first.as<std::string>();
+    if (std::find(sections.begin(), sections.end(), name) == sections.end())
+      throw ConfigError(str(source, ": unknown section '", name, "' (allowed: ", join(sections), ")"));
+  }
+
+  Config c;
+  {
+    Section s(root["model"], "model", source);
+    ModelConfig& m = c.model;
+    s.get("family", m.family);
+    s.get("n_layer", m.n_layer);
+    s.get("n_head", m.n_head);
+    s.get("d_model", m.d_model);
+    s.get("d_ff", m.d_ff);
+    s.get("vocab_size", m.vocab_size);
+    s.get("seq_len", m.seq_len);
+    s.get("init_std", m.init_std);
+    s.finish();
+    if (m.family != "gpt2") s.fail("family", str("'", m.family, "' is not one of: gpt2"));
+    require(m.n_layer >= 1 && m.n_layer <= 1024, s, "n_layer", m.n_layer, "must be in 1..1024");
+    require(m.n_head >= 1, s, "n_head", m.n_head, "must be at least 1");
+    require(m.d_model >= 1, s, "d_model", m.d_model, "must be at least 1");
+    require(m.d_model % m.n_head == 0, s, "d_model", m.d_model,
+            str("must be a multiple of model.n_head (", m.n_head, ")"));
+    if (m.d_ff == 0) m.d_ff = 4 * m.d_model;
+    require(m.d_ff >= 1, s, "d_ff", m.d_ff, "must be at least 1 (or 0 for 4 * d_model)");
+    require(m.vocab_size >= 2, s, "vocab_size", m.vocab_size, "must be at least 2");
+    require(m.seq_len >= 1, s, "seq_len", m.seq_len, "must be at least 1");
+    require(m.init_std > 0 && m.init_std < 10, s, "init_std", m.init_std, "must be in (0, 10)");
+  }
+  {
+    Section s(root["data"], "data", source);
+    DataConfig& d = c.data;
+    s.get_list("text", d.text);
+    s.get_list("train_shards", d.train_shards);
+    s.get_list("val_shards", d.val_shards);
+    s.get("val_fraction", d.val_fraction);
+    s.get("tokenizer", d.tokenizer);
+    s.finish();
+    require(d.val_fraction >= 0 && d.val_fraction < 1, s, "val_fraction", d.val_fraction,
+            "must be in [0, 1)");
+    if (d.tokenizer != "byte") s.fail("tokenizer", str("'", d.tokenizer, "' is not one of: byte"));
+    if (!d.text.empty() && !d.train_shards.empty())
+      s.fail("text", "give either data.text or data.train_shards, not both");
+  }
+  {
+    Section s(root["optimizer"], "optimizer", source);
+    OptimizerConfig& o = c.optimizer;
+    s.get("lr", o.lr);
+    s.get("min_lr", o.min_lr);
+    s.get("beta1", o.beta1);
+    s.get("beta2", o.beta2);
+    s.get("eps", o.eps);
+    s.get("weight_decay", o.weight_decay);
+    s.get("grad_clip", o.grad_clip);
+    s.finish();
+    require(o.lr > 0 && o.lr < 10, s, "lr", o.lr, "must be in (0, 10)");
+    require(o.min_lr >= 0 && o.min_lr <= o.lr, s, "min_lr", o.min_lr, "must be in [0, optimizer.lr]");
+    require(o.beta1 >= 0 && o.beta1 < 1, s, "beta1", o.beta1, "must be in [0, 1)");
+    require(o.beta2 >= 0 && o.beta2 < 1, s, "beta2", o.beta2, "must be in [0, 1)");
+    require(o.eps > 0, s, "eps", o.eps, "must be positive");
+    require(o.weight_decay >= 0, s, "weight_decay", o.weight_decay, "must be >= 0");
+    require(o.grad_clip >= 0, s, "grad_clip", o.grad_clip, "must be >= 0 (0 disables clipping)");
+  }
+  {
+    Section s(root["schedule"], "schedule", source);
+    ScheduleConfig& t = c.schedule;
+    s.get("steps", t.steps);
+    s.get("warmup_steps", t.warmup_steps);
+    s.get("micro_batch", t.micro_batch);
+    s.get("grad_accum", t.grad_accum);
+    s.get("eval_every", t.eval_every);
+    s.get("eval_batches", t.eval_batches);
+    s.get("log_every", t.log_every);
+    s.finish();
+    require(t.steps >= 1, s, "steps", t.steps, "must be at least 1");
+    require(t.warmup_steps >= 0 && t.warmup_steps <= t.steps, s, "warmup_steps", t.warmup_steps,
+            "must be in [0, schedule.steps]");
+    require(t.micro_batch >= 1, s, "micro_batch", t.micro_batch, "must be at least 1");
+    require(t.grad_accum >= 1, s, "grad_accum", t.grad_accum, "must be at least 1");
+    require(t.eval_every >= 0, s, "eval_every", t.eval_every, "must be >= 0");
+    require(t.eval_batches >= 1, s, "eval_batches", t.eval_batches, "must be at least 1");
+    require(t.log_every >= 1, s, "log_every", t.log_every, "must be at least 1");
+  }
+  {
+    Section s(root["offload"], "offload", source);
+    OffloadConfig& o = c.offload;
+    std::string activations = "auto";
+    s.get_size("device_memory", o.device_memory);
+    s.get_size("host_memory", o.host_memory);
+    s.get_list("ssd_paths", o.ssd_paths);
+    s.get("activations", activations);
+    s.finish();
+    o.activations = parse_activations(activations, s);
+  }
+  {
+    Section s(root["runtime"], "runtime", source);
+    RuntimeConfig& r = c.runtime;
+    s.get("backend", r.backend);
+    s.get("threads", r.threads);
+    s.get("seed", r.seed);
+    s.finish();
+    if (r.backend != "cpu" && r.backend != "cuda" && r.backend != "auto")
+      s.fail("backend", str("'", r.backend, "' is not one of cpu, cuda, auto"));
+    require(r.threads >= 0 && r.threads <= 4096, s, "threads", r.threads,
+            "must be in 0..4096 (0 uses every core)");
+  }
+  c.model.seed = c.runtime.seed;
+  return c;
+}
+
+Config load_config_file(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(str(path, ": cannot open config file"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config(ss.str(), path, overrides);
+}
+
+std::string config_to_yaml(const Config& c) {
+  YAML::Emitter e;
+  auto list = [&](const std::vector<std::string>& v) {
+    e << YAML::Flow << YAML::BeginSeq;
+    for (const auto& s : v) e << s;
+    e << YAML::EndSeq;
+  };
+  auto size = [](uint64_t b) { return std::to_string(b); };
+  e << YAML::BeginMap;
+  e << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "family" << YAML::Value << c.model.family;
+  e << YAML::Key << "n_layer" << YAML::Value << c.model.n_layer;
+  e << YAML::Key << "n_head" << YAML::Value << c.model.n_head;
+  e << YAML::Key << "d_model" << YAML::Value << c.model.d_model;
+  e << YAML::Key << "d_ff" << YAML::Value << c.model.d_ff;
+  e << YAML::Key << "vocab_size" << YAML::Value << c.model.vocab_size;
+  e << YAML::Key << "seq_len" << YAML::Value << c.model.seq_len;
+  e << YAML::Key << "init_std" << YAML::Value << c.model.init_std;
+  e << YAML::EndMap;
+  e << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "text" << YAML::Value;
+  list(c.data.text);
+  e << YAML::Key << "train_shards" << YAML::Value;
+  list(c.data.train_shards);
+  e << YAML::Key << "val_shards" << YAML::Value;
+  list(c.data.val_shards);
+  e << YAML::Key << "val_fraction" << YAML::Value << c.data.val_fraction;
+  e << YAML::Key << "tokenizer" << YAML::Value << c.data.tokenizer;
+  e << YAML::EndMap;
+  e << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "lr" << YAML::Value << c.optimizer.lr;
+  e << YAML::Key << "min_lr" << YAML::Value << c.optimizer.min_lr;
+  e << YAML::Key << "beta1" << YAML::Value << c.optimizer.beta1;
+  e << YAML::Key << "beta2" << YAML::Value << c.optimizer.beta2;
+  e << YAML::Key << "eps" << YAML::Value << c.optimizer.eps;
+  e << YAML::Key << "weight_decay" << YAML::Value << c.optimizer.weight_decay;
+  e << YAML::Key << "grad_clip" << YAML::Value << c.optimizer.grad_clip;
+  e << YAML::EndMap;
+  e << YAML::Key << "schedule" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "steps" << YAML::Value << c.schedule.steps;
+  e << YAML::Key << "warmup_steps" << YAML::Value << c.schedule.warmup_steps;
+  e << YAML::Key << "micro_batch" << YAML::Value << c.schedule.micro_batch;
+  e << YAML::Key << "grad_accum" << YAML::Value << c.schedule.grad_accum;
+  e << YAML::Key << "eval_every" << YAML::Value << c.schedule.eval_every;
+  e << YAML::Key << "eval_batches" << YAML::Value << c.schedule.eval_batches;
+  e << YAML::Key << "log_every" << YAML::Value << c.schedule.log_every;
+  e << YAML::EndMap;
+  e << YAML::Key << "offload" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "device_memory" << YAML::Value << size(c.offload.device_memory);
+  e << YAML::Key << "host_memory" << YAML::Value << size(c.offload.host_memory);
+  e << YAML::Key << "ssd_paths" << YAML::Value;
+  list(c.offload.ssd_paths);
+  e << YAML::Key << "activations" << YAML::Value << activation_policy_name(c.offload.activations);
+  e << YAML::EndMap;
+  e << YAML::Key << "runtime" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "backend" << YAML::Value << c.runtime.backend;
+  e << YAML::Key << "threads" << YAML::Value << c.runtime.threads;
+  e << YAML::Key << "seed" << YAML::Value << c.runtime.seed;
+  e << YAML::EndMap;
+  e << YAML::EndMap;
+  return std::string(e.c_str()) + "\n";
+}
+
+}  // namespace fuyou

@@ -1,0 +1,116 @@
+#include <cstring>
+#include <fstream>
+
+#include "fuyou/data.h"
+#include "fuyou/error.h"
+#include "fuyou/rng.h"
+#include "fuyou/safetensors.h"
+
+namespace fuyou {
+namespace {
+
+void put32(char* p, uint32_t v) { std::memcpy(p, &v, 4); }
+void put64(char* p, uint64_t v) { std::memcpy(p, &v, 8); }
+uint32_t get32(const char* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
+uint64_t get64(const char* p) { uint64_t v; std::memcpy(&v, p, 8); return v; }
+
+}  // namespace
+
+void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens,
+                       uint32_t vocab_size) {
+  uint32_t width = vocab_size <= 65536 ? 2 : 4;
+  std::vector<char> buf(32 + tokens.size() * width);
+  std::memcpy(buf.data(), kShardMagic, 8);
+  put32(buf.data() + 8, kShardVersion);
+  put32(buf.data() + 12, width);
+  put64(buf.data() + 16, tokens.size());
+  put32(buf.data() + 24, vocab_size);
+  put32(buf.data() + 28, 0);
+  char* p = buf.data() + 32;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || static_cast<uint32_t>(tokens[i]) >= vocab_size)
+      throw Error(str(path, ": token ", tokens[i], " at index ", i, " is outside vocab size ", vocab_size));
+    if (width == 2) {
+      uint16_t t = static_cast<uint16_t>(tokens[i]);
+      std::memcpy(p + 2 * i, &t, 2);
+    } else {
+      put32(p + 4 * i, static_cast<uint32_t>(tokens[i]));
+    }
+  }
+  write_file_atomic(path, buf.data(), buf.size());
+}
+
+TokenShard read_token_shard(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(str(path, ": cannot open token shard"));
+  char h[32];
+  if (!in.read(h, 32)) throw IoError(str(path, ": shorter than the 32-byte shard header"));
+  if (std::memcmp(h, kShardMagic, 8) != 0)
+    throw IoError(str(path, ": not a token shard (bad magic at offset 0; build shards with "
+                            "'fuyou-convert text')"));
+  uint32_t version = get32(h + 8), width = get32(h + 12);
+  uint64_t count = get64(h + 16);
+  TokenShard shard;
+  shard.path = path;
+  shard.vocab_size = get32(h + 24);
+  if (version != kShardVersion)
+    throw IoError(str(path, ": shard version ", version, " at offset 8 is not supported (expected ",
+                      kShardVersion, ")"));
+  if (width != 2 && width != 4)
+    throw IoError(str(path, ": bytes per token ", width, " at offset 12 must be 2 or 4"));
+  in.seekg(0, std::ios::end);
+  uint64_t size = static_cast<uint64_t>(in.tellg());
+  if (count > (size - 32) / width || size != 32 + count * width)
+    throw IoError(str(path, ": header says ", count, " tokens of ", width, " bytes but the file has ",
+                      size - 32, " data bytes"));
+  in.seekg(32);
+  std::vector<char> raw(count * width);
+  if (!in.read(raw.data(), static_cast<std::streamsize>(raw.size())))
+    throw IoError(str(path, ": read failed"));
+  shard.tokens.resize(count);
+  for (uint64_t i = 0; i < count; ++i) {
+    uint32_t t;
+    if (width == 2) {
+      uint16_t s;
+      std::memcpy(&s, raw.data() + 2 * i, 2);
+      t = s;
+    } else {
+      t = get32(raw.data() + 4 * i);
+    }
+    if (t >= shard.vocab_size)
+      throw IoError(str(path, ": token ", t, " at index ", i, " (offset ", 32 + i * width,
+                        ") is outside the shard's vocab size ", shard.vocab_size));
+    shard.tokens[i] = static_cast<int32_t>(t);
+  }
+  return shard;
+}
+
+BatchSampler::BatchSampler(const std::vector<int32_t>* tokens, int B, int T, uint64_t seed)
+    : tokens_(tokens), B_(B), T_(T), seed_(seed) {
+  if (tokens_->size() < static_cast<size_t>(T + 1))
+    throw Error(str("data: ", tokens_->size(), " tokens is fewer than one sequence of seq_len + 1 = ",
+                    T + 1, " tokens"));
+}
+
+void BatchSampler::next(int32_t* batch) {
+  const uint64_t span = tokens_->size() - T_;  // valid start positions
+  for (int b = 0; b < B_; ++b) {
+    Rng rng(seed_, draws_++);
+    uint64_t start = rng.below(span);
+    std::memcpy(batch + static_cast<size_t>(b) * (T_ + 1), tokens_->data() + start,
+                sizeof(int32_t) * (T_ + 1));
+  }
+}
+
+void BatchSampler::fixed(int64_t i, int64_t count, int32_t* batch) const {
+  const uint64_t span = tokens_->size() - T_;
+  const uint64_t windows = static_cast<uint64_t>(count) * B_;
+  for (int b = 0; b < B_; ++b) {
+    uint64_t w = static_cast<uint64_t>(i) * B_ + b;
+    uint64_t start = windows > 1 ? w * (span - 1) / (windows - 1) : 0;
+    std::memcpy(batch + static_cast<size_t>(b) * (T_ + 1), tokens_->data() + start,
+                sizeof(int32_t) * (T_ + 1));
+  }
+}
+
+}  // namespace fuyou

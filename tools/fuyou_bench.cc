@@ -1,0 +1,163 @@
+// fuyou-bench: measures the engine. `train` times optimizer steps of a config's model on
+// random tokens; `gemm` times the CPU GEMMs of a config's shapes against this CPU's FMA peak.
+#include <algorithm>
+#include <chrono>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "fuyou/config.h"
+#include "fuyou/error.h"
+#include "fuyou/log.h"
+#include "fuyou/rng.h"
+#include "fuyou/train.h"
+#include "kernels/cpu/fma_peak.h"
+#include "kernels/cpu/gemm.h"
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+fuyou::Config load(const std::string& path, const std::vector<std::string>& sets) {
+  return path.empty() ? fuyou::parse_config(fuyou::default_config_text(), "<default config>", sets)
+                      : fuyou::load_config_file(path, sets);
+}
+
+int bench_train(const fuyou::Config& cfg, int steps, int warmup, bool json) {
+  std::string why;
+  auto backend = fuyou::make_backend(cfg.runtime, cfg.offload.device_memory, &why);
+  if (!json) spdlog::info("{}", why);
+  fuyou::StepRunner runner(cfg, *backend);
+  runner.init_params();
+  const int B = cfg.schedule.micro_batch, T = cfg.model.seq_len, accum = cfg.schedule.grad_accum;
+  std::vector<std::vector<int32_t>> mbs(accum, std::vector<int32_t>(static_cast<size_t>(B) * (T + 1)));
+  fuyou::Rng rng(cfg.runtime.seed);
+  std::vector<const int32_t*> ptrs;
+  for (auto& mb : mbs) {
+    for (auto& t : mb) t = static_cast<int32_t>(rng.below(cfg.model.vocab_size));
+    ptrs.push_back(mb.data());
+  }
+  std::vector<double> times;
+  for (int s = 0; s < warmup + steps; ++s) {
+    auto t0 = clock_type::now();
+    runner.step(s, ptrs);
+    double dt = seconds_since(t0);
+    if (s >= warmup) times.push_back(dt);
+    if (!json) spdlog::info("step {}/{}: {:.3f}s{}", s + 1, warmup + steps, dt, s < warmup ? " (warm-up)" : "");
+  }
+  double step_s = median(times);
+  double tokens = static_cast<double>(B) * T * accum;
+  double tps = tokens / step_s;
+  double tflops = fuyou::training_tflops(cfg.model, tps);
+  nlohmann::json j{{"backend", backend->name()},
+                   {"params", runner.model().layout().num_params()},
+                   {"tokens_per_step", tokens},
+                   {"steps_timed", steps},
+                   {"step_s", step_s},
+                   {"step_s_all", times},
+                   {"tokens_per_s", tps},
+                   {"tflops", tflops},
+                   {"flops_per_token", 3.0 * fuyou::forward_flops_per_token(cfg.model)},
+                   {"peak_rss_bytes", fuyou::peak_rss_bytes()},
+                   {"device_peak_bytes", backend->memory().peak}};
+  if (json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("%-16s %s\n%-16s %.2fM\n%-16s %.4f s (median of %d)\n%-16s %.1f\n%-16s %.4f\n",
+                "backend", backend->name().c_str(), "params",
+                runner.model().layout().num_params() / 1e6, "step", step_s, steps, "tokens/s", tps,
+                "TFLOP/s", tflops);
+  }
+  return 0;
+}
+
+int bench_gemm(const fuyou::Config& cfg, int threads, bool json) {
+  auto backend = fuyou::make_cpu_backend(threads, 0);
+  threads = backend->threads();
+  auto peak = fuyou::cpu::measure_fma_peak(threads);
+  const int N = cfg.schedule.micro_batch * cfg.model.seq_len;
+  const int C = cfg.model.d_model, F = cfg.model.d_ff, V = cfg.model.vocab_size;
+  struct Shape { const char* name; bool ta, tb; int M, Nn, K; };
+  std::vector<Shape> shapes = {
+      {"qkv fwd", false, true, N, 3 * C, C},   {"fc fwd", false, true, N, F, C},
+      {"fcproj fwd", false, true, N, C, F},    {"fc dX", false, false, N, C, F},
+      {"fc dW", true, false, F, C, N},         {"lm_head fwd", false, true, N, V, C},
+  };
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& s : shapes) {
+    size_t a_elems = static_cast<size_t>(s.M) * s.K, b_elems = static_cast<size_t>(s.K) * s.Nn;
+    std::vector<float> A(a_elems, 0.01f), Bm(b_elems, 0.02f), Cm(static_cast<size_t>(s.M) * s.Nn);
+    int lda = s.ta ? s.M : s.K, ldb = s.tb ? s.K : s.Nn;
+    std::vector<double> t;
+    for (int r = 0; r < 6; ++r) {
+      auto t0 = clock_type::now();
+      fuyou::cpu::gemm_f32(s.ta, s.tb, s.M, s.Nn, s.K, 1.0f, A.data(), lda, Bm.data(), ldb, 0.0f,
+                           Cm.data(), s.Nn);
+      if (r > 0) t.push_back(seconds_since(t0));
+    }
+    double gflops = 2.0 * s.M * s.Nn * s.K / median(t) / 1e9;
+    rows.push_back({{"shape", s.name}, {"M", s.M}, {"N", s.Nn}, {"K", s.K}, {"gflops", gflops},
+                    {"fraction_of_peak", gflops / peak.gflops_all}});
+  }
+  nlohmann::json j{{"library", fuyou::cpu::gemm_library_name()}, {"threads", threads},
+                   {"fma_isa", peak.isa}, {"fma_peak_gflops_1thread", peak.gflops_per_thread},
+                   {"fma_peak_gflops", peak.gflops_all}, {"shapes", rows}};
+  if (json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("%s, %d threads; FMA peak (%s) %.1f GFLOP/s (%.1f per thread)\n",
+                fuyou::cpu::gemm_library_name(), threads, peak.isa, peak.gflops_all,
+                peak.gflops_per_thread);
+    std::printf("%-12s %6s %6s %6s %9s %7s\n", "shape", "M", "N", "K", "GFLOP/s", "peak");
+    for (const auto& r : rows)
+      std::printf("%-12s %6d %6d %6d %9.1f %6.0f%%\n", r["shape"].get<std::string>().c_str(),
+                  r["M"].get<int>(), r["N"].get<int>(), r["K"].get<int>(), r["gflops"].get<double>(),
+                  100 * r["fraction_of_peak"].get<double>());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fuyou-bench: measure the engine"};
+  app.require_subcommand(1);
+  std::string config_path;
+  std::vector<std::string> sets;
+  bool json = false;
+  int steps = 5, warmup = 1, threads = 0;
+
+  auto* train = app.add_subcommand("train", "Time training steps of a config's model on random tokens");
+  train->add_option("--config", config_path, "YAML config (default: the embedded default)");
+  train->add_option("--set", sets, "Override a key: section.key=value");
+  train->add_option("--steps", steps, "Timed steps (the median is reported)")->check(CLI::PositiveNumber);
+  train->add_option("--warmup", warmup, "Untimed warm-up steps")->check(CLI::NonNegativeNumber);
+  train->add_flag("--json", json, "One JSON object on stdout");
+
+  auto* gemm = app.add_subcommand("gemm", "Time the CPU GEMMs of a config's shapes against the FMA peak");
+  gemm->add_option("--config", config_path, "YAML config (default: the embedded default)");
+  gemm->add_option("--set", sets, "Override a key: section.key=value");
+  gemm->add_option("--threads", threads, "Threads (0: all)");
+  gemm->add_flag("--json", json, "One JSON object on stdout");
+  CLI11_PARSE(app, argc, argv);
+
+  fuyou::init_logging(false);
+  try {
+    fuyou::Config cfg = load(config_path, sets);
+    if (*train) return bench_train(cfg, steps, warmup, json);
+    if (*gemm) return bench_gemm(cfg, threads ? threads : cfg.runtime.threads, json);
+  } catch (const fuyou::Error& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  }
+  return 0;
+}
