@@ -1,1 +1,141 @@
+// safetensors and token shards: round trips, and malformed files refused with an error
+// that names the file and what is wrong.
 #include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include "fuyou/data.h"
+#include "fuyou/error.h"
+#include "fuyou/rng.h"
+#include "fuyou/safetensors.h"
+
+namespace fs = std::filesystem;
+using namespace fuyou;
+using Catch::Matchers::Contains;
+
+namespace {
+
+std::string temp_dir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("fuyou-test-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+void write_raw(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string st_file(const std::string& header, size_t data_bytes) {
+  std::string out(8, '\0');
+  uint64_t n = header.size();
+  std::memcpy(out.data(), &n, 8);
+  return out + header + std::string(data_bytes, '\0');
+}
+
+}  // namespace
+
+TEST_CASE("safetensors round trip", "[formats]") {
+  std::string dir = temp_dir("st");
+  SafetensorsWriter w;
+  w.set_metadata("step", "7");
+  std::vector<float> a = {1, 2, 3, 4, 5, 6};
+  std::vector<int32_t> b = {-1, 9};
+  w.add("a", StDtype::kF32, {2, 3}, a.data());
+  w.add("b", StDtype::kI32, {2}, b.data());
+  w.write(dir + "/x.safetensors");
+  CHECK_FALSE(fs::exists(dir + "/x.safetensors.tmp"));
+  SafetensorsReader r(dir + "/x.safetensors");
+  CHECK(r.metadata().at("step") == "7");
+  CHECK(r.read_f32("a", {2, 3}) == a);
+  CHECK(r.read_i32("b") == b);
+  CHECK_THROWS_WITH(r.read_f32("a", {3, 2}), Contains("has shape [2, 3], expected [3, 2]"));
+  CHECK_THROWS_WITH(r.read_f32("b"), Contains("dtype I32, expected F32"));
+  CHECK_THROWS_WITH(r.info("c"), Contains("no tensor named 'c'"));
+}
+
+TEST_CASE("malformed safetensors files are refused with the file and the field", "[formats]") {
+  std::string dir = temp_dir("stbad");
+  std::string p = dir + "/bad.safetensors";
+  auto refuse = [&](const std::string& bytes, const std::string& expect) {
+    write_raw(p, bytes);
+    CHECK_THROWS_WITH(SafetensorsReader(p), Contains(p) && Contains(expect));
+  };
+  refuse("abc", "too short");
+  std::string huge(8, '\xff');
+  refuse(huge, "runs past the end");
+  refuse(st_file("not json", 0), "not valid JSON");
+  refuse(st_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", 8), "outside the 8-byte data section");
+  refuse(st_file(R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8), "need 12");
+  refuse(st_file(R"({"t":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", 8), "unsupported dtype 'Q7'");
+  refuse(st_file(R"({"t":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8), "non-negative");
+  refuse(st_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 16),
+         "overlap");
+  refuse(st_file(R"({"t":{"dtype":"F32","shape":[2]}})", 8), "data_offsets");
+
+  // Bounded random mutation of a valid file: every outcome is a clean IoError or success.
+  SafetensorsWriter w;
+  std::vector<float> a(16, 1.0f);
+  w.add("weight", StDtype::kF32, {4, 4}, a.data());
+  w.add("bias", StDtype::kF32, {4}, a.data());
+  w.write(p);
+  std::ifstream in(p, std::ios::binary);
+  std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Rng rng(3);
+  int refused = 0;
+  for (int i = 0; i < 2000; ++i) {
+    std::string m = good;
+    int edits = 1 + static_cast<int>(rng.below(4));
+    for (int e = 0; e < edits; ++e) m[rng.below(m.size())] = static_cast<char>(rng.below(256));
+    if (rng.below(4) == 0) m.resize(rng.below(m.size()));
+    write_raw(p, m);
+    try {
+      SafetensorsReader r(p);
+      for (const auto& t : r.tensors()) {
+        std::vector<char> buf(t.end - t.begin);
+        r.read_raw(t.name, buf.data());
+      }
+    } catch (const IoError&) {
+      ++refused;
+    }
+  }
+  CHECK(refused > 0);
+}
+
+TEST_CASE("token shards round trip and reject corruption", "[formats]") {
+  std::string dir = temp_dir("shard");
+  std::vector<int32_t> toks = {0, 255, 17, 3};
+  write_token_shard(dir + "/a.tok", toks, 256);
+  TokenShard s = read_token_shard(dir + "/a.tok");
+  CHECK(s.tokens == toks);
+  CHECK(s.vocab_size == 256);
+  std::vector<int32_t> big = {70000, 1};
+  write_token_shard(dir + "/b.tok", big, 100000);
+  CHECK(read_token_shard(dir + "/b.tok").tokens == big);
+  CHECK(fs::file_size(dir + "/b.tok") == 32 + 2 * 4);
+  CHECK_THROWS_WITH(write_token_shard(dir + "/c.tok", {300}, 256), Contains("outside vocab size 256"));
+
+  write_raw(dir + "/bad.tok", "NOTATOKENSHARD..................");
+  CHECK_THROWS_WITH(read_token_shard(dir + "/bad.tok"), Contains("bad magic"));
+  fs::resize_file(dir + "/a.tok", 32 + 5);
+  CHECK_THROWS_WITH(read_token_shard(dir + "/a.tok"), Contains("header says 4 tokens"));
+}
+
+TEST_CASE("text files become byte-level train and validation shards", "[formats]") {
+  std::string dir = temp_dir("text");
+  fs::create_directories(dir + "/in/sub");
+  write_raw(dir + "/in/a.txt", std::string(100, 'a'));
+  write_raw(dir + "/in/sub/b.txt", std::string(50, 'b'));
+  write_raw(dir + "/in/bin.dat", std::string("x\0y", 3));
+  auto r = build_text_shards({dir + "/in"}, dir + "/out", 0.1);
+  CHECK(r.files == 2);
+  CHECK(r.skipped == 1);
+  CHECK(r.train_tokens == 90 + 45);
+  CHECK(r.val_tokens == 10 + 5);
+  auto val = read_token_shard(r.val_path).tokens;
+  CHECK(byte_decode(val) == std::string(10, 'a') + std::string(5, 'b'));
+  CHECK_THROWS_WITH(build_text_shards({dir + "/missing"}, dir + "/out2", 0.1), Contains("no such file"));
+  CHECK(byte_encode("h\xc3\xa9") == std::vector<int32_t>{'h', 0xc3, 0xa9});
+}
