@@ -189,7 +189,7 @@ FY_CLONES void crossentropy_forward_impl(float* losses, float* lse, const float*
     for (int v = 1; v < V; ++v) mx = std::max(mx, l[v]);
     double s = 0;
 #pragma omp simd reduction(+ : s)
-    for (int v = 0; v < V; ++v) s += std::exp(l[v] - mx);
+    for (int v = 0; v < V; ++v) s += math::exp_fast(l[v] - mx);
     float z = mx + static_cast<float>(std::log(s));
     lse[n] = z;
     losses[n] = z - l[targets[n]];
@@ -203,7 +203,7 @@ FY_CLONES void crossentropy_backward_impl(float* logits, const float* lse, const
     float* l = logits + static_cast<size_t>(n) * V;
     float z = lse[n];
 #pragma omp simd
-    for (int v = 0; v < V; ++v) l[v] = std::exp(l[v] - z) * scale;
+    for (int v = 0; v < V; ++v) l[v] = math::exp_fast(l[v] - z) * scale;
     l[targets[n]] -= scale;
   }
 }
