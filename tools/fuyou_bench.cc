@@ -1,5 +1,6 @@
 // fuyou-bench: measures the engine. `train` times optimizer steps of a config's model on
-// random tokens; `gemm` times the CPU GEMMs of a config's shapes against this CPU's FMA peak.
+// random tokens; `gemm` times the CPU GEMMs of a config's shapes against this CPU's FMA peak;
+// `io` times sequential writes and reads through the SSD store.
 #include <algorithm>
 #include <chrono>
 #include <CLI/CLI.hpp>
@@ -9,9 +10,11 @@
 #include "fuyou/error.h"
 #include "fuyou/log.h"
 #include "fuyou/rng.h"
+#include "fuyou/sizes.h"
 #include "fuyou/train.h"
 #include "kernels/cpu/fma_peak.h"
 #include "kernels/cpu/gemm.h"
+#include "src/storage/io_bench.h"
 
 namespace {
 
@@ -126,6 +129,40 @@ int bench_gemm(const fuyou::Config& cfg, int threads, bool json) {
   return 0;
 }
 
+// `io`: the storage tier against the disk; src/storage/io_bench.cc does the work.
+struct IoArgs {
+  fuyou::IoBenchOptions opts;
+  std::string size = "4GiB", request = "1MiB", stripe = "4MiB", block = "0";
+  bool json = false;
+};
+
+CLI::App* add_io_command(CLI::App& app, IoArgs& a) {
+  auto* io = app.add_subcommand("io", "Sequential write then read through the SSD store (compare with fio)");
+  io->add_option("--dir", a.opts.dirs, "Directory (one per SSD); repeat to stripe")->required();
+  io->add_option("--size", a.size, "Bytes written then read");
+  io->add_option("--queue-depth", a.opts.queue_depth, "io_uring requests in flight")->check(CLI::Range(1, 4096));
+  io->add_option("--request-size", a.request, "Largest io_uring request");
+  io->add_option("--stripe-unit", a.stripe, "Stripe unit across directories");
+  io->add_option("--block", a.block, "Bytes per store request (0: queue depth x request size)");
+  io->add_option("--buffers", a.opts.buffers, "Store requests kept outstanding")->check(CLI::Range(2, 64));
+  io->add_flag("--keep-files", a.opts.keep_files, "Leave the backing files");
+  io->add_flag("!--no-register", a.opts.register_buffers, "Do not register the buffers with io_uring");
+  io->add_flag("!--no-huge-pages", a.opts.huge_pages, "Do not ask for huge pages for the buffers");
+  io->add_flag("--json", a.json, "One JSON object on stdout");
+  return io;
+}
+
+int bench_io(IoArgs& a) {
+  a.opts.size = fuyou::parse_size(a.size, "--size");
+  a.opts.request_size = fuyou::parse_size(a.request, "--request-size");
+  a.opts.stripe_unit = fuyou::parse_size(a.stripe, "--stripe-unit");
+  a.opts.block = fuyou::parse_size(a.block, "--block");
+  nlohmann::json r = fuyou::run_io_bench(a.opts);
+  if (a.json) std::printf("%s\n", r.dump().c_str());
+  else fuyou::print_io_bench(r);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -148,10 +185,13 @@ int main(int argc, char** argv) {
   gemm->add_option("--set", sets, "Override a key: section.key=value");
   gemm->add_option("--threads", threads, "Threads (0: all)");
   gemm->add_flag("--json", json, "One JSON object on stdout");
+  IoArgs io_args;
+  auto* io = add_io_command(app, io_args);
   CLI11_PARSE(app, argc, argv);
 
   fuyou::init_logging(false);
   try {
+    if (*io) return bench_io(io_args);
     fuyou::Config cfg = load(config_path, sets);
     if (*train) return bench_train(cfg, steps, warmup, json);
     if (*gemm) return bench_gemm(cfg, threads ? threads : cfg.runtime.threads, json);
