@@ -45,7 +45,7 @@ TEST_CASE("config errors name the key and the allowed values", "[config]") {
   CHECK_THROWS_WITH(load_config_file("/nonexistent/c.yaml"), Contains("/nonexistent/c.yaml"));
 }
 
-TEST_CASE("--set overrides apply before validation", "[config]") {
+TEST_CASE("config overrides from --set apply before validation", "[config]") {
   Config c = parse_config("model: {n_layer: 2}", "x", {"model.n_layer=5", "offload.host_memory=2GiB",
                                                        "data.text=[a, b]"});
   CHECK(c.model.n_layer == 5);

@@ -11,12 +11,25 @@
 #include "fuyou/log.h"
 #include "fuyou/rng.h"
 #include "fuyou/sizes.h"
+#include "fuyou/engine.h"
 #include "fuyou/train.h"
+#include "src/optim/adam_bench.h"
 #include "kernels/cpu/fma_peak.h"
 #include "kernels/cpu/gemm.h"
 #include "src/storage/io_bench.h"
 
 namespace {
+
+// "100M" -> 1e8, "1.5G" -> 1.5e9, "4096" -> 4096.
+uint64_t parse_count(const std::string& text) {
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  std::string unit(end);
+  double mult = unit.empty() ? 1 : unit == "K" || unit == "k" ? 1e3 : unit == "M" ? 1e6 : unit == "G" || unit == "B" ? 1e9 : -1;
+  if (end == text.c_str() || mult < 0 || v <= 0)
+    throw fuyou::ConfigError("--params: '" + text + "' is not a count (examples: 100M, 1.5G, 4096)");
+  return static_cast<uint64_t>(v * mult);
+}
 
 using clock_type = std::chrono::steady_clock;
 
@@ -35,12 +48,20 @@ fuyou::Config load(const std::string& path, const std::vector<std::string>& sets
                       : fuyou::load_config_file(path, sets);
 }
 
-int bench_train(const fuyou::Config& cfg, int steps, int warmup, bool json) {
+struct TrainArgs {
+  int steps = 5, warmup = 1;
+  bool json = false;
+  std::string trace;
+  double ssd_tbw = 600;  // drive endurance in TB written (see docs/performance.md)
+};
+
+int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
   std::string why;
   auto backend = fuyou::make_backend(cfg.runtime, cfg.offload.device_memory, &why);
-  if (!json) spdlog::info("{}", why);
-  fuyou::StepRunner runner(cfg, *backend);
-  runner.init_params();
+  if (!a.json) spdlog::info("{}", why);
+  auto engine = fuyou::make_train_engine(cfg, *backend);
+  if (!a.json) std::fputs(engine->describe().c_str(), stderr), std::fputs("\n", stderr);
+  engine->init_params();
   const int B = cfg.schedule.micro_batch, T = cfg.model.seq_len, accum = cfg.schedule.grad_accum;
   std::vector<std::vector<int32_t>> mbs(accum, std::vector<int32_t>(static_cast<size_t>(B) * (T + 1)));
   fuyou::Rng rng(cfg.runtime.seed);
@@ -50,21 +71,29 @@ int bench_train(const fuyou::Config& cfg, int steps, int warmup, bool json) {
     ptrs.push_back(mb.data());
   }
   std::vector<double> times;
-  for (int s = 0; s < warmup + steps; ++s) {
+  std::vector<fuyou::EngineStep> results;
+  for (int s = 0; s < a.warmup + a.steps; ++s) {
     auto t0 = clock_type::now();
-    runner.step(s, ptrs);
+    fuyou::EngineStep r = engine->step(s, ptrs);
     double dt = seconds_since(t0);
-    if (s >= warmup) times.push_back(dt);
-    if (!json) spdlog::info("step {}/{}: {:.3f}s{}", s + 1, warmup + steps, dt, s < warmup ? " (warm-up)" : "");
+    if (s >= a.warmup) {
+      times.push_back(dt);
+      results.push_back(r);
+    }
+    if (!a.json) spdlog::info("step {}/{}: {:.3f}s loss {:.4f}{}", s + 1, a.warmup + a.steps, dt, r.loss,
+                              s < a.warmup ? " (warm-up)" : "");
   }
+  if (!a.trace.empty()) engine->write_trace(a.trace);
   double step_s = median(times);
   double tokens = static_cast<double>(B) * T * accum;
   double tps = tokens / step_s;
   double tflops = fuyou::training_tflops(cfg.model, tps);
+  const fuyou::ParamLayout layout = fuyou::make_gpt_layout(cfg.model);
   nlohmann::json j{{"backend", backend->name()},
-                   {"params", runner.model().layout().num_params()},
+                   {"offloaded", engine->offloaded()},
+                   {"params", layout.num_params()},
                    {"tokens_per_step", tokens},
-                   {"steps_timed", steps},
+                   {"steps_timed", a.steps},
                    {"step_s", step_s},
                    {"step_s_all", times},
                    {"tokens_per_s", tps},
@@ -72,13 +101,43 @@ int bench_train(const fuyou::Config& cfg, int steps, int warmup, bool json) {
                    {"flops_per_token", 3.0 * fuyou::forward_flops_per_token(cfg.model)},
                    {"peak_rss_bytes", fuyou::peak_rss_bytes()},
                    {"device_peak_bytes", backend->memory().peak}};
-  if (json) {
+  if (engine->offloaded()) {
+    // The step whose iteration time is the median, so busy times and iteration agree.
+    size_t mid = 0;
+    for (size_t i = 0; i < times.size(); ++i)
+      if (times[i] == step_s) mid = i;
+    const fuyou::OffloadStepResult& d = results[mid].detail;
+    j["iteration_s"] = d.iteration_s;
+    double busiest = 0;
+    for (int k = 0; k < fuyou::kNumResources; ++k) {
+      j["busy_s"][fuyou::resource_name(static_cast<fuyou::Resource>(k))] = d.busy_s[k];
+      busiest = std::max(busiest, d.busy_s[k]);
+    }
+    j["iteration_over_busiest"] = d.iteration_s / busiest;
+    j["ssd_read_bytes_per_step"] = d.ssd_read_bytes;
+    j["ssd_write_bytes_per_step"] = d.ssd_write_bytes;
+    j["ssd_write_bytes_per_token"] = d.ssd_write_bytes / tokens;
+    // Drive life: tokens one drive of `ssd_tbw` TB endurance can train before it is worn.
+    j["ssd_tbw_assumed"] = a.ssd_tbw;
+    j["tokens_per_drive_life"] = d.ssd_write_bytes ? a.ssd_tbw * 1e12 / (d.ssd_write_bytes / tokens) : 0.0;
+  }
+  if (a.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("%-16s %s\n%-16s %.2fM\n%-16s %.4f s (median of %d)\n%-16s %.1f\n%-16s %.4f\n",
-                "backend", backend->name().c_str(), "params",
-                runner.model().layout().num_params() / 1e6, "step", step_s, steps, "tokens/s", tps,
-                "TFLOP/s", tflops);
+                "backend", backend->name().c_str(), "params", layout.num_params() / 1e6, "step", step_s,
+                a.steps, "tokens/s", tps, "TFLOP/s", tflops);
+    if (engine->offloaded()) {
+      std::printf("%-16s %.3f s (%.2fx the busiest resource)\n", "iteration", j["iteration_s"].get<double>(),
+                  j["iteration_over_busiest"].get<double>());
+      for (auto& [k, v] : j["busy_s"].items()) std::printf("  busy %-10s %.3f s\n", k.c_str(), v.get<double>());
+      std::printf("%-16s %.2f GB read, %.2f GB written per step; %.0f bytes written per token\n", "SSD",
+                  j["ssd_read_bytes_per_step"].get<double>() / 1e9, j["ssd_write_bytes_per_step"].get<double>() / 1e9,
+                  j["ssd_write_bytes_per_token"].get<double>());
+      if (j["tokens_per_drive_life"].get<double>() > 0)
+        std::printf("%-16s %.3g tokens per %.0f TBW drive\n", "drive life", j["tokens_per_drive_life"].get<double>(),
+                    a.ssd_tbw);
+    }
   }
   return 0;
 }
@@ -171,14 +230,27 @@ int main(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> sets;
   bool json = false;
-  int steps = 5, warmup = 1, threads = 0;
+  int threads = 0;
+  TrainArgs ta;
 
   auto* train = app.add_subcommand("train", "Time training steps of a config's model on random tokens");
   train->add_option("--config", config_path, "YAML config (default: the embedded default)");
   train->add_option("--set", sets, "Override a key: section.key=value");
-  train->add_option("--steps", steps, "Timed steps (the median is reported)")->check(CLI::PositiveNumber);
-  train->add_option("--warmup", warmup, "Untimed warm-up steps")->check(CLI::NonNegativeNumber);
-  train->add_flag("--json", json, "One JSON object on stdout");
+  train->add_option("--steps", ta.steps, "Timed steps (the median is reported)")->check(CLI::PositiveNumber);
+  train->add_option("--warmup", ta.warmup, "Untimed warm-up steps")->check(CLI::NonNegativeNumber);
+  train->add_option("--trace", ta.trace, "Write the last iteration's timeline (Chrome trace JSON)");
+  train->add_option("--ssd-tbw", ta.ssd_tbw, "Drive endurance in TB written, for the drive-life figure");
+  train->add_flag("--json", ta.json, "One JSON object on stdout");
+
+  fuyou::AdamBenchOptions adam_opts;
+  std::string adam_params = "100M", adam_grad = "bf16";
+  bool adam_json = false;
+  auto* adam = app.add_subcommand("adam", "AdamW throughput in memory and out of core against its rooflines");
+  adam->add_option("--params", adam_params, "Parameters (e.g. 100M, 1.5G)");
+  adam->add_option("--dir", adam_opts.dirs, "Store directory for the out-of-core run (repeat to stripe)");
+  adam->add_option("--grad", adam_grad, "Gradient type: f32, bf16, f16");
+  adam->add_option("--steps", adam_opts.steps, "Timed updates (median)")->check(CLI::PositiveNumber);
+  adam->add_flag("--json", adam_json, "One JSON object on stdout");
 
   auto* gemm = app.add_subcommand("gemm", "Time the CPU GEMMs of a config's shapes against the FMA peak");
   gemm->add_option("--config", config_path, "YAML config (default: the embedded default)");
@@ -192,8 +264,18 @@ int main(int argc, char** argv) {
   fuyou::init_logging(false);
   try {
     if (*io) return bench_io(io_args);
+    if (*adam) {
+      adam_opts.params = parse_count(adam_params);
+      if (adam_grad == "f32") adam_opts.grad_type = fuyou::ElemType::kF32;
+      else if (adam_grad == "f16") adam_opts.grad_type = fuyou::ElemType::kF16;
+      else if (adam_grad != "bf16") throw fuyou::ConfigError("--grad: expected f32, bf16 or f16, got '" + adam_grad + "'");
+      nlohmann::json r = fuyou::run_adam_bench(adam_opts);
+      if (adam_json) std::printf("%s\n", r.dump().c_str());
+      else fuyou::print_adam_bench(r);
+      return 0;
+    }
     fuyou::Config cfg = load(config_path, sets);
-    if (*train) return bench_train(cfg, steps, warmup, json);
+    if (*train) return bench_train(cfg, ta);
     if (*gemm) return bench_gemm(cfg, threads ? threads : cfg.runtime.threads, json);
   } catch (const fuyou::Error& e) {
     spdlog::error("{}", e.what());

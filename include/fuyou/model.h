@@ -90,12 +90,22 @@ struct LayerActivations {
 // matrices and embeddings, scaled by 1/sqrt(2 n_layer) for the two residual projections
 // (GPT-2), LayerNorm weights 1, biases 0. Deterministic in cfg.seed.
 void init_gpt_params(const ModelConfig& cfg, const ParamLayout& layout, float* params);
+// The same values for one parameter group only, into dst (group-relative), so a model
+// larger than memory can be initialised group by group.
+void init_gpt_group(const ModelConfig& cfg, const ParamLayout& layout, int group, float* dst);
 
-// The model on a backend: parameters, gradients and activations for a fixed micro-batch,
-// all in device memory, sized at construction (nothing is allocated during a step).
+// What a GptModel allocates on the device. kFull: parameters, gradients and every layer's
+// activations (in-memory training). kWorkspace: only the per-pass workspace (tokens, head,
+// backward scratch); the scheduler owns weights, gradients and activations and passes them
+// to the per-layer calls.
+enum class ModelState { kFull, kWorkspace };
+
+// The model on a backend for a fixed micro-batch, all device memory sized at construction
+// (nothing is allocated during a step).
 class GptModel {
  public:
-  GptModel(const ModelConfig& cfg, Backend& backend, int micro_batch);
+  GptModel(const ModelConfig& cfg, Backend& backend, int micro_batch,
+           ModelState state = ModelState::kFull);
   ~GptModel();
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
@@ -118,6 +128,10 @@ class GptModel {
   void zero_grads();
 
   // Per-layer pieces of forward() and backward(), for the scheduler to drive one at a time.
+  // set_tokens copies a micro-batch's inputs (and targets) to the device first.
+  void set_tokens(const int32_t* inputs, const int32_t* targets);
+  LayerActivations alloc_activations(const std::string& what);  // owned by the model
+  float last_loss() const { return last_loss_; }
   void embed_forward(const float* wte, const float* wpe, float* x);
   void block_forward(const LayerTensors& w, const float* x_in, const LayerActivations& a);
   float head_forward(const GlobalTensors& g, const float* x, bool with_loss);
@@ -151,6 +165,7 @@ class GptModel {
   float* losses_ = nullptr;    // (N)
   float* lse_ = nullptr;       // (N)
   std::vector<float> host_losses_;
+  float last_loss_ = 0;
   // Backward scratch
   float* dres_ = nullptr;   // (N, C) gradient flowing along the residual stream
   float* dtmp_ = nullptr;   // (N, C)

@@ -19,11 +19,48 @@ struct AdamWStep {
   int64_t t;           // 1-based step count, for bias correction
 };
 
-// One AdamW update of n elements, the same arithmetic as torch.optim.AdamW:
-//   p *= 1 - lr * wd;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
-//   p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+// Element types the kernel reads gradients as and writes working weights as.
+enum class ElemType { kF32, kBF16, kF16 };
+const char* elem_type_name(ElemType t);
+size_t elem_type_size(ElemType t);
+
+// Instruction-set paths of the optimizer kernels. kAuto picks the widest the CPU has.
+enum class SimdPath { kAuto, kScalar, kAvx2, kAvx512 };
+const char* simd_path_name(SimdPath p);
+SimdPath best_simd_path();
+
+// One fused pass over n elements: reads fp32 master, m, v and the gradient (of grad_type),
+// writes fp32 master, m, v and, when lowp is non-null, the updated weights as lowp_type
+// (round to nearest even) for the next forward. The gradient is multiplied by grad_scale
+// first (global-norm clipping, or undoing an fp16 loss scale). Every path gives
+// bit-identical results to the scalar reference (math::adamw_element). Threads: OpenMP.
+struct AdamWArgs {
+  float* master = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  const void* grad = nullptr;
+  ElemType grad_type = ElemType::kF32;
+  void* lowp = nullptr;
+  ElemType lowp_type = ElemType::kBF16;
+  size_t n = 0;
+  float grad_scale = 1.0f;
+};
+void adamw_update(const AdamWArgs& a, const AdamWStep& s, SimdPath path = SimdPath::kAuto);
+
+// Convenience for fp32 gradients without a low-precision copy (the CPU backend's case).
 void adamw_update(float* param, float* m, float* v, const float* grad, size_t n,
                   const AdamWStep& s);
+
+// Sum of squares (in double) and count of non-finite values of a gradient: the fused pass
+// that global-norm clipping and fp16 overflow checks need before any update.
+struct GradStats {
+  double sum_squares = 0;
+  uint64_t nonfinite = 0;
+};
+GradStats grad_stats(const void* grad, ElemType type, size_t n, SimdPath path = SimdPath::kAuto);
+
+// Bytes the update moves per parameter: read master, m, v, grad; write master, m, v, lowp.
+size_t adamw_bytes_per_param(ElemType grad_type, bool with_lowp, ElemType lowp_type);
 
 // Warmup then cosine decay: lr(s) = max_lr (s+1)/warmup for s < warmup, then
 // min_lr + (max_lr - min_lr) (1 + cos(pi (s - warmup) / (steps - warmup))) / 2.

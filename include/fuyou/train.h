@@ -16,6 +16,10 @@ namespace fuyou {
 // Splits micro-batch rows of T+1 tokens into inputs (B*T) and next-token targets (B*T).
 void split_batch(const int32_t* batch, int B, int T, int32_t* inputs, int32_t* targets);
 
+// Sum of squares of one parameter group's gradient, sequentially in double. Global-norm
+// clipping adds these over groups in layout order, in-memory and offloaded alike.
+double group_sum_squares(const float* g, size_t n);
+
 // Holds the model on a backend and, on the host, the fp32 master weights and AdamW moments.
 // step() runs grad_accum micro-batches, reduces, clips, updates on the host, and copies the
 // new weights to the device.
@@ -51,6 +55,7 @@ class StepRunner {
 struct TrainOptions {
   std::string run_dir;          // empty: runs/<date-time>
   bool progress_line = false;   // live \r progress line (stderr is a terminal)
+  std::string trace_path;       // Chrome trace of the last iteration (offloaded runs)
 };
 
 struct TrainSummary {

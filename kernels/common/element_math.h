@@ -91,4 +91,76 @@ FY_HD float bf16_to_float(uint16_t h) {
   return f;
 }
 
+// Rounds fp32 to the nearest IEEE half (ties to even), with subnormals, overflow to inf and
+// NaN kept quiet: the same result as the hardware conversion (F16C vcvtps2ph with
+// round-to-nearest), which the tests check bit for bit.
+FY_HD uint16_t float_to_fp16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  uint32_t sign = (u >> 16) & 0x8000u;
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds past 65504: inf
+  if (a >= 0x38800000u) {                                               // normal half
+    uint32_t r = a + 0x0fffu + ((a >> 13) & 1u) - (112u << 23);
+    return static_cast<uint16_t>(sign | (r >> 13));
+  }
+  if (a < 0x33000000u) return static_cast<uint16_t>(sign);  // below half the smallest subnormal
+  // Subnormal half: shift the 24-bit significand right and round to nearest even.
+  uint32_t e = a >> 23;
+  uint32_t mant = (a & 0x7fffffu) | 0x800000u;
+  uint32_t shift = 126u - e;  // 14..24
+  uint32_t half = 1u << (shift - 1);
+  uint32_t rem = mant & ((1u << shift) - 1u);
+  uint32_t q = mant >> shift;
+  if (rem > half || (rem == half && (q & 1u))) ++q;
+  return static_cast<uint16_t>(sign | q);
+}
+
+FY_HD float fp16_to_float(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t e = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  uint32_t u;
+  if (e == 0x1fu) {
+    u = sign | 0x7f800000u | (mant << 13);
+  } else if (e != 0) {
+    u = sign | ((e + 112u) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    u = sign;
+  } else {  // subnormal half: normalise
+    int shift = 0;
+    while (!(mant & 0x400u)) {
+      mant <<= 1;
+      ++shift;
+    }
+    u = sign | ((113u - shift) << 23) | ((mant & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// The AdamW update of one element. The constants are computed once per step (AdamWConsts);
+// the order of operations, with explicit fused multiply-adds, is the contract every SIMD
+// path reproduces, so all paths give bit-identical fp32 state.
+struct AdamWConsts {
+  float grad_scale;    // multiplies the gradient first (clipping, loss-scale undo)
+  float decay;         // 1 - lr * weight_decay
+  float one_minus_b1;  // 1 - beta1
+  float b2;            // beta2
+  float one_minus_b2;  // 1 - beta2
+  float bc2_sqrt;      // sqrt(1 - beta2^t)
+  float eps;
+  float neg_step;      // -lr / (1 - beta1^t)
+};
+
+FY_HD void adamw_element(float& p, float& m, float& v, float g, const AdamWConsts& k) {
+  g = g * k.grad_scale;
+  p = p * k.decay;
+  m = fmaf(k.one_minus_b1, g - m, m);
+  v = fmaf(k.one_minus_b2, g * g, v * k.b2);
+  float denom = sqrtf(v) / k.bc2_sqrt + k.eps;
+  p = fmaf(k.neg_step, m / denom, p);
+}
+
 }  // namespace fuyou::math

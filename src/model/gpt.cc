@@ -90,12 +90,14 @@ GlobalTensors global_tensors(const ParamLayout& layout, float* base) {
           base + layout.tensors[n - 2].offset, base + layout.tensors[n - 1].offset};
 }
 
-void init_gpt_params(const ModelConfig& cfg, const ParamLayout& layout, float* params) {
-  std::fill(params, params + layout.total, 0.0f);
+void init_gpt_group(const ModelConfig& cfg, const ParamLayout& layout, int group, float* dst) {
+  const ParamGroup& g = layout.groups.at(group);
+  std::fill(dst, dst + g.numel, 0.0f);
   const float resid_std = cfg.init_std / std::sqrt(2.0f * cfg.n_layer);
   for (size_t i = 0; i < layout.tensors.size(); ++i) {
     const TensorSpec& t = layout.tensors[i];
-    float* p = params + t.offset;
+    if (t.group != group) continue;
+    float* p = dst + (t.offset - g.offset);
     bool is_norm = t.name.find("ln_") != std::string::npos;
     if (is_norm && t.name.ends_with(".weight")) {
       std::fill(p, p + t.numel, 1.0f);
@@ -109,6 +111,11 @@ void init_gpt_params(const ModelConfig& cfg, const ParamLayout& layout, float* p
   }
 }
 
+void init_gpt_params(const ModelConfig& cfg, const ParamLayout& layout, float* params) {
+  for (size_t g = 0; g < layout.groups.size(); ++g)
+    init_gpt_group(cfg, layout, static_cast<int>(g), params + layout.groups[g].offset);
+}
+
 double forward_flops_per_token(const ModelConfig& cfg) {
   const double C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size, T = cfg.seq_len;
   double per_layer = 2 * C * 3 * C  // qkv
@@ -120,35 +127,23 @@ double forward_flops_per_token(const ModelConfig& cfg) {
   return cfg.n_layer * per_layer + 2 * C * V;  // + LM head
 }
 
-GptModel::GptModel(const ModelConfig& cfg, Backend& backend, int micro_batch)
+GptModel::GptModel(const ModelConfig& cfg, Backend& backend, int micro_batch, ModelState state)
     : cfg_(cfg), be_(backend), B_(micro_batch), N_(micro_batch * cfg.seq_len),
       layout_(make_gpt_layout(cfg)) {
   const size_t C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size, T = cfg.seq_len;
   const size_t N = N_, H = cfg.n_head, B = B_;
-  params_ = alloc_floats(layout_.total, "parameters");
-  grads_ = alloc_floats(layout_.total, "gradients");
+  if (state == ModelState::kFull) {
+    params_ = alloc_floats(layout_.total, "parameters");
+    grads_ = alloc_floats(layout_.total, "gradients");
+  }
   inputs_ = static_cast<int32_t*>(be_.alloc(N * sizeof(int32_t), "input tokens"));
   owned_.push_back(inputs_);
   targets_ = static_cast<int32_t*>(be_.alloc(N * sizeof(int32_t), "target tokens"));
   owned_.push_back(targets_);
-  x0_ = alloc_floats(N * C, "embedding output");
-  acts_.resize(cfg.n_layer);
-  for (int l = 0; l < cfg.n_layer; ++l) {
-    std::string what = str("layer ", l, " activations");
-    LayerActivations& a = acts_[l];
-    a.ln1 = alloc_floats(N * C, what);
-    a.ln1_mean = alloc_floats(N, what);
-    a.ln1_rstd = alloc_floats(N, what);
-    a.qkv = alloc_floats(N * 3 * C, what);
-    a.att = alloc_floats(B * H * T * T, what);
-    a.atty = alloc_floats(N * C, what);
-    a.res2 = alloc_floats(N * C, what);
-    a.ln2 = alloc_floats(N * C, what);
-    a.ln2_mean = alloc_floats(N, what);
-    a.ln2_rstd = alloc_floats(N, what);
-    a.fch = alloc_floats(N * F, what);
-    a.fcg = alloc_floats(N * F, what);
-    a.out = alloc_floats(N * C, what);
+  if (state == ModelState::kFull) {
+    x0_ = alloc_floats(N * C, "embedding output");
+    acts_.resize(cfg.n_layer);
+    for (int l = 0; l < cfg.n_layer; ++l) acts_[l] = alloc_activations(str("layer ", l, " activations"));
   }
   lnf_ = alloc_floats(N * C, "final layernorm");
   lnf_mean_ = alloc_floats(N, "final layernorm");
@@ -162,6 +157,37 @@ GptModel::GptModel(const ModelConfig& cfg, Backend& backend, int micro_batch)
   datt_ = alloc_floats(B * H * T * T, "backward scratch");
   dfc_ = alloc_floats(N * F, "backward scratch");
   host_losses_.resize(N);
+}
+
+LayerActivations GptModel::alloc_activations(const std::string& what) {
+  const size_t C = cfg_.d_model, F = cfg_.d_ff, T = cfg_.seq_len, H = cfg_.n_head;
+  const size_t N = N_, B = B_;
+  LayerActivations a;
+  a.ln1 = alloc_floats(N * C, what);
+  a.ln1_mean = alloc_floats(N, what);
+  a.ln1_rstd = alloc_floats(N, what);
+  a.qkv = alloc_floats(N * 3 * C, what);
+  a.att = alloc_floats(B * H * T * T, what);
+  a.atty = alloc_floats(N * C, what);
+  a.res2 = alloc_floats(N * C, what);
+  a.ln2 = alloc_floats(N * C, what);
+  a.ln2_mean = alloc_floats(N, what);
+  a.ln2_rstd = alloc_floats(N, what);
+  a.fch = alloc_floats(N * F, what);
+  a.fcg = alloc_floats(N * F, what);
+  a.out = alloc_floats(N * C, what);
+  return a;
+}
+
+void GptModel::set_tokens(const int32_t* inputs, const int32_t* targets) {
+  const size_t N = N_;
+  for (size_t i = 0; i < N; ++i)
+    if (inputs[i] < 0 || inputs[i] >= cfg_.vocab_size || (targets && (targets[i] < 0 || targets[i] >= cfg_.vocab_size)))
+      throw Error(str("token id out of range at position ", i, ": input ", inputs[i],
+                      targets ? str(", target ", targets[i]) : std::string(),
+                      " (model.vocab_size is ", cfg_.vocab_size, ")"));
+  be_.copy_to_device(inputs_, inputs, N * sizeof(int32_t));
+  if (targets) be_.copy_to_device(targets_, targets, N * sizeof(int32_t));
 }
 
 GptModel::~GptModel() {
@@ -209,7 +235,8 @@ float GptModel::head_forward(const GlobalTensors& g, const float* x, bool with_l
   be_.copy_to_host(host_losses_.data(), losses_, sizeof(float) * N);
   double s = 0;
   for (float l : host_losses_) s += l;
-  return static_cast<float>(s / N);
+  last_loss_ = static_cast<float>(s / N);
+  return last_loss_;
 }
 
 void GptModel::head_backward(const GlobalTensors& g, const GlobalTensors& dg, const float* x,
@@ -243,14 +270,8 @@ void GptModel::embed_backward(const GlobalTensors& dg, const float* dx) {
 }
 
 float GptModel::forward(const int32_t* inputs, const int32_t* targets) {
-  const size_t N = N_;
-  for (size_t i = 0; i < N; ++i)
-    if (inputs[i] < 0 || inputs[i] >= cfg_.vocab_size || (targets && (targets[i] < 0 || targets[i] >= cfg_.vocab_size)))
-      throw Error(str("token id out of range at position ", i, ": input ", inputs[i],
-                      targets ? str(", target ", targets[i]) : std::string(),
-                      " (model.vocab_size is ", cfg_.vocab_size, ")"));
-  be_.copy_to_device(inputs_, inputs, N * sizeof(int32_t));
-  if (targets) be_.copy_to_device(targets_, targets, N * sizeof(int32_t));
+  FY_CHECK(params_, "forward() needs a model built with ModelState::kFull");
+  set_tokens(inputs, targets);
   GlobalTensors g = global_tensors(layout_, params_);
   embed_forward(g.wte, g.wpe, x0_);
   const float* x = x0_;

@@ -1,28 +1,163 @@
-#include <cmath>
+// AdamW: dispatch over instruction-set paths, and the scalar reference path.
+//
+// Work is split across OpenMP threads in blocks of kBlock elements (a multiple of every
+// vector width), so every path sees the same element-to-lane assignment and the scalar
+// tail of each block is handled by the same scalar code.
+#include <omp.h>
 
+#include <cmath>
+#include <vector>
+
+#include "fuyou/error.h"
 #include "fuyou/optim.h"
+#include "kernels/common/element_math.h"
+#include "src/optim/adamw_kernels.h"
 
 namespace fuyou {
 
+const char* elem_type_name(ElemType t) {
+  switch (t) {
+    case ElemType::kF32: return "f32";
+    case ElemType::kBF16: return "bf16";
+    case ElemType::kF16: return "f16";
+  }
+  return "?";
+}
+
+size_t elem_type_size(ElemType t) { return t == ElemType::kF32 ? 4 : 2; }
+
+const char* simd_path_name(SimdPath p) {
+  switch (p) {
+    case SimdPath::kAuto: return "auto";
+    case SimdPath::kScalar: return "scalar";
+    case SimdPath::kAvx2: return "avx2";
+    case SimdPath::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+SimdPath best_simd_path() {
+  static const SimdPath best = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl"))
+      return SimdPath::kAvx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+      return SimdPath::kAvx2;
+    return SimdPath::kScalar;
+  }();
+  return best;
+}
+
+namespace optim_detail {
+
+float load_grad(const void* g, ElemType t, size_t i) {
+  switch (t) {
+    case ElemType::kF32: return static_cast<const float*>(g)[i];
+    case ElemType::kBF16: return math::bf16_to_float(static_cast<const uint16_t*>(g)[i]);
+    case ElemType::kF16: return math::fp16_to_float(static_cast<const uint16_t*>(g)[i]);
+  }
+  return 0;
+}
+
+void store_lowp(void* out, ElemType t, size_t i, float x) {
+  switch (t) {
+    case ElemType::kF32: static_cast<float*>(out)[i] = x; break;
+    case ElemType::kBF16: static_cast<uint16_t*>(out)[i] = math::float_to_bf16(x); break;
+    case ElemType::kF16: static_cast<uint16_t*>(out)[i] = math::float_to_fp16(x); break;
+  }
+}
+
+void adamw_scalar(const AdamWArgs& a, const math::AdamWConsts& k, size_t begin, size_t end) {
+  for (size_t i = begin; i < end; ++i) {
+    float p = a.master[i], m = a.m[i], v = a.v[i];
+    math::adamw_element(p, m, v, load_grad(a.grad, a.grad_type, i), k);
+    a.master[i] = p;
+    a.m[i] = m;
+    a.v[i] = v;
+    if (a.lowp) store_lowp(a.lowp, a.lowp_type, i, p);
+  }
+}
+
+void grad_stats_scalar(const void* g, ElemType t, size_t begin, size_t end, GradStats* out) {
+  for (size_t i = begin; i < end; ++i) {
+    float x = load_grad(g, t, i);
+    if (!std::isfinite(x)) {
+      ++out->nonfinite;
+      continue;
+    }
+    out->sum_squares += static_cast<double>(x) * x;
+  }
+}
+
+}  // namespace optim_detail
+
+using namespace optim_detail;
+
+void adamw_update(const AdamWArgs& a, const AdamWStep& s, SimdPath path) {
+  FY_CHECK(s.t >= 1, "AdamW step count starts at 1, got ", s.t);
+  if (path == SimdPath::kAuto) path = best_simd_path();
+  FY_CHECK(path == SimdPath::kScalar || static_cast<int>(path) <= static_cast<int>(best_simd_path()),
+           "SIMD path ", simd_path_name(path), " is not supported by this CPU");
+  math::AdamWConsts k;
+  k.grad_scale = a.grad_scale;
+  k.decay = 1.0f - s.lr * s.weight_decay;
+  k.one_minus_b1 = 1.0f - s.beta1;
+  k.b2 = s.beta2;
+  k.one_minus_b2 = 1.0f - s.beta2;
+  // Bias corrections in double, then rounded once: every path shares these constants.
+  k.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double(s.beta2), double(s.t))));
+  k.eps = s.eps;
+  k.neg_step = static_cast<float>(-double(s.lr) / (1.0 - std::pow(double(s.beta1), double(s.t))));
+
+  const size_t blocks = (a.n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+  for (size_t b = 0; b < blocks; ++b) {
+    size_t begin = b * kBlock, end = std::min(a.n, begin + kBlock);
+    switch (path) {
+      case SimdPath::kAvx512: adamw_avx512(a, k, begin, end); break;
+      case SimdPath::kAvx2: adamw_avx2(a, k, begin, end); break;
+      default: adamw_scalar(a, k, begin, end); break;
+    }
+  }
+}
+
 void adamw_update(float* param, float* m, float* v, const float* grad, size_t n,
                   const AdamWStep& s) {
-  const float decay = 1.0f - s.lr * s.weight_decay;
-  const float bc1 = 1.0f - std::pow(s.beta1, static_cast<float>(s.t));
-  const float bc2 = 1.0f - std::pow(s.beta2, static_cast<float>(s.t));
-  const float step_size = s.lr / bc1;
-  const float bc2_sqrt = std::sqrt(bc2);
-  const float b1 = s.beta1, b2 = s.beta2, eps = s.eps;
-#pragma omp parallel for simd schedule(static)
-  for (size_t i = 0; i < n; ++i) {
-    float g = grad[i];
-    float p = param[i] * decay;
-    float mi = m[i] + (1.0f - b1) * (g - m[i]);
-    float vi = b2 * v[i] + (1.0f - b2) * g * g;
-    float denom = std::sqrt(vi) / bc2_sqrt + eps;
-    param[i] = p - step_size * (mi / denom);
-    m[i] = mi;
-    v[i] = vi;
+  AdamWArgs a;
+  a.master = param;
+  a.m = m;
+  a.v = v;
+  a.grad = grad;
+  a.grad_type = ElemType::kF32;
+  a.n = n;
+  adamw_update(a, s);
+}
+
+GradStats grad_stats(const void* grad, ElemType type, size_t n, SimdPath path) {
+  if (path == SimdPath::kAuto) path = best_simd_path();
+  // Each thread sums one contiguous range in order, and the ranges are combined in thread
+  // order: the result is deterministic for a given thread count.
+  const int threads = omp_get_max_threads();
+  std::vector<GradStats> parts(threads);
+#pragma omp parallel num_threads(threads)
+  {
+    int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    size_t begin = n * t / nt, end = n * (t + 1) / nt;
+    if (path == SimdPath::kAvx512) grad_stats_avx512(grad, type, begin, end, &parts[t]);
+    else grad_stats_scalar(grad, type, begin, end, &parts[t]);
   }
+  GradStats total;
+  for (const auto& p : parts) {
+    total.sum_squares += p.sum_squares;
+    total.nonfinite += p.nonfinite;
+  }
+  return total;
+}
+
+size_t adamw_bytes_per_param(ElemType grad_type, bool with_lowp, ElemType lowp_type) {
+  return 3 * 4 + elem_type_size(grad_type) + 3 * 4 + (with_lowp ? elem_type_size(lowp_type) : 0);
 }
 
 }  // namespace fuyou

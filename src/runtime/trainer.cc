@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fuyou/data.h"
+#include "fuyou/engine.h"
 #include "fuyou/error.h"
 #include "fuyou/log.h"
 #include "fuyou/optim.h"
@@ -17,6 +18,12 @@
 namespace fs = std::filesystem;
 
 namespace fuyou {
+
+double group_sum_squares(const float* g, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) s += static_cast<double>(g[i]) * g[i];
+  return s;
+}
 
 void split_batch(const int32_t* batch, int B, int T, int32_t* inputs, int32_t* targets) {
   for (int b = 0; b < B; ++b) {
@@ -64,14 +71,18 @@ StepRunner::Result StepRunner::step(int64_t step_index,
   r.loss = static_cast<float>(loss_sum / accum);
   be_.copy_to_host(grad_.data(), model_.grads(), grad_.size() * sizeof(float));
 
-  // Padding between tensors holds zero gradient, so the flat sum is the tensors' sum.
+  // Per parameter group in order, each group summed sequentially in double: the same
+  // reduction the offloading scheduler performs, so both clip identically. Padding between
+  // tensors holds zero gradient.
   double sq = 0;
-  for (float g : grad_) sq += static_cast<double>(g) * g;
+  for (const ParamGroup& g : model_.layout().groups) sq += group_sum_squares(grad_.data() + g.offset, g.numel);
   r.grad_norm = std::sqrt(sq);
+  // Clipping multiplies each gradient by the coefficient inside the update kernel, in fp32,
+  // as torch.nn.utils.clip_grad_norm_ does and as the offloading scheduler does.
+  float grad_scale = 1.0f;
   if (cfg_.optimizer.grad_clip > 0) {
     double coef = cfg_.optimizer.grad_clip / (r.grad_norm + 1e-6);
-    if (coef < 1.0)
-      for (float& g : grad_) g = static_cast<float>(g * coef);
+    if (coef < 1.0) grad_scale = static_cast<float>(coef);
   }
   r.lr = learning_rate(cfg_.optimizer, cfg_.schedule, step_index);
   ++t_;
@@ -82,8 +93,14 @@ StepRunner::Result StepRunner::step(int64_t step_index,
                 static_cast<float>(cfg_.optimizer.eps),
                 ts.decay ? static_cast<float>(cfg_.optimizer.weight_decay) : 0.0f,
                 t_};
-    adamw_update(master_.data() + ts.offset, m_.data() + ts.offset, v_.data() + ts.offset,
-                 grad_.data() + ts.offset, ts.numel, s);
+    AdamWArgs a;
+    a.master = master_.data() + ts.offset;
+    a.m = m_.data() + ts.offset;
+    a.v = v_.data() + ts.offset;
+    a.grad = grad_.data() + ts.offset;
+    a.n = ts.numel;
+    a.grad_scale = grad_scale;
+    adamw_update(a, s);
   }
   set_params(master_.data());
   return r;
@@ -172,16 +189,22 @@ TrainSummary run_training(const Config& cfg, const TrainOptions& opts) {
   std::unique_ptr<BatchSampler> val_sampler;
   if (have_val) val_sampler = std::make_unique<BatchSampler>(&val_tokens, B, T, cfg.runtime.seed);
 
-  StepRunner runner(cfg, *backend);
-  const ParamLayout& layout = runner.model().layout();
+  auto engine = make_train_engine(cfg, *backend);
+  const ParamLayout layout = make_gpt_layout(cfg.model);
   spdlog::info("model: {} layers, d_model {}, {} heads, d_ff {}, vocab {}, seq {}: {:.2f}M parameters",
                cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, cfg.model.d_ff,
                cfg.model.vocab_size, cfg.model.seq_len, layout.num_params() / 1e6);
-  spdlog::info("memory: device {} in use of budget {}; host optimizer state {}",
-               format_size(backend->memory().used),
-               cfg.offload.device_memory ? format_size(cfg.offload.device_memory) : std::string("unlimited"),
-               format_size(layout.total * sizeof(float) * 4));
-  runner.init_params();
+  for (std::string line, text = engine->describe(); !text.empty();) {
+    size_t nl = text.find('\n');
+    line = text.substr(0, nl);
+    text = nl == std::string::npos ? "" : text.substr(nl + 1);
+    spdlog::info("{}", line);
+  }
+  engine->init_params();
+  if (have_val && engine->offloaded()) {
+    spdlog::warn("validation is not available with the offloading scheduler yet; training losses only");
+    have_val = false;
+  }
 
   std::ofstream metrics(fs::path(sum.run_dir) / "metrics.jsonl");
   auto evaluate = [&](int64_t step) {
@@ -189,7 +212,9 @@ TrainSummary run_training(const Config& cfg, const TrainOptions& opts) {
     double s = 0;
     for (int i = 0; i < cfg.schedule.eval_batches; ++i) {
       val_sampler->fixed(i, cfg.schedule.eval_batches, batch.data());
-      s += runner.eval_loss(batch.data());
+      float l = 0;
+      engine->eval_loss(batch.data(), &l);
+      s += l;
     }
     double loss = s / cfg.schedule.eval_batches;
     metrics << nlohmann::json{{"step", step}, {"val_loss", loss}}.dump() << "\n";
@@ -214,7 +239,7 @@ TrainSummary run_training(const Config& cfg, const TrainOptions& opts) {
       ptrs[k] = mbs[k].data();
     }
     auto t0 = clock::now();
-    StepRunner::Result r = runner.step(s, ptrs);
+    EngineStep r = engine->step(s, ptrs);
     double dt = std::chrono::duration<double>(clock::now() - t0).count();
     train_time += dt;
     if (!std::isfinite(r.loss))
@@ -224,9 +249,15 @@ TrainSummary run_training(const Config& cfg, const TrainOptions& opts) {
     double eta = train_time / (s + 1) * (cfg.schedule.steps - s - 1);
     int64_t step = s + 1;
     if (step % cfg.schedule.log_every == 0 || step == cfg.schedule.steps) {
-      metrics << nlohmann::json{{"step", step}, {"loss", r.loss}, {"lr", r.lr},
-                                {"grad_norm", r.grad_norm}, {"step_s", dt},
-                                {"tokens_per_s", tokens_per_step / dt}}.dump() << "\n";
+      nlohmann::json line{{"step", step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
+                          {"step_s", dt}, {"tokens_per_s", tokens_per_step / dt}};
+      if (r.offloaded) {
+        line["ssd_read_bytes"] = r.detail.ssd_read_bytes;
+        line["ssd_write_bytes"] = r.detail.ssd_write_bytes;
+        for (int k = 0; k < kNumResources; ++k)
+          line["busy_s"][resource_name(static_cast<Resource>(k))] = r.detail.busy_s[k];
+      }
+      metrics << line.dump() << "\n";
       if (opts.progress_line) {
         std::fprintf(stderr, "\rstep %lld/%lld | loss %.4f | lr %.2e | %.0f tok/s | ETA %s   ",
                      static_cast<long long>(step), static_cast<long long>(cfg.schedule.steps), r.loss,
@@ -248,14 +279,10 @@ TrainSummary run_training(const Config& cfg, const TrainOptions& opts) {
   sum.steps = cfg.schedule.steps;
   sum.tokens_per_s = tokens_per_step * cfg.schedule.steps / train_time;
 
-  SafetensorsWriter w;
-  w.set_metadata("format", "fuyou");
-  w.set_metadata("step", std::to_string(sum.steps));
-  w.set_metadata("config", config_to_yaml(cfg));
-  for (const TensorSpec& t : layout.tensors)
-    w.add(t.name, StDtype::kF32, t.shape, runner.master().data() + t.offset);
   std::string weights = (fs::path(sum.run_dir) / "model.safetensors").string();
-  w.write(weights);
+  engine->save_weights(weights, {{"format", "fuyou"}, {"step", std::to_string(sum.steps)},
+                                 {"config", config_to_yaml(cfg)}});
+  if (!opts.trace_path.empty()) engine->write_trace(opts.trace_path);
   double wall = std::chrono::duration<double>(clock::now() - start).count();
   nlohmann::json summary{{"steps", sum.steps},
                          {"first_val_loss", sum.first_val_loss},

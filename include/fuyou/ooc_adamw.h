@@ -1,0 +1,103 @@
+// The out-of-core AdamW: fp32 master weights and Adam moments for parameter groups (one
+// per layer) that live in host memory or on the SSD store, updated group by group on a
+// worker thread so the caller (the scheduler) overlaps updates with the backward pass.
+//
+// A group on SSD is streamed in chunks through pinned slots: while chunk k is updated,
+// chunk k+1's master/m/v are being read and chunk k-1's are being written (three slot
+// sets). A group in host memory is updated in place. Both run the same kernel
+// (adamw_update) on the same element ranges, so results are bit-identical whichever tier
+// a group lives on.
+//
+// Extents: "<group>/master", "<group>/adam_m", "<group>/adam_v", each one contiguous
+// extent of the store, so each chunk moves as three sequential requests.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fuyou/optim.h"
+#include "fuyou/storage.h"
+
+namespace fuyou {
+
+// A tensor inside a group: its element range (relative to the group) and its decay flag.
+struct OptimTensor {
+  size_t offset = 0;
+  size_t numel = 0;
+  bool decay = false;
+};
+
+struct OptimGroup {
+  std::string name;  // e.g. "layer.17"; names the store extents
+  size_t numel = 0;
+  std::vector<OptimTensor> tensors;  // must cover only [0, numel)
+};
+
+enum class StateTier { kHost, kSsd };
+
+struct OocAdamWOptions {
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
+  size_t chunk_elems = 1 << 20;  // per streamed chunk; a multiple of 1024 (4 KiB of fp32)
+  SimdPath simd = SimdPath::kAuto;
+};
+
+// Decides where each group's state lives: host memory for groups while their 12 bytes per
+// parameter fit `host_state_budget`, in order, the rest on SSD. With no store every group
+// must fit in host memory (else Error with the numbers).
+std::vector<StateTier> place_optimizer_state(const std::vector<OptimGroup>& groups,
+                                             uint64_t host_state_budget, bool have_store);
+
+class OocAdamW {
+ public:
+  // `store` may be null when every group is on the host. Allocates host state for host
+  // groups, defines the store extents and the pinned chunk slots for SSD groups: nothing is
+  // allocated after construction.
+  OocAdamW(std::vector<OptimGroup> groups, std::vector<StateTier> tiers, SsdStore* store,
+           OocAdamWOptions opts);
+  ~OocAdamW();
+  OocAdamW(const OocAdamW&) = delete;
+  OocAdamW& operator=(const OocAdamW&) = delete;
+
+  size_t num_groups() const;
+  const OptimGroup& group(int g) const;
+  StateTier tier(int g) const;
+  // Host bytes this optimizer holds: resident state plus the chunk slots.
+  uint64_t host_bytes() const;
+
+  // Sets a group's master weights (m and v to zero). Synchronous.
+  void init_group(int g, const float* master);
+  // Reads a group's master weights into dst (numel floats). Synchronous; waits for any
+  // pending update of the group first.
+  void read_master(int g, float* dst);
+
+  struct Update {
+    int group = 0;
+    const void* grad = nullptr;  // numel gradient values, host memory, valid until done
+    ElemType grad_type = ElemType::kF32;
+    void* lowp = nullptr;        // optional: numel updated weights for the next forward
+    ElemType lowp_type = ElemType::kF32;
+    float grad_scale = 1.0f;
+    float lr = 0;
+    int64_t t = 1;               // 1-based step for bias correction
+  };
+  using Handle = uint64_t;
+  // Queues an update; returns at once. Updates run in submission order on the worker.
+  Handle submit(const Update& u);
+  bool done(Handle h);
+  // Blocks until the update is complete (its state written back); rethrows its error.
+  void wait(Handle h);
+  void wait_all();
+
+  // Bytes read from / written to the store so far.
+  uint64_t ssd_bytes_read() const;
+  uint64_t ssd_bytes_written() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fuyou

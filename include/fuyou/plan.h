@@ -1,0 +1,131 @@
+// A plan: one training iteration as plain data. For each resource (compute, host->device,
+// device->host, SSD read, SSD write, CPU optimizer) the ordered operations it performs, the
+// dependencies between them, and the buffer slots they use from fixed pools. The executor
+// (scheduler.h) runs a plan; it can be printed as a table and dumped as JSON.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "fuyou/config.h"
+#include "fuyou/ooc_adamw.h"
+
+namespace fuyou {
+
+enum class Resource { kCompute, kH2D, kD2H, kSsdRead, kSsdWrite, kOptimizer };
+constexpr int kNumResources = 6;
+const char* resource_name(Resource r);
+
+// Where a layer's input checkpoint (the block input) lives between forward and backward.
+// keep: on the device with every internal activation (no recompute); device: the
+// checkpoint on the device, internals recomputed; host / ssd: the checkpoint swapped out
+// through host slots (and to SSD), internals recomputed; recompute: nothing stored, the
+// input rebuilt in the backward from layer l-1's checkpoint.
+enum class ActPlacement { kKeep, kDevice, kHost, kSsd, kRecompute };
+const char* act_placement_name(ActPlacement a);
+
+struct LayerDecision {
+  ActPlacement act = ActPlacement::kKeep;
+  StateTier weights = StateTier::kHost;  // where the layer's weights wait between uses
+  StateTier optim = StateTier::kHost;    // where its fp32 master and Adam moments live
+};
+
+enum class OpKind {
+  kReadWeights,       // ssd_read: weights extent -> host staging slot
+  kLoadWeights,       // h2d: host copy or staging slot -> device weight slot
+  kEmbedForward,      // compute
+  kForward,           // compute: block forward of `layer` (forward pass)
+  kSaveCheckpoint,    // d2h: block input of `layer` -> host (resident or staging)
+  kWriteCheckpoint,   // ssd_write: staging -> checkpoint extent
+  kReadCheckpoint,    // ssd_read: checkpoint extent -> staging
+  kLoadCheckpoint,    // h2d: host -> device checkpoint slot
+  kHead,              // compute: final norm, logits, loss and their backward
+  kRecomputeInput,    // compute: forward of layer-1 to rebuild `layer`'s input
+  kRecompute,         // compute: block forward of `layer` to rebuild its internals
+  kBackward,          // compute: block backward of `layer` into a device gradient slot
+  kEmbedBackward,     // compute
+  kSaveGrads,         // d2h: gradient slot -> host gradient slot (group `layer`)
+  kGradNorm,          // optimizer: global norm over all staged gradients (exact mode)
+  kUpdate,            // optimizer: AdamW of group `layer`, new weights to host
+  kWriteWeights,      // ssd_write: new weights -> weights extent
+  kLoadResident,      // h2d: new embedding / final-norm weights -> resident device copy
+};
+const char* op_kind_name(OpKind k);
+
+// A device activation buffer an op reads or writes: one of the two forward stream buffers,
+// a layer's own checkpoint buffer (keep/device layers), a backward checkpoint slot, or the
+// scratch buffer recomputation writes its unused output to.
+struct BufRef {
+  enum Kind { kNone, kStream, kLayerCkpt, kCkptSlot, kScratch } kind = kNone;
+  int index = 0;
+};
+
+// Parameter groups are numbered as in ParamLayout: 0 = embed, 1..L = layers, L+1 = final.
+struct PlanOp {
+  int id = 0;
+  OpKind kind = OpKind::kForward;
+  Resource resource = Resource::kCompute;
+  int layer = -1;         // transformer layer, or parameter group for optimizer/grad ops
+  int slot = -1;          // slot index in the pool the op uses (see PlanPools)
+  int slot2 = -1;         // second slot (e.g. the destination of a copy)
+  BufRef in, out;         // activation buffers read / written
+  std::vector<int> deps;  // ops that must finish first
+  uint64_t bytes = 0;     // bytes moved (transfers)
+  double flops = 0;       // useful model FLOPs (compute)
+  double recompute_flops = 0;
+};
+
+struct PlanPools {
+  int device_weight_slots = 0;  // one layer's weights each
+  int host_weight_slots = 0;    // staging for SSD weights being read
+  int host_wout_slots = 0;      // staging for new weights being written to SSD
+  int device_ckpt_slots = 0;    // backward checkpoints brought back
+  int host_ckpt_slots = 0;      // staging for SSD checkpoints
+  int device_grad_slots = 0;    // one layer's gradients each
+  int host_grad_slots = 0;      // one group's gradients each (all groups in exact mode)
+};
+
+struct MemoryPlan {
+  uint64_t device_bytes = 0;  // peak device memory the plan needs
+  uint64_t host_bytes = 0;    // host memory: pool slots, resident weights/checkpoints, optimizer
+  uint64_t ssd_bytes = 0;     // store extents
+  std::vector<std::pair<std::string, uint64_t>> device_parts, host_parts, ssd_parts;
+};
+
+struct Plan {
+  ModelConfig model;
+  int micro_batch = 1;
+  bool exact = false;  // global-norm clipping: every update waits for the norm
+  std::vector<LayerDecision> layers;
+  StateTier embed_optim = StateTier::kHost;
+  StateTier final_optim = StateTier::kHost;
+  PlanPools pools;
+  MemoryPlan memory;
+  std::vector<PlanOp> ops;
+
+  std::string table() const;      // human-readable: decisions, pools, memory, ops
+  nlohmann::json to_json() const;
+};
+
+struct PlanRequest {
+  ModelConfig model;
+  int micro_batch = 1;
+  bool exact = false;
+  uint64_t device_budget = 0;  // 0: unlimited
+  uint64_t host_budget = 0;    // 0: unlimited
+  bool have_ssd = false;
+  // Forced decisions (tests, or offload.activations other than auto); empty = choose.
+  std::vector<ActPlacement> acts;
+  ActPlacement default_act = ActPlacement::kKeep;
+  // Force every layer's weights / optimizer state to SSD (tests); else by budget.
+  bool weights_on_ssd = false;
+  bool optim_on_ssd = false;
+};
+
+// Builds the plan, sizing pools and placing state within the budgets. Throws Error with the
+// numbers that do not fit, and the smallest budget that would, when nothing fits.
+Plan make_plan(const PlanRequest& req);
+
+}  // namespace fuyou

@@ -1,0 +1,64 @@
+// The executor: runs a Plan on a Backend, the SSD store and the out-of-core optimizer.
+// Each resource is a thread that performs its operations in plan order; each dependency is
+// an event (an op's completion). Every buffer comes from pools sized from the plan before
+// the first step; nothing is allocated during an iteration.
+#pragma once
+
+#include <array>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fuyou/backend.h"
+#include "fuyou/config.h"
+#include "fuyou/plan.h"
+#include "fuyou/storage.h"
+
+namespace fuyou {
+
+struct OffloadStepResult {
+  float loss = 0;
+  double grad_norm = 0;  // exact mode only (0 otherwise)
+  double lr = 0;
+  double iteration_s = 0;
+  std::array<double, kNumResources> busy_s{};  // per Resource
+  uint64_t ssd_read_bytes = 0;
+  uint64_t ssd_write_bytes = 0;
+};
+
+class OffloadTrainer {
+ public:
+  // `store` may be null when the plan keeps nothing on SSD.
+  OffloadTrainer(const Config& cfg, Backend& backend, Plan plan, SsdStore* store);
+  ~OffloadTrainer();
+  OffloadTrainer(const OffloadTrainer&) = delete;
+  OffloadTrainer& operator=(const OffloadTrainer&) = delete;
+
+  const Plan& plan() const;
+  // Sets every parameter (host array in make_gpt_layout order): weights to their tiers,
+  // optimizer master copies, Adam moments to zero.
+  void set_params(const float* params);
+  // The current fp32 master weights, in layout order.
+  void read_params(float* params);
+  // The same one parameter group at a time (group-relative arrays of groups[g].numel), for
+  // models larger than host memory.
+  void set_group_params(int group, const float* params);
+  void read_group_params(int group, float* params);
+
+  // One optimizer step on one micro-batch of B*(T+1) tokens.
+  OffloadStepResult step(int64_t step_index, const int32_t* batch);
+
+  // Chrome trace-event JSON of the last iteration, one row per resource.
+  void write_trace(const std::string& path) const;
+
+  // Test hook: called on the compute thread before each layer's forward with the device
+  // weights it is about to use.
+  std::function<void(int layer, const float* weights, size_t count)> on_forward;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fuyou

@@ -1,0 +1,149 @@
+// Streaming safetensors I/O for checkpoints larger than memory.
+//
+// SafetensorsStreamWriter knows every tensor's (name, dtype, shape) up front, so it writes the
+// header first and then takes the tensors' bytes one at a time, in header order, in as many
+// pieces as the caller likes: converting a checkpoint never holds more than one chunk. The
+// file is written to PATH.tmp and renamed into place by finish(), so a crash or an error
+// leaves no half-written file under the final name.
+//
+// RangedTensorFile reads any byte range of a tensor in a file that SafetensorsReader has
+// already validated, for the chunked reads on the input side.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fuyou/safetensors.h"
+
+namespace fuyou {
+
+struct StEntry {
+  std::string name;
+  StDtype dtype = StDtype::kF32;
+  std::vector<int64_t> shape;
+  uint64_t bytes() const;  // numel * dtype size
+};
+
+class SafetensorsStreamWriter {
+ public:
+  // Creates PATH.tmp and writes the header. Names must be unique and non-empty.
+  SafetensorsStreamWriter(std::string path, std::vector<StEntry> entries,
+                          const std::map<std::string, std::string>& metadata);
+  // Without finish(), the temporary file is removed: nothing appears under `path`.
+  ~SafetensorsStreamWriter();
+  SafetensorsStreamWriter(const SafetensorsStreamWriter&) = delete;
+  SafetensorsStreamWriter& operator=(const SafetensorsStreamWriter&) = delete;
+
+  // Starts the next tensor; it must be the next entry in header order and the previous
+  // one must be complete.
+  void begin_tensor(const std::string& name);
+  // Appends bytes of the current tensor; the total must not exceed its size.
+  void append(const void* data, size_t bytes);
+  // Checks that every tensor is complete, fsyncs, renames PATH.tmp to PATH, fsyncs the
+  // directory.
+  void finish();
+
+  const std::string& path() const { return path_; }
+  uint64_t file_size() const { return header_bytes_ + data_bytes_; }
+
+ private:
+  void write_all(const void* data, size_t bytes);
+
+  std::string path_;
+  std::string tmp_;
+  std::vector<StEntry> entries_;
+  int fd_ = -1;
+  uint64_t header_bytes_ = 0;  // 8 + JSON header with padding
+  uint64_t data_bytes_ = 0;
+  size_t current_ = static_cast<size_t>(-1);  // index of the tensor being written
+  uint64_t current_done_ = 0;                 // bytes of it written so far
+  uint64_t offset_ = 0;                       // bytes written to the file so far
+  bool finished_ = false;
+};
+
+// A validated safetensors file opened for ranged reads. Owns the reader (for the header)
+// and its own descriptor.
+class RangedTensorFile {
+ public:
+  explicit RangedTensorFile(const std::string& path);  // throws IoError
+  ~RangedTensorFile();
+  RangedTensorFile(const RangedTensorFile&) = delete;
+  RangedTensorFile& operator=(const RangedTensorFile&) = delete;
+
+  const SafetensorsReader& reader() const { return *reader_; }
+  const std::string& path() const { return reader_->path(); }
+  // Reads `bytes` bytes starting `offset` bytes into tensor `t` of this file.
+  void read(const StTensorInfo& t, uint64_t offset, void* dst, size_t bytes) const;
+
+ private:
+  std::unique_ptr<SafetensorsReader> reader_;
+  int fd_ = -1;
+  uint64_t data_start_ = 0;
+};
+
+// The tensors of one checkpoint, stored in a single file or in shards named by an index
+// (model.safetensors.index.json: {"metadata": {"total_size": N}, "weight_map": {tensor:
+// file}}). Every file is opened and its header validated when the set is opened, so a
+// missing or malformed shard is reported before any conversion starts.
+class TensorSet {
+ public:
+  // DIR/model.safetensors.index.json if present, else DIR/model.safetensors.
+  static TensorSet open_dir(const std::string& dir);
+  static TensorSet open_file(const std::string& path);
+  static TensorSet open_index(const std::string& index_path);
+
+  // Names in a stable order: the index's (sorted), or the file's header order.
+  const std::vector<std::string>& names() const { return names_; }
+  bool has(const std::string& name) const { return where_.count(name) != 0; }
+  const StTensorInfo& info(const std::string& name) const;  // throws naming the source
+  const RangedTensorFile& file(const std::string& name) const;
+  // The index file, or the single file: what errors name.
+  const std::string& source() const { return source_; }
+  // Metadata of the first file (the engine writes the same into every shard).
+  const std::map<std::string, std::string>& metadata() const;
+
+ private:
+  std::string source_;
+  std::vector<std::unique_ptr<RangedTensorFile>> files_;
+  std::vector<std::string> names_;
+  std::map<std::string, std::pair<size_t, const StTensorInfo*>> where_;
+};
+
+// Writes a list of tensors as one file or as shards of at most max_shard_bytes (Hugging
+// Face naming and index format), streaming like SafetensorsStreamWriter. Each shard is
+// renamed into place when complete; the index is written last.
+class ShardedSafetensorsWriter {
+ public:
+  ShardedSafetensorsWriter(std::string dir, std::vector<StEntry> entries, uint64_t max_shard_bytes,
+                           std::map<std::string, std::string> metadata);
+  void begin_tensor(const std::string& name);
+  void append(const void* data, size_t bytes);
+  // Returns the files written (names relative to dir), the index last when there is one.
+  std::vector<std::string> finish();
+  size_t shard_count() const { return shards_.size(); }
+
+ private:
+  void open_shard(size_t s);
+
+  std::string dir_;
+  std::map<std::string, std::string> metadata_;
+  std::vector<std::vector<StEntry>> shards_;
+  std::vector<std::string> shard_names_;
+  std::map<std::string, size_t> shard_of_;
+  std::unique_ptr<SafetensorsStreamWriter> current_;
+  size_t current_shard_ = static_cast<size_t>(-1);
+  uint64_t total_bytes_ = 0;
+  std::vector<std::string> written_;
+};
+
+// Converts n elements between the float dtypes F32, F16 and BF16. Widening to F32 is exact;
+// narrowing rounds to nearest even (kernels/common/element_math.h), so F16 -> F32 -> F16 and
+// BF16 -> F32 -> BF16 give back the same bits.
+void convert_float_elements(const void* src, StDtype src_dtype, void* dst, StDtype dst_dtype,
+                            size_t n);
+bool is_float_dtype(StDtype d);
+
+}  // namespace fuyou

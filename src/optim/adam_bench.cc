@@ -1,0 +1,178 @@
+#include "src/optim/adam_bench.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "fuyou/log.h"
+#include "fuyou/ooc_adamw.h"
+#include "kernels/common/element_math.h"
+#include "fuyou/rng.h"
+#include "src/optim/mem_bandwidth.h"
+#include "src/storage/io_bench.h"
+
+namespace fuyou {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::vector<uint16_t> random_grad16(size_t n) {
+  std::vector<uint16_t> g(n);
+#pragma omp parallel
+  {
+    Rng rng(9, omp_get_thread_num());
+#pragma omp for schedule(static)
+    for (size_t i = 0; i < n; ++i) g[i] = 0x3c00 ^ static_cast<uint16_t>(rng.next() & 0x83ff);
+  }
+  return g;
+}
+
+}  // namespace
+
+nlohmann::json run_adam_bench(const AdamBenchOptions& o) {
+  nlohmann::json r;
+  const size_t n = o.params;
+  const size_t bpp = adamw_bytes_per_param(o.grad_type, o.with_lowp, o.lowp_type);
+  r["params"] = n;
+  r["threads"] = omp_get_max_threads();
+  r["simd"] = simd_path_name(best_simd_path());
+  r["grad_type"] = elem_type_name(o.grad_type);
+  r["lowp_type"] = o.with_lowp ? elem_type_name(o.lowp_type) : "none";
+  r["bytes_per_param"] = bpp;
+
+  MemBandwidth bw = measure_mem_bandwidth(512ull << 20);
+  r["mem_bw_GBps"] = bw.triad_GBps;
+  r["mem_copy_GBps"] = bw.copy_GBps;
+
+  // Gradients: random bf16/f16 bit patterns of moderate magnitude, or fp32 from them.
+  std::vector<uint16_t> g16 = random_grad16(n);
+  std::vector<float> g32;
+  if (o.grad_type == ElemType::kF32) {
+    g32.resize(n);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; ++i) g32[i] = math::bf16_to_float(g16[i]);
+  }
+  const void* grad = o.grad_type == ElemType::kF32 ? static_cast<const void*>(g32.data()) : g16.data();
+
+  {
+    std::vector<float> master(n), m(n), v(n);
+    std::vector<uint16_t> lowp16(o.with_lowp ? n : 0);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; ++i) {
+      master[i] = 0.01f;
+      m[i] = 0.0f;
+      v[i] = 0.0f;
+    }
+    std::vector<float> lowp32(o.with_lowp && o.lowp_type == ElemType::kF32 ? n : 0);
+    AdamWArgs a;
+    a.master = master.data();
+    a.m = m.data();
+    a.v = v.data();
+    a.grad = grad;
+    a.grad_type = o.grad_type;
+    a.lowp = !o.with_lowp ? nullptr : o.lowp_type == ElemType::kF32 ? static_cast<void*>(lowp32.data()) : lowp16.data();
+    a.lowp_type = o.lowp_type;
+    a.n = n;
+    std::vector<double> times;
+    for (int s = 0; s <= o.steps; ++s) {
+      auto t0 = clock_type::now();
+      adamw_update(a, {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s + 1});
+      double dt = std::chrono::duration<double>(clock_type::now() - t0).count();
+      if (s > 0) times.push_back(dt);  // the first pass warms up page tables and threads
+    }
+    double t = median(times);
+    r["inmem_s"] = t;
+    r["inmem_params_per_s"] = n / t;
+    r["inmem_roofline_params_per_s"] = bw.triad_GBps * 1e9 / bpp;
+    r["inmem_fraction_of_roofline"] = (n / t) / (bw.triad_GBps * 1e9 / bpp);
+  }
+
+  if (!o.dirs.empty()) {
+    // The store's sequential bandwidth on the same directories, measured just before, over
+    // as many bytes as one update moves each way.
+    IoBenchOptions io;
+    io.dirs = o.dirs;
+    io.size = std::max<uint64_t>(12ull * n / (1 << 20) * (1 << 20), 256ull << 20);
+    nlohmann::json disk = run_io_bench(io);
+    double rd = disk["read_MBps"].get<double>() * 1e6, wr = disk["write_MBps"].get<double>() * 1e6;
+    r["ssd_read_MBps"] = rd / 1e6;
+    r["ssd_write_MBps"] = wr / 1e6;
+    // One disk serves both directions: 12 bytes read and 12 written per parameter.
+    double ssd_bound = 1.0 / (12.0 / rd + 12.0 / wr);
+    double mem_bound = bw.triad_GBps * 1e9 / bpp;
+    r["ooc_ssd_bound_params_per_s"] = ssd_bound;
+
+    StoreConfig sc;
+    sc.dirs = o.dirs;
+    sc.file_name = "fuyou-adam-bench.store";
+    sc.overwrite = true;
+    auto store = SsdStore::open(sc);
+    std::vector<OptimGroup> groups;
+    for (size_t begin = 0; begin < n; begin += o.group_params) {
+      OptimGroup g;
+      g.name = "layer." + std::to_string(groups.size());
+      g.numel = std::min<size_t>(o.group_params, n - begin);
+      g.tensors.push_back({0, g.numel, true});
+      groups.push_back(g);
+    }
+    OocAdamW opt(groups, std::vector<StateTier>(groups.size(), StateTier::kSsd), store.get(), {});
+    std::vector<float> init(o.group_params, 0.01f);
+    for (size_t g = 0; g < groups.size(); ++g) opt.init_group(static_cast<int>(g), init.data());
+    std::vector<uint16_t> lowp(o.with_lowp ? n : 0);
+    std::vector<double> times;
+    for (int s = 1; s <= o.steps; ++s) {
+      auto t0 = clock_type::now();
+      size_t begin = 0;
+      for (size_t g = 0; g < groups.size(); ++g) {
+        OocAdamW::Update u;
+        u.group = static_cast<int>(g);
+        u.grad = static_cast<const char*>(grad) + begin * elem_type_size(o.grad_type);
+        u.grad_type = o.grad_type;
+        u.lowp = o.with_lowp ? lowp.data() + begin : nullptr;
+        u.lowp_type = o.lowp_type == ElemType::kF32 ? ElemType::kBF16 : o.lowp_type;
+        u.lr = 1e-4f;
+        u.t = s;
+        opt.submit(u);
+        begin += groups[g].numel;
+      }
+      opt.wait_all();
+      times.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+    }
+    double t = median(times);
+    double rate = n / t;
+    r["ooc_s"] = t;
+    r["ooc_params_per_s"] = rate;
+    r["ooc_bound_params_per_s"] = std::min(ssd_bound, mem_bound);
+    r["ooc_fraction_of_bound"] = rate / std::min(ssd_bound, mem_bound);
+    r["ooc_ssd_bytes_per_update"] = (opt.ssd_bytes_read() + opt.ssd_bytes_written()) / o.steps;
+  }
+  r["peak_rss_bytes"] = peak_rss_bytes();
+  return r;
+}
+
+void print_adam_bench(const nlohmann::json& r) {
+  std::printf("AdamW over %.0fM parameters, %d threads, %s, grad %s, weights out %s, %d bytes/param\n",
+              r["params"].get<double>() / 1e6, r["threads"].get<int>(), r["simd"].get<std::string>().c_str(),
+              r["grad_type"].get<std::string>().c_str(), r["lowp_type"].get<std::string>().c_str(),
+              r["bytes_per_param"].get<int>());
+  std::printf("  memory bandwidth (triad)   %8.1f GB/s\n", r["mem_bw_GBps"].get<double>());
+  std::printf("  in memory                  %8.1f M params/s  (%.0f%% of the %.1f M/s roofline)\n",
+              r["inmem_params_per_s"].get<double>() / 1e6, 100 * r["inmem_fraction_of_roofline"].get<double>(),
+              r["inmem_roofline_params_per_s"].get<double>() / 1e6);
+  if (r.contains("ooc_params_per_s")) {
+    std::printf("  SSD read / write           %8.0f / %.0f MB/s\n", r["ssd_read_MBps"].get<double>(),
+                r["ssd_write_MBps"].get<double>());
+    std::printf("  out of core                %8.1f M params/s  (%.0f%% of the %.1f M/s bound)\n",
+                r["ooc_params_per_s"].get<double>() / 1e6, 100 * r["ooc_fraction_of_bound"].get<double>(),
+                r["ooc_bound_params_per_s"].get<double>() / 1e6);
+  }
+}
+
+}  // namespace fuyou

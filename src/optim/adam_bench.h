@@ -1,0 +1,28 @@
+// fuyou-bench adam: the optimizer's throughput in memory and out of core, each against its
+// roofline measured in the same run (memory bandwidth; the store's sequential read and
+// write bandwidth on the same directories).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "fuyou/optim.h"
+
+namespace fuyou {
+
+struct AdamBenchOptions {
+  uint64_t params = 100'000'000;
+  std::vector<std::string> dirs;  // empty: in-memory only
+  ElemType grad_type = ElemType::kBF16;
+  ElemType lowp_type = ElemType::kBF16;
+  bool with_lowp = true;
+  int steps = 3;                    // timed updates (median)
+  uint64_t group_params = 16 << 20;  // parameters per group (one "layer") out of core
+};
+
+nlohmann::json run_adam_bench(const AdamBenchOptions& opts);
+void print_adam_bench(const nlohmann::json& r);
+
+}  // namespace fuyou

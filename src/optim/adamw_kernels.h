@@ -1,0 +1,23 @@
+// Internal: the per-ISA AdamW and gradient-statistics loops over [begin, end). Each handles
+// whole vectors and finishes the remainder with the scalar reference, so results do not
+// depend on where block boundaries fall.
+#pragma once
+
+#include "fuyou/optim.h"
+#include "kernels/common/element_math.h"
+
+namespace fuyou::optim_detail {
+
+constexpr size_t kBlock = 4096;  // elements per work item; a multiple of every vector width
+
+float load_grad(const void* g, ElemType t, size_t i);
+void store_lowp(void* out, ElemType t, size_t i, float x);
+
+void adamw_scalar(const AdamWArgs& a, const math::AdamWConsts& k, size_t begin, size_t end);
+void adamw_avx2(const AdamWArgs& a, const math::AdamWConsts& k, size_t begin, size_t end);
+void adamw_avx512(const AdamWArgs& a, const math::AdamWConsts& k, size_t begin, size_t end);
+
+void grad_stats_scalar(const void* g, ElemType t, size_t begin, size_t end, GradStats* out);
+void grad_stats_avx512(const void* g, ElemType t, size_t begin, size_t end, GradStats* out);
+
+}  // namespace fuyou::optim_detail

@@ -1,0 +1,553 @@
+// The planner: places state in the memory tiers within the budgets, sizes the slot pools,
+// and lays out one iteration's operations per resource with their dependencies.
+//
+// Creation order is a topological order of the dependency graph, and each resource runs
+// its operations in creation order: the executor can therefore never deadlock, and
+// prefetching happens by itself because a transfer's only dependencies are its data and a
+// free slot, not the compute that will use it.
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <map>
+
+#include "fuyou/error.h"
+#include "fuyou/model.h"
+#include "fuyou/plan.h"
+#include "fuyou/sizes.h"
+
+namespace fuyou {
+
+const char* resource_name(Resource r) {
+  switch (r) {
+    case Resource::kCompute: return "compute";
+    case Resource::kH2D: return "h2d";
+    case Resource::kD2H: return "d2h";
+    case Resource::kSsdRead: return "ssd_read";
+    case Resource::kSsdWrite: return "ssd_write";
+    case Resource::kOptimizer: return "optimizer";
+  }
+  return "?";
+}
+
+const char* act_placement_name(ActPlacement a) {
+  switch (a) {
+    case ActPlacement::kKeep: return "keep";
+    case ActPlacement::kDevice: return "device";
+    case ActPlacement::kHost: return "host";
+    case ActPlacement::kSsd: return "ssd";
+    case ActPlacement::kRecompute: return "recompute";
+  }
+  return "?";
+}
+
+const char* op_kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::kReadWeights: return "read_weights";
+    case OpKind::kLoadWeights: return "load_weights";
+    case OpKind::kEmbedForward: return "embed_forward";
+    case OpKind::kForward: return "forward";
+    case OpKind::kSaveCheckpoint: return "save_checkpoint";
+    case OpKind::kWriteCheckpoint: return "write_checkpoint";
+    case OpKind::kReadCheckpoint: return "read_checkpoint";
+    case OpKind::kLoadCheckpoint: return "load_checkpoint";
+    case OpKind::kHead: return "head";
+    case OpKind::kRecomputeInput: return "recompute_input";
+    case OpKind::kRecompute: return "recompute";
+    case OpKind::kBackward: return "backward";
+    case OpKind::kEmbedBackward: return "embed_backward";
+    case OpKind::kSaveGrads: return "save_grads";
+    case OpKind::kGradNorm: return "grad_norm";
+    case OpKind::kUpdate: return "update";
+    case OpKind::kWriteWeights: return "write_weights";
+    case OpKind::kLoadResident: return "load_resident";
+  }
+  return "?";
+}
+
+namespace {
+
+// Fixed process overhead counted against the host budget (code, libraries, allocator,
+// thread stacks), measured as the RSS of a small run: about 150 MiB; rounded up.
+constexpr uint64_t kProcessBaseline = 256ull << 20;
+// The out-of-core optimizer's chunk slots: 9 x 4 MiB (see ooc_adamw.cc).
+constexpr uint64_t kOptimChunkPool = 9ull * (4ull << 20);
+
+struct Sizes {
+  uint64_t weights = 0;     // one layer's parameters (fp32, padded group)
+  uint64_t ckpt = 0;        // one block input (N x C)
+  uint64_t acts = 0;        // one layer's full saved activations
+  uint64_t workspace = 0;   // GptModel kWorkspace allocations
+  uint64_t embed = 0, final = 0;  // group bytes
+  double layer_flops = 0;   // forward FLOPs of one block over the micro-batch
+  double head_flops = 0;
+};
+
+Sizes compute_sizes(const ModelConfig& m, int B) {
+  ParamLayout layout = make_gpt_layout(m);
+  const uint64_t N = static_cast<uint64_t>(B) * m.seq_len, C = m.d_model, F = m.d_ff,
+                 V = m.vocab_size, T = m.seq_len, H = m.n_head;
+  Sizes s;
+  s.weights = 4 * layout.groups[1].numel;
+  s.embed = 4 * layout.groups.front().numel;
+  s.final = 4 * layout.groups.back().numel;
+  s.ckpt = 4 * N * C;
+  s.acts = 4 * (N * (7 * C + 2 * F + 4) + B * H * T * T);
+  s.workspace = 8 * N + 4 * (N * C + 2 * N + N * V + 2 * N + 2 * N * C + 3 * N * C + B * H * T * T + N * F);
+  double per_token_layer = 2.0 * C * 3 * C + 4.0 * T * C + 2.0 * C * C + 4.0 * C * F;
+  s.layer_flops = per_token_layer * N;
+  s.head_flops = 2.0 * C * V * N;
+  return s;
+}
+
+}  // namespace
+
+Plan make_plan(const PlanRequest& req) {
+  const ModelConfig& m = req.model;
+  const int L = m.n_layer;
+  Plan plan;
+  plan.model = m;
+  plan.micro_batch = req.micro_batch;
+  plan.exact = req.exact;
+  const Sizes sz = compute_sizes(m, req.micro_batch);
+  const uint64_t dev_budget = req.device_budget ? req.device_budget : UINT64_MAX;
+  const uint64_t host_budget = req.host_budget ? req.host_budget : UINT64_MAX;
+
+  // ---- activation decisions --------------------------------------------------------------
+  std::vector<ActPlacement> acts = req.acts;
+  if (!acts.empty() && static_cast<int>(acts.size()) != L)
+    throw Error(str("plan: ", acts.size(), " activation decisions for ", L, " layers"));
+  const bool auto_acts = acts.empty();
+  if (auto_acts) acts.assign(L, req.default_act);
+  for (int l = 0; l < L; ++l) {
+    if (acts[l] == ActPlacement::kSsd && !req.have_ssd)
+      throw ConfigError(str("layer ", l, ": activations to SSD need offload.ssd_paths"));
+    if (acts[l] == ActPlacement::kRecompute && (l == 0 || acts[l - 1] == ActPlacement::kRecompute))
+      throw ConfigError(str("layer ", l, ": 'recompute' rebuilds the input from layer ", l - 1,
+                            "'s checkpoint, so layer 0 and two recomputed layers in a row are not allowed"));
+  }
+
+  // ---- device memory -----------------------------------------------------------------------
+  bool any_recompute = std::count(acts.begin(), acts.end(), ActPlacement::kRecompute) > 0;
+  auto device_need = [&](const std::vector<ActPlacement>& a, int dw, int dc, int dg, MemoryPlan* mp) {
+    uint64_t total = 0;
+    auto part = [&](const std::string& name, uint64_t b) {
+      total += b;
+      if (mp && b) mp->device_parts.push_back({name, b});
+    };
+    part("embedding + final norm: weights and gradients", 2 * (sz.embed + sz.final));
+    part("model workspace (logits, head, backward scratch)", sz.workspace);
+    part("forward stream buffers (2)", 2 * sz.ckpt);
+    part("working activations + recompute scratch", sz.acts + sz.ckpt);
+    uint64_t keep = 0, dev = 0;
+    for (ActPlacement x : a) {
+      if (x == ActPlacement::kKeep) keep += sz.acts + sz.ckpt;
+      if (x == ActPlacement::kDevice) dev += sz.ckpt;
+    }
+    part("kept activations", keep);
+    part("checkpoints on device", dev);
+    part(str("weight slots (", dw, ")"), dw * sz.weights);
+    part(str("checkpoint slots (", dc, ")"), dc * sz.ckpt);
+    part(str("gradient slots (", dg, ")"), dg * sz.weights);
+    return total;
+  };
+  int min_dw = any_recompute ? 3 : 2;
+  int dw = 4, dc = 3, dg = 2;
+  if (auto_acts) {
+    // Demote kept layers (last first: they are needed first in the backward) until the
+    // minimal pools fit; checkpoints then move to the host, then to SSD.
+    for (ActPlacement next : {ActPlacement::kDevice, ActPlacement::kHost, ActPlacement::kSsd}) {
+      if (next == ActPlacement::kSsd && !req.have_ssd) break;
+      for (int l = L - 1; l >= 0 && device_need(acts, min_dw, 2, 1, nullptr) > dev_budget; --l)
+        if (static_cast<int>(acts[l]) < static_cast<int>(next)) acts[l] = next;
+    }
+  }
+  uint64_t minimal = device_need(acts, min_dw, 2, 1, nullptr);
+  if (minimal > dev_budget) {
+    std::vector<ActPlacement> leanest(L, req.have_ssd ? ActPlacement::kSsd : ActPlacement::kHost);
+    MemoryPlan parts;
+    device_need(acts, min_dw, 2, 1, &parts);
+    std::string detail;
+    for (auto& [n, b] : parts.device_parts) detail += str("\n  ", n, ": ", format_size(b));
+    throw Error(str("device memory: the plan needs at least ", format_size(minimal),
+                    " but offload.device_memory is ", format_size(dev_budget), ":", detail,
+                    "\n  smallest device budget that runs this model at micro_batch ", req.micro_batch,
+                    ": ", format_size(device_need(leanest, 2, 2, 1, nullptr))));
+  }
+  while (device_need(acts, dw, dc, dg, nullptr) > dev_budget) {
+    if (dw > min_dw) --dw;
+    else if (dc > 2) --dc;
+    else if (dg > 1) --dg;
+    else break;
+  }
+  plan.pools.device_weight_slots = dw;
+  plan.pools.device_ckpt_slots = dc;
+  plan.pools.device_grad_slots = dg;
+  plan.memory.device_bytes = device_need(acts, dw, dc, dg, &plan.memory);
+
+  // ---- host memory: weights, checkpoints, optimizer state ---------------------------------
+  bool cpu_device_is_host = true;  // the CPU backend's "device" memory is process memory
+  uint64_t host_fixed = kProcessBaseline + (cpu_device_is_host ? plan.memory.device_bytes : 0);
+  uint64_t host_ckpt = 0, ssd_ckpt_layers = 0;
+  for (ActPlacement x : acts) {
+    if (x == ActPlacement::kHost) host_ckpt += sz.ckpt;
+    if (x == ActPlacement::kSsd) ++ssd_ckpt_layers;
+  }
+  const uint64_t all_params = 4ull * L * sz.weights / 4 + sz.embed + sz.final;  // bytes of fp32 weights
+  plan.pools.host_ckpt_slots = ssd_ckpt_layers ? 2 : 0;
+  plan.pools.host_grad_slots = req.exact ? L + 2 : 2;
+  uint64_t grad_slots_bytes = req.exact ? all_params : 2 * std::max(sz.weights, std::max(sz.embed, sz.final));
+  uint64_t host_used = host_fixed + host_ckpt + plan.pools.host_ckpt_slots * sz.ckpt + grad_slots_bytes +
+                       sz.embed + sz.final;  // host copies of the resident groups' weights
+  plan.layers.resize(L);
+  for (int l = 0; l < L; ++l) plan.layers[l].act = acts[l];
+  // Weights: on the host while they fit (4 bytes per parameter), else on SSD.
+  int ssd_weight_layers = 0;
+  for (int l = 0; l < L; ++l) {
+    bool fits = !req.weights_on_ssd && host_used + sz.weights + (req.have_ssd ? 4 * sz.weights : 0) <= host_budget;
+    if (fits || !req.have_ssd) {
+      plan.layers[l].weights = StateTier::kHost;
+      host_used += sz.weights;
+    } else {
+      plan.layers[l].weights = StateTier::kSsd;
+      ++ssd_weight_layers;
+    }
+  }
+  if (ssd_weight_layers) {
+    plan.pools.host_weight_slots = 2;
+    plan.pools.host_wout_slots = 2;
+    host_used += 4 * sz.weights;
+  }
+  // Optimizer state with what is left.
+  std::vector<OptimGroup> groups;
+  {
+    ParamLayout layout = make_gpt_layout(m);
+    for (const ParamGroup& g : layout.groups) groups.push_back({g.name, g.numel, {}});
+  }
+  uint64_t optim_budget = 0;
+  if (req.have_ssd) host_used += kOptimChunkPool;
+  if (!req.optim_on_ssd && host_used < host_budget) optim_budget = host_budget - host_used;
+  if (req.optim_on_ssd && !req.have_ssd) throw ConfigError("optimizer state on SSD needs offload.ssd_paths");
+  // Without SSD every group stays on the host; the host check below then reports the total.
+  std::vector<StateTier> tiers = req.have_ssd ? place_optimizer_state(groups, optim_budget, true)
+                                              : std::vector<StateTier>(groups.size(), StateTier::kHost);
+  for (size_t g = 0; g < groups.size(); ++g)
+    if (tiers[g] == StateTier::kHost) host_used += 12ull * groups[g].numel;
+  plan.embed_optim = tiers.front();
+  plan.final_optim = tiers.back();
+  for (int l = 0; l < L; ++l) plan.layers[l].optim = tiers[1 + l];
+  if (host_used > host_budget) {
+    throw Error(str("host memory: the plan needs ", format_size(host_used), " but offload.host_memory is ",
+                    format_size(host_budget), " (", format_size(host_fixed), " process and device arena, ",
+                    format_size(grad_slots_bytes), " gradient staging",
+                    req.exact ? " for every group (exact mode)" : "", ", ", format_size(host_ckpt),
+                    " host checkpoints, ", format_size(sz.embed + sz.final), " embedding copy, ",
+                    format_size(host_used - host_fixed - grad_slots_bytes - host_ckpt - sz.embed - sz.final),
+                    " weights, optimizer state and staging)",
+                    req.have_ssd ? "" : "; configure offload.ssd_paths to move weights and optimizer state to SSD"));
+  }
+  plan.memory.host_bytes = host_used;
+  auto hpart = [&](const std::string& n, uint64_t b) { if (b) plan.memory.host_parts.push_back({n, b}); };
+  hpart("process baseline", kProcessBaseline);
+  hpart("device arena (CPU backend: host memory)", plan.memory.device_bytes);
+  hpart("host checkpoints", host_ckpt);
+  hpart("gradient staging", grad_slots_bytes);
+  hpart("checkpoint staging", plan.pools.host_ckpt_slots * sz.ckpt);
+  uint64_t host_weights = sz.embed + sz.final, host_optim = 0, ssd_w = 0, ssd_o = 0;
+  for (int l = 0; l < L; ++l) {
+    (plan.layers[l].weights == StateTier::kHost ? host_weights : ssd_w) += sz.weights;
+  }
+  for (size_t g = 0; g < groups.size(); ++g) (tiers[g] == StateTier::kHost ? host_optim : ssd_o) += 12ull * groups[g].numel;
+  hpart("weights", host_weights);
+  hpart("weight staging", ssd_weight_layers ? 4 * sz.weights : 0);
+  hpart("optimizer state", host_optim);
+  hpart("optimizer chunk slots", req.have_ssd ? kOptimChunkPool : 0);
+  auto spart = [&](const std::string& n, uint64_t b) { if (b) plan.memory.ssd_parts.push_back({n, b}); };
+  spart("weights", ssd_w);
+  spart("optimizer state", ssd_o);
+  spart("checkpoints", ssd_ckpt_layers * sz.ckpt);
+  plan.memory.ssd_bytes = ssd_w + ssd_o + ssd_ckpt_layers * sz.ckpt;
+
+  // ---- operations --------------------------------------------------------------------------
+  std::vector<PlanOp>& ops = plan.ops;
+  auto add = [&](OpKind kind, Resource res, int layer, std::vector<int> deps) -> PlanOp& {
+    PlanOp op;
+    op.id = static_cast<int>(ops.size());
+    op.kind = kind;
+    op.resource = res;
+    op.layer = layer;
+    deps.erase(std::remove(deps.begin(), deps.end(), -1), deps.end());
+    op.deps = std::move(deps);
+    ops.push_back(op);
+    return ops.back();
+  };
+
+  // Device weight slots: an LRU cache keyed by layer. A load into a slot waits for the last
+  // compute op that used its previous occupant.
+  struct SlotState {
+    int layer = -1;
+    int load_op = -1;
+    int last_use = -1;  // compute op
+    int last_use_seq = -1;
+  };
+  std::vector<SlotState> wslots(dw), cslots(dc);
+  int use_seq = 0;
+  int host_read_rr = 0, host_wout_rr = 0, host_ckpt_rr = 0;
+  std::vector<int> host_read_consumer(plan.pools.host_weight_slots, -1);
+  std::vector<int> host_wout_writer(plan.pools.host_wout_slots, -1);
+  std::vector<int> host_ckpt_consumer(plan.pools.host_ckpt_slots, -1);
+
+  auto pick_slot = [&](std::vector<SlotState>& slots, int keep_a, int keep_b) {
+    int best = -1;
+    for (int s = 0; s < static_cast<int>(slots.size()); ++s) {
+      if (slots[s].layer >= 0 && (slots[s].layer == keep_a || slots[s].layer == keep_b)) continue;
+      if (best < 0 || slots[s].last_use_seq < slots[best].last_use_seq) best = s;
+    }
+    FY_CHECK(best >= 0, "no free slot");
+    return best;
+  };
+  // Returns the device weight slot holding layer l, loading it if needed.
+  auto need_weights = [&](int l, int also_needed) -> int {
+    for (int s = 0; s < dw; ++s)
+      if (wslots[s].layer == l) return s;
+    int s = pick_slot(wslots, also_needed, -1);
+    int read = -1, staging = -1;
+    if (plan.layers[l].weights == StateTier::kSsd) {
+      staging = host_read_rr++ % plan.pools.host_weight_slots;
+      PlanOp& r = add(OpKind::kReadWeights, Resource::kSsdRead, l, {host_read_consumer[staging]});
+      r.slot = staging;
+      r.bytes = sz.weights;
+      read = r.id;
+    }
+    PlanOp& ld = add(OpKind::kLoadWeights, Resource::kH2D, l, {read, wslots[s].last_use});
+    ld.slot = s;
+    ld.slot2 = staging;
+    ld.bytes = sz.weights;
+    if (staging >= 0) host_read_consumer[staging] = ld.id;
+    wslots[s] = {l, ld.id, -1, use_seq++};
+    return s;
+  };
+  auto use_weights = [&](int s, int op) {
+    wslots[s].last_use = op;
+    wslots[s].last_use_seq = use_seq++;
+  };
+
+  std::vector<int> ckpt_producer(L + 1, -1);  // op that wrote layer l's input in the forward
+  std::vector<int> ckpt_saved(L, -1);         // d2h save (host) or ssd write (ssd)
+  std::vector<BufRef> fwd_loc(L + 1);         // where layer l's input is during the forward
+  // Every op reading each stream buffer's current content (a forward and maybe a d2h save,
+  // on different resources): the next write into the buffer waits for all of them.
+  std::vector<std::vector<int>> stream_readers(2);
+  auto input_location = [&](int l) -> BufRef {
+    if (l < L && (acts[l] == ActPlacement::kKeep || acts[l] == ActPlacement::kDevice)) return {BufRef::kLayerCkpt, l};
+    return {BufRef::kStream, l % 2};
+  };
+
+  // Forward.
+  {
+    fwd_loc[0] = input_location(0);
+    PlanOp& e = add(OpKind::kEmbedForward, Resource::kCompute, -1, {});
+    e.out = fwd_loc[0];
+    ckpt_producer[0] = e.id;
+  }
+  auto save_checkpoint = [&](int l) {
+    if (acts[l] != ActPlacement::kHost && acts[l] != ActPlacement::kSsd) return;
+    int staging = -1;
+    std::vector<int> deps = {ckpt_producer[l]};
+    if (acts[l] == ActPlacement::kSsd) {
+      staging = host_ckpt_rr++ % plan.pools.host_ckpt_slots;
+      deps.push_back(host_ckpt_consumer[staging]);
+    }
+    PlanOp& s = add(OpKind::kSaveCheckpoint, Resource::kD2H, l, deps);
+    s.in = fwd_loc[l];
+    s.slot = staging;
+    s.bytes = sz.ckpt;
+    if (fwd_loc[l].kind == BufRef::kStream) stream_readers[fwd_loc[l].index].push_back(s.id);
+    ckpt_saved[l] = s.id;
+    if (staging >= 0) {
+      PlanOp& w = add(OpKind::kWriteCheckpoint, Resource::kSsdWrite, l, {s.id});
+      w.slot = staging;
+      w.bytes = sz.ckpt;
+      host_ckpt_consumer[staging] = w.id;
+      ckpt_saved[l] = w.id;
+    }
+  };
+  save_checkpoint(0);
+  for (int l = 0; l < L; ++l) {
+    int s = need_weights(l, -1);
+    fwd_loc[l + 1] = input_location(l + 1);
+    std::vector<int> deps = {wslots[s].load_op, ckpt_producer[l]};
+    if (fwd_loc[l + 1].kind == BufRef::kStream) {
+      auto& readers = stream_readers[fwd_loc[l + 1].index];
+      deps.insert(deps.end(), readers.begin(), readers.end());
+      readers.clear();
+    }
+    PlanOp& f = add(OpKind::kForward, Resource::kCompute, l, deps);
+    f.slot = s;
+    f.in = fwd_loc[l];
+    f.out = fwd_loc[l + 1];
+    f.flops = sz.layer_flops;
+    use_weights(s, f.id);
+    if (fwd_loc[l].kind == BufRef::kStream) stream_readers[fwd_loc[l].index].push_back(f.id);
+    ckpt_producer[l + 1] = f.id;
+    if (l + 1 < L) save_checkpoint(l + 1);
+  }
+  PlanOp& head = add(OpKind::kHead, Resource::kCompute, -1, {ckpt_producer[L]});
+  head.in = fwd_loc[L];
+  head.flops = sz.head_flops * 3;  // forward + backward of the LM head
+  const int head_id = head.id;
+
+  // Gradients and updates.
+  int grad_rr = 0, host_grad_rr = 0;
+  std::vector<int> dev_grad_consumer(dg, -1);
+  std::vector<int> host_grad_consumer(plan.pools.host_grad_slots, -1);
+  struct PendingUpdate { int group; int save; int host_slot; };
+  std::vector<PendingUpdate> pending;
+  auto emit_update = [&](const PendingUpdate& p, int norm_op) {
+    int l = p.group - 1;
+    bool is_layer = p.group >= 1 && p.group <= L;
+    int wout = -1;
+    std::vector<int> deps = {p.save, norm_op};
+    if (is_layer && plan.layers[l].weights == StateTier::kSsd) {
+      wout = host_wout_rr++ % plan.pools.host_wout_slots;
+      deps.push_back(host_wout_writer[wout]);
+    }
+    PlanOp& u = add(OpKind::kUpdate, Resource::kOptimizer, p.group, deps);
+    u.slot = p.host_slot;
+    u.slot2 = wout;
+    int uid = u.id;
+    host_grad_consumer[p.host_slot] = uid;
+    if (wout >= 0) {
+      PlanOp& w = add(OpKind::kWriteWeights, Resource::kSsdWrite, p.group, {uid});
+      w.slot = wout;
+      w.bytes = sz.weights;
+      host_wout_writer[wout] = w.id;
+    }
+    if (!is_layer) {
+      PlanOp& r = add(OpKind::kLoadResident, Resource::kH2D, p.group, {uid});
+      r.bytes = p.group == 0 ? sz.embed : sz.final;
+    }
+  };
+  auto save_grads = [&](int group, int producer, int dev_slot) {
+    int hs = req.exact ? group : host_grad_rr++ % plan.pools.host_grad_slots;
+    PlanOp& s = add(OpKind::kSaveGrads, Resource::kD2H, group, {producer, host_grad_consumer[hs]});
+    s.slot = dev_slot;
+    s.slot2 = hs;
+    s.bytes = group == 0 ? sz.embed : group == L + 1 ? sz.final : sz.weights;
+    if (dev_slot >= 0) dev_grad_consumer[dev_slot] = s.id;
+    PendingUpdate p{group, s.id, hs};
+    if (req.exact) pending.push_back(p);
+    else emit_update(p, -1);
+  };
+  save_grads(L + 1, head_id, -1);
+
+  // Backward. Checkpoints come back through an LRU of device slots like the weights; a
+  // recomputed input is rebuilt from layer l-1's checkpoint (recursively available).
+  struct Ckpt {
+    Plan& plan;
+    std::vector<ActPlacement>& acts;
+    std::vector<SlotState>& cslots;
+    std::function<PlanOp&(OpKind, Resource, int, std::vector<int>)> add;
+    std::function<int(std::vector<SlotState>&, int, int)> pick;
+    std::function<int(int, int)> need_w;
+    std::function<void(int, int)> use_w;
+    std::vector<int>& ckpt_saved;
+    std::vector<int>& host_ckpt_consumer;
+    int& host_ckpt_rr;
+    int& use_seq;
+    const Sizes& sz;
+    int dc;
+
+    BufRef need(int l, int also) {
+      ActPlacement a = acts[l];
+      if (a == ActPlacement::kKeep || a == ActPlacement::kDevice) return {BufRef::kLayerCkpt, l};
+      for (int s = 0; s < dc; ++s)
+        if (cslots[s].layer == l) return {BufRef::kCkptSlot, s};
+      if (a == ActPlacement::kRecompute) {
+        BufRef prev = need(l - 1, l);
+        int ws = need_w(l - 1, -1);
+        int s = pick(cslots, l - 1, also);
+        PlanOp& r = add(OpKind::kRecomputeInput, Resource::kCompute, l,
+                        {cslots[s].last_use, prev_dep(prev, l - 1), ws_load(ws)});
+        r.slot = ws;
+        r.in = prev;
+        r.out = {BufRef::kCkptSlot, s};
+        r.recompute_flops = sz.layer_flops;
+        use_w(ws, r.id);
+        touch(prev, r.id);
+        cslots[s] = {l, r.id, r.id, use_seq++};
+        return {BufRef::kCkptSlot, s};
+      }
+      int s = pick(cslots, also, -1);
+      int read = -1, staging = -1;
+      if (a == ActPlacement::kSsd) {
+        staging = host_ckpt_rr++ % plan.pools.host_ckpt_slots;
+        PlanOp& rd = add(OpKind::kReadCheckpoint, Resource::kSsdRead, l, {ckpt_saved[l], host_ckpt_consumer[staging]});
+        rd.slot = staging;
+        rd.bytes = sz.ckpt;
+        read = rd.id;
+      }
+      PlanOp& ld = add(OpKind::kLoadCheckpoint, Resource::kH2D, l, {read, ckpt_saved[l], cslots[s].last_use});
+      ld.slot = staging;
+      ld.out = {BufRef::kCkptSlot, s};
+      ld.bytes = sz.ckpt;
+      if (staging >= 0) host_ckpt_consumer[staging] = ld.id;
+      cslots[s] = {l, ld.id, -1, use_seq++};
+      return {BufRef::kCkptSlot, s};
+    }
+    int prev_dep(const BufRef& b, int) {
+      return b.kind == BufRef::kCkptSlot ? cslots[b.index].load_op : -1;
+    }
+    std::function<int(int)> ws_load;
+    void touch(const BufRef& b, int op) {
+      if (b.kind == BufRef::kCkptSlot) {
+        cslots[b.index].last_use = op;
+        cslots[b.index].last_use_seq = use_seq++;
+      }
+    }
+  };
+  Ckpt ck{plan, acts, cslots, add, pick_slot, need_weights, use_weights, ckpt_saved, host_ckpt_consumer,
+          host_ckpt_rr, use_seq, sz, dc};
+  ck.ws_load = [&](int s) { return wslots[s].load_op; };
+
+  for (int l = L - 1; l >= 0; --l) {
+    BufRef in = ck.need(l, -1);
+    int ws = need_weights(l, -1);
+    int ckpt_dep = ck.prev_dep(in, l);
+    int prev = -1;
+    if (acts[l] != ActPlacement::kKeep) {
+      PlanOp& r = add(OpKind::kRecompute, Resource::kCompute, l, {wslots[ws].load_op, ckpt_dep});
+      r.slot = ws;
+      r.in = in;
+      r.out = {BufRef::kScratch, 0};
+      r.recompute_flops = sz.layer_flops;
+      use_weights(ws, r.id);
+      ck.touch(in, r.id);
+      prev = r.id;
+    }
+    int gs = grad_rr++ % dg;
+    PlanOp& b = add(OpKind::kBackward, Resource::kCompute, l,
+                    {wslots[ws].load_op, ckpt_dep, prev, dev_grad_consumer[gs]});
+    b.slot = ws;
+    b.slot2 = gs;
+    b.in = in;
+    b.flops = 2 * sz.layer_flops;
+    use_weights(ws, b.id);
+    ck.touch(in, b.id);
+    save_grads(1 + l, b.id, gs);
+  }
+  PlanOp& eb = add(OpKind::kEmbedBackward, Resource::kCompute, -1, {});
+  save_grads(0, eb.id, -1);
+
+  if (req.exact) {
+    std::vector<int> deps;
+    for (const auto& p : pending) deps.push_back(p.save);
+    PlanOp& n = add(OpKind::kGradNorm, Resource::kOptimizer, -1, deps);
+    int norm = n.id;
+    // Layers in backward order, then embedding: the order in-memory training updates in
+    // does not matter for the values (updates are per group and independent).
+    for (const auto& p : pending) emit_update(p, norm);
+  }
+  return plan;
+}
+
+}  // namespace fuyou

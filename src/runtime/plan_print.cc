@@ -1,0 +1,88 @@
+// Plan inspection: a human table and a JSON dump.
+#include <map>
+
+#include "fuyou/error.h"
+#include "fuyou/plan.h"
+#include "fuyou/sizes.h"
+
+namespace fuyou {
+
+namespace {
+
+const char* tier_name(StateTier t) { return t == StateTier::kHost ? "host" : "ssd"; }
+
+std::string buf_name(const BufRef& b) {
+  switch (b.kind) {
+    case BufRef::kStream: return str("stream", b.index);
+    case BufRef::kLayerCkpt: return str("ckpt.layer", b.index);
+    case BufRef::kCkptSlot: return str("ckpt.slot", b.index);
+    case BufRef::kScratch: return "scratch";
+    case BufRef::kNone: break;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string Plan::table() const {
+  std::string out = str("plan: ", model.n_layer, " layers, micro_batch ", micro_batch,
+                        exact ? ", exact mode (updates wait for the global gradient norm)" : "", "\n");
+  out += "layer  activations  weights  optimizer\n";
+  for (size_t l = 0; l < layers.size(); ++l)
+    out += str(l < 10 ? "    " : l < 100 ? "   " : "  ", l, "  ", act_placement_name(layers[l].act),
+               std::string(13 - std::string(act_placement_name(layers[l].act)).size(), ' '),
+               tier_name(layers[l].weights), layers[l].weights == StateTier::kHost ? "     " : "      ",
+               tier_name(layers[l].optim), "\n");
+  out += str("embedding/final optimizer state: ", tier_name(embed_optim), "/", tier_name(final_optim), "\n");
+  out += str("pools: device weight slots ", pools.device_weight_slots, ", device checkpoint slots ",
+             pools.device_ckpt_slots, ", device gradient slots ", pools.device_grad_slots,
+             ", host weight staging ", pools.host_weight_slots, "+", pools.host_wout_slots,
+             ", host checkpoint staging ", pools.host_ckpt_slots, ", host gradient slots ", pools.host_grad_slots, "\n");
+  auto tier = [&](const char* name, uint64_t total, const std::vector<std::pair<std::string, uint64_t>>& parts) {
+    out += str("peak ", name, " memory ", format_size(total), "\n");
+    for (const auto& [n, b] : parts) out += str("  ", n, ": ", format_size(b), "\n");
+  };
+  tier("device", memory.device_bytes, memory.device_parts);
+  tier("host", memory.host_bytes, memory.host_parts);
+  tier("SSD", memory.ssd_bytes, memory.ssd_parts);
+  std::map<Resource, int> counts;
+  for (const PlanOp& op : ops) ++counts[op.resource];
+  out += str(ops.size(), " operations:");
+  for (auto& [r, n] : counts) out += str(" ", resource_name(r), " ", n);
+  out += "\n";
+  return out;
+}
+
+nlohmann::json Plan::to_json() const {
+  nlohmann::json j;
+  j["n_layer"] = model.n_layer;
+  j["micro_batch"] = micro_batch;
+  j["exact"] = exact;
+  for (const auto& d : layers)
+    j["layers"].push_back({{"activations", act_placement_name(d.act)}, {"weights", tier_name(d.weights)},
+                           {"optimizer", tier_name(d.optim)}});
+  j["pools"] = {{"device_weight_slots", pools.device_weight_slots},
+                {"device_ckpt_slots", pools.device_ckpt_slots},
+                {"device_grad_slots", pools.device_grad_slots},
+                {"host_weight_slots", pools.host_weight_slots},
+                {"host_wout_slots", pools.host_wout_slots},
+                {"host_ckpt_slots", pools.host_ckpt_slots},
+                {"host_grad_slots", pools.host_grad_slots}};
+  j["memory"] = {{"device_bytes", memory.device_bytes}, {"host_bytes", memory.host_bytes},
+                 {"ssd_bytes", memory.ssd_bytes}};
+  for (const PlanOp& op : ops) {
+    nlohmann::json o{{"id", op.id}, {"kind", op_kind_name(op.kind)}, {"resource", resource_name(op.resource)},
+                     {"layer", op.layer}, {"deps", op.deps}};
+    if (op.slot >= 0) o["slot"] = op.slot;
+    if (op.slot2 >= 0) o["slot2"] = op.slot2;
+    if (op.in.kind != BufRef::kNone) o["in"] = buf_name(op.in);
+    if (op.out.kind != BufRef::kNone) o["out"] = buf_name(op.out);
+    if (op.bytes) o["bytes"] = op.bytes;
+    if (op.flops) o["flops"] = op.flops;
+    if (op.recompute_flops) o["recompute_flops"] = op.recompute_flops;
+    j["ops"].push_back(o);
+  }
+  return j;
+}
+
+}  // namespace fuyou

@@ -1,0 +1,427 @@
+#include "fuyou/scheduler.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "fuyou/error.h"
+#include "fuyou/model.h"
+#include "fuyou/ooc_adamw.h"
+#include "fuyou/optim.h"
+#include "fuyou/train.h"
+
+namespace fuyou {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+uint64_t pad4k(uint64_t b) { return (b + kIoAlign - 1) / kIoAlign * kIoAlign; }
+
+}  // namespace
+
+class OffloadTrainer::Impl {
+ public:
+  Impl(OffloadTrainer& owner, const Config& cfg, Backend& be, Plan plan, SsdStore* store)
+      : owner_(owner), cfg_(cfg), be_(be), plan_(std::move(plan)), store_(store),
+        layout_(make_gpt_layout(cfg.model)),
+        model_(cfg.model, be, plan_.micro_batch, ModelState::kWorkspace) {
+    const int L = cfg.model.n_layer;
+    const PlanPools& pp = plan_.pools;
+    N_ = plan_.micro_batch * cfg.model.seq_len;
+    const uint64_t C = cfg.model.d_model;
+    wbytes_ = 4 * layout_.groups[1].numel;
+    cbytes_ = 4 * N_ * C;
+    bool needs_store = false;
+    for (const auto& d : plan_.layers)
+      needs_store |= d.weights == StateTier::kSsd || d.act == ActPlacement::kSsd || d.optim == StateTier::kSsd;
+    needs_store |= plan_.embed_optim == StateTier::kSsd || plan_.final_optim == StateTier::kSsd;
+    if (needs_store && !store_) throw Error("the plan keeps state on SSD but no store is open (offload.ssd_paths)");
+
+    // Device: resident embedding and final norm, pools, activation buffers.
+    auto dalloc = [&](uint64_t bytes, const std::string& what) {
+      void* p = be_.alloc(bytes, what);
+      owned_.push_back(p);
+      return static_cast<float*>(p);
+    };
+    const ParamGroup& ge = layout_.groups.front();
+    const ParamGroup& gf = layout_.groups.back();
+    embed_w_ = dalloc(4 * ge.numel, "embedding weights");
+    embed_g_ = dalloc(4 * ge.numel, "embedding gradients");
+    final_w_ = dalloc(4 * gf.numel, "final norm weights");
+    final_g_ = dalloc(4 * gf.numel, "final norm gradients");
+    for (int s = 0; s < pp.device_weight_slots; ++s) wslot_.push_back(dalloc(wbytes_, "weight slot"));
+    for (int s = 0; s < pp.device_grad_slots; ++s) gslot_.push_back(dalloc(wbytes_, "gradient slot"));
+    for (int s = 0; s < pp.device_ckpt_slots; ++s) cslot_.push_back(dalloc(cbytes_, "checkpoint slot"));
+    stream_[0] = dalloc(cbytes_, "forward stream");
+    stream_[1] = dalloc(cbytes_, "forward stream");
+    scratch_ = dalloc(cbytes_, "recompute scratch");
+    dres_ = dalloc(cbytes_, "residual gradient");
+    work_ = model_.alloc_activations("working activations");
+    layer_ckpt_.assign(L, nullptr);
+    kept_.resize(L);
+    for (int l = 0; l < L; ++l) {
+      ActPlacement a = plan_.layers[l].act;
+      if (a == ActPlacement::kKeep || a == ActPlacement::kDevice)
+        layer_ckpt_[l] = dalloc(cbytes_, str("layer ", l, " checkpoint"));
+      if (a == ActPlacement::kKeep) kept_[l] = model_.alloc_activations(str("layer ", l, " activations"));
+    }
+
+    // Host: pool slots, resident weights and checkpoints.
+    uint64_t gmax = 0;
+    for (const auto& g : layout_.groups) gmax = std::max<uint64_t>(gmax, 4 * g.numel);
+    std::vector<SlotSpec> specs;
+    if (pp.host_weight_slots) specs.push_back({"weights.read", wbytes_, static_cast<uint32_t>(pp.host_weight_slots)});
+    if (pp.host_wout_slots) specs.push_back({"weights.out", wbytes_, static_cast<uint32_t>(pp.host_wout_slots)});
+    if (pp.host_ckpt_slots) specs.push_back({"checkpoint.staging", cbytes_, static_cast<uint32_t>(pp.host_ckpt_slots)});
+    specs.push_back({"gradients", gmax, static_cast<uint32_t>(pp.host_grad_slots)});
+    pool_ = std::make_unique<HostPool>(specs);
+    auto slots_of = [&](const char* name, int count) {
+      std::vector<float*> v;
+      if (!count) return v;
+      int cls = pool_->slot_class(name);
+      for (int i = 0; i < count; ++i) v.push_back(static_cast<float*>(pool_->slot(cls, i).ptr));
+      return v;
+    };
+    hread_ = slots_of("weights.read", pp.host_weight_slots);
+    hwout_ = slots_of("weights.out", pp.host_wout_slots);
+    hckpt_ = slots_of("checkpoint.staging", pp.host_ckpt_slots);
+    hgrad_ = slots_of("gradients", pp.host_grad_slots);
+    host_w_.resize(L);
+    host_ckpt_.resize(L);
+    for (int l = 0; l < L; ++l) {
+      if (plan_.layers[l].weights == StateTier::kHost) host_w_[l].assign(layout_.groups[1 + l].numel, 0.0f);
+      if (plan_.layers[l].act == ActPlacement::kHost) host_ckpt_[l].assign(N_ * C, 0.0f);
+    }
+    host_embed_.assign(ge.numel, 0.0f);
+    host_final_.assign(gf.numel, 0.0f);
+
+    // SSD extents for weights and checkpoints; the optimizer defines its own.
+    wext_.assign(L, 0);
+    cext_.assign(L, 0);
+    if (store_) {
+      store_->register_pool(*pool_);
+      for (int l = 0; l < L; ++l) {
+        if (plan_.layers[l].weights == StateTier::kSsd) wext_[l] = store_->define_extent(str("layer.", l, "/weights"), wbytes_);
+        if (plan_.layers[l].act == ActPlacement::kSsd) cext_[l] = store_->define_extent(str("layer.", l, "/checkpoint"), cbytes_);
+      }
+    }
+    std::vector<OptimGroup> groups;
+    std::vector<StateTier> tiers;
+    for (size_t g = 0; g < layout_.groups.size(); ++g) {
+      OptimGroup og{layout_.groups[g].name, layout_.groups[g].numel, {}};
+      for (const TensorSpec& t : layout_.tensors)
+        if (t.group == static_cast<int>(g)) og.tensors.push_back({t.offset - layout_.groups[g].offset, t.numel, t.decay});
+      groups.push_back(og);
+      tiers.push_back(g == 0 ? plan_.embed_optim : g == layout_.groups.size() - 1 ? plan_.final_optim : plan_.layers[g - 1].optim);
+    }
+    OocAdamWOptions oo;
+    oo.beta1 = static_cast<float>(cfg.optimizer.beta1);
+    oo.beta2 = static_cast<float>(cfg.optimizer.beta2);
+    oo.eps = static_cast<float>(cfg.optimizer.eps);
+    oo.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
+    opt_ = std::make_unique<OocAdamW>(groups, tiers, store_, oo);
+
+    // Per-resource op lists and the event state.
+    for (const PlanOp& op : plan_.ops) queue_[static_cast<int>(op.resource)].push_back(op.id);
+    done_ = std::make_unique<std::atomic<bool>[]>(plan_.ops.size());
+    start_.assign(plan_.ops.size(), 0.0);
+    end_.assign(plan_.ops.size(), 0.0);
+    inputs_.resize(N_);
+    targets_.resize(N_);
+  }
+
+  ~Impl() {
+    for (void* p : owned_) be_.free(p);
+  }
+
+  const Plan& plan() const { return plan_; }
+
+  // Pointers to layer l's tensors inside a slot holding that layer's group.
+  LayerTensors layer_view(float* slot, int l) {
+    return layer_tensors(layout_, l, slot - layout_.groups[1 + l].offset);
+  }
+  GlobalTensors globals(float* embed, float* fin) {
+    const size_t n = layout_.tensors.size();
+    const size_t eo = layout_.groups.front().offset, fo = layout_.groups.back().offset;
+    return {embed + layout_.tensors[0].offset - eo, embed + layout_.tensors[1].offset - eo,
+            fin + layout_.tensors[n - 2].offset - fo, fin + layout_.tensors[n - 1].offset - fo};
+  }
+  float* buf(const BufRef& b) {
+    switch (b.kind) {
+      case BufRef::kStream: return stream_[b.index];
+      case BufRef::kLayerCkpt: return layer_ckpt_[b.index];
+      case BufRef::kCkptSlot: return cslot_[b.index];
+      case BufRef::kScratch: return scratch_;
+      case BufRef::kNone: break;
+    }
+    FY_CHECK(false, "op without a buffer");
+    return nullptr;
+  }
+  float* group_host_weights(int g) {
+    const int L = cfg_.model.n_layer;
+    if (g == 0) return host_embed_.data();
+    if (g == L + 1) return host_final_.data();
+    return host_w_[g - 1].data();
+  }
+
+  void set_group_params(int g, const float* src) {
+    const int L = cfg_.model.n_layer;
+    const ParamGroup& pg = layout_.groups.at(g);
+    opt_->init_group(g, src);
+    if (g == 0 || g == L + 1 || plan_.layers[g - 1].weights == StateTier::kHost) {
+      std::memcpy(group_host_weights(g), src, 4 * pg.numel);
+      if (g == 0) be_.copy_to_device(embed_w_, host_embed_.data(), 4 * host_embed_.size());
+      if (g == L + 1) be_.copy_to_device(final_w_, host_final_.data(), 4 * host_final_.size());
+    } else {
+      std::memcpy(hwout_[0], src, 4 * pg.numel);
+      std::memset(reinterpret_cast<char*>(hwout_[0]) + 4 * pg.numel, 0, pad4k(4 * pg.numel) - 4 * pg.numel);
+      store_->write_sync(wext_[g - 1], 0, hwout_[0], pad4k(wbytes_));
+    }
+  }
+
+  void set_params(const float* params) {
+    for (size_t g = 0; g < layout_.groups.size(); ++g)
+      set_group_params(static_cast<int>(g), params + layout_.groups[g].offset);
+  }
+
+  void read_group_params(int g, float* dst) { opt_->read_master(g, dst); }
+
+  void read_params(float* params) {
+    std::fill(params, params + layout_.total, 0.0f);
+    for (size_t g = 0; g < layout_.groups.size(); ++g) opt_->read_master(static_cast<int>(g), params + layout_.groups[g].offset);
+  }
+
+  void run_op(const PlanOp& op) {
+    const int L = cfg_.model.n_layer;
+    switch (op.kind) {
+      case OpKind::kReadWeights:
+        store_->read_sync(wext_[op.layer], 0, hread_[op.slot], pad4k(wbytes_));
+        break;
+      case OpKind::kLoadWeights:
+        be_.copy_to_device(wslot_[op.slot], op.slot2 >= 0 ? hread_[op.slot2] : host_w_[op.layer].data(), wbytes_);
+        break;
+      case OpKind::kEmbedForward: {
+        GlobalTensors g = globals(embed_w_, final_w_);
+        model_.embed_forward(g.wte, g.wpe, buf(op.out));
+        break;
+      }
+      case OpKind::kForward: {
+        LayerActivations a = plan_.layers[op.layer].act == ActPlacement::kKeep ? kept_[op.layer] : work_;
+        a.out = buf(op.out);
+        if (owner_.on_forward) owner_.on_forward(op.layer, wslot_[op.slot], layout_.groups[1 + op.layer].numel);
+        model_.block_forward(layer_view(wslot_[op.slot], op.layer), buf(op.in), a);
+        break;
+      }
+      case OpKind::kSaveCheckpoint:
+        be_.copy_to_host(op.slot >= 0 ? hckpt_[op.slot] : host_ckpt_[op.layer].data(), buf(op.in), cbytes_);
+        break;
+      case OpKind::kWriteCheckpoint:
+        store_->write_sync(cext_[op.layer], 0, hckpt_[op.slot], pad4k(cbytes_));
+        break;
+      case OpKind::kReadCheckpoint:
+        store_->read_sync(cext_[op.layer], 0, hckpt_[op.slot], pad4k(cbytes_));
+        break;
+      case OpKind::kLoadCheckpoint:
+        be_.copy_to_device(buf(op.out), op.slot >= 0 ? hckpt_[op.slot] : host_ckpt_[op.layer].data(), cbytes_);
+        break;
+      case OpKind::kHead: {
+        GlobalTensors g = globals(embed_w_, final_w_), dg = globals(embed_g_, final_g_);
+        loss_ = model_.head_forward(g, buf(op.in), true);
+        model_.head_backward(g, dg, buf(op.in), 1.0f / static_cast<float>(N_), dres_);
+        break;
+      }
+      case OpKind::kRecomputeInput: {
+        LayerActivations a = work_;
+        a.out = buf(op.out);
+        model_.block_forward(layer_view(wslot_[op.slot], op.layer - 1), buf(op.in), a);
+        break;
+      }
+      case OpKind::kRecompute: {
+        LayerActivations a = work_;
+        a.out = scratch_;
+        model_.block_forward(layer_view(wslot_[op.slot], op.layer), buf(op.in), a);
+        break;
+      }
+      case OpKind::kBackward: {
+        LayerActivations a = plan_.layers[op.layer].act == ActPlacement::kKeep ? kept_[op.layer] : work_;
+        be_.zero(gslot_[op.slot2], wbytes_);
+        model_.block_backward(layer_view(wslot_[op.slot], op.layer), layer_view(gslot_[op.slot2], op.layer),
+                              buf(op.in), a, dres_);
+        break;
+      }
+      case OpKind::kEmbedBackward:
+        model_.embed_backward(globals(embed_g_, final_g_), dres_);
+        break;
+      case OpKind::kSaveGrads: {
+        const float* src = op.layer == 0 ? embed_g_ : op.layer == L + 1 ? final_g_ : gslot_[op.slot];
+        be_.copy_to_host(hgrad_[op.slot2], src, 4 * layout_.groups[op.layer].numel);
+        break;
+      }
+      case OpKind::kGradNorm: {
+        // Group order 0..L+1, each group in order: the reduction StepRunner uses.
+        double sq = 0;
+        for (size_t g = 0; g < layout_.groups.size(); ++g) sq += group_sum_squares(hgrad_[g], layout_.groups[g].numel);
+        grad_norm_ = std::sqrt(sq);
+        double coef = cfg_.optimizer.grad_clip / (grad_norm_ + 1e-6);
+        grad_scale_ = coef < 1.0 ? static_cast<float>(coef) : 1.0f;
+        break;
+      }
+      case OpKind::kUpdate: {
+        OocAdamW::Update u;
+        u.group = op.layer;
+        u.grad = hgrad_[op.slot];
+        u.grad_type = ElemType::kF32;
+        u.lowp = op.slot2 >= 0 ? hwout_[op.slot2] : group_host_weights(op.layer);
+        u.lowp_type = ElemType::kF32;
+        u.grad_scale = plan_.exact ? grad_scale_ : 1.0f;
+        u.lr = static_cast<float>(lr_);
+        u.t = t_;
+        opt_->wait(opt_->submit(u));
+        break;
+      }
+      case OpKind::kWriteWeights:
+        store_->write_sync(wext_[op.layer - 1], 0, hwout_[op.slot], pad4k(wbytes_));
+        break;
+      case OpKind::kLoadResident:
+        if (op.layer == 0) be_.copy_to_device(embed_w_, host_embed_.data(), 4 * host_embed_.size());
+        else be_.copy_to_device(final_w_, host_final_.data(), 4 * host_final_.size());
+        break;
+    }
+  }
+
+  void resource_thread(int r) {
+    for (int id : queue_[r]) {
+      const PlanOp& op = plan_.ops[id];
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] {
+          if (failed_) return true;
+          for (int d : op.deps)
+            if (!done_[d].load(std::memory_order_acquire)) return false;
+          return true;
+        });
+        if (failed_) return;
+      }
+      double t0 = std::chrono::duration<double>(clock_type::now() - iter_start_).count();
+      try {
+        run_op(op);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!error_) error_ = std::current_exception();
+        failed_ = true;
+        cv_.notify_all();
+        return;
+      }
+      start_[id] = t0;
+      end_[id] = std::chrono::duration<double>(clock_type::now() - iter_start_).count();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        done_[id].store(true, std::memory_order_release);
+      }
+      cv_.notify_all();
+    }
+  }
+
+  OffloadStepResult step(int64_t step_index, const int32_t* batch) {
+    const int B = plan_.micro_batch, T = cfg_.model.seq_len;
+    split_batch(batch, B, T, inputs_.data(), targets_.data());
+    model_.set_tokens(inputs_.data(), targets_.data());
+    be_.zero(embed_g_, 4 * layout_.groups.front().numel);
+    be_.zero(final_g_, 4 * layout_.groups.back().numel);
+    lr_ = learning_rate(cfg_.optimizer, cfg_.schedule, step_index);
+    ++t_;
+    for (size_t i = 0; i < plan_.ops.size(); ++i) done_[i].store(false);
+    failed_ = false;
+    error_ = nullptr;
+    uint64_t r0 = store_ ? store_->stats().bytes_read : 0, w0 = store_ ? store_->stats().bytes_written : 0;
+    iter_start_ = clock_type::now();
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kNumResources; ++r) threads.emplace_back([this, r] { resource_thread(r); });
+    for (auto& t : threads) t.join();
+    if (error_) std::rethrow_exception(error_);
+    OffloadStepResult res;
+    res.iteration_s = std::chrono::duration<double>(clock_type::now() - iter_start_).count();
+    for (const PlanOp& op : plan_.ops) res.busy_s[static_cast<int>(op.resource)] += end_[op.id] - start_[op.id];
+    res.loss = loss_;
+    res.grad_norm = plan_.exact ? grad_norm_ : 0.0;
+    res.lr = lr_;
+    if (store_) {
+      res.ssd_read_bytes = store_->stats().bytes_read - r0;
+      res.ssd_write_bytes = store_->stats().bytes_written - w0;
+    }
+    return res;
+  }
+
+  void write_trace(const std::string& path) const {
+    nlohmann::json events = nlohmann::json::array();
+    for (int r = 0; r < kNumResources; ++r)
+      events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", r},
+                        {"args", {{"name", resource_name(static_cast<Resource>(r))}}}});
+    for (const PlanOp& op : plan_.ops) {
+      std::string name = op_kind_name(op.kind);
+      if (op.layer >= 0) name += str(" ", op.layer);
+      events.push_back({{"name", name}, {"ph", "X"}, {"pid", 0}, {"tid", static_cast<int>(op.resource)},
+                        {"ts", start_[op.id] * 1e6}, {"dur", (end_[op.id] - start_[op.id]) * 1e6},
+                        {"args", {{"op", op.id}, {"bytes", op.bytes}}}});
+    }
+    std::ofstream out(path);
+    if (!out) throw IoError(str(path, ": cannot write trace"));
+    out << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
+  }
+
+ private:
+  OffloadTrainer& owner_;
+  Config cfg_;
+  Backend& be_;
+  Plan plan_;
+  SsdStore* store_;
+  ParamLayout layout_;
+  GptModel model_;
+  size_t N_ = 0;
+  uint64_t wbytes_ = 0, cbytes_ = 0;
+  std::vector<void*> owned_;
+  float *embed_w_, *embed_g_, *final_w_, *final_g_;
+  std::vector<float*> wslot_, gslot_, cslot_, layer_ckpt_;
+  float* stream_[2];
+  float *scratch_, *dres_;
+  LayerActivations work_;
+  std::vector<LayerActivations> kept_;
+  std::unique_ptr<HostPool> pool_;
+  std::vector<float*> hread_, hwout_, hckpt_, hgrad_;
+  std::vector<std::vector<float>> host_w_, host_ckpt_;
+  std::vector<float> host_embed_, host_final_;
+  std::vector<ExtentId> wext_, cext_;
+  std::unique_ptr<OocAdamW> opt_;
+
+  std::vector<int> queue_[kNumResources];
+  std::unique_ptr<std::atomic<bool>[]> done_;
+  std::vector<double> start_, end_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool failed_ = false;
+  std::exception_ptr error_;
+  clock_type::time_point iter_start_;
+  std::vector<int32_t> inputs_, targets_;
+  float loss_ = 0;
+  double grad_norm_ = 0, lr_ = 0;
+  float grad_scale_ = 1.0f;
+  int64_t t_ = 0;
+};
+
+OffloadTrainer::OffloadTrainer(const Config& cfg, Backend& backend, Plan plan, SsdStore* store)
+    : impl_(std::make_unique<Impl>(*this, cfg, backend, std::move(plan), store)) {}
+OffloadTrainer::~OffloadTrainer() = default;
+const Plan& OffloadTrainer::plan() const { return impl_->plan(); }
+void OffloadTrainer::set_params(const float* params) { impl_->set_params(params); }
+void OffloadTrainer::read_params(float* params) { impl_->read_params(params); }
+void OffloadTrainer::set_group_params(int g, const float* p) { impl_->set_group_params(g, p); }
+void OffloadTrainer::read_group_params(int g, float* p) { impl_->read_group_params(g, p); }
+OffloadStepResult OffloadTrainer::step(int64_t s, const int32_t* batch) { return impl_->step(s, batch); }
+void OffloadTrainer::write_trace(const std::string& path) const { impl_->write_trace(path); }
+
+}  // namespace fuyou

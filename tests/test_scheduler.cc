@@ -1,0 +1,190 @@
+// The offloading scheduler on the CPU backend: bitwise equal to in-memory training (losses
+// and final weights over several steps) with budgets and decisions that force every path:
+// weights from SSD, checkpoints to host and to SSD and back, recomputation, optimizer state
+// from SSD; no stale weights; budgets refused with numbers.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <unistd.h>
+
+#include "fuyou/error.h"
+#include "fuyou/rng.h"
+#include "fuyou/scheduler.h"
+#include "fuyou/train.h"
+
+namespace fs = std::filesystem;
+using namespace fuyou;
+using Catch::Matchers::Contains;
+
+namespace {
+
+Config tiny_config(double clip) {
+  return parse_config(str(
+      "model: {n_layer: 5, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
+      "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ", clip, "}\n"
+      "schedule: {steps: 6, warmup_steps: 2, micro_batch: 2}\n"
+      "runtime: {backend: cpu, threads: 2, seed: 11}\n"), "<test>");
+}
+
+std::string store_dir(const std::string& tag) {
+  fs::path p = fs::path(FUYOU_BINARY_DIR) / "test-data" / ("sched-" + tag + "-" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+std::vector<std::vector<int32_t>> batches(const Config& cfg, int steps) {
+  std::vector<std::vector<int32_t>> out;
+  for (int s = 0; s < steps; ++s) {
+    Rng rng(77, s);
+    std::vector<int32_t> b(static_cast<size_t>(cfg.schedule.micro_batch) * (cfg.model.seq_len + 1));
+    for (auto& t : b) t = static_cast<int32_t>(rng.below(cfg.model.vocab_size));
+    out.push_back(b);
+  }
+  return out;
+}
+
+struct Run {
+  std::vector<float> losses;
+  std::vector<float> params;
+};
+
+Run in_memory(const Config& cfg, const std::vector<std::vector<int32_t>>& data) {
+  auto be = make_cpu_backend(2, 0);
+  StepRunner r(cfg, *be);
+  r.init_params();
+  Run out;
+  for (size_t s = 0; s < data.size(); ++s) out.losses.push_back(r.step(static_cast<int64_t>(s), {data[s].data()}).loss);
+  out.params = r.master();
+  return out;
+}
+
+Run offloaded(const Config& cfg, const PlanRequest& req, const std::vector<std::vector<int32_t>>& data,
+              SsdStore* store, OffloadTrainer** keep = nullptr) {
+  auto be = make_cpu_backend(2, req.device_budget);
+  OffloadTrainer tr(cfg, *be, make_plan(req), store);
+  ParamLayout layout = make_gpt_layout(cfg.model);
+  std::vector<float> init(layout.total);
+  init_gpt_params(cfg.model, layout, init.data());
+  tr.set_params(init.data());
+  Run out;
+  for (size_t s = 0; s < data.size(); ++s) out.losses.push_back(tr.step(static_cast<int64_t>(s), data[s].data()).loss);
+  out.params.resize(layout.total);
+  tr.read_params(out.params.data());
+  (void)keep;
+  return out;
+}
+
+void require_bitwise(const Run& a, const Run& b) {
+  REQUIRE(a.losses.size() == b.losses.size());
+  for (size_t s = 0; s < a.losses.size(); ++s) {
+    INFO("step " << s << ": offloaded " << a.losses[s] << ", in memory " << b.losses[s]);
+    CHECK(std::memcmp(&a.losses[s], &b.losses[s], 4) == 0);
+  }
+  REQUIRE(a.params.size() == b.params.size());
+  CHECK(std::memcmp(a.params.data(), b.params.data(), 4 * a.params.size()) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("offloaded training is bitwise equal to in-memory training", "[scheduler]") {
+  for (double clip : {0.0, 0.5}) {
+    Config cfg = tiny_config(clip);
+    auto data = batches(cfg, 6);
+    Run ref = in_memory(cfg, data);
+
+    StoreConfig sc;
+    sc.dirs = {store_dir("a"), store_dir("b")};
+    sc.stripe_unit = 64 * 1024;
+    auto store = SsdStore::open(sc);
+    PlanRequest req;
+    req.model = cfg.model;
+    req.micro_batch = cfg.schedule.micro_batch;
+    req.exact = clip > 0;
+    req.have_ssd = true;
+    // Every path: keep, device checkpoint, host, SSD, recompute (from an SSD checkpoint).
+    req.acts = {ActPlacement::kKeep, ActPlacement::kSsd, ActPlacement::kRecompute, ActPlacement::kHost,
+                ActPlacement::kDevice};
+    req.weights_on_ssd = true;
+    req.optim_on_ssd = true;
+    INFO("clip " << clip);
+    require_bitwise(offloaded(cfg, req, data, store.get()), ref);
+
+    // Everything in host memory, no store: the same numbers again.
+    PlanRequest host = req;
+    host.have_ssd = false;
+    host.acts = {ActPlacement::kHost, ActPlacement::kRecompute, ActPlacement::kHost, ActPlacement::kDevice,
+                 ActPlacement::kKeep};
+    host.weights_on_ssd = host.optim_on_ssd = false;
+    require_bitwise(offloaded(cfg, host, data, nullptr), ref);
+  }
+}
+
+TEST_CASE("no stale weights: each forward sees the weights of the previous update", "[scheduler]") {
+  Config cfg = tiny_config(0.0);
+  auto data = batches(cfg, 3);
+  auto store = SsdStore::open({{store_dir("stale")}});
+  PlanRequest req;
+  req.model = cfg.model;
+  req.micro_batch = cfg.schedule.micro_batch;
+  req.have_ssd = true;
+  req.acts = std::vector<ActPlacement>(5, ActPlacement::kSsd);
+  req.weights_on_ssd = req.optim_on_ssd = true;
+  auto be = make_cpu_backend(2, 0);
+  OffloadTrainer tr(cfg, *be, make_plan(req), store.get());
+  ParamLayout layout = make_gpt_layout(cfg.model);
+  std::vector<float> master(layout.total);
+  init_gpt_params(cfg.model, layout, master.data());
+  tr.set_params(master.data());
+  int checked = 0, stale = 0;
+  // Before each step, `master` holds the optimizer's weights after the previous step; every
+  // layer's forward must use exactly those.
+  tr.on_forward = [&](int l, const float* w, size_t n) {
+    ++checked;
+    if (std::memcmp(w, master.data() + layout.groups[1 + l].offset, 4 * n) != 0) ++stale;
+  };
+  for (int s = 0; s < 3; ++s) {
+    tr.step(s, data[s].data());
+    tr.read_params(master.data());
+  }
+  CHECK(checked == 15);
+  CHECK(stale == 0);
+}
+
+TEST_CASE("budgets that cannot fit are refused with the numbers", "[scheduler]") {
+  Config cfg = tiny_config(0.0);
+  PlanRequest req;
+  req.model = cfg.model;
+  req.micro_batch = 2;
+  req.device_budget = 64 * 1024;
+  CHECK_THROWS_WITH(make_plan(req), Contains("device memory: the plan needs at least") &&
+                                        Contains("smallest device budget"));
+  req.device_budget = 0;
+  req.host_budget = 1 << 20;
+  CHECK_THROWS_WITH(make_plan(req), Contains("host memory: the plan needs") && Contains("offload.host_memory is 1.00 MiB") &&
+                                        Contains("offload.ssd_paths"));
+  req.host_budget = 0;
+  req.acts = std::vector<ActPlacement>(5, ActPlacement::kKeep);
+  req.acts[0] = ActPlacement::kRecompute;
+  CHECK_THROWS_WITH(make_plan(req), Contains("layer 0"));
+  req.acts[0] = ActPlacement::kSsd;
+  CHECK_THROWS_WITH(make_plan(req), Contains("offload.ssd_paths"));
+}
+
+TEST_CASE("plans print and dump", "[scheduler]") {
+  Config cfg = tiny_config(0.0);
+  PlanRequest req;
+  req.model = cfg.model;
+  req.micro_batch = 2;
+  req.have_ssd = true;
+  req.acts = {ActPlacement::kKeep, ActPlacement::kSsd, ActPlacement::kRecompute, ActPlacement::kHost,
+              ActPlacement::kDevice};
+  Plan p = make_plan(req);
+  std::string t = p.table();
+  CHECK_THAT(t, Contains("recompute") && Contains("peak device memory"));
+  auto j = p.to_json();
+  CHECK(j["ops"].size() == p.ops.size());
+  // Every dependency points backwards: creation order is a topological order.
+  for (const PlanOp& op : p.ops)
+    for (int d : op.deps) CHECK(d < op.id);
+}
