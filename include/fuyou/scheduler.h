@@ -45,6 +45,9 @@ class OffloadTrainer {
   // models larger than host memory.
   void set_group_params(int group, const float* params);
   void read_group_params(int group, float* params);
+  // A host buffer of the largest group's size from the plan's pools, free between steps:
+  // callers stage set_group_params / read_group_params through it instead of allocating.
+  float* group_staging();
 
   // One optimizer step on one micro-batch of B*(T+1) tokens.
   OffloadStepResult step(int64_t step_index, const int32_t* batch);

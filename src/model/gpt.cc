@@ -102,11 +102,17 @@ void init_gpt_group(const ModelConfig& cfg, const ParamLayout& layout, int group
     if (is_norm && t.name.ends_with(".weight")) {
       std::fill(p, p + t.numel, 1.0f);
     } else if (t.shape.size() >= 2) {
-      // One stream per tensor, so a tensor's values do not depend on the tensors before it.
-      Rng rng(cfg.seed, i);
+      // One stream per (tensor, 64 Ki-element chunk): values depend neither on the tensors
+      // before nor on the thread count, and large models initialise in parallel.
       bool resid = t.name.ends_with("c_proj.weight");
       float std = resid ? resid_std : cfg.init_std;
-      for (size_t k = 0; k < t.numel; ++k) p[k] = std * rng.normal();
+      constexpr size_t kChunk = 1 << 16;
+      const size_t chunks = (t.numel + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static)
+      for (size_t c = 0; c < chunks; ++c) {
+        Rng rng(cfg.seed, (static_cast<uint64_t>(i) << 32) | c);
+        for (size_t k = c * kChunk; k < std::min(t.numel, (c + 1) * kChunk); ++k) p[k] = std * rng.normal();
+      }
     }
   }
 }

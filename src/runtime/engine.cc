@@ -9,20 +9,19 @@
 namespace fuyou {
 namespace {
 
+// `buf` holds the largest group.
 void save_streaming(const std::string& path, const ParamLayout& layout,
-                    const std::map<std::string, std::string>& metadata,
+                    const std::map<std::string, std::string>& metadata, float* buf,
                     const std::function<void(int, float*)>& read_group) {
   std::vector<StEntry> entries;
   for (const TensorSpec& t : layout.tensors) entries.push_back({t.name, StDtype::kF32, t.shape});
   SafetensorsStreamWriter w(path, entries, metadata);
-  std::vector<float> buf;
   for (size_t g = 0; g < layout.groups.size(); ++g) {
-    buf.resize(layout.groups[g].numel);
-    read_group(static_cast<int>(g), buf.data());
+    read_group(static_cast<int>(g), buf);
     for (const TensorSpec& t : layout.tensors) {
       if (t.group != static_cast<int>(g)) continue;
       w.begin_tensor(t.name);
-      w.append(buf.data() + (t.offset - layout.groups[g].offset), 4 * t.numel);
+      w.append(buf + (t.offset - layout.groups[g].offset), 4 * t.numel);
     }
   }
   w.finish();
@@ -52,10 +51,16 @@ class InMemoryEngine final : public TrainEngine {
   }
   void save_weights(const std::string& path, const std::map<std::string, std::string>& md) override {
     const ParamLayout& layout = runner_.model().layout();
-    save_streaming(path, layout, md, [&](int g, float* dst) {
-      const float* src = runner_.master().data() + layout.groups[g].offset;
-      std::copy(src, src + layout.groups[g].numel, dst);
-    });
+    // In memory the master array already holds every group: write from it directly.
+    float* base = const_cast<float*>(runner_.master().data());
+    std::vector<StEntry> entries;
+    for (const TensorSpec& t : layout.tensors) entries.push_back({t.name, StDtype::kF32, t.shape});
+    SafetensorsStreamWriter w(path, entries, md);
+    for (const TensorSpec& t : layout.tensors) {
+      w.begin_tensor(t.name);
+      w.append(base + t.offset, 4 * t.numel);
+    }
+    w.finish();
   }
   void write_trace(const std::string& path) const override {
     throw Error(str("--trace ", path, ": traces come from the offloading scheduler; this run trains in memory "
@@ -76,11 +81,10 @@ class OffloadEngine final : public TrainEngine {
   bool offloaded() const override { return true; }
   std::string describe() const override { return trainer_.plan().table(); }
   void init_params() override {
-    std::vector<float> buf;
+    float* buf = trainer_.group_staging();
     for (size_t g = 0; g < layout_.groups.size(); ++g) {
-      buf.resize(layout_.groups[g].numel);
-      init_gpt_group(cfg_.model, layout_, static_cast<int>(g), buf.data());
-      trainer_.set_group_params(static_cast<int>(g), buf.data());
+      init_gpt_group(cfg_.model, layout_, static_cast<int>(g), buf);
+      trainer_.set_group_params(static_cast<int>(g), buf);
     }
   }
   EngineStep step(int64_t s, const std::vector<const int32_t*>& mbs) override {
@@ -97,7 +101,8 @@ class OffloadEngine final : public TrainEngine {
   }
   bool eval_loss(const int32_t*, float*) override { return false; }
   void save_weights(const std::string& path, const std::map<std::string, std::string>& md) override {
-    save_streaming(path, layout_, md, [&](int g, float* dst) { trainer_.read_group_params(g, dst); });
+    save_streaming(path, layout_, md, trainer_.group_staging(),
+                   [&](int g, float* dst) { trainer_.read_group_params(g, dst); });
   }
   void write_trace(const std::string& path) const override { trainer_.write_trace(path); }
 

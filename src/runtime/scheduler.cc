@@ -190,6 +190,7 @@ class OffloadTrainer::Impl {
   }
 
   void read_group_params(int g, float* dst) { opt_->read_master(g, dst); }
+  float* group_staging() { return hgrad_[0]; }
 
   void read_params(float* params) {
     std::fill(params, params + layout_.total, 0.0f);
@@ -421,6 +422,7 @@ void OffloadTrainer::set_params(const float* params) { impl_->set_params(params)
 void OffloadTrainer::read_params(float* params) { impl_->read_params(params); }
 void OffloadTrainer::set_group_params(int g, const float* p) { impl_->set_group_params(g, p); }
 void OffloadTrainer::read_group_params(int g, float* p) { impl_->read_group_params(g, p); }
+float* OffloadTrainer::group_staging() { return impl_->group_staging(); }
 OffloadStepResult OffloadTrainer::step(int64_t s, const int32_t* batch) { return impl_->step(s, batch); }
 void OffloadTrainer::write_trace(const std::string& path) const { impl_->write_trace(path); }
 
