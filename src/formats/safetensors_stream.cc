@@ -229,8 +229,8 @@ TensorSet TensorSet::open_index(const std::string& index_path) {
       std::string shard = (dir / file).string();
       std::error_code ec;
       if (!fs::is_regular_file(shard, ec))
-        throw IoError(str(shard, ": missing shard (named by ", index_path, " for tensor '", name,
-                          "')"));
+        throw IoError(
+            str(shard, ": missing shard (named by ", index_path, " for tensor '", name, "')"));
       set.files_.push_back(std::make_unique<RangedTensorFile>(shard));
     }
     const RangedTensorFile& f = *set.files_[pos->second];
@@ -254,9 +254,10 @@ TensorSet TensorSet::open_dir(const std::string& dir) {
   if (fs::exists(single, ec)) return open_file(single.string());
   if (fs::exists(fs::path(dir) / "pytorch_model.bin", ec) ||
       fs::exists(fs::path(dir) / "pytorch_model.bin.index.json", ec))
-    throw IoError(str(dir, ": only safetensors weights are supported, and this directory has "
-                           "pytorch_model.bin (re-save with save_pretrained(..., "
-                           "safe_serialization=True))"));
+    throw IoError(str(dir,
+                      ": only safetensors weights are supported, and this directory has "
+                      "pytorch_model.bin (re-save with save_pretrained(..., "
+                      "safe_serialization=True))"));
   throw IoError(str(dir, ": no model.safetensors or model.safetensors.index.json"));
 }
 
@@ -332,7 +333,8 @@ void ShardedSafetensorsWriter::append(const void* data, size_t bytes) {
 std::vector<std::string> ShardedSafetensorsWriter::finish() {
   if (!current_) open_shard(0);  // a model with no tensors still gets its (empty) file
   if (current_shard_ + 1 != shards_.size())
-    throw Error(str(dir_, ": finish() after ", current_shard_ + 1, " of ", shards_.size(), " shards"));
+    throw Error(
+        str(dir_, ": finish() after ", current_shard_ + 1, " of ", shards_.size(), " shards"));
   current_->finish();
   written_.push_back(shard_names_[current_shard_]);
   current_.reset();

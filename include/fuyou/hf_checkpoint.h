@@ -1,0 +1,96 @@
+// Hugging Face checkpoints in and out (fuyou-convert from-hf / to-hf), GPT-2 family.
+//
+// A Hugging Face model directory holds config.json and either model.safetensors or
+// model-XXXXX-of-YYYYY.safetensors shards with model.safetensors.index.json. The engine's
+// checkpoint directory (docs/checkpoints.md) holds config.yaml (the model section), the
+// fp32 tensors of make_gpt_layout() under their engine names in model.safetensors (or the
+// same sharded layout), and the tokenizer files copied through. Conversion streams tensor
+// by tensor in bounded chunks: memory use does not grow with the model.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "fuyou/config.h"
+#include "fuyou/safetensors.h"
+
+namespace fuyou {
+
+// File names shared by both layouts.
+inline constexpr const char* kSingleWeightsFile = "model.safetensors";
+inline constexpr const char* kWeightsIndexFile = "model.safetensors.index.json";
+inline constexpr const char* kHfConfigFile = "config.json";
+inline constexpr const char* kEngineConfigFile = "config.yaml";
+// config.json of the source model, kept in an engine checkpoint so that to-hf can give
+// back the fields the engine does not model (token ids, dropout, task settings).
+inline constexpr const char* kKeptHfConfigFile = "hf_config.json";
+
+// Tokenizer files copied through in both directions when present.
+const std::vector<std::string>& tokenizer_file_names();
+
+// Parses a GPT-2 family config.json into the engine's model section. Everything the engine
+// would compute differently is refused with a ConfigError naming `source` and the field:
+// model_type must be gpt2, activation_function gelu_new (or gelu_pytorch_tanh),
+// layer_norm_epsilon 1e-5, tied embeddings, no per-layer attention scaling, no cross
+// attention. n_inner null means 4 * n_embd; n_positions becomes seq_len.
+ModelConfig parse_hf_config(const std::string& json_text, const std::string& source);
+ModelConfig load_hf_config(const std::string& path);
+
+// config.json for a model: `base_json` (may be empty) supplies the fields the engine does
+// not own; the architecture fields, model_type, architectures and torch_dtype are set from
+// `cfg` and `dtype`.
+std::string hf_config_json(const ModelConfig& cfg, StDtype dtype, const std::string& base_json);
+
+// The model section as config.yaml text, which parse_config accepts.
+std::string engine_config_yaml(const ModelConfig& cfg);
+
+// One row per engine tensor: the single list that drives both conversion directions.
+struct HfTensorMap {
+  std::string engine;                 // "h.0.attn.c_attn.weight"
+  std::string hf;                     // "h.0.attn.c_attn.weight" without "transformer."
+  bool transpose = false;             // Conv1D weights are stored (in, out)
+  std::vector<int64_t> engine_shape;  // (3C, C)
+  std::vector<int64_t> hf_shape;      // (C, 3C)
+};
+std::vector<HfTensorMap> gpt2_hf_tensor_map(const ModelConfig& cfg);
+
+struct ConvertOptions {
+  // Output shards are filled in order up to this many bytes (a larger tensor gets a shard of
+  // its own); one shard is written as model.safetensors without an index.
+  uint64_t max_shard_bytes = 5'000'000'000ull;
+  StDtype dtype = StDtype::kF32;  // to-hf only: F32, BF16 or F16
+  // Called before each tensor is converted (index from 0).
+  std::function<void(size_t index, size_t count, const std::string& name)> progress;
+};
+
+struct ConvertResult {
+  ModelConfig model;
+  size_t tensors = 0;
+  uint64_t bytes = 0;               // tensor bytes written
+  std::vector<std::string> files;   // weight files and index, names relative to the output
+  std::vector<std::string> copied;  // tokenizer and config files copied through
+};
+
+// HF_DIR -> engine checkpoint directory. `out_dir` must not exist or be empty; the output is
+// assembled in a staging directory beside it and renamed into place at the end, so a failed
+// conversion leaves nothing behind.
+ConvertResult convert_hf_to_engine(const std::string& hf_dir, const std::string& out_dir,
+                                   const ConvertOptions& opts);
+
+// Engine checkpoint (a directory from convert_hf_to_engine, a fuyou-train run directory, or a
+// model.safetensors written by either) -> Hugging Face directory that transformers loads as
+// GPT2LMHeadModel.
+ConvertResult convert_engine_to_hf(const std::string& checkpoint, const std::string& out_dir,
+                                   const ConvertOptions& opts);
+
+// An engine checkpoint loaded into one flat fp32 array in make_gpt_layout() order (padding
+// zero), ready for Backend::copy_to_device into GptModel::params().
+struct LoadedCheckpoint {
+  ModelConfig model;
+  std::vector<float> params;
+};
+LoadedCheckpoint load_engine_checkpoint(const std::string& checkpoint);
+
+}  // namespace fuyou

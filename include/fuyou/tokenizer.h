@@ -1,0 +1,96 @@
+// Hugging Face tokenizer.json: BPE tokenizers, byte-level (GPT-2, Llama 3, Qwen2) and
+// SentencePiece-style with byte fallback (Llama 2), encoding exactly as the tokenizers
+// library does (Tokenizer.encode(text, add_special_tokens=False)); and building token
+// shards from text and JSON Lines datasets with it.
+//
+// What is supported, and what is refused with "unsupported ...": docs/data.md, section
+// "Tokenizers". Regex pre-tokenizers are not run through a regex engine: the patterns that
+// real tokenizers use (GPT-2's, Llama 3's / cl100k's, Qwen2's) are recognised by their exact
+// text and run by hand-written scanners with Unicode letter/number tables.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fuyou {
+
+class Tokenizer {
+ public:
+  // Parses and validates tokenizer.json; throws ConfigError naming the file and the field.
+  static Tokenizer from_file(const std::string& path);
+  static Tokenizer from_json(const std::string& json_text, const std::string& source);
+  ~Tokenizer();
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+
+  // Token ids of `text`. Added tokens (special tokens) written in the text are recognised;
+  // no BOS/EOS are added (the post-processor is not applied).
+  std::vector<int32_t> encode(std::string_view text) const;
+  void encode_append(std::string_view text, std::vector<int32_t>* out) const;
+  // Text of `ids` through the tokenizer's decoder, special tokens included.
+  std::string decode(const std::vector<int32_t>& ids) const;
+
+  // The token's string in the vocabulary (model alphabet, e.g. "Ġthe"); empty if unknown.
+  std::string id_to_token(int32_t id) const;
+  std::optional<int32_t> token_to_id(std::string_view token) const;
+  // One past the largest id (model vocabulary and added tokens).
+  uint32_t vocab_size() const;
+  // "BPE, 512 tokens, byte-level, pre-tokenizer ByteLevel" and so on, for logs.
+  std::string describe() const;
+  const std::string& source() const;
+
+  struct Impl;
+
+ private:
+  explicit Tokenizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- datasets -------------------------------------------------------------------------
+
+// Loss masks for prompt/completion data: a file beside each token shard (train.mask next to
+// train.tok) with the shard's 32-byte header layout but magic "FYLSMASK", 1 byte per token,
+// "vocab size" 2, holding 1 where the token is a completion token (its prediction counts in
+// the loss) and 0 for prompt tokens. docs/data.md, "Loss masks".
+constexpr char kMaskMagic[8] = {'F', 'Y', 'L', 'S', 'M', 'A', 'S', 'K'};
+
+struct LossMask {
+  std::string path;
+  std::vector<uint8_t> mask;  // 0 or 1 per token
+};
+// Reads and validates (magic, version, width 1, count against file size, values 0/1).
+LossMask read_loss_mask(const std::string& path);
+
+struct DatasetOptions {
+  // Inputs are JSON Lines when a field is given, else plain-text files (one document each).
+  std::string jsonl_field;   // each line's text is this string field
+  std::string prompt_field;  // with completion_field: prompt/completion pairs, loss mask
+  std::string completion_field;
+  double val_fraction = 0.05;  // last share of each file (text) or of its records (JSONL)
+  // Optional added tokens around every document / record, by their text (e.g. "<s>",
+  // "<|endoftext|>"): BOS before (mask 0), EOS after (mask 1: ending is learned).
+  std::string bos_token;
+  std::string eos_token;
+};
+
+struct DatasetResult {
+  std::string train_path, val_path;            // train.tok, val.tok
+  std::string train_mask_path, val_mask_path;  // train.mask, val.mask (prompt/completion)
+  uint64_t train_tokens = 0, val_tokens = 0;
+  uint64_t documents = 0;  // files or records
+  size_t files = 0;
+  size_t skipped = 0;  // binary files and symlinks
+  uint32_t vocab_size = 0;
+};
+
+// Tokenizes inputs (files, or directories walked recursively in sorted order) into
+// out_dir/{train,val}.tok (and .mask). out_dir must not exist or be empty. Shards are
+// streamed to disk; JSONL errors name the file, the line and the field.
+DatasetResult build_tokenized_dataset(const Tokenizer& tok, const std::vector<std::string>& inputs,
+                                      const std::string& out_dir, const DatasetOptions& opts);
+
+}  // namespace fuyou

@@ -1,0 +1,419 @@
+// Checkpoint conversion between Hugging Face GPT-2 directories and the engine's layout.
+//
+// Both directions run the same loop over gpt2_hf_tensor_map(): validate every source tensor
+// (present, float dtype, expected shape) and refuse unknown ones before anything is
+// written, then copy tensor by tensor through fixed-size buffers, converting dtype and
+// transposing Conv1D weights on the way. The output is assembled in a staging directory and
+// renamed into place only when complete.
+#include "fuyou/hf_checkpoint.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "fuyou/error.h"
+#include "fuyou/model.h"
+#include "src/formats/safetensors_stream.h"
+
+namespace fs = std::filesystem;
+
+namespace fuyou {
+namespace {
+
+// Bytes of fp32 staging per buffer. Three such buffers are alive while a tensor is copied,
+// so conversion needs a few times this much memory whatever the model size.
+constexpr size_t kChunkBytes = size_t{8} << 20;
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string o = "[";
+  for (size_t i = 0; i < s.size(); ++i) o += (i ? ", " : "") + std::to_string(s[i]);
+  return o + "]";
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw IoError(str(p.string(), ": cannot open"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void check_output_dir(const fs::path& out) {
+  std::error_code ec;
+  if (!fs::exists(out, ec)) return;
+  if (!fs::is_directory(out, ec))
+    throw IoError(str(out.string(), ": exists and is not a directory; choose a new output path"));
+  if (!fs::is_empty(out, ec))
+    throw IoError(str(out.string(),
+                      ": exists and is not empty; refusing to overwrite (choose a "
+                      "new output directory)"));
+}
+
+// The output is built in OUT.partial-PID beside OUT and renamed to OUT at the end; on any
+// error the staging directory (which only we created) is removed.
+class StagingDir {
+ public:
+  explicit StagingDir(fs::path out) : out_(std::move(out)) {
+    check_output_dir(out_);
+    std::error_code ec;
+    fs::path parent = out_.parent_path();
+    if (!parent.empty()) fs::create_directories(parent, ec);
+    if (ec) throw IoError(str(parent.string(), ": cannot create: ", ec.message()));
+    staging_ = out_;
+    staging_ += str(".partial-", ::getpid());
+    if (!fs::create_directory(staging_, ec) || ec)
+      throw IoError(str(staging_.string(), ": cannot create staging directory",
+                        ec ? ": " + ec.message() : std::string(" (it already exists)")));
+  }
+  ~StagingDir() {
+    if (!committed_) {
+      std::error_code ec;
+      fs::remove_all(staging_, ec);
+    }
+  }
+  StagingDir(const StagingDir&) = delete;
+  StagingDir& operator=(const StagingDir&) = delete;
+
+  const fs::path& path() const { return staging_; }
+
+  void commit() {
+    check_output_dir(out_);  // someone may have written there meanwhile
+    std::error_code ec;
+    if (fs::exists(out_, ec)) fs::remove(out_, ec);  // empty, checked above
+    fs::rename(staging_, out_, ec);
+    if (ec)
+      throw IoError(
+          str(out_.string(), ": rename from ", staging_.string(), " failed: ", ec.message()));
+    committed_ = true;
+  }
+
+ private:
+  fs::path out_;
+  fs::path staging_;
+  bool committed_ = false;
+};
+
+fs::path normalized_out(const std::string& out_dir) {
+  fs::path p = fs::path(out_dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // "out/" -> "out"
+  if (p.empty()) throw IoError("--out: empty output path");
+  return p;
+}
+
+struct Job {
+  std::string src;
+  std::string dst;
+  bool transpose = false;
+  std::vector<int64_t> src_shape;
+  std::vector<int64_t> dst_shape;
+};
+
+void validate_sources(const TensorSet& set, const std::vector<Job>& jobs) {
+  for (const Job& j : jobs) {
+    if (!set.has(j.src))
+      throw IoError(str(set.source(), ": missing tensor '", j.src, "' (expected shape ",
+                        shape_str(j.src_shape), ")"));
+    const StTensorInfo& t = set.info(j.src);
+    const std::string& file = set.file(j.src).path();
+    if (!is_float_dtype(t.dtype))
+      throw IoError(str(file, ": tensor '", j.src, "' has dtype ", st_dtype_name(t.dtype),
+                        "; expected F32, F16 or BF16"));
+    if (t.shape != j.src_shape)
+      throw IoError(str(file, ": tensor '", j.src, "' has shape ", shape_str(t.shape),
+                        " but the config needs ", shape_str(j.src_shape)));
+  }
+}
+
+// Buffers reused across tensors: the largest chunk seen sets their size.
+struct Buffers {
+  std::vector<char> raw;
+  std::vector<float> f32;
+  std::vector<float> t32;
+  std::vector<char> out;
+};
+
+void copy_tensor(const TensorSet& set, const Job& job, StDtype out_dtype,
+                 ShardedSafetensorsWriter& w, Buffers& b) {
+  const StTensorInfo& t = set.info(job.src);
+  const RangedTensorFile& file = set.file(job.src);
+  const size_t in_size = st_dtype_size(t.dtype), out_size = st_dtype_size(out_dtype);
+  w.begin_tensor(job.dst);
+  if (!job.transpose) {
+    const size_t n = t.numel();
+    const size_t per_chunk = kChunkBytes / sizeof(float);
+    for (size_t done = 0; done < n; done += per_chunk) {
+      size_t k = std::min(per_chunk, n - done);
+      b.raw.resize(std::max(b.raw.size(), k * in_size));
+      b.out.resize(std::max(b.out.size(), k * out_size));
+      file.read(t, done * in_size, b.raw.data(), k * in_size);
+      convert_float_elements(b.raw.data(), t.dtype, b.out.data(), out_dtype, k);
+      w.append(b.out.data(), k * out_size);
+    }
+    return;
+  }
+  // Source (R, K) -> destination (K, R), a block of destination rows at a time. A block is
+  // a column slice of the source: one read per source row, or one read in all when the
+  // block covers every column.
+  const size_t R = static_cast<size_t>(job.src_shape[0]), K = static_cast<size_t>(job.src_shape[1]);
+  const size_t block =
+      std::max<size_t>(1, std::min(K, kChunkBytes / sizeof(float) / std::max<size_t>(R, 1)));
+  for (size_t c0 = 0; c0 < K; c0 += block) {
+    const size_t nb = std::min(block, K - c0);
+    const size_t n = R * nb;
+    b.raw.resize(std::max(b.raw.size(), n * in_size));
+    b.f32.resize(std::max(b.f32.size(), n));
+    b.t32.resize(std::max(b.t32.size(), n));
+    b.out.resize(std::max(b.out.size(), n * out_size));
+    if (nb == K) {
+      file.read(t, 0, b.raw.data(), n * in_size);
+    } else {
+      for (size_t i = 0; i < R; ++i)
+        file.read(t, (i * K + c0) * in_size, b.raw.data() + i * nb * in_size, nb * in_size);
+    }
+    convert_float_elements(b.raw.data(), t.dtype, b.f32.data(), StDtype::kF32, n);
+    for (size_t i = 0; i < R; ++i)
+      for (size_t j = 0; j < nb; ++j) b.t32[j * R + i] = b.f32[i * nb + j];
+    convert_float_elements(b.t32.data(), StDtype::kF32, b.out.data(), out_dtype, n);
+    w.append(b.out.data(), n * out_size);
+  }
+}
+
+// Writes every job's tensor into `dir`, returning the files written.
+std::vector<std::string> write_tensors(const TensorSet& set, const std::vector<Job>& jobs,
+                                       StDtype out_dtype, const fs::path& dir,
+                                       const ConvertOptions& opts,
+                                       const std::map<std::string, std::string>& metadata,
+                                       uint64_t* bytes) {
+  std::vector<StEntry> entries;
+  for (const Job& j : jobs) entries.push_back({j.dst, out_dtype, j.dst_shape});
+  *bytes = 0;
+  for (const auto& e : entries) *bytes += e.bytes();
+  ShardedSafetensorsWriter w(dir.string(), entries, opts.max_shard_bytes, metadata);
+  Buffers buffers;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (opts.progress) opts.progress(i, jobs.size(), jobs[i].dst);
+    copy_tensor(set, jobs[i], out_dtype, w, buffers);
+  }
+  return w.finish();
+}
+
+bool is_layer_buffer(const std::string& name, const std::string& prefix) {
+  // h.{l}.attn.bias and h.{l}.attn.masked_bias are the causal-mask buffers older
+  // transformers versions saved; they hold no weights.
+  if (name.compare(0, prefix.size() + 2, prefix + "h.") != 0) return false;
+  size_t i = prefix.size() + 2, digits = 0;
+  while (i < name.size() && name[i] >= '0' && name[i] <= '9') ++i, ++digits;
+  if (digits == 0) return false;
+  std::string rest = name.substr(i);
+  return rest == ".attn.bias" || rest == ".attn.masked_bias";
+}
+
+void refuse_unknown(const TensorSet& set, const std::vector<Job>& jobs, const std::string& prefix,
+                    const ModelConfig& m, bool hf_side) {
+  std::set<std::string> expected;
+  for (const Job& j : jobs) expected.insert(j.src);
+  for (const std::string& name : set.names()) {
+    if (expected.count(name)) continue;
+    if (hf_side && is_layer_buffer(name, prefix)) continue;
+    if (hf_side && (name == "lm_head.weight" || name == prefix + "lm_head.weight")) {
+      // The LM head is tied to wte (config.json says so, or parse_hf_config refused it);
+      // transformers overwrites it with wte on load, and so do we.
+      const StTensorInfo& t = set.info(name);
+      std::vector<int64_t> want = {m.vocab_size, m.d_model};
+      if (t.shape != want)
+        throw IoError(str(set.file(name).path(), ": tensor '", name, "' has shape ",
+                          shape_str(t.shape), " but a tied LM head is ", shape_str(want)));
+      continue;
+    }
+    throw IoError(str(set.file(name).path(), ": tensor '", name,
+                      "' is not part of a GPT-2 model "
+                      "with n_layer=",
+                      m.n_layer, "; refusing to drop it silently"));
+  }
+}
+
+void copy_through(const fs::path& from_dir, const fs::path& to_dir,
+                  const std::vector<std::pair<std::string, std::string>>& names,
+                  std::vector<std::string>* copied) {
+  for (const auto& [from, to] : names) {
+    std::error_code ec;
+    fs::path src = from_dir / from;
+    if (!fs::is_regular_file(src, ec)) continue;
+    fs::copy_file(src, to_dir / to, fs::copy_options::none, ec);
+    if (ec)
+      throw IoError(
+          str(src.string(), ": cannot copy to ", (to_dir / to).string(), ": ", ec.message()));
+    copied->push_back(to);
+  }
+}
+
+std::vector<std::pair<std::string, std::string>> tokenizer_copies() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& n : tokenizer_file_names()) out.emplace_back(n, n);
+  return out;
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  write_file_atomic(p.string(), text.data(), text.size());
+}
+
+// Runs the engine's own validation on a model section (engine limits, d_ff default).
+ModelConfig validated(const ModelConfig& m, const std::string& source) {
+  return parse_config(engine_config_yaml(m), source).model;
+}
+
+struct EngineSource {
+  ModelConfig model;
+  TensorSet set;
+  fs::path dir;  // where tokenizer files and hf_config.json are looked for
+};
+
+EngineSource open_engine_source(const std::string& checkpoint) {
+  std::error_code ec;
+  fs::path p(checkpoint);
+  auto from_metadata = [](const TensorSet& set, ModelConfig* m) {
+    auto it = set.metadata().find("config");
+    if (it == set.metadata().end()) return false;
+    *m = parse_config(it->second, set.source() + " (metadata 'config')").model;
+    return true;
+  };
+  if (fs::is_directory(p, ec)) {
+    TensorSet set = TensorSet::open_dir(p.string());
+    ModelConfig m;
+    fs::path yaml = p / kEngineConfigFile;
+    if (fs::exists(yaml, ec))
+      m = load_config_file(yaml.string()).model;
+    else if (!from_metadata(set, &m))
+      throw ConfigError(str(checkpoint, ": no ", kEngineConfigFile, " and no 'config' entry in ",
+                            set.source(), "'s metadata: cannot tell the model's shape"));
+    return {m, std::move(set), p};
+  }
+  if (!fs::is_regular_file(p, ec))
+    throw IoError(str(checkpoint, ": no such checkpoint directory or safetensors file"));
+  TensorSet set = TensorSet::open_file(p.string());
+  ModelConfig m;
+  fs::path yaml = p.parent_path() / kEngineConfigFile;
+  if (!from_metadata(set, &m)) {
+    if (!fs::exists(yaml, ec))
+      throw ConfigError(str(checkpoint, ": no 'config' entry in the metadata and no ",
+                            yaml.string(), ": cannot tell the model's shape"));
+    m = load_config_file(yaml.string()).model;
+  }
+  return {m, std::move(set), p.parent_path()};
+}
+
+}  // namespace
+
+ConvertResult convert_hf_to_engine(const std::string& hf_dir, const std::string& out_dir,
+                                   const ConvertOptions& opts) {
+  const fs::path out = normalized_out(out_dir);
+  check_output_dir(out);
+  const fs::path src(hf_dir);
+  std::error_code ec;
+  if (!fs::is_directory(src, ec))
+    throw IoError(str(hf_dir, fs::exists(src, ec) ? ": not a directory" : ": no such directory",
+                      " (from-hf takes a Hugging Face model directory)"));
+  const std::string config_path = (src / kHfConfigFile).string();
+  ConvertResult r;
+  r.model = validated(load_hf_config(config_path), config_path);
+  TensorSet set = TensorSet::open_dir(hf_dir);
+
+  // Checkpoints saved from GPT2LMHeadModel name tensors "transformer.*"; those saved from
+  // GPT2Model (the original OpenAI upload among them) have no prefix.
+  std::string prefix;
+  if (set.has("transformer.wte.weight"))
+    prefix = "transformer.";
+  else if (!set.has("wte.weight"))
+    throw IoError(str(set.source(),
+                      ": no tensor 'transformer.wte.weight' or 'wte.weight': not a "
+                      "GPT-2 checkpoint"));
+  std::vector<Job> jobs;
+  const ParamLayout layout = make_gpt_layout(r.model);
+  auto map = gpt2_hf_tensor_map(r.model);
+  FY_CHECK(map.size() == layout.tensors.size(), "tensor map and layout disagree");
+  for (size_t i = 0; i < map.size(); ++i) {
+    FY_CHECK(map[i].engine == layout.tensors[i].name, "tensor map order: ", map[i].engine);
+    jobs.push_back({prefix + map[i].hf, map[i].engine, map[i].transpose, map[i].hf_shape,
+                    map[i].engine_shape});
+  }
+  validate_sources(set, jobs);
+  refuse_unknown(set, jobs, prefix, r.model, true);
+
+  StagingDir stage(out);
+  const std::string yaml = engine_config_yaml(r.model);
+  r.files = write_tensors(set, jobs, StDtype::kF32, stage.path(), opts,
+                          {{"format", "fuyou"}, {"config", yaml}}, &r.bytes);
+  r.tensors = jobs.size();
+  write_text(stage.path() / kEngineConfigFile, yaml);
+  r.files.push_back(kEngineConfigFile);
+  auto copies = tokenizer_copies();
+  copies.emplace_back(kHfConfigFile, kKeptHfConfigFile);
+  copy_through(src, stage.path(), copies, &r.copied);
+  stage.commit();
+  return r;
+}
+
+ConvertResult convert_engine_to_hf(const std::string& checkpoint, const std::string& out_dir,
+                                   const ConvertOptions& opts) {
+  const fs::path out = normalized_out(out_dir);
+  check_output_dir(out);
+  if (!is_float_dtype(opts.dtype))
+    throw Error(str("--dtype ", st_dtype_name(opts.dtype), ": expected f32, bf16 or f16"));
+  EngineSource src = open_engine_source(checkpoint);
+  ConvertResult r;
+  r.model = validated(src.model, checkpoint);
+  if (r.model.family != "gpt2")
+    throw ConfigError(
+        str(checkpoint, ": model family '", r.model.family, "' cannot be exported yet"));
+  std::vector<Job> jobs;
+  for (const HfTensorMap& t : gpt2_hf_tensor_map(r.model))
+    jobs.push_back({t.engine, "transformer." + t.hf, t.transpose, t.engine_shape, t.hf_shape});
+  validate_sources(src.set, jobs);
+  refuse_unknown(src.set, jobs, "", r.model, false);
+
+  std::string base;
+  std::error_code ec;
+  if (fs::is_regular_file(src.dir / kKeptHfConfigFile, ec))
+    base = read_text(src.dir / kKeptHfConfigFile);
+
+  StagingDir stage(out);
+  // transformers refuses safetensors files whose metadata lacks format "pt".
+  r.files =
+      write_tensors(src.set, jobs, opts.dtype, stage.path(), opts, {{"format", "pt"}}, &r.bytes);
+  r.tensors = jobs.size();
+  write_text(stage.path() / kHfConfigFile, hf_config_json(r.model, opts.dtype, base));
+  r.files.push_back(kHfConfigFile);
+  copy_through(src.dir, stage.path(), tokenizer_copies(), &r.copied);
+  stage.commit();
+  return r;
+}
+
+LoadedCheckpoint load_engine_checkpoint(const std::string& checkpoint) {
+  EngineSource src = open_engine_source(checkpoint);
+  LoadedCheckpoint out;
+  out.model = validated(src.model, checkpoint);
+  const ParamLayout layout = make_gpt_layout(out.model);
+  // Every tensor is checked before the array is allocated: a config that does not match the
+  // file must not make us allocate for a model that is not there.
+  for (const TensorSpec& t : layout.tensors) {
+    if (!src.set.has(t.name))
+      throw IoError(str(src.set.source(), ": missing tensor '", t.name, "'"));
+    const StTensorInfo& info = src.set.info(t.name);
+    if (info.dtype != StDtype::kF32 || info.shape != t.shape)
+      throw IoError(str(src.set.file(t.name).path(), ": tensor '", t.name, "' is ",
+                        st_dtype_name(info.dtype), " ", shape_str(info.shape),
+                        "; the engine needs F32 ", shape_str(t.shape)));
+  }
+  out.params.assign(layout.total, 0.0f);
+  for (const TensorSpec& t : layout.tensors)
+    src.set.file(t.name).read(src.set.info(t.name), 0, out.params.data() + t.offset,
+                              t.numel * sizeof(float));
+  return out;
+}
+
+}  // namespace fuyou

@@ -1,0 +1,313 @@
+// Datasets through a tokenizer.json into token shards (and loss masks for prompt/completion
+// pairs). Shards are streamed: the header is written with a zero count, tokens are appended
+// as documents are encoded, and the count is patched in before the file is renamed into
+// place, so memory holds one document at a time, not the dataset.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "fuyou/data.h"
+#include "fuyou/error.h"
+#include "fuyou/tokenizer.h"
+
+namespace fs = std::filesystem;
+
+namespace fuyou {
+namespace {
+
+// A shard file (tokens, or a mask with width 1) written incrementally under PATH.tmp.
+class ShardStream {
+ public:
+  ShardStream(std::string path, const char magic[8], uint32_t width, uint32_t vocab)
+      : path_(std::move(path)), tmp_(path_ + ".tmp"), width_(width), vocab_(vocab) {
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw IoError(str(tmp_, ": cannot create: ", std::strerror(errno)));
+    std::memcpy(header_, magic, 8);
+    put32(8, kShardVersion);
+    put32(12, width_);
+    put64(16, 0);
+    put32(24, vocab_);
+    put32(28, 0);
+    write(header_, 32);
+  }
+  ~ShardStream() {
+    if (fd_ >= 0) {
+      ::close(fd_);
+      ::unlink(tmp_.c_str());
+    }
+  }
+  ShardStream(const ShardStream&) = delete;
+  ShardStream& operator=(const ShardStream&) = delete;
+
+  void append(const std::vector<int32_t>& tokens) {
+    buf_.resize(tokens.size() * width_);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      uint32_t t = static_cast<uint32_t>(tokens[i]);
+      FY_CHECK(tokens[i] >= 0 && t < vocab_, "token ", tokens[i], " outside vocab ", vocab_);
+      std::memcpy(buf_.data() + i * width_, &t, width_);  // little-endian host
+    }
+    write(buf_.data(), buf_.size());
+    count_ += tokens.size();
+  }
+  void append_mask(const std::vector<uint8_t>& mask) {
+    write(mask.data(), mask.size());
+    count_ += mask.size();
+  }
+  uint64_t count() const { return count_; }
+
+  void finish() {
+    put64(16, count_);
+    if (::pwrite(fd_, header_, 32, 0) != 32 || ::fsync(fd_) != 0) fail("header update/fsync");
+    if (::close(fd_) != 0) {
+      fd_ = -1;
+      ::unlink(tmp_.c_str());
+      throw IoError(str(tmp_, ": close failed: ", std::strerror(errno)));
+    }
+    fd_ = -1;
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+      int err = errno;
+      ::unlink(tmp_.c_str());
+      throw IoError(str(path_, ": rename from ", tmp_, " failed: ", std::strerror(err)));
+    }
+  }
+
+ private:
+  void put32(int at, uint32_t v) { std::memcpy(header_ + at, &v, 4); }
+  void put64(int at, uint64_t v) { std::memcpy(header_ + at, &v, 8); }
+  [[noreturn]] void fail(const char* what) {
+    throw IoError(str(tmp_, ": ", what, " failed at offset ", offset_, ": ", std::strerror(errno)));
+  }
+  void write(const void* data, size_t n) {
+    const char* p = static_cast<const char*>(data);
+    size_t done = 0;
+    while (done < n) {
+      ssize_t w = ::write(fd_, p + done, n - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) fail("write");
+      done += static_cast<size_t>(w);
+      offset_ += static_cast<uint64_t>(w);
+    }
+  }
+
+  std::string path_, tmp_;
+  uint32_t width_, vocab_;
+  int fd_ = -1;
+  char header_[32];
+  uint64_t count_ = 0, offset_ = 0;
+  std::vector<char> buf_;
+};
+
+std::vector<fs::path> list_inputs(const std::vector<std::string>& inputs, size_t* skipped) {
+  std::vector<fs::path> files;
+  for (const auto& in : inputs) {
+    fs::path p(in);
+    std::error_code ec;
+    if (fs::is_symlink(p, ec) && !fs::is_directory(p, ec)) {
+      ++*skipped;
+      continue;
+    }
+    if (fs::is_directory(p, ec)) {
+      std::vector<fs::path> found;
+      for (auto it = fs::recursive_directory_iterator(p, ec);
+           !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+        if (it->is_symlink()) {
+          ++*skipped;
+          continue;
+        }
+        if (it->is_regular_file()) found.push_back(it->path());
+      }
+      if (ec) throw IoError(str(in, ": cannot list directory: ", ec.message()));
+      std::sort(found.begin(), found.end());
+      files.insert(files.end(), found.begin(), found.end());
+    } else if (fs::is_regular_file(p, ec)) {
+      files.push_back(p);
+    } else {
+      throw IoError(str(in, ": no such file or directory"));
+    }
+  }
+  return files;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw IoError(str(p.string(), ": cannot open"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool blank(const std::string& line) {
+  return line.find_first_not_of(" \t\r\n") == std::string::npos;
+}
+
+std::string string_field(const nlohmann::json& rec, const std::string& field,
+                         const std::string& where) {
+  if (!rec.contains(field)) throw IoError(str(where, ": field '", field, "' is missing"));
+  if (!rec[field].is_string())
+    throw IoError(
+        str(where, ": field '", field, "' must be a string, got ", rec[field].type_name()));
+  return rec[field].get<std::string>();
+}
+
+}  // namespace
+
+LossMask read_loss_mask(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(str(path, ": cannot open loss mask"));
+  char h[32];
+  if (!in.read(h, 32)) throw IoError(str(path, ": shorter than the 32-byte mask header"));
+  if (std::memcmp(h, kMaskMagic, 8) != 0)
+    throw IoError(str(path, ": not a loss mask (bad magic at offset 0)"));
+  uint32_t version, width;
+  uint64_t count;
+  std::memcpy(&version, h + 8, 4);
+  std::memcpy(&width, h + 12, 4);
+  std::memcpy(&count, h + 16, 8);
+  if (version != kShardVersion)
+    throw IoError(str(path, ": mask version ", version, " at offset 8 is not supported"));
+  if (width != 1) throw IoError(str(path, ": bytes per entry ", width, " at offset 12 must be 1"));
+  in.seekg(0, std::ios::end);
+  uint64_t size = static_cast<uint64_t>(in.tellg());
+  if (size != 32 + count)
+    throw IoError(
+        str(path, ": header says ", count, " entries but the file has ", size - 32, " data bytes"));
+  LossMask m;
+  m.path = path;
+  m.mask.resize(count);
+  in.seekg(32);
+  if (!in.read(reinterpret_cast<char*>(m.mask.data()), static_cast<std::streamsize>(count)))
+    throw IoError(str(path, ": read failed"));
+  for (uint64_t i = 0; i < count; ++i)
+    if (m.mask[i] > 1)
+      throw IoError(str(path, ": value ", int(m.mask[i]), " at offset ", 32 + i, " is not 0 or 1"));
+  return m;
+}
+
+DatasetResult build_tokenized_dataset(const Tokenizer& tok, const std::vector<std::string>& inputs,
+                                      const std::string& out_dir, const DatasetOptions& opts) {
+  const bool pairs = !opts.prompt_field.empty() || !opts.completion_field.empty();
+  if (pairs && (opts.prompt_field.empty() || opts.completion_field.empty()))
+    throw ConfigError("--prompt-field and --completion-field go together");
+  if (pairs && !opts.jsonl_field.empty())
+    throw ConfigError("give either --jsonl-field or --prompt-field/--completion-field, not both");
+  if (!(opts.val_fraction >= 0 && opts.val_fraction < 1))
+    throw ConfigError(str("--val-fraction ", opts.val_fraction, " must be in [0, 1)"));
+  const bool jsonl = pairs || !opts.jsonl_field.empty();
+  auto special = [&](const std::string& text, const char* option) -> std::optional<int32_t> {
+    if (text.empty()) return std::nullopt;
+    auto id = tok.token_to_id(text);
+    if (!id) throw ConfigError(str(option, " '", text, "' is not a token of ", tok.source()));
+    return id;
+  };
+  const auto bos = special(opts.bos_token, "--bos-token");
+  const auto eos = special(opts.eos_token, "--eos-token");
+
+  DatasetResult r;
+  r.vocab_size = tok.vocab_size();
+  std::vector<fs::path> files = list_inputs(inputs, &r.skipped);
+  std::error_code ec;
+  if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec)))
+    throw IoError(str(out_dir, ": exists and is not an empty directory; refusing to overwrite"));
+  fs::create_directories(out_dir, ec);
+  if (ec) throw IoError(str(out_dir, ": cannot create: ", ec.message()));
+  r.train_path = (fs::path(out_dir) / "train.tok").string();
+  r.val_path = (fs::path(out_dir) / "val.tok").string();
+  const uint32_t width = r.vocab_size <= 65536 ? 2 : 4;
+  ShardStream train(r.train_path, kShardMagic, width, r.vocab_size);
+  ShardStream val(r.val_path, kShardMagic, width, r.vocab_size);
+  std::unique_ptr<ShardStream> train_mask, val_mask;
+  if (pairs) {
+    r.train_mask_path = (fs::path(out_dir) / "train.mask").string();
+    r.val_mask_path = (fs::path(out_dir) / "val.mask").string();
+    train_mask = std::make_unique<ShardStream>(r.train_mask_path, kMaskMagic, 1, 2);
+    val_mask = std::make_unique<ShardStream>(r.val_mask_path, kMaskMagic, 1, 2);
+  }
+
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
+  for (const auto& f : files) {
+    if (!jsonl) {
+      std::string text = read_file(f);
+      if (text.empty() || text.find('\0') != std::string::npos) {
+        ++r.skipped;
+        continue;
+      }
+      ++r.files;
+      ++r.documents;
+      ids.clear();
+      if (bos) ids.push_back(*bos);
+      tok.encode_append(text, &ids);
+      if (eos) ids.push_back(*eos);
+      // The last val_fraction of each document's tokens is held out, as `text` does for bytes.
+      size_t cut =
+          ids.size() - static_cast<size_t>(static_cast<double>(ids.size()) * opts.val_fraction);
+      train.append(std::vector<int32_t>(ids.begin(), ids.begin() + cut));
+      val.append(std::vector<int32_t>(ids.begin() + cut, ids.end()));
+      continue;
+    }
+    // JSON Lines: count the records first so the last val_fraction of them can go to val.
+    std::ifstream in(f, std::ios::binary);
+    if (!in) throw IoError(str(f.string(), ": cannot open"));
+    size_t records = 0;
+    std::string line;
+    while (std::getline(in, line))
+      if (!blank(line)) ++records;
+    const size_t first_val =
+        records - static_cast<size_t>(static_cast<double>(records) * opts.val_fraction);
+    in.clear();
+    in.seekg(0);
+    ++r.files;
+    size_t record = 0, line_no = 0;
+    while (std::getline(in, line)) {
+      ++line_no;
+      if (blank(line)) continue;
+      const std::string where = str(f.string(), ":", line_no);
+      nlohmann::json rec;
+      try {
+        rec = nlohmann::json::parse(line);
+      } catch (const nlohmann::json::exception& e) {
+        throw IoError(str(where, ": not valid JSON: ", e.what()));
+      }
+      if (!rec.is_object()) throw IoError(str(where, ": each line must be a JSON object"));
+      ids.clear();
+      mask.clear();
+      if (bos) ids.push_back(*bos);
+      if (pairs) {
+        tok.encode_append(string_field(rec, opts.prompt_field, where), &ids);
+        mask.assign(ids.size(), 0);
+        tok.encode_append(string_field(rec, opts.completion_field, where), &ids);
+        if (eos) ids.push_back(*eos);
+        mask.resize(ids.size(), 1);
+      } else {
+        tok.encode_append(string_field(rec, opts.jsonl_field, where), &ids);
+        if (eos) ids.push_back(*eos);
+      }
+      const bool to_val = record++ >= first_val;
+      (to_val ? val : train).append(ids);
+      if (pairs) (to_val ? *val_mask : *train_mask).append_mask(mask);
+      ++r.documents;
+    }
+  }
+  if (r.documents == 0)
+    throw IoError(jsonl ? "no JSON Lines records found in the given inputs"
+                        : "no text files found in the given inputs");
+  r.train_tokens = train.count();
+  r.val_tokens = val.count();
+  train.finish();
+  val.finish();
+  if (pairs) {
+    train_mask->finish();
+    val_mask->finish();
+  }
+  return r;
+}
+
+}  // namespace fuyou

@@ -1,0 +1,118 @@
+#!/usr/bin/python3
+"""Time GPT-2-shaped training steps in PyTorch on the CPU (the baseline Fuyou is compared with).
+
+One step = forward + backward + torch.optim.AdamW(foreach=True).step() on random tokens,
+model from gpt_ref.py (float32). Prints ONE JSON line with the median step time over
+--steps timed steps after --warmup-steps untimed ones.
+
+Examples:
+  /usr/bin/python3 tests/reference/bench_torch.py --threads 2 --steps 3 --warmup-steps 1   # GPT-2 124M
+  /usr/bin/python3 tests/reference/bench_torch.py --n-layer 6 --n-head 6 --d-model 384 \\
+      --d-ff 1536 --vocab 256 --seq 256 --batch 8 --threads 2
+
+Environment (measured on Debian 12 python3-torch 1.13.1, float32 GEMMs go to OpenBLAS 0.3.21
+pthread through libblas.so.3; the CPU is AMD EPYC Zen 4, AVX-512):
+  SETTINGS_PLACEHOLDER
+"""
+
+import os
+
+ENV_DEFAULTS_PLACEHOLDER = None
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpt_ref import GPT, GPTConfig, adamw_param_groups, init_weights  # noqa: E402
+
+
+def blas_summary():
+    """The BLAS/MKL/oneDNN facts from torch.__config__.show(), plus the BLAS library actually mapped."""
+    cfg = torch.__config__.show()
+    parts = []
+    for line in cfg.splitlines():
+        line = line.strip(" -")
+        if re.search(r"MKL|oneDNN|MKL-DNN|OpenBLAS|BLIS|CPU capability", line) and "Build settings" not in line:
+            parts.append(line)
+    m = re.search(r"BLAS_INFO=([^,]+)", cfg)
+    if m:
+        parts.append("BLAS_INFO=" + m.group(1))
+    libs = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1]
+                if re.search(r"lib(open)?blas|blis|mkl_", os.path.basename(path)) and path not in libs:
+                    libs.append(path)
+    except OSError:
+        pass
+    if libs:
+        parts.append("loaded: " + " ".join(libs))
+    return "; ".join(parts)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n-layer", type=int, default=12)
+    ap.add_argument("--n-head", type=int, default=12)
+    ap.add_argument("--d-model", type=int, default=768)
+    ap.add_argument("--d-ff", type=int, default=3072)
+    ap.add_argument("--vocab", type=int, default=50257)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup-steps", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    cfg = GPTConfig(n_layer=args.n_layer, n_head=args.n_head, d_model=args.d_model,
+                    d_ff=args.d_ff, vocab_size=args.vocab, seq_len=args.seq)
+    gen = torch.Generator().manual_seed(args.seed)
+    model = GPT(cfg)
+    init_weights(model, gen)
+    model.train()
+    opt = torch.optim.AdamW(adamw_param_groups(model, 0.1), lr=3e-4, betas=(0.9, 0.95),
+                            eps=1e-8, foreach=True)
+
+    times = []
+    for i in range(args.warmup_steps + args.steps):
+        tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=gen)
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        _, loss = model.loss(tokens)
+        loss.backward()
+        opt.step()
+        dt = time.perf_counter() - t0
+        if i >= args.warmup_steps:
+            times.append(dt)
+        print(f"step {i} {'(warmup) ' if i < args.warmup_steps else ''}{dt:.3f}s loss {loss.item():.4f}",
+              file=sys.stderr)
+
+    med = statistics.median(times)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(json.dumps({
+        "tokens_per_s": args.batch * args.seq / med,
+        "step_s_median": med,
+        "threads": args.threads,
+        "torch_version": torch.__version__,
+        "blas": blas_summary(),
+        "env": {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS",
+                                          "OMP_NUM_THREADS", "GOMP_CPU_AFFINITY",
+                                          "OMP_PROC_BIND", "LD_LIBRARY_PATH") if k in os.environ},
+        "config": {"n_layer": args.n_layer, "n_head": args.n_head, "d_model": args.d_model,
+                   "d_ff": args.d_ff, "vocab": args.vocab, "seq": args.seq, "batch": args.batch,
+                   "params": n_params},
+        "steps": args.steps, "warmup_steps": args.warmup_steps,
+    }))
+
+
+if __name__ == "__main__":
+    main()

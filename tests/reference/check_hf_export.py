@@ -1,0 +1,74 @@
+#!/usr/bin/python3
+"""Loads a directory written by `fuyou-convert to-hf` with transformers and checks it.
+
+    /usr/bin/python3 tests/reference/check_hf_export.py HF_DIR [LOGITS.safetensors]
+    /usr/bin/python3 tests/reference/check_hf_export.py --selftest BUILD_DIR
+
+With a logits file (tokens (B, T) I32, logits (B, T, V) F32, as make_hf_fixtures.py writes
+them) the model's fp32 logits must match within 1e-4 relative (max |diff| / max |ref|).
+Without one it only checks that GPT2LMHeadModel loads with no missing or unexpected weights
+and runs. If tokenizer.json is present it must load with AutoTokenizer too.
+
+--selftest converts the fixtures with BUILD_DIR/fuyou-convert (from-hf, to-hf in each dtype)
+and checks every export; ctest runs it when transformers is importable (exit code 77 means
+"skipped": transformers or torch is missing).
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+try:
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+except ImportError as e:  # pragma: no cover - the environment decides
+    print("skipped: %s" % e)
+    sys.exit(77)
+
+
+def check(hf_dir, logits_file=None):
+    model, info = transformers.GPT2LMHeadModel.from_pretrained(
+        hf_dir, output_loading_info=True, torch_dtype=torch.float32)
+    missing = [k for k in info["missing_keys"] if not k.endswith((".attn.bias", ".attn.masked_bias"))]
+    if missing or info["unexpected_keys"] or info["mismatched_keys"]:
+        raise SystemExit("%s: loading problems: %s" % (hf_dir, info))
+    model.eval()
+    if os.path.exists(os.path.join(hf_dir, "tokenizer.json")):
+        transformers.AutoTokenizer.from_pretrained(hf_dir)
+    if logits_file is None:
+        with torch.no_grad():
+            model(torch.zeros((1, model.config.n_positions), dtype=torch.int64))
+        print("%s: loads and runs" % hf_dir)
+        return
+    ref = load_file(logits_file)
+    with torch.no_grad():
+        got = model(ref["tokens"].long()).logits.float()
+    err = (got - ref["logits"]).abs().max().item() / ref["logits"].abs().max().item()
+    print("%s: logits relative error %.3g" % (hf_dir, err))
+    if not err < 1e-4:
+        raise SystemExit("%s: logits differ from %s by %.3g relative" % (hf_dir, logits_file, err))
+
+
+def selftest(build_dir):
+    here = os.path.dirname(os.path.abspath(__file__))
+    fixtures = os.path.join(here, "fixtures", "hf")
+    tool = os.path.join(build_dir, "fuyou-convert")
+    with tempfile.TemporaryDirectory() as tmp:
+        for variant, dtype in [("gpt2_f32", "f32"), ("gpt2_bf16_sharded", "bf16"),
+                               ("gpt2_f16_noprefix", "f16"), ("gpt2_bf16_sharded", "f32")]:
+            ckpt = os.path.join(tmp, variant + "_" + dtype + "_engine")
+            out = os.path.join(tmp, variant + "_" + dtype + "_hf")
+            subprocess.run([tool, "from-hf", os.path.join(fixtures, variant), "--out", ckpt], check=True)
+            subprocess.run([tool, "to-hf", ckpt, "--out", out, "--dtype", dtype,
+                            "--max-shard-size", "100kB"], check=True)
+            check(out, os.path.join(fixtures, "logits_%s.safetensors" % variant))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--selftest":
+        selftest(sys.argv[2])
+    elif len(sys.argv) in (2, 3):
+        check(*sys.argv[1:])
+    else:
+        raise SystemExit(__doc__)
