@@ -203,7 +203,10 @@ Plan make_plan(const PlanRequest& req) {
   // Weights: on the host while they fit (4 bytes per parameter), else on SSD.
   int ssd_weight_layers = 0;
   for (int l = 0; l < L; ++l) {
-    bool fits = !req.weights_on_ssd && host_used + sz.weights + (req.have_ssd ? 4 * sz.weights : 0) <= host_budget;
+    // Leave room for what choosing SSD for any layer adds: weight staging and the optimizer's
+    // chunk slots.
+    bool fits = !req.weights_on_ssd &&
+                host_used + sz.weights + (req.have_ssd ? 4 * sz.weights + kOptimChunkPool : 0) <= host_budget;
     if (fits || !req.have_ssd) {
       plan.layers[l].weights = StateTier::kHost;
       host_used += sz.weights;
