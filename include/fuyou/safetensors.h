@@ -75,6 +75,10 @@ class SafetensorsWriter {
   std::vector<Entry> entries_;
 };
 
+// Reads exactly `size` bytes at `offset` (retrying short reads and EINTR); IoError naming
+// `path`, the offset and the size on failure or end of file.
+void pread_exact(int fd, void* dst, size_t size, uint64_t offset, const std::string& path);
+
 // Writes `bytes` to `path` atomically: path.tmp, fsync, rename, fsync of the directory.
 void write_file_atomic(const std::string& path, const void* bytes, size_t size);
 

@@ -32,7 +32,10 @@ bool parse_dtype(const std::string& s, StDtype* out) {
   return false;
 }
 
-void pread_all(int fd, void* dst, size_t size, uint64_t offset, const std::string& path) {
+
+}  // namespace
+
+void pread_exact(int fd, void* dst, size_t size, uint64_t offset, const std::string& path) {
   char* p = static_cast<char*>(dst);
   size_t done = 0;
   while (done < size) {
@@ -47,8 +50,6 @@ void pread_all(int fd, void* dst, size_t size, uint64_t offset, const std::strin
     done += static_cast<size_t>(r);
   }
 }
-
-}  // namespace
 
 size_t st_dtype_size(StDtype d) {
   switch (d) {
@@ -89,14 +90,14 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     if (file_size < 8)
       throw IoError(str(path, ": ", file_size, " bytes is too short for a safetensors header"));
     unsigned char len_bytes[8];
-    pread_all(fd_, len_bytes, 8, 0, path);
+    pread_exact(fd_, len_bytes, 8, 0, path);
     uint64_t header_len = 0;
     for (int i = 7; i >= 0; --i) header_len = header_len << 8 | len_bytes[i];
     if (header_len > kMaxHeader || header_len > file_size - 8)
       throw IoError(str(path, ": header length ", header_len, " at offset 0 runs past the end of the ",
                         file_size, "-byte file"));
     std::string header(header_len, '\0');
-    pread_all(fd_, header.data(), header_len, 8, path);
+    pread_exact(fd_, header.data(), header_len, 8, path);
     data_start_ = 8 + header_len;
     const uint64_t data_size = file_size - data_start_;
 
@@ -183,7 +184,7 @@ const StTensorInfo& SafetensorsReader::info(const std::string& name) const {
 
 void SafetensorsReader::read_raw(const std::string& name, void* dst) const {
   const StTensorInfo& t = info(name);
-  pread_all(fd_, dst, t.end - t.begin, data_start_ + t.begin, path_);
+  pread_exact(fd_, dst, t.end - t.begin, data_start_ + t.begin, path_);
 }
 
 std::vector<float> SafetensorsReader::read_f32(const std::string& name,

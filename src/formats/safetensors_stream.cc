@@ -18,22 +18,6 @@
 namespace fuyou {
 namespace {
 
-void pread_exact(int fd, void* dst, size_t size, uint64_t offset, const std::string& path) {
-  char* p = static_cast<char*>(dst);
-  size_t done = 0;
-  while (done < size) {
-    ssize_t r = ::pread(fd, p + done, size - done, static_cast<off_t>(offset + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0)
-      throw IoError(str(path, ": read of ", size - done, " bytes at offset ", offset + done,
-                        " failed: ", std::strerror(errno)));
-    if (r == 0)
-      throw IoError(str(path, ": file ends at offset ", offset + done, " but ", size - done,
-                        " more bytes were expected (truncated file?)"));
-    done += static_cast<size_t>(r);
-  }
-}
-
 }  // namespace
 
 uint64_t StEntry::bytes() const {
