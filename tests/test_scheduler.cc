@@ -60,7 +60,7 @@ Run in_memory(const Config& cfg, const std::vector<std::vector<int32_t>>& data) 
 }
 
 Run offloaded(const Config& cfg, const PlanRequest& req, const std::vector<std::vector<int32_t>>& data,
-              SsdStore* store, OffloadTrainer** keep = nullptr) {
+              SsdStore* store) {
   auto be = make_cpu_backend(2, req.device_budget);
   OffloadTrainer tr(cfg, *be, make_plan(req), store);
   ParamLayout layout = make_gpt_layout(cfg.model);
@@ -71,7 +71,6 @@ Run offloaded(const Config& cfg, const PlanRequest& req, const std::vector<std::
   for (size_t s = 0; s < data.size(); ++s) out.losses.push_back(tr.step(static_cast<int64_t>(s), data[s].data()).loss);
   out.params.resize(layout.total);
   tr.read_params(out.params.data());
-  (void)keep;
   return out;
 }
 

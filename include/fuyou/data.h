@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,13 @@ TokenShard read_token_shard(const std::string& path);
 constexpr uint32_t kByteVocab = 256;
 std::vector<int32_t> byte_encode(const std::string& text);
 std::string byte_decode(const std::vector<int32_t>& tokens);
+
+// The files named by `inputs`: files as given, directories walked recursively in sorted
+// order; symlinks are skipped and counted in *skipped. IoError for a path that is neither.
+std::vector<std::filesystem::path> list_input_files(const std::vector<std::string>& inputs,
+                                                    size_t* skipped);
+// A whole file's bytes; IoError naming the path when it cannot be opened.
+std::string read_whole_file(const std::string& path);
 
 struct TextShardResult {
   std::string train_path;

@@ -23,22 +23,21 @@ std::string byte_decode(const std::vector<int32_t>& tokens) {
   return out;
 }
 
-TextShardResult build_text_shards(const std::vector<std::string>& inputs,
-                                  const std::string& out_dir, double val_fraction) {
-  TextShardResult r;
+std::vector<fs::path> list_input_files(const std::vector<std::string>& inputs, size_t* skipped) {
   std::vector<fs::path> files;
   for (const auto& in : inputs) {
     fs::path p(in);
     std::error_code ec;
     if (fs::is_symlink(p, ec) && !fs::is_directory(p, ec)) {
-      ++r.skipped;
+      ++*skipped;
       continue;
     }
     if (fs::is_directory(p, ec)) {
       std::vector<fs::path> found;
-      for (auto it = fs::recursive_directory_iterator(p, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      for (auto it = fs::recursive_directory_iterator(p, ec);
+           !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
         if (it->is_symlink()) {
-          ++r.skipped;
+          ++*skipped;
           continue;
         }
         if (it->is_regular_file()) found.push_back(it->path());
@@ -49,16 +48,27 @@ TextShardResult build_text_shards(const std::vector<std::string>& inputs,
     } else if (fs::is_regular_file(p, ec)) {
       files.push_back(p);
     } else {
-      throw IoError(str(in, ": no such file or directory (data.text)"));
+      throw IoError(str(in, ": no such file or directory"));
     }
   }
+  return files;
+}
+
+std::string read_whole_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(str(path, ": cannot open"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TextShardResult build_text_shards(const std::vector<std::string>& inputs,
+                                  const std::string& out_dir, double val_fraction) {
+  TextShardResult r;
+  std::vector<fs::path> files = list_input_files(inputs, &r.skipped);
   std::vector<int32_t> train, val;
   for (const auto& f : files) {
-    std::ifstream in(f, std::ios::binary);
-    if (!in) throw IoError(str(f.string(), ": cannot open"));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::string text = ss.str();
+    std::string text = read_whole_file(f.string());
     if (text.empty() || text.find('\0') != std::string::npos) {
       ++r.skipped;
       continue;

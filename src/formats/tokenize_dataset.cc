@@ -105,44 +105,6 @@ class ShardStream {
   std::vector<char> buf_;
 };
 
-std::vector<fs::path> list_inputs(const std::vector<std::string>& inputs, size_t* skipped) {
-  std::vector<fs::path> files;
-  for (const auto& in : inputs) {
-    fs::path p(in);
-    std::error_code ec;
-    if (fs::is_symlink(p, ec) && !fs::is_directory(p, ec)) {
-      ++*skipped;
-      continue;
-    }
-    if (fs::is_directory(p, ec)) {
-      std::vector<fs::path> found;
-      for (auto it = fs::recursive_directory_iterator(p, ec);
-           !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-        if (it->is_symlink()) {
-          ++*skipped;
-          continue;
-        }
-        if (it->is_regular_file()) found.push_back(it->path());
-      }
-      if (ec) throw IoError(str(in, ": cannot list directory: ", ec.message()));
-      std::sort(found.begin(), found.end());
-      files.insert(files.end(), found.begin(), found.end());
-    } else if (fs::is_regular_file(p, ec)) {
-      files.push_back(p);
-    } else {
-      throw IoError(str(in, ": no such file or directory"));
-    }
-  }
-  return files;
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw IoError(str(p.string(), ": cannot open"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 bool blank(const std::string& line) {
   return line.find_first_not_of(" \t\r\n") == std::string::npos;
@@ -212,7 +174,7 @@ DatasetResult build_tokenized_dataset(const Tokenizer& tok, const std::vector<st
 
   DatasetResult r;
   r.vocab_size = tok.vocab_size();
-  std::vector<fs::path> files = list_inputs(inputs, &r.skipped);
+  std::vector<fs::path> files = list_input_files(inputs, &r.skipped);
   std::error_code ec;
   if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec)))
     throw IoError(str(out_dir, ": exists and is not an empty directory; refusing to overwrite"));
@@ -235,7 +197,7 @@ DatasetResult build_tokenized_dataset(const Tokenizer& tok, const std::vector<st
   std::vector<uint8_t> mask;
   for (const auto& f : files) {
     if (!jsonl) {
-      std::string text = read_file(f);
+      std::string text = read_whole_file(f.string());
       if (text.empty() || text.find('\0') != std::string::npos) {
         ++r.skipped;
         continue;

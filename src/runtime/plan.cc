@@ -185,14 +185,15 @@ Plan make_plan(const PlanRequest& req) {
   plan.memory.device_bytes = device_need(acts, dw, dc, dg, &plan.memory);
 
   // ---- host memory: weights, checkpoints, optimizer state ---------------------------------
-  bool cpu_device_is_host = true;  // the CPU backend's "device" memory is process memory
-  uint64_t host_fixed = kProcessBaseline + (cpu_device_is_host ? plan.memory.device_bytes : 0);
+  // The only backend is the CPU's, whose "device" memory is process memory: it counts
+  // against the host budget too.
+  uint64_t host_fixed = kProcessBaseline + plan.memory.device_bytes;
   uint64_t host_ckpt = 0, ssd_ckpt_layers = 0;
   for (ActPlacement x : acts) {
     if (x == ActPlacement::kHost) host_ckpt += sz.ckpt;
     if (x == ActPlacement::kSsd) ++ssd_ckpt_layers;
   }
-  const uint64_t all_params = 4ull * L * sz.weights / 4 + sz.embed + sz.final;  // bytes of fp32 weights
+  const uint64_t all_params = L * sz.weights + sz.embed + sz.final;  // bytes of fp32 weights
   plan.pools.host_ckpt_slots = ssd_ckpt_layers ? 2 : 0;
   plan.pools.host_grad_slots = req.exact ? L + 2 : 2;
   uint64_t grad_slots_bytes = req.exact ? all_params : 2 * std::max(sz.weights, std::max(sz.embed, sz.final));
