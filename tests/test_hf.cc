@@ -23,39 +23,13 @@
 
 namespace fs = std::filesystem;
 using namespace fuyou;
+using namespace fuyou::test;
 using Catch::Matchers::Contains;
 
 namespace {
 
 std::string fixture(const std::string& rel) {
   return test::source_path("tests/reference/fixtures/hf/" + rel);
-}
-
-// A fresh directory under the temp directory, removed when the test case ends.
-struct TempDir {
-  std::string path;
-  explicit TempDir(const std::string& name)
-      : path((fs::temp_directory_path() /
-              ("fuyou-test-hf-" + name + "-" + std::to_string(::getpid())))
-                 .string()) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-std::string read_all(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_all(const fs::path& p, const std::string& s) {
-  std::ofstream(p, std::ios::binary).write(s.data(), static_cast<std::streamsize>(s.size()));
 }
 
 // Copies a fixture model directory so a test can damage it.
@@ -387,8 +361,11 @@ TEST_CASE("malformed Hugging Face input is refused with the file and the field",
          "config.json", "field 'activation_function'");
   refuse("gpt2_f32", edit_config([](nlohmann::json& j) { j["layer_norm_epsilon"] = 1e-6; }),
          "config.json", "field 'layer_norm_epsilon'");
+  refuse("gpt2_f32", edit_config([](nlohmann::json& j) { j["model_type"] = "mistral"; }),
+         "config.json", "field 'model_type': 'mistral'");
+  // A supported model type whose fields are missing: the first one is named.
   refuse("gpt2_f32", edit_config([](nlohmann::json& j) { j["model_type"] = "llama"; }),
-         "config.json", "field 'model_type': 'llama'");
+         "config.json", "field 'num_hidden_layers': missing");
   refuse("gpt2_f32", edit_config([](nlohmann::json& j) { j["tie_word_embeddings"] = false; }),
          "config.json", "field 'tie_word_embeddings'");
   refuse(

@@ -1,4 +1,5 @@
-// Hugging Face checkpoints in and out (fuyou-convert from-hf / to-hf), GPT-2 family.
+// Hugging Face checkpoints in and out (fuyou-convert from-hf / to-hf): the gpt2, opt and
+// llama families (llama with q/k/v biases is written as Qwen2).
 //
 // A Hugging Face model directory holds config.json and either model.safetensors or
 // model-XXXXX-of-YYYYY.safetensors shards with model.safetensors.index.json. The engine's
@@ -10,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,11 +32,15 @@ inline constexpr const char* kKeptHfConfigFile = "hf_config.json";
 // Tokenizer files copied through in both directions when present.
 const std::vector<std::string>& tokenizer_file_names();
 
-// Parses a GPT-2 family config.json into the engine's model section. Everything the engine
-// would compute differently is refused with a ConfigError naming `source` and the field:
-// model_type must be gpt2, activation_function gelu_new (or gelu_pytorch_tanh),
-// layer_norm_epsilon 1e-5, tied embeddings, no per-layer attention scaling, no cross
-// attention. n_inner null means 4 * n_embd; n_positions becomes seq_len.
+// Parses a config.json into the engine's model section. Everything the engine would compute
+// differently is refused with a ConfigError naming `source` and the field.
+// gpt2: activation_function gelu_new (or gelu_pytorch_tanh), layer_norm_epsilon 1e-5, tied
+//   embeddings, no per-layer attention scaling, no cross attention. n_inner null means
+//   4 * n_embd; n_positions becomes seq_len.
+// opt: relu, pre-LN (do_layer_norm_before true), word_embed_proj_dim == hidden_size, biases,
+//   tied head; max_position_embeddings becomes seq_len (the table has 2 more rows).
+// llama / qwen2: silu, rope_scaling null, attention_bias false (qwen2: q/k/v biases),
+//   head_dim = hidden_size / heads; max_position_embeddings becomes seq_len.
 ModelConfig parse_hf_config(const std::string& json_text, const std::string& source);
 ModelConfig load_hf_config(const std::string& path);
 
@@ -46,15 +52,18 @@ std::string hf_config_json(const ModelConfig& cfg, StDtype dtype, const std::str
 // The model section as config.yaml text, which parse_config accepts.
 std::string engine_config_yaml(const ModelConfig& cfg);
 
-// One row per engine tensor: the single list that drives both conversion directions.
+// One row per Hugging Face tensor, in make_gpt_layout() order: the single list that drives
+// both conversion directions. Rows that share an engine tensor (q/k/v packed in c_attn,
+// gate/up in c_fc) are consecutive, each a contiguous range of it.
 struct HfTensorMap {
   std::string engine;                 // "h.0.attn.c_attn.weight"
-  std::string hf;                     // "h.0.attn.c_attn.weight" without "transformer."
+  std::string hf;                     // "transformer.h.0.attn.c_attn.weight"
   bool transpose = false;             // Conv1D weights are stored (in, out)
-  std::vector<int64_t> engine_shape;  // (3C, C)
+  std::vector<int64_t> engine_shape;  // the whole engine tensor, e.g. (3C, C)
   std::vector<int64_t> hf_shape;      // (C, 3C)
+  int64_t engine_offset = 0;          // elements into the engine tensor where this one starts
 };
-std::vector<HfTensorMap> gpt2_hf_tensor_map(const ModelConfig& cfg);
+std::vector<HfTensorMap> hf_tensor_map(const ModelConfig& cfg);
 
 struct ConvertOptions {
   // Output shards are filled in order up to this many bytes (a larger tensor gets a shard of
@@ -81,7 +90,7 @@ ConvertResult convert_hf_to_engine(const std::string& hf_dir, const std::string&
 
 // Engine checkpoint (a directory from convert_hf_to_engine, a fuyou-train run directory, or a
 // model.safetensors written by either) -> Hugging Face directory that transformers loads as
-// GPT2LMHeadModel.
+// GPT2LMHeadModel, OPTForCausalLM, LlamaForCausalLM or Qwen2ForCausalLM.
 ConvertResult convert_engine_to_hf(const std::string& checkpoint, const std::string& out_dir,
                                    const ConvertOptions& opts);
 
@@ -92,5 +101,20 @@ struct LoadedCheckpoint {
   std::vector<float> params;
 };
 LoadedCheckpoint load_engine_checkpoint(const std::string& checkpoint);
+
+// An engine checkpoint read one parameter group at a time (model.checkpoint: fine-tuning
+// starts from it without holding the whole model twice). Every tensor's presence, dtype and
+// shape is checked when it opens.
+class CheckpointGroupReader {
+ public:
+  CheckpointGroupReader(const std::string& checkpoint, const ModelConfig& model);
+  ~CheckpointGroupReader();
+  // dst holds the group's layout().groups[g].numel elements (group-relative); padding zero.
+  void read_group(int g, float* dst) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace fuyou

@@ -1,10 +1,20 @@
-// The GPT model (GPT-2 / GPT-3 architecture): its parameter layout, and its forward and
-// backward passes as calls on a Backend, one layer at a time.
+// The decoder-only transformer of the gpt2, opt and llama families: its parameter layout,
+// and its forward and backward passes as calls on a Backend, one layer at a time.
 //
-// One list of tensors (ParamLayout) drives everything that touches weights: init, load,
-// save, the optimizer's decay groups and, later, swapping and conversion. Parameters are
-// stored in one flat fp32 array grouped as [embed | layer 0 | ... | layer L-1 | final], each
-// group contiguous so a layer's state moves as one extent.
+// One list of tensors (ParamLayout, built per family by make_gpt_layout) drives everything
+// that touches weights: init, load, save, the optimizer's decay groups, swapping and
+// conversion (the Hugging Face name maps follow it row for row). Parameters are stored in one
+// flat fp32 array grouped as [embed | layer 0 | ... | layer L-1 | final], each group
+// contiguous so a layer's state moves as one extent. A tensor a family lacks is simply not
+// in the list, and its pointer in LayerTensors / GlobalTensors is null.
+//
+// Per family (C = d_model, F = d_ff, D = head size, KV = kv heads * D):
+//   gpt2  embed [wte (V,C), wpe (T,C)]; layer: LayerNorm, packed qkv (3C,C) + bias, proj,
+//         LayerNorm, fc (F,C) + bias, GELU, fc proj (C,F) + bias; final [ln_f w, b]; head = wte.
+//   opt   as gpt2 but wpe is (T+2, C) and position t reads row t+2 (OPT's offset), ReLU.
+//   llama embed [wte]; layer: RMSNorm w, packed q|k|v (C+2KV, C) (+ bias if qkv_bias), RoPE
+//         on q and k, proj (C,C) no bias, RMSNorm w, packed gate|up (2F, C), SwiGLU, down
+//         (C,F); final [norm w, lm_head (V,C) unless tie_embeddings].
 #pragma once
 
 #include <cstdint>
@@ -23,12 +33,29 @@ struct TensorSpec {
   size_t offset = 0;           // elements from the start of the flat array
   size_t numel = 0;
   bool decay = false;          // weight decay applies (matrices and embeddings)
+  int role = 0;                // TensorRole: which pointer of Layer/GlobalTensors it fills
 };
+
+// What a tensor is to the model code, independent of its name.
+enum TensorRole : int {
+  kWte, kWpe, kLnfW, kLnfB, kLmHead,
+  kLn1W, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB,
+};
+
+enum class Family { kGpt2, kOpt, kLlama };
+// Throws ConfigError for a family name the engine does not have.
+Family model_family(const ModelConfig& cfg);
+// Rows of the position table: seq_len, plus OPT's offset of 2; 0 for llama (no table).
+int position_rows(const ModelConfig& cfg);
+// OPT reads position t from row t + 2 of its table; 0 for the others.
+inline constexpr int kOptPositionOffset = 2;
 
 struct ParamGroup {
   std::string name;  // "embed", "layer.0", ..., "final"
   size_t offset = 0;
   size_t numel = 0;  // including alignment padding at the end
+  size_t first_tensor = 0;  // the group's tensors are tensors[first_tensor, + num_tensors)
+  size_t num_tensors = 0;
 };
 
 struct ParamLayout {
@@ -43,52 +70,62 @@ struct ParamLayout {
 ParamLayout make_gpt_layout(const ModelConfig& cfg);
 
 // Pointers to one layer's tensors inside a buffer laid out like the flat parameter array
-// (parameters, gradients or any per-parameter state).
+// (parameters, gradients or any per-parameter state). Null where the family has no such
+// tensor (llama: ln*_b, proj_b, fc_b, fcproj_b; qkv_b unless qkv_bias).
 struct LayerTensors {
-  float* ln1_w;     // (C)
-  float* ln1_b;     // (C)
-  float* qkv_w;     // (3C, C)
-  float* qkv_b;     // (3C)
-  float* proj_w;    // (C, C)
-  float* proj_b;    // (C)
-  float* ln2_w;     // (C)
-  float* ln2_b;     // (C)
-  float* fc_w;      // (F, C)
-  float* fc_b;      // (F)
-  float* fcproj_w;  // (C, F)
-  float* fcproj_b;  // (C)
+  float* ln1_w = nullptr;     // (C)
+  float* ln1_b = nullptr;     // (C)
+  float* qkv_w = nullptr;     // (C + 2KV, C): q | k | v (KV = C without GQA)
+  float* qkv_b = nullptr;     // (C + 2KV)
+  float* proj_w = nullptr;    // (C, C)
+  float* proj_b = nullptr;    // (C)
+  float* ln2_w = nullptr;     // (C)
+  float* ln2_b = nullptr;     // (C)
+  float* fc_w = nullptr;      // (F, C); llama (2F, C): gate | up
+  float* fc_b = nullptr;      // (F)
+  float* fcproj_w = nullptr;  // (C, F)
+  float* fcproj_b = nullptr;  // (C)
 };
 
 struct GlobalTensors {
-  float* wte;   // (V, C), also the LM head
-  float* wpe;   // (T, C)
-  float* lnf_w; // (C)
-  float* lnf_b; // (C)
+  float* wte = nullptr;      // (V, C)
+  float* wpe = nullptr;      // (position_rows, C); null for llama
+  float* lnf_w = nullptr;    // (C)
+  float* lnf_b = nullptr;    // (C); null for llama
+  float* lm_head = nullptr;  // (V, C): wte when tied, else the final group's own tensor
 };
 
 LayerTensors layer_tensors(const ParamLayout& layout, int layer, float* base);
 GlobalTensors global_tensors(const ParamLayout& layout, float* base);
+// The same from separate buffers holding only the embed group and only the final group
+// (the offloading scheduler keeps them apart). `embed` and `final_` are group-relative.
+GlobalTensors global_tensors(const ParamLayout& layout, float* embed, float* final_);
 
 // What one layer's forward saves for its backward, in device memory.
 struct LayerActivations {
-  float* ln1;       // (N, C)
-  float* ln1_mean;  // (N)
-  float* ln1_rstd;  // (N)
-  float* qkv;       // (N, 3C)
-  float* att;       // (B, H, T, T) softmax probabilities
-  float* atty;      // (N, C) attention output before the projection
-  float* res2;      // (N, C) residual after attention
-  float* ln2;       // (N, C)
-  float* ln2_mean;  // (N)
-  float* ln2_rstd;  // (N)
-  float* fch;       // (N, F) MLP pre-activation
-  float* fcg;       // (N, F) after GELU
-  float* out;       // (N, C) block output = next block's input
+  float* ln1 = nullptr;       // (N, C)
+  float* ln1_mean = nullptr;  // (N); null for llama (RMSNorm keeps only rstd)
+  float* ln1_rstd = nullptr;  // (N)
+  float* qkv = nullptr;       // (N, 3C) after RoPE and with k/v heads repeated (llama)
+  float* att = nullptr;       // (B, H, T, T) softmax probabilities
+  float* atty = nullptr;      // (N, C) attention output before the projection
+  float* res2 = nullptr;      // (N, C) residual after attention
+  float* ln2 = nullptr;       // (N, C)
+  float* ln2_mean = nullptr;  // (N); null for llama
+  float* ln2_rstd = nullptr;  // (N)
+  float* fch = nullptr;       // (N, F) MLP pre-activation; llama (N, 2F) gate | up
+  float* fcg = nullptr;       // (N, F) after GELU / ReLU / SwiGLU
+  float* out = nullptr;       // (N, C) block output = next block's input
 };
+
+// Device bytes of one layer's saved activations, and of a kWorkspace model's own buffers, at
+// micro-batch B: the same lists the model allocates from.
+size_t layer_activation_bytes(const ModelConfig& cfg, int B);
+size_t model_workspace_bytes(const ModelConfig& cfg, int B);
 
 // Fills a host array laid out by `layout` with the initial weights: normal(0, init_std) for
 // matrices and embeddings, scaled by 1/sqrt(2 n_layer) for the two residual projections
-// (GPT-2), LayerNorm weights 1, biases 0. Deterministic in cfg.seed.
+// (GPT-2), LayerNorm / RMSNorm weights 1, biases 0. Deterministic in cfg.seed.
 void init_gpt_params(const ModelConfig& cfg, const ParamLayout& layout, float* params);
 // The same values for one parameter group only, into dst (group-relative), so a model
 // larger than memory can be initialised group by group.
@@ -120,10 +157,12 @@ class GptModel {
   const float* logits() const { return logits_; }  // (N, V) after forward()
 
   // Runs the whole forward on inputs(B*T) (host memory). With targets (host, B*T), computes
-  // the per-token losses and returns their mean; without, returns 0 and leaves logits.
+  // the per-token losses and returns their mean over the counted targets (those that are not
+  // kIgnoreTarget; 0 when none counts); without, returns 0 and leaves logits.
   float forward(const int32_t* inputs, const int32_t* targets);
   // Accumulates into grads() the gradient of loss_scale * sum of per-token losses of the
-  // last forward(). For a mean over grad_accum micro-batches: 1 / (N * grad_accum).
+  // last forward() (ignored targets contribute nothing). For the mean over a step:
+  // 1 / (counted targets of all its micro-batches), which is 1 / (N * grad_accum) unmasked.
   void backward(float loss_scale);
   void zero_grads();
 
@@ -132,6 +171,9 @@ class GptModel {
   void set_tokens(const int32_t* inputs, const int32_t* targets);
   LayerActivations alloc_activations(const std::string& what);  // owned by the model
   float last_loss() const { return last_loss_; }
+  // Targets of the last set_tokens() that count (not kIgnoreTarget): N without a mask.
+  int64_t counted_targets() const { return counted_; }
+  // wpe is the table as stored (null for llama); the OPT offset is applied inside.
   void embed_forward(const float* wte, const float* wpe, float* x);
   void block_forward(const LayerTensors& w, const float* x_in, const LayerActivations& a);
   float head_forward(const GlobalTensors& g, const float* x, bool with_loss);
@@ -146,6 +188,10 @@ class GptModel {
 
  private:
   float* alloc_floats(size_t n, const std::string& what);
+  void norm_forward(float* out, float* mean, float* rstd, const float* in, const float* w,
+                    const float* b);
+  void norm_backward(float* din, float* dw, float* db, const float* dout, const float* in,
+                     const float* w, const float* mean, const float* rstd);
 
   ModelConfig cfg_;
   Backend& be_;
@@ -166,18 +212,27 @@ class GptModel {
   float* lse_ = nullptr;       // (N)
   std::vector<float> host_losses_;
   float last_loss_ = 0;
+  int64_t counted_ = 0;  // targets of the last set_tokens() that count
   // Backward scratch
   float* dres_ = nullptr;   // (N, C) gradient flowing along the residual stream
   float* dtmp_ = nullptr;   // (N, C)
   float* dqkv_ = nullptr;   // (N, 3C)
   float* datt_ = nullptr;   // (B, H, T, T)
   float* dfc_ = nullptr;    // (N, F)
+  float* qkvc_ = nullptr;   // (N, C + 2KV) compact q|k|v before the heads are repeated (GQA)
+  float* dqkvc_ = nullptr;  // (N, C + 2KV)
+  float* dgu_ = nullptr;    // (N, 2F) llama: gradient of gate | up
+  Family family_;
   std::vector<void*> owned_;
 };
 
 // Model FLOPs of one token's forward pass (matmuls, attention as dense T x T, LM head);
-// training counts 3x this. Formula in docs/performance.md.
+// training counts 3x this. Formula in docs/performance.md. Per family: the q/k/v projection
+// is C x (C + 2KV) (smaller k/v under GQA), the MLP has 2 matrices (gpt2, opt) or 3 (llama's
+// gate, up, down); the LM head is C x V whether tied or not.
 double forward_flops_per_token(const ModelConfig& cfg);
+// One block's share of that (what the planner charges per layer).
+double layer_forward_flops_per_token(const ModelConfig& cfg);
 // Useful training TFLOP/s at a token rate: 3 x forward FLOPs (backward = 2 x forward).
 double training_tflops(const ModelConfig& cfg, double tokens_per_s);
 

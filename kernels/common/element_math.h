@@ -75,6 +75,43 @@ FY_HD float layernorm_apply(float x, float mean, float rstd, float w, float b) {
   return (x - mean) * rstd * w + b;
 }
 
+// RMSNorm of one value given the row's 1 / sqrt(mean(x^2) + eps).
+FY_HD float rmsnorm_apply(float x, float rstd, float w) { return x * rstd * w; }
+
+// The rotary angle of pair i (0 <= i < D/2) of a head of size D at position pos, computed in
+// fp32 in the order Hugging Face's Llama uses (inv_freq = 1 / theta^(2i/D), then pos *
+// inv_freq), so the engine rotates by the same rounded angle as the checkpoints' reference.
+FY_HD float rope_angle(int pos, int i, int D, float theta) {
+  float inv_freq = 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(D));
+  return static_cast<float>(pos) * inv_freq;
+}
+
+// Rotates the pair (a, b) = (x[i], x[i + D/2]) by the angle with cosine c and sine s:
+// (a c - b s, b c + a s), the rotate-half form. Backward is the same call with -s.
+FY_HD void rope_rotate(float& a, float& b, float c, float s) {
+  float a2 = a * c - b * s;
+  float b2 = b * c + a * s;
+  a = a2;
+  b = b2;
+}
+
+// The logistic function through exp_fast; for x far below 0 exp_fast clamps, giving ~1e-38
+// rather than an inf in the denominator.
+FY_HD float sigmoid(float x) { return 1.0f / (1.0f + exp_fast(-x)); }
+
+// SiLU (swish): x sigmoid(x), Llama's MLP gate activation.
+FY_HD float silu(float x) { return x * sigmoid(x); }
+
+// d silu(x) / dx = s (1 + x (1 - s)), s = sigmoid(x).
+FY_HD float silu_grad(float x) {
+  float s = sigmoid(x);
+  return s * (1.0f + x * (1.0f - s));
+}
+
+// ReLU (opt's MLP activation) and its derivative (0 at x = 0, as PyTorch).
+FY_HD float relu(float x) { return x > 0.0f ? x : 0.0f; }
+FY_HD float relu_grad(float x) { return x > 0.0f ? 1.0f : 0.0f; }
+
 // Rounds fp32 to the nearest bf16 (ties to even); NaN stays NaN (quiet).
 FY_HD uint16_t float_to_bf16(float f) {
   uint32_t u;

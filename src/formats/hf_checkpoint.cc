@@ -1,6 +1,7 @@
-// Checkpoint conversion between Hugging Face GPT-2 directories and the engine's layout.
+// Checkpoint conversion between Hugging Face directories (gpt2, opt, llama) and the engine's
+// layout.
 //
-// Both directions run the same loop over gpt2_hf_tensor_map(): validate every source tensor
+// Both directions run the same loop over hf_tensor_map(): validate every source tensor
 // (present, float dtype, expected shape) and refuse unknown ones before anything is
 // written, then copy tensor by tensor through fixed-size buffers, converting dtype and
 // transposing Conv1D weights on the way. The output is assembled in a staging directory and
@@ -105,13 +106,23 @@ fs::path normalized_out(const std::string& out_dir) {
   return p;
 }
 
+// One source tensor range copied into (part of) one destination tensor. Consecutive jobs
+// with the same dst fill it in order (packed q|k|v, gate|up).
 struct Job {
   std::string src;
   std::string dst;
   bool transpose = false;
-  std::vector<int64_t> src_shape;
-  std::vector<int64_t> dst_shape;
+  std::vector<int64_t> src_shape;  // the whole source tensor
+  std::vector<int64_t> dst_shape;  // the whole destination tensor
+  size_t src_offset = 0;           // elements into the source tensor
+  size_t numel = 0;                // elements copied
 };
+
+size_t numel_of(const std::vector<int64_t>& shape) {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
 
 void validate_sources(const TensorSet& set, const std::vector<Job>& jobs) {
   for (const Job& j : jobs) {
@@ -142,15 +153,14 @@ void copy_tensor(const TensorSet& set, const Job& job, StDtype out_dtype,
   const StTensorInfo& t = set.info(job.src);
   const RangedTensorFile& file = set.file(job.src);
   const size_t in_size = st_dtype_size(t.dtype), out_size = st_dtype_size(out_dtype);
-  w.begin_tensor(job.dst);
   if (!job.transpose) {
-    const size_t n = t.numel();
+    const size_t n = job.numel;
     const size_t per_chunk = kChunkBytes / sizeof(float);
     for (size_t done = 0; done < n; done += per_chunk) {
       size_t k = std::min(per_chunk, n - done);
       b.raw.resize(std::max(b.raw.size(), k * in_size));
       b.out.resize(std::max(b.out.size(), k * out_size));
-      file.read(t, done * in_size, b.raw.data(), k * in_size);
+      file.read(t, (job.src_offset + done) * in_size, b.raw.data(), k * in_size);
       convert_float_elements(b.raw.data(), t.dtype, b.out.data(), out_dtype, k);
       w.append(b.out.data(), k * out_size);
     }
@@ -190,13 +200,25 @@ std::vector<std::string> write_tensors(const TensorSet& set, const std::vector<J
                                        const std::map<std::string, std::string>& metadata,
                                        uint64_t* bytes) {
   std::vector<StEntry> entries;
-  for (const Job& j : jobs) entries.push_back({j.dst, out_dtype, j.dst_shape});
+  std::vector<size_t> filled;  // elements the jobs put into each entry
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Job& j = jobs[i];
+    if (i == 0 || jobs[i - 1].dst != j.dst) {
+      entries.push_back({j.dst, out_dtype, j.dst_shape});
+      filled.push_back(0);
+    }
+    filled.back() += j.numel;
+  }
+  for (size_t e = 0; e < entries.size(); ++e)
+    FY_CHECK(filled[e] == numel_of(entries[e].shape), "tensor map: '", entries[e].name,
+             "' gets ", filled[e], " elements, needs ", numel_of(entries[e].shape));
   *bytes = 0;
   for (const auto& e : entries) *bytes += e.bytes();
   ShardedSafetensorsWriter w(dir.string(), entries, opts.max_shard_bytes, metadata);
   Buffers buffers;
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (opts.progress) opts.progress(i, jobs.size(), jobs[i].dst);
+    if (i == 0 || jobs[i - 1].dst != jobs[i].dst) w.begin_tensor(jobs[i].dst);
     copy_tensor(set, jobs[i], out_dtype, w, buffers);
   }
   return w.finish();
@@ -220,7 +242,9 @@ void refuse_unknown(const TensorSet& set, const std::vector<Job>& jobs, const st
   for (const std::string& name : set.names()) {
     if (expected.count(name)) continue;
     if (hf_side && is_layer_buffer(name, prefix)) continue;
-    if (hf_side && (name == "lm_head.weight" || name == prefix + "lm_head.weight")) {
+    // Older Llama checkpoints saved the rotary frequencies, which the config determines.
+    if (hf_side && name.ends_with(".self_attn.rotary_emb.inv_freq")) continue;
+    if (hf_side && m.tie_embeddings && (name == "lm_head.weight" || name == prefix + "lm_head.weight")) {
       // The LM head is tied to wte (config.json says so, or parse_hf_config refused it);
       // transformers overwrites it with wte on load, and so do we.
       const StTensorInfo& t = set.info(name);
@@ -230,10 +254,13 @@ void refuse_unknown(const TensorSet& set, const std::vector<Job>& jobs, const st
                           shape_str(t.shape), " but a tied LM head is ", shape_str(want)));
       continue;
     }
-    throw IoError(str(set.file(name).path(), ": tensor '", name,
-                      "' is not part of a GPT-2 model "
-                      "with n_layer=",
-                      m.n_layer, "; refusing to drop it silently"));
+    const char* family = m.family == "gpt2" ? "GPT-2" : m.family == "opt" ? "OPT" : "Llama";
+    throw IoError(str(set.file(name).path(), ": tensor '", name, "' is not part of a ",
+                      family, " model with n_layer=", m.n_layer,
+                      m.family == "opt" && name.find("project_") != std::string::npos
+                          ? " (OPT's project_in/project_out are not supported)"
+                          : "",
+                      "; refusing to drop it silently"));
   }
 }
 
@@ -323,24 +350,36 @@ ConvertResult convert_hf_to_engine(const std::string& hf_dir, const std::string&
   r.model = validated(load_hf_config(config_path), config_path);
   TensorSet set = TensorSet::open_dir(hf_dir);
 
-  // Checkpoints saved from GPT2LMHeadModel name tensors "transformer.*"; those saved from
-  // GPT2Model (the original OpenAI upload among them) have no prefix.
-  std::string prefix;
-  if (set.has("transformer.wte.weight"))
-    prefix = "transformer.";
-  else if (!set.has("wte.weight"))
-    throw IoError(str(set.source(),
-                      ": no tensor 'transformer.wte.weight' or 'wte.weight': not a "
-                      "GPT-2 checkpoint"));
+  // GPT-2 checkpoints saved from GPT2LMHeadModel name tensors "transformer.*"; those saved
+  // from GPT2Model (the original OpenAI upload among them) have no prefix.
+  std::string prefix, strip;
+  auto map = hf_tensor_map(r.model);
+  if (r.model.family == "gpt2") {
+    if (set.has("transformer.wte.weight"))
+      prefix = "transformer.";
+    else if (set.has("wte.weight"))
+      strip = "transformer.";
+    else
+      throw IoError(str(set.source(),
+                        ": no tensor 'transformer.wte.weight' or 'wte.weight': not a "
+                        "GPT-2 checkpoint"));
+  } else if (!set.has(map.front().hf)) {
+    throw IoError(str(set.source(), ": no tensor '", map.front().hf, "': not a ",
+                      r.model.family, " checkpoint as ", config_path, " says"));
+  }
   std::vector<Job> jobs;
   const ParamLayout layout = make_gpt_layout(r.model);
-  auto map = gpt2_hf_tensor_map(r.model);
-  FY_CHECK(map.size() == layout.tensors.size(), "tensor map and layout disagree");
-  for (size_t i = 0; i < map.size(); ++i) {
-    FY_CHECK(map[i].engine == layout.tensors[i].name, "tensor map order: ", map[i].engine);
-    jobs.push_back({prefix + map[i].hf, map[i].engine, map[i].transpose, map[i].hf_shape,
-                    map[i].engine_shape});
+  size_t next = 0;  // engine tensors must come in layout order
+  for (const HfTensorMap& m : map) {
+    std::string hf = strip.empty() ? m.hf : m.hf.substr(strip.size());
+    if (jobs.empty() || jobs.back().dst != m.engine) {
+      FY_CHECK(next < layout.tensors.size() && layout.tensors[next].name == m.engine,
+               "tensor map order: ", m.engine);
+      ++next;
+    }
+    jobs.push_back({hf, m.engine, m.transpose, m.hf_shape, m.engine_shape, 0, numel_of(m.hf_shape)});
   }
+  FY_CHECK(next == layout.tensors.size(), "tensor map and layout disagree");
   validate_sources(set, jobs);
   refuse_unknown(set, jobs, prefix, r.model, true);
 
@@ -367,12 +406,10 @@ ConvertResult convert_engine_to_hf(const std::string& checkpoint, const std::str
   EngineSource src = open_engine_source(checkpoint);
   ConvertResult r;
   r.model = validated(src.model, checkpoint);
-  if (r.model.family != "gpt2")
-    throw ConfigError(
-        str(checkpoint, ": model family '", r.model.family, "' cannot be exported yet"));
   std::vector<Job> jobs;
-  for (const HfTensorMap& t : gpt2_hf_tensor_map(r.model))
-    jobs.push_back({t.engine, "transformer." + t.hf, t.transpose, t.engine_shape, t.hf_shape});
+  for (const HfTensorMap& t : hf_tensor_map(r.model))
+    jobs.push_back({t.engine, t.hf, t.transpose, t.engine_shape, t.hf_shape,
+                    static_cast<size_t>(t.engine_offset), numel_of(t.hf_shape)});
   validate_sources(src.set, jobs);
   refuse_unknown(src.set, jobs, "", r.model, false);
 
@@ -414,6 +451,44 @@ LoadedCheckpoint load_engine_checkpoint(const std::string& checkpoint) {
     src.set.file(t.name).read(src.set.info(t.name), 0, out.params.data() + t.offset,
                               t.numel * sizeof(float));
   return out;
+}
+
+}  // namespace fuyou
+
+namespace fuyou {
+
+struct CheckpointGroupReader::Impl {
+  EngineSource src;
+  ParamLayout layout;
+};
+
+CheckpointGroupReader::CheckpointGroupReader(const std::string& checkpoint,
+                                             const ModelConfig& model)
+    : impl_(std::make_unique<Impl>(Impl{open_engine_source(checkpoint), make_gpt_layout(model)})) {
+  const TensorSet& set = impl_->src.set;
+  for (const TensorSpec& t : impl_->layout.tensors) {
+    if (!set.has(t.name))
+      throw IoError(str(set.source(), ": missing tensor '", t.name, "' (model.checkpoint ",
+                        checkpoint, ")"));
+    const StTensorInfo& info = set.info(t.name);
+    if (info.dtype != StDtype::kF32 || info.shape != t.shape)
+      throw IoError(str(set.file(t.name).path(), ": tensor '", t.name, "' is ",
+                        st_dtype_name(info.dtype), " ", shape_str(info.shape),
+                        "; the model needs F32 ", shape_str(t.shape)));
+  }
+}
+
+CheckpointGroupReader::~CheckpointGroupReader() = default;
+
+void CheckpointGroupReader::read_group(int g, float* dst) const {
+  const ParamLayout& layout = impl_->layout;
+  const ParamGroup& pg = layout.groups.at(g);
+  std::fill(dst, dst + pg.numel, 0.0f);
+  for (size_t i = pg.first_tensor; i < pg.first_tensor + pg.num_tensors; ++i) {
+    const TensorSpec& t = layout.tensors[i];
+    impl_->src.set.file(t.name).read(impl_->src.set.info(t.name), 0, dst + (t.offset - pg.offset),
+                                     t.numel * sizeof(float));
+  }
 }
 
 }  // namespace fuyou

@@ -10,12 +10,28 @@ namespace {
 
 // Tensors start on 16-float (64-byte) boundaries so vector loops never straddle two.
 constexpr size_t kAlign = 16;
-constexpr int kTensorsPerLayer = 12;
-constexpr int kFirstLayerTensor = 2;  // after wte, wpe
 
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
+bool has_layernorm(Family f) { return f != Family::kLlama; }
+
 }  // namespace
+
+Family model_family(const ModelConfig& cfg) {
+  if (cfg.family == "gpt2") return Family::kGpt2;
+  if (cfg.family == "opt") return Family::kOpt;
+  if (cfg.family == "llama") return Family::kLlama;
+  throw ConfigError(str("model.family: '", cfg.family, "' is not one of gpt2, opt, llama"));
+}
+
+int position_rows(const ModelConfig& cfg) {
+  switch (model_family(cfg)) {
+    case Family::kGpt2: return cfg.seq_len;
+    case Family::kOpt: return cfg.seq_len + kOptPositionOffset;
+    case Family::kLlama: return 0;
+  }
+  return 0;
+}
 
 const TensorSpec& ParamLayout::tensor(const std::string& name) const {
   for (const auto& t : tensors)
@@ -29,13 +45,23 @@ size_t ParamLayout::num_params() const {
   return n;
 }
 
+// The one list of tensors of each family. Engine names follow GPT-2's for every family (a
+// role has one name), so init rules, checkpoints and tools treat them alike; the Hugging
+// Face names of each family are mapped in src/formats/hf_config.cc.
 ParamLayout make_gpt_layout(const ModelConfig& cfg) {
-  const int64_t C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size, T = cfg.seq_len;
+  const Family fam = model_family(cfg);
+  const int64_t C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size;
+  const int64_t KV = static_cast<int64_t>(cfg.kv_heads()) * cfg.head_size();
+  const bool llama = fam == Family::kLlama;
   ParamLayout layout;
   auto begin_group = [&](const std::string& name) {
-    layout.groups.push_back({name, layout.total, 0});
+    ParamGroup g;
+    g.name = name;
+    g.offset = layout.total;
+    g.first_tensor = layout.tensors.size();
+    layout.groups.push_back(g);
   };
-  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, TensorRole role) {
     TensorSpec t;
     t.name = name;
     t.numel = 1;
@@ -44,67 +70,116 @@ ParamLayout make_gpt_layout(const ModelConfig& cfg) {
     t.group = static_cast<int>(layout.groups.size()) - 1;
     t.offset = layout.total;
     t.decay = t.shape.size() >= 2;
+    t.role = role;
     layout.total += align_up(t.numel);
     layout.tensors.push_back(std::move(t));
   };
-  auto end_group = [&] { layout.groups.back().numel = layout.total - layout.groups.back().offset; };
+  auto end_group = [&] {
+    ParamGroup& g = layout.groups.back();
+    g.numel = layout.total - g.offset;
+    g.num_tensors = layout.tensors.size() - g.first_tensor;
+  };
 
   begin_group("embed");
-  add("wte.weight", {V, C});
-  add("wpe.weight", {T, C});
+  add("wte.weight", {V, C}, kWte);
+  if (!llama) add("wpe.weight", {position_rows(cfg), C}, kWpe);
   end_group();
   for (int l = 0; l < cfg.n_layer; ++l) {
     std::string p = str("h.", l, ".");
     begin_group(str("layer.", l));
-    add(p + "ln_1.weight", {C});
-    add(p + "ln_1.bias", {C});
-    add(p + "attn.c_attn.weight", {3 * C, C});
-    add(p + "attn.c_attn.bias", {3 * C});
-    add(p + "attn.c_proj.weight", {C, C});
-    add(p + "attn.c_proj.bias", {C});
-    add(p + "ln_2.weight", {C});
-    add(p + "ln_2.bias", {C});
-    add(p + "mlp.c_fc.weight", {F, C});
-    add(p + "mlp.c_fc.bias", {F});
-    add(p + "mlp.c_proj.weight", {C, F});
-    add(p + "mlp.c_proj.bias", {C});
+    add(p + "ln_1.weight", {C}, kLn1W);
+    if (!llama) add(p + "ln_1.bias", {C}, kLn1B);
+    add(p + "attn.c_attn.weight", {C + 2 * KV, C}, kQkvW);
+    if (!llama || cfg.qkv_bias) add(p + "attn.c_attn.bias", {C + 2 * KV}, kQkvB);
+    add(p + "attn.c_proj.weight", {C, C}, kProjW);
+    if (!llama) add(p + "attn.c_proj.bias", {C}, kProjB);
+    add(p + "ln_2.weight", {C}, kLn2W);
+    if (!llama) add(p + "ln_2.bias", {C}, kLn2B);
+    add(p + "mlp.c_fc.weight", {llama ? 2 * F : F, C}, kFcW);
+    if (!llama) add(p + "mlp.c_fc.bias", {F}, kFcB);
+    add(p + "mlp.c_proj.weight", {C, F}, kFcProjW);
+    if (!llama) add(p + "mlp.c_proj.bias", {C}, kFcProjB);
     end_group();
   }
   begin_group("final");
-  add("ln_f.weight", {C});
-  add("ln_f.bias", {C});
+  add("ln_f.weight", {C}, kLnfW);
+  if (!llama) add("ln_f.bias", {C}, kLnfB);
+  // The untied head lives with the final norm: both are used (and their gradients made) by
+  // the head, so the scheduler's resident final group holds everything the head touches.
+  if (!cfg.tie_embeddings) add("lm_head.weight", {V, C}, kLmHead);
   end_group();
   return layout;
 }
 
 LayerTensors layer_tensors(const ParamLayout& layout, int layer, float* base) {
-  size_t first = kFirstLayerTensor + static_cast<size_t>(layer) * kTensorsPerLayer;
-  FY_CHECK(first + kTensorsPerLayer <= layout.tensors.size(), "layer ", layer, " out of range");
-  auto at = [&](int i) { return base + layout.tensors[first + i].offset; };
-  return {at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9), at(10), at(11)};
+  FY_CHECK(layer >= 0 && static_cast<size_t>(layer) + 2 < layout.groups.size(), "layer ", layer,
+           " out of range");
+  const ParamGroup& g = layout.groups[1 + layer];
+  LayerTensors w;
+  for (size_t i = g.first_tensor; i < g.first_tensor + g.num_tensors; ++i) {
+    const TensorSpec& t = layout.tensors[i];
+    float* p = base + t.offset;
+    switch (t.role) {
+      case kLn1W: w.ln1_w = p; break;
+      case kLn1B: w.ln1_b = p; break;
+      case kQkvW: w.qkv_w = p; break;
+      case kQkvB: w.qkv_b = p; break;
+      case kProjW: w.proj_w = p; break;
+      case kProjB: w.proj_b = p; break;
+      case kLn2W: w.ln2_w = p; break;
+      case kLn2B: w.ln2_b = p; break;
+      case kFcW: w.fc_w = p; break;
+      case kFcB: w.fc_b = p; break;
+      case kFcProjW: w.fcproj_w = p; break;
+      case kFcProjB: w.fcproj_b = p; break;
+      default: FY_CHECK(false, "tensor ", t.name, " has no place in a layer");
+    }
+  }
+  return w;
+}
+
+GlobalTensors global_tensors(const ParamLayout& layout, float* embed, float* final_) {
+  GlobalTensors g;
+  const ParamGroup& ge = layout.groups.front();
+  const ParamGroup& gf = layout.groups.back();
+  for (const ParamGroup* grp : {&ge, &gf}) {
+    float* base = grp == &ge ? embed - ge.offset : final_ - gf.offset;
+    for (size_t i = grp->first_tensor; i < grp->first_tensor + grp->num_tensors; ++i) {
+      const TensorSpec& t = layout.tensors[i];
+      float* p = base + t.offset;
+      switch (t.role) {
+        case kWte: g.wte = p; break;
+        case kWpe: g.wpe = p; break;
+        case kLnfW: g.lnf_w = p; break;
+        case kLnfB: g.lnf_b = p; break;
+        case kLmHead: g.lm_head = p; break;
+        default: FY_CHECK(false, "tensor ", t.name, " has no place in the embed/final groups");
+      }
+    }
+  }
+  if (!g.lm_head) g.lm_head = g.wte;  // tied
+  return g;
 }
 
 GlobalTensors global_tensors(const ParamLayout& layout, float* base) {
-  size_t n = layout.tensors.size();
-  return {base + layout.tensors[0].offset, base + layout.tensors[1].offset,
-          base + layout.tensors[n - 2].offset, base + layout.tensors[n - 1].offset};
+  return global_tensors(layout, base + layout.groups.front().offset,
+                        base + layout.groups.back().offset);
 }
 
 void init_gpt_group(const ModelConfig& cfg, const ParamLayout& layout, int group, float* dst) {
   const ParamGroup& g = layout.groups.at(group);
   std::fill(dst, dst + g.numel, 0.0f);
   const float resid_std = cfg.init_std / std::sqrt(2.0f * cfg.n_layer);
-  for (size_t i = 0; i < layout.tensors.size(); ++i) {
+  for (size_t i = g.first_tensor; i < g.first_tensor + g.num_tensors; ++i) {
     const TensorSpec& t = layout.tensors[i];
-    if (t.group != group) continue;
     float* p = dst + (t.offset - g.offset);
-    bool is_norm = t.name.find("ln_") != std::string::npos;
-    if (is_norm && t.name.ends_with(".weight")) {
+    bool is_norm = t.role == kLn1W || t.role == kLn2W || t.role == kLnfW;
+    if (is_norm) {
       std::fill(p, p + t.numel, 1.0f);
     } else if (t.shape.size() >= 2) {
       // One stream per (tensor, 64 Ki-element chunk): values depend neither on the tensors
       // before nor on the thread count, and large models initialise in parallel.
-      bool resid = t.name.ends_with("c_proj.weight");
+      bool resid = t.role == kProjW || t.role == kFcProjW;
       float std = resid ? resid_std : cfg.init_std;
       constexpr size_t kChunk = 1 << 16;
       const size_t chunks = (t.numel + kChunk - 1) / kChunk;
@@ -122,22 +197,103 @@ void init_gpt_params(const ModelConfig& cfg, const ParamLayout& layout, float* p
     init_gpt_group(cfg, layout, static_cast<int>(g), params + layout.groups[g].offset);
 }
 
+double layer_forward_flops_per_token(const ModelConfig& cfg) {
+  const double C = cfg.d_model, F = cfg.d_ff, T = cfg.seq_len;
+  const double KV = static_cast<double>(cfg.kv_heads()) * cfg.head_size();
+  const double mlp_matrices = model_family(cfg) == Family::kLlama ? 3 : 2;
+  return 2 * C * (C + 2 * KV)        // q, k, v projections
+         + 2 * T * C                 // q k^T
+         + 2 * T * C                 // att v
+         + 2 * C * C                 // attention projection
+         + mlp_matrices * 2 * C * F; // fc, fc projection (llama: gate, up, down)
+}
+
 double forward_flops_per_token(const ModelConfig& cfg) {
-  const double C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size, T = cfg.seq_len;
-  double per_layer = 2 * C * 3 * C  // qkv
-                     + 2 * T * C    // q k^T
-                     + 2 * T * C    // att v
-                     + 2 * C * C    // attention projection
-                     + 2 * C * F    // fc
-                     + 2 * F * C;   // fc projection
-  return cfg.n_layer * per_layer + 2 * C * V;  // + LM head
+  return cfg.n_layer * layer_forward_flops_per_token(cfg) +
+         2.0 * cfg.d_model * cfg.vocab_size;  // + LM head (tied or not)
+}
+
+namespace {
+
+// The one list of a layer's saved activations: alloc_activations allocates from it and
+// layer_activation_bytes sums it, so the planner's sizes are what the model allocates.
+template <typename Fn>
+void for_each_activation(const ModelConfig& cfg, int B, LayerActivations& a, Fn&& fn) {
+  const size_t C = cfg.d_model, F = cfg.d_ff, T = cfg.seq_len, H = cfg.n_head;
+  const size_t N = static_cast<size_t>(B) * T;
+  const bool ln = has_layernorm(model_family(cfg));
+  const size_t fc = model_family(cfg) == Family::kLlama ? 2 * F : F;
+  fn(a.ln1, N * C);
+  if (ln) fn(a.ln1_mean, N);
+  fn(a.ln1_rstd, N);
+  fn(a.qkv, N * 3 * C);
+  fn(a.att, B * H * T * T);
+  fn(a.atty, N * C);
+  fn(a.res2, N * C);
+  fn(a.ln2, N * C);
+  if (ln) fn(a.ln2_mean, N);
+  fn(a.ln2_rstd, N);
+  fn(a.fch, N * fc);
+  fn(a.fcg, N * F);
+  fn(a.out, N * C);
+}
+
+// The one list of a model's own device buffers besides parameters, gradients and per-layer
+// activations (those three exist only in ModelState::kFull).
+struct Workspace {
+  float *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *lse, *dres, *dtmp, *dqkv, *datt, *dfc;
+  float *qkvc, *dqkvc, *dgu;
+};
+template <typename Fn>
+void for_each_workspace(const ModelConfig& cfg, int B, Workspace& w, Fn&& fn) {
+  const size_t C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size, T = cfg.seq_len;
+  const size_t H = cfg.n_head, N = static_cast<size_t>(B) * T;
+  const size_t KV = static_cast<size_t>(cfg.kv_heads()) * cfg.head_size();
+  const Family fam = model_family(cfg);
+  fn(w.lnf, N * C, "final norm");
+  if (has_layernorm(fam)) fn(w.lnf_mean, N, "final norm");
+  fn(w.lnf_rstd, N, "final norm");
+  fn(w.logits, N * V, "logits");
+  fn(w.losses, N, "losses");
+  fn(w.lse, N, "losses");
+  fn(w.dres, N * C, "backward scratch");
+  fn(w.dtmp, N * C, "backward scratch");
+  fn(w.dqkv, N * 3 * C, "backward scratch");
+  fn(w.datt, B * H * T * T, "backward scratch");
+  fn(w.dfc, N * F, "backward scratch");
+  if (fam == Family::kLlama) {
+    if (KV != C) {  // grouped-query attention: the compact q|k|v before heads are repeated
+      fn(w.qkvc, N * (C + 2 * KV), "grouped-query attention scratch");
+      fn(w.dqkvc, N * (C + 2 * KV), "grouped-query attention scratch");
+    }
+    fn(w.dgu, N * 2 * F, "backward scratch");
+  }
+}
+
+}  // namespace
+
+size_t layer_activation_bytes(const ModelConfig& cfg, int B) {
+  LayerActivations a;
+  size_t n = 0;
+  for_each_activation(cfg, B, a, [&](float*&, size_t k) { n += k; });
+  return n * sizeof(float);
+}
+
+size_t model_workspace_bytes(const ModelConfig& cfg, int B) {
+  Workspace w{};
+  size_t n = 0;
+  for_each_workspace(cfg, B, w, [&](float*&, size_t k, const char*) { n += k; });
+  // + the input and target token ids
+  return n * sizeof(float) + 2 * sizeof(int32_t) * static_cast<size_t>(B) * cfg.seq_len;
 }
 
 GptModel::GptModel(const ModelConfig& cfg, Backend& backend, int micro_batch, ModelState state)
     : cfg_(cfg), be_(backend), B_(micro_batch), N_(micro_batch * cfg.seq_len),
-      layout_(make_gpt_layout(cfg)) {
-  const size_t C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size, T = cfg.seq_len;
-  const size_t N = N_, H = cfg.n_head, B = B_;
+      layout_(make_gpt_layout(cfg)), family_(model_family(cfg)) {
+  const size_t N = N_;
+  if (family_ == Family::kLlama && cfg.n_head % cfg.kv_heads() != 0)
+    throw ConfigError(str("model.n_kv_head ", cfg.kv_heads(), " does not divide model.n_head ",
+                          cfg.n_head));
   if (state == ModelState::kFull) {
     params_ = alloc_floats(layout_.total, "parameters");
     grads_ = alloc_floats(layout_.total, "gradients");
@@ -147,51 +303,47 @@ GptModel::GptModel(const ModelConfig& cfg, Backend& backend, int micro_batch, Mo
   targets_ = static_cast<int32_t*>(be_.alloc(N * sizeof(int32_t), "target tokens"));
   owned_.push_back(targets_);
   if (state == ModelState::kFull) {
-    x0_ = alloc_floats(N * C, "embedding output");
+    x0_ = alloc_floats(N * cfg.d_model, "embedding output");
     acts_.resize(cfg.n_layer);
     for (int l = 0; l < cfg.n_layer; ++l) acts_[l] = alloc_activations(str("layer ", l, " activations"));
   }
-  lnf_ = alloc_floats(N * C, "final layernorm");
-  lnf_mean_ = alloc_floats(N, "final layernorm");
-  lnf_rstd_ = alloc_floats(N, "final layernorm");
-  logits_ = alloc_floats(N * V, "logits");
-  losses_ = alloc_floats(N, "losses");
-  lse_ = alloc_floats(N, "losses");
-  dres_ = alloc_floats(N * C, "backward scratch");
-  dtmp_ = alloc_floats(N * C, "backward scratch");
-  dqkv_ = alloc_floats(N * 3 * C, "backward scratch");
-  datt_ = alloc_floats(B * H * T * T, "backward scratch");
-  dfc_ = alloc_floats(N * F, "backward scratch");
+  Workspace w{};
+  for_each_workspace(cfg, B_, w, [&](float*& p, size_t n, const char* what) { p = alloc_floats(n, what); });
+  lnf_ = w.lnf;
+  lnf_mean_ = w.lnf_mean;
+  lnf_rstd_ = w.lnf_rstd;
+  logits_ = w.logits;
+  losses_ = w.losses;
+  lse_ = w.lse;
+  dres_ = w.dres;
+  dtmp_ = w.dtmp;
+  dqkv_ = w.dqkv;
+  datt_ = w.datt;
+  dfc_ = w.dfc;
+  qkvc_ = w.qkvc;
+  dqkvc_ = w.dqkvc;
+  dgu_ = w.dgu;
   host_losses_.resize(N);
 }
 
 LayerActivations GptModel::alloc_activations(const std::string& what) {
-  const size_t C = cfg_.d_model, F = cfg_.d_ff, T = cfg_.seq_len, H = cfg_.n_head;
-  const size_t N = N_, B = B_;
   LayerActivations a;
-  a.ln1 = alloc_floats(N * C, what);
-  a.ln1_mean = alloc_floats(N, what);
-  a.ln1_rstd = alloc_floats(N, what);
-  a.qkv = alloc_floats(N * 3 * C, what);
-  a.att = alloc_floats(B * H * T * T, what);
-  a.atty = alloc_floats(N * C, what);
-  a.res2 = alloc_floats(N * C, what);
-  a.ln2 = alloc_floats(N * C, what);
-  a.ln2_mean = alloc_floats(N, what);
-  a.ln2_rstd = alloc_floats(N, what);
-  a.fch = alloc_floats(N * F, what);
-  a.fcg = alloc_floats(N * F, what);
-  a.out = alloc_floats(N * C, what);
+  for_each_activation(cfg_, B_, a, [&](float*& p, size_t n) { p = alloc_floats(n, what); });
   return a;
 }
 
 void GptModel::set_tokens(const int32_t* inputs, const int32_t* targets) {
   const size_t N = N_;
+  // A target of kIgnoreTarget is a masked-out position (loss mask): valid, not counted.
+  auto bad_target = [&](int32_t t) { return t != kIgnoreTarget && (t < 0 || t >= cfg_.vocab_size); };
   for (size_t i = 0; i < N; ++i)
-    if (inputs[i] < 0 || inputs[i] >= cfg_.vocab_size || (targets && (targets[i] < 0 || targets[i] >= cfg_.vocab_size)))
+    if (inputs[i] < 0 || inputs[i] >= cfg_.vocab_size || (targets && bad_target(targets[i])))
       throw Error(str("token id out of range at position ", i, ": input ", inputs[i],
                       targets ? str(", target ", targets[i]) : std::string(),
                       " (model.vocab_size is ", cfg_.vocab_size, ")"));
+  counted_ = 0;
+  if (targets)
+    for (size_t i = 0; i < N; ++i) counted_ += targets[i] != kIgnoreTarget;
   be_.copy_to_device(inputs_, inputs, N * sizeof(int32_t));
   if (targets) be_.copy_to_device(targets_, targets, N * sizeof(int32_t));
 }
@@ -206,42 +358,83 @@ float* GptModel::alloc_floats(size_t n, const std::string& what) {
   return static_cast<float*>(p);
 }
 
-size_t GptModel::activation_bytes_per_layer() const {
-  const size_t C = cfg_.d_model, F = cfg_.d_ff, T = cfg_.seq_len, H = cfg_.n_head;
-  const size_t N = N_;
-  return sizeof(float) * (N * (7 * C + 2 * F + 4) + B_ * H * T * T);
-}
+size_t GptModel::activation_bytes_per_layer() const { return layer_activation_bytes(cfg_, B_); }
 
 void GptModel::zero_grads() { be_.zero(grads_, layout_.total * sizeof(float)); }
 
 void GptModel::embed_forward(const float* wte, const float* wpe, float* x) {
+  if (wpe && family_ == Family::kOpt) wpe += static_cast<size_t>(kOptPositionOffset) * cfg_.d_model;
   be_.embedding_forward(x, inputs_, wte, wpe, B_, cfg_.seq_len, cfg_.d_model);
 }
 
+// Normalisation before attention, the MLP and the head: LayerNorm (gpt2, opt) or RMSNorm.
+void GptModel::norm_forward(float* out, float* mean, float* rstd, const float* in,
+                            const float* w, const float* b) {
+  if (family_ == Family::kLlama)
+    be_.rmsnorm_forward(out, rstd, in, w, cfg_.norm_eps, N_, cfg_.d_model);
+  else
+    be_.layernorm_forward(out, mean, rstd, in, w, b, N_, cfg_.d_model);
+}
+
+void GptModel::norm_backward(float* din, float* dw, float* db, const float* dout,
+                             const float* in, const float* w, const float* mean,
+                             const float* rstd) {
+  if (family_ == Family::kLlama)
+    be_.rmsnorm_backward(din, dw, dout, in, w, rstd, N_, cfg_.d_model);
+  else
+    be_.layernorm_backward(din, dw, db, dout, in, w, mean, rstd, N_, cfg_.d_model);
+}
+
 void GptModel::block_forward(const LayerTensors& w, const float* x_in, const LayerActivations& a) {
-  const int N = N_, C = cfg_.d_model, F = cfg_.d_ff;
-  be_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, w.ln1_w, w.ln1_b, N, C);
-  be_.matmul_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C);
-  be_.attention_forward(a.atty, a.att, a.qkv, B_, cfg_.seq_len, C, cfg_.n_head);
+  const int N = N_, C = cfg_.d_model, F = cfg_.d_ff, T = cfg_.seq_len;
+  const int H = cfg_.n_head, Hkv = cfg_.kv_heads(), D = cfg_.head_size();
+  norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, w.ln1_w, w.ln1_b);
+  if (family_ == Family::kLlama) {
+    // Grouped-query attention in its simple form: project to the compact q|k|v, rotate q
+    // and k, then copy each k/v head to the query heads sharing it so the ordinary
+    // multi-head attention kernel runs; the backward sums the copies' gradients.
+    float* qkvc = Hkv == H ? a.qkv : qkvc_;
+    be_.matmul_forward(qkvc, a.ln1, w.qkv_w, w.qkv_b, N, C, C + 2 * Hkv * D);
+    be_.rope_forward(qkvc, B_, T, H, Hkv, D, cfg_.rope_theta);
+    if (Hkv != H) be_.repeat_kv_forward(a.qkv, qkvc, N, H, Hkv, D);
+  } else {
+    be_.matmul_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C);
+  }
+  be_.attention_forward(a.atty, a.att, a.qkv, B_, T, C, H);
   be_.matmul_forward(a.res2, a.atty, w.proj_w, w.proj_b, N, C, C);
   be_.add(a.res2, a.res2, x_in, static_cast<size_t>(N) * C);
-  be_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b, N, C);
-  be_.matmul_forward(a.fch, a.ln2, w.fc_w, w.fc_b, N, C, F);
-  be_.gelu_forward(a.fcg, a.fch, static_cast<size_t>(N) * F);
+  norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b);
+  switch (family_) {
+    case Family::kGpt2:
+      be_.matmul_forward(a.fch, a.ln2, w.fc_w, w.fc_b, N, C, F);
+      be_.gelu_forward(a.fcg, a.fch, static_cast<size_t>(N) * F);
+      break;
+    case Family::kOpt:
+      be_.matmul_forward(a.fch, a.ln2, w.fc_w, w.fc_b, N, C, F);
+      be_.relu_forward(a.fcg, a.fch, static_cast<size_t>(N) * F);
+      break;
+    case Family::kLlama:
+      be_.matmul_forward(a.fch, a.ln2, w.fc_w, nullptr, N, C, 2 * F);
+      be_.swiglu_forward(a.fcg, a.fch, N, F);
+      break;
+  }
   be_.matmul_forward(a.out, a.fcg, w.fcproj_w, w.fcproj_b, N, F, C);
   be_.add(a.out, a.out, a.res2, static_cast<size_t>(N) * C);
 }
 
 float GptModel::head_forward(const GlobalTensors& g, const float* x, bool with_loss) {
   const int N = N_, C = cfg_.d_model, V = cfg_.vocab_size;
-  be_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, g.lnf_w, g.lnf_b, N, C);
-  be_.matmul_forward(logits_, lnf_, g.wte, nullptr, N, C, V);
+  norm_forward(lnf_, lnf_mean_, lnf_rstd_, x, g.lnf_w, g.lnf_b);
+  be_.matmul_forward(logits_, lnf_, g.lm_head, nullptr, N, C, V);
   if (!with_loss) return 0.0f;
   be_.crossentropy_forward(losses_, lse_, logits_, targets_, N, V);
   be_.copy_to_host(host_losses_.data(), losses_, sizeof(float) * N);
+  // Ignored targets hold loss 0, so the sum is over counted targets; the mean divides by
+  // their number (N without a mask: the same arithmetic as before masks). No counted target:
+  // the loss is defined as 0 (nothing to average; its gradient is zero too).
   double s = 0;
   for (float l : host_losses_) s += l;
-  last_loss_ = static_cast<float>(s / N);
+  last_loss_ = counted_ ? static_cast<float>(s / static_cast<double>(counted_)) : 0.0f;
   return last_loss_;
 }
 
@@ -249,30 +442,51 @@ void GptModel::head_backward(const GlobalTensors& g, const GlobalTensors& dg, co
                              float loss_scale, float* dx) {
   const int N = N_, C = cfg_.d_model, V = cfg_.vocab_size;
   be_.crossentropy_backward(logits_, lse_, targets_, loss_scale, N, V);
-  be_.matmul_backward(dtmp_, dg.wte, nullptr, logits_, lnf_, g.wte, N, C, V);
+  // Tied: dg.lm_head is dg.wte (embed group); untied: the final group's own gradient.
+  be_.matmul_backward(dtmp_, dg.lm_head, nullptr, logits_, lnf_, g.lm_head, N, C, V);
   be_.zero(dx, sizeof(float) * static_cast<size_t>(N) * C);
-  be_.layernorm_backward(dx, dg.lnf_w, dg.lnf_b, dtmp_, x, g.lnf_w, lnf_mean_, lnf_rstd_, N, C);
+  norm_backward(dx, dg.lnf_w, dg.lnf_b, dtmp_, x, g.lnf_w, lnf_mean_, lnf_rstd_);
 }
 
 void GptModel::block_backward(const LayerTensors& w, const LayerTensors& dw, const float* x_in,
                               const LayerActivations& a, float* dres) {
-  const int N = N_, C = cfg_.d_model, F = cfg_.d_ff;
+  const int N = N_, C = cfg_.d_model, F = cfg_.d_ff, T = cfg_.seq_len;
+  const int H = cfg_.n_head, Hkv = cfg_.kv_heads(), D = cfg_.head_size();
   // MLP: dres holds dL/d(block output), which is also dL/d(fc projection output).
   be_.matmul_backward(dfc_, dw.fcproj_w, dw.fcproj_b, dres, a.fcg, w.fcproj_w, N, F, C);
-  be_.gelu_backward(dfc_, a.fch, dfc_, static_cast<size_t>(N) * F);
-  be_.matmul_backward(dtmp_, dw.fc_w, dw.fc_b, dfc_, a.ln2, w.fc_w, N, C, F);
-  be_.layernorm_backward(dres, dw.ln2_w, dw.ln2_b, dtmp_, a.res2, w.ln2_w, a.ln2_mean,
-                         a.ln2_rstd, N, C);
+  switch (family_) {
+    case Family::kGpt2:
+      be_.gelu_backward(dfc_, a.fch, dfc_, static_cast<size_t>(N) * F);
+      be_.matmul_backward(dtmp_, dw.fc_w, dw.fc_b, dfc_, a.ln2, w.fc_w, N, C, F);
+      break;
+    case Family::kOpt:
+      be_.relu_backward(dfc_, a.fch, dfc_, static_cast<size_t>(N) * F);
+      be_.matmul_backward(dtmp_, dw.fc_w, dw.fc_b, dfc_, a.ln2, w.fc_w, N, C, F);
+      break;
+    case Family::kLlama:
+      be_.swiglu_backward(dgu_, a.fch, dfc_, N, F);
+      be_.matmul_backward(dtmp_, dw.fc_w, nullptr, dgu_, a.ln2, w.fc_w, N, C, 2 * F);
+      break;
+  }
+  norm_backward(dres, dw.ln2_w, dw.ln2_b, dtmp_, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd);
   // Attention: dres now holds dL/d(res2).
   be_.matmul_backward(dtmp_, dw.proj_w, dw.proj_b, dres, a.atty, w.proj_w, N, C, C);
-  be_.attention_backward(dqkv_, datt_, dtmp_, a.qkv, a.att, B_, cfg_.seq_len, C, cfg_.n_head);
-  be_.matmul_backward(dtmp_, dw.qkv_w, dw.qkv_b, dqkv_, a.ln1, w.qkv_w, N, C, 3 * C);
-  be_.layernorm_backward(dres, dw.ln1_w, dw.ln1_b, dtmp_, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd,
-                         N, C);
+  be_.attention_backward(dqkv_, datt_, dtmp_, a.qkv, a.att, B_, T, C, H);
+  if (family_ == Family::kLlama) {
+    float* dqkvc = Hkv == H ? dqkv_ : dqkvc_;
+    if (Hkv != H) be_.repeat_kv_backward(dqkvc, dqkv_, N, H, Hkv, D);
+    be_.rope_backward(dqkvc, B_, T, H, Hkv, D, cfg_.rope_theta);
+    be_.matmul_backward(dtmp_, dw.qkv_w, dw.qkv_b, dqkvc, a.ln1, w.qkv_w, N, C, C + 2 * Hkv * D);
+  } else {
+    be_.matmul_backward(dtmp_, dw.qkv_w, dw.qkv_b, dqkv_, a.ln1, w.qkv_w, N, C, 3 * C);
+  }
+  norm_backward(dres, dw.ln1_w, dw.ln1_b, dtmp_, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd);
 }
 
 void GptModel::embed_backward(const GlobalTensors& dg, const float* dx) {
-  be_.embedding_backward(dg.wte, dg.wpe, dx, inputs_, B_, cfg_.seq_len, cfg_.d_model);
+  float* dwpe = dg.wpe;
+  if (dwpe && family_ == Family::kOpt) dwpe += static_cast<size_t>(kOptPositionOffset) * cfg_.d_model;
+  be_.embedding_backward(dg.wte, dwpe, dx, inputs_, B_, cfg_.seq_len, cfg_.d_model);
 }
 
 float GptModel::forward(const int32_t* inputs, const int32_t* targets) {

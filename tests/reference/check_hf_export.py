@@ -6,8 +6,9 @@
 
 With a logits file (tokens (B, T) I32, logits (B, T, V) F32, as make_hf_fixtures.py writes
 them) the model's fp32 logits must match within 1e-4 relative (max |diff| / max |ref|).
-Without one it only checks that GPT2LMHeadModel loads with no missing or unexpected weights
-and runs. If tokenizer.json is present it must load with AutoTokenizer too.
+Without one it only checks that the model (AutoModelForCausalLM: GPT2LMHeadModel,
+OPTForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM) loads with no missing or unexpected
+weights and runs. If tokenizer.json is present it must load with AutoTokenizer too.
 
 --selftest converts the fixtures with BUILD_DIR/fuyou-convert (from-hf, to-hf in each dtype)
 and checks every export; ctest runs it when transformers is importable (exit code 77 means
@@ -28,9 +29,12 @@ except ImportError as e:  # pragma: no cover - the environment decides
 
 
 def check(hf_dir, logits_file=None):
-    model, info = transformers.GPT2LMHeadModel.from_pretrained(
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
         hf_dir, output_loading_info=True, torch_dtype=torch.float32)
-    missing = [k for k in info["missing_keys"] if not k.endswith((".attn.bias", ".attn.masked_bias"))]
+    # Buffers and tied heads are recreated on load, not read.
+    missing = [k for k in info["missing_keys"]
+               if not k.endswith((".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq"))
+               and not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
     if missing or info["unexpected_keys"] or info["mismatched_keys"]:
         raise SystemExit("%s: loading problems: %s" % (hf_dir, info))
     model.eval()
@@ -38,7 +42,7 @@ def check(hf_dir, logits_file=None):
         transformers.AutoTokenizer.from_pretrained(hf_dir)
     if logits_file is None:
         with torch.no_grad():
-            model(torch.zeros((1, model.config.n_positions), dtype=torch.int64))
+            model(torch.zeros((1, model.config.max_position_embeddings), dtype=torch.int64))
         print("%s: loads and runs" % hf_dir)
         return
     ref = load_file(logits_file)
@@ -56,7 +60,9 @@ def selftest(build_dir):
     tool = os.path.join(build_dir, "fuyou-convert")
     with tempfile.TemporaryDirectory() as tmp:
         for variant, dtype in [("gpt2_f32", "f32"), ("gpt2_bf16_sharded", "bf16"),
-                               ("gpt2_f16_noprefix", "f16"), ("gpt2_bf16_sharded", "f32")]:
+                               ("gpt2_f16_noprefix", "f16"), ("gpt2_bf16_sharded", "f32"),
+                               ("opt_f32", "f32"), ("llama_gqa_f32", "f32"),
+                               ("llama_bf16_sharded", "bf16"), ("qwen2_gqa_f32", "f32")]:
             ckpt = os.path.join(tmp, variant + "_" + dtype + "_engine")
             out = os.path.join(tmp, variant + "_" + dtype + "_hf")
             subprocess.run([tool, "from-hf", os.path.join(fixtures, variant), "--out", ckpt], check=True)

@@ -15,7 +15,16 @@ Writes tests/reference/fixtures/hf/ (deterministic; a rerun gives the same tenso
   gpt2_f16_noprefix/   the same weights in f16, saved from GPT2Model: names without
                        "transformer."
   logits_<variant>.safetensors   tokens (B, T) I32 and logits (B, T, V) F32 computed in fp32
-                       from that variant's weights (bf16 and f16 widened exactly)
+                       from that variant's weights (bf16 and f16 widened exactly); for the
+                       opt/llama/qwen2 variants also train_tokens (1, T+1) I32 and train_loss
+                       (1) F32, HF's mean cross-entropy of predicting train_tokens[1:];
+                       for opt_f32 also grad.<name>, that loss's gradient for every weight
+  opt_f32/             tiny random OPTForCausalLM (pre-LN, ReLU, learned positions offset 2)
+  llama_gqa_f32/       tiny random LlamaForCausalLM, 4 query / 2 key-value heads, untied head
+  llama_bf16_sharded/  a Llama without GQA, tied head, rope_theta 500000, in bf16 shards
+  qwen2_gqa_f32/       tiny random Qwen2ForCausalLM (q/k/v biases, GQA, tied head)
+
+`--families` rebuilds only the opt/llama/qwen2 fixtures, leaving the rest as they are.
   tok_bytelevel.json   byte-level BPE (GPT-2 style), trained here, vocab 512
   tok_llama3.json      byte-level BPE with the Llama-3 split regex and ignore_merges
   tok_qwen2.json       the Llama-3 vocabulary with Qwen2's regex and an NFC normalizer
@@ -33,6 +42,7 @@ import json
 import os
 import random
 import shutil
+import sys
 
 import torch
 import tokenizers
@@ -265,8 +275,90 @@ def make_models(vocab_size, bytelevel_tokenizer_path):
               os.path.join(OUT, "logits_gpt2_f16_noprefix.safetensors"))
 
 
+def make_family_models(vocab_size=128):
+    """Tiny opt / llama / qwen2 models: small enough (d_model 32, 2 layers, vocab 128) that
+    all of them together stay a few hundred KiB."""
+    B, T = 2, 16
+    g = torch.Generator().manual_seed(11)
+    tokens = torch.randint(0, vocab_size, (B, T), generator=g, dtype=torch.int64)
+    train = torch.randint(0, vocab_size, (1, T + 1), generator=g, dtype=torch.int64)
+
+    def perturb(model):
+        with torch.no_grad():
+            # Random norm weights and biases too, so a mix-up of any two tensors shows.
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+        return model.eval()
+
+    def save(name, model, cfg_cls, model_cls, grads=False, **save_args):
+        d = os.path.join(OUT, name)
+        model.save_pretrained(d, safe_serialization=True, **save_args)
+        # Reference in fp32 from the saved (possibly bf16) weights, widened exactly.
+        ref = model_cls.from_pretrained(d, torch_dtype=torch.float32).eval()
+        with torch.no_grad():
+            logits = ref(tokens).logits.float().contiguous()
+        out = ref(train[:, :T]).logits.float()
+        loss = torch.nn.functional.cross_entropy(out.reshape(-1, vocab_size),
+                                                 train[:, 1:].reshape(-1))
+        tensors = {"tokens": tokens.to(torch.int32), "logits": logits,
+                   "train_tokens": train.to(torch.int32),
+                   "train_loss": loss.detach().float().reshape(1).contiguous()}
+        if grads:
+            # d train_loss / d every weight, under "grad." + the checkpoint's tensor name.
+            loss.backward()
+            for n, p in ref.named_parameters():
+                if p.grad is not None:
+                    tensors["grad." + n] = p.grad.float().contiguous()
+        save_file(tensors, os.path.join(OUT, "logits_%s.safetensors" % name))
+
+    torch.manual_seed(1)
+    opt_cfg = transformers.OPTConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2,
+                                     ffn_dim=48, num_attention_heads=4, max_position_embeddings=T,
+                                     word_embed_proj_dim=32, do_layer_norm_before=True,
+                                     activation_function="relu", pad_token_id=1,
+                                     bos_token_id=2, eos_token_id=2)
+    save("opt_f32", perturb(transformers.OPTForCausalLM(opt_cfg)), transformers.OPTConfig,
+         transformers.OPTForCausalLM, grads=True)
+
+    torch.manual_seed(2)
+    llama_cfg = transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=32,
+                                         intermediate_size=48, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=T, rms_norm_eps=1e-5,
+                                         rope_theta=10000.0, tie_word_embeddings=False,
+                                         bos_token_id=1, eos_token_id=2)
+    save("llama_gqa_f32", perturb(transformers.LlamaForCausalLM(llama_cfg)),
+         transformers.LlamaConfig, transformers.LlamaForCausalLM)
+
+    torch.manual_seed(3)
+    tied_cfg = transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=32,
+                                        intermediate_size=40, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=2,
+                                        max_position_embeddings=T, rms_norm_eps=1e-6,
+                                        rope_theta=500000.0, tie_word_embeddings=True,
+                                        bos_token_id=1, eos_token_id=2)
+    tied = perturb(transformers.LlamaForCausalLM(tied_cfg)).to(torch.bfloat16)
+    save("llama_bf16_sharded", tied, transformers.LlamaConfig, transformers.LlamaForCausalLM,
+         max_shard_size="20KB")
+
+    torch.manual_seed(4)
+    qwen_cfg = transformers.Qwen2Config(vocab_size=vocab_size, hidden_size=32,
+                                        intermediate_size=48, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2,
+                                        max_position_embeddings=T, rms_norm_eps=1e-6,
+                                        rope_theta=10000.0, tie_word_embeddings=True,
+                                        use_sliding_window=False)
+    save("qwen2_gqa_f32", perturb(transformers.Qwen2ForCausalLM(qwen_cfg)),
+         transformers.Qwen2Config, transformers.Qwen2ForCausalLM)
+
+
 def main():
     torch.set_num_threads(1)
+    if sys.argv[1:] == ["--families"]:
+        for name in ["opt_f32", "llama_gqa_f32", "llama_bf16_sharded", "qwen2_gqa_f32"]:
+            shutil.rmtree(os.path.join(OUT, name), ignore_errors=True)
+        make_family_models()
+        return
     if os.path.isdir(OUT):
         shutil.rmtree(OUT)
     os.makedirs(OUT)
@@ -285,6 +377,7 @@ def main():
         json.dump(refs, f, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
         f.write("\n")
     make_models(toks["bytelevel"].get_vocab_size(), os.path.join(OUT, "tok_bytelevel.json"))
+    make_family_models()
     total = 0
     for root, _, files in os.walk(OUT):
         total += sum(os.path.getsize(os.path.join(root, f)) for f in files)

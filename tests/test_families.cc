@@ -1,0 +1,518 @@
+// The opt and llama families: their new kernels against finite differences, whole-model
+// gradients against finite differences, converted Hugging Face checkpoints against
+// transformers' logits (fixtures from tests/reference/make_hf_fixtures.py), bit-identical
+// round trips, clear refusals, the offloading scheduler bitwise equal to in-memory training,
+// and fine-tuning from a converted checkpoint through fuyou-train's config.
+//
+// Finite-difference tolerance, as in test_kernels.cc: a central difference in fp32 has
+// truncation error ~h^2 |f'''| and rounding error ~eps |L| / h, smallest (~eps^(2/3) of the
+// scale) near h = eps^(1/3); we allow 20 times that relative to the largest gradient element.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "fuyou/backend.h"
+#include "fuyou/data.h"
+#include "fuyou/error.h"
+#include "fuyou/hf_checkpoint.h"
+#include "fuyou/model.h"
+#include "fuyou/rng.h"
+#include "fuyou/safetensors.h"
+#include "fuyou/scheduler.h"
+#include "fuyou/train.h"
+#include "kernels/common/element_math.h"
+#include "src/formats/safetensors_stream.h"
+#include "fd_check.h"
+#include "test_support.h"
+
+namespace fs = std::filesystem;
+using namespace fuyou;
+using namespace fuyou::test;
+using Catch::Matchers::Contains;
+
+namespace {
+
+std::string fixture(const std::string& rel) {
+  return test::source_path("tests/reference/fixtures/hf/" + rel);
+}
+
+std::map<std::string, std::pair<StTensorInfo, std::string>> all_tensors(const std::string& dir) {
+  TensorSet set = TensorSet::open_dir(dir);
+  std::map<std::string, std::pair<StTensorInfo, std::string>> out;
+  for (const auto& n : set.names()) {
+    const StTensorInfo& t = set.info(n);
+    std::string bytes(t.end - t.begin, '\0');
+    set.file(n).read(t, 0, bytes.data(), bytes.size());
+    out[n] = {t, bytes};
+  }
+  return out;
+}
+
+// The engine's logits on the fixture batch against transformers' (fp32).
+double logits_error(const std::string& ckpt, const std::string& logits_file) {
+  LoadedCheckpoint c = load_engine_checkpoint(ckpt);
+  SafetensorsReader ref(logits_file);
+  auto tokens = ref.read_i32("tokens");
+  const int T = c.model.seq_len, V = c.model.vocab_size;
+  const int B = static_cast<int>(tokens.size()) / T;
+  REQUIRE(static_cast<size_t>(B) * T == tokens.size());
+  auto logits = ref.read_f32("logits", {B, T, V});
+  auto be = make_cpu_backend(2, 0);
+  GptModel model(c.model, *be, B);
+  be->copy_to_device(model.params(), c.params.data(), c.params.size() * sizeof(float));
+  model.forward(tokens.data(), nullptr);
+  std::vector<float> got(static_cast<size_t>(B) * T * V);
+  be->copy_to_host(got.data(), model.logits(), got.size() * sizeof(float));
+  return test::rel_error(got.data(), logits.data(), got.size());
+}
+
+const char* kFamilyFixtures[] = {"opt_f32", "llama_gqa_f32", "llama_bf16_sharded", "qwen2_gqa_f32"};
+
+}  // namespace
+
+// ---- kernels ---------------------------------------------------------------------------
+
+TEST_CASE("rmsnorm backward matches finite differences", "[families]") {
+  auto be = make_cpu_backend(2, 0);
+  const int N = 5, C = 24;
+  auto x = randn(N * C, 1), w = randn(C, 2), R = randn(N * C, 4);
+  std::vector<float> out(N * C), rstd(N);
+  auto loss = [&] {
+    be->rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), 1e-5f, N, C);
+    return dot(out, R);
+  };
+  loss();
+  // The forward against the formula, in double: rounding of a C-term mean, ~C eps relative.
+  for (int n = 0; n < N; ++n) {
+    double ss = 0;
+    for (int c = 0; c < C; ++c) ss += double(x[n * C + c]) * x[n * C + c];
+    double r = 1.0 / std::sqrt(ss / C + 1e-5);
+    for (int c = 0; c < C; ++c)
+      CHECK(out[n * C + c] == Approx(x[n * C + c] * r * w[c]).epsilon(C * FLT_EPSILON).margin(1e-6));
+  }
+  std::vector<float> dx(N * C, 0.0f), dw(C, 0.0f);
+  be->rmsnorm_backward(dx.data(), dw.data(), R.data(), x.data(), w.data(), rstd.data(), N, C);
+  check_grad("rmsnorm dx", x, dx, loss);
+  check_grad("rmsnorm dw", w, dw, loss);
+}
+
+TEST_CASE("rope backward matches finite differences and preserves norms", "[families]") {
+  auto be = make_cpu_backend(2, 0);
+  const int B = 2, T = 5, Hq = 4, Hkv = 2, D = 6;
+  const int W = (Hq + 2 * Hkv) * D;
+  auto x = randn(B * T * W, 3), R = randn(B * T * W, 4);
+  std::vector<float> y;
+  auto loss = [&] {
+    y = x;
+    be->rope_forward(y.data(), B, T, Hq, Hkv, D, 10000.0f);
+    return dot(y, R);
+  };
+  loss();
+  for (int n = 0; n < B * T; ++n) {
+    // Position 0 is the identity; v is never touched; each head keeps its norm (a rotation).
+    for (int i = 0; i < W; ++i) {
+      bool is_v = i >= (Hq + Hkv) * D;
+      if (n % T == 0 || is_v) CHECK(y[n * W + i] == x[n * W + i]);
+    }
+    for (int h = 0; h < Hq + Hkv; ++h) {
+      double a = 0, b = 0;
+      for (int i = 0; i < D; ++i) {
+        a += double(x[n * W + h * D + i]) * x[n * W + h * D + i];
+        b += double(y[n * W + h * D + i]) * y[n * W + h * D + i];
+      }
+      CHECK(b == Approx(a).epsilon(8 * FLT_EPSILON));
+    }
+  }
+  std::vector<float> dx = R;
+  be->rope_backward(dx.data(), B, T, Hq, Hkv, D, 10000.0f);
+  check_grad("rope dx", x, dx, loss);
+}
+
+TEST_CASE("repeated k/v heads: backward sums the copies", "[families]") {
+  auto be = make_cpu_backend(2, 0);
+  const int N = 6, Hq = 6, Hkv = 2, D = 4, C = Hq * D;
+  auto x = randn(N * (C + 2 * Hkv * D), 5), R = randn(N * 3 * C, 6);
+  std::vector<float> y(N * 3 * C);
+  auto loss = [&] {
+    be->repeat_kv_forward(y.data(), x.data(), N, Hq, Hkv, D);
+    return dot(y, R);
+  };
+  loss();
+  // Query head h reads k/v head h / (Hq / Hkv), as transformers' repeat_kv.
+  CHECK(y[3 * (3 * C) + 2 * C + 5 * D + 1] == x[3 * (C + 2 * Hkv * D) + C + Hkv * D + 1 * D + 1]);
+  std::vector<float> dx(x.size());
+  be->repeat_kv_backward(dx.data(), R.data(), N, Hq, Hkv, D);
+  check_grad("repeat_kv dx", x, dx, loss);
+}
+
+TEST_CASE("swiglu and relu backward match finite differences", "[families]") {
+  auto be = make_cpu_backend(2, 0);
+  const int N = 4, F = 10;
+  auto gu = randn(N * 2 * F, 7), R = randn(N * F, 8);
+  std::vector<float> out(N * F);
+  auto loss = [&] {
+    be->swiglu_forward(out.data(), gu.data(), N, F);
+    return dot(out, R);
+  };
+  loss();
+  for (int f = 0; f < F; ++f) {
+    double g = gu[f], u = gu[F + f];
+    // exp_fast is ~2 ulp; the product and quotient add a few more.
+    CHECK(out[f] == Approx(g / (1 + std::exp(-g)) * u).epsilon(16 * FLT_EPSILON).margin(1e-7));
+  }
+  std::vector<float> dgu(gu.size());
+  be->swiglu_backward(dgu.data(), gu.data(), R.data(), N, F);
+  check_grad("swiglu dgu", gu, dgu, loss);
+
+  // ReLU: inputs kept at least 0.1 from the kink so the differences never straddle it.
+  auto x = randn(N * F, 9);
+  for (auto& v : x) v = v < 0 ? v - 0.1f : v + 0.1f;
+  std::vector<float> y(x.size());
+  auto rloss = [&] {
+    be->relu_forward(y.data(), x.data(), x.size());
+    return dot(y, R);
+  };
+  rloss();
+  std::vector<float> dx(x.size());
+  be->relu_backward(dx.data(), x.data(), R.data(), x.size());
+  check_grad("relu dx", x, dx, rloss);
+}
+
+TEST_CASE("element math of the new families", "[families]") {
+  for (float x : {-30.0f, -3.0f, -0.5f, 0.0f, 0.7f, 4.0f, 30.0f}) {
+    double s = 1 / (1 + std::exp(-double(x)));
+    CHECK(math::silu(x) == Approx(x * s).epsilon(8 * FLT_EPSILON).margin(1e-30));
+    CHECK(math::silu_grad(x) == Approx(s * (1 + x * (1 - s))).epsilon(8 * FLT_EPSILON).margin(1e-7));
+  }
+  CHECK(math::relu(-1.0f) == 0.0f);
+  CHECK(math::relu_grad(0.0f) == 0.0f);
+  // theta^(-2i/D) computed in fp32: a few ulp of the double value.
+  for (int i : {0, 1, 7}) {
+    double want = 5 * std::pow(10000.0, -2.0 * i / 16);
+    CHECK(math::rope_angle(5, i, 16, 10000.0f) == Approx(want).epsilon(8 * FLT_EPSILON));
+  }
+}
+
+// ---- whole model -----------------------------------------------------------------------
+
+namespace {
+
+Config family_config(const std::string& model, double clip = 0.0, int layers = 3) {
+  return parse_config(str("model: {", model, ", n_layer: ", layers,
+                          ", vocab_size: 64, seq_len: 8}\n"
+                          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ", clip, "}\n"
+                          "schedule: {steps: 4, warmup_steps: 1, micro_batch: 2}\n"
+                          "runtime: {backend: cpu, threads: 2, seed: 5}\n"),
+                      "<test>");
+}
+
+const char* kFamilies[] = {
+    "family: opt, n_head: 2, d_model: 16, d_ff: 24",
+    "family: llama, n_head: 4, n_kv_head: 2, d_model: 16, d_ff: 24, tie_embeddings: false",
+    "family: llama, n_head: 2, d_model: 16, d_ff: 24, qkv_bias: true, norm_eps: 1.0e-6",
+};
+
+}  // namespace
+
+// Finite differences need a smooth loss: the llama family is (SiLU, RMSNorm, RoPE). opt's
+// ReLU kinks make differences of a whole model unreliable, so its gradients are compared
+// with PyTorch's instead (the next test).
+TEST_CASE("llama gradients match finite differences of the loss", "[families]") {
+  for (const char* fam : {kFamilies[1], kFamilies[2]}) {
+    INFO(fam);
+    Config cfg = family_config(fam, 0.0, 2);
+    auto be = make_cpu_backend(2, 0);
+    const int B = 2, T = cfg.model.seq_len;
+    GptModel model(cfg.model, *be, B);
+    const ParamLayout& layout = model.layout();
+    std::vector<float> p(layout.total);
+    init_gpt_params(cfg.model, layout, p.data());
+    // Larger weights than init so every path carries gradient well above rounding.
+    Rng rng(3);
+    for (const TensorSpec& t : layout.tensors)
+      for (size_t i = 0; i < t.numel; ++i) p[t.offset + i] += 0.3f * rng.normal();
+    std::vector<int32_t> in(B * T), tg(B * T);
+    for (int i = 0; i < B * T; ++i) in[i] = static_cast<int32_t>(rng.below(64)), tg[i] = static_cast<int32_t>(rng.below(64));
+    be->copy_to_device(model.params(), p.data(), 4 * p.size());
+    const float L0 = model.forward(in.data(), tg.data());
+    model.zero_grads();
+    model.backward(1.0f / (B * T));
+    std::vector<float> g(layout.total);
+    be->copy_to_host(g.data(), model.grads(), 4 * g.size());
+    // Per tensor, the derivative along the unit direction of its analytic gradient: equals
+    // |g| only if the gradient is right. Central differences at h and h/2 combined by
+    // Richardson extrapolation (4 D(h/2) - D(h)) / 3 cancel the h^2 term, which these
+    // deliberately curved models make large; what remains is the rounding of the loss
+    // differences, at most ~eps |L| / (h/2) for each of the four evaluations, times 5/3 from
+    // the combination. The allowance is that (relative to |g|) or kFdTolerance if larger.
+    const double h = 2e-2;
+    for (const TensorSpec& t : layout.tensors) {
+      double norm = 0;
+      for (size_t i = 0; i < t.numel; ++i) norm += double(g[t.offset + i]) * g[t.offset + i];
+      norm = std::sqrt(norm);
+      INFO("tensor " << t.name << " |g| " << norm);
+      REQUIRE(norm > 0);
+      auto loss_at = [&](double s) {
+        std::vector<float> q = p;
+        for (size_t i = 0; i < t.numel; ++i) q[t.offset + i] += static_cast<float>(s * g[t.offset + i] / norm);
+        be->copy_to_device(model.params(), q.data(), 4 * q.size());
+        return double(model.forward(in.data(), tg.data()));
+      };
+      double d1 = (loss_at(h) - loss_at(-h)) / (2 * h);
+      double d2 = (loss_at(h / 2) - loss_at(-h / 2)) / h;
+      double fd = (4 * d2 - d1) / 3;
+      double tol = std::max(kFdTolerance, 4 * FLT_EPSILON * std::fabs(L0) / (h / 2) * 5 / 3 / norm);
+      CHECK(std::fabs(fd - norm) / norm < tol);
+    }
+  }
+}
+
+TEST_CASE("opt gradients equal PyTorch's for a converted checkpoint", "[hf][families]") {
+  TempDir tmp("optgrad");
+  const std::string ckpt = tmp.path + "/opt";
+  convert_hf_to_engine(fixture("opt_f32"), ckpt, {});
+  LoadedCheckpoint c = load_engine_checkpoint(ckpt);
+  SafetensorsReader ref(fixture("logits_opt_f32.safetensors"));
+  auto train = ref.read_i32("train_tokens");
+  const int T = c.model.seq_len;
+  REQUIRE(train.size() == static_cast<size_t>(T) + 1);
+  auto be = make_cpu_backend(2, 0);
+  GptModel model(c.model, *be, 1);
+  be->copy_to_device(model.params(), c.params.data(), c.params.size() * sizeof(float));
+  float loss = model.forward(train.data(), train.data() + 1);
+  CHECK(loss == Approx(ref.read_f32("train_loss", {1})[0]).epsilon(1e-4));
+  model.zero_grads();
+  model.backward(1.0f / T);
+  std::vector<float> g(model.layout().total);
+  be->copy_to_host(g.data(), model.grads(), 4 * g.size());
+  // Errors are relative to the largest reference gradient of the whole engine tensor: the
+  // key bias's gradient is zero in exact arithmetic (softmax ignores a shift shared by a
+  // query's scores), so on its own it would be rounding noise compared with rounding noise.
+  std::map<std::string, double> scale;
+  for (const HfTensorMap& m : hf_tensor_map(c.model))
+    for (float v : ref.read_f32("grad." + m.hf, m.hf_shape))
+      scale[m.engine] = std::max(scale[m.engine], std::fabs(double(v)));
+  for (const HfTensorMap& m : hf_tensor_map(c.model)) {
+    INFO("tensor " << m.hf);
+    auto want = ref.read_f32("grad." + m.hf, m.hf_shape);
+    const float* got = g.data() + model.layout().tensor(m.engine).offset + m.engine_offset;
+    double diff = 0;
+    for (size_t i = 0; i < want.size(); ++i) diff = std::max(diff, std::fabs(double(got[i]) - want[i]));
+    INFO("relative error " << diff / scale[m.engine]);
+    // fp32 on both sides, different summation orders: the 1e-4 relative bound.
+    CHECK(diff < 1e-4 * scale[m.engine]);
+  }
+}
+
+TEST_CASE("offloaded training of every family is bitwise equal to in-memory training", "[families]") {
+  for (const char* fam : kFamilies) {
+    for (double clip : {0.0, 0.5}) {
+      INFO(fam << ", clip " << clip);
+      Config cfg = family_config(fam, clip);
+      std::vector<std::vector<int32_t>> data;
+      for (int s = 0; s < 3; ++s) {
+        Rng rng(77, s);
+        std::vector<int32_t> b(static_cast<size_t>(2) * (cfg.model.seq_len + 1));
+        for (auto& t : b) t = static_cast<int32_t>(rng.below(cfg.model.vocab_size));
+        data.push_back(b);
+      }
+      auto be = make_cpu_backend(2, 0);
+      StepRunner r(cfg, *be);
+      r.init_params();
+      std::vector<float> ref_losses;
+      for (size_t s = 0; s < data.size(); ++s) ref_losses.push_back(r.step(static_cast<int64_t>(s), {data[s].data()}).loss);
+
+      PlanRequest req;
+      req.model = cfg.model;
+      req.micro_batch = 2;
+      req.exact = clip > 0;
+      req.acts = {ActPlacement::kHost, ActPlacement::kRecompute, ActPlacement::kKeep};
+      auto be2 = make_cpu_backend(2, 0);
+      OffloadTrainer tr(cfg, *be2, make_plan(req), nullptr);
+      ParamLayout layout = make_gpt_layout(cfg.model);
+      std::vector<float> init(layout.total);
+      init_gpt_params(cfg.model, layout, init.data());
+      tr.set_params(init.data());
+      for (size_t s = 0; s < data.size(); ++s) {
+        float l = tr.step(static_cast<int64_t>(s), data[s].data()).loss;
+        CHECK(std::memcmp(&l, &ref_losses[s], 4) == 0);
+      }
+      std::vector<float> params(layout.total);
+      tr.read_params(params.data());
+      CHECK(std::memcmp(params.data(), r.master().data(), 4 * params.size()) == 0);
+    }
+  }
+}
+
+TEST_CASE("FLOPs and sizes per family", "[families]") {
+  Config llama = family_config(kFamilies[1], 0.0, 2);
+  const ModelConfig& m = llama.model;
+  const double C = 16, F = 24, KV = 8, T = 8, V = 64;
+  double layer = 2 * C * (C + 2 * KV) + 4 * T * C + 2 * C * C + 3 * 2 * C * F;
+  CHECK(layer_forward_flops_per_token(m) == layer);
+  CHECK(forward_flops_per_token(m) == 2 * layer + 2 * C * V);
+  Config opt = family_config(kFamilies[0], 0.0, 2);
+  CHECK(layer_forward_flops_per_token(opt.model) == 2 * C * 3 * C + 4 * T * C + 2 * C * C + 2 * 2 * C * F);
+  // The untied head is in the final group; llama has no position table or biases.
+  ParamLayout lay = make_gpt_layout(m);
+  CHECK(lay.tensors.back().name == "lm_head.weight");
+  CHECK(lay.tensors.back().group == static_cast<int>(lay.groups.size()) - 1);
+  CHECK(lay.groups.front().num_tensors == 1);
+  CHECK(lay.tensor("h.0.attn.c_attn.weight").shape == std::vector<int64_t>{32, 16});
+  CHECK(make_gpt_layout(opt.model).tensor("wpe.weight").shape == std::vector<int64_t>{10, 16});
+  // The planner's per-layer activation bytes are what the model allocates.
+  auto be = make_cpu_backend(2, 0);
+  uint64_t before = be->memory().used;
+  GptModel model(m, *be, 2, ModelState::kWorkspace);
+  CHECK(be->memory().used - before == model_workspace_bytes(m, 2));
+  before = be->memory().used;
+  model.alloc_activations("test");
+  CHECK(be->memory().used - before == layer_activation_bytes(m, 2));
+}
+
+// ---- Hugging Face checkpoints ----------------------------------------------------------
+
+TEST_CASE("converted opt, llama and qwen2 checkpoints give transformers' logits", "[hf][families]") {
+  TempDir tmp("logits");
+  for (const char* v : kFamilyFixtures) {
+    INFO("variant " << v);
+    std::string ckpt = tmp.path + "/" + v;
+    ConvertResult r = convert_hf_to_engine(fixture(v), ckpt, {});
+    CHECK(r.model.n_layer == 2);
+    CHECK(r.model.d_model == 32);
+    double err = logits_error(ckpt, fixture(std::string("logits_") + v + ".safetensors"));
+    INFO("logits relative error " << err);
+    // The bound for fp32: 1e-4 relative.
+    CHECK(err < 1e-4);
+  }
+}
+
+TEST_CASE("opt and llama: HF -> engine -> HF gives bit-identical tensors", "[hf][families]") {
+  TempDir tmp("roundtrip");
+  struct {
+    const char* variant;
+    StDtype dtype;
+    uint64_t shard;
+  } cases[] = {{"opt_f32", StDtype::kF32, 5'000'000'000ull},
+               {"llama_gqa_f32", StDtype::kF32, 30'000},
+               {"llama_bf16_sharded", StDtype::kBF16, 20'000},
+               {"qwen2_gqa_f32", StDtype::kF32, 5'000'000'000ull}};
+  for (const auto& c : cases) {
+    INFO("variant " << c.variant);
+    std::string ckpt = tmp.path + "/" + c.variant + "_engine", out = tmp.path + "/" + c.variant + "_hf";
+    convert_hf_to_engine(fixture(c.variant), ckpt, {});
+    ConvertOptions opts;
+    opts.dtype = c.dtype;
+    opts.max_shard_bytes = c.shard;
+    ConvertResult r = convert_engine_to_hf(ckpt, out, opts);
+    if (c.shard < 1'000'000) CHECK(fs::exists(out + "/model.safetensors.index.json"));
+    auto before = all_tensors(fixture(c.variant));
+    auto after = all_tensors(out);
+    CHECK(after.size() == before.size());
+    for (const auto& [name, t] : before) {
+      INFO("tensor " << name);
+      auto it = after.find(name);
+      REQUIRE(it != after.end());
+      CHECK(it->second.first.dtype == t.first.dtype);
+      CHECK(it->second.first.shape == t.first.shape);
+      CHECK(it->second.second == t.second);
+    }
+    ModelConfig a = load_hf_config(fixture(c.variant) + "/config.json");
+    ModelConfig b = load_hf_config(out + "/config.json");
+    CHECK(engine_config_yaml(a) == engine_config_yaml(b));
+    auto j = nlohmann::json::parse(read_all(out + "/config.json"));
+    auto src = nlohmann::json::parse(read_all(fixture(c.variant) + "/config.json"));
+    CHECK(j["architectures"] == src["architectures"]);
+    CHECK(j["model_type"] == src["model_type"]);
+  }
+}
+
+TEST_CASE("opt and llama configs the engine cannot compute are refused by field", "[hf][families]") {
+  auto refuse = [](const std::string& variant, const std::function<void(nlohmann::json&)>& edit,
+                   const std::string& field, const std::string& why) {
+    auto j = nlohmann::json::parse(read_all(fixture(variant + "/config.json")));
+    edit(j);
+    INFO(variant << " -> " << j.dump());
+    CHECK_THROWS_WITH(parse_hf_config(j.dump(), "x/config.json"),
+                      Contains("x/config.json") && Contains("'" + field + "'") && Contains(why));
+  };
+  refuse("opt_f32", [](auto& j) { j["do_layer_norm_before"] = false; }, "do_layer_norm_before", "post-LN");
+  refuse("opt_f32", [](auto& j) { j["word_embed_proj_dim"] = 16; }, "word_embed_proj_dim", "project_in");
+  refuse("opt_f32", [](auto& j) { j["activation_function"] = "gelu"; }, "activation_function", "relu");
+  refuse("opt_f32", [](auto& j) { j.erase("ffn_dim"); }, "ffn_dim", "missing");
+  refuse("llama_gqa_f32", [](auto& j) { j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; },
+         "rope_scaling", "'linear'");
+  refuse("llama_gqa_f32", [](auto& j) { j["rope_scaling"] = {{"rope_type", "llama3"}}; }, "rope_scaling", "'llama3'");
+  refuse("llama_gqa_f32", [](auto& j) { j["num_key_value_heads"] = 3; }, "num_key_value_heads", "does not divide");
+  refuse("llama_gqa_f32", [](auto& j) { j["hidden_act"] = "gelu"; }, "hidden_act", "silu");
+  refuse("llama_gqa_f32", [](auto& j) { j["attention_bias"] = true; }, "attention_bias", "o_proj");
+  refuse("llama_gqa_f32", [](auto& j) { j["num_attention_heads"] = "4"; }, "num_attention_heads", "integer");
+  refuse("llama_gqa_f32", [](auto& j) { j["model_type"] = "mistral"; }, "model_type", "not supported");
+
+  // An untied checkpoint without its LM head, and a tied one given the wrong head shape.
+  TempDir tmp("refuse");
+  fs::path d = fs::path(tmp.path) / "llama";
+  fs::copy(fixture("llama_gqa_f32"), d, fs::copy_options::recursive);
+  auto j = nlohmann::json::parse(read_all(d / "config.json"));
+  j["num_hidden_layers"] = 1;
+  write_all(d / "config.json", j.dump());
+  CHECK_THROWS_WITH(convert_hf_to_engine(d.string(), tmp.path + "/out", {}),
+                    Contains("model.layers.1.") && Contains("not part of a Llama model"));
+  CHECK_FALSE(fs::exists(tmp.path + "/out"));
+}
+
+// ---- fine-tuning from a converted checkpoint -------------------------------------------
+
+TEST_CASE("fuyou-train fine-tunes a converted llama: the first loss is transformers' loss", "[families]") {
+  TempDir tmp("finetune");
+  const std::string ckpt = tmp.path + "/llama";
+  convert_hf_to_engine(fixture("llama_gqa_f32"), ckpt, {});
+  SafetensorsReader ref(fixture("logits_llama_gqa_f32.safetensors"));
+  auto tokens = ref.read_i32("train_tokens");
+  const float hf_loss = ref.read_f32("train_loss", {1})[0];
+  // Exactly T + 1 tokens: the only window the sampler can draw is the whole shard.
+  const std::string shard = tmp.path + "/train.bin";
+  write_token_shard(shard, tokens, 128);
+
+  for (const char* offload : {"", "offload: {activations: swap}\n"}) {
+    INFO("engine: " << (*offload ? "offloaded" : "in memory"));
+    std::string run = tmp.path + (*offload ? "/run-offload" : "/run-memory");
+    Config cfg = parse_config(str("model: {checkpoint: ", ckpt, "}\n",
+                                  "data: {train_shards: [", shard, "]}\n",
+                                  "optimizer: {lr: 1.0e-3, grad_clip: 1.0}\n",
+                                  "schedule: {steps: 2, warmup_steps: 1, micro_batch: 1, eval_every: 0}\n",
+                                  "runtime: {backend: cpu, threads: 2}\n", offload),
+                              "<test>");
+    CHECK(cfg.model.family == "llama");
+    CHECK(cfg.model.n_kv_head == 2);
+    CHECK_FALSE(cfg.model.tie_embeddings);
+    TrainOptions opts;
+    opts.run_dir = run;
+    run_training(cfg, opts);
+    std::ifstream metrics(run + "/metrics.jsonl");
+    std::vector<float> losses;
+    for (std::string line; std::getline(metrics, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j.contains("loss")) losses.push_back(j["loss"].get<float>());
+    }
+    REQUIRE(losses.size() == 2);
+    INFO("engine " << losses[0] << ", transformers " << hf_loss);
+    // fp32 on both sides: the 1e-4 relative bound of the logits comparison.
+    CHECK(std::fabs(losses[0] - hf_loss) <= 1e-4 * std::fabs(hf_loss));
+    CHECK(losses[1] != losses[0]);  // the weights were updated
+  }
+
+  // A key that contradicts the checkpoint is refused by name.
+  CHECK_THROWS_WITH(parse_config(str("model: {checkpoint: ", ckpt, ", n_layer: 3}\n"), "<t>"),
+                    Contains("model.n_layer") && Contains("checkpoint"));
+  CHECK_THROWS_WITH(parse_config("model: {checkpoint: /nonexistent/ckpt}\n", "<t>"),
+                    Contains("model.checkpoint") && Contains("/nonexistent/ckpt"));
+}
