@@ -25,6 +25,15 @@ struct RuntimeConfig;
 
 enum class BackendKind { kCpu, kCuda };
 
+// The target value of a position whose prediction does not count in the loss (a prompt token
+// of prompt/completion data): see crossentropy_forward.
+constexpr int32_t kIgnoreTarget = -1;
+
+// What GEMM inputs are rounded to before the product; accumulation is fp32 in every mode,
+// and every tensor the model stores stays fp32 (runtime.precision).
+enum class MatmulPrecision { kFp32, kBf16, kFp16 };
+const char* matmul_precision_name(MatmulPrecision p);
+
 // Device-memory accounting: a hard capacity, what is in use now, and the high-water mark.
 struct MemoryStats {
   uint64_t capacity = 0;
@@ -40,6 +49,11 @@ class Backend {
   virtual std::string name() const = 0;  // e.g. "cpu (2 threads, oneDNN sgemm)"
   virtual int threads() const = 0;
 
+  // GEMM precision of matmul_forward / matmul_backward (the projections and the LM head).
+  // Throws fuyou::Error when the backend cannot run `p`.
+  virtual void set_matmul_precision(MatmulPrecision p) = 0;
+  virtual MatmulPrecision matmul_precision() const = 0;
+
   // ---- memory -------------------------------------------------------------------------
   // Allocates from the device arena; throws fuyou::Error naming `what`, the request and the
   // remaining capacity when it does not fit. Memory is 64-byte aligned and zeroed.
@@ -53,10 +67,12 @@ class Backend {
   virtual void synchronize() = 0;
 
   // ---- transformer kernels (fp32) --------------------------------------------------------
-  // out(N,C) = wte[tokens[n]] + wpe[n % T]
+  // out(N,C) = wte[tokens[n]] + wpe[n % T]. wpe may be null (a family without a position
+  // table, llama): then out = wte[tokens[n]].
   virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte,
                                  const float* wpe, int B, int T, int C) = 0;
-  // dwte(V,C) += scatter of dout rows by token; dwpe(T,C) += sum over batch.
+  // dwte(V,C) += scatter of dout rows by token; dwpe(T,C) += sum over batch (skipped when
+  // dwpe is null).
   virtual void embedding_backward(float* dwte, float* dwpe, const float* dout,
                                   const int32_t* tokens, int B, int T, int C) = 0;
 
@@ -96,10 +112,58 @@ class Backend {
   // Mean cross-entropy support. Forward: losses(N) = logsumexp(logits[n]) - logits[n][target],
   // and lse(N) saved. Backward: logits(N,V) is overwritten with
   // (softmax(logits) - onehot(target)) * scale, the gradient of scale * sum(losses).
+  // A target equal to kIgnoreTarget (-1, PyTorch's ignore_index) does not count: its row gets
+  // loss 0 (and lse 0) in the forward and an all-zero gradient row in the backward, so a
+  // masked-out target contributes neither loss nor gradient. The caller divides by the number
+  // of counted targets (the mean over counted targets: scale = 1 / count).
   virtual void crossentropy_forward(float* losses, float* lse, const float* logits,
                                     const int32_t* targets, int N, int V) = 0;
   virtual void crossentropy_backward(float* logits_to_dlogits, const float* lse,
                                      const int32_t* targets, float scale, int N, int V) = 0;
+
+  // ---- kernels of the opt and llama families -----------------------------------------------
+  // Hq = query heads, Hkv = key/value heads (Hkv divides Hq), D = head size, C = Hq * D.
+  // Grouped-query attention projects to a compact packed qkvc(N, (Hq + 2 Hkv) D): q | k | v,
+  // heads contiguous within each, as one matmul with the packed q/k/v weight writes it.
+  // Per-element math for all of these is in kernels/common/element_math.h.
+
+  // RMSNorm: out(N,C) = in * rstd * w, with rstd(N) = 1 / sqrt(mean over C of in^2 + eps)
+  // saved for the backward (statistics accumulated in math::StatAcc, as layernorm).
+  virtual void rmsnorm_forward(float* out, float* rstd, const float* in, const float* w,
+                               float eps, int N, int C) = 0;
+  // din(N,C) += ... (accumulates, like layernorm_backward); dw(C) += ...
+  virtual void rmsnorm_backward(float* din, float* dw, const float* dout, const float* in,
+                                const float* w, const float* rstd, int N, int C) = 0;
+
+  // Rotary position embeddings (Llama's rotate-half form), in place on the q and k heads of
+  // qkvc(B,T,(Hq+2Hkv)D); v is untouched. Row n has position n % T; within each head the
+  // pair (i, i + D/2), i < D/2, is rotated by the angle math::rope_angle(pos, i, D, theta).
+  virtual void rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D,
+                            float theta) = 0;
+  // The transpose (rotation by -angle), in place on the q and k parts of dqkvc(B,T,(Hq+2Hkv)D).
+  virtual void rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D,
+                             float theta) = 0;
+
+  // Grouped-query attention in its simple form: expands qkvc(N,(Hq+2Hkv)D) into the full
+  // packed qkv(N,3C) that attention_forward takes, k/v head j copied to query heads
+  // j*G .. j*G+G-1 (G = Hq/Hkv).
+  virtual void repeat_kv_forward(float* qkv, const float* qkvc, int N, int Hq, int Hkv,
+                                 int D) = 0;
+  // dqkvc(N,(Hq+2Hkv)D) overwritten: q part copied from dqkv(N,3C), each k/v head the sum of
+  // the gradients of its G copies.
+  virtual void repeat_kv_backward(float* dqkvc, const float* dqkv, int N, int Hq, int Hkv,
+                                  int D) = 0;
+
+  // SwiGLU on the packed gate|up projection gu(N,2F) (row n: gate[0..F) then up[0..F)):
+  // out(N,F) = silu(gate) * up.
+  virtual void swiglu_forward(float* out, const float* gu, int N, int F) = 0;
+  // dgu(N,2F) overwritten from dout(N,F).
+  virtual void swiglu_backward(float* dgu, const float* gu, const float* dout, int N, int F) = 0;
+
+  // ReLU (opt's MLP activation).
+  virtual void relu_forward(float* out, const float* in, size_t n) = 0;
+  // din = dout * (in > 0); din may alias dout.
+  virtual void relu_backward(float* din, const float* in, const float* dout, size_t n) = 0;
 
   // Returns sum of squares of x[0..n), accumulated in double.
   virtual double sum_squares(const float* x, size_t n) = 0;
@@ -112,5 +176,8 @@ std::unique_ptr<Backend> make_backend(const RuntimeConfig& runtime, uint64_t dev
                                       std::string* reason);
 
 std::unique_ptr<Backend> make_cpu_backend(int threads, uint64_t device_memory);
+
+// Sets the backend's GEMM precision from runtime.precision (auto: bf16 on CUDA, fp32 on CPU).
+void apply_precision(Backend& be, const RuntimeConfig& runtime);
 
 }  // namespace fuyou

@@ -23,7 +23,15 @@ CpuBackend::~CpuBackend() {
 }
 
 std::string CpuBackend::name() const {
-  return str("cpu (", threads_, " threads, ", gemm_library_name(), ")");
+  return str("cpu (", threads_, " threads, ", gemm_library_name(),
+             precision_ == MatmulPrecision::kBf16 ? ", bf16 GEMM inputs" : "", ")");
+}
+
+void CpuBackend::set_matmul_precision(MatmulPrecision p) {
+  if (p == MatmulPrecision::kFp16)
+    throw Error("runtime.precision fp16: the CPU backend has no fp16 GEMM (this CPU family has "
+                "no fast fp16 arithmetic); use fp32 or bf16");
+  precision_ = p;
 }
 
 void* CpuBackend::alloc(size_t bytes, const std::string& what) {
@@ -76,19 +84,25 @@ std::unique_ptr<Backend> make_cpu_backend(int threads, uint64_t device_memory) {
   return std::make_unique<cpu::CpuBackend>(threads, device_memory);
 }
 
-std::unique_ptr<Backend> make_backend(const RuntimeConfig& runtime, uint64_t device_memory,
-                                      std::string* reason) {
-  if (runtime.backend == "cuda")
-    throw Error("runtime.backend is 'cuda' but this build has no CUDA backend yet; use "
-                "runtime.backend: cpu (or auto)");
-  auto backend = make_cpu_backend(runtime.threads, device_memory);
-  if (reason) {
-    *reason = runtime.backend == "cpu"
-                  ? str("backend ", backend->name(), ": runtime.backend is cpu")
-                  : str("backend ", backend->name(),
-                        ": runtime.backend is auto and this build has no CUDA backend");
+const char* matmul_precision_name(MatmulPrecision p) {
+  switch (p) {
+    case MatmulPrecision::kFp32: return "fp32";
+    case MatmulPrecision::kBf16: return "bf16";
+    case MatmulPrecision::kFp16: return "fp16";
   }
-  return backend;
+  return "?";
 }
+
+// runtime.precision for a backend: auto is bf16 on a GPU (tensor cores) and fp32 on the CPU
+// (the precision the PyTorch fixtures check).
+void apply_precision(Backend& be, const RuntimeConfig& runtime) {
+  MatmulPrecision p = be.kind() == BackendKind::kCuda ? MatmulPrecision::kBf16 : MatmulPrecision::kFp32;
+  if (runtime.precision == "fp32") p = MatmulPrecision::kFp32;
+  if (runtime.precision == "bf16") p = MatmulPrecision::kBf16;
+  if (runtime.precision == "fp16") p = MatmulPrecision::kFp16;
+  be.set_matmul_precision(p);
+}
+
+// make_backend (runtime.backend cpu | cuda | auto) is in src/runtime/backend_select.cc.
 
 }  // namespace fuyou

@@ -17,6 +17,8 @@ class CpuBackend final : public Backend {
   BackendKind kind() const override { return BackendKind::kCpu; }
   std::string name() const override;
   int threads() const override { return threads_; }
+  void set_matmul_precision(MatmulPrecision p) override;
+  MatmulPrecision matmul_precision() const override { return precision_; }
 
   void* alloc(size_t bytes, const std::string& what) override;
   void free(void* ptr) override;
@@ -51,11 +53,26 @@ class CpuBackend final : public Backend {
                             const int32_t* targets, int N, int V) override;
   void crossentropy_backward(float* logits_to_dlogits, const float* lse, const int32_t* targets,
                              float scale, int N, int V) override;
+  // kernels/cpu/ops_families.cc: what the opt and llama families add.
+  void rmsnorm_forward(float* out, float* rstd, const float* in, const float* w, float eps, int N,
+                       int C) override;
+  void rmsnorm_backward(float* din, float* dw, const float* dout, const float* in,
+                        const float* w, const float* rstd, int N, int C) override;
+  void rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta) override;
+  void rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta) override;
+  void repeat_kv_forward(float* qkv, const float* qkvc, int N, int Hq, int Hkv, int D) override;
+  void repeat_kv_backward(float* dqkvc, const float* dqkv, int N, int Hq, int Hkv,
+                          int D) override;
+  void swiglu_forward(float* out, const float* gu, int N, int F) override;
+  void swiglu_backward(float* dgu, const float* gu, const float* dout, int N, int F) override;
+  void relu_forward(float* out, const float* in, size_t n) override;
+  void relu_backward(float* din, const float* in, const float* dout, size_t n) override;
   double sum_squares(const float* x, size_t n) override;
   void scale(float* x, float s, size_t n) override;
 
  private:
   int threads_;
+  MatmulPrecision precision_ = MatmulPrecision::kFp32;
   uint64_t capacity_;
   mutable std::mutex mu_;
   uint64_t used_ = 0;

@@ -41,8 +41,12 @@ void CpuBackend::embedding_forward(float* out, const int32_t* tokens, const floa
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < B * T; ++n) {
     const float* te = wte + static_cast<size_t>(tokens[n]) * C;
-    const float* pe = wpe + static_cast<size_t>(n % T) * C;
     float* o = out + static_cast<size_t>(n) * C;
+    if (!wpe) {  // no position table (llama): positions enter through RoPE instead
+      for (int c = 0; c < C; ++c) o[c] = te[c];
+      continue;
+    }
+    const float* pe = wpe + static_cast<size_t>(n % T) * C;
     for (int c = 0; c < C; ++c) o[c] = te[c] + pe[c];
   }
 }
@@ -59,11 +63,10 @@ void CpuBackend::embedding_backward(float* dwte, float* dwpe, const float* dout,
     for (int n = 0; n < B * T; ++n) {
       const float* d = dout + static_cast<size_t>(n) * C;
       float* te = dwte + static_cast<size_t>(tokens[n]) * C;
+      for (int c = c0; c < c1; ++c) te[c] += d[c];
+      if (!dwpe) continue;  // no position table (llama)
       float* pe = dwpe + static_cast<size_t>(n % T) * C;
-      for (int c = c0; c < c1; ++c) {
-        te[c] += d[c];
-        pe[c] += d[c];
-      }
+      for (int c = c0; c < c1; ++c) pe[c] += d[c];
     }
   }
 }
@@ -141,13 +144,15 @@ void CpuBackend::matmul_forward(float* out, const float* in, const float* w, con
     for (int n = 0; n < N; ++n) std::memcpy(out + static_cast<size_t>(n) * OC, bias, sizeof(float) * OC);
     beta = 1.0f;
   }
-  gemm_f32(false, true, N, OC, IC, 1.0f, in, IC, w, IC, beta, out, OC);
+  auto gemm = precision_ == MatmulPrecision::kBf16 ? gemm_bf16 : gemm_f32;
+  gemm(false, true, N, OC, IC, 1.0f, in, IC, w, IC, beta, out, OC);
 }
 
 void CpuBackend::matmul_backward(float* din, float* dw, float* dbias, const float* dout,
                                  const float* in, const float* w, int N, int IC, int OC) {
-  if (din) gemm_f32(false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, din, IC);
-  gemm_f32(true, false, OC, IC, N, 1.0f, dout, OC, in, IC, 1.0f, dw, IC);
+  auto gemm = precision_ == MatmulPrecision::kBf16 ? gemm_bf16 : gemm_f32;
+  if (din) gemm(false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, din, IC);
+  gemm(true, false, OC, IC, N, 1.0f, dout, OC, in, IC, 1.0f, dw, IC);
   if (dbias) {
     // Column sums: threads own column blocks, rows stream through in order.
     constexpr int kBlock = 256;
@@ -184,6 +189,11 @@ FY_CLONES void crossentropy_forward_impl(float* losses, float* lse, const float*
                                          const int32_t* targets, int N, int V) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
+    if (targets[n] == kIgnoreTarget) {  // does not count: no loss (backend.h)
+      losses[n] = 0.0f;
+      lse[n] = 0.0f;
+      continue;
+    }
     const float* l = logits + static_cast<size_t>(n) * V;
     float mx = l[0];
     for (int v = 1; v < V; ++v) mx = std::max(mx, l[v]);
@@ -201,6 +211,10 @@ FY_CLONES void crossentropy_backward_impl(float* logits, const float* lse, const
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     float* l = logits + static_cast<size_t>(n) * V;
+    if (targets[n] == kIgnoreTarget) {  // does not count: no gradient (backend.h)
+      std::fill(l, l + V, 0.0f);
+      continue;
+    }
     float z = lse[n];
 #pragma omp simd
     for (int v = 0; v < V; ++v) l[v] = math::exp_fast(l[v] - z) * scale;

@@ -2,7 +2,7 @@
 """Time GPT-2-shaped training steps in PyTorch on the CPU (the baseline Fuyou is compared with).
 
 One step = forward + backward + torch.optim.AdamW(foreach=True).step() on random tokens,
-model from gpt_ref.py (float32). Prints ONE JSON line with the median step time over
+model from gpt_ref.py (float32; --bf16-autocast runs the forward under CPU autocast). Prints ONE JSON line with the median step time over
 --steps timed steps after --warmup-steps untimed ones.
 
 Examples:
@@ -85,6 +85,9 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup-steps", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bf16-autocast", action="store_true",
+                    help="run forward and loss under torch.autocast('cpu', bfloat16): PyTorch's own "
+                         "mixed precision, the comparison for the engine's runtime.precision bf16")
     ap.add_argument("--no-env-defaults", action="store_true",
                     help="do not set " + ", ".join(f"{k}={v}" for k, v in ENV_DEFAULTS.items()))
     args = ap.parse_args()
@@ -104,7 +107,11 @@ def main():
         tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=gen)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        _, loss = model.loss(tokens)
+        if args.bf16_autocast:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                _, loss = model.loss(tokens)
+        else:
+            _, loss = model.loss(tokens)
         loss.backward()
         opt.step()
         dt = time.perf_counter() - t0
@@ -119,6 +126,7 @@ def main():
         "tokens_per_s": args.batch * args.seq / med,
         "step_s_median": med,
         "threads": args.threads,
+        "precision": "bf16 autocast" if args.bf16_autocast else "fp32",
         "torch_version": torch.__version__,
         "blas": blas_summary(),
         "env": {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS",
