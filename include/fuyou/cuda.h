@@ -1,0 +1,28 @@
+// The CUDA backend's entry points, declared for every build. Built without the CUDA toolkit
+// (no FUYOU_WITH_CUDA), cuda_built() is false, cuda_usable_devices() reports why and
+// make_cuda_backend() throws; src/runtime/backend_select.cc supplies those stubs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "fuyou/backend.h"
+
+namespace fuyou {
+
+// Whether this build contains the CUDA backend.
+bool cuda_built();
+
+// How many CUDA devices this process can use (compute capability 8.0 or newer, the oldest
+// this build compiles for). When none, *why (if given) says why, naming the CUDA call and
+// its error, e.g. "no usable CUDA driver (cudaGetDeviceCount: cudaErrorInsufficientDriver:
+// ...)". Never throws.
+int cuda_usable_devices(std::string* why);
+
+// The CUDA backend on `device`, with a device arena of `device_memory` bytes (0: what the
+// device has free, less a reserve for the CUDA context and cuBLAS workspaces). Throws
+// fuyou::Error when the device cannot be used or the budget does not fit.
+std::unique_ptr<Backend> make_cuda_backend(int device, uint64_t device_memory);
+
+}  // namespace fuyou

@@ -1,0 +1,52 @@
+// Dynamic loss scaling for fp16 GEMM inputs: the state machine, independent of any backend.
+//
+// fp16 flushes gradients below 2^-24 to zero, so the loss (and with it every gradient) is
+// multiplied by `scale()` before the backward; the optimizer divides it out again (AdamW's
+// grad_scale). A step whose scaled gradients overflowed (any inf or NaN, which the global
+// sum of squares exposes, see Backend::sum_squares) must not be applied: update() says to
+// skip it and halves the scale; after `growth_interval` clean steps in a row the scale
+// doubles again. The same rules as PyTorch's GradScaler and Megatron's DynamicGradScaler.
+//
+// Not wired in yet: the trainer and the offload scheduler's exact mode (which has the global
+// view before any update) still need to call it (docs/cuda.md).
+#pragma once
+
+#include <cstdint>
+
+namespace fuyou {
+
+struct LossScaleConfig {
+  double initial = 65536.0;  // 2^16
+  double growth = 2.0;
+  double backoff = 0.5;
+  int64_t growth_interval = 2000;  // clean steps before the scale grows
+  double min_scale = 1.0;
+  double max_scale = 16777216.0;  // 2^24: beyond it fp32 sums of scaled losses lose digits
+};
+
+class DynamicLossScaler {
+ public:
+  explicit DynamicLossScaler(const LossScaleConfig& cfg = {});
+
+  // Multiplies the loss before the backward.
+  double scale() const { return scale_; }
+  // Multiplies the gradients before the update (1 / scale()).
+  double unscale() const { return 1.0 / scale_; }
+
+  // After the backward, with the sum of squares of the scaled gradients. Returns true when
+  // every gradient was finite and the step may be applied; false when it must be skipped
+  // (the scale has then backed off). Throws fuyou::Error once the scale is at min_scale and
+  // still overflows: training has diverged, and skipping forever would hide it.
+  bool update(double scaled_grad_sum_squares);
+
+  int64_t skipped_steps() const { return skipped_; }
+  int64_t clean_steps_in_a_row() const { return clean_; }
+
+ private:
+  LossScaleConfig cfg_;
+  double scale_;
+  int64_t clean_ = 0;
+  int64_t skipped_ = 0;
+};
+
+}  // namespace fuyou

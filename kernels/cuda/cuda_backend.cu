@@ -1,0 +1,318 @@
+// The CUDA backend's memory, streams, copies and GEMMs; the kernels are in ops.cu,
+// attention.cu and ops_families.cu. Nothing in this file has run on a GPU yet (docs/cuda.md).
+#include <algorithm>
+
+#include "fuyou/cuda.h"
+#include "fuyou/sizes.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_util.cuh"
+
+namespace fuyou::cuda {
+
+void cuda_failed(const char* file, int line, const char* call, cudaError_t e) {
+  throw Error(str(file, ":", line, ": ", call, " failed: ", cudaGetErrorName(e), ": ",
+                  cudaGetErrorString(e)));
+}
+
+void cublas_failed(const char* file, int line, const char* call, cublasStatus_t s) {
+  throw Error(str(file, ":", line, ": ", call, " failed: ", cublasGetStatusName(s), ": ",
+                  cublasGetStatusString(s)));
+}
+
+namespace {
+
+// Left free on the device when the budget is "everything": the CUDA context, cuBLAS's
+// workspaces and library kernels live outside the arena.
+constexpr uint64_t kDeviceReserve = 1ull << 30;
+
+constexpr int kMinMajor = 8;  // the oldest architecture CMake compiles for (sm_80)
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device, uint64_t capacity) : device_(device) {
+  bind();
+  cudaDeviceProp prop{};
+  FY_CUDA(cudaGetDeviceProperties(&prop, device_));
+  device_name_ = str(prop.name, ", sm_", prop.major, prop.minor);
+  if (prop.major < kMinMajor)
+    throw Error(str("CUDA device ", device_, " (", device_name_,
+                    ") is older than sm_80, the "
+                    "oldest architecture this build compiles for"));
+  size_t free_b = 0, total_b = 0;
+  FY_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  if (capacity == 0) {
+    if (free_b <= kDeviceReserve)
+      throw Error(str("CUDA device ", device_, " (", prop.name, ") has only ", format_size(free_b),
+                      " free; set offload.device_memory explicitly"));
+    capacity = free_b - kDeviceReserve;
+  }
+  capacity = capacity / kAlign * kAlign;
+  if (capacity > free_b)
+    throw Error(str("offload.device_memory is ", format_size(capacity), " but CUDA device ",
+                    device_, " (", prop.name, ") has ", format_size(free_b), " free of ",
+                    format_size(total_b)));
+  capacity_ = capacity;
+  FY_CUDA(cudaMalloc(reinterpret_cast<void**>(&base_), capacity_));
+  free_[0] = capacity_;
+
+  FY_CUDA(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  FY_CUDA(cudaStreamCreateWithFlags(&h2d_, cudaStreamNonBlocking));
+  FY_CUDA(cudaStreamCreateWithFlags(&d2h_, cudaStreamNonBlocking));
+  FY_CUDA(cudaEventCreateWithFlags(&h2d_ready_, cudaEventDisableTiming));
+  FY_CUDA(cudaEventCreateWithFlags(&d2h_ready_, cudaEventDisableTiming));
+  FY_CUBLAS(cublasCreate(&blas_));
+  FY_CUBLAS(cublasSetStream(blas_, compute_));
+  FY_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_sum_), sizeof(double)));
+  FY_CUDA(cudaMallocHost(reinterpret_cast<void**>(&h_sum_), sizeof(double)));
+}
+
+CudaBackend::~CudaBackend() {
+  // Errors are ignored here: a destructor must not throw, and a failed device is reported
+  // by whichever call met it first.
+  cudaSetDevice(device_);
+  cudaDeviceSynchronize();
+  if (blas_) cublasDestroy(blas_);
+  for (cudaEvent_t e : {h2d_ready_, d2h_ready_})
+    if (e) cudaEventDestroy(e);
+  for (cudaStream_t s : {compute_, h2d_, d2h_})
+    if (s) cudaStreamDestroy(s);
+  cudaFree(d_sum_);
+  cudaFreeHost(h_sum_);
+  cudaFree(base_);
+}
+
+void CudaBackend::bind() const { FY_CUDA(cudaSetDevice(device_)); }
+
+std::string CudaBackend::name() const {
+  return str("cuda (", device_name_, ", cuBLAS, ", matmul_precision_name(precision_),
+             " GEMM inputs)");
+}
+
+// ---- arena -------------------------------------------------------------------------------
+
+void* CudaBackend::alloc(size_t bytes, const std::string& what) {
+  uint64_t rounded = std::max<uint64_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+  uint64_t offset = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = std::find_if(free_.begin(), free_.end(),
+                           [&](const auto& f) { return f.second >= rounded; });
+    if (it == free_.end()) {
+      uint64_t largest = 0;
+      for (const auto& f : free_) largest = std::max(largest, f.second);
+      throw Error(str("device memory: ", what, " needs ", format_size(rounded), " but only ",
+                      format_size(capacity_ - used_), " of the ", format_size(capacity_),
+                      " budget (offload.device_memory) is free, the largest free block ",
+                      format_size(largest)));
+    }
+    offset = it->first;
+    uint64_t size = it->second;
+    free_.erase(it);
+    if (size > rounded) free_[offset + rounded] = size - rounded;
+    blocks_[offset] = rounded;
+    used_ += rounded;
+    peak_ = std::max(peak_, used_);
+  }
+  void* p = base_ + offset;
+  // Zeroed as the interface promises; queued on the compute stream, which every later
+  // kernel follows and every copy waits for.
+  bind();
+  FY_CUDA(cudaMemsetAsync(p, 0, rounded, compute_));
+  return p;
+}
+
+void CudaBackend::free(void* ptr) {
+  if (!ptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  FY_CHECK(ptr >= base_ && ptr < base_ + capacity_, "free of a pointer outside the CUDA arena");
+  uint64_t offset = static_cast<char*>(ptr) - base_;
+  auto b = blocks_.find(offset);
+  FY_CHECK(b != blocks_.end(), "free of a pointer this backend did not allocate");
+  uint64_t size = b->second;
+  blocks_.erase(b);
+  used_ -= size;
+  // Insert and merge with the free neighbours on either side. Kernels still queued that use
+  // this block are ahead of any later user of it on the compute stream, so no wait is needed.
+  auto next = free_.lower_bound(offset);
+  if (next != free_.end() && next->first == offset + size) {
+    size += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == offset) {
+      prev->second += size;
+      return;
+    }
+  }
+  free_[offset] = size;
+}
+
+MemoryStats CudaBackend::memory() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {capacity_, used_, peak_};
+}
+
+// ---- copies -------------------------------------------------------------------------------
+
+void CudaBackend::copy_to_device(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  std::lock_guard<std::mutex> lock(h2d_mu_);
+  bind();
+  // Wait for the kernels queued so far (one may still read dst), copy, wait for the copy.
+  FY_CUDA(cudaEventRecord(h2d_ready_, compute_));
+  FY_CUDA(cudaStreamWaitEvent(h2d_, h2d_ready_, 0));
+  FY_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, h2d_));
+  FY_CUDA(cudaStreamSynchronize(h2d_));
+}
+
+void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  std::lock_guard<std::mutex> lock(d2h_mu_);
+  bind();
+  // Wait for the kernels queued so far (they may write src), copy, wait for the copy.
+  FY_CUDA(cudaEventRecord(d2h_ready_, compute_));
+  FY_CUDA(cudaStreamWaitEvent(d2h_, d2h_ready_, 0));
+  FY_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, d2h_));
+  FY_CUDA(cudaStreamSynchronize(d2h_));
+}
+
+void CudaBackend::copy_on_device(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  bind();
+  FY_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, compute_));
+}
+
+void CudaBackend::zero(void* ptr, size_t bytes) {
+  if (!bytes) return;
+  bind();
+  FY_CUDA(cudaMemsetAsync(ptr, 0, bytes, compute_));
+}
+
+void CudaBackend::synchronize() {
+  bind();
+  for (cudaStream_t s : {compute_, h2d_, d2h_}) FY_CUDA(cudaStreamSynchronize(s));
+}
+
+// ---- GEMMs --------------------------------------------------------------------------------
+
+void CudaBackend::gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                       int lda, long long sa, const float* B, int ldb, long long sb, float beta,
+                       float* C, int ldc, long long sc, int batch, bool mixed) {
+  if (M == 0 || N == 0 || batch == 0) return;
+  // cuBLAS is column-major; a row-major X with row stride ld is the column-major X^T with
+  // the same ld. So row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap
+  // the operands and the dimensions M and N, keep the transposes.
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;  // fp32 inputs and accumulation
+  if (mixed && precision_ == MatmulPrecision::kBf16) compute = CUBLAS_COMPUTE_32F_FAST_16BF;
+  if (mixed && precision_ == MatmulPrecision::kFp16) compute = CUBLAS_COMPUTE_32F_FAST_16F;
+  const cublasOperation_t opa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t opb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  std::lock_guard<std::mutex> lock(blas_mu_);
+  bind();
+  if (batch == 1) {
+    FY_CUBLAS(cublasGemmEx(blas_, opb, opa, N, M, K, &alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda,
+                           &beta, C, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
+  } else {
+    FY_CUBLAS(cublasGemmStridedBatchedEx(blas_, opb, opa, N, M, K, &alpha, B, CUDA_R_32F, ldb, sb,
+                                         A, CUDA_R_32F, lda, sa, &beta, C, CUDA_R_32F, ldc, sc,
+                                         batch, compute, CUBLAS_GEMM_DEFAULT));
+  }
+}
+
+namespace {
+
+// out(N,OC) rows set to bias(OC), so the GEMM can add into them with beta = 1.
+__global__ void broadcast_rows(float* out, const float* bias, size_t N, int OC) {
+  size_t total = N * OC;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
+       i += size_t(gridDim.x) * blockDim.x)
+    out[i] = bias[i % OC];
+}
+
+// out(C) += column sums of x(N,C). Block (bx, by) owns columns bx*blockDim.x + tid and rows
+// by, by + gridDim.y, ...; its partial column sums meet in out through atomicAdd (so the
+// order of the additions, and the last bits of the result, vary from run to run).
+__global__ void column_sums(float* out, const float* x, int N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float s = 0.0f;
+  for (int n = blockIdx.y; n < N; n += gridDim.y) s += x[size_t(n) * C + c];
+  atomicAdd(out + c, s);
+}
+
+}  // namespace
+
+void CudaBackend::add_column_sums(float* out, const float* x, int N, int C) {
+  if (N == 0 || C == 0) return;
+  dim3 grid((C + kEltThreads - 1) / kEltThreads, std::min(N, 128));
+  FY_LAUNCH(column_sums, grid, kEltThreads, out, x, N, C);
+}
+
+void CudaBackend::matmul_forward(float* out, const float* in, const float* w, const float* bias,
+                                 int N, int IC, int OC) {
+  bind();
+  float beta = 0.0f;
+  if (bias) {
+    size_t total = size_t(N) * OC;
+    FY_LAUNCH(broadcast_rows, elt_blocks(total), kEltThreads, out, bias, N, OC);
+    beta = 1.0f;
+  }
+  gemm(false, true, N, OC, IC, 1.0f, in, IC, 0, w, IC, 0, beta, out, OC, 0, 1, true);
+}
+
+void CudaBackend::matmul_backward(float* din, float* dw, float* dbias, const float* dout,
+                                  const float* in, const float* w, int N, int IC, int OC) {
+  if (din) gemm(false, false, N, IC, OC, 1.0f, dout, OC, 0, w, IC, 0, 0.0f, din, IC, 0, 1, true);
+  gemm(true, false, OC, IC, N, 1.0f, dout, OC, 0, in, IC, 0, 1.0f, dw, IC, 0, 1, true);
+  if (dbias) add_column_sums(dbias, dout, N, OC);
+}
+
+}  // namespace fuyou::cuda
+
+// ---- entry points (include/fuyou/cuda.h) ----------------------------------------------------
+
+namespace fuyou {
+
+bool cuda_built() { return true; }
+
+int cuda_usable_devices(std::string* why) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    if (why)
+      *why = str(e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice
+                     ? "no usable CUDA driver or device"
+                     : "CUDA is not usable",
+                 " (cudaGetDeviceCount: ", cudaGetErrorName(e), ": ", cudaGetErrorString(e), ")");
+    return 0;
+  }
+  int usable = 0;
+  std::string skipped;
+  for (int d = 0; d < n; ++d) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) continue;
+    if (prop.major >= cuda::kMinMajor) {
+      ++usable;
+    } else {
+      skipped += str(skipped.empty() ? "" : ", ", "device ", d, " ", prop.name, " is sm_",
+                     prop.major, prop.minor);
+    }
+  }
+  if (usable == 0 && why)
+    *why = n == 0 ? std::string("no CUDA device (cudaGetDeviceCount returned 0)")
+                  : str("no CUDA device of compute capability 8.0 or newer (", skipped,
+                        "); this build compiles for sm_80 and newer");
+  return usable;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device, uint64_t device_memory) {
+  std::string why;
+  if (cuda_usable_devices(&why) <= device)
+    throw Error(str("CUDA device ", device,
+                    " is not usable: ", why.empty() ? std::string("fewer usable devices") : why));
+  return std::make_unique<cuda::CudaBackend>(device, device_memory);
+}
+
+}  // namespace fuyou

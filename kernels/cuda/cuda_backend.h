@@ -1,0 +1,128 @@
+// The CUDA backend: one device arena with a hard capacity, a compute stream, a stream per
+// copy direction, cuBLAS GEMMs and the custom kernels of kernels/cuda/*.cu, whose
+// per-element arithmetic is kernels/common/element_math.h (the CPU backend's).
+//
+// Ordering contract with callers (the model, StepRunner, the offload scheduler's threads):
+// every Backend call behaves as if it completed when it returns. Kernels are queued on the
+// compute stream, so kernel-after-kernel order is stream order. A copy waits (through an
+// event recorded on the compute stream) for every kernel queued before it and returns only
+// once the copy is done, so a copy never races a kernel the caller already considers
+// finished and a host buffer may be reused as soon as the call returns. This is correct for
+// the scheduler's host-side events, but serialises copies behind compute; see docs/cuda.md
+// for what overlapping them needs.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "fuyou/backend.h"
+
+namespace fuyou::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  // capacity 0: what the device has free less a reserve (see make_cuda_backend).
+  CudaBackend(int device, uint64_t capacity);
+  ~CudaBackend() override;
+
+  BackendKind kind() const override { return BackendKind::kCuda; }
+  std::string name() const override;
+  int threads() const override { return 1; }  // host threads used: the caller's
+  void set_matmul_precision(MatmulPrecision p) override { precision_ = p; }
+  MatmulPrecision matmul_precision() const override { return precision_; }
+
+  void* alloc(size_t bytes, const std::string& what) override;
+  void free(void* ptr) override;
+  MemoryStats memory() const override;
+  void copy_to_device(void* dst, const void* src, size_t bytes) override;
+  void copy_to_host(void* dst, const void* src, size_t bytes) override;
+  void copy_on_device(void* dst, const void* src, size_t bytes) override;
+  void zero(void* ptr, size_t bytes) override;
+  void synchronize() override;
+
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                         int B, int T, int C) override;
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                          int T, int C) override;
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* w,
+                         const float* b, int N, int C) override;
+  void layernorm_backward(float* din, float* dw, float* db, const float* dout, const float* in,
+                          const float* w, const float* mean, const float* rstd, int N,
+                          int C) override;
+  void matmul_forward(float* out, const float* in, const float* w, const float* bias, int N, int IC,
+                      int OC) override;
+  void matmul_backward(float* din, float* dw, float* dbias, const float* dout, const float* in,
+                       const float* w, int N, int IC, int OC) override;
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+                         int H) override;
+  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                          const float* att, int B, int T, int C, int H) override;
+  void gelu_forward(float* out, const float* in, size_t n) override;
+  void gelu_backward(float* din, const float* in, const float* dout, size_t n) override;
+  void add(float* out, const float* a, const float* b, size_t n) override;
+  void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
+                            int N, int V) override;
+  void crossentropy_backward(float* logits_to_dlogits, const float* lse, const int32_t* targets,
+                             float scale, int N, int V) override;
+  void rmsnorm_forward(float* out, float* rstd, const float* in, const float* w, float eps, int N,
+                       int C) override;
+  void rmsnorm_backward(float* din, float* dw, const float* dout, const float* in, const float* w,
+                        const float* rstd, int N, int C) override;
+  void rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta) override;
+  void rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta) override;
+  void repeat_kv_forward(float* qkv, const float* qkvc, int N, int Hq, int Hkv, int D) override;
+  void repeat_kv_backward(float* dqkvc, const float* dqkv, int N, int Hq, int Hkv, int D) override;
+  void swiglu_forward(float* out, const float* gu, int N, int F) override;
+  void swiglu_backward(float* dgu, const float* gu, const float* dout, int N, int F) override;
+  void relu_forward(float* out, const float* in, size_t n) override;
+  void relu_backward(float* din, const float* in, const float* dout, size_t n) override;
+  double sum_squares(const float* x, size_t n) override;
+  void scale(float* x, float s, size_t n) override;
+
+  cudaStream_t compute_stream() const { return compute_; }
+  // Makes this backend's device current on the calling thread (the runtime keeps it per
+  // thread, and the scheduler calls from several).
+  void bind() const;
+
+  // Row-major C(M,N) = alpha op(A) op(B) + beta C, `batch` times with element strides
+  // sa/sb/sc between the problems, on the compute stream. `mixed` lets the GEMM round its
+  // inputs to the matmul precision (tensor cores, fp32 accumulation); otherwise fp32.
+  void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+            long long sa, const float* B, int ldb, long long sb, float beta, float* C, int ldc,
+            long long sc, int batch, bool mixed);
+
+ private:
+  // Column sums of x(N,C) added into out(C) (bias and norm-weight gradients).
+  void add_column_sums(float* out, const float* x, int N, int C);
+
+  int device_;
+  std::string device_name_;
+  MatmulPrecision precision_ = MatmulPrecision::kFp32;
+
+  cudaStream_t compute_ = nullptr, h2d_ = nullptr, d2h_ = nullptr;
+  cudaEvent_t h2d_ready_ = nullptr, d2h_ready_ = nullptr;
+  std::mutex h2d_mu_, d2h_mu_;  // one copy per direction at a time (event and stream reuse)
+  cublasHandle_t blas_ = nullptr;
+  std::mutex blas_mu_;  // a cuBLAS handle must not be used by two threads at once
+
+  // Arena: one cudaMalloc, carved first-fit from a free list keyed by offset (neighbours
+  // coalesce on free), every block a multiple of kAlign.
+  static constexpr uint64_t kAlign = 256;
+  char* base_ = nullptr;
+  uint64_t capacity_ = 0;
+  mutable std::mutex mu_;
+  std::map<uint64_t, uint64_t> free_;              // offset -> size
+  std::unordered_map<uint64_t, uint64_t> blocks_;  // offset -> size, in use
+  uint64_t used_ = 0, peak_ = 0;
+
+  // sum_squares: a device accumulator and a pinned host copy of it.
+  std::mutex sum_mu_;
+  double* d_sum_ = nullptr;
+  double* h_sum_ = nullptr;
+};
+
+}  // namespace fuyou::cuda

@@ -1,0 +1,108 @@
+// Error checks and the block-wide reduction every row kernel of the CUDA backend uses.
+// Included only by .cu files.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "fuyou/error.h"
+
+namespace fuyou::cuda {
+
+[[noreturn]] void cuda_failed(const char* file, int line, const char* call, cudaError_t e);
+[[noreturn]] void cublas_failed(const char* file, int line, const char* call, cublasStatus_t s);
+
+}  // namespace fuyou::cuda
+
+// A CUDA runtime call that must succeed; a failure throws fuyou::Error with file:line, the
+// call and the CUDA error's name and text (a device error is not recoverable here).
+#define FY_CUDA(call)                                                                       \
+  do {                                                                                      \
+    cudaError_t fy_e_ = (call);                                                             \
+    if (fy_e_ != cudaSuccess) ::fuyou::cuda::cuda_failed(__FILE__, __LINE__, #call, fy_e_); \
+  } while (0)
+
+#define FY_CUBLAS(call)                                               \
+  do {                                                                \
+    cublasStatus_t fy_s_ = (call);                                    \
+    if (fy_s_ != CUBLAS_STATUS_SUCCESS)                               \
+      ::fuyou::cuda::cublas_failed(__FILE__, __LINE__, #call, fy_s_); \
+  } while (0)
+
+// After a kernel launch: a bad launch configuration shows up here, not at the next sync.
+#define FY_CUDA_LAUNCHED() FY_CUDA(cudaGetLastError())
+
+// Launches a kernel on the backend's compute stream from inside a CudaBackend member. The
+// current device is per host thread and the scheduler calls from several, so it is set on
+// every launch (a cheap runtime call).
+#define FY_LAUNCH(kernel, grid, block, ...)                \
+  do {                                                     \
+    bind();                                                \
+    kernel<<<(grid), (block), 0, compute_>>>(__VA_ARGS__); \
+    FY_CUDA_LAUNCHED();                                    \
+  } while (0)
+
+// Grid-stride loop: thread i of the grid visits i, i + grid size, ... below n, so any grid
+// size covers any n.
+#define FY_GRID_LOOP(i, n)                                                \
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < (n); \
+       i += size_t(gridDim.x) * blockDim.x)
+
+namespace fuyou::cuda {
+
+constexpr int kWarp = 32;
+// Threads per block of the row kernels (one block per row). A multiple of the warp size and
+// at most 32 warps, which block_sum's 32-entry shared array relies on.
+constexpr int kRowThreads = 256;
+// Threads per block of the element-wise kernels.
+constexpr int kEltThreads = 256;
+
+// Blocks for an element-wise grid-stride loop over n elements: enough to fill the GPU, few
+// enough that each thread does several elements.
+inline unsigned elt_blocks(size_t n) {
+  size_t b = (n + kEltThreads - 1) / kEltThreads;
+  return static_cast<unsigned>(b < 4096 ? (b ? b : 1) : 4096);
+}
+
+struct SumOp {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+struct MaxOp {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a > b ? a : b;
+  }
+};
+
+template <typename T, typename Op>
+__device__ T warp_reduce(T v, Op op) {
+  // Butterfly over the 32 lanes: after the loop every lane holds the reduction of all 32.
+  for (int o = kWarp / 2; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Reduces one value per thread over the whole block and returns the result to every thread.
+// Invariants: every thread of the block calls it (it contains __syncthreads), blockDim.x is a
+// multiple of 32 and at most 1024, so one shared slot per warp suffices. The trailing barrier
+// lets a caller invoke it again right away (the shared slots are reused).
+template <typename T, typename Op>
+__device__ T block_reduce(T v, Op op, T identity) {
+  __shared__ T partial[32];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  v = warp_reduce(v, op);
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / kWarp;
+  v = threadIdx.x < warps ? partial[threadIdx.x] : identity;
+  if (warp == 0) v = warp_reduce(v, op);
+  if (threadIdx.x == 0) partial[0] = v;
+  __syncthreads();
+  v = partial[0];
+  __syncthreads();
+  return v;
+}
+
+}  // namespace fuyou::cuda

@@ -1,0 +1,260 @@
+// Element-wise and row-wise kernels of the CUDA backend: embedding, LayerNorm, GELU, residual
+// add, scale, sum of squares and the fused softmax + cross-entropy. The arithmetic per
+// element is kernels/common/element_math.h, the same functions the CPU backend loops over;
+// what is CUDA-only is indexing and the reductions, each commented with its invariant.
+#include <cmath>
+
+#include "kernels/common/element_math.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_util.cuh"
+
+namespace fuyou::cuda {
+namespace {
+
+// The same epsilon as the CPU backend's layernorm_forward (kernels/cpu/ops.cc), added to the
+// variance in double.
+constexpr double kLayerNormEps = 1e-5;
+
+__global__ void embedding_forward_k(float* out, const int32_t* tokens, const float* wte,
+                                    const float* wpe, int T, int C, size_t total) {
+  FY_GRID_LOOP(i, total) {
+    size_t n = i / C;
+    int c = static_cast<int>(i % C);
+    float v = wte[size_t(tokens[n]) * C + c];
+    out[i] = wpe ? v + wpe[size_t(n % T) * C + c] : v;
+  }
+}
+
+// dwte rows are shared by every position holding the same token, so they are added with
+// atomicAdd (addition order, hence the last bits, varies run to run). dwpe(t, c) sums over
+// the batch in one thread, in batch order, like the CPU.
+__global__ void embedding_backward_k(float* dwte, float* dwpe, const float* dout,
+                                     const int32_t* tokens, int B, int T, int C) {
+  const size_t total = size_t(T) * C;
+  FY_GRID_LOOP(i, total) {
+    int t = static_cast<int>(i / C), c = static_cast<int>(i % C);
+    float pe = 0.0f;
+    for (int b = 0; b < B; ++b) {
+      size_t n = size_t(b) * T + t;
+      float d = dout[n * C + c];
+      atomicAdd(dwte + size_t(tokens[n]) * C + c, d);
+      pe += d;
+    }
+    if (dwpe) dwpe[i] += pe;
+  }
+}
+
+// One block per row n. Statistics in math::StatAcc (double) as on the CPU, two passes over
+// the row (mean, then squared deviations) so the result matches the CPU's formula.
+__global__ void layernorm_forward_k(float* out, float* mean, float* rstd, const float* in,
+                                    const float* w, const float* b, int C) {
+  const size_t n = blockIdx.x;
+  const float* x = in + n * C;
+  math::StatAcc s = 0;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) s += x[c];
+  s = block_reduce(s, SumOp{}, math::StatAcc(0));
+  const float m = static_cast<float>(s / C);
+  math::StatAcc v = 0;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    math::StatAcc d = x[c] - m;
+    v += d * d;
+  }
+  v = block_reduce(v, SumOp{}, math::StatAcc(0));
+  const float r = static_cast<float>(1.0 / sqrt(v / C + kLayerNormEps));
+  float* o = out + n * C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x)
+    o[c] = math::layernorm_apply(x[c], m, r, w[c], b[c]);
+  if (threadIdx.x == 0) {
+    mean[n] = m;
+    rstd[n] = r;
+  }
+}
+
+// One block per row: din += rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w.
+// The weight and bias gradients are column sums, done by layernorm_dweights_k.
+__global__ void layernorm_backward_dx_k(float* din, const float* dout, const float* in,
+                                        const float* w, const float* mean, const float* rstd,
+                                        int C) {
+  const size_t n = blockIdx.x;
+  const float* x = in + n * C;
+  const float* dy = dout + n * C;
+  const float m = mean[n], r = rstd[n];
+  math::StatAcc g_sum = 0, gx_sum = 0;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float xhat = (x[c] - m) * r;
+    float g = dy[c] * w[c];
+    g_sum += g;
+    gx_sum += g * xhat;
+  }
+  g_sum = block_reduce(g_sum, SumOp{}, math::StatAcc(0));
+  gx_sum = block_reduce(gx_sum, SumOp{}, math::StatAcc(0));
+  const float gm = static_cast<float>(g_sum / C), gxm = static_cast<float>(gx_sum / C);
+  float* dx = din + n * C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float xhat = (x[c] - m) * r;
+    float g = dy[c] * w[c];
+    dx[c] += (g - gm - xhat * gxm) * r;
+  }
+}
+
+// dw(c) += sum_n dy(n,c) xhat(n,c), db(c) += sum_n dy(n,c). Block (bx, by) owns column
+// bx*blockDim.x + tid over rows by, by + gridDim.y, ...; partial sums meet via atomicAdd.
+__global__ void layernorm_dweights_k(float* dw, float* db, const float* dout, const float* in,
+                                     const float* mean, const float* rstd, int N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float sw = 0.0f, sb = 0.0f;
+  for (int n = blockIdx.y; n < N; n += gridDim.y) {
+    size_t i = size_t(n) * C + c;
+    sw += dout[i] * ((in[i] - mean[n]) * rstd[n]);
+    sb += dout[i];
+  }
+  atomicAdd(dw + c, sw);
+  atomicAdd(db + c, sb);
+}
+
+__global__ void gelu_forward_k(float* out, const float* in, size_t n) {
+  FY_GRID_LOOP(i, n) out[i] = math::gelu(in[i]);
+}
+
+__global__ void gelu_backward_k(float* din, const float* in, const float* dout, size_t n) {
+  FY_GRID_LOOP(i, n) din[i] = dout[i] * math::gelu_grad(in[i]);
+}
+
+__global__ void add_k(float* out, const float* a, const float* b, size_t n) {
+  FY_GRID_LOOP(i, n) out[i] = a[i] + b[i];
+}
+
+__global__ void scale_k(float* x, float s, size_t n) { FY_GRID_LOOP(i, n) x[i] *= s; }
+
+// Each block reduces its grid-stride share in double and adds it to *sum (double atomicAdd,
+// sm_60+). NaN and inf propagate, which is what the non-finite check relies on.
+__global__ void sum_squares_k(double* sum, const float* x, size_t n) {
+  double s = 0;
+  FY_GRID_LOOP(i, n) s += static_cast<double>(x[i]) * x[i];
+  s = block_reduce(s, SumOp{}, 0.0);
+  if (threadIdx.x == 0) atomicAdd(sum, s);
+}
+
+// One block per row: the row maximum, then sum exp(l - max) in double as on the CPU.
+__global__ void crossentropy_forward_k(float* losses, float* lse, const float* logits,
+                                       const int32_t* targets, int V) {
+  const size_t n = blockIdx.x;
+  // An ignored target (kIgnoreTarget, a masked-out position) has loss 0 and lse 0
+  // (backend.h). The whole block reads the same target, so it returns together, before any
+  // block_reduce barrier.
+  if (targets[n] == kIgnoreTarget) {
+    if (threadIdx.x == 0) losses[n] = lse[n] = 0.0f;
+    return;
+  }
+  const float* l = logits + n * V;
+  float mx = -INFINITY;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, l[v]);
+  mx = block_reduce(mx, MaxOp{}, -INFINITY);
+  double s = 0;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) s += math::exp_fast(l[v] - mx);
+  s = block_reduce(s, SumOp{}, 0.0);
+  if (threadIdx.x == 0) {
+    float z = mx + static_cast<float>(log(s));
+    lse[n] = z;
+    losses[n] = z - l[targets[n]];
+  }
+}
+
+// Element-wise over (N, V): softmax from the saved logsumexp, times scale, minus scale at
+// the target; 0 on a row whose target is kIgnoreTarget. Each element is written by one
+// thread in the CPU's order of operations.
+__global__ void crossentropy_backward_k(float* logits, const float* lse, const int32_t* targets,
+                                        float scale, int V, size_t total) {
+  FY_GRID_LOOP(i, total) {
+    size_t n = i / V;
+    int v = static_cast<int>(i % V);
+    if (targets[n] == kIgnoreTarget) {
+      logits[i] = 0.0f;
+      continue;
+    }
+    float g = math::exp_fast(logits[i] - lse[n]) * scale;
+    if (v == targets[n]) g -= scale;
+    logits[i] = g;
+  }
+}
+
+}  // namespace
+
+void CudaBackend::embedding_forward(float* out, const int32_t* tokens, const float* wte,
+                                    const float* wpe, int B, int T, int C) {
+  size_t total = size_t(B) * T * C;
+  if (!total) return;
+  FY_LAUNCH(embedding_forward_k, elt_blocks(total), kEltThreads, out, tokens, wte, wpe, T, C,
+            total);
+}
+
+void CudaBackend::embedding_backward(float* dwte, float* dwpe, const float* dout,
+                                     const int32_t* tokens, int B, int T, int C) {
+  size_t total = size_t(T) * C;
+  if (!total || !B) return;
+  FY_LAUNCH(embedding_backward_k, elt_blocks(total), kEltThreads, dwte, dwpe, dout, tokens, B, T,
+            C);
+}
+
+void CudaBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* in,
+                                    const float* w, const float* b, int N, int C) {
+  if (!N) return;
+  FY_LAUNCH(layernorm_forward_k, N, kRowThreads, out, mean, rstd, in, w, b, C);
+}
+
+void CudaBackend::layernorm_backward(float* din, float* dw, float* db, const float* dout,
+                                     const float* in, const float* w, const float* mean,
+                                     const float* rstd, int N, int C) {
+  if (!N) return;
+  FY_LAUNCH(layernorm_backward_dx_k, N, kRowThreads, din, dout, in, w, mean, rstd, C);
+  dim3 grid((C + kEltThreads - 1) / kEltThreads, N < 128 ? N : 128);
+  FY_LAUNCH(layernorm_dweights_k, grid, kEltThreads, dw, db, dout, in, mean, rstd, N, C);
+}
+
+void CudaBackend::gelu_forward(float* out, const float* in, size_t n) {
+  if (!n) return;
+  FY_LAUNCH(gelu_forward_k, elt_blocks(n), kEltThreads, out, in, n);
+}
+
+void CudaBackend::gelu_backward(float* din, const float* in, const float* dout, size_t n) {
+  if (!n) return;
+  FY_LAUNCH(gelu_backward_k, elt_blocks(n), kEltThreads, din, in, dout, n);
+}
+
+void CudaBackend::add(float* out, const float* a, const float* b, size_t n) {
+  if (!n) return;
+  FY_LAUNCH(add_k, elt_blocks(n), kEltThreads, out, a, b, n);
+}
+
+void CudaBackend::scale(float* x, float s, size_t n) {
+  if (!n) return;
+  FY_LAUNCH(scale_k, elt_blocks(n), kEltThreads, x, s, n);
+}
+
+double CudaBackend::sum_squares(const float* x, size_t n) {
+  if (!n) return 0.0;
+  std::lock_guard<std::mutex> lock(sum_mu_);
+  bind();
+  FY_CUDA(cudaMemsetAsync(d_sum_, 0, sizeof(double), compute_));
+  FY_LAUNCH(sum_squares_k, elt_blocks(n), kEltThreads, d_sum_, x, n);
+  FY_CUDA(cudaMemcpyAsync(h_sum_, d_sum_, sizeof(double), cudaMemcpyDeviceToHost, compute_));
+  FY_CUDA(cudaStreamSynchronize(compute_));
+  return *h_sum_;
+}
+
+void CudaBackend::crossentropy_forward(float* losses, float* lse, const float* logits,
+                                       const int32_t* targets, int N, int V) {
+  if (!N) return;
+  FY_LAUNCH(crossentropy_forward_k, N, kRowThreads, losses, lse, logits, targets, V);
+}
+
+void CudaBackend::crossentropy_backward(float* logits, const float* lse, const int32_t* targets,
+                                        float scale, int N, int V) {
+  size_t total = size_t(N) * V;
+  if (!total) return;
+  FY_LAUNCH(crossentropy_backward_k, elt_blocks(total), kEltThreads, logits, lse, targets, scale, V,
+            total);
+}
+
+}  // namespace fuyou::cuda

@@ -1,0 +1,51 @@
+// runtime.backend: which backend runs, and the sentence the first log line says about why.
+// auto takes the GPU when this build has the CUDA backend and a device is usable, else the
+// CPU; cuda without a usable device is an error naming the CUDA call that said no.
+#include "fuyou/backend.h"
+#include "fuyou/config.h"
+#include "fuyou/cuda.h"
+#include "fuyou/error.h"
+
+namespace fuyou {
+
+#if !defined(FUYOU_WITH_CUDA)
+// Built without the CUDA toolkit: the entry points of include/fuyou/cuda.h say so.
+bool cuda_built() { return false; }
+
+int cuda_usable_devices(std::string* why) {
+  if (why) *why = "this build has no CUDA backend (configured without the CUDA toolkit)";
+  return 0;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int, uint64_t) {
+  throw Error(
+      "this build has no CUDA backend (configured without the CUDA toolkit; install "
+      "it and rebuild to get one)");
+}
+#endif
+
+std::unique_ptr<Backend> make_backend(const RuntimeConfig& runtime, uint64_t device_memory,
+                                      std::string* reason) {
+  std::unique_ptr<Backend> backend;
+  std::string why;
+  if (runtime.backend == "cuda" || runtime.backend == "auto") {
+    std::string no_gpu;
+    if (cuda_usable_devices(&no_gpu) > 0) {
+      backend = make_cuda_backend(0, device_memory);
+      why = str("runtime.backend is ", runtime.backend, " and CUDA device 0 is usable");
+    } else if (runtime.backend == "cuda") {
+      throw Error(str("runtime.backend is 'cuda' but ", no_gpu,
+                      "; use runtime.backend: cpu (or auto, which falls back to the CPU)"));
+    } else {
+      why = str("runtime.backend is auto and ", no_gpu);
+    }
+  } else {
+    why = "runtime.backend is cpu";
+  }
+  if (!backend) backend = make_cpu_backend(runtime.threads, device_memory);
+  apply_precision(*backend, runtime);
+  if (reason) *reason = str("backend ", backend->name(), ": ", why);
+  return backend;
+}
+
+}  // namespace fuyou

@@ -1,0 +1,362 @@
+// Every CUDA kernel against the CPU backend on the same random inputs, and the device arena.
+//
+// Tolerances, all from fp32's unit roundoff u = FLT_EPSILON / 2 (or bf16's / fp16's for the
+// mixed-precision GEMMs), written next to each comparison:
+// - element-wise kernels run the same element_math.h function on both sides; they may differ
+//   by one rounding per operation where nvcc contracts a*b+c into an FMA and GCC does not, so
+//   the bound is (operations) * u relative to the magnitude involved;
+// - a sum of K terms computed in two different orders differs by at most 2 gamma_K
+//   sum |terms| (gamma_K = K u / (1 - K u) ~ K u), with sum |terms| computed from the data;
+// - statistics accumulated in double on both sides (LayerNorm, RMSNorm, cross-entropy) leave
+//   only the final fp32 roundings.
+#include <catch2/catch.hpp>
+#include <cfloat>
+#include <cmath>
+
+#include "cuda_test_support.h"
+#include "fuyou/cuda.h"
+#include "fuyou/error.h"
+#include "kernels/common/element_math.h"
+
+using namespace fuyou;
+using test::check_within;
+using test::check_within_each;
+using test::DeviceVec;
+using test::max_abs;
+using test::random_normal;
+
+namespace {
+
+constexpr double kU = FLT_EPSILON / 2;  // fp32 unit roundoff
+constexpr uint64_t kArena = 256ull << 20;
+
+struct Pair {
+  std::unique_ptr<Backend> cpu = make_cpu_backend(2, 0);
+  std::unique_ptr<Backend> gpu = make_cuda_backend(0, kArena);
+};
+
+std::vector<int32_t> random_tokens(size_t n, int V, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng.below(V));
+  return t;
+}
+
+// (|A| |B|^T)_ij in double for row-major A(M,K), B(N,K): what a dot product's rounding
+// error is proportional to.
+std::vector<double> abs_products(const std::vector<float>& A, const std::vector<float>& B, int M,
+                                 int N, int K) {
+  std::vector<double> out(size_t(M) * N, 0.0);
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double s = 0;
+      for (int k = 0; k < K; ++k)
+        s += std::fabs(double(A[size_t(i) * K + k])) * std::fabs(double(B[size_t(j) * K + k]));
+      out[size_t(i) * N + j] = s;
+    }
+  return out;
+}
+
+std::vector<float> transpose(const std::vector<float>& X, int R, int C) {
+  std::vector<float> t(X.size());
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) t[size_t(c) * R + r] = X[size_t(r) * C + c];
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("cuda arena: capacity, 256-byte alignment, zeroing, coalescing", "[cuda]") {
+  auto be = make_cuda_backend(0, 1 << 20);
+  CHECK(be->kind() == BackendKind::kCuda);
+  CHECK(be->memory().capacity == (1u << 20));
+  void* a = be->alloc(1000, "a");
+  void* b = be->alloc(3000, "b");
+  CHECK(reinterpret_cast<uintptr_t>(a) % 256 == 0);
+  CHECK(reinterpret_cast<uintptr_t>(b) % 256 == 0);
+  CHECK(be->memory().used == 1024 + 3072);
+  std::vector<unsigned char> h(3000, 0xff);
+  be->copy_to_host(h.data(), b, h.size());
+  CHECK(std::count(h.begin(), h.end(), 0) == 3000);
+  try {
+    be->alloc(1 << 20, "too big");
+    FAIL("allocation beyond the capacity did not throw");
+  } catch (const Error& e) {
+    std::string m = e.what();
+    CHECK(m.find("too big") != std::string::npos);
+    CHECK(m.find("1.00 MiB") != std::string::npos);
+  }
+  be->free(a);
+  be->free(b);
+  CHECK(be->memory().used == 0);
+  CHECK(be->memory().peak == 1024 + 3072);
+  void* all = be->alloc(1 << 20, "everything");  // the free blocks coalesced back into one
+  be->free(all);
+}
+
+TEST_CASE("cuda embedding forward and backward match the CPU", "[cuda]") {
+  Pair p;
+  const int B = 3, T = 17, C = 40, V = 11;
+  auto wte = random_normal(V * C, 1), wpe = random_normal(T * C, 2),
+       dout = random_normal(B * T * C, 3);
+  auto tok = random_tokens(B * T, V, 4);  // 51 tokens over 11 ids: rows repeat
+  for (bool with_pos : {true, false}) {
+    std::vector<float> out(B * T * C), dwte(V * C, 0.5f), dwpe(T * C, 0.25f);
+    p.cpu->embedding_forward(out.data(), tok.data(), wte.data(), with_pos ? wpe.data() : nullptr, B,
+                             T, C);
+    p.cpu->embedding_backward(dwte.data(), with_pos ? dwpe.data() : nullptr, dout.data(),
+                              tok.data(), B, T, C);
+    DeviceVec<float> g_out(*p.gpu, out.size()), g_wte(*p.gpu, wte), g_wpe(*p.gpu, wpe),
+        g_dout(*p.gpu, dout), g_dwte(*p.gpu, std::vector<float>(V * C, 0.5f)),
+        g_dwpe(*p.gpu, std::vector<float>(T * C, 0.25f));
+    DeviceVec<int32_t> g_tok(*p.gpu, tok);
+    p.gpu->embedding_forward(g_out.get(), g_tok.get(), g_wte.get(),
+                             with_pos ? g_wpe.get() : nullptr, B, T, C);
+    p.gpu->embedding_backward(g_dwte.get(), with_pos ? g_dwpe.get() : nullptr, g_dout.get(),
+                              g_tok.get(), B, T, C);
+    // One addition per element: identical.
+    check_within("embedding out", g_out.host(), out, 0.0);
+    // dwte rows sum up to B*T rows in another order (atomics): 2 gamma_{B*T} sum|terms|, with
+    // sum|terms| <= B*T max|dout| + the initial 0.5.
+    const double K = B * T + 1;
+    check_within("embedding dwte", g_dwte.host(), dwte, 2 * K * kU * (K * max_abs(dout) + 0.5));
+    if (with_pos)
+      check_within("embedding dwpe", g_dwpe.host(), dwpe,
+                   2 * (B + 1) * kU * ((B + 1) * max_abs(dout) + 0.25));
+  }
+}
+
+TEST_CASE("cuda layernorm and rmsnorm forward and backward match the CPU", "[cuda]") {
+  Pair p;
+  const int N = 37, C = 300;  // C not a multiple of the block size: tails are exercised
+  auto x = random_normal(N * C, 5, 3.0f), w = random_normal(C, 6), b = random_normal(C, 7),
+       dy = random_normal(N * C, 8);
+  std::vector<float> out(N * C), mean(N), rstd(N), din(N * C, 1.0f), dw(C, 0.0f), db(C, 0.0f);
+  p.cpu->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N,
+                           C);
+  p.cpu->layernorm_backward(din.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                            mean.data(), rstd.data(), N, C);
+  DeviceVec<float> gx(*p.gpu, x), gw(*p.gpu, w), gb(*p.gpu, b), gdy(*p.gpu, dy),
+      gout(*p.gpu, N * C), gmean(*p.gpu, N), grstd(*p.gpu, N),
+      gdin(*p.gpu, std::vector<float>(N * C, 1.0f)), gdw(*p.gpu, C), gdb(*p.gpu, C);
+  p.gpu->layernorm_forward(gout.get(), gmean.get(), grstd.get(), gx.get(), gw.get(), gb.get(), N,
+                           C);
+  p.gpu->layernorm_backward(gdin.get(), gdw.get(), gdb.get(), gdy.get(), gx.get(), gw.get(),
+                            gmean.get(), grstd.get(), N, C);
+  // Statistics in double on both sides: the fp32 mean and rstd agree to a rounding or two.
+  check_within("layernorm mean", gmean.host(), mean, 2 * kU * max_abs(mean));
+  check_within("layernorm rstd", grstd.host(), rstd, 4 * kU * max_abs(rstd));
+  // out = (x - m) * r * w + b: four roundings, each relative to |xhat w| + |b|.
+  const double xhat_max = max_abs(x) * 2 * max_abs(rstd);
+  check_within("layernorm out", gout.host(), out, 8 * kU * (xhat_max * max_abs(w) + max_abs(b)));
+  // din += (g - mean(g) - xhat mean(g xhat)) r, g = dy w: each of its terms is at most
+  // |g| (1 + 1 + xhat^2) r in size, and about eight roundings touch it, plus the one of the
+  // accumulation into the initial 1.
+  const double g_max = max_abs(dy) * max_abs(w);
+  check_within("layernorm din", gdin.host(), din,
+               16 * kU * (1 + (2 + xhat_max * xhat_max) * g_max * max_abs(rstd)));
+  // dw, db: column sums of N terms in another order.
+  check_within("layernorm dw", gdw.host(), dw, 2 * N * kU * N * max_abs(dy) * xhat_max);
+  check_within("layernorm db", gdb.host(), db, 2 * N * kU * N * max_abs(dy));
+
+  std::vector<float> rout(N * C), rr(N), rdin(N * C, 1.0f), rdw(C, 0.0f);
+  p.cpu->rmsnorm_forward(rout.data(), rr.data(), x.data(), w.data(), 1e-6f, N, C);
+  p.cpu->rmsnorm_backward(rdin.data(), rdw.data(), dy.data(), x.data(), w.data(), rr.data(), N, C);
+  DeviceVec<float> grout(*p.gpu, N * C), grr(*p.gpu, N),
+      grdin(*p.gpu, std::vector<float>(N * C, 1.0f)), grdw(*p.gpu, C);
+  p.gpu->rmsnorm_forward(grout.get(), grr.get(), gx.get(), gw.get(), 1e-6f, N, C);
+  p.gpu->rmsnorm_backward(grdin.get(), grdw.get(), gdy.get(), gx.get(), gw.get(), grr.get(), N, C);
+  check_within("rmsnorm rstd", grr.host(), rr, 4 * kU * max_abs(rr));
+  const double rxhat = max_abs(x) * max_abs(rr);
+  check_within("rmsnorm out", grout.host(), rout, 4 * kU * rxhat * max_abs(w));
+  // The same as LayerNorm's din without the mean term: |g| (1 + xhat^2) r.
+  check_within("rmsnorm din", grdin.host(), rdin,
+               16 * kU * (1 + (1 + rxhat * rxhat) * g_max * max_abs(rr)));
+  check_within("rmsnorm dw", grdw.host(), rdw, 2 * N * kU * N * max_abs(dy) * rxhat);
+}
+
+TEST_CASE("cuda matmul in fp32, bf16 and fp16 matches the CPU's fp32", "[cuda]") {
+  Pair p;
+  const int N = 45, IC = 130, OC = 70;
+  auto x = random_normal(N * IC, 9), w = random_normal(OC * IC, 10), bias = random_normal(OC, 11),
+       dy = random_normal(N * OC, 12);
+  std::vector<float> out(N * OC), din(N * IC), dw(OC * IC, 0.0f), dbias(OC, 0.0f);
+  p.cpu->matmul_forward(out.data(), x.data(), w.data(), bias.data(), N, IC, OC);
+  p.cpu->matmul_backward(din.data(), dw.data(), dbias.data(), dy.data(), x.data(), w.data(), N, IC,
+                         OC);
+  // |A||B| for the three products: out = x w^T, din = dy w, dw = dy^T x.
+  auto m_out = abs_products(x, w, N, OC, IC);
+  auto m_din = abs_products(dy, transpose(w, OC, IC), N, IC, OC);
+  auto m_dw = abs_products(transpose(dy, N, OC), transpose(x, N, IC), OC, IC, N);
+  struct Mode {
+    MatmulPrecision p;
+    double u_in;  // unit roundoff the GEMM inputs are rounded to
+  };
+  for (Mode m :
+       {Mode{MatmulPrecision::kFp32, 0.0}, Mode{MatmulPrecision::kBf16, std::ldexp(1.0, -8)},
+        Mode{MatmulPrecision::kFp16, std::ldexp(1.0, -11)}}) {
+    INFO("precision " << matmul_precision_name(m.p));
+    p.gpu->set_matmul_precision(m.p);
+    DeviceVec<float> gx(*p.gpu, x), gw(*p.gpu, w), gb(*p.gpu, bias), gdy(*p.gpu, dy),
+        gout(*p.gpu, N * OC), gdin(*p.gpu, N * IC), gdw(*p.gpu, OC * IC), gdb(*p.gpu, OC);
+    p.gpu->matmul_forward(gout.get(), gx.get(), gw.get(), gb.get(), N, IC, OC);
+    p.gpu->matmul_backward(gdin.get(), gdw.get(), gdb.get(), gdy.get(), gx.get(), gw.get(), N, IC,
+                           OC);
+    // Each product term carries at most 2 u_in (rounding both inputs) + u_in^2, and both
+    // fp32 sums of K terms at most gamma_K each: per element
+    // (2 u_in + u_in^2 + 2 (K+1) u) (|A||B|)_ij (+ the bias added once).
+    auto bound = [&](const std::vector<double>& ab, int K, double extra) {
+      std::vector<double> b(ab.size());
+      for (size_t i = 0; i < ab.size(); ++i)
+        b[i] = (2 * m.u_in + m.u_in * m.u_in + 2 * (K + 1) * kU) * (ab[i] + extra) + 1e-30;
+      return b;
+    };
+    check_within_each("matmul out", gout.host(), out, bound(m_out, IC, max_abs(bias)));
+    check_within_each("matmul din", gdin.host(), din, bound(m_din, OC, 0));
+    check_within_each("matmul dw", gdw.host(), dw, bound(m_dw, N, 0));
+    // The bias gradient is an fp32 column sum whatever the precision.
+    check_within("matmul dbias", gdb.host(), dbias, 2 * N * kU * N * max_abs(dy));
+  }
+}
+
+TEST_CASE("cuda causal attention forward and backward match the CPU", "[cuda]") {
+  Pair p;
+  const int B = 2, T = 19, C = 48, H = 4;
+  auto qkv = random_normal(B * T * 3 * C, 13), dout = random_normal(B * T * C, 14);
+  std::vector<float> out(B * T * C), att(B * H * T * T), dqkv(qkv.size()), datt(att.size());
+  p.cpu->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, H);
+  p.cpu->attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), B, T, C,
+                            H);
+  DeviceVec<float> gqkv(*p.gpu, qkv), gdout(*p.gpu, dout), gout(*p.gpu, out.size()),
+      gatt(*p.gpu, att.size()), gdqkv(*p.gpu, qkv.size()), gdatt(*p.gpu, att.size());
+  p.gpu->attention_forward(gout.get(), gatt.get(), gqkv.get(), B, T, C, H);
+  p.gpu->attention_backward(gdqkv.get(), gdatt.get(), gdout.get(), gqkv.get(), gatt.get(), B, T, C,
+                            H);
+  const int hd = C / H;
+  // Scores: sums of hd products (|q||k| <= hd max|qkv|^2 / sqrt(hd)), then exp (relative
+  // error about (score error + a few u)), a sum of up to T terms and a division.
+  const double score_err =
+      2 * (hd + 1) * kU * hd * max_abs(qkv) * max_abs(qkv) / std::sqrt(double(hd));
+  const double p_rel = score_err + (2 * T + 8) * kU;
+  auto g_att = gatt.host();
+  check_within("attention probabilities", g_att, att, 2 * p_rel);
+  for (size_t r = 0; r < size_t(B) * H * T; ++r)
+    for (int j = int(r % T) + 1; j < T; ++j) CHECK(g_att[r * T + j] == 0.0f);  // causal zeros exact
+  // out = P V: T terms of |P||V| <= max|v| each row (P sums to 1).
+  check_within("attention out", gout.host(), out, (2 * p_rel + 2 * (T + 1) * kU) * max_abs(qkv));
+  // Gradients go through two more GEMMs of length hd or T; the bound grows by the same
+  // per-step terms on values of size |dout| |qkv|^2 T.
+  const double scale = max_abs(dout) * max_abs(qkv) * max_abs(qkv) * T;
+  check_within("attention dqkv", gdqkv.host(), dqkv, 4 * (p_rel + 2 * (T + hd + 2) * kU) * scale);
+}
+
+TEST_CASE("cuda element-wise kernels match the CPU", "[cuda]") {
+  Pair p;
+  const size_t n = 100003;  // not a multiple of any block size
+  auto a = random_normal(n, 15, 3.0f), b = random_normal(n, 16);
+  DeviceVec<float> ga(*p.gpu, a), gb(*p.gpu, b), gout(*p.gpu, n);
+  std::vector<float> out(n);
+  // GELU: exp_fast is ~12 dependent operations, tanh and the polynomial ~8 more; each may
+  // round differently under FMA contraction: 32 u relative to |x| (|gelu(x)| <= |x|).
+  p.cpu->gelu_forward(out.data(), a.data(), n);
+  p.gpu->gelu_forward(gout.get(), ga.get(), n);
+  check_within("gelu", gout.host(), out, 32 * kU * max_abs(a));
+  p.cpu->gelu_backward(out.data(), a.data(), b.data(), n);
+  p.gpu->gelu_backward(gout.get(), ga.get(), gb.get(), n);
+  // gelu' = 0.5 (1 + t) + 0.5 x sech^2 k (1 + 3 c x^2): for large |x| the sech^2 = 1 - t^2
+  // term cancels, so a few roundings of t are multiplied by 0.5 |x| k (1 + 3 c x^2). Per
+  // element: 32 u times that magnitude (plus the O(1) first term), times |dout|.
+  std::vector<double> gelu_bound(n);
+  for (size_t i = 0; i < n; ++i) {
+    double x = std::fabs(double(a[i]));
+    double mag = 1 + 0.5 * x * math::kGeluScale * (1 + 3 * math::kGeluCubic * x * x);
+    gelu_bound[i] = 32 * kU * mag * std::fabs(double(b[i])) + 1e-30;
+  }
+  check_within_each("gelu backward", gout.host(), out, gelu_bound);
+  p.cpu->add(out.data(), a.data(), b.data(), n);
+  p.gpu->add(gout.get(), ga.get(), gb.get(), n);
+  check_within("add", gout.host(), out, 0.0);  // one correctly rounded addition
+  p.cpu->relu_forward(out.data(), a.data(), n);
+  p.gpu->relu_forward(gout.get(), ga.get(), n);
+  check_within("relu", gout.host(), out, 0.0);
+  p.cpu->relu_backward(out.data(), a.data(), b.data(), n);
+  p.gpu->relu_backward(gout.get(), ga.get(), gb.get(), n);
+  check_within("relu backward", gout.host(), out, 0.0);
+  std::vector<float> sa = a;
+  p.cpu->scale(sa.data(), 0.37f, n);
+  p.gpu->scale(ga.get(), 0.37f, n);
+  check_within("scale", ga.host(), sa, 0.0);
+  // Sum of squares: double accumulation on both sides; the order differs, n u_double.
+  double cpu_ss = p.cpu->sum_squares(b.data(), n), gpu_ss = p.gpu->sum_squares(gb.get(), n);
+  CHECK(std::fabs(cpu_ss - gpu_ss) <= 2 * n * (DBL_EPSILON / 2) * cpu_ss);
+  // A non-finite value must reach the sum (the overflow check depends on it).
+  std::vector<float> bad = b;
+  bad[777] = INFINITY;
+  DeviceVec<float> gbad(*p.gpu, bad);
+  CHECK(!std::isfinite(p.gpu->sum_squares(gbad.get(), n)));
+  bad[777] = NAN;
+  DeviceVec<float> gnan(*p.gpu, bad);
+  CHECK(std::isnan(p.gpu->sum_squares(gnan.get(), n)));
+}
+
+TEST_CASE("cuda llama-family kernels (rope, repeat_kv, swiglu) match the CPU", "[cuda]") {
+  Pair p;
+  const int B = 2, T = 9, Hq = 6, Hkv = 2, D = 16, N = B * T, F = 50;
+  const size_t row = size_t(Hq + 2 * Hkv) * D;
+  auto qkvc = random_normal(N * row, 17);
+  DeviceVec<float> g(*p.gpu, qkvc);
+  std::vector<float> c = qkvc;
+  p.cpu->rope_forward(c.data(), B, T, Hq, Hkv, D, 10000.0f);
+  p.gpu->rope_forward(g.get(), B, T, Hq, Hkv, D, 10000.0f);
+  // cos/sin of the same fp32 angle: the device's cosf/sinf are within 2 ulp (CUDA
+  // programming guide), so each rotated value is within ~8 u of |x|.
+  check_within("rope forward", g.host(), c, 8 * kU * 2 * max_abs(qkvc));
+  p.cpu->rope_backward(c.data(), B, T, Hq, Hkv, D, 10000.0f);
+  p.gpu->rope_backward(g.get(), B, T, Hq, Hkv, D, 10000.0f);
+  check_within("rope round trip", g.host(), c, 16 * kU * 2 * max_abs(qkvc));
+
+  std::vector<float> qkv(size_t(N) * 3 * Hq * D), back(qkvc.size());
+  DeviceVec<float> gqkv(*p.gpu, qkv.size()), gback(*p.gpu, back.size()), gc(*p.gpu, qkvc);
+  p.cpu->repeat_kv_forward(qkv.data(), qkvc.data(), N, Hq, Hkv, D);
+  p.gpu->repeat_kv_forward(gqkv.get(), gc.get(), N, Hq, Hkv, D);
+  check_within("repeat_kv forward", gqkv.host(), qkv, 0.0);  // copies
+  p.cpu->repeat_kv_backward(back.data(), qkv.data(), N, Hq, Hkv, D);
+  p.gpu->repeat_kv_backward(gback.get(), gqkv.get(), N, Hq, Hkv, D);
+  check_within("repeat_kv backward", gback.host(), back, 0.0);  // same sums in the same order
+
+  auto gu = random_normal(size_t(N) * 2 * F, 18, 2.0f), dy = random_normal(size_t(N) * F, 19);
+  std::vector<float> out(size_t(N) * F), dgu(gu.size());
+  DeviceVec<float> ggu(*p.gpu, gu), gdy(*p.gpu, dy), gout(*p.gpu, out.size()),
+      gdgu(*p.gpu, dgu.size());
+  p.cpu->swiglu_forward(out.data(), gu.data(), N, F);
+  p.gpu->swiglu_forward(gout.get(), ggu.get(), N, F);
+  p.cpu->swiglu_backward(dgu.data(), gu.data(), dy.data(), N, F);
+  p.gpu->swiglu_backward(gdgu.get(), ggu.get(), gdy.get(), N, F);
+  // silu through exp_fast: ~16 roundings relative to |gate| |up|.
+  check_within("swiglu forward", gout.host(), out, 32 * kU * max_abs(gu) * max_abs(gu));
+  check_within("swiglu backward", gdgu.host(), dgu,
+               64 * kU * max_abs(gu) * max_abs(gu) * max_abs(dy));
+}
+
+TEST_CASE("cuda cross-entropy forward and backward match the CPU", "[cuda]") {
+  Pair p;
+  const int N = 23, V = 1000;
+  auto logits = random_normal(size_t(N) * V, 20, 3.0f);
+  auto tg = random_tokens(N, V, 21);
+  std::vector<float> losses(N), lse(N), d = logits;
+  p.cpu->crossentropy_forward(losses.data(), lse.data(), logits.data(), tg.data(), N, V);
+  p.cpu->crossentropy_backward(d.data(), lse.data(), tg.data(), 1.0f / N, N, V);
+  DeviceVec<float> gl(*p.gpu, logits), glosses(*p.gpu, N), glse(*p.gpu, N);
+  DeviceVec<int32_t> gtg(*p.gpu, tg);
+  p.gpu->crossentropy_forward(glosses.get(), glse.get(), gl.get(), gtg.get(), N, V);
+  p.gpu->crossentropy_backward(gl.get(), glse.get(), gtg.get(), 1.0f / N, N, V);
+  // The exp sum is in double on both sides: lse differs by the last roundings of exp_fast
+  // (a few u relative, summed in any order) and of max + log: 8 u of |lse|.
+  check_within("cross-entropy lse", glse.host(), lse, 8 * kU * max_abs(lse));
+  check_within("cross-entropy losses", glosses.host(), losses,
+               8 * kU * (max_abs(lse) + max_abs(logits)));
+  // dlogits = exp(l - lse) / N: exp's relative error grows with the error of its argument
+  // (8 u |lse|) plus its own ~16 roundings.
+  check_within("cross-entropy dlogits", gl.host(), d,
+               (8 * kU * max_abs(lse) + 32 * kU) * (1.0 / N));
+}
