@@ -61,17 +61,36 @@ TextShardResult build_text_shards(const std::vector<std::string>& inputs,
 
 // Samples training windows: micro-batches of B sequences of T+1 tokens at random positions,
 // deterministic in the seed.
+//
+// With a loss mask (one 0/1 byte per token, read_loss_mask(): mask[i] says whether predicting
+// token i counts), each window also yields which of its T targets count: counted[b*T + t] =
+// mask[start + t + 1], row b's target t being token start + t + 1. A random window none of
+// whose targets counts carries no training signal, so next() draws again for it (up to
+// kMaxRedraws times; the draw counter advances, so sampling stays deterministic). Without a
+// mask, windows are drawn exactly as before masks existed.
 class BatchSampler {
  public:
+  static constexpr int kMaxRedraws = 64;
+
   BatchSampler(const std::vector<int32_t>* tokens, int B, int T, uint64_t seed);
-  // Fills `batch` (B*(T+1)) with the next random windows.
-  void next(int32_t* batch);
-  // Fills `batch` with the i-th fixed evaluation batch (windows evenly spaced).
-  void fixed(int64_t i, int64_t count, int32_t* batch) const;
+  // Same with a loss mask of tokens->size() entries (null: every target counts). Throws when
+  // the sizes differ or no target in the data counts.
+  BatchSampler(const std::vector<int32_t>* tokens, const std::vector<uint8_t>* mask, int B,
+               int T, uint64_t seed);
+  bool has_mask() const { return mask_ != nullptr; }
+  // Fills `batch` (B*(T+1)) with the next random windows and, when the sampler has a mask and
+  // `counted` is not null, counted (B*T) with which targets count.
+  void next(int32_t* batch, uint8_t* counted = nullptr);
+  // Fills `batch` with the i-th fixed evaluation batch (windows evenly spaced), and `counted`
+  // as next() does (no redraws: a fixed window may have no counted target).
+  void fixed(int64_t i, int64_t count, int32_t* batch, uint8_t* counted = nullptr) const;
   uint64_t position() const { return draws_; }
 
  private:
+  void take(uint64_t start, int b, int32_t* batch, uint8_t* counted) const;
+
   const std::vector<int32_t>* tokens_;
+  const std::vector<uint8_t>* mask_ = nullptr;
   int B_, T_;
   uint64_t seed_;
   uint64_t draws_ = 0;

@@ -15,6 +15,21 @@ namespace fuyou {
 
 // Splits micro-batch rows of T+1 tokens into inputs (B*T) and next-token targets (B*T).
 void split_batch(const int32_t* batch, int B, int T, int32_t* inputs, int32_t* targets);
+// The same with a loss mask: counted (B*T, may be null = every target counts) says which
+// targets count (BatchSampler fills it); a target that does not is set to kIgnoreTarget.
+// Returns the number of counted targets.
+int64_t split_batch(const int32_t* batch, const uint8_t* counted, int B, int T, int32_t* inputs,
+                    int32_t* targets);
+// Counted targets of one micro-batch's mask (B*T entries; null: all B*T count).
+int64_t count_targets(const uint8_t* counted, int B, int T);
+
+// The loss of a step (or of a validation pass) from its micro-batches' mean losses and
+// counted targets: the mean over every counted target, as PyTorch's cross_entropy with
+// ignore_index over the concatenated micro-batches gives. When every micro-batch counts the
+// same number of targets (always without masks) that is exactly the plain mean of the means,
+// computed that way so unmasked runs keep their arithmetic bit for bit; otherwise each mean is
+// weighted by its count. 0 when nothing counts.
+double mean_over_counted(const std::vector<float>& means, const std::vector<int64_t>& counts);
 
 // Sum of squares of one parameter group's gradient, sequentially in double. Global-norm
 // clipping adds these over groups in layout order, in-memory and offloaded alike.
@@ -34,14 +49,18 @@ class StepRunner {
   void set_params(const float* host_params);  // layout() order, layout().total elements
 
   struct Result {
-    float loss = 0;        // mean over micro-batches, before the update
+    float loss = 0;        // mean over the step's counted targets, before the update
     double grad_norm = 0;  // global L2 norm before clipping
     double lr = 0;
   };
-  // `micro_batches` holds grad_accum pointers to B*(T+1) tokens each.
-  Result step(int64_t step_index, const std::vector<const int32_t*>& micro_batches);
-  // Mean loss of one B*(T+1) batch at the current weights, no gradients.
-  float eval_loss(const int32_t* batch);
+  // `micro_batches` holds grad_accum pointers to B*(T+1) tokens each; `masks` is empty (every
+  // target counts) or holds one B*T loss mask per micro-batch (see split_batch). The gradient
+  // is that of the mean over all counted targets of the step.
+  Result step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
+              const std::vector<const uint8_t*>& masks = {});
+  // Mean loss over the counted targets of one B*(T+1) batch (mask B*T or null) at the current
+  // weights, no gradients; 0 when none counts.
+  float eval_loss(const int32_t* batch, const uint8_t* mask = nullptr);
 
  private:
   Config cfg_;

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 
@@ -86,30 +87,56 @@ TokenShard read_token_shard(const std::string& path) {
 }
 
 BatchSampler::BatchSampler(const std::vector<int32_t>* tokens, int B, int T, uint64_t seed)
-    : tokens_(tokens), B_(B), T_(T), seed_(seed) {
+    : BatchSampler(tokens, nullptr, B, T, seed) {}
+
+BatchSampler::BatchSampler(const std::vector<int32_t>* tokens, const std::vector<uint8_t>* mask,
+                           int B, int T, uint64_t seed)
+    : tokens_(tokens), mask_(mask), B_(B), T_(T), seed_(seed) {
   if (tokens_->size() < static_cast<size_t>(T + 1))
     throw Error(str("data: ", tokens_->size(), " tokens is fewer than one sequence of seq_len + 1 = ",
                     T + 1, " tokens"));
+  if (mask_) {
+    if (mask_->size() != tokens_->size())
+      throw Error(str("data: the loss mask has ", mask_->size(), " entries for ", tokens_->size(),
+                      " tokens"));
+    // Token 0 is never a target.
+    if (std::find_if(mask_->begin() + 1, mask_->end(), [](uint8_t m) { return m != 0; }) == mask_->end())
+      throw Error(str("data: the loss mask counts none of the ", tokens_->size(),
+                      " tokens as a target (every prompt/completion pair has an empty completion?)"));
+  }
 }
 
-void BatchSampler::next(int32_t* batch) {
+void BatchSampler::take(uint64_t start, int b, int32_t* batch, uint8_t* counted) const {
+  std::memcpy(batch + static_cast<size_t>(b) * (T_ + 1), tokens_->data() + start,
+              sizeof(int32_t) * (T_ + 1));
+  if (mask_ && counted)
+    std::memcpy(counted + static_cast<size_t>(b) * T_, mask_->data() + start + 1, T_);
+}
+
+void BatchSampler::next(int32_t* batch, uint8_t* counted) {
   const uint64_t span = tokens_->size() - T_;  // valid start positions
   for (int b = 0; b < B_; ++b) {
     Rng rng(seed_, draws_++);
     uint64_t start = rng.below(span);
-    std::memcpy(batch + static_cast<size_t>(b) * (T_ + 1), tokens_->data() + start,
-                sizeof(int32_t) * (T_ + 1));
+    if (mask_) {
+      const uint8_t* m = mask_->data() + 1;
+      auto none_counts = [&](uint64_t s) { return std::none_of(m + s, m + s + T_, [](uint8_t c) { return c; }); };
+      for (int redraw = 0; redraw < kMaxRedraws && none_counts(start); ++redraw) {
+        Rng again(seed_, draws_++);
+        start = again.below(span);
+      }
+    }
+    take(start, b, batch, counted);
   }
 }
 
-void BatchSampler::fixed(int64_t i, int64_t count, int32_t* batch) const {
+void BatchSampler::fixed(int64_t i, int64_t count, int32_t* batch, uint8_t* counted) const {
   const uint64_t span = tokens_->size() - T_;
   const uint64_t windows = static_cast<uint64_t>(count) * B_;
   for (int b = 0; b < B_; ++b) {
     uint64_t w = static_cast<uint64_t>(i) * B_ + b;
     uint64_t start = windows > 1 ? w * (span - 1) / (windows - 1) : 0;
-    std::memcpy(batch + static_cast<size_t>(b) * (T_ + 1), tokens_->data() + start,
-                sizeof(int32_t) * (T_ + 1));
+    take(start, b, batch, counted);
   }
 }
 

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include "fuyou/optim.h"
 #include "fuyou/safetensors.h"
 #include "fuyou/sizes.h"
+#include "fuyou/tokenizer.h"
 #include "fuyou/train.h"
 
 namespace fs = std::filesystem;
@@ -31,6 +33,40 @@ void split_batch(const int32_t* batch, int B, int T, int32_t* inputs, int32_t* t
     std::copy(row, row + T, inputs + static_cast<size_t>(b) * T);
     std::copy(row + 1, row + T + 1, targets + static_cast<size_t>(b) * T);
   }
+}
+
+int64_t split_batch(const int32_t* batch, const uint8_t* counted, int B, int T, int32_t* inputs,
+                    int32_t* targets) {
+  split_batch(batch, B, T, inputs, targets);
+  if (!counted) return static_cast<int64_t>(B) * T;
+  int64_t n = 0;
+  for (size_t i = 0; i < static_cast<size_t>(B) * T; ++i) {
+    if (counted[i]) ++n;
+    else targets[i] = kIgnoreTarget;
+  }
+  return n;
+}
+
+int64_t count_targets(const uint8_t* counted, int B, int T) {
+  const size_t n = static_cast<size_t>(B) * T;
+  if (!counted) return static_cast<int64_t>(n);
+  return std::count_if(counted, counted + n, [](uint8_t c) { return c != 0; });
+}
+
+double mean_over_counted(const std::vector<float>& means, const std::vector<int64_t>& counts) {
+  FY_CHECK(means.size() == counts.size() && !means.empty(), "mean_over_counted: ", means.size(),
+           " means for ", counts.size(), " counts");
+  if (std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts[0]; })) {
+    double s = 0;
+    for (float m : means) s += m;
+    return s / static_cast<double>(means.size());
+  }
+  double s = 0, total = 0;
+  for (size_t i = 0; i < means.size(); ++i) {
+    s += static_cast<double>(means[i]) * static_cast<double>(counts[i]);
+    total += static_cast<double>(counts[i]);
+  }
+  return total > 0 ? s / total : 0.0;
 }
 
 StepRunner::StepRunner(const Config& cfg, Backend& backend)
@@ -55,20 +91,33 @@ void StepRunner::set_params(const float* host_params) {
 }
 
 StepRunner::Result StepRunner::step(int64_t step_index,
-                                    const std::vector<const int32_t*>& micro_batches) {
+                                    const std::vector<const int32_t*>& micro_batches,
+                                    const std::vector<const uint8_t*>& masks) {
   const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len;
   const int accum = static_cast<int>(micro_batches.size());
   FY_CHECK(accum >= 1, "no micro-batches");
+  FY_CHECK(masks.empty() || masks.size() == micro_batches.size(), masks.size(), " loss masks for ",
+           accum, " micro-batches");
   Result r;
   model_.zero_grads();
-  double loss_sum = 0;
-  const float scale = 1.0f / (static_cast<float>(model_.tokens_per_batch()) * accum);
-  for (const int32_t* mb : micro_batches) {
-    split_batch(mb, B, T, inputs_.data(), targets_.data());
-    loss_sum += model_.forward(inputs_.data(), targets_.data());
+  // The loss is the mean over the counted targets of the whole step (every micro-batch), the
+  // mean PyTorch's cross_entropy(ignore_index=-1) gives over the concatenated micro-batches:
+  // each counted target weighs the same whichever micro-batch it is in (a mean of per-micro-
+  // batch means would overweight the targets of a mostly-masked micro-batch). So the gradient
+  // scale is 1 / (counted targets of the step), known before the first backward. Without
+  // masks that is N * accum, and float(N * accum) is exactly the float(N) * accum used before
+  // masks existed (both exact below 2^24). Nothing counted: scale 0, zero gradient.
+  std::vector<int64_t> counts(accum);
+  int64_t total = 0;
+  for (int k = 0; k < accum; ++k) total += counts[k] = count_targets(masks.empty() ? nullptr : masks[k], B, T);
+  const float scale = total ? 1.0f / static_cast<float>(total) : 0.0f;
+  std::vector<float> means(accum);
+  for (int k = 0; k < accum; ++k) {
+    split_batch(micro_batches[k], masks.empty() ? nullptr : masks[k], B, T, inputs_.data(), targets_.data());
+    means[k] = model_.forward(inputs_.data(), targets_.data());
     model_.backward(scale);
   }
-  r.loss = static_cast<float>(loss_sum / accum);
+  r.loss = static_cast<float>(mean_over_counted(means, counts));
   be_.copy_to_host(grad_.data(), model_.grads(), grad_.size() * sizeof(float));
 
   // Per parameter group in order, each group summed sequentially in double: the same
@@ -106,8 +155,8 @@ StepRunner::Result StepRunner::step(int64_t step_index,
   return r;
 }
 
-float StepRunner::eval_loss(const int32_t* batch) {
-  split_batch(batch, cfg_.schedule.micro_batch, cfg_.model.seq_len, inputs_.data(), targets_.data());
+float StepRunner::eval_loss(const int32_t* batch, const uint8_t* mask) {
+  split_batch(batch, mask, cfg_.schedule.micro_batch, cfg_.model.seq_len, inputs_.data(), targets_.data());
   return model_.forward(inputs_.data(), targets_.data());
 }
 
@@ -130,13 +179,35 @@ std::string format_duration(double s) {
   return buf;
 }
 
-std::vector<int32_t> load_shards(const std::vector<std::string>& paths, int vocab_size) {
+// Token shards concatenated, and their loss masks: a shard X.tok with X.mask beside it
+// (fuyou-convert tokenize with --prompt-field/--completion-field) contributes its mask, one
+// without contributes all ones (every target counts). When no shard has a mask, *mask stays
+// empty and training runs exactly as without masks.
+std::vector<int32_t> load_shards(const std::vector<std::string>& paths, int vocab_size,
+                                 std::vector<uint8_t>* mask) {
   std::vector<int32_t> all;
+  mask->clear();
+  bool any_mask = false;
   for (const auto& p : paths) {
     TokenShard s = read_token_shard(p);
     if (s.vocab_size > static_cast<uint32_t>(vocab_size))
       throw ConfigError(str(p, ": shard vocab size ", s.vocab_size, " exceeds model.vocab_size ",
                             vocab_size));
+    const std::string mask_path = fs::path(p).replace_extension(".mask").string();
+    std::vector<uint8_t> m;
+    if (mask_path != p && fs::exists(mask_path)) {
+      m = read_loss_mask(mask_path).mask;
+      if (m.size() != s.tokens.size())
+        throw IoError(str(mask_path, ": loss mask has ", m.size(), " entries but its shard ", p, " has ",
+                          s.tokens.size(), " tokens"));
+      spdlog::info("data: {}: loss mask {} ({} of {} tokens count)", p, mask_path,
+                   std::count(m.begin(), m.end(), uint8_t{1}), m.size());
+      if (!any_mask) mask->assign(all.size(), 1);  // earlier shards had none: all count
+      any_mask = true;
+    } else {
+      m.assign(s.tokens.size(), 1);
+    }
+    if (any_mask) mask->insert(mask->end(), m.begin(), m.end());
     all.insert(all.end(), s.tokens.begin(), s.tokens.end());
   }
   return all;
@@ -164,6 +235,7 @@ TrainSummary run_training(const Config& cfg, const TrainOptions& opts) {
 
   // Data
   std::vector<int32_t> train_tokens, val_tokens;
+  std::vector<uint8_t> train_mask, val_mask;  // empty: every target counts
   if (!cfg.data.text.empty()) {
     auto t0 = clock::now();
     TextShardResult r = build_text_shards(cfg.data.text, (fs::path(sum.run_dir) / "data").string(),
@@ -177,21 +249,30 @@ TrainSummary run_training(const Config& cfg, const TrainOptions& opts) {
     train_tokens = read_token_shard(r.train_path).tokens;
     val_tokens = read_token_shard(r.val_path).tokens;
   } else if (!cfg.data.train_shards.empty()) {
-    train_tokens = load_shards(cfg.data.train_shards, cfg.model.vocab_size);
-    val_tokens = load_shards(cfg.data.val_shards, cfg.model.vocab_size);
+    train_tokens = load_shards(cfg.data.train_shards, cfg.model.vocab_size, &train_mask);
+    val_tokens = load_shards(cfg.data.val_shards, cfg.model.vocab_size, &val_mask);
   } else {
     throw ConfigError("data: give data.text (plain-text files or directories) or data.train_shards");
   }
   const int B = cfg.schedule.micro_batch, T = cfg.model.seq_len;
-  BatchSampler train_sampler(&train_tokens, B, T, cfg.runtime.seed);
+  BatchSampler train_sampler(&train_tokens, train_mask.empty() ? nullptr : &train_mask, B, T,
+                             cfg.runtime.seed);
   bool have_val = val_tokens.size() >= static_cast<size_t>(T + 1);
   if (!have_val) spdlog::warn("data: no validation split with at least {} tokens; validation is off", T + 1);
   std::unique_ptr<BatchSampler> val_sampler;
-  if (have_val) val_sampler = std::make_unique<BatchSampler>(&val_tokens, B, T, cfg.runtime.seed);
+  if (have_val && !val_mask.empty() && std::count(val_mask.begin() + 1, val_mask.end(), uint8_t{1}) == 0) {
+    spdlog::warn("data: the validation loss mask counts no target; validation is off");
+    have_val = false;
+  }
+  if (have_val)
+    val_sampler = std::make_unique<BatchSampler>(&val_tokens, val_mask.empty() ? nullptr : &val_mask,
+                                                 B, T, cfg.runtime.seed);
 
   auto engine = make_train_engine(cfg, *backend);
   const ParamLayout layout = make_gpt_layout(cfg.model);
-  spdlog::info("model: {} layers, d_model {}, {} heads, d_ff {}, vocab {}, seq {}: {:.2f}M parameters",
+  spdlog::info("model: {}{}, {} layers, d_model {}, {} heads, d_ff {}, vocab {}, seq {}: {:.2f}M parameters",
+               cfg.model.family,
+               cfg.model.checkpoint.empty() ? std::string() : " from " + cfg.model.checkpoint,
                cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, cfg.model.d_ff,
                cfg.model.vocab_size, cfg.model.seq_len, layout.num_params() / 1e6);
   for (std::string line, text = engine->describe(); !text.empty();) {
@@ -201,22 +282,41 @@ TrainSummary run_training(const Config& cfg, const TrainOptions& opts) {
     spdlog::info("{}", line);
   }
   engine->init_params();
-  if (have_val && engine->offloaded()) {
-    spdlog::warn("validation is not available with the offloading scheduler yet; training losses only");
-    have_val = false;
-  }
 
   std::ofstream metrics(fs::path(sum.run_dir) / "metrics.jsonl");
+  // Validation: the mean over the counted targets of all eval batches (mean_over_counted, as a
+  // training step). A fixed window with no counted target has mean 0 and weight 0, so it is
+  // skipped; when no eval window has a counted target at all, validation is switched off below
+  // rather than dividing by zero.
+  const size_t mask_len = static_cast<size_t>(B) * T;
+  if (have_val && val_sampler->has_mask()) {
+    std::vector<int32_t> batch(static_cast<size_t>(B) * (T + 1));
+    std::vector<uint8_t> counted(mask_len);
+    int64_t n = 0;
+    for (int i = 0; i < cfg.schedule.eval_batches; ++i) {
+      val_sampler->fixed(i, cfg.schedule.eval_batches, batch.data(), counted.data());
+      n += count_targets(counted.data(), B, T);
+    }
+    if (n == 0) {
+      spdlog::warn("data: the {} validation windows hold no counted (completion) target; validation is off",
+                   cfg.schedule.eval_batches * B);
+      have_val = false;
+    }
+  }
   auto evaluate = [&](int64_t step) {
     std::vector<int32_t> batch(static_cast<size_t>(B) * (T + 1));
-    double s = 0;
+    std::vector<uint8_t> counted(val_sampler->has_mask() ? mask_len : 0);
+    uint8_t* cp = counted.empty() ? nullptr : counted.data();
+    std::vector<float> means;
+    std::vector<int64_t> counts;
     for (int i = 0; i < cfg.schedule.eval_batches; ++i) {
-      val_sampler->fixed(i, cfg.schedule.eval_batches, batch.data());
+      val_sampler->fixed(i, cfg.schedule.eval_batches, batch.data(), cp);
+      counts.push_back(count_targets(cp, B, T));
       float l = 0;
-      engine->eval_loss(batch.data(), &l);
-      s += l;
+      if (counts.back()) engine->eval_loss(batch.data(), &l, cp);
+      means.push_back(l);
     }
-    double loss = s / cfg.schedule.eval_batches;
+    double loss = mean_over_counted(means, counts);
     metrics << nlohmann::json{{"step", step}, {"val_loss", loss}}.dump() << "\n";
     metrics.flush();
     return loss;
@@ -230,18 +330,24 @@ TrainSummary run_training(const Config& cfg, const TrainOptions& opts) {
   const int accum = cfg.schedule.grad_accum;
   std::vector<std::vector<int32_t>> mbs(accum, std::vector<int32_t>(static_cast<size_t>(B) * (T + 1)));
   std::vector<const int32_t*> ptrs(accum);
+  std::vector<std::vector<uint8_t>> masks(train_sampler.has_mask() ? accum : 0,
+                                          std::vector<uint8_t>(mask_len));
+  std::vector<const uint8_t*> mask_ptrs(masks.size());
   const double tokens_per_step = static_cast<double>(B) * T * accum;
   auto start = clock::now();
   double train_time = 0;
+  std::vector<double> step_times;
   for (int64_t s = 0; s < cfg.schedule.steps; ++s) {
     for (int k = 0; k < accum; ++k) {
-      train_sampler.next(mbs[k].data());
+      train_sampler.next(mbs[k].data(), masks.empty() ? nullptr : masks[k].data());
       ptrs[k] = mbs[k].data();
+      if (!masks.empty()) mask_ptrs[k] = masks[k].data();
     }
     auto t0 = clock::now();
-    EngineStep r = engine->step(s, ptrs);
+    EngineStep r = engine->step(s, ptrs, mask_ptrs);
     double dt = std::chrono::duration<double>(clock::now() - t0).count();
     train_time += dt;
+    step_times.push_back(dt);
     if (!std::isfinite(r.loss))
       throw Error(str("step ", s + 1, ": loss is ", r.loss, "; stopping (try a lower optimizer.lr)"));
     sum.final_train_loss = r.loss;
@@ -278,6 +384,15 @@ TrainSummary run_training(const Config& cfg, const TrainOptions& opts) {
   }
   sum.steps = cfg.schedule.steps;
   sum.tokens_per_s = tokens_per_step * cfg.schedule.steps / train_time;
+  if (engine->predicted_iteration_s() > 0) {
+    // The automatic placement's prediction beside the measurement (median step; the first
+    // step, which warms caches and the store, is left out when there are others).
+    std::vector<double> t(step_times.begin() + (step_times.size() > 1 ? 1 : 0), step_times.end());
+    std::sort(t.begin(), t.end());
+    double measured = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+    spdlog::info("iteration time: predicted {:.3f} s, measured {:.3f} s (median of {} steps)",
+                 engine->predicted_iteration_s(), measured, t.size());
+  }
 
   std::string weights = (fs::path(sum.run_dir) / "model.safetensors").string();
   engine->save_weights(weights, {{"format", "fuyou"}, {"step", std::to_string(sum.steps)},
