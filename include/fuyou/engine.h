@@ -29,18 +29,30 @@ class TrainEngine {
   virtual bool offloaded() const = 0;
   virtual std::string describe() const = 0;  // where every state lives, peak memory per tier
   virtual void init_params() = 0;            // init_gpt_params, group by group
-  virtual EngineStep step(int64_t step_index, const std::vector<const int32_t*>& micro_batches) = 0;
-  // Validation loss of one batch; false when this engine cannot evaluate (offloaded).
-  virtual bool eval_loss(const int32_t* batch, float* loss) = 0;
+  // `masks`: empty (every target counts) or one B*T loss mask per micro-batch (split_batch);
+  // the loss and gradient are the mean over the step's counted targets.
+  virtual EngineStep step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
+                          const std::vector<const uint8_t*>& masks = {}) = 0;
+  // Validation loss of one batch; false when this engine cannot evaluate (both engines can:
+  // the offloaded one runs its plan's forward-only counterpart).
+  // The loss is the mean over the batch's counted targets (mask B*T, or null: all count).
+  virtual bool eval_loss(const int32_t* batch, float* loss, const uint8_t* mask = nullptr) = 0;
   // Writes the fp32 master weights as safetensors (engine tensor names), group by group.
   virtual void save_weights(const std::string& path, const std::map<std::string, std::string>& metadata) = 0;
   virtual void write_trace(const std::string& path) const = 0;
+  // The simulator's iteration time for the plan the automatic activation placement chose
+  // (offload.activations auto with offload.hardware set); 0 when there is none.
+  virtual double predicted_iteration_s() const { return 0; }
 };
 
 // Device bytes in-memory training of this model needs (parameters, gradients, every layer's
 // activations, workspace).
 uint64_t in_memory_device_bytes(const ModelConfig& m, int micro_batch);
 bool wants_offload(const Config& cfg);
+
+// The plan request a config asks for: model, micro-batch, budgets, SSD availability and the
+// activation decisions of offload.activations (empty for auto).
+PlanRequest plan_request(const Config& cfg);
 
 // Opens the SSD store if offload.ssd_paths is set and builds the plan within the budgets;
 // throws Error naming what does not fit.

@@ -30,6 +30,10 @@ struct LayerDecision {
   ActPlacement act = ActPlacement::kKeep;
   StateTier weights = StateTier::kHost;  // where the layer's weights wait between uses
   StateTier optim = StateTier::kHost;    // where its fp32 master and Adam moments live
+  // Where its gradient is held while the step needs it later (Plan::holds_grads: between
+  // micro-batches, or until the global norm is known): a host buffer, or an SSD extent
+  // written and read back through host staging slots.
+  StateTier grads = StateTier::kHost;
 };
 
 enum class OpKind {
@@ -51,14 +55,23 @@ enum class OpKind {
   kUpdate,            // optimizer: AdamW of group `layer`, new weights to host
   kWriteWeights,      // ssd_write: new weights -> weights extent
   kLoadResident,      // h2d: new embedding / final-norm weights -> resident device copy
+  // Held gradients (exact mode, gradient accumulation):
+  kWriteGrads,        // ssd_write: gradient staging slot -> gradient extent of `layer` (group)
+  kReadGrads,         // ssd_read: gradient extent -> staging slot
+  kLoadGrads,         // h2d: held gradient -> device gradient slot, the next micro-batch adds to it
+  kGradSumSq,         // optimizer: sum of squares of one group's gradient (exact mode)
+  // Forward-only plans (validation):
+  kHeadLoss,          // compute: final norm, logits and the loss, no backward
 };
 const char* op_kind_name(OpKind k);
 
-// A device activation buffer an op reads or writes: one of the two forward stream buffers,
-// a layer's own checkpoint buffer (keep/device layers), a backward checkpoint slot, or the
-// scratch buffer recomputation writes its unused output to.
+// A buffer an op reads or writes. Device activations: one of the two forward stream
+// buffers, a layer's own checkpoint buffer (keep/device layers), a backward checkpoint slot,
+// or the scratch buffer recomputation writes its unused output to. Host gradients: a host
+// gradient slot (index), a layer's held gradient buffer (index = layer), or a gradient
+// staging slot for SSD (index).
 struct BufRef {
-  enum Kind { kNone, kStream, kLayerCkpt, kCkptSlot, kScratch } kind = kNone;
+  enum Kind { kNone, kStream, kLayerCkpt, kCkptSlot, kScratch, kHostGrad, kGradHold, kGradStage } kind = kNone;
   int index = 0;
 };
 
@@ -68,6 +81,7 @@ struct PlanOp {
   OpKind kind = OpKind::kForward;
   Resource resource = Resource::kCompute;
   int layer = -1;         // transformer layer, or parameter group for optimizer/grad ops
+  int micro = 0;          // micro-batch of the step (0 .. grad_accum-1)
   int slot = -1;          // slot index in the pool the op uses (see PlanPools)
   int slot2 = -1;         // second slot (e.g. the destination of a copy)
   BufRef in, out;         // activation buffers read / written
@@ -84,7 +98,8 @@ struct PlanPools {
   int device_ckpt_slots = 0;    // backward checkpoints brought back
   int host_ckpt_slots = 0;      // staging for SSD checkpoints
   int device_grad_slots = 0;    // one layer's gradients each
-  int host_grad_slots = 0;      // one group's gradients each (all groups in exact mode)
+  int host_grad_slots = 0;      // one group's gradients each (exact mode: embedding and final)
+  int host_grad_stage_slots = 0;  // staging for held gradients on SSD, one layer's each
 };
 
 struct MemoryPlan {
@@ -98,12 +113,18 @@ struct Plan {
   ModelConfig model;
   int micro_batch = 1;
   bool exact = false;  // global-norm clipping: every update waits for the norm
+  int grad_accum = 1;  // micro-batches per step; gradients accumulate on the device
+  bool forward_only = false;  // a validation plan (make_forward_plan)
   std::vector<LayerDecision> layers;
   StateTier embed_optim = StateTier::kHost;
   StateTier final_optim = StateTier::kHost;
   PlanPools pools;
   MemoryPlan memory;
   std::vector<PlanOp> ops;
+
+  // Layer gradients outlive their backward: held (LayerDecision::grads) until the norm is
+  // known (exact) or the next micro-batch adds to them (grad_accum > 1).
+  bool holds_grads() const { return exact || grad_accum > 1; }
 
   std::string table() const;      // human-readable: decisions, pools, memory, ops
   nlohmann::json to_json() const;
@@ -113,6 +134,7 @@ struct PlanRequest {
   ModelConfig model;
   int micro_batch = 1;
   bool exact = false;
+  int grad_accum = 1;
   uint64_t device_budget = 0;  // 0: unlimited
   uint64_t host_budget = 0;    // 0: unlimited
   bool have_ssd = false;
@@ -122,10 +144,16 @@ struct PlanRequest {
   // Force every layer's weights / optimizer state to SSD (tests); else by budget.
   bool weights_on_ssd = false;
   bool optim_on_ssd = false;
+  bool grads_on_ssd = false;  // held gradients (exact / grad_accum > 1) to SSD; else by budget
 };
 
 // Builds the plan, sizing pools and placing state within the budgets. Throws Error with the
 // numbers that do not fit, and the smallest budget that would, when nothing fits.
 Plan make_plan(const PlanRequest& req);
+
+// The validation pass of a training plan: embedding, every layer's forward and the loss, with
+// the weights streamed as in the training forward (same tiers, slots and pools, a subset of
+// them); no checkpoints, gradients or updates.
+Plan make_forward_plan(const Plan& train);
 
 }  // namespace fuyou

@@ -49,8 +49,18 @@ class OffloadTrainer {
   // callers stage set_group_params / read_group_params through it instead of allocating.
   float* group_staging();
 
-  // One optimizer step on one micro-batch of B*(T+1) tokens.
-  OffloadStepResult step(int64_t step_index, const int32_t* batch);
+  // One optimizer step on one micro-batch of B*(T+1) tokens; `mask` (B*T, or null: every
+  // target counts) says which targets count in the loss (split_batch).
+  OffloadStepResult step(int64_t step_index, const int32_t* batch, const uint8_t* mask = nullptr);
+  // One optimizer step on plan().grad_accum micro-batches (masks: empty, or one per
+  // micro-batch): their gradients accumulate and the updates run after the last one's
+  // backward; the loss is the mean over the step's counted targets (mean_over_counted).
+  OffloadStepResult step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
+                         const std::vector<const uint8_t*>& masks = {});
+  // Validation: the mean loss over the counted targets of one B*(T+1) batch at the current
+  // weights, by the plan's forward-only counterpart (make_forward_plan: weights streamed as
+  // in the forward, nothing saved, no backward, no update). Bitwise StepRunner::eval_loss.
+  float eval_loss(const int32_t* batch, const uint8_t* mask = nullptr);
 
   // Chrome trace-event JSON of the last iteration, one row per resource.
   void write_trace(const std::string& path) const;

@@ -1,9 +1,11 @@
 #include "fuyou/engine.h"
 
 #include "fuyou/error.h"
+#include "fuyou/hf_checkpoint.h"
 #include "fuyou/log.h"
 #include "fuyou/model.h"
 #include "fuyou/sizes.h"
+#include "fuyou/swap_search.h"
 #include "src/formats/safetensors_stream.h"
 
 namespace fuyou {
@@ -36,17 +38,27 @@ class InMemoryEngine final : public TrainEngine {
                format_size(be_.memory().used), "), fp32 master weights and Adam moments in host memory (",
                format_size(16ull * runner_.master().size()), ")");
   }
-  void init_params() override { runner_.init_params(); }
-  EngineStep step(int64_t s, const std::vector<const int32_t*>& mbs) override {
-    auto r = runner_.step(s, mbs);
+  void init_params() override {
+    if (cfg_.model.checkpoint.empty()) return runner_.init_params();
+    // model.checkpoint: the weights come from the converted checkpoint, group by group.
+    const ParamLayout& layout = runner_.model().layout();
+    CheckpointGroupReader reader(cfg_.model.checkpoint, cfg_.model);
+    std::vector<float> params(layout.total, 0.0f);
+    for (size_t g = 0; g < layout.groups.size(); ++g)
+      reader.read_group(static_cast<int>(g), params.data() + layout.groups[g].offset);
+    runner_.set_params(params.data());
+  }
+  EngineStep step(int64_t s, const std::vector<const int32_t*>& mbs,
+                  const std::vector<const uint8_t*>& masks) override {
+    auto r = runner_.step(s, mbs, masks);
     EngineStep e;
     e.loss = r.loss;
     e.grad_norm = r.grad_norm;
     e.lr = r.lr;
     return e;
   }
-  bool eval_loss(const int32_t* batch, float* loss) override {
-    *loss = runner_.eval_loss(batch);
+  bool eval_loss(const int32_t* batch, float* loss, const uint8_t* mask) override {
+    *loss = runner_.eval_loss(batch, mask);
     return true;
   }
   void save_weights(const std::string& path, const std::map<std::string, std::string>& md) override {
@@ -82,29 +94,43 @@ class OffloadEngine final : public TrainEngine {
   std::string describe() const override { return trainer_.plan().table(); }
   void init_params() override {
     float* buf = trainer_.group_staging();
+    // model.checkpoint: streamed from the converted checkpoint one group at a time, so a
+    // model larger than host memory starts from it too.
+    std::unique_ptr<CheckpointGroupReader> reader;
+    if (!cfg_.model.checkpoint.empty())
+      reader = std::make_unique<CheckpointGroupReader>(cfg_.model.checkpoint, cfg_.model);
     for (size_t g = 0; g < layout_.groups.size(); ++g) {
-      init_gpt_group(cfg_.model, layout_, static_cast<int>(g), buf);
+      if (reader)
+        reader->read_group(static_cast<int>(g), buf);
+      else
+        init_gpt_group(cfg_.model, layout_, static_cast<int>(g), buf);
       trainer_.set_group_params(static_cast<int>(g), buf);
     }
   }
-  EngineStep step(int64_t s, const std::vector<const int32_t*>& mbs) override {
-    if (mbs.size() != 1)
-      throw ConfigError(str("schedule.grad_accum is ", mbs.size(), ": the offloading scheduler runs one micro-batch "
-                            "per step for now; use grad_accum 1 and a larger micro_batch"));
+  EngineStep step(int64_t s, const std::vector<const int32_t*>& mbs,
+                  const std::vector<const uint8_t*>& masks) override {
+    // The plan was built for schedule.grad_accum micro-batches (plan_request); the trainer
+    // checks the count.
     EngineStep e;
-    e.detail = trainer_.step(s, mbs[0]);
+    e.detail = trainer_.step(s, mbs, masks);
     e.loss = e.detail.loss;
     e.grad_norm = e.detail.grad_norm;
     e.lr = e.detail.lr;
     e.offloaded = true;
     return e;
   }
-  bool eval_loss(const int32_t*, float*) override { return false; }
+  // The plan's forward-only counterpart on the same pools (OffloadTrainer::eval_loss).
+  bool eval_loss(const int32_t* batch, float* loss, const uint8_t* mask) override {
+    *loss = trainer_.eval_loss(batch, mask);
+    return true;
+  }
   void save_weights(const std::string& path, const std::map<std::string, std::string>& md) override {
     save_streaming(path, layout_, md, trainer_.group_staging(),
                    [&](int g, float* dst) { trainer_.read_group_params(g, dst); });
   }
   void write_trace(const std::string& path) const override { trainer_.write_trace(path); }
+  double predicted_iteration_s() const override { return predicted_; }
+  double predicted_ = 0;  // set by make_train_engine after an automatic placement
 
  private:
   Config cfg_;
@@ -117,11 +143,11 @@ class OffloadEngine final : public TrainEngine {
 
 uint64_t in_memory_device_bytes(const ModelConfig& m, int B) {
   ParamLayout layout = make_gpt_layout(m);
-  const uint64_t N = static_cast<uint64_t>(B) * m.seq_len, C = m.d_model, F = m.d_ff, V = m.vocab_size,
-                 T = m.seq_len, H = m.n_head;
-  uint64_t acts = 4 * (N * (7 * C + 2 * F + 4) + B * H * T * T);
-  uint64_t workspace = 8 * N + 4 * (N * C + 4 * N + N * V + 5 * N * C + B * H * T * T + N * F);
-  return 8 * layout.total + m.n_layer * acts + 4 * N * C + workspace;
+  const uint64_t N = static_cast<uint64_t>(B) * m.seq_len, C = m.d_model;
+  // Parameters and gradients, every layer's activations, the embedding output, workspace:
+  // the model's own allocation lists (src/model/gpt.cc).
+  return 8 * layout.total + m.n_layer * layer_activation_bytes(m, B) + 4 * N * C +
+         model_workspace_bytes(m, B);
 }
 
 bool wants_offload(const Config& cfg) {
@@ -132,15 +158,17 @@ bool wants_offload(const Config& cfg) {
          in_memory_device_bytes(cfg.model, cfg.schedule.micro_batch) > cfg.offload.device_memory;
 }
 
-std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backend) {
-  if (!wants_offload(cfg)) return std::make_unique<InMemoryEngine>(cfg, backend);
+PlanRequest plan_request(const Config& cfg) {
   PlanRequest req;
   req.model = cfg.model;
   req.micro_batch = cfg.schedule.micro_batch;
   req.exact = cfg.optimizer.grad_clip > 0;
+  req.grad_accum = cfg.schedule.grad_accum;
   req.device_budget = cfg.offload.device_memory;
   req.host_budget = cfg.offload.host_memory;
   req.have_ssd = !cfg.offload.ssd_paths.empty();
+  req.weights_on_ssd = cfg.offload.weights == "ssd";
+  req.optim_on_ssd = cfg.offload.optimizer_state == "ssd";
   const int L = cfg.model.n_layer;
   switch (cfg.offload.activations) {
     case ActivationPolicy::kAuto: req.default_act = ActPlacement::kKeep; break;
@@ -154,14 +182,37 @@ std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backe
       for (int l = 1; l < L; l += 2) req.acts[l] = ActPlacement::kRecompute;
       break;
   }
-  Plan plan = make_plan(req);
+  return req;
+}
+
+std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backend) {
+  if (!wants_offload(cfg)) return std::make_unique<InMemoryEngine>(cfg, backend);
+  PlanRequest req = plan_request(cfg);
+  Plan plan;
+  double predicted = 0;
+  if (cfg.offload.activations == ActivationPolicy::kAuto && !cfg.offload.hardware.empty()) {
+    // Automatic activation placement: the simulator's best plan on this profile.
+    SwapSearchResult s = search_swap(req, load_hardware_profile(cfg.offload.hardware));
+    spdlog::info("automatic activation placement on {}: {} (micro-batch {}); predicted iteration {:.3f} s "
+                 "({} plans simulated in {:.2f} s)", cfg.offload.hardware, s.summary(), s.micro_batch,
+                 s.sim.iteration_s, s.plans_evaluated, s.search_s);
+    plan = std::move(s.plan);
+    predicted = s.sim.iteration_s;
+  } else {
+    if (cfg.offload.activations == ActivationPolicy::kAuto)
+      spdlog::info("offload.activations auto without offload.hardware: activations placed by the memory rule "
+                   "(set offload.hardware to a profile, e.g. from fuyou-bench profile, for the cost-model search)");
+    plan = make_plan(req);
+  }
   std::unique_ptr<SsdStore> store;
   if (req.have_ssd) {
     StoreConfig sc;
     sc.dirs = cfg.offload.ssd_paths;
     store = SsdStore::open(sc);
   }
-  return std::make_unique<OffloadEngine>(cfg, backend, std::move(store), std::move(plan));
+  auto engine = std::make_unique<OffloadEngine>(cfg, backend, std::move(store), std::move(plan));
+  engine->predicted_ = predicted;
+  return engine;
 }
 
 }  // namespace fuyou

@@ -60,6 +60,11 @@ const char* op_kind_name(OpKind k) {
     case OpKind::kUpdate: return "update";
     case OpKind::kWriteWeights: return "write_weights";
     case OpKind::kLoadResident: return "load_resident";
+    case OpKind::kWriteGrads: return "write_grads";
+    case OpKind::kReadGrads: return "read_grads";
+    case OpKind::kLoadGrads: return "load_grads";
+    case OpKind::kGradSumSq: return "grad_sum_sq";
+    case OpKind::kHeadLoss: return "head_loss";
   }
   return "?";
 }
@@ -84,17 +89,16 @@ struct Sizes {
 
 Sizes compute_sizes(const ModelConfig& m, int B) {
   ParamLayout layout = make_gpt_layout(m);
-  const uint64_t N = static_cast<uint64_t>(B) * m.seq_len, C = m.d_model, F = m.d_ff,
-                 V = m.vocab_size, T = m.seq_len, H = m.n_head;
+  const uint64_t N = static_cast<uint64_t>(B) * m.seq_len, C = m.d_model, V = m.vocab_size;
   Sizes s;
   s.weights = 4 * layout.groups[1].numel;
   s.embed = 4 * layout.groups.front().numel;
   s.final = 4 * layout.groups.back().numel;
   s.ckpt = 4 * N * C;
-  s.acts = 4 * (N * (7 * C + 2 * F + 4) + B * H * T * T);
-  s.workspace = 8 * N + 4 * (N * C + 2 * N + N * V + 2 * N + 2 * N * C + 3 * N * C + B * H * T * T + N * F);
-  double per_token_layer = 2.0 * C * 3 * C + 4.0 * T * C + 2.0 * C * C + 4.0 * C * F;
-  s.layer_flops = per_token_layer * N;
+  // The model's own allocation lists and FLOP count, per family (src/model/gpt.cc).
+  s.acts = layer_activation_bytes(m, B);
+  s.workspace = model_workspace_bytes(m, B);
+  s.layer_flops = layer_forward_flops_per_token(m) * N;
   s.head_flops = 2.0 * C * V * N;
   return s;
 }
@@ -108,6 +112,10 @@ Plan make_plan(const PlanRequest& req) {
   plan.model = m;
   plan.micro_batch = req.micro_batch;
   plan.exact = req.exact;
+  if (req.grad_accum < 1) throw ConfigError(str("schedule.grad_accum is ", req.grad_accum, "; it must be at least 1"));
+  plan.grad_accum = req.grad_accum;
+  const int K = req.grad_accum;
+  const bool hold = plan.holds_grads();
   const Sizes sz = compute_sizes(m, req.micro_batch);
   const uint64_t dev_budget = req.device_budget ? req.device_budget : UINT64_MAX;
   const uint64_t host_budget = req.host_budget ? req.host_budget : UINT64_MAX;
@@ -137,7 +145,8 @@ Plan make_plan(const PlanRequest& req) {
     part("embedding + final norm: weights and gradients", 2 * (sz.embed + sz.final));
     part("model workspace (logits, head, backward scratch)", sz.workspace);
     part("forward stream buffers (2)", 2 * sz.ckpt);
-    part("working activations + recompute scratch", sz.acts + sz.ckpt);
+    // The executor's residual-gradient buffer (N x C) is counted with the scratch.
+    part("working activations + recompute scratch + residual gradient", sz.acts + 2 * sz.ckpt);
     uint64_t keep = 0, dev = 0;
     for (ActPlacement x : a) {
       if (x == ActPlacement::kKeep) keep += sz.acts + sz.ckpt;
@@ -195,8 +204,11 @@ Plan make_plan(const PlanRequest& req) {
   }
   const uint64_t all_params = L * sz.weights + sz.embed + sz.final;  // bytes of fp32 weights
   plan.pools.host_ckpt_slots = ssd_ckpt_layers ? 2 : 0;
-  plan.pools.host_grad_slots = req.exact ? L + 2 : 2;
-  uint64_t grad_slots_bytes = req.exact ? all_params : 2 * std::max(sz.weights, std::max(sz.embed, sz.final));
+  // Two host gradient slots of the largest group: rotated between a layer's gradients and
+  // its update, or (exact mode) holding the embedding's and the final group's until theirs.
+  plan.pools.host_grad_slots = 2;
+  uint64_t grad_slots_bytes = 2 * std::max(sz.weights, std::max(sz.embed, sz.final));
+  (void)all_params;
   uint64_t host_used = host_fixed + host_ckpt + plan.pools.host_ckpt_slots * sz.ckpt + grad_slots_bytes +
                        sz.embed + sz.final;  // host copies of the resident groups' weights
   plan.layers.resize(L);
@@ -206,8 +218,11 @@ Plan make_plan(const PlanRequest& req) {
   for (int l = 0; l < L; ++l) {
     // Leave room for what choosing SSD for any layer adds: weight staging and the optimizer's
     // chunk slots.
+    // Held gradients that end up on SSD add their staging slots too.
     bool fits = !req.weights_on_ssd &&
-                host_used + sz.weights + (req.have_ssd ? 4 * sz.weights + kOptimChunkPool : 0) <= host_budget;
+                host_used + sz.weights +
+                        (req.have_ssd ? 4 * sz.weights + kOptimChunkPool + (hold ? 2 * sz.weights : 0) : 0) <=
+                    host_budget;
     if (fits || !req.have_ssd) {
       plan.layers[l].weights = StateTier::kHost;
       host_used += sz.weights;
@@ -220,6 +235,29 @@ Plan make_plan(const PlanRequest& req) {
     plan.pools.host_weight_slots = 2;
     plan.pools.host_wout_slots = 2;
     host_used += 4 * sz.weights;
+  }
+  // Held gradients (exact mode, grad_accum > 1): a host buffer per layer while they fit,
+  // else an SSD extent staged through two host slots. Placed after the weights and before
+  // the optimizer state: holding a gradient on SSD costs one write and one read of it per
+  // micro-batch boundary (or per step in exact mode), as a layer's weights on SSD do.
+  uint64_t host_grad_hold = 0;
+  int ssd_grad_layers = 0;
+  if (req.grads_on_ssd && !req.have_ssd) throw ConfigError("gradients on SSD need offload.ssd_paths");
+  for (int l = 0; hold && l < L; ++l) {
+    bool fits = !req.grads_on_ssd &&
+                host_used + sz.weights + (req.have_ssd ? 2 * sz.weights + kOptimChunkPool : 0) <= host_budget;
+    if (fits || !req.have_ssd) {
+      plan.layers[l].grads = StateTier::kHost;
+      host_used += sz.weights;
+      host_grad_hold += sz.weights;
+    } else {
+      plan.layers[l].grads = StateTier::kSsd;
+      ++ssd_grad_layers;
+    }
+  }
+  if (ssd_grad_layers) {
+    plan.pools.host_grad_stage_slots = 2;
+    host_used += 2 * sz.weights;
   }
   // Optimizer state with what is left.
   std::vector<OptimGroup> groups;
@@ -242,10 +280,14 @@ Plan make_plan(const PlanRequest& req) {
   if (host_used > host_budget) {
     throw Error(str("host memory: the plan needs ", format_size(host_used), " but offload.host_memory is ",
                     format_size(host_budget), " (", format_size(host_fixed), " process and device arena, ",
-                    format_size(grad_slots_bytes), " gradient staging",
-                    req.exact ? " for every group (exact mode)" : "", ", ", format_size(host_ckpt),
-                    " host checkpoints, ", format_size(sz.embed + sz.final), " embedding copy, ",
-                    format_size(host_used - host_fixed - grad_slots_bytes - host_ckpt - sz.embed - sz.final),
+                    format_size(grad_slots_bytes), " gradient slots, ",
+                    hold ? str(format_size(host_grad_hold), " held gradients (",
+                               req.exact ? "exact mode" : "gradient accumulation", "), ")
+                         : std::string(),
+                    format_size(host_ckpt), " host checkpoints, ", format_size(sz.embed + sz.final),
+                    " embedding copy, ",
+                    format_size(host_used - host_fixed - grad_slots_bytes - host_grad_hold - host_ckpt - sz.embed -
+                                sz.final),
                     " weights, optimizer state and staging)",
                     req.have_ssd ? "" : "; configure offload.ssd_paths to move weights and optimizer state to SSD"));
   }
@@ -254,7 +296,9 @@ Plan make_plan(const PlanRequest& req) {
   hpart("process baseline", kProcessBaseline);
   hpart("device arena (CPU backend: host memory)", plan.memory.device_bytes);
   hpart("host checkpoints", host_ckpt);
-  hpart("gradient staging", grad_slots_bytes);
+  hpart("gradient slots", grad_slots_bytes);
+  hpart(req.exact ? "held gradients (exact mode)" : "held gradients (gradient accumulation)", host_grad_hold);
+  hpart("held gradient staging", plan.pools.host_grad_stage_slots * sz.weights);
   hpart("checkpoint staging", plan.pools.host_ckpt_slots * sz.ckpt);
   uint64_t host_weights = sz.embed + sz.final, host_optim = 0, ssd_w = 0, ssd_o = 0;
   for (int l = 0; l < L; ++l) {
@@ -269,7 +313,8 @@ Plan make_plan(const PlanRequest& req) {
   spart("weights", ssd_w);
   spart("optimizer state", ssd_o);
   spart("checkpoints", ssd_ckpt_layers * sz.ckpt);
-  plan.memory.ssd_bytes = ssd_w + ssd_o + ssd_ckpt_layers * sz.ckpt;
+  spart("held gradients", ssd_grad_layers * sz.weights);
+  plan.memory.ssd_bytes = ssd_w + ssd_o + ssd_ckpt_layers * sz.ckpt + ssd_grad_layers * sz.weights;
 
   // ---- operations --------------------------------------------------------------------------
   std::vector<PlanOp>& ops = plan.ops;
@@ -295,6 +340,7 @@ Plan make_plan(const PlanRequest& req) {
   };
   std::vector<SlotState> wslots(dw), cslots(dc);
   int use_seq = 0;
+  int micro = 0;  // the micro-batch whose ops are being laid out
   int host_read_rr = 0, host_wout_rr = 0, host_ckpt_rr = 0;
   std::vector<int> host_read_consumer(plan.pools.host_weight_slots, -1);
   std::vector<int> host_wout_writer(plan.pools.host_wout_slots, -1);
@@ -318,11 +364,13 @@ Plan make_plan(const PlanRequest& req) {
     if (plan.layers[l].weights == StateTier::kSsd) {
       staging = host_read_rr++ % plan.pools.host_weight_slots;
       PlanOp& r = add(OpKind::kReadWeights, Resource::kSsdRead, l, {host_read_consumer[staging]});
+      r.micro = micro;
       r.slot = staging;
       r.bytes = sz.weights;
       read = r.id;
     }
     PlanOp& ld = add(OpKind::kLoadWeights, Resource::kH2D, l, {read, wslots[s].last_use});
+    ld.micro = micro;
     ld.slot = s;
     ld.slot2 = staging;
     ld.bytes = sz.weights;
@@ -345,14 +393,6 @@ Plan make_plan(const PlanRequest& req) {
     if (l < L && (acts[l] == ActPlacement::kKeep || acts[l] == ActPlacement::kDevice)) return {BufRef::kLayerCkpt, l};
     return {BufRef::kStream, l % 2};
   };
-
-  // Forward.
-  {
-    fwd_loc[0] = input_location(0);
-    PlanOp& e = add(OpKind::kEmbedForward, Resource::kCompute, -1, {});
-    e.out = fwd_loc[0];
-    ckpt_producer[0] = e.id;
-  }
   auto save_checkpoint = [&](int l) {
     if (acts[l] != ActPlacement::kHost && acts[l] != ActPlacement::kSsd) return;
     int staging = -1;
@@ -362,6 +402,7 @@ Plan make_plan(const PlanRequest& req) {
       deps.push_back(host_ckpt_consumer[staging]);
     }
     PlanOp& s = add(OpKind::kSaveCheckpoint, Resource::kD2H, l, deps);
+    s.micro = micro;
     s.in = fwd_loc[l];
     s.slot = staging;
     s.bytes = sz.ckpt;
@@ -369,80 +410,152 @@ Plan make_plan(const PlanRequest& req) {
     ckpt_saved[l] = s.id;
     if (staging >= 0) {
       PlanOp& w = add(OpKind::kWriteCheckpoint, Resource::kSsdWrite, l, {s.id});
+      w.micro = micro;
       w.slot = staging;
       w.bytes = sz.ckpt;
       host_ckpt_consumer[staging] = w.id;
       ckpt_saved[l] = w.id;
     }
   };
-  save_checkpoint(0);
-  for (int l = 0; l < L; ++l) {
-    int s = need_weights(l, -1);
-    fwd_loc[l + 1] = input_location(l + 1);
-    std::vector<int> deps = {wslots[s].load_op, ckpt_producer[l]};
-    if (fwd_loc[l + 1].kind == BufRef::kStream) {
-      auto& readers = stream_readers[fwd_loc[l + 1].index];
-      deps.insert(deps.end(), readers.begin(), readers.end());
-      readers.clear();
-    }
-    PlanOp& f = add(OpKind::kForward, Resource::kCompute, l, deps);
-    f.slot = s;
-    f.in = fwd_loc[l];
-    f.out = fwd_loc[l + 1];
-    f.flops = sz.layer_flops;
-    use_weights(s, f.id);
-    if (fwd_loc[l].kind == BufRef::kStream) stream_readers[fwd_loc[l].index].push_back(f.id);
-    ckpt_producer[l + 1] = f.id;
-    if (l + 1 < L) save_checkpoint(l + 1);
-  }
-  PlanOp& head = add(OpKind::kHead, Resource::kCompute, -1, {ckpt_producer[L]});
-  head.in = fwd_loc[L];
-  head.flops = sz.head_flops * 3;  // forward + backward of the LM head
-  const int head_id = head.id;
 
-  // Gradients and updates.
-  int grad_rr = 0, host_grad_rr = 0;
+  // Gradients and updates. Host gradient slots rotate between a group's save and its update;
+  // in exact mode slot 0 holds the embedding's gradient and slot 1 the final group's until
+  // their updates. Held layer gradients (holds_grads) live in a per-layer host buffer or go
+  // through the two staging slots to an SSD extent.
+  int grad_rr = 0, host_grad_rr = 0, stage_rr = 0;
   std::vector<int> dev_grad_consumer(dg, -1);
   std::vector<int> host_grad_consumer(plan.pools.host_grad_slots, -1);
-  struct PendingUpdate { int group; int save; int host_slot; };
+  std::vector<std::vector<int>> stage_users(plan.pools.host_grad_stage_slots);
+  std::vector<int> held(L + 2, -1);  // op after which group g's held gradient is complete
+  auto take_stage = [&](std::vector<int>& deps) {
+    int s = stage_rr++ % plan.pools.host_grad_stage_slots;
+    deps.insert(deps.end(), stage_users[s].begin(), stage_users[s].end());
+    stage_users[s].clear();
+    return s;
+  };
+  struct PendingUpdate { int group; int ready; BufRef grad; };
   std::vector<PendingUpdate> pending;
+  std::vector<int> sum_sq_ops;
+  auto group_bytes = [&](int g) { return g == 0 ? sz.embed : g == L + 1 ? sz.final : sz.weights; };
   auto emit_update = [&](const PendingUpdate& p, int norm_op) {
     int l = p.group - 1;
     bool is_layer = p.group >= 1 && p.group <= L;
     int wout = -1;
-    std::vector<int> deps = {p.save, norm_op};
+    std::vector<int> deps = {p.ready, norm_op};
+    BufRef grad = p.grad;
+    int read = -1;
+    if (req.exact && is_layer && plan.layers[l].grads == StateTier::kSsd) {
+      // Exact mode: the held gradient comes back from SSD for the update (its staging slot
+      // has been reused since).
+      std::vector<int> rdeps = {p.ready};
+      int s = take_stage(rdeps);
+      PlanOp& r = add(OpKind::kReadGrads, Resource::kSsdRead, p.group, rdeps);
+      r.micro = K - 1;
+      r.out = {BufRef::kGradStage, s};
+      r.bytes = sz.weights;
+      read = r.id;
+      grad = r.out;
+      deps.push_back(read);
+    }
     if (is_layer && plan.layers[l].weights == StateTier::kSsd) {
       wout = host_wout_rr++ % plan.pools.host_wout_slots;
       deps.push_back(host_wout_writer[wout]);
     }
     PlanOp& u = add(OpKind::kUpdate, Resource::kOptimizer, p.group, deps);
-    u.slot = p.host_slot;
+    u.micro = K - 1;
+    u.in = grad;
     u.slot2 = wout;
     int uid = u.id;
-    host_grad_consumer[p.host_slot] = uid;
+    if (grad.kind == BufRef::kHostGrad) host_grad_consumer[grad.index] = uid;
+    if (grad.kind == BufRef::kGradStage) stage_users[grad.index] = {uid};
     if (wout >= 0) {
       PlanOp& w = add(OpKind::kWriteWeights, Resource::kSsdWrite, p.group, {uid});
+      w.micro = K - 1;
       w.slot = wout;
       w.bytes = sz.weights;
       host_wout_writer[wout] = w.id;
     }
     if (!is_layer) {
       PlanOp& r = add(OpKind::kLoadResident, Resource::kH2D, p.group, {uid});
+      r.micro = K - 1;
       r.bytes = p.group == 0 ? sz.embed : sz.final;
     }
   };
+  // The embedding and final groups' gradients stay on the device across micro-batches and
+  // are saved after the last; a layer's are saved after every micro-batch.
   auto save_grads = [&](int group, int producer, int dev_slot) {
-    int hs = req.exact ? group : host_grad_rr++ % plan.pools.host_grad_slots;
-    PlanOp& s = add(OpKind::kSaveGrads, Resource::kD2H, group, {producer, host_grad_consumer[hs]});
-    s.slot = dev_slot;
-    s.slot2 = hs;
-    s.bytes = group == 0 ? sz.embed : group == L + 1 ? sz.final : sz.weights;
-    if (dev_slot >= 0) dev_grad_consumer[dev_slot] = s.id;
-    PendingUpdate p{group, s.id, hs};
-    if (req.exact) pending.push_back(p);
-    else emit_update(p, -1);
+    const bool is_layer = group >= 1 && group <= L, last = micro == K - 1;
+    std::vector<int> deps = {producer};
+    PlanOp* s = nullptr;
+    int ready = -1;
+    if (!is_layer || (last && !req.exact)) {
+      // To a host gradient slot, for the update.
+      int hs = req.exact ? (group == 0 ? 0 : 1) : host_grad_rr++ % plan.pools.host_grad_slots;
+      deps.push_back(host_grad_consumer[hs]);
+      s = &add(OpKind::kSaveGrads, Resource::kD2H, group, deps);
+      s->out = {BufRef::kHostGrad, hs};
+      ready = s->id;
+    } else if (plan.layers[group - 1].grads == StateTier::kHost) {
+      // Held in the layer's host buffer; the previous content was read by this micro-batch's
+      // load_grads, which the producing backward waited for.
+      s = &add(OpKind::kSaveGrads, Resource::kD2H, group, deps);
+      s->out = {BufRef::kGradHold, group - 1};
+      ready = s->id;
+    } else {
+      int st = take_stage(deps);
+      s = &add(OpKind::kSaveGrads, Resource::kD2H, group, deps);
+      s->out = {BufRef::kGradStage, st};
+      int sid = s->id;
+      PlanOp& w = add(OpKind::kWriteGrads, Resource::kSsdWrite, group, {sid});
+      w.micro = micro;
+      w.in = {BufRef::kGradStage, st};
+      w.bytes = sz.weights;
+      stage_users[st] = {w.id};
+      ready = w.id;
+      s = &ops[sid];
+    }
+    s->micro = micro;
+    s->slot = dev_slot;
+    s->bytes = group_bytes(group);
+    const int save_id = s->id;
+    const BufRef where = s->out;
+    if (dev_slot >= 0) dev_grad_consumer[dev_slot] = save_id;
+    if (is_layer) held[group] = ready;
+    if (!last) return;
+    if (!req.exact) return emit_update({group, ready, where}, -1);
+    // Exact mode: this group's share of the norm while the gradient is in host memory.
+    PlanOp& q = add(OpKind::kGradSumSq, Resource::kOptimizer, group, {save_id});
+    q.micro = micro;
+    q.in = where;
+    q.bytes = group_bytes(group);
+    sum_sq_ops.push_back(q.id);
+    if (where.kind == BufRef::kGradStage) stage_users[where.index].push_back(q.id);
+    if (where.kind == BufRef::kHostGrad) host_grad_consumer[where.index] = q.id;
+    pending.push_back({group, where.kind == BufRef::kGradStage ? ready : save_id, where});
   };
-  save_grads(L + 1, head_id, -1);
+  // Micro-batch > 0: the gradient held from the previous micro-batches goes back into the
+  // device slot the backward adds to (so the sums are the in-memory ones, term by term).
+  auto load_grads = [&](int group, int dev_slot) -> int {
+    std::vector<int> deps = {held[group], dev_grad_consumer[dev_slot]};
+    BufRef src{BufRef::kGradHold, group - 1};
+    if (plan.layers[group - 1].grads == StateTier::kSsd) {
+      std::vector<int> rdeps = {held[group]};
+      int st = take_stage(rdeps);
+      PlanOp& r = add(OpKind::kReadGrads, Resource::kSsdRead, group, rdeps);
+      r.micro = micro;
+      r.out = {BufRef::kGradStage, st};
+      r.bytes = sz.weights;
+      deps.push_back(r.id);
+      src = r.out;
+    }
+    PlanOp& ld = add(OpKind::kLoadGrads, Resource::kH2D, group, deps);
+    ld.micro = micro;
+    ld.in = src;
+    ld.slot = dev_slot;
+    ld.bytes = sz.weights;
+    if (src.kind == BufRef::kGradStage) stage_users[src.index] = {ld.id};
+    return ld.id;
+  };
 
   // Backward. Checkpoints come back through an LRU of device slots like the weights; a
   // recomputed input is rebuilt from layer l-1's checkpoint (recursively available).
@@ -460,6 +573,7 @@ Plan make_plan(const PlanRequest& req) {
     int& use_seq;
     const Sizes& sz;
     int dc;
+    int& micro;
 
     BufRef need(int l, int also) {
       ActPlacement a = acts[l];
@@ -472,6 +586,7 @@ Plan make_plan(const PlanRequest& req) {
         int s = pick(cslots, l - 1, also);
         PlanOp& r = add(OpKind::kRecomputeInput, Resource::kCompute, l,
                         {cslots[s].last_use, prev_dep(prev, l - 1), ws_load(ws)});
+        r.micro = micro;
         r.slot = ws;
         r.in = prev;
         r.out = {BufRef::kCkptSlot, s};
@@ -486,11 +601,13 @@ Plan make_plan(const PlanRequest& req) {
       if (a == ActPlacement::kSsd) {
         staging = host_ckpt_rr++ % plan.pools.host_ckpt_slots;
         PlanOp& rd = add(OpKind::kReadCheckpoint, Resource::kSsdRead, l, {ckpt_saved[l], host_ckpt_consumer[staging]});
+        rd.micro = micro;
         rd.slot = staging;
         rd.bytes = sz.ckpt;
         read = rd.id;
       }
       PlanOp& ld = add(OpKind::kLoadCheckpoint, Resource::kH2D, l, {read, ckpt_saved[l], cslots[s].last_use});
+      ld.micro = micro;
       ld.slot = staging;
       ld.out = {BufRef::kCkptSlot, s};
       ld.bytes = sz.ckpt;
@@ -510,48 +627,151 @@ Plan make_plan(const PlanRequest& req) {
     }
   };
   Ckpt ck{plan, acts, cslots, add, pick_slot, need_weights, use_weights, ckpt_saved, host_ckpt_consumer,
-          host_ckpt_rr, use_seq, sz, dc};
+          host_ckpt_rr, use_seq, sz, dc, micro};
   ck.ws_load = [&](int s) { return wslots[s].load_op; };
 
-  for (int l = L - 1; l >= 0; --l) {
-    BufRef in = ck.need(l, -1);
-    int ws = need_weights(l, -1);
-    int ckpt_dep = ck.prev_dep(in, l);
-    int prev = -1;
-    if (acts[l] != ActPlacement::kKeep) {
-      PlanOp& r = add(OpKind::kRecompute, Resource::kCompute, l, {wslots[ws].load_op, ckpt_dep});
-      r.slot = ws;
-      r.in = in;
-      r.out = {BufRef::kScratch, 0};
-      r.recompute_flops = sz.layer_flops;
-      use_weights(ws, r.id);
-      ck.touch(in, r.id);
-      prev = r.id;
+  for (micro = 0; micro < K; ++micro) {
+    // Forward. The weights do not change within a step, so the device weight slots stay
+    // valid across micro-batches; the checkpoint slots do not (other tokens).
+    for (SlotState& c : cslots) c.layer = -1;
+    fwd_loc[0] = input_location(0);
+    std::vector<int> edeps;
+    if (fwd_loc[0].kind == BufRef::kStream) {
+      auto& readers = stream_readers[fwd_loc[0].index];
+      edeps.insert(edeps.end(), readers.begin(), readers.end());
+      readers.clear();
     }
-    int gs = grad_rr++ % dg;
-    PlanOp& b = add(OpKind::kBackward, Resource::kCompute, l,
-                    {wslots[ws].load_op, ckpt_dep, prev, dev_grad_consumer[gs]});
-    b.slot = ws;
-    b.slot2 = gs;
-    b.in = in;
-    b.flops = 2 * sz.layer_flops;
-    use_weights(ws, b.id);
-    ck.touch(in, b.id);
-    save_grads(1 + l, b.id, gs);
+    PlanOp& e = add(OpKind::kEmbedForward, Resource::kCompute, -1, edeps);
+    e.micro = micro;
+    e.out = fwd_loc[0];
+    ckpt_producer[0] = e.id;
+    save_checkpoint(0);
+    for (int l = 0; l < L; ++l) {
+      int s = need_weights(l, -1);
+      fwd_loc[l + 1] = input_location(l + 1);
+      std::vector<int> deps = {wslots[s].load_op, ckpt_producer[l]};
+      if (fwd_loc[l + 1].kind == BufRef::kStream) {
+        auto& readers = stream_readers[fwd_loc[l + 1].index];
+        deps.insert(deps.end(), readers.begin(), readers.end());
+        readers.clear();
+      }
+      PlanOp& f = add(OpKind::kForward, Resource::kCompute, l, deps);
+      f.micro = micro;
+      f.slot = s;
+      f.in = fwd_loc[l];
+      f.out = fwd_loc[l + 1];
+      f.flops = sz.layer_flops;
+      use_weights(s, f.id);
+      if (fwd_loc[l].kind == BufRef::kStream) stream_readers[fwd_loc[l].index].push_back(f.id);
+      ckpt_producer[l + 1] = f.id;
+      if (l + 1 < L) save_checkpoint(l + 1);
+    }
+    PlanOp& head = add(OpKind::kHead, Resource::kCompute, -1, {ckpt_producer[L]});
+    head.micro = micro;
+    head.in = fwd_loc[L];
+    head.flops = sz.head_flops * 3;  // forward + backward of the LM head
+    if (micro == K - 1) save_grads(L + 1, head.id, -1);
+
+    for (int l = L - 1; l >= 0; --l) {
+      BufRef in = ck.need(l, -1);
+      int ws = need_weights(l, -1);
+      int ckpt_dep = ck.prev_dep(in, l);
+      int prev = -1;
+      if (acts[l] != ActPlacement::kKeep) {
+        PlanOp& r = add(OpKind::kRecompute, Resource::kCompute, l, {wslots[ws].load_op, ckpt_dep});
+        r.micro = micro;
+        r.slot = ws;
+        r.in = in;
+        r.out = {BufRef::kScratch, 0};
+        r.recompute_flops = sz.layer_flops;
+        use_weights(ws, r.id);
+        ck.touch(in, r.id);
+        prev = r.id;
+      }
+      int gs = grad_rr++ % dg;
+      int acc = micro > 0 ? load_grads(1 + l, gs) : -1;
+      PlanOp& b = add(OpKind::kBackward, Resource::kCompute, l,
+                      {wslots[ws].load_op, ckpt_dep, prev, dev_grad_consumer[gs], acc});
+      b.micro = micro;
+      b.slot = ws;
+      b.slot2 = gs;
+      b.in = in;
+      b.flops = 2 * sz.layer_flops;
+      use_weights(ws, b.id);
+      ck.touch(in, b.id);
+      save_grads(1 + l, b.id, gs);
+    }
+    PlanOp& eb = add(OpKind::kEmbedBackward, Resource::kCompute, -1, {});
+    eb.micro = micro;
+    if (micro == K - 1) save_grads(0, eb.id, -1);
   }
-  PlanOp& eb = add(OpKind::kEmbedBackward, Resource::kCompute, -1, {});
-  save_grads(0, eb.id, -1);
+  micro = K - 1;
 
   if (req.exact) {
-    std::vector<int> deps;
-    for (const auto& p : pending) deps.push_back(p.save);
-    PlanOp& n = add(OpKind::kGradNorm, Resource::kOptimizer, -1, deps);
+    // The norm adds the groups' sums of squares in layout order (0 .. L+1), as in-memory
+    // training does; the updates then run in backward order.
+    PlanOp& n = add(OpKind::kGradNorm, Resource::kOptimizer, -1, sum_sq_ops);
+    n.micro = K - 1;
     int norm = n.id;
-    // Layers in backward order, then embedding: the order in-memory training updates in
-    // does not matter for the values (updates are per group and independent).
     for (const auto& p : pending) emit_update(p, norm);
   }
   return plan;
+}
+
+Plan make_forward_plan(const Plan& train) {
+  Plan p = train;
+  p.forward_only = true;
+  p.ops.clear();
+  const int L = p.model.n_layer;
+  const Sizes sz = compute_sizes(p.model, p.micro_batch);
+  std::vector<PlanOp>& ops = p.ops;
+  auto add = [&](OpKind kind, Resource res, int layer, std::vector<int> deps) -> PlanOp& {
+    PlanOp op;
+    op.id = static_cast<int>(ops.size());
+    op.kind = kind;
+    op.resource = res;
+    op.layer = layer;
+    deps.erase(std::remove(deps.begin(), deps.end(), -1), deps.end());
+    op.deps = std::move(deps);
+    ops.push_back(op);
+    return ops.back();
+  };
+  // Every layer's input and output go through the two stream buffers; device weight slots
+  // and host read staging rotate, each reuse waiting for the slot's last reader.
+  const int dw = p.pools.device_weight_slots, hw = p.pools.host_weight_slots;
+  std::vector<int> wslot_user(dw, -1), hslot_user(hw, -1);
+  int prev = add(OpKind::kEmbedForward, Resource::kCompute, -1, {}).id;
+  ops[prev].out = {BufRef::kStream, 0};
+  for (int l = 0; l < L; ++l) {
+    const int s = l % dw;
+    int read = -1, staging = -1;
+    if (p.layers[l].weights == StateTier::kSsd) {
+      staging = (l % hw);
+      PlanOp& r = add(OpKind::kReadWeights, Resource::kSsdRead, l, {hslot_user[staging]});
+      r.slot = staging;
+      r.bytes = sz.weights;
+      read = r.id;
+    }
+    PlanOp& ld = add(OpKind::kLoadWeights, Resource::kH2D, l, {read, wslot_user[s]});
+    ld.slot = s;
+    ld.slot2 = staging;
+    ld.bytes = sz.weights;
+    if (staging >= 0) hslot_user[staging] = ld.id;
+    int load = ld.id;
+    // The forward of l writes the stream buffer the forward of l-1 read: compute runs in
+    // order, so the dependency on the previous forward covers it.
+    PlanOp& f = add(OpKind::kForward, Resource::kCompute, l, {load, prev});
+    f.slot = s;
+    f.in = {BufRef::kStream, l % 2};
+    f.out = {BufRef::kStream, (l + 1) % 2};
+    f.flops = sz.layer_flops;
+    wslot_user[s] = f.id;
+    prev = f.id;
+  }
+  PlanOp& h = add(OpKind::kHeadLoss, Resource::kCompute, -1, {prev});
+  h.in = {BufRef::kStream, L % 2};
+  h.flops = sz.head_flops;
+  return p;
 }
 
 }  // namespace fuyou

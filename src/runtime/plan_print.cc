@@ -17,6 +17,9 @@ std::string buf_name(const BufRef& b) {
     case BufRef::kLayerCkpt: return str("ckpt.layer", b.index);
     case BufRef::kCkptSlot: return str("ckpt.slot", b.index);
     case BufRef::kScratch: return "scratch";
+    case BufRef::kHostGrad: return str("host.grad", b.index);
+    case BufRef::kGradHold: return str("grad.hold.layer", b.index);
+    case BufRef::kGradStage: return str("grad.stage", b.index);
     case BufRef::kNone: break;
   }
   return "";
@@ -25,19 +28,29 @@ std::string buf_name(const BufRef& b) {
 }  // namespace
 
 std::string Plan::table() const {
-  std::string out = str("plan: ", model.n_layer, " layers, micro_batch ", micro_batch,
+  std::string out = str(forward_only ? "forward-only (validation) plan: " : "plan: ", model.n_layer,
+                        " layers, micro_batch ", micro_batch,
+                        grad_accum > 1 ? str(", grad_accum ", grad_accum, " (gradients accumulate across micro-batches)")
+                                       : std::string(),
                         exact ? ", exact mode (updates wait for the global gradient norm)" : "", "\n");
-  out += "layer  activations  weights  optimizer\n";
+  // The gradients column appears when layer gradients are held (exact mode, grad_accum > 1).
+  out += holds_grads() ? "layer  activations  weights  optimizer  gradients\n" : "layer  activations  weights  optimizer\n";
   for (size_t l = 0; l < layers.size(); ++l)
     out += str(l < 10 ? "    " : l < 100 ? "   " : "  ", l, "  ", act_placement_name(layers[l].act),
                std::string(13 - std::string(act_placement_name(layers[l].act)).size(), ' '),
                tier_name(layers[l].weights), layers[l].weights == StateTier::kHost ? "     " : "      ",
-               tier_name(layers[l].optim), "\n");
+               tier_name(layers[l].optim),
+               holds_grads() ? str(layers[l].optim == StateTier::kHost ? "       " : "        ",
+                                   tier_name(layers[l].grads))
+                             : std::string(),
+               "\n");
   out += str("embedding/final optimizer state: ", tier_name(embed_optim), "/", tier_name(final_optim), "\n");
   out += str("pools: device weight slots ", pools.device_weight_slots, ", device checkpoint slots ",
              pools.device_ckpt_slots, ", device gradient slots ", pools.device_grad_slots,
              ", host weight staging ", pools.host_weight_slots, "+", pools.host_wout_slots,
-             ", host checkpoint staging ", pools.host_ckpt_slots, ", host gradient slots ", pools.host_grad_slots, "\n");
+             ", host checkpoint staging ", pools.host_ckpt_slots, ", host gradient slots ", pools.host_grad_slots,
+             pools.host_grad_stage_slots ? str(", held gradient staging ", pools.host_grad_stage_slots) : std::string(),
+             "\n");
   auto tier = [&](const char* name, uint64_t total, const std::vector<std::pair<std::string, uint64_t>>& parts) {
     out += str("peak ", name, " memory ", format_size(total), "\n");
     for (const auto& [n, b] : parts) out += str("  ", n, ": ", format_size(b), "\n");
@@ -58,21 +71,28 @@ nlohmann::json Plan::to_json() const {
   j["n_layer"] = model.n_layer;
   j["micro_batch"] = micro_batch;
   j["exact"] = exact;
-  for (const auto& d : layers)
-    j["layers"].push_back({{"activations", act_placement_name(d.act)}, {"weights", tier_name(d.weights)},
-                           {"optimizer", tier_name(d.optim)}});
+  j["grad_accum"] = grad_accum;
+  j["forward_only"] = forward_only;
+  for (const auto& d : layers) {
+    nlohmann::json l{{"activations", act_placement_name(d.act)}, {"weights", tier_name(d.weights)},
+                     {"optimizer", tier_name(d.optim)}};
+    if (holds_grads()) l["gradients"] = tier_name(d.grads);
+    j["layers"].push_back(l);
+  }
   j["pools"] = {{"device_weight_slots", pools.device_weight_slots},
                 {"device_ckpt_slots", pools.device_ckpt_slots},
                 {"device_grad_slots", pools.device_grad_slots},
                 {"host_weight_slots", pools.host_weight_slots},
                 {"host_wout_slots", pools.host_wout_slots},
                 {"host_ckpt_slots", pools.host_ckpt_slots},
-                {"host_grad_slots", pools.host_grad_slots}};
+                {"host_grad_slots", pools.host_grad_slots},
+                {"host_grad_stage_slots", pools.host_grad_stage_slots}};
   j["memory"] = {{"device_bytes", memory.device_bytes}, {"host_bytes", memory.host_bytes},
                  {"ssd_bytes", memory.ssd_bytes}};
   for (const PlanOp& op : ops) {
     nlohmann::json o{{"id", op.id}, {"kind", op_kind_name(op.kind)}, {"resource", resource_name(op.resource)},
                      {"layer", op.layer}, {"deps", op.deps}};
+    if (grad_accum > 1) o["micro"] = op.micro;
     if (op.slot >= 0) o["slot"] = op.slot;
     if (op.slot2 >= 0) o["slot2"] = op.slot2;
     if (op.in.kind != BufRef::kNone) o["in"] = buf_name(op.in);

@@ -9,6 +9,8 @@
 #include <mutex>
 #include <thread>
 
+#include <omp.h>
+
 #include "fuyou/error.h"
 #include "fuyou/model.h"
 #include "fuyou/ooc_adamw.h"
@@ -40,6 +42,8 @@ class OffloadTrainer::Impl {
     for (const auto& d : plan_.layers)
       needs_store |= d.weights == StateTier::kSsd || d.act == ActPlacement::kSsd || d.optim == StateTier::kSsd;
     needs_store |= plan_.embed_optim == StateTier::kSsd || plan_.final_optim == StateTier::kSsd;
+    for (const auto& d : plan_.layers) needs_store |= plan_.holds_grads() && d.grads == StateTier::kSsd;
+    if (plan_.forward_only) throw Error("OffloadTrainer needs a training plan; it derives the forward-only one itself");
     if (needs_store && !store_) throw Error("the plan keeps state on SSD but no store is open (offload.ssd_paths)");
 
     // Device: resident embedding and final norm, pools, activation buffers.
@@ -79,6 +83,8 @@ class OffloadTrainer::Impl {
     if (pp.host_wout_slots) specs.push_back({"weights.out", wbytes_, static_cast<uint32_t>(pp.host_wout_slots)});
     if (pp.host_ckpt_slots) specs.push_back({"checkpoint.staging", cbytes_, static_cast<uint32_t>(pp.host_ckpt_slots)});
     specs.push_back({"gradients", gmax, static_cast<uint32_t>(pp.host_grad_slots)});
+    if (pp.host_grad_stage_slots)
+      specs.push_back({"gradients.staging", wbytes_, static_cast<uint32_t>(pp.host_grad_stage_slots)});
     pool_ = std::make_unique<HostPool>(specs);
     auto slots_of = [&](const char* name, int count) {
       std::vector<float*> v;
@@ -91,23 +97,31 @@ class OffloadTrainer::Impl {
     hwout_ = slots_of("weights.out", pp.host_wout_slots);
     hckpt_ = slots_of("checkpoint.staging", pp.host_ckpt_slots);
     hgrad_ = slots_of("gradients", pp.host_grad_slots);
+    hgstage_ = slots_of("gradients.staging", pp.host_grad_stage_slots);
     host_w_.resize(L);
     host_ckpt_.resize(L);
     for (int l = 0; l < L; ++l) {
       if (plan_.layers[l].weights == StateTier::kHost) host_w_[l].assign(layout_.groups[1 + l].numel, 0.0f);
       if (plan_.layers[l].act == ActPlacement::kHost) host_ckpt_[l].assign(N_ * C, 0.0f);
     }
+    // Held gradients in host memory (exact mode, gradient accumulation), one buffer per layer.
+    hold_.resize(L);
+    for (int l = 0; l < L; ++l)
+      if (plan_.holds_grads() && plan_.layers[l].grads == StateTier::kHost) hold_[l].assign(layout_.groups[1 + l].numel, 0.0f);
     host_embed_.assign(ge.numel, 0.0f);
     host_final_.assign(gf.numel, 0.0f);
 
     // SSD extents for weights and checkpoints; the optimizer defines its own.
     wext_.assign(L, 0);
     cext_.assign(L, 0);
+    gext_.assign(L, 0);
     if (store_) {
       store_->register_pool(*pool_);
       for (int l = 0; l < L; ++l) {
         if (plan_.layers[l].weights == StateTier::kSsd) wext_[l] = store_->define_extent(str("layer.", l, "/weights"), wbytes_);
         if (plan_.layers[l].act == ActPlacement::kSsd) cext_[l] = store_->define_extent(str("layer.", l, "/checkpoint"), cbytes_);
+        if (plan_.holds_grads() && plan_.layers[l].grads == StateTier::kSsd)
+          gext_[l] = store_->define_extent(str("layer.", l, "/gradients"), wbytes_);
       }
     }
     std::vector<OptimGroup> groups;
@@ -126,13 +140,23 @@ class OffloadTrainer::Impl {
     oo.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
     opt_ = std::make_unique<OocAdamW>(groups, tiers, store_, oo);
 
-    // Per-resource op lists and the event state.
-    for (const PlanOp& op : plan_.ops) queue_[static_cast<int>(op.resource)].push_back(op.id);
-    done_ = std::make_unique<std::atomic<bool>[]>(plan_.ops.size());
-    start_.assign(plan_.ops.size(), 0.0);
-    end_.assign(plan_.ops.size(), 0.0);
-    inputs_.resize(N_);
-    targets_.resize(N_);
+    // Per-resource op lists and the event state, for the training plan and the validation
+    // plan (a forward over the same pools).
+    eval_plan_ = make_forward_plan(plan_);
+    train_.ops = &plan_.ops;
+    eval_.ops = &eval_plan_.ops;
+    for (Run* run : {&train_, &eval_}) {
+      for (const PlanOp& op : *run->ops) run->queue[static_cast<int>(op.resource)].push_back(op.id);
+      run->start.assign(run->ops->size(), 0.0);
+      run->end.assign(run->ops->size(), 0.0);
+    }
+    done_ = std::make_unique<std::atomic<bool>[]>(std::max(plan_.ops.size(), eval_plan_.ops.size()));
+    const int K = plan_.grad_accum;
+    inputs_.assign(K, std::vector<int32_t>(N_));
+    targets_.assign(K, std::vector<int32_t>(N_));
+    losses_.assign(K, 0.0f);
+    counts_.assign(K, 0);
+    sum_sq_.assign(layout_.groups.size(), 0.0);
   }
 
   ~Impl() {
@@ -145,12 +169,9 @@ class OffloadTrainer::Impl {
   LayerTensors layer_view(float* slot, int l) {
     return layer_tensors(layout_, l, slot - layout_.groups[1 + l].offset);
   }
-  GlobalTensors globals(float* embed, float* fin) {
-    const size_t n = layout_.tensors.size();
-    const size_t eo = layout_.groups.front().offset, fo = layout_.groups.back().offset;
-    return {embed + layout_.tensors[0].offset - eo, embed + layout_.tensors[1].offset - eo,
-            fin + layout_.tensors[n - 2].offset - fo, fin + layout_.tensors[n - 1].offset - fo};
-  }
+  // The embed and final groups live in separate device buffers; an untied LM head is in the
+  // final group, a tied one is wte (so its gradient lands in the embed group).
+  GlobalTensors globals(float* embed, float* fin) { return global_tensors(layout_, embed, fin); }
   float* buf(const BufRef& b) {
     switch (b.kind) {
       case BufRef::kStream: return stream_[b.index];
@@ -160,6 +181,16 @@ class OffloadTrainer::Impl {
       case BufRef::kNone: break;
     }
     FY_CHECK(false, "op without a buffer");
+    return nullptr;
+  }
+  float* host_grad(const BufRef& b) {
+    switch (b.kind) {
+      case BufRef::kHostGrad: return hgrad_[b.index];
+      case BufRef::kGradHold: return hold_[b.index].data();
+      case BufRef::kGradStage: return hgstage_[b.index];
+      default: break;
+    }
+    FY_CHECK(false, "gradient op without a host gradient buffer");
     return nullptr;
   }
   float* group_host_weights(int g) {
@@ -207,12 +238,17 @@ class OffloadTrainer::Impl {
         be_.copy_to_device(wslot_[op.slot], op.slot2 >= 0 ? hread_[op.slot2] : host_w_[op.layer].data(), wbytes_);
         break;
       case OpKind::kEmbedForward: {
+        // Each micro-batch's tokens go to the device here, on the compute queue: the previous
+        // micro-batch's head and embedding backward, which read them, ran before.
+        model_.set_tokens(inputs_[op.micro].data(), targets_[op.micro].data());
         GlobalTensors g = globals(embed_w_, final_w_);
         model_.embed_forward(g.wte, g.wpe, buf(op.out));
         break;
       }
       case OpKind::kForward: {
-        LayerActivations a = plan_.layers[op.layer].act == ActPlacement::kKeep ? kept_[op.layer] : work_;
+        // Validation keeps nothing for a backward: every layer uses the working buffers.
+        LayerActivations a =
+            plan_.layers[op.layer].act == ActPlacement::kKeep && !forward_only_ ? kept_[op.layer] : work_;
         a.out = buf(op.out);
         if (owner_.on_forward) owner_.on_forward(op.layer, wslot_[op.slot], layout_.groups[1 + op.layer].numel);
         model_.block_forward(layer_view(wslot_[op.slot], op.layer), buf(op.in), a);
@@ -232,10 +268,13 @@ class OffloadTrainer::Impl {
         break;
       case OpKind::kHead: {
         GlobalTensors g = globals(embed_w_, final_w_), dg = globals(embed_g_, final_g_);
-        loss_ = model_.head_forward(g, buf(op.in), true);
-        model_.head_backward(g, dg, buf(op.in), 1.0f / static_cast<float>(N_), dres_);
+        losses_[op.micro] = model_.head_forward(g, buf(op.in), true);
+        model_.head_backward(g, dg, buf(op.in), loss_scale_, dres_);
         break;
       }
+      case OpKind::kHeadLoss:
+        eval_loss_ = model_.head_forward(globals(embed_w_, final_w_), buf(op.in), true);
+        break;
       case OpKind::kRecomputeInput: {
         LayerActivations a = work_;
         a.out = buf(op.out);
@@ -250,7 +289,9 @@ class OffloadTrainer::Impl {
       }
       case OpKind::kBackward: {
         LayerActivations a = plan_.layers[op.layer].act == ActPlacement::kKeep ? kept_[op.layer] : work_;
-        be_.zero(gslot_[op.slot2], wbytes_);
+        // Micro-batch 0 starts from zero; a later one adds to what its load_grads put back,
+        // so each sum is formed term by term as in-memory training forms it.
+        if (op.micro == 0) be_.zero(gslot_[op.slot2], wbytes_);
         model_.block_backward(layer_view(wslot_[op.slot], op.layer), layer_view(gslot_[op.slot2], op.layer),
                               buf(op.in), a, dres_);
         break;
@@ -260,13 +301,25 @@ class OffloadTrainer::Impl {
         break;
       case OpKind::kSaveGrads: {
         const float* src = op.layer == 0 ? embed_g_ : op.layer == L + 1 ? final_g_ : gslot_[op.slot];
-        be_.copy_to_host(hgrad_[op.slot2], src, 4 * layout_.groups[op.layer].numel);
+        be_.copy_to_host(host_grad(op.out), src, 4 * layout_.groups[op.layer].numel);
         break;
       }
+      case OpKind::kWriteGrads:
+        store_->write_sync(gext_[op.layer - 1], 0, host_grad(op.in), pad4k(wbytes_));
+        break;
+      case OpKind::kReadGrads:
+        store_->read_sync(gext_[op.layer - 1], 0, host_grad(op.out), pad4k(wbytes_));
+        break;
+      case OpKind::kLoadGrads:
+        be_.copy_to_device(gslot_[op.slot], host_grad(op.in), wbytes_);
+        break;
+      case OpKind::kGradSumSq:
+        sum_sq_[op.layer] = group_sum_squares(host_grad(op.in), layout_.groups[op.layer].numel);
+        break;
       case OpKind::kGradNorm: {
-        // Group order 0..L+1, each group in order: the reduction StepRunner uses.
+        // Group order 0..L+1, each group's own sum sequential: the reduction StepRunner uses.
         double sq = 0;
-        for (size_t g = 0; g < layout_.groups.size(); ++g) sq += group_sum_squares(hgrad_[g], layout_.groups[g].numel);
+        for (double g : sum_sq_) sq += g;
         grad_norm_ = std::sqrt(sq);
         double coef = cfg_.optimizer.grad_clip / (grad_norm_ + 1e-6);
         grad_scale_ = coef < 1.0 ? static_cast<float>(coef) : 1.0f;
@@ -275,7 +328,7 @@ class OffloadTrainer::Impl {
       case OpKind::kUpdate: {
         OocAdamW::Update u;
         u.group = op.layer;
-        u.grad = hgrad_[op.slot];
+        u.grad = host_grad(op.in);
         u.grad_type = ElemType::kF32;
         u.lowp = op.slot2 >= 0 ? hwout_[op.slot2] : group_host_weights(op.layer);
         u.lowp_type = ElemType::kF32;
@@ -295,9 +348,20 @@ class OffloadTrainer::Impl {
     }
   }
 
-  void resource_thread(int r) {
-    for (int id : queue_[r]) {
-      const PlanOp& op = plan_.ops[id];
+  // The op lists of one plan, per resource, and the last run's op times.
+  struct Run {
+    const std::vector<PlanOp>* ops = nullptr;
+    std::vector<int> queue[kNumResources];
+    std::vector<double> start, end;
+  };
+
+  void resource_thread(Run& run, int r) {
+    // On the CPU backend the optimizer shares the cores with compute. Two OpenMP teams on
+    // two cores spin against each other at every barrier (measured: compute 3x slower while
+    // the optimizer ran); a one-thread optimizer takes one core's share without a team.
+    if (r == static_cast<int>(Resource::kOptimizer) && be_.kind() == BackendKind::kCpu) omp_set_num_threads(1);
+    for (int id : run.queue[r]) {
+      const PlanOp& op = (*run.ops)[id];
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] {
@@ -318,8 +382,8 @@ class OffloadTrainer::Impl {
         cv_.notify_all();
         return;
       }
-      start_[id] = t0;
-      end_[id] = std::chrono::duration<double>(clock_type::now() - iter_start_).count();
+      run.start[id] = t0;
+      run.end[id] = std::chrono::duration<double>(clock_type::now() - iter_start_).count();
       {
         std::lock_guard<std::mutex> lock(mu_);
         done_[id].store(true, std::memory_order_release);
@@ -328,27 +392,46 @@ class OffloadTrainer::Impl {
     }
   }
 
-  OffloadStepResult step(int64_t step_index, const int32_t* batch) {
-    const int B = plan_.micro_batch, T = cfg_.model.seq_len;
-    split_batch(batch, B, T, inputs_.data(), targets_.data());
-    model_.set_tokens(inputs_.data(), targets_.data());
+  // Runs every op of `run` on one thread per resource; rethrows the first op's error.
+  void execute(Run& run) {
+    for (size_t i = 0; i < run.ops->size(); ++i) done_[i].store(false);
+    failed_ = false;
+    error_ = nullptr;
+    iter_start_ = clock_type::now();
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kNumResources; ++r) threads.emplace_back([this, &run, r] { resource_thread(run, r); });
+    for (auto& t : threads) t.join();
+    if (error_) std::rethrow_exception(error_);
+  }
+
+  OffloadStepResult step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
+                         const std::vector<const uint8_t*>& masks) {
+    const int B = plan_.micro_batch, T = cfg_.model.seq_len, K = plan_.grad_accum;
+    if (static_cast<int>(micro_batches.size()) != K)
+      throw Error(str("offloaded step: ", micro_batches.size(), " micro-batches but the plan was built for grad_accum ", K));
+    FY_CHECK(masks.empty() || masks.size() == micro_batches.size(), masks.size(), " loss masks for ", K,
+             " micro-batches");
+    // Mean over the counted targets of the whole step, as StepRunner: the scale 1 / (counted
+    // targets of every micro-batch) is known before the first backward (1 / (N * K) without
+    // masks); nothing counted: zero gradient.
+    int64_t total = 0;
+    for (int k = 0; k < K; ++k)
+      total += counts_[k] = split_batch(micro_batches[k], masks.empty() ? nullptr : masks[k], B, T,
+                                        inputs_[k].data(), targets_[k].data());
+    loss_scale_ = total ? 1.0f / static_cast<float>(total) : 0.0f;
+    // The embedding and final groups' gradients accumulate on the device over the step.
     be_.zero(embed_g_, 4 * layout_.groups.front().numel);
     be_.zero(final_g_, 4 * layout_.groups.back().numel);
     lr_ = learning_rate(cfg_.optimizer, cfg_.schedule, step_index);
     ++t_;
-    for (size_t i = 0; i < plan_.ops.size(); ++i) done_[i].store(false);
-    failed_ = false;
-    error_ = nullptr;
     uint64_t r0 = store_ ? store_->stats().bytes_read : 0, w0 = store_ ? store_->stats().bytes_written : 0;
-    iter_start_ = clock_type::now();
-    std::vector<std::thread> threads;
-    for (int r = 0; r < kNumResources; ++r) threads.emplace_back([this, r] { resource_thread(r); });
-    for (auto& t : threads) t.join();
-    if (error_) std::rethrow_exception(error_);
+    forward_only_ = false;
+    execute(train_);
     OffloadStepResult res;
     res.iteration_s = std::chrono::duration<double>(clock_type::now() - iter_start_).count();
-    for (const PlanOp& op : plan_.ops) res.busy_s[static_cast<int>(op.resource)] += end_[op.id] - start_[op.id];
-    res.loss = loss_;
+    for (const PlanOp& op : plan_.ops)
+      res.busy_s[static_cast<int>(op.resource)] += train_.end[op.id] - train_.start[op.id];
+    res.loss = static_cast<float>(mean_over_counted(losses_, counts_));
     res.grad_norm = plan_.exact ? grad_norm_ : 0.0;
     res.lr = lr_;
     if (store_) {
@@ -356,6 +439,21 @@ class OffloadTrainer::Impl {
       res.ssd_write_bytes = store_->stats().bytes_written - w0;
     }
     return res;
+  }
+
+  // The forward-only plan on one micro-batch: the validation loss at the current weights
+  // (the mean over its counted targets; 0 when none counts, as StepRunner::eval_loss).
+  float eval_loss(const int32_t* batch, const uint8_t* mask) {
+    split_batch(batch, mask, plan_.micro_batch, cfg_.model.seq_len, inputs_[0].data(), targets_[0].data());
+    forward_only_ = true;
+    try {
+      execute(eval_);
+    } catch (...) {
+      forward_only_ = false;
+      throw;
+    }
+    forward_only_ = false;
+    return eval_loss_;
   }
 
   void write_trace(const std::string& path) const {
@@ -366,9 +464,10 @@ class OffloadTrainer::Impl {
     for (const PlanOp& op : plan_.ops) {
       std::string name = op_kind_name(op.kind);
       if (op.layer >= 0) name += str(" ", op.layer);
+      if (plan_.grad_accum > 1) name += str(" mb", op.micro);
       events.push_back({{"name", name}, {"ph", "X"}, {"pid", 0}, {"tid", static_cast<int>(op.resource)},
-                        {"ts", start_[op.id] * 1e6}, {"dur", (end_[op.id] - start_[op.id]) * 1e6},
-                        {"args", {{"op", op.id}, {"bytes", op.bytes}}}});
+                        {"ts", train_.start[op.id] * 1e6}, {"dur", (train_.end[op.id] - train_.start[op.id]) * 1e6},
+                        {"args", {{"op", op.id}, {"micro", op.micro}, {"bytes", op.bytes}}}});
     }
     std::ofstream out(path);
     if (!out) throw IoError(str(path, ": cannot write trace"));
@@ -393,22 +492,28 @@ class OffloadTrainer::Impl {
   LayerActivations work_;
   std::vector<LayerActivations> kept_;
   std::unique_ptr<HostPool> pool_;
-  std::vector<float*> hread_, hwout_, hckpt_, hgrad_;
+  std::vector<float*> hread_, hwout_, hckpt_, hgrad_, hgstage_;
+  std::vector<std::vector<float>> hold_;  // held gradients per layer (host tier)
   std::vector<std::vector<float>> host_w_, host_ckpt_;
   std::vector<float> host_embed_, host_final_;
-  std::vector<ExtentId> wext_, cext_;
+  std::vector<ExtentId> wext_, cext_, gext_;
   std::unique_ptr<OocAdamW> opt_;
 
-  std::vector<int> queue_[kNumResources];
+  Plan eval_plan_;
+  Run train_, eval_;
+  bool forward_only_ = false;  // the validation plan is running
   std::unique_ptr<std::atomic<bool>[]> done_;
-  std::vector<double> start_, end_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool failed_ = false;
   std::exception_ptr error_;
   clock_type::time_point iter_start_;
-  std::vector<int32_t> inputs_, targets_;
-  float loss_ = 0;
+  std::vector<std::vector<int32_t>> inputs_, targets_;  // per micro-batch
+  std::vector<float> losses_;     // per micro-batch: mean over its counted targets
+  std::vector<int64_t> counts_;   // per micro-batch: counted targets
+  std::vector<double> sum_sq_;    // per group (exact mode)
+  float eval_loss_ = 0;
+  float loss_scale_ = 0;  // head gradient scale of this step: 1 / counted targets
   double grad_norm_ = 0, lr_ = 0;
   float grad_scale_ = 1.0f;
   int64_t t_ = 0;
@@ -423,7 +528,15 @@ void OffloadTrainer::read_params(float* params) { impl_->read_params(params); }
 void OffloadTrainer::set_group_params(int g, const float* p) { impl_->set_group_params(g, p); }
 void OffloadTrainer::read_group_params(int g, float* p) { impl_->read_group_params(g, p); }
 float* OffloadTrainer::group_staging() { return impl_->group_staging(); }
-OffloadStepResult OffloadTrainer::step(int64_t s, const int32_t* batch) { return impl_->step(s, batch); }
+OffloadStepResult OffloadTrainer::step(int64_t s, const int32_t* batch, const uint8_t* mask) {
+  if (mask) return impl_->step(s, {batch}, {mask});
+  return impl_->step(s, {batch}, {});
+}
+OffloadStepResult OffloadTrainer::step(int64_t s, const std::vector<const int32_t*>& mbs,
+                                       const std::vector<const uint8_t*>& masks) {
+  return impl_->step(s, mbs, masks);
+}
+float OffloadTrainer::eval_loss(const int32_t* batch, const uint8_t* mask) { return impl_->eval_loss(batch, mask); }
 void OffloadTrainer::write_trace(const std::string& path) const { impl_->write_trace(path); }
 
 }  // namespace fuyou
