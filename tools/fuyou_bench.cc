@@ -1,8 +1,10 @@
 // fuyou-bench: measures the engine. `train` times optimizer steps of a config's model on
 // random tokens; `gemm` times the CPU GEMMs of a config's shapes against this CPU's FMA peak;
-// `io` times sequential writes and reads through the SSD store.
+// `io` times sequential writes and reads through the SSD store; `simulate` predicts an
+// iteration on a hardware profile and `profile` measures this machine's (docs/simulator.md).
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -17,6 +19,7 @@
 #include "kernels/cpu/fma_peak.h"
 #include "kernels/cpu/gemm.h"
 #include "src/storage/io_bench.h"
+#include "src/runtime/sim_bench.h"
 
 namespace {
 
@@ -222,6 +225,31 @@ int bench_io(IoArgs& a) {
   return 0;
 }
 
+// `profile`: measures, prints what it measured, writes the YAML with the commands and date.
+int bench_profile(fuyou::ProfileOptions& o, const std::string& size, const std::string& out) {
+  o.io_size = fuyou::parse_size(size, "--io-size");
+  std::string log;
+  fuyou::HardwareProfile p = fuyou::measure_cpu_profile(o, &log);
+  std::time_t now = std::time(nullptr);
+  char date[64];
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  std::string header = fuyou::str("# This machine's CPU-backend profile, measured by `fuyou-bench profile` on ", date,
+                                  ".\n# Every figure below was measured here (fp32: the CPU backend computes in fp32):\n");
+  for (size_t b = 0, e; b < log.size(); b = e + 1) {
+    e = log.find('\n', b);
+    header += "#   " + log.substr(b, e - b) + "\n";
+  }
+  header += "# compute_share / optimizer_share: GEMMs and AdamW run together, as a fraction of each alone.\n";
+  std::FILE* f = std::fopen(out.c_str(), "w");
+  if (!f) throw fuyou::IoError(out + ": cannot write the profile");
+  std::string text = fuyou::hardware_profile_to_yaml(p, header);
+  std::fwrite(text.data(), 1, text.size(), f);
+  std::fclose(f);
+  std::fputs(log.c_str(), stdout);
+  std::printf("wrote %s\n", out.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -259,11 +287,33 @@ int main(int argc, char** argv) {
   gemm->add_flag("--json", json, "One JSON object on stdout");
   IoArgs io_args;
   auto* io = add_io_command(app, io_args);
+
+  // `simulate` and `profile`: the plan simulator (docs/simulator.md).
+  fuyou::SimulateOptions sim;
+  auto* simulate = app.add_subcommand("simulate", "Predict an iteration of a config's model on a hardware profile");
+  simulate->add_option("--config", sim.config, "YAML config (default: the embedded default)");
+  simulate->add_option("--set", sim.sets, "Override a key: section.key=value");
+  simulate->add_option("--hardware", sim.hardware, "Hardware profile (configs/hardware/*.yaml)")->required();
+  simulate->add_option("--batch", sim.batch, "Micro-batch (default: the config's)")->check(CLI::PositiveNumber);
+  simulate->add_option("--ssds", sim.ssds, "Number of SSDs (default: the profile's)")->check(CLI::Range(1, 64));
+  simulate->add_option("--activations", sim.acts, "auto, keep, swap or recompute (default: the config's)");
+  simulate->add_flag("--search-batch", sim.search_batch, "Let the automatic placement choose the micro-batch too");
+  simulate->add_option("--sweep", sim.sweep, "Table over micro-batch (batch) or SSD count (ssds)");
+  simulate->add_flag("--json", sim.json, "One JSON object on stdout");
+  fuyou::ProfileOptions prof;
+  std::string prof_out, prof_size = "1GiB";
+  auto* profile = app.add_subcommand("profile", "Measure this machine's CPU-backend hardware profile");
+  profile->add_option("--dir", prof.dirs, "Store directory on the SSD (repeat per SSD)")->required();
+  profile->add_option("--out", prof_out, "Write the profile here (e.g. configs/hardware/this-cpu.yaml)")->required();
+  profile->add_option("--threads", prof.threads, "Threads (0: all)");
+  profile->add_option("--io-size", prof_size, "Bytes written then read for the SSD figures");
   CLI11_PARSE(app, argc, argv);
 
   fuyou::init_logging(false);
   try {
     if (*io) return bench_io(io_args);
+    if (*simulate) return fuyou::run_simulate(sim);
+    if (*profile) return bench_profile(prof, prof_size, prof_out);
     if (*adam) {
       adam_opts.params = parse_count(adam_params);
       if (adam_grad == "f32") adam_opts.grad_type = fuyou::ElemType::kF32;

@@ -10,16 +10,33 @@
 
 namespace fuyou {
 
+// The model section. Plain fields, each documented in docs/config.md; what a family computes
+// with them is in include/fuyou/model.h.
 struct ModelConfig {
-  std::string family = "gpt2";  // gpt2 (GPT-2 / GPT-3 architecture)
+  // gpt2: GPT-2 / GPT-3 (learned positions, LayerNorm, GELU, tied head).
+  // opt: OPT (learned positions at offset 2, pre-LN LayerNorm, ReLU, tied head).
+  // llama: Llama 2/3 (RMSNorm, rotary positions, SwiGLU, grouped-query attention).
+  std::string family = "gpt2";
   int n_layer = 6;
   int n_head = 6;
   int d_model = 384;
-  int d_ff = 0;  // 0 means 4 * d_model
+  int d_ff = 0;  // 0 means 4 * d_model (gpt2, opt); llama requires it
   int vocab_size = 256;
   int seq_len = 256;
   float init_std = 0.02f;
   uint64_t seed = 1234;  // initialisation seed; copied from runtime.seed
+  // llama only (gpt2 and opt require the defaults):
+  int n_kv_head = 0;           // key/value heads of grouped-query attention; 0 means n_head
+  float norm_eps = 1e-5f;      // RMSNorm epsilon (gpt2/opt LayerNorm always use 1e-5)
+  float rope_theta = 10000.0f; // rotary base
+  bool tie_embeddings = true;  // false: a separate LM head (V, C) in the "final" group
+  bool qkv_bias = false;       // biases on the q/k/v projections (Qwen2 style)
+  // A converted checkpoint directory (fuyou-convert from-hf) to start from: the model section
+  // then comes from its config.yaml and the weights from its tensors. Empty: random init.
+  std::string checkpoint;
+
+  int kv_heads() const { return n_kv_head ? n_kv_head : n_head; }
+  int head_size() const { return d_model / n_head; }
 };
 
 struct DataConfig {
@@ -59,10 +76,20 @@ struct OffloadConfig {
   uint64_t host_memory = 0;
   std::vector<std::string> ssd_paths;
   ActivationPolicy activations = ActivationPolicy::kAuto;
+  // Where layer weights / optimizer state (fp32 master, Adam moments) live: "auto" places them
+  // in host memory while the budget allows, weights first; "ssd" keeps every layer's on SSD.
+  std::string weights = "auto";
+  std::string optimizer_state = "auto";
+  // Hardware profile (configs/hardware/*.yaml) the automatic activation placement simulates
+  // plans on; empty: auto places activations by the memory rule alone.
+  std::string hardware;
 };
 
 struct RuntimeConfig {
   std::string backend = "auto";  // cpu | cuda | auto
+  // GEMM input precision: auto (bf16 on a GPU, fp32 on the CPU), fp32, bf16 or fp16. Inputs
+  // are rounded to it; accumulation and everything outside GEMMs stay fp32.
+  std::string precision = "auto";
   int threads = 0;               // 0 means every core the process may use
   uint64_t seed = 1234;
 };

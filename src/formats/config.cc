@@ -79,6 +79,10 @@ class Section {
     throw ConfigError(str(source_, ": ", path(key), ": ", why));
   }
   std::string path(const std::string& key) const { return name_ + "." + key; }
+  // Whether the text sets `key` (to anything but null).
+  bool given(const std::string& key) const {
+    return node_ && node_.IsMap() && node_[key] && !node_[key].IsNull();
+  }
 
  private:
   template <typename T>
@@ -98,6 +102,44 @@ class Section {
 template <typename T>
 void require(bool ok, const Section& s, const std::string& key, T value, const std::string& rule) {
   if (!ok) s.fail(key, str("value ", value, " is not allowed: ", rule));
+}
+
+// model.checkpoint: the model section comes from the checkpoint's config.yaml (written by
+// fuyou-convert from-hf, or a run directory's). Keys the text also sets must agree with it,
+// so a config that names both cannot silently train a different shape; seq_len may differ
+// for llama, which has no position table to outgrow.
+ModelConfig model_from_checkpoint(const ModelConfig& given, const Section& s) {
+  const std::string yaml = given.checkpoint + "/config.yaml";
+  ModelConfig ck;
+  try {
+    ck = load_config_file(yaml).model;
+  } catch (const ConfigError& e) {
+    s.fail("checkpoint", str("'", given.checkpoint, "': ", e.what(),
+                             " (model.checkpoint takes a directory written by fuyou-convert "
+                             "from-hf or a fuyou-train run directory)"));
+  }
+  auto agree = [&](const char* key, auto a, auto b) {
+    if (s.given(key) && !(a == b))
+      s.fail(key, str("is ", a, " but the checkpoint ", given.checkpoint, " has ", b,
+                      " (leave it out: the model section comes from the checkpoint)"));
+  };
+  agree("family", given.family, ck.family);
+  agree("n_layer", given.n_layer, ck.n_layer);
+  agree("n_head", given.n_head, ck.n_head);
+  agree("d_model", given.d_model, ck.d_model);
+  agree("d_ff", given.d_ff, ck.d_ff);
+  agree("vocab_size", given.vocab_size, ck.vocab_size);
+  agree("n_kv_head", given.n_kv_head, ck.n_kv_head);
+  agree("norm_eps", given.norm_eps, ck.norm_eps);
+  agree("rope_theta", given.rope_theta, ck.rope_theta);
+  agree("tie_embeddings", given.tie_embeddings, ck.tie_embeddings);
+  agree("qkv_bias", given.qkv_bias, ck.qkv_bias);
+  if (ck.family != "llama") agree("seq_len", given.seq_len, ck.seq_len);
+  ModelConfig m = ck;
+  if (ck.family == "llama" && s.given("seq_len")) m.seq_len = given.seq_len;
+  if (s.given("init_std")) m.init_std = given.init_std;
+  m.checkpoint = given.checkpoint;
+  return m;
 }
 
 void apply_override(YAML::Node& root, const std::string& assignment, const std::string& source) {
@@ -177,8 +219,35 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
     s.get("vocab_size", m.vocab_size);
     s.get("seq_len", m.seq_len);
     s.get("init_std", m.init_std);
+    s.get("n_kv_head", m.n_kv_head);
+    s.get("norm_eps", m.norm_eps);
+    s.get("rope_theta", m.rope_theta);
+    s.get("tie_embeddings", m.tie_embeddings);
+    s.get("qkv_bias", m.qkv_bias);
+    s.get("checkpoint", m.checkpoint);
     s.finish();
-    if (m.family != "gpt2") s.fail("family", str("'", m.family, "' is not one of: gpt2"));
+    if (!m.checkpoint.empty()) m = model_from_checkpoint(m, s);
+    if (m.family != "gpt2" && m.family != "opt" && m.family != "llama")
+      s.fail("family", str("'", m.family, "' is not one of: gpt2, opt, llama"));
+    if (m.family != "llama") {
+      // Only llama computes with these; a value elsewhere would be silently ignored.
+      require(m.n_kv_head == 0 || m.n_kv_head == m.n_head, s, "n_kv_head", m.n_kv_head,
+              str("grouped-query attention is a llama feature (family ", m.family, ")"));
+      require(m.tie_embeddings, s, "tie_embeddings", "false",
+              str("family ", m.family, " ties the LM head to the token embedding"));
+      require(!m.qkv_bias, s, "qkv_bias", "true",
+              str("family ", m.family, " always has q/k/v biases; the key is for llama"));
+    } else {
+      require(m.d_ff != 0, s, "d_ff", m.d_ff, "family llama needs an explicit d_ff (intermediate_size)");
+      require(m.n_kv_head >= 0 && m.n_kv_head <= m.n_head, s, "n_kv_head", m.n_kv_head,
+              str("must be in 0..model.n_head (", m.n_head, "); 0 means n_head"));
+      require(m.n_kv_head == 0 || m.n_head % m.n_kv_head == 0, s, "n_kv_head", m.n_kv_head,
+              str("must divide model.n_head (", m.n_head, ")"));
+      require(m.norm_eps > 0 && m.norm_eps < 1, s, "norm_eps", m.norm_eps, "must be in (0, 1)");
+      require(m.rope_theta > 1, s, "rope_theta", m.rope_theta, "must be above 1");
+      require(m.d_model % m.n_head != 0 || (m.d_model / m.n_head) % 2 == 0, s, "d_model",
+              m.d_model, "rotary embeddings need an even head size (d_model / n_head)");
+    }
     require(m.n_layer >= 1 && m.n_layer <= 1024, s, "n_layer", m.n_layer, "must be in 1..1024");
     require(m.n_head >= 1, s, "n_head", m.n_head, "must be at least 1");
     require(m.d_model >= 1, s, "d_model", m.d_model, "must be at least 1");
@@ -252,18 +321,28 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
     s.get_size("host_memory", o.host_memory);
     s.get_list("ssd_paths", o.ssd_paths);
     s.get("activations", activations);
+    s.get("hardware", o.hardware);
+    s.get("weights", o.weights);
+    s.get("optimizer_state", o.optimizer_state);
     s.finish();
     o.activations = parse_activations(activations, s);
+    for (const auto& [key, value] : {std::pair{"weights", o.weights}, {"optimizer_state", o.optimizer_state}}) {
+      if (value != "auto" && value != "ssd") s.fail(key, str("'", value, "' is not one of auto, ssd"));
+      if (value == "ssd" && o.ssd_paths.empty()) s.fail(key, "is ssd but offload.ssd_paths is empty");
+    }
   }
   {
     Section s(root["runtime"], "runtime", source);
     RuntimeConfig& r = c.runtime;
     s.get("backend", r.backend);
     s.get("threads", r.threads);
+    s.get("precision", r.precision);
     s.get("seed", r.seed);
     s.finish();
     if (r.backend != "cpu" && r.backend != "cuda" && r.backend != "auto")
       s.fail("backend", str("'", r.backend, "' is not one of cpu, cuda, auto"));
+    if (r.precision != "auto" && r.precision != "fp32" && r.precision != "bf16" && r.precision != "fp16")
+      s.fail("precision", str("'", r.precision, "' is not one of auto, fp32, bf16, fp16"));
     require(r.threads >= 0 && r.threads <= 4096, s, "threads", r.threads,
             "must be in 0..4096 (0 uses every core)");
   }
@@ -297,6 +376,13 @@ std::string config_to_yaml(const Config& c) {
   e << YAML::Key << "vocab_size" << YAML::Value << c.model.vocab_size;
   e << YAML::Key << "seq_len" << YAML::Value << c.model.seq_len;
   e << YAML::Key << "init_std" << YAML::Value << c.model.init_std;
+  e << YAML::Key << "n_kv_head" << YAML::Value << c.model.n_kv_head;
+  e << YAML::Key << "norm_eps" << YAML::Value << c.model.norm_eps;
+  e << YAML::Key << "rope_theta" << YAML::Value << c.model.rope_theta;
+  e << YAML::Key << "tie_embeddings" << YAML::Value << c.model.tie_embeddings;
+  e << YAML::Key << "qkv_bias" << YAML::Value << c.model.qkv_bias;
+  if (!c.model.checkpoint.empty())
+    e << YAML::Key << "checkpoint" << YAML::Value << c.model.checkpoint;
   e << YAML::EndMap;
   e << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "text" << YAML::Value;
@@ -332,10 +418,14 @@ std::string config_to_yaml(const Config& c) {
   e << YAML::Key << "ssd_paths" << YAML::Value;
   list(c.offload.ssd_paths);
   e << YAML::Key << "activations" << YAML::Value << activation_policy_name(c.offload.activations);
+  e << YAML::Key << "weights" << YAML::Value << c.offload.weights;
+  e << YAML::Key << "optimizer_state" << YAML::Value << c.offload.optimizer_state;
+  e << YAML::Key << "hardware" << YAML::Value << c.offload.hardware;
   e << YAML::EndMap;
   e << YAML::Key << "runtime" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "backend" << YAML::Value << c.runtime.backend;
   e << YAML::Key << "threads" << YAML::Value << c.runtime.threads;
+  e << YAML::Key << "precision" << YAML::Value << c.runtime.precision;
   e << YAML::Key << "seed" << YAML::Value << c.runtime.seed;
   e << YAML::EndMap;
   e << YAML::EndMap;

@@ -1,0 +1,61 @@
+// A hardware profile: the figures the plan simulator turns operations into durations with
+// (configs/hardware/*.yaml). GPU servers' figures come from vendor spec sheets (cited in
+// the files); this machine's CPU profile is written by `fuyou-bench profile` from
+// measurements. docs/simulator.md describes every key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fuyou {
+
+struct HardwareProfile {
+  std::string name;
+  std::string backend = "cpu";  // cpu | cuda: which engine backend the figures describe
+  std::string source;           // path or "<test>", for error messages
+
+  // Compute: dense throughput and its efficiency by GEMM size. The size of a layer's work
+  // is the geometric mean of its MLP up-projection GEMM, cbrt(tokens * d_model * d_ff);
+  // the efficiency is interpolated linearly in log2(size) and clamped at the ends.
+  double peak_flops = 0;  // FLOP/s
+  std::vector<std::pair<double, double>> gemm_efficiency;  // (size, fraction of peak), sorted
+  // Bytes per activation / weight / gradient element on the device (4: fp32, 2: bf16).
+  // Plans are built with fp32 sizes; transfers are scaled by element_bytes / 4.
+  int element_bytes = 4;
+
+  // Host <-> device links (PCIe; memcpy on the CPU backend), bytes/s.
+  double h2d_Bps = 0, d2h_Bps = 0;
+
+  // SSDs: per-drive sequential bandwidth and the number of drives the store stripes over.
+  double ssd_read_Bps = 0, ssd_write_Bps = 0;  // per SSD
+  int ssds = 1;
+  uint64_t stripe_unit = 4ull << 20;
+
+  // CPU optimizer: in-memory AdamW parameters per second (fp32 state), and host memory
+  // bandwidth (the global gradient norm reads 4 bytes per parameter).
+  double optimizer_params_per_s = 0;
+  double host_mem_Bps = 0;
+
+  // Compute and optimizer on the same cores (the CPU backend). When both run at once each
+  // progresses at its share of its alone rate (measured by `fuyou-bench profile`).
+  bool shared_cpu = false;
+  double compute_share = 0.5, optimizer_share = 0.5;
+
+  // Capacities, bytes: the default budgets `fuyou-bench simulate` plans with.
+  uint64_t device_memory = 0, host_memory = 0;
+
+  double efficiency_at(double size) const;
+  // Aggregate sequential bandwidth over the striped SSDs for one request of `bytes`
+  // (a request smaller than a stripe unit times the drive count reaches fewer drives).
+  double ssd_read_rate(uint64_t bytes) const;
+  double ssd_write_rate(uint64_t bytes) const;
+};
+
+HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::string& source);
+HardwareProfile load_hardware_profile(const std::string& path);
+// The profile as YAML (every key), with `header` (comment lines, each starting "# ") first.
+std::string hardware_profile_to_yaml(const HardwareProfile& p, const std::string& header);
+
+}  // namespace fuyou

@@ -1,0 +1,213 @@
+// Hardware profiles: YAML in, YAML out, and the two derived rates the simulator needs
+// (GEMM efficiency by size, striped SSD bandwidth). Unknown keys and impossible values are
+// refused with the file and key, like the training config.
+#include "fuyou/hardware.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "fuyou/error.h"
+#include "fuyou/sizes.h"
+#include "src/storage/stripe_layout.h"
+
+namespace fuyou {
+
+double HardwareProfile::efficiency_at(double size) const {
+  if (gemm_efficiency.empty()) return 1.0;
+  const auto& e = gemm_efficiency;
+  if (size <= e.front().first) return e.front().second;
+  if (size >= e.back().first) return e.back().second;
+  for (size_t i = 1; i < e.size(); ++i) {
+    if (size <= e[i].first) {
+      double x0 = std::log2(e[i - 1].first), x1 = std::log2(e[i].first), x = std::log2(size);
+      double f = (x - x0) / (x1 - x0);
+      return e[i - 1].second + f * (e[i].second - e[i - 1].second);
+    }
+  }
+  return e.back().second;
+}
+
+namespace {
+
+// The drive holding the most bytes of a request that starts on a stripe boundary bounds its
+// time: that is drive 0, which StripeLayout sizes exactly as the store does.
+double striped_rate(uint64_t bytes, int ssds, uint64_t unit, double per_drive) {
+  if (bytes == 0 || ssds <= 1) return per_drive;
+  StripeLayout sl{ssds, unit};
+  uint64_t most = sl.file_size_for(0, bytes);
+  return per_drive * static_cast<double>(bytes) / static_cast<double>(most);
+}
+
+}  // namespace
+
+double HardwareProfile::ssd_read_rate(uint64_t bytes) const { return striped_rate(bytes, ssds, stripe_unit, ssd_read_Bps); }
+double HardwareProfile::ssd_write_rate(uint64_t bytes) const { return striped_rate(bytes, ssds, stripe_unit, ssd_write_Bps); }
+
+namespace {
+
+class Reader {
+ public:
+  Reader(YAML::Node node, std::string section, std::string source, std::vector<std::string> known)
+      : node_(node), section_(std::move(section)), source_(std::move(source)), known_(std::move(known)) {
+    if (node_ && !node_.IsNull() && !node_.IsMap()) throw ConfigError(str(source_, ": ", section_, ": expected a mapping"));
+    if (!node_ || node_.IsNull()) return;
+    for (const auto& kv : node_) {
+      std::string k = kv.first.as<std::string>();
+      if (std::find(known_.begin(), known_.end(), k) == known_.end()) {
+        std::string allowed;
+        for (const auto& s : known_) allowed += (allowed.empty() ? "" : ", ") + s;
+        throw ConfigError(str(source_, ": unknown key '", path(k), "' (allowed: ", allowed, ")"));
+      }
+    }
+  }
+  std::string path(const std::string& k) const { return section_.empty() ? k : section_ + "." + k; }
+  YAML::Node at(const std::string& k) const { return node_ ? node_[k] : YAML::Node(); }
+  // A positive number; `scale` converts the file's unit (e.g. GB/s -> bytes/s).
+  double positive(const std::string& k, double scale, bool required = true, double def = 0) const {
+    YAML::Node v = at(k);
+    if (!v || v.IsNull()) {
+      if (required) throw ConfigError(str(source_, ": missing key '", path(k), "'"));
+      return def;
+    }
+    double x = 0;
+    try {
+      x = v.as<double>();
+    } catch (const YAML::Exception&) {
+      throw ConfigError(str(source_, ": ", path(k), ": expected a number, got '", v.Scalar(), "'"));
+    }
+    if (!(x > 0) || !std::isfinite(x)) throw ConfigError(str(source_, ": ", path(k), ": value ", x, " must be > 0"));
+    return x * scale;
+  }
+  uint64_t size(const std::string& k, uint64_t def) const {
+    YAML::Node v = at(k);
+    if (!v || v.IsNull()) return def;
+    return parse_size(v.Scalar(), str(source_, ": ", path(k)));
+  }
+  std::string text(const std::string& k, const std::string& def) const {
+    YAML::Node v = at(k);
+    return v && v.IsScalar() ? v.Scalar() : def;
+  }
+  bool flag(const std::string& k, bool def) const {
+    YAML::Node v = at(k);
+    if (!v || v.IsNull()) return def;
+    try {
+      return v.as<bool>();
+    } catch (const YAML::Exception&) {
+      throw ConfigError(str(source_, ": ", path(k), ": expected true or false"));
+    }
+  }
+
+ private:
+  YAML::Node node_;
+  std::string section_, source_;
+  std::vector<std::string> known_;
+};
+
+}  // namespace
+
+HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(str(source, ": not valid YAML: ", e.msg, " (line ", e.mark.line + 1, ")"));
+  }
+  HardwareProfile p;
+  p.source = source;
+  Reader top(root, "", source, {"name", "backend", "compute", "pcie", "ssd", "optimizer", "memory"});
+  p.name = top.text("name", source);
+  p.backend = top.text("backend", "cpu");
+  if (p.backend != "cpu" && p.backend != "cuda")
+    throw ConfigError(str(source, ": backend: '", p.backend, "' is not one of cpu, cuda"));
+
+  Reader c(top.at("compute"), "compute", source, {"peak_tflops", "element_bytes", "gemm_efficiency"});
+  p.peak_flops = c.positive("peak_tflops", 1e12);
+  p.element_bytes = static_cast<int>(c.positive("element_bytes", 1, false, 4));
+  if (p.element_bytes != 2 && p.element_bytes != 4)
+    throw ConfigError(str(source, ": compute.element_bytes: ", p.element_bytes, " must be 2 or 4"));
+  YAML::Node eff = c.at("gemm_efficiency");
+  if (!eff || !eff.IsSequence() || eff.size() == 0)
+    throw ConfigError(str(source, ": compute.gemm_efficiency: expected a list of [size, fraction] pairs"));
+  for (size_t i = 0; i < eff.size(); ++i) {
+    const YAML::Node& e = eff[i];
+    double s = 0, f = 0;
+    try {
+      if (!e.IsSequence() || e.size() != 2) throw YAML::Exception(YAML::Mark(), "pair");
+      s = e[0].as<double>();
+      f = e[1].as<double>();
+    } catch (const YAML::Exception&) {
+      throw ConfigError(str(source, ": compute.gemm_efficiency[", i, "]: expected [size, fraction]"));
+    }
+    if (!(s > 0) || !(f > 0) || f > 1)
+      throw ConfigError(str(source, ": compute.gemm_efficiency[", i, "]: size ", s, " must be > 0 and fraction ", f,
+                            " in (0, 1]"));
+    if (!p.gemm_efficiency.empty() && s <= p.gemm_efficiency.back().first)
+      throw ConfigError(str(source, ": compute.gemm_efficiency[", i, "]: sizes must increase (", s, " after ",
+                            p.gemm_efficiency.back().first, ")"));
+    p.gemm_efficiency.push_back({s, f});
+  }
+
+  Reader l(top.at("pcie"), "pcie", source, {"h2d_GBps", "d2h_GBps"});
+  p.h2d_Bps = l.positive("h2d_GBps", 1e9);
+  p.d2h_Bps = l.positive("d2h_GBps", 1e9);
+
+  Reader s(top.at("ssd"), "ssd", source, {"count", "read_GBps", "write_GBps", "stripe_unit"});
+  p.ssds = static_cast<int>(s.positive("count", 1, false, 1));
+  p.ssd_read_Bps = s.positive("read_GBps", 1e9);
+  p.ssd_write_Bps = s.positive("write_GBps", 1e9);
+  p.stripe_unit = s.size("stripe_unit", 4ull << 20);
+  if (p.stripe_unit == 0 || p.stripe_unit % 4096)
+    throw ConfigError(str(source, ": ssd.stripe_unit: ", p.stripe_unit, " must be a positive multiple of 4096"));
+
+  Reader o(top.at("optimizer"), "optimizer", source,
+           {"params_per_s", "shared_cpu", "compute_share", "optimizer_share"});
+  p.optimizer_params_per_s = o.positive("params_per_s", 1);
+  p.shared_cpu = o.flag("shared_cpu", false);
+  p.compute_share = o.positive("compute_share", 1, false, 0.5);
+  p.optimizer_share = o.positive("optimizer_share", 1, false, 0.5);
+  if (p.compute_share > 1 || p.optimizer_share > 1)
+    throw ConfigError(str(source, ": optimizer.compute_share and optimizer.optimizer_share must be in (0, 1]"));
+
+  Reader m(top.at("memory"), "memory", source, {"device", "host", "host_bandwidth_GBps"});
+  p.device_memory = m.size("device", 0);
+  p.host_memory = m.size("host", 0);
+  p.host_mem_Bps = m.positive("host_bandwidth_GBps", 1e9);
+  return p;
+}
+
+HardwareProfile load_hardware_profile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(str(path, ": cannot read the hardware profile"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_hardware_profile(ss.str(), path);
+}
+
+std::string hardware_profile_to_yaml(const HardwareProfile& p, const std::string& header) {
+  std::ostringstream o;
+  o.precision(6);
+  o << header;
+  if (!header.empty() && header.back() != '\n') o << "\n";
+  o << "name: " << p.name << "\nbackend: " << p.backend << "\n";
+  o << "compute:\n  peak_tflops: " << p.peak_flops / 1e12 << "\n  element_bytes: " << p.element_bytes
+    << "\n  gemm_efficiency:  # [cbrt(tokens * d_model * d_ff), fraction of peak]\n";
+  for (const auto& [s, f] : p.gemm_efficiency) o << "    - [" << s << ", " << f << "]\n";
+  o << "pcie:\n  h2d_GBps: " << p.h2d_Bps / 1e9 << "\n  d2h_GBps: " << p.d2h_Bps / 1e9 << "\n";
+  o << "ssd:\n  count: " << p.ssds << "\n  read_GBps: " << p.ssd_read_Bps / 1e9 << "\n  write_GBps: "
+    << p.ssd_write_Bps / 1e9 << "\n  stripe_unit: " << p.stripe_unit << "\n";
+  o << "optimizer:\n  params_per_s: " << p.optimizer_params_per_s << "\n  shared_cpu: "
+    << (p.shared_cpu ? "true" : "false") << "\n  compute_share: " << p.compute_share
+    << "\n  optimizer_share: " << p.optimizer_share << "\n";
+  o << "memory:\n";
+  if (p.device_memory) o << "  device: " << format_size(p.device_memory) << "\n";
+  if (p.host_memory) o << "  host: " << format_size(p.host_memory) << "\n";
+  o << "  host_bandwidth_GBps: " << p.host_mem_Bps / 1e9 << "\n";
+  return o.str();
+}
+
+}  // namespace fuyou

@@ -1,0 +1,208 @@
+// The plan simulator: a discrete-event run of a plan's per-resource queues.
+//
+// Without contention every operation runs at its full rate, so an op's end is its start plus
+// its duration, and the start is max(previous op on the resource, every dependency): the
+// executor's rule. With shared_cpu, a compute op and an optimizer op that overlap progress at
+// compute_share and optimizer_share of their full rates for as long as both run (the CPU
+// backend's GEMM threads and the optimizer's threads time-slice the same cores).
+#include "fuyou/simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "fuyou/error.h"
+#include "fuyou/model.h"
+
+namespace fuyou {
+
+namespace {
+
+struct Shape {
+  double gemm_size = 0;      // cbrt(tokens * d_model * d_ff)
+  double byte_scale = 1;     // profile element bytes / plan's 4
+  std::vector<uint64_t> group_params;
+  uint64_t total_params = 0;
+};
+
+Shape shape_of(const Plan& plan, const HardwareProfile& hw) {
+  const ModelConfig& m = plan.model;
+  Shape s;
+  double N = static_cast<double>(plan.micro_batch) * m.seq_len, C = m.d_model, F = m.d_ff ? m.d_ff : 4.0 * m.d_model;
+  s.gemm_size = std::cbrt(N * C * F);
+  s.byte_scale = hw.element_bytes / 4.0;
+  ParamLayout layout = make_gpt_layout(m);
+  for (const ParamGroup& g : layout.groups) s.group_params.push_back(g.numel);
+  s.total_params = layout.total;
+  return s;
+}
+
+StateTier optim_tier(const Plan& plan, int group) {
+  const int L = plan.model.n_layer;
+  if (group == 0) return plan.embed_optim;
+  if (group == L + 1) return plan.final_optim;
+  return plan.layers.at(group - 1).optim;
+}
+
+double duration(const Plan& plan, const PlanOp& op, const HardwareProfile& hw, const Shape& s) {
+  const double bytes = static_cast<double>(op.bytes) * s.byte_scale;
+  const uint64_t ibytes = static_cast<uint64_t>(bytes);
+  switch (op.resource) {
+    case Resource::kCompute: {
+      double f = op.flops + op.recompute_flops;
+      return f > 0 ? f / (hw.peak_flops * hw.efficiency_at(s.gemm_size)) : 0.0;
+    }
+    case Resource::kH2D: return bytes / hw.h2d_Bps;
+    case Resource::kD2H: return bytes / hw.d2h_Bps;
+    case Resource::kSsdRead: return ibytes ? bytes / hw.ssd_read_rate(ibytes) : 0.0;
+    case Resource::kSsdWrite: return ibytes ? bytes / hw.ssd_write_rate(ibytes) : 0.0;
+    case Resource::kOptimizer: {
+      // Exact mode: each group's sum of squares streams its gradient once from host memory;
+      // the norm itself only adds the groups' sums.
+      if (op.kind == OpKind::kGradSumSq) return 4.0 * s.group_params.at(op.layer) / hw.host_mem_Bps;
+      if (op.kind == OpKind::kGradNorm) return 0.0;
+      if (op.kind != OpKind::kUpdate) return 0.0;
+      const double p = static_cast<double>(s.group_params.at(op.layer));
+      double cpu = p / hw.optimizer_params_per_s;
+      if (optim_tier(plan, op.layer) == StateTier::kHost) return cpu;
+      // Out of core: master, m and v (12 bytes per parameter) read and written back through
+      // the store, pipelined with the update in chunks (ooc_adamw.h). Reads and writes
+      // proceed at once, as the ssd_read and ssd_write queues do (the same full-duplex
+      // assumption); the slowest of the three bounds the update.
+      const uint64_t state = static_cast<uint64_t>(12 * p);
+      return std::max({cpu, 12 * p / hw.ssd_read_rate(state), 12 * p / hw.ssd_write_rate(state)});
+    }
+  }
+  return 0.0;
+}
+
+}  // namespace
+
+double op_duration(const Plan& plan, const PlanOp& op, const HardwareProfile& hw) {
+  return duration(plan, op, hw, shape_of(plan, hw));
+}
+
+void plan_memory_on(const Plan& plan, const HardwareProfile& hw, uint64_t* device, uint64_t* host, uint64_t* ssd) {
+  const double scale = hw.element_bytes / 4.0;
+  *device = static_cast<uint64_t>(plan.memory.device_bytes * scale);
+  // The CPU backend's device arena is host memory (plan.cc counts it there); a GPU's is not.
+  *host = hw.backend == "cpu" ? plan.memory.host_bytes : plan.memory.host_bytes - plan.memory.device_bytes;
+  *ssd = plan.memory.ssd_bytes;
+}
+
+SimResult simulate(const Plan& plan, const HardwareProfile& hw) {
+  const Shape s = shape_of(plan, hw);
+  const size_t n = plan.ops.size();
+  SimResult r;
+  r.start.assign(n, 0.0);
+  r.end.assign(n, 0.0);
+  std::vector<double> dur(n), remaining(n);
+  std::vector<std::vector<int>> queue(kNumResources);
+  for (size_t i = 0; i < n; ++i) {
+    const PlanOp& op = plan.ops[i];
+    if (op.id != static_cast<int>(i)) throw Error(str("simulate: op at index ", i, " has id ", op.id));
+    for (int d : op.deps)
+      if (d < 0 || d >= static_cast<int>(i))
+        throw Error(str("simulate: op ", i, " (", op_kind_name(op.kind), ") depends on op ", d,
+                        ", which is not an earlier op"));
+    dur[i] = duration(plan, op, hw, s);
+    remaining[i] = dur[i];
+    queue[static_cast<int>(op.resource)].push_back(static_cast<int>(i));
+    r.useful_flops += op.flops;
+    r.recompute_flops += op.recompute_flops;
+  }
+
+  std::vector<char> done(n, 0);
+  std::array<size_t, kNumResources> head{};   // next op index in each queue
+  std::array<int, kNumResources> running{};   // op running on each resource, -1 if idle
+  running.fill(-1);
+  double now = 0;
+  size_t finished = 0;
+  const int kC = static_cast<int>(Resource::kCompute), kO = static_cast<int>(Resource::kOptimizer);
+  while (finished < n) {
+    // Start every op whose resource is idle and whose dependencies are done. Zero-length
+    // ops finish at once, which may make more ops ready: loop until nothing changes.
+    bool changed = true;
+    while (changed) {
+      changed = false;
+      for (int q = 0; q < kNumResources; ++q) {
+        if (running[q] >= 0 || head[q] >= queue[q].size()) continue;
+        int id = queue[q][head[q]];
+        bool ready = true;
+        for (int d : plan.ops[id].deps) ready = ready && done[d];
+        if (!ready) continue;
+        r.start[id] = now;
+        ++head[q];
+        if (remaining[id] <= 0) {
+          r.end[id] = now;
+          done[id] = 1;
+          ++finished;
+        } else {
+          running[q] = id;
+        }
+        changed = true;
+      }
+    }
+    if (finished == n) break;
+    // Rates: full, except compute and optimizer sharing the cores.
+    std::array<double, kNumResources> rate;
+    rate.fill(1.0);
+    if (hw.shared_cpu && running[kC] >= 0 && running[kO] >= 0) {
+      rate[kC] = hw.compute_share;
+      rate[kO] = hw.optimizer_share;
+    }
+    int next = -1;
+    double dt = std::numeric_limits<double>::infinity();
+    for (int q = 0; q < kNumResources; ++q) {
+      if (running[q] < 0) continue;
+      double t = remaining[running[q]] / rate[q];
+      if (t < dt) dt = t, next = q;
+    }
+    if (next < 0) {
+      // Nothing runs and nothing can start: a dependency can never be met.
+      for (int q = 0; q < kNumResources; ++q)
+        if (head[q] < queue[q].size())
+          throw Error(str("simulate: ", resource_name(static_cast<Resource>(q)), " is stuck at op ", queue[q][head[q]],
+                          " (", op_kind_name(plan.ops[queue[q][head[q]]].kind), ")"));
+      break;
+    }
+    now += dt;
+    for (int q = 0; q < kNumResources; ++q) {
+      int id = running[q];
+      if (id < 0) continue;
+      remaining[id] = q == next ? 0.0 : remaining[id] - rate[q] * dt;
+      // Ops that end within rounding of the same instant end together.
+      if (remaining[id] <= 1e-12 * dur[id]) {
+        r.end[id] = now;
+        done[id] = 1;
+        ++finished;
+        running[q] = -1;
+      }
+    }
+  }
+
+  for (size_t i = 0; i < n; ++i) {
+    r.busy_s[static_cast<int>(plan.ops[i].resource)] += r.end[i] - r.start[i];
+    r.iteration_s = std::max(r.iteration_s, r.end[i]);
+  }
+  r.tflops = r.iteration_s > 0 ? r.useful_flops / r.iteration_s / 1e12 : 0.0;
+  for (int q = 0; q < kNumResources; ++q)
+    if (r.busy_s[q] > r.busy_s[static_cast<int>(r.busiest)]) r.busiest = static_cast<Resource>(q);
+  plan_memory_on(plan, hw, &r.device_bytes, &r.host_bytes, &r.ssd_bytes);
+  return r;
+}
+
+nlohmann::json SimResult::to_json() const {
+  nlohmann::json j{{"iteration_s", iteration_s},
+                   {"tflops", tflops},
+                   {"useful_flops", useful_flops},
+                   {"recompute_flops", recompute_flops},
+                   {"busiest", resource_name(busiest)},
+                   {"peak_device_bytes", device_bytes},
+                   {"peak_host_bytes", host_bytes},
+                   {"ssd_bytes", ssd_bytes}};
+  for (int q = 0; q < kNumResources; ++q) j["busy_s"][resource_name(static_cast<Resource>(q))] = busy_s[q];
+  return j;
+}
+
+}  // namespace fuyou

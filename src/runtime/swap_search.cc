@@ -1,0 +1,223 @@
+// The activation-placement search. Layers of one model are identical, so a placement is
+// described by how many layers take each of the five options (arrange_placements lays the
+// counts out); the search is a steepest-descent walk over those counts, each candidate
+// built by make_plan (which checks the budgets) and timed by the simulator.
+//
+// Start: make_plan's memory rule (keep while the device budget allows, demote the last
+// layers to device checkpoints, then host, then SSD). That rule already follows "most
+// recompute FLOPs saved per byte stored first": a checkpoint (N x C floats) saves a whole
+// recomputed layer forward, a kept layer's internals (about 7C + 2F floats per token) save
+// the same forward for several times the bytes, so checkpoints are placed before internals
+// are kept. Moves: shift 1, 2, 4, ... layers from one option to another. Ties (within 0.1%)
+// go to the candidate with less recomputation, then fewer bytes stored on the device, so
+// the ratio rule also decides between equally fast placements.
+#include "fuyou/swap_search.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+
+#include "fuyou/error.h"
+
+namespace fuyou {
+
+std::vector<ActPlacement> arrange_placements(const PlacementCounts& c, int L) {
+  int sum = 0;
+  for (int k : c) {
+    if (k < 0) throw Error("arrange_placements: negative count");
+    sum += k;
+  }
+  if (sum != L) throw Error(str("arrange_placements: counts sum to ", sum, ", not ", L, " layers"));
+  const int rec = c[static_cast<int>(ActPlacement::kRecompute)];
+  if (rec > L / 2) throw Error(str("arrange_placements: ", rec, " recomputed layers of ", L, " (at most L/2)"));
+  std::vector<ActPlacement> acts(L, ActPlacement::kKeep);
+  std::vector<char> taken(L, 0);
+  for (int i = 0; i < rec; ++i) {
+    acts[2 * i + 1] = ActPlacement::kRecompute;
+    taken[2 * i + 1] = 1;
+  }
+  int l = 0;
+  for (ActPlacement a : {ActPlacement::kSsd, ActPlacement::kHost, ActPlacement::kDevice, ActPlacement::kKeep}) {
+    for (int k = 0; k < c[static_cast<int>(a)]; ++k) {
+      while (taken[l]) ++l;
+      acts[l] = a;
+      taken[l] = 1;
+    }
+  }
+  return acts;
+}
+
+PlacementCounts count_placements(const std::vector<ActPlacement>& acts) {
+  PlacementCounts c{};
+  for (ActPlacement a : acts) ++c[static_cast<int>(a)];
+  return c;
+}
+
+std::string SwapSearchResult::summary() const {
+  PlacementCounts c = count_placements(acts);
+  std::string s;
+  for (int a = 0; a < 5; ++a)
+    s += str(a ? ", " : "", act_placement_name(static_cast<ActPlacement>(a)), " ", c[a]);
+  return s;
+}
+
+PlanRequest request_for_profile(PlanRequest req, const HardwareProfile& hw) {
+  const double up = 4.0 / hw.element_bytes;
+  if (req.device_budget) req.device_budget = static_cast<uint64_t>(req.device_budget * up);
+  // make_plan counts the CPU backend's device arena as host memory; a GPU's is not.
+  if (hw.backend != "cpu" && req.host_budget) req.host_budget += req.device_budget;
+  return req;
+}
+
+namespace {
+
+struct Candidate {
+  bool ok = false;
+  double cost = 0;  // simulated seconds per token
+  double recompute = 0;
+  uint64_t device = 0;
+  Plan plan;
+  SimResult sim;
+};
+
+bool better(const Candidate& a, const Candidate& b) {
+  if (!a.ok) return false;
+  if (!b.ok) return true;
+  if (a.cost < b.cost * 0.999) return true;
+  if (b.cost < a.cost * 0.999) return false;
+  if (a.recompute != b.recompute) return a.recompute < b.recompute;
+  return a.device < b.device;
+}
+
+class Search {
+ public:
+  Search(const PlanRequest& req, const HardwareProfile& hw) : base_(request_for_profile(req, hw)), hw_(hw) {}
+
+  Candidate evaluate(int B, const PlacementCounts& c) {
+    auto key = std::make_pair(B, c);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    Candidate cand;
+    const int L = base_.model.n_layer;
+    bool valid = c[static_cast<int>(ActPlacement::kRecompute)] <= L / 2 &&
+                 (base_.have_ssd || c[static_cast<int>(ActPlacement::kSsd)] == 0);
+    if (valid) {
+      PlanRequest r = base_;
+      r.micro_batch = B;
+      r.acts = arrange_placements(c, L);
+      try {
+        cand.plan = make_plan(r);
+        cand.sim = simulate(cand.plan, hw_);
+        cand.ok = true;
+        cand.cost = cand.sim.iteration_s / (static_cast<double>(B) * base_.model.seq_len);
+        cand.recompute = cand.sim.recompute_flops;
+        cand.device = cand.sim.device_bytes;
+        ++evaluated_;
+      } catch (const Error&) {
+        cand.ok = false;  // does not fit the budgets
+      }
+    }
+    cache_.emplace(key, cand);
+    return cand;
+  }
+
+  // make_plan's own memory rule at micro-batch B: the search's start. Not ok if nothing fits.
+  Candidate start(int B, PlacementCounts* counts) {
+    PlanRequest r = base_;
+    r.micro_batch = B;
+    r.acts.clear();
+    r.default_act = ActPlacement::kKeep;
+    try {
+      Plan p = make_plan(r);
+      std::vector<ActPlacement> acts;
+      for (const auto& d : p.layers) acts.push_back(d.act);
+      *counts = count_placements(acts);
+      return evaluate(B, *counts);
+    } catch (const Error&) {
+      return Candidate{};
+    }
+  }
+
+  Candidate descend(int B, PlacementCounts c, Candidate best) {
+    const int L = base_.model.n_layer;
+    for (;;) {
+      Candidate round = best;
+      PlacementCounts round_c = c;
+      for (int from = 0; from < 5; ++from) {
+        for (int to = 0; to < 5; ++to) {
+          if (from == to) continue;
+          for (int step = 1; step <= c[from]; step *= 2) {
+            PlacementCounts n = c;
+            n[from] -= step;
+            n[to] += step;
+            Candidate cand = evaluate(B, n);
+            if (better(cand, round)) round = cand, round_c = n;
+          }
+          // Everything at once, which powers of two may skip.
+          if (c[from] > 0 && (c[from] & (c[from] - 1))) {
+            PlacementCounts n = c;
+            n[to] += n[from];
+            n[from] = 0;
+            Candidate cand = evaluate(B, n);
+            if (better(cand, round)) round = cand, round_c = n;
+          }
+        }
+      }
+      if (round_c == c) return best;
+      c = round_c;
+      best = round;
+      (void)L;
+    }
+  }
+
+  int evaluated() const { return evaluated_; }
+  const PlanRequest& base() const { return base_; }
+
+ private:
+  PlanRequest base_;
+  const HardwareProfile& hw_;
+  std::map<std::pair<int, PlacementCounts>, Candidate> cache_;
+  int evaluated_ = 0;
+};
+
+}  // namespace
+
+SwapSearchResult search_swap(const PlanRequest& req, const HardwareProfile& hw, const SwapSearchOptions& opts) {
+  auto t0 = std::chrono::steady_clock::now();
+  Search search(req, hw);
+  std::vector<int> batches;
+  if (opts.search_micro_batch) {
+    for (int b = 1; b <= opts.max_micro_batch; b *= 2) batches.push_back(b);
+  } else {
+    batches.push_back(req.micro_batch);
+  }
+  Candidate best;
+  for (int B : batches) {
+    PlacementCounts c{};
+    Candidate s = search.start(B, &c);
+    if (!s.ok) {
+      // Nothing fits at this micro-batch; larger ones fit even less.
+      if (opts.search_micro_batch && best.ok) break;
+      continue;
+    }
+    Candidate b = search.descend(B, c, s);
+    if (better(b, best)) best = b;
+  }
+  if (!best.ok) {
+    // make_plan's own error names the numbers that do not fit.
+    PlanRequest r = search.base();
+    r.acts.clear();
+    make_plan(r);
+    throw Error("automatic activation placement: no placement fits the budgets");
+  }
+  SwapSearchResult out;
+  for (const auto& d : best.plan.layers) out.acts.push_back(d.act);
+  out.micro_batch = best.plan.micro_batch;
+  out.plan = std::move(best.plan);
+  out.sim = std::move(best.sim);
+  out.plans_evaluated = search.evaluated();
+  out.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+}  // namespace fuyou

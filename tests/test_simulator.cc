@@ -1,0 +1,282 @@
+// The plan simulator on hand-built plans whose timelines are known exactly (a chain, two
+// overlapping resources, a bottleneck, head-of-line blocking, shared CPU cores), the striping
+// model, a planner's plan (dependencies and queue order respected), hardware-profile parsing
+// and the activation-placement search.
+//
+// Durations are chosen as small integers or halves (flops / peak and bytes / bandwidth are
+// exact in binary), so the simulated times are exact and compared with ==.
+#include <catch2/catch.hpp>
+
+#include "fuyou/error.h"
+#include "fuyou/model.h"
+#include "fuyou/simulator.h"
+#include "fuyou/swap_search.h"
+
+using namespace fuyou;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// 1 GFLOP/s at every size, 1 GB/s links and drives, 1M params/s.
+HardwareProfile unit_profile() {
+  HardwareProfile hw;
+  hw.name = "unit";
+  hw.peak_flops = 1e9;
+  hw.gemm_efficiency = {{1, 1.0}};
+  hw.h2d_Bps = hw.d2h_Bps = 1e9;
+  hw.ssd_read_Bps = hw.ssd_write_Bps = 1e9;
+  hw.optimizer_params_per_s = 1e6;
+  hw.host_mem_Bps = 1e9;
+  return hw;
+}
+
+struct Builder {
+  Plan plan;
+  Builder() {
+    plan.model.d_ff = 4 * plan.model.d_model;
+    plan.layers.resize(plan.model.n_layer);
+  }
+  int add(Resource r, double seconds, std::vector<int> deps = {}) {
+    PlanOp op;
+    op.id = static_cast<int>(plan.ops.size());
+    op.resource = r;
+    op.kind = r == Resource::kCompute ? OpKind::kForward : r == Resource::kOptimizer ? OpKind::kUpdate : OpKind::kLoadWeights;
+    op.deps = std::move(deps);
+    // At 1e9 per second on every unit profile rate, `seconds` of work is 1e9 * seconds.
+    if (r == Resource::kCompute) op.flops = seconds * 1e9;
+    else op.bytes = static_cast<uint64_t>(seconds * 1e9);
+    plan.ops.push_back(op);
+    return op.id;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("simulator: a pure chain runs back to back", "[simulator]") {
+  Builder b;
+  int a = b.add(Resource::kCompute, 1);
+  int h = b.add(Resource::kH2D, 2, {a});
+  int c = b.add(Resource::kCompute, 3, {h});
+  SimResult r = simulate(b.plan, unit_profile());
+  CHECK(r.start[a] == 0.0);
+  CHECK(r.end[a] == 1.0);
+  CHECK(r.start[h] == 1.0);
+  CHECK(r.end[h] == 3.0);
+  CHECK(r.start[c] == 3.0);
+  CHECK(r.end[c] == 6.0);
+  CHECK(r.iteration_s == 6.0);
+  CHECK(r.busy_s[static_cast<int>(Resource::kCompute)] == 4.0);
+  CHECK(r.busy_s[static_cast<int>(Resource::kH2D)] == 2.0);
+  CHECK(r.useful_flops == 4e9);
+  CHECK(r.tflops == 4e9 / 6.0 / 1e12);
+}
+
+TEST_CASE("simulator: independent resources overlap", "[simulator]") {
+  Builder b;
+  std::vector<int> c, h;
+  for (int i = 0; i < 3; ++i) c.push_back(b.add(Resource::kCompute, 1));
+  for (int i = 0; i < 2; ++i) h.push_back(b.add(Resource::kD2H, 1.5));
+  SimResult r = simulate(b.plan, unit_profile());
+  for (int i = 0; i < 3; ++i) CHECK(r.start[c[i]] == i * 1.0);
+  CHECK(r.start[h[0]] == 0.0);
+  CHECK(r.start[h[1]] == 1.5);
+  CHECK(r.iteration_s == 3.0);
+  CHECK(r.busiest == Resource::kCompute);
+}
+
+TEST_CASE("simulator: the slowest resource of a pipeline bounds the iteration", "[simulator]") {
+  // Four layers: load (2 s on h2d) then compute (1 s). Loads run ahead back to back; each
+  // compute waits for its load: the last ends at 4 * 2 + 1.
+  Builder b;
+  std::vector<int> comp;
+  for (int i = 0; i < 4; ++i) {
+    int l = b.add(Resource::kH2D, 2);
+    comp.push_back(b.add(Resource::kCompute, 1, {l}));
+  }
+  SimResult r = simulate(b.plan, unit_profile());
+  for (int i = 0; i < 4; ++i) {
+    CHECK(r.start[comp[i]] == 2.0 * (i + 1));
+    CHECK(r.end[comp[i]] == 2.0 * (i + 1) + 1);
+  }
+  CHECK(r.iteration_s == 9.0);
+  CHECK(r.busiest == Resource::kH2D);
+  CHECK(r.busy_s[static_cast<int>(Resource::kH2D)] == 8.0);
+}
+
+TEST_CASE("simulator: a resource runs its ops in plan order", "[simulator]") {
+  // y is ready at 0 but queued behind x, which waits 2 s for its load: as in the executor,
+  // y starts only when x ends.
+  Builder b;
+  int load = b.add(Resource::kH2D, 2);
+  int x = b.add(Resource::kCompute, 1, {load});
+  int y = b.add(Resource::kCompute, 1);
+  SimResult r = simulate(b.plan, unit_profile());
+  CHECK(r.start[x] == 2.0);
+  CHECK(r.start[y] == 3.0);
+  CHECK(r.iteration_s == 4.0);
+}
+
+TEST_CASE("simulator: compute and optimizer share the CPU on a shared_cpu profile", "[simulator]") {
+  HardwareProfile hw = unit_profile();
+  Builder b;
+  b.plan.model.n_layer = 1;
+  b.plan.layers.resize(1);
+  int c = b.add(Resource::kCompute, 1);
+  // Group 1 (layer 0) update: numel / 1e6 params/s.
+  ParamLayout layout = make_gpt_layout(b.plan.model);
+  PlanOp u;
+  u.id = 1;
+  u.kind = OpKind::kUpdate;
+  u.resource = Resource::kOptimizer;
+  u.layer = 1;
+  b.plan.ops.push_back(u);
+  const double upd = layout.groups[1].numel / 1e6;
+  SECTION("independent cores: both at full rate") {
+    SimResult r = simulate(b.plan, hw);
+    CHECK(r.end[c] == 1.0);
+    CHECK(r.end[1] == upd);
+  }
+  SECTION("shared cores at half rate each while both run") {
+    hw.shared_cpu = true;
+    hw.compute_share = hw.optimizer_share = 0.5;
+    SimResult r = simulate(b.plan, hw);
+    REQUIRE(upd > 1.0);
+    // Compute's 1 s of work at half rate ends at 2 s, when the optimizer has done 1 s of
+    // its work; the rest runs alone. Exact up to one rounding of the remaining work.
+    CHECK(r.end[c] == 2.0);
+    CHECK(r.end[1] == Approx(upd + 1.0).epsilon(4 * std::numeric_limits<double>::epsilon()));
+  }
+}
+
+TEST_CASE("simulator: SSD bandwidth follows the store's striping", "[simulator]") {
+  HardwareProfile hw = unit_profile();
+  hw.ssds = 2;
+  hw.stripe_unit = 4ull << 20;
+  CHECK(hw.ssd_read_rate(8ull << 20) == 2e9);   // one stripe unit on each drive
+  CHECK(hw.ssd_read_rate(4ull << 20) == 1e9);   // one drive only
+  CHECK(hw.ssd_read_rate(12ull << 20) == 1.5e9);  // drive 0 holds 8 of the 12 MiB
+  hw.ssds = 1;
+  CHECK(hw.ssd_write_rate(12ull << 20) == 1e9);
+}
+
+TEST_CASE("simulator: GEMM efficiency is interpolated in log2(size) and clamped", "[simulator]") {
+  HardwareProfile hw = unit_profile();
+  hw.gemm_efficiency = {{256, 0.4}, {1024, 0.8}};
+  CHECK(hw.efficiency_at(100) == 0.4);
+  CHECK(hw.efficiency_at(5000) == 0.8);
+  CHECK(hw.efficiency_at(512) == Approx(0.6).epsilon(4 * std::numeric_limits<double>::epsilon()));
+}
+
+TEST_CASE("simulator: a planner's plan respects dependencies and queue order", "[simulator]") {
+  PlanRequest req;
+  req.model = ModelConfig{};
+  req.model.n_layer = 6;
+  req.model.d_ff = 4 * req.model.d_model;
+  req.micro_batch = 2;
+  req.have_ssd = true;
+  req.acts = {ActPlacement::kKeep, ActPlacement::kRecompute, ActPlacement::kSsd,
+              ActPlacement::kHost, ActPlacement::kRecompute, ActPlacement::kDevice};
+  req.weights_on_ssd = true;
+  req.optim_on_ssd = true;
+  req.exact = GENERATE(false, true);
+  Plan plan = make_plan(req);
+  HardwareProfile hw = unit_profile();
+  hw.shared_cpu = GENERATE(false, true);
+  SimResult r = simulate(plan, hw);
+  double last_end[kNumResources] = {};
+  double busy[kNumResources] = {};
+  double max_end = 0;
+  for (const PlanOp& op : plan.ops) {
+    for (int d : op.deps) CHECK(r.start[op.id] >= r.end[d]);
+    int q = static_cast<int>(op.resource);
+    CHECK(r.start[op.id] >= last_end[q]);
+    CHECK(r.end[op.id] >= r.start[op.id]);
+    last_end[q] = r.end[op.id];
+    busy[q] += r.end[op.id] - r.start[op.id];
+    max_end = std::max(max_end, r.end[op.id]);
+  }
+  CHECK(r.iteration_s == max_end);
+  for (int q = 0; q < kNumResources; ++q) CHECK(r.busy_s[q] == busy[q]);
+  CHECK(r.useful_flops == Approx(3.0 * forward_flops_per_token(req.model) * req.micro_batch * req.model.seq_len)
+                              .epsilon(1e-12));
+  CHECK(r.recompute_flops > 0);
+}
+
+TEST_CASE("simulator: a malformed plan is refused with the op", "[simulator]") {
+  Builder b;
+  b.add(Resource::kCompute, 1, {1});
+  b.add(Resource::kCompute, 1);
+  CHECK_THROWS_WITH(simulate(b.plan, unit_profile()), Contains("op 0") && Contains("depends on op 1"));
+}
+
+TEST_CASE("hardware profile: parse, round trip and errors", "[simulator]") {
+  const std::string text =
+      "name: t\nbackend: cuda\ncompute: {peak_tflops: 100, element_bytes: 2, gemm_efficiency: [[256, 0.5], [4096, 0.8]]}\n"
+      "pcie: {h2d_GBps: 25, d2h_GBps: 24}\nssd: {count: 3, read_GBps: 7, write_GBps: 6}\n"
+      "optimizer: {params_per_s: 2.0e9}\nmemory: {device: 24GiB, host: 128GiB, host_bandwidth_GBps: 80}\n";
+  HardwareProfile p = parse_hardware_profile(text, "<t>");
+  CHECK(p.peak_flops == 100e12);
+  CHECK(p.element_bytes == 2);
+  CHECK(p.ssds == 3);
+  CHECK(p.device_memory == 24ull << 30);
+  HardwareProfile q = parse_hardware_profile(hardware_profile_to_yaml(p, "# header\n"), "<round trip>");
+  CHECK(q.peak_flops == p.peak_flops);
+  CHECK(q.ssd_write_Bps == p.ssd_write_Bps);
+  CHECK(q.gemm_efficiency == p.gemm_efficiency);
+  CHECK(q.stripe_unit == p.stripe_unit);
+  CHECK_THROWS_WITH(parse_hardware_profile(text + "extra: 1\n", "<t>"), Contains("unknown key 'extra'"));
+  CHECK_THROWS_WITH(parse_hardware_profile("name: x\n", "<t>"), Contains("compute.peak_tflops"));
+}
+
+TEST_CASE("swap search: placements, budgets and the simulated optimum", "[simulator]") {
+  CHECK(arrange_placements({1, 1, 1, 1, 2}, 6) ==
+        std::vector<ActPlacement>{ActPlacement::kSsd, ActPlacement::kRecompute, ActPlacement::kHost,
+                                  ActPlacement::kRecompute, ActPlacement::kDevice, ActPlacement::kKeep});
+  CHECK_THROWS(arrange_placements({0, 0, 0, 0, 4}, 6));
+  CHECK_THROWS(arrange_placements({1, 0, 0, 0, 0}, 6));
+
+  PlanRequest req;
+  req.model.n_layer = 8;
+  req.model.d_ff = 4 * req.model.d_model;
+  req.micro_batch = 4;
+  req.have_ssd = true;
+  HardwareProfile hw = unit_profile();
+  hw.peak_flops = 2e11;  // compute fast enough that swaps matter
+  // A device budget that holds only a few kept layers.
+  PlanRequest all_keep = req;
+  all_keep.acts.assign(8, ActPlacement::kKeep);
+  uint64_t keep_bytes = make_plan(all_keep).memory.device_bytes;
+  req.device_budget = keep_bytes / 2;
+  SwapSearchResult s = search_swap(req, hw);
+  CHECK(s.plan.memory.device_bytes <= req.device_budget);
+  CHECK(s.plans_evaluated > 1);
+  // No better placement one step away, and better than or equal to the memory rule.
+  PlanRequest rule = req;
+  Plan greedy = make_plan(rule);
+  CHECK(s.sim.iteration_s <= simulate(greedy, hw).iteration_s);
+  PlacementCounts c = count_placements(s.acts);
+  for (int from = 0; from < 5; ++from)
+    for (int to = 0; to < 5; ++to) {
+      if (from == to || c[from] == 0) continue;
+      PlacementCounts n = c;
+      --n[from];
+      ++n[to];
+      PlanRequest r = req;
+      if (n[4] > 4) continue;
+      r.acts = arrange_placements(n, 8);
+      double t = 0;
+      try {
+        t = simulate(make_plan(r), hw).iteration_s;
+      } catch (const Error&) {
+        continue;  // over budget
+      }
+      // The search's tie tolerance (0.1%).
+      CHECK(t >= s.sim.iteration_s * 0.999);
+    }
+  // Searching the micro-batch as well never loses per token.
+  SwapSearchOptions o;
+  o.search_micro_batch = true;
+  o.max_micro_batch = 8;
+  SwapSearchResult sb = search_swap(req, hw, o);
+  CHECK(sb.sim.iteration_s / sb.micro_batch <= s.sim.iteration_s / s.micro_batch * 1.001);
+}
