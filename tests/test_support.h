@@ -1,8 +1,13 @@
 // Helpers shared by the tests: relative comparison of arrays and the fixture directory.
 #pragma once
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,6 +24,33 @@ inline double rel_error(const float* a, const float* b, size_t n) {
     scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
   }
   return scale > 0 ? diff / scale : diff;
+}
+
+// A fresh directory under the temp directory, removed when the test case ends.
+struct TempDir {
+  std::string path;
+  explicit TempDir(const std::string& name)
+      : path((std::filesystem::temp_directory_path() /
+              ("fuyou-test-" + name + "-" + std::to_string(::getpid())))
+                 .string()) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+inline std::string read_all(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline void write_all(const std::filesystem::path& p, const std::string& s) {
+  std::ofstream(p, std::ios::binary).write(s.data(), static_cast<std::streamsize>(s.size()));
 }
 
 }  // namespace fuyou::test
