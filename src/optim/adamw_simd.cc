@@ -4,6 +4,10 @@
 // integer round-to-nearest-even like math::float_to_bf16 (the avx512_bf16 instruction
 // flushes subnormals, so it would not match); fp16 uses vcvtps2ph with round-to-nearest,
 // which math::float_to_fp16 reproduces.
+// GCC 12's AVX-512 conversion intrinsics start from _mm512_undefined_*, which its
+// -Wmaybe-uninitialized reports at every inlined call site; the lanes are all written.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
 #include "src/optim/adamw_kernels.h"

@@ -627,8 +627,7 @@ Plan make_plan(const PlanRequest& req) {
     }
   };
   Ckpt ck{plan, acts, cslots, add, pick_slot, need_weights, use_weights, ckpt_saved, host_ckpt_consumer,
-          host_ckpt_rr, use_seq, sz, dc, micro};
-  ck.ws_load = [&](int s) { return wslots[s].load_op; };
+          host_ckpt_rr, use_seq, sz, dc, micro, [&](int s) { return wslots[s].load_op; }};
 
   for (micro = 0; micro < K; ++micro) {
     // Forward. The weights do not change within a step, so the device weight slots stay

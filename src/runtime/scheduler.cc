@@ -178,9 +178,12 @@ class OffloadTrainer::Impl {
       case BufRef::kLayerCkpt: return layer_ckpt_[b.index];
       case BufRef::kCkptSlot: return cslot_[b.index];
       case BufRef::kScratch: return scratch_;
-      case BufRef::kNone: break;
+      case BufRef::kNone:
+      case BufRef::kHostGrad:
+      case BufRef::kGradHold:
+      case BufRef::kGradStage: break;  // host gradient buffers: host_grad()
     }
-    FY_CHECK(false, "op without a buffer");
+    FY_CHECK(false, "op without a device activation buffer");
     return nullptr;
   }
   float* host_grad(const BufRef& b) {
