@@ -31,6 +31,7 @@
 #include "kernels/common/element_math.h"
 #include "src/formats/safetensors_stream.h"
 #include "fd_check.h"
+#include "hf_support.h"
 #include "test_support.h"
 
 namespace fs = std::filesystem;
@@ -40,9 +41,7 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-std::string fixture(const std::string& rel) {
-  return test::source_path("tests/reference/fixtures/hf/" + rel);
-}
+std::string fixture(const std::string& rel) { return hf_fixture(rel); }
 
 std::map<std::string, std::pair<StTensorInfo, std::string>> all_tensors(const std::string& dir) {
   TensorSet set = TensorSet::open_dir(dir);
@@ -54,24 +53,6 @@ std::map<std::string, std::pair<StTensorInfo, std::string>> all_tensors(const st
     out[n] = {t, bytes};
   }
   return out;
-}
-
-// The engine's logits on the fixture batch against transformers' (fp32).
-double logits_error(const std::string& ckpt, const std::string& logits_file) {
-  LoadedCheckpoint c = load_engine_checkpoint(ckpt);
-  SafetensorsReader ref(logits_file);
-  auto tokens = ref.read_i32("tokens");
-  const int T = c.model.seq_len, V = c.model.vocab_size;
-  const int B = static_cast<int>(tokens.size()) / T;
-  REQUIRE(static_cast<size_t>(B) * T == tokens.size());
-  auto logits = ref.read_f32("logits", {B, T, V});
-  auto be = make_cpu_backend(2, 0);
-  GptModel model(c.model, *be, B);
-  be->copy_to_device(model.params(), c.params.data(), c.params.size() * sizeof(float));
-  model.forward(tokens.data(), nullptr);
-  std::vector<float> got(static_cast<size_t>(B) * T * V);
-  be->copy_to_host(got.data(), model.logits(), got.size() * sizeof(float));
-  return test::rel_error(got.data(), logits.data(), got.size());
 }
 
 const char* kFamilyFixtures[] = {"opt_f32", "llama_gqa_f32", "llama_bf16_sharded", "qwen2_gqa_f32"};
@@ -388,7 +369,7 @@ TEST_CASE("converted opt, llama and qwen2 checkpoints give transformers' logits"
     ConvertResult r = convert_hf_to_engine(fixture(v), ckpt, {});
     CHECK(r.model.n_layer == 2);
     CHECK(r.model.d_model == 32);
-    double err = logits_error(ckpt, fixture(std::string("logits_") + v + ".safetensors"));
+    double err = engine_logits_error(ckpt, fixture(std::string("logits_") + v + ".safetensors"));
     INFO("logits relative error " << err);
     // The bound for fp32: 1e-4 relative.
     CHECK(err < 1e-4);

@@ -19,6 +19,7 @@
 #include "fuyou/rng.h"
 #include "fuyou/safetensors.h"
 #include "src/formats/safetensors_stream.h"
+#include "hf_support.h"
 #include "test_support.h"
 
 namespace fs = std::filesystem;
@@ -28,9 +29,7 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-std::string fixture(const std::string& rel) {
-  return test::source_path("tests/reference/fixtures/hf/" + rel);
-}
+std::string fixture(const std::string& rel) { return hf_fixture(rel); }
 
 // Copies a fixture model directory so a test can damage it.
 std::string copy_fixture(const std::string& name, const std::string& dst_root) {
@@ -60,21 +59,7 @@ std::string strip_prefix(const std::string& n) {
 
 // Runs the engine's forward on the fixture batch and compares with transformers' logits.
 void check_logits(const std::string& ckpt, const std::string& logits_file) {
-  LoadedCheckpoint c = load_engine_checkpoint(ckpt);
-  SafetensorsReader ref(logits_file);
-  auto tokens = ref.read_i32("tokens");
-  const int T = c.model.seq_len, V = c.model.vocab_size;
-  const int B = static_cast<int>(tokens.size()) / T;
-  REQUIRE(static_cast<size_t>(B) * T == tokens.size());
-  auto logits = ref.read_f32("logits", {B, T, V});
-  auto be = make_cpu_backend(2, 0);
-  GptModel model(c.model, *be, B);
-  be->copy_to_device(model.params(), c.params.data(), c.params.size() * sizeof(float));
-  model.forward(tokens.data(), nullptr);
-  std::vector<float> got(static_cast<size_t>(B) * T * V);
-  be->copy_to_host(got.data(), model.logits(), got.size() * sizeof(float));
-  be->synchronize();
-  double err = test::rel_error(got.data(), logits.data(), got.size());
+  double err = engine_logits_error(ckpt, logits_file);
   INFO(ckpt << ": logits relative error " << err);
   // The bound for fp32: 1e-4 relative (the CPU backend's exp_fast and a different
   // summation order in the GEMMs put us near 1e-6).

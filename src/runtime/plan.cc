@@ -105,6 +105,20 @@ Sizes compute_sizes(const ModelConfig& m, int B) {
 
 }  // namespace
 
+// Appends an op with the next id; -1 in deps means "no such op" and is dropped.
+static PlanOp& append_op(std::vector<PlanOp>& ops, OpKind kind, Resource res, int layer,
+                         std::vector<int> deps) {
+  PlanOp op;
+  op.id = static_cast<int>(ops.size());
+  op.kind = kind;
+  op.resource = res;
+  op.layer = layer;
+  deps.erase(std::remove(deps.begin(), deps.end(), -1), deps.end());
+  op.deps = std::move(deps);
+  ops.push_back(op);
+  return ops.back();
+}
+
 Plan make_plan(const PlanRequest& req) {
   const ModelConfig& m = req.model;
   const int L = m.n_layer;
@@ -319,15 +333,7 @@ Plan make_plan(const PlanRequest& req) {
   // ---- operations --------------------------------------------------------------------------
   std::vector<PlanOp>& ops = plan.ops;
   auto add = [&](OpKind kind, Resource res, int layer, std::vector<int> deps) -> PlanOp& {
-    PlanOp op;
-    op.id = static_cast<int>(ops.size());
-    op.kind = kind;
-    op.resource = res;
-    op.layer = layer;
-    deps.erase(std::remove(deps.begin(), deps.end(), -1), deps.end());
-    op.deps = std::move(deps);
-    ops.push_back(op);
-    return ops.back();
+    return append_op(ops, kind, res, layer, std::move(deps));
   };
 
   // Device weight slots: an LRU cache keyed by layer. A load into a slot waits for the last
@@ -725,15 +731,7 @@ Plan make_forward_plan(const Plan& train) {
   const Sizes sz = compute_sizes(p.model, p.micro_batch);
   std::vector<PlanOp>& ops = p.ops;
   auto add = [&](OpKind kind, Resource res, int layer, std::vector<int> deps) -> PlanOp& {
-    PlanOp op;
-    op.id = static_cast<int>(ops.size());
-    op.kind = kind;
-    op.resource = res;
-    op.layer = layer;
-    deps.erase(std::remove(deps.begin(), deps.end(), -1), deps.end());
-    op.deps = std::move(deps);
-    ops.push_back(op);
-    return ops.back();
+    return append_op(ops, kind, res, layer, std::move(deps));
   };
   // Every layer's input and output go through the two stream buffers; device weight slots
   // and host read staging rotate, each reuse waiting for the slot's last reader.

@@ -1,0 +1,41 @@
+// Hugging Face fixture helpers shared by the conversion tests (tests/reference/fixtures/hf,
+// written by tests/reference/make_hf_fixtures.py).
+#pragma once
+
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "fuyou/backend.h"
+#include "fuyou/hf_checkpoint.h"
+#include "fuyou/model.h"
+#include "fuyou/safetensors.h"
+#include "test_support.h"
+
+namespace fuyou::test {
+
+inline std::string hf_fixture(const std::string& rel) {
+  return source_path("tests/reference/fixtures/hf/" + rel);
+}
+
+// The engine's fp32 forward of a converted checkpoint on the fixture batch, against
+// transformers' logits: max |diff| / max |reference|.
+inline double engine_logits_error(const std::string& ckpt, const std::string& logits_file) {
+  LoadedCheckpoint c = load_engine_checkpoint(ckpt);
+  SafetensorsReader ref(logits_file);
+  auto tokens = ref.read_i32("tokens");
+  const int T = c.model.seq_len, V = c.model.vocab_size;
+  const int B = static_cast<int>(tokens.size()) / T;
+  REQUIRE(static_cast<size_t>(B) * T == tokens.size());
+  auto logits = ref.read_f32("logits", {B, T, V});
+  auto be = make_cpu_backend(2, 0);
+  GptModel model(c.model, *be, B);
+  be->copy_to_device(model.params(), c.params.data(), c.params.size() * sizeof(float));
+  model.forward(tokens.data(), nullptr);
+  std::vector<float> got(static_cast<size_t>(B) * T * V);
+  be->copy_to_host(got.data(), model.logits(), got.size() * sizeof(float));
+  be->synchronize();
+  return rel_error(got.data(), logits.data(), got.size());
+}
+
+}  // namespace fuyou::test
