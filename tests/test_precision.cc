@@ -117,12 +117,13 @@ TEST_CASE("a model with bf16 GEMM inputs stays within bf16 rounding of the fp32 
   CHECK(e_logits > 0);  // the bf16 path ran
 }
 
-TEST_CASE("runtime.precision is validated and fp16 is refused on the CPU", "[precision]") {
+TEST_CASE("runtime.precision is validated and applied", "[precision]") {
   using Catch::Matchers::Contains;
   CHECK_THROWS_WITH(parse_config("runtime: {precision: fp8}\n", "<t>"), Contains("precision") && Contains("fp8"));
   Config c = parse_config("runtime: {precision: fp16}\n", "<t>");
   auto be = make_cpu_backend(1, 0);
-  CHECK_THROWS_WITH(apply_precision(*be, c.runtime), Contains("fp16"));
+  apply_precision(*be, c.runtime);
+  CHECK(be->matmul_precision() == MatmulPrecision::kFp16);
   c = parse_config("runtime: {precision: auto}\n", "<t>");
   apply_precision(*be, c.runtime);
   CHECK(be->matmul_precision() == MatmulPrecision::kFp32);

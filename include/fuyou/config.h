@@ -57,6 +57,8 @@ struct OptimizerConfig {
   double eps = 1e-8;
   double weight_decay = 0.1;
   double grad_clip = 1.0;  // 0 disables global-norm clipping
+  // With runtime.precision fp16: the dynamic loss scale's starting value (include/fuyou/loss_scale.h).
+  double initial_loss_scale = 65536.0;
 };
 
 struct ScheduleConfig {

@@ -19,6 +19,8 @@ struct EngineStep {
   float loss = 0;
   double grad_norm = 0;
   double lr = 0;
+  bool skipped = false;   // fp16 overflow: no update this step
+  double loss_scale = 1;  // fp16 loss scale used this step, else 1
   bool offloaded = false;
   OffloadStepResult detail;  // iteration and per-resource busy times, SSD bytes (offloaded)
 };

@@ -7,8 +7,9 @@
 // skip it and halves the scale; after `growth_interval` clean steps in a row the scale
 // doubles again. The same rules as PyTorch's GradScaler and Megatron's DynamicGradScaler.
 //
-// Not wired in yet: the trainer and the offload scheduler's exact mode (which has the global
-// view before any update) still need to call it (docs/cuda.md).
+// Both engines call decide_step() once per step with the global sum of squares: StepRunner
+// after the backward, the offload scheduler in its exact mode's global-norm op (fp16 always
+// builds exact plans), so they skip and scale identically.
 #pragma once
 
 #include <cstdint>
@@ -48,5 +49,24 @@ class DynamicLossScaler {
   int64_t clean_ = 0;
   int64_t skipped_ = 0;
 };
+
+// What one step does once the global sum of squares of its gradients is known. `loss_scale`
+// is the factor the loss was multiplied by (1 without fp16), `scaler` null without fp16.
+// The factor each per-target loss gradient gets in the backward: loss_scale / (counted targets
+// of the step), 0 when nothing counts. Written so that without fp16 (loss_scale 1) it is
+// exactly the 1 / float(counted) the engines used before loss scaling existed.
+inline float backward_scale(int64_t counted, double loss_scale) {
+  if (counted == 0) return 0.0f;
+  return loss_scale == 1.0 ? 1.0f / static_cast<float>(counted)
+                           : static_cast<float>(loss_scale / static_cast<double>(counted));
+}
+
+struct StepDecision {
+  bool apply = true;       // false: skip the update (fp16 overflow)
+  double grad_norm = 0;    // of the unscaled gradients (inf when they overflowed)
+  float grad_scale = 1.0f; // multiplies each gradient in the update: unscale x clip coefficient
+};
+StepDecision decide_step(double scaled_sum_squares, double loss_scale, double grad_clip,
+                         DynamicLossScaler* scaler);
 
 }  // namespace fuyou

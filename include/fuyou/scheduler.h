@@ -20,6 +20,8 @@ namespace fuyou {
 struct OffloadStepResult {
   float loss = 0;
   double grad_norm = 0;  // exact mode only (0 otherwise)
+  bool skipped = false;   // fp16 overflow: no update this step
+  double loss_scale = 1;  // the fp16 loss scale this step used, else 1
   double lr = 0;
   double iteration_s = 0;
   std::array<double, kNumResources> busy_s{};  // per Resource

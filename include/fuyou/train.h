@@ -9,6 +9,7 @@
 
 #include "fuyou/backend.h"
 #include "fuyou/config.h"
+#include "fuyou/loss_scale.h"
 #include "fuyou/model.h"
 
 namespace fuyou {
@@ -52,6 +53,8 @@ class StepRunner {
     float loss = 0;        // mean over the step's counted targets, before the update
     double grad_norm = 0;  // global L2 norm before clipping
     double lr = 0;
+    bool skipped = false;   // fp16 overflow: no update this step
+    double loss_scale = 1;  // the loss scale this step's backward used (fp16), else 1
   };
   // `micro_batches` holds grad_accum pointers to B*(T+1) tokens each; `masks` is empty (every
   // target counts) or holds one B*T loss mask per micro-batch (see split_batch). The gradient
@@ -69,6 +72,7 @@ class StepRunner {
   std::vector<float> master_, m_, v_, grad_;
   std::vector<int32_t> inputs_, targets_;
   int64_t t_ = 0;
+  std::unique_ptr<DynamicLossScaler> scaler_;  // with fp16 GEMM inputs only
 };
 
 struct TrainOptions {

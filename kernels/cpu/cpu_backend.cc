@@ -24,15 +24,15 @@ CpuBackend::~CpuBackend() {
 
 std::string CpuBackend::name() const {
   return str("cpu (", threads_, " threads, ", gemm_library_name(),
-             precision_ == MatmulPrecision::kBf16 ? ", bf16 GEMM inputs" : "", ")");
+             precision_ == MatmulPrecision::kBf16   ? ", bf16 GEMM inputs"
+             : precision_ == MatmulPrecision::kFp16 ? ", fp16 GEMM inputs (emulated)"
+                                                    : "",
+             ")");
 }
 
-void CpuBackend::set_matmul_precision(MatmulPrecision p) {
-  if (p == MatmulPrecision::kFp16)
-    throw Error("runtime.precision fp16: the CPU backend has no fp16 GEMM (this CPU family has "
-                "no fast fp16 arithmetic); use fp32 or bf16");
-  precision_ = p;
-}
+// fp16 runs at fp32 speed (kernels/cpu/gemm_lowp.cc): it is here so fp16 training and its
+// loss scaling run, and are tested, without a GPU.
+void CpuBackend::set_matmul_precision(MatmulPrecision p) { precision_ = p; }
 
 void* CpuBackend::alloc(size_t bytes, const std::string& what) {
   size_t rounded = (bytes + 63) / 64 * 64;

@@ -15,6 +15,11 @@ void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, cons
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                int lda, const float* B, int ldb, float beta, float* C, int ldc);
 
+// The same with A and B rounded to fp16 (fp32 accumulation); see gemm_lowp.cc for why it
+// runs at fp32 speed here.
+void gemm_fp16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+               int lda, const float* B, int ldb, float beta, float* C, int ldc);
+
 // Sets the thread count the GEMM library uses for calls made outside a parallel region.
 void set_gemm_threads(int threads);
 

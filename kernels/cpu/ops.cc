@@ -144,13 +144,17 @@ void CpuBackend::matmul_forward(float* out, const float* in, const float* w, con
     for (int n = 0; n < N; ++n) std::memcpy(out + static_cast<size_t>(n) * OC, bias, sizeof(float) * OC);
     beta = 1.0f;
   }
-  auto gemm = precision_ == MatmulPrecision::kBf16 ? gemm_bf16 : gemm_f32;
+  auto gemm = precision_ == MatmulPrecision::kBf16   ? gemm_bf16
+              : precision_ == MatmulPrecision::kFp16 ? gemm_fp16
+                                                     : gemm_f32;
   gemm(false, true, N, OC, IC, 1.0f, in, IC, w, IC, beta, out, OC);
 }
 
 void CpuBackend::matmul_backward(float* din, float* dw, float* dbias, const float* dout,
                                  const float* in, const float* w, int N, int IC, int OC) {
-  auto gemm = precision_ == MatmulPrecision::kBf16 ? gemm_bf16 : gemm_f32;
+  auto gemm = precision_ == MatmulPrecision::kBf16   ? gemm_bf16
+              : precision_ == MatmulPrecision::kFp16 ? gemm_fp16
+                                                     : gemm_f32;
   if (din) gemm(false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, din, IC);
   gemm(true, false, OC, IC, N, 1.0f, dout, OC, in, IC, 1.0f, dw, IC);
   if (dbias) {

@@ -284,6 +284,7 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
     s.get("eps", o.eps);
     s.get("weight_decay", o.weight_decay);
     s.get("grad_clip", o.grad_clip);
+    s.get("initial_loss_scale", o.initial_loss_scale);
     s.finish();
     require(o.lr > 0 && o.lr < 10, s, "lr", o.lr, "must be in (0, 10)");
     require(o.min_lr >= 0 && o.min_lr <= o.lr, s, "min_lr", o.min_lr, "must be in [0, optimizer.lr]");
@@ -292,6 +293,8 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
     require(o.eps > 0, s, "eps", o.eps, "must be positive");
     require(o.weight_decay >= 0, s, "weight_decay", o.weight_decay, "must be >= 0");
     require(o.grad_clip >= 0, s, "grad_clip", o.grad_clip, "must be >= 0 (0 disables clipping)");
+    require(o.initial_loss_scale >= 1 && o.initial_loss_scale <= 16777216.0, s, "initial_loss_scale",
+            o.initial_loss_scale, "must be in [1, 2^24]");
   }
   {
     Section s(root["schedule"], "schedule", source);
@@ -402,6 +405,7 @@ std::string config_to_yaml(const Config& c) {
   e << YAML::Key << "eps" << YAML::Value << c.optimizer.eps;
   e << YAML::Key << "weight_decay" << YAML::Value << c.optimizer.weight_decay;
   e << YAML::Key << "grad_clip" << YAML::Value << c.optimizer.grad_clip;
+  e << YAML::Key << "initial_loss_scale" << YAML::Value << c.optimizer.initial_loss_scale;
   e << YAML::EndMap;
   e << YAML::Key << "schedule" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "steps" << YAML::Value << c.schedule.steps;

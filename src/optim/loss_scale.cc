@@ -34,4 +34,20 @@ bool DynamicLossScaler::update(double scaled_grad_sum_squares) {
   return true;
 }
 
+StepDecision decide_step(double scaled_sum_squares, double loss_scale, double grad_clip,
+                         DynamicLossScaler* scaler) {
+  StepDecision d;
+  d.grad_norm = std::sqrt(scaled_sum_squares) / loss_scale;
+  if (scaler && !scaler->update(scaled_sum_squares)) {
+    d.apply = false;
+    return d;
+  }
+  // Clipping multiplies each gradient by the coefficient inside the update kernel, in fp32,
+  // as torch.nn.utils.clip_grad_norm_ does; the loss scale is divided out in the same product.
+  double coef = 1.0;
+  if (grad_clip > 0) coef = std::min(1.0, grad_clip / (d.grad_norm + 1e-6));
+  d.grad_scale = static_cast<float>(coef / loss_scale);
+  return d;
+}
+
 }  // namespace fuyou

@@ -55,6 +55,8 @@ class InMemoryEngine final : public TrainEngine {
     e.loss = r.loss;
     e.grad_norm = r.grad_norm;
     e.lr = r.lr;
+    e.skipped = r.skipped;
+    e.loss_scale = r.loss_scale;
     return e;
   }
   bool eval_loss(const int32_t* batch, float* loss, const uint8_t* mask) override {
@@ -116,6 +118,8 @@ class OffloadEngine final : public TrainEngine {
     e.loss = e.detail.loss;
     e.grad_norm = e.detail.grad_norm;
     e.lr = e.detail.lr;
+    e.skipped = e.detail.skipped;
+    e.loss_scale = e.detail.loss_scale;
     e.offloaded = true;
     return e;
   }
@@ -162,7 +166,8 @@ PlanRequest plan_request(const Config& cfg) {
   PlanRequest req;
   req.model = cfg.model;
   req.micro_batch = cfg.schedule.micro_batch;
-  req.exact = cfg.optimizer.grad_clip > 0;
+  // Clipping and the fp16 overflow check both need every gradient before any update.
+  req.exact = cfg.optimizer.grad_clip > 0 || cfg.runtime.precision == "fp16";
   req.grad_accum = cfg.schedule.grad_accum;
   req.device_budget = cfg.offload.device_memory;
   req.host_budget = cfg.offload.host_memory;

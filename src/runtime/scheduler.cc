@@ -12,6 +12,7 @@
 #include <omp.h>
 
 #include "fuyou/error.h"
+#include "fuyou/loss_scale.h"
 #include "fuyou/model.h"
 #include "fuyou/ooc_adamw.h"
 #include "fuyou/optim.h"
@@ -35,6 +36,13 @@ class OffloadTrainer::Impl {
     const int L = cfg.model.n_layer;
     const PlanPools& pp = plan_.pools;
     N_ = plan_.micro_batch * cfg.model.seq_len;
+    if (be_.matmul_precision() == MatmulPrecision::kFp16) {
+      // The overflow check needs every gradient before any update: only exact plans have it.
+      if (!plan_.exact) throw Error("fp16 GEMM inputs need an exact-mode plan (the loss-scale overflow check sees every gradient before any update)");
+      LossScaleConfig ls;
+      ls.initial = cfg.optimizer.initial_loss_scale;
+      scaler_ = std::make_unique<DynamicLossScaler>(ls);
+    }
     const uint64_t C = cfg.model.d_model;
     wbytes_ = 4 * layout_.groups[1].numel;
     cbytes_ = 4 * N_ * C;
@@ -323,12 +331,14 @@ class OffloadTrainer::Impl {
         // Group order 0..L+1, each group's own sum sequential: the reduction StepRunner uses.
         double sq = 0;
         for (double g : sum_sq_) sq += g;
-        grad_norm_ = std::sqrt(sq);
-        double coef = cfg_.optimizer.grad_clip / (grad_norm_ + 1e-6);
-        grad_scale_ = coef < 1.0 ? static_cast<float>(coef) : 1.0f;
+        const StepDecision d = decide_step(sq, step_loss_scale_, cfg_.optimizer.grad_clip, scaler_.get());
+        grad_norm_ = d.grad_norm;
+        grad_scale_ = d.grad_scale;
+        apply_ = d.apply;
         break;
       }
       case OpKind::kUpdate: {
+        if (!apply_) break;  // fp16 overflow: weights and optimizer state stay as they are
         OocAdamW::Update u;
         u.group = op.layer;
         u.grad = host_grad(op.in);
@@ -342,6 +352,7 @@ class OffloadTrainer::Impl {
         break;
       }
       case OpKind::kWriteWeights:
+        if (!apply_) break;  // no new weights were made; the SSD copy is current
         store_->write_sync(wext_[op.layer - 1], 0, hwout_[op.slot], pad4k(wbytes_));
         break;
       case OpKind::kLoadResident:
@@ -421,7 +432,9 @@ class OffloadTrainer::Impl {
     for (int k = 0; k < K; ++k)
       total += counts_[k] = split_batch(micro_batches[k], masks.empty() ? nullptr : masks[k], B, T,
                                         inputs_[k].data(), targets_[k].data());
-    loss_scale_ = total ? 1.0f / static_cast<float>(total) : 0.0f;
+    step_loss_scale_ = scaler_ ? scaler_->scale() : 1.0;
+    loss_scale_ = backward_scale(total, step_loss_scale_);
+    apply_ = true;
     // The embedding and final groups' gradients accumulate on the device over the step.
     be_.zero(embed_g_, 4 * layout_.groups.front().numel);
     be_.zero(final_g_, 4 * layout_.groups.back().numel);
@@ -436,6 +449,9 @@ class OffloadTrainer::Impl {
       res.busy_s[static_cast<int>(op.resource)] += train_.end[op.id] - train_.start[op.id];
     res.loss = static_cast<float>(mean_over_counted(losses_, counts_));
     res.grad_norm = plan_.exact ? grad_norm_ : 0.0;
+    res.skipped = !apply_;
+    res.loss_scale = step_loss_scale_;
+    if (!apply_) --t_;  // a skipped step does not count for Adam's bias correction
     res.lr = lr_;
     if (store_) {
       res.ssd_read_bytes = store_->stats().bytes_read - r0;
@@ -516,7 +532,10 @@ class OffloadTrainer::Impl {
   std::vector<int64_t> counts_;   // per micro-batch: counted targets
   std::vector<double> sum_sq_;    // per group (exact mode)
   float eval_loss_ = 0;
-  float loss_scale_ = 0;  // head gradient scale of this step: 1 / counted targets
+  float loss_scale_ = 0;  // head gradient scale of this step: loss scale / counted targets
+  double step_loss_scale_ = 1;  // fp16 loss scale of this step (1 without fp16)
+  bool apply_ = true;           // false: this step's updates are skipped (fp16 overflow)
+  std::unique_ptr<DynamicLossScaler> scaler_;
   double grad_norm_ = 0, lr_ = 0;
   float grad_scale_ = 1.0f;
   int64_t t_ = 0;

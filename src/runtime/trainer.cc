@@ -78,6 +78,11 @@ StepRunner::StepRunner(const Config& cfg, Backend& backend)
   grad_.assign(n, 0.0f);
   inputs_.resize(model_.tokens_per_batch());
   targets_.resize(model_.tokens_per_batch());
+  if (be_.matmul_precision() == MatmulPrecision::kFp16) {
+    LossScaleConfig ls;
+    ls.initial = cfg.optimizer.initial_loss_scale;
+    scaler_ = std::make_unique<DynamicLossScaler>(ls);
+  }
 }
 
 void StepRunner::init_params() {
@@ -110,7 +115,8 @@ StepRunner::Result StepRunner::step(int64_t step_index,
   std::vector<int64_t> counts(accum);
   int64_t total = 0;
   for (int k = 0; k < accum; ++k) total += counts[k] = count_targets(masks.empty() ? nullptr : masks[k], B, T);
-  const float scale = total ? 1.0f / static_cast<float>(total) : 0.0f;
+  r.loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  const float scale = backward_scale(total, r.loss_scale);
   std::vector<float> means(accum);
   for (int k = 0; k < accum; ++k) {
     split_batch(micro_batches[k], masks.empty() ? nullptr : masks[k], B, T, inputs_.data(), targets_.data());
@@ -125,15 +131,15 @@ StepRunner::Result StepRunner::step(int64_t step_index,
   // tensors holds zero gradient.
   double sq = 0;
   for (const ParamGroup& g : model_.layout().groups) sq += group_sum_squares(grad_.data() + g.offset, g.numel);
-  r.grad_norm = std::sqrt(sq);
-  // Clipping multiplies each gradient by the coefficient inside the update kernel, in fp32,
-  // as torch.nn.utils.clip_grad_norm_ does and as the offloading scheduler does.
-  float grad_scale = 1.0f;
-  if (cfg_.optimizer.grad_clip > 0) {
-    double coef = cfg_.optimizer.grad_clip / (r.grad_norm + 1e-6);
-    if (coef < 1.0) grad_scale = static_cast<float>(coef);
-  }
+  const StepDecision d = decide_step(sq, r.loss_scale, cfg_.optimizer.grad_clip, scaler_.get());
+  r.grad_norm = d.grad_norm;
   r.lr = learning_rate(cfg_.optimizer, cfg_.schedule, step_index);
+  // An fp16 overflow skips the whole update, Adam's step count included (as GradScaler).
+  if (!d.apply) {
+    r.skipped = true;
+    return r;
+  }
+  const float grad_scale = d.grad_scale;
   ++t_;
   for (const TensorSpec& ts : model_.layout().tensors) {
     AdamWStep s{static_cast<float>(r.lr),
@@ -351,12 +357,19 @@ TrainSummary run_training(const Config& cfg, const TrainOptions& opts) {
     if (!std::isfinite(r.loss))
       throw Error(str("step ", s + 1, ": loss is ", r.loss, "; stopping (try a lower optimizer.lr)"));
     sum.final_train_loss = r.loss;
+    if (r.skipped)
+      spdlog::warn("step {}: fp16 gradients overflowed at loss scale {}; update skipped, scale halved",
+                   s + 1, r.loss_scale);
     double tps = tokens_per_step * (s + 1) / train_time;
     double eta = train_time / (s + 1) * (cfg.schedule.steps - s - 1);
     int64_t step = s + 1;
     if (step % cfg.schedule.log_every == 0 || step == cfg.schedule.steps) {
       nlohmann::json line{{"step", step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
                           {"step_s", dt}, {"tokens_per_s", tokens_per_step / dt}};
+      if (r.loss_scale != 1.0) {
+        line["loss_scale"] = r.loss_scale;
+        line["skipped"] = r.skipped;
+      }
       if (r.offloaded) {
         line["ssd_read_bytes"] = r.detail.ssd_read_bytes;
         line["ssd_write_bytes"] = r.detail.ssd_write_bytes;

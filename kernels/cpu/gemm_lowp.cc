@@ -1,4 +1,4 @@
-// bf16 GEMM on the CPU: the fp32 operands are rounded to bf16 into scratch buffers, then a
+// Low-precision GEMM inputs on the CPU. bf16: the fp32 operands are rounded to bf16 into scratch buffers, then a
 // oneDNN matmul primitive (bf16 in, fp32 accumulate and out) multiplies them. oneDNN 2.6
 // ignores the fp32 "fpmath bf16" attribute on this CPU (measured: bit-identical to fp32), so
 // the rounding is explicit; it costs one read of each operand, small next to the product on
@@ -39,6 +39,7 @@ struct Cache {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   std::map<Key, dnnl::matmul> prims;
   std::vector<uint16_t> a, b;  // rounded operands; grow to the largest shape, then stay
+  std::vector<float> fa, fb;   // fp16-rounded operands held as fp32 (gemm_fp16)
 };
 
 Cache& cache() {
@@ -88,6 +89,34 @@ void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
       cm(c_md, c.eng, C);
   it->second.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
   s.wait();
+}
+
+// fp16: this CPU has no fast fp16 arithmetic, so the operands are rounded to fp16 (nearest
+// even, overflow to inf as on a GPU) and multiplied by the fp32 GEMM. A product of two fp16
+// values has at most 22 significant bits, exact in fp32, so this computes what an fp16-input,
+// fp32-accumulate GEMM computes, at fp32 speed: the CPU backend runs fp16 training (loss
+// scaling included) to test it, not to be fast.
+FY_CLONES static void round_rows_fp16(float* dst, const float* src, int rows, int cols, int ld) {
+#pragma omp parallel for schedule(static)
+  for (int r = 0; r < rows; ++r) {
+    const float* s = src + static_cast<size_t>(r) * ld;
+    float* d = dst + static_cast<size_t>(r) * cols;
+    for (int c = 0; c < cols; ++c) d[c] = math::fp16_to_float(math::float_to_fp16(s[c]));
+  }
+}
+
+void gemm_fp16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+               int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  if (M == 0 || N == 0) return;
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  const size_t na = static_cast<size_t>(M) * K, nb = static_cast<size_t>(K) * N;
+  if (c.fa.size() < na) c.fa.resize(na);
+  if (c.fb.size() < nb) c.fb.resize(nb);
+  const int ra = trans_a ? K : M, ca = trans_a ? M : K, rb = trans_b ? N : K, cb = trans_b ? K : N;
+  round_rows_fp16(c.fa.data(), A, ra, ca, lda);
+  round_rows_fp16(c.fb.data(), B, rb, cb, ldb);
+  gemm_f32(trans_a, trans_b, M, N, K, alpha, c.fa.data(), ca, c.fb.data(), cb, beta, C, ldc);
 }
 
 }  // namespace fuyou::cpu
