@@ -3,13 +3,16 @@
 #pragma once
 
 #include <catch2/catch.hpp>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fuyou/backend.h"
 #include "fuyou/hf_checkpoint.h"
 #include "fuyou/model.h"
 #include "fuyou/safetensors.h"
+#include "src/formats/safetensors_stream.h"
 #include "test_support.h"
 
 namespace fuyou::test {
@@ -36,6 +39,19 @@ inline double engine_logits_error(const std::string& ckpt, const std::string& lo
   be->copy_to_host(got.data(), model.logits(), got.size() * sizeof(float));
   be->synchronize();
   return rel_error(got.data(), logits.data(), got.size());
+}
+
+// Tensor name -> (header entry, raw bytes), over a single file or an index with shards.
+inline std::map<std::string, std::pair<StTensorInfo, std::string>> all_tensors(const std::string& dir) {
+  TensorSet set = TensorSet::open_dir(dir);
+  std::map<std::string, std::pair<StTensorInfo, std::string>> out;
+  for (const auto& n : set.names()) {
+    const StTensorInfo& t = set.info(n);
+    std::string bytes(t.end - t.begin, '\0');
+    set.file(n).read(t, 0, bytes.data(), bytes.size());
+    out[n] = {t, bytes};
+  }
+  return out;
 }
 
 }  // namespace fuyou::test

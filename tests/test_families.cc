@@ -43,18 +43,6 @@ namespace {
 
 std::string fixture(const std::string& rel) { return hf_fixture(rel); }
 
-std::map<std::string, std::pair<StTensorInfo, std::string>> all_tensors(const std::string& dir) {
-  TensorSet set = TensorSet::open_dir(dir);
-  std::map<std::string, std::pair<StTensorInfo, std::string>> out;
-  for (const auto& n : set.names()) {
-    const StTensorInfo& t = set.info(n);
-    std::string bytes(t.end - t.begin, '\0');
-    set.file(n).read(t, 0, bytes.data(), bytes.size());
-    out[n] = {t, bytes};
-  }
-  return out;
-}
-
 const char* kFamilyFixtures[] = {"opt_f32", "llama_gqa_f32", "llama_bf16_sharded", "qwen2_gqa_f32"};
 
 }  // namespace

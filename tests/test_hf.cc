@@ -40,19 +40,6 @@ std::string copy_fixture(const std::string& name, const std::string& dst_root) {
   return dst.string();
 }
 
-// Tensor name -> raw bytes, over a single file or an index with shards.
-std::map<std::string, std::pair<StTensorInfo, std::string>> all_tensors(const std::string& dir) {
-  TensorSet set = TensorSet::open_dir(dir);
-  std::map<std::string, std::pair<StTensorInfo, std::string>> out;
-  for (const auto& n : set.names()) {
-    const StTensorInfo& t = set.info(n);
-    std::string bytes(t.end - t.begin, '\0');
-    set.file(n).read(t, 0, bytes.data(), bytes.size());
-    out[n] = {t, bytes};
-  }
-  return out;
-}
-
 std::string strip_prefix(const std::string& n) {
   return n.rfind("transformer.", 0) == 0 ? n.substr(12) : n;
 }
