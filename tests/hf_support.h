@@ -3,6 +3,7 @@
 #pragma once
 
 #include <catch2/catch.hpp>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -52,6 +53,23 @@ inline std::map<std::string, std::pair<StTensorInfo, std::string>> all_tensors(c
     out[n] = {t, bytes};
   }
   return out;
+}
+
+// Every tensor of the source directory is in the output under out_name(name), with the same
+// dtype, shape and bytes, and the output has no others.
+inline void check_same_tensors(const std::string& src_dir, const std::string& out_dir,
+                               const std::function<std::string(const std::string&)>& out_name) {
+  auto before = all_tensors(src_dir);
+  auto after = all_tensors(out_dir);
+  CHECK(after.size() == before.size());
+  for (const auto& [name, t] : before) {
+    INFO("tensor " << name);
+    auto it = after.find(out_name(name));
+    REQUIRE(it != after.end());
+    CHECK(it->second.first.dtype == t.first.dtype);
+    CHECK(it->second.first.shape == t.first.shape);
+    CHECK(it->second.second == t.second);
+  }
 }
 
 }  // namespace fuyou::test

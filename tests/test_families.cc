@@ -383,17 +383,7 @@ TEST_CASE("opt and llama: HF -> engine -> HF gives bit-identical tensors", "[hf]
     opts.max_shard_bytes = c.shard;
     ConvertResult r = convert_engine_to_hf(ckpt, out, opts);
     if (c.shard < 1'000'000) CHECK(fs::exists(out + "/model.safetensors.index.json"));
-    auto before = all_tensors(fixture(c.variant));
-    auto after = all_tensors(out);
-    CHECK(after.size() == before.size());
-    for (const auto& [name, t] : before) {
-      INFO("tensor " << name);
-      auto it = after.find(name);
-      REQUIRE(it != after.end());
-      CHECK(it->second.first.dtype == t.first.dtype);
-      CHECK(it->second.first.shape == t.first.shape);
-      CHECK(it->second.second == t.second);
-    }
+    check_same_tensors(fixture(c.variant), out, [](const std::string& n) { return n; });
     ModelConfig a = load_hf_config(fixture(c.variant) + "/config.json");
     ModelConfig b = load_hf_config(out + "/config.json");
     CHECK(engine_config_yaml(a) == engine_config_yaml(b));

@@ -104,17 +104,8 @@ TEST_CASE("HF -> engine -> HF gives bit-identical tensors", "[hf]") {
     opts.dtype = c.dtype;
     opts.max_shard_bytes = c.shard;
     ConvertResult r = convert_engine_to_hf(ckpt, out, opts);
-    auto before = all_tensors(fixture(c.variant));
-    auto after = all_tensors(out);
-    CHECK(after.size() == before.size());
-    for (const auto& [name, t] : before) {
-      INFO("tensor " << name);
-      auto it = after.find("transformer." + strip_prefix(name));
-      REQUIRE(it != after.end());
-      CHECK(it->second.first.dtype == t.first.dtype);
-      CHECK(it->second.first.shape == t.first.shape);
-      CHECK(it->second.second == t.second);
-    }
+    check_same_tensors(fixture(c.variant), out,
+                       [](const std::string& n) { return "transformer." + strip_prefix(n); });
     // The config survives too: the same model, and fields the engine does not model kept.
     ModelConfig a = load_hf_config(fixture(c.variant) + "/config.json");
     ModelConfig b = load_hf_config(out + "/config.json");
@@ -129,7 +120,7 @@ TEST_CASE("HF -> engine -> HF gives bit-identical tensors", "[hf]") {
       CHECK(fs::exists(out + "/model.safetensors.index.json"));
       CHECK_FALSE(fs::exists(out + "/model.safetensors"));
       auto index = nlohmann::json::parse(read_all(out + "/model.safetensors.index.json"));
-      CHECK(index["weight_map"].size() == before.size());
+      CHECK(index["weight_map"].size() == all_tensors(fixture(c.variant)).size());
       CHECK(index["metadata"]["total_size"] == r.bytes);
       // Every shard but a lone oversized tensor's stays under the limit.
       for (const auto& f : r.files)
