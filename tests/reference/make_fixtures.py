@@ -51,6 +51,17 @@ WEIGHT_DECAY = 0.1
 
 
 # --------------------------------------------------------------------------- safetensors
+def clip_or_norm(model, clip):
+    """The global gradient norm before clipping (as the engine reports it), clipping in place
+    when clip > 0, as a float32 scalar."""
+    if clip > 0:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    else:
+        norm = torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()]))
+    return norm.detach().to(torch.float32)
+
+
 def write_safetensors(path, tensors, metadata):
     """tensors: list of (name, torch.Tensor) in file order; F32 or I32 only."""
     header = {"__metadata__": {k: str(v) for k, v in metadata.items()}}
@@ -118,12 +129,7 @@ def make_fixture(fx):
             (loss_k / A).backward()
             micro.append(loss_k.detach())
         losses.append(torch.stack(micro).mean())
-        if clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        else:
-            norm = torch.linalg.vector_norm(
-                torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()]))
-        norms.append(norm.detach().to(torch.float32))
+        norms.append(clip_or_norm(model, clip))
         lr = lr_at(step, max_lr, min_lr, WARMUP, STEPS)
         lrs.append(lr)
         for g in opt.param_groups:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from gpt_ref import GPT, GPTConfig, adamw_param_groups, lr_at, param_names  # noqa: E402
-from make_fixtures import BETA1, BETA2, EPS, WEIGHT_DECAY, write_safetensors  # noqa: E402
+from make_fixtures import BETA1, BETA2, EPS, WEIGHT_DECAY, clip_or_norm, write_safetensors  # noqa: E402
 
 SOURCE = os.path.join(HERE, "fixtures", "tiny_b.safetensors")
 OUT = os.path.join(HERE, "fixtures", "mask", "tiny_b_mask.safetensors")
@@ -113,12 +113,7 @@ def main():
         _, step_loss = masked_loss(model, train_tokens[step], train_mask[step])
         step_loss.backward()
         losses.append(step_loss.detach())
-        if clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        else:
-            norm = torch.linalg.vector_norm(
-                torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()]))
-        norms.append(norm.detach().to(torch.float32))
+        norms.append(clip_or_norm(model, clip))
         lr = lr_at(step, max_lr, min_lr, warmup, steps)
         for g in opt.param_groups:
             g["lr"] = lr
