@@ -37,6 +37,7 @@ using Key = std::tuple<bool, bool, int, int, int, int, bool>;
 struct Cache {
   std::mutex mu;
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{eng};  // one for every call: calls are serialised by `mu`
   std::map<Key, dnnl::matmul> prims;
   std::vector<uint16_t> a, b;  // rounded operands; grow to the largest shape, then stay
   std::vector<float> fa, fb;   // fp16-rounded operands held as fp32 (gemm_fp16)
@@ -84,11 +85,10 @@ void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, c.eng);
     it = c.prims.emplace(key, dnnl::matmul(pd)).first;
   }
-  dnnl::stream s(c.eng);
   dnnl::memory am(a_md, c.eng, c.a.data()), bm(b_md, c.eng, c.b.data()),
       cm(c_md, c.eng, C);
-  it->second.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
-  s.wait();
+  it->second.execute(c.stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  c.stream.wait();
 }
 
 // fp16: this CPU has no fast fp16 arithmetic, so the operands are rounded to fp16 (nearest

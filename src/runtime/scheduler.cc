@@ -38,7 +38,9 @@ class OffloadTrainer::Impl {
     N_ = plan_.micro_batch * cfg.model.seq_len;
     if (be_.matmul_precision() == MatmulPrecision::kFp16) {
       // The overflow check needs every gradient before any update: only exact plans have it.
-      if (!plan_.exact) throw Error("fp16 GEMM inputs need an exact-mode plan (the loss-scale overflow check sees every gradient before any update)");
+      if (!plan_.exact)
+        throw Error("fp16 GEMM inputs need an exact-mode plan (the loss-scale overflow check "
+                    "sees every gradient before any update)");
       LossScaleConfig ls;
       ls.initial = cfg.optimizer.initial_loss_scale;
       scaler_ = std::make_unique<DynamicLossScaler>(ls);
