@@ -82,6 +82,12 @@ class OocAdamW {
     float grad_scale = 1.0f;
     float lr = 0;
     int64_t t = 1;               // 1-based step for bias correction
+    // OpenMP threads of the kernel (0: those of the thread that built the optimizer). Any count gives the same bits:
+    // the update is element-wise.
+    int threads = 0;
+    // Elements [begin, end) of the group only (end 0: the whole group); `grad` and `lowp`
+    // still point at the group's element 0. Groups whose state is in host memory only.
+    size_t begin = 0, end = 0;
   };
   using Handle = uint64_t;
   // Queues an update; returns at once. Updates run in submission order on the worker.

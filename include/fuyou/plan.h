@@ -84,6 +84,9 @@ struct PlanOp {
   int micro = 0;          // micro-batch of the step (0 .. grad_accum-1)
   int slot = -1;          // slot index in the pool the op uses (see PlanPools)
   int slot2 = -1;         // second slot (e.g. the destination of a copy)
+  // The embedding's gradient save, update and device refresh run in `parts` element ranges
+  // (part 0 .. parts-1, ParamRange) so that the three pipeline after the last backward.
+  int part = 0, parts = 1;
   BufRef in, out;         // activation buffers read / written
   std::vector<int> deps;  // ops that must finish first
   uint64_t bytes = 0;     // bytes moved (transfers)
@@ -145,7 +148,29 @@ struct PlanRequest {
   bool weights_on_ssd = false;
   bool optim_on_ssd = false;
   bool grads_on_ssd = false;  // held gradients (exact / grad_accum > 1) to SSD; else by budget
+  // Parts of the embedding's save / update / refresh (PlanOp::parts); 0: by size. Only
+  // without exact mode and with the embedding's optimizer state in host memory.
+  int embed_parts = 0;
 };
+
+// Element range [begin, end) of part `part` of `parts` of a group of `numel` elements; part
+// boundaries fall on multiples of 1024 elements (4 KiB of fp32).
+struct ParamRange { size_t begin = 0, end = 0; };
+ParamRange part_range(size_t numel, int part, int parts);
+
+// Iterations overlap: the executor starts iteration t+1's operations while iteration t's
+// last ones (updates, weight writes) still run. For each op of the plan (as iteration t+1),
+// the ops of the same plan (as iteration t) that it must wait for: those on other resources
+// that last touched a buffer, slot or extent it touches (same-resource order holds by
+// itself). An op's forward of layer l thereby waits only for that layer's update.
+std::vector<std::vector<int>> previous_iteration_deps(const Plan& plan);
+
+// The ops a step waits for before the next one is submitted: compute (the loss and every
+// gradient) and, in exact mode, the norm (the step's decision). The rest (updates, weight
+// writes) runs on while the next step starts.
+inline bool step_waits_for(const PlanOp& op) {
+  return op.resource == Resource::kCompute || op.kind == OpKind::kGradNorm;
+}
 
 // Builds the plan, sizing pools and placing state within the budgets. Throws Error with the
 // numbers that do not fit, and the smallest budget that would, when nothing fits.

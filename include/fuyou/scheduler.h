@@ -2,6 +2,14 @@
 // Each resource is a thread that performs its operations in plan order; each dependency is
 // an event (an op's completion). Every buffer comes from pools sized from the plan before
 // the first step; nothing is allocated during an iteration.
+//
+// Iterations overlap: step() returns once the step's loss and gradients exist (and, in
+// exact mode, its norm), while its updates and weight writes still run; the next step's
+// ops start at once, each waiting only for the ops of the previous step that touch its
+// buffers (previous_iteration_deps), so a layer's forward waits for that layer's update and
+// the next weights stream in during the previous step's last updates. Everything that
+// reads state from the caller (validation, read_params, set_params, the trace) first waits
+// for the work in flight.
 #pragma once
 
 #include <array>
@@ -64,12 +72,16 @@ class OffloadTrainer {
   // in the forward, nothing saved, no backward, no update). Bitwise StepRunner::eval_loss.
   float eval_loss(const int32_t* batch, const uint8_t* mask = nullptr);
 
-  // Chrome trace-event JSON of the last iteration, one row per resource.
+  // Chrome trace-event JSON of the last two training steps (they overlap), one row per
+  // resource.
   void write_trace(const std::string& path) const;
 
   // Test hook: called on the compute thread before each layer's forward with the device
   // weights it is about to use.
   std::function<void(int layer, const float* weights, size_t count)> on_forward;
+  // Test hook: called on a resource's thread before each op of a training step (`step` is
+  // the step index; -1 for validation).
+  std::function<void(int64_t step, const PlanOp& op)> on_op;
 
  private:
   class Impl;

@@ -9,6 +9,8 @@
 #include <mutex>
 #include <thread>
 
+#include <omp.h>
+
 #include "fuyou/error.h"
 #include "fuyou/sizes.h"
 
@@ -71,6 +73,7 @@ class OocAdamW::Impl {
         for (int a = 0; a < 3; ++a) slots_[s][a] = static_cast<float*>(pool_->slot(cls, s * 3 + a).ptr);
       store_->register_pool(*pool_);
     }
+    default_threads_ = omp_get_max_threads();
     worker_ = std::thread([this] { run(); });
   }
 
@@ -127,6 +130,7 @@ class OocAdamW::Impl {
 
   void update(const Update& u) {
     const OptimGroup& grp = groups_.at(u.group);
+    omp_set_num_threads(u.threads > 0 ? u.threads : default_threads_);
     AdamWStep step{u.lr, opts_.beta1, opts_.beta2, opts_.eps, 0.0f, u.t};
     // Runs the kernel on elements [begin, end) of the group, with state at the given
     // pointers (which hold element `begin` at index 0), split at tensor boundaries for decay.
@@ -148,11 +152,16 @@ class OocAdamW::Impl {
         adamw_update(args, step, opts_.simd);
       }
     };
+    const size_t end = u.end ? u.end : grp.numel;
+    FY_CHECK(u.begin <= end && end <= grp.numel, "update range [", u.begin, ", ", end, ") of group ", grp.name,
+             " with ", grp.numel, " elements");
     if (tiers_[u.group] == StateTier::kHost) {
       HostState& h = host_[u.group];
-      run_range(h.master.data(), h.m.data(), h.v.data(), 0, grp.numel);
+      run_range(h.master.data() + u.begin, h.m.data() + u.begin, h.v.data() + u.begin, u.begin, end);
       return;
     }
+    FY_CHECK(u.begin == 0 && end == grp.numel, "group ", grp.name, " has its optimizer state on SSD: ",
+             "only whole-group updates");
     const Ext& e = ext_[u.group];
     const size_t C = opts_.chunk_elems;
     const size_t chunks = (grp.numel + C - 1) / C;
@@ -320,6 +329,7 @@ class OocAdamW::Impl {
   Handle last_done_ = 0;
   bool stop_ = false;
   std::thread worker_;
+  int default_threads_ = 1;  // OpenMP threads of an update that names none
 };
 
 OocAdamW::OocAdamW(std::vector<OptimGroup> groups, std::vector<StateTier> tiers, SsdStore* store,

@@ -106,6 +106,16 @@ Sizes compute_sizes(const ModelConfig& m, int B) {
 }  // namespace
 
 // Appends an op with the next id; -1 in deps means "no such op" and is dropped.
+ParamRange part_range(size_t numel, int part, int parts) {
+  const size_t blocks = (numel + 1023) / 1024;
+  auto at = [&](int p) { return std::min(numel, blocks * p / parts * 1024); };
+  return {at(part), at(part + 1)};
+}
+
+// Parts of the embedding's gradient save, update and refresh (PlanOp::parts): enough to
+// overlap the three copies and the update, few enough that each stays a large transfer.
+constexpr int kEmbedParts = 4;
+
 static PlanOp& append_op(std::vector<PlanOp>& ops, OpKind kind, Resource res, int layer,
                          std::vector<int> deps) {
   PlanOp op;
@@ -227,6 +237,19 @@ Plan make_plan(const PlanRequest& req) {
                        sz.embed + sz.final;  // host copies of the resident groups' weights
   plan.layers.resize(L);
   for (int l = 0; l < L; ++l) plan.layers[l].act = acts[l];
+  // The updates of the embedding and of layer 0 are the last of an iteration (after the
+  // last layer backward) and the next iteration's forward starts with their results, so
+  // their state's SSD traffic would lie on the critical path between iterations, where
+  // nothing else runs. Their optimizer state takes host memory first, before any layer's
+  // weights, when it fits beside the SSD staging that the layers would then need.
+  int tail_groups = 0;  // groups 0 .. tail_groups-1 have their optimizer state on the host
+  for (uint64_t state : {12 * sz.embed / 4, 12 * sz.weights / 4}) {
+    if (!req.have_ssd || req.optim_on_ssd ||
+        host_used + state + 4 * sz.weights + kOptimChunkPool + (hold ? 2 * sz.weights : 0) > host_budget)
+      break;
+    host_used += state;
+    ++tail_groups;
+  }
   // Weights: on the host while they fit (4 bytes per parameter), else on SSD.
   int ssd_weight_layers = 0;
   for (int l = 0; l < L; ++l) {
@@ -284,9 +307,14 @@ Plan make_plan(const PlanRequest& req) {
   if (!req.optim_on_ssd && host_used < host_budget) optim_budget = host_budget - host_used;
   if (req.optim_on_ssd && !req.have_ssd) throw ConfigError("optimizer state on SSD needs offload.ssd_paths");
   // Without SSD every group stays on the host; the host check below then reports the total.
-  std::vector<StateTier> tiers = req.have_ssd ? place_optimizer_state(groups, optim_budget, true)
-                                              : std::vector<StateTier>(groups.size(), StateTier::kHost);
-  for (size_t g = 0; g < groups.size(); ++g)
+  std::vector<StateTier> tiers;
+  if (!req.have_ssd) {
+    tiers.assign(groups.size(), StateTier::kHost);
+  } else {
+    tiers = place_optimizer_state(std::vector<OptimGroup>(groups.begin() + tail_groups, groups.end()), optim_budget, true);
+    tiers.insert(tiers.begin(), tail_groups, StateTier::kHost);
+  }
+  for (size_t g = tail_groups; g < groups.size(); ++g)
     if (tiers[g] == StateTier::kHost) host_used += 12ull * groups[g].numel;
   plan.embed_optim = tiers.front();
   plan.final_optim = tiers.back();
@@ -439,7 +467,7 @@ Plan make_plan(const PlanRequest& req) {
     stage_users[s].clear();
     return s;
   };
-  struct PendingUpdate { int group; int ready; BufRef grad; };
+  struct PendingUpdate { int group; int ready; BufRef grad; int part = 0, parts = 1; };
   std::vector<PendingUpdate> pending;
   std::vector<int> sum_sq_ops;
   auto group_bytes = [&](int g) { return g == 0 ? sz.embed : g == L + 1 ? sz.final : sz.weights; };
@@ -471,6 +499,8 @@ Plan make_plan(const PlanRequest& req) {
     u.micro = K - 1;
     u.in = grad;
     u.slot2 = wout;
+    u.part = p.part;
+    u.parts = p.parts;
     int uid = u.id;
     if (grad.kind == BufRef::kHostGrad) host_grad_consumer[grad.index] = uid;
     if (grad.kind == BufRef::kGradStage) stage_users[grad.index] = {uid};
@@ -484,16 +514,40 @@ Plan make_plan(const PlanRequest& req) {
     if (!is_layer) {
       PlanOp& r = add(OpKind::kLoadResident, Resource::kH2D, p.group, {uid});
       r.micro = K - 1;
-      r.bytes = p.group == 0 ? sz.embed : sz.final;
+      r.part = p.part;
+      r.parts = p.parts;
+      r.bytes = (p.group == 0 ? sz.embed : sz.final) / p.parts;
     }
   };
   // The embedding and final groups' gradients stay on the device across micro-batches and
   // are saved after the last; a layer's are saved after every micro-batch.
+  // Parts only where they pay (a large embedding) and where the optimizer can update a
+  // range (state in host memory).
+  const int embed_parts = plan.embed_optim != StateTier::kHost ? 1
+                          : req.embed_parts > 0                 ? req.embed_parts
+                          : sz.embed >= (16ull << 20)           ? kEmbedParts
+                                                                : 1;
   auto save_grads = [&](int group, int producer, int dev_slot) {
     const bool is_layer = group >= 1 && group <= L, last = micro == K - 1;
     std::vector<int> deps = {producer};
     PlanOp* s = nullptr;
     int ready = -1;
+    if (group == 0 && !req.exact && embed_parts > 1) {
+      // The embedding's save, update and device refresh, part by part: the update of part p
+      // runs while part p+1 is copied out and part p-1 copied back.
+      const int hs = host_grad_rr++ % plan.pools.host_grad_slots;
+      deps.push_back(host_grad_consumer[hs]);
+      for (int part = 0; part < embed_parts; ++part) {
+        PlanOp& sp = add(OpKind::kSaveGrads, Resource::kD2H, group, deps);
+        sp.micro = micro;
+        sp.out = {BufRef::kHostGrad, hs};
+        sp.part = part;
+        sp.parts = embed_parts;
+        sp.bytes = sz.embed / embed_parts;
+        emit_update({group, sp.id, sp.out, part, embed_parts}, -1);
+      }
+      return;
+    }
     if (!is_layer || (last && !req.exact)) {
       // To a host gradient slot, for the update.
       int hs = req.exact ? (group == 0 ? 0 : 1) : host_grad_rr++ % plan.pools.host_grad_slots;
@@ -714,10 +768,16 @@ Plan make_plan(const PlanRequest& req) {
 
   if (req.exact) {
     // The norm adds the groups' sums of squares in layout order (0 .. L+1), as in-memory
-    // training does; the updates then run in backward order.
+    // training does; the updates then run in the order the next iteration's forward needs
+    // them: the resident groups first (embedding, final: their device copies are refreshed
+    // on the h2d queue, which must not hold the next weight loads behind the last update),
+    // then layers 0 .. L-1.
     PlanOp& n = add(OpKind::kGradNorm, Resource::kOptimizer, -1, sum_sq_ops);
     n.micro = K - 1;
     int norm = n.id;
+    auto rank = [&](const PendingUpdate& p) { return p.group == 0 ? 0 : p.group == L + 1 ? 1 : p.group + 1; };
+    std::sort(pending.begin(), pending.end(),
+              [&](const PendingUpdate& a, const PendingUpdate& b) { return rank(a) < rank(b); });
     for (const auto& p : pending) emit_update(p, norm);
   }
   return plan;

@@ -95,6 +95,7 @@ nlohmann::json Plan::to_json() const {
     if (grad_accum > 1) o["micro"] = op.micro;
     if (op.slot >= 0) o["slot"] = op.slot;
     if (op.slot2 >= 0) o["slot2"] = op.slot2;
+    if (op.parts > 1) o["part"] = {op.part, op.parts};
     if (op.in.kind != BufRef::kNone) o["in"] = buf_name(op.in);
     if (op.out.kind != BufRef::kNone) o["out"] = buf_name(op.out);
     if (op.bytes) o["bytes"] = op.bytes;

@@ -28,6 +28,54 @@ uint64_t pad4k(uint64_t b) { return (b + kIoAlign - 1) / kIoAlign * kIoAlign; }
 }  // namespace
 
 class OffloadTrainer::Impl {
+  // The op lists of one plan, per resource.
+  struct Run {
+    const std::vector<PlanOp>* ops = nullptr;
+    std::vector<int> queue[kNumResources];
+    int returns = 0;  // ops step() waits for (step_waits_for)
+  };
+
+  // One iteration in flight. Iteration t+1 starts while t's updates and writes still run,
+  // so everything an op reads besides the buffers (tokens, learning rate, loss scale, the
+  // step's decision) lives here, one copy per iteration.
+  struct Iter {
+    const Run* run = nullptr;
+    int64_t step = -1;
+    bool prev = false;  // overlaps the other slot's iteration: waits on it by prev_deps_
+    bool forward_only = false;  // the validation plan
+    std::vector<std::vector<int32_t>> inputs, targets;  // per micro-batch
+    std::vector<float> losses;     // per micro-batch: mean over its counted targets
+    std::vector<int64_t> counts;   // per micro-batch: counted targets
+    std::vector<double> sum_sq;    // per group (exact mode)
+    float loss_scale = 0;          // head gradient scale: loss scale / counted targets
+    double step_loss_scale = 1;    // fp16 loss scale of this step (1 without fp16)
+    bool apply = true;             // false: this step's updates are skipped (fp16 overflow)
+    double grad_norm = 0, lr = 0;
+    float grad_scale = 1.0f;
+    int64_t t = 0;                 // Adam's step count
+    float eval_loss = 0;
+    // Progress, guarded by mu_: per op done flag and times (s since epoch_, -1: not yet).
+    std::vector<char> done;
+    std::vector<double> start, end;
+    int pending = 0;    // ops not finished
+    int returning = 0;  // step_waits_for ops not finished
+  };
+
+  // A fixed-capacity FIFO (sized before the first step: no allocation while running).
+  struct Ring {
+    std::vector<std::pair<int, int>> items;
+    size_t head = 0, tail = 0;
+    size_t size() const { return (tail + items.size() - head) % items.size(); }
+    const std::pair<int, int>& front() const { return items[head]; }
+    void push(std::pair<int, int> x) {
+      FY_CHECK(size() + 1 < items.size(), "executor queue full");
+      items[tail] = x;
+      tail = (tail + 1) % items.size();
+    }
+    void pop() { head = (head + 1) % items.size(); }
+    void clear() { head = tail; }
+  };
+
  public:
   Impl(OffloadTrainer& owner, const Config& cfg, Backend& be, Plan plan, SsdStore* store)
       : owner_(owner), cfg_(cfg), be_(be), plan_(std::move(plan)), store_(store),
@@ -150,26 +198,49 @@ class OffloadTrainer::Impl {
     oo.weight_decay = static_cast<float>(cfg.optimizer.weight_decay);
     opt_ = std::make_unique<OocAdamW>(groups, tiers, store_, oo);
 
-    // Per-resource op lists and the event state, for the training plan and the validation
-    // plan (a forward over the same pools).
+    // Per-resource op lists for the training plan and the validation plan (a forward over
+    // the same pools), the state of the two iterations that may be in flight, and one
+    // thread per resource for the trainer's lifetime.
     eval_plan_ = make_forward_plan(plan_);
     train_.ops = &plan_.ops;
     eval_.ops = &eval_plan_.ops;
+    size_t ring = 0;
     for (Run* run : {&train_, &eval_}) {
-      for (const PlanOp& op : *run->ops) run->queue[static_cast<int>(op.resource)].push_back(op.id);
-      run->start.assign(run->ops->size(), 0.0);
-      run->end.assign(run->ops->size(), 0.0);
+      for (const PlanOp& op : *run->ops) {
+        run->queue[static_cast<int>(op.resource)].push_back(op.id);
+        run->returns += step_waits_for(op);
+      }
+      for (auto& q : run->queue) ring = std::max(ring, q.size());
     }
-    done_ = std::make_unique<std::atomic<bool>[]>(std::max(plan_.ops.size(), eval_plan_.ops.size()));
+    prev_deps_ = previous_iteration_deps(plan_);
     const int K = plan_.grad_accum;
-    inputs_.assign(K, std::vector<int32_t>(N_));
-    targets_.assign(K, std::vector<int32_t>(N_));
-    losses_.assign(K, 0.0f);
-    counts_.assign(K, 0);
-    sum_sq_.assign(layout_.groups.size(), 0.0);
+    const size_t max_ops = std::max(plan_.ops.size(), eval_plan_.ops.size());
+    for (Iter& it : iters_) {
+      it.inputs.assign(K, std::vector<int32_t>(N_));
+      it.targets.assign(K, std::vector<int32_t>(N_));
+      it.losses.assign(K, 0.0f);
+      it.counts.assign(K, 0);
+      it.sum_sq.assign(layout_.groups.size(), 0.0);
+      it.done.assign(max_ops, 0);
+      it.start.assign(max_ops, -1.0);
+      it.end.assign(max_ops, -1.0);
+    }
+    // Two iterations of the longest queue, and one spare so that full and empty differ.
+    for (Ring& r : rings_) r.items.resize(2 * ring + 1);
+    update_threads_ = omp_get_max_threads();
+    epoch_ = clock_type::now();
+    for (int r = 0; r < kNumResources; ++r) workers_.emplace_back([this, r] { worker(r); });
   }
 
   ~Impl() {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      // Let whatever was submitted finish (or fail) before the buffers go away.
+      cv_.wait(lock, [&] { return failed_ || (iters_[0].pending == 0 && iters_[1].pending == 0); });
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
     for (void* p : owned_) be_.free(p);
   }
 
@@ -214,6 +285,7 @@ class OffloadTrainer::Impl {
   }
 
   void set_group_params(int g, const float* src) {
+    drain();
     const int L = cfg_.model.n_layer;
     const ParamGroup& pg = layout_.groups.at(g);
     opt_->init_group(g, src);
@@ -233,15 +305,22 @@ class OffloadTrainer::Impl {
       set_group_params(static_cast<int>(g), params + layout_.groups[g].offset);
   }
 
-  void read_group_params(int g, float* dst) { opt_->read_master(g, dst); }
-  float* group_staging() { return hgrad_[0]; }
+  void read_group_params(int g, float* dst) {
+    drain();
+    opt_->read_master(g, dst);
+  }
+  float* group_staging() {
+    drain();
+    return hgrad_[0];
+  }
 
   void read_params(float* params) {
+    drain();
     std::fill(params, params + layout_.total, 0.0f);
     for (size_t g = 0; g < layout_.groups.size(); ++g) opt_->read_master(static_cast<int>(g), params + layout_.groups[g].offset);
   }
 
-  void run_op(const PlanOp& op) {
+  void run_op(Iter& it, const PlanOp& op) {
     const int L = cfg_.model.n_layer;
     switch (op.kind) {
       case OpKind::kReadWeights:
@@ -253,7 +332,13 @@ class OffloadTrainer::Impl {
       case OpKind::kEmbedForward: {
         // Each micro-batch's tokens go to the device here, on the compute queue: the previous
         // micro-batch's head and embedding backward, which read them, ran before.
-        model_.set_tokens(inputs_[op.micro].data(), targets_[op.micro].data());
+        model_.set_tokens(it.inputs[op.micro].data(), it.targets[op.micro].data());
+        // The embedding and final groups' gradients accumulate on the device over the step;
+        // the previous step's saves of them are this op's cross-iteration dependencies.
+        if (op.micro == 0 && !it.forward_only) {
+          be_.zero(embed_g_, 4 * layout_.groups.front().numel);
+          be_.zero(final_g_, 4 * layout_.groups.back().numel);
+        }
         GlobalTensors g = globals(embed_w_, final_w_);
         model_.embed_forward(g.wte, g.wpe, buf(op.out));
         break;
@@ -261,7 +346,7 @@ class OffloadTrainer::Impl {
       case OpKind::kForward: {
         // Validation keeps nothing for a backward: every layer uses the working buffers.
         LayerActivations a =
-            plan_.layers[op.layer].act == ActPlacement::kKeep && !forward_only_ ? kept_[op.layer] : work_;
+            plan_.layers[op.layer].act == ActPlacement::kKeep && !it.forward_only ? kept_[op.layer] : work_;
         a.out = buf(op.out);
         if (owner_.on_forward) owner_.on_forward(op.layer, wslot_[op.slot], layout_.groups[1 + op.layer].numel);
         model_.block_forward(layer_view(wslot_[op.slot], op.layer), buf(op.in), a);
@@ -281,12 +366,12 @@ class OffloadTrainer::Impl {
         break;
       case OpKind::kHead: {
         GlobalTensors g = globals(embed_w_, final_w_), dg = globals(embed_g_, final_g_);
-        losses_[op.micro] = model_.head_forward(g, buf(op.in), true);
-        model_.head_backward(g, dg, buf(op.in), loss_scale_, dres_);
+        it.losses[op.micro] = model_.head_forward(g, buf(op.in), true);
+        model_.head_backward(g, dg, buf(op.in), it.loss_scale, dres_);
         break;
       }
       case OpKind::kHeadLoss:
-        eval_loss_ = model_.head_forward(globals(embed_w_, final_w_), buf(op.in), true);
+        it.eval_loss = model_.head_forward(globals(embed_w_, final_w_), buf(op.in), true);
         break;
       case OpKind::kRecomputeInput: {
         LayerActivations a = work_;
@@ -314,7 +399,8 @@ class OffloadTrainer::Impl {
         break;
       case OpKind::kSaveGrads: {
         const float* src = op.layer == 0 ? embed_g_ : op.layer == L + 1 ? final_g_ : gslot_[op.slot];
-        be_.copy_to_host(host_grad(op.out), src, 4 * layout_.groups[op.layer].numel);
+        const ParamRange r = part_range(layout_.groups[op.layer].numel, op.part, op.parts);
+        be_.copy_to_host(host_grad(op.out) + r.begin, src + r.begin, 4 * (r.end - r.begin));
         break;
       }
       case OpKind::kWriteGrads:
@@ -327,97 +413,162 @@ class OffloadTrainer::Impl {
         be_.copy_to_device(gslot_[op.slot], host_grad(op.in), wbytes_);
         break;
       case OpKind::kGradSumSq:
-        sum_sq_[op.layer] = group_sum_squares(host_grad(op.in), layout_.groups[op.layer].numel);
+        it.sum_sq[op.layer] = group_sum_squares(host_grad(op.in), layout_.groups[op.layer].numel);
         break;
       case OpKind::kGradNorm: {
         // Group order 0..L+1, each group's own sum sequential: the reduction StepRunner uses.
         double sq = 0;
-        for (double g : sum_sq_) sq += g;
-        const StepDecision d = decide_step(sq, step_loss_scale_, cfg_.optimizer.grad_clip, scaler_.get());
-        grad_norm_ = d.grad_norm;
-        grad_scale_ = d.grad_scale;
-        apply_ = d.apply;
+        for (double g : it.sum_sq) sq += g;
+        const StepDecision d = decide_step(sq, it.step_loss_scale, cfg_.optimizer.grad_clip, scaler_.get());
+        it.grad_norm = d.grad_norm;
+        it.grad_scale = d.grad_scale;
+        it.apply = d.apply;
         break;
       }
       case OpKind::kUpdate: {
-        if (!apply_) break;  // fp16 overflow: weights and optimizer state stay as they are
+        if (!it.apply) break;  // fp16 overflow: weights and optimizer state stay as they are
         OocAdamW::Update u;
         u.group = op.layer;
         u.grad = host_grad(op.in);
         u.grad_type = ElemType::kF32;
         u.lowp = op.slot2 >= 0 ? hwout_[op.slot2] : group_host_weights(op.layer);
         u.lowp_type = ElemType::kF32;
-        u.grad_scale = plan_.exact ? grad_scale_ : 1.0f;
-        u.lr = static_cast<float>(lr_);
-        u.t = t_;
+        const ParamRange r = part_range(layout_.groups[op.layer].numel, op.part, op.parts);
+        u.begin = r.begin;
+        u.end = r.end;
+        u.grad_scale = plan_.exact ? it.grad_scale : 1.0f;
+        u.lr = static_cast<float>(it.lr);
+        u.t = it.t;
+        // On the CPU backend the optimizer shares the cores with compute: two OpenMP teams
+        // on two cores spin against each other at every barrier (measured: compute 1.7-3x
+        // slower while the optimizer ran), so updates take one thread. The exceptions run
+        // after the last layer backward, when compute has nothing to do until the next
+        // step's forward, which waits for them: the embedding's and layer 0's, and in exact
+        // mode (every update after the norm) the final group's, updated before layer 0's.
+        const bool tail = op.layer == 0 || op.layer == 1 || (plan_.exact && op.layer == cfg_.model.n_layer + 1);
+        u.threads = be_.kind() == BackendKind::kCpu && !tail ? 1 : update_threads_;
         opt_->wait(opt_->submit(u));
         break;
       }
       case OpKind::kWriteWeights:
-        if (!apply_) break;  // no new weights were made; the SSD copy is current
+        if (!it.apply) break;  // no new weights were made; the SSD copy is current
         store_->write_sync(wext_[op.layer - 1], 0, hwout_[op.slot], pad4k(wbytes_));
         break;
-      case OpKind::kLoadResident:
-        if (op.layer == 0) be_.copy_to_device(embed_w_, host_embed_.data(), 4 * host_embed_.size());
-        else be_.copy_to_device(final_w_, host_final_.data(), 4 * host_final_.size());
+      case OpKind::kLoadResident: {
+        float* dst = op.layer == 0 ? embed_w_ : final_w_;
+        const float* src = op.layer == 0 ? host_embed_.data() : host_final_.data();
+        const ParamRange r = part_range(layout_.groups[op.layer].numel, op.part, op.parts);
+        be_.copy_to_device(dst + r.begin, src + r.begin, 4 * (r.end - r.begin));
         break;
+      }
     }
   }
 
-  // The op lists of one plan, per resource, and the last run's op times.
-  struct Run {
-    const std::vector<PlanOp>* ops = nullptr;
-    std::vector<int> queue[kNumResources];
-    std::vector<double> start, end;
-  };
+  double now() const { return std::chrono::duration<double>(clock_type::now() - epoch_).count(); }
 
-  void resource_thread(Run& run, int r) {
-    // On the CPU backend the optimizer shares the cores with compute. Two OpenMP teams on
-    // two cores spin against each other at every barrier (measured: compute 3x slower while
-    // the optimizer ran); a one-thread optimizer takes one core's share without a team.
-    if (r == static_cast<int>(Resource::kOptimizer) && be_.kind() == BackendKind::kCpu) omp_set_num_threads(1);
-    for (int id : run.queue[r]) {
-      const PlanOp& op = (*run.ops)[id];
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] {
-          if (failed_) return true;
-          for (int d : op.deps)
-            if (!done_[d].load(std::memory_order_acquire)) return false;
-          return true;
-        });
-        if (failed_) return;
+  // Caller holds mu_. Whether op `id` of iteration `i` may start: its deps in its own
+  // iteration are done and, when it overlaps the previous iteration of the same plan, the
+  // ops of that iteration it waits for (previous_iteration_deps) are done too.
+  bool ready(int i, int id) const {
+    const Iter& it = iters_[i];
+    for (int d : (*it.run->ops)[id].deps)
+      if (!it.done[d]) return false;
+    if (it.prev)
+      for (int d : prev_deps_[id])
+        if (!iters_[1 - i].done[d]) return false;
+    return true;
+  }
+
+  // One thread per resource: runs the ops queued for it in order, each when ready.
+  void worker(int r) {
+    Ring& q = rings_[r];
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || failed_ || (q.size() && ready(q.front().first, q.front().second)); });
+      if (stop_) return;
+      if (failed_) {
+        q.clear();  // the waiters rethrow the error; nothing more runs
+        cv_.wait(lock, [&] { return stop_ || !failed_; });
+        continue;
       }
-      double t0 = std::chrono::duration<double>(clock_type::now() - iter_start_).count();
+      const auto [i, id] = q.front();
+      Iter& it = iters_[i];
+      const PlanOp& op = (*it.run->ops)[id];
+      it.start[id] = now();
+      lock.unlock();
+      std::exception_ptr err;
       try {
-        run_op(op);
+        if (owner_.on_op) owner_.on_op(it.step, op);
+        run_op(it, op);
       } catch (...) {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (!error_) error_ = std::current_exception();
-        failed_ = true;
-        cv_.notify_all();
-        return;
+        err = std::current_exception();
       }
-      run.start[id] = t0;
-      run.end[id] = std::chrono::duration<double>(clock_type::now() - iter_start_).count();
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        done_[id].store(true, std::memory_order_release);
+      const double t1 = now();
+      lock.lock();
+      if (err) {
+        if (!error_) error_ = err;
+        failed_ = true;
+      } else {
+        it.end[id] = t1;
+        it.done[id] = 1;
+        --it.pending;
+        if (step_waits_for(op)) --it.returning;
+        q.pop();
       }
       cv_.notify_all();
     }
   }
 
-  // Runs every op of `run` on one thread per resource; rethrows the first op's error.
-  void execute(Run& run) {
-    for (size_t i = 0; i < run.ops->size(); ++i) done_[i].store(false);
-    failed_ = false;
-    error_ = nullptr;
-    iter_start_ = clock_type::now();
-    std::vector<std::thread> threads;
-    for (int r = 0; r < kNumResources; ++r) threads.emplace_back([this, &run, r] { resource_thread(run, r); });
-    for (auto& t : threads) t.join();
-    if (error_) std::rethrow_exception(error_);
+  // Caller holds `lock`. Waits until `pred` holds; rethrows an op's error.
+  template <class Pred>
+  void wait_for(std::unique_lock<std::mutex>& lock, Pred pred) {
+    cv_.wait(lock, [&] { return failed_ || pred(); });
+    if (failed_) std::rethrow_exception(error_);
+  }
+
+  // Waits until nothing is in flight (before anything that reads or writes state from the
+  // caller's thread: validation, parameters in or out, the trace).
+  void drain() {
+    std::unique_lock<std::mutex> lock(mu_);
+    wait_for(lock, [&] { return iters_[0].pending == 0 && iters_[1].pending == 0; });
+    window_start_ = -1;  // the next step's window starts at its own submission
+  }
+
+  // Takes the iteration slot after the last submitted one, once its previous occupant has
+  // finished; `fill` sets the iteration's inputs before any op can see them. Training
+  // iterations overlap the one before (previous_iteration_deps); the validation plan runs
+  // alone (the caller drained).
+  template <class Fill>
+  Iter& submit(Run& run, int64_t step, Fill fill) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int i = next_slot_;
+    Iter& it = iters_[i];
+    Iter& other = iters_[1 - i];
+    wait_for(lock, [&] { return it.pending == 0; });
+    // `other` no longer needs the finished iteration in slot i: every op it waited for there
+    // is done, and the slot is about to be reused.
+    other.prev = false;
+    it.run = &run;
+    it.step = step;
+    it.prev = &run == &train_ && other.run == &train_ && other.pending > 0;
+    const size_t n = run.ops->size();
+    std::fill(it.done.begin(), it.done.begin() + n, 0);
+    std::fill(it.start.begin(), it.start.begin() + n, -1.0);
+    std::fill(it.end.begin(), it.end.begin() + n, -1.0);
+    it.pending = static_cast<int>(n);
+    it.returning = run.returns;
+    it.forward_only = &run == &eval_;
+    fill(it);
+    if (window_start_ < 0) {
+      window_start_ = now();
+      window_read_ = store_ ? store_->stats().bytes_read : 0;
+      window_written_ = store_ ? store_->stats().bytes_written : 0;
+    }
+    for (int r = 0; r < kNumResources; ++r)
+      for (int id : run.queue[r]) rings_[r].push({i, id});
+    next_slot_ = 1 - i;
+    cv_.notify_all();
+    return it;
   }
 
   OffloadStepResult step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
@@ -427,68 +578,96 @@ class OffloadTrainer::Impl {
       throw Error(str("offloaded step: ", micro_batches.size(), " micro-batches but the plan was built for grad_accum ", K));
     FY_CHECK(masks.empty() || masks.size() == micro_batches.size(), masks.size(), " loss masks for ", K,
              " micro-batches");
-    // Mean over the counted targets of the whole step, as StepRunner: the scale 1 / (counted
-    // targets of every micro-batch) is known before the first backward (1 / (N * K) without
-    // masks); nothing counted: zero gradient.
-    int64_t total = 0;
-    for (int k = 0; k < K; ++k)
-      total += counts_[k] = split_batch(micro_batches[k], masks.empty() ? nullptr : masks[k], B, T,
-                                        inputs_[k].data(), targets_[k].data());
-    step_loss_scale_ = scaler_ ? scaler_->scale() : 1.0;
-    loss_scale_ = backward_scale(total, step_loss_scale_);
-    apply_ = true;
-    // The embedding and final groups' gradients accumulate on the device over the step.
-    be_.zero(embed_g_, 4 * layout_.groups.front().numel);
-    be_.zero(final_g_, 4 * layout_.groups.back().numel);
-    lr_ = learning_rate(cfg_.optimizer, cfg_.schedule, step_index);
-    ++t_;
-    uint64_t r0 = store_ ? store_->stats().bytes_read : 0, w0 = store_ ? store_->stats().bytes_written : 0;
-    forward_only_ = false;
-    execute(train_);
+    // The previous step returned after its norm (exact mode), so the loss scale and Adam's
+    // step count already reflect its decision.
+    const double step_loss_scale = scaler_ ? scaler_->scale() : 1.0;
+    const int64_t t = ++t_;
+    Iter& it = submit(train_, step_index, [&](Iter& it) {
+      // Mean over the counted targets of the whole step, as StepRunner: the scale 1 /
+      // (counted targets of every micro-batch) is known before the first backward (1 / (N *
+      // K) without masks); nothing counted: zero gradient.
+      int64_t total = 0;
+      for (int k = 0; k < K; ++k)
+        total += it.counts[k] = split_batch(micro_batches[k], masks.empty() ? nullptr : masks[k], B, T,
+                                            it.inputs[k].data(), it.targets[k].data());
+      it.step_loss_scale = step_loss_scale;
+      it.loss_scale = backward_scale(total, step_loss_scale);
+      it.apply = true;
+      it.grad_norm = 0;
+      it.grad_scale = 1.0f;
+      it.lr = learning_rate(cfg_.optimizer, cfg_.schedule, step_index);
+      it.t = t;
+    });
+    std::unique_lock<std::mutex> lock(mu_);
+    wait_for(lock, [&] { return it.returning == 0; });
+    // The step's figures cover the window since the previous step returned: the time, each
+    // resource's busy time within it (whichever iteration the op belongs to) and the bytes
+    // the store moved. In steady state that window is one iteration.
+    const double t_end = now();
     OffloadStepResult res;
-    res.iteration_s = std::chrono::duration<double>(clock_type::now() - iter_start_).count();
-    for (const PlanOp& op : plan_.ops)
-      res.busy_s[static_cast<int>(op.resource)] += train_.end[op.id] - train_.start[op.id];
-    res.loss = static_cast<float>(mean_over_counted(losses_, counts_));
-    res.grad_norm = plan_.exact ? grad_norm_ : 0.0;
-    res.skipped = !apply_;
-    res.loss_scale = step_loss_scale_;
-    if (!apply_) --t_;  // a skipped step does not count for Adam's bias correction
-    res.lr = lr_;
-    if (store_) {
-      res.ssd_read_bytes = store_->stats().bytes_read - r0;
-      res.ssd_write_bytes = store_->stats().bytes_written - w0;
+    res.iteration_s = t_end - window_start_;
+    for (const Iter& x : iters_) {
+      if (x.run != &train_) continue;
+      for (const PlanOp& op : plan_.ops) {
+        if (x.start[op.id] < 0) continue;
+        const double b = std::max(x.start[op.id], window_start_), e = x.end[op.id] < 0 ? t_end : x.end[op.id];
+        if (e > b) res.busy_s[static_cast<int>(op.resource)] += e - b;
+      }
     }
+    if (store_) {
+      const StoreStats st = store_->stats();
+      res.ssd_read_bytes = st.bytes_read - window_read_;
+      res.ssd_write_bytes = st.bytes_written - window_written_;
+      window_read_ = st.bytes_read;
+      window_written_ = st.bytes_written;
+    }
+    window_start_ = t_end;
+    res.loss = static_cast<float>(mean_over_counted(it.losses, it.counts));
+    res.grad_norm = plan_.exact ? it.grad_norm : 0.0;
+    res.skipped = !it.apply;
+    res.loss_scale = it.step_loss_scale;
+    if (!it.apply) --t_;  // a skipped step does not count for Adam's bias correction
+    res.lr = it.lr;
     return res;
   }
 
   // The forward-only plan on one micro-batch: the validation loss at the current weights
   // (the mean over its counted targets; 0 when none counts, as StepRunner::eval_loss).
   float eval_loss(const int32_t* batch, const uint8_t* mask) {
-    split_batch(batch, mask, plan_.micro_batch, cfg_.model.seq_len, inputs_[0].data(), targets_[0].data());
-    forward_only_ = true;
-    try {
-      execute(eval_);
-    } catch (...) {
-      forward_only_ = false;
-      throw;
-    }
-    forward_only_ = false;
-    return eval_loss_;
+    drain();
+    Iter& it = submit(eval_, -1, [&](Iter& it) {
+      split_batch(batch, mask, plan_.micro_batch, cfg_.model.seq_len, it.inputs[0].data(), it.targets[0].data());
+    });
+    std::unique_lock<std::mutex> lock(mu_);
+    wait_for(lock, [&] { return it.pending == 0; });
+    window_start_ = -1;
+    return it.eval_loss;
   }
 
-  void write_trace(const std::string& path) const {
+  // The last two training iterations (they overlap), times from the first op's start.
+  void write_trace(const std::string& path) {
+    drain();
     nlohmann::json events = nlohmann::json::array();
     for (int r = 0; r < kNumResources; ++r)
       events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", r},
                         {"args", {{"name", resource_name(static_cast<Resource>(r))}}}});
-    for (const PlanOp& op : plan_.ops) {
-      std::string name = op_kind_name(op.kind);
-      if (op.layer >= 0) name += str(" ", op.layer);
-      if (plan_.grad_accum > 1) name += str(" mb", op.micro);
-      events.push_back({{"name", name}, {"ph", "X"}, {"pid", 0}, {"tid", static_cast<int>(op.resource)},
-                        {"ts", train_.start[op.id] * 1e6}, {"dur", (train_.end[op.id] - train_.start[op.id]) * 1e6},
-                        {"args", {{"op", op.id}, {"micro", op.micro}, {"bytes", op.bytes}}}});
+    double t0 = -1;
+    for (const Iter& x : iters_)
+      if (x.run == &train_)
+        for (const PlanOp& op : plan_.ops)
+          if (x.start[op.id] >= 0 && (t0 < 0 || x.start[op.id] < t0)) t0 = x.start[op.id];
+    for (const Iter& x : iters_) {
+      if (x.run != &train_) continue;
+      for (const PlanOp& op : plan_.ops) {
+        if (x.start[op.id] < 0) continue;
+        std::string name = op_kind_name(op.kind);
+        if (op.layer >= 0) name += str(" ", op.layer);
+        if (plan_.grad_accum > 1) name += str(" mb", op.micro);
+        name += str(" (step ", x.step, ")");
+        events.push_back({{"name", name}, {"ph", "X"}, {"pid", 0}, {"tid", static_cast<int>(op.resource)},
+                          {"ts", (x.start[op.id] - t0) * 1e6}, {"dur", (x.end[op.id] - x.start[op.id]) * 1e6},
+                          {"args", {{"op", op.id}, {"step", x.step}, {"micro", op.micro}, {"bytes", op.bytes}}}});
+      }
     }
     std::ofstream out(path);
     if (!out) throw IoError(str(path, ": cannot write trace"));
@@ -522,25 +701,22 @@ class OffloadTrainer::Impl {
 
   Plan eval_plan_;
   Run train_, eval_;
-  bool forward_only_ = false;  // the validation plan is running
-  std::unique_ptr<std::atomic<bool>[]> done_;
-  std::mutex mu_;
+  std::vector<std::vector<int>> prev_deps_;  // previous_iteration_deps(plan_)
+  Iter iters_[2];      // the iterations that may be in flight; submissions alternate
+  int next_slot_ = 0;
+  Ring rings_[kNumResources];  // per resource: (iteration slot, op id) in submission order
+  std::vector<std::thread> workers_;
+  std::mutex mu_;  // guards iters_' progress fields, rings_, failed_, error_, stop_
   std::condition_variable cv_;
-  bool failed_ = false;
+  bool stop_ = false;
+  bool failed_ = false;  // an op threw: nothing more runs, every later call rethrows
   std::exception_ptr error_;
-  clock_type::time_point iter_start_;
-  std::vector<std::vector<int32_t>> inputs_, targets_;  // per micro-batch
-  std::vector<float> losses_;     // per micro-batch: mean over its counted targets
-  std::vector<int64_t> counts_;   // per micro-batch: counted targets
-  std::vector<double> sum_sq_;    // per group (exact mode)
-  float eval_loss_ = 0;
-  float loss_scale_ = 0;  // head gradient scale of this step: loss scale / counted targets
-  double step_loss_scale_ = 1;  // fp16 loss scale of this step (1 without fp16)
-  bool apply_ = true;           // false: this step's updates are skipped (fp16 overflow)
+  clock_type::time_point epoch_;
+  double window_start_ = -1;  // when the current step window began (-1: at the next submission)
+  uint64_t window_read_ = 0, window_written_ = 0;  // store counters at that moment
+  int update_threads_ = 1;    // OpenMP threads of an update that has the cores to itself
   std::unique_ptr<DynamicLossScaler> scaler_;
-  double grad_norm_ = 0, lr_ = 0;
-  float grad_scale_ = 1.0f;
-  int64_t t_ = 0;
+  int64_t t_ = 0;  // Adam's step count of the last submitted step
 };
 
 OffloadTrainer::OffloadTrainer(const Config& cfg, Backend& backend, Plan plan, SsdStore* store)
