@@ -20,10 +20,14 @@
 namespace fuyou {
 
 struct SimResult {
-  double iteration_s = 0;
+  double iteration_s = 0;      // one iteration alone, from an idle machine to its last op
+  // Steady state: the time per step when iterations overlap as the executor runs them
+  // (scheduler.h), from one step's return to the next's. This is the figure to compare with
+  // a measured step time.
+  double period_s = 0;
   double useful_flops = 0;     // model FLOPs (forward + backward + head), as fuyou-bench train counts
   double recompute_flops = 0;  // recomputation, not counted as useful
-  double tflops = 0;           // useful_flops / iteration_s / 1e12
+  double tflops = 0;           // useful_flops / period_s / 1e12
   std::array<double, kNumResources> busy_s{};
   std::vector<double> start, end;  // per op id, seconds from the iteration's start
   // Peak memory per tier for this profile (see docs/simulator.md for the element-size scaling).
@@ -36,7 +40,7 @@ struct SimResult {
 // The duration of `op` alone on `hw` (no contention), seconds.
 double op_duration(const Plan& plan, const PlanOp& op, const HardwareProfile& hw);
 
-// Simulates one iteration. Throws Error if the plan is malformed (a dependency on a later op
+// Simulates one iteration alone and a few back to back (period_s). Throws Error if the plan is malformed (a dependency on a later op
 // or a missing op), naming the op.
 SimResult simulate(const Plan& plan, const HardwareProfile& hw);
 

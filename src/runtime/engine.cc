@@ -198,11 +198,11 @@ std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backe
   if (cfg.offload.activations == ActivationPolicy::kAuto && !cfg.offload.hardware.empty()) {
     // Automatic activation placement: the simulator's best plan on this profile.
     SwapSearchResult s = search_swap(req, load_hardware_profile(cfg.offload.hardware));
-    spdlog::info("automatic activation placement on {}: {} (micro-batch {}); predicted iteration {:.3f} s "
+    spdlog::info("automatic activation placement on {}: {} (micro-batch {}); predicted step {:.3f} s "
                  "({} plans simulated in {:.2f} s)", cfg.offload.hardware, s.summary(), s.micro_batch,
-                 s.sim.iteration_s, s.plans_evaluated, s.search_s);
+                 s.sim.period_s, s.plans_evaluated, s.search_s);
     plan = std::move(s.plan);
-    predicted = s.sim.iteration_s;
+    predicted = s.sim.period_s;
   } else {
     if (cfg.offload.activations == ActivationPolicy::kAuto)
       spdlog::info("offload.activations auto without offload.hardware: activations placed by the memory rule "

@@ -234,7 +234,7 @@ nlohmann::json prediction_json(const Prediction& p, const Config& cfg, const Har
   j["ssds"] = hw.ssds;
   j["micro_batch"] = p.micro_batch;
   j["tokens_per_step"] = static_cast<double>(p.micro_batch) * cfg.model.seq_len;
-  j["tokens_per_s"] = j["tokens_per_step"].get<double>() / p.sim.iteration_s;
+  j["tokens_per_s"] = j["tokens_per_step"].get<double>() / p.sim.period_s;
   j["decisions"] = p.decisions;
   int wssd = 0, ossd = 0;
   for (const auto& d : p.plan.layers) {
@@ -290,7 +290,7 @@ int run_simulate(const SimulateOptions& o) {
     }
     std::printf("%s on %s: sweep over %s\n", o.config.empty() ? "default config" : o.config.c_str(), hw.name.c_str(),
                 o.sweep.c_str());
-    std::printf("%5s %5s %11s %9s %10s %-10s %s\n", "batch", "ssds", "iteration", "TFLOP/s", "tokens/s", "busiest",
+    std::printf("%5s %5s %11s %9s %10s %-10s %s\n", "batch", "ssds", "step", "TFLOP/s", "tokens/s", "busiest",
                 "decisions");
     for (const auto& r : rows) {
       if (r.contains("error")) {
@@ -299,7 +299,7 @@ int run_simulate(const SimulateOptions& o) {
         continue;
       }
       std::printf("%5d %5d %10.3fs %9.2f %10.1f %-10s %s\n", r["micro_batch"].get<int>(), r["ssds"].get<int>(),
-                  r["iteration_s"].get<double>(), r["tflops"].get<double>(), r["tokens_per_s"].get<double>(),
+                  r["period_s"].get<double>(), r["tflops"].get<double>(), r["tokens_per_s"].get<double>(),
                   r["busiest"].get<std::string>().c_str(), r["decisions"].get<std::string>().c_str());
     }
     return 0;
@@ -319,7 +319,8 @@ int run_simulate(const SimulateOptions& o) {
   std::printf("%-22s %s\n", "activations", p.decisions.c_str());
   std::printf("%-22s %d weights, %d optimizer state (of %d layers)\n", "on SSD", j["layers_weights_on_ssd"].get<int>(),
               j["layers_optimizer_on_ssd"].get<int>(), cfg.model.n_layer);
-  std::printf("%-22s %.3f s\n", "iteration", p.sim.iteration_s);
+  std::printf("%-22s %.3f s (iterations overlapping; one alone: %.3f s)\n", "step", p.sim.period_s,
+              p.sim.iteration_s);
   std::printf("%-22s %.2f (useful model FLOPs; %.3g recomputed FLOPs not counted)\n", "TFLOP/s", p.sim.tflops,
               p.sim.recompute_flops);
   std::printf("%-22s %.1f\n", "tokens/s", j["tokens_per_s"].get<double>());

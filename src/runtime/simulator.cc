@@ -62,7 +62,7 @@ double duration(const Plan& plan, const PlanOp& op, const HardwareProfile& hw, c
       if (op.kind == OpKind::kGradSumSq) return 4.0 * s.group_params.at(op.layer) / hw.host_mem_Bps;
       if (op.kind == OpKind::kGradNorm) return 0.0;
       if (op.kind != OpKind::kUpdate) return 0.0;
-      const double p = static_cast<double>(s.group_params.at(op.layer));
+      const double p = static_cast<double>(s.group_params.at(op.layer)) / op.parts;
       double cpu = p / hw.optimizer_params_per_s;
       if (optim_tier(plan, op.layer) == StateTier::kHost) return cpu;
       // Out of core: master, m and v (12 bytes per parameter) read and written back through
@@ -90,28 +90,24 @@ void plan_memory_on(const Plan& plan, const HardwareProfile& hw, uint64_t* devic
   *ssd = plan.memory.ssd_bytes;
 }
 
-SimResult simulate(const Plan& plan, const HardwareProfile& hw) {
-  const Shape s = shape_of(plan, hw);
-  const size_t n = plan.ops.size();
-  SimResult r;
+namespace {
+
+// The event simulation itself, over ops given as (resource, deps, duration) in creation
+// order: each resource runs its ops in that order, one at a time, each once its deps are
+// done; compute and the optimizer share the cores on a shared_cpu profile.
+struct Timeline {
+  std::vector<double> start, end;
+};
+
+Timeline run_timeline(const std::vector<int>& res, const std::vector<std::vector<int>>& deps,
+                      const std::vector<double>& dur, const HardwareProfile& hw, const std::vector<OpKind>& kinds) {
+  const size_t n = res.size();
+  Timeline r;
   r.start.assign(n, 0.0);
   r.end.assign(n, 0.0);
-  std::vector<double> dur(n), remaining(n);
+  std::vector<double> remaining(dur);
   std::vector<std::vector<int>> queue(kNumResources);
-  for (size_t i = 0; i < n; ++i) {
-    const PlanOp& op = plan.ops[i];
-    if (op.id != static_cast<int>(i)) throw Error(str("simulate: op at index ", i, " has id ", op.id));
-    for (int d : op.deps)
-      if (d < 0 || d >= static_cast<int>(i))
-        throw Error(str("simulate: op ", i, " (", op_kind_name(op.kind), ") depends on op ", d,
-                        ", which is not an earlier op"));
-    dur[i] = duration(plan, op, hw, s);
-    remaining[i] = dur[i];
-    queue[static_cast<int>(op.resource)].push_back(static_cast<int>(i));
-    r.useful_flops += op.flops;
-    r.recompute_flops += op.recompute_flops;
-  }
-
+  for (size_t i = 0; i < n; ++i) queue[res[i]].push_back(static_cast<int>(i));
   std::vector<char> done(n, 0);
   std::array<size_t, kNumResources> head{};   // next op index in each queue
   std::array<int, kNumResources> running{};   // op running on each resource, -1 if idle
@@ -119,6 +115,11 @@ SimResult simulate(const Plan& plan, const HardwareProfile& hw) {
   double now = 0;
   size_t finished = 0;
   const int kC = static_cast<int>(Resource::kCompute), kO = static_cast<int>(Resource::kOptimizer);
+  auto is_ready = [&](int id) {
+    for (int d : deps[id])
+      if (!done[d]) return false;
+    return true;
+  };
   while (finished < n) {
     // Start every op whose resource is idle and whose dependencies are done. Zero-length
     // ops finish at once, which may make more ops ready: loop until nothing changes.
@@ -128,9 +129,7 @@ SimResult simulate(const Plan& plan, const HardwareProfile& hw) {
       for (int q = 0; q < kNumResources; ++q) {
         if (running[q] >= 0 || head[q] >= queue[q].size()) continue;
         int id = queue[q][head[q]];
-        bool ready = true;
-        for (int d : plan.ops[id].deps) ready = ready && done[d];
-        if (!ready) continue;
+        if (!is_ready(id)) continue;
         r.start[id] = now;
         ++head[q];
         if (remaining[id] <= 0) {
@@ -163,7 +162,7 @@ SimResult simulate(const Plan& plan, const HardwareProfile& hw) {
       for (int q = 0; q < kNumResources; ++q)
         if (head[q] < queue[q].size())
           throw Error(str("simulate: ", resource_name(static_cast<Resource>(q)), " is stuck at op ", queue[q][head[q]],
-                          " (", op_kind_name(plan.ops[queue[q][head[q]]].kind), ")"));
+                          " (", op_kind_name(kinds[queue[q][head[q]]]), ")"));
       break;
     }
     now += dt;
@@ -180,12 +179,68 @@ SimResult simulate(const Plan& plan, const HardwareProfile& hw) {
       }
     }
   }
+  return r;
+}
 
+}  // namespace
+
+SimResult simulate(const Plan& plan, const HardwareProfile& hw) {
+  const Shape s = shape_of(plan, hw);
+  const size_t n = plan.ops.size();
+  SimResult r;
+  std::vector<double> dur(n);
+  for (size_t i = 0; i < n; ++i) {
+    const PlanOp& op = plan.ops[i];
+    if (op.id != static_cast<int>(i)) throw Error(str("simulate: op at index ", i, " has id ", op.id));
+    for (int d : op.deps)
+      if (d < 0 || d >= static_cast<int>(i))
+        throw Error(str("simulate: op ", i, " (", op_kind_name(op.kind), ") depends on op ", d,
+                        ", which is not an earlier op"));
+    dur[i] = duration(plan, op, hw, s);
+    r.useful_flops += op.flops;
+    r.recompute_flops += op.recompute_flops;
+  }
+
+  // One iteration from an idle machine, and kSteadyIterations back to back as the executor
+  // overlaps them (each op also waiting for its previous_iteration_deps): the period is the
+  // time between the last two steps' returns (step_waits_for).
+  constexpr int kSteadyIterations = 3;
+  const std::vector<std::vector<int>> prev = previous_iteration_deps(plan);
+  std::vector<int> res;
+  std::vector<std::vector<int>> deps;
+  std::vector<double> durs;
+  std::vector<OpKind> kinds;
+  for (int k = 0; k < kSteadyIterations; ++k)
+    for (size_t i = 0; i < n; ++i) {
+      const PlanOp& op = plan.ops[i];
+      std::vector<int> d;
+      for (int x : op.deps) d.push_back(static_cast<int>(k * n) + x);
+      if (k > 0)
+        for (int x : prev[i]) d.push_back(static_cast<int>((k - 1) * n) + x);
+      res.push_back(static_cast<int>(op.resource));
+      deps.push_back(std::move(d));
+      durs.push_back(dur[i]);
+      kinds.push_back(op.kind);
+    }
+  // The first n ops, alone, are the single iteration.
+  Timeline one = run_timeline(std::vector<int>(res.begin(), res.begin() + n),
+                              std::vector<std::vector<int>>(deps.begin(), deps.begin() + n), dur,
+                              hw, std::vector<OpKind>(kinds.begin(), kinds.begin() + n));
+  r.start = one.start;
+  r.end = one.end;
   for (size_t i = 0; i < n; ++i) {
     r.busy_s[static_cast<int>(plan.ops[i].resource)] += r.end[i] - r.start[i];
     r.iteration_s = std::max(r.iteration_s, r.end[i]);
   }
-  r.tflops = r.iteration_s > 0 ? r.useful_flops / r.iteration_s / 1e12 : 0.0;
+  Timeline steady = run_timeline(res, deps, durs, hw, kinds);
+  auto returned = [&](int k) {
+    double t = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (step_waits_for(plan.ops[i])) t = std::max(t, steady.end[k * n + i]);
+    return t;
+  };
+  r.period_s = n ? returned(kSteadyIterations - 1) - returned(kSteadyIterations - 2) : 0.0;
+  r.tflops = r.period_s > 0 ? r.useful_flops / r.period_s / 1e12 : 0.0;
   for (int q = 0; q < kNumResources; ++q)
     if (r.busy_s[q] > r.busy_s[static_cast<int>(r.busiest)]) r.busiest = static_cast<Resource>(q);
   plan_memory_on(plan, hw, &r.device_bytes, &r.host_bytes, &r.ssd_bytes);
@@ -194,6 +249,7 @@ SimResult simulate(const Plan& plan, const HardwareProfile& hw) {
 
 nlohmann::json SimResult::to_json() const {
   nlohmann::json j{{"iteration_s", iteration_s},
+                   {"period_s", period_s},
                    {"tflops", tflops},
                    {"useful_flops", useful_flops},
                    {"recompute_flops", recompute_flops},

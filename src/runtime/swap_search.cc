@@ -109,7 +109,7 @@ class Search {
         cand.plan = make_plan(r);
         cand.sim = simulate(cand.plan, hw_);
         cand.ok = true;
-        cand.cost = cand.sim.iteration_s / (static_cast<double>(B) * base_.model.seq_len);
+        cand.cost = cand.sim.period_s / (static_cast<double>(B) * base_.model.seq_len);
         cand.recompute = cand.sim.recompute_flops;
         cand.device = cand.sim.device_bytes;
         ++evaluated_;

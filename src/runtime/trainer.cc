@@ -403,7 +403,7 @@ TrainSummary run_training(const Config& cfg, const TrainOptions& opts) {
     std::vector<double> t(step_times.begin() + (step_times.size() > 1 ? 1 : 0), step_times.end());
     std::sort(t.begin(), t.end());
     double measured = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
-    spdlog::info("iteration time: predicted {:.3f} s, measured {:.3f} s (median of {} steps)",
+    spdlog::info("step time: predicted {:.3f} s, measured {:.3f} s (median of {} steps)",
                  engine->predicted_iteration_s(), measured, t.size());
   }
 
