@@ -65,6 +65,19 @@ class Backend {
   virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void zero(void* ptr, size_t bytes) = 0;
   virtual void synchronize() = 0;
+  // For a caller that orders device work itself (the offload executor: an op starts only
+  // after the ops it depends on have finished, and each compute op ends with
+  // finish_compute()). Copies then wait only for their own transfer, not for all compute
+  // queued before them, so a weight load runs beside the layer computing. Default (off):
+  // every copy first waits for the compute queued so far.
+  virtual void set_caller_ordered(bool on) { (void)on; }
+  // Waits until the compute queued so far has finished (nothing to wait for where compute
+  // is synchronous, as on the CPU).
+  virtual void finish_compute() {}
+  // Page-locks host memory for fast asynchronous copies (CUDA); nothing to do on the CPU.
+  // False: refused (e.g. the locked-memory limit); copies from it still work, slower.
+  virtual bool register_host(void* ptr, size_t bytes) { return (void)ptr, (void)bytes, true; }
+  virtual void unregister_host(void* ptr) { (void)ptr; }
 
   // ---- transformer kernels (fp32) --------------------------------------------------------
   // out(N,C) = wte[tokens[n]] + wpe[n % T]. wpe may be null (a family without a position

@@ -159,9 +159,12 @@ void CudaBackend::copy_to_device(void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
   std::lock_guard<std::mutex> lock(h2d_mu_);
   bind();
-  // Wait for the kernels queued so far (one may still read dst), copy, wait for the copy.
-  FY_CUDA(cudaEventRecord(h2d_ready_, compute_));
-  FY_CUDA(cudaStreamWaitEvent(h2d_, h2d_ready_, 0));
+  // Wait for the kernels queued so far (one may still read dst) unless the caller orders
+  // the work itself; copy; wait for the copy.
+  if (!caller_ordered_) {
+    FY_CUDA(cudaEventRecord(h2d_ready_, compute_));
+    FY_CUDA(cudaStreamWaitEvent(h2d_, h2d_ready_, 0));
+  }
   FY_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, h2d_));
   FY_CUDA(cudaStreamSynchronize(h2d_));
 }
@@ -170,9 +173,12 @@ void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
   std::lock_guard<std::mutex> lock(d2h_mu_);
   bind();
-  // Wait for the kernels queued so far (they may write src), copy, wait for the copy.
-  FY_CUDA(cudaEventRecord(d2h_ready_, compute_));
-  FY_CUDA(cudaStreamWaitEvent(d2h_, d2h_ready_, 0));
+  // Wait for the kernels queued so far (they may write src) unless the caller orders the
+  // work itself; copy; wait for the copy.
+  if (!caller_ordered_) {
+    FY_CUDA(cudaEventRecord(d2h_ready_, compute_));
+    FY_CUDA(cudaStreamWaitEvent(d2h_, d2h_ready_, 0));
+  }
   FY_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, d2h_));
   FY_CUDA(cudaStreamSynchronize(d2h_));
 }
@@ -187,6 +193,27 @@ void CudaBackend::zero(void* ptr, size_t bytes) {
   if (!bytes) return;
   bind();
   FY_CUDA(cudaMemsetAsync(ptr, 0, bytes, compute_));
+}
+
+void CudaBackend::finish_compute() {
+  bind();
+  FY_CUDA(cudaStreamSynchronize(compute_));
+}
+
+bool CudaBackend::register_host(void* ptr, size_t bytes) {
+  if (!ptr || !bytes) return true;
+  bind();
+  // Pageable memory still works (the driver stages it), only slower: the caller reports a
+  // refusal and goes on.
+  if (cudaHostRegister(ptr, bytes, cudaHostRegisterDefault) == cudaSuccess) return true;
+  cudaGetLastError();  // clear the error so the next call does not report it
+  return false;
+}
+
+void CudaBackend::unregister_host(void* ptr) {
+  if (!ptr) return;
+  bind();
+  if (cudaHostUnregister(ptr) != cudaSuccess) cudaGetLastError();  // was never registered
 }
 
 void CudaBackend::synchronize() {

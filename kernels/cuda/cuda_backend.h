@@ -15,6 +15,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -83,6 +84,11 @@ class CudaBackend final : public Backend {
   double sum_squares(const float* x, size_t n) override;
   void scale(float* x, float s, size_t n) override;
 
+  void set_caller_ordered(bool on) override { caller_ordered_ = on; }
+  void finish_compute() override;
+  bool register_host(void* ptr, size_t bytes) override;
+  void unregister_host(void* ptr) override;
+
   cudaStream_t compute_stream() const { return compute_; }
   // Makes this backend's device current on the calling thread (the runtime keeps it per
   // thread, and the scheduler calls from several).
@@ -106,6 +112,7 @@ class CudaBackend final : public Backend {
   cudaStream_t compute_ = nullptr, h2d_ = nullptr, d2h_ = nullptr;
   cudaEvent_t h2d_ready_ = nullptr, d2h_ready_ = nullptr;
   std::mutex h2d_mu_, d2h_mu_;  // one copy per direction at a time (event and stream reuse)
+  std::atomic<bool> caller_ordered_{false};  // set_caller_ordered
   cublasHandle_t blas_ = nullptr;
   std::mutex blas_mu_;  // a cuBLAS handle must not be used by two threads at once
 

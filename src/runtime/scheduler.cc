@@ -10,12 +10,14 @@
 #include <thread>
 
 #include <omp.h>
+#include <spdlog/spdlog.h>
 
 #include "fuyou/error.h"
 #include "fuyou/loss_scale.h"
 #include "fuyou/model.h"
 #include "fuyou/ooc_adamw.h"
 #include "fuyou/optim.h"
+#include "fuyou/sizes.h"
 #include "fuyou/train.h"
 
 namespace fuyou {
@@ -227,6 +229,25 @@ class OffloadTrainer::Impl {
     }
     // Two iterations of the longest queue, and one spare so that full and empty differ.
     for (Ring& r : rings_) r.items.resize(2 * ring + 1);
+    // Every host buffer a copy reads or writes is page-locked (CUDA: full-speed
+    // asynchronous copies), and the executor orders device work itself (Backend::
+    // set_caller_ordered): a copy waits only for the ops it depends on.
+    std::vector<std::pair<void*, size_t>> host_bufs;
+    for (const HostPool::Region& r : pool_->regions()) host_bufs.push_back({r.base, r.bytes});
+    for (auto* vs : {&host_w_, &host_ckpt_, &hold_})
+      for (auto& v : *vs) host_bufs.push_back({v.data(), 4 * v.size()});
+    host_bufs.push_back({host_embed_.data(), 4 * host_embed_.size()});
+    host_bufs.push_back({host_final_.data(), 4 * host_final_.size()});
+    uint64_t refused = 0;
+    for (auto [p, n] : host_bufs) {
+      if (!p || !n) continue;
+      if (be_.register_host(p, n)) registered_.push_back(p);
+      else refused += n;
+    }
+    if (refused)
+      spdlog::warn("{}: {} of host buffers could not be page-locked (locked-memory limit?); copies from them "
+                   "run slower", be_.name(), format_size(refused));
+    be_.set_caller_ordered(true);
     update_threads_ = omp_get_max_threads();
     epoch_ = clock_type::now();
     for (int r = 0; r < kNumResources; ++r) workers_.emplace_back([this, r] { worker(r); });
@@ -241,6 +262,8 @@ class OffloadTrainer::Impl {
     }
     cv_.notify_all();
     for (auto& t : workers_) t.join();
+    be_.set_caller_ordered(false);
+    for (void* p : registered_) be_.unregister_host(p);
     for (void* p : owned_) be_.free(p);
   }
 
@@ -500,6 +523,9 @@ class OffloadTrainer::Impl {
       try {
         if (owner_.on_op) owner_.on_op(it.step, op);
         run_op(it, op);
+        // Done means done on the device: the ops that wait for this one (copies of what it
+        // wrote, loads into what it read) start right after.
+        if (op.resource == Resource::kCompute) be_.finish_compute();
       } catch (...) {
         err = std::current_exception();
       }
@@ -706,6 +732,7 @@ class OffloadTrainer::Impl {
   int next_slot_ = 0;
   Ring rings_[kNumResources];  // per resource: (iteration slot, op id) in submission order
   std::vector<std::thread> workers_;
+  std::vector<void*> registered_;  // host buffers page-locked through the backend
   std::mutex mu_;  // guards iters_' progress fields, rings_, failed_, error_, stop_
   std::condition_variable cv_;
   bool stop_ = false;
