@@ -111,6 +111,13 @@ TEST_CASE("offloaded training is bitwise equal to in-memory training", "[schedul
     req.weights_on_ssd = true;
     req.optim_on_ssd = true;
     INFO("clip " << clip);
+    // Without exact mode the two lowest layers' new weights stay in the weights-out slots,
+    // and the next forward loads them from there instead of from SSD.
+    const Plan sp = make_plan(req);
+    const auto retained = std::count_if(sp.ops.begin(), sp.ops.end(), [](const PlanOp& o) {
+      return o.kind == OpKind::kLoadWeights && o.in.kind == BufRef::kWeightsOut;
+    });
+    CHECK(retained == (clip > 0 ? 0 : 2));
     require_bitwise(offloaded(cfg, req, data, store.get()), ref);
 
     // Everything in host memory, no store: the same numbers again; the embedding's save,

@@ -34,6 +34,12 @@ struct LayerDecision {
   // micro-batches, or until the global norm is known): a host buffer, or an SSD extent
   // written and read back through host staging slots.
   StateTier grads = StateTier::kHost;
+  // SSD-weight layers updated last in a step (the lowest) keep their new weights in the
+  // host slot the update wrote them to (this index into the weights-out slots, -1: not
+  // retained) until the next step's forward loads them from there: that forward neither
+  // waits for their SSD write nor reads them back. Not in exact mode (updates after the
+  // norm, in forward order; fp16 may skip a step's updates).
+  int retained = -1;
 };
 
 enum class OpKind {
@@ -71,7 +77,7 @@ const char* op_kind_name(OpKind k);
 // gradient slot (index), a layer's held gradient buffer (index = layer), or a gradient
 // staging slot for SSD (index).
 struct BufRef {
-  enum Kind { kNone, kStream, kLayerCkpt, kCkptSlot, kScratch, kHostGrad, kGradHold, kGradStage } kind = kNone;
+  enum Kind { kNone, kStream, kLayerCkpt, kCkptSlot, kScratch, kHostGrad, kGradHold, kGradStage, kWeightsOut } kind = kNone;
   int index = 0;
 };
 

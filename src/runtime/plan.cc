@@ -271,6 +271,15 @@ Plan make_plan(const PlanRequest& req) {
   if (ssd_weight_layers) {
     plan.pools.host_weight_slots = 2;
     plan.pools.host_wout_slots = 2;
+    // The updates write new weights to the weights-out slots in turn, layers L-1 .. 0 (of
+    // those on SSD): the last ones stay there until the next step's forward (retained).
+    if (!req.exact) {
+      std::vector<int> order;  // SSD-weight layers in update order
+      for (int l = L - 1; l >= 0; --l)
+        if (plan.layers[l].weights == StateTier::kSsd) order.push_back(l);
+      const int n = static_cast<int>(order.size()), w = plan.pools.host_wout_slots;
+      for (int i = std::max(0, n - w); i < n; ++i) plan.layers[order[i]].retained = i % w;
+    }
     host_used += 4 * sz.weights;
   }
   // Held gradients (exact mode, grad_accum > 1): a host buffer per layer while they fit,
@@ -389,11 +398,25 @@ Plan make_plan(const PlanRequest& req) {
     FY_CHECK(best >= 0, "no free slot");
     return best;
   };
-  // Returns the device weight slot holding layer l, loading it if needed.
+  // Returns the device weight slot holding layer l, loading it if needed. In a forward, a
+  // retained layer loads from its weights-out slot (the previous step's update wrote it; no
+  // update of this step has yet).
+  bool in_forward = false;
   auto need_weights = [&](int l, int also_needed) -> int {
     for (int s = 0; s < dw; ++s)
       if (wslots[s].layer == l) return s;
     int s = pick_slot(wslots, also_needed, -1);
+    if (in_forward && plan.layers[l].retained >= 0) {
+      const int w = plan.layers[l].retained;
+      PlanOp& ld = add(OpKind::kLoadWeights, Resource::kH2D, l, {wslots[s].last_use, host_wout_writer[w]});
+      ld.micro = micro;
+      ld.slot = s;
+      ld.in = {BufRef::kWeightsOut, w};
+      ld.bytes = sz.weights;
+      host_wout_writer[w] = ld.id;  // this step's first update into the slot waits for the load
+      wslots[s] = {l, ld.id, -1, use_seq++};
+      return s;
+    }
     int read = -1, staging = -1;
     if (plan.layers[l].weights == StateTier::kSsd) {
       staging = host_read_rr++ % plan.pools.host_weight_slots;
@@ -493,6 +516,8 @@ Plan make_plan(const PlanRequest& req) {
     }
     if (is_layer && plan.layers[l].weights == StateTier::kSsd) {
       wout = host_wout_rr++ % plan.pools.host_wout_slots;
+      FY_CHECK(plan.layers[l].retained < 0 || plan.layers[l].retained == wout, "layer ", l,
+               " retained in weights-out slot ", plan.layers[l].retained, " but updated into slot ", wout);
       deps.push_back(host_wout_writer[wout]);
     }
     PlanOp& u = add(OpKind::kUpdate, Resource::kOptimizer, p.group, deps);
@@ -693,6 +718,7 @@ Plan make_plan(const PlanRequest& req) {
     // Forward. The weights do not change within a step, so the device weight slots stay
     // valid across micro-batches; the checkpoint slots do not (other tokens).
     for (SlotState& c : cslots) c.layer = -1;
+    in_forward = true;
     fwd_loc[0] = input_location(0);
     std::vector<int> edeps;
     if (fwd_loc[0].kind == BufRef::kStream) {
@@ -731,6 +757,7 @@ Plan make_plan(const PlanRequest& req) {
     head.flops = sz.head_flops * 3;  // forward + backward of the LM head
     if (micro == K - 1) save_grads(L + 1, head.id, -1);
 
+    in_forward = false;
     for (int l = L - 1; l >= 0; --l) {
       BufRef in = ck.need(l, -1);
       int ws = need_weights(l, -1);

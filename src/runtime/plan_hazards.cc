@@ -4,9 +4,8 @@
 // staging slot, a layer's host weights, an SSD extent, the resident embedding. Within one
 // iteration the planner orders the users of each buffer by explicit dependencies. Across
 // two iterations of the same plan, an op of t+1 must in addition wait for the ops of t that
-// touched any of its buffers; since every resource runs its ops in order, the last such op
-// on each other resource is enough. Read-after-read pairs are ordered too (conservative:
-// they are few, and all on the same side of an update).
+// touched any of its buffers (read after write, write after read or write); since every
+// resource runs its ops in order, the last such op on each other resource is enough.
 #include <algorithm>
 #include <array>
 #include <map>
@@ -32,90 +31,106 @@ using Key = std::pair<Buf, int>;
 Key act_key(const BufRef& b) { return {Buf::kDevAct, (static_cast<int>(b.kind) << 20) + b.index}; }
 Key host_grad_key(const BufRef& b) { return {Buf::kHostGrad, (static_cast<int>(b.kind) << 20) + b.index}; }
 
-// The buffers op `o` reads or writes (both count: see the file comment).
-std::vector<Key> touched(const PlanOp& o, int L) {
-  std::vector<Key> k;
+struct Use {
+  Key key;
+  bool write;
+};
+
+// The buffers op `o` reads (false) or writes (true).
+std::vector<Use> touched(const PlanOp& o, int L) {
+  std::vector<Use> k;
   auto host_weights_of_group = [&](int g) -> Key {
     if (g == 0) return {Buf::kHostEmbed, 0};
     if (g == L + 1) return {Buf::kHostFinal, 0};
     return {Buf::kHostWeights, g - 1};
   };
+  const bool R = false, W = true;
   switch (o.kind) {
     case OpKind::kReadWeights:
-      k = {{Buf::kHostReadSlot, o.slot}, {Buf::kSsdWeights, o.layer}};
+      k = {{{Buf::kHostReadSlot, o.slot}, W}, {{Buf::kSsdWeights, o.layer}, R}};
       break;
     case OpKind::kLoadWeights:
-      k = {{Buf::kDevWeightSlot, o.slot}};
-      k.push_back(o.slot2 >= 0 ? Key{Buf::kHostReadSlot, o.slot2} : Key{Buf::kHostWeights, o.layer});
+      k = {{{Buf::kDevWeightSlot, o.slot}, W}};
+      if (o.in.kind == BufRef::kWeightsOut) k.push_back({{Buf::kHostWoutSlot, o.in.index}, R});
+      else if (o.slot2 >= 0) k.push_back({{Buf::kHostReadSlot, o.slot2}, R});
+      else k.push_back({{Buf::kHostWeights, o.layer}, R});
       break;
     case OpKind::kEmbedForward:
-      k = {act_key(o.out), {Buf::kDevEmbed, 0}};
+      k = {{act_key(o.out), W}, {{Buf::kDevEmbed, 0}, R}};
       // The first micro-batch's embedding forward also zeroes the step's embedding and
       // final-group gradients (scheduler.cc), which the previous step's saves read.
-      if (o.micro == 0) k.insert(k.end(), {{Buf::kDevEmbedGrad, 0}, {Buf::kDevFinalGrad, 0}});
+      if (o.micro == 0) k.insert(k.end(), {{{Buf::kDevEmbedGrad, 0}, W}, {{Buf::kDevFinalGrad, 0}, W}});
       break;
     case OpKind::kForward:
     case OpKind::kRecomputeInput:
     case OpKind::kRecompute:
-      k = {{Buf::kDevWeightSlot, o.slot}, act_key(o.in), act_key(o.out)};
+      k = {{{Buf::kDevWeightSlot, o.slot}, R}, {act_key(o.in), R}, {act_key(o.out), W}};
       break;
     case OpKind::kSaveCheckpoint:
-      k = {act_key(o.in), o.slot >= 0 ? Key{Buf::kHostCkptSlot, o.slot} : Key{Buf::kHostCkpt, o.layer}};
+      k = {{act_key(o.in), R}, {o.slot >= 0 ? Key{Buf::kHostCkptSlot, o.slot} : Key{Buf::kHostCkpt, o.layer}, W}};
       break;
     case OpKind::kWriteCheckpoint:
+      k = {{{Buf::kHostCkptSlot, o.slot}, R}, {{Buf::kSsdCkpt, o.layer}, W}};
+      break;
     case OpKind::kReadCheckpoint:
-      k = {{Buf::kHostCkptSlot, o.slot}, {Buf::kSsdCkpt, o.layer}};
+      k = {{{Buf::kHostCkptSlot, o.slot}, W}, {{Buf::kSsdCkpt, o.layer}, R}};
       break;
     case OpKind::kLoadCheckpoint:
-      k = {act_key(o.out), o.slot >= 0 ? Key{Buf::kHostCkptSlot, o.slot} : Key{Buf::kHostCkpt, o.layer}};
+      k = {{act_key(o.out), W}, {o.slot >= 0 ? Key{Buf::kHostCkptSlot, o.slot} : Key{Buf::kHostCkpt, o.layer}, R}};
       break;
     case OpKind::kHead:
-      k = {act_key(o.in), {Buf::kDevEmbed, 0}, {Buf::kDevFinal, 0}, {Buf::kDevEmbedGrad, 0}, {Buf::kDevFinalGrad, 0}};
+      k = {{act_key(o.in), R},
+           {{Buf::kDevEmbed, 0}, R},
+           {{Buf::kDevFinal, 0}, R},
+           {{Buf::kDevEmbedGrad, 0}, W},
+           {{Buf::kDevFinalGrad, 0}, W}};
       break;
     case OpKind::kHeadLoss:
-      k = {act_key(o.in), {Buf::kDevEmbed, 0}, {Buf::kDevFinal, 0}};
+      k = {{act_key(o.in), R}, {{Buf::kDevEmbed, 0}, R}, {{Buf::kDevFinal, 0}, R}};
       break;
     case OpKind::kBackward:
-      k = {{Buf::kDevWeightSlot, o.slot}, act_key(o.in), {Buf::kDevGradSlot, o.slot2}};
+      k = {{{Buf::kDevWeightSlot, o.slot}, R}, {act_key(o.in), R}, {{Buf::kDevGradSlot, o.slot2}, W}};
       break;
     case OpKind::kEmbedBackward:
-      k = {{Buf::kDevEmbed, 0}, {Buf::kDevEmbedGrad, 0}};
+      k = {{{Buf::kDevEmbed, 0}, R}, {{Buf::kDevEmbedGrad, 0}, W}};
       break;
     case OpKind::kSaveGrads:
-      k = {host_grad_key(o.out)};
-      if (o.layer == 0) k.push_back({Buf::kDevEmbedGrad, 0});
-      else if (o.layer == L + 1) k.push_back({Buf::kDevFinalGrad, 0});
-      else k.push_back({Buf::kDevGradSlot, o.slot});
+      k = {{host_grad_key(o.out), W}};
+      if (o.layer == 0) k.push_back({{Buf::kDevEmbedGrad, 0}, R});
+      else if (o.layer == L + 1) k.push_back({{Buf::kDevFinalGrad, 0}, R});
+      else k.push_back({{Buf::kDevGradSlot, o.slot}, R});
       break;
     case OpKind::kWriteGrads:
-      k = {host_grad_key(o.in), {Buf::kSsdGrads, o.layer}};
+      k = {{host_grad_key(o.in), R}, {{Buf::kSsdGrads, o.layer}, W}};
       break;
     case OpKind::kReadGrads:
-      k = {host_grad_key(o.out), {Buf::kSsdGrads, o.layer}};
+      k = {{host_grad_key(o.out), W}, {{Buf::kSsdGrads, o.layer}, R}};
       break;
     case OpKind::kLoadGrads:
-      k = {host_grad_key(o.in), {Buf::kDevGradSlot, o.slot}};
+      k = {{host_grad_key(o.in), R}, {{Buf::kDevGradSlot, o.slot}, W}};
       break;
     case OpKind::kGradSumSq:
-      k = {host_grad_key(o.in)};
+      k = {{host_grad_key(o.in), R}};
       break;
     case OpKind::kGradNorm:
       break;  // per-iteration scalars only
     case OpKind::kUpdate:
-      k = {host_grad_key(o.in), o.slot2 >= 0 ? Key{Buf::kHostWoutSlot, o.slot2} : host_weights_of_group(o.layer)};
+      k = {{host_grad_key(o.in), R},
+           {o.slot2 >= 0 ? Key{Buf::kHostWoutSlot, o.slot2} : host_weights_of_group(o.layer), W}};
       break;
     case OpKind::kWriteWeights:
-      k = {{Buf::kHostWoutSlot, o.slot}, {Buf::kSsdWeights, o.layer - 1}};
+      k = {{{Buf::kHostWoutSlot, o.slot}, R}, {{Buf::kSsdWeights, o.layer - 1}, W}};
       break;
     case OpKind::kLoadResident:
-      if (o.layer == 0) k = {{Buf::kHostEmbed, 0}, {Buf::kDevEmbed, 0}};
-      else k = {{Buf::kHostFinal, 0}, {Buf::kDevFinal, 0}};
+      if (o.layer == 0) k = {{{Buf::kHostEmbed, 0}, R}, {{Buf::kDevEmbed, 0}, W}};
+      else k = {{{Buf::kHostFinal, 0}, R}, {{Buf::kDevFinal, 0}, W}};
       break;
   }
   // BufRef kNone (an op without that buffer) names nothing.
   k.erase(std::remove_if(k.begin(), k.end(),
-                         [](const Key& x) {
-                           return (x.first == Buf::kDevAct || x.first == Buf::kHostGrad) && (x.second >> 20) == BufRef::kNone;
+                         [](const Use& x) {
+                           return (x.key.first == Buf::kDevAct || x.key.first == Buf::kHostGrad) &&
+                                  (x.key.second >> 20) == BufRef::kNone;
                          }),
           k.end());
   return k;
@@ -125,24 +140,32 @@ std::vector<Key> touched(const PlanOp& o, int L) {
 
 std::vector<std::vector<int>> previous_iteration_deps(const Plan& plan) {
   const int L = plan.model.n_layer;
-  // For each buffer, the last op on each resource that touched it in the iteration.
-  std::map<Key, std::array<int, kNumResources>> last;
+  // For each buffer, the last op on each resource that wrote it, and that touched it at all.
+  struct Last {
+    std::array<int, kNumResources> write, any;
+  };
+  std::map<Key, Last> last;
   for (const PlanOp& o : plan.ops) {
     FY_CHECK(o.id == static_cast<int>(&o - plan.ops.data()), "plan op ", o.id, " out of place");
-    for (const Key& k : touched(o, L)) {
-      auto [it, inserted] = last.try_emplace(k);
-      if (inserted) it->second.fill(-1);
-      it->second[static_cast<int>(o.resource)] = o.id;
+    for (const Use& u : touched(o, L)) {
+      auto [it, inserted] = last.try_emplace(u.key);
+      if (inserted) it->second.write.fill(-1), it->second.any.fill(-1);
+      if (u.write) it->second.write[static_cast<int>(o.resource)] = o.id;
+      it->second.any[static_cast<int>(o.resource)] = o.id;
     }
   }
+  // A read waits for the previous step's last writes of the buffer (read after write); a
+  // write also for its last reads (write after read).
   std::vector<std::vector<int>> deps(plan.ops.size());
   for (const PlanOp& o : plan.ops) {
     std::vector<int>& d = deps[o.id];
-    for (const Key& k : touched(o, L))
+    for (const Use& u : touched(o, L)) {
+      const Last& l = last.at(u.key);
       for (int r = 0; r < kNumResources; ++r) {
-        int prev = last.at(k)[r];
+        int prev = u.write ? l.any[r] : l.write[r];
         if (prev >= 0 && r != static_cast<int>(o.resource)) d.push_back(prev);
       }
+    }
     std::sort(d.begin(), d.end());
     d.erase(std::unique(d.begin(), d.end()), d.end());
   }

@@ -20,6 +20,7 @@ std::string buf_name(const BufRef& b) {
     case BufRef::kHostGrad: return str("host.grad", b.index);
     case BufRef::kGradHold: return str("grad.hold.layer", b.index);
     case BufRef::kGradStage: return str("grad.stage", b.index);
+    case BufRef::kWeightsOut: return str("weights.out", b.index);
     case BufRef::kNone: break;
   }
   return "";
@@ -38,12 +39,16 @@ std::string Plan::table() const {
   for (size_t l = 0; l < layers.size(); ++l)
     out += str(l < 10 ? "    " : l < 100 ? "   " : "  ", l, "  ", act_placement_name(layers[l].act),
                std::string(13 - std::string(act_placement_name(layers[l].act)).size(), ' '),
-               tier_name(layers[l].weights), layers[l].weights == StateTier::kHost ? "     " : "      ",
+               tier_name(layers[l].weights),
+               layers[l].retained >= 0 ? "+     " : layers[l].weights == StateTier::kHost ? "     " : "      ",
                tier_name(layers[l].optim),
                holds_grads() ? str(layers[l].optim == StateTier::kHost ? "       " : "        ",
                                    tier_name(layers[l].grads))
                              : std::string(),
                "\n");
+  bool any_retained = false;
+  for (const auto& d : layers) any_retained |= d.retained >= 0;
+  if (any_retained) out += "(ssd+: new weights also stay in a host slot for the next step's forward)\n";
   out += str("embedding/final optimizer state: ", tier_name(embed_optim), "/", tier_name(final_optim), "\n");
   out += str("pools: device weight slots ", pools.device_weight_slots, ", device checkpoint slots ",
              pools.device_ckpt_slots, ", device gradient slots ", pools.device_grad_slots,
@@ -77,6 +82,7 @@ nlohmann::json Plan::to_json() const {
     nlohmann::json l{{"activations", act_placement_name(d.act)}, {"weights", tier_name(d.weights)},
                      {"optimizer", tier_name(d.optim)}};
     if (holds_grads()) l["gradients"] = tier_name(d.grads);
+    if (d.retained >= 0) l["retained_in_weights_out_slot"] = d.retained;
     j["layers"].push_back(l);
   }
   j["pools"] = {{"device_weight_slots", pools.device_weight_slots},

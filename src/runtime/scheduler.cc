@@ -285,7 +285,8 @@ class OffloadTrainer::Impl {
       case BufRef::kNone:
       case BufRef::kHostGrad:
       case BufRef::kGradHold:
-      case BufRef::kGradStage: break;  // host gradient buffers: host_grad()
+      case BufRef::kGradStage:
+      case BufRef::kWeightsOut: break;  // host buffers: host_grad(), hwout_
     }
     FY_CHECK(false, "op without a device activation buffer");
     return nullptr;
@@ -317,9 +318,12 @@ class OffloadTrainer::Impl {
       if (g == 0) be_.copy_to_device(embed_w_, host_embed_.data(), 4 * host_embed_.size());
       if (g == L + 1) be_.copy_to_device(final_w_, host_final_.data(), 4 * host_final_.size());
     } else {
-      std::memcpy(hwout_[0], src, 4 * pg.numel);
-      std::memset(reinterpret_cast<char*>(hwout_[0]) + 4 * pg.numel, 0, pad4k(4 * pg.numel) - 4 * pg.numel);
-      store_->write_sync(wext_[g - 1], 0, hwout_[0], pad4k(wbytes_));
+      // To SSD through a read-staging slot (free between steps); a retained layer's
+      // weights-out slot gets them too, where the first step's forward loads them.
+      std::memcpy(hread_[0], src, 4 * pg.numel);
+      std::memset(reinterpret_cast<char*>(hread_[0]) + 4 * pg.numel, 0, pad4k(4 * pg.numel) - 4 * pg.numel);
+      store_->write_sync(wext_[g - 1], 0, hread_[0], pad4k(wbytes_));
+      if (plan_.layers[g - 1].retained >= 0) std::memcpy(hwout_[plan_.layers[g - 1].retained], src, 4 * pg.numel);
     }
   }
 
@@ -349,9 +353,13 @@ class OffloadTrainer::Impl {
       case OpKind::kReadWeights:
         store_->read_sync(wext_[op.layer], 0, hread_[op.slot], pad4k(wbytes_));
         break;
-      case OpKind::kLoadWeights:
-        be_.copy_to_device(wslot_[op.slot], op.slot2 >= 0 ? hread_[op.slot2] : host_w_[op.layer].data(), wbytes_);
+      case OpKind::kLoadWeights: {
+        const float* src = op.in.kind == BufRef::kWeightsOut ? hwout_[op.in.index]
+                           : op.slot2 >= 0                  ? hread_[op.slot2]
+                                                            : host_w_[op.layer].data();
+        be_.copy_to_device(wslot_[op.slot], src, wbytes_);
         break;
+      }
       case OpKind::kEmbedForward: {
         // Each micro-batch's tokens go to the device here, on the compute queue: the previous
         // micro-batch's head and embedding backward, which read them, ran before.
