@@ -237,13 +237,14 @@ Plan make_plan(const PlanRequest& req) {
                        sz.embed + sz.final;  // host copies of the resident groups' weights
   plan.layers.resize(L);
   for (int l = 0; l < L; ++l) plan.layers[l].act = acts[l];
-  // The updates of the embedding and of layer 0 are the last of an iteration (after the
-  // last layer backward) and the next iteration's forward starts with their results, so
-  // their state's SSD traffic would lie on the critical path between iterations, where
-  // nothing else runs. Their optimizer state takes host memory first, before any layer's
-  // weights, when it fits beside the SSD staging that the layers would then need.
+  // The updates of the embedding and of layers 0 and 1 are the last of an iteration (at or
+  // after the last layer backward, which is short beside an update streaming its state)
+  // and the next iteration's forward starts with their results, so their state's SSD
+  // traffic would lie on the critical path between iterations, where nothing else runs.
+  // Their optimizer state takes host memory first, before any layer's weights, when it fits
+  // beside the SSD staging that the layers would then need.
   int tail_groups = 0;  // groups 0 .. tail_groups-1 have their optimizer state on the host
-  for (uint64_t state : {12 * sz.embed / 4, 12 * sz.weights / 4}) {
+  for (uint64_t state : {12 * sz.embed / 4, 12 * sz.weights / 4, 12 * sz.weights / 4}) {
     if (!req.have_ssd || req.optim_on_ssd ||
         host_used + state + 4 * sz.weights + kOptimChunkPool + (hold ? 2 * sz.weights : 0) > host_budget)
       break;
