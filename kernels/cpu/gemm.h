@@ -15,6 +15,13 @@ void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, cons
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                int lda, const float* B, int ldb, float beta, float* C, int ldc);
 
+// The backend's matmul_forward / matmul_backward (include/fuyou/backend.h) with bf16 GEMM
+// inputs, as gemm_bf16 computes them but with fewer passes over memory (gemm_lowp.cc).
+void matmul_forward_bf16(float* out, const float* in, const float* w, const float* bias, int N,
+                         int IC, int OC);
+void matmul_backward_bf16(float* din, float* dw, float* dbias, const float* dout, const float* in,
+                          const float* w, int N, int IC, int OC);
+
 // The same with A and B rounded to fp16 (fp32 accumulation); see gemm_lowp.cc for why it
 // runs at fp32 speed here.
 void gemm_fp16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,

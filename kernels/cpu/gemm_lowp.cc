@@ -3,13 +3,20 @@
 // ignores the fp32 "fpmath bf16" attribute on this CPU (measured: bit-identical to fp32), so
 // the rounding is explicit; it costs one read of each operand, small next to the product on
 // the transformer's shapes. Primitives are created once per shape and cached, so after the
-// first step nothing is created or allocated.
+// first step nothing is created or allocated. The model's projections come through
+// matmul_forward_bf16 / matmul_backward_bf16, which spend fewer passes over memory than
+// generic GEMM calls would: the bias is the primitive's bias argument (no copy of it into
+// the output first), and the backward rounds the output gradient once for both of its GEMMs
+// in the same pass that sums it into the bias gradient.
 #include <dnnl.hpp>
+#include <omp.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "fuyou/error.h"
@@ -32,20 +39,105 @@ FY_CLONES void round_rows(uint16_t* dst, const float* src, int rows, int cols, i
   }
 }
 
-using Key = std::tuple<bool, bool, int, int, int, int, bool>;
+// Dense bf16 copy of the first `cols` columns of rows [r0, r1) of src (row stride ld), and
+// when sums is given, sums[c - c0] += src[r][c] for columns [c0, c1) of those rows, summed
+// row by row in order (the order of the fp32 bias-gradient loop it replaces).
+FY_CLONES void round_cols_sum(uint16_t* dst, float* sums, const float* src, int r0, int r1, int c0,
+                              int c1, int cols, int ld) {
+  for (int r = r0; r < r1; ++r) {
+    const float* s = src + static_cast<size_t>(r) * ld;
+    uint16_t* d = dst + static_cast<size_t>(r) * cols;
+#pragma omp simd
+    for (int c = c0; c < c1; ++c) {
+      d[c] = math::float_to_bf16(s[c]);
+      if (sums) sums[c - c0] += s[c];
+    }
+  }
+}
+
+// dst(rows, cols) dense bf16 <- src (row stride ld); with dbias, also dbias[c] += the column
+// sums of src. Threads own column ranges (multiples of 32) and stream the rows in order, so
+// each column's sum is the sequential one and one read of src serves both.
+void round_with_column_sums(uint16_t* dst, float* dbias, const float* src, int rows, int cols, int ld) {
+#pragma omp parallel
+  {
+    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    // 32 bf16 columns are one 64-byte line: threads never write the same line of dst.
+    const int blocks = (cols + 31) / 32;
+    const int c0 = std::min(cols, 32 * static_cast<int>(static_cast<int64_t>(blocks) * id / nt));
+    const int c1 = std::min(cols, 32 * static_cast<int>(static_cast<int64_t>(blocks) * (id + 1) / nt));
+    if (c1 > c0) {
+      static thread_local std::vector<float> sums;  // grows once, then is reused
+      sums.assign(dbias ? c1 - c0 : 0, 0.0f);
+      round_cols_sum(dst, dbias ? sums.data() : nullptr, src, 0, rows, c0, c1, cols, ld);
+      if (dbias)
+        for (int c = c0; c < c1; ++c) dbias[c] += sums[c - c0];
+    }
+  }
+}
+
+// operand type, transposes, shape, lda, ldb, ldc, accumulate into C, bias
+using Key = std::tuple<int, bool, bool, int, int, int, int, int, int, bool, bool>;
 
 struct Cache {
   std::mutex mu;
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{eng};  // one for every call: calls are serialised by `mu`
   std::map<Key, dnnl::matmul> prims;
-  std::vector<uint16_t> a, b;  // rounded operands; grow to the largest shape, then stay
-  std::vector<float> fa, fb;   // fp16-rounded operands held as fp32 (gemm_fp16)
+  std::vector<uint16_t> a, b, d;  // rounded operands; grow to the largest shape, then stay
+  std::vector<float> fa, fb;      // fp16-rounded operands held as fp32 (gemm_fp16)
 };
 
 Cache& cache() {
   static Cache c;
   return c;
+}
+
+uint16_t* scratch(std::vector<uint16_t>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+// C(M,N) = op(A) op(B) (+ bias row) (+ C when accumulate), A and B of type `type` with row
+// strides lda, ldb as stored (op(A) = A^T means A is (K, M) in memory); the transposes are
+// strides, so they cost nothing. Caller holds c.mu.
+void run_matmul(Cache& c, dnnl::memory::data_type type, bool trans_a, bool trans_b, int M, int N,
+                int K, const void* A, int lda, const void* B, int ldb, const float* bias,
+                bool accumulate, float* C, int ldc) {
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  dims a_strides = trans_a ? dims{1, lda} : dims{lda, 1};
+  dims b_strides = trans_b ? dims{1, ldb} : dims{ldb, 1};
+  dnnl::memory::desc a_md({M, K}, type, a_strides);
+  dnnl::memory::desc b_md({K, N}, type, b_strides);
+  dnnl::memory::desc c_md({M, N}, dt::f32, dims{ldc, 1});
+  dnnl::memory::desc bias_md({1, N}, dt::f32, dims{N, 1});
+  Key key{static_cast<int>(type), trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, bias != nullptr};
+  auto it = c.prims.find(key);
+  if (it == c.prims.end()) {
+    dnnl::primitive_attr attr;
+    if (accumulate) {
+      dnnl::post_ops po;
+      po.append_sum(1.0f);
+      attr.set_post_ops(po);
+    }
+    auto d = bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md) : dnnl::matmul::desc(a_md, b_md, c_md);
+    dnnl::matmul::primitive_desc pd(d, attr, c.eng);
+    it = c.prims.emplace(key, dnnl::matmul(pd)).first;
+  }
+  dnnl::memory am(a_md, c.eng, const_cast<void*>(A)), bm(b_md, c.eng, const_cast<void*>(B)),
+      cm(c_md, c.eng, C);
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+  if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(bias_md, c.eng, const_cast<float*>(bias)));
+  it->second.execute(c.stream, args);
+  c.stream.wait();
+}
+
+// The same on dense bf16 copies (row strides their widths).
+void run_bf16(Cache& c, bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A,
+              const uint16_t* B, const float* bias, bool accumulate, float* C, int ldc) {
+  run_matmul(c, dnnl::memory::data_type::bf16, trans_a, trans_b, M, N, K, A, trans_a ? M : K, B,
+             trans_b ? K : N, bias, accumulate, C, ldc);
 }
 
 }  // namespace
@@ -55,40 +147,45 @@ void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
   if (M == 0 || N == 0) return;
   FY_CHECK(alpha == 1.0f && (beta == 0.0f || beta == 1.0f), "gemm_bf16 supports alpha 1, beta 0|1; got ",
            alpha, ", ", beta);
-  using dt = dnnl::memory::data_type;
-  using dims = dnnl::memory::dims;
   Cache& c = cache();
   // One caller at a time: the scratch is shared. The model calls GEMMs from one thread;
   // the parallelism is inside.
   std::lock_guard<std::mutex> lock(c.mu);
-  const size_t na = static_cast<size_t>(M) * K, nb = static_cast<size_t>(K) * N;
-  if (c.a.size() < na) c.a.resize(na);
-  if (c.b.size() < nb) c.b.resize(nb);
+  uint16_t* a = scratch(c.a, static_cast<size_t>(M) * K);
+  uint16_t* b = scratch(c.b, static_cast<size_t>(K) * N);
   // Round the operands as stored: op(A) = A^T means A is (K, M) in memory.
-  if (trans_a) round_rows(c.a.data(), A, K, M, lda); else round_rows(c.a.data(), A, M, K, lda);
-  if (trans_b) round_rows(c.b.data(), B, N, K, ldb); else round_rows(c.b.data(), B, K, N, ldb);
-  // The dense bf16 copies are described with strides, so the transposes cost nothing.
-  dims a_strides = trans_a ? dims{1, M} : dims{K, 1};
-  dims b_strides = trans_b ? dims{1, K} : dims{N, 1};
-  dnnl::memory::desc a_md({M, K}, dt::bf16, a_strides);
-  dnnl::memory::desc b_md({K, N}, dt::bf16, b_strides);
-  dnnl::memory::desc c_md({M, N}, dt::f32, dims{ldc, 1});
-  Key key{trans_a, trans_b, M, N, K, ldc, beta != 0.0f};
-  auto it = c.prims.find(key);
-  if (it == c.prims.end()) {
-    dnnl::primitive_attr attr;
-    if (beta != 0.0f) {
-      dnnl::post_ops po;
-      po.append_sum(1.0f);
-      attr.set_post_ops(po);
-    }
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, c.eng);
-    it = c.prims.emplace(key, dnnl::matmul(pd)).first;
+  if (trans_a) round_rows(a, A, K, M, lda); else round_rows(a, A, M, K, lda);
+  if (trans_b) round_rows(b, B, N, K, ldb); else round_rows(b, B, K, N, ldb);
+  run_bf16(c, trans_a, trans_b, M, N, K, a, b, nullptr, beta != 0.0f, C, ldc);
+}
+
+void matmul_forward_bf16(float* out, const float* in, const float* w, const float* bias, int N,
+                         int IC, int OC) {
+  if (N == 0 || OC == 0) return;
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  uint16_t* a = scratch(c.a, static_cast<size_t>(N) * IC);
+  uint16_t* b = scratch(c.b, static_cast<size_t>(OC) * IC);
+  round_rows(a, in, N, IC, IC);
+  round_rows(b, w, OC, IC, IC);
+  run_bf16(c, false, true, N, OC, IC, a, b, bias, false, out, OC);
+}
+
+void matmul_backward_bf16(float* din, float* dw, float* dbias, const float* dout, const float* in,
+                          const float* w, int N, int IC, int OC) {
+  if (N == 0 || OC == 0) return;
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  uint16_t* d = scratch(c.d, static_cast<size_t>(N) * OC);
+  round_with_column_sums(d, dbias, dout, N, OC, OC);
+  if (din) {
+    uint16_t* b = scratch(c.b, static_cast<size_t>(OC) * IC);
+    round_rows(b, w, OC, IC, IC);
+    run_bf16(c, false, false, N, IC, OC, d, b, nullptr, false, din, IC);
   }
-  dnnl::memory am(a_md, c.eng, c.a.data()), bm(b_md, c.eng, c.b.data()),
-      cm(c_md, c.eng, C);
-  it->second.execute(c.stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
-  c.stream.wait();
+  uint16_t* a = scratch(c.a, static_cast<size_t>(N) * IC);
+  round_rows(a, in, N, IC, IC);
+  run_bf16(c, true, false, OC, IC, N, d, a, nullptr, true, dw, IC);
 }
 
 // fp16: this CPU has no fast fp16 arithmetic, so the operands are rounded to fp16 (nearest

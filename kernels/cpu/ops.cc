@@ -34,6 +34,66 @@ void reduce_partials(float* dst, const std::vector<float*>& partials, int n) {
   }
 }
 
+// The row loops of LayerNorm and of the bias gradient, compiled per instruction set and
+// picked at run time like FY_CLONES below, with LayerNorm's double statistics as vector
+// reductions. The plain loops ran scalar (the library is built for baseline x86-64);
+// measured at the default shape on one thread, LayerNorm forward 1.49 -> 0.31 ms and
+// backward 1.98 -> 0.44 ms per call.
+#define FY_ROW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+FY_ROW_CLONES void layernorm_row(float* o, float* mean, float* rstd, const float* x,
+                                 const float* w, const float* b, int C) {
+  math::StatAcc s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int c = 0; c < C; ++c) s += x[c];
+  float m = static_cast<float>(s / C);
+  math::StatAcc v = 0;
+#pragma omp simd reduction(+ : v)
+  for (int c = 0; c < C; ++c) {
+    math::StatAcc d = x[c] - m;
+    v += d * d;
+  }
+  float r = static_cast<float>(1.0 / std::sqrt(v / C + 1e-5));
+#pragma omp simd
+  for (int c = 0; c < C; ++c) o[c] = math::layernorm_apply(x[c], m, r, w[c], b[c]);
+  *mean = m;
+  *rstd = r;
+}
+
+// dL/dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w, added to dx; the
+// row's dw and db terms are added to the thread's partial sums.
+FY_ROW_CLONES void layernorm_row_backward(float* dx, float* dw_acc, float* db_acc, const float* dy,
+                                          const float* x, const float* w, float m, float r, int C) {
+  math::StatAcc g_mean = 0, gx_mean = 0;
+#pragma omp simd reduction(+ : g_mean, gx_mean)
+  for (int c = 0; c < C; ++c) {
+    float xhat = (x[c] - m) * r;
+    float g = dy[c] * w[c];
+    g_mean += g;
+    gx_mean += g * xhat;
+  }
+  float gm = static_cast<float>(g_mean / C), gxm = static_cast<float>(gx_mean / C);
+#pragma omp simd
+  for (int c = 0; c < C; ++c) {
+    float xhat = (x[c] - m) * r;
+    float g = dy[c] * w[c];
+    dx[c] += (g - gm - xhat * gxm) * r;
+    dw_acc[c] += dy[c] * xhat;
+    db_acc[c] += dy[c];
+  }
+}
+
+// dbias[o] += sum over the N rows of d[n][o] for o in [o0, o1), o1 - o0 <= 256, rows in order.
+FY_ROW_CLONES void column_sums(float* dbias, const float* d, int o0, int o1, int N, int OC) {
+  float acc[256] = {};
+  for (int n = 0; n < N; ++n) {
+    const float* dn = d + static_cast<size_t>(n) * OC;
+#pragma omp simd
+    for (int o = o0; o < o1; ++o) acc[o - o0] += dn[o];
+  }
+  for (int o = o0; o < o1; ++o) dbias[o] += acc[o - o0];
+}
+
 }  // namespace
 
 void CpuBackend::embedding_forward(float* out, const int32_t* tokens, const float* wte,
@@ -74,22 +134,8 @@ void CpuBackend::embedding_backward(float* dwte, float* dwpe, const float* dout,
 void CpuBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* in,
                                    const float* w, const float* b, int N, int C) {
 #pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; ++n) {
-    const float* x = in + static_cast<size_t>(n) * C;
-    math::StatAcc s = 0;
-    for (int c = 0; c < C; ++c) s += x[c];
-    float m = static_cast<float>(s / C);
-    math::StatAcc v = 0;
-    for (int c = 0; c < C; ++c) {
-      math::StatAcc d = x[c] - m;
-      v += d * d;
-    }
-    float r = static_cast<float>(1.0 / std::sqrt(v / C + 1e-5));
-    float* o = out + static_cast<size_t>(n) * C;
-    for (int c = 0; c < C; ++c) o[c] = math::layernorm_apply(x[c], m, r, w[c], b[c]);
-    mean[n] = m;
-    rstd[n] = r;
-  }
+  for (int n = 0; n < N; ++n)
+    layernorm_row(out + static_cast<size_t>(n) * C, mean + n, rstd + n, in + static_cast<size_t>(n) * C, w, b, C);
 }
 
 void CpuBackend::layernorm_backward(float* din, float* dw, float* db, const float* dout,
@@ -100,31 +146,10 @@ void CpuBackend::layernorm_backward(float* din, float* dw, float* db, const floa
   {
     float* acc = thread_partials(2 * static_cast<size_t>(C));
     partials[omp_get_thread_num()] = acc;
-    float* dw_acc = acc;
-    float* db_acc = acc + C;
 #pragma omp for schedule(static)
-    for (int n = 0; n < N; ++n) {
-      const float* x = in + static_cast<size_t>(n) * C;
-      const float* dy = dout + static_cast<size_t>(n) * C;
-      float* dx = din + static_cast<size_t>(n) * C;
-      float m = mean[n], r = rstd[n];
-      // dL/dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w.
-      math::StatAcc g_mean = 0, gx_mean = 0;
-      for (int c = 0; c < C; ++c) {
-        float xhat = (x[c] - m) * r;
-        float g = dy[c] * w[c];
-        g_mean += g;
-        gx_mean += g * xhat;
-      }
-      float gm = static_cast<float>(g_mean / C), gxm = static_cast<float>(gx_mean / C);
-      for (int c = 0; c < C; ++c) {
-        float xhat = (x[c] - m) * r;
-        float g = dy[c] * w[c];
-        dx[c] += (g - gm - xhat * gxm) * r;
-        dw_acc[c] += dy[c] * xhat;
-        db_acc[c] += dy[c];
-      }
-    }
+    for (int n = 0; n < N; ++n)
+      layernorm_row_backward(din + static_cast<size_t>(n) * C, acc, acc + C, dout + static_cast<size_t>(n) * C,
+                             in + static_cast<size_t>(n) * C, w, mean[n], rstd[n], C);
   }
   partials.erase(std::remove(partials.begin(), partials.end(), nullptr), partials.end());
   std::vector<float*> dws, dbs;
@@ -138,38 +163,31 @@ void CpuBackend::layernorm_backward(float* din, float* dw, float* db, const floa
 
 void CpuBackend::matmul_forward(float* out, const float* in, const float* w, const float* bias,
                                 int N, int IC, int OC) {
+  if (precision_ == MatmulPrecision::kBf16) return matmul_forward_bf16(out, in, w, bias, N, IC, OC);
+  // fp32 stays on dnnl_sgemm: oneDNN's fp32 matmul primitive measured 2-15% slower on every
+  // projection of the default shape.
   float beta = 0.0f;
   if (bias) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; ++n) std::memcpy(out + static_cast<size_t>(n) * OC, bias, sizeof(float) * OC);
     beta = 1.0f;
   }
-  auto gemm = precision_ == MatmulPrecision::kBf16   ? gemm_bf16
-              : precision_ == MatmulPrecision::kFp16 ? gemm_fp16
-                                                     : gemm_f32;
+  auto gemm = precision_ == MatmulPrecision::kFp16 ? gemm_fp16 : gemm_f32;
   gemm(false, true, N, OC, IC, 1.0f, in, IC, w, IC, beta, out, OC);
 }
 
 void CpuBackend::matmul_backward(float* din, float* dw, float* dbias, const float* dout,
                                  const float* in, const float* w, int N, int IC, int OC) {
-  auto gemm = precision_ == MatmulPrecision::kBf16   ? gemm_bf16
-              : precision_ == MatmulPrecision::kFp16 ? gemm_fp16
-                                                     : gemm_f32;
+  if (precision_ == MatmulPrecision::kBf16)
+    return matmul_backward_bf16(din, dw, dbias, dout, in, w, N, IC, OC);
+  auto gemm = precision_ == MatmulPrecision::kFp16 ? gemm_fp16 : gemm_f32;
   if (din) gemm(false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, din, IC);
   gemm(true, false, OC, IC, N, 1.0f, dout, OC, in, IC, 1.0f, dw, IC);
   if (dbias) {
     // Column sums: threads own column blocks, rows stream through in order.
     constexpr int kBlock = 256;
 #pragma omp parallel for schedule(static)
-    for (int o0 = 0; o0 < OC; o0 += kBlock) {
-      int o1 = std::min(OC, o0 + kBlock);
-      float acc[kBlock] = {};
-      for (int n = 0; n < N; ++n) {
-        const float* d = dout + static_cast<size_t>(n) * OC;
-        for (int o = o0; o < o1; ++o) acc[o - o0] += d[o];
-      }
-      for (int o = o0; o < o1; ++o) dbias[o] += acc[o - o0];
-    }
+    for (int o0 = 0; o0 < OC; o0 += kBlock) column_sums(dbias, dout, o0, std::min(OC, o0 + kBlock), N, OC);
   }
 }
 
