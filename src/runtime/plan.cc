@@ -495,6 +495,14 @@ Plan make_plan(const PlanRequest& req) {
   std::vector<PendingUpdate> pending;
   std::vector<int> sum_sq_ops;
   auto group_bytes = [&](int g) { return g == 0 ? sz.embed : g == L + 1 ? sz.final : sz.weights; };
+  int final_update = -1;  // its refresh is emitted at the end of the step
+  auto emit_refresh = [&](int group, int update, int part, int parts) {
+    PlanOp& r = add(OpKind::kLoadResident, Resource::kH2D, group, {update});
+    r.micro = K - 1;
+    r.part = part;
+    r.parts = parts;
+    r.bytes = (group == 0 ? sz.embed : sz.final) / parts;
+  };
   auto emit_update = [&](const PendingUpdate& p, int norm_op) {
     int l = p.group - 1;
     bool is_layer = p.group >= 1 && p.group <= L;
@@ -537,12 +545,14 @@ Plan make_plan(const PlanRequest& req) {
       w.bytes = sz.weights;
       host_wout_writer[wout] = w.id;
     }
-    if (!is_layer) {
-      PlanOp& r = add(OpKind::kLoadResident, Resource::kH2D, p.group, {uid});
-      r.micro = K - 1;
-      r.part = p.part;
-      r.parts = p.parts;
-      r.bytes = (p.group == 0 ? sz.embed : sz.final) / p.parts;
+    if (p.group == L + 1 && !req.exact) {
+      // The final group is updated right after the head, but only the next step's head reads
+      // its device copy: refreshed at the end of the step (below), its copy does not hold the
+      // in-order h2d queue, and with it the backward's checkpoint and weight loads (and the
+      // SSD reads waiting for their staging slots), behind the update.
+      final_update = uid;
+    } else if (!is_layer) {
+      emit_refresh(p.group, uid, p.part, p.parts);
     }
   };
   // The embedding and final groups' gradients stay on the device across micro-batches and
@@ -808,6 +818,7 @@ Plan make_plan(const PlanRequest& req) {
               [&](const PendingUpdate& a, const PendingUpdate& b) { return rank(a) < rank(b); });
     for (const auto& p : pending) emit_update(p, norm);
   }
+  if (final_update >= 0) emit_refresh(L + 1, final_update, 0, 1);
   return plan;
 }
 
