@@ -9,6 +9,7 @@
 #include <mutex>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <unistd.h>
 
 #include "fuyou/error.h"
@@ -76,6 +77,24 @@ Run offloaded(const Config& cfg, const PlanRequest& req, const std::vector<std::
   out.params.resize(layout.total);
   tr.read_params(out.params.data());
   return out;
+}
+
+// A trainer with every layer's checkpoint, weights and optimizer state on SSD (exact mode
+// when the config clips), its parameters the model's initial ones.
+std::unique_ptr<OffloadTrainer> all_on_ssd(const Config& cfg, Backend& be, SsdStore* store) {
+  PlanRequest req;
+  req.model = cfg.model;
+  req.micro_batch = cfg.schedule.micro_batch;
+  req.exact = cfg.optimizer.grad_clip > 0;
+  req.have_ssd = true;
+  req.acts = std::vector<ActPlacement>(cfg.model.n_layer, ActPlacement::kSsd);
+  req.weights_on_ssd = req.optim_on_ssd = true;
+  auto tr = std::make_unique<OffloadTrainer>(cfg, be, make_plan(req), store);
+  ParamLayout layout = make_gpt_layout(cfg.model);
+  std::vector<float> init(layout.total);
+  init_gpt_params(cfg.model, layout, init.data());
+  tr->set_params(init.data());
+  return tr;
 }
 
 void require_bitwise(const Run& a, const Run& b) {
@@ -156,18 +175,9 @@ TEST_CASE("no stale weights: each forward sees the weights of the previous updat
       }
     }
     auto store = SsdStore::open({{store_dir("stale")}});
-    PlanRequest req;
-    req.model = cfg.model;
-    req.micro_batch = cfg.schedule.micro_batch;
-    req.exact = clip > 0;
-    req.have_ssd = true;
-    req.acts = std::vector<ActPlacement>(L, ActPlacement::kSsd);
-    req.weights_on_ssd = req.optim_on_ssd = true;
     auto be = make_cpu_backend(2, 0);
-    OffloadTrainer tr(cfg, *be, make_plan(req), store.get());
-    std::vector<float> init(layout.total);
-    init_gpt_params(cfg.model, layout, init.data());
-    tr.set_params(init.data());
+    auto trainer = all_on_ssd(cfg, *be, store.get());
+    OffloadTrainer& tr = *trainer;
     int calls = 0, stale = 0;
     tr.on_forward = [&](int l, const float* w, size_t n) {
       const int s = calls++ / L;  // forwards run in order on the compute thread, L per step
@@ -184,10 +194,10 @@ TEST_CASE("no stale weights: each forward sees the weights of the previous updat
 TEST_CASE("steps overlap: the next step starts while the previous one's updates run", "[scheduler]") {
   // A step's last update is held back until the next step has visibly started: without
   // overlap it would wait until the timeout and the check would fail. Plain mode: the
-  // embedding's update comes last, and the next step's first weight read (layer 0, whose
-  // update was written before) starts meanwhile. Exact mode: updates run in forward order
-  // after the norm, and the next step's first layer forward starts while the last layer's
-  // update (the last one) waits.
+  // embedding's update comes last, and the next step's first weight read (layer 2, whose
+  // update was written before; layers 0 and 1 are retained in host slots) starts meanwhile.
+  // Exact mode: updates run in forward order after the norm, and the next step's first
+  // layer forward starts while the last layer's update (the last one) waits.
   for (double clip : {0.0, 0.5}) {
     INFO("clip " << clip);
     Config cfg = tiny_config(clip);
@@ -195,19 +205,10 @@ TEST_CASE("steps overlap: the next step starts while the previous one's updates 
     auto data = batches(cfg, 3);
     Run ref = in_memory(cfg, data);
     auto store = SsdStore::open({{store_dir("overlap")}});
-    PlanRequest req;
-    req.model = cfg.model;
-    req.micro_batch = cfg.schedule.micro_batch;
-    req.exact = clip > 0;
-    req.have_ssd = true;
-    req.acts = std::vector<ActPlacement>(L, ActPlacement::kSsd);
-    req.weights_on_ssd = req.optim_on_ssd = true;
     auto be = make_cpu_backend(2, 0);
-    OffloadTrainer tr(cfg, *be, make_plan(req), store.get());
+    auto trainer = all_on_ssd(cfg, *be, store.get());
+    OffloadTrainer& tr = *trainer;
     ParamLayout layout = make_gpt_layout(cfg.model);
-    std::vector<float> init(layout.total);
-    init_gpt_params(cfg.model, layout, init.data());
-    tr.set_params(init.data());
     const int held_group = clip > 0 ? L : 0;
     const OpKind next_kind = clip > 0 ? OpKind::kForward : OpKind::kReadWeights;
     std::mutex mu;
