@@ -155,32 +155,27 @@ MemoryStats CudaBackend::memory() const {
 
 // ---- copies -------------------------------------------------------------------------------
 
-void CudaBackend::copy_to_device(void* dst, const void* src, size_t bytes) {
+// One copy on a transfer stream: wait for the kernels queued so far (one may still read dst
+// or write src) unless the caller orders the work itself; copy; wait for the copy.
+void CudaBackend::copy_on(cudaStream_t stream, cudaEvent_t ready, std::mutex& mu, void* dst, const void* src,
+                          size_t bytes, cudaMemcpyKind kind) {
   if (!bytes) return;
-  std::lock_guard<std::mutex> lock(h2d_mu_);
+  std::lock_guard<std::mutex> lock(mu);
   bind();
-  // Wait for the kernels queued so far (one may still read dst) unless the caller orders
-  // the work itself; copy; wait for the copy.
   if (!caller_ordered_) {
-    FY_CUDA(cudaEventRecord(h2d_ready_, compute_));
-    FY_CUDA(cudaStreamWaitEvent(h2d_, h2d_ready_, 0));
+    FY_CUDA(cudaEventRecord(ready, compute_));
+    FY_CUDA(cudaStreamWaitEvent(stream, ready, 0));
   }
-  FY_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, h2d_));
-  FY_CUDA(cudaStreamSynchronize(h2d_));
+  FY_CUDA(cudaMemcpyAsync(dst, src, bytes, kind, stream));
+  FY_CUDA(cudaStreamSynchronize(stream));
+}
+
+void CudaBackend::copy_to_device(void* dst, const void* src, size_t bytes) {
+  copy_on(h2d_, h2d_ready_, h2d_mu_, dst, src, bytes, cudaMemcpyHostToDevice);
 }
 
 void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
-  if (!bytes) return;
-  std::lock_guard<std::mutex> lock(d2h_mu_);
-  bind();
-  // Wait for the kernels queued so far (they may write src) unless the caller orders the
-  // work itself; copy; wait for the copy.
-  if (!caller_ordered_) {
-    FY_CUDA(cudaEventRecord(d2h_ready_, compute_));
-    FY_CUDA(cudaStreamWaitEvent(d2h_, d2h_ready_, 0));
-  }
-  FY_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, d2h_));
-  FY_CUDA(cudaStreamSynchronize(d2h_));
+  copy_on(d2h_, d2h_ready_, d2h_mu_, dst, src, bytes, cudaMemcpyDeviceToHost);
 }
 
 void CudaBackend::copy_on_device(void* dst, const void* src, size_t bytes) {

@@ -102,6 +102,8 @@ class CudaBackend final : public Backend {
             long long sc, int batch, bool mixed);
 
  private:
+  void copy_on(cudaStream_t stream, cudaEvent_t ready, std::mutex& mu, void* dst, const void* src, size_t bytes,
+               cudaMemcpyKind kind);
   // Column sums of x(N,C) added into out(C) (bias and norm-weight gradients).
   void add_column_sums(float* out, const float* x, int N, int C);
 
