@@ -17,58 +17,6 @@
 
 namespace fuyou {
 
-const char* resource_name(Resource r) {
-  switch (r) {
-    case Resource::kCompute: return "compute";
-    case Resource::kH2D: return "h2d";
-    case Resource::kD2H: return "d2h";
-    case Resource::kSsdRead: return "ssd_read";
-    case Resource::kSsdWrite: return "ssd_write";
-    case Resource::kOptimizer: return "optimizer";
-  }
-  return "?";
-}
-
-const char* act_placement_name(ActPlacement a) {
-  switch (a) {
-    case ActPlacement::kKeep: return "keep";
-    case ActPlacement::kDevice: return "device";
-    case ActPlacement::kHost: return "host";
-    case ActPlacement::kSsd: return "ssd";
-    case ActPlacement::kRecompute: return "recompute";
-  }
-  return "?";
-}
-
-const char* op_kind_name(OpKind k) {
-  switch (k) {
-    case OpKind::kReadWeights: return "read_weights";
-    case OpKind::kLoadWeights: return "load_weights";
-    case OpKind::kEmbedForward: return "embed_forward";
-    case OpKind::kForward: return "forward";
-    case OpKind::kSaveCheckpoint: return "save_checkpoint";
-    case OpKind::kWriteCheckpoint: return "write_checkpoint";
-    case OpKind::kReadCheckpoint: return "read_checkpoint";
-    case OpKind::kLoadCheckpoint: return "load_checkpoint";
-    case OpKind::kHead: return "head";
-    case OpKind::kRecomputeInput: return "recompute_input";
-    case OpKind::kRecompute: return "recompute";
-    case OpKind::kBackward: return "backward";
-    case OpKind::kEmbedBackward: return "embed_backward";
-    case OpKind::kSaveGrads: return "save_grads";
-    case OpKind::kGradNorm: return "grad_norm";
-    case OpKind::kUpdate: return "update";
-    case OpKind::kWriteWeights: return "write_weights";
-    case OpKind::kLoadResident: return "load_resident";
-    case OpKind::kWriteGrads: return "write_grads";
-    case OpKind::kReadGrads: return "read_grads";
-    case OpKind::kLoadGrads: return "load_grads";
-    case OpKind::kGradSumSq: return "grad_sum_sq";
-    case OpKind::kHeadLoss: return "head_loss";
-  }
-  return "?";
-}
-
 namespace {
 
 // Fixed process overhead counted against the host budget (code, libraries, allocator,
