@@ -487,7 +487,7 @@ class OffloadTrainer::Impl {
         break;
       case OpKind::kLoadResident: {
         float* dst = op.layer == 0 ? embed_w_ : final_w_;
-        const float* src = op.layer == 0 ? host_embed_.data() : host_final_.data();
+        const float* src = group_host_weights(op.layer);
         const ParamRange r = part_range(layout_.groups[op.layer].numel, op.part, op.parts);
         be_.copy_to_device(dst + r.begin, src + r.begin, 4 * (r.end - r.begin));
         break;

@@ -92,22 +92,29 @@ void plan_memory_on(const Plan& plan, const HardwareProfile& hw, uint64_t* devic
 
 namespace {
 
-// The event simulation itself, over ops given as (resource, deps, duration) in creation
-// order: each resource runs its ops in that order, one at a time, each once its deps are
-// done; compute and the optimizer share the cores on a shared_cpu profile.
+// The event simulation itself, over `iterations` copies of the plan back to back: op k*n + i
+// is op i of iteration k, waiting for its deps in iteration k and, from the second
+// iteration on, for its cross-iteration deps (`prev`) in iteration k-1. Each resource runs
+// its ops in that order, one at a time, each once its deps are done; compute and the
+// optimizer share the cores on a shared_cpu profile.
 struct Timeline {
   std::vector<double> start, end;
 };
 
-Timeline run_timeline(const std::vector<int>& res, const std::vector<std::vector<int>>& deps,
-                      const std::vector<double>& dur, const HardwareProfile& hw, const std::vector<OpKind>& kinds) {
-  const size_t n = res.size();
+Timeline run_timeline(const Plan& plan, const std::vector<std::vector<int>>& prev, const std::vector<double>& dur1,
+                      int iterations, const HardwareProfile& hw) {
+  const size_t per = plan.ops.size(), n = per * iterations;
+  auto op_of = [&](size_t id) -> const PlanOp& { return plan.ops[id % per]; };
+  auto dur = [&](size_t id) { return dur1[id % per]; };
   Timeline r;
   r.start.assign(n, 0.0);
   r.end.assign(n, 0.0);
-  std::vector<double> remaining(dur);
+  std::vector<double> remaining(n);
   std::vector<std::vector<int>> queue(kNumResources);
-  for (size_t i = 0; i < n; ++i) queue[res[i]].push_back(static_cast<int>(i));
+  for (size_t i = 0; i < n; ++i) {
+    remaining[i] = dur(i);
+    queue[static_cast<int>(op_of(i).resource)].push_back(static_cast<int>(i));
+  }
   std::vector<char> done(n, 0);
   std::array<size_t, kNumResources> head{};   // next op index in each queue
   std::array<int, kNumResources> running{};   // op running on each resource, -1 if idle
@@ -116,8 +123,12 @@ Timeline run_timeline(const std::vector<int>& res, const std::vector<std::vector
   size_t finished = 0;
   const int kC = static_cast<int>(Resource::kCompute), kO = static_cast<int>(Resource::kOptimizer);
   auto is_ready = [&](int id) {
-    for (int d : deps[id])
-      if (!done[d]) return false;
+    const size_t base = id / per * per;
+    for (int d : op_of(id).deps)
+      if (!done[base + d]) return false;
+    if (base > 0)
+      for (int d : prev[id % per])
+        if (!done[base - per + d]) return false;
     return true;
   };
   while (finished < n) {
@@ -162,7 +173,7 @@ Timeline run_timeline(const std::vector<int>& res, const std::vector<std::vector
       for (int q = 0; q < kNumResources; ++q)
         if (head[q] < queue[q].size())
           throw Error(str("simulate: ", resource_name(static_cast<Resource>(q)), " is stuck at op ", queue[q][head[q]],
-                          " (", op_kind_name(kinds[queue[q][head[q]]]), ")"));
+                          " (", op_kind_name(op_of(queue[q][head[q]]).kind), ")"));
       break;
     }
     now += dt;
@@ -171,7 +182,7 @@ Timeline run_timeline(const std::vector<int>& res, const std::vector<std::vector
       if (id < 0) continue;
       remaining[id] = q == next ? 0.0 : remaining[id] - rate[q] * dt;
       // Ops that end within rounding of the same instant end together.
-      if (remaining[id] <= 1e-12 * dur[id]) {
+      if (remaining[id] <= 1e-12 * dur(id)) {
         r.end[id] = now;
         done[id] = 1;
         ++finished;
@@ -206,33 +217,14 @@ SimResult simulate(const Plan& plan, const HardwareProfile& hw) {
   // time between the last two steps' returns (step_waits_for).
   constexpr int kSteadyIterations = 3;
   const std::vector<std::vector<int>> prev = previous_iteration_deps(plan);
-  std::vector<int> res;
-  std::vector<std::vector<int>> deps;
-  std::vector<double> durs;
-  std::vector<OpKind> kinds;
-  for (int k = 0; k < kSteadyIterations; ++k)
-    for (size_t i = 0; i < n; ++i) {
-      const PlanOp& op = plan.ops[i];
-      std::vector<int> d;
-      for (int x : op.deps) d.push_back(static_cast<int>(k * n) + x);
-      if (k > 0)
-        for (int x : prev[i]) d.push_back(static_cast<int>((k - 1) * n) + x);
-      res.push_back(static_cast<int>(op.resource));
-      deps.push_back(std::move(d));
-      durs.push_back(dur[i]);
-      kinds.push_back(op.kind);
-    }
-  // The first n ops, alone, are the single iteration.
-  Timeline one = run_timeline(std::vector<int>(res.begin(), res.begin() + n),
-                              std::vector<std::vector<int>>(deps.begin(), deps.begin() + n), dur,
-                              hw, std::vector<OpKind>(kinds.begin(), kinds.begin() + n));
+  Timeline one = run_timeline(plan, prev, dur, 1, hw);
   r.start = one.start;
   r.end = one.end;
   for (size_t i = 0; i < n; ++i) {
     r.busy_s[static_cast<int>(plan.ops[i].resource)] += r.end[i] - r.start[i];
     r.iteration_s = std::max(r.iteration_s, r.end[i]);
   }
-  Timeline steady = run_timeline(res, deps, durs, hw, kinds);
+  Timeline steady = run_timeline(plan, prev, dur, kSteadyIterations, hw);
   auto returned = [&](int k) {
     double t = 0;
     for (size_t i = 0; i < n; ++i)
