@@ -175,7 +175,16 @@ Plan make_plan(const PlanRequest& req) {
     if (x == ActPlacement::kSsd) ++ssd_ckpt_layers;
   }
   const uint64_t all_params = L * sz.weights + sz.embed + sz.final;  // bytes of fp32 weights
-  plan.pools.host_ckpt_slots = ssd_ckpt_layers ? 2 : 0;
+  // Staging for checkpoints on SSD: a forward's save waits for the write of the checkpoint
+  // that last used its slot, and writes queue behind whatever else the disk writes (a
+  // layer's updated weights: tens of MB). One slot per SSD checkpoint lets the forward run
+  // on while the writes drain, when they take at most 1/16 of the host budget; else 2.
+  plan.pools.host_ckpt_slots = 0;
+  if (ssd_ckpt_layers) {
+    const uint64_t want = ssd_ckpt_layers * static_cast<uint64_t>(K);
+    const uint64_t fit = host_budget / 16 / std::max<uint64_t>(sz.ckpt, 1);
+    plan.pools.host_ckpt_slots = static_cast<int>(std::clamp<uint64_t>(std::min(want, fit), 2, 1024));
+  }
   // Two host gradient slots of the largest group: rotated between a layer's gradients and
   // its update, or (exact mode) holding the embedding's and the final group's until theirs.
   plan.pools.host_grad_slots = 2;
