@@ -235,6 +235,45 @@ TEST_CASE("steps overlap: the next step starts while the previous one's updates 
   }
 }
 
+TEST_CASE("SSD reads reorder: a read whose write is done passes one still waiting", "[scheduler]") {
+  // Step 0's weight write of layer 2 is held until step 1 has started reading a higher
+  // layer's weights (written earlier: updates and writes run in backward order). In queue
+  // order step 1 reads layer 0 first (forward order), whose write comes after the held one:
+  // no step-1 read could start, the wait would time out and the check fail. The run must
+  // still be bitwise equal to in-memory training.
+  Config cfg = tiny_config(0.0);
+  auto data = batches(cfg, 3);
+  Run ref = in_memory(cfg, data);
+  auto store = SsdStore::open({{store_dir("reorder")}});
+  auto be = make_cpu_backend(2, 0);
+  auto trainer = all_on_ssd(cfg, *be, store.get());
+  OffloadTrainer& tr = *trainer;
+  REQUIRE(tr.plan().layers[2].weights == StateTier::kSsd);
+  REQUIRE(tr.plan().layers[2].retained < 0);
+  ParamLayout layout = make_gpt_layout(cfg.model);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool passed = false, held = false, saw = false;
+  tr.on_op = [&](int64_t step, const PlanOp& op) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (step == 1 && op.kind == OpKind::kReadWeights && op.layer > 2) {
+      passed = true;
+      cv.notify_all();
+    }
+    if (step == 0 && op.kind == OpKind::kWriteWeights && op.layer == 3) {  // group 3: layer 2
+      held = true;
+      saw = cv.wait_for(lock, std::chrono::seconds(20), [&] { return passed; });
+    }
+  };
+  Run got;
+  for (int s = 0; s < 3; ++s) got.losses.push_back(tr.step(s, data[s].data()).loss);
+  got.params.resize(layout.total);
+  tr.read_params(got.params.data());
+  CHECK(held);
+  CHECK(saw);
+  require_bitwise(got, ref);
+}
+
 TEST_CASE("budgets that cannot fit are refused with the numbers", "[scheduler]") {
   Config cfg = tiny_config(0.0);
   PlanRequest req;

@@ -219,12 +219,14 @@ TEST_CASE("exact mode stages gradients on SSD when host memory cannot hold them"
   for (double n : ref.norms) CHECK(n > cfg.optimizer.grad_clip);
 
   PlanRequest req = ssd_request(cfg);
-  // The host budget: what holding every gradient in host memory needs, less one layer's
-  // gradient, so the planner must move some to SSD.
+  // The host budget: what holding every gradient in host memory needs (without the weight
+  // read-ahead slots beyond two that an unlimited budget buys), less one layer's gradient,
+  // so the planner must move some to SSD.
   Plan all_host = make_plan(req);
   for (const auto& d : all_host.layers) REQUIRE(d.grads == StateTier::kHost);
   const uint64_t layer_bytes = 4 * make_gpt_layout(cfg.model).groups[1].numel;
-  req.host_budget = all_host.memory.host_bytes - layer_bytes;
+  const int extra_read_slots = std::max(0, all_host.pools.host_weight_slots - 2);
+  req.host_budget = all_host.memory.host_bytes - (extra_read_slots + 1) * layer_bytes;
   Plan mixed = make_plan(req);
   int on_ssd = 0;
   for (const auto& d : mixed.layers) on_ssd += d.grads == StateTier::kSsd;

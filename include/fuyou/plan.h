@@ -164,18 +164,34 @@ struct PlanRequest {
 struct ParamRange { size_t begin = 0, end = 0; };
 ParamRange part_range(size_t numel, int part, int parts);
 
+// The SSD queues may start an op ahead of earlier queued ones on the same queue that are not
+// ready yet (a read of the next step's layer 3 while the read of layer 2 still waits for its
+// write), when the two touch no common buffer, slot or extent that either writes. The other
+// queues run strictly in plan order.
+inline bool reorders(Resource r) { return r == Resource::kSsdRead || r == Resource::kSsdWrite; }
+
 // Iterations overlap: the executor starts iteration t+1's operations while iteration t's
 // last ones (updates, weight writes) still run. For each op of the plan (as iteration t+1),
 // the ops of the same plan (as iteration t) that it must wait for: those on other resources
-// that last touched a buffer, slot or extent it touches (same-resource order holds by
-// itself). An op's forward of layer l thereby waits only for that layer's update.
+// that touched a buffer, slot or extent it touches (read after write, write after read or
+// write): the last such op of each in-order queue (the earlier ones are done by then), every
+// such op of a reordering queue. Same-resource order holds by itself (a reordering queue
+// never lets two such ops pass each other). An op's forward of layer l thereby waits only
+// for that layer's update.
 std::vector<std::vector<int>> previous_iteration_deps(const Plan& plan);
 
-// The ops a step waits for before the next one is submitted: compute (the loss and every
-// gradient) and, in exact mode, the norm (the step's decision). The rest (updates, weight
-// writes) runs on while the next step starts.
+// Per op of the plan: the buffers, slots and extents it touches, sorted, each as (id,
+// written). Two ops conflict when they share one that either writes.
+using OpBuffers = std::vector<std::pair<int64_t, bool>>;
+std::vector<OpBuffers> op_buffers(const Plan& plan);
+bool buffers_conflict(const OpBuffers& a, const OpBuffers& b);
+
+// The ops a step waits for before the next one is submitted: every micro-batch's head (the
+// loss) and, in exact mode, the norm (the step's decision). The rest (the backward, updates,
+// weight writes) runs on while the next step is submitted, so that the next step's reads
+// can start as soon as what they read was written, during this step's backward.
 inline bool step_waits_for(const PlanOp& op) {
-  return op.resource == Resource::kCompute || op.kind == OpKind::kGradNorm;
+  return op.kind == OpKind::kHead || op.kind == OpKind::kGradNorm;
 }
 
 // Builds the plan, sizing pools and placing state within the budgets. Throws Error with the

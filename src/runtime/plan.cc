@@ -283,6 +283,15 @@ Plan make_plan(const PlanRequest& req) {
   }
   for (size_t g = tail_groups; g < groups.size(); ++g)
     if (tiers[g] == StateTier::kHost) host_used += 12ull * groups[g].numel;
+  // Read-ahead: host memory left after the optimizer state buys more weight staging slots,
+  // up to one per SSD-weight layer, so that the forward's reads run further ahead of their
+  // layers and a read whose write is done can pass one still waiting for its write (the SSD
+  // queues reorder: reorders()).
+  if (ssd_weight_layers > 2 && host_used < host_budget) {
+    const uint64_t extra = std::min<uint64_t>((host_budget - host_used) / sz.weights, ssd_weight_layers - 2);
+    plan.pools.host_weight_slots += static_cast<int>(extra);
+    host_used += extra * sz.weights;
+  }
   plan.embed_optim = tiers.front();
   plan.final_optim = tiers.back();
   for (int l = 0; l < L; ++l) plan.layers[l].optim = tiers[1 + l];
@@ -315,7 +324,7 @@ Plan make_plan(const PlanRequest& req) {
   }
   for (size_t g = 0; g < groups.size(); ++g) (tiers[g] == StateTier::kHost ? host_optim : ssd_o) += 12ull * groups[g].numel;
   hpart("weights", host_weights);
-  hpart("weight staging", ssd_weight_layers ? 4 * sz.weights : 0);
+  hpart("weight staging", (plan.pools.host_weight_slots + plan.pools.host_wout_slots) * sz.weights);
   hpart("optimizer state", host_optim);
   hpart("optimizer chunk slots", req.have_ssd ? kOptimChunkPool : 0);
   auto spart = [&](const std::string& n, uint64_t b) { if (b) plan.memory.ssd_parts.push_back({n, b}); };

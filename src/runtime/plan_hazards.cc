@@ -4,8 +4,9 @@
 // staging slot, a layer's host weights, an SSD extent, the resident embedding. Within one
 // iteration the planner orders the users of each buffer by explicit dependencies. Across
 // two iterations of the same plan, an op of t+1 must in addition wait for the ops of t that
-// touched any of its buffers (read after write, write after read or write); since every
-// resource runs its ops in order, the last such op on each other resource is enough.
+// touched any of its buffers (read after write, write after read or write); on a resource
+// that runs its ops in order, the last such op is enough. The SSD queues may reorder
+// (reorders()), so there every such op counts.
 #include <algorithm>
 #include <array>
 #include <map>
@@ -140,36 +141,68 @@ std::vector<Use> touched(const PlanOp& o, int L) {
 
 std::vector<std::vector<int>> previous_iteration_deps(const Plan& plan) {
   const int L = plan.model.n_layer;
-  // For each buffer, the last op on each resource that wrote it, and that touched it at all.
-  struct Last {
-    std::array<int, kNumResources> write, any;
+  // For each buffer, the ops on each resource that wrote it, and that touched it at all, in
+  // plan order.
+  struct Users {
+    std::array<std::vector<int>, kNumResources> write, any;
   };
-  std::map<Key, Last> last;
+  std::map<Key, Users> users;
   for (const PlanOp& o : plan.ops) {
     FY_CHECK(o.id == static_cast<int>(&o - plan.ops.data()), "plan op ", o.id, " out of place");
     for (const Use& u : touched(o, L)) {
-      auto [it, inserted] = last.try_emplace(u.key);
-      if (inserted) it->second.write.fill(-1), it->second.any.fill(-1);
-      if (u.write) it->second.write[static_cast<int>(o.resource)] = o.id;
-      it->second.any[static_cast<int>(o.resource)] = o.id;
+      Users& us = users[u.key];
+      if (u.write) us.write[static_cast<int>(o.resource)].push_back(o.id);
+      us.any[static_cast<int>(o.resource)].push_back(o.id);
     }
   }
-  // A read waits for the previous step's last writes of the buffer (read after write); a
-  // write also for its last reads (write after read).
+  // A read waits for the previous step's writes of the buffer (read after write); a write
+  // also for its reads (write after read).
   std::vector<std::vector<int>> deps(plan.ops.size());
   for (const PlanOp& o : plan.ops) {
     std::vector<int>& d = deps[o.id];
     for (const Use& u : touched(o, L)) {
-      const Last& l = last.at(u.key);
+      const Users& us = users.at(u.key);
       for (int r = 0; r < kNumResources; ++r) {
-        int prev = u.write ? l.any[r] : l.write[r];
-        if (prev >= 0 && r != static_cast<int>(o.resource)) d.push_back(prev);
+        const std::vector<int>& prev = u.write ? us.any[r] : us.write[r];
+        if (prev.empty() || r == static_cast<int>(o.resource)) continue;
+        if (reorders(static_cast<Resource>(r))) d.insert(d.end(), prev.begin(), prev.end());
+        else d.push_back(prev.back());
       }
     }
     std::sort(d.begin(), d.end());
     d.erase(std::unique(d.begin(), d.end()), d.end());
   }
   return deps;
+}
+
+std::vector<OpBuffers> op_buffers(const Plan& plan) {
+  const int L = plan.model.n_layer;
+  std::vector<OpBuffers> out(plan.ops.size());
+  for (const PlanOp& o : plan.ops) {
+    OpBuffers& b = out[o.id];
+    for (const Use& u : touched(o, L))
+      b.push_back({(static_cast<int64_t>(u.key.first) << 32) | static_cast<uint32_t>(u.key.second), u.write});
+    std::sort(b.begin(), b.end());
+    // One entry per buffer, written if any use writes it.
+    size_t n = 0;
+    for (size_t i = 0; i < b.size(); ++i) {
+      if (n && b[n - 1].first == b[i].first) b[n - 1].second = b[n - 1].second || b[i].second;
+      else b[n++] = b[i];
+    }
+    b.resize(n);
+  }
+  return out;
+}
+
+bool buffers_conflict(const OpBuffers& a, const OpBuffers& b) {
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (a[i].first < b[j].first) ++i;
+    else if (b[j].first < a[i].first) ++j;
+    else if (a[i].second || b[j].second) return true;
+    else ++i, ++j;
+  }
+  return false;
 }
 
 }  // namespace fuyou

@@ -35,6 +35,7 @@ class OffloadTrainer::Impl {
     const std::vector<PlanOp>* ops = nullptr;
     std::vector<int> queue[kNumResources];
     int returns = 0;  // ops step() waits for (step_waits_for)
+    std::vector<OpBuffers> bufs;  // per op: what it touches (an SSD queue's reordering check)
   };
 
   // One iteration in flight. Iteration t+1 starts while t's updates and writes still run,
@@ -63,12 +64,15 @@ class OffloadTrainer::Impl {
     int returning = 0;  // step_waits_for ops not finished
   };
 
-  // A fixed-capacity FIFO (sized before the first step: no allocation while running).
+  // A fixed-capacity queue in submission order (sized before the first step: no allocation
+  // while running). Ops leave it from the front once done; a reordering queue may run one
+  // behind the front first (next_op).
   struct Ring {
     std::vector<std::pair<int, int>> items;
     size_t head = 0, tail = 0;
     size_t size() const { return (tail + items.size() - head) % items.size(); }
     const std::pair<int, int>& front() const { return items[head]; }
+    const std::pair<int, int>& at(size_t k) const { return items[(head + k) % items.size()]; }
     void push(std::pair<int, int> x) {
       FY_CHECK(size() + 1 < items.size(), "executor queue full");
       items[tail] = x;
@@ -212,6 +216,7 @@ class OffloadTrainer::Impl {
         run->queue[static_cast<int>(op.resource)].push_back(op.id);
         run->returns += step_waits_for(op);
       }
+      run->bufs = op_buffers(run == &train_ ? plan_ : eval_plan_);
       for (auto& q : run->queue) ring = std::max(ring, q.size());
     }
     prev_deps_ = previous_iteration_deps(plan_);
@@ -510,19 +515,47 @@ class OffloadTrainer::Impl {
     return true;
   }
 
-  // One thread per resource: runs the ops queued for it in order, each when ready.
+  // Caller holds mu_. The queue position of the op resource `r` runs next, -1 for none yet:
+  // the front once it is ready; on a reordering queue (reorders(): the SSD queues), the first
+  // ready op among the next kReorderWindow that touches nothing that an op queued ahead of it
+  // and not yet done touches with a write (its hazards with those are what the queue's
+  // order otherwise keeps; the ones with other queues are its deps). A read of the next
+  // step's layer 3 thereby goes ahead while the read of layer 2 waits for its write.
+  long next_op(int r) const {
+    static constexpr size_t kReorderWindow = 32;
+    const Ring& q = rings_[r];
+    if (!q.size()) return -1;
+    if (!reorders(static_cast<Resource>(r))) return ready(q.front().first, q.front().second) ? 0 : -1;
+    const size_t n = std::min(q.size(), kReorderWindow);
+    for (size_t k = 0; k < n; ++k) {
+      const auto [i, id] = q.at(k);
+      if (iters_[i].done[id] || !ready(i, id)) continue;
+      bool passes = true;
+      for (size_t j = 0; j < k && passes; ++j) {
+        const auto [i2, id2] = q.at(j);
+        if (iters_[i2].done[id2]) continue;
+        passes = iters_[i2].run == iters_[i].run && !buffers_conflict(iters_[i].run->bufs[id2], iters_[i].run->bufs[id]);
+      }
+      if (passes) return static_cast<long>(k);
+    }
+    return -1;
+  }
+
+  // One thread per resource: runs the ops queued for it, each when ready, in order (the SSD
+  // queues: see next_op).
   void worker(int r) {
     Ring& q = rings_[r];
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      cv_.wait(lock, [&] { return stop_ || failed_ || (q.size() && ready(q.front().first, q.front().second)); });
+      long k = -1;
+      cv_.wait(lock, [&] { return stop_ || failed_ || (k = next_op(r)) >= 0; });
       if (stop_) return;
       if (failed_) {
         q.clear();  // the waiters rethrow the error; nothing more runs
         cv_.wait(lock, [&] { return stop_ || !failed_; });
         continue;
       }
-      const auto [i, id] = q.front();
+      const auto [i, id] = q.at(static_cast<size_t>(k));
       Iter& it = iters_[i];
       const PlanOp& op = (*it.run->ops)[id];
       it.start[id] = now();
@@ -547,7 +580,7 @@ class OffloadTrainer::Impl {
         it.done[id] = 1;
         --it.pending;
         if (step_waits_for(op)) --it.returning;
-        q.pop();
+        while (q.size() && iters_[q.front().first].done[q.front().second]) q.pop();
       }
       cv_.notify_all();
     }

@@ -94,9 +94,12 @@ namespace {
 
 // The event simulation itself, over `iterations` copies of the plan back to back: op k*n + i
 // is op i of iteration k, waiting for its deps in iteration k and, from the second
-// iteration on, for its cross-iteration deps (`prev`) in iteration k-1. Each resource runs
-// its ops in that order, one at a time, each once its deps are done; compute and the
-// optimizer share the cores on a shared_cpu profile.
+// iteration on, for its cross-iteration deps (`prev`) in iteration k-1, and, as the executor
+// submits them, for iteration k-1's return (step_waits_for) and the end of iteration k-2
+// (two iterations in flight). Each resource runs its ops one at a time, each once its deps
+// are done, in order, except that the SSD queues may start a ready op ahead of earlier ones
+// it has no hazard with (reorders(), as the executor); compute and the optimizer share the
+// cores on a shared_cpu profile.
 struct Timeline {
   std::vector<double> start, end;
 };
@@ -115,21 +118,60 @@ Timeline run_timeline(const Plan& plan, const std::vector<std::vector<int>>& pre
     remaining[i] = dur(i);
     queue[static_cast<int>(op_of(i).resource)].push_back(static_cast<int>(i));
   }
-  std::vector<char> done(n, 0);
-  std::array<size_t, kNumResources> head{};   // next op index in each queue
+  std::vector<char> done(n, 0), started(n, 0);
+  std::array<size_t, kNumResources> head{};   // first op not started in each queue
+  const std::vector<OpBuffers> bufs = op_buffers(plan);
+  // Per iteration: its ops not done, and its step_waits_for ops not done (its return). A plan
+  // without such ops (a test's) returns at its end.
+  size_t returning = 0;
+  for (const PlanOp& op : plan.ops) returning += step_waits_for(op);
+  const bool returns_early = returning > 0;
+  if (!returns_early) returning = per;
+  std::vector<size_t> left(iterations, per), returns_left(iterations, returning);
   std::array<int, kNumResources> running{};   // op running on each resource, -1 if idle
   running.fill(-1);
   double now = 0;
   size_t finished = 0;
   const int kC = static_cast<int>(Resource::kCompute), kO = static_cast<int>(Resource::kOptimizer);
   auto is_ready = [&](int id) {
-    const size_t base = id / per * per;
+    const size_t k = id / per, base = k * per;
+    if ((k >= 1 && returns_left[k - 1]) || (k >= 2 && left[k - 2])) return false;
     for (int d : op_of(id).deps)
       if (!done[base + d]) return false;
     if (base > 0)
       for (int d : prev[id % per])
         if (!done[base - per + d]) return false;
     return true;
+  };
+  auto finish = [&](int id) {
+    done[id] = 1;
+    ++finished;
+    const size_t k = id / per;
+    --left[k];
+    if (!returns_early || step_waits_for(op_of(id))) --returns_left[k];
+  };
+  // The op resource q starts next: its first op not started, once ready; on a reordering
+  // queue the first ready one among the next kReorderWindow not started that touches nothing
+  // an earlier not-started one touches with a write (scheduler.cc, next_op).
+  auto next_in = [&](int q) -> long {
+    constexpr size_t kReorderWindow = 32;
+    const std::vector<int>& Q = queue[q];
+    size_t h = head[q];
+    while (h < Q.size() && started[Q[h]]) ++h;
+    head[q] = h;
+    if (h >= Q.size()) return -1;
+    if (!reorders(static_cast<Resource>(q))) return is_ready(Q[h]) ? static_cast<long>(h) : -1;
+    size_t seen = 0;
+    for (size_t k = h; k < Q.size() && seen < kReorderWindow; ++k) {
+      if (started[Q[k]]) continue;
+      ++seen;
+      if (!is_ready(Q[k])) continue;
+      bool passes = true;
+      for (size_t j = h; j < k && passes; ++j)
+        if (!started[Q[j]]) passes = !buffers_conflict(bufs[Q[j] % per], bufs[Q[k] % per]);
+      if (passes) return static_cast<long>(k);
+    }
+    return -1;
   };
   while (finished < n) {
     // Start every op whose resource is idle and whose dependencies are done. Zero-length
@@ -138,15 +180,15 @@ Timeline run_timeline(const Plan& plan, const std::vector<std::vector<int>>& pre
     while (changed) {
       changed = false;
       for (int q = 0; q < kNumResources; ++q) {
-        if (running[q] >= 0 || head[q] >= queue[q].size()) continue;
-        int id = queue[q][head[q]];
-        if (!is_ready(id)) continue;
+        if (running[q] >= 0) continue;
+        const long k = next_in(q);
+        if (k < 0) continue;
+        const int id = queue[q][k];
         r.start[id] = now;
-        ++head[q];
+        started[id] = 1;
         if (remaining[id] <= 0) {
           r.end[id] = now;
-          done[id] = 1;
-          ++finished;
+          finish(id);
         } else {
           running[q] = id;
         }
@@ -184,8 +226,7 @@ Timeline run_timeline(const Plan& plan, const std::vector<std::vector<int>>& pre
       // Ops that end within rounding of the same instant end together.
       if (remaining[id] <= 1e-12 * dur(id)) {
         r.end[id] = now;
-        done[id] = 1;
-        ++finished;
+        finish(id);
         running[q] = -1;
       }
     }
@@ -225,10 +266,11 @@ SimResult simulate(const Plan& plan, const HardwareProfile& hw) {
     r.iteration_s = std::max(r.iteration_s, r.end[i]);
   }
   Timeline steady = run_timeline(plan, prev, dur, kSteadyIterations, hw);
+  const bool returns_early = std::any_of(plan.ops.begin(), plan.ops.end(), step_waits_for);
   auto returned = [&](int k) {
     double t = 0;
     for (size_t i = 0; i < n; ++i)
-      if (step_waits_for(plan.ops[i])) t = std::max(t, steady.end[k * n + i]);
+      if (!returns_early || step_waits_for(plan.ops[i])) t = std::max(t, steady.end[k * n + i]);
     return t;
   };
   r.period_s = n ? returned(kSteadyIterations - 1) - returned(kSteadyIterations - 2) : 0.0;
