@@ -139,6 +139,22 @@ TEST_CASE("offloaded training is bitwise equal to in-memory training", "[schedul
     CHECK(retained == (clip > 0 ? 0 : 2));
     require_bitwise(offloaded(cfg, req, data, store.get()), ref);
 
+    // One device weight slot fewer: the backward reloads the lowest layers, and one read in
+    // the forward whose host staging slot was not reused since loads from there again
+    // instead of being read a second time.
+    PlanRequest tight = req;
+    tight.device_budget = sp.memory.device_bytes - 4 * make_gpt_layout(cfg.model).groups[1].numel;
+    const Plan tp = make_plan(tight);
+    REQUIRE(tp.pools.device_weight_slots == sp.pools.device_weight_slots - 1);
+    const auto reads = std::count_if(tp.ops.begin(), tp.ops.end(), [](const PlanOp& o) { return o.kind == OpKind::kReadWeights; });
+    const auto staged_loads = std::count_if(tp.ops.begin(), tp.ops.end(), [](const PlanOp& o) {
+      return o.kind == OpKind::kLoadWeights && o.slot2 >= 0;
+    });
+    INFO("reads " << reads << ", loads from staging " << staged_loads);
+    CHECK(staged_loads > reads);
+    auto tight_store = SsdStore::open({{store_dir("tight")}});
+    require_bitwise(offloaded(cfg, tight, data, tight_store.get()), ref);
+
     // Everything in host memory, no store: the same numbers again; the embedding's save,
     // update and refresh in three parts (PlanOp::parts; not in exact mode).
     PlanRequest host = req;

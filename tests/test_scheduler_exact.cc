@@ -220,13 +220,13 @@ TEST_CASE("exact mode stages gradients on SSD when host memory cannot hold them"
 
   PlanRequest req = ssd_request(cfg);
   // The host budget: what holding every gradient in host memory needs (without the weight
-  // read-ahead slots beyond two that an unlimited budget buys), less one layer's gradient,
-  // so the planner must move some to SSD.
+  // slots beyond two each that an unlimited budget buys), less one layer's gradient, so the
+  // planner must move some to SSD.
   Plan all_host = make_plan(req);
   for (const auto& d : all_host.layers) REQUIRE(d.grads == StateTier::kHost);
   const uint64_t layer_bytes = 4 * make_gpt_layout(cfg.model).groups[1].numel;
-  const int extra_read_slots = std::max(0, all_host.pools.host_weight_slots - 2);
-  req.host_budget = all_host.memory.host_bytes - (extra_read_slots + 1) * layer_bytes;
+  const int extra_slots = all_host.pools.host_weight_slots - 2 + all_host.pools.host_wout_slots - 2;
+  req.host_budget = all_host.memory.host_bytes - (extra_slots + 1) * layer_bytes;
   Plan mixed = make_plan(req);
   int on_ssd = 0;
   for (const auto& d : mixed.layers) on_ssd += d.grads == StateTier::kSsd;

@@ -229,15 +229,6 @@ Plan make_plan(const PlanRequest& req) {
   if (ssd_weight_layers) {
     plan.pools.host_weight_slots = 2;
     plan.pools.host_wout_slots = 2;
-    // The updates write new weights to the weights-out slots in turn, layers L-1 .. 0 (of
-    // those on SSD): the last ones stay there until the next step's forward (retained).
-    if (!req.exact) {
-      std::vector<int> order;  // SSD-weight layers in update order
-      for (int l = L - 1; l >= 0; --l)
-        if (plan.layers[l].weights == StateTier::kSsd) order.push_back(l);
-      const int n = static_cast<int>(order.size()), w = plan.pools.host_wout_slots;
-      for (int i = std::max(0, n - w); i < n; ++i) plan.layers[order[i]].retained = i % w;
-    }
     host_used += 4 * sz.weights;
   }
   // Held gradients (exact mode, grad_accum > 1): a host buffer per layer while they fit,
@@ -283,14 +274,26 @@ Plan make_plan(const PlanRequest& req) {
   }
   for (size_t g = tail_groups; g < groups.size(); ++g)
     if (tiers[g] == StateTier::kHost) host_used += 12ull * groups[g].numel;
-  // Read-ahead: host memory left after the optimizer state buys more weight staging slots,
-  // up to one per SSD-weight layer, so that the forward's reads run further ahead of their
-  // layers and a read whose write is done can pass one still waiting for its write (the SSD
-  // queues reorder: reorders()).
-  if (ssd_weight_layers > 2 && host_used < host_budget) {
+  // Host memory left after the optimizer state buys more weight slots, up to one per
+  // SSD-weight layer each: weights-out slots first (an update waits for a free one, that is
+  // for the SSD write of an earlier update: the optimizer then runs at the disk's write
+  // speed and the embedding's update, last, with it), then read-ahead (the forward's reads
+  // run further ahead of their layers, and a read whose write is done can pass one still
+  // waiting for its write: the SSD queues reorder, reorders()).
+  for (int* slots : {&plan.pools.host_wout_slots, &plan.pools.host_weight_slots}) {
+    if (ssd_weight_layers <= 2 || host_used >= host_budget) break;
     const uint64_t extra = std::min<uint64_t>((host_budget - host_used) / sz.weights, ssd_weight_layers - 2);
-    plan.pools.host_weight_slots += static_cast<int>(extra);
+    *slots += static_cast<int>(extra);
     host_used += extra * sz.weights;
+  }
+  // The updates write new weights to the weights-out slots in turn, layers L-1 .. 0 (of
+  // those on SSD): the last two stay there until the next step's forward (retained).
+  if (ssd_weight_layers && !req.exact) {
+    std::vector<int> order;  // SSD-weight layers in update order
+    for (int l = L - 1; l >= 0; --l)
+      if (plan.layers[l].weights == StateTier::kSsd) order.push_back(l);
+    const int n = static_cast<int>(order.size()), w = plan.pools.host_wout_slots;
+    for (int i = std::max(0, n - 2); i < n; ++i) plan.layers[order[i]].retained = i % w;
   }
   plan.embed_optim = tiers.front();
   plan.final_optim = tiers.back();
@@ -353,6 +356,8 @@ Plan make_plan(const PlanRequest& req) {
   int micro = 0;  // the micro-batch whose ops are being laid out
   int host_read_rr = 0, host_wout_rr = 0, host_ckpt_rr = 0;
   std::vector<int> host_read_consumer(plan.pools.host_weight_slots, -1);
+  // The layer each staging slot holds this step (-1: none yet) and the read that filled it.
+  std::vector<int> host_read_holds(plan.pools.host_weight_slots, -1), host_read_fill(plan.pools.host_weight_slots, -1);
   std::vector<int> host_wout_writer(plan.pools.host_wout_slots, -1);
   std::vector<int> host_ckpt_consumer(plan.pools.host_ckpt_slots, -1);
 
@@ -386,12 +391,21 @@ Plan make_plan(const PlanRequest& req) {
     }
     int read = -1, staging = -1;
     if (plan.layers[l].weights == StateTier::kSsd) {
-      staging = host_read_rr++ % plan.pools.host_weight_slots;
-      PlanOp& r = add(OpKind::kReadWeights, Resource::kSsdRead, l, {host_read_consumer[staging]});
-      r.micro = micro;
-      r.slot = staging;
-      r.bytes = sz.weights;
-      read = r.id;
+      // A layer read earlier in this step whose staging slot has not been reused since (the
+      // backward's second use, or the next micro-batch) loads from there again: a layer's
+      // weights do not change within a step.
+      for (int h = 0; h < plan.pools.host_weight_slots; ++h)
+        if (host_read_holds[h] == l) staging = h, read = host_read_fill[h];
+      if (staging < 0) {
+        staging = host_read_rr++ % plan.pools.host_weight_slots;
+        PlanOp& r = add(OpKind::kReadWeights, Resource::kSsdRead, l, {host_read_consumer[staging]});
+        r.micro = micro;
+        r.slot = staging;
+        r.bytes = sz.weights;
+        read = r.id;
+        host_read_holds[staging] = l;
+        host_read_fill[staging] = r.id;
+      }
     }
     PlanOp& ld = add(OpKind::kLoadWeights, Resource::kH2D, l, {read, wslots[s].last_use});
     ld.micro = micro;
