@@ -156,17 +156,27 @@ TEST_CASE("offloaded training is bitwise equal to in-memory training", "[schedul
     require_bitwise(offloaded(cfg, tight, data, tight_store.get()), ref);
 
     // Everything in host memory, no store: the same numbers again; the embedding's save,
-    // update and refresh in three parts (PlanOp::parts; not in exact mode).
-    PlanRequest host = req;
-    host.embed_parts = 3;
-    host.have_ssd = false;
-    host.acts = {ActPlacement::kHost, ActPlacement::kRecompute, ActPlacement::kHost, ActPlacement::kDevice,
-                 ActPlacement::kKeep};
-    host.weights_on_ssd = host.optim_on_ssd = false;
-    const Plan hp = make_plan(host);
-    const auto parted = std::count_if(hp.ops.begin(), hp.ops.end(), [](const PlanOp& o) { return o.parts == 3; });
-    CHECK(parted == (clip > 0 ? 0 : 9));  // save, update and refresh, three parts each
-    require_bitwise(offloaded(cfg, host, data, nullptr), ref);
+    // update and refresh in three parts (PlanOp::parts; not in exact mode), and with rows
+    // first, its update and refresh starting with the rows the next step looks up first
+    // (part -1).
+    for (bool rows_first : {false, true}) {
+      INFO("rows first " << rows_first);
+      PlanRequest host = req;
+      host.embed_parts = 3;
+      host.embed_rows_first = rows_first;
+      host.have_ssd = false;
+      host.acts = {ActPlacement::kHost, ActPlacement::kRecompute, ActPlacement::kHost, ActPlacement::kDevice,
+                   ActPlacement::kKeep};
+      host.weights_on_ssd = host.optim_on_ssd = false;
+      const Plan hp = make_plan(host);
+      const auto parted = std::count_if(hp.ops.begin(), hp.ops.end(), [](const PlanOp& o) { return o.parts == 3; });
+      // Save, update and refresh, three parts each, and the two rows-first ops.
+      CHECK(parted == (clip > 0 ? 0 : rows_first ? 11 : 9));
+      const auto first = std::count_if(hp.ops.begin(), hp.ops.end(), [](const PlanOp& o) { return o.part < 0; });
+      CHECK(first == (clip == 0 && rows_first ? 2 : 0));
+      CHECK(hp.embed_rows_first == (clip == 0 && rows_first));
+      require_bitwise(offloaded(cfg, host, data, nullptr), ref);
+    }
   }
 }
 
@@ -283,6 +293,61 @@ TEST_CASE("SSD reads reorder: a read whose write is done passes one still waitin
   };
   Run got;
   for (int s = 0; s < 3; ++s) got.losses.push_back(tr.step(s, data[s].data()).loss);
+  got.params.resize(layout.total);
+  tr.read_params(got.params.data());
+  CHECK(held);
+  CHECK(saw);
+  require_bitwise(got, ref);
+}
+
+TEST_CASE("embedding rows first: the next forward starts before the embedding's update ends", "[scheduler]") {
+  // Rows first (PlanRequest::embed_rows_first): step 0's last embedding update part is held
+  // until step 1's first layer forward has started; without the rows-first refresh that
+  // forward's embedding lookup would wait for every part, the wait would time out and the
+  // check fail. Step 2 is queued only after step 1's rows-first update has run (so it could
+  // not use step 2's rows): step 2's lookup must then wait for every part. Both bitwise.
+  Config cfg = tiny_config(0.0);
+  auto data = batches(cfg, 4);
+  Run ref = in_memory(cfg, data);
+  PlanRequest req;
+  req.model = cfg.model;
+  req.micro_batch = cfg.schedule.micro_batch;
+  req.embed_parts = 3;
+  req.embed_rows_first = true;
+  req.acts.assign(cfg.model.n_layer, ActPlacement::kHost);
+  auto be = make_cpu_backend(2, 0);
+  OffloadTrainer tr(cfg, *be, make_plan(req), nullptr);
+  REQUIRE(tr.plan().embed_rows_first);
+  ParamLayout layout = make_gpt_layout(cfg.model);
+  std::vector<float> init(layout.total);
+  init_gpt_params(cfg.model, layout, init.data());
+  tr.set_params(init.data());
+  std::mutex mu;
+  std::condition_variable cv;
+  bool forward_started = false, held = false, saw = false, rows_done = false;
+  tr.on_op = [&](int64_t step, const PlanOp& op) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (step == 1 && op.kind == OpKind::kForward && op.layer == 0) {
+      forward_started = true;
+      cv.notify_all();
+    }
+    if (step == 0 && op.kind == OpKind::kUpdate && op.layer == 0 && op.part == op.parts - 1) {
+      held = true;
+      saw = cv.wait_for(lock, std::chrono::seconds(20), [&] { return forward_started; });
+    }
+    if (step == 1 && op.kind == OpKind::kLoadResident && op.layer == 0 && op.part < 0) {  // after its update
+      rows_done = true;
+      cv.notify_all();
+    }
+  };
+  Run got;
+  for (int s = 0; s < 4; ++s) {
+    if (s == 2) {
+      std::unique_lock<std::mutex> lock(mu);
+      CHECK(cv.wait_for(lock, std::chrono::seconds(20), [&] { return rows_done; }));
+    }
+    got.losses.push_back(tr.step(s, data[s].data()).loss);
+  }
   got.params.resize(layout.total);
   tr.read_params(got.params.data());
   CHECK(held);

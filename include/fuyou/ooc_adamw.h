@@ -16,6 +16,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fuyou/optim.h"
@@ -88,6 +89,10 @@ class OocAdamW {
     // Elements [begin, end) of the group only (end 0: the whole group); `grad` and `lowp`
     // still point at the group's element 0. Groups whose state is in host memory only.
     size_t begin = 0, end = 0;
+    // Instead of [begin, end): these `nranges` element ranges [first, second) of the group,
+    // disjoint (host-memory state only; nranges 0 with ranges set: nothing to do).
+    const std::pair<size_t, size_t>* ranges = nullptr;
+    size_t nranges = 0;
   };
   using Handle = uint64_t;
   // Queues an update; returns at once. Updates run in submission order on the worker.

@@ -91,7 +91,8 @@ struct PlanOp {
   int slot = -1;          // slot index in the pool the op uses (see PlanPools)
   int slot2 = -1;         // second slot (e.g. the destination of a copy)
   // The embedding's gradient save, update and device refresh run in `parts` element ranges
-  // (part 0 .. parts-1, ParamRange) so that the three pipeline after the last backward.
+  // (part 0 .. parts-1, ParamRange) so that the three pipeline after the last backward;
+  // part -1 of an update or refresh: the rows first (Plan::embed_rows_first).
   int part = 0, parts = 1;
   BufRef in, out;         // activation buffers read / written
   std::vector<int> deps;  // ops that must finish first
@@ -127,6 +128,11 @@ struct Plan {
   std::vector<LayerDecision> layers;
   StateTier embed_optim = StateTier::kHost;
   StateTier final_optim = StateTier::kHost;
+  // The embedding's update in parts (host-memory state, not exact mode) starts with part -1:
+  // the token rows the next step's first micro-batch looks up and the position table, then
+  // refreshed on the device; parts 0 .. parts-1 then update the rest while the next forward
+  // runs (its head, which reads every row, waits for them).
+  bool embed_rows_first = false;
   PlanPools pools;
   MemoryPlan memory;
   std::vector<PlanOp> ops;
@@ -157,6 +163,11 @@ struct PlanRequest {
   // Parts of the embedding's save / update / refresh (PlanOp::parts); 0: by size. Only
   // without exact mode and with the embedding's optimizer state in host memory.
   int embed_parts = 0;
+  // With parts: update and refresh first the rows the next step's first micro-batch looks up
+  // (Plan::embed_rows_first), the other parts beside the next forward. For backends whose
+  // compute does not share the CPU with the optimizer (a GPU's): on the CPU backend the
+  // other parts slow the forward by as much as its earlier start saves (docs/scheduler.md).
+  bool embed_rows_first = false;
 };
 
 // Element range [begin, end) of part `part` of `parts` of a group of `numel` elements; part
@@ -164,11 +175,18 @@ struct PlanRequest {
 struct ParamRange { size_t begin = 0, end = 0; };
 ParamRange part_range(size_t numel, int part, int parts);
 
-// The SSD queues may start an op ahead of earlier queued ones on the same queue that are not
-// ready yet (a read of the next step's layer 3 while the read of layer 2 still waits for its
-// write), when the two touch no common buffer, slot or extent that either writes. The other
-// queues run strictly in plan order.
-inline bool reorders(Resource r) { return r == Resource::kSsdRead || r == Resource::kSsdWrite; }
+// Parameters the embedding's first update part (-1, Plan::embed_rows_first) covers at most:
+// a micro-batch's token rows and everything after the token table (the position table).
+uint64_t embed_rows_first_params(const Plan& plan);
+
+// The SSD queues and the host-to-device queue may start an op ahead of earlier queued ones
+// on the same queue that are not ready yet (a read of the next step's layer 3 while the read
+// of layer 2 still waits for its write; the next step's first weight load while the
+// embedding's last refresh parts wait for their updates), when the two touch no common
+// buffer, slot or extent that either writes. The other queues run strictly in plan order.
+inline bool reorders(Resource r) {
+  return r == Resource::kSsdRead || r == Resource::kSsdWrite || r == Resource::kH2D;
+}
 
 // Iterations overlap: the executor starts iteration t+1's operations while iteration t's
 // last ones (updates, weight writes) still run. For each op of the plan (as iteration t+1),

@@ -152,6 +152,18 @@ class OocAdamW::Impl {
         adamw_update(args, step, opts_.simd);
       }
     };
+    if (u.ranges) {
+      FY_CHECK(tiers_[u.group] == StateTier::kHost, "group ", grp.name,
+               " has its optimizer state on SSD: only whole-group updates");
+      HostState& h = host_[u.group];
+      for (size_t i = 0; i < u.nranges; ++i) {
+        const auto [a, b] = u.ranges[i];
+        FY_CHECK(a <= b && b <= grp.numel, "update range [", a, ", ", b, ") of group ", grp.name, " with ",
+                 grp.numel, " elements");
+        run_range(h.master.data() + a, h.m.data() + a, h.v.data() + a, a, b);
+      }
+      return;
+    }
     const size_t end = u.end ? u.end : grp.numel;
     FY_CHECK(u.begin <= end && end <= grp.numel, "update range [", u.begin, ", ", end, ") of group ", grp.name,
              " with ", grp.numel, " elements");

@@ -53,7 +53,13 @@ Sizes compute_sizes(const ModelConfig& m, int B) {
 
 }  // namespace
 
-// Appends an op with the next id; -1 in deps means "no such op" and is dropped.
+uint64_t embed_rows_first_params(const Plan& plan) {
+  const ModelConfig& m = plan.model;
+  const uint64_t C = m.d_model, V = m.vocab_size;
+  const uint64_t rows = std::min<uint64_t>(static_cast<uint64_t>(plan.micro_batch) * m.seq_len, V);
+  return rows * C + (make_gpt_layout(m).groups.front().numel - V * C);
+}
+
 ParamRange part_range(size_t numel, int part, int parts) {
   const size_t blocks = (numel + 1023) / 1024;
   auto at = [&](int p) { return std::min(numel, blocks * p / parts * 1024); };
@@ -64,6 +70,7 @@ ParamRange part_range(size_t numel, int part, int parts) {
 // overlap the three copies and the update, few enough that each stays a large transfer.
 constexpr int kEmbedParts = 4;
 
+// Appends an op with the next id; -1 in deps means "no such op" and is dropped.
 static PlanOp& append_op(std::vector<PlanOp>& ops, OpKind kind, Resource res, int layer,
                          std::vector<int> deps) {
   PlanOp op;
@@ -481,7 +488,7 @@ Plan make_plan(const PlanRequest& req) {
     r.micro = K - 1;
     r.part = part;
     r.parts = parts;
-    r.bytes = (group == 0 ? sz.embed : sz.final) / parts;
+    r.bytes = part < 0 ? 4 * embed_rows_first_params(plan) : (group == 0 ? sz.embed : sz.final) / parts;
   };
   auto emit_update = [&](const PendingUpdate& p, int norm_op) {
     int l = p.group - 1;
@@ -550,9 +557,13 @@ Plan make_plan(const PlanRequest& req) {
     int ready = -1;
     if (group == 0 && !req.exact && embed_parts > 1) {
       // The embedding's save, update and device refresh, part by part: the update of part p
-      // runs while part p+1 is copied out and part p-1 copied back.
+      // runs while part p+1 is copied out and part p-1 copied back. With rows first
+      // (PlanRequest::embed_rows_first), first (part -1), once every part is saved: the rows
+      // the next step's first micro-batch looks up and the position table, whose refresh is
+      // all its embedding forward waits for.
       const int hs = host_grad_rr++ % plan.pools.host_grad_slots;
       deps.push_back(host_grad_consumer[hs]);
+      std::vector<int> saves;
       for (int part = 0; part < embed_parts; ++part) {
         PlanOp& sp = add(OpKind::kSaveGrads, Resource::kD2H, group, deps);
         sp.micro = micro;
@@ -560,8 +571,19 @@ Plan make_plan(const PlanRequest& req) {
         sp.part = part;
         sp.parts = embed_parts;
         sp.bytes = sz.embed / embed_parts;
-        emit_update({group, sp.id, sp.out, part, embed_parts}, -1);
+        if (!req.embed_rows_first) emit_update({group, sp.id, sp.out, part, embed_parts}, -1);
+        saves.push_back(sp.id);
       }
+      if (!req.embed_rows_first) return;
+      plan.embed_rows_first = true;
+      PlanOp& rows = add(OpKind::kUpdate, Resource::kOptimizer, group, saves);
+      rows.micro = micro;
+      rows.in = {BufRef::kHostGrad, hs};
+      rows.part = -1;
+      rows.parts = embed_parts;
+      const int rows_id = rows.id;
+      emit_refresh(group, rows_id, -1, embed_parts);
+      for (int part = 0; part < embed_parts; ++part) emit_update({group, saves[part], {BufRef::kHostGrad, hs}, part, embed_parts}, rows_id);
       return;
     }
     if (!is_layer || (last && !req.exact)) {

@@ -25,6 +25,7 @@ enum class Buf {
   kHostGrad,  // index: BufRef kind * 2^20 + index
   kSsdGrads,
   kDevEmbed, kDevFinal, kHostEmbed, kHostFinal,
+  kDevEmbedRows,  // the rows the embedding's first update part refreshes (Plan::embed_rows_first)
 };
 
 using Key = std::pair<Buf, int>;
@@ -37,8 +38,9 @@ struct Use {
   bool write;
 };
 
-// The buffers op `o` reads (false) or writes (true).
-std::vector<Use> touched(const PlanOp& o, int L) {
+// The buffers op `o` reads (false) or writes (true). With `rows_first` the first
+// micro-batch's embedding forward reads only the rows refreshed first (part -1).
+std::vector<Use> touched(const PlanOp& o, int L, bool rows_first) {
   std::vector<Use> k;
   auto host_weights_of_group = [&](int g) -> Key {
     if (g == 0) return {Buf::kHostEmbed, 0};
@@ -57,7 +59,7 @@ std::vector<Use> touched(const PlanOp& o, int L) {
       else k.push_back({{Buf::kHostWeights, o.layer}, R});
       break;
     case OpKind::kEmbedForward:
-      k = {{act_key(o.out), W}, {{Buf::kDevEmbed, 0}, R}};
+      k = {{act_key(o.out), W}, {{rows_first && o.micro == 0 ? Buf::kDevEmbedRows : Buf::kDevEmbed, 0}, R}};
       // The first micro-batch's embedding forward also zeroes the step's embedding and
       // final-group gradients (scheduler.cc), which the previous step's saves read.
       if (o.micro == 0) k.insert(k.end(), {{{Buf::kDevEmbedGrad, 0}, W}, {{Buf::kDevFinalGrad, 0}, W}});
@@ -125,6 +127,7 @@ std::vector<Use> touched(const PlanOp& o, int L) {
     case OpKind::kLoadResident:
       if (o.layer == 0) k = {{{Buf::kHostEmbed, 0}, R}, {{Buf::kDevEmbed, 0}, W}};
       else k = {{{Buf::kHostFinal, 0}, R}, {{Buf::kDevFinal, 0}, W}};
+      if (o.layer == 0 && o.part < 0) k.push_back({{Buf::kDevEmbedRows, 0}, W});
       break;
   }
   // BufRef kNone (an op without that buffer) names nothing.
@@ -149,7 +152,7 @@ std::vector<std::vector<int>> previous_iteration_deps(const Plan& plan) {
   std::map<Key, Users> users;
   for (const PlanOp& o : plan.ops) {
     FY_CHECK(o.id == static_cast<int>(&o - plan.ops.data()), "plan op ", o.id, " out of place");
-    for (const Use& u : touched(o, L)) {
+    for (const Use& u : touched(o, L, plan.embed_rows_first)) {
       Users& us = users[u.key];
       if (u.write) us.write[static_cast<int>(o.resource)].push_back(o.id);
       us.any[static_cast<int>(o.resource)].push_back(o.id);
@@ -160,7 +163,7 @@ std::vector<std::vector<int>> previous_iteration_deps(const Plan& plan) {
   std::vector<std::vector<int>> deps(plan.ops.size());
   for (const PlanOp& o : plan.ops) {
     std::vector<int>& d = deps[o.id];
-    for (const Use& u : touched(o, L)) {
+    for (const Use& u : touched(o, L, plan.embed_rows_first)) {
       const Users& us = users.at(u.key);
       for (int r = 0; r < kNumResources; ++r) {
         const std::vector<int>& prev = u.write ? us.any[r] : us.write[r];
@@ -180,7 +183,7 @@ std::vector<OpBuffers> op_buffers(const Plan& plan) {
   std::vector<OpBuffers> out(plan.ops.size());
   for (const PlanOp& o : plan.ops) {
     OpBuffers& b = out[o.id];
-    for (const Use& u : touched(o, L))
+    for (const Use& u : touched(o, L, plan.embed_rows_first))
       b.push_back({(static_cast<int64_t>(u.key.first) << 32) | static_cast<uint32_t>(u.key.second), u.write});
     std::sort(b.begin(), b.end());
     // One entry per buffer, written if any use writes it.

@@ -1,5 +1,6 @@
 #include "fuyou/scheduler.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -62,6 +63,12 @@ class OffloadTrainer::Impl {
     std::vector<double> start, end;
     int pending = 0;    // ops not finished
     int returning = 0;  // step_waits_for ops not finished
+    // The embedding's first update part (Plan::embed_rows_first): the element ranges it
+    // updated (the next step's first micro-batch's token rows, then the position table),
+    // and whether those were the next step's rows (false: the next step was not queued yet,
+    // so its embedding forward waits for every part's refresh).
+    std::vector<std::pair<size_t, size_t>> first_rows;
+    bool first_rows_next = false;
   };
 
   // A fixed-capacity queue in submission order (sized before the first step: no allocation
@@ -220,6 +227,11 @@ class OffloadTrainer::Impl {
       for (auto& q : run->queue) ring = std::max(ring, q.size());
     }
     prev_deps_ = previous_iteration_deps(plan_);
+    for (const PlanOp& op : plan_.ops)
+      if (op.kind == OpKind::kLoadResident && op.layer == 0) embed_refresh_ops_.push_back(op.id);
+    row_tokens_.reserve(N_);
+    opt_ranges_.reserve(N_ + 2);
+    h2d_ranges_.reserve(N_ + 2);
     const int K = plan_.grad_accum;
     const size_t max_ops = std::max(plan_.ops.size(), eval_plan_.ops.size());
     for (Iter& it : iters_) {
@@ -231,6 +243,7 @@ class OffloadTrainer::Impl {
       it.done.assign(max_ops, 0);
       it.start.assign(max_ops, -1.0);
       it.end.assign(max_ops, -1.0);
+      it.first_rows.reserve(N_ + 1);
     }
     // Two iterations of the longest queue, and one spare so that full and empty differ.
     for (Ring& r : rings_) r.items.resize(2 * ring + 1);
@@ -469,9 +482,20 @@ class OffloadTrainer::Impl {
         u.grad_type = ElemType::kF32;
         u.lowp = op.slot2 >= 0 ? hwout_[op.slot2] : group_host_weights(op.layer);
         u.lowp_type = ElemType::kF32;
-        const ParamRange r = part_range(layout_.groups[op.layer].numel, op.part, op.parts);
-        u.begin = r.begin;
-        u.end = r.end;
+        if (op.part < 0) {
+          first_rows(it);
+          u.ranges = it.first_rows.data();
+          u.nranges = it.first_rows.size();
+        } else {
+          const ParamRange r = part_range(layout_.groups[op.layer].numel, op.part, op.parts);
+          u.begin = r.begin;
+          u.end = r.end;
+          if (op.layer == 0 && plan_.embed_rows_first) {
+            rows_complement(it, r, opt_ranges_);
+            u.ranges = opt_ranges_.data();
+            u.nranges = opt_ranges_.size();
+          }
+        }
         u.grad_scale = plan_.exact ? it.grad_scale : 1.0f;
         u.lr = static_cast<float>(it.lr);
         u.t = it.t;
@@ -481,7 +505,9 @@ class OffloadTrainer::Impl {
         // after the last layer backward, when compute has nothing to do until the next
         // step's forward, which waits for them: the embedding's and layer 0's, and in exact
         // mode (every update after the norm) the final group's, updated before layer 0's.
-        const bool tail = op.layer == 0 || op.layer == 1 || (plan_.exact && op.layer == cfg_.model.n_layer + 1);
+        // With the rows first, the embedding's other parts run beside the next forward.
+        const bool tail = (op.layer == 0 && !(plan_.embed_rows_first && op.part >= 0)) || op.layer == 1 ||
+                          (plan_.exact && op.layer == cfg_.model.n_layer + 1);
         u.threads = be_.kind() == BackendKind::kCpu && !tail ? 1 : update_threads_;
         opt_->wait(opt_->submit(u));
         break;
@@ -493,11 +519,49 @@ class OffloadTrainer::Impl {
       case OpKind::kLoadResident: {
         float* dst = op.layer == 0 ? embed_w_ : final_w_;
         const float* src = group_host_weights(op.layer);
+        if (op.layer == 0 && plan_.embed_rows_first) {
+          if (op.part >= 0) rows_complement(it, part_range(layout_.groups[0].numel, op.part, op.parts), h2d_ranges_);
+          for (const auto& [a, b] : op.part < 0 ? it.first_rows : h2d_ranges_)
+            be_.copy_to_device(dst + a, src + a, 4 * (b - a));
+          break;
+        }
         const ParamRange r = part_range(layout_.groups[op.layer].numel, op.part, op.parts);
         be_.copy_to_device(dst + r.begin, src + r.begin, 4 * (r.end - r.begin));
         break;
       }
     }
+  }
+
+  // The embedding's first update part: the rows the next step's first micro-batch looks up
+  // (its tokens, sorted and without repeats) when that step is queued, and everything after
+  // the token table (the position table), as element ranges in it.first_rows.
+  void first_rows(Iter& it) {
+    const size_t C = cfg_.model.d_model, table = C * cfg_.model.vocab_size, numel = layout_.groups[0].numel;
+    it.first_rows.clear();
+    row_tokens_.clear();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const Iter& next = iters_[&it == &iters_[0] ? 1 : 0];
+      it.first_rows_next = next.run == &train_ && next.step == it.step + 1;
+      if (it.first_rows_next) row_tokens_.assign(next.inputs[0].begin(), next.inputs[0].end());
+    }
+    std::sort(row_tokens_.begin(), row_tokens_.end());
+    row_tokens_.erase(std::unique(row_tokens_.begin(), row_tokens_.end()), row_tokens_.end());
+    for (int32_t tok : row_tokens_) it.first_rows.push_back({tok * C, tok * C + C});
+    if (table < numel) it.first_rows.push_back({table, numel});
+  }
+
+  // Part `r` of the embedding less the ranges its first part updated, into `out`.
+  static void rows_complement(const Iter& it, ParamRange r, std::vector<std::pair<size_t, size_t>>& out) {
+    out.clear();
+    size_t at = r.begin;
+    for (const auto& [a, b] : it.first_rows) {
+      if (b <= at) continue;
+      if (a >= r.end) break;
+      if (a > at) out.push_back({at, a});
+      at = std::max(at, b);
+    }
+    if (at < r.end) out.push_back({at, r.end});
   }
 
   double now() const { return std::chrono::duration<double>(clock_type::now() - epoch_).count(); }
@@ -509,9 +573,16 @@ class OffloadTrainer::Impl {
     const Iter& it = iters_[i];
     for (int d : (*it.run->ops)[id].deps)
       if (!it.done[d]) return false;
-    if (it.prev)
+    if (it.prev) {
+      const Iter& before = iters_[1 - i];
       for (int d : prev_deps_[id])
-        if (!iters_[1 - i].done[d]) return false;
+        if (!before.done[d]) return false;
+      // The embedding forward waits only for the rows refreshed first, if those were its own.
+      const PlanOp& op = (*it.run->ops)[id];
+      if (plan_.embed_rows_first && op.kind == OpKind::kEmbedForward && op.micro == 0 && !before.first_rows_next)
+        for (int d : embed_refresh_ops_)
+          if (!before.done[d]) return false;
+    }
     return true;
   }
 
@@ -625,6 +696,8 @@ class OffloadTrainer::Impl {
     it.pending = static_cast<int>(n);
     it.returning = run.returns;
     it.forward_only = &run == &eval_;
+    it.first_rows_next = false;
+    it.first_rows.clear();
     fill(it);
     if (window_start_ < 0) {
       window_start_ = now();
@@ -769,6 +842,9 @@ class OffloadTrainer::Impl {
   Plan eval_plan_;
   Run train_, eval_;
   std::vector<std::vector<int>> prev_deps_;  // previous_iteration_deps(plan_)
+  std::vector<int> embed_refresh_ops_;        // the embedding's refresh parts in plan_
+  std::vector<int32_t> row_tokens_;           // first_rows' scratch (optimizer thread)
+  std::vector<std::pair<size_t, size_t>> opt_ranges_, h2d_ranges_;  // rows_complement's, per thread
   Iter iters_[2];      // the iterations that may be in flight; submissions alternate
   int next_slot_ = 0;
   Ring rings_[kNumResources];  // per resource: (iteration slot, op id) in submission order

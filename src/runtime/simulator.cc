@@ -62,7 +62,8 @@ double duration(const Plan& plan, const PlanOp& op, const HardwareProfile& hw, c
       if (op.kind == OpKind::kGradSumSq) return 4.0 * s.group_params.at(op.layer) / hw.host_mem_Bps;
       if (op.kind == OpKind::kGradNorm) return 0.0;
       if (op.kind != OpKind::kUpdate) return 0.0;
-      const double p = static_cast<double>(s.group_params.at(op.layer)) / op.parts;
+      const double p = op.part < 0 ? static_cast<double>(embed_rows_first_params(plan))
+                                   : static_cast<double>(s.group_params.at(op.layer)) / op.parts;
       double cpu = p / hw.optimizer_params_per_s;
       if (optim_tier(plan, op.layer) == StateTier::kHost) return cpu;
       // Out of core: master, m and v (12 bytes per parameter) read and written back through
