@@ -9,6 +9,7 @@
 #include <mutex>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <unistd.h>
 
@@ -64,6 +65,15 @@ Run in_memory(const Config& cfg, const std::vector<std::vector<int32_t>>& data) 
   return out;
 }
 
+// Steps `tr` over every batch of `data` and reads its parameters back.
+Run run_steps(OffloadTrainer& tr, const std::vector<std::vector<int32_t>>& data) {
+  Run out;
+  for (size_t s = 0; s < data.size(); ++s) out.losses.push_back(tr.step(static_cast<int64_t>(s), data[s].data()).loss);
+  out.params.resize(make_gpt_layout(tr.plan().model).total);
+  tr.read_params(out.params.data());
+  return out;
+}
+
 Run offloaded(const Config& cfg, const PlanRequest& req, const std::vector<std::vector<int32_t>>& data,
               SsdStore* store) {
   auto be = make_cpu_backend(2, req.device_budget);
@@ -72,11 +82,7 @@ Run offloaded(const Config& cfg, const PlanRequest& req, const std::vector<std::
   std::vector<float> init(layout.total);
   init_gpt_params(cfg.model, layout, init.data());
   tr.set_params(init.data());
-  Run out;
-  for (size_t s = 0; s < data.size(); ++s) out.losses.push_back(tr.step(static_cast<int64_t>(s), data[s].data()).loss);
-  out.params.resize(layout.total);
-  tr.read_params(out.params.data());
-  return out;
+  return run_steps(tr, data);
 }
 
 // A trainer with every layer's checkpoint, weights and optimizer state on SSD (exact mode
@@ -96,6 +102,29 @@ std::unique_ptr<OffloadTrainer> all_on_ssd(const Config& cfg, Backend& be, SsdSt
   tr->set_params(init.data());
   return tr;
 }
+
+// An on_op hook that holds the first op matching `hold` until an op matching `awaited` has
+// started (20 s at most): `saw` tells whether it had by then.
+struct HoldUntil {
+  using Match = std::function<bool(int64_t, const PlanOp&)>;
+  Match hold, awaited;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool started = false, held = false, saw = false;
+  void attach(OffloadTrainer& tr) {
+    tr.on_op = [this](int64_t step, const PlanOp& op) {
+      std::unique_lock<std::mutex> lock(mu);
+      if (awaited(step, op)) {
+        started = true;
+        cv.notify_all();
+      }
+      if (!held && hold(step, op)) {
+        held = true;
+        saw = cv.wait_for(lock, std::chrono::seconds(20), [&] { return started; });
+      }
+    };
+  }
+};
 
 void require_bitwise(const Run& a, const Run& b) {
   REQUIRE(a.losses.size() == b.losses.size());
@@ -234,29 +263,17 @@ TEST_CASE("steps overlap: the next step starts while the previous one's updates 
     auto be = make_cpu_backend(2, 0);
     auto trainer = all_on_ssd(cfg, *be, store.get());
     OffloadTrainer& tr = *trainer;
-    ParamLayout layout = make_gpt_layout(cfg.model);
     const int held_group = clip > 0 ? L : 0;
     const OpKind next_kind = clip > 0 ? OpKind::kForward : OpKind::kReadWeights;
-    std::mutex mu;
-    std::condition_variable cv;
-    bool next_started = false, held = false, saw_next = false;
-    tr.on_op = [&](int64_t step, const PlanOp& op) {
-      std::unique_lock<std::mutex> lock(mu);
-      if (step == 1 && op.kind == next_kind) {
-        next_started = true;
-        cv.notify_all();
-      }
-      if (step == 0 && op.kind == OpKind::kUpdate && op.layer == held_group) {
-        held = true;
-        saw_next = cv.wait_for(lock, std::chrono::seconds(20), [&] { return next_started; });
-      }
+    HoldUntil h;
+    h.hold = [&](int64_t step, const PlanOp& op) {
+      return step == 0 && op.kind == OpKind::kUpdate && op.layer == held_group;
     };
-    Run got;
-    for (int s = 0; s < 3; ++s) got.losses.push_back(tr.step(s, data[s].data()).loss);
-    got.params.resize(layout.total);
-    tr.read_params(got.params.data());
-    CHECK(held);
-    CHECK(saw_next);
+    h.awaited = [&](int64_t step, const PlanOp& op) { return step == 1 && op.kind == next_kind; };
+    h.attach(tr);
+    Run got = run_steps(tr, data);
+    CHECK(h.held);
+    CHECK(h.saw);
     require_bitwise(got, ref);
   }
 }
@@ -276,27 +293,17 @@ TEST_CASE("SSD reads reorder: a read whose write is done passes one still waitin
   OffloadTrainer& tr = *trainer;
   REQUIRE(tr.plan().layers[2].weights == StateTier::kSsd);
   REQUIRE(tr.plan().layers[2].retained < 0);
-  ParamLayout layout = make_gpt_layout(cfg.model);
-  std::mutex mu;
-  std::condition_variable cv;
-  bool passed = false, held = false, saw = false;
-  tr.on_op = [&](int64_t step, const PlanOp& op) {
-    std::unique_lock<std::mutex> lock(mu);
-    if (step == 1 && op.kind == OpKind::kReadWeights && op.layer > 2) {
-      passed = true;
-      cv.notify_all();
-    }
-    if (step == 0 && op.kind == OpKind::kWriteWeights && op.layer == 3) {  // group 3: layer 2
-      held = true;
-      saw = cv.wait_for(lock, std::chrono::seconds(20), [&] { return passed; });
-    }
+  HoldUntil h;
+  h.hold = [](int64_t step, const PlanOp& op) {
+    return step == 0 && op.kind == OpKind::kWriteWeights && op.layer == 3;  // group 3: layer 2
   };
-  Run got;
-  for (int s = 0; s < 3; ++s) got.losses.push_back(tr.step(s, data[s].data()).loss);
-  got.params.resize(layout.total);
-  tr.read_params(got.params.data());
-  CHECK(held);
-  CHECK(saw);
+  h.awaited = [](int64_t step, const PlanOp& op) {
+    return step == 1 && op.kind == OpKind::kReadWeights && op.layer > 2;
+  };
+  h.attach(tr);
+  Run got = run_steps(tr, data);
+  CHECK(h.held);
+  CHECK(h.saw);
   require_bitwise(got, ref);
 }
 
