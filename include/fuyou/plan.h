@@ -184,9 +184,11 @@ uint64_t embed_rows_first_params(const Plan& plan);
 // of layer 2 still waits for its write; the next step's first weight load while the
 // embedding's last refresh parts wait for their updates), when the two touch no common
 // buffer, slot or extent that either writes. The other queues run strictly in plan order.
+// It looks at most kReorderWindow not-yet-done ops ahead (executor and simulator alike).
 inline bool reorders(Resource r) {
   return r == Resource::kSsdRead || r == Resource::kSsdWrite || r == Resource::kH2D;
 }
+constexpr size_t kReorderWindow = 32;
 
 // Iterations overlap: the executor starts iteration t+1's operations while iteration t's
 // last ones (updates, weight writes) still run. For each op of the plan (as iteration t+1),

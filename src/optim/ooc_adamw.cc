@@ -152,28 +152,23 @@ class OocAdamW::Impl {
         adamw_update(args, step, opts_.simd);
       }
     };
-    if (u.ranges) {
-      FY_CHECK(tiers_[u.group] == StateTier::kHost, "group ", grp.name,
-               " has its optimizer state on SSD: only whole-group updates");
+    // The ranges to update: u.ranges, else the one range [begin, end).
+    const std::pair<size_t, size_t> whole{u.begin, u.end ? u.end : grp.numel};
+    const std::pair<size_t, size_t>* ranges = u.ranges ? u.ranges : &whole;
+    const size_t nranges = u.ranges ? u.nranges : 1;
+    for (size_t i = 0; i < nranges; ++i)
+      FY_CHECK(ranges[i].first <= ranges[i].second && ranges[i].second <= grp.numel, "update range [",
+               ranges[i].first, ", ", ranges[i].second, ") of group ", grp.name, " with ", grp.numel, " elements");
+    if (tiers_[u.group] == StateTier::kHost) {
       HostState& h = host_[u.group];
-      for (size_t i = 0; i < u.nranges; ++i) {
-        const auto [a, b] = u.ranges[i];
-        FY_CHECK(a <= b && b <= grp.numel, "update range [", a, ", ", b, ") of group ", grp.name, " with ",
-                 grp.numel, " elements");
+      for (size_t i = 0; i < nranges; ++i) {
+        const auto [a, b] = ranges[i];
         run_range(h.master.data() + a, h.m.data() + a, h.v.data() + a, a, b);
       }
       return;
     }
-    const size_t end = u.end ? u.end : grp.numel;
-    FY_CHECK(u.begin <= end && end <= grp.numel, "update range [", u.begin, ", ", end, ") of group ", grp.name,
-             " with ", grp.numel, " elements");
-    if (tiers_[u.group] == StateTier::kHost) {
-      HostState& h = host_[u.group];
-      run_range(h.master.data() + u.begin, h.m.data() + u.begin, h.v.data() + u.begin, u.begin, end);
-      return;
-    }
-    FY_CHECK(u.begin == 0 && end == grp.numel, "group ", grp.name, " has its optimizer state on SSD: ",
-             "only whole-group updates");
+    FY_CHECK(!u.ranges && whole.first == 0 && whole.second == grp.numel, "group ", grp.name,
+             " has its optimizer state on SSD: only whole-group updates");
     const Ext& e = ext_[u.group];
     const size_t C = opts_.chunk_elems;
     const size_t chunks = (grp.numel + C - 1) / C;

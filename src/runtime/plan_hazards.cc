@@ -5,8 +5,8 @@
 // iteration the planner orders the users of each buffer by explicit dependencies. Across
 // two iterations of the same plan, an op of t+1 must in addition wait for the ops of t that
 // touched any of its buffers (read after write, write after read or write); on a resource
-// that runs its ops in order, the last such op is enough. The SSD queues may reorder
-// (reorders()), so there every such op counts.
+// that runs its ops in order, the last such op is enough. The SSD and host-to-device queues
+// may reorder (reorders()), so there every such op counts.
 #include <algorithm>
 #include <array>
 #include <map>

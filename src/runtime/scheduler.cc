@@ -36,7 +36,7 @@ class OffloadTrainer::Impl {
     const std::vector<PlanOp>* ops = nullptr;
     std::vector<int> queue[kNumResources];
     int returns = 0;  // ops step() waits for (step_waits_for)
-    std::vector<OpBuffers> bufs;  // per op: what it touches (an SSD queue's reordering check)
+    std::vector<OpBuffers> bufs;  // per op: what it touches (a reordering queue's check)
   };
 
   // One iteration in flight. Iteration t+1 starts while t's updates and writes still run,
@@ -587,20 +587,22 @@ class OffloadTrainer::Impl {
   }
 
   // Caller holds mu_. The queue position of the op resource `r` runs next, -1 for none yet:
-  // the front once it is ready; on a reordering queue (reorders(): the SSD queues), the first
-  // ready op among the next kReorderWindow that touches nothing that an op queued ahead of it
-  // and not yet done touches with a write (its hazards with those are what the queue's
-  // order otherwise keeps; the ones with other queues are its deps). A read of the next
-  // step's layer 3 thereby goes ahead while the read of layer 2 waits for its write.
+  // the front once it is ready; on a reordering queue (reorders(): SSD reads and writes, host
+  // to device), the first ready op among the next kReorderWindow not done that touches
+  // nothing that an op queued ahead of it and not yet done touches with a write (its hazards
+  // with those are what the queue's order otherwise keeps; the ones with other queues are its
+  // deps). A read of the next step's layer 3 thereby goes ahead while the read of layer 2
+  // waits for its write.
   long next_op(int r) const {
-    static constexpr size_t kReorderWindow = 32;
     const Ring& q = rings_[r];
     if (!q.size()) return -1;
     if (!reorders(static_cast<Resource>(r))) return ready(q.front().first, q.front().second) ? 0 : -1;
-    const size_t n = std::min(q.size(), kReorderWindow);
-    for (size_t k = 0; k < n; ++k) {
+    size_t seen = 0;
+    for (size_t k = 0; k < q.size() && seen < kReorderWindow; ++k) {
       const auto [i, id] = q.at(k);
-      if (iters_[i].done[id] || !ready(i, id)) continue;
+      if (iters_[i].done[id]) continue;
+      ++seen;
+      if (!ready(i, id)) continue;
       bool passes = true;
       for (size_t j = 0; j < k && passes; ++j) {
         const auto [i2, id2] = q.at(j);
@@ -612,8 +614,8 @@ class OffloadTrainer::Impl {
     return -1;
   }
 
-  // One thread per resource: runs the ops queued for it, each when ready, in order (the SSD
-  // queues: see next_op).
+  // One thread per resource: runs the ops queued for it, each when ready, in order (the
+  // reordering queues: see next_op).
   void worker(int r) {
     Ring& q = rings_[r];
     std::unique_lock<std::mutex> lock(mu_);

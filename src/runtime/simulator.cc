@@ -98,7 +98,8 @@ namespace {
 // iteration on, for its cross-iteration deps (`prev`) in iteration k-1, and, as the executor
 // submits them, for iteration k-1's return (step_waits_for) and the end of iteration k-2
 // (two iterations in flight). Each resource runs its ops one at a time, each once its deps
-// are done, in order, except that the SSD queues may start a ready op ahead of earlier ones
+// are done, in order, except that the reordering queues (reorders(): SSD reads and writes,
+// host to device) may start a ready op ahead of earlier ones
 // it has no hazard with (reorders(), as the executor); compute and the optimizer share the
 // cores on a shared_cpu profile.
 struct Timeline {
@@ -155,7 +156,6 @@ Timeline run_timeline(const Plan& plan, const std::vector<std::vector<int>>& pre
   // queue the first ready one among the next kReorderWindow not started that touches nothing
   // an earlier not-started one touches with a write (scheduler.cc, next_op).
   auto next_in = [&](int q) -> long {
-    constexpr size_t kReorderWindow = 32;
     const std::vector<int>& Q = queue[q];
     size_t h = head[q];
     while (h < Q.size() && started[Q[h]]) ++h;
