@@ -38,6 +38,11 @@ Mat random_mat(int rows, int cols, bool trans, std::mt19937& rng) {
 }  // namespace
 
 TEST_CASE("gemm_bf16 is the exact product of the bf16-rounded inputs up to fp32 accumulation", "[precision]") {
+  // Both paths: oneDNN's bf16 matmul where the CPU has it, and the fp32 GEMM on rounded
+  // operands (the only path on CPUs without AVX-512).
+  const bool fallback = GENERATE(false, true);
+  cpu::set_bf16_gemm_fallback(fallback);
+  INFO("fp32 fallback forced " << fallback << ", native bf16 matmul " << cpu::bf16_gemm_native());
   std::mt19937 rng(11);
   const int M = 37, N = 29, K = 301;
   for (int ta = 0; ta < 2; ++ta)
@@ -73,6 +78,7 @@ TEST_CASE("gemm_bf16 is the exact product of the bf16-rounded inputs up to fp32 
         for (int i = 0; i < M; ++i)  // the padding past N columns is untouched
           for (int j = N; j < ldc; ++j) CHECK(C[static_cast<size_t>(i) * ldc + j] == 0.5f);
       }
+  cpu::set_bf16_gemm_fallback(false);
 }
 
 TEST_CASE("a model with bf16 GEMM inputs stays within bf16 rounding of the fp32 model", "[precision]") {
@@ -89,6 +95,9 @@ TEST_CASE("a model with bf16 GEMM inputs stays within bf16 rounding of the fp32 
     tokens[i] = static_cast<int32_t>((i * 37 + 11) % 256);
     targets[i] = static_cast<int32_t>((i * 53 + 5) % 256);
   }
+  const bool fallback = GENERATE(false, true);
+  cpu::set_bf16_gemm_fallback(fallback);
+  INFO("fp32 fallback forced " << fallback);
   std::vector<float> logits[2], grads[2];
   float loss[2];
   for (int mode = 0; mode < 2; ++mode) {
@@ -115,6 +124,7 @@ TEST_CASE("a model with bf16 GEMM inputs stays within bf16 rounding of the fp32 
   CHECK(e_grads <= 8 * u);
   CHECK(std::fabs(loss[1] - loss[0]) <= 8 * u * std::fabs(loss[0]));
   CHECK(e_logits > 0);  // the bf16 path ran
+  cpu::set_bf16_gemm_fallback(false);
 }
 
 TEST_CASE("runtime.precision is validated and applied", "[precision]") {

@@ -24,7 +24,8 @@ CpuBackend::~CpuBackend() {
 
 std::string CpuBackend::name() const {
   return str("cpu (", threads_, " threads, ", gemm_library_name(),
-             precision_ == MatmulPrecision::kBf16   ? ", bf16 GEMM inputs"
+             precision_ == MatmulPrecision::kBf16
+                 ? (bf16_gemm_native() ? ", bf16 GEMM inputs" : ", bf16 GEMM inputs (fp32 GEMM: no AVX-512 bf16 matmul here)")
              : precision_ == MatmulPrecision::kFp16 ? ", fp16 GEMM inputs (emulated)"
                                                     : "",
              ")");

@@ -15,6 +15,12 @@ void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, cons
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                int lda, const float* B, int ldb, float beta, float* C, int ldc);
 
+// Whether gemm_bf16 runs oneDNN's bf16 matmul (AVX-512 CPUs) or, elsewhere, the fp32 GEMM on
+// bf16-rounded operands (the same products, fp32 speed).
+bool bf16_gemm_native();
+// Forces the fp32 path even where the bf16 matmul exists, so tests cover both (tests only).
+void set_bf16_gemm_fallback(bool on);
+
 // The backend's matmul_forward / matmul_backward (include/fuyou/backend.h) with bf16 GEMM
 // inputs, as gemm_bf16 computes them but with fewer passes over memory (gemm_lowp.cc).
 void matmul_forward_bf16(float* out, const float* in, const float* w, const float* bias, int N,

@@ -1,5 +1,9 @@
 // Low-precision GEMM inputs on the CPU. bf16: the fp32 operands are rounded to bf16 into scratch buffers, then a
 // oneDNN matmul primitive (bf16 in, fp32 accumulate and out) multiplies them. oneDNN 2.6
+// has bf16 matmuls only on AVX-512 CPUs; elsewhere (AVX2) the operands are rounded to bf16
+// values held in fp32 and the fp32 GEMM multiplies them: a product of two bf16 values has at
+// most 16 significant bits, exact in fp32, so the result is the same product up to the
+// accumulation order, at fp32 speed (bf16_gemm_native() tells which path runs). oneDNN 2.6
 // ignores the fp32 "fpmath bf16" attribute on this CPU (measured: bit-identical to fp32), so
 // the rounding is explicit; it costs one read of each operand, small next to the product on
 // the transformer's shapes. Primitives are created once per shape and cached, so after the
@@ -81,11 +85,12 @@ using Key = std::tuple<int, bool, bool, int, int, int, int, int, int, bool, bool
 
 struct Cache {
   std::mutex mu;
+  int native = -1;  // bf16 matmul primitives available: -1 not yet known
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{eng};  // one for every call: calls are serialised by `mu`
   std::map<Key, dnnl::matmul> prims;
   std::vector<uint16_t> a, b, d;  // rounded operands; grow to the largest shape, then stay
-  std::vector<float> fa, fb;      // fp16-rounded operands held as fp32 (gemm_fp16)
+  std::vector<float> fa, fb, fd;  // fp16- or bf16-rounded operands held as fp32 (gemm_fp16, fallback)
 };
 
 Cache& cache() {
@@ -93,10 +98,24 @@ Cache& cache() {
   return c;
 }
 
-uint16_t* scratch(std::vector<uint16_t>& v, size_t n) {
+template <class T>
+T* scratch(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
   return v.data();
 }
+
+// dst(rows, cols) dense fp32 <- src (row stride ld) rounded to bf16 values.
+FY_CLONES void round_rows_bf16_f32(float* dst, const float* src, int rows, int cols, int ld) {
+#pragma omp parallel for schedule(static)
+  for (int r = 0; r < rows; ++r) {
+    const float* s = src + static_cast<size_t>(r) * ld;
+    float* d = dst + static_cast<size_t>(r) * cols;
+#pragma omp simd
+    for (int c = 0; c < cols; ++c) d[c] = math::bf16_to_float(math::float_to_bf16(s[c]));
+  }
+}
+
+bool forced_fallback = false;  // set_bf16_gemm_fallback (tests)
 
 // C(M,N) = op(A) op(B) (+ bias row) (+ C when accumulate), A and B of type `type` with row
 // strides lda, ldb as stored (op(A) = A^T means A is (K, M) in memory); the transposes are
@@ -140,7 +159,42 @@ void run_bf16(Cache& c, bool trans_a, bool trans_b, int M, int N, int K, const u
              trans_b ? K : N, bias, accumulate, C, ldc);
 }
 
+// Whether oneDNN creates bf16 matmul primitives on this CPU; asked once. Caller holds c.mu.
+bool native_bf16(Cache& c) {
+  if (c.native < 0) {
+    using dt = dnnl::memory::data_type;
+    dnnl::memory::desc a({16, 16}, dt::bf16, dnnl::memory::dims{16, 1}), cd({16, 16}, dt::f32, dnnl::memory::dims{16, 1});
+    try {
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, cd), c.eng);
+      c.native = 1;
+    } catch (const dnnl::error&) {
+      c.native = 0;
+    }
+  }
+  return c.native == 1 && !forced_fallback;
+}
+
+// The fallback's operands: op(X) of a GEMM rounded to bf16 values in fp32 scratch, dense
+// as stored (rows x cols with row stride ld), so the caller keeps its transposes.
+float* rounded_f32(std::vector<float>& v, const float* src, int rows, int cols, int ld) {
+  float* d = scratch(v, static_cast<size_t>(rows) * cols);
+  round_rows_bf16_f32(d, src, rows, cols, ld);
+  return d;
+}
+
 }  // namespace
+
+bool bf16_gemm_native() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return native_bf16(c);
+}
+
+void set_bf16_gemm_fallback(bool on) {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  forced_fallback = on;
+}
 
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                int lda, const float* B, int ldb, float beta, float* C, int ldc) {
@@ -151,6 +205,12 @@ void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
   // One caller at a time: the scratch is shared. The model calls GEMMs from one thread;
   // the parallelism is inside.
   std::lock_guard<std::mutex> lock(c.mu);
+  if (!native_bf16(c)) {
+    const float* a = trans_a ? rounded_f32(c.fa, A, K, M, lda) : rounded_f32(c.fa, A, M, K, lda);
+    const float* b = trans_b ? rounded_f32(c.fb, B, N, K, ldb) : rounded_f32(c.fb, B, K, N, ldb);
+    gemm_f32(trans_a, trans_b, M, N, K, 1.0f, a, trans_a ? M : K, b, trans_b ? K : N, beta, C, ldc);
+    return;
+  }
   uint16_t* a = scratch(c.a, static_cast<size_t>(M) * K);
   uint16_t* b = scratch(c.b, static_cast<size_t>(K) * N);
   // Round the operands as stored: op(A) = A^T means A is (K, M) in memory.
@@ -164,6 +224,14 @@ void matmul_forward_bf16(float* out, const float* in, const float* w, const floa
   if (N == 0 || OC == 0) return;
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
+  if (!native_bf16(c)) {
+    const float* a = rounded_f32(c.fa, in, N, IC, IC);
+    const float* b = rounded_f32(c.fb, w, OC, IC, IC);
+    if (bias)
+      for (int r = 0; r < N; ++r) std::copy(bias, bias + OC, out + static_cast<size_t>(r) * OC);
+    gemm_f32(false, true, N, OC, IC, 1.0f, a, IC, b, IC, bias ? 1.0f : 0.0f, out, OC);
+    return;
+  }
   uint16_t* a = scratch(c.a, static_cast<size_t>(N) * IC);
   uint16_t* b = scratch(c.b, static_cast<size_t>(OC) * IC);
   round_rows(a, in, N, IC, IC);
@@ -176,6 +244,19 @@ void matmul_backward_bf16(float* din, float* dw, float* dbias, const float* dout
   if (N == 0 || OC == 0) return;
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
+  if (!native_bf16(c)) {
+    if (dbias)  // column sums of the unrounded gradient: threads own column blocks, rows in order
+#pragma omp parallel for schedule(static)
+      for (int o0 = 0; o0 < OC; o0 += 256)
+        for (int r = 0; r < N; ++r) {
+          const float* s = dout + static_cast<size_t>(r) * OC;
+          for (int o = o0; o < std::min(OC, o0 + 256); ++o) dbias[o] += s[o];
+        }
+    const float* d = rounded_f32(c.fd, dout, N, OC, OC);
+    if (din) gemm_f32(false, false, N, IC, OC, 1.0f, d, OC, rounded_f32(c.fb, w, OC, IC, IC), IC, 0.0f, din, IC);
+    gemm_f32(true, false, OC, IC, N, 1.0f, d, OC, rounded_f32(c.fa, in, N, IC, IC), IC, 1.0f, dw, IC);
+    return;
+  }
   uint16_t* d = scratch(c.d, static_cast<size_t>(N) * OC);
   round_with_column_sums(d, dbias, dout, N, OC, OC);
   if (din) {
@@ -207,9 +288,8 @@ void gemm_fp16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
   if (M == 0 || N == 0) return;
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
-  const size_t na = static_cast<size_t>(M) * K, nb = static_cast<size_t>(K) * N;
-  if (c.fa.size() < na) c.fa.resize(na);
-  if (c.fb.size() < nb) c.fb.resize(nb);
+  scratch(c.fa, static_cast<size_t>(M) * K);
+  scratch(c.fb, static_cast<size_t>(K) * N);
   const int ra = trans_a ? K : M, ca = trans_a ? M : K, rb = trans_b ? N : K, cb = trans_b ? K : N;
   round_rows_fp16(c.fa.data(), A, ra, ca, lda);
   round_rows_fp16(c.fb.data(), B, rb, cb, ldb);
