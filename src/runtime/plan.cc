@@ -550,6 +550,7 @@ Plan make_plan(const PlanRequest& req) {
                           : req.embed_parts > 0                 ? req.embed_parts
                           : sz.embed >= (16ull << 20)           ? kEmbedParts
                                                                 : 1;
+  std::function<void()> after_rows;  // see the embedding's parts in save_grads
   auto save_grads = [&](int group, int producer, int dev_slot) {
     const bool is_layer = group >= 1 && group <= L, last = micro == K - 1;
     std::vector<int> deps = {producer};
@@ -558,32 +559,42 @@ Plan make_plan(const PlanRequest& req) {
     if (group == 0 && !req.exact && embed_parts > 1) {
       // The embedding's save, update and device refresh, part by part: the update of part p
       // runs while part p+1 is copied out and part p-1 copied back. With rows first
-      // (PlanRequest::embed_rows_first), first (part -1), once every part is saved: the rows
-      // the next step's first micro-batch looks up and the position table, whose refresh is
-      // all its embedding forward waits for.
+      // (PlanRequest::embed_rows_first), first (part -1) the rows the next step's first
+      // micro-batch looks up and the position table: saved, updated and refreshed ahead of
+      // layer 0's gradient save and update (`after_rows`, emitted between the two), so that the
+      // next embedding forward, which waits only for them, runs beside layer 0's update.
       const int hs = host_grad_rr++ % plan.pools.host_grad_slots;
       deps.push_back(host_grad_consumer[hs]);
-      std::vector<int> saves;
+      const BufRef where{BufRef::kHostGrad, hs};
+      int rows_id = -1;
+      if (req.embed_rows_first) {
+        plan.embed_rows_first = true;
+        PlanOp& sr = add(OpKind::kSaveGrads, Resource::kD2H, group, deps);
+        sr.micro = micro;
+        sr.out = where;
+        sr.part = -1;
+        sr.parts = embed_parts;
+        sr.bytes = 4 * embed_rows_first_params(plan);
+        const int save_rows = sr.id;
+        PlanOp& rows = add(OpKind::kUpdate, Resource::kOptimizer, group, {save_rows});
+        rows.micro = micro;
+        rows.in = where;
+        rows.part = -1;
+        rows.parts = embed_parts;
+        rows_id = rows.id;
+        emit_refresh(group, rows_id, -1, embed_parts);
+        if (after_rows) after_rows();
+      }
       for (int part = 0; part < embed_parts; ++part) {
         PlanOp& sp = add(OpKind::kSaveGrads, Resource::kD2H, group, deps);
         sp.micro = micro;
-        sp.out = {BufRef::kHostGrad, hs};
+        sp.out = where;
         sp.part = part;
         sp.parts = embed_parts;
         sp.bytes = sz.embed / embed_parts;
-        if (!req.embed_rows_first) emit_update({group, sp.id, sp.out, part, embed_parts}, -1);
-        saves.push_back(sp.id);
+        // Updating part p needs only its own gradient; the rows update read none of it.
+        emit_update({group, sp.id, where, part, embed_parts}, rows_id);
       }
-      if (!req.embed_rows_first) return;
-      plan.embed_rows_first = true;
-      PlanOp& rows = add(OpKind::kUpdate, Resource::kOptimizer, group, saves);
-      rows.micro = micro;
-      rows.in = {BufRef::kHostGrad, hs};
-      rows.part = -1;
-      rows.parts = embed_parts;
-      const int rows_id = rows.id;
-      emit_refresh(group, rows_id, -1, embed_parts);
-      for (int part = 0; part < embed_parts; ++part) emit_update({group, saves[part], {BufRef::kHostGrad, hs}, part, embed_parts}, rows_id);
       return;
     }
     if (!is_layer || (last && !req.exact)) {
@@ -798,11 +809,24 @@ Plan make_plan(const PlanRequest& req) {
       b.flops = 2 * sz.layer_flops;
       use_weights(ws, b.id);
       ck.touch(in, b.id);
-      save_grads(1 + l, b.id, gs);
+      // Layer 0's gradient save (and update) goes after the embedding's rows-first ones,
+      // where those exist (save_grads(0) calls it back); otherwise here.
+      if (l == 0 && micro == K - 1 && req.embed_rows_first && !req.exact) {
+        const int bid = b.id;
+        bool done = false;
+        after_rows = [&, bid, gs, done]() mutable {
+          if (!done) save_grads(1, bid, gs);
+          done = true;
+        };
+      } else {
+        save_grads(1 + l, b.id, gs);
+      }
     }
     PlanOp& eb = add(OpKind::kEmbedBackward, Resource::kCompute, -1, {});
     eb.micro = micro;
     if (micro == K - 1) save_grads(0, eb.id, -1);
+    if (after_rows) after_rows();  // when the embedding had no rows-first part
+    after_rows = nullptr;
   }
   micro = K - 1;
 

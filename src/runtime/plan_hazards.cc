@@ -60,9 +60,6 @@ std::vector<Use> touched(const PlanOp& o, int L, bool rows_first) {
       break;
     case OpKind::kEmbedForward:
       k = {{act_key(o.out), W}, {{rows_first && o.micro == 0 ? Buf::kDevEmbedRows : Buf::kDevEmbed, 0}, R}};
-      // The first micro-batch's embedding forward also zeroes the step's embedding and
-      // final-group gradients (scheduler.cc), which the previous step's saves read.
-      if (o.micro == 0) k.insert(k.end(), {{{Buf::kDevEmbedGrad, 0}, W}, {{Buf::kDevFinalGrad, 0}, W}});
       break;
     case OpKind::kForward:
     case OpKind::kRecomputeInput:
@@ -81,7 +78,7 @@ std::vector<Use> touched(const PlanOp& o, int L, bool rows_first) {
     case OpKind::kLoadCheckpoint:
       k = {{act_key(o.out), W}, {o.slot >= 0 ? Key{Buf::kHostCkptSlot, o.slot} : Key{Buf::kHostCkpt, o.layer}, R}};
       break;
-    case OpKind::kHead:
+    case OpKind::kHead:  // the first micro-batch's also zeroes the step's gradients (scheduler.cc)
       k = {{act_key(o.in), R},
            {{Buf::kDevEmbed, 0}, R},
            {{Buf::kDevFinal, 0}, R},

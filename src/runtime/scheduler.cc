@@ -232,6 +232,7 @@ class OffloadTrainer::Impl {
     row_tokens_.reserve(N_);
     opt_ranges_.reserve(N_ + 2);
     h2d_ranges_.reserve(N_ + 2);
+    d2h_ranges_.reserve(N_ + 2);
     const int K = plan_.grad_accum;
     const size_t max_ops = std::max(plan_.ops.size(), eval_plan_.ops.size());
     for (Iter& it : iters_) {
@@ -382,12 +383,6 @@ class OffloadTrainer::Impl {
         // Each micro-batch's tokens go to the device here, on the compute queue: the previous
         // micro-batch's head and embedding backward, which read them, ran before.
         model_.set_tokens(it.inputs[op.micro].data(), it.targets[op.micro].data());
-        // The embedding and final groups' gradients accumulate on the device over the step;
-        // the previous step's saves of them are this op's cross-iteration dependencies.
-        if (op.micro == 0 && !it.forward_only) {
-          be_.zero(embed_g_, 4 * layout_.groups.front().numel);
-          be_.zero(final_g_, 4 * layout_.groups.back().numel);
-        }
         GlobalTensors g = globals(embed_w_, final_w_);
         model_.embed_forward(g.wte, g.wpe, buf(op.out));
         break;
@@ -414,6 +409,14 @@ class OffloadTrainer::Impl {
         be_.copy_to_device(buf(op.out), op.slot >= 0 ? hckpt_[op.slot] : host_ckpt_[op.layer].data(), cbytes_);
         break;
       case OpKind::kHead: {
+        // The embedding and final groups' gradients accumulate on the device over the step,
+        // from the first micro-batch's head on; the previous step's saves of them are this
+        // op's cross-iteration dependencies (not the embedding forward's, which with rows
+        // first starts before the last of those saves).
+        if (op.micro == 0) {
+          be_.zero(embed_g_, 4 * layout_.groups.front().numel);
+          be_.zero(final_g_, 4 * layout_.groups.back().numel);
+        }
         GlobalTensors g = globals(embed_w_, final_w_), dg = globals(embed_g_, final_g_);
         it.losses[op.micro] = model_.head_forward(g, buf(op.in), true);
         model_.head_backward(g, dg, buf(op.in), it.loss_scale, dres_);
@@ -448,8 +451,18 @@ class OffloadTrainer::Impl {
         break;
       case OpKind::kSaveGrads: {
         const float* src = op.layer == 0 ? embed_g_ : op.layer == L + 1 ? final_g_ : gslot_[op.slot];
+        float* dst = host_grad(op.out);
+        if (op.layer == 0 && plan_.embed_rows_first) {
+          // Rows first: part -1 fixes the rows (first_rows) and copies them; the parts copy
+          // the rest of their ranges, never a range the rows update may be reading.
+          if (op.part < 0) first_rows(it);
+          else rows_complement(it, part_range(layout_.groups[0].numel, op.part, op.parts), d2h_ranges_);
+          for (const auto& [a, b] : op.part < 0 ? it.first_rows : d2h_ranges_)
+            be_.copy_to_host(dst + a, src + a, 4 * (b - a));
+          break;
+        }
         const ParamRange r = part_range(layout_.groups[op.layer].numel, op.part, op.parts);
-        be_.copy_to_host(host_grad(op.out) + r.begin, src + r.begin, 4 * (r.end - r.begin));
+        be_.copy_to_host(dst + r.begin, src + r.begin, 4 * (r.end - r.begin));
         break;
       }
       case OpKind::kWriteGrads:
@@ -482,8 +495,7 @@ class OffloadTrainer::Impl {
         u.grad_type = ElemType::kF32;
         u.lowp = op.slot2 >= 0 ? hwout_[op.slot2] : group_host_weights(op.layer);
         u.lowp_type = ElemType::kF32;
-        if (op.part < 0) {
-          first_rows(it);
+        if (op.part < 0) {  // the rows its gradient save fixed
           u.ranges = it.first_rows.data();
           u.nranges = it.first_rows.size();
         } else {
@@ -845,8 +857,8 @@ class OffloadTrainer::Impl {
   Run train_, eval_;
   std::vector<std::vector<int>> prev_deps_;  // previous_iteration_deps(plan_)
   std::vector<int> embed_refresh_ops_;        // the embedding's refresh parts in plan_
-  std::vector<int32_t> row_tokens_;           // first_rows' scratch (optimizer thread)
-  std::vector<std::pair<size_t, size_t>> opt_ranges_, h2d_ranges_;  // rows_complement's, per thread
+  std::vector<int32_t> row_tokens_;           // first_rows' scratch (d2h thread)
+  std::vector<std::pair<size_t, size_t>> opt_ranges_, h2d_ranges_, d2h_ranges_;  // rows_complement's, per thread
   Iter iters_[2];      // the iterations that may be in flight; submissions alternate
   int next_slot_ = 0;
   Ring rings_[kNumResources];  // per resource: (iteration slot, op id) in submission order
