@@ -163,9 +163,11 @@ struct PlanRequest {
   // Parts of the embedding's save / update / refresh (PlanOp::parts); 0: by size. Only
   // without exact mode and with the embedding's optimizer state in host memory.
   int embed_parts = 0;
-  // With parts: update and refresh first the rows the next step's first micro-batch looks up
-  // (Plan::embed_rows_first), the other parts beside the next forward (docs/scheduler.md).
-  bool embed_rows_first = true;
+  // With parts: save, update and refresh first the rows the next step's first micro-batch
+  // looks up (Plan::embed_rows_first), the other parts beside the next forward. For backends
+  // whose compute does not share the CPU with the optimizer (a GPU's): on the CPU backend the
+  // other parts slow the forward about as much as its earlier start saves (docs/scheduler.md).
+  bool embed_rows_first = false;
 };
 
 // Element range [begin, end) of part `part` of `parts` of a group of `numel` elements; part

@@ -193,6 +193,7 @@ PlanRequest plan_request(const Config& cfg) {
 std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backend) {
   if (!wants_offload(cfg)) return std::make_unique<InMemoryEngine>(cfg, backend);
   PlanRequest req = plan_request(cfg);
+  req.embed_rows_first = backend.kind() != BackendKind::kCpu;
   Plan plan;
   double predicted = 0;
   if (cfg.offload.activations == ActivationPolicy::kAuto && !cfg.offload.hardware.empty()) {

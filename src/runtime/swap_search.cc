@@ -66,6 +66,7 @@ PlanRequest request_for_profile(PlanRequest req, const HardwareProfile& hw) {
   if (req.device_budget) req.device_budget = static_cast<uint64_t>(req.device_budget * up);
   // make_plan counts the CPU backend's device arena as host memory; a GPU's is not.
   if (hw.backend != "cpu" && req.host_budget) req.host_budget += req.device_budget;
+  req.embed_rows_first = !hw.shared_cpu;
   return req;
 }
 
