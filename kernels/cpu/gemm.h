@@ -22,7 +22,8 @@ bool bf16_gemm_native();
 void set_bf16_gemm_fallback(bool on);
 
 // The backend's matmul_forward / matmul_backward (include/fuyou/backend.h) with bf16 GEMM
-// inputs, as gemm_bf16 computes them but with fewer passes over memory (gemm_lowp.cc).
+// inputs, as gemm_bf16 computes them but with fewer passes over memory (gemm_lowp.cc). Only
+// where bf16_gemm_native(); elsewhere the backend's fp32 matmuls call gemm_bf16 instead.
 void matmul_forward_bf16(float* out, const float* in, const float* w, const float* bias, int N,
                          int IC, int OC);
 void matmul_backward_bf16(float* din, float* dw, float* dbias, const float* dout, const float* in,

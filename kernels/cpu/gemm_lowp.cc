@@ -90,7 +90,7 @@ struct Cache {
   dnnl::stream stream{eng};  // one for every call: calls are serialised by `mu`
   std::map<Key, dnnl::matmul> prims;
   std::vector<uint16_t> a, b, d;  // rounded operands; grow to the largest shape, then stay
-  std::vector<float> fa, fb, fd;  // fp16- or bf16-rounded operands held as fp32 (gemm_fp16, fallback)
+  std::vector<float> fa, fb;      // fp16- or bf16-rounded operands held as fp32 (gemm_fp16, fallback)
 };
 
 Cache& cache() {
@@ -104,14 +104,19 @@ T* scratch(std::vector<T>& v, size_t n) {
   return v.data();
 }
 
-// dst(rows, cols) dense fp32 <- src (row stride ld) rounded to bf16 values.
-FY_CLONES void round_rows_bf16_f32(float* dst, const float* src, int rows, int cols, int ld) {
+// dst(rows, cols) dense fp32 <- src (row stride ld) rounded to bf16 or fp16 values (fp16:
+// nearest even, overflow to inf as on a GPU).
+FY_CLONES void round_rows_f32(float* dst, const float* src, int rows, int cols, int ld, bool bf16) {
 #pragma omp parallel for schedule(static)
   for (int r = 0; r < rows; ++r) {
     const float* s = src + static_cast<size_t>(r) * ld;
     float* d = dst + static_cast<size_t>(r) * cols;
+    if (bf16) {
 #pragma omp simd
-    for (int c = 0; c < cols; ++c) d[c] = math::bf16_to_float(math::float_to_bf16(s[c]));
+      for (int c = 0; c < cols; ++c) d[c] = math::bf16_to_float(math::float_to_bf16(s[c]));
+    } else {
+      for (int c = 0; c < cols; ++c) d[c] = math::fp16_to_float(math::float_to_fp16(s[c]));
+    }
   }
 }
 
@@ -176,9 +181,9 @@ bool native_bf16(Cache& c) {
 
 // The fallback's operands: op(X) of a GEMM rounded to bf16 values in fp32 scratch, dense
 // as stored (rows x cols with row stride ld), so the caller keeps its transposes.
-float* rounded_f32(std::vector<float>& v, const float* src, int rows, int cols, int ld) {
+float* rounded_f32(std::vector<float>& v, const float* src, int rows, int cols, int ld, bool bf16 = true) {
   float* d = scratch(v, static_cast<size_t>(rows) * cols);
-  round_rows_bf16_f32(d, src, rows, cols, ld);
+  round_rows_f32(d, src, rows, cols, ld, bf16);
   return d;
 }
 
@@ -224,14 +229,7 @@ void matmul_forward_bf16(float* out, const float* in, const float* w, const floa
   if (N == 0 || OC == 0) return;
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
-  if (!native_bf16(c)) {
-    const float* a = rounded_f32(c.fa, in, N, IC, IC);
-    const float* b = rounded_f32(c.fb, w, OC, IC, IC);
-    if (bias)
-      for (int r = 0; r < N; ++r) std::copy(bias, bias + OC, out + static_cast<size_t>(r) * OC);
-    gemm_f32(false, true, N, OC, IC, 1.0f, a, IC, b, IC, bias ? 1.0f : 0.0f, out, OC);
-    return;
-  }
+  FY_CHECK(native_bf16(c), "matmul_forward_bf16 needs oneDNN's bf16 matmul; callers check bf16_gemm_native()");
   uint16_t* a = scratch(c.a, static_cast<size_t>(N) * IC);
   uint16_t* b = scratch(c.b, static_cast<size_t>(OC) * IC);
   round_rows(a, in, N, IC, IC);
@@ -244,19 +242,7 @@ void matmul_backward_bf16(float* din, float* dw, float* dbias, const float* dout
   if (N == 0 || OC == 0) return;
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
-  if (!native_bf16(c)) {
-    if (dbias)  // column sums of the unrounded gradient: threads own column blocks, rows in order
-#pragma omp parallel for schedule(static)
-      for (int o0 = 0; o0 < OC; o0 += 256)
-        for (int r = 0; r < N; ++r) {
-          const float* s = dout + static_cast<size_t>(r) * OC;
-          for (int o = o0; o < std::min(OC, o0 + 256); ++o) dbias[o] += s[o];
-        }
-    const float* d = rounded_f32(c.fd, dout, N, OC, OC);
-    if (din) gemm_f32(false, false, N, IC, OC, 1.0f, d, OC, rounded_f32(c.fb, w, OC, IC, IC), IC, 0.0f, din, IC);
-    gemm_f32(true, false, OC, IC, N, 1.0f, d, OC, rounded_f32(c.fa, in, N, IC, IC), IC, 1.0f, dw, IC);
-    return;
-  }
+  FY_CHECK(native_bf16(c), "matmul_backward_bf16 needs oneDNN's bf16 matmul; callers check bf16_gemm_native()");
   uint16_t* d = scratch(c.d, static_cast<size_t>(N) * OC);
   round_with_column_sums(d, dbias, dout, N, OC, OC);
   if (din) {
@@ -274,26 +260,15 @@ void matmul_backward_bf16(float* din, float* dw, float* dbias, const float* dout
 // values has at most 22 significant bits, exact in fp32, so this computes what an fp16-input,
 // fp32-accumulate GEMM computes, at fp32 speed: the CPU backend runs fp16 training (loss
 // scaling included) to test it, not to be fast.
-FY_CLONES static void round_rows_fp16(float* dst, const float* src, int rows, int cols, int ld) {
-#pragma omp parallel for schedule(static)
-  for (int r = 0; r < rows; ++r) {
-    const float* s = src + static_cast<size_t>(r) * ld;
-    float* d = dst + static_cast<size_t>(r) * cols;
-    for (int c = 0; c < cols; ++c) d[c] = math::fp16_to_float(math::float_to_fp16(s[c]));
-  }
-}
-
 void gemm_fp16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                int lda, const float* B, int ldb, float beta, float* C, int ldc) {
   if (M == 0 || N == 0) return;
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
-  scratch(c.fa, static_cast<size_t>(M) * K);
-  scratch(c.fb, static_cast<size_t>(K) * N);
   const int ra = trans_a ? K : M, ca = trans_a ? M : K, rb = trans_b ? N : K, cb = trans_b ? K : N;
-  round_rows_fp16(c.fa.data(), A, ra, ca, lda);
-  round_rows_fp16(c.fb.data(), B, rb, cb, ldb);
-  gemm_f32(trans_a, trans_b, M, N, K, alpha, c.fa.data(), ca, c.fb.data(), cb, beta, C, ldc);
+  const float* a = rounded_f32(c.fa, A, ra, ca, lda, false);
+  const float* b = rounded_f32(c.fb, B, rb, cb, ldb, false);
+  gemm_f32(trans_a, trans_b, M, N, K, alpha, a, ca, b, cb, beta, C, ldc);
 }
 
 }  // namespace fuyou::cpu

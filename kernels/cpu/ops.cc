@@ -163,7 +163,8 @@ void CpuBackend::layernorm_backward(float* din, float* dw, float* db, const floa
 
 void CpuBackend::matmul_forward(float* out, const float* in, const float* w, const float* bias,
                                 int N, int IC, int OC) {
-  if (precision_ == MatmulPrecision::kBf16) return matmul_forward_bf16(out, in, w, bias, N, IC, OC);
+  const bool bf16 = precision_ == MatmulPrecision::kBf16;
+  if (bf16 && bf16_gemm_native()) return matmul_forward_bf16(out, in, w, bias, N, IC, OC);
   // fp32 stays on dnnl_sgemm: oneDNN's fp32 matmul primitive measured 2-15% slower on every
   // projection of the default shape.
   float beta = 0.0f;
@@ -172,15 +173,16 @@ void CpuBackend::matmul_forward(float* out, const float* in, const float* w, con
     for (int n = 0; n < N; ++n) std::memcpy(out + static_cast<size_t>(n) * OC, bias, sizeof(float) * OC);
     beta = 1.0f;
   }
-  auto gemm = precision_ == MatmulPrecision::kFp16 ? gemm_fp16 : gemm_f32;
+  auto gemm = precision_ == MatmulPrecision::kFp16 ? gemm_fp16 : bf16 ? gemm_bf16 : gemm_f32;
   gemm(false, true, N, OC, IC, 1.0f, in, IC, w, IC, beta, out, OC);
 }
 
 void CpuBackend::matmul_backward(float* din, float* dw, float* dbias, const float* dout,
                                  const float* in, const float* w, int N, int IC, int OC) {
-  if (precision_ == MatmulPrecision::kBf16)
-    return matmul_backward_bf16(din, dw, dbias, dout, in, w, N, IC, OC);
-  auto gemm = precision_ == MatmulPrecision::kFp16 ? gemm_fp16 : gemm_f32;
+  const bool bf16 = precision_ == MatmulPrecision::kBf16;
+  if (bf16 && bf16_gemm_native()) return matmul_backward_bf16(din, dw, dbias, dout, in, w, N, IC, OC);
+  // Without oneDNN's bf16 matmul (no AVX-512), gemm_bf16 multiplies rounded operands in fp32.
+  auto gemm = precision_ == MatmulPrecision::kFp16 ? gemm_fp16 : bf16 ? gemm_bf16 : gemm_f32;
   if (din) gemm(false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, din, IC);
   gemm(true, false, OC, IC, N, 1.0f, dout, OC, in, IC, 1.0f, dw, IC);
   if (dbias) {
