@@ -87,7 +87,23 @@ Run offloaded(const Config& cfg, const PlanRequest& req, const std::vector<std::
 
 // A trainer with every layer's checkpoint, weights and optimizer state on SSD (exact mode
 // when the config clips), its parameters the model's initial ones.
-std::unique_ptr<OffloadTrainer> all_on_ssd(const Config& cfg, Backend& be, SsdStore* store) {
+// The request with the host budget lowered, a layer's weights at a time, until its plan has
+// `slots` weights-out slots (an unlimited budget gives one per SSD-weight layer, and every
+// such layer is then retained in its slot between steps).
+PlanRequest with_wout_slots(PlanRequest req, int slots) {
+  const Plan roomy = make_plan(req);
+  const uint64_t wb = 4 * make_gpt_layout(req.model).groups[1].numel;
+  for (uint64_t cut = 0; cut < roomy.memory.host_bytes && cut <= 4 * req.model.n_layer * wb; cut += wb) {
+    req.host_budget = roomy.memory.host_bytes - cut;
+    if (make_plan(req).pools.host_wout_slots == slots) return req;
+  }
+  FAIL("no host budget gives " << slots << " weights-out slots");
+  return req;
+}
+
+// Weights, checkpoints and optimizer state on SSD. With `retain_all` one weights-out slot
+// per layer; else two, so that the higher layers' weights are read back from SSD.
+std::unique_ptr<OffloadTrainer> all_on_ssd(const Config& cfg, Backend& be, SsdStore* store, bool retain_all = false) {
   PlanRequest req;
   req.model = cfg.model;
   req.micro_batch = cfg.schedule.micro_batch;
@@ -95,6 +111,7 @@ std::unique_ptr<OffloadTrainer> all_on_ssd(const Config& cfg, Backend& be, SsdSt
   req.have_ssd = true;
   req.acts = std::vector<ActPlacement>(cfg.model.n_layer, ActPlacement::kSsd);
   req.weights_on_ssd = req.optim_on_ssd = true;
+  if (!retain_all) req = with_wout_slots(req, 2);
   auto tr = std::make_unique<OffloadTrainer>(cfg, be, make_plan(req), store);
   ParamLayout layout = make_gpt_layout(cfg.model);
   std::vector<float> init(layout.total);
@@ -159,28 +176,45 @@ TEST_CASE("offloaded training is bitwise equal to in-memory training", "[schedul
     req.weights_on_ssd = true;
     req.optim_on_ssd = true;
     INFO("clip " << clip);
-    // Without exact mode the two lowest layers' new weights stay in the weights-out slots,
-    // and the next forward loads them from there instead of from SSD.
+    auto count = [](const Plan& p, auto pred) { return std::count_if(p.ops.begin(), p.ops.end(), pred); };
+    auto from_wout = [](const PlanOp& o) { return o.kind == OpKind::kLoadWeights && o.in.kind == BufRef::kWeightsOut; };
+    auto ssd_read = [](const PlanOp& o) { return o.kind == OpKind::kReadWeights; };
+    // Host memory for one weights-out slot per layer: without exact mode every layer's new
+    // weights stay in their slot, the next forward loads them from there, and so does the
+    // backward where the device dropped a layer (each layer's slot is rewritten only by its
+    // own update, after its backward): no weights are read back from SSD.
+    const Plan rp = make_plan(req);
+    if (clip == 0) CHECK(count(rp, from_wout) > cfg.model.n_layer);
+    else CHECK(count(rp, from_wout) == 0);
+    CHECK((count(rp, ssd_read) == 0) == (clip == 0));
+    auto roomy_store = SsdStore::open({{store_dir("roomy")}});
+    require_bitwise(offloaded(cfg, req, data, roomy_store.get()), ref);
+    const PlanRequest roomy = req;
+    // Two weights-out slots: the two lowest layers are retained, the forward reads the
+    // others from SSD.
+    req = with_wout_slots(req, 2);
     const Plan sp = make_plan(req);
-    const auto retained = std::count_if(sp.ops.begin(), sp.ops.end(), [](const PlanOp& o) {
-      return o.kind == OpKind::kLoadWeights && o.in.kind == BufRef::kWeightsOut;
-    });
-    CHECK(retained == (clip > 0 ? 0 : 2));
+    CHECK(count(sp, from_wout) == (clip > 0 ? 0 : 2));
+    CHECK(count(sp, ssd_read) > 0);
     require_bitwise(offloaded(cfg, req, data, store.get()), ref);
 
-    // One device weight slot fewer: the backward reloads the lowest layers, and one read in
-    // the forward whose host staging slot was not reused since loads from there again
-    // instead of being read a second time.
-    PlanRequest tight = req;
-    tight.device_budget = sp.memory.device_bytes - 4 * make_gpt_layout(cfg.model).groups[1].numel;
+    // One device weight slot fewer than the roomy plan: the backward reloads the lowest
+    // layers. Retained (plain mode), from their weights-out slots, not yet rewritten; in exact
+    // mode (nothing retained) one read in the forward whose host staging slot was not reused
+    // since loads from there again instead of being read a second time.
+    PlanRequest tight = roomy;
+    tight.device_budget = rp.memory.device_bytes - 4 * make_gpt_layout(cfg.model).groups[1].numel;
     const Plan tp = make_plan(tight);
-    REQUIRE(tp.pools.device_weight_slots == sp.pools.device_weight_slots - 1);
-    const auto reads = std::count_if(tp.ops.begin(), tp.ops.end(), [](const PlanOp& o) { return o.kind == OpKind::kReadWeights; });
-    const auto staged_loads = std::count_if(tp.ops.begin(), tp.ops.end(), [](const PlanOp& o) {
-      return o.kind == OpKind::kLoadWeights && o.slot2 >= 0;
-    });
+    REQUIRE(tp.pools.device_weight_slots == rp.pools.device_weight_slots - 1);
+    const auto reads = count(tp, ssd_read);
+    const auto staged_loads = count(tp, [](const PlanOp& o) { return o.kind == OpKind::kLoadWeights && o.slot2 >= 0; });
     INFO("reads " << reads << ", loads from staging " << staged_loads);
-    CHECK(staged_loads > reads);
+    if (clip == 0) {
+      CHECK(reads == 0);
+      CHECK(count(tp, from_wout) > count(rp, from_wout));
+    } else {
+      CHECK(staged_loads > reads);
+    }
     auto tight_store = SsdStore::open({{store_dir("tight")}});
     require_bitwise(offloaded(cfg, tight, data, tight_store.get()), ref);
 
@@ -229,20 +263,24 @@ TEST_CASE("no stale weights: each forward sees the weights of the previous updat
         r.step(s, {data[s].data()});
       }
     }
-    auto store = SsdStore::open({{store_dir("stale")}});
-    auto be = make_cpu_backend(2, 0);
-    auto trainer = all_on_ssd(cfg, *be, store.get());
-    OffloadTrainer& tr = *trainer;
-    int calls = 0, stale = 0;
-    tr.on_forward = [&](int l, const float* w, size_t n) {
-      const int s = calls++ / L;  // forwards run in order on the compute thread, L per step
-      if (std::memcmp(w, expected[s].data() + layout.groups[1 + l].offset, 4 * n) != 0) ++stale;
-    };
-    for (int s = 0; s < steps; ++s) tr.step(s, data[s].data());
-    std::vector<float> final_params(layout.total);
-    tr.read_params(final_params.data());
-    CHECK(calls == steps * L);
-    CHECK(stale == 0);
+    // Weights read back from SSD after their write, and weights kept in host slots.
+    for (bool retain_all : {false, true}) {
+      INFO("retain all " << retain_all);
+      auto store = SsdStore::open({{store_dir("stale")}});
+      auto be = make_cpu_backend(2, 0);
+      auto trainer = all_on_ssd(cfg, *be, store.get(), retain_all);
+      OffloadTrainer& tr = *trainer;
+      int calls = 0, stale = 0;
+      tr.on_forward = [&](int l, const float* w, size_t n) {
+        const int s = calls++ / L;  // forwards run in order on the compute thread, L per step
+        if (std::memcmp(w, expected[s].data() + layout.groups[1 + l].offset, 4 * n) != 0) ++stale;
+      };
+      for (int s = 0; s < steps; ++s) tr.step(s, data[s].data());
+      std::vector<float> final_params(layout.total);
+      tr.read_params(final_params.data());
+      CHECK(calls == steps * L);
+      CHECK(stale == 0);
+    }
   }
 }
 

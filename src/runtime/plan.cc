@@ -294,13 +294,15 @@ Plan make_plan(const PlanRequest& req) {
     host_used += extra * sz.weights;
   }
   // The updates write new weights to the weights-out slots in turn, layers L-1 .. 0 (of
-  // those on SSD): the last two stay there until the next step's forward (retained).
+  // those on SSD): the last one per slot stays there until the next step uses it (retained),
+  // so the next forward, and the backward until the slot is written again, load those
+  // layers from host memory instead of reading back what was just written.
   if (ssd_weight_layers && !req.exact) {
     std::vector<int> order;  // SSD-weight layers in update order
     for (int l = L - 1; l >= 0; --l)
       if (plan.layers[l].weights == StateTier::kSsd) order.push_back(l);
     const int n = static_cast<int>(order.size()), w = plan.pools.host_wout_slots;
-    for (int i = std::max(0, n - 2); i < n; ++i) plan.layers[order[i]].retained = i % w;
+    for (int i = std::max(0, n - w); i < n; ++i) plan.layers[order[i]].retained = i % w;
   }
   plan.embed_optim = tiers.front();
   plan.final_optim = tiers.back();
@@ -366,6 +368,11 @@ Plan make_plan(const PlanRequest& req) {
   // The layer each staging slot holds this step (-1: none yet) and the read that filled it.
   std::vector<int> host_read_holds(plan.pools.host_weight_slots, -1), host_read_fill(plan.pools.host_weight_slots, -1);
   std::vector<int> host_wout_writer(plan.pools.host_wout_slots, -1);
+  // The layer whose weights of this step each weights-out slot holds (retained by the
+  // previous step's update) until this step's first update into it; -1: none.
+  std::vector<int> wout_holds(plan.pools.host_wout_slots, -1);
+  for (int l = 0; l < L; ++l)
+    if (plan.layers[l].retained >= 0) wout_holds[plan.layers[l].retained] = l;
   std::vector<int> host_ckpt_consumer(plan.pools.host_ckpt_slots, -1);
 
   auto pick_slot = [&](std::vector<SlotState>& slots, int keep_a, int keep_b) {
@@ -377,15 +384,14 @@ Plan make_plan(const PlanRequest& req) {
     FY_CHECK(best >= 0, "no free slot");
     return best;
   };
-  // Returns the device weight slot holding layer l, loading it if needed. In a forward, a
-  // retained layer loads from its weights-out slot (the previous step's update wrote it; no
-  // update of this step has yet).
-  bool in_forward = false;
+  // Returns the device weight slot holding layer l, loading it if needed. A retained layer
+  // loads from its weights-out slot while that holds it (the previous step's update wrote
+  // it; no update of this step has yet).
   auto need_weights = [&](int l, int also_needed) -> int {
     for (int s = 0; s < dw; ++s)
       if (wslots[s].layer == l) return s;
     int s = pick_slot(wslots, also_needed, -1);
-    if (in_forward && plan.layers[l].retained >= 0) {
+    if (plan.layers[l].retained >= 0 && wout_holds[plan.layers[l].retained] == l) {
       const int w = plan.layers[l].retained;
       PlanOp& ld = add(OpKind::kLoadWeights, Resource::kH2D, l, {wslots[s].last_use, host_wout_writer[w]});
       ld.micro = micro;
@@ -515,6 +521,7 @@ Plan make_plan(const PlanRequest& req) {
       FY_CHECK(plan.layers[l].retained < 0 || plan.layers[l].retained == wout, "layer ", l,
                " retained in weights-out slot ", plan.layers[l].retained, " but updated into slot ", wout);
       deps.push_back(host_wout_writer[wout]);
+      wout_holds[wout] = -1;
     }
     PlanOp& u = add(OpKind::kUpdate, Resource::kOptimizer, p.group, deps);
     u.micro = K - 1;
@@ -742,7 +749,6 @@ Plan make_plan(const PlanRequest& req) {
     // Forward. The weights do not change within a step, so the device weight slots stay
     // valid across micro-batches; the checkpoint slots do not (other tokens).
     for (SlotState& c : cslots) c.layer = -1;
-    in_forward = true;
     fwd_loc[0] = input_location(0);
     std::vector<int> edeps;
     if (fwd_loc[0].kind == BufRef::kStream) {
@@ -781,7 +787,6 @@ Plan make_plan(const PlanRequest& req) {
     head.flops = sz.head_flops * 3;  // forward + backward of the LM head
     if (micro == K - 1) save_grads(L + 1, head.id, -1);
 
-    in_forward = false;
     for (int l = L - 1; l >= 0; --l) {
       BufRef in = ck.need(l, -1);
       int ws = need_weights(l, -1);
