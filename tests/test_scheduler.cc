@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <thread>
 #include <condition_variable>
 #include <mutex>
 #include <cstring>
@@ -314,6 +315,38 @@ TEST_CASE("steps overlap: the next step starts while the previous one's updates 
     CHECK(h.saw);
     require_bitwise(got, ref);
   }
+}
+
+TEST_CASE("busy times count an iteration that finishes within a later step's window", "[scheduler]") {
+  // Step 0's last weight write is slowed (the hook's sleep counts as its busy time) so that
+  // it runs on after step 1 has returned: step 2's window, which starts at that return,
+  // holds the rest of it, and step 2's submission waits for it to finish before the slot is
+  // reused. That part must be counted in step 2's ssd_write busy time, not lost with the
+  // finished iteration's times.
+  using clock = std::chrono::steady_clock;
+  Config cfg = tiny_config(0.0);
+  auto data = batches(cfg, 3);
+  auto store = SsdStore::open({{store_dir("busy")}});
+  auto be = make_cpu_backend(2, 0);
+  auto trainer = all_on_ssd(cfg, *be, store.get());
+  OffloadTrainer& tr = *trainer;
+  clock::time_point write_end{};
+  tr.on_op = [&](int64_t step, const PlanOp& op) {
+    if (step == 0 && op.kind == OpKind::kWriteWeights && op.layer == 1) {  // group 1: layer 0, written last
+      std::this_thread::sleep_for(std::chrono::milliseconds(600));
+      write_end = clock::now();
+    }
+  };
+  tr.step(0, data[0].data());
+  tr.step(1, data[1].data());
+  const clock::time_point returned = clock::now();
+  const OffloadStepResult r2 = tr.step(2, data[2].data());
+  const double after_return = std::chrono::duration<double>(write_end - returned).count();
+  INFO("the slowed write ran " << after_return << " s after step 1 returned; step 2: iteration "
+                               << r2.iteration_s << " s, ssd_write busy " << r2.busy_s[static_cast<int>(Resource::kSsdWrite)]);
+  REQUIRE(after_return > 0.3);
+  CHECK(r2.busy_s[static_cast<int>(Resource::kSsdWrite)] >= after_return - 0.005);
+  CHECK(r2.busy_s[static_cast<int>(Resource::kSsdWrite)] <= r2.iteration_s + 1e-9);
 }
 
 TEST_CASE("SSD reads reorder: a read whose write is done passes one still waiting", "[scheduler]") {

@@ -576,6 +576,17 @@ class OffloadTrainer::Impl {
     if (at < r.end) out.push_back({at, r.end});
   }
 
+  // Adds the time each of x's ops was busy within [window_start_, t_end] (to t_end where still
+  // running) to `busy`, per resource.
+  template <typename Busy>
+  void add_busy(const Iter& x, double t_end, Busy& busy) const {
+    for (const PlanOp& op : plan_.ops) {
+      if (x.start[op.id] < 0) continue;
+      const double b = std::max(x.start[op.id], window_start_), e = x.end[op.id] < 0 ? t_end : x.end[op.id];
+      if (e > b) busy[static_cast<int>(op.resource)] += e - b;
+    }
+  }
+
   double now() const { return std::chrono::duration<double>(clock_type::now() - epoch_).count(); }
 
   // Caller holds mu_. Whether op `id` of iteration `i` may start: its deps in its own
@@ -697,6 +708,9 @@ class OffloadTrainer::Impl {
     Iter& it = iters_[i];
     Iter& other = iters_[1 - i];
     wait_for(lock, [&] { return it.pending == 0; });
+    // The finished iteration's busy time within the current step window (it may have run
+    // well into it: a write backlog) is counted before its times are cleared.
+    if (window_start_ >= 0 && it.run == &train_) add_busy(it, now(), window_busy_);
     // `other` no longer needs the finished iteration in slot i: every op it waited for there
     // is done, and the slot is about to be reused.
     other.prev = false;
@@ -714,6 +728,7 @@ class OffloadTrainer::Impl {
     it.first_rows.clear();
     fill(it);
     if (window_start_ < 0) {
+      window_busy_.fill(0);
       window_start_ = now();
       window_read_ = store_ ? store_->stats().bytes_read : 0;
       window_written_ = store_ ? store_->stats().bytes_written : 0;
@@ -760,14 +775,10 @@ class OffloadTrainer::Impl {
     const double t_end = now();
     OffloadStepResult res;
     res.iteration_s = t_end - window_start_;
-    for (const Iter& x : iters_) {
-      if (x.run != &train_) continue;
-      for (const PlanOp& op : plan_.ops) {
-        if (x.start[op.id] < 0) continue;
-        const double b = std::max(x.start[op.id], window_start_), e = x.end[op.id] < 0 ? t_end : x.end[op.id];
-        if (e > b) res.busy_s[static_cast<int>(op.resource)] += e - b;
-      }
-    }
+    std::copy(window_busy_.begin(), window_busy_.end(), res.busy_s.begin());
+    window_busy_.fill(0);
+    for (const Iter& x : iters_)
+      if (x.run == &train_) add_busy(x, t_end, res.busy_s);
     if (store_) {
       const StoreStats st = store_->stats();
       res.ssd_read_bytes = st.bytes_read - window_read_;
@@ -872,6 +883,7 @@ class OffloadTrainer::Impl {
   clock_type::time_point epoch_;
   double window_start_ = -1;  // when the current step window began (-1: at the next submission)
   uint64_t window_read_ = 0, window_written_ = 0;  // store counters at that moment
+  std::array<double, kNumResources> window_busy_{};  // busy time of iterations retired within it
   int update_threads_ = 1;    // OpenMP threads of an update that has the cores to itself
   std::unique_ptr<DynamicLossScaler> scaler_;
   int64_t t_ = 0;  // Adam's step count of the last submitted step
