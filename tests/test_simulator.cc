@@ -5,6 +5,8 @@
 //
 // Durations are chosen as small integers or halves (flops / peak and bytes / bandwidth are
 // exact in binary), so the simulated times are exact and compared with ==.
+#include <algorithm>
+
 #include <catch2/catch.hpp>
 
 #include "fuyou/error.h"
@@ -226,8 +228,9 @@ TEST_CASE("simulator: a planner's plan respects dependencies and queue order", "
 TEST_CASE("simulator: overlapping iterations hide the update tail", "[simulator]") {
   // Without exact mode the last updates (layer 0, the embedding) run after the last
   // backward; overlapped, the next step's SSD reads of the layers updated earlier (all but
-  // the two retained lowest ones) run meanwhile, so where those reads are slow the
-  // steady-state step is strictly shorter than an iteration alone.
+  // the retained lowest ones: the host budget below leaves two weights-out slots) run
+  // meanwhile, so where those reads are slow the steady-state step is strictly shorter than
+  // an iteration alone.
   PlanRequest req;
   req.model = ModelConfig{};
   req.model.n_layer = 6;
@@ -236,7 +239,15 @@ TEST_CASE("simulator: overlapping iterations hide the update tail", "[simulator]
   req.have_ssd = true;
   req.default_act = ActPlacement::kKeep;
   req.weights_on_ssd = true;
+  // An unlimited budget gives a weights-out slot per layer, and then nothing is read back.
+  const uint64_t roomy = make_plan(req).memory.host_bytes, wb = 4 * make_gpt_layout(req.model).groups[1].numel;
+  for (uint64_t cut = 0; cut <= 4 * req.model.n_layer * wb; cut += wb) {
+    req.host_budget = roomy - cut;
+    if (make_plan(req).pools.host_wout_slots == 2) break;
+  }
   Plan plan = make_plan(req);
+  REQUIRE(plan.pools.host_wout_slots == 2);
+  REQUIRE(std::count_if(plan.ops.begin(), plan.ops.end(), [](const PlanOp& o) { return o.kind == OpKind::kReadWeights; }) > 0);
   HardwareProfile hw = unit_profile();
   hw.optimizer_params_per_s = 1e9;
   hw.ssd_read_Bps = hw.ssd_write_Bps = 1e8;
