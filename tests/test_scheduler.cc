@@ -18,6 +18,7 @@
 #include "fuyou/rng.h"
 #include "fuyou/scheduler.h"
 #include "fuyou/train.h"
+#include "plan_support.h"
 
 namespace fs = std::filesystem;
 using namespace fuyou;
@@ -87,23 +88,9 @@ Run offloaded(const Config& cfg, const PlanRequest& req, const std::vector<std::
 }
 
 // A trainer with every layer's checkpoint, weights and optimizer state on SSD (exact mode
-// when the config clips), its parameters the model's initial ones.
-// The request with the host budget lowered, a layer's weights at a time, until its plan has
-// `slots` weights-out slots (an unlimited budget gives one per SSD-weight layer, and every
-// such layer is then retained in its slot between steps).
-PlanRequest with_wout_slots(PlanRequest req, int slots) {
-  const Plan roomy = make_plan(req);
-  const uint64_t wb = 4 * make_gpt_layout(req.model).groups[1].numel;
-  for (uint64_t cut = 0; cut < roomy.memory.host_bytes && cut <= 4 * req.model.n_layer * wb; cut += wb) {
-    req.host_budget = roomy.memory.host_bytes - cut;
-    if (make_plan(req).pools.host_wout_slots == slots) return req;
-  }
-  FAIL("no host budget gives " << slots << " weights-out slots");
-  return req;
-}
-
-// Weights, checkpoints and optimizer state on SSD. With `retain_all` one weights-out slot
-// per layer; else two, so that the higher layers' weights are read back from SSD.
+// when the config clips), its parameters the model's initial ones. With `retain_all` one
+// weights-out slot per layer; else two, so that the higher layers' weights are read back
+// from SSD.
 std::unique_ptr<OffloadTrainer> all_on_ssd(const Config& cfg, Backend& be, SsdStore* store, bool retain_all = false) {
   PlanRequest req;
   req.model = cfg.model;
@@ -112,7 +99,7 @@ std::unique_ptr<OffloadTrainer> all_on_ssd(const Config& cfg, Backend& be, SsdSt
   req.have_ssd = true;
   req.acts = std::vector<ActPlacement>(cfg.model.n_layer, ActPlacement::kSsd);
   req.weights_on_ssd = req.optim_on_ssd = true;
-  if (!retain_all) req = with_wout_slots(req, 2);
+  if (!retain_all) req = test::with_wout_slots(req, 2);
   auto tr = std::make_unique<OffloadTrainer>(cfg, be, make_plan(req), store);
   ParamLayout layout = make_gpt_layout(cfg.model);
   std::vector<float> init(layout.total);
@@ -193,7 +180,7 @@ TEST_CASE("offloaded training is bitwise equal to in-memory training", "[schedul
     const PlanRequest roomy = req;
     // Two weights-out slots: the two lowest layers are retained, the forward reads the
     // others from SSD.
-    req = with_wout_slots(req, 2);
+    req = test::with_wout_slots(req, 2);
     const Plan sp = make_plan(req);
     CHECK(count(sp, from_wout) == (clip > 0 ? 0 : 2));
     CHECK(count(sp, ssd_read) > 0);

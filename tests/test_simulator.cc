@@ -13,6 +13,7 @@
 #include "fuyou/model.h"
 #include "fuyou/simulator.h"
 #include "fuyou/swap_search.h"
+#include "plan_support.h"
 
 using namespace fuyou;
 using Catch::Matchers::Contains;
@@ -239,13 +240,7 @@ TEST_CASE("simulator: overlapping iterations hide the update tail", "[simulator]
   req.have_ssd = true;
   req.default_act = ActPlacement::kKeep;
   req.weights_on_ssd = true;
-  // An unlimited budget gives a weights-out slot per layer, and then nothing is read back.
-  const uint64_t roomy = make_plan(req).memory.host_bytes, wb = 4 * make_gpt_layout(req.model).groups[1].numel;
-  for (uint64_t cut = 0; cut <= 4 * req.model.n_layer * wb; cut += wb) {
-    req.host_budget = roomy - cut;
-    if (make_plan(req).pools.host_wout_slots == 2) break;
-  }
-  Plan plan = make_plan(req);
+  Plan plan = make_plan(test::with_wout_slots(req, 2));
   REQUIRE(plan.pools.host_wout_slots == 2);
   REQUIRE(std::count_if(plan.ops.begin(), plan.ops.end(), [](const PlanOp& o) { return o.kind == OpKind::kReadWeights; }) > 0);
   HardwareProfile hw = unit_profile();
