@@ -82,6 +82,10 @@ struct OffloadConfig {
   // in host memory while the budget allows, weights first; "ssd" keeps every layer's on SSD.
   std::string weights = "auto";
   std::string optimizer_state = "auto";
+  // The top layer's update after the embedding's, beside the next forward (Plan::defer_top_update):
+  // "auto" (where its state streams from SSD and the gradient's slot moves no state to SSD),
+  // "always" (no exact mode / gradient accumulation) or "never".
+  std::string defer_top_update = "auto";
   // Hardware profile (configs/hardware/*.yaml) the automatic activation placement simulates
   // plans on; empty: auto places activations by the memory rule alone.
   std::string hardware;

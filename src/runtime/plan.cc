@@ -85,6 +85,32 @@ static PlanOp& append_op(std::vector<PlanOp>& ops, OpKind kind, Resource res, in
 }
 
 Plan make_plan(const PlanRequest& req) {
+  if (req.defer_top_update < 0) {
+    // Auto: deferred where the top layer's update streams its state from SSD, the forward
+    // leaves the disk to it (no weights are read from SSD: with weight reads the deferred
+    // update and the next forward's reads share the disk, and the forward waits; measured in
+    // docs/performance.md), and the slot its gradient waits in moves no optimizer state to SSD.
+    PlanRequest off = req;
+    off.defer_top_update = 0;
+    Plan plain = make_plan(off);
+    if (plain.holds_grads() || plain.model.n_layer < 2 || plain.layers.back().optim != StateTier::kSsd) return plain;
+    for (const PlanOp& op : plain.ops)
+      if (op.kind == OpKind::kReadWeights) return plain;
+    PlanRequest on = req;
+    on.defer_top_update = 1;
+    Plan deferred;
+    try {
+      deferred = make_plan(on);
+    } catch (const Error&) {
+      return plain;
+    }
+    auto state_on_ssd = [](const Plan& p) {
+      int n = (p.embed_optim == StateTier::kSsd) + (p.final_optim == StateTier::kSsd);
+      for (const LayerDecision& d : p.layers) n += d.optim == StateTier::kSsd;
+      return n;
+    };
+    return state_on_ssd(deferred) <= state_on_ssd(plain) ? deferred : plain;
+  }
   const ModelConfig& m = req.model;
   const int L = m.n_layer;
   Plan plan;
@@ -196,8 +222,20 @@ Plan make_plan(const PlanRequest& req) {
   // its update, or (exact mode) holding the embedding's and the final group's until theirs.
   plan.pools.host_grad_slots = 2;
   uint64_t grad_slots_bytes = 2 * std::max(sz.weights, std::max(sz.embed, sz.final));
+  // Deferring the top layer's update (Plan::defer_top_update; make_plan's auto above decides)
+  // holds its gradient through the next forward in a host slot of its own.
+  if (req.defer_top_update > 0 && hold)
+    throw ConfigError(str("offload.defer_top_update is always, but this step holds its gradients until ",
+                          req.exact ? "the global norm is known (exact mode: optimizer.grad_clip > 0 or fp16)"
+                                    : str("all ", K, " micro-batches are done (schedule.grad_accum)"),
+                          "; use auto or never"));
+  if (req.defer_top_update > 0 && L >= 2) {
+    plan.defer_top_update = true;
+    plan.pools.host_grad_stage_slots = 1;
+  }
   (void)all_params;
   uint64_t host_used = host_fixed + host_ckpt + plan.pools.host_ckpt_slots * sz.ckpt + grad_slots_bytes +
+                       plan.pools.host_grad_stage_slots * sz.weights +
                        sz.embed + sz.final;  // host copies of the resident groups' weights
   plan.layers.resize(L);
   for (int l = 0; l < L; ++l) plan.layers[l].act = acts[l];
@@ -299,8 +337,9 @@ Plan make_plan(const PlanRequest& req) {
   // layers from host memory instead of reading back what was just written.
   if (ssd_weight_layers && !req.exact) {
     std::vector<int> order;  // SSD-weight layers in update order
-    for (int l = L - 1; l >= 0; --l)
+    for (int l = plan.defer_top_update ? L - 2 : L - 1; l >= 0; --l)
       if (plan.layers[l].weights == StateTier::kSsd) order.push_back(l);
+    if (plan.defer_top_update && plan.layers[L - 1].weights == StateTier::kSsd) order.push_back(L - 1);
     const int n = static_cast<int>(order.size()), w = plan.pools.host_wout_slots;
     for (int i = std::max(0, n - w); i < n; ++i) plan.layers[order[i]].retained = i % w;
   }
@@ -328,7 +367,8 @@ Plan make_plan(const PlanRequest& req) {
   hpart("host checkpoints", host_ckpt);
   hpart("gradient slots", grad_slots_bytes);
   hpart(req.exact ? "held gradients (exact mode)" : "held gradients (gradient accumulation)", host_grad_hold);
-  hpart("held gradient staging", plan.pools.host_grad_stage_slots * sz.weights);
+  hpart(plan.defer_top_update ? "top layer's gradient (deferred update)" : "held gradient staging",
+        plan.pools.host_grad_stage_slots * sz.weights);
   hpart("checkpoint staging", plan.pools.host_ckpt_slots * sz.ckpt);
   uint64_t host_weights = sz.embed + sz.final, host_optim = 0, ssd_w = 0, ssd_o = 0;
   for (int l = 0; l < L; ++l) {
@@ -489,6 +529,7 @@ Plan make_plan(const PlanRequest& req) {
   std::vector<int> sum_sq_ops;
   auto group_bytes = [&](int g) { return g == 0 ? sz.embed : g == L + 1 ? sz.final : sz.weights; };
   int final_update = -1;  // its refresh is emitted at the end of the step
+  PendingUpdate deferred_top{-1, -1, {}};  // Plan::defer_top_update: emitted at the end
   auto emit_refresh = [&](int group, int update, int part, int parts) {
     PlanOp& r = add(OpKind::kLoadResident, Resource::kH2D, group, {update});
     r.micro = K - 1;
@@ -604,7 +645,13 @@ Plan make_plan(const PlanRequest& req) {
       }
       return;
     }
-    if (!is_layer || (last && !req.exact)) {
+    const bool deferred = group == L && plan.defer_top_update;
+    if (deferred) {
+      // The top layer's gradient waits in its own slot for its update, the step's last.
+      s = &add(OpKind::kSaveGrads, Resource::kD2H, group, deps);
+      s->out = {BufRef::kGradStage, 0};
+      ready = s->id;
+    } else if (!is_layer || (last && !req.exact)) {
       // To a host gradient slot, for the update.
       int hs = req.exact ? (group == 0 ? 0 : 1) : host_grad_rr++ % plan.pools.host_grad_slots;
       deps.push_back(host_grad_consumer[hs]);
@@ -638,6 +685,10 @@ Plan make_plan(const PlanRequest& req) {
     if (dev_slot >= 0) dev_grad_consumer[dev_slot] = save_id;
     if (is_layer) held[group] = ready;
     if (!last) return;
+    if (deferred) {
+      deferred_top = {group, ready, where};
+      return;
+    }
     if (!req.exact) return emit_update({group, ready, where}, -1);
     // Exact mode: this group's share of the norm while the gradient is in host memory.
     PlanOp& q = add(OpKind::kGradSumSq, Resource::kOptimizer, group, {save_id});
@@ -850,6 +901,7 @@ Plan make_plan(const PlanRequest& req) {
     for (const auto& p : pending) emit_update(p, norm);
   }
   if (final_update >= 0) emit_refresh(L + 1, final_update, 0, 1);
+  if (deferred_top.group >= 0) emit_update(deferred_top, -1);
   return plan;
 }
 
