@@ -39,6 +39,12 @@ TEST_CASE("config errors name the key and the allowed values", "[config]") {
                     Contains("offload.activations") && Contains("auto, keep, swap, recompute"));
   CHECK_THROWS_WITH(parse_config("offload: {host_memory: 8 parsecs}", "x.yaml"),
                     Contains("offload.host_memory") && Contains("unknown unit"));
+  CHECK_THROWS_WITH(parse_config("model: {n_layer: 4}\noffload: {deferred_updates: 4}", "x.yaml"),
+                    Contains("offload.deferred_updates") && Contains("[0, model.n_layer - 1 = 3]"));
+  CHECK_THROWS_WITH(parse_config("offload: {deferred_updates: some}", "x.yaml"),
+                    Contains("offload.deferred_updates") && Contains("neither auto nor a layer count"));
+  CHECK(parse_config("model: {n_layer: 4}\noffload: {deferred_updates: 2}", "x.yaml").offload.deferred_updates == 2);
+  CHECK(parse_config("", "x.yaml").offload.deferred_updates == -1);
   CHECK_THROWS_WITH(parse_config("optimizer: {lr: -1}", "x.yaml"), Contains("optimizer.lr"));
   CHECK_THROWS_WITH(parse_config("model: [1, 2]", "x.yaml"), Contains("section 'model' must be a mapping"));
   CHECK_THROWS_WITH(parse_config("model: {n_layer: 4", "x.yaml"), Contains("x.yaml: line"));

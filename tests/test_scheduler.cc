@@ -260,7 +260,7 @@ TEST_CASE("no stale weights: each forward sees the weights of the previous updat
       OffloadTrainer& tr = *trainer;
       // With every layer retained no weights are read from SSD, and the top layer's update
       // (its state on SSD) is deferred into the next step's forward.
-      CHECK(tr.plan().defer_top_update == (clip == 0 && retain_all));
+      CHECK(tr.plan().deferred_updates == (clip == 0 && retain_all ? 1 : 0));
       int calls = 0, stale = 0;
       tr.on_forward = [&](int l, const float* w, size_t n) {
         const int s = calls++ / L;  // forwards run in order on the compute thread, L per step
@@ -307,7 +307,7 @@ TEST_CASE("steps overlap: the next step starts while the previous one's updates 
   }
 }
 
-TEST_CASE("the top layer's update is deferred beside the next forward, results bitwise", "[scheduler]") {
+TEST_CASE("the top layers' updates are deferred beside the next forward, results bitwise", "[scheduler]") {
   Config cfg = tiny_config(0);
   const int L = cfg.model.n_layer;
   auto data = batches(cfg, 4);
@@ -317,55 +317,70 @@ TEST_CASE("the top layer's update is deferred beside the next forward, results b
   req.micro_batch = cfg.schedule.micro_batch;
   req.have_ssd = true;
   req.optim_on_ssd = true;  // weights in host memory: the forward reads nothing from SSD
-  const Plan p = make_plan(req);  // auto
-  REQUIRE(p.defer_top_update);
-  REQUIRE(p.pools.host_grad_stage_slots == 1);
-  // The top layer's update is the step's last optimizer op; its gradient waits in the slot.
-  const PlanOp* last_update = nullptr;
-  for (const PlanOp& op : p.ops) {
-    if (op.resource == Resource::kOptimizer) last_update = &op;
-    if (op.kind == OpKind::kSaveGrads && op.layer == L) CHECK(op.out.kind == BufRef::kGradStage);
-  }
-  REQUIRE(last_update);
-  CHECK((last_update->kind == OpKind::kUpdate && last_update->layer == L));
+  CHECK(make_plan(req).deferred_updates == 1);  // auto
+  for (int D : {1, 2, 3}) {
+    INFO(D << " deferred");
+    req.deferred_updates = D;
+    const Plan p = make_plan(req);
+    REQUIRE(p.deferred_updates == D);
+    REQUIRE(p.pools.host_grad_stage_slots == D);
+    // The deferred updates are the step's last optimizer ops, lowest layer first; their
+    // gradients wait in their slots.
+    std::vector<int> updates;
+    for (const PlanOp& op : p.ops) {
+      if (op.resource == Resource::kOptimizer) updates.push_back(op.kind == OpKind::kUpdate ? op.layer : -1);
+      if (op.kind == OpKind::kSaveGrads && op.layer > L - D && op.layer <= L)
+        CHECK((op.out.kind == BufRef::kGradStage && op.out.index == L - op.layer));
+    }
+    REQUIRE(updates.size() >= static_cast<size_t>(D));
+    for (int i = 0; i < D; ++i) CHECK(updates[updates.size() - D + i] == L - D + 1 + i);
 
-  // The step-0 update of the top layer is held until step 1's forward of the layer below it
-  // has started: with the update in gradient order (first), every other update would queue
-  // behind it, that forward would wait for them, and the hold would time out.
-  auto store = SsdStore::open({{store_dir("defer")}});
-  auto be = make_cpu_backend(2, 0);
-  OffloadTrainer tr(cfg, *be, p, store.get());
-  ParamLayout layout = make_gpt_layout(cfg.model);
-  std::vector<float> init(layout.total);
-  init_gpt_params(cfg.model, layout, init.data());
-  tr.set_params(init.data());
-  HoldUntil h;
-  h.hold = [&](int64_t step, const PlanOp& op) { return step == 0 && op.kind == OpKind::kUpdate && op.layer == L; };
-  h.awaited = [&](int64_t step, const PlanOp& op) {
-    return step == 1 && op.kind == OpKind::kForward && op.layer == L - 2;
-  };
-  h.attach(tr);
-  Run got = run_steps(tr, data);
-  CHECK(h.held);
-  CHECK(h.saw);
-  require_bitwise(got, ref);
+    // The step-0 update of the lowest deferred layer is held until step 1's forward of the
+    // layer below it has started: with the updates in gradient order, the updates of that
+    // layer and of those below would queue behind it, that forward would wait for them, and
+    // the hold would time out.
+    auto store = SsdStore::open({{store_dir("defer")}});
+    auto be = make_cpu_backend(2, 0);
+    OffloadTrainer tr(cfg, *be, p, store.get());
+    ParamLayout layout = make_gpt_layout(cfg.model);
+    std::vector<float> init(layout.total);
+    init_gpt_params(cfg.model, layout, init.data());
+    tr.set_params(init.data());
+    HoldUntil h;
+    h.hold = [&](int64_t step, const PlanOp& op) {
+      return step == 0 && op.kind == OpKind::kUpdate && op.layer == L - D + 1;
+    };
+    h.awaited = [&](int64_t step, const PlanOp& op) {
+      return step == 1 && op.kind == OpKind::kForward && op.layer == L - D - 1;
+    };
+    h.attach(tr);
+    Run got = run_steps(tr, data);
+    CHECK(h.held);
+    CHECK(h.saw);
+    require_bitwise(got, ref);
+  }
 
   // Auto declines where the forward reads weights from SSD (the deferred update would share
-  // the disk with it) and where gradients are held; `always` with held gradients is refused.
+  // the disk with it) and where gradients are held; a count with held gradients, or one that
+  // leaves layer 0 deferred, is refused.
+  req.deferred_updates = -1;
   PlanRequest reads = req;
   reads.weights_on_ssd = true;
   reads = test::with_wout_slots(reads, 2);
-  CHECK_FALSE(make_plan(reads).defer_top_update);
-  reads.defer_top_update = 1;  // forced: its slot does not fit this budget, cut to the byte
+  CHECK(make_plan(reads).deferred_updates == 0);
+  reads.deferred_updates = 1;  // forced: its slot does not fit this budget, cut to the byte
   CHECK_THROWS_WITH(make_plan(reads), Contains("host memory: the plan needs"));
   PlanRequest exact = req;
   exact.exact = true;
-  CHECK_FALSE(make_plan(exact).defer_top_update);
-  exact.defer_top_update = 1;
-  CHECK_THROWS_WITH(make_plan(exact), Contains("offload.defer_top_update is always"));
-  PlanRequest never = req;
-  never.defer_top_update = 0;
-  CHECK_FALSE(make_plan(never).defer_top_update);
+  CHECK(make_plan(exact).deferred_updates == 0);
+  exact.deferred_updates = 1;
+  CHECK_THROWS_WITH(make_plan(exact), Contains("offload.deferred_updates is 1, but this step holds its gradients"));
+  PlanRequest all = req;
+  all.deferred_updates = L;
+  CHECK_THROWS_WITH(make_plan(all), Contains("at most 4"));
+  PlanRequest none = req;
+  none.deferred_updates = 0;
+  CHECK(make_plan(none).deferred_updates == 0);
 }
 
 TEST_CASE("busy times count an iteration that finishes within a later step's window", "[scheduler]") {

@@ -82,10 +82,10 @@ struct OffloadConfig {
   // in host memory while the budget allows, weights first; "ssd" keeps every layer's on SSD.
   std::string weights = "auto";
   std::string optimizer_state = "auto";
-  // The top layer's update after the embedding's, beside the next forward (Plan::defer_top_update):
-  // "auto" (where its state streams from SSD and the gradient's slot moves no state to SSD),
-  // "always" (no exact mode / gradient accumulation) or "never".
-  std::string defer_top_update = "auto";
+  // How many top layers' updates run after the embedding's, beside the next forward
+  // (Plan::deferred_updates): -1 auto (the top layer's where its state streams from SSD, no
+  // weights are read from SSD and its gradient's slot moves no state to SSD), else 0 .. n_layer-1.
+  int deferred_updates = -1;
   // Hardware profile (configs/hardware/*.yaml) the automatic activation placement simulates
   // plans on; empty: auto places activations by the memory rule alone.
   std::string hardware;

@@ -109,8 +109,8 @@ struct PlanPools {
   int host_ckpt_slots = 0;      // staging for SSD checkpoints
   int device_grad_slots = 0;    // one layer's gradients each
   int host_grad_slots = 0;      // one group's gradients each (exact mode: embedding and final)
-  // One layer's gradient each: staging for held gradients on SSD, or (Plan::defer_top_update)
-  // the top layer's gradient until its update.
+  // One layer's gradient each: staging for held gradients on SSD, or (Plan::deferred_updates)
+  // a deferred layer's gradient until its update (slot L-1-l for layer l).
   int host_grad_stage_slots = 0;
 };
 
@@ -135,12 +135,12 @@ struct Plan {
   // refreshed on the device; parts 0 .. parts-1 then update the rest while the next forward
   // runs (its head, which reads every row, waits for them).
   bool embed_rows_first = false;
-  // The top layer's update runs last, after the embedding's, while the next step's forward
-  // computes the layers below it (which need only their own updates); its gradient waits in
-  // host gradient staging slot 0. Without it the optimizer idles through every forward when
-  // it lags the backward (state streamed from SSD), since the next forward starts with the
-  // embedding and layer 0, updated last.
-  bool defer_top_update = false;
+  // The top `deferred_updates` layers' updates run last, after the embedding's, lowest first,
+  // while the next step's forward computes the layers below them (which need only their own
+  // updates); layer l's gradient waits in host gradient staging slot L-1-l. Without it the
+  // optimizer idles through every forward when it lags the backward (state streamed from
+  // SSD), since the next forward starts with the embedding and layer 0, updated last.
+  int deferred_updates = 0;
   PlanPools pools;
   MemoryPlan memory;
   std::vector<PlanOp> ops;
@@ -176,9 +176,11 @@ struct PlanRequest {
   // whose compute does not share the CPU with the optimizer (a GPU's): on the CPU backend the
   // other parts slow the forward about as much as its earlier start saves (docs/scheduler.md).
   bool embed_rows_first = false;
-  // Plan::defer_top_update: 1 on, 0 off, -1 auto (on where the top layer's optimizer state is
-  // on SSD, so that its update is long). Never with held gradients (exact mode, grad_accum > 1).
-  int defer_top_update = -1;
+  // Plan::deferred_updates: how many top layers' updates are deferred (0 .. n_layer-1), or -1
+  // auto: the top layer's where its optimizer state is on SSD (its update is long), no weights
+  // are read from SSD and the slot moves no state to SSD; else none. Not with held gradients
+  // (exact mode, grad_accum > 1).
+  int deferred_updates = -1;
 };
 
 // Element range [begin, end) of part `part` of `parts` of a group of `numel` elements; part

@@ -327,15 +327,28 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
     s.get("hardware", o.hardware);
     s.get("weights", o.weights);
     s.get("optimizer_state", o.optimizer_state);
-    s.get("defer_top_update", o.defer_top_update);
+    std::string deferred = "auto";
+    s.get("deferred_updates", deferred);
     s.finish();
     o.activations = parse_activations(activations, s);
     for (const auto& [key, value] : {std::pair{"weights", o.weights}, {"optimizer_state", o.optimizer_state}}) {
       if (value != "auto" && value != "ssd") s.fail(key, str("'", value, "' is not one of auto, ssd"));
       if (value == "ssd" && o.ssd_paths.empty()) s.fail(key, "is ssd but offload.ssd_paths is empty");
     }
-    if (o.defer_top_update != "auto" && o.defer_top_update != "always" && o.defer_top_update != "never")
-      s.fail("defer_top_update", str("'", o.defer_top_update, "' is not one of auto, always, never"));
+    if (deferred == "auto") {
+      o.deferred_updates = -1;
+    } else {
+      size_t used = 0;
+      int n = -1;
+      try {
+        n = std::stoi(deferred, &used);
+      } catch (const std::exception&) {
+      }
+      if (used != deferred.size() || n < 0 || n >= c.model.n_layer)
+        s.fail("deferred_updates", str("'", deferred, "' is neither auto nor a layer count in [0, model.n_layer - 1 = ",
+                                       c.model.n_layer - 1, "]"));
+      o.deferred_updates = n;
+    }
   }
   {
     Section s(root["runtime"], "runtime", source);
@@ -427,7 +440,9 @@ std::string config_to_yaml(const Config& c) {
   e << YAML::Key << "activations" << YAML::Value << activation_policy_name(c.offload.activations);
   e << YAML::Key << "weights" << YAML::Value << c.offload.weights;
   e << YAML::Key << "optimizer_state" << YAML::Value << c.offload.optimizer_state;
-  e << YAML::Key << "defer_top_update" << YAML::Value << c.offload.defer_top_update;
+  e << YAML::Key << "deferred_updates" << YAML::Value;
+  if (c.offload.deferred_updates < 0) e << "auto";
+  else e << c.offload.deferred_updates;
   e << YAML::Key << "hardware" << YAML::Value << c.offload.hardware;
   e << YAML::EndMap;
   e << YAML::Key << "runtime" << YAML::Value << YAML::BeginMap;

@@ -174,7 +174,7 @@ PlanRequest plan_request(const Config& cfg) {
   req.have_ssd = !cfg.offload.ssd_paths.empty();
   req.weights_on_ssd = cfg.offload.weights == "ssd";
   req.optim_on_ssd = cfg.offload.optimizer_state == "ssd";
-  req.defer_top_update = cfg.offload.defer_top_update == "always" ? 1 : cfg.offload.defer_top_update == "never" ? 0 : -1;
+  req.deferred_updates = cfg.offload.deferred_updates;
   const int L = cfg.model.n_layer;
   switch (cfg.offload.activations) {
     case ActivationPolicy::kAuto: req.default_act = ActPlacement::kKeep; break;

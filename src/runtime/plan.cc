@@ -85,19 +85,19 @@ static PlanOp& append_op(std::vector<PlanOp>& ops, OpKind kind, Resource res, in
 }
 
 Plan make_plan(const PlanRequest& req) {
-  if (req.defer_top_update < 0) {
-    // Auto: deferred where the top layer's update streams its state from SSD, the forward
+  if (req.deferred_updates < 0) {
+    // Auto: the top layer's update deferred where it streams its state from SSD, the forward
     // leaves the disk to it (no weights are read from SSD: with weight reads the deferred
     // update and the next forward's reads share the disk, and the forward waits; measured in
     // docs/performance.md), and the slot its gradient waits in moves no optimizer state to SSD.
     PlanRequest off = req;
-    off.defer_top_update = 0;
+    off.deferred_updates = 0;
     Plan plain = make_plan(off);
     if (plain.holds_grads() || plain.model.n_layer < 2 || plain.layers.back().optim != StateTier::kSsd) return plain;
     for (const PlanOp& op : plain.ops)
       if (op.kind == OpKind::kReadWeights) return plain;
     PlanRequest on = req;
-    on.defer_top_update = 1;
+    on.deferred_updates = 1;
     Plan deferred;
     try {
       deferred = make_plan(on);
@@ -222,17 +222,19 @@ Plan make_plan(const PlanRequest& req) {
   // its update, or (exact mode) holding the embedding's and the final group's until theirs.
   plan.pools.host_grad_slots = 2;
   uint64_t grad_slots_bytes = 2 * std::max(sz.weights, std::max(sz.embed, sz.final));
-  // Deferring the top layer's update (Plan::defer_top_update; make_plan's auto above decides)
-  // holds its gradient through the next forward in a host slot of its own.
-  if (req.defer_top_update > 0 && hold)
-    throw ConfigError(str("offload.defer_top_update is always, but this step holds its gradients until ",
+  // Deferring the top layers' updates (Plan::deferred_updates; make_plan's auto above
+  // decides) holds each one's gradient through the next forward in a host slot of its own.
+  const int D = req.deferred_updates > 0 ? req.deferred_updates : 0;
+  if (D && hold)
+    throw ConfigError(str("offload.deferred_updates is ", D, ", but this step holds its gradients until ",
                           req.exact ? "the global norm is known (exact mode: optimizer.grad_clip > 0 or fp16)"
                                     : str("all ", K, " micro-batches are done (schedule.grad_accum)"),
-                          "; use auto or never"));
-  if (req.defer_top_update > 0 && L >= 2) {
-    plan.defer_top_update = true;
-    plan.pools.host_grad_stage_slots = 1;
-  }
+                          "; use auto or 0"));
+  if (D >= L)
+    throw ConfigError(str("offload.deferred_updates is ", D, " but the model has ", L,
+                          " layers: at most ", L - 1, " (layer 0's update must precede the next forward)"));
+  plan.deferred_updates = D;
+  plan.pools.host_grad_stage_slots = D;
   (void)all_params;
   uint64_t host_used = host_fixed + host_ckpt + plan.pools.host_ckpt_slots * sz.ckpt + grad_slots_bytes +
                        plan.pools.host_grad_stage_slots * sz.weights +
@@ -337,9 +339,10 @@ Plan make_plan(const PlanRequest& req) {
   // layers from host memory instead of reading back what was just written.
   if (ssd_weight_layers && !req.exact) {
     std::vector<int> order;  // SSD-weight layers in update order
-    for (int l = plan.defer_top_update ? L - 2 : L - 1; l >= 0; --l)
+    for (int l = L - 1 - D; l >= 0; --l)
       if (plan.layers[l].weights == StateTier::kSsd) order.push_back(l);
-    if (plan.defer_top_update && plan.layers[L - 1].weights == StateTier::kSsd) order.push_back(L - 1);
+    for (int l = L - D; l < L; ++l)  // the deferred ones, in forward order (emitted so below)
+      if (plan.layers[l].weights == StateTier::kSsd) order.push_back(l);
     const int n = static_cast<int>(order.size()), w = plan.pools.host_wout_slots;
     for (int i = std::max(0, n - w); i < n; ++i) plan.layers[order[i]].retained = i % w;
   }
@@ -367,7 +370,7 @@ Plan make_plan(const PlanRequest& req) {
   hpart("host checkpoints", host_ckpt);
   hpart("gradient slots", grad_slots_bytes);
   hpart(req.exact ? "held gradients (exact mode)" : "held gradients (gradient accumulation)", host_grad_hold);
-  hpart(plan.defer_top_update ? "top layer's gradient (deferred update)" : "held gradient staging",
+  hpart(D ? "top layers' gradients (deferred updates)" : "held gradient staging",
         plan.pools.host_grad_stage_slots * sz.weights);
   hpart("checkpoint staging", plan.pools.host_ckpt_slots * sz.ckpt);
   uint64_t host_weights = sz.embed + sz.final, host_optim = 0, ssd_w = 0, ssd_o = 0;
@@ -529,7 +532,7 @@ Plan make_plan(const PlanRequest& req) {
   std::vector<int> sum_sq_ops;
   auto group_bytes = [&](int g) { return g == 0 ? sz.embed : g == L + 1 ? sz.final : sz.weights; };
   int final_update = -1;  // its refresh is emitted at the end of the step
-  PendingUpdate deferred_top{-1, -1, {}};  // Plan::defer_top_update: emitted at the end
+  std::vector<PendingUpdate> deferred_ups;  // Plan::deferred_updates: emitted at the end
   auto emit_refresh = [&](int group, int update, int part, int parts) {
     PlanOp& r = add(OpKind::kLoadResident, Resource::kH2D, group, {update});
     r.micro = K - 1;
@@ -645,11 +648,11 @@ Plan make_plan(const PlanRequest& req) {
       }
       return;
     }
-    const bool deferred = group == L && plan.defer_top_update;
+    const bool deferred = is_layer && group > L - D;
     if (deferred) {
-      // The top layer's gradient waits in its own slot for its update, the step's last.
+      // A top layer's gradient waits in its own slot for its update, among the step's last.
       s = &add(OpKind::kSaveGrads, Resource::kD2H, group, deps);
-      s->out = {BufRef::kGradStage, 0};
+      s->out = {BufRef::kGradStage, L - group};
       ready = s->id;
     } else if (!is_layer || (last && !req.exact)) {
       // To a host gradient slot, for the update.
@@ -686,7 +689,7 @@ Plan make_plan(const PlanRequest& req) {
     if (is_layer) held[group] = ready;
     if (!last) return;
     if (deferred) {
-      deferred_top = {group, ready, where};
+      deferred_ups.push_back({group, ready, where});
       return;
     }
     if (!req.exact) return emit_update({group, ready, where}, -1);
@@ -901,7 +904,8 @@ Plan make_plan(const PlanRequest& req) {
     for (const auto& p : pending) emit_update(p, norm);
   }
   if (final_update >= 0) emit_refresh(L + 1, final_update, 0, 1);
-  if (deferred_top.group >= 0) emit_update(deferred_top, -1);
+  // The deferred updates in the order the next forward needs them (lowest layer first).
+  for (auto it = deferred_ups.rbegin(); it != deferred_ups.rend(); ++it) emit_update(*it, -1);
   return plan;
 }
 

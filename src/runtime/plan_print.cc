@@ -107,12 +107,13 @@ std::string Plan::table() const {
              ", host weight staging ", pools.host_weight_slots, "+", pools.host_wout_slots,
              ", host checkpoint staging ", pools.host_ckpt_slots, ", host gradient slots ", pools.host_grad_slots,
              pools.host_grad_stage_slots
-                 ? str(defer_top_update ? ", top layer's gradient slot " : ", held gradient staging ",
+                 ? str(deferred_updates ? ", deferred gradient slots " : ", held gradient staging ",
                        pools.host_grad_stage_slots)
                  : std::string(),
              "\n");
-  if (defer_top_update)
-    out += str("layer ", layers.size() - 1, "'s update is deferred: last in the step, beside the next forward\n");
+  if (deferred_updates)
+    out += str("updates of layers ", layers.size() - deferred_updates, "..", layers.size() - 1,
+               " deferred: last in the step, beside the next forward\n");
   auto tier = [&](const char* name, uint64_t total, const std::vector<std::pair<std::string, uint64_t>>& parts) {
     out += str("peak ", name, " memory ", format_size(total), "\n");
     for (const auto& [n, b] : parts) out += str("  ", n, ": ", format_size(b), "\n");
@@ -135,7 +136,7 @@ nlohmann::json Plan::to_json() const {
   j["exact"] = exact;
   j["grad_accum"] = grad_accum;
   j["forward_only"] = forward_only;
-  j["defer_top_update"] = defer_top_update;
+  j["deferred_updates"] = deferred_updates;
   for (const auto& d : layers) {
     nlohmann::json l{{"activations", act_placement_name(d.act)}, {"weights", tier_name(d.weights)},
                      {"optimizer", tier_name(d.optim)}};
