@@ -360,6 +360,19 @@ TEST_CASE("the top layers' updates are deferred beside the next forward, results
     require_bitwise(got, ref);
   }
 
+  // Weights on SSD too, every layer retained in a weights-out slot or (two slots) most read
+  // back: the deferred layers come last in the slots' update order.
+  for (int slots : {0, 2}) {
+    INFO("weights-out slots " << slots);
+    PlanRequest w = req;
+    w.weights_on_ssd = true;
+    w.deferred_updates = 2;
+    if (slots) w = test::with_wout_slots(w, slots);
+    REQUIRE(make_plan(w).deferred_updates == 2);
+    auto st = SsdStore::open({{store_dir("defer-w")}});
+    require_bitwise(offloaded(cfg, w, data, st.get()), ref);
+  }
+
   // Auto declines where the forward reads weights from SSD (the deferred update would share
   // the disk with it) and where gradients are held; a count with held gradients, or one that
   // leaves layer 0 deferred, is refused.
