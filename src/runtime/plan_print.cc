@@ -112,7 +112,8 @@ std::string Plan::table() const {
                  : std::string(),
              "\n");
   if (deferred_updates)
-    out += str("updates of layers ", layers.size() - deferred_updates, "..", layers.size() - 1,
+    out += str(deferred_updates == 1 ? str("update of layer ", layers.size() - 1)
+                                     : str("updates of layers ", layers.size() - deferred_updates, "..", layers.size() - 1),
                " deferred: last in the step, beside the next forward\n");
   auto tier = [&](const char* name, uint64_t total, const std::vector<std::pair<std::string, uint64_t>>& parts) {
     out += str("peak ", name, " memory ", format_size(total), "\n");
