@@ -1,0 +1,63 @@
+// Internals shared by the planner's two halves: placement and pools (plan.cc) and the
+// operations of one iteration (plan_ops.cc).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "fuyou/model.h"
+#include "fuyou/plan.h"
+#include "fuyou/sizes.h"
+
+namespace fuyou::plan_detail {
+
+struct Sizes {
+  uint64_t weights = 0;     // one layer's parameters (fp32, padded group)
+  uint64_t ckpt = 0;        // one block input (N x C)
+  uint64_t acts = 0;        // one layer's full saved activations
+  uint64_t workspace = 0;   // GptModel kWorkspace allocations
+  uint64_t embed = 0, final = 0;  // group bytes
+  double layer_flops = 0;   // forward FLOPs of one block over the micro-batch
+  double head_flops = 0;
+};
+
+inline Sizes compute_sizes(const ModelConfig& m, int B) {
+  ParamLayout layout = make_gpt_layout(m);
+  const uint64_t N = static_cast<uint64_t>(B) * m.seq_len, C = m.d_model, V = m.vocab_size;
+  Sizes s;
+  s.weights = 4 * layout.groups[1].numel;
+  s.embed = 4 * layout.groups.front().numel;
+  s.final = 4 * layout.groups.back().numel;
+  s.ckpt = 4 * N * C;
+  // The model's own allocation lists and FLOP count, per family (src/model/gpt.cc).
+  s.acts = layer_activation_bytes(m, B);
+  s.workspace = model_workspace_bytes(m, B);
+  s.layer_flops = layer_forward_flops_per_token(m) * N;
+  s.head_flops = 2.0 * C * V * N;
+  return s;
+}
+
+// Parts of the embedding's gradient save, update and refresh (PlanOp::parts): enough to
+// overlap the three copies and the update, few enough that each stays a large transfer.
+constexpr int kEmbedParts = 4;
+
+// Appends an op with the next id; -1 in deps means "no such op" and is dropped.
+inline PlanOp& append_op(std::vector<PlanOp>& ops, OpKind kind, Resource res, int layer,
+                         std::vector<int> deps) {
+  PlanOp op;
+  op.id = static_cast<int>(ops.size());
+  op.kind = kind;
+  op.resource = res;
+  op.layer = layer;
+  deps.erase(std::remove(deps.begin(), deps.end(), -1), deps.end());
+  op.deps = std::move(deps);
+  ops.push_back(op);
+  return ops.back();
+}
+
+// Lays out the iteration's operations into plan.ops for the placement and pools already in
+// `plan` (layers, pools, deferred_updates) and the per-layer activation decisions.
+void lay_out_iteration(const PlanRequest& req, const std::vector<ActPlacement>& acts, Plan& plan);
+
+}  // namespace fuyou::plan_detail
