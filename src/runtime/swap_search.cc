@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <tuple>
 
 #include "fuyou/error.h"
 
@@ -95,8 +96,9 @@ class Search {
  public:
   Search(const PlanRequest& req, const HardwareProfile& hw) : base_(request_for_profile(req, hw)), hw_(hw) {}
 
-  Candidate evaluate(int B, const PlacementCounts& c) {
-    auto key = std::make_pair(B, c);
+  // `deferred`: PlanRequest::deferred_updates of the candidate (-1: the request's own).
+  Candidate evaluate(int B, const PlacementCounts& c, int deferred = -1) {
+    auto key = std::make_tuple(B, c, deferred);
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
     Candidate cand;
@@ -107,6 +109,7 @@ class Search {
       PlanRequest r = base_;
       r.micro_batch = B;
       r.acts = arrange_placements(c, L);
+      if (deferred >= 0) r.deferred_updates = deferred;
       try {
         cand.plan = make_plan(r);
         cand.sim = simulate(cand.plan, hw_);
@@ -178,7 +181,7 @@ class Search {
  private:
   PlanRequest base_;
   const HardwareProfile& hw_;
-  std::map<std::pair<int, PlacementCounts>, Candidate> cache_;
+  std::map<std::tuple<int, PlacementCounts, int>, Candidate> cache_;
   int evaluated_ = 0;
 };
 
@@ -194,7 +197,6 @@ SwapSearchResult search_swap(const PlanRequest& req, const HardwareProfile& hw, 
     batches.push_back(req.micro_batch);
   }
   Candidate best;
-  int evaluated_extra = 0;
   for (int B : batches) {
     PlacementCounts c{};
     Candidate s = search.start(B, &c);
@@ -217,29 +219,16 @@ SwapSearchResult search_swap(const PlanRequest& req, const HardwareProfile& hw, 
   // (Plan::deferred_updates) that simulates fastest for the chosen placement, among 0, 1, 2,
   // 4, 8, ... (each holds one more layer's gradient in host memory), doubling while it gains.
   if (req.deferred_updates < 0 && !best.plan.holds_grads()) {
-    const int L = best.plan.model.n_layer;
+    const int L = best.plan.model.n_layer, B = best.plan.micro_batch;
+    std::vector<ActPlacement> acts;
+    for (const auto& l : best.plan.layers) acts.push_back(l.act);
+    const PlacementCounts c = count_placements(acts);
     for (int d = 0; d < L; d = d ? 2 * d : 1) {
       if (d == best.plan.deferred_updates) continue;
-      PlanRequest r = search.base();
-      r.micro_batch = best.plan.micro_batch;
-      r.acts.clear();
-      for (const auto& l : best.plan.layers) r.acts.push_back(l.act);
-      r.deferred_updates = d;
-      Candidate cand;
-      try {
-        cand.plan = make_plan(r);
-        cand.sim = simulate(cand.plan, hw);
-        cand.ok = true;
-        ++evaluated_extra;
-      } catch (const Error&) {
-        break;  // its gradient slots do not fit the host budget, nor will more
-      }
-      if (cand.sim.period_s < best.sim.period_s * 0.999) {
-        cand.cost = cand.sim.period_s / (static_cast<double>(r.micro_batch) * r.model.seq_len);
-        best = std::move(cand);
-      } else if (d > 2 && d > best.plan.deferred_updates) {
-        break;  // past the best count: more deferrals stopped gaining
-      }
+      Candidate cand = search.evaluate(B, c, d);
+      if (!cand.ok) break;  // its gradient slots do not fit the host budget, nor will more
+      if (better(cand, best)) best = std::move(cand);
+      else if (d > 2 && d > best.plan.deferred_updates) break;  // past the best count: no more gains
     }
   }
   SwapSearchResult out;
@@ -247,7 +236,7 @@ SwapSearchResult search_swap(const PlanRequest& req, const HardwareProfile& hw, 
   out.micro_batch = best.plan.micro_batch;
   out.plan = std::move(best.plan);
   out.sim = std::move(best.sim);
-  out.plans_evaluated = search.evaluated() + evaluated_extra;
+  out.plans_evaluated = search.evaluated();
   out.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }
