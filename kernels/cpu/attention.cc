@@ -9,12 +9,12 @@
 
 #include "kernels/common/element_math.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/clones.h"
 #include "kernels/cpu/gemm.h"
 
 namespace fuyou::cpu {
 namespace {
 
-#define FY_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
 // Row t of causal softmax: entries 0..t normalised, t+1..T-1 zeroed.
 FY_CLONES void softmax_causal_row(float* row, int t, int T) {

@@ -25,12 +25,12 @@
 
 #include "fuyou/error.h"
 #include "kernels/common/element_math.h"
+#include "kernels/cpu/clones.h"
 #include "kernels/cpu/gemm.h"
 
 namespace fuyou::cpu {
 namespace {
 
-#define FY_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
 // dst(rows, cols) dense <- src(rows, cols) with row stride ld, rounded to bf16.
 FY_CLONES void round_rows(uint16_t* dst, const float* src, int rows, int cols, int ld) {

@@ -9,6 +9,7 @@
 
 #include "kernels/common/element_math.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/clones.h"
 #include "kernels/cpu/gemm.h"
 
 namespace fuyou::cpu {
@@ -34,14 +35,12 @@ void reduce_partials(float* dst, const std::vector<float*>& partials, int n) {
   }
 }
 
-// The row loops of LayerNorm and of the bias gradient, compiled per instruction set and
-// picked at run time like FY_CLONES below, with LayerNorm's double statistics as vector
-// reductions. The plain loops ran scalar (the library is built for baseline x86-64);
+// The row loops of LayerNorm and of the bias gradient, compiled per instruction set
+// (FY_CLONES), with LayerNorm's double statistics as vector reductions. The plain loops ran scalar (the library is built for baseline x86-64);
 // measured at the default shape on one thread, LayerNorm forward 1.49 -> 0.31 ms and
 // backward 1.98 -> 0.44 ms per call.
-#define FY_ROW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
-FY_ROW_CLONES void layernorm_row(float* o, float* mean, float* rstd, const float* x,
+FY_CLONES void layernorm_row(float* o, float* mean, float* rstd, const float* x,
                                  const float* w, const float* b, int C) {
   math::StatAcc s = 0;
 #pragma omp simd reduction(+ : s)
@@ -62,7 +61,7 @@ FY_ROW_CLONES void layernorm_row(float* o, float* mean, float* rstd, const float
 
 // dL/dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w, added to dx; the
 // row's dw and db terms are added to the thread's partial sums.
-FY_ROW_CLONES void layernorm_row_backward(float* dx, float* dw_acc, float* db_acc, const float* dy,
+FY_CLONES void layernorm_row_backward(float* dx, float* dw_acc, float* db_acc, const float* dy,
                                           const float* x, const float* w, float m, float r, int C) {
   math::StatAcc g_mean = 0, gx_mean = 0;
 #pragma omp simd reduction(+ : g_mean, gx_mean)
@@ -84,7 +83,7 @@ FY_ROW_CLONES void layernorm_row_backward(float* dx, float* dw_acc, float* db_ac
 }
 
 // dbias[o] += sum over the N rows of d[n][o] for o in [o0, o1), o1 - o0 <= 256, rows in order.
-FY_ROW_CLONES void column_sums(float* dbias, const float* d, int o0, int o1, int N, int OC) {
+FY_CLONES void column_sums(float* dbias, const float* d, int o0, int o1, int N, int OC) {
   float acc[256] = {};
   for (int n = 0; n < N; ++n) {
     const float* dn = d + static_cast<size_t>(n) * OC;
@@ -193,10 +192,7 @@ void CpuBackend::matmul_backward(float* din, float* dw, float* dbias, const floa
   }
 }
 
-// The exp/tanh-heavy loops are compiled for several instruction sets and picked at run time
-// (GCC function multiversioning), so one binary uses AVX-512 where the CPU has it.
-#define FY_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-
+// The exp/tanh-heavy loops, compiled per instruction set (FY_CLONES).
 namespace {
 
 FY_CLONES void gelu_forward_impl(float* out, const float* in, size_t n) {
