@@ -24,6 +24,11 @@ pthread through libblas.so.3; the CPU is AMD EPYC Zen 4, AVX-512):
   OMP_PROC_BIND=close OMP_PLACES=cores (pins the gomp threads onto the cores OpenBLAS also uses:
   slower with PASSIVE), OPENBLAS_THREAD_TIMEOUT=4 (slightly slower), and BLIS
   (LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/blis-openmp: sgemm ~55-100 GFLOP/s, half of OpenBLAS).
+
+torch >= 2.0 (measured with PyPI's torch 2.15.0, MKL + oneDNN, on a Zen 3 with AVX2; how it was
+installed without a GPU is in docs/performance.md): --sdpa (fused causal attention) is its
+fastest form at seq 1024; PASSIVE waiting helps some runs and hurts others there, so run both
+and take the better; --compile (Inductor's C++ code) was no faster at either shape.
 """
 
 import os
@@ -44,7 +49,16 @@ import time  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpt_ref import GPT, GPTConfig, adamw_param_groups, init_weights  # noqa: E402
+from gpt_ref import GPT, GPTConfig, SelfAttention, adamw_param_groups, init_weights  # noqa: E402
+
+
+def sdpa_attention_forward(self, x):
+    """SelfAttention.forward of gpt_ref.py with the attention itself in one fused call."""
+    B, T, C = x.shape
+    q, k, v = self.c_attn(x).split(C, dim=2)
+    q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+    y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
 def blas_summary():
@@ -88,11 +102,22 @@ def main():
     ap.add_argument("--bf16-autocast", action="store_true",
                     help="run forward and loss under torch.autocast('cpu', bfloat16): PyTorch's own "
                          "mixed precision, the comparison for the engine's runtime.precision bf16")
+    ap.add_argument("--sdpa", action="store_true",
+                    help="attention through F.scaled_dot_product_attention(is_causal=True) "
+                         "(torch >= 2.0): PyTorch's fused attention, which like the engine skips "
+                         "the masked half, instead of gpt_ref.py's explicit softmax")
+    ap.add_argument("--compile", action="store_true",
+                    help="run the forward and loss through torch.compile (torch >= 2.0; the "
+                         "warm-up steps include the compilation)")
     ap.add_argument("--no-env-defaults", action="store_true",
                     help="do not set " + ", ".join(f"{k}={v}" for k, v in ENV_DEFAULTS.items()))
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
+    if (args.sdpa or args.compile) and int(torch.__version__.split(".")[0]) < 2:
+        sys.exit(f"bench_torch.py: --sdpa and --compile need torch >= 2.0; this is {torch.__version__}")
+    if args.sdpa:
+        SelfAttention.forward = sdpa_attention_forward
     cfg = GPTConfig(n_layer=args.n_layer, n_head=args.n_head, d_model=args.d_model,
                     d_ff=args.d_ff, vocab_size=args.vocab, seq_len=args.seq)
     gen = torch.Generator().manual_seed(args.seed)
@@ -102,6 +127,7 @@ def main():
     opt = torch.optim.AdamW(adamw_param_groups(model, 0.1), lr=3e-4, betas=(0.9, 0.95),
                             eps=1e-8, foreach=True)
 
+    model_loss = torch.compile(model.loss) if args.compile else model.loss
     times = []
     for i in range(args.warmup_steps + args.steps):
         tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=gen)
@@ -109,9 +135,9 @@ def main():
         opt.zero_grad(set_to_none=True)
         if args.bf16_autocast:
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                _, loss = model.loss(tokens)
+                _, loss = model_loss(tokens)
         else:
-            _, loss = model.loss(tokens)
+            _, loss = model_loss(tokens)
         loss.backward()
         opt.step()
         dt = time.perf_counter() - t0
@@ -127,6 +153,8 @@ def main():
         "step_s_median": med,
         "threads": args.threads,
         "precision": "bf16 autocast" if args.bf16_autocast else "fp32",
+        "sdpa": args.sdpa,
+        "compile": args.compile,
         "torch_version": torch.__version__,
         "blas": blas_summary(),
         "env": {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS",
