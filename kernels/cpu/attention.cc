@@ -15,7 +15,6 @@
 namespace fuyou::cpu {
 namespace {
 
-
 // Row t of causal softmax: entries 0..t normalised, t+1..T-1 zeroed.
 FY_CLONES void softmax_causal_row(float* row, int t, int T) {
   // The maximum through 16 independent lanes: a plain running max is one serial chain of

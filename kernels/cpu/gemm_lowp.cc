@@ -31,7 +31,6 @@
 namespace fuyou::cpu {
 namespace {
 
-
 // dst(rows, cols) dense <- src(rows, cols) with row stride ld, rounded to bf16.
 FY_CLONES void round_rows(uint16_t* dst, const float* src, int rows, int cols, int ld) {
 #pragma omp parallel for schedule(static)
