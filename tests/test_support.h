@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -13,7 +14,13 @@
 
 namespace fuyou::test {
 
-inline std::string source_path(const std::string& rel) { return std::string(FUYOU_SOURCE_DIR) + "/" + rel; }
+// The source tree's files (fixtures). The environment variable FUYOU_SOURCE_DIR, where set,
+// overrides the tree the binary was built from: prebuilt test binaries run elsewhere (the GPU
+// kit, tools/gpu-validate.sh) find the fixtures of the tree they travel with.
+inline std::string source_path(const std::string& rel) {
+  const char* env = std::getenv("FUYOU_SOURCE_DIR");
+  return std::string(env && *env ? env : FUYOU_SOURCE_DIR) + "/" + rel;
+}
 
 // max |a - b| / max |b|: the error relative to the tensor's scale, so tiny elements near
 // zero do not dominate the way an element-wise relative error would.

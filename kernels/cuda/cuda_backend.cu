@@ -78,6 +78,7 @@ CudaBackend::~CudaBackend() {
     if (s) cudaStreamDestroy(s);
   cudaFree(d_sum_);
   cudaFreeHost(h_sum_);
+  cudaFree(scratch_);
   cudaFree(base_);
 }
 
@@ -252,23 +253,39 @@ __global__ void broadcast_rows(float* out, const float* bias, size_t N, int OC) 
     out[i] = bias[i % OC];
 }
 
-// out(C) += column sums of x(N,C). Block (bx, by) owns columns bx*blockDim.x + tid and rows
-// by, by + gridDim.y, ...; its partial column sums meet in out through atomicAdd (so the
-// order of the additions, and the last bits of the result, vary from run to run).
-__global__ void column_sums(float* out, const float* x, int N, int C) {
+// part(by, c) = sum of x(n, c) over the rows n = by, by + gridDim.y, ... (one slice per
+// blockIdx.y); column_slices_add then adds the slices in order. No atomics: the result is the
+// same bits on every run.
+__global__ void column_slices(float* part, const float* x, int N, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float s = 0.0f;
   for (int n = blockIdx.y; n < N; n += gridDim.y) s += x[size_t(n) * C + c];
-  atomicAdd(out + c, s);
+  part[size_t(blockIdx.y) * C + c] = s;
 }
 
 }  // namespace
 
+void* CudaBackend::scratch(size_t bytes) {
+  if (bytes > scratch_bytes_) {
+    bind();
+    if (scratch_) FY_CUDA(cudaFree(scratch_));  // waits for every kernel that used it
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+    FY_CUDA(cudaMalloc(reinterpret_cast<void**>(&scratch_), bytes));
+    scratch_bytes_ = bytes;
+  }
+  return scratch_;
+}
+
 void CudaBackend::add_column_sums(float* out, const float* x, int N, int C) {
   if (N == 0 || C == 0) return;
-  dim3 grid((C + kEltThreads - 1) / kEltThreads, std::min(N, 128));
-  FY_LAUNCH(column_sums, grid, kEltThreads, out, x, N, C);
+  const int slices = reduce_slices(N);
+  std::lock_guard<std::mutex> lock(scratch_mu_);
+  float* part = static_cast<float*>(scratch(sizeof(float) * slices * size_t(C)));
+  const unsigned cols = (C + kEltThreads - 1) / kEltThreads;
+  FY_LAUNCH(column_slices, dim3(cols, slices), kEltThreads, part, x, N, C);
+  FY_LAUNCH(column_slices_add, cols, kEltThreads, out, part, slices, C);
 }
 
 void CudaBackend::matmul_forward(float* out, const float* in, const float* w, const float* bias,

@@ -107,6 +107,17 @@ class CudaBackend final : public Backend {
   // Column sums of x(N,C) added into out(C) (bias and norm-weight gradients).
   void add_column_sums(float* out, const float* x, int N, int C);
 
+ public:
+  // Device scratch of at least `bytes` for the partial sums of the reductions, outside the
+  // arena (at most kReduceSlices x the widest reduced row, or one double per block of a
+  // grid). The caller holds `scratch_mu()` from the call until its kernels are queued;
+  // kernels on the compute stream run one at a time, so one buffer serves them all. Growing
+  // it frees the old one, which waits for the device (cudaFree), first use only.
+  void* scratch(size_t bytes);
+  std::mutex& scratch_mu() { return scratch_mu_; }
+
+ private:
+
   int device_;
   std::string device_name_;
   MatmulPrecision precision_ = MatmulPrecision::kFp32;
@@ -132,6 +143,10 @@ class CudaBackend final : public Backend {
   std::mutex sum_mu_;
   double* d_sum_ = nullptr;
   double* h_sum_ = nullptr;
+
+  std::mutex scratch_mu_;
+  char* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
 };
 
 }  // namespace fuyou::cuda

@@ -64,6 +64,24 @@ inline unsigned elt_blocks(size_t n) {
   return static_cast<unsigned>(b < 4096 ? (b ? b : 1) : 4096);
 }
 
+// Row slices of a column reduction (bias, norm-weight and embedding gradients). A fixed
+// number, not one derived from the device, so the partial sums and the order they are added
+// in, hence every bit of the result, are the same on every run and every GPU: the engine's
+// offloaded and in-memory runs, and a resumed run, must agree bit for bit.
+constexpr int kReduceSlices = 128;
+
+inline int reduce_slices(int N) { return N < kReduceSlices ? N : kReduceSlices; }
+
+// out(c) += part(0, c) + part(1, c) + ... + part(slices - 1, c), in that order: the second
+// pass of every column reduction. Static: each .cu file that launches it has its own copy.
+static __global__ void column_slices_add(float* out, const float* part, int slices, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float s = 0.0f;
+  for (int r = 0; r < slices; ++r) s += part[size_t(r) * C + c];
+  out[c] += s;
+}
+
 struct SumOp {
   template <typename T>
   __device__ T operator()(T a, T b) const {

@@ -25,24 +25,34 @@ __global__ void embedding_forward_k(float* out, const int32_t* tokens, const flo
   }
 }
 
-// dwte rows are shared by every position holding the same token, so they are added with
-// atomicAdd (addition order, hence the last bits, varies run to run). dwpe(t, c) sums over
-// the batch in one thread, in batch order, like the CPU.
-__global__ void embedding_backward_k(float* dwte, float* dwpe, const float* dout,
-                                     const int32_t* tokens, int B, int T, int C) {
-  const size_t total = size_t(T) * C;
-  FY_GRID_LOOP(i, total) {
-    int t = static_cast<int>(i / C), c = static_cast<int>(i % C);
-    float pe = 0.0f;
-    for (int b = 0; b < B; ++b) {
-      size_t n = size_t(b) * T + t;
-      float d = dout[n * C + c];
-      atomicAdd(dwte + size_t(tokens[n]) * C + c, d);
-      pe += d;
-    }
-    if (dwpe) dwpe[i] += pe;
+// dwte(v, c) += dout(n, c) for every position n holding token v, in increasing n: the CPU
+// backend's order, so both round alike. Thread (c, r) owns column c of the rows v with
+// v % gridDim.y == r: every element has one writer, no atomics, the same bits every run.
+// Each thread reads every token (a broadcast load within the warp) and adds only its own.
+__global__ void embedding_backward_wte_k(float* dwte, const float* dout, const int32_t* tokens,
+                                         size_t N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const unsigned r = blockIdx.y, slices = gridDim.y;
+  for (size_t n = 0; n < N; ++n) {
+    const unsigned v = static_cast<unsigned>(tokens[n]);
+    if (v % slices == r) dwte[size_t(v) * C + c] += dout[n * C + c];
   }
 }
+
+// dwpe(t, c) += dout(b, t, c) for b = 0, 1, ..., in that order, as on the CPU.
+__global__ void embedding_backward_wpe_k(float* dwpe, const float* dout, int B, int T, int C) {
+  const size_t total = size_t(T) * C;
+  FY_GRID_LOOP(i, total) {
+    float acc = dwpe[i];
+    for (int b = 0; b < B; ++b) acc += dout[size_t(b) * total + i];
+    dwpe[i] = acc;
+  }
+}
+
+// Embedding rows per column thread group of embedding_backward_wte_k: enough blocks to keep
+// the GPU busy at small d_model; each thread scans all B*T tokens.
+constexpr unsigned kEmbedSlices = 32;
 
 // One block per row n. Statistics in math::StatAcc (double) as on the CPU, two passes over
 // the row (mean, then squared deviations) so the result matches the CPU's formula.
@@ -97,10 +107,11 @@ __global__ void layernorm_backward_dx_k(float* din, const float* dout, const flo
   }
 }
 
-// dw(c) += sum_n dy(n,c) xhat(n,c), db(c) += sum_n dy(n,c). Block (bx, by) owns column
-// bx*blockDim.x + tid over rows by, by + gridDim.y, ...; partial sums meet via atomicAdd.
-__global__ void layernorm_dweights_k(float* dw, float* db, const float* dout, const float* in,
-                                     const float* mean, const float* rstd, int N, int C) {
+// Slice by of dw(c) = sum_n dy(n,c) xhat(n,c) and db(c) = sum_n dy(n,c) over the rows
+// n = by, by + gridDim.y, ...; column_slices_add adds the slices in order (no atomics).
+__global__ void layernorm_dweights_k(float* part_w, float* part_b, const float* dout,
+                                     const float* in, const float* mean, const float* rstd, int N,
+                                     int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float sw = 0.0f, sb = 0.0f;
@@ -109,8 +120,8 @@ __global__ void layernorm_dweights_k(float* dw, float* db, const float* dout, co
     sw += dout[i] * ((in[i] - mean[n]) * rstd[n]);
     sb += dout[i];
   }
-  atomicAdd(dw + c, sw);
-  atomicAdd(db + c, sb);
+  part_w[size_t(blockIdx.y) * C + c] = sw;
+  part_b[size_t(blockIdx.y) * C + c] = sb;
 }
 
 __global__ void gelu_forward_k(float* out, const float* in, size_t n) {
@@ -127,13 +138,22 @@ __global__ void add_k(float* out, const float* a, const float* b, size_t n) {
 
 __global__ void scale_k(float* x, float s, size_t n) { FY_GRID_LOOP(i, n) x[i] *= s; }
 
-// Each block reduces its grid-stride share in double and adds it to *sum (double atomicAdd,
-// sm_60+). NaN and inf propagate, which is what the non-finite check relies on.
-__global__ void sum_squares_k(double* sum, const float* x, size_t n) {
+// Each block writes the sum of its grid-stride share, in double, to part[blockIdx.x];
+// sum_squares_finish adds the block sums in a fixed order (no atomics: the same bits every
+// run). NaN and inf propagate, which is what the non-finite check relies on.
+__global__ void sum_squares_k(double* part, const float* x, size_t n) {
   double s = 0;
   FY_GRID_LOOP(i, n) s += static_cast<double>(x[i]) * x[i];
   s = block_reduce(s, SumOp{}, 0.0);
-  if (threadIdx.x == 0) atomicAdd(sum, s);
+  if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+// One block: thread t adds part[t], part[t + blockDim.x], ..., then the block reduces.
+__global__ void sum_squares_finish_k(double* sum, const double* part, unsigned parts) {
+  double s = 0;
+  for (unsigned i = threadIdx.x; i < parts; i += blockDim.x) s += part[i];
+  s = block_reduce(s, SumOp{}, 0.0);
+  if (threadIdx.x == 0) *sum = s;
 }
 
 // One block per row: the row maximum, then sum exp(l - max) in double as on the CPU.
@@ -191,10 +211,14 @@ void CudaBackend::embedding_forward(float* out, const int32_t* tokens, const flo
 
 void CudaBackend::embedding_backward(float* dwte, float* dwpe, const float* dout,
                                      const int32_t* tokens, int B, int T, int C) {
-  size_t total = size_t(T) * C;
-  if (!total || !B) return;
-  FY_LAUNCH(embedding_backward_k, elt_blocks(total), kEltThreads, dwte, dwpe, dout, tokens, B, T,
+  const size_t N = size_t(B) * T;
+  if (!N || !C) return;
+  const unsigned cols = (C + kEltThreads - 1) / kEltThreads;
+  FY_LAUNCH(embedding_backward_wte_k, dim3(cols, kEmbedSlices), kEltThreads, dwte, dout, tokens, N,
             C);
+  if (dwpe)
+    FY_LAUNCH(embedding_backward_wpe_k, elt_blocks(size_t(T) * C), kEltThreads, dwpe, dout, B, T,
+              C);
 }
 
 void CudaBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* in,
@@ -208,8 +232,15 @@ void CudaBackend::layernorm_backward(float* din, float* dw, float* db, const flo
                                      const float* rstd, int N, int C) {
   if (!N) return;
   FY_LAUNCH(layernorm_backward_dx_k, N, kRowThreads, din, dout, in, w, mean, rstd, C);
-  dim3 grid((C + kEltThreads - 1) / kEltThreads, N < 128 ? N : 128);
-  FY_LAUNCH(layernorm_dweights_k, grid, kEltThreads, dw, db, dout, in, mean, rstd, N, C);
+  const int slices = reduce_slices(N);
+  const unsigned cols = (C + kEltThreads - 1) / kEltThreads;
+  std::lock_guard<std::mutex> lock(scratch_mu());
+  float* part_w = static_cast<float*>(scratch(2 * sizeof(float) * slices * size_t(C)));
+  float* part_b = part_w + size_t(slices) * C;
+  FY_LAUNCH(layernorm_dweights_k, dim3(cols, slices), kEltThreads, part_w, part_b, dout, in, mean,
+            rstd, N, C);
+  FY_LAUNCH(column_slices_add, cols, kEltThreads, dw, part_w, slices, C);
+  FY_LAUNCH(column_slices_add, cols, kEltThreads, db, part_b, slices, C);
 }
 
 void CudaBackend::gelu_forward(float* out, const float* in, size_t n) {
@@ -235,9 +266,11 @@ void CudaBackend::scale(float* x, float s, size_t n) {
 double CudaBackend::sum_squares(const float* x, size_t n) {
   if (!n) return 0.0;
   std::lock_guard<std::mutex> lock(sum_mu_);
-  bind();
-  FY_CUDA(cudaMemsetAsync(d_sum_, 0, sizeof(double), compute_));
-  FY_LAUNCH(sum_squares_k, elt_blocks(n), kEltThreads, d_sum_, x, n);
+  std::lock_guard<std::mutex> scratch_lock(scratch_mu());
+  const unsigned blocks = elt_blocks(n);
+  double* part = static_cast<double*>(scratch(sizeof(double) * blocks));
+  FY_LAUNCH(sum_squares_k, blocks, kEltThreads, part, x, n);
+  FY_LAUNCH(sum_squares_finish_k, 1, kRowThreads, d_sum_, part, blocks);
   FY_CUDA(cudaMemcpyAsync(h_sum_, d_sum_, sizeof(double), cudaMemcpyDeviceToHost, compute_));
   FY_CUDA(cudaStreamSynchronize(compute_));
   return *h_sum_;

@@ -43,10 +43,10 @@ __global__ void rmsnorm_backward_dx_k(float* din, const float* dout, const float
   }
 }
 
-// dw(c) += sum_n dy(n,c) x(n,c) rstd(n): block (bx, by) owns column bx*blockDim.x + tid over
-// rows by, by + gridDim.y, ...; partial sums meet via atomicAdd.
-__global__ void rmsnorm_dweight_k(float* dw, const float* dout, const float* in, const float* rstd,
-                                  int N, int C) {
+// part(by, c) = sum of dy(n,c) x(n,c) rstd(n) over the rows n = by, by + gridDim.y, ...;
+// column_slices_add adds the slices into dw in order (no atomics: the same bits every run).
+__global__ void rmsnorm_dweight_k(float* part, const float* dout, const float* in,
+                                  const float* rstd, int N, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float s = 0.0f;
@@ -54,7 +54,7 @@ __global__ void rmsnorm_dweight_k(float* dw, const float* dout, const float* in,
     size_t i = size_t(n) * C + c;
     s += dout[i] * (in[i] * rstd[n]);
   }
-  atomicAdd(dw + c, s);
+  part[size_t(blockIdx.y) * C + c] = s;
 }
 
 // One thread per (row n, head h of the Hq + Hkv rotated heads, pair i < D/2).
@@ -153,8 +153,12 @@ void CudaBackend::rmsnorm_backward(float* din, float* dw, const float* dout, con
                                    const float* w, const float* rstd, int N, int C) {
   if (!N) return;
   FY_LAUNCH(rmsnorm_backward_dx_k, N, kRowThreads, din, dout, in, w, rstd, C);
-  dim3 grid((C + kEltThreads - 1) / kEltThreads, N < 128 ? N : 128);
-  FY_LAUNCH(rmsnorm_dweight_k, grid, kEltThreads, dw, dout, in, rstd, N, C);
+  const int slices = reduce_slices(N);
+  const unsigned cols = (C + kEltThreads - 1) / kEltThreads;
+  std::lock_guard<std::mutex> lock(scratch_mu());
+  float* part = static_cast<float*>(scratch(sizeof(float) * slices * size_t(C)));
+  FY_LAUNCH(rmsnorm_dweight_k, dim3(cols, slices), kEltThreads, part, dout, in, rstd, N, C);
+  FY_LAUNCH(column_slices_add, cols, kEltThreads, dw, part, slices, C);
 }
 
 void CudaBackend::rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta) {

@@ -58,3 +58,51 @@ TEST_CASE("PyTorch fixtures through the CUDA backend", "[cuda][reference]") {
     test::check_fixture_training(f, runner, cfg);
   }
 }
+
+TEST_CASE("PyTorch fixtures through the CUDA backend with bf16 GEMM inputs", "[cuda][reference]") {
+  // The fixtures are fp32; with bf16 inputs to the projection and head GEMMs (tensor cores,
+  // fp32 accumulation) each GEMM adds a relative error of about one bf16 rounding, u = 2^-8,
+  // and those of the GEMMs on a path through the model add: 3 per layer (q/k/v, attention
+  // output, MLP's two count as one path each way) plus the head, with a factor 2 of margin.
+  // Training is not compared step by step: ten AdamW steps amplify these differences past any
+  // bound worth stating (tests/test_precision.cc bounds one step the same way).
+  const double u = std::ldexp(1.0, -8);
+  for (const auto& path : test::reference_fixtures()) {
+    SafetensorsReader f(path);
+    Config cfg = test::reference_fixture_config(f, "cuda");
+    INFO("fixture " << path);
+    auto backend = make_cuda_backend(0, 0);
+    backend->set_matmul_precision(MatmulPrecision::kBf16);
+    StepRunner runner(cfg, *backend);
+    GptModel& model = runner.model();
+    test::load_fixture_params(f, runner, "param.");
+    const int B = cfg.schedule.micro_batch, T = cfg.model.seq_len, V = cfg.model.vocab_size;
+    const size_t N = static_cast<size_t>(B) * T;
+    const double bound = 2 * (3 * cfg.model.n_layer + 1) * u;
+    auto tokens = f.read_i32("tokens");
+    std::vector<int32_t> in(N), tg(N);
+    split_batch(tokens.data(), B, T, in.data(), tg.data());
+    float loss = model.forward(in.data(), tg.data());
+    std::vector<float> logits(N * V);
+    backend->copy_to_host(logits.data(), model.logits(), sizeof(float) * logits.size());
+    auto ref_logits = f.read_f32("logits", {B, T, V});
+    float ref_loss = f.read_f32("loss")[0];
+    const double e_logits = test::rel_error(logits.data(), ref_logits.data(), N * V);
+    INFO("logits rel error " << e_logits << ", bound " << bound);
+    CHECK(e_logits < bound);
+    CHECK(e_logits > 0);  // the bf16 path ran
+    CHECK(std::fabs(loss - ref_loss) / std::fabs(ref_loss) < bound);
+    model.zero_grads();
+    model.backward(1.0f / static_cast<float>(N));
+    std::vector<float> grads(model.layout().total);
+    backend->copy_to_host(grads.data(), model.grads(), sizeof(float) * grads.size());
+    auto ref = std::vector<float>();
+    double worst = 0;
+    for (const TensorSpec& t : model.layout().tensors) {
+      ref = f.read_f32("grad." + t.name, t.shape);
+      worst = std::max(worst, test::rel_error(grads.data() + t.offset, ref.data(), t.numel));
+    }
+    INFO("worst gradient rel error " << worst);
+    CHECK(worst < 2 * bound);  // the backward runs each GEMM path twice (dX and dW)
+  }
+}

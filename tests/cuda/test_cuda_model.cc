@@ -1,0 +1,202 @@
+// Whole models on the CUDA backend: every family's logits, loss and gradients against the CPU
+// backend with masked targets, training that repeats bit for bit (no atomics anywhere), and
+// kernels whose index arithmetic crosses 2^31 elements.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+
+#include "../test_support.h"
+#include "cuda_test_support.h"
+#include "fuyou/config.h"
+#include "fuyou/cuda.h"
+#include "fuyou/error.h"
+#include "fuyou/model.h"
+#include "fuyou/rng.h"
+#include "fuyou/train.h"
+#include "kernels/common/element_math.h"
+
+using namespace fuyou;
+using test::check_within;
+using test::DeviceVec;
+using test::max_abs;
+
+namespace {
+
+constexpr double kU = FLT_EPSILON / 2;  // fp32 unit roundoff
+
+// The model sections of the families the engine trains: GPT-2 (LayerNorm, GELU, learned
+// positions), OPT (ReLU, offset positions), Llama with grouped-query attention and an untied
+// head, and the Qwen2 form (Llama with q/k/v biases).
+const char* kFamilies[] = {
+    "family: gpt2, n_head: 2, d_model: 32, d_ff: 96",
+    "family: opt, n_head: 2, d_model: 32, d_ff: 48",
+    "family: llama, n_head: 4, n_kv_head: 2, d_model: 32, d_ff: 48, tie_embeddings: false",
+    "family: llama, n_head: 2, d_model: 32, d_ff: 48, qkv_bias: true, norm_eps: 1.0e-6",
+};
+
+Config family_config(const std::string& model, const std::string& backend, double clip) {
+  return parse_config(str("model: {", model, ", n_layer: 2, vocab_size: 96, seq_len: 16}\n",
+                          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ", clip, "}\n",
+                          "schedule: {steps: 4, warmup_steps: 1, micro_batch: 3}\n",
+                          "runtime: {backend: ", backend, ", threads: 2, seed: 5}\n"),
+                      "<test>");
+}
+
+struct ModelRun {
+  float loss = 0;
+  std::vector<float> logits, grads;
+};
+
+// One forward and backward from the model's initial weights; the gradient is of the mean
+// loss over the counted targets.
+ModelRun run_model(Backend& be, const ModelConfig& mc, int B, const std::vector<int32_t>& in,
+                   const std::vector<int32_t>& tg) {
+  GptModel m(mc, be, B);
+  std::vector<float> host(m.layout().total);
+  init_gpt_params(mc, m.layout(), host.data());
+  be.copy_to_device(m.params(), host.data(), sizeof(float) * host.size());
+  ModelRun r;
+  r.loss = m.forward(in.data(), tg.data());
+  r.logits.resize(size_t(m.tokens_per_batch()) * mc.vocab_size);
+  be.copy_to_host(r.logits.data(), m.logits(), sizeof(float) * r.logits.size());
+  m.zero_grads();
+  m.backward(1.0f / static_cast<float>(m.counted_targets()));
+  r.grads.resize(m.layout().total);
+  be.copy_to_host(r.grads.data(), m.grads(), sizeof(float) * r.grads.size());
+  return r;
+}
+
+std::vector<int32_t> tokens(size_t n, int V, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng.below(V));
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("cuda models of every family match the CPU, with masked targets", "[cuda][families]") {
+  for (const char* fam : kFamilies) {
+    INFO(fam);
+    const ModelConfig mc = family_config(fam, "cpu", 0.0).model;
+    const int B = 3;
+    const size_t N = size_t(B) * mc.seq_len;
+    auto in = tokens(N, mc.vocab_size, 31), tg = tokens(N, mc.vocab_size, 32);
+    for (size_t n = 0; n < N; n += 5) tg[n] = kIgnoreTarget;
+    auto cpu = make_cpu_backend(2, 0);
+    auto gpu = make_cuda_backend(0, 256ull << 20);
+    ModelRun c = run_model(*cpu, mc, B, in, tg), g = run_model(*gpu, mc, B, in, tg);
+    // The bounds of the PyTorch fixture tests (tests/test_reference.cc): the two fp32 paths
+    // differ by the order of their reductions only.
+    const double e_logits = test::rel_error(g.logits.data(), c.logits.data(), c.logits.size());
+    const double e_grads = test::rel_error(g.grads.data(), c.grads.data(), c.grads.size());
+    INFO("loss cuda " << g.loss << " cpu " << c.loss << "; logits rel error " << e_logits
+                      << ", gradients rel error " << e_grads);
+    CHECK(std::fabs(g.loss - c.loss) <= 1e-5 * std::fabs(c.loss));
+    CHECK(e_logits < 1e-5);
+    CHECK(e_grads < 1e-4);
+  }
+}
+
+TEST_CASE("cuda training repeats bit for bit", "[cuda][determinism]") {
+  // Two runs of the same steps from the same weights: every reduction (bias, norm and
+  // embedding gradients, the clipping norm) has a fixed order, so losses and weights agree in
+  // every bit, as offloaded and in-memory training must.
+  for (const char* fam : {kFamilies[0], kFamilies[2]}) {
+    for (double clip : {0.0, 0.5}) {
+      INFO(fam << ", clip " << clip);
+      Config cfg = family_config(fam, "cuda", clip);
+      const size_t mb = size_t(cfg.schedule.micro_batch) * (cfg.model.seq_len + 1);
+      std::vector<std::vector<int32_t>> data;
+      for (int s = 0; s < 3; ++s) data.push_back(tokens(mb, cfg.model.vocab_size, 40 + s));
+      std::vector<float> losses[2], params[2];
+      for (int run = 0; run < 2; ++run) {
+        auto be = make_cuda_backend(0, 256ull << 20);
+        StepRunner r(cfg, *be);
+        r.init_params();
+        for (size_t s = 0; s < data.size(); ++s)
+          losses[run].push_back(r.step(static_cast<int64_t>(s), {data[s].data()}).loss);
+        params[run] = r.master();
+      }
+      REQUIRE(losses[0].size() == losses[1].size());
+      CHECK(std::memcmp(losses[0].data(), losses[1].data(), 4 * losses[0].size()) == 0);
+      CHECK(std::memcmp(params[0].data(), params[1].data(), 4 * params[0].size()) == 0);
+    }
+  }
+}
+
+namespace {
+
+// A CUDA backend with `bytes` of arena, or none (with a warning that says why) when the
+// device lacks the memory: these tests need about 18 GiB.
+std::unique_ptr<Backend> large_backend(uint64_t bytes) {
+  try {
+    return make_cuda_backend(0, bytes);
+  } catch (const Error& e) {
+    WARN("skipped: the index test needs " << (bytes >> 20) << " MiB of device memory: " << e.what());
+    return nullptr;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda kernels index past 2^31 elements", "[cuda][large]") {
+  // Cross-entropy over N rows of V logits, N * V > 2^31: the last rows lie past element
+  // 2^31, where 32-bit index arithmetic would wrap. Only those rows hold data (the rest stay
+  // zero from the arena); they are checked against the CPU backend run on them alone.
+  const int V = 50304, R = 8;
+  const int N = static_cast<int>((1ull << 31) / V) + R;  // row N - R starts at or below 2^31
+  const size_t total = size_t(N) * V, tail = size_t(N - R) * V;
+  REQUIRE(total > (1ull << 31));
+  REQUIRE(tail + V > (1ull << 31));
+  auto gpu = large_backend(2 * sizeof(float) * total + (256ull << 20));
+  if (!gpu) return;
+
+  auto rows = test::random_normal(size_t(R) * V, 50, 3.0f);
+  auto tg = tokens(N, V, 51);
+  tg[N - 2] = kIgnoreTarget;
+  std::vector<int32_t> tail_tg(tg.end() - R, tg.end());
+  float* logits = static_cast<float*>(gpu->alloc(sizeof(float) * total, "logits"));
+  gpu->copy_to_device(logits + tail, rows.data(), sizeof(float) * rows.size());
+  DeviceVec<float> losses(*gpu, size_t(N)), lse(*gpu, size_t(N));
+  DeviceVec<int32_t> gtg(*gpu, tg);
+  gpu->crossentropy_forward(losses.get(), lse.get(), logits, gtg.get(), N, V);
+  gpu->crossentropy_backward(logits, lse.get(), gtg.get(), 1.0f / N, N, V);
+  std::vector<float> got_rows(rows.size());
+  gpu->copy_to_host(got_rows.data(), logits + tail, sizeof(float) * got_rows.size());
+
+  auto cpu = make_cpu_backend(2, 0);
+  std::vector<float> ref_losses(R), ref_lse(R), ref_rows = rows;
+  cpu->crossentropy_forward(ref_losses.data(), ref_lse.data(), rows.data(), tail_tg.data(), R, V);
+  cpu->crossentropy_backward(ref_rows.data(), ref_lse.data(), tail_tg.data(), 1.0f / N, R, V);
+  std::vector<float> all_losses = losses.host(), all_lse = lse.host();
+  std::vector<float> got_losses(all_losses.end() - R, all_losses.end());
+  std::vector<float> got_lse(all_lse.end() - R, all_lse.end());
+  // The bounds of "cuda cross-entropy forward and backward match the CPU".
+  check_within("lse past 2^31", got_lse, ref_lse, 8 * kU * max_abs(ref_lse));
+  check_within("losses past 2^31", got_losses, ref_losses,
+               8 * kU * (max_abs(ref_lse) + max_abs(rows)));
+  check_within("dlogits past 2^31", got_rows, ref_rows,
+               (8 * kU * max_abs(ref_lse) + 32 * kU) * (1.0 / N));
+  // Row 0 is all zeros: its loss is log V (up to lse's rounding).
+  CHECK(std::fabs(all_losses[0] - std::log(double(V))) <= 8 * kU * std::log(double(V)));
+  gpu->free(logits);
+
+  // GELU and the sum of squares over 2^31 + 4099 elements, data in the last 4099 + 4096.
+  const size_t n = (1ull << 31) + 4099, m = 8195;
+  auto x = test::random_normal(m, 52, 3.0f);
+  float* gin = static_cast<float*>(gpu->alloc(sizeof(float) * n, "gelu in"));
+  float* gout = static_cast<float*>(gpu->alloc(sizeof(float) * n, "gelu out"));
+  gpu->copy_to_device(gin + (n - m), x.data(), sizeof(float) * m);
+  gpu->gelu_forward(gout, gin, n);
+  std::vector<float> got(m), ref(m);
+  gpu->copy_to_host(got.data(), gout + (n - m), sizeof(float) * m);
+  cpu->gelu_forward(ref.data(), x.data(), m);
+  check_within("gelu past 2^31", got, ref, 32 * kU * max_abs(x));  // the element test's bound
+  const double ss = gpu->sum_squares(gin, n), ref_ss = cpu->sum_squares(x.data(), m);
+  CHECK(std::fabs(ss - ref_ss) <= 2 * double(m) * (DBL_EPSILON / 2) * ref_ss);
+  gpu->free(gin);
+  gpu->free(gout);
+}

@@ -1,0 +1,143 @@
+// The offloading executor on the CUDA backend: caller-ordered copies on their own streams,
+// page-locked host buffers and the executor's worker threads, checked as on the CPU backend:
+// offloaded training equals in-memory training bit for bit, with weights, optimizer state and
+// activation checkpoints on SSD, in fp32 and with bf16 GEMM inputs, plain and in exact
+// (clipping) mode.
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <unistd.h>
+
+#include "fuyou/config.h"
+#include "fuyou/cuda.h"
+#include "fuyou/error.h"
+#include "fuyou/rng.h"
+#include "fuyou/scheduler.h"
+#include "fuyou/storage.h"
+#include "fuyou/train.h"
+
+namespace fs = std::filesystem;
+using namespace fuyou;
+
+namespace {
+
+Config tiny_config(double clip, const std::string& precision) {
+  return parse_config(
+      str("model: {n_layer: 4, n_head: 2, d_model: 64, d_ff: 256, vocab_size: 96, seq_len: 32}\n"
+          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ", clip, "}\n"
+          "schedule: {steps: 5, warmup_steps: 2, micro_batch: 2}\n"
+          "runtime: {backend: cuda, precision: ", precision, ", threads: 2, seed: 11}\n"),
+      "<test>");
+}
+
+// A fresh store directory on a disk that takes O_DIRECT: under $FUYOU_TEST_DATA where set
+// (tools/gpu-validate.sh sets it), else under the build directory.
+std::string store_dir(const std::string& tag) {
+  const char* env = std::getenv("FUYOU_TEST_DATA");
+  fs::path base = env && *env ? fs::path(env) : fs::path(FUYOU_BINARY_DIR) / "test-data";
+  fs::path p = base / ("cuda-sched-" + tag + "-" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+struct Run {
+  std::vector<float> losses, params;
+};
+
+std::vector<std::vector<int32_t>> batches(const Config& cfg, int steps) {
+  std::vector<std::vector<int32_t>> out;
+  for (int s = 0; s < steps; ++s) {
+    Rng rng(77, s);
+    std::vector<int32_t> b(size_t(cfg.schedule.micro_batch) * (cfg.model.seq_len + 1));
+    for (auto& t : b) t = static_cast<int32_t>(rng.below(cfg.model.vocab_size));
+    out.push_back(b);
+  }
+  return out;
+}
+
+std::unique_ptr<Backend> cuda_backend(const Config& cfg, uint64_t device_budget) {
+  auto be = make_cuda_backend(0, device_budget);
+  apply_precision(*be, cfg.runtime);
+  return be;
+}
+
+Run in_memory(const Config& cfg, const std::vector<std::vector<int32_t>>& data) {
+  auto be = cuda_backend(cfg, 256ull << 20);
+  StepRunner r(cfg, *be);
+  r.init_params();
+  Run out;
+  for (size_t s = 0; s < data.size(); ++s)
+    out.losses.push_back(r.step(static_cast<int64_t>(s), {data[s].data()}).loss);
+  out.params = r.master();
+  return out;
+}
+
+Run offloaded(const Config& cfg, const PlanRequest& req, const std::vector<std::vector<int32_t>>& data,
+              SsdStore* store) {
+  auto be = cuda_backend(cfg, req.device_budget ? req.device_budget : 256ull << 20);
+  OffloadTrainer tr(cfg, *be, make_plan(req), store);
+  ParamLayout layout = make_gpt_layout(cfg.model);
+  std::vector<float> init(layout.total);
+  init_gpt_params(cfg.model, layout, init.data());
+  tr.set_params(init.data());
+  Run out;
+  for (size_t s = 0; s < data.size(); ++s)
+    out.losses.push_back(tr.step(static_cast<int64_t>(s), data[s].data()).loss);
+  out.params.resize(layout.total);
+  tr.read_params(out.params.data());
+  return out;
+}
+
+void require_bitwise(const Run& a, const Run& b) {
+  REQUIRE(a.losses.size() == b.losses.size());
+  for (size_t s = 0; s < a.losses.size(); ++s) {
+    INFO("step " << s << ": offloaded " << a.losses[s] << ", in memory " << b.losses[s]);
+    CHECK(std::memcmp(&a.losses[s], &b.losses[s], 4) == 0);
+  }
+  REQUIRE(a.params.size() == b.params.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < a.params.size(); ++i)
+    differ += std::memcmp(&a.params[i], &b.params[i], 4) != 0;
+  INFO(differ << " of " << a.params.size() << " weights differ");
+  CHECK(differ == 0);
+}
+
+}  // namespace
+
+TEST_CASE("cuda: offloaded training is bitwise equal to in-memory training", "[cuda][scheduler]") {
+  for (const char* precision : {"fp32", "bf16"}) {
+    for (double clip : {0.0, 0.5}) {
+      INFO("precision " << precision << ", clip " << clip);
+      Config cfg = tiny_config(clip, precision);
+      auto data = batches(cfg, 5);
+      Run ref = in_memory(cfg, data);
+
+      // Everything on SSD: weights, optimizer state, and every kind of activation placement
+      // (a checkpoint on SSD, recomputed, on the host, on the device).
+      PlanRequest req;
+      req.model = cfg.model;
+      req.micro_batch = cfg.schedule.micro_batch;
+      req.exact = clip > 0;
+      req.have_ssd = true;
+      req.acts = {ActPlacement::kSsd, ActPlacement::kRecompute, ActPlacement::kHost,
+                  ActPlacement::kDevice};
+      req.weights_on_ssd = req.optim_on_ssd = true;
+      StoreConfig sc;
+      sc.dirs = {store_dir("a"), store_dir("b")};
+      sc.stripe_unit = 64 * 1024;
+      auto store = SsdStore::open(sc);
+      require_bitwise(offloaded(cfg, req, data, store.get()), ref);
+
+      // All in host memory, no store: the copy streams and page-locked buffers alone.
+      PlanRequest host = req;
+      host.have_ssd = false;
+      host.weights_on_ssd = host.optim_on_ssd = false;
+      host.acts = {ActPlacement::kHost, ActPlacement::kHost, ActPlacement::kRecompute,
+                   ActPlacement::kKeep};
+      require_bitwise(offloaded(cfg, host, data, nullptr), ref);
+      for (const auto& d : sc.dirs) fs::remove_all(d);
+    }
+  }
+}
