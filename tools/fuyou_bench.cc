@@ -233,20 +233,27 @@ int bench_io(IoArgs& a) {
 }
 
 // `profile`: measures, prints what it measured, writes the YAML with the commands and date.
-int bench_profile(fuyou::ProfileOptions& o, const std::string& size, const std::string& out) {
+int bench_profile(fuyou::ProfileOptions& o, const std::string& backend, const std::string& size,
+                  const std::string& out) {
   o.io_size = fuyou::parse_size(size, "--io-size");
+  if (backend != "cpu" && backend != "cuda")
+    throw fuyou::ConfigError("--backend: expected cpu or cuda, got '" + backend + "'");
+  const bool gpu = backend == "cuda";
   std::string log;
-  fuyou::HardwareProfile p = fuyou::measure_cpu_profile(o, &log);
+  fuyou::HardwareProfile p = gpu ? fuyou::measure_cuda_profile(o, &log) : fuyou::measure_cpu_profile(o, &log);
   std::time_t now = std::time(nullptr);
   char date[64];
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-  std::string header = fuyou::str("# This machine's CPU-backend profile, measured by `fuyou-bench profile` on ", date,
-                                  ".\n# Every figure below was measured here (fp32: the CPU backend computes in fp32):\n");
+  std::string header =
+      gpu ? fuyou::str("# This machine's CUDA-backend profile, measured by `fuyou-bench profile --backend cuda` on ",
+                       date, ".\n# Every figure below was measured here:\n")
+          : fuyou::str("# This machine's CPU-backend profile, measured by `fuyou-bench profile` on ", date,
+                       ".\n# Every figure below was measured here (fp32: the CPU backend computes in fp32):\n");
   for (size_t b = 0, e; b < log.size(); b = e + 1) {
     e = log.find('\n', b);
     header += "#   " + log.substr(b, e - b) + "\n";
   }
-  header += "# compute_share / optimizer_share: GEMMs and AdamW run together, as a fraction of each alone.\n";
+  if (!gpu) header += "# compute_share / optimizer_share: GEMMs and AdamW run together, as a fraction of each alone.\n";
   std::FILE* f = std::fopen(out.c_str(), "w");
   if (!f) throw fuyou::IoError(out + ": cannot write the profile");
   std::string text = fuyou::hardware_profile_to_yaml(p, header);
@@ -308,19 +315,20 @@ int main(int argc, char** argv) {
   simulate->add_option("--sweep", sim.sweep, "Table over micro-batch (batch) or SSD count (ssds)");
   simulate->add_flag("--json", sim.json, "One JSON object on stdout");
   fuyou::ProfileOptions prof;
-  std::string prof_out, prof_size = "1GiB";
-  auto* profile = app.add_subcommand("profile", "Measure this machine's CPU-backend hardware profile");
+  std::string prof_out, prof_size = "1GiB", prof_backend = "cpu";
+  auto* profile = app.add_subcommand("profile", "Measure this machine's hardware profile (CPU or CUDA backend)");
   profile->add_option("--dir", prof.dirs, "Store directory on the SSD (repeat per SSD)")->required();
   profile->add_option("--out", prof_out, "Write the profile here (e.g. configs/hardware/this-cpu.yaml)")->required();
   profile->add_option("--threads", prof.threads, "Threads (0: all)");
   profile->add_option("--io-size", prof_size, "Bytes written then read for the SSD figures");
+  profile->add_option("--backend", prof_backend, "cpu (default) or cuda: which backend's compute and copies");
   CLI11_PARSE(app, argc, argv);
 
   fuyou::init_logging(false);
   try {
     if (*io) return bench_io(io_args);
     if (*simulate) return fuyou::run_simulate(sim);
-    if (*profile) return bench_profile(prof, prof_size, prof_out);
+    if (*profile) return bench_profile(prof, prof_backend, prof_size, prof_out);
     if (*adam) {
       adam_opts.params = parse_count(adam_params);
       if (adam_grad == "f32") adam_opts.grad_type = fuyou::ElemType::kF32;

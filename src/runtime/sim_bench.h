@@ -1,4 +1,4 @@
-// fuyou-bench's `profile` (measure this machine's CPU-backend profile) and `simulate`
+// fuyou-bench's `profile` (measure this machine's CPU- or CUDA-backend profile) and `simulate`
 // (predict an iteration from a config and a hardware profile) subcommands.
 #pragma once
 
@@ -18,6 +18,9 @@ struct ProfileOptions {
 // Measures every figure of a CPU-backend profile (see docs/simulator.md); `log` receives
 // one line per measurement. Takes about a minute.
 HardwareProfile measure_cpu_profile(const ProfileOptions& opts, std::string* log);
+// The same for the CUDA backend on device 0: a layer's GEMMs by size at the engine's GPU
+// precision, host<->device copies from page-locked memory, and the host side as above.
+HardwareProfile measure_cuda_profile(const ProfileOptions& opts, std::string* log);
 
 struct SimulateOptions {
   std::string config, hardware;
