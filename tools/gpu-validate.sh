@@ -1,0 +1,328 @@
+#!/usr/bin/env bash
+# The GPU validation kit (docs/cuda.md): everything this engine can check on a GPU, from one
+# command, on a machine that has a GPU but no network and none of the project's Debian
+# packages.
+#
+# On a machine with the CUDA toolkit (no GPU needed):
+#   tools/gpu-validate.sh --prepare [--build-dir DIR] [--kit DIR] [--no-build]
+#     builds the CUDA test and tool binaries (DIR, default build-gpu, configured for sm_90),
+#     packs them with the shared libraries a bare GPU machine lacks and the default run's text
+#     into KIT/fuyou-gpu-kit.tar.xz (KIT default gpu-kit, git-ignored), checks that the source
+#     tree and the kit together fit the 64 MiB a GPU machine may receive, and prints the
+#     commands to run there. --no-build packs DIR as it is (CI packs its own build).
+#
+# On the GPU machine, from the repository root:
+#   tools/gpu-validate.sh [--kit DIR] [--out DIR] [--phase check|sanitize|perf|all] [--work DIR]
+#     runs each step of the phase under its own time limit (a phase fits one 10-minute
+#     command on an H100) and writes report.json, summary.md and log.txt under OUT (default
+#     $OUT, else gpu-validate-out); perf also writes this-gpu.yaml, the measured profile.
+#     Without a GPU it says so in one line and exits 3.
+#   --plumbing runs the kit's machinery without a GPU (unpacking, libraries, data, the
+#     report) on a short CPU list; its report says that nothing was validated on a GPU.
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+kit_rel=gpu-kit
+build_dir=build-gpu
+mode=run
+phase=all
+out=${OUT:-}
+work=""
+no_build=0
+limit_mib=64
+plumbing=0
+
+die() { echo "gpu-validate: $*" >&2; exit 1; }
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prepare) mode=prepare ;;
+    --plumbing) plumbing=1 ;;
+    --no-build) no_build=1 ;;
+    --build-dir) build_dir=$2; shift ;;
+    --kit) kit_rel=$2; shift ;;
+    --out) out=$2; shift ;;
+    --work) work=$2; shift ;;
+    --phase) phase=$2; shift ;;
+    --limit-mib) limit_mib=$2; shift ;;
+    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+  esac
+  shift
+done
+case "$phase" in check|sanitize|perf|all) ;; *) die "--phase: expected check, sanitize, perf or all, got '$phase'" ;; esac
+abs() { case "$1" in /*) echo "$1" ;; *) echo "$root/$1" ;; esac; }
+kit_dir=$(abs "$kit_rel")
+build_dir=$(abs "$build_dir")
+kit_tar="$kit_dir/fuyou-gpu-kit.tar.xz"
+binaries=(tests/fuyou-cuda-tests fuyou-train fuyou-bench fuyou-convert)
+
+# ---- preparation (this machine) ----------------------------------------------------------
+
+# Bytes of what travels to the GPU machine beside the kit: tracked files and untracked files
+# git does not ignore, and shared/ where the checkout has one.
+tree_bytes() {
+  (cd "$root" && { git ls-files -z; git ls-files -z --others --exclude-standard; } |
+     xargs -0 -r stat -c %s -- 2>/dev/null | awk '{s += $1} END {print s + 0}')
+  [ -d "$root/shared" ] && du -sb "$root/shared" | cut -f1
+}
+
+# The libraries a binary needs that a bare GPU machine may lack: all but the C library, the
+# C++ runtime (the machine's own is newer) and CUDA's (the GPU machine's toolkit supplies
+# cuBLAS, the driver libcuda).
+needed_libs() {
+  ldd "$@" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
+    grep -Ev '^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libstdc\+\+\.|libgcc_s\.|libcuda\.|libcudart|libcublas|libnvidia|libcudnn)' || true
+}
+
+prepare() {
+  command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || die "--prepare needs the CUDA toolkit (nvcc)"
+  if [ "$no_build" = 0 ]; then
+    if [ ! -f "$build_dir/CMakeCache.txt" ]; then
+      PATH=/usr/local/cuda/bin:$PATH cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release \
+        -DFUYOU_CUDA=ON "-DFUYOU_CUDA_ARCHITECTURES=90-real;90-virtual" >/dev/null ||
+        die "cmake configure of $build_dir failed"
+    fi
+    cmake --build "$build_dir" -j"$(nproc)" --target fuyou-cuda-tests fuyou-train fuyou-bench fuyou-convert ||
+      die "build in $build_dir failed"
+  fi
+  local b
+  for b in "${binaries[@]}"; do
+    [ -x "$build_dir/$b" ] || die "$build_dir/$b is missing: configure $build_dir with the CUDA toolkit and build it (or leave out --no-build)"
+  done
+  [ -d /usr/share/games/fortunes ] || die "/usr/share/games/fortunes is missing (Debian package fortunes): the kit's end-to-end runs train on it"
+
+  local stage
+  stage=$(mktemp -d)
+  trap 'rm -rf "$stage"' RETURN
+  local k="$stage/fuyou-gpu-kit"
+  mkdir -p "$k/bin" "$k/lib" "$k/data"
+  for b in "${binaries[@]}"; do cp "$build_dir/$b" "$k/bin/"; done
+  local name path
+  while read -r name path; do cp -L "$path" "$k/lib/$name"; done < <(needed_libs "$k"/bin/*)
+  find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' -exec cp {} "$k/data/" \;
+  {
+    echo "commit: $(git -C "$root" rev-parse HEAD 2>/dev/null)$(git -C "$root" diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+    echo "prepared: $(date -u '+%Y-%m-%d %H:%M UTC') on $(uname -n)"
+    echo "build: $build_dir ($(grep -E '^FUYOU_CUDA_ARCHITECTURES' "$build_dir/CMakeCache.txt" 2>/dev/null | cut -d= -f2))"
+    echo "libraries: $(ls "$k/lib" | tr '\n' ' ')"
+  } > "$k/MANIFEST"
+  mkdir -p "$kit_dir"
+  rm -f "$kit_tar"
+  XZ_OPT="-6 -T0" tar -C "$stage" -cJf "$kit_tar" fuyou-gpu-kit || die "cannot write $kit_tar"
+
+  local kit_b tree_b total limit
+  kit_b=$(du -sb "$kit_dir" | cut -f1)
+  tree_b=$(tree_bytes | awk '{s += $1} END {print s + 0}')
+  total=$((kit_b + tree_b))
+  limit=$((limit_mib * 1024 * 1024))
+  awk -v k="$kit_b" -v t="$tree_b" -v l="$limit_mib" -v f="$kit_tar" 'BEGIN {
+    printf "gpu-validate: kit %s (%.1f MiB), source tree %.1f MiB, together %.1f MiB of the %d MiB limit\n",
+           f, k / 1048576, t / 1048576, (k + t) / 1048576, l }'
+  [ "$total" -le "$limit" ] || die "the tree and the kit exceed $limit_mib MiB: $total bytes"
+  git -C "$root" check-ignore -q "$kit_dir/fuyou-gpu-kit.tar.xz" ||
+    echo "gpu-validate: note: $kit_rel is not ignored by git; carry it explicitly"
+  local rel=${kit_dir#"$root"/}
+  cat <<EOF
+On the GPU machine, from the repository root, with $rel/ carried beside the tree, one
+command per phase (each fits 10 minutes on an H100; results under \$OUT):
+  bash tools/gpu-validate.sh --kit $rel --phase check --out "\$OUT"
+  bash tools/gpu-validate.sh --kit $rel --phase sanitize --out "\$OUT"
+  bash tools/gpu-validate.sh --kit $rel --phase perf --out "\$OUT"
+EOF
+}
+
+if [ "$mode" = prepare ]; then
+  prepare
+  exit $?
+fi
+
+# ---- validation (the GPU machine) --------------------------------------------------------
+
+if [ "$plumbing" = 0 ]; then
+  if ! command -v nvidia-smi > /dev/null; then
+    gpus="nvidia-smi not found"
+  elif gpus=$(nvidia-smi -L 2>&1) && echo "$gpus" | grep -q '^GPU '; then
+    gpus=""
+  fi
+  if [ -n "$gpus" ]; then
+    echo "gpu-validate: no NVIDIA GPU on this machine ($(echo "$gpus" | head -n 1 | cut -c1-200)); nothing validated" >&2
+    exit 3
+  fi
+fi
+[ -f "$kit_tar" ] || die "$kit_tar is missing: run tools/gpu-validate.sh --prepare on a machine with the CUDA toolkit and carry $kit_rel/"
+out=$(abs "${out:-gpu-validate-out}")
+mkdir -p "$out" || die "cannot create $out"
+
+# A work directory on a disk that takes O_DIRECT (the SSD store needs it; /tmp may be tmpfs).
+direct_ok() { mkdir -p "$1" && dd if=/dev/zero of="$1/.direct" bs=4096 count=1 oflag=direct status=none 2>/dev/null && rm -f "$1/.direct"; }
+for cand in "$work" /var/tmp/fuyou-gpu-validate "$root/.gpu-work"; do
+  [ -n "$cand" ] && direct_ok "$cand" && { work=$cand; break; }
+done
+direct_ok "$work" 2>/dev/null || die "no work directory that takes O_DIRECT (tried /var/tmp and $root/.gpu-work; pass --work DIR)"
+rm -rf "$work/kit" && mkdir -p "$work/kit" "$work/logs" && tar -C "$work/kit" -xJf "$kit_tar" || die "cannot unpack $kit_tar into $work/kit"
+kit="$work/kit/fuyou-gpu-kit"
+bin="$kit/bin"
+
+# CUDA's libraries from the machine's toolkit, or from the Python wheels beside PyTorch.
+cuda_libs=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+         $(ls -d /opt/*/.venv/lib/python3*/site-packages/nvidia/*/lib /usr/local/lib/python3*/dist-packages/nvidia/*/lib 2>/dev/null); do
+  if [ -d "$d" ] && ls "$d"/libcublas* > /dev/null 2>&1; then cuda_libs="$cuda_libs:$d"; fi
+done
+export LD_LIBRARY_PATH="$kit/lib$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export FUYOU_SOURCE_DIR="$root" FUYOU_TEST_DATA="$work/test-data"
+mkdir -p "$FUYOU_TEST_DATA"
+
+steps_tsv="$work/steps.tsv"
+: > "$steps_tsv"
+: > "$out/log.txt"
+phase_start=$(date +%s)
+phase_budget=${FUYOU_GPU_PHASE_S:-570}  # seconds per phase: one 10-minute command
+
+# step NAME LIMIT_S COMMAND...: runs COMMAND with its output in logs/NAME.log and log.txt;
+# records pass (exit 0), fail, timeout, or "not run" when the phase's time is spent.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$((phase_budget - ($(date +%s) - phase_start)))
+  if [ "$left" -lt 20 ]; then
+    printf '%s\tnot run\t-\t0\t%s\n' "$name" "the phase's ${phase_budget} s are spent" >> "$steps_tsv"
+    return 1
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local log="$work/logs/$name.log" t0 rc status secs
+  echo "== $name (limit ${limit} s): $*" | tee -a "$out/log.txt"
+  t0=$(date +%s%N)
+  # Through bash -c, so that COMMAND may be one of this script's functions (exported below).
+  timeout -k 10 "$limit" bash -c '"$@"' step "$@" > "$log" 2>&1
+  rc=$?
+  secs=$(awk -v a="$t0" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
+  case $rc in
+    0) status=pass ;;
+    124|137) status=timeout ;;
+    77) status="fail (no CUDA device)" ;;
+    *) status=fail ;;
+  esac
+  # A test that skipped itself (a warning that says so) is a failure here.
+  [ "$status" = pass ] && grep -q 'skipped:' "$log" && status="fail (skipped)"
+  tail -c 20000 "$log" >> "$out/log.txt"
+  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$status" "$rc" "$secs" "$*" >> "$steps_tsv"
+  echo "   -> $status (exit $rc, ${secs%.*} s)" | tee -a "$out/log.txt"
+  [ "$status" = pass ]
+}
+
+libs_resolve() {
+  local missing
+  missing=$(ldd "$bin"/* | grep 'not found' | sort -u)
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  cat "$kit/MANIFEST"
+  [ -z "$missing" ] || { echo "unresolved libraries:"; echo "$missing"; return 1; }
+  "$bin/fuyou-bench" --help > /dev/null
+}
+
+device_query() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap,pcie.link.gen.max,pcie.link.width.max --format=csv
+  nvidia-smi
+  free -g
+  df -h "$work"
+  nproc
+}
+
+tiny_train() {  # RUN_DIR FAMILY-SETS...: a short run on the kit's text that must learn
+  local dir=$1
+  shift
+  rm -rf "$dir"
+  "$bin/fuyou-train" --run-dir "$dir" --set "data.text=[$kit/data]" --set schedule.steps=120 \
+    --set schedule.eval_every=60 --set schedule.eval_batches=4 --set schedule.micro_batch=8 "$@" || return 1
+  python3 - "$dir/metrics.jsonl" <<'EOF'
+import json, sys
+vals = [json.loads(l)["val_loss"] for l in open(sys.argv[1]) if "val_loss" in l]
+print("validation losses:", vals)
+sys.exit(0 if len(vals) >= 2 and vals[-1] < vals[0] - 0.5 else 1)
+EOF
+}
+
+list_tests() {  # Catch2 exits with the number of tests listed
+  local names
+  names=$("$bin/fuyou-cuda-tests" --list-test-names-only)
+  echo "$names"
+  [ -n "$names" ]
+}
+
+kernel_spec='[cuda]~[reference]~[families]~[determinism]~[large]~[scheduler]'
+tests="$bin/fuyou-cuda-tests"
+cuda_sets=(--set runtime.backend=cuda)
+
+run_check() {
+  step device 30 device_query
+  step libraries 30 libs_resolve || return
+  step cuda-kernels 120 "$tests" "$kernel_spec"
+  step cuda-fixtures 120 "$tests" '[reference]'
+  step cuda-families 120 "$tests" '[families],[determinism]'
+  step cuda-large-index 120 "$tests" '[large]'
+  step cuda-scheduler 180 "$tests" '[scheduler]'
+  step train-gpt2-on-disk 150 tiny_train "$work/run-gpt2-disk" "${cuda_sets[@]}" \
+    --set "offload.ssd_paths=[$work/ssd-e2e]" --set offload.weights=ssd \
+    --set offload.optimizer_state=ssd --set offload.activations=swap
+  step train-llama 120 tiny_train "$work/run-llama" "${cuda_sets[@]}" --set model.family=llama \
+    --set model.n_kv_head=2 --set model.d_ff=1024 --set model.tie_embeddings=false
+  step train-opt 120 tiny_train "$work/run-opt" "${cuda_sets[@]}" --set model.family=opt
+}
+
+run_sanitize() {
+  local tool
+  for tool in memcheck racecheck synccheck initcheck; do
+    step "sanitizer-$tool" 140 compute-sanitizer --tool "$tool" --error-exitcode 9 "$tests" "$kernel_spec"
+  done
+}
+
+bench_train() {  # JSON_OUT ARGS...
+  local json=$1
+  shift
+  "$bin/fuyou-bench" train "$@" --json > "$json" && cat "$json"
+}
+
+run_perf() {
+  local big=(--config "$root/configs/gpt3-1.3b.yaml" "${cuda_sets[@]}" --set model.seq_len=1024
+             --set "offload.ssd_paths=[$work/ssd-big]" --set offload.device_memory=8GiB
+             --set offload.host_memory=32GiB --set offload.weights=ssd
+             --set offload.optimizer_state=ssd --set offload.activations=swap)
+  step profile 200 "$bin/fuyou-bench" profile --backend cuda --dir "$work/ssd-profile" --io-size 4GiB \
+    --out "$out/this-gpu.yaml"
+  step bench-gpt2-fp32 120 bench_train "$work/bench-fp32.json" --config "$root/configs/gpt2-124m.yaml" \
+    "${cuda_sets[@]}" --set runtime.precision=fp32 --set schedule.micro_batch=8 --steps 8 --warmup 2
+  step bench-gpt2-bf16 120 bench_train "$work/bench-bf16.json" --config "$root/configs/gpt2-124m.yaml" \
+    "${cuda_sets[@]}" --set runtime.precision=bf16 --set schedule.micro_batch=8 --steps 8 --warmup 2
+  mkdir -p "$work/ssd-big"
+  step offload-1.3b 300 bench_train "$work/bench-offload.json" "${big[@]}" --steps 2 --warmup 1
+  [ -f "$out/this-gpu.yaml" ] &&
+    step simulate-1.3b 60 bash -c '"$0" simulate "$@" --json > "'"$work"'/simulate.json" && cat "'"$work"'/simulate.json"' \
+      "$bin/fuyou-bench" "${big[@]}" --hardware "$out/this-gpu.yaml"
+}
+
+run_plumbing() {
+  step libraries 30 libs_resolve || return
+  step list-tests 30 list_tests
+  step cuda-tests-without-device 30 bash -c '"$0"; test $? -eq 77' "$tests"
+  step train-cpu-tiny 300 tiny_train "$work/run-cpu" --set runtime.backend=cpu --set model.n_layer=2 \
+    --set model.d_model=128 --set model.n_head=4 --set model.d_ff=512 --set model.seq_len=64
+}
+
+export kit bin work root out
+export -f libs_resolve device_query tiny_train bench_train list_tests
+
+if [ "$plumbing" = 1 ]; then
+  run_plumbing
+else
+  case "$phase" in
+    check) run_check ;;
+    sanitize) run_sanitize ;;
+    perf) run_perf ;;
+    all) run_check; phase_start=$(date +%s); run_sanitize; phase_start=$(date +%s); run_perf ;;
+  esac
+fi
+
+python3 "$root/tools/gpu_report.py" --steps "$steps_tsv" --work "$work" --out "$out" --phase "$phase" \
+  --plumbing "$plumbing" --root "$root" --kit "$kit" || die "the report could not be written"
+! grep -qv $'\tpass\t' "$steps_tsv"
