@@ -164,9 +164,14 @@ TEST_CASE("offloaded training is bitwise equal to in-memory training", "[schedul
     req.weights_on_ssd = true;
     req.optim_on_ssd = true;
     INFO("clip " << clip);
-    auto count = [](const Plan& p, auto pred) { return std::count_if(p.ops.begin(), p.ops.end(), pred); };
-    auto from_wout = [](const PlanOp& o) { return o.kind == OpKind::kLoadWeights && o.in.kind == BufRef::kWeightsOut; };
-    auto ssd_read = [](const PlanOp& o) { return o.kind == OpKind::kReadWeights; };
+    auto count = [](const Plan& p, auto pred) {
+      return std::count_if(p.ops.begin(), p.ops.end(), [&](const PlanOp& o) { return pred(p, o); });
+    };
+    auto loads_from = [](const Plan& p, const PlanOp& o, BufferKind k) {
+      return o.kind == OpKind::kLoadWeights && p.buffers[o.use(Role::kSource).buffer].kind == k;
+    };
+    auto from_wout = [&](const Plan& p, const PlanOp& o) { return loads_from(p, o, BufferKind::kWoutSlot); };
+    auto ssd_read = [](const Plan&, const PlanOp& o) { return o.kind == OpKind::kReadWeights; };
     // Host memory for one weights-out slot per layer: without exact mode every layer's new
     // weights stay in their slot, the next forward loads them from there, and so does the
     // backward where the device dropped a layer (each layer's slot is rewritten only by its
@@ -195,7 +200,8 @@ TEST_CASE("offloaded training is bitwise equal to in-memory training", "[schedul
     const Plan tp = make_plan(tight);
     REQUIRE(tp.pools.device_weight_slots == rp.pools.device_weight_slots - 1);
     const auto reads = count(tp, ssd_read);
-    const auto staged_loads = count(tp, [](const PlanOp& o) { return o.kind == OpKind::kLoadWeights && o.slot2 >= 0; });
+    const auto staged_loads =
+        count(tp, [&](const Plan& p, const PlanOp& o) { return loads_from(p, o, BufferKind::kReadSlot); });
     INFO("reads " << reads << ", loads from staging " << staged_loads);
     if (clip == 0) {
       CHECK(reads == 0);
@@ -296,7 +302,7 @@ TEST_CASE("steps overlap: the next step starts while the previous one's updates 
     const OpKind next_kind = clip > 0 ? OpKind::kForward : OpKind::kReadWeights;
     HoldUntil h;
     h.hold = [&](int64_t step, const PlanOp& op) {
-      return step == 0 && op.kind == OpKind::kUpdate && op.layer == held_group;
+      return step == 0 && op.kind == OpKind::kUpdate && op.group == held_group;
     };
     h.awaited = [&](int64_t step, const PlanOp& op) { return step == 1 && op.kind == next_kind; };
     h.attach(tr);
@@ -328,9 +334,9 @@ TEST_CASE("the top layers' updates are deferred beside the next forward, results
     // gradients wait in their slots.
     std::vector<int> updates;
     for (const PlanOp& op : p.ops) {
-      if (op.resource == Resource::kOptimizer) updates.push_back(op.kind == OpKind::kUpdate ? op.layer : -1);
-      if (op.kind == OpKind::kSaveGrads && op.layer > L - D && op.layer <= L)
-        CHECK((op.out.kind == BufRef::kGradStage && op.out.index == L - op.layer));
+      if (op.resource == Resource::kOptimizer) updates.push_back(op.kind == OpKind::kUpdate ? op.group : -1);
+      if (op.kind == OpKind::kSaveGrads && op.group > L - D && op.group <= L)
+        CHECK(op.use(Role::kDest).buffer == p.buffer(BufferKind::kGradStage, L - op.group));
     }
     REQUIRE(updates.size() >= static_cast<size_t>(D));
     for (int i = 0; i < D; ++i) CHECK(updates[updates.size() - D + i] == L - D + 1 + i);
@@ -348,7 +354,7 @@ TEST_CASE("the top layers' updates are deferred beside the next forward, results
     tr.set_params(init.data());
     HoldUntil h;
     h.hold = [&](int64_t step, const PlanOp& op) {
-      return step == 0 && op.kind == OpKind::kUpdate && op.layer == L - D + 1;
+      return step == 0 && op.kind == OpKind::kUpdate && op.group == L - D + 1;
     };
     h.awaited = [&](int64_t step, const PlanOp& op) {
       return step == 1 && op.kind == OpKind::kForward && op.layer == L - D - 1;
@@ -411,7 +417,7 @@ TEST_CASE("busy times count an iteration that finishes within a later step's win
   OffloadTrainer& tr = *trainer;
   clock::time_point write_end{};
   tr.on_op = [&](int64_t step, const PlanOp& op) {
-    if (step == 0 && op.kind == OpKind::kWriteWeights && op.layer == 1) {  // group 1: layer 0, written last
+    if (step == 0 && op.kind == OpKind::kWriteWeights && op.layer == 0) {  // written last
       std::this_thread::sleep_for(std::chrono::milliseconds(600));
       write_end = clock::now();
     }
@@ -445,7 +451,7 @@ TEST_CASE("SSD reads reorder: a read whose write is done passes one still waitin
   REQUIRE(tr.plan().layers[2].retained < 0);
   HoldUntil h;
   h.hold = [](int64_t step, const PlanOp& op) {
-    return step == 0 && op.kind == OpKind::kWriteWeights && op.layer == 3;  // group 3: layer 2
+    return step == 0 && op.kind == OpKind::kWriteWeights && op.layer == 2;
   };
   h.awaited = [](int64_t step, const PlanOp& op) {
     return step == 1 && op.kind == OpKind::kReadWeights && op.layer > 2;
@@ -488,11 +494,11 @@ TEST_CASE("embedding rows first: the next forward starts before the embedding's 
       forward_started = true;
       cv.notify_all();
     }
-    if (step == 0 && op.kind == OpKind::kUpdate && op.layer == 0 && op.part == op.parts - 1) {
+    if (step == 0 && op.kind == OpKind::kUpdate && op.group == 0 && op.part == op.parts - 1) {
       held = true;
       saw = cv.wait_for(lock, std::chrono::seconds(20), [&] { return forward_started; });
     }
-    if (step == 1 && op.kind == OpKind::kLoadResident && op.layer == 0 && op.part < 0) {  // after its update
+    if (step == 1 && op.kind == OpKind::kLoadResident && op.group == 0 && op.part < 0) {  // after its update
       rows_done = true;
       cv.notify_all();
     }

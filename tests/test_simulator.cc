@@ -131,7 +131,11 @@ TEST_CASE("simulator: compute and optimizer share the CPU on a shared_cpu profil
   u.id = 1;
   u.kind = OpKind::kUpdate;
   u.resource = Resource::kOptimizer;
-  u.layer = 1;
+  u.group = 1;
+  u.params = layout.groups[1].numel;
+  // Its optimizer state in host memory.
+  b.plan.buffers.push_back({BufferKind::kHostOptim, 1, Tier::kHost, 12 * u.params, "optimizer state"});
+  u.uses.push_back({0, Access::kAccumulate, Role::kState, 0, 12 * u.params});
   b.plan.ops.push_back(u);
   const double upd = layout.groups[1].numel / 1e6;
   SECTION("independent cores: both at full rate") {

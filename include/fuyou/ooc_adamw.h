@@ -45,6 +45,11 @@ struct OocAdamWOptions {
   SimdPath simd = SimdPath::kAuto;
 };
 
+// The pinned chunk slots an optimizer with groups on SSD holds: three slot sets (read ahead,
+// update, write behind) of master, m and v chunks.
+constexpr uint32_t kOocChunkSlots = 9;
+constexpr uint64_t ooc_chunk_pool_bytes(const OocAdamWOptions& o = {}) { return kOocChunkSlots * 4ull * o.chunk_elems; }
+
 // Decides where each group's state lives: host memory for groups while their 12 bytes per
 // parameter fit `host_state_budget`, in order, the rest on SSD. With no store every group
 // must fit in host memory (else Error with the numbers).

@@ -42,27 +42,30 @@ struct LayerDecision {
   int retained = -1;
 };
 
+// What an op does. Its buffers, and which of them it reads or writes, are its uses
+// (PlanOp::uses): the executor, the hazard analysis and the simulator read those.
 enum class OpKind {
-  kReadWeights,       // ssd_read: weights extent -> host staging slot
-  kLoadWeights,       // h2d: host copy or staging slot -> device weight slot
-  kEmbedForward,      // compute
-  kForward,           // compute: block forward of `layer` (forward pass)
+  kReadWeights,       // ssd_read: a layer's weights extent -> host read slot
+  kLoadWeights,       // h2d: host weights, a read slot or a weights-out slot -> device weight slot
+  kEmbedForward,      // compute: the micro-batch's tokens to the device, embedding forward
+  kForward,           // compute: block forward of `layer`
   kSaveCheckpoint,    // d2h: block input of `layer` -> host (resident or staging)
   kWriteCheckpoint,   // ssd_write: staging -> checkpoint extent
   kReadCheckpoint,    // ssd_read: checkpoint extent -> staging
   kLoadCheckpoint,    // h2d: host -> device checkpoint slot
+  kZeroGrads,         // compute: the step's first micro-batch zeroes the embedding and final gradients
   kHead,              // compute: final norm, logits, loss and their backward
   kRecomputeInput,    // compute: forward of layer-1 to rebuild `layer`'s input
   kRecompute,         // compute: block forward of `layer` to rebuild its internals
   kBackward,          // compute: block backward of `layer` into a device gradient slot
   kEmbedBackward,     // compute
-  kSaveGrads,         // d2h: gradient slot -> host gradient slot (group `layer`)
+  kSaveGrads,         // d2h: gradients of `group` -> host gradient buffer
   kGradNorm,          // optimizer: global norm over all staged gradients (exact mode)
-  kUpdate,            // optimizer: AdamW of group `layer`, new weights to host
-  kWriteWeights,      // ssd_write: new weights -> weights extent
+  kUpdate,            // optimizer: AdamW of `group`, new weights to host
+  kWriteWeights,      // ssd_write: new weights of `group` -> its weights extent
   kLoadResident,      // h2d: new embedding / final-norm weights -> resident device copy
   // Held gradients (exact mode, gradient accumulation):
-  kWriteGrads,        // ssd_write: gradient staging slot -> gradient extent of `layer` (group)
+  kWriteGrads,        // ssd_write: gradient staging slot -> gradient extent of `group`
   kReadGrads,         // ssd_read: gradient extent -> staging slot
   kLoadGrads,         // h2d: held gradient -> device gradient slot, the next micro-batch adds to it
   kGradSumSq,         // optimizer: sum of squares of one group's gradient (exact mode)
@@ -71,34 +74,104 @@ enum class OpKind {
 };
 const char* op_kind_name(OpKind k);
 
-// A buffer an op reads or writes. Device activations: one of the two forward stream
-// buffers, a layer's own checkpoint buffer (keep/device layers), a backward checkpoint slot,
-// or the scratch buffer recomputation writes its unused output to. Host gradients: a host
-// gradient slot (index), a layer's held gradient buffer (index = layer), or a gradient
-// staging slot for SSD (index).
-struct BufRef {
-  enum Kind { kNone, kStream, kLayerCkpt, kCkptSlot, kScratch, kHostGrad, kGradHold, kGradStage, kWeightsOut } kind = kNone;
-  int index = 0;
+// ---- the buffer table ---------------------------------------------------------------------
+
+enum class Tier { kDevice, kHost, kSsd };
+const char* tier_name(Tier t);
+
+// What a buffer holds. With PlanBuffer::index (a slot, a layer or a parameter group, as noted)
+// it names one buffer of the plan.
+enum class BufferKind {
+  // Device.
+  kEmbedWeights, kFinalWeights,  // the resident embedding and final-norm groups
+  kEmbedRows,                    // view of kEmbedWeights: the rows the first update part refreshes
+  kEmbedGrads, kFinalGrads,      // their gradients, accumulated over the step
+  kWeightSlot,                   // index: slot; one layer's weights
+  kGradSlot,                     // index: slot; one layer's gradients
+  kCkptSlot,                     // index: slot; a block input brought back for the backward
+  kStream,                       // index: 0 or 1; the forward's block inputs and outputs
+  kLayerCkpt,                    // index: layer; its block input kept on the device (keep, device)
+  kLayerActs,                    // index: layer; its internal activations (keep)
+  kWorkActs,                     // the activations every other layer's forward and backward use
+  kScratch,                      // recomputation's unused block output
+  kResidualGrad,                 // the gradient flowing down the residual stream
+  kModelWorkspace,               // the model's own (logits, head, backward scratch)
+  // Host.
+  kReadSlot,                     // index: slot; staging of weights read from SSD
+  kWoutSlot,                     // index: slot; new weights on their way to SSD
+  kCkptStage,                    // index: slot; staging of checkpoints to and from SSD
+  kHostGradSlot,                 // index: slot; a group's gradient between its save and update
+  kGradStage,                    // index: slot; held gradients to and from SSD, or a deferred update's
+  kGradHold,                     // index: layer; its held gradient in host memory
+  kHostWeights,                  // index: layer; its weights while they wait in host memory
+  kHostCkpt,                     // index: layer; its block input in host memory
+  kHostEmbed, kHostFinal,        // host copies of the resident groups' weights
+  kHostOptim,                    // index: group; fp32 master and Adam moments (the optimizer's)
+  kOptimChunks,                  // the out-of-core optimizer's chunk slots
+  kDeviceArena,                  // the device's memory where it is host memory (CPU backend)
+  kProcess,                      // code, libraries, allocator, thread stacks
+  // SSD.
+  kSsdWeights,                   // index: layer
+  kSsdCkpt,                      // index: layer
+  kSsdGrads,                     // index: layer; held gradients
+  kSsdOptim,                     // index: group; master and moments (the optimizer's extents)
 };
+const char* buffer_kind_name(BufferKind k);
+
+struct PlanBuffer {
+  BufferKind kind = BufferKind::kProcess;
+  int index = 0;
+  Tier tier = Tier::kHost;
+  uint64_t bytes = 0;
+  // The line of the plan's memory breakdown this buffer is counted under.
+  std::string part;
+  std::string name() const;  // e.g. "device.weight_slot.2", "ssd.weights.layer5"
+};
+
+// How an op uses a buffer. kAccumulate reads and adds: for hazards a write.
+enum class Access { kRead, kWrite, kAccumulate };
+// Which operand of its op a use is, where an op has several of one access.
+enum class Role {
+  kSource, kDest,                 // transfers: what is copied, where to
+  kWeights, kInput, kOutput,      // compute: the layer's weights, block input and output
+  kGrads,                         // compute: the gradients a backward writes or adds to
+  kResidual,                      // compute: the gradient flowing down the residual stream
+  kWork,                          // compute: the activations a block saves or reads back
+  kState,                         // optimizer: the group's fp32 master and Adam moments
+};
+
+struct BufferUse {
+  int buffer = -1;  // index into Plan::buffers
+  Access access = Access::kRead;
+  Role role = Role::kSource;
+  uint64_t offset = 0, bytes = 0;  // the byte range used
+  bool writes() const { return access != Access::kRead; }
+};
+
+// ---- operations ---------------------------------------------------------------------------
 
 // Parameter groups are numbered as in ParamLayout: 0 = embed, 1..L = layers, L+1 = final.
 struct PlanOp {
   int id = 0;
   OpKind kind = OpKind::kForward;
   Resource resource = Resource::kCompute;
-  int layer = -1;         // transformer layer, or parameter group for optimizer/grad ops
-  int micro = 0;          // micro-batch of the step (0 .. grad_accum-1)
-  int slot = -1;          // slot index in the pool the op uses (see PlanPools)
-  int slot2 = -1;         // second slot (e.g. the destination of a copy)
+  int layer = -1;  // transformer layer of a compute, weight or checkpoint op; -1: none
+  int group = -1;  // parameter group of a gradient or optimizer op (a layer's: layer + 1); -1: none
+  int micro = 0;   // micro-batch of the step (0 .. grad_accum-1)
   // The embedding's gradient save, update and device refresh run in `parts` element ranges
   // (part 0 .. parts-1, ParamRange) so that the three pipeline after the last backward;
-  // part -1 of an update or refresh: the rows first (Plan::embed_rows_first).
+  // part -1 of a save, update or refresh: the rows first (Plan::embed_rows_first).
   int part = 0, parts = 1;
-  BufRef in, out;         // activation buffers read / written
-  std::vector<int> deps;  // ops that must finish first
+  std::vector<BufferUse> uses;
+  std::vector<int> deps;  // ops of the same iteration that must finish first
   uint64_t bytes = 0;     // bytes moved (transfers)
   double flops = 0;       // useful model FLOPs (compute)
   double recompute_flops = 0;
+  uint64_t params = 0;    // parameters an update or a sum of squares reads
+
+  // The use with `role` (the first, if several); FY_CHECKs that there is one.
+  const BufferUse& use(Role role) const;
+  const BufferUse* find(Role role) const;
 };
 
 struct PlanPools {
@@ -114,12 +187,14 @@ struct PlanPools {
   int host_grad_stage_slots = 0;
 };
 
+// The buffer table summed per tier, and per PlanBuffer::part in table order.
 struct MemoryPlan {
   uint64_t device_bytes = 0;  // peak device memory the plan needs
   uint64_t host_bytes = 0;    // host memory: pool slots, resident weights/checkpoints, optimizer
   uint64_t ssd_bytes = 0;     // store extents
   std::vector<std::pair<std::string, uint64_t>> device_parts, host_parts, ssd_parts;
 };
+MemoryPlan sum_buffers(const std::vector<PlanBuffer>& buffers);
 
 struct Plan {
   ModelConfig model;
@@ -141,15 +216,24 @@ struct Plan {
   // optimizer idles through every forward when it lags the backward (state streamed from
   // SSD), since the next forward starts with the embedding and layer 0, updated last.
   int deferred_updates = 0;
+  // Parts of the embedding's gradient save, update and refresh (PlanOp::parts).
+  int embed_parts = 1;
   PlanPools pools;
+  // Every buffer the iteration uses, with its tier and size; MemoryPlan sums them.
+  std::vector<PlanBuffer> buffers;
   MemoryPlan memory;
   std::vector<PlanOp> ops;
+
+  // The buffer of `kind` and `index`; FY_CHECKs that the table has it.
+  int buffer(BufferKind kind, int index = 0) const;
 
   // Layer gradients outlive their backward: held (LayerDecision::grads) until the norm is
   // known (exact) or the next micro-batch adds to them (grad_accum > 1).
   bool holds_grads() const { return exact || grad_accum > 1; }
 
-  std::string table() const;      // human-readable: decisions, pools, memory, ops
+  std::string table() const;      // human-readable: decisions, pools, memory, op counts
+  std::string listing() const;    // every buffer, then every op with its deps and uses
+
   nlohmann::json to_json() const;
 };
 
@@ -196,25 +280,50 @@ uint64_t embed_rows_first_params(const Plan& plan);
 // on the same queue that are not ready yet (a read of the next step's layer 3 while the read
 // of layer 2 still waits for its write; the next step's first weight load while the
 // embedding's last refresh parts wait for their updates), when the two touch no common
-// buffer, slot or extent that either writes. The other queues run strictly in plan order.
-// It looks at most kReorderWindow not-yet-done ops ahead (executor and simulator alike).
+// buffer that either writes. The other queues run strictly in plan order.
 inline bool reorders(Resource r) {
   return r == Resource::kSsdRead || r == Resource::kSsdWrite || r == Resource::kH2D;
 }
 constexpr size_t kReorderWindow = 32;
 
+// The position of the op a queue of resource `r` starts next, or -1 for none yet, for the
+// executor and the simulator alike. The queue holds `size` items, at(k) the k-th, oldest
+// first, where at(0) is not done. In order: at(0) once ready(at(0)). Reordering: the first
+// item among the next kReorderWindow not done that is ready and conflicts with no earlier
+// item not done (conflict(earlier, item): they touch a common buffer that either writes,
+// which the queue's order otherwise keeps; hazards with other queues are deps).
+template <class At, class Done, class Ready, class Conflict>
+long next_in_queue(Resource r, size_t size, At at, Done done, Ready ready, Conflict conflict) {
+  if (!size) return -1;
+  if (!reorders(r)) return ready(at(0)) ? 0 : -1;
+  size_t seen = 0;
+  for (size_t k = 0; k < size && seen < kReorderWindow; ++k) {
+    const auto x = at(k);
+    if (done(x)) continue;
+    ++seen;
+    if (!ready(x)) continue;
+    bool passes = true;
+    for (size_t j = 0; j < k && passes; ++j) {
+      const auto y = at(j);
+      if (!done(y)) passes = !conflict(y, x);
+    }
+    if (passes) return static_cast<long>(k);
+  }
+  return -1;
+}
+
 // Iterations overlap: the executor starts iteration t+1's operations while iteration t's
 // last ones (updates, weight writes) still run. For each op of the plan (as iteration t+1),
 // the ops of the same plan (as iteration t) that it must wait for: those on other resources
-// that touched a buffer, slot or extent it touches (read after write, write after read or
-// write): the last such op of each in-order queue (the earlier ones are done by then), every
-// such op of a reordering queue. Same-resource order holds by itself (a reordering queue
+// that used a buffer it uses (read after write, write after read or write): the last such
+// op of each in-order queue (the earlier ones are done by then), every such op of a
+// reordering queue. Same-resource order holds by itself (a reordering queue
 // never lets two such ops pass each other). An op's forward of layer l thereby waits only
 // for that layer's update.
 std::vector<std::vector<int>> previous_iteration_deps(const Plan& plan);
 
-// Per op of the plan: the buffers, slots and extents it touches, sorted, each as (id,
-// written). Two ops conflict when they share one that either writes.
+// Per op of the plan: the buffers it uses, sorted, each as (buffer id, written). Two ops
+// conflict when they share one that either writes.
 using OpBuffers = std::vector<std::pair<int64_t, bool>>;
 std::vector<OpBuffers> op_buffers(const Plan& plan);
 bool buffers_conflict(const OpBuffers& a, const OpBuffers& b);
@@ -226,6 +335,15 @@ bool buffers_conflict(const OpBuffers& a, const OpBuffers& b);
 inline bool step_waits_for(const PlanOp& op) {
   return op.kind == OpKind::kHead || op.kind == OpKind::kGradNorm;
 }
+
+// Whether an update runs while compute has nothing to do until the next step's forward,
+// which waits for it: the embedding's (with the rows first only its rows part; the other
+// parts run beside the next forward) and layer 0's, and in exact mode (every update after the
+// norm) the final group's, updated before layer 0's. Where compute shares the CPU's cores
+// with the optimizer (the CPU backend), only these updates take every core: two OpenMP teams
+// on the same cores spin against each other at every barrier (measured: compute 1.7-3x
+// slower while the optimizer ran); the others take one thread.
+bool update_has_cores(const Plan& plan, const PlanOp& update);
 
 // Builds the plan, sizing pools and placing state within the budgets. Throws Error with the
 // numbers that do not fit, and the smallest budget that would, when nothing fits.

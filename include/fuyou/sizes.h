@@ -14,4 +14,7 @@ uint64_t parse_size(const std::string& text, const std::string& what);
 // "1.50 GiB", "512.00 MiB", "4096 B".
 std::string format_size(uint64_t bytes);
 
+// x rounded up to a multiple of a (a > 0): I/O sizes to kIoAlign, regions to their alignment.
+constexpr uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
 }  // namespace fuyou

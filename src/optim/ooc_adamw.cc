@@ -65,9 +65,10 @@ class OocAdamW::Impl {
       }
     }
     if (any_ssd) {
-      // Three slot sets (read ahead, update, write behind) of master, m and v chunks.
+      // Three slot sets (read ahead, update, write behind) of master, m and v chunks:
+      // ooc_chunk_pool_bytes(), as the planner counts them.
       pool_ = std::make_unique<HostPool>(
-          std::vector<SlotSpec>{{"optim.chunk", 4ull * opts_.chunk_elems, 9}});
+          std::vector<SlotSpec>{{"optim.chunk", 4ull * opts_.chunk_elems, kOocChunkSlots}});
       int cls = pool_->slot_class("optim.chunk");
       for (int s = 0; s < 3; ++s)
         for (int a = 0; a < 3; ++a) slots_[s][a] = static_cast<float*>(pool_->slot(cls, s * 3 + a).ptr);
@@ -174,7 +175,7 @@ class OocAdamW::Impl {
     const size_t chunks = (grp.numel + C - 1) / C;
     auto chunk_bytes = [&](size_t k) {
       uint64_t elems = std::min(C, grp.numel - k * C);
-      return (4 * elems + kIoAlign - 1) / kIoAlign * kIoAlign;
+      return round_up(4 * elems, kIoAlign);
     };
     std::vector<Ticket> reads(3 * chunks, 0), writes(3 * chunks, 0);
     auto submit_reads = [&](size_t k) {
@@ -277,7 +278,7 @@ class OocAdamW::Impl {
     float** s = slots_[0];
     for (size_t begin = 0; begin < numel; begin += C) {
       size_t n = std::min(C, numel - begin);
-      uint64_t bytes = (4 * n + kIoAlign - 1) / kIoAlign * kIoAlign, off = 4ull * begin;
+      uint64_t bytes = round_up(4 * n, kIoAlign), off = 4ull * begin;
       if (write) {
         std::memset(s[0] + n, 0, bytes - 4 * n);  // defined padding bytes on disk
         std::memset(s[1] + n, 0, bytes - 4 * n);

@@ -42,22 +42,23 @@ inline Sizes compute_sizes(const ModelConfig& m, int B) {
 // overlap the three copies and the update, few enough that each stays a large transfer.
 constexpr int kEmbedParts = 4;
 
-// Appends an op with the next id; -1 in deps means "no such op" and is dropped.
-inline PlanOp& append_op(std::vector<PlanOp>& ops, OpKind kind, Resource res, int layer,
-                         std::vector<int> deps) {
-  PlanOp op;
-  op.id = static_cast<int>(ops.size());
-  op.kind = kind;
-  op.resource = res;
-  op.layer = layer;
-  deps.erase(std::remove(deps.begin(), deps.end(), -1), deps.end());
-  op.deps = std::move(deps);
-  ops.push_back(op);
-  return ops.back();
-}
+// Fixed process overhead counted against the host budget (code, libraries, allocator,
+// thread stacks), measured as the RSS of a small run: about 150 MiB; rounded up.
+constexpr uint64_t kProcessBaseline = 256ull << 20;
 
-// Lays out the iteration's operations into plan.ops for the placement and pools already in
-// `plan` (layers, pools, deferred_updates) and the per-layer activation decisions.
-void lay_out_iteration(const PlanRequest& req, const std::vector<ActPlacement>& acts, Plan& plan);
+// Where group g's optimizer state lives.
+StateTier optim_tier(const Plan& plan, int group);
+
+// The device part of the buffer table for these activation decisions and pool sizes (the
+// planner sizes pools with it).
+std::vector<PlanBuffer> device_buffers(const ModelConfig& m, int micro_batch, const std::vector<ActPlacement>& acts,
+                                       int weight_slots, int ckpt_slots, int grad_slots);
+// The whole table for a placed plan. The device's memory counts against the host budget too
+// where it is host memory (`device_is_host_memory`: the CPU backend).
+std::vector<PlanBuffer> buffer_table(const Plan& plan, bool have_ssd, bool device_is_host_memory);
+
+// Lays out the iteration's operations into plan.ops for the placement, pools and buffer table
+// already in `plan`.
+void lay_out_iteration(const PlanRequest& req, Plan& plan);
 
 }  // namespace fuyou::plan_detail

@@ -1,12 +1,11 @@
 // The planner's second half: one iteration's operations per resource, with their
-// dependencies and the pool slots they use, for a placement made by make_plan (plan.cc).
+// dependencies and the buffers each uses, for a placement made by make_plan (plan.cc).
 //
 // Creation order is a topological order of the dependency graph, and each resource runs
 // its operations in creation order: the executor can therefore never deadlock, and
 // prefetching happens by itself because a transfer's only dependencies are its data and a
 // free slot, not the compute that will use it.
 #include <algorithm>
-#include <functional>
 #include <map>
 
 #include "fuyou/error.h"
@@ -15,41 +14,118 @@
 
 namespace fuyou {
 namespace plan_detail {
+namespace {
 
-void lay_out_iteration(const PlanRequest& req, const std::vector<ActPlacement>& acts, Plan& plan) {
-  const int L = plan.model.n_layer, K = plan.grad_accum, D = plan.deferred_updates;
-  const int dw = plan.pools.device_weight_slots, dc = plan.pools.device_ckpt_slots, dg = plan.pools.device_grad_slots;
-  const Sizes sz = compute_sizes(plan.model, plan.micro_batch);
-  // ---- operations --------------------------------------------------------------------------
-  std::vector<PlanOp>& ops = plan.ops;
-  auto add = [&](OpKind kind, Resource res, int layer, std::vector<int> deps) -> PlanOp& {
-    return append_op(ops, kind, res, layer, std::move(deps));
-  };
+// A device slot pool used as an LRU cache keyed by layer (weights; checkpoints brought back
+// for the backward). A load into a slot waits for the last compute op that used its previous
+// occupant.
+struct SlotState {
+  int layer = -1;
+  int load_op = -1;
+  int last_use = -1;  // compute op
+  int last_use_seq = -1;
+};
 
-  // Device weight slots: an LRU cache keyed by layer. A load into a slot waits for the last
-  // compute op that used its previous occupant.
-  struct SlotState {
-    int layer = -1;
-    int load_op = -1;
-    int last_use = -1;  // compute op
-    int last_use_seq = -1;
-  };
-  std::vector<SlotState> wslots(dw), cslots(dc);
-  int use_seq = 0;
-  int micro = 0;  // the micro-batch whose ops are being laid out
-  int host_read_rr = 0, host_wout_rr = 0, host_ckpt_rr = 0;
-  std::vector<int> host_read_consumer(plan.pools.host_weight_slots, -1);
-  // The layer each staging slot holds this step (-1: none yet) and the read that filled it.
-  std::vector<int> host_read_holds(plan.pools.host_weight_slots, -1), host_read_fill(plan.pools.host_weight_slots, -1);
-  std::vector<int> host_wout_writer(plan.pools.host_wout_slots, -1);
-  // The layer whose weights of this step each weights-out slot holds (retained by the
-  // previous step's update) until this step's first update into it; -1: none.
-  std::vector<int> wout_holds(plan.pools.host_wout_slots, -1);
-  for (int l = 0; l < L; ++l)
-    if (plan.layers[l].retained >= 0) wout_holds[plan.layers[l].retained] = l;
-  std::vector<int> host_ckpt_consumer(plan.pools.host_ckpt_slots, -1);
+// An update waiting to be emitted: its group, the op after which its gradient is ready, the
+// buffer that holds the gradient, and (the embedding) its part.
+struct PendingUpdate {
+  int group;
+  int ready;
+  int grad;  // buffer id
+  int part = 0, parts = 1;
+};
 
-  auto pick_slot = [&](std::vector<SlotState>& slots, int keep_a, int keep_b) {
+// Emits one iteration's ops into plan.ops: every micro-batch's forward and backward with the
+// transfers they need, then the step's norm (exact mode), the final group's refresh and the
+// deferred updates. One instance per plan; its members are the state of the pools as the
+// ops are laid out in order.
+class IterationBuilder {
+ public:
+  IterationBuilder(const PlanRequest& req, Plan& plan)
+      : req_(req), plan_(plan), L_(plan.model.n_layer), K_(plan.grad_accum), D_(plan.deferred_updates),
+        sz_(compute_sizes(plan.model, plan.micro_batch)) {
+    for (size_t i = 0; i < plan.buffers.size(); ++i) index_[{plan.buffers[i].kind, plan.buffers[i].index}] = static_cast<int>(i);
+    const PlanPools& pp = plan.pools;
+    wslots_.resize(pp.device_weight_slots);
+    cslots_.resize(pp.device_ckpt_slots);
+    host_read_consumer_.assign(pp.host_weight_slots, -1);
+    host_read_holds_.assign(pp.host_weight_slots, -1);
+    host_read_fill_.assign(pp.host_weight_slots, -1);
+    host_wout_writer_.assign(pp.host_wout_slots, -1);
+    wout_holds_.assign(pp.host_wout_slots, -1);
+    for (int l = 0; l < L_; ++l)
+      if (plan.layers[l].retained >= 0) wout_holds_[plan.layers[l].retained] = l;
+    host_ckpt_consumer_.assign(pp.host_ckpt_slots, -1);
+    ckpt_producer_.assign(L_ + 1, -1);
+    ckpt_saved_.assign(L_, -1);
+    fwd_loc_.assign(L_ + 1, -1);
+    dev_grad_consumer_.assign(pp.device_grad_slots, -1);
+    host_grad_consumer_.assign(pp.host_grad_slots, -1);
+    stage_users_.resize(pp.host_grad_stage_slots);
+    held_.assign(L_ + 2, -1);
+  }
+
+  void build() {
+    for (micro_ = 0; micro_ < K_; ++micro_) {
+      forward();
+      backward();
+    }
+    micro_ = K_ - 1;
+    finish_step();
+  }
+
+ private:
+  // ---- ops and uses ------------------------------------------------------------------------
+
+  int buf(BufferKind kind, int index = 0) const {
+    auto it = index_.find({kind, index});
+    FY_CHECK(it != index_.end(), "the plan has no buffer ", buffer_kind_name(kind), " ", index);
+    return it->second;
+  }
+  BufferKind kind_of(int buffer) const { return plan_.buffers[buffer].kind; }
+
+  // Appends an op with the next id, of the current micro-batch; -1 in deps means "no such
+  // op" and is dropped.
+  PlanOp& add(OpKind kind, Resource res, std::vector<int> deps) {
+    PlanOp op;
+    op.id = static_cast<int>(plan_.ops.size());
+    op.kind = kind;
+    op.resource = res;
+    op.micro = micro_;
+    deps.erase(std::remove(deps.begin(), deps.end(), -1), deps.end());
+    op.deps = std::move(deps);
+    plan_.ops.push_back(std::move(op));
+    return plan_.ops.back();
+  }
+  // A use of a buffer's bytes [offset, offset + bytes); bytes 0: the whole buffer.
+  void use(PlanOp& op, int buffer, Access access, Role role, uint64_t offset = 0, uint64_t bytes = 0) {
+    op.uses.push_back({buffer, access, role, offset, bytes ? bytes : plan_.buffers[buffer].bytes - offset});
+  }
+  void copy(PlanOp& op, int src, int dst, uint64_t offset = 0, uint64_t bytes = 0) {
+    use(op, src, Access::kRead, Role::kSource, offset, bytes);
+    use(op, dst, Access::kWrite, Role::kDest, offset, bytes);
+  }
+
+  uint64_t group_bytes(int g) const { return g == 0 ? sz_.embed : g == L_ + 1 ? sz_.final : sz_.weights; }
+  uint64_t group_params(int g) const { return group_bytes(g) / 4; }
+  // The byte range of part `part` of group g (part -1: the rows first, sized for the
+  // largest micro-batch; the executor copies the rows it fixes at run time).
+  std::pair<uint64_t, uint64_t> part_bytes(int g, int part, int parts) const {
+    if (part < 0) return {0, 4 * embed_rows_first_params(plan_)};
+    const ParamRange r = part_range(group_params(g), part, parts);
+    return {4 * r.begin, 4 * (r.end - r.begin)};
+  }
+  int host_weights_of_group(int g) const {
+    return g == 0 ? buf(BufferKind::kHostEmbed) : g == L_ + 1 ? buf(BufferKind::kHostFinal) : buf(BufferKind::kHostWeights, g - 1);
+  }
+  int optim_state_of_group(int g) const {
+    return optim_tier(plan_, g) == StateTier::kHost ? buf(BufferKind::kHostOptim, g) : buf(BufferKind::kSsdOptim, g);
+  }
+  int work_of(int layer, bool kept) const { return kept ? buf(BufferKind::kLayerActs, layer) : buf(BufferKind::kWorkActs); }
+
+  // ---- weights -----------------------------------------------------------------------------
+
+  int pick_slot(std::vector<SlotState>& slots, int keep_a, int keep_b) {
     int best = -1;
     for (int s = 0; s < static_cast<int>(slots.size()); ++s) {
       if (slots[s].layer >= 0 && (slots[s].layer == keep_a || slots[s].layer == keep_b)) continue;
@@ -57,538 +133,634 @@ void lay_out_iteration(const PlanRequest& req, const std::vector<ActPlacement>& 
     }
     FY_CHECK(best >= 0, "no free slot");
     return best;
-  };
+  }
+
+  PlanOp& load_weights(int l, int slot, std::vector<int> deps, int src) {
+    PlanOp& ld = add(OpKind::kLoadWeights, Resource::kH2D, std::move(deps));
+    ld.layer = l;
+    ld.group = l + 1;
+    ld.bytes = sz_.weights;
+    copy(ld, src, buf(BufferKind::kWeightSlot, slot));
+    return ld;
+  }
+
   // Returns the device weight slot holding layer l, loading it if needed. A retained layer
   // loads from its weights-out slot while that holds it (the previous step's update wrote
   // it; no update of this step has yet).
-  auto need_weights = [&](int l, int also_needed) -> int {
-    for (int s = 0; s < dw; ++s)
-      if (wslots[s].layer == l) return s;
-    int s = pick_slot(wslots, also_needed, -1);
-    if (plan.layers[l].retained >= 0 && wout_holds[plan.layers[l].retained] == l) {
-      const int w = plan.layers[l].retained;
-      PlanOp& ld = add(OpKind::kLoadWeights, Resource::kH2D, l, {wslots[s].last_use, host_wout_writer[w]});
-      ld.micro = micro;
-      ld.slot = s;
-      ld.in = {BufRef::kWeightsOut, w};
-      ld.bytes = sz.weights;
-      host_wout_writer[w] = ld.id;  // this step's first update into the slot waits for the load
-      wslots[s] = {l, ld.id, -1, use_seq++};
+  int need_weights(int l, int also_needed) {
+    for (int s = 0; s < static_cast<int>(wslots_.size()); ++s)
+      if (wslots_[s].layer == l) return s;
+    const int s = pick_slot(wslots_, also_needed, -1);
+    const int w = plan_.layers[l].retained;
+    if (w >= 0 && wout_holds_[w] == l) {
+      const int ld = load_weights(l, s, {wslots_[s].last_use, host_wout_writer_[w]}, buf(BufferKind::kWoutSlot, w)).id;
+      host_wout_writer_[w] = ld;  // this step's first update into the slot waits for the load
+      wslots_[s] = {l, ld, -1, use_seq_++};
       return s;
     }
     int read = -1, staging = -1;
-    if (plan.layers[l].weights == StateTier::kSsd) {
+    if (plan_.layers[l].weights == StateTier::kSsd) {
       // A layer read earlier in this step whose staging slot has not been reused since (the
       // backward's second use, or the next micro-batch) loads from there again: a layer's
       // weights do not change within a step.
-      for (int h = 0; h < plan.pools.host_weight_slots; ++h)
-        if (host_read_holds[h] == l) staging = h, read = host_read_fill[h];
+      for (int h = 0; h < plan_.pools.host_weight_slots; ++h)
+        if (host_read_holds_[h] == l) staging = h, read = host_read_fill_[h];
       if (staging < 0) {
-        staging = host_read_rr++ % plan.pools.host_weight_slots;
-        PlanOp& r = add(OpKind::kReadWeights, Resource::kSsdRead, l, {host_read_consumer[staging]});
-        r.micro = micro;
-        r.slot = staging;
-        r.bytes = sz.weights;
+        staging = host_read_rr_++ % plan_.pools.host_weight_slots;
+        PlanOp& r = add(OpKind::kReadWeights, Resource::kSsdRead, {host_read_consumer_[staging]});
+        r.layer = l;
+        r.group = l + 1;
+        r.bytes = sz_.weights;
+        copy(r, buf(BufferKind::kSsdWeights, l), buf(BufferKind::kReadSlot, staging));
         read = r.id;
-        host_read_holds[staging] = l;
-        host_read_fill[staging] = r.id;
+        host_read_holds_[staging] = l;
+        host_read_fill_[staging] = r.id;
       }
     }
-    PlanOp& ld = add(OpKind::kLoadWeights, Resource::kH2D, l, {read, wslots[s].last_use});
-    ld.micro = micro;
-    ld.slot = s;
-    ld.slot2 = staging;
-    ld.bytes = sz.weights;
-    if (staging >= 0) host_read_consumer[staging] = ld.id;
-    wslots[s] = {l, ld.id, -1, use_seq++};
+    const int src = staging >= 0 ? buf(BufferKind::kReadSlot, staging) : buf(BufferKind::kHostWeights, l);
+    const int ld = load_weights(l, s, {read, wslots_[s].last_use}, src).id;
+    if (staging >= 0) host_read_consumer_[staging] = ld;
+    wslots_[s] = {l, ld, -1, use_seq_++};
     return s;
-  };
-  auto use_weights = [&](int s, int op) {
-    wslots[s].last_use = op;
-    wslots[s].last_use_seq = use_seq++;
-  };
+  }
+  void use_weights(int s, int op) {
+    wslots_[s].last_use = op;
+    wslots_[s].last_use_seq = use_seq_++;
+  }
 
-  std::vector<int> ckpt_producer(L + 1, -1);  // op that wrote layer l's input in the forward
-  std::vector<int> ckpt_saved(L, -1);         // d2h save (host) or ssd write (ssd)
-  std::vector<BufRef> fwd_loc(L + 1);         // where layer l's input is during the forward
-  // Every op reading each stream buffer's current content (a forward and maybe a d2h save,
-  // on different resources): the next write into the buffer waits for all of them.
-  std::vector<std::vector<int>> stream_readers(2);
-  auto input_location = [&](int l) -> BufRef {
-    if (l < L && (acts[l] == ActPlacement::kKeep || acts[l] == ActPlacement::kDevice)) return {BufRef::kLayerCkpt, l};
-    return {BufRef::kStream, l % 2};
-  };
-  auto save_checkpoint = [&](int l) {
-    if (acts[l] != ActPlacement::kHost && acts[l] != ActPlacement::kSsd) return;
+  // ---- forward -----------------------------------------------------------------------------
+
+  // Where layer l's block input lives during the forward: its own checkpoint buffer (keep,
+  // device), else one of the two stream buffers.
+  int input_location(int l) const {
+    if (l < L_ && (acts(l) == ActPlacement::kKeep || acts(l) == ActPlacement::kDevice)) return buf(BufferKind::kLayerCkpt, l);
+    return buf(BufferKind::kStream, l % 2);
+  }
+  ActPlacement acts(int l) const { return plan_.layers[l].act; }
+  // Every op reading a stream buffer's current content (a forward and maybe a d2h save, on
+  // different resources): the next write into the buffer waits for all of them.
+  std::vector<int>& stream_readers(int buffer) { return stream_readers_[plan_.buffers[buffer].index]; }
+  void take_stream_readers(int buffer, std::vector<int>& deps) {
+    if (kind_of(buffer) != BufferKind::kStream) return;
+    auto& readers = stream_readers(buffer);
+    deps.insert(deps.end(), readers.begin(), readers.end());
+    readers.clear();
+  }
+
+  void save_checkpoint(int l) {
+    if (acts(l) != ActPlacement::kHost && acts(l) != ActPlacement::kSsd) return;
     int staging = -1;
-    std::vector<int> deps = {ckpt_producer[l]};
-    if (acts[l] == ActPlacement::kSsd) {
-      staging = host_ckpt_rr++ % plan.pools.host_ckpt_slots;
-      deps.push_back(host_ckpt_consumer[staging]);
+    std::vector<int> deps = {ckpt_producer_[l]};
+    if (acts(l) == ActPlacement::kSsd) {
+      staging = host_ckpt_rr_++ % plan_.pools.host_ckpt_slots;
+      deps.push_back(host_ckpt_consumer_[staging]);
     }
-    PlanOp& s = add(OpKind::kSaveCheckpoint, Resource::kD2H, l, deps);
-    s.micro = micro;
-    s.in = fwd_loc[l];
-    s.slot = staging;
-    s.bytes = sz.ckpt;
-    if (fwd_loc[l].kind == BufRef::kStream) stream_readers[fwd_loc[l].index].push_back(s.id);
-    ckpt_saved[l] = s.id;
+    PlanOp& s = add(OpKind::kSaveCheckpoint, Resource::kD2H, deps);
+    s.layer = l;
+    s.bytes = sz_.ckpt;
+    copy(s, fwd_loc_[l], staging >= 0 ? buf(BufferKind::kCkptStage, staging) : buf(BufferKind::kHostCkpt, l));
+    if (kind_of(fwd_loc_[l]) == BufferKind::kStream) stream_readers(fwd_loc_[l]).push_back(s.id);
+    ckpt_saved_[l] = s.id;
     if (staging >= 0) {
-      PlanOp& w = add(OpKind::kWriteCheckpoint, Resource::kSsdWrite, l, {s.id});
-      w.micro = micro;
-      w.slot = staging;
-      w.bytes = sz.ckpt;
-      host_ckpt_consumer[staging] = w.id;
-      ckpt_saved[l] = w.id;
+      const int sid = s.id;
+      PlanOp& w = add(OpKind::kWriteCheckpoint, Resource::kSsdWrite, {sid});
+      w.layer = l;
+      w.bytes = sz_.ckpt;
+      copy(w, buf(BufferKind::kCkptStage, staging), buf(BufferKind::kSsdCkpt, l));
+      host_ckpt_consumer_[staging] = w.id;
+      ckpt_saved_[l] = w.id;
     }
-  };
+  }
 
-  // Gradients and updates. Host gradient slots rotate between a group's save and its update;
-  // in exact mode slot 0 holds the embedding's gradient and slot 1 the final group's until
-  // their updates. Held layer gradients (holds_grads) live in a per-layer host buffer or go
-  // through the two staging slots to an SSD extent.
-  int grad_rr = 0, host_grad_rr = 0, stage_rr = 0;
-  std::vector<int> dev_grad_consumer(dg, -1);
-  std::vector<int> host_grad_consumer(plan.pools.host_grad_slots, -1);
-  std::vector<std::vector<int>> stage_users(plan.pools.host_grad_stage_slots);
-  std::vector<int> held(L + 2, -1);  // op after which group g's held gradient is complete
-  auto take_stage = [&](std::vector<int>& deps) {
-    int s = stage_rr++ % plan.pools.host_grad_stage_slots;
-    deps.insert(deps.end(), stage_users[s].begin(), stage_users[s].end());
-    stage_users[s].clear();
+  void forward() {
+    // The weights do not change within a step, so the device weight slots stay valid across
+    // micro-batches; the checkpoint slots do not (other tokens).
+    for (SlotState& c : cslots_) c.layer = -1;
+    fwd_loc_[0] = input_location(0);
+    std::vector<int> edeps;
+    take_stream_readers(fwd_loc_[0], edeps);
+    PlanOp& e = add(OpKind::kEmbedForward, Resource::kCompute, edeps);
+    // With rows first the first micro-batch looks up only the rows refreshed first.
+    use(e, buf(plan_.embed_rows_first && micro_ == 0 ? BufferKind::kEmbedRows : BufferKind::kEmbedWeights),
+        Access::kRead, Role::kWeights);
+    use(e, fwd_loc_[0], Access::kWrite, Role::kOutput);
+    ckpt_producer_[0] = e.id;
+    save_checkpoint(0);
+    for (int l = 0; l < L_; ++l) {
+      const int s = need_weights(l, -1);
+      fwd_loc_[l + 1] = input_location(l + 1);
+      std::vector<int> deps = {wslots_[s].load_op, ckpt_producer_[l]};
+      take_stream_readers(fwd_loc_[l + 1], deps);
+      PlanOp& f = add(OpKind::kForward, Resource::kCompute, deps);
+      f.layer = l;
+      f.flops = sz_.layer_flops;
+      use(f, buf(BufferKind::kWeightSlot, s), Access::kRead, Role::kWeights);
+      use(f, fwd_loc_[l], Access::kRead, Role::kInput);
+      use(f, fwd_loc_[l + 1], Access::kWrite, Role::kOutput);
+      use(f, work_of(l, acts(l) == ActPlacement::kKeep), Access::kWrite, Role::kWork);
+      use_weights(s, f.id);
+      if (kind_of(fwd_loc_[l]) == BufferKind::kStream) stream_readers(fwd_loc_[l]).push_back(f.id);
+      ckpt_producer_[l + 1] = f.id;
+      if (l + 1 < L_) save_checkpoint(l + 1);
+    }
+    if (micro_ == 0) {
+      // The step's embedding and final gradients accumulate on the device from the first
+      // head on; the previous step's saves of them must be done first (the uses say so).
+      PlanOp& z = add(OpKind::kZeroGrads, Resource::kCompute, {});
+      use(z, buf(BufferKind::kEmbedGrads), Access::kWrite, Role::kGrads);
+      use(z, buf(BufferKind::kFinalGrads), Access::kWrite, Role::kGrads);
+    }
+    PlanOp& head = add(OpKind::kHead, Resource::kCompute, {ckpt_producer_[L_]});
+    head.flops = sz_.head_flops * 3;  // forward + backward of the LM head
+    use(head, fwd_loc_[L_], Access::kRead, Role::kInput);
+    use(head, buf(BufferKind::kEmbedWeights), Access::kRead, Role::kWeights);
+    use(head, buf(BufferKind::kFinalWeights), Access::kRead, Role::kWeights);
+    use(head, buf(BufferKind::kEmbedGrads), Access::kAccumulate, Role::kGrads);
+    use(head, buf(BufferKind::kFinalGrads), Access::kAccumulate, Role::kGrads);
+    use(head, buf(BufferKind::kResidualGrad), Access::kWrite, Role::kResidual);
+    if (micro_ == K_ - 1) save_grads(L_ + 1, head.id, -1);
+  }
+
+  // ---- backward ----------------------------------------------------------------------------
+
+  // The op that brought a checkpoint slot's content, for an op that reads it.
+  int ckpt_load_op(int buffer) const {
+    return kind_of(buffer) == BufferKind::kCkptSlot ? cslots_[plan_.buffers[buffer].index].load_op : -1;
+  }
+  void touch_ckpt(int buffer, int op) {
+    if (kind_of(buffer) != BufferKind::kCkptSlot) return;
+    SlotState& c = cslots_[plan_.buffers[buffer].index];
+    c.last_use = op;
+    c.last_use_seq = use_seq_++;
+  }
+
+  // The buffer holding layer l's block input for the backward. Checkpoints come back through
+  // an LRU of device slots like the weights; a recomputed input is rebuilt from layer l-1's
+  // checkpoint (recursively available).
+  int need_checkpoint(int l, int also) {
+    const ActPlacement a = acts(l);
+    if (a == ActPlacement::kKeep || a == ActPlacement::kDevice) return buf(BufferKind::kLayerCkpt, l);
+    for (int s = 0; s < static_cast<int>(cslots_.size()); ++s)
+      if (cslots_[s].layer == l) return buf(BufferKind::kCkptSlot, s);
+    if (a == ActPlacement::kRecompute) return recompute_input(l, also);
+    const int s = pick_slot(cslots_, also, -1);
+    int read = -1, staging = -1;
+    if (a == ActPlacement::kSsd) {
+      staging = host_ckpt_rr_++ % plan_.pools.host_ckpt_slots;
+      PlanOp& rd = add(OpKind::kReadCheckpoint, Resource::kSsdRead, {ckpt_saved_[l], host_ckpt_consumer_[staging]});
+      rd.layer = l;
+      rd.bytes = sz_.ckpt;
+      copy(rd, buf(BufferKind::kSsdCkpt, l), buf(BufferKind::kCkptStage, staging));
+      read = rd.id;
+    }
+    PlanOp& ld = add(OpKind::kLoadCheckpoint, Resource::kH2D, {read, ckpt_saved_[l], cslots_[s].last_use});
+    ld.layer = l;
+    ld.bytes = sz_.ckpt;
+    copy(ld, staging >= 0 ? buf(BufferKind::kCkptStage, staging) : buf(BufferKind::kHostCkpt, l),
+         buf(BufferKind::kCkptSlot, s));
+    if (staging >= 0) host_ckpt_consumer_[staging] = ld.id;
+    cslots_[s] = {l, ld.id, -1, use_seq_++};
+    return buf(BufferKind::kCkptSlot, s);
+  }
+
+  // Layer l's input rebuilt by layer l-1's forward from its own checkpoint, into a slot.
+  int recompute_input(int l, int also) {
+    const int prev = need_checkpoint(l - 1, l);
+    const int ws = need_weights(l - 1, -1);
+    const int s = pick_slot(cslots_, l - 1, also);
+    PlanOp& r = add(OpKind::kRecomputeInput, Resource::kCompute,
+                    {cslots_[s].last_use, ckpt_load_op(prev), wslots_[ws].load_op});
+    r.layer = l;
+    r.recompute_flops = sz_.layer_flops;
+    use(r, buf(BufferKind::kWeightSlot, ws), Access::kRead, Role::kWeights);  // layer l-1's
+    use(r, prev, Access::kRead, Role::kInput);
+    use(r, buf(BufferKind::kCkptSlot, s), Access::kWrite, Role::kOutput);
+    use(r, buf(BufferKind::kWorkActs), Access::kWrite, Role::kWork);
+    use_weights(ws, r.id);
+    touch_ckpt(prev, r.id);
+    cslots_[s] = {l, r.id, r.id, use_seq_++};
+    return buf(BufferKind::kCkptSlot, s);
+  }
+
+  void backward() {
+    for (int l = L_ - 1; l >= 0; --l) {
+      const int in = need_checkpoint(l, -1);
+      const int ws = need_weights(l, -1);
+      const int ckpt_dep = ckpt_load_op(in);
+      const bool kept = acts(l) == ActPlacement::kKeep;
+      int prev = -1;
+      if (!kept) {
+        PlanOp& r = add(OpKind::kRecompute, Resource::kCompute, {wslots_[ws].load_op, ckpt_dep});
+        r.layer = l;
+        r.recompute_flops = sz_.layer_flops;
+        use(r, buf(BufferKind::kWeightSlot, ws), Access::kRead, Role::kWeights);
+        use(r, in, Access::kRead, Role::kInput);
+        use(r, buf(BufferKind::kScratch), Access::kWrite, Role::kOutput);
+        use(r, buf(BufferKind::kWorkActs), Access::kWrite, Role::kWork);
+        use_weights(ws, r.id);
+        touch_ckpt(in, r.id);
+        prev = r.id;
+      }
+      const int gs = grad_rr_++ % plan_.pools.device_grad_slots;
+      const int acc = micro_ > 0 ? load_grads(1 + l, gs) : -1;
+      PlanOp& b = add(OpKind::kBackward, Resource::kCompute, {wslots_[ws].load_op, ckpt_dep, prev, dev_grad_consumer_[gs], acc});
+      b.layer = l;
+      b.group = l + 1;
+      b.flops = 2 * sz_.layer_flops;
+      use(b, buf(BufferKind::kWeightSlot, ws), Access::kRead, Role::kWeights);
+      use(b, in, Access::kRead, Role::kInput);
+      use(b, work_of(l, kept), Access::kRead, Role::kWork);
+      // Micro-batch 0 writes the slot afresh; a later one adds to what load_grads put back,
+      // so each sum is formed term by term as in-memory training forms it.
+      use(b, buf(BufferKind::kGradSlot, gs), micro_ == 0 ? Access::kWrite : Access::kAccumulate, Role::kGrads);
+      use(b, buf(BufferKind::kResidualGrad), Access::kAccumulate, Role::kResidual);
+      use_weights(ws, b.id);
+      touch_ckpt(in, b.id);
+      // Layer 0's gradient save (and update) goes after the embedding's rows-first ones,
+      // where those exist; otherwise after the embedding's save.
+      if (l == 0 && micro_ == K_ - 1 && req_.embed_rows_first && !req_.exact) layer0_save_ = {b.id, gs};
+      else save_grads(1 + l, b.id, gs);
+    }
+    PlanOp& eb = add(OpKind::kEmbedBackward, Resource::kCompute, {});
+    use(eb, buf(BufferKind::kEmbedWeights), Access::kRead, Role::kWeights);
+    use(eb, buf(BufferKind::kEmbedGrads), Access::kAccumulate, Role::kGrads);
+    use(eb, buf(BufferKind::kResidualGrad), Access::kRead, Role::kResidual);
+    if (micro_ == K_ - 1) save_grads(0, eb.id, -1);
+    save_layer0_grads();  // when the embedding had no rows-first part
+  }
+
+  void save_layer0_grads() {
+    if (layer0_save_.first < 0) return;
+    const auto [producer, slot] = layer0_save_;
+    layer0_save_ = {-1, -1};
+    save_grads(1, producer, slot);
+  }
+
+  // ---- gradients and updates ---------------------------------------------------------------
+
+  // A gradient staging slot in turn; `deps` gains the ops still using it.
+  int take_stage(std::vector<int>& deps) {
+    const int s = stage_rr_++ % plan_.pools.host_grad_stage_slots;
+    deps.insert(deps.end(), stage_users_[s].begin(), stage_users_[s].end());
+    stage_users_[s].clear();
     return s;
-  };
-  struct PendingUpdate { int group; int ready; BufRef grad; int part = 0, parts = 1; };
-  std::vector<PendingUpdate> pending;
-  std::vector<int> sum_sq_ops;
-  auto group_bytes = [&](int g) { return g == 0 ? sz.embed : g == L + 1 ? sz.final : sz.weights; };
-  int final_update = -1;  // its refresh is emitted at the end of the step
-  std::vector<PendingUpdate> deferred_ups;  // Plan::deferred_updates: emitted at the end
-  auto emit_refresh = [&](int group, int update, int part, int parts) {
-    PlanOp& r = add(OpKind::kLoadResident, Resource::kH2D, group, {update});
-    r.micro = K - 1;
+  }
+  // Records that op `op` read gradient buffer `grad` (the next writer of a slot waits for it).
+  void consumed(int grad, int op, bool add_user = false) {
+    const PlanBuffer& b = plan_.buffers[grad];
+    if (b.kind == BufferKind::kHostGradSlot) host_grad_consumer_[b.index] = op;
+    if (b.kind == BufferKind::kGradStage) {
+      if (!add_user) stage_users_[b.index].clear();
+      stage_users_[b.index].push_back(op);
+    }
+  }
+
+  // A device refresh of group 0 or L+1 from its host weights after `update`.
+  void emit_refresh(int group, int update, int part, int parts) {
+    PlanOp& r = add(OpKind::kLoadResident, Resource::kH2D, {update});
+    r.micro = K_ - 1;
+    r.group = group;
     r.part = part;
     r.parts = parts;
-    r.bytes = part < 0 ? 4 * embed_rows_first_params(plan) : (group == 0 ? sz.embed : sz.final) / parts;
-  };
-  auto emit_update = [&](const PendingUpdate& p, int norm_op) {
-    int l = p.group - 1;
-    bool is_layer = p.group >= 1 && p.group <= L;
-    int wout = -1;
+    r.bytes = part < 0 ? 4 * embed_rows_first_params(plan_) : group_bytes(group) / parts;
+    const auto [offset, bytes] = part_bytes(group, part, parts);
+    const bool embed = group == 0;
+    copy(r, buf(embed ? BufferKind::kHostEmbed : BufferKind::kHostFinal),
+         buf(embed ? BufferKind::kEmbedWeights : BufferKind::kFinalWeights), offset, bytes);
+    if (part < 0) use(r, buf(BufferKind::kEmbedRows), Access::kWrite, Role::kDest);
+  }
+
+  void emit_update(const PendingUpdate& p, int norm_op) {
+    const int l = p.group - 1;
+    const bool is_layer = p.group >= 1 && p.group <= L_;
     std::vector<int> deps = {p.ready, norm_op};
-    BufRef grad = p.grad;
-    int read = -1;
-    if (req.exact && is_layer && plan.layers[l].grads == StateTier::kSsd) {
+    int grad = p.grad;
+    if (req_.exact && is_layer && plan_.layers[l].grads == StateTier::kSsd) {
       // Exact mode: the held gradient comes back from SSD for the update (its staging slot
       // has been reused since).
       std::vector<int> rdeps = {p.ready};
-      int s = take_stage(rdeps);
-      PlanOp& r = add(OpKind::kReadGrads, Resource::kSsdRead, p.group, rdeps);
-      r.micro = K - 1;
-      r.out = {BufRef::kGradStage, s};
-      r.bytes = sz.weights;
-      read = r.id;
-      grad = r.out;
-      deps.push_back(read);
+      const int s = take_stage(rdeps);
+      PlanOp& r = add(OpKind::kReadGrads, Resource::kSsdRead, rdeps);
+      r.micro = K_ - 1;
+      r.group = p.group;
+      r.layer = l;
+      r.bytes = sz_.weights;
+      copy(r, buf(BufferKind::kSsdGrads, l), buf(BufferKind::kGradStage, s));
+      grad = buf(BufferKind::kGradStage, s);
+      deps.push_back(r.id);
     }
-    if (is_layer && plan.layers[l].weights == StateTier::kSsd) {
-      wout = host_wout_rr++ % plan.pools.host_wout_slots;
-      FY_CHECK(plan.layers[l].retained < 0 || plan.layers[l].retained == wout, "layer ", l,
-               " retained in weights-out slot ", plan.layers[l].retained, " but updated into slot ", wout);
-      deps.push_back(host_wout_writer[wout]);
-      wout_holds[wout] = -1;
+    int wout = -1;
+    if (is_layer && plan_.layers[l].weights == StateTier::kSsd) {
+      wout = host_wout_rr_++ % plan_.pools.host_wout_slots;
+      FY_CHECK(plan_.layers[l].retained < 0 || plan_.layers[l].retained == wout, "layer ", l,
+               " retained in weights-out slot ", plan_.layers[l].retained, " but updated into slot ", wout);
+      deps.push_back(host_wout_writer_[wout]);
+      wout_holds_[wout] = -1;
     }
-    PlanOp& u = add(OpKind::kUpdate, Resource::kOptimizer, p.group, deps);
-    u.micro = K - 1;
-    u.in = grad;
-    u.slot2 = wout;
+    PlanOp& u = add(OpKind::kUpdate, Resource::kOptimizer, deps);
+    u.micro = K_ - 1;
+    u.group = p.group;
+    u.layer = is_layer ? l : -1;
     u.part = p.part;
     u.parts = p.parts;
-    int uid = u.id;
-    if (grad.kind == BufRef::kHostGrad) host_grad_consumer[grad.index] = uid;
-    if (grad.kind == BufRef::kGradStage) stage_users[grad.index] = {uid};
+    const auto [offset, bytes] = part_bytes(p.group, p.part, p.parts);
+    u.params = bytes / 4;
+    copy(u, grad, wout >= 0 ? buf(BufferKind::kWoutSlot, wout) : host_weights_of_group(p.group), offset, bytes);
+    // The state streams through the store for a group on SSD (master, m and v: 12 bytes per
+    // parameter read and written back), in host memory otherwise.
+    use(u, optim_state_of_group(p.group), Access::kAccumulate, Role::kState, 3 * offset, 3 * bytes);
+    const int uid = u.id;
+    consumed(grad, uid);
     if (wout >= 0) {
-      PlanOp& w = add(OpKind::kWriteWeights, Resource::kSsdWrite, p.group, {uid});
-      w.micro = K - 1;
-      w.slot = wout;
-      w.bytes = sz.weights;
-      host_wout_writer[wout] = w.id;
+      PlanOp& w = add(OpKind::kWriteWeights, Resource::kSsdWrite, {uid});
+      w.micro = K_ - 1;
+      w.group = p.group;
+      w.layer = l;
+      w.bytes = sz_.weights;
+      copy(w, buf(BufferKind::kWoutSlot, wout), buf(BufferKind::kSsdWeights, l));
+      host_wout_writer_[wout] = w.id;
     }
-    if (p.group == L + 1 && !req.exact) {
+    if (p.group == L_ + 1 && !req_.exact) {
       // The final group is updated right after the head, but only the next step's head reads
-      // its device copy: refreshed at the end of the step (below), its copy does not hold the
+      // its device copy: refreshed at the end of the step, its copy does not hold the
       // in-order h2d queue, and with it the backward's checkpoint and weight loads (and the
       // SSD reads waiting for their staging slots), behind the update.
-      final_update = uid;
+      final_update_ = uid;
     } else if (!is_layer) {
       emit_refresh(p.group, uid, p.part, p.parts);
     }
-  };
-  // The embedding and final groups' gradients stay on the device across micro-batches and
-  // are saved after the last; a layer's are saved after every micro-batch.
-  // Parts only where they pay (a large embedding) and where the optimizer can update a
-  // range (state in host memory).
-  const int embed_parts = plan.embed_optim != StateTier::kHost ? 1
-                          : req.embed_parts > 0                 ? req.embed_parts
-                          : sz.embed >= (16ull << 20)           ? kEmbedParts
-                                                                : 1;
-  std::function<void()> after_rows;  // see the embedding's parts in save_grads
-  auto save_grads = [&](int group, int producer, int dev_slot) {
-    const bool is_layer = group >= 1 && group <= L, last = micro == K - 1;
-    std::vector<int> deps = {producer};
-    PlanOp* s = nullptr;
-    int ready = -1;
-    if (group == 0 && !req.exact && embed_parts > 1) {
-      // The embedding's save, update and device refresh, part by part: the update of part p
-      // runs while part p+1 is copied out and part p-1 copied back. With rows first
-      // (PlanRequest::embed_rows_first), first (part -1) the rows the next step's first
-      // micro-batch looks up and the position table: saved, updated and refreshed ahead of
-      // layer 0's gradient save and update (`after_rows`, emitted between the two), so that the
-      // next embedding forward, which waits only for them, runs beside layer 0's update.
-      const int hs = host_grad_rr++ % plan.pools.host_grad_slots;
-      deps.push_back(host_grad_consumer[hs]);
-      const BufRef where{BufRef::kHostGrad, hs};
-      int rows_id = -1;
-      if (req.embed_rows_first) {
-        plan.embed_rows_first = true;
-        PlanOp& sr = add(OpKind::kSaveGrads, Resource::kD2H, group, deps);
-        sr.micro = micro;
-        sr.out = where;
-        sr.part = -1;
-        sr.parts = embed_parts;
-        sr.bytes = 4 * embed_rows_first_params(plan);
-        const int save_rows = sr.id;
-        PlanOp& rows = add(OpKind::kUpdate, Resource::kOptimizer, group, {save_rows});
-        rows.micro = micro;
-        rows.in = where;
-        rows.part = -1;
-        rows.parts = embed_parts;
-        rows_id = rows.id;
-        emit_refresh(group, rows_id, -1, embed_parts);
-        if (after_rows) after_rows();
-      }
-      for (int part = 0; part < embed_parts; ++part) {
-        PlanOp& sp = add(OpKind::kSaveGrads, Resource::kD2H, group, deps);
-        sp.micro = micro;
-        sp.out = where;
-        sp.part = part;
-        sp.parts = embed_parts;
-        sp.bytes = sz.embed / embed_parts;
-        // Updating part p needs only its own gradient; the rows update read none of it.
-        emit_update({group, sp.id, where, part, embed_parts}, rows_id);
-      }
-      return;
+  }
+
+  PlanOp& save_op(int group, std::vector<int> deps, int src, int dst, int part = 0, int parts = 1) {
+    PlanOp& s = add(OpKind::kSaveGrads, Resource::kD2H, std::move(deps));
+    s.group = group;
+    s.layer = group >= 1 && group <= L_ ? group - 1 : -1;
+    s.part = part;
+    s.parts = parts;
+    const auto [offset, bytes] = part_bytes(group, part, parts);
+    copy(s, src, dst, offset, bytes);
+    return s;
+  }
+  int grads_on_device(int group, int dev_slot) const {
+    return group == 0 ? buf(BufferKind::kEmbedGrads) : group == L_ + 1 ? buf(BufferKind::kFinalGrads)
+                                                                       : buf(BufferKind::kGradSlot, dev_slot);
+  }
+
+  // The embedding's save, update and device refresh, part by part: the update of part p runs
+  // while part p+1 is copied out and part p-1 copied back. With rows first, first (part -1)
+  // the rows the next step's first micro-batch looks up and the position table: saved,
+  // updated and refreshed ahead of layer 0's gradient save and update, so that the next
+  // embedding forward, which waits only for them, runs beside layer 0's update.
+  void save_embed_grads_in_parts(int producer) {
+    const int parts = plan_.embed_parts;
+    const int hs = host_grad_rr_++ % plan_.pools.host_grad_slots;
+    const std::vector<int> deps = {producer, host_grad_consumer_[hs]};
+    const int where = buf(BufferKind::kHostGradSlot, hs), src = buf(BufferKind::kEmbedGrads);
+    int rows_id = -1;
+    if (plan_.embed_rows_first) {
+      PlanOp& sr = save_op(0, deps, src, where, -1, parts);
+      sr.bytes = 4 * embed_rows_first_params(plan_);
+      const int save_rows = sr.id;
+      PlanOp& rows = add(OpKind::kUpdate, Resource::kOptimizer, {save_rows});
+      rows.group = 0;
+      rows.part = -1;
+      rows.parts = parts;
+      const auto [offset, bytes] = part_bytes(0, -1, parts);
+      rows.params = bytes / 4;
+      copy(rows, where, buf(BufferKind::kHostEmbed), offset, bytes);
+      use(rows, optim_state_of_group(0), Access::kAccumulate, Role::kState, 3 * offset, 3 * bytes);
+      rows_id = rows.id;
+      emit_refresh(0, rows_id, -1, parts);
+      save_layer0_grads();
     }
-    const bool deferred = is_layer && group > L - D;
+    for (int part = 0; part < parts; ++part) {
+      PlanOp& sp = save_op(0, deps, src, where, part, parts);
+      sp.bytes = sz_.embed / parts;
+      // Updating part p needs only its own gradient; the rows update read none of it.
+      emit_update({0, sp.id, where, part, parts}, rows_id);
+    }
+  }
+
+  // Group `group`'s gradients, produced by op `producer` (in device gradient slot `dev_slot`
+  // for a layer), saved to host memory: for its update, held for the next micro-batch or the
+  // norm, or (a deferred layer) kept for its update at the end of the step. The embedding and
+  // final groups' gradients stay on the device across micro-batches and are saved after the
+  // last; a layer's after every micro-batch.
+  void save_grads(int group, int producer, int dev_slot) {
+    const bool is_layer = group >= 1 && group <= L_, last = micro_ == K_ - 1;
+    if (group == 0 && !req_.exact && plan_.embed_parts > 1) return save_embed_grads_in_parts(producer);
+    std::vector<int> deps = {producer};
+    const int src = grads_on_device(group, dev_slot);
+    int where = -1, ready = -1, save_id = -1;
+    const bool deferred = is_layer && group > L_ - D_;
     if (deferred) {
       // A top layer's gradient waits in its own slot for its update, among the step's last.
-      s = &add(OpKind::kSaveGrads, Resource::kD2H, group, deps);
-      s->out = {BufRef::kGradStage, L - group};
-      ready = s->id;
-    } else if (!is_layer || (last && !req.exact)) {
+      where = buf(BufferKind::kGradStage, L_ - group);
+      save_id = ready = save_op(group, deps, src, where).id;
+    } else if (!is_layer || (last && !req_.exact)) {
       // To a host gradient slot, for the update.
-      int hs = req.exact ? (group == 0 ? 0 : 1) : host_grad_rr++ % plan.pools.host_grad_slots;
-      deps.push_back(host_grad_consumer[hs]);
-      s = &add(OpKind::kSaveGrads, Resource::kD2H, group, deps);
-      s->out = {BufRef::kHostGrad, hs};
-      ready = s->id;
-    } else if (plan.layers[group - 1].grads == StateTier::kHost) {
+      const int hs = req_.exact ? (group == 0 ? 0 : 1) : host_grad_rr_++ % plan_.pools.host_grad_slots;
+      deps.push_back(host_grad_consumer_[hs]);
+      where = buf(BufferKind::kHostGradSlot, hs);
+      save_id = ready = save_op(group, deps, src, where).id;
+    } else if (plan_.layers[group - 1].grads == StateTier::kHost) {
       // Held in the layer's host buffer; the previous content was read by this micro-batch's
       // load_grads, which the producing backward waited for.
-      s = &add(OpKind::kSaveGrads, Resource::kD2H, group, deps);
-      s->out = {BufRef::kGradHold, group - 1};
-      ready = s->id;
+      where = buf(BufferKind::kGradHold, group - 1);
+      save_id = ready = save_op(group, deps, src, where).id;
     } else {
-      int st = take_stage(deps);
-      s = &add(OpKind::kSaveGrads, Resource::kD2H, group, deps);
-      s->out = {BufRef::kGradStage, st};
-      int sid = s->id;
-      PlanOp& w = add(OpKind::kWriteGrads, Resource::kSsdWrite, group, {sid});
-      w.micro = micro;
-      w.in = {BufRef::kGradStage, st};
-      w.bytes = sz.weights;
-      stage_users[st] = {w.id};
+      const int st = take_stage(deps);
+      where = buf(BufferKind::kGradStage, st);
+      save_id = save_op(group, deps, src, where).id;
+      PlanOp& w = add(OpKind::kWriteGrads, Resource::kSsdWrite, {save_id});
+      w.group = group;
+      w.layer = group - 1;
+      w.bytes = sz_.weights;
+      copy(w, where, buf(BufferKind::kSsdGrads, group - 1));
+      stage_users_[st] = {w.id};
       ready = w.id;
-      s = &ops[sid];
     }
-    s->micro = micro;
-    s->slot = dev_slot;
-    s->bytes = group_bytes(group);
-    const int save_id = s->id;
-    const BufRef where = s->out;
-    if (dev_slot >= 0) dev_grad_consumer[dev_slot] = save_id;
-    if (is_layer) held[group] = ready;
+    plan_.ops[save_id].bytes = group_bytes(group);
+    if (dev_slot >= 0) dev_grad_consumer_[dev_slot] = save_id;
+    if (is_layer) held_[group] = ready;
     if (!last) return;
-    if (deferred) {
-      deferred_ups.push_back({group, ready, where});
-      return;
-    }
-    if (!req.exact) return emit_update({group, ready, where}, -1);
+    if (deferred) return deferred_updates_.push_back({group, ready, where});
+    if (!req_.exact) return emit_update({group, ready, where}, -1);
     // Exact mode: this group's share of the norm while the gradient is in host memory.
-    PlanOp& q = add(OpKind::kGradSumSq, Resource::kOptimizer, group, {save_id});
-    q.micro = micro;
-    q.in = where;
+    PlanOp& q = add(OpKind::kGradSumSq, Resource::kOptimizer, {save_id});
+    q.group = group;
+    q.layer = is_layer ? group - 1 : -1;
     q.bytes = group_bytes(group);
-    sum_sq_ops.push_back(q.id);
-    if (where.kind == BufRef::kGradStage) stage_users[where.index].push_back(q.id);
-    if (where.kind == BufRef::kHostGrad) host_grad_consumer[where.index] = q.id;
-    pending.push_back({group, where.kind == BufRef::kGradStage ? ready : save_id, where});
-  };
+    q.params = group_params(group);
+    use(q, where, Access::kRead, Role::kSource);
+    sum_sq_ops_.push_back(q.id);
+    consumed(where, q.id, /*add_user=*/true);
+    pending_.push_back({group, kind_of(where) == BufferKind::kGradStage ? ready : save_id, where});
+  }
+
   // Micro-batch > 0: the gradient held from the previous micro-batches goes back into the
   // device slot the backward adds to (so the sums are the in-memory ones, term by term).
-  auto load_grads = [&](int group, int dev_slot) -> int {
-    std::vector<int> deps = {held[group], dev_grad_consumer[dev_slot]};
-    BufRef src{BufRef::kGradHold, group - 1};
-    if (plan.layers[group - 1].grads == StateTier::kSsd) {
-      std::vector<int> rdeps = {held[group]};
-      int st = take_stage(rdeps);
-      PlanOp& r = add(OpKind::kReadGrads, Resource::kSsdRead, group, rdeps);
-      r.micro = micro;
-      r.out = {BufRef::kGradStage, st};
-      r.bytes = sz.weights;
+  int load_grads(int group, int dev_slot) {
+    std::vector<int> deps = {held_[group], dev_grad_consumer_[dev_slot]};
+    int src = -1;
+    if (plan_.layers[group - 1].grads == StateTier::kHost) {
+      src = buf(BufferKind::kGradHold, group - 1);
+    } else {
+      std::vector<int> rdeps = {held_[group]};
+      const int st = take_stage(rdeps);
+      PlanOp& r = add(OpKind::kReadGrads, Resource::kSsdRead, rdeps);
+      r.group = group;
+      r.layer = group - 1;
+      r.bytes = sz_.weights;
+      src = buf(BufferKind::kGradStage, st);
+      copy(r, buf(BufferKind::kSsdGrads, group - 1), src);
       deps.push_back(r.id);
-      src = r.out;
     }
-    PlanOp& ld = add(OpKind::kLoadGrads, Resource::kH2D, group, deps);
-    ld.micro = micro;
-    ld.in = src;
-    ld.slot = dev_slot;
-    ld.bytes = sz.weights;
-    if (src.kind == BufRef::kGradStage) stage_users[src.index] = {ld.id};
+    PlanOp& ld = add(OpKind::kLoadGrads, Resource::kH2D, deps);
+    ld.group = group;
+    ld.layer = group - 1;
+    ld.bytes = sz_.weights;
+    copy(ld, src, buf(BufferKind::kGradSlot, dev_slot));
+    if (kind_of(src) == BufferKind::kGradStage) stage_users_[plan_.buffers[src].index] = {ld.id};
     return ld.id;
-  };
-
-  // Backward. Checkpoints come back through an LRU of device slots like the weights; a
-  // recomputed input is rebuilt from layer l-1's checkpoint (recursively available).
-  struct Ckpt {
-    Plan& plan;
-    const std::vector<ActPlacement>& acts;
-    std::vector<SlotState>& cslots;
-    std::function<PlanOp&(OpKind, Resource, int, std::vector<int>)> add;
-    std::function<int(std::vector<SlotState>&, int, int)> pick;
-    std::function<int(int, int)> need_w;
-    std::function<void(int, int)> use_w;
-    std::vector<int>& ckpt_saved;
-    std::vector<int>& host_ckpt_consumer;
-    int& host_ckpt_rr;
-    int& use_seq;
-    const Sizes& sz;
-    int dc;
-    int& micro;
-
-    BufRef need(int l, int also) {
-      ActPlacement a = acts[l];
-      if (a == ActPlacement::kKeep || a == ActPlacement::kDevice) return {BufRef::kLayerCkpt, l};
-      for (int s = 0; s < dc; ++s)
-        if (cslots[s].layer == l) return {BufRef::kCkptSlot, s};
-      if (a == ActPlacement::kRecompute) {
-        BufRef prev = need(l - 1, l);
-        int ws = need_w(l - 1, -1);
-        int s = pick(cslots, l - 1, also);
-        PlanOp& r = add(OpKind::kRecomputeInput, Resource::kCompute, l,
-                        {cslots[s].last_use, prev_dep(prev, l - 1), ws_load(ws)});
-        r.micro = micro;
-        r.slot = ws;
-        r.in = prev;
-        r.out = {BufRef::kCkptSlot, s};
-        r.recompute_flops = sz.layer_flops;
-        use_w(ws, r.id);
-        touch(prev, r.id);
-        cslots[s] = {l, r.id, r.id, use_seq++};
-        return {BufRef::kCkptSlot, s};
-      }
-      int s = pick(cslots, also, -1);
-      int read = -1, staging = -1;
-      if (a == ActPlacement::kSsd) {
-        staging = host_ckpt_rr++ % plan.pools.host_ckpt_slots;
-        PlanOp& rd = add(OpKind::kReadCheckpoint, Resource::kSsdRead, l, {ckpt_saved[l], host_ckpt_consumer[staging]});
-        rd.micro = micro;
-        rd.slot = staging;
-        rd.bytes = sz.ckpt;
-        read = rd.id;
-      }
-      PlanOp& ld = add(OpKind::kLoadCheckpoint, Resource::kH2D, l, {read, ckpt_saved[l], cslots[s].last_use});
-      ld.micro = micro;
-      ld.slot = staging;
-      ld.out = {BufRef::kCkptSlot, s};
-      ld.bytes = sz.ckpt;
-      if (staging >= 0) host_ckpt_consumer[staging] = ld.id;
-      cslots[s] = {l, ld.id, -1, use_seq++};
-      return {BufRef::kCkptSlot, s};
-    }
-    int prev_dep(const BufRef& b, int) {
-      return b.kind == BufRef::kCkptSlot ? cslots[b.index].load_op : -1;
-    }
-    std::function<int(int)> ws_load;
-    void touch(const BufRef& b, int op) {
-      if (b.kind == BufRef::kCkptSlot) {
-        cslots[b.index].last_use = op;
-        cslots[b.index].last_use_seq = use_seq++;
-      }
-    }
-  };
-  Ckpt ck{plan, acts, cslots, add, pick_slot, need_weights, use_weights, ckpt_saved, host_ckpt_consumer,
-          host_ckpt_rr, use_seq, sz, dc, micro, [&](int s) { return wslots[s].load_op; }};
-
-  for (micro = 0; micro < K; ++micro) {
-    // Forward. The weights do not change within a step, so the device weight slots stay
-    // valid across micro-batches; the checkpoint slots do not (other tokens).
-    for (SlotState& c : cslots) c.layer = -1;
-    fwd_loc[0] = input_location(0);
-    std::vector<int> edeps;
-    if (fwd_loc[0].kind == BufRef::kStream) {
-      auto& readers = stream_readers[fwd_loc[0].index];
-      edeps.insert(edeps.end(), readers.begin(), readers.end());
-      readers.clear();
-    }
-    PlanOp& e = add(OpKind::kEmbedForward, Resource::kCompute, -1, edeps);
-    e.micro = micro;
-    e.out = fwd_loc[0];
-    ckpt_producer[0] = e.id;
-    save_checkpoint(0);
-    for (int l = 0; l < L; ++l) {
-      int s = need_weights(l, -1);
-      fwd_loc[l + 1] = input_location(l + 1);
-      std::vector<int> deps = {wslots[s].load_op, ckpt_producer[l]};
-      if (fwd_loc[l + 1].kind == BufRef::kStream) {
-        auto& readers = stream_readers[fwd_loc[l + 1].index];
-        deps.insert(deps.end(), readers.begin(), readers.end());
-        readers.clear();
-      }
-      PlanOp& f = add(OpKind::kForward, Resource::kCompute, l, deps);
-      f.micro = micro;
-      f.slot = s;
-      f.in = fwd_loc[l];
-      f.out = fwd_loc[l + 1];
-      f.flops = sz.layer_flops;
-      use_weights(s, f.id);
-      if (fwd_loc[l].kind == BufRef::kStream) stream_readers[fwd_loc[l].index].push_back(f.id);
-      ckpt_producer[l + 1] = f.id;
-      if (l + 1 < L) save_checkpoint(l + 1);
-    }
-    PlanOp& head = add(OpKind::kHead, Resource::kCompute, -1, {ckpt_producer[L]});
-    head.micro = micro;
-    head.in = fwd_loc[L];
-    head.flops = sz.head_flops * 3;  // forward + backward of the LM head
-    if (micro == K - 1) save_grads(L + 1, head.id, -1);
-
-    for (int l = L - 1; l >= 0; --l) {
-      BufRef in = ck.need(l, -1);
-      int ws = need_weights(l, -1);
-      int ckpt_dep = ck.prev_dep(in, l);
-      int prev = -1;
-      if (acts[l] != ActPlacement::kKeep) {
-        PlanOp& r = add(OpKind::kRecompute, Resource::kCompute, l, {wslots[ws].load_op, ckpt_dep});
-        r.micro = micro;
-        r.slot = ws;
-        r.in = in;
-        r.out = {BufRef::kScratch, 0};
-        r.recompute_flops = sz.layer_flops;
-        use_weights(ws, r.id);
-        ck.touch(in, r.id);
-        prev = r.id;
-      }
-      int gs = grad_rr++ % dg;
-      int acc = micro > 0 ? load_grads(1 + l, gs) : -1;
-      PlanOp& b = add(OpKind::kBackward, Resource::kCompute, l,
-                      {wslots[ws].load_op, ckpt_dep, prev, dev_grad_consumer[gs], acc});
-      b.micro = micro;
-      b.slot = ws;
-      b.slot2 = gs;
-      b.in = in;
-      b.flops = 2 * sz.layer_flops;
-      use_weights(ws, b.id);
-      ck.touch(in, b.id);
-      // Layer 0's gradient save (and update) goes after the embedding's rows-first ones,
-      // where those exist (save_grads(0) calls it back); otherwise here.
-      if (l == 0 && micro == K - 1 && req.embed_rows_first && !req.exact) {
-        const int bid = b.id;
-        bool done = false;
-        after_rows = [&, bid, gs, done]() mutable {
-          if (!done) save_grads(1, bid, gs);
-          done = true;
-        };
-      } else {
-        save_grads(1 + l, b.id, gs);
-      }
-    }
-    PlanOp& eb = add(OpKind::kEmbedBackward, Resource::kCompute, -1, {});
-    eb.micro = micro;
-    if (micro == K - 1) save_grads(0, eb.id, -1);
-    if (after_rows) after_rows();  // when the embedding had no rows-first part
-    after_rows = nullptr;
   }
-  micro = K - 1;
 
-  if (req.exact) {
-    // The norm adds the groups' sums of squares in layout order (0 .. L+1), as in-memory
-    // training does; the updates then run in the order the next iteration's forward needs
-    // them: the resident groups first (embedding, final: their device copies are refreshed
-    // on the h2d queue, which must not hold the next weight loads behind the last update),
-    // then layers 0 .. L-1.
-    PlanOp& n = add(OpKind::kGradNorm, Resource::kOptimizer, -1, sum_sq_ops);
-    n.micro = K - 1;
-    int norm = n.id;
-    auto rank = [&](const PendingUpdate& p) { return p.group == 0 ? 0 : p.group == L + 1 ? 1 : p.group + 1; };
-    std::sort(pending.begin(), pending.end(),
-              [&](const PendingUpdate& a, const PendingUpdate& b) { return rank(a) < rank(b); });
-    for (const auto& p : pending) emit_update(p, norm);
+  // The step's last ops: the norm and the updates after it (exact mode), the final group's
+  // refresh, and the deferred updates.
+  void finish_step() {
+    if (req_.exact) {
+      // The norm adds the groups' sums of squares in layout order (0 .. L+1), as in-memory
+      // training does; the updates then run in the order the next iteration's forward needs
+      // them: the resident groups first (embedding, final: their device copies are refreshed
+      // on the h2d queue, which must not hold the next weight loads behind the last update),
+      // then layers 0 .. L-1.
+      const int norm = add(OpKind::kGradNorm, Resource::kOptimizer, sum_sq_ops_).id;
+      auto rank = [&](const PendingUpdate& p) { return p.group == 0 ? 0 : p.group == L_ + 1 ? 1 : p.group + 1; };
+      std::sort(pending_.begin(), pending_.end(),
+                [&](const PendingUpdate& a, const PendingUpdate& b) { return rank(a) < rank(b); });
+      for (const auto& p : pending_) emit_update(p, norm);
+    }
+    if (final_update_ >= 0) emit_refresh(L_ + 1, final_update_, 0, 1);
+    // The deferred updates in the order the next forward needs them (lowest layer first).
+    for (auto it = deferred_updates_.rbegin(); it != deferred_updates_.rend(); ++it) emit_update(*it, -1);
   }
-  if (final_update >= 0) emit_refresh(L + 1, final_update, 0, 1);
-  // The deferred updates in the order the next forward needs them (lowest layer first).
-  for (auto it = deferred_ups.rbegin(); it != deferred_ups.rend(); ++it) emit_update(*it, -1);
-}
+
+  const PlanRequest& req_;
+  Plan& plan_;
+  const int L_, K_, D_;
+  const Sizes sz_;
+  std::map<std::pair<BufferKind, int>, int> index_;  // (kind, index) -> buffer id
+  int micro_ = 0;  // the micro-batch whose ops are being laid out
+  int use_seq_ = 0;
+
+  // Weights: device slots, host read staging and weights-out slots.
+  std::vector<SlotState> wslots_, cslots_;
+  int host_read_rr_ = 0, host_wout_rr_ = 0, host_ckpt_rr_ = 0;
+  std::vector<int> host_read_consumer_;
+  // The layer each read slot holds this step (-1: none yet) and the read that filled it.
+  std::vector<int> host_read_holds_, host_read_fill_;
+  std::vector<int> host_wout_writer_;
+  // The layer whose weights of this step each weights-out slot holds (retained by the
+  // previous step's update) until this step's first update into it; -1: none.
+  std::vector<int> wout_holds_;
+  std::vector<int> host_ckpt_consumer_;
+
+  // Activations.
+  std::vector<int> ckpt_producer_;  // op that wrote layer l's input in the forward
+  std::vector<int> ckpt_saved_;     // d2h save (host) or ssd write (ssd)
+  std::vector<int> fwd_loc_;        // buffer holding layer l's input during the forward
+  std::vector<int> stream_readers_[2];
+
+  // Gradients and updates. Host gradient slots rotate between a group's save and its update;
+  // in exact mode slot 0 holds the embedding's gradient and slot 1 the final group's until
+  // their updates. Held layer gradients live in a per-layer host buffer or go through the
+  // staging slots to an SSD extent.
+  int grad_rr_ = 0, host_grad_rr_ = 0, stage_rr_ = 0;
+  std::vector<int> dev_grad_consumer_, host_grad_consumer_;
+  std::vector<std::vector<int>> stage_users_;
+  std::vector<int> held_;  // op after which group g's held gradient is complete
+  std::vector<PendingUpdate> pending_;            // exact mode: updated after the norm
+  std::vector<int> sum_sq_ops_;
+  int final_update_ = -1;                          // its refresh is emitted at the step's end
+  std::vector<PendingUpdate> deferred_updates_;    // Plan::deferred_updates, emitted at the end
+  std::pair<int, int> layer0_save_{-1, -1};        // (producer, slot) saved after the rows first
+};
+
+}  // namespace
+
+void lay_out_iteration(const PlanRequest& req, Plan& plan) { IterationBuilder(req, plan).build(); }
 
 }  // namespace plan_detail
 
 Plan make_forward_plan(const Plan& train) {
-  using namespace plan_detail;
+  using plan_detail::compute_sizes;
   Plan p = train;
   p.forward_only = true;
   p.ops.clear();
   const int L = p.model.n_layer;
-  const Sizes sz = compute_sizes(p.model, p.micro_batch);
-  std::vector<PlanOp>& ops = p.ops;
-  auto add = [&](OpKind kind, Resource res, int layer, std::vector<int> deps) -> PlanOp& {
-    return append_op(ops, kind, res, layer, std::move(deps));
+  const plan_detail::Sizes sz = compute_sizes(p.model, p.micro_batch);
+  auto add = [&](OpKind kind, Resource res, std::vector<int> deps) -> PlanOp& {
+    PlanOp op;
+    op.id = static_cast<int>(p.ops.size());
+    op.kind = kind;
+    op.resource = res;
+    deps.erase(std::remove(deps.begin(), deps.end(), -1), deps.end());
+    op.deps = std::move(deps);
+    p.ops.push_back(std::move(op));
+    return p.ops.back();
   };
-  // Every layer's input and output go through the two stream buffers; device weight slots
-  // and host read staging rotate, each reuse waiting for the slot's last reader.
+  auto use = [&](PlanOp& op, int buffer, Access a, Role r) {
+    op.uses.push_back({buffer, a, r, 0, p.buffers[buffer].bytes});
+  };
+  // Every layer's input and output go through the two stream buffers and the working
+  // activations (nothing is kept for a backward); device weight slots and host read staging
+  // rotate, each reuse waiting for the slot's last reader.
   const int dw = p.pools.device_weight_slots, hw = p.pools.host_weight_slots;
   std::vector<int> wslot_user(dw, -1), hslot_user(hw, -1);
-  int prev = add(OpKind::kEmbedForward, Resource::kCompute, -1, {}).id;
-  ops[prev].out = {BufRef::kStream, 0};
+  PlanOp& e = add(OpKind::kEmbedForward, Resource::kCompute, {});
+  use(e, p.buffer(BufferKind::kEmbedWeights), Access::kRead, Role::kWeights);
+  use(e, p.buffer(BufferKind::kStream, 0), Access::kWrite, Role::kOutput);
+  int prev = e.id;
   for (int l = 0; l < L; ++l) {
     const int s = l % dw;
     int read = -1, staging = -1;
     if (p.layers[l].weights == StateTier::kSsd) {
-      staging = (l % hw);
-      PlanOp& r = add(OpKind::kReadWeights, Resource::kSsdRead, l, {hslot_user[staging]});
-      r.slot = staging;
+      staging = l % hw;
+      PlanOp& r = add(OpKind::kReadWeights, Resource::kSsdRead, {hslot_user[staging]});
+      r.layer = l;
+      r.group = l + 1;
       r.bytes = sz.weights;
+      use(r, p.buffer(BufferKind::kSsdWeights, l), Access::kRead, Role::kSource);
+      use(r, p.buffer(BufferKind::kReadSlot, staging), Access::kWrite, Role::kDest);
       read = r.id;
     }
-    PlanOp& ld = add(OpKind::kLoadWeights, Resource::kH2D, l, {read, wslot_user[s]});
-    ld.slot = s;
-    ld.slot2 = staging;
+    PlanOp& ld = add(OpKind::kLoadWeights, Resource::kH2D, {read, wslot_user[s]});
+    ld.layer = l;
+    ld.group = l + 1;
     ld.bytes = sz.weights;
+    use(ld, staging >= 0 ? p.buffer(BufferKind::kReadSlot, staging) : p.buffer(BufferKind::kHostWeights, l),
+        Access::kRead, Role::kSource);
+    use(ld, p.buffer(BufferKind::kWeightSlot, s), Access::kWrite, Role::kDest);
     if (staging >= 0) hslot_user[staging] = ld.id;
-    int load = ld.id;
+    const int load = ld.id;
     // The forward of l writes the stream buffer the forward of l-1 read: compute runs in
     // order, so the dependency on the previous forward covers it.
-    PlanOp& f = add(OpKind::kForward, Resource::kCompute, l, {load, prev});
-    f.slot = s;
-    f.in = {BufRef::kStream, l % 2};
-    f.out = {BufRef::kStream, (l + 1) % 2};
+    PlanOp& f = add(OpKind::kForward, Resource::kCompute, {load, prev});
+    f.layer = l;
     f.flops = sz.layer_flops;
+    use(f, p.buffer(BufferKind::kWeightSlot, s), Access::kRead, Role::kWeights);
+    use(f, p.buffer(BufferKind::kStream, l % 2), Access::kRead, Role::kInput);
+    use(f, p.buffer(BufferKind::kStream, (l + 1) % 2), Access::kWrite, Role::kOutput);
+    use(f, p.buffer(BufferKind::kWorkActs), Access::kWrite, Role::kWork);
     wslot_user[s] = f.id;
     prev = f.id;
   }
-  PlanOp& h = add(OpKind::kHeadLoss, Resource::kCompute, -1, {prev});
-  h.in = {BufRef::kStream, L % 2};
+  PlanOp& h = add(OpKind::kHeadLoss, Resource::kCompute, {prev});
   h.flops = sz.head_flops;
+  use(h, p.buffer(BufferKind::kStream, L % 2), Access::kRead, Role::kInput);
+  use(h, p.buffer(BufferKind::kEmbedWeights), Access::kRead, Role::kWeights);
+  use(h, p.buffer(BufferKind::kFinalWeights), Access::kRead, Role::kWeights);
   return p;
 }
-
 
 }  // namespace fuyou

@@ -40,6 +40,7 @@ const char* op_kind_name(OpKind k) {
     case OpKind::kWriteCheckpoint: return "write_checkpoint";
     case OpKind::kReadCheckpoint: return "read_checkpoint";
     case OpKind::kLoadCheckpoint: return "load_checkpoint";
+    case OpKind::kZeroGrads: return "zero_grads";
     case OpKind::kHead: return "head";
     case OpKind::kRecomputeInput: return "recompute_input";
     case OpKind::kRecompute: return "recompute";
@@ -63,22 +64,60 @@ namespace {
 
 const char* tier_name(StateTier t) { return t == StateTier::kHost ? "host" : "ssd"; }
 
-std::string buf_name(const BufRef& b) {
-  switch (b.kind) {
-    case BufRef::kStream: return str("stream", b.index);
-    case BufRef::kLayerCkpt: return str("ckpt.layer", b.index);
-    case BufRef::kCkptSlot: return str("ckpt.slot", b.index);
-    case BufRef::kScratch: return "scratch";
-    case BufRef::kHostGrad: return str("host.grad", b.index);
-    case BufRef::kGradHold: return str("grad.hold.layer", b.index);
-    case BufRef::kGradStage: return str("grad.stage", b.index);
-    case BufRef::kWeightsOut: return str("weights.out", b.index);
-    case BufRef::kNone: break;
+const char* access_name(Access a) {
+  switch (a) {
+    case Access::kRead: return "r";
+    case Access::kWrite: return "w";
+    case Access::kAccumulate: return "+=";
   }
-  return "";
+  return "?";
+}
+
+const char* role_name(Role r) {
+  switch (r) {
+    case Role::kSource: return "src";
+    case Role::kDest: return "dst";
+    case Role::kWeights: return "weights";
+    case Role::kInput: return "in";
+    case Role::kOutput: return "out";
+    case Role::kGrads: return "grads";
+    case Role::kResidual: return "residual";
+    case Role::kWork: return "work";
+    case Role::kState: return "state";
+  }
+  return "?";
+}
+
+// "w dst host.read_slot.1[0, 12.00 MiB)": access, role, buffer and, where it is not the
+// whole buffer, the byte range.
+std::string use_text(const Plan& plan, const BufferUse& u) {
+  const PlanBuffer& b = plan.buffers[u.buffer];
+  std::string range = u.offset == 0 && u.bytes == b.bytes ? std::string()
+                                                          : str("[", u.offset, "+", format_size(u.bytes), ")");
+  return str(access_name(u.access), " ", role_name(u.role), " ", b.name(), range);
 }
 
 }  // namespace
+
+std::string Plan::listing() const {
+  std::string out = "buffers:\n";
+  for (size_t i = 0; i < buffers.size(); ++i)
+    out += str("  ", i, "  ", buffers[i].name(), "  ", format_size(buffers[i].bytes), "\n");
+  out += "ops (id resource kind [layer] [group] [micro] [part] <- deps: uses):\n";
+  for (const PlanOp& op : ops) {
+    out += str("  ", op.id, " ", resource_name(op.resource), " ", op_kind_name(op.kind));
+    if (op.layer >= 0) out += str(" layer ", op.layer);
+    if (op.group >= 0) out += str(" group ", op.group);
+    if (grad_accum > 1) out += str(" mb ", op.micro);
+    if (op.parts > 1) out += str(" part ", op.part, "/", op.parts);
+    out += " <-";
+    for (int d : op.deps) out += str(" ", d);
+    out += ":";
+    for (size_t k = 0; k < op.uses.size(); ++k) out += str(k ? ", " : " ", use_text(*this, op.uses[k]));
+    out += "\n";
+  }
+  return out;
+}
 
 std::string Plan::table() const {
   std::string out = str(forward_only ? "forward-only (validation) plan: " : "plan: ", model.n_layer,
@@ -155,18 +194,22 @@ nlohmann::json Plan::to_json() const {
                 {"host_grad_stage_slots", pools.host_grad_stage_slots}};
   j["memory"] = {{"device_bytes", memory.device_bytes}, {"host_bytes", memory.host_bytes},
                  {"ssd_bytes", memory.ssd_bytes}};
+  for (const PlanBuffer& b : buffers)
+    j["buffers"].push_back({{"name", b.name()}, {"tier", fuyou::tier_name(b.tier)}, {"bytes", b.bytes}, {"part", b.part}});
   for (const PlanOp& op : ops) {
     nlohmann::json o{{"id", op.id}, {"kind", op_kind_name(op.kind)}, {"resource", resource_name(op.resource)},
-                     {"layer", op.layer}, {"deps", op.deps}};
+                     {"deps", op.deps}};
+    if (op.layer >= 0) o["layer"] = op.layer;
+    if (op.group >= 0) o["group"] = op.group;
     if (grad_accum > 1) o["micro"] = op.micro;
-    if (op.slot >= 0) o["slot"] = op.slot;
-    if (op.slot2 >= 0) o["slot2"] = op.slot2;
     if (op.parts > 1) o["part"] = {op.part, op.parts};
-    if (op.in.kind != BufRef::kNone) o["in"] = buf_name(op.in);
-    if (op.out.kind != BufRef::kNone) o["out"] = buf_name(op.out);
+    for (const BufferUse& u : op.uses)
+      o["uses"].push_back({{"buffer", u.buffer}, {"access", access_name(u.access)}, {"role", role_name(u.role)},
+                           {"offset", u.offset}, {"bytes", u.bytes}});
     if (op.bytes) o["bytes"] = op.bytes;
     if (op.flops) o["flops"] = op.flops;
     if (op.recompute_flops) o["recompute_flops"] = op.recompute_flops;
+    if (op.params) o["params"] = op.params;
     j["ops"].push_back(o);
   }
   return j;

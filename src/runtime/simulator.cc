@@ -19,10 +19,8 @@ namespace fuyou {
 namespace {
 
 struct Shape {
-  double gemm_size = 0;      // cbrt(tokens * d_model * d_ff)
-  double byte_scale = 1;     // profile element bytes / plan's 4
-  std::vector<uint64_t> group_params;
-  uint64_t total_params = 0;
+  double gemm_size = 0;   // cbrt(tokens * d_model * d_ff)
+  double byte_scale = 1;  // profile element bytes / plan's 4
 };
 
 Shape shape_of(const Plan& plan, const HardwareProfile& hw) {
@@ -31,19 +29,11 @@ Shape shape_of(const Plan& plan, const HardwareProfile& hw) {
   double N = static_cast<double>(plan.micro_batch) * m.seq_len, C = m.d_model, F = m.d_ff ? m.d_ff : 4.0 * m.d_model;
   s.gemm_size = std::cbrt(N * C * F);
   s.byte_scale = hw.element_bytes / 4.0;
-  ParamLayout layout = make_gpt_layout(m);
-  for (const ParamGroup& g : layout.groups) s.group_params.push_back(g.numel);
-  s.total_params = layout.total;
   return s;
 }
 
-StateTier optim_tier(const Plan& plan, int group) {
-  const int L = plan.model.n_layer;
-  if (group == 0) return plan.embed_optim;
-  if (group == L + 1) return plan.final_optim;
-  return plan.layers.at(group - 1).optim;
-}
-
+// An op's time from what it says of itself: FLOPs over the GEMM rate, bytes over a link's
+// or the disks' rate, parameters over the optimizer's rate.
 double duration(const Plan& plan, const PlanOp& op, const HardwareProfile& hw, const Shape& s) {
   const double bytes = static_cast<double>(op.bytes) * s.byte_scale;
   const uint64_t ibytes = static_cast<uint64_t>(bytes);
@@ -59,19 +49,17 @@ double duration(const Plan& plan, const PlanOp& op, const HardwareProfile& hw, c
     case Resource::kOptimizer: {
       // Exact mode: each group's sum of squares streams its gradient once from host memory;
       // the norm itself only adds the groups' sums.
-      if (op.kind == OpKind::kGradSumSq) return 4.0 * s.group_params.at(op.layer) / hw.host_mem_Bps;
-      if (op.kind == OpKind::kGradNorm) return 0.0;
+      if (op.kind == OpKind::kGradSumSq) return 4.0 * op.params / hw.host_mem_Bps;
       if (op.kind != OpKind::kUpdate) return 0.0;
-      const double p = op.part < 0 ? static_cast<double>(embed_rows_first_params(plan))
-                                   : static_cast<double>(s.group_params.at(op.layer)) / op.parts;
-      double cpu = p / hw.optimizer_params_per_s;
-      if (optim_tier(plan, op.layer) == StateTier::kHost) return cpu;
-      // Out of core: master, m and v (12 bytes per parameter) read and written back through
-      // the store, pipelined with the update in chunks (ooc_adamw.h). Reads and writes
-      // proceed at once, as the ssd_read and ssd_write queues do (the same full-duplex
-      // assumption); the slowest of the three bounds the update.
-      const uint64_t state = static_cast<uint64_t>(12 * p);
-      return std::max({cpu, 12 * p / hw.ssd_read_rate(state), 12 * p / hw.ssd_write_rate(state)});
+      double cpu = op.params / hw.optimizer_params_per_s;
+      // Out of core: the state (master, m and v) is read and written back through the store,
+      // pipelined with the update in chunks (ooc_adamw.h). Reads and writes proceed at once,
+      // as the ssd_read and ssd_write queues do (the same full-duplex assumption); the slowest
+      // of the three bounds the update.
+      const BufferUse& state = op.use(Role::kState);
+      if (plan.buffers[state.buffer].tier != Tier::kSsd) return cpu;
+      const double b = static_cast<double>(state.bytes);
+      return std::max({cpu, b / hw.ssd_read_rate(state.bytes), b / hw.ssd_write_rate(state.bytes)});
     }
   }
   return 0.0;
@@ -98,141 +86,164 @@ namespace {
 // iteration on, for its cross-iteration deps (`prev`) in iteration k-1, and, as the executor
 // submits them, for iteration k-1's return (step_waits_for) and the end of iteration k-2
 // (two iterations in flight). Each resource runs its ops one at a time, each once its deps
-// are done, in order, except that the reordering queues (reorders(): SSD reads and writes,
-// host to device) may start a ready op ahead of earlier ones
-// it has no hazard with (reorders(), as the executor); compute and the optimizer share the
-// cores on a shared_cpu profile.
+// are done, in order, except that the reordering queues may start a ready op ahead of
+// earlier ones it has no hazard with (next_in_queue, as the executor); compute and the
+// optimizer share the cores on a shared_cpu profile.
 struct Timeline {
   std::vector<double> start, end;
 };
 
-Timeline run_timeline(const Plan& plan, const std::vector<std::vector<int>>& prev, const std::vector<double>& dur1,
-                      int iterations, const HardwareProfile& hw) {
-  const size_t per = plan.ops.size(), n = per * iterations;
-  auto op_of = [&](size_t id) -> const PlanOp& { return plan.ops[id % per]; };
-  auto dur = [&](size_t id) { return dur1[id % per]; };
-  Timeline r;
-  r.start.assign(n, 0.0);
-  r.end.assign(n, 0.0);
-  std::vector<double> remaining(n);
-  std::vector<std::vector<int>> queue(kNumResources);
-  for (size_t i = 0; i < n; ++i) {
-    remaining[i] = dur(i);
-    queue[static_cast<int>(op_of(i).resource)].push_back(static_cast<int>(i));
-  }
-  std::vector<char> done(n, 0), started(n, 0);
-  std::array<size_t, kNumResources> head{};   // first op not started in each queue
-  const std::vector<OpBuffers> bufs = op_buffers(plan);
-  // Per iteration: its ops not done, and its step_waits_for ops not done (its return). A plan
-  // without such ops (a test's) returns at its end.
-  size_t returning = 0;
-  for (const PlanOp& op : plan.ops) returning += step_waits_for(op);
-  const bool returns_early = returning > 0;
-  if (!returns_early) returning = per;
-  std::vector<size_t> left(iterations, per), returns_left(iterations, returning);
-  std::array<int, kNumResources> running{};   // op running on each resource, -1 if idle
-  running.fill(-1);
-  double now = 0;
-  size_t finished = 0;
-  const int kC = static_cast<int>(Resource::kCompute), kO = static_cast<int>(Resource::kOptimizer);
-  auto is_ready = [&](int id) {
-    const size_t k = id / per, base = k * per;
-    if ((k >= 1 && returns_left[k - 1]) || (k >= 2 && left[k - 2])) return false;
-    for (int d : op_of(id).deps)
-      if (!done[base + d]) return false;
-    if (base > 0)
-      for (int d : prev[id % per])
-        if (!done[base - per + d]) return false;
-    return true;
-  };
-  auto finish = [&](int id) {
-    done[id] = 1;
-    ++finished;
-    const size_t k = id / per;
-    --left[k];
-    if (!returns_early || step_waits_for(op_of(id))) --returns_left[k];
-  };
-  // The op resource q starts next: its first op not started, once ready; on a reordering
-  // queue the first ready one among the next kReorderWindow not started that touches nothing
-  // an earlier not-started one touches with a write (scheduler.cc, next_op).
-  auto next_in = [&](int q) -> long {
-    const std::vector<int>& Q = queue[q];
-    size_t h = head[q];
-    while (h < Q.size() && started[Q[h]]) ++h;
-    head[q] = h;
-    if (h >= Q.size()) return -1;
-    if (!reorders(static_cast<Resource>(q))) return is_ready(Q[h]) ? static_cast<long>(h) : -1;
-    size_t seen = 0;
-    for (size_t k = h; k < Q.size() && seen < kReorderWindow; ++k) {
-      if (started[Q[k]]) continue;
-      ++seen;
-      if (!is_ready(Q[k])) continue;
-      bool passes = true;
-      for (size_t j = h; j < k && passes; ++j)
-        if (!started[Q[j]]) passes = !buffers_conflict(bufs[Q[j] % per], bufs[Q[k] % per]);
-      if (passes) return static_cast<long>(k);
+class EventRun {
+ public:
+  EventRun(const Plan& plan, const std::vector<std::vector<int>>& prev, const std::vector<double>& dur, int iterations,
+           const HardwareProfile& hw)
+      : plan_(plan), prev_(prev), dur_(dur), hw_(hw), per_(plan.ops.size()), n_(per_ * iterations),
+        bufs_(op_buffers(plan)) {
+    r_.start.assign(n_, 0.0);
+    r_.end.assign(n_, 0.0);
+    remaining_.resize(n_);
+    for (size_t i = 0; i < n_; ++i) {
+      remaining_[i] = dur_[i % per_];
+      queue_[static_cast<int>(op_of(i).resource)].push_back(static_cast<int>(i));
     }
-    return -1;
-  };
-  while (finished < n) {
-    // Start every op whose resource is idle and whose dependencies are done. Zero-length
-    // ops finish at once, which may make more ops ready: loop until nothing changes.
-    bool changed = true;
-    while (changed) {
+    done_.assign(n_, 0);
+    started_.assign(n_, 0);
+    // Per iteration: its ops not done, and its step_waits_for ops not done (its return). A
+    // plan without such ops (a test's) returns at its end.
+    size_t returning = 0;
+    for (const PlanOp& op : plan.ops) returning += step_waits_for(op);
+    returns_early_ = returning > 0;
+    if (!returns_early_) returning = per_;
+    left_.assign(iterations, per_);
+    returns_left_.assign(iterations, returning);
+    running_.fill(-1);
+  }
+
+  Timeline run() {
+    while (finished_ < n_) {
+      start_ready();
+      if (finished_ == n_) break;
+      advance();
+    }
+    return r_;
+  }
+
+ private:
+  const PlanOp& op_of(size_t id) const { return plan_.ops[id % per_]; }
+
+  bool is_ready(int id) const {
+    const size_t k = id / per_, base = k * per_;
+    if ((k >= 1 && returns_left_[k - 1]) || (k >= 2 && left_[k - 2])) return false;
+    for (int d : op_of(id).deps)
+      if (!done_[base + d]) return false;
+    if (base > 0)
+      for (int d : prev_[id % per_])
+        if (!done_[base - per_ + d]) return false;
+    return true;
+  }
+
+  void finish(int id) {
+    r_.end[id] = now_;
+    done_[id] = 1;
+    ++finished_;
+    const size_t k = id / per_;
+    --left_[k];
+    if (!returns_early_ || step_waits_for(op_of(id))) --returns_left_[k];
+  }
+
+  // The op resource q starts next (next_in_queue): its queue from its first op not started,
+  // where a started op counts as done.
+  long next_in(int q) {
+    const std::vector<int>& Q = queue_[q];
+    size_t h = head_[q];
+    while (h < Q.size() && started_[Q[h]]) ++h;
+    head_[q] = h;
+    const long k = next_in_queue(
+        static_cast<Resource>(q), Q.size() - h, [&](size_t k) { return Q[h + k]; },
+        [&](int id) { return started_[id] != 0; }, [&](int id) { return is_ready(id); },
+        [&](int a, int b) { return buffers_conflict(bufs_[a % per_], bufs_[b % per_]); });
+    return k < 0 ? -1 : static_cast<long>(h) + k;
+  }
+
+  // Starts every op whose resource is idle and whose dependencies are done. Zero-length ops
+  // finish at once, which may make more ops ready: loops until nothing changes.
+  void start_ready() {
+    for (bool changed = true; changed;) {
       changed = false;
       for (int q = 0; q < kNumResources; ++q) {
-        if (running[q] >= 0) continue;
+        if (running_[q] >= 0) continue;
         const long k = next_in(q);
         if (k < 0) continue;
-        const int id = queue[q][k];
-        r.start[id] = now;
-        started[id] = 1;
-        if (remaining[id] <= 0) {
-          r.end[id] = now;
-          finish(id);
-        } else {
-          running[q] = id;
-        }
+        const int id = queue_[q][k];
+        r_.start[id] = now_;
+        started_[id] = 1;
+        if (remaining_[id] <= 0) finish(id);
+        else running_[q] = id;
         changed = true;
       }
     }
-    if (finished == n) break;
-    // Rates: full, except compute and optimizer sharing the cores.
+  }
+
+  // Runs time forward to the next op's end: every resource at full rate, except compute and
+  // the optimizer sharing the cores.
+  void advance() {
+    const int kC = static_cast<int>(Resource::kCompute), kO = static_cast<int>(Resource::kOptimizer);
     std::array<double, kNumResources> rate;
     rate.fill(1.0);
-    if (hw.shared_cpu && running[kC] >= 0 && running[kO] >= 0) {
-      rate[kC] = hw.compute_share;
-      rate[kO] = hw.optimizer_share;
+    if (hw_.shared_cpu && running_[kC] >= 0 && running_[kO] >= 0) {
+      rate[kC] = hw_.compute_share;
+      rate[kO] = hw_.optimizer_share;
     }
     int next = -1;
     double dt = std::numeric_limits<double>::infinity();
     for (int q = 0; q < kNumResources; ++q) {
-      if (running[q] < 0) continue;
-      double t = remaining[running[q]] / rate[q];
+      if (running_[q] < 0) continue;
+      const double t = remaining_[running_[q]] / rate[q];
       if (t < dt) dt = t, next = q;
     }
     if (next < 0) {
       // Nothing runs and nothing can start: a dependency can never be met.
       for (int q = 0; q < kNumResources; ++q)
-        if (head[q] < queue[q].size())
-          throw Error(str("simulate: ", resource_name(static_cast<Resource>(q)), " is stuck at op ", queue[q][head[q]],
-                          " (", op_kind_name(op_of(queue[q][head[q]]).kind), ")"));
-      break;
+        if (head_[q] < queue_[q].size())
+          throw Error(str("simulate: ", resource_name(static_cast<Resource>(q)), " is stuck at op ", queue_[q][head_[q]],
+                          " (", op_kind_name(op_of(queue_[q][head_[q]]).kind), ")"));
+      throw Error("simulate: nothing runs and ops are left");
     }
-    now += dt;
+    now_ += dt;
     for (int q = 0; q < kNumResources; ++q) {
-      int id = running[q];
+      const int id = running_[q];
       if (id < 0) continue;
-      remaining[id] = q == next ? 0.0 : remaining[id] - rate[q] * dt;
+      remaining_[id] = q == next ? 0.0 : remaining_[id] - rate[q] * dt;
       // Ops that end within rounding of the same instant end together.
-      if (remaining[id] <= 1e-12 * dur(id)) {
-        r.end[id] = now;
+      if (remaining_[id] <= 1e-12 * dur_[id % per_]) {
         finish(id);
-        running[q] = -1;
+        running_[q] = -1;
       }
     }
   }
-  return r;
+
+  const Plan& plan_;
+  const std::vector<std::vector<int>>& prev_;
+  const std::vector<double>& dur_;
+  const HardwareProfile& hw_;
+  const size_t per_, n_;
+  const std::vector<OpBuffers> bufs_;
+  Timeline r_;
+  std::vector<double> remaining_;
+  std::array<std::vector<int>, kNumResources> queue_;
+  std::vector<char> done_, started_;
+  std::array<size_t, kNumResources> head_{};  // first op not started in each queue
+  bool returns_early_ = false;
+  std::vector<size_t> left_, returns_left_;
+  std::array<int, kNumResources> running_{};  // op running on each resource, -1 if idle
+  double now_ = 0;
+  size_t finished_ = 0;
+};
+
+// The event simulation over `iterations` copies of the plan back to back (see EventRun).
+Timeline run_timeline(const Plan& plan, const std::vector<std::vector<int>>& prev, const std::vector<double>& dur,
+                      int iterations, const HardwareProfile& hw) {
+  return EventRun(plan, prev, dur, iterations, hw).run();
 }
 
 }  // namespace

@@ -24,7 +24,6 @@ namespace {
 
 constexpr uint64_t kRegionAlign = 2ull << 20;
 
-uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 // Where each slot goes: region sizes, and (region, offset) of every slot of every class.
 struct Layout {

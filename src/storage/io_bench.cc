@@ -49,10 +49,10 @@ nlohmann::json run_io_bench(const IoBenchOptions& o) {
   if (o.dirs.empty()) throw ConfigError("fuyou-bench io: give at least one --dir");
   if (o.buffers < 2)
     throw ConfigError("fuyou-bench io: --buffers must be at least 2 to keep the queue full");
-  uint64_t size = (o.size + kIoAlign - 1) / kIoAlign * kIoAlign;
+  uint64_t size = round_up(o.size, kIoAlign);
   if (size == 0) throw ConfigError("fuyou-bench io: --size must be positive");
   uint64_t block = o.block ? o.block : static_cast<uint64_t>(o.queue_depth) * o.request_size;
-  block = std::min((block + kIoAlign - 1) / kIoAlign * kIoAlign, size);
+  block = std::min(round_up(block, kIoAlign), size);
 
   StoreConfig sc;
   sc.dirs = o.dirs;

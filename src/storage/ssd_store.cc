@@ -42,7 +42,6 @@ constexpr int kMaxRetries = 100;                 // EINTR/EAGAIN resubmissions o
 constexpr int kMaxNoProgress = 3;                // completions in a row that moved nothing
 constexpr uint64_t kWakeTag = ~0ull;             // user_data of the eventfd read
 
-uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 struct BackingFile {
   std::string dir;

@@ -1,0 +1,200 @@
+// The executor's memory: every buffer of the plan's table allocated once, before the first
+// step (device buffers from the backend's arena, host slots from one pinned pool, resident
+// host buffers, SSD extents), the optimizer over the plan's state tiers, and parameters in
+// and out.
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "fuyou/error.h"
+#include "fuyou/sizes.h"
+#include "src/runtime/executor.h"
+
+namespace fuyou {
+namespace {
+
+// The host pool's slot class of each kind of host slot (names for the pool's messages).
+const char* pool_class(BufferKind k) {
+  switch (k) {
+    case BufferKind::kReadSlot: return "weights.read";
+    case BufferKind::kWoutSlot: return "weights.out";
+    case BufferKind::kCkptStage: return "checkpoint.staging";
+    case BufferKind::kHostGradSlot: return "gradients";
+    case BufferKind::kGradStage: return "gradients.staging";
+    default: return nullptr;
+  }
+}
+
+// The store extent of an SSD buffer the executor owns (the optimizer defines its own).
+std::string extent_name(const PlanBuffer& b) {
+  switch (b.kind) {
+    case BufferKind::kSsdWeights: return str("layer.", b.index, "/weights");
+    case BufferKind::kSsdCkpt: return str("layer.", b.index, "/checkpoint");
+    case BufferKind::kSsdGrads: return str("layer.", b.index, "/gradients");
+    default: return "";
+  }
+}
+
+}  // namespace
+
+void OffloadTrainer::Impl::check_plan() {
+  if (plan_.forward_only) throw Error("OffloadTrainer needs a training plan; it derives the forward-only one itself");
+  if (be_.matmul_precision() == MatmulPrecision::kFp16) {
+    // The overflow check needs every gradient before any update: only exact plans have it.
+    if (!plan_.exact)
+      throw Error("fp16 GEMM inputs need an exact-mode plan (the loss-scale overflow check "
+                  "sees every gradient before any update)");
+    LossScaleConfig ls;
+    ls.initial = cfg_.optimizer.initial_loss_scale;
+    scaler_ = std::make_unique<DynamicLossScaler>(ls);
+  }
+  for (const PlanBuffer& b : plan_.buffers)
+    if (b.tier == Tier::kSsd && !store_)
+      throw Error(str("the plan keeps state on SSD (", b.name(), ") but no store is open (offload.ssd_paths)"));
+}
+
+void OffloadTrainer::Impl::allocate_device(int id, const PlanBuffer& b) {
+  switch (b.kind) {
+    case BufferKind::kModelWorkspace: return;  // the model's own
+    case BufferKind::kEmbedRows: return;       // a view, resolved after the embedding
+    case BufferKind::kWorkActs:
+      acts_[id] = model_.alloc_activations("working activations");
+      return;
+    case BufferKind::kLayerActs:
+      acts_[id] = model_.alloc_activations(str("layer ", b.index, " activations"));
+      return;
+    default: {
+      void* p = be_.alloc(b.bytes, b.name());
+      owned_.push_back(p);
+      ptr_[id] = p;
+    }
+  }
+}
+
+void OffloadTrainer::Impl::allocate_buffers() {
+  const size_t n = plan_.buffers.size();
+  ptr_.assign(n, nullptr);
+  ext_.assign(n, 0);
+  acts_.assign(n, LayerActivations{});
+  // Host slots: one pool, a class per kind of slot, counted from the table.
+  std::vector<SlotSpec> specs;
+  for (const PlanBuffer& b : plan_.buffers) {
+    const char* cls = pool_class(b.kind);
+    if (!cls) continue;
+    auto it = std::find_if(specs.begin(), specs.end(), [&](const SlotSpec& s) { return s.name == cls; });
+    if (it == specs.end()) specs.push_back({cls, b.bytes, 1});
+    else ++it->count;
+  }
+  pool_ = std::make_unique<HostPool>(specs);
+  if (store_) store_->register_pool(*pool_);
+  for (size_t id = 0; id < n; ++id) {
+    const PlanBuffer& b = plan_.buffers[id];
+    if (b.tier == Tier::kDevice) {
+      allocate_device(static_cast<int>(id), b);
+    } else if (const char* cls = pool_class(b.kind)) {
+      ptr_[id] = pool_->slot(pool_->slot_class(cls), static_cast<uint32_t>(b.index)).ptr;
+    } else if (b.tier == Tier::kHost && (b.kind == BufferKind::kHostWeights || b.kind == BufferKind::kHostCkpt ||
+                                         b.kind == BufferKind::kGradHold || b.kind == BufferKind::kHostEmbed ||
+                                         b.kind == BufferKind::kHostFinal)) {
+      host_owned_.emplace_back(b.bytes / 4, 0.0f);
+      ptr_[id] = host_owned_.back().data();
+    } else if (b.tier == Tier::kSsd && !extent_name(b).empty()) {
+      ext_[id] = store_->define_extent(extent_name(b), b.bytes);
+    }
+  }
+  ptr_[plan_.buffer(BufferKind::kEmbedRows)] = ptr_[plan_.buffer(BufferKind::kEmbedWeights)];
+  embed_w_ = ptr(plan_.buffer(BufferKind::kEmbedWeights));
+  embed_g_ = ptr(plan_.buffer(BufferKind::kEmbedGrads));
+  final_w_ = ptr(plan_.buffer(BufferKind::kFinalWeights));
+  final_g_ = ptr(plan_.buffer(BufferKind::kFinalGrads));
+}
+
+void OffloadTrainer::Impl::make_optimizer() {
+  std::vector<OptimGroup> groups;
+  std::vector<StateTier> tiers;
+  const int L = cfg_.model.n_layer;
+  for (size_t g = 0; g < layout_.groups.size(); ++g) {
+    OptimGroup og{layout_.groups[g].name, layout_.groups[g].numel, {}};
+    for (const TensorSpec& t : layout_.tensors)
+      if (t.group == static_cast<int>(g)) og.tensors.push_back({t.offset - layout_.groups[g].offset, t.numel, t.decay});
+    groups.push_back(og);
+    tiers.push_back(g == 0 ? plan_.embed_optim : static_cast<int>(g) == L + 1 ? plan_.final_optim : plan_.layers[g - 1].optim);
+  }
+  OocAdamWOptions oo;
+  oo.beta1 = static_cast<float>(cfg_.optimizer.beta1);
+  oo.beta2 = static_cast<float>(cfg_.optimizer.beta2);
+  oo.eps = static_cast<float>(cfg_.optimizer.eps);
+  oo.weight_decay = static_cast<float>(cfg_.optimizer.weight_decay);
+  opt_ = std::make_unique<OocAdamW>(groups, tiers, store_, oo);
+}
+
+// Every host buffer a copy reads or writes is page-locked (CUDA: full-speed asynchronous
+// copies); a refusal (locked-memory limit) is logged once and those copies go through the
+// driver's staging.
+void OffloadTrainer::Impl::register_host_buffers() {
+  std::vector<std::pair<void*, size_t>> host_bufs;
+  for (const HostPool::Region& r : pool_->regions()) host_bufs.push_back({r.base, r.bytes});
+  for (auto& v : host_owned_) host_bufs.push_back({v.data(), 4 * v.size()});
+  uint64_t refused = 0;
+  for (auto [p, n] : host_bufs) {
+    if (!p || !n) continue;
+    if (be_.register_host(p, n)) registered_.push_back(p);
+    else refused += n;
+  }
+  if (refused)
+    spdlog::warn("{}: {} of host buffers could not be page-locked (locked-memory limit?); copies from them "
+                 "run slower", be_.name(), format_size(refused));
+}
+
+float* OffloadTrainer::Impl::group_host_weights(int g) const {
+  const int L = cfg_.model.n_layer;
+  if (g == 0) return ptr(plan_.buffer(BufferKind::kHostEmbed));
+  if (g == L + 1) return ptr(plan_.buffer(BufferKind::kHostFinal));
+  return ptr(plan_.buffer(BufferKind::kHostWeights, g - 1));
+}
+
+void OffloadTrainer::Impl::set_group_params(int g, const float* src) {
+  drain();
+  const int L = cfg_.model.n_layer;
+  const ParamGroup& pg = layout_.groups.at(g);
+  opt_->init_group(g, src);
+  if (g == 0 || g == L + 1 || plan_.layers[g - 1].weights == StateTier::kHost) {
+    std::memcpy(group_host_weights(g), src, 4 * pg.numel);
+    if (g == 0) be_.copy_to_device(embed_w_, src, 4 * pg.numel);
+    if (g == L + 1) be_.copy_to_device(final_w_, src, 4 * pg.numel);
+    return;
+  }
+  // To SSD through a read-staging slot (free between steps); a retained layer's weights-out
+  // slot gets them too, where the first step's forward loads them.
+  const int l = g - 1;
+  const PlanBuffer& ssd = plan_.buffers[plan_.buffer(BufferKind::kSsdWeights, l)];
+  float* staging = ptr(plan_.buffer(BufferKind::kReadSlot, 0));
+  std::memcpy(staging, src, 4 * pg.numel);
+  std::memset(reinterpret_cast<char*>(staging) + 4 * pg.numel, 0, round_up(4 * pg.numel, kIoAlign) - 4 * pg.numel);
+  store_->write_sync(ext_[plan_.buffer(BufferKind::kSsdWeights, l)], 0, staging, round_up(ssd.bytes, kIoAlign));
+  if (plan_.layers[l].retained >= 0)
+    std::memcpy(ptr(plan_.buffer(BufferKind::kWoutSlot, plan_.layers[l].retained)), src, 4 * pg.numel);
+}
+
+void OffloadTrainer::Impl::set_params(const float* params) {
+  for (size_t g = 0; g < layout_.groups.size(); ++g)
+    set_group_params(static_cast<int>(g), params + layout_.groups[g].offset);
+}
+
+void OffloadTrainer::Impl::read_group_params(int g, float* dst) {
+  drain();
+  opt_->read_master(g, dst);
+}
+
+float* OffloadTrainer::Impl::group_staging() {
+  drain();
+  return ptr(plan_.buffer(BufferKind::kHostGradSlot, 0));
+}
+
+void OffloadTrainer::Impl::read_params(float* params) {
+  drain();
+  std::fill(params, params + layout_.total, 0.0f);
+  for (size_t g = 0; g < layout_.groups.size(); ++g) opt_->read_master(static_cast<int>(g), params + layout_.groups[g].offset);
+}
+
+}  // namespace fuyou

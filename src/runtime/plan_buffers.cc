@@ -1,0 +1,223 @@
+// The plan's buffer table: every buffer an iteration uses, on the device, in host memory and
+// on SSD, with its size, for the placement and pools the planner chose. The plan's memory
+// figures are this table summed (sum_buffers); the executor allocates from it; ops name its
+// entries in their uses.
+#include <algorithm>
+
+#include "fuyou/error.h"
+#include "fuyou/plan.h"
+#include "plan_internal.h"
+
+namespace fuyou {
+
+const char* tier_name(Tier t) {
+  switch (t) {
+    case Tier::kDevice: return "device";
+    case Tier::kHost: return "host";
+    case Tier::kSsd: return "ssd";
+  }
+  return "?";
+}
+
+const char* buffer_kind_name(BufferKind k) {
+  switch (k) {
+    case BufferKind::kEmbedWeights: return "embedding";
+    case BufferKind::kFinalWeights: return "final";
+    case BufferKind::kEmbedRows: return "embedding.first_rows";
+    case BufferKind::kEmbedGrads: return "embedding.grads";
+    case BufferKind::kFinalGrads: return "final.grads";
+    case BufferKind::kWeightSlot: return "weight_slot";
+    case BufferKind::kGradSlot: return "grad_slot";
+    case BufferKind::kCkptSlot: return "ckpt_slot";
+    case BufferKind::kStream: return "stream";
+    case BufferKind::kLayerCkpt: return "ckpt.layer";
+    case BufferKind::kLayerActs: return "acts.layer";
+    case BufferKind::kWorkActs: return "work_acts";
+    case BufferKind::kScratch: return "scratch";
+    case BufferKind::kResidualGrad: return "residual_grad";
+    case BufferKind::kModelWorkspace: return "model_workspace";
+    case BufferKind::kReadSlot: return "read_slot";
+    case BufferKind::kWoutSlot: return "wout_slot";
+    case BufferKind::kCkptStage: return "ckpt_stage";
+    case BufferKind::kHostGradSlot: return "grad_slot";
+    case BufferKind::kGradStage: return "grad_stage";
+    case BufferKind::kGradHold: return "grad_hold.layer";
+    case BufferKind::kHostWeights: return "weights.layer";
+    case BufferKind::kHostCkpt: return "ckpt.layer";
+    case BufferKind::kHostEmbed: return "embedding";
+    case BufferKind::kHostFinal: return "final";
+    case BufferKind::kHostOptim: return "optim.group";
+    case BufferKind::kOptimChunks: return "optim_chunks";
+    case BufferKind::kDeviceArena: return "device_arena";
+    case BufferKind::kProcess: return "process";
+    case BufferKind::kSsdWeights: return "weights.layer";
+    case BufferKind::kSsdCkpt: return "ckpt.layer";
+    case BufferKind::kSsdGrads: return "grads.layer";
+    case BufferKind::kSsdOptim: return "optim.group";
+  }
+  return "?";
+}
+
+namespace {
+
+// Kinds of which a plan has several (an index) rather than one.
+bool indexed(BufferKind k) {
+  switch (k) {
+    case BufferKind::kWeightSlot: case BufferKind::kGradSlot: case BufferKind::kCkptSlot:
+    case BufferKind::kStream: case BufferKind::kLayerCkpt: case BufferKind::kLayerActs:
+    case BufferKind::kReadSlot: case BufferKind::kWoutSlot: case BufferKind::kCkptStage:
+    case BufferKind::kHostGradSlot: case BufferKind::kGradStage: case BufferKind::kGradHold:
+    case BufferKind::kHostWeights: case BufferKind::kHostCkpt: case BufferKind::kHostOptim:
+    case BufferKind::kSsdWeights: case BufferKind::kSsdCkpt: case BufferKind::kSsdGrads:
+    case BufferKind::kSsdOptim:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+std::string PlanBuffer::name() const {
+  std::string n = str(tier_name(tier), ".", buffer_kind_name(kind));
+  return indexed(kind) ? str(n, ".", index) : n;
+}
+
+int Plan::buffer(BufferKind kind, int index) const {
+  for (size_t i = 0; i < buffers.size(); ++i)
+    if (buffers[i].kind == kind && buffers[i].index == index) return static_cast<int>(i);
+  FY_CHECK(false, "the plan has no buffer ", buffer_kind_name(kind), " ", index);
+  return -1;
+}
+
+const BufferUse* PlanOp::find(Role role) const {
+  for (const BufferUse& u : uses)
+    if (u.role == role) return &u;
+  return nullptr;
+}
+
+const BufferUse& PlanOp::use(Role role) const {
+  const BufferUse* u = find(role);
+  FY_CHECK(u, op_kind_name(kind), " op ", id, " has no use of that role");
+  return *u;
+}
+
+MemoryPlan sum_buffers(const std::vector<PlanBuffer>& buffers) {
+  MemoryPlan m;
+  for (const PlanBuffer& b : buffers) {
+    if (!b.bytes) continue;
+    auto& parts = b.tier == Tier::kDevice ? m.device_parts : b.tier == Tier::kHost ? m.host_parts : m.ssd_parts;
+    (b.tier == Tier::kDevice ? m.device_bytes : b.tier == Tier::kHost ? m.host_bytes : m.ssd_bytes) += b.bytes;
+    auto it = std::find_if(parts.begin(), parts.end(), [&](const auto& p) { return p.first == b.part; });
+    if (it == parts.end()) parts.push_back({b.part, b.bytes});
+    else it->second += b.bytes;
+  }
+  return m;
+}
+
+namespace plan_detail {
+
+namespace {
+
+struct TableWriter {
+  std::vector<PlanBuffer> out;
+  void add(BufferKind kind, int index, Tier tier, uint64_t bytes, const std::string& part) {
+    out.push_back({kind, index, tier, bytes, part});
+  }
+  void slots(BufferKind kind, int count, Tier tier, uint64_t bytes, const std::string& part) {
+    for (int s = 0; s < count; ++s) add(kind, s, tier, bytes, part);
+  }
+};
+
+}  // namespace
+
+std::vector<PlanBuffer> device_buffers(const ModelConfig& m, int micro_batch, const std::vector<ActPlacement>& acts,
+                                       int weight_slots, int ckpt_slots, int grad_slots) {
+  const Sizes sz = compute_sizes(m, micro_batch);
+  const Tier D = Tier::kDevice;
+  TableWriter t;
+  const std::string globals = "embedding + final norm: weights and gradients";
+  t.add(BufferKind::kEmbedWeights, 0, D, sz.embed, globals);
+  t.add(BufferKind::kEmbedRows, 0, D, 0, globals);  // a view of the embedding: no memory of its own
+  t.add(BufferKind::kEmbedGrads, 0, D, sz.embed, globals);
+  t.add(BufferKind::kFinalWeights, 0, D, sz.final, globals);
+  t.add(BufferKind::kFinalGrads, 0, D, sz.final, globals);
+  t.add(BufferKind::kModelWorkspace, 0, D, sz.workspace, "model workspace (logits, head, backward scratch)");
+  t.slots(BufferKind::kStream, 2, D, sz.ckpt, "forward stream buffers (2)");
+  const std::string work = "working activations + recompute scratch + residual gradient";
+  t.add(BufferKind::kWorkActs, 0, D, sz.acts, work);
+  t.add(BufferKind::kScratch, 0, D, sz.ckpt, work);
+  t.add(BufferKind::kResidualGrad, 0, D, sz.ckpt, work);
+  for (size_t l = 0; l < acts.size(); ++l)
+    if (acts[l] == ActPlacement::kKeep) {
+      t.add(BufferKind::kLayerActs, static_cast<int>(l), D, sz.acts, "kept activations");
+      t.add(BufferKind::kLayerCkpt, static_cast<int>(l), D, sz.ckpt, "kept activations");
+    }
+  for (size_t l = 0; l < acts.size(); ++l)
+    if (acts[l] == ActPlacement::kDevice) t.add(BufferKind::kLayerCkpt, static_cast<int>(l), D, sz.ckpt, "checkpoints on device");
+  t.slots(BufferKind::kWeightSlot, weight_slots, D, sz.weights, str("weight slots (", weight_slots, ")"));
+  t.slots(BufferKind::kCkptSlot, ckpt_slots, D, sz.ckpt, str("checkpoint slots (", ckpt_slots, ")"));
+  t.slots(BufferKind::kGradSlot, grad_slots, D, sz.weights, str("gradient slots (", grad_slots, ")"));
+  return t.out;
+}
+
+std::vector<PlanBuffer> buffer_table(const Plan& plan, bool have_ssd, bool device_is_host_memory) {
+  const ModelConfig& m = plan.model;
+  const int L = m.n_layer;
+  const Sizes sz = compute_sizes(m, plan.micro_batch);
+  const PlanPools& pp = plan.pools;
+  std::vector<ActPlacement> acts;
+  for (const LayerDecision& d : plan.layers) acts.push_back(d.act);
+  TableWriter t;
+  t.out = device_buffers(m, plan.micro_batch, acts, pp.device_weight_slots, pp.device_ckpt_slots,
+                         pp.device_grad_slots);
+  uint64_t device_total = 0;
+  for (const PlanBuffer& b : t.out) device_total += b.bytes;
+
+  const Tier H = Tier::kHost, S = Tier::kSsd;
+  t.add(BufferKind::kProcess, 0, H, kProcessBaseline, "process baseline");
+  if (device_is_host_memory) t.add(BufferKind::kDeviceArena, 0, H, device_total, "device arena (CPU backend: host memory)");
+  for (int l = 0; l < L; ++l)
+    if (acts[l] == ActPlacement::kHost) t.add(BufferKind::kHostCkpt, l, H, sz.ckpt, "host checkpoints");
+  t.slots(BufferKind::kHostGradSlot, pp.host_grad_slots, H, std::max(sz.weights, std::max(sz.embed, sz.final)),
+          "gradient slots");
+  for (int l = 0; l < L && plan.holds_grads(); ++l)
+    if (plan.layers[l].grads == StateTier::kHost)
+      t.add(BufferKind::kGradHold, l, H, sz.weights,
+            plan.exact ? "held gradients (exact mode)" : "held gradients (gradient accumulation)");
+  t.slots(BufferKind::kGradStage, pp.host_grad_stage_slots, H, sz.weights,
+          plan.deferred_updates ? "top layers' gradients (deferred updates)" : "held gradient staging");
+  t.slots(BufferKind::kCkptStage, pp.host_ckpt_slots, H, sz.ckpt, "checkpoint staging");
+  t.add(BufferKind::kHostEmbed, 0, H, sz.embed, "weights");
+  t.add(BufferKind::kHostFinal, 0, H, sz.final, "weights");
+  for (int l = 0; l < L; ++l)
+    if (plan.layers[l].weights == StateTier::kHost) t.add(BufferKind::kHostWeights, l, H, sz.weights, "weights");
+  t.slots(BufferKind::kReadSlot, pp.host_weight_slots, H, sz.weights, "weight staging");
+  t.slots(BufferKind::kWoutSlot, pp.host_wout_slots, H, sz.weights, "weight staging");
+  const ParamLayout layout = make_gpt_layout(m);
+  for (int g = 0; g <= L + 1; ++g)
+    if (optim_tier(plan, g) == StateTier::kHost)
+      t.add(BufferKind::kHostOptim, g, H, 12ull * layout.groups[g].numel, "optimizer state");
+  if (have_ssd) t.add(BufferKind::kOptimChunks, 0, H, ooc_chunk_pool_bytes(), "optimizer chunk slots");
+
+  for (int l = 0; l < L; ++l)
+    if (plan.layers[l].weights == StateTier::kSsd) t.add(BufferKind::kSsdWeights, l, S, sz.weights, "weights");
+  for (int g = 0; g <= L + 1; ++g)
+    if (optim_tier(plan, g) == StateTier::kSsd)
+      t.add(BufferKind::kSsdOptim, g, S, 12ull * layout.groups[g].numel, "optimizer state");
+  for (int l = 0; l < L; ++l)
+    if (acts[l] == ActPlacement::kSsd) t.add(BufferKind::kSsdCkpt, l, S, sz.ckpt, "checkpoints");
+  for (int l = 0; l < L && plan.holds_grads(); ++l)
+    if (plan.layers[l].grads == StateTier::kSsd) t.add(BufferKind::kSsdGrads, l, S, sz.weights, "held gradients");
+  return t.out;
+}
+
+StateTier optim_tier(const Plan& plan, int group) {
+  const int L = plan.model.n_layer;
+  if (group == 0) return plan.embed_optim;
+  if (group == L + 1) return plan.final_optim;
+  return plan.layers.at(group - 1).optim;
+}
+
+}  // namespace plan_detail
+}  // namespace fuyou
