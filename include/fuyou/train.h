@@ -11,6 +11,7 @@
 #include "fuyou/config.h"
 #include "fuyou/loss_scale.h"
 #include "fuyou/model.h"
+#include "fuyou/train_state.h"
 
 namespace fuyou {
 
@@ -48,6 +49,14 @@ class StepRunner {
 
   void init_params();                       // init_gpt_params with model.seed
   void set_params(const float* host_params);  // layout() order, layout().total elements
+
+  // Checkpoints: the host arrays of each state kind (layout() order), the device copy of
+  // one group's weights refreshed from the master after it was restored, and the counters.
+  std::vector<float>& state(StateKind kind);
+  void upload_group(int group);
+  OptimizerCounters counters() const;
+  void set_counters(const OptimizerCounters& c);
+
 
   struct Result {
     float loss = 0;        // mean over the step's counted targets, before the update

@@ -360,6 +360,37 @@ class OffloadTrainer::Impl {
     return hgrad_[0];
   }
 
+  void read_group_state(int g, StateKind kind, const StateSink& sink) {
+    drain();
+    opt_->read_state(g, kind, sink);
+  }
+
+  void write_group_state(int g, StateKind kind, const StateSource& source) {
+    drain();
+    if (kind != StateKind::kMaster) return opt_->write_state(g, kind, source);
+    float* staging = hgrad_[0];
+    source(0, staging, layout_.groups.at(g).numel);
+    set_group_params(g, staging);
+  }
+
+  OptimizerCounters counters() {
+    drain();
+    OptimizerCounters c;
+    c.adam_step = t_;
+    c.has_loss_scale = scaler_ != nullptr;
+    if (scaler_) c.loss_scale = scaler_->state();
+    return c;
+  }
+
+  void set_counters(const OptimizerCounters& c) {
+    drain();
+    if (c.has_loss_scale != (scaler_ != nullptr))
+      throw Error(str("training state: the checkpoint ", c.has_loss_scale ? "has" : "has no",
+                      " fp16 loss-scale state but this run ", scaler_ ? "uses" : "does not use", " fp16"));
+    t_ = c.adam_step;
+    if (scaler_) scaler_->restore(c.loss_scale);
+  }
+
   void read_params(float* params) {
     drain();
     std::fill(params, params + layout_.total, 0.0f);
@@ -906,6 +937,12 @@ OffloadStepResult OffloadTrainer::step(int64_t s, const std::vector<const int32_
                                        const std::vector<const uint8_t*>& masks) {
   return impl_->step(s, mbs, masks);
 }
+void OffloadTrainer::read_group_state(int g, StateKind k, const StateSink& sink) { impl_->read_group_state(g, k, sink); }
+void OffloadTrainer::write_group_state(int g, StateKind k, const StateSource& source) {
+  impl_->write_group_state(g, k, source);
+}
+OptimizerCounters OffloadTrainer::counters() { return impl_->counters(); }
+void OffloadTrainer::set_counters(const OptimizerCounters& c) { impl_->set_counters(c); }
 float OffloadTrainer::eval_loss(const int32_t* batch, const uint8_t* mask) { return impl_->eval_loss(batch, mask); }
 void OffloadTrainer::write_trace(const std::string& path) const { impl_->write_trace(path); }
 

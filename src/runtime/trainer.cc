@@ -95,6 +95,31 @@ void StepRunner::set_params(const float* host_params) {
   be_.copy_to_device(model_.params(), master_.data(), master_.size() * sizeof(float));
 }
 
+std::vector<float>& StepRunner::state(StateKind kind) {
+  return kind == StateKind::kMaster ? master_ : kind == StateKind::kAdamM ? m_ : v_;
+}
+
+void StepRunner::upload_group(int group) {
+  const ParamGroup& g = model_.layout().groups.at(group);
+  be_.copy_to_device(model_.params() + g.offset, master_.data() + g.offset, 4 * g.numel);
+}
+
+OptimizerCounters StepRunner::counters() const {
+  OptimizerCounters c;
+  c.adam_step = t_;
+  c.has_loss_scale = scaler_ != nullptr;
+  if (scaler_) c.loss_scale = scaler_->state();
+  return c;
+}
+
+void StepRunner::set_counters(const OptimizerCounters& c) {
+  if (c.has_loss_scale != (scaler_ != nullptr))
+    throw Error(str("training state: the checkpoint ", c.has_loss_scale ? "has" : "has no",
+                    " fp16 loss-scale state but this run ", scaler_ ? "uses" : "does not use", " fp16"));
+  t_ = c.adam_step;
+  if (scaler_) scaler_->restore(c.loss_scale);
+}
+
 StepRunner::Result StepRunner::step(int64_t step_index,
                                     const std::vector<const int32_t*>& micro_batches,
                                     const std::vector<const uint8_t*>& masks) {
