@@ -7,6 +7,7 @@ packages=(
   build-essential cmake pkg-config   # compiler and build
   libdnnl-dev                        # CPU GEMMs (oneDNN); see docs/dependencies.md
   libyaml-cpp-dev libspdlog-dev nlohmann-json3-dev libcli11-dev liburing-dev
+  libxxhash-dev                      # checkpoint checksums (XXH3)
   catch2                             # tests
   fortunes                           # English text for the embedded default config
 )
