@@ -68,8 +68,16 @@ bool wants_offload(const Config& cfg);
 // activation decisions of offload.activations (empty for auto).
 PlanRequest plan_request(const Config& cfg);
 
+class FileLayer;  // src/storage/file_layer.h
+
+struct EngineOptions {
+  // The SSD store's file layer (StoreConfig::files); null: the real one. Tests inject
+  // faults through it.
+  std::shared_ptr<FileLayer> store_files;
+};
+
 // Opens the SSD store if offload.ssd_paths is set and builds the plan within the budgets;
 // throws Error naming what does not fit.
-std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backend);
+std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backend, const EngineOptions& opts = {});
 
 }  // namespace fuyou

@@ -218,7 +218,7 @@ PlanRequest plan_request(const Config& cfg) {
   return req;
 }
 
-std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backend) {
+std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backend, const EngineOptions& opts) {
   if (!wants_offload(cfg)) return std::make_unique<InMemoryEngine>(cfg, backend);
   PlanRequest req = plan_request(cfg);
   req.embed_rows_first = backend.kind() != BackendKind::kCpu;
@@ -242,6 +242,7 @@ std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backe
   if (req.have_ssd) {
     StoreConfig sc;
     sc.dirs = cfg.offload.ssd_paths;
+    sc.files = opts.store_files;
     store = SsdStore::open(sc);
     // The whole plan's extents at once, so a run that cannot hold them stops here with the
     // total rather than at whichever extent happens to be defined last.
