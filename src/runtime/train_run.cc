@@ -230,7 +230,11 @@ void TrainingRun::make_engine() {
   spdlog::info("{}", why);
   engine_ = make_train_engine(cfg_, *backend_);
   // A second stop signal ends the process at once; it can still unlink the store's files.
-  if (opts_.stop) opts_.stop->set_cleanup_paths(engine_->store_cleanup_paths());
+  if (opts_.stop) {
+    std::vector<std::string> paths = engine_->store_cleanup_paths();
+    paths.push_back(lock_->path());
+    opts_.stop->set_cleanup_paths(paths);
+  }
   const ParamLayout layout = make_gpt_layout(cfg_.model);
   spdlog::info("model: {}{}, {} layers, d_model {}, {} heads, d_ff {}, vocab {}, seq {}: {:.2f}M parameters",
                cfg_.model.family, cfg_.model.checkpoint.empty() ? std::string() : " from " + cfg_.model.checkpoint,
@@ -461,9 +465,11 @@ TrainSummary TrainingRun::run() {
     sum_.first_val_loss = progress_.first_val_loss = evaluate(0);
     spdlog::info("step 0: validation loss {:.4f}", sum_.first_val_loss);
   }
+  // A run killed after its last checkpoint but before its final weights: finishing it is
+  // writing them.
   if (sum_.start_step >= cfg_.schedule.steps)
-    throw ConfigError(str("--resume: the checkpoint is at step ", sum_.start_step, " and schedule.steps is ",
-                          cfg_.schedule.steps, ": nothing to train (train longer with --set schedule.steps=N)"));
+    spdlog::warn("resume: the checkpoint is at step {} and schedule.steps is {}: nothing to train; writing the final "
+                 "weights from it (train longer with --set schedule.steps=N)", sum_.start_step, cfg_.schedule.steps);
   auto start = clock_type::now();
   last_checkpoint_time_ = start;
   const auto stop_asked = [&] { return opts_.stop && opts_.stop->requested(); };
