@@ -375,3 +375,17 @@ TEST_CASE("a damaged checkpoint is refused naming the file and the group", "[che
   test::write_all(fs::path(s.run("a")) / "checkpoints" / "latest", "step-99\n");
   CHECK(fs::path(resolve_checkpoint(s.run("a"))).filename() == "step-8");
 }
+
+TEST_CASE("a run directory too small for the weights and checkpoints is refused before step 1", "[checkpoint]") {
+  Scratch s("preflight");
+  // 2.4B parameters: 29 GB per checkpoint, 5 of them (keep 4, plus the one being written),
+  // far more than the build filesystem holds. Refused from the config alone, before the
+  // engine allocates anything.
+  Config cfg = base_config(s, "checkpoint.keep=4");
+  cfg.model.n_layer = 48;
+  cfg.model.d_model = 2048;
+  cfg.model.d_ff = 8192;
+  CHECK_THROWS_WITH(train(cfg, s.run("a")), Contains("run directory") && Contains("checkpoint(s) of") &&
+                                                Contains("checkpoint.keep 4") && Contains("free"));
+  CHECK_FALSE(fs::exists(fs::path(s.run("a")) / "metrics.jsonl"));
+}

@@ -454,8 +454,8 @@ void TrainingRun::finish(clock_type::time_point start) {
 TrainSummary TrainingRun::run() {
   open_run_dir();
   load_data();
-  make_engine();
   preflight();
+  make_engine();
   start_state();
   metrics_.open(dir_ / "metrics.jsonl", std::ios::app);
   if (!metrics_) throw IoError(str((dir_ / "metrics.jsonl").string(), ": cannot open for writing"));
