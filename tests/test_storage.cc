@@ -333,18 +333,23 @@ TEST_CASE("storage: bad configs and requests are refused with the reason", "[sto
                     Contains("/nope' is not a directory"));
 
   auto store = SsdStore::open(config(t.dirs, 64 * KiB, 64 * KiB, 4));
-  // A second store on the same files: refused, whether or not it may overwrite.
+  // A second store on the same directories: refused by the directory lock, naming the pid,
+  // whether or not it may overwrite, and whatever its file name.
+  const std::string pid = std::to_string(::getpid());
   CHECK_THROWS_WITH(SsdStore::open(config(t.dirs, 64 * KiB, 64 * KiB, 4)),
-                    Contains("already exists"));
+                    Contains("is in use by another fuyou process (pid " + pid));
   StoreConfig over = config(t.dirs, 64 * KiB, 64 * KiB, 4);
   over.overwrite = true;
-  CHECK_THROWS_WITH(SsdStore::open(over), Contains("in use by another store"));
+  over.file_name = "other.store";
+  CHECK_THROWS_WITH(SsdStore::open(over), Contains("two runs cannot share one"));
 
-  // A stale file nobody holds may be overwritten when asked; it is then the store's.
+  // A file no fuyou process is known to have left (no lock beside it) is refused with a hint
+  // that names no configuration key; it may be overwritten when asked, and is then the store's.
   TempDirs t2("stale", 1);
   std::ofstream(t2.dirs[0] + "/fuyou.store") << "left over";
   CHECK_THROWS_WITH(SsdStore::open(config(t2.dirs, 64 * KiB, 64 * KiB, 4)),
-                    Contains("already exists"));
+                    Contains("already exists") && Contains("remove it if nothing needs it") &&
+                        !Contains("set overwrite"));
   StoreConfig stale = config(t2.dirs, 64 * KiB, 64 * KiB, 4);
   stale.overwrite = true;
   auto s2 = SsdStore::open(stale);
@@ -582,6 +587,55 @@ TEST_CASE("storage: a failed fdatasync in flush names the file", "[storage]") {
   files->fdatasync_error = EIO;
   CHECK_THROWS_WITH(store->flush(), Contains("fdatasync of " + store->backing_paths()[0]) &&
                                         Contains("Input/output error"));
+}
+
+TEST_CASE("storage: each directory is locked while open; closing leaves it empty", "[storage]") {
+  TempDirs t("lock", 2);
+  {
+    auto store = SsdStore::open(config(t.dirs, 64 * KiB, 64 * KiB, 4));
+    store->define_extent("a", 100 * KiB);
+    for (const auto& d : t.dirs) {
+      CHECK(fs::exists(d + "/fuyou.lock"));
+      CHECK(slurp(d + "/fuyou.lock") == std::to_string(::getpid()) + "\n");
+    }
+    // What a process that must exit at once unlinks: exactly what closing removes.
+    auto paths = store->cleanup_paths();
+    CHECK(paths.size() == 4);
+  }
+  for (const auto& d : t.dirs) CHECK(fs::is_empty(d));
+}
+
+TEST_CASE("storage: a store file left by a process that is gone is reclaimed at open", "[storage]") {
+  TempDirs t("reclaim", 2);
+  // What a SIGKILLed run leaves: its lock files (no longer locked: the kernel dropped the
+  // flock with the process) and its backing files.
+  for (const auto& d : t.dirs) {
+    std::ofstream(d + "/fuyou.lock") << "999999\n";
+    std::ofstream(d + "/fuyou.store") << std::string(12345, 'x');
+  }
+  auto store = SsdStore::open(config(t.dirs, 64 * KiB, 64 * KiB, 4));
+  CHECK(store->stats().reclaimed_bytes == 2 * 12345);
+  for (const auto& d : t.dirs) CHECK(fs::file_size(d + "/fuyou.store") == 0);  // a new, empty file
+  // Another store's file beside a stale lock is not this store's to take.
+  TempDirs t2("reclaim-other", 1);
+  std::ofstream(t2.dirs[0] + "/fuyou.lock") << "999999\n";
+  std::ofstream(t2.dirs[0] + "/other.store") << "keep me";
+  auto s2 = SsdStore::open(config(t2.dirs, 64 * KiB, 64 * KiB, 4));
+  CHECK(s2->stats().reclaimed_bytes == 0);
+  CHECK(slurp(t2.dirs[0] + "/other.store") == "keep me");
+}
+
+TEST_CASE("storage: check_space refuses a plan larger than the free space, with the numbers", "[storage]") {
+  TempDirs t("space", 2);
+  auto files = std::make_shared<FaultyFiles>();
+  StoreConfig c = config(t.dirs, 64 * KiB, 64 * KiB, 4);
+  c.files = files;
+  auto store = SsdStore::open(c);
+  files->free_override = 1 * MiB;  // both directories on one filesystem: 1 MiB in all
+  store->check_space(1 * MiB - 128 * KiB, "the plan");
+  CHECK_THROWS_WITH(store->check_space(3 * MiB, "the plan's extents"),
+                    Contains("the plan's extents (3145728 bytes in all") && Contains("needs 3145728 more bytes") &&
+                        Contains("has 1048576 free"));
 }
 
 TEST_CASE("storage: host pool carves fixed slots from a few 2 MiB-aligned regions", "[storage]") {

@@ -17,6 +17,7 @@
 #include "fuyou/engine.h"
 #include "fuyou/train.h"
 #include "src/optim/adam_bench.h"
+#include "src/runtime/checkpoint_bench.h"
 #include "kernels/cpu/fma_peak.h"
 #include "kernels/cpu/gemm.h"
 #include "src/storage/io_bench.h"
@@ -322,6 +323,14 @@ int main(int argc, char** argv) {
   profile->add_option("--threads", prof.threads, "Threads (0: all)");
   profile->add_option("--io-size", prof_size, "Bytes written then read for the SSD figures");
   profile->add_option("--backend", prof_backend, "cpu (default) or cuda: which backend's compute and copies");
+  fuyou::CheckpointBenchOptions ckpt_opts;
+  bool ckpt_json = false;
+  auto* ckpt = app.add_subcommand("checkpoint", "Save and restore a config's training state, beside fio");
+  ckpt->add_option("--config", config_path, "YAML config (default: the embedded default)");
+  ckpt->add_option("--set", sets, "Override a key: section.key=value");
+  ckpt->add_option("--dir", ckpt_opts.dir, "Directory for the checkpoint and fio's file (default: ./fuyou-bench-checkpoint-PID)");
+  ckpt->add_flag("!--no-fio", ckpt_opts.fio, "Do not run fio beside");
+  ckpt->add_flag("--json", ckpt_json, "One JSON object on stdout");
   CLI11_PARSE(app, argc, argv);
 
   fuyou::init_logging(false);
@@ -342,6 +351,12 @@ int main(int argc, char** argv) {
     fuyou::Config cfg = load(config_path, sets);
     if (*train) return bench_train(cfg, ta);
     if (*gemm) return bench_gemm(cfg, threads ? threads : cfg.runtime.threads, json);
+    if (*ckpt) {
+      nlohmann::json r = fuyou::run_checkpoint_bench(cfg, ckpt_opts);
+      if (ckpt_json) std::printf("%s\n", r.dump().c_str());
+      else fuyou::print_checkpoint_bench(r);
+      return 0;
+    }
   } catch (const fuyou::Error& e) {
     spdlog::error("{}", e.what());
     return 1;

@@ -1,38 +1,57 @@
-// fuyou-train: trains a model from a YAML config (or the embedded default).
+// fuyou-train: trains a model from a YAML config (or the embedded default), or continues a
+// run from a checkpoint (--resume). SIGINT / SIGTERM stop it gracefully (include/fuyou/stop.h):
+// exit status 130 / 143 after a checkpoint; a second signal exits at once.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 
+#include "fuyou/checkpoint.h"
 #include "fuyou/config.h"
 #include "fuyou/error.h"
 #include "fuyou/log.h"
+#include "fuyou/stop.h"
 #include "fuyou/train.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"fuyou-train: train a GPT on the CPU or GPU backend"};
-  std::string config_path, run_dir;
+  std::string config_path, run_dir, resume;
   std::vector<std::string> sets;
   bool print_config = false, verbose = false;
   app.add_option("--config", config_path, "YAML config file (default: the embedded default)");
   app.add_option("--set", sets, "Override a key: section.key=value (repeatable)");
-  app.add_option("--run-dir", run_dir, "Directory for metrics, logs and weights (must be new or empty)");
+  app.add_option("--run-dir", run_dir,
+                 "Directory for metrics, logs and weights (must be new or empty; with --resume: "
+                 "a new run branching from the checkpoint)");
+  app.add_option("--resume", resume,
+                 "Continue from a checkpoint: RUN_DIR (its latest) or RUN_DIR/checkpoints/step-N; "
+                 "the config is the checkpoint's unless --config is given");
   app.add_flag("--print-config", print_config, "Print the resolved config and exit");
   app.add_flag("-v,--verbose", verbose, "Debug logging");
   CLI11_PARSE(app, argc, argv);
 
   fuyou::init_logging(verbose);
+  // Installed before anything slow (data, engine): a stop asked during start-up is honoured
+  // at the first step boundary.
+  fuyou::StopSignals stop;
   try {
-    fuyou::Config cfg = config_path.empty()
-                            ? fuyou::parse_config(fuyou::default_config_text(), "<default config>", sets)
-                            : fuyou::load_config_file(config_path, sets);
+    fuyou::TrainOptions opts;
+    fuyou::Config cfg;
+    if (!resume.empty()) {
+      opts.resume = fuyou::resolve_checkpoint(resume);
+      cfg = fuyou::resume_config(opts.resume, config_path, sets);
+    } else {
+      cfg = config_path.empty() ? fuyou::parse_config(fuyou::default_config_text(), "<default config>", sets)
+                                : fuyou::load_config_file(config_path, sets);
+    }
     if (print_config) {
       std::fputs(fuyou::config_to_yaml(cfg).c_str(), stdout);
       return 0;
     }
-    fuyou::TrainOptions opts;
     opts.run_dir = run_dir;
     opts.progress_line = ::isatty(STDERR_FILENO);
-    fuyou::run_training(cfg, opts);
+    opts.stop = &stop;
+    fuyou::TrainSummary s = fuyou::run_training(cfg, opts);
+    if (s.stop_signal) return 128 + s.stop_signal;
   } catch (const fuyou::Error& e) {
     spdlog::error("{}", e.what());
     return 1;

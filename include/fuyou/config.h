@@ -1,5 +1,5 @@
 // The training configuration: YAML sections model, data, optimizer, schedule, offload,
-// runtime. Every key is documented in docs/config.md. Loading validates everything before
+// runtime, checkpoint. Every key is documented in docs/config.md. Loading validates everything before
 // any work starts: an unknown key, a wrong type or an impossible value is a ConfigError
 // naming the key and what is allowed.
 #pragma once
@@ -100,6 +100,16 @@ struct RuntimeConfig {
   uint64_t seed = 1234;
 };
 
+// Training-state checkpoints (docs/checkpoints.md): RUN_DIR/checkpoints/step-N, written at
+// step boundaries; the last step gets one too whenever either interval is set, so a
+// finished run can be extended with --resume. A graceful stop (SIGINT/SIGTERM) always
+// writes one.
+struct CheckpointConfig {
+  int64_t every_steps = 0;     // 0: not by step count
+  double every_minutes = 30;   // wall-clock minutes of training between checkpoints; 0: not by time
+  int keep = 2;                // complete checkpoints kept (the newest ones), at least 1
+};
+
 struct Config {
   ModelConfig model;
   DataConfig data;
@@ -107,6 +117,7 @@ struct Config {
   ScheduleConfig schedule;
   OffloadConfig offload;
   RuntimeConfig runtime;
+  CheckpointConfig checkpoint;
 };
 
 // Parses and validates YAML text. `source` names it in errors (a path or "<default>").
@@ -120,6 +131,10 @@ const std::string& default_config_text();
 
 // The config as YAML, every key written out, so a run directory records what ran.
 std::string config_to_yaml(const Config& c);
+// The same for a run directory or a checkpoint: the model section is already resolved, so
+// model.checkpoint (the directory the run started from) is left out and the text loads
+// without that directory; the origin is kept as a comment.
+std::string config_to_self_contained_yaml(const Config& c);
 
 const char* activation_policy_name(ActivationPolicy p);
 

@@ -85,6 +85,9 @@ class BatchSampler {
   // as next() does (no redraws: a fixed window may have no counted target).
   void fixed(int64_t i, int64_t count, int32_t* batch, uint8_t* counted = nullptr) const;
   uint64_t position() const { return draws_; }
+  // Continues from a position() saved earlier (a checkpoint): the windows that follow are
+  // those an uninterrupted sampler would have drawn next.
+  void set_position(uint64_t draws) { draws_ = draws; }
 
  private:
   void take(uint64_t start, int b, int32_t* batch, uint8_t* counted) const;

@@ -12,6 +12,7 @@
 #include "fuyou/config.h"
 #include "fuyou/scheduler.h"
 #include "fuyou/train.h"
+#include "fuyou/train_state.h"
 
 namespace fuyou {
 
@@ -42,6 +43,17 @@ class TrainEngine {
   // Writes the fp32 master weights as safetensors (engine tensor names), group by group.
   virtual void save_weights(const std::string& path, const std::map<std::string, std::string>& metadata) = 0;
   virtual void write_trace(const std::string& path) const = 0;
+
+  // Training-state checkpoints (include/fuyou/checkpoint.h), between steps. read_state
+  // streams one kind of one parameter group (make_gpt_layout order, padding included) from
+  // wherever it lives; write_state sets it, kMaster first (it also sets the group's weights
+  // for the forward and zeroes its moments), then kAdamM and kAdamV.
+  virtual void read_state(int group, StateKind kind, const StateSink& sink) = 0;
+  virtual void write_state(int group, StateKind kind, const StateSource& source) = 0;
+  virtual OptimizerCounters counters() = 0;
+  virtual void set_counters(const OptimizerCounters& c) = 0;
+  // What closing this engine's SSD store removes (SsdStore::cleanup_paths); empty without one.
+  virtual std::vector<std::string> store_cleanup_paths() const { return {}; }
   // The simulator's iteration time for the plan the automatic activation placement chose
   // (offload.activations auto with offload.hardware set); 0 when there is none.
   virtual double predicted_iteration_s() const { return 0; }
@@ -56,8 +68,16 @@ bool wants_offload(const Config& cfg);
 // activation decisions of offload.activations (empty for auto).
 PlanRequest plan_request(const Config& cfg);
 
+class FileLayer;  // src/storage/file_layer.h
+
+struct EngineOptions {
+  // The SSD store's file layer (StoreConfig::files); null: the real one. Tests inject
+  // faults through it.
+  std::shared_ptr<FileLayer> store_files;
+};
+
 // Opens the SSD store if offload.ssd_paths is set and builds the plan within the budgets;
 // throws Error naming what does not fit.
-std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backend);
+std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backend, const EngineOptions& opts = {});
 
 }  // namespace fuyou

@@ -25,6 +25,13 @@ struct LossScaleConfig {
   double max_scale = 16777216.0;  // 2^24: beyond it fp32 sums of scaled losses lose digits
 };
 
+// Everything the scaler's future decisions depend on, for checkpoints.
+struct LossScaleState {
+  double scale = 65536.0;
+  int64_t clean = 0;    // clean steps in a row since the last change
+  int64_t skipped = 0;  // steps skipped so far
+};
+
 class DynamicLossScaler {
  public:
   explicit DynamicLossScaler(const LossScaleConfig& cfg = {});
@@ -41,6 +48,9 @@ class DynamicLossScaler {
   bool update(double scaled_grad_sum_squares);
 
   int64_t skipped_steps() const { return skipped_; }
+  LossScaleState state() const { return {scale_, clean_, skipped_}; }
+  // Continues from a saved state; throws Error for a scale outside [min_scale, max_scale].
+  void restore(const LossScaleState& s);
   int64_t clean_steps_in_a_row() const { return clean_; }
 
  private:

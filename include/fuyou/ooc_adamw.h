@@ -21,6 +21,7 @@
 
 #include "fuyou/optim.h"
 #include "fuyou/storage.h"
+#include "fuyou/train_state.h"
 
 namespace fuyou {
 
@@ -78,6 +79,12 @@ class OocAdamW {
   // Reads a group's master weights into dst (numel floats). Synchronous; waits for any
   // pending update of the group first.
   void read_master(int g, float* dst);
+  // One kind of a group's state in pieces (checkpoints): a host group in one piece from its
+  // arrays, an SSD group chunk by chunk through the optimizer's own pinned slots, reading or
+  // writing that kind's extent only. Synchronous, after any pending update. write_state does
+  // not touch the other kinds (init_group first for a master that goes with zero moments).
+  void read_state(int g, StateKind kind, const StateSink& sink);
+  void write_state(int g, StateKind kind, const StateSource& source);
 
   struct Update {
     int group = 0;

@@ -22,6 +22,7 @@
 #include "fuyou/config.h"
 #include "fuyou/plan.h"
 #include "fuyou/storage.h"
+#include "fuyou/train_state.h"
 
 namespace fuyou {
 
@@ -58,6 +59,15 @@ class OffloadTrainer {
   // A host buffer of the largest group's size from the plan's pools, free between steps:
   // callers stage set_group_params / read_group_params through it instead of allocating.
   float* group_staging();
+
+  // Checkpoints, between steps (each first waits for the work in flight). read_group_state
+  // streams one kind of a group's state (OocAdamW::read_state). write_group_state with
+  // kMaster fills group_staging() from `source` and sets the group as set_group_params does
+  // (weights on every tier, moments zero); kAdamM / kAdamV then stream into the optimizer.
+  void read_group_state(int group, StateKind kind, const StateSink& sink);
+  void write_group_state(int group, StateKind kind, const StateSource& source);
+  OptimizerCounters counters();
+  void set_counters(const OptimizerCounters& c);
 
   // One optimizer step on one micro-batch of B*(T+1) tokens; `mask` (B*T, or null: every
   // target counts) says which targets count in the loss (split_batch).

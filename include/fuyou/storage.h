@@ -55,8 +55,11 @@ struct StoreConfig {
   int queue_depth = 32;                   // io_uring requests in flight, 1..4096
   uint64_t request_size = 1ull << 20;     // largest io_uring request, multiple of 4 KiB, <= 1 GiB
   std::string file_name = "fuyou.store";  // backing file name inside each directory
-  // An existing backing file is refused (it may hold someone's data) unless this is set,
-  // in which case it is truncated.
+  // Each directory is locked (flock on DIR/fuyou.lock) while the store is open, so two
+  // processes cannot share one. A backing file found under a lock that a process gone left
+  // behind is reclaimed (removed, with a log line naming its bytes). Any other existing
+  // backing file is refused (it may hold someone's data) unless this is set, in which case
+  // it is truncated.
   bool overwrite = false;
   // The layout lives in this process only, so the backing files are removed at close
   // unless asked to keep them (for inspection).
@@ -86,6 +89,7 @@ struct StoreStats {
   uint64_t short_transfers = 0;  // completions with fewer bytes than asked, resubmitted
   uint64_t retries = 0;          // EINTR / EAGAIN resubmissions
   uint64_t failed_requests = 0;  // tickets that ended in an error
+  uint64_t reclaimed_bytes = 0;  // of backing files left by processes that are gone (open)
   bool fixed_buffers = false;    // a pool is registered with the ring
 };
 
@@ -135,6 +139,14 @@ class SsdStore {
   StoreStats stats() const;
   const StoreConfig& config() const;
   std::vector<std::string> backing_paths() const;
+  // What closing the store removes: the backing files it created (unless keep_files) and
+  // its directory locks. For a process that must exit at once (a second SIGINT) and can
+  // only unlink.
+  std::vector<std::string> cleanup_paths() const;
+  // Refuses (IoError with the numbers, per filesystem) when the directories cannot hold a
+  // logical space of `logical_bytes`: what a plan will define, checked before the first
+  // extent so that a run does not start and then stop half-way through its definitions.
+  void check_space(uint64_t logical_bytes, const std::string& what) const;
 
   class Impl;
 

@@ -11,6 +11,7 @@
 #include "fuyou/config.h"
 #include "fuyou/loss_scale.h"
 #include "fuyou/model.h"
+#include "fuyou/train_state.h"
 
 namespace fuyou {
 
@@ -49,6 +50,13 @@ class StepRunner {
   void init_params();                       // init_gpt_params with model.seed
   void set_params(const float* host_params);  // layout() order, layout().total elements
 
+  // Checkpoints: the host arrays of each state kind (layout() order), the device copy of
+  // one group's weights refreshed from the master after it was restored, and the counters.
+  std::vector<float>& state(StateKind kind);
+  void upload_group(int group);
+  OptimizerCounters counters() const;
+  void set_counters(const OptimizerCounters& c);
+
   struct Result {
     float loss = 0;        // mean over the step's counted targets, before the update
     double grad_norm = 0;  // global L2 norm before clipping
@@ -75,21 +83,37 @@ class StepRunner {
   std::unique_ptr<DynamicLossScaler> scaler_;  // with fp16 GEMM inputs only
 };
 
+class StopSignals;
+struct CheckpointIo;
+
 struct TrainOptions {
-  std::string run_dir;          // empty: runs/<date-time>
+  std::string run_dir;          // empty: runs/<date-time>; with `resume`: the checkpoint's run
   bool progress_line = false;   // live \r progress line (stderr is a terminal)
   std::string trace_path;       // Chrome trace of the last iteration (offloaded runs)
+  // A checkpoint directory (resolve_checkpoint) to continue from; empty: a new run. The
+  // config must pass check_resume_config against the checkpoint's (resume_config builds one).
+  std::string resume;
+  // Graceful stop requests (fuyou-train installs one); null: none.
+  StopSignals* stop = nullptr;
+  // Test seam for the checkpoint files' writes; null: write(2).
+  const CheckpointIo* checkpoint_io = nullptr;
 };
 
 struct TrainSummary {
   std::string run_dir;
-  int64_t steps = 0;
+  int64_t steps = 0;        // the step the run reached
+  int64_t start_step = 0;   // where this process began (the checkpoint's step on a resume)
   double first_val_loss = 0;
   double final_val_loss = 0;
   double final_train_loss = 0;
   double tokens_per_s = 0;
+  int stop_signal = 0;            // the signal that stopped the run early, else 0
+  std::string last_checkpoint;    // the newest checkpoint written by this process, if any
 };
 
+// Trains (or, with opts.resume, continues) a run: data, engine, loop with periodic
+// checkpoints, validation, metrics.jsonl (flushed line by line), final weights and
+// summary. Stops early, with a checkpoint and the weights, when opts.stop asks.
 TrainSummary run_training(const Config& cfg, const TrainOptions& opts);
 
 }  // namespace fuyou

@@ -112,7 +112,20 @@ ModelConfig model_from_checkpoint(const ModelConfig& given, const Section& s) {
   const std::string yaml = given.checkpoint + "/config.yaml";
   ModelConfig ck;
   try {
-    ck = load_config_file(yaml).model;
+    // Only this one level: a checkpoint's own model.checkpoint (written by older runs) is
+    // where that checkpoint came from, not something to load, and following it would
+    // recurse without end on a directory that names itself.
+    std::ifstream in(yaml);
+    if (!in) throw ConfigError(str(yaml, ": cannot open config file"));
+    std::stringstream text;
+    text << in.rdbuf();
+    YAML::Node root = YAML::Load(text.str());
+    if (root.IsMap() && root["model"] && root["model"].IsMap()) root["model"].remove("checkpoint");
+    ck = parse_config(YAML::Dump(root), yaml).model;
+  } catch (const YAML::Exception& e) {
+    s.fail("checkpoint", str("'", given.checkpoint, "': ", yaml, ": ", e.what(),
+                             " (model.checkpoint takes a directory written by fuyou-convert "
+                             "from-hf or a fuyou-train run directory)"));
   } catch (const ConfigError& e) {
     s.fail("checkpoint", str("'", given.checkpoint, "': ", e.what(),
                              " (model.checkpoint takes a directory written by fuyou-convert "
@@ -150,11 +163,11 @@ void apply_override(YAML::Node& root, const std::string& assignment, const std::
   std::string section = assignment.substr(0, dot);
   std::string key = assignment.substr(dot + 1, eq - dot - 1);
   std::string value = assignment.substr(eq + 1);
-  static const std::set<std::string> sections = {"model",    "data",    "optimizer",
-                                                 "schedule", "offload", "runtime"};
+  static const std::set<std::string> sections = {"model",   "data",    "optimizer", "schedule",
+                                                 "offload", "runtime", "checkpoint"};
   if (!sections.count(section))
     throw ConfigError(str("--set '", assignment, "': unknown section '", section,
-                          "' (allowed: data, model, offload, optimizer, runtime, schedule)"));
+                          "' (allowed: checkpoint, data, model, offload, optimizer, runtime, schedule)"));
   YAML::Node parsed;
   try {
     parsed = YAML::Load(value);
@@ -199,8 +212,8 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
   if (!root.IsMap()) throw ConfigError(str(source, ": the top level must be a mapping of sections"));
   for (const auto& o : overrides) apply_override(root, o, source);
 
-  static const std::vector<std::string> sections = {"model",    "data",    "optimizer",
-                                                    "schedule", "offload", "runtime"};
+  static const std::vector<std::string> sections = {"model",   "data",    "optimizer", "schedule",
+                                                    "offload", "runtime", "checkpoint"};
   for (const auto& kv : root) {
     std::string name = kv.first.as<std::string>();
     if (std::find(sections.begin(), sections.end(), name) == sections.end())
@@ -365,6 +378,18 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
     require(r.threads >= 0 && r.threads <= 4096, s, "threads", r.threads,
             "must be in 0..4096 (0 uses every core)");
   }
+  {
+    Section s(root["checkpoint"], "checkpoint", source);
+    CheckpointConfig& k = c.checkpoint;
+    s.get("every_steps", k.every_steps);
+    s.get("every_minutes", k.every_minutes);
+    s.get("keep", k.keep);
+    s.finish();
+    require(k.every_steps >= 0, s, "every_steps", k.every_steps, "must be >= 0 (0: not by step count)");
+    require(k.every_minutes >= 0 && k.every_minutes <= 1e6, s, "every_minutes", k.every_minutes,
+            "must be in [0, 1e6] (0: not by time)");
+    require(k.keep >= 1 && k.keep <= 1000, s, "keep", k.keep, "must be in 1..1000");
+  }
   c.model.seed = c.runtime.seed;
   return c;
 }
@@ -451,8 +476,24 @@ std::string config_to_yaml(const Config& c) {
   e << YAML::Key << "precision" << YAML::Value << c.runtime.precision;
   e << YAML::Key << "seed" << YAML::Value << c.runtime.seed;
   e << YAML::EndMap;
+  e << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "every_steps" << YAML::Value << c.checkpoint.every_steps;
+  e << YAML::Key << "every_minutes" << YAML::Value << c.checkpoint.every_minutes;
+  e << YAML::Key << "keep" << YAML::Value << c.checkpoint.keep;
+  e << YAML::EndMap;
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";
+}
+
+std::string config_to_self_contained_yaml(const Config& c) {
+  Config resolved = c;
+  resolved.model.checkpoint.clear();
+  std::string text = config_to_yaml(resolved);
+  if (c.model.checkpoint.empty()) return text;
+  // YAML comments cannot hold a line break; a path with one is cut there.
+  std::string from = c.model.checkpoint.substr(0, c.model.checkpoint.find('\n'));
+  return "# model weights initialised from " + from + " (model.checkpoint); the model section below is\n"
+         "# complete, so this file does not need that directory.\n" + text;
 }
 
 }  // namespace fuyou

@@ -78,7 +78,7 @@ void SafetensorsStreamWriter::write_all(const void* data, size_t bytes) {
   const char* p = static_cast<const char*>(data);
   size_t done = 0;
   while (done < bytes) {
-    ssize_t w = ::write(fd_, p + done, bytes - done);
+    ssize_t w = write_fn_ ? write_fn_(fd_, p + done, bytes - done) : ::write(fd_, p + done, bytes - done);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0)
       throw IoError(str(tmp_, ": write of ", bytes - done, " bytes at offset ", offset_ + done,

@@ -10,7 +10,10 @@
 // already validated, for the chunked reads on the input side.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -49,6 +52,11 @@ class SafetensorsStreamWriter {
   const std::string& path() const { return path_; }
   uint64_t file_size() const { return header_bytes_ + data_bytes_; }
 
+  // Replaces write(2) for the tensor data (the header is already written): a test injects
+  // ENOSPC, EIO (return -1 with errno set) or short writes (return fewer bytes) through it.
+  using WriteFn = std::function<ssize_t(int fd, const void* data, size_t bytes)>;
+  void set_write_function(WriteFn fn) { write_fn_ = std::move(fn); }
+
  private:
   void write_all(const void* data, size_t bytes);
 
@@ -62,6 +70,7 @@ class SafetensorsStreamWriter {
   uint64_t current_done_ = 0;                 // bytes of it written so far
   uint64_t offset_ = 0;                       // bytes written to the file so far
   bool finished_ = false;
+  WriteFn write_fn_;
 };
 
 // A validated safetensors file opened for ranged reads. Owns the reader (for the header)

@@ -16,6 +16,15 @@
 
 namespace fuyou {
 
+const char* state_kind_name(StateKind k) {
+  switch (k) {
+    case StateKind::kMaster: return "master";
+    case StateKind::kAdamM: return "adam_m";
+    case StateKind::kAdamV: return "adam_v";
+  }
+  return "?";
+}
+
 std::vector<StateTier> place_optimizer_state(const std::vector<OptimGroup>& groups,
                                              uint64_t host_state_budget, bool have_store) {
   std::vector<StateTier> tiers;
@@ -251,6 +260,22 @@ class OocAdamW::Impl {
                  /*write=*/false);
   }
 
+  void read_state(int g, StateKind kind, const StateSink& sink) {
+    if (tiers_[g] == StateTier::kHost) {
+      sink(0, host_array(g, kind).data(), groups_[g].numel);
+      return;
+    }
+    stream_kind(g, kind, /*write=*/false, [&](size_t begin, size_t n, float* slot) { sink(begin, slot, n); });
+  }
+
+  void write_state(int g, StateKind kind, const StateSource& source) {
+    if (tiers_[g] == StateTier::kHost) {
+      source(0, host_array(g, kind).data(), groups_[g].numel);
+      return;
+    }
+    stream_kind(g, kind, /*write=*/true, [&](size_t begin, size_t n, float* slot) { source(begin, slot, n); });
+  }
+
   const OptimGroup& group(int g) const { return groups_.at(g); }
   StateTier tier(int g) const { return tiers_.at(g); }
   size_t num_groups() const { return groups_.size(); }
@@ -290,6 +315,33 @@ class OocAdamW::Impl {
       } else {
         store_->read_sync(e.master, off, s[0], bytes);
         fn(begin, n, s);
+      }
+    }
+  }
+
+  std::vector<float>& host_array(int g, StateKind kind) {
+    HostState& h = host_[g];
+    return kind == StateKind::kMaster ? h.master : kind == StateKind::kAdamM ? h.m : h.v;
+  }
+
+  // One kind's extent of an SSD group, chunk by chunk through slot 0 of set 0 (the worker is
+  // idle while this runs: it is called from a queued task). Writes zero the padding past the
+  // group's last element, so the bytes on disk are defined.
+  void stream_kind(int g, StateKind kind, bool write, const std::function<void(size_t, size_t, float*)>& fn) {
+    const Ext& e = ext_[g];
+    const ExtentId id = kind == StateKind::kMaster ? e.master : kind == StateKind::kAdamM ? e.m : e.v;
+    const size_t C = opts_.chunk_elems, numel = groups_[g].numel;
+    float* slot = slots_[0][0];
+    for (size_t begin = 0; begin < numel; begin += C) {
+      size_t n = std::min(C, numel - begin);
+      uint64_t bytes = (4 * n + kIoAlign - 1) / kIoAlign * kIoAlign, off = 4ull * begin;
+      if (write) {
+        std::memset(reinterpret_cast<char*>(slot) + 4 * n, 0, bytes - 4 * n);
+        fn(begin, n, slot);
+        store_->write_sync(id, off, slot, bytes);
+      } else {
+        store_->read_sync(id, off, slot, bytes);
+        fn(begin, n, slot);
       }
     }
   }
@@ -356,6 +408,16 @@ void OocAdamW::init_group(int g, const float* master) {
 
 void OocAdamW::read_master(int g, float* dst) {
   wait(impl_->enqueue([this, g, dst] { impl_->read_master(g, dst); }));
+}
+
+void OocAdamW::read_state(int g, StateKind kind, const StateSink& sink) {
+  FY_CHECK(g >= 0 && static_cast<size_t>(g) < impl_->num_groups(), "group ", g);
+  wait(impl_->enqueue([this, g, kind, &sink] { impl_->read_state(g, kind, sink); }));
+}
+
+void OocAdamW::write_state(int g, StateKind kind, const StateSource& source) {
+  FY_CHECK(g >= 0 && static_cast<size_t>(g) < impl_->num_groups(), "group ", g);
+  wait(impl_->enqueue([this, g, kind, &source] { impl_->write_state(g, kind, source); }));
 }
 
 OocAdamW::Handle OocAdamW::submit(const Update& u) {

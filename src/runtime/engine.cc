@@ -76,6 +76,24 @@ class InMemoryEngine final : public TrainEngine {
     }
     w.finish();
   }
+  void read_state(int g, StateKind kind, const StateSink& sink) override {
+    const ParamGroup& pg = runner_.model().layout().groups.at(g);
+    sink(0, runner_.state(kind).data() + pg.offset, pg.numel);
+  }
+  void write_state(int g, StateKind kind, const StateSource& source) override {
+    const ParamGroup& pg = runner_.model().layout().groups.at(g);
+    if (kind == StateKind::kMaster) {
+      // As set_params: the moments of a group whose master is set start from zero.
+      for (StateKind k : {StateKind::kAdamM, StateKind::kAdamV}) {
+        float* p = runner_.state(k).data() + pg.offset;
+        std::fill(p, p + pg.numel, 0.0f);
+      }
+    }
+    source(0, runner_.state(kind).data() + pg.offset, pg.numel);
+    if (kind == StateKind::kMaster) runner_.upload_group(g);
+  }
+  OptimizerCounters counters() override { return runner_.counters(); }
+  void set_counters(const OptimizerCounters& c) override { runner_.set_counters(c); }
   void write_trace(const std::string& path) const override {
     throw Error(str("--trace ", path, ": traces come from the offloading scheduler; this run trains in memory "
                     "(set offload.ssd_paths or offload.activations: swap to use the scheduler)"));
@@ -133,6 +151,15 @@ class OffloadEngine final : public TrainEngine {
                    [&](int g, float* dst) { trainer_.read_group_params(g, dst); });
   }
   void write_trace(const std::string& path) const override { trainer_.write_trace(path); }
+  void read_state(int g, StateKind kind, const StateSink& sink) override { trainer_.read_group_state(g, kind, sink); }
+  void write_state(int g, StateKind kind, const StateSource& source) override {
+    trainer_.write_group_state(g, kind, source);
+  }
+  OptimizerCounters counters() override { return trainer_.counters(); }
+  void set_counters(const OptimizerCounters& c) override { trainer_.set_counters(c); }
+  std::vector<std::string> store_cleanup_paths() const override {
+    return store_ ? store_->cleanup_paths() : std::vector<std::string>{};
+  }
   double predicted_iteration_s() const override { return predicted_; }
   double predicted_ = 0;  // set by make_train_engine after an automatic placement
 
@@ -191,7 +218,7 @@ PlanRequest plan_request(const Config& cfg) {
   return req;
 }
 
-std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backend) {
+std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backend, const EngineOptions& opts) {
   if (!wants_offload(cfg)) return std::make_unique<InMemoryEngine>(cfg, backend);
   PlanRequest req = plan_request(cfg);
   req.embed_rows_first = backend.kind() != BackendKind::kCpu;
@@ -215,7 +242,11 @@ std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backe
   if (req.have_ssd) {
     StoreConfig sc;
     sc.dirs = cfg.offload.ssd_paths;
+    sc.files = opts.store_files;
     store = SsdStore::open(sc);
+    // The whole plan's extents at once, so a run that cannot hold them stops here with the
+    // total rather than at whichever extent happens to be defined last.
+    store->check_space(plan.memory.ssd_bytes, "the plan's SSD state");
   }
   auto engine = std::make_unique<OffloadEngine>(cfg, backend, std::move(store), std::move(plan));
   engine->predicted_ = predicted;

@@ -35,6 +35,10 @@ class OffloadTrainer::Impl {
   void read_group_params(int g, float* dst);
   void read_params(float* params);
   float* group_staging();
+  void read_group_state(int g, StateKind kind, const StateSink& sink);
+  void write_group_state(int g, StateKind kind, const StateSource& source);
+  OptimizerCounters counters();
+  void set_counters(const OptimizerCounters& c);
   OffloadStepResult step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
                          const std::vector<const uint8_t*>& masks);
   float eval_loss(const int32_t* batch, const uint8_t* mask);

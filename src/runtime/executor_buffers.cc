@@ -191,6 +191,39 @@ float* OffloadTrainer::Impl::group_staging() {
   return ptr(plan_.buffer(BufferKind::kHostGradSlot, 0));
 }
 
+void OffloadTrainer::Impl::read_group_state(int g, StateKind kind, const StateSink& sink) {
+  drain();
+  opt_->read_state(g, kind, sink);
+}
+
+// kMaster sets the group as set_group_params does (weights on every tier, moments zero),
+// through the host gradient staging slot; the moments then stream into the optimizer.
+void OffloadTrainer::Impl::write_group_state(int g, StateKind kind, const StateSource& source) {
+  drain();
+  if (kind != StateKind::kMaster) return opt_->write_state(g, kind, source);
+  float* staging = group_staging();
+  source(0, staging, layout_.groups.at(g).numel);
+  set_group_params(g, staging);
+}
+
+OptimizerCounters OffloadTrainer::Impl::counters() {
+  drain();
+  OptimizerCounters c;
+  c.adam_step = t_;
+  c.has_loss_scale = scaler_ != nullptr;
+  if (scaler_) c.loss_scale = scaler_->state();
+  return c;
+}
+
+void OffloadTrainer::Impl::set_counters(const OptimizerCounters& c) {
+  drain();
+  if (c.has_loss_scale != (scaler_ != nullptr))
+    throw Error(str("training state: the checkpoint ", c.has_loss_scale ? "has" : "has no",
+                    " fp16 loss-scale state but this run ", scaler_ ? "uses" : "does not use", " fp16"));
+  t_ = c.adam_step;
+  if (scaler_) scaler_->restore(c.loss_scale);
+}
+
 void OffloadTrainer::Impl::read_params(float* params) {
   drain();
   std::fill(params, params + layout_.total, 0.0f);

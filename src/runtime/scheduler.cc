@@ -360,6 +360,12 @@ OffloadStepResult OffloadTrainer::step(int64_t s, const std::vector<const int32_
                                        const std::vector<const uint8_t*>& masks) {
   return impl_->step(s, mbs, masks);
 }
+void OffloadTrainer::read_group_state(int g, StateKind k, const StateSink& sink) { impl_->read_group_state(g, k, sink); }
+void OffloadTrainer::write_group_state(int g, StateKind k, const StateSource& source) {
+  impl_->write_group_state(g, k, source);
+}
+OptimizerCounters OffloadTrainer::counters() { return impl_->counters(); }
+void OffloadTrainer::set_counters(const OptimizerCounters& c) { impl_->set_counters(c); }
 float OffloadTrainer::eval_loss(const int32_t* batch, const uint8_t* mask) { return impl_->eval_loss(batch, mask); }
 void OffloadTrainer::write_trace(const std::string& path) const { impl_->write_trace(path); }
 

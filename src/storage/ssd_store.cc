@@ -28,6 +28,7 @@
 #include "fuyou/log.h"
 #include "fuyou/sizes.h"
 #include "fuyou/storage.h"
+#include "src/storage/dir_lock.h"
 #include "src/storage/file_layer.h"
 #include "src/storage/io_ring.h"
 #include "src/storage/stripe_layout.h"
@@ -99,6 +100,7 @@ class SsdStore::Impl {
 
   StoreConfig cfg;
   std::shared_ptr<FileLayer> layer;
+  std::vector<std::unique_ptr<DirLock>> locks;  // one per directory, released after the files go
   std::vector<BackingFile> files;
   std::unique_ptr<IoRing> ring;
   int wake_fd = -1;
@@ -128,6 +130,8 @@ class SsdStore::Impl {
 
   // ---- checks ---------------------------------------------------------------------------
   void check_file(int d, const std::string& doing) const;
+  void reclaim_stale(const std::string& path, const DirLock& lock);
+  void check_space(const std::vector<uint64_t>& new_size, const std::string& doing) const;
   void check_request(ExtentId id, uint64_t offset, const void* buf, uint64_t bytes, IoOp op) const;
 
   // ---- the I/O thread (all with `m` held) -------------------------------------------------
@@ -183,15 +187,17 @@ void SsdStore::Impl::init() {
     BackingFile f;
     f.dir = dir;
     f.path = (fs::path(dir) / cfg.file_name).string();
+    locks.push_back(std::make_unique<DirLock>(dir, "SSD store: directory"));
+    reclaim_stale(f.path, *locks.back());
     // No O_TRUNC even with overwrite: the file is truncated only once we hold its lock.
     int flags = O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC | (cfg.overwrite ? 0 : O_EXCL);
     FileIdentity before;
     bool existed = layer->stat(f.path, &before) == 0;
     int fd = layer->open(f.path, flags, 0644);
     if (fd == -EEXIST)
-      throw IoError(str("SSD store: ", f.path,
-                        " already exists; it may hold data, so the store "
-                        "will not overwrite it (remove it, or set overwrite)"));
+      throw IoError(str("SSD store: ", f.path, " already exists and no fuyou process left a lock beside it, "
+                        "so it may hold someone's data and the store will not overwrite it (remove it if "
+                        "nothing needs it)"));
     if (fd == -EINVAL)
       throw IoError(str("SSD store: cannot open ", f.path, " with O_DIRECT: ", errno_text(EINVAL),
                         "; the filesystem does not support direct I/O (tmpfs before Linux 6.6?)"));
@@ -257,6 +263,20 @@ SsdStore::Impl::~Impl() {
     if (f.fd >= 0) layer->close(f.fd);
     if (f.created && ours && !cfg.keep_files) layer->unlink(f.path);
   }
+}
+
+// A store file under a lock file that we could take was left by a fuyou process that is
+// gone (killed, crashed, power lost): nothing can read it again (the layout lived in that
+// process), so it is removed. One without a stale lock beside it is not known to be ours and
+// is left to the O_EXCL open, which refuses it unless `overwrite`.
+void SsdStore::Impl::reclaim_stale(const std::string& path, const DirLock& lock) {
+  FileIdentity old;
+  if (!lock.found_stale() || layer->stat(path, &old) != 0) return;
+  int r = layer->unlink(path);
+  if (r < 0) throw IoError(str("SSD store: cannot remove ", path, ", left by a fuyou process that is gone: ", errno_text(-r)));
+  stats.reclaimed_bytes += old.size;
+  spdlog::warn("SSD store: reclaimed {} ({} bytes, {}) left by a fuyou process that is gone", path, old.size,
+               format_size(old.size));
 }
 
 SsdStore::SsdStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -331,33 +351,9 @@ ExtentId SsdStore::define_extent(const std::string& name, uint64_t bytes) {
   const std::string doing = str("cannot define extent '", name, "'");
   for (int d = 0; d < s.ndirs(); ++d) s.check_file(d, doing);
 
-  // Check the space first, per filesystem: two directories on one disk draw on one pool.
   std::vector<uint64_t> new_size(s.ndirs());
-  std::vector<std::pair<uint64_t, uint64_t>> need_by_dev;  // (dev, bytes)
-  for (int d = 0; d < s.ndirs(); ++d) {
-    new_size[d] = s.layout().file_size_for(d, new_end);
-    uint64_t delta = new_size[d] - s.files[d].size;
-    auto dev = std::find_if(need_by_dev.begin(), need_by_dev.end(),
-                            [&](auto& p) { return p.first == s.files[d].identity.dev; });
-    if (dev == need_by_dev.end())
-      need_by_dev.push_back({s.files[d].identity.dev, delta});
-    else
-      dev->second += delta;
-  }
-  for (int d = 0; d < s.ndirs(); ++d) {
-    auto dev = std::find_if(need_by_dev.begin(), need_by_dev.end(),
-                            [&](auto& p) { return p.first == s.files[d].identity.dev; });
-    if (dev->second == 0) continue;
-    uint64_t free_bytes = 0;
-    int r = s.layer->statvfs_free(s.files[d].dir, &free_bytes);
-    if (r < 0) throw IoError(str("SSD store: statvfs of ", s.files[d].dir, ": ", errno_text(-r)));
-    if (dev->second > free_bytes)
-      throw IoError(str("SSD store: ", doing, " (", bytes, " bytes): the filesystem of ",
-                        s.files[d].dir, " needs ", dev->second, " more bytes (",
-                        format_size(dev->second), ") but has ", free_bytes, " free (",
-                        format_size(free_bytes), ")"));
-    dev->second = 0;  // checked once per filesystem
-  }
+  for (int d = 0; d < s.ndirs(); ++d) new_size[d] = s.layout().file_size_for(d, new_end);
+  s.check_space(new_size, str(doing, " (", bytes, " bytes)"));
 
   // Then allocate; on any failure shrink every file back, so the store is unchanged.
   for (int d = 0; d < s.ndirs(); ++d) {
@@ -388,6 +384,42 @@ ExtentId SsdStore::define_extent(const std::string& name, uint64_t bytes) {
   s.by_name.emplace(name, id);
   s.end = new_end;
   return id;
+}
+
+// The space growing each file to new_size[d] takes, per filesystem (two directories on one
+// disk draw on one pool), against what statvfs says is free there.
+void SsdStore::Impl::check_space(const std::vector<uint64_t>& new_size, const std::string& doing) const {
+  std::vector<std::pair<uint64_t, uint64_t>> need_by_dev;  // (dev, bytes)
+  for (int d = 0; d < ndirs(); ++d) {
+    uint64_t delta = new_size[d] > files[d].size ? new_size[d] - files[d].size : 0;
+    auto dev = std::find_if(need_by_dev.begin(), need_by_dev.end(),
+                            [&](auto& p) { return p.first == files[d].identity.dev; });
+    if (dev == need_by_dev.end())
+      need_by_dev.push_back({files[d].identity.dev, delta});
+    else
+      dev->second += delta;
+  }
+  for (int d = 0; d < ndirs(); ++d) {
+    auto dev = std::find_if(need_by_dev.begin(), need_by_dev.end(),
+                            [&](auto& p) { return p.first == files[d].identity.dev; });
+    if (dev->second == 0) continue;
+    uint64_t free_bytes = 0;
+    int r = layer->statvfs_free(files[d].dir, &free_bytes);
+    if (r < 0) throw IoError(str("SSD store: statvfs of ", files[d].dir, ": ", errno_text(-r)));
+    if (dev->second > free_bytes)
+      throw IoError(str("SSD store: ", doing, ": the filesystem of ", files[d].dir, " needs ", dev->second,
+                        " more bytes (", format_size(dev->second), ") but has ", free_bytes, " free (",
+                        format_size(free_bytes), ")"));
+    dev->second = 0;  // checked once per filesystem
+  }
+}
+
+void SsdStore::check_space(uint64_t logical_bytes, const std::string& what) const {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lk(s.m);
+  std::vector<uint64_t> new_size(s.ndirs());
+  for (int d = 0; d < s.ndirs(); ++d) new_size[d] = s.layout().file_size_for(d, s.end + logical_bytes);
+  s.check_space(new_size, str(what, " (", logical_bytes, " bytes in all, ", format_size(logical_bytes), ")"));
 }
 
 ExtentId SsdStore::find_extent(const std::string& name) const {
@@ -604,6 +636,14 @@ const StoreConfig& SsdStore::config() const { return impl_->cfg; }
 std::vector<std::string> SsdStore::backing_paths() const {
   std::vector<std::string> out;
   for (const auto& f : impl_->files) out.push_back(f.path);
+  return out;
+}
+
+std::vector<std::string> SsdStore::cleanup_paths() const {
+  std::vector<std::string> out;
+  for (const auto& f : impl_->files)
+    if (f.created && !impl_->cfg.keep_files) out.push_back(f.path);
+  for (const auto& l : impl_->locks) out.push_back(l->path());
   return out;
 }
 

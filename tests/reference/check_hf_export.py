@@ -15,6 +15,7 @@ and checks every export; ctest runs it when transformers is importable (exit cod
 "skipped": transformers or torch is missing).
 """
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -71,9 +72,47 @@ def selftest(build_dir):
             check(out, os.path.join(fixtures, "logits_%s.safetensors" % variant))
 
 
+def selftest_resumed(build_dir):
+    """Fine-tunes the gpt2_f32 fixture with fuyou-train (model.checkpoint), removes the base,
+    resumes from a training checkpoint, and exports checkpoints and the run with to-hf: each
+    export must load, and the resumed run's must equal the uninterrupted one's."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    fixtures = os.path.join(here, "fixtures", "hf")
+    convert = os.path.join(build_dir, "fuyou-convert")
+    train = os.path.join(build_dir, "fuyou-train")
+    with tempfile.TemporaryDirectory() as tmp:
+        base = os.path.join(tmp, "base")
+        subprocess.run([convert, "from-hf", os.path.join(fixtures, "gpt2_f32"), "--out", base], check=True)
+        with open(os.path.join(tmp, "text.txt"), "w") as f:
+            f.write("the quick brown fox jumps over the lazy dog.\n" * 200)
+        cfg = os.path.join(tmp, "ft.yaml")
+        with open(cfg, "w") as f:
+            f.write("model: {checkpoint: %s}\n" % base +
+                    "data: {text: [%s], val_fraction: 0.1}\n" % os.path.join(tmp, "text.txt") +
+                    "schedule: {steps: 4, warmup_steps: 1, micro_batch: 2, eval_every: 0, eval_batches: 1}\n"
+                    "runtime: {backend: cpu, threads: 2}\ncheckpoint: {every_steps: 2}\n")
+        full, resumed = os.path.join(tmp, "full"), os.path.join(tmp, "resumed")
+        subprocess.run([train, "--config", cfg, "--run-dir", full], check=True)
+        shutil.rmtree(base)  # the runs and their checkpoints must not need it any more
+        subprocess.run([train, "--resume", os.path.join(full, "checkpoints", "step-2"), "--run-dir", resumed],
+                       check=True)
+        exports = []
+        for src in [os.path.join(resumed, "checkpoints", "step-4"), os.path.join(full, "checkpoints", "step-4"),
+                    resumed]:
+            out = os.path.join(tmp, "hf%d" % len(exports))
+            subprocess.run([convert, "to-hf", src, "--out", out], check=True)
+            check(out)
+            exports.append(load_file(os.path.join(out, "model.safetensors")))
+        for name in exports[1]:
+            if not torch.equal(exports[0][name], exports[1][name]):
+                raise SystemExit("resumed export differs from the uninterrupted one in %s" % name)
+        print("exports of a resumed checkpoint load and equal the uninterrupted run's")
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--selftest":
         selftest(sys.argv[2])
+        selftest_resumed(sys.argv[2])
     elif len(sys.argv) in (2, 3):
         check(*sys.argv[1:])
     else:

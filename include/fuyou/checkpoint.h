@@ -1,0 +1,146 @@
+// Training-state checkpoints: everything a run needs to continue bit for bit where it
+// stopped, written so that a crash at any instant leaves the previous complete checkpoint
+// or the new complete one, never a mix. The on-disk format is in docs/checkpoints.md.
+//
+//   RUN_DIR/checkpoints/step-N/   config.yaml          the resolved, self-contained config
+//                                 model.safetensors    fp32 master weights (engine names)
+//                                 optimizer.safetensors  AdamW moments: adam_m.NAME, adam_v.NAME
+//                                 manifest.json        version, step, counters, sampler, data
+//                                                      identity, checksums; written last
+//   RUN_DIR/checkpoints/latest    "step-N\n": the newest complete checkpoint
+//
+// A checkpoint is assembled in checkpoints/.staging-step-N-PID, each file fsynced, the
+// directory renamed to step-N and its parent fsynced; `latest` is replaced (write, fsync,
+// rename) last. Tensors stream group by group through the engine's own buffers
+// (TrainEngine::read_state), so saving a model larger than host memory stays within the
+// host budget.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "fuyou/config.h"
+#include "fuyou/train_state.h"
+
+namespace fuyou {
+
+class TrainEngine;
+
+inline constexpr int kCheckpointVersion = 1;
+inline constexpr const char* kCheckpointsDir = "checkpoints";
+inline constexpr const char* kLatestFile = "latest";
+inline constexpr const char* kManifestFile = "manifest.json";
+inline constexpr const char* kOptimizerFile = "optimizer.safetensors";
+
+// What the run trains on, by content rather than by path: a resume whose training tokens
+// differ is refused (the paths may move; the tokens must not).
+struct ShardIdentity {
+  std::string path;
+  uint64_t bytes = 0;
+  std::string head_xxh3;  // of the first 4 KiB (the header and the first tokens)
+};
+struct DataSplitIdentity {
+  uint64_t tokens = 0;
+  std::string xxh3;  // of the tokens (int32) followed by the loss mask bytes, if any
+  std::vector<ShardIdentity> shards;
+};
+struct DataIdentity {
+  DataSplitIdentity train, val;
+};
+DataSplitIdentity split_identity(const std::vector<int32_t>& tokens, const std::vector<uint8_t>& mask,
+                                 const std::vector<std::string>& shard_paths);
+
+// The loop's position beside the engine state.
+struct TrainProgress {
+  int64_t step = 0;               // optimizer steps completed
+  uint64_t sampler_position = 0;  // BatchSampler::position() of the training sampler
+  double first_val_loss = 0;      // validation loss at step 0 (0: none)
+  double last_val_loss = 0;       // the most recent one (0: none)
+  double train_seconds = 0;       // time spent in steps so far
+};
+
+struct CheckpointFile {
+  std::string name;
+  uint64_t bytes = 0;
+};
+
+struct CheckpointManifest {
+  int version = kCheckpointVersion;
+  int64_t step = 0;
+  int micro_batch_in_step = 0;  // checkpoints are taken at step boundaries: always 0
+  std::string engine;           // "in-memory" or "offloaded": where the state was taken from
+  OptimizerCounters counters;
+  TrainProgress progress;
+  DataIdentity data;
+  std::string created;  // UTC, ISO 8601
+  std::vector<CheckpointFile> files;
+  // Per state kind (master, adam_m, adam_v), per parameter group: XXH3-64 of the group's
+  // tensor bytes in file order, checked while restoring.
+  std::vector<std::vector<std::string>> group_xxh3;
+};
+
+// Test seam: replaces write(2) for the tensor data of the checkpoint files (ENOSPC, EIO,
+// short writes).
+struct CheckpointIo {
+  std::function<ssize_t(int fd, const void* data, size_t bytes)> write;
+};
+
+struct SavedCheckpoint {
+  std::string dir;
+  uint64_t bytes = 0;  // all files
+  double seconds = 0;
+  int pruned = 0;  // older checkpoints removed to keep checkpoint.keep
+};
+
+// Writes RUN_DIR/checkpoints/step-N (N = progress.step) as above, points `latest` at it and
+// removes the oldest complete checkpoints beyond cfg.checkpoint.keep. On any error the
+// staging directory is removed, the previous checkpoints and `latest` are untouched, and the
+// IoError names the file.
+SavedCheckpoint save_checkpoint(const std::string& run_dir, const Config& cfg, TrainEngine& engine,
+                                const TrainProgress& progress, const DataIdentity& data,
+                                const CheckpointIo& io = {});
+
+// A path given to --resume: a step directory as is; a run directory (or its checkpoints/)
+// by `latest`, falling back (with a warning) to the newest complete step directory when
+// `latest` is missing or names none. Throws Error naming what was looked for.
+std::string resolve_checkpoint(const std::string& path);
+// The run directory a step directory belongs to (RUN_DIR of RUN_DIR/checkpoints/step-N).
+std::string checkpoint_run_dir(const std::string& checkpoint_dir);
+
+// Reads and validates manifest.json (format, version, files present with their sizes).
+CheckpointManifest read_checkpoint_manifest(const std::string& dir);
+// The config the checkpoint was written with (its config.yaml).
+Config read_checkpoint_config(const std::string& dir);
+
+// Sets the engine's state from the checkpoint, group by group, checking every group's
+// checksum; the engine may place its state differently from the run that wrote it.
+void restore_checkpoint(const std::string& dir, const CheckpointManifest& m, const ModelConfig& model,
+                        TrainEngine& engine);
+
+// The config of a resume: `config_path` (may be empty: the checkpoint's own config.yaml)
+// with `overrides`, checked against the checkpoint's by check_resume_config.
+Config resume_config(const std::string& checkpoint_dir, const std::string& config_path,
+                     const std::vector<std::string>& overrides);
+
+// Refuses (ConfigError naming the first key) a resume config that differs from the
+// checkpoint's in a key that changes the training trajectory. Keys that may change are
+// listed in docs/checkpoints.md (resume_changeable_keys()).
+void check_resume_config(const Config& saved, const Config& now);
+const std::vector<std::string>& resume_changeable_keys();
+// Refuses a resume whose training data differs by content; warns for validation data.
+void check_resume_data(const DataIdentity& saved, const DataIdentity& now);
+
+// Removes what a run stopped while writing or deleting a checkpoint left in
+// RUN_DIR/checkpoints (staging and half-deleted directories), with a log line each.
+int remove_checkpoint_leftovers(const std::string& run_dir);
+// Complete checkpoints of a run (step directories with a manifest), oldest first.
+std::vector<std::string> list_checkpoints(const std::string& run_dir);
+
+// Bytes one checkpoint of this model takes (three fp32 copies plus headers), for preflight.
+uint64_t checkpoint_bytes(const ModelConfig& model);
+
+}  // namespace fuyou

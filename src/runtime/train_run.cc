@@ -1,0 +1,502 @@
+// run_training: one run of fuyou-train, new or resumed. A TrainingRun holds what the phases
+// share (run directory, data, engine, metrics, progress); each phase is a method: the run
+// directory, the data, the engine, preflight, the starting state (initialised or restored),
+// the loop (steps, metrics, validation, checkpoints, stop requests), the final weights.
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "fuyou/checkpoint.h"
+#include "fuyou/data.h"
+#include "fuyou/engine.h"
+#include "fuyou/error.h"
+#include "fuyou/log.h"
+#include "fuyou/safetensors.h"
+#include "fuyou/sizes.h"
+#include "fuyou/stop.h"
+#include "fuyou/tokenizer.h"
+#include "fuyou/train.h"
+#include "src/runtime/checkpoint_dirs.h"
+#include "src/storage/dir_lock.h"
+
+namespace fs = std::filesystem;
+
+namespace fuyou {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+std::string timestamp_dir() {
+  std::time_t now = std::time(nullptr);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "runs/%Y%m%d-%H%M%S", std::localtime(&now));
+  return buf;
+}
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  long t = static_cast<long>(s + 0.5);
+  char buf[32];
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, t / 60 % 60);
+  else if (t >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  else std::snprintf(buf, sizeof buf, "%lds", t);
+  return buf;
+}
+
+double seconds_since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
+
+// Token shards concatenated, and their loss masks: a shard X.tok with X.mask beside it
+// (fuyou-convert tokenize with --prompt-field/--completion-field) contributes its mask, one
+// without contributes all ones (every target counts). When no shard has a mask, *mask stays
+// empty and training runs exactly as without masks.
+std::vector<int32_t> load_shards(const std::vector<std::string>& paths, int vocab_size,
+                                 std::vector<uint8_t>* mask) {
+  std::vector<int32_t> all;
+  mask->clear();
+  bool any_mask = false;
+  for (const auto& p : paths) {
+    TokenShard s = read_token_shard(p);
+    if (s.vocab_size > static_cast<uint32_t>(vocab_size))
+      throw ConfigError(str(p, ": shard vocab size ", s.vocab_size, " exceeds model.vocab_size ",
+                            vocab_size));
+    const std::string mask_path = fs::path(p).replace_extension(".mask").string();
+    std::vector<uint8_t> m;
+    if (mask_path != p && fs::exists(mask_path)) {
+      m = read_loss_mask(mask_path).mask;
+      if (m.size() != s.tokens.size())
+        throw IoError(str(mask_path, ": loss mask has ", m.size(), " entries but its shard ", p, " has ",
+                          s.tokens.size(), " tokens"));
+      spdlog::info("data: {}: loss mask {} ({} of {} tokens count)", p, mask_path,
+                   std::count(m.begin(), m.end(), uint8_t{1}), m.size());
+      if (!any_mask) mask->assign(all.size(), 1);  // earlier shards had none: all count
+      any_mask = true;
+    } else {
+      m.assign(s.tokens.size(), 1);
+    }
+    if (any_mask) mask->insert(mask->end(), m.begin(), m.end());
+    all.insert(all.end(), s.tokens.begin(), s.tokens.end());
+  }
+  return all;
+}
+
+// metrics.jsonl of a run resumed at `step`: the lines of steps after it belong to the
+// trajectory the resume abandons, and a last line cut by a kill is not JSON; both go.
+void truncate_metrics(const fs::path& path, int64_t step) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return;
+  std::ifstream in(path);
+  std::string line, kept;
+  size_t dropped = 0;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() <= step)
+      kept += line + "\n";
+    else
+      ++dropped;
+  }
+  write_file_atomic(path.string(), kept.data(), kept.size());
+  if (dropped) spdlog::info("metrics: {}: dropped {} line(s) after step {}", path.string(), dropped, step);
+}
+
+uint64_t free_bytes(const std::string& dir) {
+  struct statvfs sv {};
+  if (::statvfs(dir.c_str(), &sv) != 0) throw IoError(str(dir, ": statvfs: ", std::strerror(errno)));
+  return static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
+}
+
+bool checkpoints_on(const CheckpointConfig& c) { return c.every_steps > 0 || c.every_minutes > 0; }
+
+class TrainingRun {
+ public:
+  TrainingRun(const Config& cfg, const TrainOptions& opts) : cfg_(cfg), opts_(opts) {}
+  TrainSummary run();
+
+ private:
+  void open_run_dir();
+  void load_data();
+  void make_engine();
+  void preflight();
+  void start_state();
+  void setup_validation();
+  double evaluate(int64_t step);
+  EngineStep train_step(int64_t s);
+  void log_step(int64_t step, const EngineStep& r, double dt);
+  bool checkpoint_due(int64_t step) const;
+  void checkpoint(int64_t step);
+  void finish(clock_type::time_point start);
+  void metrics_line(const nlohmann::json& j) {
+    metrics_ << j.dump() << "\n";
+    metrics_.flush();  // a killed run keeps every line it logged
+  }
+  void log(const std::string& line) {
+    if (opts_.progress_line) std::fprintf(stderr, "\n");
+    spdlog::info("{}", line);
+  }
+
+  Config cfg_;
+  TrainOptions opts_;
+  TrainSummary sum_;
+  fs::path dir_;
+  std::unique_ptr<DirLock> lock_;
+  CheckpointManifest resumed_;
+  std::unique_ptr<Backend> backend_;
+  std::vector<int32_t> train_tokens_, val_tokens_;
+  std::vector<uint8_t> train_mask_, val_mask_;  // empty: every target counts
+  DataIdentity data_id_;
+  std::unique_ptr<BatchSampler> train_sampler_, val_sampler_;
+  bool have_val_ = false;
+  std::unique_ptr<TrainEngine> engine_;
+  std::ofstream metrics_;
+  TrainProgress progress_;
+  int64_t last_checkpoint_step_ = -1;
+  clock_type::time_point last_checkpoint_time_ = clock_type::now();
+  double train_time_ = 0;  // this process's steps
+  std::vector<double> step_times_;
+};
+
+void TrainingRun::open_run_dir() {
+  std::error_code ec;
+  if (!opts_.resume.empty()) {
+    resumed_ = read_checkpoint_manifest(opts_.resume);
+    check_resume_config(read_checkpoint_config(opts_.resume), cfg_);
+    if (opts_.run_dir.empty()) opts_.run_dir = checkpoint_run_dir(opts_.resume);
+  }
+  sum_.run_dir = opts_.run_dir.empty() ? timestamp_dir() : opts_.run_dir;
+  dir_ = sum_.run_dir;
+  const bool same_run = !opts_.resume.empty() && fs::equivalent(checkpoint_run_dir(opts_.resume), dir_, ec);
+  if (!same_run && fs::exists(dir_, ec) && !fs::is_empty(dir_, ec))
+    throw Error(str("run directory '", sum_.run_dir, "' already holds files; refusing to overwrite "
+                    "them (choose another --run-dir", opts_.resume.empty() ? "" : ", or leave it out to continue in the checkpoint's run",
+                    ")"));
+  fs::create_directories(dir_, ec);
+  if (ec) throw IoError(str(sum_.run_dir, ": cannot create run directory: ", ec.message()));
+  lock_ = std::make_unique<DirLock>(dir_.string(), "run directory");
+  const std::string yaml = config_to_self_contained_yaml(cfg_);
+  write_file_atomic((dir_ / "config.yaml").string(), yaml.data(), yaml.size());
+  if (opts_.resume.empty()) return;
+  remove_checkpoint_leftovers(dir_.string());
+  const fs::path from = fs::path(checkpoint_run_dir(opts_.resume)) / "metrics.jsonl";
+  if (!same_run && fs::exists(from, ec)) fs::copy_file(from, dir_ / "metrics.jsonl", ec);
+  truncate_metrics(dir_ / "metrics.jsonl", resumed_.step);
+}
+
+void TrainingRun::load_data() {
+  std::vector<std::string> train_paths = cfg_.data.train_shards, val_paths = cfg_.data.val_shards;
+  if (!cfg_.data.text.empty()) {
+    auto t0 = clock_type::now();
+    TextShardResult r = build_text_shards(cfg_.data.text, (dir_ / "data").string(), cfg_.data.val_fraction);
+    spdlog::info("data: tokenized {} text files ({} skipped) into {} train + {} validation byte tokens in {:.1f}s",
+                 r.files, r.skipped, r.train_tokens, r.val_tokens, seconds_since(t0));
+    if (kByteVocab > static_cast<uint32_t>(cfg_.model.vocab_size))
+      throw ConfigError(str("model.vocab_size is ", cfg_.model.vocab_size,
+                            " but the byte tokenizer needs at least 256"));
+    train_tokens_ = read_token_shard(r.train_path).tokens;
+    val_tokens_ = read_token_shard(r.val_path).tokens;
+    train_paths = {r.train_path};
+    val_paths = {r.val_path};
+  } else if (!cfg_.data.train_shards.empty()) {
+    train_tokens_ = load_shards(cfg_.data.train_shards, cfg_.model.vocab_size, &train_mask_);
+    val_tokens_ = load_shards(cfg_.data.val_shards, cfg_.model.vocab_size, &val_mask_);
+  } else {
+    throw ConfigError("data: give data.text (plain-text files or directories) or data.train_shards");
+  }
+  data_id_.train = split_identity(train_tokens_, train_mask_, train_paths);
+  data_id_.val = split_identity(val_tokens_, val_mask_, val_paths);
+  if (!opts_.resume.empty()) check_resume_data(resumed_.data, data_id_);
+  const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len;
+  train_sampler_ = std::make_unique<BatchSampler>(&train_tokens_, train_mask_.empty() ? nullptr : &train_mask_, B, T,
+                                                  cfg_.runtime.seed);
+  have_val_ = val_tokens_.size() >= static_cast<size_t>(T + 1);
+  if (!have_val_) spdlog::warn("data: no validation split with at least {} tokens; validation is off", T + 1);
+  if (have_val_ && !val_mask_.empty() && std::count(val_mask_.begin() + 1, val_mask_.end(), uint8_t{1}) == 0) {
+    spdlog::warn("data: the validation loss mask counts no target; validation is off");
+    have_val_ = false;
+  }
+  if (have_val_)
+    val_sampler_ = std::make_unique<BatchSampler>(&val_tokens_, val_mask_.empty() ? nullptr : &val_mask_, B, T,
+                                                  cfg_.runtime.seed);
+}
+
+void TrainingRun::make_engine() {
+  std::string why;
+  backend_ = make_backend(cfg_.runtime, cfg_.offload.device_memory, &why);
+  spdlog::info("{}", why);
+  engine_ = make_train_engine(cfg_, *backend_);
+  // A second stop signal ends the process at once; it can still unlink the store's files.
+  if (opts_.stop) {
+    std::vector<std::string> paths = engine_->store_cleanup_paths();
+    paths.push_back(lock_->path());
+    opts_.stop->set_cleanup_paths(paths);
+  }
+  const ParamLayout layout = make_gpt_layout(cfg_.model);
+  spdlog::info("model: {}{}, {} layers, d_model {}, {} heads, d_ff {}, vocab {}, seq {}: {:.2f}M parameters",
+               cfg_.model.family, cfg_.model.checkpoint.empty() ? std::string() : " from " + cfg_.model.checkpoint,
+               cfg_.model.n_layer, cfg_.model.d_model, cfg_.model.n_head, cfg_.model.d_ff, cfg_.model.vocab_size,
+               cfg_.model.seq_len, layout.num_params() / 1e6);
+  for (std::string line, text = engine_->describe(); !text.empty();) {
+    size_t nl = text.find('\n');
+    line = text.substr(0, nl);
+    text = nl == std::string::npos ? "" : text.substr(nl + 1);
+    spdlog::info("{}", line);
+  }
+}
+
+// Before the first step: the run directory must hold the final weights and the checkpoints
+// the run keeps (plus the one being written before the oldest goes), beyond those already
+// there. A graceful stop writes one even with checkpoints off.
+void TrainingRun::preflight() {
+  const uint64_t ckpt = checkpoint_bytes(cfg_.model);
+  const uint64_t weights = ckpt / 3;
+  const int keep = checkpoints_on(cfg_.checkpoint) ? cfg_.checkpoint.keep : 1;
+  const int existing = std::min<int>(keep, static_cast<int>(list_checkpoints(dir_.string()).size()));
+  const uint64_t need = weights + static_cast<uint64_t>(keep + 1 - existing) * ckpt;
+  const uint64_t have = free_bytes(dir_.string());
+  if (need > have)
+    throw IoError(str("run directory ", dir_.string(), ": needs ", need, " bytes (", format_size(need),
+                      ": final weights ", format_size(weights), " + ", keep + 1 - existing, " checkpoint(s) of ",
+                      format_size(ckpt), " with checkpoint.keep ", keep, ") but its filesystem has ", have,
+                      " free (", format_size(have), "); free space, lower checkpoint.keep or choose another --run-dir"));
+}
+
+void TrainingRun::start_state() {
+  if (opts_.resume.empty()) {
+    engine_->init_params();
+    return;
+  }
+  auto t0 = clock_type::now();
+  restore_checkpoint(opts_.resume, resumed_, cfg_.model, *engine_);
+  progress_ = resumed_.progress;
+  train_sampler_->set_position(progress_.sampler_position);
+  last_checkpoint_step_ = resumed_.step;
+  sum_.first_val_loss = progress_.first_val_loss;
+  sum_.final_val_loss = progress_.last_val_loss;
+  spdlog::info("resumed from {} (step {}, written {} by the {} engine) in {:.1f}s", opts_.resume, resumed_.step,
+               resumed_.created, resumed_.engine, seconds_since(t0));
+}
+
+// Validation: the mean over the counted targets of all eval batches (mean_over_counted, as a
+// training step). A fixed window with no counted target has mean 0 and weight 0, so it is
+// skipped; when no eval window has a counted target at all, validation is switched off
+// rather than dividing by zero.
+void TrainingRun::setup_validation() {
+  if (!have_val_ || !val_sampler_->has_mask()) return;
+  const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len;
+  std::vector<int32_t> batch(static_cast<size_t>(B) * (T + 1));
+  std::vector<uint8_t> counted(static_cast<size_t>(B) * T);
+  int64_t n = 0;
+  for (int i = 0; i < cfg_.schedule.eval_batches; ++i) {
+    val_sampler_->fixed(i, cfg_.schedule.eval_batches, batch.data(), counted.data());
+    n += count_targets(counted.data(), B, T);
+  }
+  if (n == 0) {
+    spdlog::warn("data: the {} validation windows hold no counted (completion) target; validation is off",
+                 cfg_.schedule.eval_batches * B);
+    have_val_ = false;
+  }
+}
+
+double TrainingRun::evaluate(int64_t step) {
+  const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len;
+  std::vector<int32_t> batch(static_cast<size_t>(B) * (T + 1));
+  std::vector<uint8_t> counted(val_sampler_->has_mask() ? static_cast<size_t>(B) * T : 0);
+  uint8_t* cp = counted.empty() ? nullptr : counted.data();
+  std::vector<float> means;
+  std::vector<int64_t> counts;
+  for (int i = 0; i < cfg_.schedule.eval_batches; ++i) {
+    val_sampler_->fixed(i, cfg_.schedule.eval_batches, batch.data(), cp);
+    counts.push_back(count_targets(cp, B, T));
+    float l = 0;
+    if (counts.back()) engine_->eval_loss(batch.data(), &l, cp);
+    means.push_back(l);
+  }
+  double loss = mean_over_counted(means, counts);
+  metrics_line({{"step", step}, {"val_loss", loss}});
+  progress_.last_val_loss = loss;
+  return loss;
+}
+
+EngineStep TrainingRun::train_step(int64_t s) {
+  const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len, accum = cfg_.schedule.grad_accum;
+  std::vector<std::vector<int32_t>> mbs(accum, std::vector<int32_t>(static_cast<size_t>(B) * (T + 1)));
+  std::vector<std::vector<uint8_t>> masks(train_sampler_->has_mask() ? accum : 0,
+                                          std::vector<uint8_t>(static_cast<size_t>(B) * T));
+  std::vector<const int32_t*> ptrs(accum);
+  std::vector<const uint8_t*> mask_ptrs(masks.size());
+  for (int k = 0; k < accum; ++k) {
+    train_sampler_->next(mbs[k].data(), masks.empty() ? nullptr : masks[k].data());
+    ptrs[k] = mbs[k].data();
+    if (!masks.empty()) mask_ptrs[k] = masks[k].data();
+  }
+  auto t0 = clock_type::now();
+  EngineStep r = engine_->step(s, ptrs, mask_ptrs);
+  const double dt = seconds_since(t0);
+  train_time_ += dt;
+  progress_.train_seconds += dt;
+  step_times_.push_back(dt);
+  if (!std::isfinite(r.loss))
+    throw Error(str("step ", s + 1, ": loss is ", r.loss, "; stopping (try a lower optimizer.lr)"));
+  sum_.final_train_loss = r.loss;
+  if (r.skipped)
+    spdlog::warn("step {}: fp16 gradients overflowed at loss scale {}; update skipped, scale halved", s + 1,
+                 r.loss_scale);
+  progress_.step = s + 1;
+  progress_.sampler_position = train_sampler_->position();
+  log_step(s + 1, r, dt);
+  return r;
+}
+
+void TrainingRun::log_step(int64_t step, const EngineStep& r, double dt) {
+  const double tokens_per_step = static_cast<double>(cfg_.schedule.micro_batch) * cfg_.model.seq_len * cfg_.schedule.grad_accum;
+  const int64_t done = step - sum_.start_step;
+  const double tps = tokens_per_step * done / train_time_;
+  const double eta = train_time_ / done * (cfg_.schedule.steps - step);
+  if (step % cfg_.schedule.log_every != 0 && step != cfg_.schedule.steps) return;
+  nlohmann::json line{{"step", step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
+                      {"step_s", dt}, {"tokens_per_s", tokens_per_step / dt}};
+  if (r.loss_scale != 1.0) {
+    line["loss_scale"] = r.loss_scale;
+    line["skipped"] = r.skipped;
+  }
+  if (r.offloaded) {
+    line["ssd_read_bytes"] = r.detail.ssd_read_bytes;
+    line["ssd_write_bytes"] = r.detail.ssd_write_bytes;
+    for (int k = 0; k < kNumResources; ++k)
+      line["busy_s"][resource_name(static_cast<Resource>(k))] = r.detail.busy_s[k];
+  }
+  metrics_line(line);
+  if (opts_.progress_line) {
+    std::fprintf(stderr, "\rstep %lld/%lld | loss %.4f | lr %.2e | %.0f tok/s | ETA %s   ",
+                 static_cast<long long>(step), static_cast<long long>(cfg_.schedule.steps), r.loss, r.lr, tps,
+                 format_duration(eta).c_str());
+    std::fflush(stderr);
+  } else {
+    spdlog::info("step {}/{} loss {:.4f} lr {:.2e} grad_norm {:.3f} {:.0f} tok/s ETA {}", step, cfg_.schedule.steps,
+                 r.loss, r.lr, r.grad_norm, tps, format_duration(eta));
+  }
+}
+
+bool TrainingRun::checkpoint_due(int64_t step) const {
+  const CheckpointConfig& c = cfg_.checkpoint;
+  if (!checkpoints_on(c)) return false;
+  if (step == cfg_.schedule.steps) return true;
+  if (c.every_steps > 0 && step % c.every_steps == 0) return true;
+  return c.every_minutes > 0 && seconds_since(last_checkpoint_time_) >= 60 * c.every_minutes;
+}
+
+void TrainingRun::checkpoint(int64_t step) {
+  if (step == last_checkpoint_step_) return;  // this state is on disk already
+  static const CheckpointIo no_faults;
+  try {
+    SavedCheckpoint c = save_checkpoint(dir_.string(), cfg_, *engine_, progress_, data_id_,
+                                        opts_.checkpoint_io ? *opts_.checkpoint_io : no_faults);
+    log(str("checkpoint: ", c.dir, " (", format_size(c.bytes), " in ", c.seconds, " s, ",
+            c.seconds > 0 ? c.bytes / c.seconds / 1e6 : 0.0, " MB/s)",
+            c.pruned ? str("; removed ", c.pruned, " older") : std::string()));
+    sum_.last_checkpoint = c.dir;
+  } catch (const Error& e) {
+    std::vector<std::string> have = list_checkpoints(dir_.string());
+    throw IoError(str("checkpoint at step ", step, " failed: ", e.what(), "; ",
+                      have.empty() ? std::string("there is no earlier checkpoint")
+                                   : str("the previous checkpoint ", have.back(),
+                                         " is intact: fix the cause and resume with fuyou-train --resume ",
+                                         dir_.string())));
+  }
+  last_checkpoint_step_ = step;
+  last_checkpoint_time_ = clock_type::now();
+}
+
+void TrainingRun::finish(clock_type::time_point start) {
+  const int64_t steps_here = sum_.steps - sum_.start_step;
+  const double tokens_per_step = static_cast<double>(cfg_.schedule.micro_batch) * cfg_.model.seq_len * cfg_.schedule.grad_accum;
+  sum_.tokens_per_s = train_time_ > 0 ? tokens_per_step * steps_here / train_time_ : 0;
+  if (engine_->predicted_iteration_s() > 0 && !step_times_.empty()) {
+    // The automatic placement's prediction beside the measurement (median step; the first
+    // step, which warms caches and the store, is left out when there are others).
+    std::vector<double> t(step_times_.begin() + (step_times_.size() > 1 ? 1 : 0), step_times_.end());
+    std::sort(t.begin(), t.end());
+    double measured = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+    spdlog::info("step time: predicted {:.3f} s, measured {:.3f} s (median of {} steps)",
+                 engine_->predicted_iteration_s(), measured, t.size());
+  }
+  const std::string weights = (dir_ / "model.safetensors").string();
+  engine_->save_weights(weights, {{"format", "fuyou"}, {"step", std::to_string(sum_.steps)},
+                                  {"config", config_to_self_contained_yaml(cfg_)}});
+  if (!opts_.trace_path.empty()) engine_->write_trace(opts_.trace_path);
+  const double wall = seconds_since(start);
+  nlohmann::json summary{{"steps", sum_.steps},
+                         {"start_step", sum_.start_step},
+                         {"first_val_loss", sum_.first_val_loss},
+                         {"final_val_loss", sum_.final_val_loss},
+                         {"final_train_loss", sum_.final_train_loss},
+                         {"tokens_per_s", sum_.tokens_per_s},
+                         {"wall_s", wall},
+                         {"peak_rss_bytes", peak_rss_bytes()},
+                         {"device_peak_bytes", backend_->memory().peak}};
+  if (sum_.stop_signal) summary["stopped_by"] = signal_name(sum_.stop_signal);
+  const std::string text = summary.dump(2) + "\n";
+  write_file_atomic((dir_ / "summary.json").string(), text.data(), text.size());
+  if (sum_.stop_signal) {
+    log(str("stopped by ", signal_name(sum_.stop_signal), " at step ", sum_.steps, "/", cfg_.schedule.steps,
+            "; weights in ", weights, "; continue with: fuyou-train --resume ", dir_.string()));
+    return;
+  }
+  spdlog::info("done: {} steps in {}, {:.0f} tokens/s; validation loss {:.4f} -> {:.4f}; weights in {}", sum_.steps,
+               format_duration(wall), sum_.tokens_per_s, sum_.first_val_loss, sum_.final_val_loss, weights);
+}
+
+TrainSummary TrainingRun::run() {
+  open_run_dir();
+  load_data();
+  preflight();
+  make_engine();
+  start_state();
+  metrics_.open(dir_ / "metrics.jsonl", std::ios::app);
+  if (!metrics_) throw IoError(str((dir_ / "metrics.jsonl").string(), ": cannot open for writing"));
+  setup_validation();
+  sum_.start_step = progress_.step;
+  if (have_val_ && opts_.resume.empty()) {
+    sum_.first_val_loss = progress_.first_val_loss = evaluate(0);
+    spdlog::info("step 0: validation loss {:.4f}", sum_.first_val_loss);
+  }
+  // A run killed after its last checkpoint but before its final weights: finishing it is
+  // writing them.
+  if (sum_.start_step >= cfg_.schedule.steps)
+    spdlog::warn("resume: the checkpoint is at step {} and schedule.steps is {}: nothing to train; writing the final "
+                 "weights from it (train longer with --set schedule.steps=N)", sum_.start_step, cfg_.schedule.steps);
+  auto start = clock_type::now();
+  last_checkpoint_time_ = start;
+  const auto stop_asked = [&] { return opts_.stop && opts_.stop->requested(); };
+  for (int64_t s = sum_.start_step; s < cfg_.schedule.steps && !stop_asked(); ++s) {
+    train_step(s);
+    const int64_t step = s + 1;
+    const bool last = step == cfg_.schedule.steps;
+    if (have_val_ && (last || (cfg_.schedule.eval_every && step % cfg_.schedule.eval_every == 0))) {
+      sum_.final_val_loss = evaluate(step);
+      log(str("step ", step, ": validation loss ", sum_.final_val_loss));
+    }
+    if (checkpoint_due(step)) checkpoint(step);
+  }
+  sum_.steps = progress_.step;
+  if (stop_asked() && sum_.steps < cfg_.schedule.steps) {
+    sum_.stop_signal = opts_.stop->requested();
+    checkpoint(progress_.step);
+  }
+  finish(start);
+  return sum_;
+}
+
+}  // namespace
+
+TrainSummary run_training(const Config& cfg, const TrainOptions& opts) {
+  TrainingRun run(cfg, opts);
+  return run.run();
+}
+
+}  // namespace fuyou

@@ -1,0 +1,391 @@
+// Training-state checkpoints end to end through run_training: a run resumed from a
+// checkpoint continues bit for bit (every later loss, the final weights and both Adam
+// moments) in memory and offloaded (weights, optimizer state and activations on SSD), with
+// gradient accumulation, exact (clipping) mode and fp16 loss scaling, and across placements;
+// a graceful stop writes a resumable checkpoint; faults while checkpointing (ENOSPC, EIO,
+// short writes in the checkpoint files, EIO reading the SSD store) leave the previous
+// checkpoint intact and resumable; a resume that changes a trajectory key is refused.
+#include <signal.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "fuyou/checkpoint.h"
+#include "fuyou/engine.h"
+#include "fuyou/error.h"
+#include "fuyou/safetensors.h"
+#include "fuyou/stop.h"
+#include "fuyou/train.h"
+#include "src/storage/file_layer.h"
+#include "test_support.h"
+
+namespace fs = std::filesystem;
+using namespace fuyou;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// A fresh directory under the build tree (O_DIRECT works there), removed at the end.
+struct Scratch {
+  fs::path root;
+  explicit Scratch(const std::string& name)
+      : root(fs::path(FUYOU_BINARY_DIR) / "test-data" / ("ckpt-" + name + "-" + std::to_string(::getpid()))) {
+    fs::remove_all(root);
+    fs::create_directories(root / "ssd0");
+    fs::create_directories(root / "ssd1");
+    std::ofstream f(root / "corpus.txt");
+    const char* lines[] = {"the quick brown fox jumps over the lazy dog.\n", "all that glitters is not gold.\n",
+                           "a journey of a thousand miles begins with a single step.\n"};
+    for (int i = 0; i < 200; ++i) f << lines[i % 3];
+  }
+  ~Scratch() {
+    std::error_code ec;
+    fs::remove_all(root, ec);
+  }
+  std::string run(const std::string& name) const { return (root / name).string(); }
+  std::string ssd_list() const { return str("[", (root / "ssd0").string(), ", ", (root / "ssd1").string(), "]"); }
+  bool ssd_empty() const { return fs::is_empty(root / "ssd0") && fs::is_empty(root / "ssd1"); }
+};
+
+Config base_config(const Scratch& s, const std::string& extra = "") {
+  return parse_config(str("model: {n_layer: 3, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 256, seq_len: 16}\n"
+                          "data: {text: [", (s.root / "corpus.txt").string(), "], val_fraction: 0.1}\n"
+                          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4}\n"
+                          "schedule: {steps: 8, warmup_steps: 2, micro_batch: 2, grad_accum: 2, eval_every: 4, "
+                          "eval_batches: 2}\n"
+                          "runtime: {backend: cpu, threads: 2, seed: 11}\n"
+                          "checkpoint: {every_steps: 3, keep: 10}\n"),
+                      "<test>", extra.empty() ? std::vector<std::string>{} : std::vector<std::string>{extra});
+}
+
+void offload_everything(Config* c, const Scratch& s) {
+  c->offload.ssd_paths = {(s.root / "ssd0").string(), (s.root / "ssd1").string()};
+  c->offload.weights = "ssd";
+  c->offload.optimizer_state = "ssd";
+  c->offload.activations = ActivationPolicy::kSwap;
+}
+
+// step -> loss (training lines) and step -> val_loss, as the run logged them.
+std::map<int64_t, double> losses(const std::string& run_dir, const char* key = "loss") {
+  std::map<int64_t, double> out;
+  std::ifstream in(fs::path(run_dir) / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains(key)) out[j["step"].get<int64_t>()] = j[key].get<double>();
+  }
+  return out;
+}
+
+// Every tensor of the file, by name.
+std::map<std::string, std::string> tensors(const std::string& path) {
+  SafetensorsReader r(path);
+  std::map<std::string, std::string> out;
+  for (const auto& t : r.tensors()) {
+    std::string bytes(t.end - t.begin, '\0');
+    r.read_raw(t.name, bytes.data());
+    out[t.name] = bytes;
+  }
+  return out;
+}
+
+// The weights and both moments of a run's checkpoint at `step`.
+std::map<std::string, std::string> state_at(const std::string& run_dir, int64_t step) {
+  const fs::path d = fs::path(run_dir) / "checkpoints" / str("step-", step);
+  auto out = tensors((d / "model.safetensors").string());
+  for (auto& [k, v] : tensors((d / kOptimizerFile).string())) out[k] = v;
+  return out;
+}
+
+// The run resumed from `ckpt` into `dir` equals `full` from the checkpoint's step on: every
+// later training loss and validation loss, the final weights, and the final checkpoint's
+// weights and moments, bit for bit.
+void check_resumed_equals(const std::string& full, const std::string& resumed, int64_t from, int64_t steps) {
+  auto a = losses(full), b = losses(resumed);
+  for (int64_t s = from + 1; s <= steps; ++s) {
+    INFO("step " << s);
+    REQUIRE(b.count(s));
+    CHECK(std::memcmp(&a[s], &b[s], sizeof(double)) == 0);
+  }
+  CHECK(losses(full, "val_loss") == losses(resumed, "val_loss"));
+  CHECK(tensors(full + "/model.safetensors") == tensors(resumed + "/model.safetensors"));
+  CHECK(state_at(full, steps) == state_at(resumed, steps));
+}
+
+TrainSummary resume(const std::string& ckpt, const std::string& run_dir, const std::vector<std::string>& sets = {}) {
+  TrainOptions o;
+  o.resume = resolve_checkpoint(ckpt);
+  o.run_dir = run_dir;
+  return run_training(resume_config(o.resume, "", sets), o);
+}
+
+TrainSummary train(const Config& cfg, const std::string& run_dir) {
+  TrainOptions o;
+  o.run_dir = run_dir;
+  return run_training(cfg, o);
+}
+
+}  // namespace
+
+TEST_CASE("resume continues bit for bit: in memory, offloaded, and across placements", "[checkpoint]") {
+  Scratch s("resume");
+  Config mem = base_config(s);  // grad_accum 2, grad_clip 1 (offloaded: exact mode)
+  train(mem, s.run("mem"));
+  CHECK(list_checkpoints(s.run("mem")).size() == 3);  // steps 3, 6 and the last, 8
+
+  SECTION("in memory, from step 3 and from step 6") {
+    resume(s.run("mem") + "/checkpoints/step-3", s.run("mem-r3"));
+    check_resumed_equals(s.run("mem"), s.run("mem-r3"), 3, 8);
+    resume(s.run("mem") + "/checkpoints/step-6", s.run("mem-r6"));
+    check_resumed_equals(s.run("mem"), s.run("mem-r6"), 6, 8);
+  }
+  SECTION("offloaded with everything on SSD; resumed offloaded and in memory") {
+    Config off = mem;
+    offload_everything(&off, s);
+    train(off, s.run("off"));
+    CHECK(tensors(s.run("mem") + "/model.safetensors") == tensors(s.run("off") + "/model.safetensors"));
+    resume(s.run("off") + "/checkpoints/step-3", s.run("off-r3"));
+    check_resumed_equals(s.run("off"), s.run("off-r3"), 3, 8);
+    // Placement may change on a resume: offloaded checkpoint in memory, and the reverse.
+    resume(s.run("off") + "/checkpoints/step-6", s.run("off-mem"),
+           {"offload.ssd_paths=[]", "offload.weights=auto", "offload.optimizer_state=auto",
+            "offload.activations=auto"});
+    check_resumed_equals(s.run("off"), s.run("off-mem"), 6, 8);
+    resume(s.run("mem") + "/checkpoints/step-3", s.run("mem-off"),
+           {"offload.ssd_paths=" + s.ssd_list(), "offload.optimizer_state=ssd"});
+    check_resumed_equals(s.run("mem"), s.run("mem-off"), 3, 8);
+    CHECK(s.ssd_empty());
+  }
+}
+
+TEST_CASE("resume with fp16 loss scaling keeps the scale and the skipped steps", "[checkpoint][fp16]") {
+  Scratch s("fp16");
+  // A start scale of 2^24 overflows, so the first steps are skipped and the scale halves:
+  // the checkpoint must carry the scale, the clean-step count and Adam's step.
+  Config cfg = base_config(s, "optimizer.initial_loss_scale=16777216");
+  cfg.runtime.precision = "fp16";
+  cfg.checkpoint.every_steps = 2;
+  train(cfg, s.run("full"));
+  auto m = read_checkpoint_manifest(s.run("full") + "/checkpoints/step-4");
+  REQUIRE(m.counters.has_loss_scale);
+  CHECK(m.counters.loss_scale.skipped > 0);
+  CHECK(m.counters.adam_step == 4 - m.counters.loss_scale.skipped);
+  resume(s.run("full") + "/checkpoints/step-2", s.run("r2"));
+  check_resumed_equals(s.run("full"), s.run("r2"), 2, 8);
+  Config off = cfg;
+  offload_everything(&off, s);
+  train(off, s.run("off"));
+  resume(s.run("off") + "/checkpoints/step-4", s.run("off-r4"));
+  check_resumed_equals(s.run("off"), s.run("off-r4"), 4, 8);
+  CHECK(tensors(s.run("full") + "/model.safetensors") == tensors(s.run("off") + "/model.safetensors"));
+}
+
+TEST_CASE("a resume refuses changed trajectory keys and data, and allows the documented ones", "[checkpoint]") {
+  Scratch s("refuse");
+  train(base_config(s), s.run("a"));
+  const std::string ck = resolve_checkpoint(s.run("a"));
+  CHECK(fs::path(ck).filename() == "step-8");  // `latest`
+  CHECK_THROWS_WITH(resume_config(ck, "", {"optimizer.lr=0.002"}),
+                    Contains("optimizer.lr is 0.002") && Contains("changes the training trajectory"));
+  CHECK_THROWS_WITH(resume_config(ck, "", {"model.n_layer=4"}), Contains("model.n_layer"));
+  CHECK_THROWS_WITH(resume_config(ck, "", {"schedule.grad_accum=1"}), Contains("schedule.grad_accum"));
+  CHECK_THROWS_WITH(resume_config(ck, "", {"runtime.seed=12"}), Contains("runtime.seed"));
+  CHECK_NOTHROW(resume_config(ck, "", {"schedule.steps=12", "runtime.threads=1", "checkpoint.keep=1"}));
+  // A run killed after its last checkpoint but before its final weights: the resume only
+  // writes them.
+  fs::remove(fs::path(s.run("a")) / "model.safetensors");
+  CHECK(resume(s.run("a"), "").steps == 8);
+  CHECK(tensors(s.run("a") + "/model.safetensors") == tensors(s.run("a") + "/checkpoints/step-8/model.safetensors"));
+  // Different training tokens under the same path: refused by content.
+  std::ofstream(s.root / "corpus.txt", std::ios::app) << "one more line\n";
+  CHECK_THROWS_WITH(resume(s.run("a") + "/checkpoints/step-3", s.run("c")),
+                    Contains("the training data differs from the checkpoint's"));
+}
+
+TEST_CASE("training longer from the last checkpoint of a finished run", "[checkpoint]") {
+  Scratch s("extend");
+  train(base_config(s), s.run("a"));
+  TrainSummary r = resume(s.run("a"), "", {"schedule.steps=10"});  // continues in the same run
+  CHECK(r.start_step == 8);
+  CHECK(r.steps == 10);
+  CHECK(fs::path(resolve_checkpoint(s.run("a"))).filename() == "step-10");
+  auto l = losses(s.run("a"));
+  CHECK(l.rbegin()->first == 10);
+  CHECK(l.size() == 10);  // one line per step: none repeated, none lost
+}
+
+TEST_CASE("a graceful stop writes a resumable checkpoint and removes the store files", "[checkpoint][signals]") {
+  Scratch s("stop");
+  Config cfg = base_config(s);
+  cfg.checkpoint.every_steps = 0;  // none before the stop, which writes one anyway
+  cfg.checkpoint.every_minutes = 1e6;
+  cfg.schedule.steps = 40;
+  offload_everything(&cfg, s);
+  train(cfg, s.run("full"));
+  StopSignals stop;
+  TrainOptions o;
+  o.run_dir = s.run("stopped");
+  o.stop = &stop;
+  // A real SIGINT to this process once the run has started: the handler only asks, and the
+  // run finishes its step.
+  std::thread sender([&] {
+    while (!fs::exists(fs::path(o.run_dir) / "metrics.jsonl")) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ::kill(::getpid(), SIGINT);
+  });
+  TrainSummary r = run_training(cfg, o);
+  sender.join();
+  CHECK(r.stop_signal == SIGINT);
+  REQUIRE(r.steps < 40);
+  CHECK(s.ssd_empty());
+  CHECK(fs::exists(fs::path(o.run_dir) / "model.safetensors"));
+  CHECK(fs::path(resolve_checkpoint(o.run_dir)).filename() == str("step-", r.steps));
+  CHECK(losses(o.run_dir).rbegin()->first == r.steps);  // flushed up to the stop
+  TrainOptions again;
+  again.resume = resolve_checkpoint(o.run_dir);
+  run_training(resume_config(again.resume, "", {}), again);
+  check_resumed_equals(s.run("full"), o.run_dir, r.steps, 40);
+  CHECK(s.ssd_empty());
+}
+
+TEST_CASE("faults while writing a checkpoint leave the previous one intact and resumable", "[checkpoint]") {
+  Scratch s("faults");
+  Config cfg = base_config(s);
+  cfg.checkpoint.every_steps = 2;
+  train(cfg, s.run("full"));
+  struct Fault {
+    const char* what;
+    int err;          // errno of the failing write; 0: short writes only, no failure
+    uint64_t budget;  // bytes of the second checkpoint written before the fault
+  };
+  for (Fault f : {Fault{"ENOSPC", ENOSPC, 70000}, Fault{"EIO", EIO, 1000}, Fault{"short writes", 0, 0}}) {
+    DYNAMIC_SECTION(f.what) {
+      const std::string dir = s.run(str("run-", f.err));
+      uint64_t written = 0;
+      CheckpointIo io;
+      io.write = [&](int fd, const void* p, size_t n) -> ssize_t {
+        // Short writes: at most 777 bytes per call, which the writer must complete.
+        if (f.err == 0) return ::write(fd, p, std::min<size_t>(n, 777));
+        // The first checkpoint (step 2) goes through; the second (step 4) fails part-way.
+        if (!list_checkpoints(dir).empty() && (written += n) > f.budget) {
+          errno = f.err;
+          return -1;
+        }
+        return ::write(fd, p, n);
+      };
+      TrainOptions o;
+      o.run_dir = dir;
+      o.checkpoint_io = &io;
+      if (f.err == 0) {
+        run_training(cfg, o);
+        CHECK(tensors(dir + "/model.safetensors") == tensors(s.run("full") + "/model.safetensors"));
+        CHECK(state_at(dir, 8) == state_at(s.run("full"), 8));
+        continue;
+      }
+      CHECK_THROWS_WITH(run_training(cfg, o), Contains("checkpoint at step 4 failed") &&
+                                                  Contains(std::strerror(f.err)) && Contains("step-2 is intact") &&
+                                                  Contains("--resume"));
+      // Only the complete checkpoint, no staging directory, `latest` on it.
+      std::vector<std::string> left;
+      for (const auto& e : fs::directory_iterator(fs::path(dir) / "checkpoints")) left.push_back(e.path().filename());
+      std::sort(left.begin(), left.end());
+      CHECK(left == std::vector<std::string>{"latest", "step-2"});
+      TrainOptions again;
+      again.resume = resolve_checkpoint(dir);
+      run_training(resume_config(again.resume, "", {}), again);
+      check_resumed_equals(s.run("full"), dir, 2, 8);
+    }
+  }
+}
+
+TEST_CASE("an SSD read error while checkpointing names the file; the previous checkpoint restores", "[checkpoint]") {
+  Scratch s("storeio");
+  Config cfg = base_config(s);
+  offload_everything(&cfg, s);
+  struct Faults : FileLayer {
+    std::atomic<bool> fail_reads{false};
+    IoFault before_io(const IoAttempt& a) override {
+      if (fail_reads && a.op == IoOp::kRead) return {EIO, 0};
+      return {};
+    }
+  };
+  auto faults = std::make_shared<Faults>();
+  auto be = make_cpu_backend(2, 0);
+  EngineOptions eo;
+  eo.store_files = faults;
+  auto engine = make_train_engine(cfg, *be, eo);
+  engine->init_params();
+  std::vector<int32_t> batch(static_cast<size_t>(cfg.schedule.micro_batch) * (cfg.model.seq_len + 1));
+  for (size_t i = 0; i < batch.size(); ++i) batch[i] = static_cast<int32_t>((i * 37 + 5) % 256);
+  engine->step(0, {batch.data(), batch.data()});
+  TrainProgress p;
+  p.step = 1;
+  const std::string run = s.run("run");
+  fs::create_directories(run);
+  save_checkpoint(run, cfg, *engine, p, {});
+  engine->step(1, {batch.data(), batch.data()});
+  p.step = 2;
+  faults->fail_reads = true;
+  CHECK_THROWS_WITH(save_checkpoint(run, cfg, *engine, p, {}),
+                    Contains("SSD store") && Contains("fuyou.store") && Contains("Input/output error"));
+  faults->fail_reads = false;
+  CHECK(list_checkpoints(run).size() == 1);
+  CHECK(fs::path(resolve_checkpoint(run)).filename() == "step-1");
+  // The intact checkpoint restores into a fresh engine (in memory here), checksums and all.
+  Config mem = base_config(s);
+  auto be2 = make_cpu_backend(2, 0);
+  auto fresh = make_train_engine(mem, *be2);
+  const std::string ck = resolve_checkpoint(run);
+  restore_checkpoint(ck, read_checkpoint_manifest(ck), mem.model, *fresh);
+  CHECK(fresh->counters().adam_step == 1);
+}
+
+TEST_CASE("a damaged checkpoint is refused naming the file and the group", "[checkpoint]") {
+  Scratch s("damage");
+  train(base_config(s), s.run("a"));
+  const fs::path ck = fs::path(s.run("a")) / "checkpoints" / "step-6";
+  auto be = make_cpu_backend(2, 0);
+  Config cfg = base_config(s);
+  {
+    // One flipped bit in the middle of the moments: caught by the group checksum.
+    std::fstream f(ck / kOptimizerFile, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(ck / kOptimizerFile) / 2));
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 4;
+    f.seekp(static_cast<std::streamoff>(fs::file_size(ck / kOptimizerFile) / 2));
+    f.write(&c, 1);
+  }
+  auto engine = make_train_engine(cfg, *be);
+  CHECK_THROWS_WITH(restore_checkpoint(ck.string(), read_checkpoint_manifest(ck.string()), cfg.model, *engine),
+                    Contains("has checksum") && Contains("the checkpoint is damaged"));
+  // A truncated file: caught by the manifest's sizes before anything is read.
+  fs::resize_file(ck / "model.safetensors", 1000);
+  CHECK_THROWS_WITH(read_checkpoint_manifest(ck.string()), Contains("model.safetensors") && Contains("1000 bytes"));
+  // A half-written staging directory is removed at the next start, with a log line.
+  fs::create_directories(fs::path(s.run("a")) / "checkpoints" / ".staging-step-9-1");
+  CHECK(remove_checkpoint_leftovers(s.run("a")) == 1);
+  // `latest` naming something gone falls back to the newest complete checkpoint.
+  test::write_all(fs::path(s.run("a")) / "checkpoints" / "latest", "step-99\n");
+  CHECK(fs::path(resolve_checkpoint(s.run("a"))).filename() == "step-8");
+}
+
+TEST_CASE("a run directory too small for the weights and checkpoints is refused before step 1", "[checkpoint]") {
+  Scratch s("preflight");
+  // 2.4B parameters: 29 GB per checkpoint, 5 of them (keep 4, plus the one being written),
+  // far more than the build filesystem holds. Refused from the config alone, before the
+  // engine allocates anything.
+  Config cfg = base_config(s, "checkpoint.keep=4");
+  cfg.model.n_layer = 48;
+  cfg.model.d_model = 2048;
+  cfg.model.d_ff = 8192;
+  CHECK_THROWS_WITH(train(cfg, s.run("a")), Contains("run directory") && Contains("checkpoint(s) of") &&
+                                                Contains("checkpoint.keep 4") && Contains("free"));
+  CHECK_FALSE(fs::exists(fs::path(s.run("a")) / "metrics.jsonl"));
+}
