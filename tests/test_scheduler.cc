@@ -425,7 +425,7 @@ TEST_CASE("busy times count an iteration that finishes within a later step's win
   tr.step(0, data[0].data());
   tr.step(1, data[1].data());
   const clock::time_point returned = clock::now();
-  const OffloadStepResult r2 = tr.step(2, data[2].data());
+  const StepResult r2 = tr.step(2, data[2].data());
   const double after_return = std::chrono::duration<double>(write_end - returned).count();
   INFO("the slowed write ran " << after_return << " s after step 1 returned; step 2: iteration "
                                << r2.iteration_s << " s, ssd_write busy " << r2.busy_s[static_cast<int>(Resource::kSsdWrite)]);

@@ -76,10 +76,10 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
     ptrs.push_back(mb.data());
   }
   std::vector<double> times;
-  std::vector<fuyou::EngineStep> results;
+  std::vector<fuyou::StepResult> results;
   for (int s = 0; s < a.warmup + a.steps; ++s) {
     auto t0 = clock_type::now();
-    fuyou::EngineStep r = engine->step(s, ptrs);
+    fuyou::StepResult r = engine->step(s, ptrs);
     double dt = seconds_since(t0);
     if (s >= a.warmup) {
       times.push_back(dt);
@@ -117,7 +117,7 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
     size_t mid = first_partial ? 1 : 0;
     for (size_t i = mid; i < times.size(); ++i)
       if (std::abs(times[i] - step_s) < std::abs(times[mid] - step_s)) mid = i;
-    const fuyou::OffloadStepResult& d = results[mid].detail;
+    const fuyou::StepResult& d = results[mid];
     j["iteration_s"] = d.iteration_s;
     double busiest = 0;
     for (int k = 0; k < fuyou::kNumResources; ++k) {

@@ -62,7 +62,6 @@ class Backend {
   virtual MemoryStats memory() const = 0;
   virtual void copy_to_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
-  virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void zero(void* ptr, size_t bytes) = 0;
   virtual void synchronize() = 0;
   // For a caller that orders device work itself (the offload executor: an op starts only
@@ -177,10 +176,6 @@ class Backend {
   virtual void relu_forward(float* out, const float* in, size_t n) = 0;
   // din = dout * (in > 0); din may alias dout.
   virtual void relu_backward(float* din, const float* in, const float* dout, size_t n) = 0;
-
-  // Returns sum of squares of x[0..n), accumulated in double.
-  virtual double sum_squares(const float* x, size_t n) = 0;
-  virtual void scale(float* x, float s, size_t n) = 0;
 };
 
 // Picks and creates the backend for runtime.backend (cpu | cuda | auto). `reason` receives a

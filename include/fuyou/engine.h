@@ -16,16 +16,6 @@
 
 namespace fuyou {
 
-struct EngineStep {
-  float loss = 0;
-  double grad_norm = 0;
-  double lr = 0;
-  bool skipped = false;   // fp16 overflow: no update this step
-  double loss_scale = 1;  // fp16 loss scale used this step, else 1
-  bool offloaded = false;
-  OffloadStepResult detail;  // iteration and per-resource busy times, SSD bytes (offloaded)
-};
-
 class TrainEngine {
  public:
   virtual ~TrainEngine() = default;
@@ -34,12 +24,11 @@ class TrainEngine {
   virtual void init_params() = 0;            // init_gpt_params, group by group
   // `masks`: empty (every target counts) or one B*T loss mask per micro-batch (split_batch);
   // the loss and gradient are the mean over the step's counted targets.
-  virtual EngineStep step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
+  virtual StepResult step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
                           const std::vector<const uint8_t*>& masks = {}) = 0;
-  // Validation loss of one batch; false when this engine cannot evaluate (both engines can:
-  // the offloaded one runs its plan's forward-only counterpart).
-  // The loss is the mean over the batch's counted targets (mask B*T, or null: all count).
-  virtual bool eval_loss(const int32_t* batch, float* loss, const uint8_t* mask = nullptr) = 0;
+  // Validation loss of one batch: the mean over its counted targets (mask B*T, or null: all
+  // count). The offloaded engine runs its plan's forward-only counterpart.
+  virtual float eval_loss(const int32_t* batch, const uint8_t* mask = nullptr) = 0;
   // Writes the fp32 master weights as safetensors (engine tensor names), group by group.
   virtual void save_weights(const std::string& path, const std::map<std::string, std::string>& metadata) = 0;
   virtual void write_trace(const std::string& path) const = 0;

@@ -170,7 +170,6 @@ class GptModel {
   // set_tokens copies a micro-batch's inputs (and targets) to the device first.
   void set_tokens(const int32_t* inputs, const int32_t* targets);
   LayerActivations alloc_activations(const std::string& what);  // owned by the model
-  float last_loss() const { return last_loss_; }
   // Targets of the last set_tokens() that count (not kIgnoreTarget): N without a mask.
   int64_t counted_targets() const { return counted_; }
   // wpe is the table as stored (null for llama); the OPT offset is applied inside.
@@ -183,8 +182,6 @@ class GptModel {
                       const LayerActivations& a, float* dx_out_in);
   void embed_backward(const GlobalTensors& dg, const float* dx);
 
-  // Device bytes of one layer's saved activations at this micro-batch.
-  size_t activation_bytes_per_layer() const;
 
  private:
   float* alloc_floats(size_t n, const std::string& what);
@@ -211,7 +208,6 @@ class GptModel {
   float* losses_ = nullptr;    // (N)
   float* lse_ = nullptr;       // (N)
   std::vector<float> host_losses_;
-  float last_loss_ = 0;
   int64_t counted_ = 0;  // targets of the last set_tokens() that count
   // Backward scratch
   float* dres_ = nullptr;   // (N, C) gradient flowing along the residual stream

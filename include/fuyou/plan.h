@@ -11,12 +11,10 @@
 
 #include "fuyou/config.h"
 #include "fuyou/ooc_adamw.h"
+#include "fuyou/resource.h"
 
 namespace fuyou {
 
-enum class Resource { kCompute, kH2D, kD2H, kSsdRead, kSsdWrite, kOptimizer };
-constexpr int kNumResources = 6;
-const char* resource_name(Resource r);
 
 // Where a layer's input checkpoint (the block input) lives between forward and backward.
 // keep: on the device with every internal activation (no recompute); device: the

@@ -21,22 +21,11 @@
 #include "fuyou/backend.h"
 #include "fuyou/config.h"
 #include "fuyou/plan.h"
+#include "fuyou/step_result.h"
 #include "fuyou/storage.h"
 #include "fuyou/train_state.h"
 
 namespace fuyou {
-
-struct OffloadStepResult {
-  float loss = 0;
-  double grad_norm = 0;  // exact mode only (0 otherwise)
-  bool skipped = false;   // fp16 overflow: no update this step
-  double loss_scale = 1;  // the fp16 loss scale this step used, else 1
-  double lr = 0;
-  double iteration_s = 0;
-  std::array<double, kNumResources> busy_s{};  // per Resource
-  uint64_t ssd_read_bytes = 0;
-  uint64_t ssd_write_bytes = 0;
-};
 
 class OffloadTrainer {
  public:
@@ -71,11 +60,11 @@ class OffloadTrainer {
 
   // One optimizer step on one micro-batch of B*(T+1) tokens; `mask` (B*T, or null: every
   // target counts) says which targets count in the loss (split_batch).
-  OffloadStepResult step(int64_t step_index, const int32_t* batch, const uint8_t* mask = nullptr);
+  StepResult step(int64_t step_index, const int32_t* batch, const uint8_t* mask = nullptr);
   // One optimizer step on plan().grad_accum micro-batches (masks: empty, or one per
   // micro-batch): their gradients accumulate and the updates run after the last one's
   // backward; the loss is the mean over the step's counted targets (mean_over_counted).
-  OffloadStepResult step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
+  StepResult step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
                          const std::vector<const uint8_t*>& masks = {});
   // Validation: the mean loss over the counted targets of one B*(T+1) batch at the current
   // weights, by the plan's forward-only counterpart (make_forward_plan: weights streamed as

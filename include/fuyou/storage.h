@@ -172,28 +172,19 @@ struct HostPoolOptions {
   // Ask for transparent huge pages (MADV_HUGEPAGE). Pinning and DMA-mapping a request's
   // buffer then walks 2 MiB pages instead of 4 KiB ones; docs/performance.md measures it.
   bool huge_pages = true;
-  // Host-memory budget: when budget_bytes > 0 the constructor refuses a pool that, with
-  // other_bytes (everything else the process will hold), does not fit.
-  uint64_t budget_bytes = 0;
-  uint64_t other_bytes = 0;
-  // Called once per region after mapping and before unmapping: the CUDA backend passes
-  // cudaHostRegister / cudaHostUnregister here so copies from slots are DMA transfers.
-  std::function<void(void* base, uint64_t bytes)> on_map;
-  std::function<void(void* base, uint64_t bytes)> on_unmap;
 };
 
-// One slot of a HostPool. Empty (ptr == nullptr) when try_acquire finds none free.
+// One slot of a HostPool.
 struct HostSlot {
   void* ptr = nullptr;
   uint64_t bytes = 0;
   int slot_class = -1;
   uint32_t index = 0;
-  explicit operator bool() const { return ptr != nullptr; }
 };
 
 // Pinned host memory allocated once, at start, in a few large regions (2 MiB aligned,
-// populated), carved into fixed slots. acquire/release never allocate. Not thread-safe:
-// one owner (the scheduler) hands slots out.
+// populated), carved into fixed slots that their owner (the executor, the optimizer) assigns
+// by index: nothing is allocated after construction.
 class HostPool {
  public:
   struct Region {
@@ -212,11 +203,7 @@ class HostPool {
                                 const HostPoolOptions& opts = {});
 
   int slot_class(const std::string& name) const;  // throws Error for an unknown name
-  HostSlot acquire(int slot_class);               // throws Error when all are in use
-  HostSlot try_acquire(int slot_class);           // empty when all are in use
-  void release(const HostSlot& slot);             // FY_CHECK on a slot not in use
-  uint32_t free_slots(int slot_class) const;
-  HostSlot slot(int slot_class, uint32_t index) const;  // direct access, not acquired
+  HostSlot slot(int slot_class, uint32_t index) const;
 
   uint64_t bytes() const;  // mapped bytes, all regions
   bool locked() const;     // all regions are mlocked
@@ -232,11 +219,5 @@ class HostPool {
   bool locked_ = false;
 };
 
-// Refuses (Error, with every number) a host-memory plan where the pinned pool plus the
-// rest of the process does not fit the budget, or does not fit the machine's memory.
-void check_host_budget(uint64_t budget_bytes, uint64_t pool_bytes, uint64_t other_bytes);
-
-// Physical memory of this machine (sysconf), bytes.
-uint64_t host_physical_memory_bytes();
 
 }  // namespace fuyou

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fuyou/backend.h"
+#include "fuyou/step_result.h"
 #include "fuyou/config.h"
 #include "fuyou/loss_scale.h"
 #include "fuyou/model.h"
@@ -57,17 +58,10 @@ class StepRunner {
   OptimizerCounters counters() const;
   void set_counters(const OptimizerCounters& c);
 
-  struct Result {
-    float loss = 0;        // mean over the step's counted targets, before the update
-    double grad_norm = 0;  // global L2 norm before clipping
-    double lr = 0;
-    bool skipped = false;   // fp16 overflow: no update this step
-    double loss_scale = 1;  // the loss scale this step's backward used (fp16), else 1
-  };
   // `micro_batches` holds grad_accum pointers to B*(T+1) tokens each; `masks` is empty (every
   // target counts) or holds one B*T loss mask per micro-batch (see split_batch). The gradient
   // is that of the mean over all counted targets of the step.
-  Result step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
+  StepResult step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
               const std::vector<const uint8_t*>& masks = {});
   // Mean loss over the counted targets of one B*(T+1) batch (mask B*T or null) at the current
   // weights, no gradients; 0 when none counts.

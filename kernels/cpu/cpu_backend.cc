@@ -73,7 +73,6 @@ MemoryStats CpuBackend::memory() const {
 
 void CpuBackend::copy_to_device(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 void CpuBackend::copy_to_host(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
-void CpuBackend::copy_on_device(void* dst, const void* src, size_t bytes) { std::memmove(dst, src, bytes); }
 void CpuBackend::zero(void* ptr, size_t bytes) { std::memset(ptr, 0, bytes); }
 
 }  // namespace fuyou::cpu

@@ -25,7 +25,6 @@ class CpuBackend final : public Backend {
   MemoryStats memory() const override;
   void copy_to_device(void* dst, const void* src, size_t bytes) override;
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
-  void copy_on_device(void* dst, const void* src, size_t bytes) override;
   void zero(void* ptr, size_t bytes) override;
   void synchronize() override {}
 
@@ -67,8 +66,6 @@ class CpuBackend final : public Backend {
   void swiglu_backward(float* dgu, const float* gu, const float* dout, int N, int F) override;
   void relu_forward(float* out, const float* in, size_t n) override;
   void relu_backward(float* din, const float* in, const float* dout, size_t n) override;
-  double sum_squares(const float* x, size_t n) override;
-  void scale(float* x, float s, size_t n) override;
 
  private:
   int threads_;

@@ -265,16 +265,4 @@ void CpuBackend::crossentropy_backward(float* logits, const float* lse, const in
   crossentropy_backward_impl(logits, lse, targets, scale, N, V);
 }
 
-double CpuBackend::sum_squares(const float* x, size_t n) {
-  double s = 0;
-#pragma omp parallel for simd reduction(+ : s) schedule(static)
-  for (size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
-  return s;
-}
-
-void CpuBackend::scale(float* x, float s, size_t n) {
-#pragma omp parallel for simd schedule(static)
-  for (size_t i = 0; i < n; ++i) x[i] *= s;
-}
-
 }  // namespace fuyou::cpu

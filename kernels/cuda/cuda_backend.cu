@@ -62,8 +62,6 @@ CudaBackend::CudaBackend(int device, uint64_t capacity) : device_(device) {
   FY_CUDA(cudaEventCreateWithFlags(&d2h_ready_, cudaEventDisableTiming));
   FY_CUBLAS(cublasCreate(&blas_));
   FY_CUBLAS(cublasSetStream(blas_, compute_));
-  FY_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_sum_), sizeof(double)));
-  FY_CUDA(cudaMallocHost(reinterpret_cast<void**>(&h_sum_), sizeof(double)));
 }
 
 CudaBackend::~CudaBackend() {
@@ -76,8 +74,6 @@ CudaBackend::~CudaBackend() {
     if (e) cudaEventDestroy(e);
   for (cudaStream_t s : {compute_, h2d_, d2h_})
     if (s) cudaStreamDestroy(s);
-  cudaFree(d_sum_);
-  cudaFreeHost(h_sum_);
   cudaFree(scratch_);
   cudaFree(base_);
 }
@@ -177,12 +173,6 @@ void CudaBackend::copy_to_device(void* dst, const void* src, size_t bytes) {
 
 void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
   copy_on(d2h_, d2h_ready_, d2h_mu_, dst, src, bytes, cudaMemcpyDeviceToHost);
-}
-
-void CudaBackend::copy_on_device(void* dst, const void* src, size_t bytes) {
-  if (!bytes) return;
-  bind();
-  FY_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, compute_));
 }
 
 void CudaBackend::zero(void* ptr, size_t bytes) {

@@ -41,7 +41,6 @@ class CudaBackend final : public Backend {
   MemoryStats memory() const override;
   void copy_to_device(void* dst, const void* src, size_t bytes) override;
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
-  void copy_on_device(void* dst, const void* src, size_t bytes) override;
   void zero(void* ptr, size_t bytes) override;
   void synchronize() override;
 
@@ -81,8 +80,6 @@ class CudaBackend final : public Backend {
   void swiglu_backward(float* dgu, const float* gu, const float* dout, int N, int F) override;
   void relu_forward(float* out, const float* in, size_t n) override;
   void relu_backward(float* din, const float* in, const float* dout, size_t n) override;
-  double sum_squares(const float* x, size_t n) override;
-  void scale(float* x, float s, size_t n) override;
 
   void set_caller_ordered(bool on) override { caller_ordered_ = on; }
   void finish_compute() override;
@@ -109,8 +106,7 @@ class CudaBackend final : public Backend {
 
  public:
   // Device scratch of at least `bytes` for the partial sums of the reductions, outside the
-  // arena (at most kReduceSlices x the widest reduced row, or one double per block of a
-  // grid). The caller holds `scratch_mu()` from the call until its kernels are queued;
+  // arena (at most kReduceSlices x the widest reduced row). The caller holds `scratch_mu()` from the call until its kernels are queued;
   // kernels on the compute stream run one at a time, so one buffer serves them all. Growing
   // it frees the old one, which waits for the device (cudaFree), first use only.
   void* scratch(size_t bytes);
@@ -138,11 +134,6 @@ class CudaBackend final : public Backend {
   std::map<uint64_t, uint64_t> free_;              // offset -> size
   std::unordered_map<uint64_t, uint64_t> blocks_;  // offset -> size, in use
   uint64_t used_ = 0, peak_ = 0;
-
-  // sum_squares: a device accumulator and a pinned host copy of it.
-  std::mutex sum_mu_;
-  double* d_sum_ = nullptr;
-  double* h_sum_ = nullptr;
 
   std::mutex scratch_mu_;
   char* scratch_ = nullptr;

@@ -1,5 +1,5 @@
 // Element-wise and row-wise kernels of the CUDA backend: embedding, LayerNorm, GELU, residual
-// add, scale, sum of squares and the fused softmax + cross-entropy. The arithmetic per
+// add and the fused softmax + cross-entropy. The arithmetic per
 // element is kernels/common/element_math.h, the same functions the CPU backend loops over;
 // what is CUDA-only is indexing and the reductions, each commented with its invariant.
 #include <cmath>
@@ -136,26 +136,6 @@ __global__ void add_k(float* out, const float* a, const float* b, size_t n) {
   FY_GRID_LOOP(i, n) out[i] = a[i] + b[i];
 }
 
-__global__ void scale_k(float* x, float s, size_t n) { FY_GRID_LOOP(i, n) x[i] *= s; }
-
-// Each block writes the sum of its grid-stride share, in double, to part[blockIdx.x];
-// sum_squares_finish adds the block sums in a fixed order (no atomics: the same bits every
-// run). NaN and inf propagate, which is what the non-finite check relies on.
-__global__ void sum_squares_k(double* part, const float* x, size_t n) {
-  double s = 0;
-  FY_GRID_LOOP(i, n) s += static_cast<double>(x[i]) * x[i];
-  s = block_reduce(s, SumOp{}, 0.0);
-  if (threadIdx.x == 0) part[blockIdx.x] = s;
-}
-
-// One block: thread t adds part[t], part[t + blockDim.x], ..., then the block reduces.
-__global__ void sum_squares_finish_k(double* sum, const double* part, unsigned parts) {
-  double s = 0;
-  for (unsigned i = threadIdx.x; i < parts; i += blockDim.x) s += part[i];
-  s = block_reduce(s, SumOp{}, 0.0);
-  if (threadIdx.x == 0) *sum = s;
-}
-
 // One block per row: the row maximum, then sum exp(l - max) in double as on the CPU.
 __global__ void crossentropy_forward_k(float* losses, float* lse, const float* logits,
                                        const int32_t* targets, int V) {
@@ -256,24 +236,6 @@ void CudaBackend::gelu_backward(float* din, const float* in, const float* dout, 
 void CudaBackend::add(float* out, const float* a, const float* b, size_t n) {
   if (!n) return;
   FY_LAUNCH(add_k, elt_blocks(n), kEltThreads, out, a, b, n);
-}
-
-void CudaBackend::scale(float* x, float s, size_t n) {
-  if (!n) return;
-  FY_LAUNCH(scale_k, elt_blocks(n), kEltThreads, x, s, n);
-}
-
-double CudaBackend::sum_squares(const float* x, size_t n) {
-  if (!n) return 0.0;
-  std::lock_guard<std::mutex> lock(sum_mu_);
-  std::lock_guard<std::mutex> scratch_lock(scratch_mu());
-  const unsigned blocks = elt_blocks(n);
-  double* part = static_cast<double*>(scratch(sizeof(double) * blocks));
-  FY_LAUNCH(sum_squares_k, blocks, kEltThreads, part, x, n);
-  FY_LAUNCH(sum_squares_finish_k, 1, kRowThreads, d_sum_, part, blocks);
-  FY_CUDA(cudaMemcpyAsync(h_sum_, d_sum_, sizeof(double), cudaMemcpyDeviceToHost, compute_));
-  FY_CUDA(cudaStreamSynchronize(compute_));
-  return *h_sum_;
 }
 
 void CudaBackend::crossentropy_forward(float* losses, float* lse, const float* logits,

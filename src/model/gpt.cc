@@ -358,7 +358,6 @@ float* GptModel::alloc_floats(size_t n, const std::string& what) {
   return static_cast<float*>(p);
 }
 
-size_t GptModel::activation_bytes_per_layer() const { return layer_activation_bytes(cfg_, B_); }
 
 void GptModel::zero_grads() { be_.zero(grads_, layout_.total * sizeof(float)); }
 
@@ -434,8 +433,7 @@ float GptModel::head_forward(const GlobalTensors& g, const float* x, bool with_l
   // the loss is defined as 0 (nothing to average; its gradient is zero too).
   double s = 0;
   for (float l : host_losses_) s += l;
-  last_loss_ = counted_ ? static_cast<float>(s / static_cast<double>(counted_)) : 0.0f;
-  return last_loss_;
+  return counted_ ? static_cast<float>(s / static_cast<double>(counted_)) : 0.0f;
 }
 
 void GptModel::head_backward(const GlobalTensors& g, const GlobalTensors& dg, const float* x,

@@ -48,21 +48,11 @@ class InMemoryEngine final : public TrainEngine {
       reader.read_group(static_cast<int>(g), params.data() + layout.groups[g].offset);
     runner_.set_params(params.data());
   }
-  EngineStep step(int64_t s, const std::vector<const int32_t*>& mbs,
+  StepResult step(int64_t s, const std::vector<const int32_t*>& mbs,
                   const std::vector<const uint8_t*>& masks) override {
-    auto r = runner_.step(s, mbs, masks);
-    EngineStep e;
-    e.loss = r.loss;
-    e.grad_norm = r.grad_norm;
-    e.lr = r.lr;
-    e.skipped = r.skipped;
-    e.loss_scale = r.loss_scale;
-    return e;
+    return runner_.step(s, mbs, masks);
   }
-  bool eval_loss(const int32_t* batch, float* loss, const uint8_t* mask) override {
-    *loss = runner_.eval_loss(batch, mask);
-    return true;
-  }
+  float eval_loss(const int32_t* batch, const uint8_t* mask) override { return runner_.eval_loss(batch, mask); }
   void save_weights(const std::string& path, const std::map<std::string, std::string>& md) override {
     const ParamLayout& layout = runner_.model().layout();
     // In memory the master array already holds every group: write from it directly.
@@ -127,25 +117,14 @@ class OffloadEngine final : public TrainEngine {
       trainer_.set_group_params(static_cast<int>(g), buf);
     }
   }
-  EngineStep step(int64_t s, const std::vector<const int32_t*>& mbs,
+  // The plan was built for schedule.grad_accum micro-batches (plan_request); the trainer
+  // checks the count.
+  StepResult step(int64_t s, const std::vector<const int32_t*>& mbs,
                   const std::vector<const uint8_t*>& masks) override {
-    // The plan was built for schedule.grad_accum micro-batches (plan_request); the trainer
-    // checks the count.
-    EngineStep e;
-    e.detail = trainer_.step(s, mbs, masks);
-    e.loss = e.detail.loss;
-    e.grad_norm = e.detail.grad_norm;
-    e.lr = e.detail.lr;
-    e.skipped = e.detail.skipped;
-    e.loss_scale = e.detail.loss_scale;
-    e.offloaded = true;
-    return e;
+    return trainer_.step(s, mbs, masks);
   }
   // The plan's forward-only counterpart on the same pools (OffloadTrainer::eval_loss).
-  bool eval_loss(const int32_t* batch, float* loss, const uint8_t* mask) override {
-    *loss = trainer_.eval_loss(batch, mask);
-    return true;
-  }
+  float eval_loss(const int32_t* batch, const uint8_t* mask) override { return trainer_.eval_loss(batch, mask); }
   void save_weights(const std::string& path, const std::map<std::string, std::string>& md) override {
     save_streaming(path, layout_, md, trainer_.group_staging(),
                    [&](int g, float* dst) { trainer_.read_group_params(g, dst); });

@@ -39,7 +39,7 @@ class OffloadTrainer::Impl {
   void write_group_state(int g, StateKind kind, const StateSource& source);
   OptimizerCounters counters();
   void set_counters(const OptimizerCounters& c);
-  OffloadStepResult step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
+  StepResult step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
                          const std::vector<const uint8_t*>& masks);
   float eval_loss(const int32_t* batch, const uint8_t* mask);
   void write_trace(const std::string& path);
@@ -140,7 +140,7 @@ class OffloadTrainer::Impl {
   void drain();
   template <class Fill>
   Iter& submit(Run& run, int64_t step, Fill fill);
-  OffloadStepResult step_result(Iter& it);
+  StepResult step_result(Iter& it);
 
   OffloadTrainer& owner_;
   Config cfg_;

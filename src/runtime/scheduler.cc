@@ -238,7 +238,7 @@ OffloadTrainer::Impl::Iter& OffloadTrainer::Impl::submit(Run& run, int64_t step,
   return it;
 }
 
-OffloadStepResult OffloadTrainer::Impl::step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
+StepResult OffloadTrainer::Impl::step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
                                              const std::vector<const uint8_t*>& masks) {
   const int B = plan_.micro_batch, T = cfg_.model.seq_len, K = plan_.grad_accum;
   if (static_cast<int>(micro_batches.size()) != K)
@@ -272,11 +272,12 @@ OffloadStepResult OffloadTrainer::Impl::step(int64_t step_index, const std::vect
 // since the previous step returned: the time, each resource's busy time within it (whichever
 // iteration the op belongs to) and the bytes the store moved. In steady state that window is
 // one iteration.
-OffloadStepResult OffloadTrainer::Impl::step_result(Iter& it) {
+StepResult OffloadTrainer::Impl::step_result(Iter& it) {
   std::unique_lock<std::mutex> lock(mu_);
   wait_for(lock, [&] { return it.returning == 0; });
   const double t_end = now();
-  OffloadStepResult res;
+  StepResult res;
+  res.offloaded = true;
   res.iteration_s = t_end - window_start_;
   std::copy(window_busy_.begin(), window_busy_.end(), res.busy_s.begin());
   window_busy_.fill(0);
@@ -352,11 +353,11 @@ void OffloadTrainer::read_params(float* params) { impl_->read_params(params); }
 void OffloadTrainer::set_group_params(int g, const float* p) { impl_->set_group_params(g, p); }
 void OffloadTrainer::read_group_params(int g, float* p) { impl_->read_group_params(g, p); }
 float* OffloadTrainer::group_staging() { return impl_->group_staging(); }
-OffloadStepResult OffloadTrainer::step(int64_t s, const int32_t* batch, const uint8_t* mask) {
+StepResult OffloadTrainer::step(int64_t s, const int32_t* batch, const uint8_t* mask) {
   if (mask) return impl_->step(s, {batch}, {mask});
   return impl_->step(s, {batch}, {});
 }
-OffloadStepResult OffloadTrainer::step(int64_t s, const std::vector<const int32_t*>& mbs,
+StepResult OffloadTrainer::step(int64_t s, const std::vector<const int32_t*>& mbs,
                                        const std::vector<const uint8_t*>& masks) {
   return impl_->step(s, mbs, masks);
 }

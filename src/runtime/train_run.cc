@@ -126,8 +126,8 @@ class TrainingRun {
   void start_state();
   void setup_validation();
   double evaluate(int64_t step);
-  EngineStep train_step(int64_t s);
-  void log_step(int64_t step, const EngineStep& r, double dt);
+  StepResult train_step(int64_t s);
+  void log_step(int64_t step, const StepResult& r, double dt);
   bool checkpoint_due(int64_t step) const;
   void checkpoint(int64_t step);
   void finish(clock_type::time_point start);
@@ -312,9 +312,7 @@ double TrainingRun::evaluate(int64_t step) {
   for (int i = 0; i < cfg_.schedule.eval_batches; ++i) {
     val_sampler_->fixed(i, cfg_.schedule.eval_batches, batch.data(), cp);
     counts.push_back(count_targets(cp, B, T));
-    float l = 0;
-    if (counts.back()) engine_->eval_loss(batch.data(), &l, cp);
-    means.push_back(l);
+    means.push_back(counts.back() ? engine_->eval_loss(batch.data(), cp) : 0.0f);
   }
   double loss = mean_over_counted(means, counts);
   metrics_line({{"step", step}, {"val_loss", loss}});
@@ -322,7 +320,7 @@ double TrainingRun::evaluate(int64_t step) {
   return loss;
 }
 
-EngineStep TrainingRun::train_step(int64_t s) {
+StepResult TrainingRun::train_step(int64_t s) {
   const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len, accum = cfg_.schedule.grad_accum;
   std::vector<std::vector<int32_t>> mbs(accum, std::vector<int32_t>(static_cast<size_t>(B) * (T + 1)));
   std::vector<std::vector<uint8_t>> masks(train_sampler_->has_mask() ? accum : 0,
@@ -335,7 +333,7 @@ EngineStep TrainingRun::train_step(int64_t s) {
     if (!masks.empty()) mask_ptrs[k] = masks[k].data();
   }
   auto t0 = clock_type::now();
-  EngineStep r = engine_->step(s, ptrs, mask_ptrs);
+  StepResult r = engine_->step(s, ptrs, mask_ptrs);
   const double dt = seconds_since(t0);
   train_time_ += dt;
   progress_.train_seconds += dt;
@@ -352,7 +350,7 @@ EngineStep TrainingRun::train_step(int64_t s) {
   return r;
 }
 
-void TrainingRun::log_step(int64_t step, const EngineStep& r, double dt) {
+void TrainingRun::log_step(int64_t step, const StepResult& r, double dt) {
   const double tokens_per_step = static_cast<double>(cfg_.schedule.micro_batch) * cfg_.model.seq_len * cfg_.schedule.grad_accum;
   const int64_t done = step - sum_.start_step;
   const double tps = tokens_per_step * done / train_time_;
@@ -365,10 +363,10 @@ void TrainingRun::log_step(int64_t step, const EngineStep& r, double dt) {
     line["skipped"] = r.skipped;
   }
   if (r.offloaded) {
-    line["ssd_read_bytes"] = r.detail.ssd_read_bytes;
-    line["ssd_write_bytes"] = r.detail.ssd_write_bytes;
+    line["ssd_read_bytes"] = r.ssd_read_bytes;
+    line["ssd_write_bytes"] = r.ssd_write_bytes;
     for (int k = 0; k < kNumResources; ++k)
-      line["busy_s"][resource_name(static_cast<Resource>(k))] = r.detail.busy_s[k];
+      line["busy_s"][resource_name(static_cast<Resource>(k))] = r.busy_s[k];
   }
   metrics_line(line);
   if (opts_.progress_line) {

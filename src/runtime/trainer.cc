@@ -106,7 +106,7 @@ void StepRunner::set_counters(const OptimizerCounters& c) {
   if (scaler_) scaler_->restore(c.loss_scale);
 }
 
-StepRunner::Result StepRunner::step(int64_t step_index,
+StepResult StepRunner::step(int64_t step_index,
                                     const std::vector<const int32_t*>& micro_batches,
                                     const std::vector<const uint8_t*>& masks) {
   const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len;
@@ -114,7 +114,7 @@ StepRunner::Result StepRunner::step(int64_t step_index,
   FY_CHECK(accum >= 1, "no micro-batches");
   FY_CHECK(masks.empty() || masks.size() == micro_batches.size(), masks.size(), " loss masks for ",
            accum, " micro-batches");
-  Result r;
+  StepResult r;
   model_.zero_grads();
   // The loss is the mean over the counted targets of the whole step (every micro-batch), the
   // mean PyTorch's cross_entropy(ignore_index=-1) gives over the concatenated micro-batches:

@@ -105,9 +105,7 @@ void populate(void* base, uint64_t bytes) {
 struct HostPool::Class {
   std::string name;
   uint64_t slot_bytes = 0;
-  std::vector<char*> ptrs;      // [slot]
-  std::vector<uint32_t> free;   // stack of free slot indices; capacity = count, never grows
-  std::vector<uint8_t> in_use;  // [slot]
+  std::vector<char*> ptrs;  // [slot]
 };
 
 uint64_t HostPool::planned_bytes(const std::vector<SlotSpec>& specs, const HostPoolOptions& opts) {
@@ -122,9 +120,6 @@ HostPool::HostPool(std::vector<SlotSpec> specs, HostPoolOptions opts) : opts_(st
   Layout layout = plan_layout(specs, opts_);
   uint64_t total = 0;
   for (uint64_t b : layout.region_bytes) total += b;
-  // Refuse before mapping anything: a pool that cannot fit must not push the machine
-  // into swap on its way to the error.
-  if (opts_.budget_bytes) check_host_budget(opts_.budget_bytes, total, opts_.other_bytes);
 
   try {
     locked_ = opts_.lock;
@@ -147,7 +142,6 @@ HostPool::HostPool(std::vector<SlotSpec> specs, HostPoolOptions opts) : opts_(st
         locked_ = false;
       }
       if (!locked) populate(base, bytes);  // mlock populated the locked ones
-      if (opts_.on_map) opts_.on_map(base, bytes);
     }
   } catch (...) {
     for (auto& r : regions_) ::munmap(r.base, r.bytes);
@@ -161,16 +155,12 @@ HostPool::HostPool(std::vector<SlotSpec> specs, HostPoolOptions opts) : opts_(st
     cls.ptrs.reserve(specs[c].count);
     for (const auto& [region, offset] : layout.slots[c])
       cls.ptrs.push_back(static_cast<char*>(regions_[region].base) + offset);
-    cls.in_use.assign(specs[c].count, 0);
-    cls.free.reserve(specs[c].count);
-    for (uint32_t i = specs[c].count; i-- > 0;) cls.free.push_back(i);  // slot 0 handed out first
     classes_.push_back(std::move(cls));
   }
 }
 
 HostPool::~HostPool() {
   for (auto& r : regions_) {
-    if (opts_.on_unmap) opts_.on_unmap(r.base, r.bytes);
     ::munmap(r.base, r.bytes);
   }
 }
@@ -181,41 +171,6 @@ int HostPool::slot_class(const std::string& name) const {
   std::string known;
   for (const auto& c : classes_) known += (known.empty() ? "" : ", ") + c.name;
   throw Error(str("host pool: no slot class named '", name, "' (classes: ", known, ")"));
-}
-
-HostSlot HostPool::try_acquire(int c) {
-  FY_CHECK(c >= 0 && static_cast<size_t>(c) < classes_.size(), "slot class ", c, " out of range");
-  Class& cls = classes_[c];
-  if (cls.free.empty()) return {};
-  uint32_t i = cls.free.back();
-  cls.free.pop_back();
-  cls.in_use[i] = 1;
-  return HostSlot{cls.ptrs[i], cls.slot_bytes, c, i};
-}
-
-HostSlot HostPool::acquire(int c) {
-  HostSlot s = try_acquire(c);
-  if (!s)
-    throw Error(str("host pool: no free slot of class '", classes_[c].name, "' (all ",
-                    classes_[c].ptrs.size(), " slots of ", format_size(classes_[c].slot_bytes),
-                    " are in use)"));
-  return s;
-}
-
-void HostPool::release(const HostSlot& s) {
-  FY_CHECK(s.slot_class >= 0 && static_cast<size_t>(s.slot_class) < classes_.size(),
-           "release of a slot of class ", s.slot_class);
-  Class& cls = classes_[s.slot_class];
-  FY_CHECK(s.index < cls.ptrs.size() && cls.ptrs[s.index] == s.ptr,
-           "release of a slot that is not ", cls.name, "[", s.index, "]");
-  FY_CHECK(cls.in_use[s.index], "double release of ", cls.name, "[", s.index, "]");
-  cls.in_use[s.index] = 0;
-  cls.free.push_back(s.index);  // within the reserved capacity: no allocation
-}
-
-uint32_t HostPool::free_slots(int c) const {
-  FY_CHECK(c >= 0 && static_cast<size_t>(c) < classes_.size(), "slot class ", c, " out of range");
-  return static_cast<uint32_t>(classes_[c].free.size());
 }
 
 HostSlot HostPool::slot(int c, uint32_t index) const {
@@ -236,29 +191,6 @@ bool HostPool::contains(const void* p, uint64_t bytes) const {
     if (c >= b && c + bytes <= b + r.bytes) return true;
   }
   return false;
-}
-
-uint64_t host_physical_memory_bytes() {
-  long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
-}
-
-void check_host_budget(uint64_t budget_bytes, uint64_t pool_bytes, uint64_t other_bytes) {
-  uint64_t need = pool_bytes + other_bytes;
-  if (need > budget_bytes)
-    throw ConfigError(str(
-        "host memory budget ", format_size(budget_bytes), " (", budget_bytes,
-        " bytes) cannot hold the pinned pool ", format_size(pool_bytes), " (", pool_bytes,
-        " bytes) plus the rest of the process ", format_size(other_bytes), " (", other_bytes,
-        " bytes): ", format_size(need), " needed, ", format_size(need - budget_bytes), " over"));
-  uint64_t phys = host_physical_memory_bytes();
-  if (phys && need > phys)
-    throw ConfigError(str("host memory: the pinned pool ", format_size(pool_bytes),
-                          " plus the rest of the "
-                          "process ",
-                          format_size(other_bytes), " needs ", format_size(need), " (", need,
-                          " bytes) but this machine has ", format_size(phys), " (", phys,
-                          " bytes)"));
 }
 
 }  // namespace fuyou
