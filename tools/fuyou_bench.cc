@@ -1,7 +1,8 @@
 // fuyou-bench: measures the engine. `train` times optimizer steps of a config's model on
 // random tokens; `gemm` times the CPU GEMMs of a config's shapes against this CPU's FMA peak;
 // `io` times sequential writes and reads through the SSD store; `simulate` predicts an
-// iteration on a hardware profile and `profile` measures this machine's (docs/simulator.md).
+// iteration on a hardware profile and `profile` measures this machine's (docs/simulator.md);
+// `plan` prints the plan a config trains with (docs/architecture.md).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -295,6 +296,11 @@ int main(int argc, char** argv) {
   adam->add_option("--steps", adam_opts.steps, "Timed updates (median)")->check(CLI::PositiveNumber);
   adam->add_flag("--json", adam_json, "One JSON object on stdout");
 
+  auto* plan = app.add_subcommand("plan", "Print the plan a config trains with: placement, memory, buffers, ops");
+  plan->add_option("--config", config_path, "YAML config (default: the embedded default)");
+  plan->add_option("--set", sets, "Override a key: section.key=value");
+  plan->add_flag("--json", json, "The plan as JSON (Plan::to_json)");
+
   auto* gemm = app.add_subcommand("gemm", "Time the CPU GEMMs of a config's shapes against the FMA peak");
   gemm->add_option("--config", config_path, "YAML config (default: the embedded default)");
   gemm->add_option("--set", sets, "Override a key: section.key=value");
@@ -350,6 +356,14 @@ int main(int argc, char** argv) {
     }
     fuyou::Config cfg = load(config_path, sets);
     if (*train) return bench_train(cfg, ta);
+    if (*plan) {
+      // The plan as the offloading engine would build it (plan_request), whether or not this
+      // config would run offloaded.
+      const fuyou::Plan p = fuyou::make_plan(fuyou::plan_request(cfg));
+      if (json) std::printf("%s\n", p.to_json().dump(1).c_str());
+      else std::printf("%s%s", p.table().c_str(), p.listing().c_str());
+      return 0;
+    }
     if (*gemm) return bench_gemm(cfg, threads ? threads : cfg.runtime.threads, json);
     if (*ckpt) {
       nlohmann::json r = fuyou::run_checkpoint_bench(cfg, ckpt_opts);

@@ -85,15 +85,15 @@ class IterationBuilder {
   BufferKind kind_of(int buffer) const { return plan_.buffers[buffer].kind; }
 
   // Appends an op with the next id, of the current micro-batch; -1 in deps means "no such
-  // op" and is dropped.
+  // op" and is dropped, as is a repeated dependency.
   PlanOp& add(OpKind kind, Resource res, std::vector<int> deps) {
     PlanOp op;
     op.id = static_cast<int>(plan_.ops.size());
     op.kind = kind;
     op.resource = res;
     op.micro = micro_;
-    deps.erase(std::remove(deps.begin(), deps.end(), -1), deps.end());
-    op.deps = std::move(deps);
+    for (int d : deps)
+      if (d >= 0 && std::find(op.deps.begin(), op.deps.end(), d) == op.deps.end()) op.deps.push_back(d);
     plan_.ops.push_back(std::move(op));
     return plan_.ops.back();
   }
