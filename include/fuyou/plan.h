@@ -224,6 +224,8 @@ struct Plan {
 
   // The buffer of `kind` and `index`; FY_CHECKs that the table has it.
   int buffer(BufferKind kind, int index = 0) const;
+  // Where group g's optimizer state lives.
+  StateTier optim_tier(int group) const;
 
   // Layer gradients outlive their backward: held (LayerDecision::grads) until the norm is
   // known (exact) or the next micro-batch adds to them (grad_accum > 1).

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fuyou/backend.h"
+#include "fuyou/ooc_adamw.h"
 #include "fuyou/step_result.h"
 #include "fuyou/config.h"
 #include "fuyou/loss_scale.h"
@@ -38,7 +39,13 @@ double mean_over_counted(const std::vector<float>& means, const std::vector<int6
 // clipping adds these over groups in layout order, in-memory and offloaded alike.
 double group_sum_squares(const float* g, size_t n);
 
-// Holds the model on a backend and, on the host, the fp32 master weights and AdamW moments.
+// The optimizer's groups for a model's parameters (one per ParamLayout group, each tensor's
+// range and decay flag) and its options from the config: what both engines give OocAdamW.
+std::vector<OptimGroup> optimizer_groups(const ParamLayout& layout);
+OocAdamWOptions optimizer_options(const OptimizerConfig& o);
+
+// Holds the model on a backend and, on the host, the fp32 master weights and AdamW moments
+// (an OocAdamW with every group in host memory, the driver the offloading engine uses too).
 // step() runs grad_accum micro-batches, reduces, clips, updates on the host, and copies the
 // new weights to the device.
 class StepRunner {
@@ -49,12 +56,13 @@ class StepRunner {
   const std::vector<float>& master() const { return master_; }
 
   void init_params();                       // init_gpt_params with model.seed
-  void set_params(const float* host_params);  // layout() order, layout().total elements
+  // layout() order, layout().total elements; the moments start from zero.
+  void set_params(const float* host_params);
 
-  // Checkpoints: the host arrays of each state kind (layout() order), the device copy of
-  // one group's weights refreshed from the master after it was restored, and the counters.
-  std::vector<float>& state(StateKind kind);
-  void upload_group(int group);
+  // Checkpoints: one kind of one group's state in pieces (OocAdamW::read_state); a master
+  // written sets the group's weights on the device too and its moments to zero.
+  void read_state(int group, StateKind kind, const StateSink& sink);
+  void write_state(int group, StateKind kind, const StateSource& source);
   OptimizerCounters counters() const;
   void set_counters(const OptimizerCounters& c);
 
@@ -71,7 +79,8 @@ class StepRunner {
   Config cfg_;
   Backend& be_;
   GptModel model_;
-  std::vector<float> master_, m_, v_, grad_;
+  OocAdamW opt_;
+  std::vector<float> master_, grad_;  // master_: the optimizer's master weights, mirrored
   std::vector<int32_t> inputs_, targets_;
   int64_t t_ = 0;
   std::unique_ptr<DynamicLossScaler> scaler_;  // with fp16 GEMM inputs only

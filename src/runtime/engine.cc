@@ -66,22 +66,8 @@ class InMemoryEngine final : public TrainEngine {
     }
     w.finish();
   }
-  void read_state(int g, StateKind kind, const StateSink& sink) override {
-    const ParamGroup& pg = runner_.model().layout().groups.at(g);
-    sink(0, runner_.state(kind).data() + pg.offset, pg.numel);
-  }
-  void write_state(int g, StateKind kind, const StateSource& source) override {
-    const ParamGroup& pg = runner_.model().layout().groups.at(g);
-    if (kind == StateKind::kMaster) {
-      // As set_params: the moments of a group whose master is set start from zero.
-      for (StateKind k : {StateKind::kAdamM, StateKind::kAdamV}) {
-        float* p = runner_.state(k).data() + pg.offset;
-        std::fill(p, p + pg.numel, 0.0f);
-      }
-    }
-    source(0, runner_.state(kind).data() + pg.offset, pg.numel);
-    if (kind == StateKind::kMaster) runner_.upload_group(g);
-  }
+  void read_state(int g, StateKind kind, const StateSink& sink) override { runner_.read_state(g, kind, sink); }
+  void write_state(int g, StateKind kind, const StateSource& source) override { runner_.write_state(g, kind, source); }
   OptimizerCounters counters() override { return runner_.counters(); }
   void set_counters(const OptimizerCounters& c) override { runner_.set_counters(c); }
   void write_trace(const std::string& path) const override {

@@ -8,6 +8,7 @@
 
 #include "fuyou/error.h"
 #include "fuyou/sizes.h"
+#include "fuyou/train.h"
 #include "src/runtime/executor.h"
 
 namespace fuyou {
@@ -110,22 +111,9 @@ void OffloadTrainer::Impl::allocate_buffers() {
 }
 
 void OffloadTrainer::Impl::make_optimizer() {
-  std::vector<OptimGroup> groups;
   std::vector<StateTier> tiers;
-  const int L = cfg_.model.n_layer;
-  for (size_t g = 0; g < layout_.groups.size(); ++g) {
-    OptimGroup og{layout_.groups[g].name, layout_.groups[g].numel, {}};
-    for (const TensorSpec& t : layout_.tensors)
-      if (t.group == static_cast<int>(g)) og.tensors.push_back({t.offset - layout_.groups[g].offset, t.numel, t.decay});
-    groups.push_back(og);
-    tiers.push_back(g == 0 ? plan_.embed_optim : static_cast<int>(g) == L + 1 ? plan_.final_optim : plan_.layers[g - 1].optim);
-  }
-  OocAdamWOptions oo;
-  oo.beta1 = static_cast<float>(cfg_.optimizer.beta1);
-  oo.beta2 = static_cast<float>(cfg_.optimizer.beta2);
-  oo.eps = static_cast<float>(cfg_.optimizer.eps);
-  oo.weight_decay = static_cast<float>(cfg_.optimizer.weight_decay);
-  opt_ = std::make_unique<OocAdamW>(groups, tiers, store_, oo);
+  for (size_t g = 0; g < layout_.groups.size(); ++g) tiers.push_back(plan_.optim_tier(static_cast<int>(g)));
+  opt_ = std::make_unique<OocAdamW>(optimizer_groups(layout_), tiers, store_, optimizer_options(cfg_.optimizer));
 }
 
 // Every host buffer a copy reads or writes is page-locked (CUDA: full-speed asynchronous

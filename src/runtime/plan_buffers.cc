@@ -83,6 +83,12 @@ std::string PlanBuffer::name() const {
   return indexed(kind) ? str(n, ".", index) : n;
 }
 
+StateTier Plan::optim_tier(int group) const {
+  if (group == 0) return embed_optim;
+  if (group == model.n_layer + 1) return final_optim;
+  return layers.at(group - 1).optim;
+}
+
 int Plan::buffer(BufferKind kind, int index) const {
   for (size_t i = 0; i < buffers.size(); ++i)
     if (buffers[i].kind == kind && buffers[i].index == index) return static_cast<int>(i);
@@ -196,27 +202,20 @@ std::vector<PlanBuffer> buffer_table(const Plan& plan, bool have_ssd, bool devic
   t.slots(BufferKind::kWoutSlot, pp.host_wout_slots, H, sz.weights, "weight staging");
   const ParamLayout layout = make_gpt_layout(m);
   for (int g = 0; g <= L + 1; ++g)
-    if (optim_tier(plan, g) == StateTier::kHost)
+    if (plan.optim_tier(g) == StateTier::kHost)
       t.add(BufferKind::kHostOptim, g, H, 12ull * layout.groups[g].numel, "optimizer state");
   if (have_ssd) t.add(BufferKind::kOptimChunks, 0, H, ooc_chunk_pool_bytes(), "optimizer chunk slots");
 
   for (int l = 0; l < L; ++l)
     if (plan.layers[l].weights == StateTier::kSsd) t.add(BufferKind::kSsdWeights, l, S, sz.weights, "weights");
   for (int g = 0; g <= L + 1; ++g)
-    if (optim_tier(plan, g) == StateTier::kSsd)
+    if (plan.optim_tier(g) == StateTier::kSsd)
       t.add(BufferKind::kSsdOptim, g, S, 12ull * layout.groups[g].numel, "optimizer state");
   for (int l = 0; l < L; ++l)
     if (acts[l] == ActPlacement::kSsd) t.add(BufferKind::kSsdCkpt, l, S, sz.ckpt, "checkpoints");
   for (int l = 0; l < L && plan.holds_grads(); ++l)
     if (plan.layers[l].grads == StateTier::kSsd) t.add(BufferKind::kSsdGrads, l, S, sz.weights, "held gradients");
   return t.out;
-}
-
-StateTier optim_tier(const Plan& plan, int group) {
-  const int L = plan.model.n_layer;
-  if (group == 0) return plan.embed_optim;
-  if (group == L + 1) return plan.final_optim;
-  return plan.layers.at(group - 1).optim;
 }
 
 }  // namespace plan_detail

@@ -46,9 +46,6 @@ constexpr int kEmbedParts = 4;
 // thread stacks), measured as the RSS of a small run: about 150 MiB; rounded up.
 constexpr uint64_t kProcessBaseline = 256ull << 20;
 
-// Where group g's optimizer state lives.
-StateTier optim_tier(const Plan& plan, int group);
-
 // The device part of the buffer table for these activation decisions and pool sizes (the
 // planner sizes pools with it).
 std::vector<PlanBuffer> device_buffers(const ModelConfig& m, int micro_batch, const std::vector<ActPlacement>& acts,

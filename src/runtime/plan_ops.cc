@@ -119,7 +119,7 @@ class IterationBuilder {
     return g == 0 ? buf(BufferKind::kHostEmbed) : g == L_ + 1 ? buf(BufferKind::kHostFinal) : buf(BufferKind::kHostWeights, g - 1);
   }
   int optim_state_of_group(int g) const {
-    return optim_tier(plan_, g) == StateTier::kHost ? buf(BufferKind::kHostOptim, g) : buf(BufferKind::kSsdOptim, g);
+    return plan_.optim_tier(g) == StateTier::kHost ? buf(BufferKind::kHostOptim, g) : buf(BufferKind::kSsdOptim, g);
   }
   int work_of(int layer, bool kept) const { return kept ? buf(BufferKind::kLayerActs, layer) : buf(BufferKind::kWorkActs); }
 

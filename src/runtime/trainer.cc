@@ -55,12 +55,33 @@ double mean_over_counted(const std::vector<float>& means, const std::vector<int6
   return total > 0 ? s / total : 0.0;
 }
 
+std::vector<OptimGroup> optimizer_groups(const ParamLayout& layout) {
+  std::vector<OptimGroup> groups;
+  for (size_t g = 0; g < layout.groups.size(); ++g) {
+    OptimGroup og{layout.groups[g].name, layout.groups[g].numel, {}};
+    for (const TensorSpec& t : layout.tensors)
+      if (t.group == static_cast<int>(g)) og.tensors.push_back({t.offset - layout.groups[g].offset, t.numel, t.decay});
+    groups.push_back(og);
+  }
+  return groups;
+}
+
+OocAdamWOptions optimizer_options(const OptimizerConfig& o) {
+  OocAdamWOptions oo;
+  oo.beta1 = static_cast<float>(o.beta1);
+  oo.beta2 = static_cast<float>(o.beta2);
+  oo.eps = static_cast<float>(o.eps);
+  oo.weight_decay = static_cast<float>(o.weight_decay);
+  return oo;
+}
+
 StepRunner::StepRunner(const Config& cfg, Backend& backend)
-    : cfg_(cfg), be_(backend), model_(cfg.model, backend, cfg.schedule.micro_batch) {
+    : cfg_(cfg), be_(backend), model_(cfg.model, backend, cfg.schedule.micro_batch),
+      opt_(optimizer_groups(model_.layout()),
+           std::vector<StateTier>(model_.layout().groups.size(), StateTier::kHost), nullptr,
+           optimizer_options(cfg.optimizer)) {
   size_t n = model_.layout().total;
   master_.assign(n, 0.0f);
-  m_.assign(n, 0.0f);
-  v_.assign(n, 0.0f);
   grad_.assign(n, 0.0f);
   inputs_.resize(model_.tokens_per_batch());
   targets_.resize(model_.tokens_per_batch());
@@ -78,16 +99,20 @@ void StepRunner::init_params() {
 
 void StepRunner::set_params(const float* host_params) {
   if (host_params != master_.data()) std::copy(host_params, host_params + master_.size(), master_.begin());
+  const ParamLayout& layout = model_.layout();
+  for (size_t g = 0; g < layout.groups.size(); ++g) opt_.init_group(static_cast<int>(g), master_.data() + layout.groups[g].offset);
   be_.copy_to_device(model_.params(), master_.data(), master_.size() * sizeof(float));
 }
 
-std::vector<float>& StepRunner::state(StateKind kind) {
-  return kind == StateKind::kMaster ? master_ : kind == StateKind::kAdamM ? m_ : v_;
-}
+void StepRunner::read_state(int group, StateKind kind, const StateSink& sink) { opt_.read_state(group, kind, sink); }
 
-void StepRunner::upload_group(int group) {
+void StepRunner::write_state(int group, StateKind kind, const StateSource& source) {
   const ParamGroup& g = model_.layout().groups.at(group);
-  be_.copy_to_device(model_.params() + g.offset, master_.data() + g.offset, 4 * g.numel);
+  if (kind != StateKind::kMaster) return opt_.write_state(group, kind, source);
+  float* master = master_.data() + g.offset;
+  source(0, master, g.numel);
+  opt_.init_group(group, master);
+  be_.copy_to_device(model_.params() + g.offset, master, 4 * g.numel);
 }
 
 OptimizerCounters StepRunner::counters() const {
@@ -150,25 +175,22 @@ StepResult StepRunner::step(int64_t step_index,
     r.skipped = true;
     return r;
   }
-  const float grad_scale = d.grad_scale;
   ++t_;
-  for (const TensorSpec& ts : model_.layout().tensors) {
-    AdamWStep s{static_cast<float>(r.lr),
-                static_cast<float>(cfg_.optimizer.beta1),
-                static_cast<float>(cfg_.optimizer.beta2),
-                static_cast<float>(cfg_.optimizer.eps),
-                ts.decay ? static_cast<float>(cfg_.optimizer.weight_decay) : 0.0f,
-                t_};
-    AdamWArgs a;
-    a.master = master_.data() + ts.offset;
-    a.m = m_.data() + ts.offset;
-    a.v = v_.data() + ts.offset;
-    a.grad = grad_.data() + ts.offset;
-    a.n = ts.numel;
-    a.grad_scale = grad_scale;
-    adamw_update(a, s);
+  // Every group's update; the new master weights come back into master_ (fp32 "low
+  // precision" output) and go to the device.
+  const ParamLayout& layout = model_.layout();
+  for (size_t g = 0; g < layout.groups.size(); ++g) {
+    OocAdamW::Update u;
+    u.group = static_cast<int>(g);
+    u.grad = grad_.data() + layout.groups[g].offset;
+    u.lowp = master_.data() + layout.groups[g].offset;
+    u.lowp_type = ElemType::kF32;
+    u.grad_scale = d.grad_scale;
+    u.lr = static_cast<float>(r.lr);
+    u.t = t_;
+    opt_.wait(opt_.submit(u));
   }
-  set_params(master_.data());
+  be_.copy_to_device(model_.params(), master_.data(), master_.size() * sizeof(float));
   return r;
 }
 
