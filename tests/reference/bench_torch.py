@@ -25,10 +25,14 @@ pthread through libblas.so.3; the CPU is AMD EPYC Zen 4, AVX-512):
   slower with PASSIVE), OPENBLAS_THREAD_TIMEOUT=4 (slightly slower), and BLIS
   (LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/blis-openmp: sgemm ~55-100 GFLOP/s, half of OpenBLAS).
 
-torch >= 2.0 (measured with PyPI's torch 2.15.0, MKL + oneDNN, on a Zen 3 with AVX2; how it was
-installed without a GPU is in docs/performance.md): --sdpa (fused causal attention) is its
-fastest form at seq 1024; PASSIVE waiting helps some runs and hurts others there, so run both
-and take the better; --compile (Inductor's C++ code) was no faster at either shape.
+torch >= 2.0 (measured with PyPI's torch 2.15.0, MKL 2024.2 + oneDNN 3.13, on a Zen 3 with AVX2):
+--sdpa (fused causal attention) is its fastest form at seq 1024; PASSIVE waiting helps some runs
+and hurts others there, so run both and take the better; --compile (Inductor's C++ code) was no
+faster at either shape. The wheel is the CUDA build; installed without a GPU into a venv with
+  pip install --no-deps torch==2.15.0   plus numpy sympy networkx jinja2 fsspec filelock
+  typing-extensions, and, only so that `import torch` finds the CUDA libraries it links,
+  nvidia-cusparselt-cu13==0.8.1 nvidia-nvshmem-cu13==3.7.2 nvidia-cufile nvidia-nccl-cu13==2.30.7
+  nvidia-cudnn-cu13==9.26.0.51 (all --no-deps) on LD_LIBRARY_PATH with /usr/local/cuda/lib64.
 """
 
 import os
