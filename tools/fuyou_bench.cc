@@ -61,7 +61,7 @@ struct TrainArgs {
 
 int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
   std::string why;
-  auto backend = fuyou::make_backend(cfg.runtime, cfg.offload.device_memory, &why);
+  auto backend = fuyou::make_backend(cfg, &why);
   if (!a.json) spdlog::info("{}", why);
   auto engine = fuyou::make_train_engine(cfg, *backend);
   if (!a.json) std::fputs(engine->describe().c_str(), stderr), std::fputs("\n", stderr);

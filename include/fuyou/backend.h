@@ -21,6 +21,7 @@
 
 namespace fuyou {
 
+struct Config;
 struct RuntimeConfig;
 
 enum class BackendKind { kCpu, kCuda };
@@ -183,12 +184,22 @@ class Backend {
   virtual void scale(float* x, float s, size_t n) = 0;
 };
 
-// Picks and creates the backend for runtime.backend (cpu | cuda | auto). `reason` receives a
-// sentence saying which backend was chosen and why (for the first log line).
-std::unique_ptr<Backend> make_backend(const RuntimeConfig& runtime, uint64_t device_memory,
-                                      std::string* reason);
+// Picks and creates the backend for runtime.backend (cpu | cuda | auto | cpu-streams), its
+// device memory offload.device_memory. `reason` receives a sentence saying which backend was
+// chosen and why (for the first log line).
+std::unique_ptr<Backend> make_backend(const Config& cfg, std::string* reason);
 
 std::unique_ptr<Backend> make_cpu_backend(int threads, uint64_t device_memory);
+
+// The CPU backend with the CUDA backend's ordering rules (runtime.backend: cpu-streams; see
+// kernels/cpu/stream_backend.h): asynchronous compute, one copy queue per direction.
+struct StreamOptions {
+  // Each queued operation first sleeps a random time in [min_delay_us, max_delay_us]
+  // microseconds (max: runtime.stream_delay_us; 0: none), from generators seeded with `seed`.
+  int min_delay_us = 0, max_delay_us = 0;
+  uint64_t seed = 1;
+};
+std::unique_ptr<Backend> make_cpu_stream_backend(int threads, uint64_t device_memory, const StreamOptions& opts);
 
 // Sets the backend's GEMM precision from runtime.precision (auto: bf16 on CUDA, fp32 on CPU).
 void apply_precision(Backend& be, const RuntimeConfig& runtime);

@@ -236,7 +236,7 @@ TrainSummary run_training(const Config& cfg, const TrainOptions& opts) {
   }
 
   std::string why;
-  auto backend = make_backend(cfg.runtime, cfg.offload.device_memory, &why);
+  auto backend = make_backend(cfg, &why);
   spdlog::info("{}", why);
 
   // Data
