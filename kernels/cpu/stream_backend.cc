@@ -41,7 +41,8 @@ void StreamBackend::set_matmul_precision(MatmulPrecision p) {
 void* StreamBackend::alloc(size_t bytes, const std::string& what) {
   void* p = inner_->alloc(bytes, what);
   std::memset(p, kPoison, bytes);
-  compute_.submit([p, bytes] { std::memset(p, 0, bytes); });
+  std::lock_guard<std::mutex> lock(zeroed_mu_);
+  zeroed_ = compute_.submit([p, bytes] { std::memset(p, 0, bytes); });
   return p;
 }
 
@@ -51,10 +52,17 @@ void StreamBackend::free(void* ptr) {
 }
 
 // The caller blocks until its copy is done (as CudaBackend::copy_on), so a host buffer may be
-// reused at once; only the wait for compute queued before the copy is optional.
+// reused at once. The copy waits for the compute queued before it, or, caller-ordered, only
+// for the zeroing of the allocations made so far.
 void StreamBackend::copy(OpQueue& q, void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
-  const uint64_t after = caller_ordered_ ? 0 : compute_.submitted();
+  uint64_t after = 0;
+  if (caller_ordered_) {
+    std::lock_guard<std::mutex> lock(zeroed_mu_);
+    after = zeroed_;
+  } else {
+    after = compute_.submitted();
+  }
   q.wait(q.submit([this, after, dst, src, bytes] {
     if (after) compute_.wait(after);
     std::memcpy(dst, src, bytes);

@@ -8,7 +8,9 @@
 // done; unless the caller orders the work itself (set_caller_ordered), a copy first waits for
 // the compute queued before it. finish_compute(), synchronize() and sum_squares() wait for
 // the compute queue. New allocations hold garbage (bytes 0xFF, NaN as floats) until their
-// zeroing runs, as device memory does until cudaMemsetAsync reaches it; free() returns memory
+// zeroing runs, as device memory does until cudaMemsetAsync reaches it; a caller-ordered
+// copy still waits for the zeroing of every allocation made before it (the caller cannot
+// order work it never queued); free() returns memory
 // only once the kernels queued before it have run (on the GPU a later user of the block is
 // queued behind them, so the twin cannot be stricter there).
 // StreamOptions::max_delay_us adds a random sleep before every queued operation, so that an
@@ -17,6 +19,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 
 #include "fuyou/backend.h"
 #include "kernels/cpu/op_queue.h"
@@ -91,6 +94,8 @@ class StreamBackend final : public Backend {
   std::unique_ptr<Backend> inner_;  // first: destroyed after the queues have drained
   StreamOptions opts_;
   std::atomic<bool> caller_ordered_{false};
+  std::mutex zeroed_mu_;
+  uint64_t zeroed_ = 0;  // compute ticket of the last allocation's zeroing
   OpQueue compute_, h2d_, d2h_;
 };
 
