@@ -49,6 +49,9 @@ class Backend {
   virtual BackendKind kind() const = 0;
   virtual std::string name() const = 0;  // e.g. "cpu (2 threads, oneDNN sgemm)"
   virtual int threads() const = 0;
+  // Whether the device arena is host memory (the CPU backend's), so that the planner counts
+  // it against offload.host_memory too.
+  virtual bool device_is_host_memory() const { return kind() == BackendKind::kCpu; }
 
   // GEMM precision of matmul_forward / matmul_backward (the projections and the LM head).
   // Throws fuyou::Error when the backend cannot run `p`.

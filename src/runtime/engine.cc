@@ -195,6 +195,7 @@ std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backe
   if (!wants_offload(cfg)) return std::make_unique<InMemoryEngine>(cfg, backend);
   PlanRequest req = plan_request(cfg);
   req.embed_rows_first = backend.kind() != BackendKind::kCpu;
+  req.device_in_host = backend.device_is_host_memory();
   Plan plan;
   double predicted = 0;
   if (cfg.offload.activations == ActivationPolicy::kAuto && !cfg.offload.hardware.empty()) {

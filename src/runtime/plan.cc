@@ -156,9 +156,11 @@ Plan make_plan(const PlanRequest& req) {
   plan.memory.device_bytes = device_need(acts, dw, dc, dg, &plan.memory);
 
   // ---- host memory: weights, checkpoints, optimizer state ---------------------------------
-  // The only backend is the CPU's, whose "device" memory is process memory: it counts
-  // against the host budget too.
-  uint64_t host_fixed = kProcessBaseline + plan.memory.device_bytes;
+  // Where the device arena is process memory (the CPU backend) it counts against the host
+  // budget too.
+  plan.memory.device_in_host = req.device_in_host;
+  const uint64_t arena_in_host = req.device_in_host ? plan.memory.device_bytes : 0;
+  uint64_t host_fixed = kProcessBaseline + arena_in_host;
   uint64_t host_ckpt = 0, ssd_ckpt_layers = 0;
   for (ActPlacement x : acts) {
     if (x == ActPlacement::kHost) host_ckpt += sz.ckpt;
@@ -323,7 +325,7 @@ Plan make_plan(const PlanRequest& req) {
   plan.memory.host_bytes = host_used;
   auto hpart = [&](const std::string& n, uint64_t b) { if (b) plan.memory.host_parts.push_back({n, b}); };
   hpart("process baseline", kProcessBaseline);
-  hpart("device arena (CPU backend: host memory)", plan.memory.device_bytes);
+  hpart("device arena (CPU backend: host memory)", arena_in_host);
   hpart("host checkpoints", host_ckpt);
   hpart("gradient slots", grad_slots_bytes);
   hpart(req.exact ? "held gradients (exact mode)" : "held gradients (gradient accumulation)", host_grad_hold);

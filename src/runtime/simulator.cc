@@ -86,8 +86,10 @@ double op_duration(const Plan& plan, const PlanOp& op, const HardwareProfile& hw
 void plan_memory_on(const Plan& plan, const HardwareProfile& hw, uint64_t* device, uint64_t* host, uint64_t* ssd) {
   const double scale = hw.element_bytes / 4.0;
   *device = static_cast<uint64_t>(plan.memory.device_bytes * scale);
-  // The CPU backend's device arena is host memory (plan.cc counts it there); a GPU's is not.
-  *host = hw.backend == "cpu" ? plan.memory.host_bytes : plan.memory.host_bytes - plan.memory.device_bytes;
+  // The CPU backend's device arena is host memory; a GPU's is not. The plan says whether it
+  // counted the arena (MemoryPlan::device_in_host).
+  const uint64_t counted = plan.memory.device_in_host ? plan.memory.device_bytes : 0;
+  *host = plan.memory.host_bytes - counted + (hw.backend == "cpu" ? plan.memory.device_bytes : 0);
   *ssd = plan.memory.ssd_bytes;
 }
 
