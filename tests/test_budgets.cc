@@ -77,3 +77,34 @@ TEST_CASE("the device arena counts against the host budget only where it is host
     CHECK(h == pg.memory.host_bytes);
   }
 }
+
+TEST_CASE("runtime.threads governs the executor's compute and optimizer threads", "[budgets]") {
+  // A thread count other than the one a new thread starts with (OpenMP's default: every
+  // processor), so that a worker that never set it shows.
+  const int want = omp_get_num_procs() > 1 ? 1 : 2;
+  Config cfg = small_config(want);
+  auto be = make_cpu_backend(want, 0);
+  PlanRequest req;
+  req.model = cfg.model;
+  req.micro_batch = cfg.schedule.micro_batch;
+  req.acts.assign(cfg.model.n_layer, ActPlacement::kHost);
+  OffloadTrainer tr(cfg, *be, make_plan(req), nullptr);
+  ParamLayout layout = make_gpt_layout(cfg.model);
+  std::vector<float> init(layout.total);
+  init_gpt_params(cfg.model, layout, init.data());
+  tr.set_params(init.data());
+  std::mutex mu;
+  std::set<int> compute, optimizer;
+  tr.on_op = [&](int64_t, const PlanOp& op) {
+    const int n = omp_get_max_threads();
+    std::lock_guard<std::mutex> lock(mu);
+    if (op.resource == Resource::kCompute) compute.insert(n);
+    if (op.resource == Resource::kOptimizer) optimizer.insert(n);
+  };
+  std::vector<int32_t> batch(static_cast<size_t>(cfg.schedule.micro_batch) * (cfg.model.seq_len + 1), 1);
+  for (int s = 0; s < 2; ++s) tr.step(s, batch.data());
+  INFO("runtime.threads " << want << "; OpenMP threads seen: compute " << *compute.begin() << ".."
+                          << *compute.rbegin() << ", optimizer " << *optimizer.begin() << ".." << *optimizer.rbegin());
+  CHECK(compute == std::set<int>{want});
+  CHECK(optimizer == std::set<int>{want});
+}

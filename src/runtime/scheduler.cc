@@ -267,7 +267,7 @@ class OffloadTrainer::Impl {
       spdlog::warn("{}: {} of host buffers could not be page-locked (locked-memory limit?); copies from them "
                    "run slower", be_.name(), format_size(refused));
     be_.set_caller_ordered(true);
-    update_threads_ = omp_get_max_threads();
+    update_threads_ = cfg.runtime.threads > 0 ? cfg.runtime.threads : omp_get_num_procs();
     epoch_ = clock_type::now();
     for (int r = 0; r < kNumResources; ++r) workers_.emplace_back([this, r] { worker(r); });
   }
@@ -640,6 +640,8 @@ class OffloadTrainer::Impl {
   // One thread per resource: runs the ops queued for it, each when ready, in order (the
   // reordering queues: see next_op).
   void worker(int r) {
+    // runtime.threads for the kernels and sums run here: an OpenMP thread count is per thread.
+    omp_set_num_threads(update_threads_);
     Ring& q = rings_[r];
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
@@ -884,7 +886,7 @@ class OffloadTrainer::Impl {
   double window_start_ = -1;  // when the current step window began (-1: at the next submission)
   uint64_t window_read_ = 0, window_written_ = 0;  // store counters at that moment
   std::array<double, kNumResources> window_busy_{};  // busy time of iterations retired within it
-  int update_threads_ = 1;    // OpenMP threads of an update that has the cores to itself
+  int update_threads_ = 1;    // runtime.threads: every worker's, and an update's that has the cores to itself
   std::unique_ptr<DynamicLossScaler> scaler_;
   int64_t t_ = 0;  // Adam's step count of the last submitted step
 };
