@@ -24,7 +24,9 @@ namespace fuyou {
 struct Config;
 struct RuntimeConfig;
 
-enum class BackendKind { kCpu, kCuda };
+// kEmulated: a GPU that does no arithmetic but takes a hardware profile's time
+// (runtime.backend: emulated, kernels/emulated/emulated_backend.h).
+enum class BackendKind { kCpu, kCuda, kEmulated };
 
 // The target value of a position whose prediction does not count in the loss (a prompt token
 // of prompt/completion data): see crossentropy_forward.
@@ -187,7 +189,7 @@ class Backend {
   virtual void scale(float* x, float s, size_t n) = 0;
 };
 
-// Picks and creates the backend for runtime.backend (cpu | cuda | auto | cpu-streams), its
+// Picks and creates the backend for runtime.backend (cpu | cuda | auto | cpu-streams | emulated), its
 // device memory offload.device_memory. `reason` receives a sentence saying which backend was
 // chosen and why (for the first log line).
 std::unique_ptr<Backend> make_backend(const Config& cfg, std::string* reason);
@@ -203,6 +205,10 @@ struct StreamOptions {
   uint64_t seed = 1;
 };
 std::unique_ptr<Backend> make_cpu_stream_backend(int threads, uint64_t device_memory, const StreamOptions& opts);
+
+// The emulated device of runtime.backend: emulated, emulating the GPU of offload.hardware at
+// runtime.emulated_scale (kernels/emulated/emulated_backend.h).
+std::unique_ptr<Backend> make_emulated_backend(const Config& cfg);
 
 // Sets the backend's GEMM precision from runtime.precision (auto: bf16 on CUDA, fp32 on CPU).
 void apply_precision(Backend& be, const RuntimeConfig& runtime);

@@ -358,9 +358,15 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
     s.get("precision", r.precision);
     s.get("seed", r.seed);
     s.get("stream_delay_us", r.stream_delay_us);
+    s.get("emulated_scale", r.emulated_scale);
     s.finish();
-    if (r.backend != "cpu" && r.backend != "cuda" && r.backend != "auto" && r.backend != "cpu-streams")
-      s.fail("backend", str("'", r.backend, "' is not one of cpu, cuda, auto, cpu-streams"));
+    if (r.backend != "cpu" && r.backend != "cuda" && r.backend != "auto" && r.backend != "cpu-streams" &&
+        r.backend != "emulated")
+      s.fail("backend", str("'", r.backend, "' is not one of cpu, cuda, auto, cpu-streams, emulated"));
+    require(r.emulated_scale > 0 && r.emulated_scale <= 1e6, s, "emulated_scale", r.emulated_scale,
+            "must be in (0, 1e6]");
+    if (r.backend == "emulated" && c.offload.hardware.empty())
+      s.fail("backend", "emulated needs offload.hardware: the profile of the GPU to emulate");
     require(r.stream_delay_us >= 0 && r.stream_delay_us <= 1000000, s, "stream_delay_us", r.stream_delay_us,
             "must be in 0..1000000 microseconds");
     if (r.stream_delay_us && r.backend != "cpu-streams")
@@ -456,6 +462,7 @@ std::string config_to_yaml(const Config& c) {
   e << YAML::Key << "precision" << YAML::Value << c.runtime.precision;
   e << YAML::Key << "seed" << YAML::Value << c.runtime.seed;
   e << YAML::Key << "stream_delay_us" << YAML::Value << c.runtime.stream_delay_us;
+  e << YAML::Key << "emulated_scale" << YAML::Value << c.runtime.emulated_scale;
   e << YAML::EndMap;
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";

@@ -46,6 +46,10 @@ std::unique_ptr<Backend> make_backend(const Config& cfg, std::string* reason) {
     so.seed = runtime.seed;
     backend = make_cpu_stream_backend(runtime.threads, device_memory, so);
     why = "runtime.backend is cpu-streams (the CPU backend under CUDA's ordering rules, for tests)";
+  } else if (runtime.backend == "emulated") {
+    backend = make_emulated_backend(cfg);
+    why = str("runtime.backend is emulated: no arithmetic, the time of ", cfg.offload.hardware, " at ",
+              runtime.emulated_scale, "x its throughput; losses are NaN");
   } else {
     why = "runtime.backend is cpu";
   }

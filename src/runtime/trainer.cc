@@ -223,6 +223,10 @@ std::vector<int32_t> load_shards(const std::vector<std::string>& paths, int voca
 
 TrainSummary run_training(const Config& cfg, const TrainOptions& opts) {
   using clock = std::chrono::steady_clock;
+  // Refused before anything is written: an emulated run has no model to train or save.
+  if (cfg.runtime.backend == "emulated")
+    throw ConfigError("runtime.backend is emulated: the emulated device does no arithmetic (its losses are NaN), so "
+                      "there is nothing to train; it times the engine with `fuyou-bench train`");
   TrainSummary sum;
   sum.run_dir = opts.run_dir.empty() ? timestamp_dir() : opts.run_dir;
   std::error_code ec;
