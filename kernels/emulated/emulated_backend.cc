@@ -15,7 +15,19 @@
 namespace fuyou::emulated {
 
 namespace {
+
 constexpr uint64_t kAlign = 256;  // the CUDA arena's block alignment
+
+// Waits until `t`, unless that is less than kSleepSlack away: a sleep overshoots by about
+// the kernel's timer slack (50 us), which thousands of tiny copies (an embedding's rows)
+// would add up to seconds a GPU does not spend. The timeline a wait belongs to keeps the
+// time, so the next operation on it starts no earlier.
+constexpr std::chrono::microseconds kSleepSlack{100};
+
+void wait_until(std::chrono::steady_clock::time_point t) {
+  if (t - std::chrono::steady_clock::now() > kSleepSlack) std::this_thread::sleep_until(t);
+}
+
 }  // namespace
 
 EmulatedBackend::EmulatedBackend(const EmulatedOptions& o) : o_(o) {
@@ -126,7 +138,7 @@ void EmulatedBackend::finish_compute() {
     std::lock_guard<std::mutex> lock(mu_);
     until = compute_free_;
   }
-  std::this_thread::sleep_until(until);
+  wait_until(until);
 }
 
 void EmulatedBackend::set_caller_ordered(bool on) {
@@ -164,9 +176,9 @@ void EmulatedBackend::copy(std::mutex& dir_mu, clock::time_point& dir_free, doub
   }
   const clock::time_point start = std::max({clock::now(), dir_free, after});
   dir_free = start + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds / o_.scale));
-  std::this_thread::sleep_until(start);
+  wait_until(start);
   move();
-  std::this_thread::sleep_until(dir_free);
+  wait_until(dir_free);
 }
 
 void EmulatedBackend::copy_to_device(void*, const void*, size_t bytes) {

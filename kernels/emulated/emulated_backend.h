@@ -12,7 +12,8 @@
 // free and, unless the caller orders the work (set_caller_ordered), when the compute queued
 // before it has ended (caller-ordered: when the last allocation's zeroing has), and sleeps
 // until the profile's PCIe time (h2d_seconds / d2h_seconds, divided by `scale`) has passed:
-// the CUDA backend's ordering rules.
+// the CUDA backend's ordering rules. A wait shorter than 100 us is skipped (a sleep would
+// overshoot it by the timer slack); the timeline keeps the time.
 //
 // Data. The arena is address space only (a PROT_NONE reservation, sized in the plan's fp32
 // bytes): the device holds no bytes, and host code that dereferences a device pointer
