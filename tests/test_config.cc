@@ -34,7 +34,7 @@ TEST_CASE("config errors name the key and the allowed values", "[config]") {
   CHECK_THROWS_WITH(parse_config("model: {d_model: 100, n_head: 3}", "x.yaml"),
                     Contains("model.d_model") && Contains("multiple of model.n_head"));
   CHECK_THROWS_WITH(parse_config("runtime: {backend: tpu}", "x.yaml"),
-                    Contains("runtime.backend") && Contains("cpu, cuda, auto"));
+                    Contains("runtime.backend") && Contains("cpu, cuda, auto, cpu-streams, emulated"));
   CHECK_THROWS_WITH(parse_config("offload: {activations: sometimes}", "x.yaml"),
                     Contains("offload.activations") && Contains("auto, keep, swap, recompute"));
   CHECK_THROWS_WITH(parse_config("offload: {host_memory: 8 parsecs}", "x.yaml"),

@@ -1,7 +1,10 @@
 // The offloading scheduler on the CPU backend: bitwise equal to in-memory training (losses
 // and final weights over several steps) with budgets and decisions that force every path:
 // weights from SSD, checkpoints to host and to SSD and back, recomputation, optimizer state
-// from SSD; no stale weights; budgets refused with numbers.
+// from SSD; no stale weights; budgets refused with numbers. The executor's tests run twice:
+// on the CPU backend and on its CUDA-ordered twin (cpu-streams) with random delays, where a
+// wait missing in the executor or the model lets a copy or a reader overtake the compute it
+// needs, and the numbers differ.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -52,6 +55,23 @@ std::vector<std::vector<int32_t>> batches(const Config& cfg, int steps) {
   return out;
 }
 
+// The backend an executor test runs on: the plain CPU backend, or the same kernels under the
+// CUDA backend's ordering rules with random delays of up to 300 us before every queued
+// operation (a few times a small kernel's duration here: an operation nobody waited for has
+// usually not run when its result is read).
+enum class Twin { kCpu, kStreams };
+constexpr int kTwinDelayUs = 300;
+
+std::unique_ptr<Backend> twin_backend(Twin twin, uint64_t device_budget) {
+  if (twin == Twin::kCpu) return make_cpu_backend(2, device_budget);
+  StreamOptions so;
+  so.max_delay_us = kTwinDelayUs;
+  so.seed = 5;
+  return make_cpu_stream_backend(2, device_budget, so);
+}
+
+const char* twin_name(Twin t) { return t == Twin::kCpu ? "cpu" : "cpu-streams"; }
+
 struct Run {
   std::vector<float> losses;
   std::vector<float> params;
@@ -77,8 +97,8 @@ Run run_steps(OffloadTrainer& tr, const std::vector<std::vector<int32_t>>& data)
 }
 
 Run offloaded(const Config& cfg, const PlanRequest& req, const std::vector<std::vector<int32_t>>& data,
-              SsdStore* store) {
-  auto be = make_cpu_backend(2, req.device_budget);
+              SsdStore* store, Twin twin = Twin::kCpu) {
+  auto be = twin_backend(twin, req.device_budget);
   OffloadTrainer tr(cfg, *be, make_plan(req), store);
   ParamLayout layout = make_gpt_layout(cfg.model);
   std::vector<float> init(layout.total);
@@ -144,6 +164,8 @@ void require_bitwise(const Run& a, const Run& b) {
 }  // namespace
 
 TEST_CASE("offloaded training is bitwise equal to in-memory training", "[scheduler]") {
+  const Twin twin = GENERATE(Twin::kCpu, Twin::kStreams);
+  INFO("backend " << twin_name(twin));
   for (double clip : {0.0, 0.5}) {
     Config cfg = tiny_config(clip);
     auto data = batches(cfg, 6);
@@ -181,7 +203,7 @@ TEST_CASE("offloaded training is bitwise equal to in-memory training", "[schedul
     else CHECK(count(rp, from_wout) == 0);
     CHECK((count(rp, ssd_read) == 0) == (clip == 0));
     auto roomy_store = SsdStore::open({{store_dir("roomy")}});
-    require_bitwise(offloaded(cfg, req, data, roomy_store.get()), ref);
+    require_bitwise(offloaded(cfg, req, data, roomy_store.get(), twin), ref);
     const PlanRequest roomy = req;
     // Two weights-out slots: the two lowest layers are retained, the forward reads the
     // others from SSD.
@@ -189,7 +211,7 @@ TEST_CASE("offloaded training is bitwise equal to in-memory training", "[schedul
     const Plan sp = make_plan(req);
     CHECK(count(sp, from_wout) == (clip > 0 ? 0 : 2));
     CHECK(count(sp, ssd_read) > 0);
-    require_bitwise(offloaded(cfg, req, data, store.get()), ref);
+    require_bitwise(offloaded(cfg, req, data, store.get(), twin), ref);
 
     // One device weight slot fewer than the roomy plan: the backward reloads the lowest
     // layers. Retained (plain mode), from their weights-out slots, not yet rewritten; in exact
@@ -210,7 +232,7 @@ TEST_CASE("offloaded training is bitwise equal to in-memory training", "[schedul
       CHECK(staged_loads > reads);
     }
     auto tight_store = SsdStore::open({{store_dir("tight")}});
-    require_bitwise(offloaded(cfg, tight, data, tight_store.get()), ref);
+    require_bitwise(offloaded(cfg, tight, data, tight_store.get(), twin), ref);
 
     // Everything in host memory, no store: the same numbers again; the embedding's save,
     // update and refresh in three parts (PlanOp::parts; not in exact mode), and with rows
@@ -232,7 +254,7 @@ TEST_CASE("offloaded training is bitwise equal to in-memory training", "[schedul
       const auto first = std::count_if(hp.ops.begin(), hp.ops.end(), [](const PlanOp& o) { return o.part < 0; });
       CHECK(first == (clip == 0 && rows_first ? 3 : 0));
       CHECK(hp.embed_rows_first == (clip == 0 && rows_first));
-      require_bitwise(offloaded(cfg, host, data, nullptr), ref);
+      require_bitwise(offloaded(cfg, host, data, nullptr, twin), ref);
     }
   }
 }
@@ -241,6 +263,8 @@ TEST_CASE("no stale weights: each forward sees the weights of the previous updat
   // Steps overlap (the next step starts while this one's updates run), so nothing is read
   // back between steps: the weights each forward used are recorded and compared afterwards
   // with in-memory training's weights after the step before.
+  const Twin twin = GENERATE(Twin::kCpu, Twin::kStreams);
+  INFO("backend " << twin_name(twin));
   for (double clip : {0.0, 0.5}) {
     INFO("clip " << clip);
     Config cfg = tiny_config(clip);
@@ -261,7 +285,7 @@ TEST_CASE("no stale weights: each forward sees the weights of the previous updat
     for (bool retain_all : {false, true}) {
       INFO("retain all " << retain_all);
       auto store = SsdStore::open({{store_dir("stale")}});
-      auto be = make_cpu_backend(2, 0);
+      auto be = twin_backend(twin, 0);
       auto trainer = all_on_ssd(cfg, *be, store.get(), retain_all);
       OffloadTrainer& tr = *trainer;
       // With every layer retained no weights are read from SSD, and the top layer's update
@@ -288,6 +312,8 @@ TEST_CASE("steps overlap: the next step starts while the previous one's updates 
   // update was written before; layers 0 and 1 are retained in host slots) starts meanwhile.
   // Exact mode: updates run in forward order after the norm, and the next step's first
   // layer forward starts while the last layer's update (the last one) waits.
+  const Twin twin = GENERATE(Twin::kCpu, Twin::kStreams);
+  INFO("backend " << twin_name(twin));
   for (double clip : {0.0, 0.5}) {
     INFO("clip " << clip);
     Config cfg = tiny_config(clip);
@@ -295,7 +321,7 @@ TEST_CASE("steps overlap: the next step starts while the previous one's updates 
     auto data = batches(cfg, 3);
     Run ref = in_memory(cfg, data);
     auto store = SsdStore::open({{store_dir("overlap")}});
-    auto be = make_cpu_backend(2, 0);
+    auto be = twin_backend(twin, 0);
     auto trainer = all_on_ssd(cfg, *be, store.get());
     OffloadTrainer& tr = *trainer;
     const int held_group = clip > 0 ? L : 0;
@@ -478,7 +504,9 @@ TEST_CASE("embedding rows first: the next forward starts before the embedding's 
   req.embed_parts = 3;
   req.embed_rows_first = true;
   req.acts.assign(cfg.model.n_layer, ActPlacement::kHost);
-  auto be = make_cpu_backend(2, 0);
+  const Twin twin = GENERATE(Twin::kCpu, Twin::kStreams);
+  INFO("backend " << twin_name(twin));
+  auto be = twin_backend(twin, 0);
   OffloadTrainer tr(cfg, *be, make_plan(req), nullptr);
   REQUIRE(tr.plan().embed_rows_first);
   ParamLayout layout = make_gpt_layout(cfg.model);

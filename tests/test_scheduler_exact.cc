@@ -2,7 +2,9 @@
 // gradients held on SSD, each bitwise against in-memory training (StepRunner) on the CPU
 // backend, with weights and optimizer state forced to SSD. Bitwise, not within a tolerance:
 // both paths run the same kernels in the same order on the same values, so any difference is
-// a scheduling bug (a stale buffer, a missed accumulation, a wrong slot).
+// a scheduling bug (a stale buffer, a missed accumulation, a wrong slot). The validation and
+// accumulation tests run the executor on the CPU backend and on its CUDA-ordered twin
+// (cpu-streams, random delays), where a missing wait changes the numbers.
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
@@ -82,9 +84,19 @@ Run in_memory(const Config& cfg, const std::vector<std::vector<std::vector<int32
   return out;
 }
 
+// The executor's backend: the CPU's, or (streams) its twin under CUDA's ordering rules with
+// random delays of up to 300 us before every queued operation.
+std::unique_ptr<Backend> executor_backend(bool streams) {
+  if (!streams) return make_cpu_backend(2, 0);
+  StreamOptions so;
+  so.max_delay_us = 300;
+  so.seed = 9;
+  return make_cpu_stream_backend(2, 0, so);
+}
+
 Run offloaded(const Config& cfg, const Plan& plan, const std::vector<std::vector<std::vector<int32_t>>>& data,
-              SsdStore* store) {
-  auto be = make_cpu_backend(2, 0);
+              SsdStore* store, bool streams = false) {
+  auto be = executor_backend(streams);
   OffloadTrainer tr(cfg, *be, plan, store);
   ParamLayout layout = make_gpt_layout(cfg.model);
   std::vector<float> init(layout.total);
@@ -149,7 +161,9 @@ TEST_CASE("offloaded validation loss is bitwise the in-memory one", "[scheduler]
   ref.init_params();
 
   auto store = open_store("eval");
-  auto be2 = make_cpu_backend(2, 0);
+  const bool streams = GENERATE(false, true);
+  INFO("backend " << (streams ? "cpu-streams" : "cpu"));
+  auto be2 = executor_backend(streams);
   OffloadTrainer tr(cfg, *be2, make_plan(ssd_request(cfg)), store.get());
   ParamLayout layout = make_gpt_layout(cfg.model);
   std::vector<float> init(layout.total);
@@ -188,6 +202,8 @@ TEST_CASE("offloaded validation loss is bitwise the in-memory one", "[scheduler]
 }
 
 TEST_CASE("offloaded gradient accumulation is bitwise in-memory training", "[scheduler]") {
+  const bool streams = GENERATE(false, true);
+  INFO("backend " << (streams ? "cpu-streams" : "cpu"));
   for (double clip : {0.0, 0.05}) {
     Config cfg = accum_config(clip, 2);
     auto data = step_data(cfg, 4);
@@ -205,7 +221,7 @@ TEST_CASE("offloaded gradient accumulation is bitwise in-memory training", "[sch
       CHECK(count_kind(plan, OpKind::kReadGrads) ==
             (grads_ssd ? cfg.model.n_layer * (clip > 0 ? 2 : 1) : 0));
       CHECK(count_kind(plan, OpKind::kUpdate) == cfg.model.n_layer + 2);
-      require_bitwise(offloaded(cfg, plan, data, store.get()), ref, clip > 0);
+      require_bitwise(offloaded(cfg, plan, data, store.get(), streams), ref, clip > 0);
     }
   }
 }

@@ -16,6 +16,8 @@
 #include "fuyou/rng.h"
 #include "fuyou/sizes.h"
 #include "fuyou/engine.h"
+#include "fuyou/hardware.h"
+#include "fuyou/simulator.h"
 #include "fuyou/train.h"
 #include "src/optim/adam_bench.h"
 #include "src/runtime/checkpoint_bench.h"
@@ -59,11 +61,26 @@ struct TrainArgs {
   bool json = false;
   std::string trace;
   double ssd_tbw = 600;  // drive endurance in TB written (see docs/performance.md)
+  std::string predict_on;  // a hardware profile: the simulator's figures for the run's plan on it
 };
+
+// The simulator's prediction for the plan a run executes, on the machine the run is: `profile`
+// itself, or, on the emulated device, the emulated GPU's compute and PCIe (scaled) with
+// `profile`'s SSDs and optimizer (emulated_machine).
+nlohmann::json predict_plan(const fuyou::Config& cfg, const fuyou::Plan& plan, const std::string& profile) {
+  fuyou::HardwareProfile host = fuyou::load_hardware_profile(profile);
+  fuyou::HardwareProfile hw =
+      cfg.runtime.backend == "emulated"
+          ? fuyou::emulated_machine(fuyou::load_hardware_profile(cfg.offload.hardware), cfg.runtime.emulated_scale, host)
+          : host;
+  nlohmann::json j = fuyou::simulate(plan, hw).to_json();
+  j["profile"] = hw.name;
+  return j;
+}
 
 int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
   std::string why;
-  auto backend = fuyou::make_backend(cfg.runtime, cfg.offload.device_memory, &why);
+  auto backend = fuyou::make_backend(cfg, &why);
   if (!a.json) spdlog::info("{}", why);
   auto engine = fuyou::make_train_engine(cfg, *backend);
   if (!a.json) std::fputs(engine->describe().c_str(), stderr), std::fputs("\n", stderr);
@@ -76,6 +93,9 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
     for (auto& t : mb) t = static_cast<int32_t>(rng.below(cfg.model.vocab_size));
     ptrs.push_back(mb.data());
   }
+  // An emulated device's losses are NaN and its TFLOP/s those of the profile it emulates at
+  // runtime.emulated_scale: every figure below says so.
+  const bool emulated = backend->kind() == fuyou::BackendKind::kEmulated;
   std::vector<double> times;
   std::vector<fuyou::StepResult> results;
   for (int s = 0; s < a.warmup + a.steps; ++s) {
@@ -86,8 +106,12 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
       times.push_back(dt);
       results.push_back(r);
     }
-    if (!a.json) spdlog::info("step {}/{}: {:.3f}s loss {:.4f}{}", s + 1, a.warmup + a.steps, dt, r.loss,
-                              s < a.warmup ? " (warm-up)" : "");
+    if (!a.json && emulated)
+      spdlog::info("step {}/{}: {:.3f}s (emulated device: no loss){}", s + 1, a.warmup + a.steps, dt,
+                   s < a.warmup ? " (warm-up)" : "");
+    else if (!a.json)
+      spdlog::info("step {}/{}: {:.3f}s loss {:.4f}{}", s + 1, a.warmup + a.steps, dt, r.loss,
+                   s < a.warmup ? " (warm-up)" : "");
   }
   if (!a.trace.empty()) engine->write_trace(a.trace);
   // Offloaded steps overlap and each is timed from the previous step's loss to its own, so
@@ -111,7 +135,12 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
                    {"tflops", tflops},
                    {"flops_per_token", 3.0 * fuyou::forward_flops_per_token(cfg.model)},
                    {"peak_rss_bytes", fuyou::peak_rss_bytes()},
-                   {"device_peak_bytes", backend->memory().peak}};
+                   {"device_peak_bytes", backend->memory().peak},
+                   {"emulated", emulated}};
+  if (emulated) {
+    j["emulated_profile"] = cfg.offload.hardware;
+    j["emulated_scale"] = cfg.runtime.emulated_scale;
+  }
   if (engine->offloaded()) {
     // The step whose iteration time is the median, so busy times and iteration agree.
     // (With an even count, the nearer of the middle two; never a partial first step.)
@@ -132,13 +161,18 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
     // Drive life: tokens one drive of `ssd_tbw` TB endurance can train before it is worn.
     j["ssd_tbw_assumed"] = a.ssd_tbw;
     j["tokens_per_drive_life"] = d.ssd_write_bytes ? a.ssd_tbw * 1e12 / (d.ssd_write_bytes / tokens) : 0.0;
+    if (!a.predict_on.empty()) {
+      j["predicted"] = predict_plan(cfg, *engine->plan(), a.predict_on);
+      j["iteration_over_predicted"] = d.iteration_s / j["predicted"]["period_s"].get<double>();
+    }
   }
   if (a.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("%-16s %s\n%-16s %.2fM\n%-16s %.4f s (median of %d)\n%-16s %.1f\n%-16s %.4f\n",
+    std::printf("%-16s %s\n%-16s %.2fM\n%-16s %.4f s (median of %d)%s\n%-16s %.1f\n%-16s %.4f%s\n",
                 "backend", backend->name().c_str(), "params", layout.num_params() / 1e6, "step", step_s,
-                a.steps, "tokens/s", tps, "TFLOP/s", tflops);
+                a.steps, emulated ? " EMULATED" : "", "tokens/s", tps, "TFLOP/s", tflops,
+                emulated ? " (emulated: the profile's compute at runtime.emulated_scale, no GPU ran)" : "");
     if (engine->offloaded()) {
       std::printf("%-16s %.3f s (%.2fx the busiest resource)\n", "iteration", j["iteration_s"].get<double>(),
                   j["iteration_over_busiest"].get<double>());
@@ -146,6 +180,9 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
       std::printf("%-16s %.2f GB read, %.2f GB written per step; %.0f bytes written per token\n", "SSD",
                   j["ssd_read_bytes_per_step"].get<double>() / 1e9, j["ssd_write_bytes_per_step"].get<double>() / 1e9,
                   j["ssd_write_bytes_per_token"].get<double>());
+      if (j.contains("predicted"))
+        std::printf("%-16s %.3f s on %s (measured iteration %.2fx that)\n", "predicted", j["predicted"]["period_s"].get<double>(),
+                    j["predicted"]["profile"].get<std::string>().c_str(), j["iteration_over_predicted"].get<double>());
       if (j["tokens_per_drive_life"].get<double>() > 0)
         std::printf("%-16s %.3g tokens per %.0f TBW drive\n", "drive life", j["tokens_per_drive_life"].get<double>(),
                     a.ssd_tbw);
@@ -285,6 +322,9 @@ int main(int argc, char** argv) {
   train->add_option("--trace", ta.trace, "Write the last iteration's timeline (Chrome trace JSON)");
   train->add_option("--ssd-tbw", ta.ssd_tbw, "Drive endurance in TB written, for the drive-life figure");
   train->add_flag("--json", ta.json, "One JSON object on stdout");
+  train->add_option("--predict-on", ta.predict_on,
+                    "Hardware profile of this machine: add the simulator's figures for the run's plan (emulated: "
+                    "the emulated GPU's compute and PCIe with this profile's SSDs and optimizer)");
 
   fuyou::AdamBenchOptions adam_opts;
   std::string adam_params = "100M", adam_grad = "bf16";

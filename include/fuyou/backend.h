@@ -21,9 +21,12 @@
 
 namespace fuyou {
 
+struct Config;
 struct RuntimeConfig;
 
-enum class BackendKind { kCpu, kCuda };
+// kEmulated: a GPU that does no arithmetic but takes a hardware profile's time
+// (runtime.backend: emulated, kernels/emulated/emulated_backend.h).
+enum class BackendKind { kCpu, kCuda, kEmulated };
 
 // The target value of a position whose prediction does not count in the loss (a prompt token
 // of prompt/completion data): see crossentropy_forward.
@@ -48,6 +51,9 @@ class Backend {
   virtual BackendKind kind() const = 0;
   virtual std::string name() const = 0;  // e.g. "cpu (2 threads, oneDNN sgemm)"
   virtual int threads() const = 0;
+  // Whether the device arena is host memory (the CPU backend's), so that the planner counts
+  // it against offload.host_memory too.
+  virtual bool device_is_host_memory() const { return kind() == BackendKind::kCpu; }
 
   // GEMM precision of matmul_forward / matmul_backward (the projections and the LM head).
   // Throws fuyou::Error when the backend cannot run `p`.
@@ -178,12 +184,26 @@ class Backend {
   virtual void relu_backward(float* din, const float* in, const float* dout, size_t n) = 0;
 };
 
-// Picks and creates the backend for runtime.backend (cpu | cuda | auto). `reason` receives a
-// sentence saying which backend was chosen and why (for the first log line).
-std::unique_ptr<Backend> make_backend(const RuntimeConfig& runtime, uint64_t device_memory,
-                                      std::string* reason);
+// Picks and creates the backend for runtime.backend (cpu | cuda | auto | cpu-streams | emulated), its
+// device memory offload.device_memory. `reason` receives a sentence saying which backend was
+// chosen and why (for the first log line).
+std::unique_ptr<Backend> make_backend(const Config& cfg, std::string* reason);
 
 std::unique_ptr<Backend> make_cpu_backend(int threads, uint64_t device_memory);
+
+// The CPU backend with the CUDA backend's ordering rules (runtime.backend: cpu-streams; see
+// kernels/cpu/stream_backend.h): asynchronous compute, one copy queue per direction.
+struct StreamOptions {
+  // Each queued operation first sleeps a random time in [min_delay_us, max_delay_us]
+  // microseconds (max: runtime.stream_delay_us; 0: none), from generators seeded with `seed`.
+  int min_delay_us = 0, max_delay_us = 0;
+  uint64_t seed = 1;
+};
+std::unique_ptr<Backend> make_cpu_stream_backend(int threads, uint64_t device_memory, const StreamOptions& opts);
+
+// The emulated device of runtime.backend: emulated, emulating the GPU of offload.hardware at
+// runtime.emulated_scale (kernels/emulated/emulated_backend.h).
+std::unique_ptr<Backend> make_emulated_backend(const Config& cfg);
 
 // Sets the backend's GEMM precision from runtime.precision (auto: bf16 on CUDA, fp32 on CPU).
 void apply_precision(Backend& be, const RuntimeConfig& runtime);

@@ -92,7 +92,13 @@ struct OffloadConfig {
 };
 
 struct RuntimeConfig {
-  std::string backend = "auto";  // cpu | cuda | auto
+  std::string backend = "auto";  // cpu | cuda | auto | cpu-streams | emulated
+  // cpu-streams: each queued operation first sleeps a random time up to this many
+  // microseconds (seeded by `seed`), so that a missing wait shows; 0: no delays.
+  int stream_delay_us = 0;
+  // emulated: the emulated GPU's (offload.hardware's) compute and PCIe throughputs are
+  // multiplied by this, to map the profile onto this machine's disks (docs/performance.md).
+  double emulated_scale = 1.0;
   // GEMM input precision: auto (bf16 on a GPU, fp32 on the CPU), fp32, bf16 or fp16. Inputs
   // are rounded to it; accumulation and everything outside GEMMs stay fp32.
   std::string precision = "auto";

@@ -46,6 +46,8 @@ class TrainEngine {
   // The simulator's iteration time for the plan the automatic activation placement chose
   // (offload.activations auto with offload.hardware set); 0 when there is none.
   virtual double predicted_iteration_s() const { return 0; }
+  // The plan the offloading engine runs; null in memory.
+  virtual const Plan* plan() const { return nullptr; }
 };
 
 // Device bytes in-memory training of this model needs (parameters, gradients, every layer's

@@ -47,11 +47,28 @@ struct HardwareProfile {
   uint64_t device_memory = 0, host_memory = 0;
 
   double efficiency_at(double size) const;
+  // Seconds `flops` of a layer's work of GEMM size `size` (gemm_work_size) take: the
+  // simulator's compute cost, and the emulated device's.
+  double compute_seconds(double flops, double size) const;
+  // Seconds a host<->device copy of `plan_bytes` (fp32 sizes, as plans count them) takes:
+  // scaled to element_bytes, over the link.
+  double h2d_seconds(double plan_bytes) const { return plan_bytes * element_bytes / 4.0 / h2d_Bps; }
+  double d2h_seconds(double plan_bytes) const { return plan_bytes * element_bytes / 4.0 / d2h_Bps; }
   // Aggregate sequential bandwidth over the striped SSDs for one request of `bytes`
   // (a request smaller than a stripe unit times the drive count reaches fewer drives).
   double ssd_read_rate(uint64_t bytes) const;
   double ssd_write_rate(uint64_t bytes) const;
 };
+
+// The machine an emulated run (runtime.backend: emulated) is: `gpu`'s compute and PCIe with
+// their throughputs multiplied by `scale` (runtime.emulated_scale), and `host`'s SSDs, CPU
+// optimizer and memory bandwidth (this machine's, e.g. from `fuyou-bench profile`), which the
+// run uses for real. The simulator's prediction for an emulated run is on this profile.
+HardwareProfile emulated_machine(const HardwareProfile& gpu, double scale, const HardwareProfile& host);
+
+// The scale that gives an emulated run `gpu`'s ratio of compute and PCIe time to SSD read
+// time on `host`'s disks: host's aggregate SSD read bandwidth over gpu's.
+double emulation_scale_for(const HardwareProfile& gpu, const HardwareProfile& host);
 
 HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::string& source);
 HardwareProfile load_hardware_profile(const std::string& path);

@@ -190,6 +190,7 @@ struct MemoryPlan {
   uint64_t device_bytes = 0;  // peak device memory the plan needs
   uint64_t host_bytes = 0;    // host memory: pool slots, resident weights/checkpoints, optimizer
   uint64_t ssd_bytes = 0;     // store extents
+  bool device_in_host = true;  // host_bytes includes the device arena (PlanRequest::device_in_host)
   std::vector<std::pair<std::string, uint64_t>> device_parts, host_parts, ssd_parts;
 };
 MemoryPlan sum_buffers(const std::vector<PlanBuffer>& buffers);
@@ -244,6 +245,10 @@ struct PlanRequest {
   int grad_accum = 1;
   uint64_t device_budget = 0;  // 0: unlimited
   uint64_t host_budget = 0;    // 0: unlimited
+  // Whether the device arena is host memory, and so counts against host_budget: true for the
+  // CPU backend (its "device" is process memory), false for a GPU's and the emulated device's
+  // (Backend::device_is_host_memory).
+  bool device_in_host = true;
   bool have_ssd = false;
   // Forced decisions (tests, or offload.activations other than auto); empty = choose.
   std::vector<ActPlacement> acts;

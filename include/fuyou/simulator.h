@@ -37,6 +37,10 @@ struct SimResult {
   nlohmann::json to_json() const;  // iteration_s, tflops, busy_s (fuyou-bench train's keys), memory
 };
 
+// The size of a layer's work, which a profile's GEMM efficiency is looked up by:
+// cbrt(tokens * d_model * d_ff) of a micro-batch.
+double gemm_work_size(const ModelConfig& m, int micro_batch);
+
 // The duration of `op` alone on `hw` (no contention), seconds.
 double op_duration(const Plan& plan, const PlanOp& op, const HardwareProfile& hw);
 

@@ -93,10 +93,10 @@ const char* matmul_precision_name(MatmulPrecision p) {
   return "?";
 }
 
-// runtime.precision for a backend: auto is bf16 on a GPU (tensor cores) and fp32 on the CPU
-// (the precision the PyTorch fixtures check).
+// runtime.precision for a backend: auto is bf16 on a GPU, emulated or not (tensor cores), and
+// fp32 on the CPU (the precision the PyTorch fixtures check).
 void apply_precision(Backend& be, const RuntimeConfig& runtime) {
-  MatmulPrecision p = be.kind() == BackendKind::kCuda ? MatmulPrecision::kBf16 : MatmulPrecision::kFp32;
+  MatmulPrecision p = be.kind() != BackendKind::kCpu ? MatmulPrecision::kBf16 : MatmulPrecision::kFp32;
   if (runtime.precision == "fp32") p = MatmulPrecision::kFp32;
   if (runtime.precision == "bf16") p = MatmulPrecision::kBf16;
   if (runtime.precision == "fp16") p = MatmulPrecision::kFp16;

@@ -60,6 +60,7 @@ CudaBackend::CudaBackend(int device, uint64_t capacity) : device_(device) {
   FY_CUDA(cudaStreamCreateWithFlags(&d2h_, cudaStreamNonBlocking));
   FY_CUDA(cudaEventCreateWithFlags(&h2d_ready_, cudaEventDisableTiming));
   FY_CUDA(cudaEventCreateWithFlags(&d2h_ready_, cudaEventDisableTiming));
+  FY_CUDA(cudaEventCreateWithFlags(&zeroed_, cudaEventDisableTiming));
   FY_CUBLAS(cublasCreate(&blas_));
   FY_CUBLAS(cublasSetStream(blas_, compute_));
 }
@@ -70,7 +71,7 @@ CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   cudaDeviceSynchronize();
   if (blas_) cublasDestroy(blas_);
-  for (cudaEvent_t e : {h2d_ready_, d2h_ready_})
+  for (cudaEvent_t e : {h2d_ready_, d2h_ready_, zeroed_})
     if (e) cudaEventDestroy(e);
   for (cudaStream_t s : {compute_, h2d_, d2h_})
     if (s) cudaStreamDestroy(s);
@@ -112,9 +113,11 @@ void* CudaBackend::alloc(size_t bytes, const std::string& what) {
   }
   void* p = base_ + offset;
   // Zeroed as the interface promises; queued on the compute stream, which every later
-  // kernel follows and every copy waits for.
+  // kernel follows. Copies wait for it through zeroed_, caller-ordered ones included.
   bind();
+  std::lock_guard<std::mutex> lock(zeroed_mu_);
   FY_CUDA(cudaMemsetAsync(p, 0, rounded, compute_));
+  FY_CUDA(cudaEventRecord(zeroed_, compute_));
   return p;
 }
 
@@ -153,7 +156,9 @@ MemoryStats CudaBackend::memory() const {
 // ---- copies -------------------------------------------------------------------------------
 
 // One copy on a transfer stream: wait for the kernels queued so far (one may still read dst
-// or write src) unless the caller orders the work itself; copy; wait for the copy.
+// or write src), or, where the caller orders the work itself, only for the zeroing of the
+// allocations made so far (the caller does not order the arena's memsets); copy; wait for the
+// copy.
 void CudaBackend::copy_on(cudaStream_t stream, cudaEvent_t ready, std::mutex& mu, void* dst, const void* src,
                           size_t bytes, cudaMemcpyKind kind) {
   if (!bytes) return;
@@ -162,6 +167,9 @@ void CudaBackend::copy_on(cudaStream_t stream, cudaEvent_t ready, std::mutex& mu
   if (!caller_ordered_) {
     FY_CUDA(cudaEventRecord(ready, compute_));
     FY_CUDA(cudaStreamWaitEvent(stream, ready, 0));
+  } else {
+    std::lock_guard<std::mutex> zlock(zeroed_mu_);
+    FY_CUDA(cudaStreamWaitEvent(stream, zeroed_, 0));
   }
   FY_CUDA(cudaMemcpyAsync(dst, src, bytes, kind, stream));
   FY_CUDA(cudaStreamSynchronize(stream));

@@ -9,7 +9,10 @@
 // once the copy is done, so a copy never races a kernel the caller already considers
 // finished and a host buffer may be reused as soon as the call returns. This is correct for
 // the scheduler's host-side events, but serialises copies behind compute; see docs/cuda.md
-// for what overlapping them needs.
+// for what overlapping them needs. In caller-ordered mode (set_caller_ordered) a copy skips
+// that wait, except for the zeroing that alloc() queues on the compute stream: the caller
+// orders its own work, not the arena's, so every copy waits for the last allocation's
+// memset (an event; already complete in steady state, where nothing is allocated).
 #pragma once
 
 #include <cublas_v2.h>
@@ -120,6 +123,8 @@ class CudaBackend final : public Backend {
 
   cudaStream_t compute_ = nullptr, h2d_ = nullptr, d2h_ = nullptr;
   cudaEvent_t h2d_ready_ = nullptr, d2h_ready_ = nullptr;
+  cudaEvent_t zeroed_ = nullptr;  // recorded after each alloc's memset on the compute stream
+  std::mutex zeroed_mu_;          // record and wait on zeroed_ one at a time
   std::mutex h2d_mu_, d2h_mu_;  // one copy per direction at a time (event and stream reuse)
   std::atomic<bool> caller_ordered_{false};  // set_caller_ordered
   cublasHandle_t blas_ = nullptr;

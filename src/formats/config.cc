@@ -370,9 +370,20 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
     s.get("threads", r.threads);
     s.get("precision", r.precision);
     s.get("seed", r.seed);
+    s.get("stream_delay_us", r.stream_delay_us);
+    s.get("emulated_scale", r.emulated_scale);
     s.finish();
-    if (r.backend != "cpu" && r.backend != "cuda" && r.backend != "auto")
-      s.fail("backend", str("'", r.backend, "' is not one of cpu, cuda, auto"));
+    if (r.backend != "cpu" && r.backend != "cuda" && r.backend != "auto" && r.backend != "cpu-streams" &&
+        r.backend != "emulated")
+      s.fail("backend", str("'", r.backend, "' is not one of cpu, cuda, auto, cpu-streams, emulated"));
+    require(r.emulated_scale > 0 && r.emulated_scale <= 1e6, s, "emulated_scale", r.emulated_scale,
+            "must be in (0, 1e6]");
+    if (r.backend == "emulated" && c.offload.hardware.empty())
+      s.fail("backend", "emulated needs offload.hardware: the profile of the GPU to emulate");
+    require(r.stream_delay_us >= 0 && r.stream_delay_us <= 1000000, s, "stream_delay_us", r.stream_delay_us,
+            "must be in 0..1000000 microseconds");
+    if (r.stream_delay_us && r.backend != "cpu-streams")
+      s.fail("stream_delay_us", str("delays are a mode of backend cpu-streams, but runtime.backend is '", r.backend, "'"));
     if (r.precision != "auto" && r.precision != "fp32" && r.precision != "bf16" && r.precision != "fp16")
       s.fail("precision", str("'", r.precision, "' is not one of auto, fp32, bf16, fp16"));
     require(r.threads >= 0 && r.threads <= 4096, s, "threads", r.threads,
@@ -475,6 +486,8 @@ std::string config_to_yaml(const Config& c) {
   e << YAML::Key << "threads" << YAML::Value << c.runtime.threads;
   e << YAML::Key << "precision" << YAML::Value << c.runtime.precision;
   e << YAML::Key << "seed" << YAML::Value << c.runtime.seed;
+  e << YAML::Key << "stream_delay_us" << YAML::Value << c.runtime.stream_delay_us;
+  e << YAML::Key << "emulated_scale" << YAML::Value << c.runtime.emulated_scale;
   e << YAML::EndMap;
   e << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "every_steps" << YAML::Value << c.checkpoint.every_steps;

@@ -427,6 +427,9 @@ float GptModel::head_forward(const GlobalTensors& g, const float* x, bool with_l
   be_.matmul_forward(logits_, lnf_, g.lm_head, nullptr, N, C, V);
   if (!with_loss) return 0.0f;
   be_.crossentropy_forward(losses_, lse_, logits_, targets_, N, V);
+  // A caller-ordered backend (the offload executor's) lets a copy skip the kernels queued
+  // before it: the losses must be complete before they are read.
+  be_.finish_compute();
   be_.copy_to_host(host_losses_.data(), losses_, sizeof(float) * N);
   // Ignored targets hold loss 0, so the sum is over counted targets; the mean divides by
   // their number (N without a mask: the same arithmetic as before masks). No counted target:

@@ -24,8 +24,9 @@ std::unique_ptr<Backend> make_cuda_backend(int, uint64_t) {
 }
 #endif
 
-std::unique_ptr<Backend> make_backend(const RuntimeConfig& runtime, uint64_t device_memory,
-                                      std::string* reason) {
+std::unique_ptr<Backend> make_backend(const Config& cfg, std::string* reason) {
+  const RuntimeConfig& runtime = cfg.runtime;
+  const uint64_t device_memory = cfg.offload.device_memory;
   std::unique_ptr<Backend> backend;
   std::string why;
   if (runtime.backend == "cuda" || runtime.backend == "auto") {
@@ -39,6 +40,16 @@ std::unique_ptr<Backend> make_backend(const RuntimeConfig& runtime, uint64_t dev
     } else {
       why = str("runtime.backend is auto and ", no_gpu);
     }
+  } else if (runtime.backend == "cpu-streams") {
+    StreamOptions so;
+    so.max_delay_us = runtime.stream_delay_us;
+    so.seed = runtime.seed;
+    backend = make_cpu_stream_backend(runtime.threads, device_memory, so);
+    why = "runtime.backend is cpu-streams (the CPU backend under CUDA's ordering rules, for tests)";
+  } else if (runtime.backend == "emulated") {
+    backend = make_emulated_backend(cfg);
+    why = str("runtime.backend is emulated: no arithmetic, the time of ", cfg.offload.hardware, " at ",
+              runtime.emulated_scale, "x its throughput; losses are NaN");
   } else {
     why = "runtime.backend is cpu";
   }

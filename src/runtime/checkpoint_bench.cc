@@ -64,7 +64,7 @@ nlohmann::json run_checkpoint_bench(const Config& cfg, const CheckpointBenchOpti
   fs::create_directories(dir);
   const fs::path run = dir / "run";
   std::string why;
-  auto backend = make_backend(cfg.runtime, cfg.offload.device_memory, &why);
+  auto backend = make_backend(cfg, &why);
   auto engine = make_train_engine(cfg, *backend);
   engine->init_params();
   // One step on random tokens, so the moments hold values rather than zeros.

@@ -125,6 +125,7 @@ class OffloadEngine final : public TrainEngine {
   std::vector<std::string> store_cleanup_paths() const override {
     return store_ ? store_->cleanup_paths() : std::vector<std::string>{};
   }
+  const Plan* plan() const override { return &trainer_.plan(); }
   double predicted_iteration_s() const override { return predicted_; }
   double predicted_ = 0;  // set by make_train_engine after an automatic placement
 
@@ -187,11 +188,18 @@ std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backe
   if (!wants_offload(cfg)) return std::make_unique<InMemoryEngine>(cfg, backend);
   PlanRequest req = plan_request(cfg);
   req.embed_rows_first = backend.kind() != BackendKind::kCpu;
+  req.device_in_host = backend.device_is_host_memory();
+  // A device of fixed capacity that is not host memory (a GPU, the emulated device) plans
+  // within what it holds when offload.device_memory is unset. The capacity is in the plan's
+  // fp32 bytes; the search takes a profile's (request_for_profile scales by 4 / element_bytes).
+  const uint64_t capacity = req.device_in_host ? 0 : backend.memory().capacity;
   Plan plan;
   double predicted = 0;
   if (cfg.offload.activations == ActivationPolicy::kAuto && !cfg.offload.hardware.empty()) {
     // Automatic activation placement: the simulator's best plan on this profile.
-    SwapSearchResult s = search_swap(req, load_hardware_profile(cfg.offload.hardware));
+    const HardwareProfile hw = load_hardware_profile(cfg.offload.hardware);
+    if (!req.device_budget) req.device_budget = capacity * hw.element_bytes / 4;
+    SwapSearchResult s = search_swap(req, hw);
     spdlog::info("automatic activation placement on {}: {} (micro-batch {}); predicted step {:.3f} s "
                  "({} plans simulated in {:.2f} s)", cfg.offload.hardware, s.summary(), s.micro_batch,
                  s.sim.period_s, s.plans_evaluated, s.search_s);
@@ -201,6 +209,7 @@ std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backe
     if (cfg.offload.activations == ActivationPolicy::kAuto)
       spdlog::info("offload.activations auto without offload.hardware: activations placed by the memory rule "
                    "(set offload.hardware to a profile, e.g. from fuyou-bench profile, for the cost-model search)");
+    if (!req.device_budget) req.device_budget = capacity;
     plan = make_plan(req);
   }
   std::unique_ptr<SsdStore> store;

@@ -182,7 +182,7 @@ class OffloadTrainer::Impl {
   double window_start_ = -1;  // when the current step window began (-1: at the next submission)
   uint64_t window_read_ = 0, window_written_ = 0;  // store counters at that moment
   std::array<double, kNumResources> window_busy_{};  // busy time of iterations retired within it
-  int update_threads_ = 1;    // OpenMP threads of an update that has the cores to itself
+  int update_threads_ = 1;    // runtime.threads: every worker's, and an update's that has the cores to itself
   std::unique_ptr<DynamicLossScaler> scaler_;
   int64_t t_ = 0;  // Adam's step count of the last submitted step
 };

@@ -32,6 +32,33 @@ double HardwareProfile::efficiency_at(double size) const {
   return e.back().second;
 }
 
+double HardwareProfile::compute_seconds(double flops, double size) const {
+  return flops > 0 ? flops / (peak_flops * efficiency_at(size)) : 0.0;
+}
+
+HardwareProfile emulated_machine(const HardwareProfile& gpu, double scale, const HardwareProfile& host) {
+  HardwareProfile m = gpu;
+  m.name = str(gpu.name, " emulated on ", host.name, " (scale ", scale, ")");
+  m.source = str(gpu.source, " + ", host.source);
+  m.peak_flops = gpu.peak_flops * scale;
+  m.h2d_Bps = gpu.h2d_Bps * scale;
+  m.d2h_Bps = gpu.d2h_Bps * scale;
+  m.ssd_read_Bps = host.ssd_read_Bps;
+  m.ssd_write_Bps = host.ssd_write_Bps;
+  m.ssds = host.ssds;
+  m.stripe_unit = host.stripe_unit;
+  m.optimizer_params_per_s = host.optimizer_params_per_s;
+  m.host_mem_Bps = host.host_mem_Bps;
+  m.host_memory = host.host_memory;
+  // The emulated device computes nothing on the CPU: the optimizer has the cores alone.
+  m.shared_cpu = false;
+  return m;
+}
+
+double emulation_scale_for(const HardwareProfile& gpu, const HardwareProfile& host) {
+  return host.ssd_read_Bps * host.ssds / (gpu.ssd_read_Bps * gpu.ssds);
+}
+
 namespace {
 
 // The drive holding the most bytes of a request that starts on a stripe boundary bounds its

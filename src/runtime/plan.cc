@@ -131,11 +131,12 @@ class Placer {
     device_total_ = device_need(acts, dw, dc, dg);
   }
 
-  // What the host holds whatever the tiers: the process, the device arena (the CPU
-  // backend's device is host memory), host checkpoints, gradient slots, checkpoint staging,
-  // the deferred updates' gradient slots and the resident groups' host weights.
+  // What the host holds whatever the tiers: the process, the device arena where it is host
+  // memory (PlanRequest::device_in_host: the CPU backend), host checkpoints, gradient slots,
+  // checkpoint staging, the deferred updates' gradient slots and the resident groups' host
+  // weights.
   void count_fixed_host(const std::vector<ActPlacement>& acts) {
-    host_fixed_ = kProcessBaseline + device_total_;
+    host_fixed_ = kProcessBaseline + (req_.device_in_host ? device_total_ : 0);
     uint64_t ssd_ckpt_layers = 0;
     for (ActPlacement x : acts) {
       if (x == ActPlacement::kHost) host_ckpt_ += sz_.ckpt;
@@ -319,8 +320,9 @@ class Placer {
 Plan plan_with(const PlanRequest& req, int deferred) {
   Placer placer(req, deferred);
   Plan plan = placer.place();
-  plan.buffers = buffer_table(plan, req.have_ssd, /*device_is_host_memory=*/true);
+  plan.buffers = buffer_table(plan, req.have_ssd, req.device_in_host);
   plan.memory = sum_buffers(plan.buffers);
+  plan.memory.device_in_host = req.device_in_host;
   FY_CHECK(plan.memory.host_bytes == placer.host_used(), "the buffer table counts ", plan.memory.host_bytes,
            " host bytes, the placement ", placer.host_used());
   lay_out_iteration(req, plan);

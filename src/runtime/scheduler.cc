@@ -33,7 +33,7 @@ OffloadTrainer::Impl::Impl(OffloadTrainer& owner, const Config& cfg, Backend& be
   // The executor orders device work itself (Backend::set_caller_ordered): a copy waits only
   // for the ops it depends on.
   be_.set_caller_ordered(true);
-  update_threads_ = omp_get_max_threads();
+  update_threads_ = cfg.runtime.threads > 0 ? cfg.runtime.threads : omp_get_num_procs();
   epoch_ = clock_type::now();
   for (int r = 0; r < kNumResources; ++r) workers_.emplace_back([this, r] { worker(r); });
 }
@@ -138,6 +138,8 @@ long OffloadTrainer::Impl::next_op(int r) const {
 // One thread per resource: runs the ops queued for it, each when ready, in order (the
 // reordering queues: see next_op).
 void OffloadTrainer::Impl::worker(int r) {
+  // runtime.threads for the kernels and sums run here: an OpenMP thread count is per thread.
+  omp_set_num_threads(update_threads_);
   Ring& q = rings_[r];
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {

@@ -23,11 +23,19 @@ struct Shape {
   double byte_scale = 1;  // profile element bytes / plan's 4
 };
 
+}  // namespace
+
+double gemm_work_size(const ModelConfig& m, int micro_batch) {
+  const double N = static_cast<double>(micro_batch) * m.seq_len, C = m.d_model, F = m.d_ff ? m.d_ff : 4.0 * m.d_model;
+  return std::cbrt(N * C * F);
+}
+
+namespace {
+
 Shape shape_of(const Plan& plan, const HardwareProfile& hw) {
   const ModelConfig& m = plan.model;
   Shape s;
-  double N = static_cast<double>(plan.micro_batch) * m.seq_len, C = m.d_model, F = m.d_ff ? m.d_ff : 4.0 * m.d_model;
-  s.gemm_size = std::cbrt(N * C * F);
+  s.gemm_size = gemm_work_size(m, plan.micro_batch);
   s.byte_scale = hw.element_bytes / 4.0;
   return s;
 }
@@ -39,11 +47,10 @@ double duration(const Plan& plan, const PlanOp& op, const HardwareProfile& hw, c
   const uint64_t ibytes = static_cast<uint64_t>(bytes);
   switch (op.resource) {
     case Resource::kCompute: {
-      double f = op.flops + op.recompute_flops;
-      return f > 0 ? f / (hw.peak_flops * hw.efficiency_at(s.gemm_size)) : 0.0;
+      return hw.compute_seconds(op.flops + op.recompute_flops, s.gemm_size);
     }
-    case Resource::kH2D: return bytes / hw.h2d_Bps;
-    case Resource::kD2H: return bytes / hw.d2h_Bps;
+    case Resource::kH2D: return hw.h2d_seconds(static_cast<double>(op.bytes));
+    case Resource::kD2H: return hw.d2h_seconds(static_cast<double>(op.bytes));
     case Resource::kSsdRead: return ibytes ? bytes / hw.ssd_read_rate(ibytes) : 0.0;
     case Resource::kSsdWrite: return ibytes ? bytes / hw.ssd_write_rate(ibytes) : 0.0;
     case Resource::kOptimizer: {
@@ -74,8 +81,10 @@ double op_duration(const Plan& plan, const PlanOp& op, const HardwareProfile& hw
 void plan_memory_on(const Plan& plan, const HardwareProfile& hw, uint64_t* device, uint64_t* host, uint64_t* ssd) {
   const double scale = hw.element_bytes / 4.0;
   *device = static_cast<uint64_t>(plan.memory.device_bytes * scale);
-  // The CPU backend's device arena is host memory (plan.cc counts it there); a GPU's is not.
-  *host = hw.backend == "cpu" ? plan.memory.host_bytes : plan.memory.host_bytes - plan.memory.device_bytes;
+  // The CPU backend's device arena is host memory; a GPU's is not. The plan says whether it
+  // counted the arena (MemoryPlan::device_in_host).
+  const uint64_t counted = plan.memory.device_in_host ? plan.memory.device_bytes : 0;
+  *host = plan.memory.host_bytes - counted + (hw.backend == "cpu" ? plan.memory.device_bytes : 0);
   *ssd = plan.memory.ssd_bytes;
 }
 

@@ -226,7 +226,7 @@ void TrainingRun::load_data() {
 
 void TrainingRun::make_engine() {
   std::string why;
-  backend_ = make_backend(cfg_.runtime, cfg_.offload.device_memory, &why);
+  backend_ = make_backend(cfg_, &why);
   spdlog::info("{}", why);
   engine_ = make_train_engine(cfg_, *backend_);
   // A second stop signal ends the process at once; it can still unlink the store's files.
@@ -493,6 +493,10 @@ TrainSummary TrainingRun::run() {
 }  // namespace
 
 TrainSummary run_training(const Config& cfg, const TrainOptions& opts) {
+  // Refused before anything is written: an emulated run has no model to train or save.
+  if (cfg.runtime.backend == "emulated")
+    throw ConfigError("runtime.backend is emulated: the emulated device does no arithmetic (its losses are NaN), so "
+                      "there is nothing to train; it times the engine with `fuyou-bench train`");
   TrainingRun run(cfg, opts);
   return run.run();
 }

@@ -1,0 +1,99 @@
+// The CPU backend with the CUDA backend's ordering rules (runtime.backend: cpu-streams), so
+// that a missing wait fails a test on a machine without a GPU.
+//
+// It wraps the CPU backend: the arithmetic is the same code, only when it runs changes, as
+// kernels/cuda/cuda_backend.h describes for the GPU. Kernels, zero() and
+// the zeroing of new allocations are queued on a compute queue (a worker thread) and return
+// at once. Host<->device copies run on one queue per direction and return when the copy is
+// done; unless the caller orders the work itself (set_caller_ordered), a copy first waits for
+// the compute queued before it. finish_compute() and synchronize() wait for the compute
+// queue. New allocations hold garbage (bytes 0xFF, NaN as floats) until their
+// zeroing runs, as device memory does until cudaMemsetAsync reaches it; a caller-ordered
+// copy still waits for the zeroing of every allocation made before it (the caller cannot
+// order work it never queued); free() returns memory
+// only once the kernels queued before it have run (on the GPU a later user of the block is
+// queued behind them, so the twin cannot be stricter there).
+// StreamOptions::max_delay_us adds a random sleep before every queued operation, so that an
+// operation a caller forgot to wait for usually has not run yet when the caller looks.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+#include "fuyou/backend.h"
+#include "kernels/cpu/op_queue.h"
+
+namespace fuyou::cpu {
+
+class StreamBackend final : public Backend {
+ public:
+  StreamBackend(std::unique_ptr<Backend> inner, const StreamOptions& opts);
+  ~StreamBackend() override;
+
+  BackendKind kind() const override { return inner_->kind(); }
+  std::string name() const override;
+  int threads() const override { return inner_->threads(); }
+  void set_matmul_precision(MatmulPrecision p) override;
+  MatmulPrecision matmul_precision() const override { return inner_->matmul_precision(); }
+
+  void* alloc(size_t bytes, const std::string& what) override;
+  void free(void* ptr) override;
+  MemoryStats memory() const override { return inner_->memory(); }
+  void copy_to_device(void* dst, const void* src, size_t bytes) override;
+  void copy_to_host(void* dst, const void* src, size_t bytes) override;
+  void zero(void* ptr, size_t bytes) override;
+  void synchronize() override;
+  void set_caller_ordered(bool on) override { caller_ordered_ = on; }
+  void finish_compute() override { compute_.wait_all(); }
+
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+                         int C) override;
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                          int C) override;
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* w, const float* b,
+                         int N, int C) override;
+  void layernorm_backward(float* din, float* dw, float* db, const float* dout, const float* in, const float* w,
+                          const float* mean, const float* rstd, int N, int C) override;
+  void matmul_forward(float* out, const float* in, const float* w, const float* bias, int N, int IC,
+                      int OC) override;
+  void matmul_backward(float* din, float* dw, float* dbias, const float* dout, const float* in, const float* w,
+                       int N, int IC, int OC) override;
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int H) override;
+  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B,
+                          int T, int C, int H) override;
+  void gelu_forward(float* out, const float* in, size_t n) override;
+  void gelu_backward(float* din, const float* in, const float* dout, size_t n) override;
+  void add(float* out, const float* a, const float* b, size_t n) override;
+  void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N,
+                            int V) override;
+  void crossentropy_backward(float* logits_to_dlogits, const float* lse, const int32_t* targets, float scale,
+                             int N, int V) override;
+  void rmsnorm_forward(float* out, float* rstd, const float* in, const float* w, float eps, int N, int C) override;
+  void rmsnorm_backward(float* din, float* dw, const float* dout, const float* in, const float* w,
+                        const float* rstd, int N, int C) override;
+  void rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta) override;
+  void rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta) override;
+  void repeat_kv_forward(float* qkv, const float* qkvc, int N, int Hq, int Hkv, int D) override;
+  void repeat_kv_backward(float* dqkvc, const float* dqkv, int N, int Hq, int Hkv, int D) override;
+  void swiglu_forward(float* out, const float* gu, int N, int F) override;
+  void swiglu_backward(float* dgu, const float* gu, const float* dout, int N, int F) override;
+  void relu_forward(float* out, const float* in, size_t n) override;
+  void relu_backward(float* din, const float* in, const float* dout, size_t n) override;
+
+ private:
+  void copy(OpQueue& q, void* dst, const void* src, size_t bytes);
+  template <class F>
+  void kernel(F&& f) {
+    compute_.submit(std::forward<F>(f));
+  }
+
+  std::unique_ptr<Backend> inner_;  // first: destroyed after the queues have drained
+  StreamOptions opts_;
+  std::atomic<bool> caller_ordered_{false};
+  std::mutex zeroed_mu_;
+  uint64_t zeroed_ = 0;  // compute ticket of the last allocation's zeroing
+  OpQueue compute_, h2d_, d2h_;
+};
+
+}  // namespace fuyou::cpu

@@ -1,0 +1,110 @@
+// Budgets and threads per backend: the device arena counts against the host budget only where
+// it is host memory (the CPU backend), and runtime.threads reaches every executor thread that
+// computes or updates (OpenMP's thread count is a per-thread setting).
+#include <catch2/catch.hpp>
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <set>
+
+#include "fuyou/config.h"
+#include "fuyou/error.h"
+#include "fuyou/hardware.h"
+#include "fuyou/model.h"
+#include "fuyou/plan.h"
+#include "fuyou/scheduler.h"
+#include "fuyou/simulator.h"
+#include "fuyou/train.h"
+
+using namespace fuyou;
+using Catch::Matchers::Contains;
+
+namespace {
+
+Config small_config(int threads) {
+  return parse_config(str("model: {n_layer: 4, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
+                          "optimizer: {grad_clip: 0}\n"
+                          "schedule: {steps: 2, warmup_steps: 1, micro_batch: 2}\n"
+                          "runtime: {backend: cpu, threads: ",
+                          threads, ", seed: 3}\n"),
+                      "<test>");
+}
+
+uint64_t part(const MemoryPlan& m, const std::string& name) {
+  for (const auto& [n, b] : m.host_parts)
+    if (n.find(name) != std::string::npos) return b;
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("the device arena counts against the host budget only where it is host memory", "[budgets]") {
+  Config cfg = small_config(2);
+  PlanRequest req;
+  req.model = cfg.model;
+  req.micro_batch = cfg.schedule.micro_batch;
+  req.acts.assign(cfg.model.n_layer, ActPlacement::kHost);  // every state in host memory: no choice left
+  PlanRequest cpu = req, gpu = req;
+  cpu.device_in_host = true;
+  gpu.device_in_host = false;
+  const Plan pc = make_plan(cpu), pg = make_plan(gpu);
+  REQUIRE(pc.memory.device_bytes == pg.memory.device_bytes);
+  REQUIRE(pc.memory.device_bytes > 0);
+  const uint64_t arena = pc.memory.device_bytes;
+  INFO("device " << arena << ", host: cpu " << pc.memory.host_bytes << ", gpu " << pg.memory.host_bytes);
+  CHECK(pc.memory.host_bytes == pg.memory.host_bytes + arena);
+  CHECK(part(pc.memory, "device arena") == arena);
+  CHECK(part(pg.memory, "device arena") == 0);
+
+  // A host budget that holds everything but the arena: the GPU plan fits, the CPU one is
+  // refused with the numbers.
+  cpu.host_budget = gpu.host_budget = pg.memory.host_bytes;
+  CHECK(make_plan(gpu).memory.host_bytes == pg.memory.host_bytes);
+  CHECK_THROWS_WITH(make_plan(cpu), Contains("host memory: the plan needs") && Contains("process and device arena"));
+
+  // The simulator's figures for either plan on either kind of profile: the arena is in host
+  // memory exactly on a CPU profile.
+  HardwareProfile cpu_hw, gpu_hw;
+  cpu_hw.backend = "cpu";
+  gpu_hw.backend = "cuda";
+  for (const Plan* p : {&pc, &pg}) {
+    uint64_t d = 0, h = 0, s = 0;
+    plan_memory_on(*p, cpu_hw, &d, &h, &s);
+    CHECK(h == pc.memory.host_bytes);
+    plan_memory_on(*p, gpu_hw, &d, &h, &s);
+    CHECK(h == pg.memory.host_bytes);
+  }
+}
+
+TEST_CASE("runtime.threads governs the executor's compute and optimizer threads", "[budgets]") {
+  // A thread count other than the one a new thread starts with (OpenMP's default: every
+  // processor), so that a worker that never set it shows.
+  const int want = omp_get_num_procs() > 1 ? 1 : 2;
+  Config cfg = small_config(want);
+  auto be = make_cpu_backend(want, 0);
+  PlanRequest req;
+  req.model = cfg.model;
+  req.micro_batch = cfg.schedule.micro_batch;
+  req.acts.assign(cfg.model.n_layer, ActPlacement::kHost);
+  OffloadTrainer tr(cfg, *be, make_plan(req), nullptr);
+  ParamLayout layout = make_gpt_layout(cfg.model);
+  std::vector<float> init(layout.total);
+  init_gpt_params(cfg.model, layout, init.data());
+  tr.set_params(init.data());
+  std::mutex mu;
+  std::set<int> compute, optimizer;
+  tr.on_op = [&](int64_t, const PlanOp& op) {
+    const int n = omp_get_max_threads();
+    std::lock_guard<std::mutex> lock(mu);
+    if (op.resource == Resource::kCompute) compute.insert(n);
+    if (op.resource == Resource::kOptimizer) optimizer.insert(n);
+  };
+  std::vector<int32_t> batch(static_cast<size_t>(cfg.schedule.micro_batch) * (cfg.model.seq_len + 1), 1);
+  for (int s = 0; s < 2; ++s) tr.step(s, batch.data());
+  INFO("runtime.threads " << want << "; OpenMP threads seen: compute " << *compute.begin() << ".."
+                          << *compute.rbegin() << ", optimizer " << *optimizer.begin() << ".." << *optimizer.rbegin());
+  CHECK(compute == std::set<int>{want});
+  CHECK(optimizer == std::set<int>{want});
+}
