@@ -35,8 +35,9 @@ class TrainEngine {
 
   // Training-state checkpoints (include/fuyou/checkpoint.h), between steps. read_state
   // streams one kind of one parameter group (make_gpt_layout order, padding included) from
-  // wherever it lives; write_state sets it, kMaster first (it also sets the group's weights
-  // for the forward and zeroes its moments), then kAdamM and kAdamV.
+  // wherever it lives; write_state sets it: kMaster (it also sets the group's weights for the
+  // forward) and kAdamM and kAdamV, each written for every group restored (the master does not
+  // reset the moments).
   virtual void read_state(int group, StateKind kind, const StateSink& sink) = 0;
   virtual void write_state(int group, StateKind kind, const StateSource& source) = 0;
   virtual OptimizerCounters counters() = 0;

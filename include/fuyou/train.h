@@ -60,7 +60,7 @@ class StepRunner {
   void set_params(const float* host_params);
 
   // Checkpoints: one kind of one group's state in pieces (OocAdamW::read_state); a master
-  // written sets the group's weights on the device too and its moments to zero.
+  // written sets the group's weights on the device too.
   void read_state(int group, StateKind kind, const StateSink& sink);
   void write_state(int group, StateKind kind, const StateSource& source);
   OptimizerCounters counters() const;

@@ -240,7 +240,7 @@ void restore_checkpoint(const std::string& dir, const CheckpointManifest& m, con
                                   {optim, layout, kind_prefix(StateKind::kAdamM)},
                                   {optim, layout, kind_prefix(StateKind::kAdamV)}};
   for (size_t g = 0; g < layout.groups.size(); ++g) {
-    for (int k = 0; k < 3; ++k) {  // master first: setting it zeroes the group's moments
+    for (int k = 0; k < 3; ++k) {  // master, then both moments: each written once
       engine.write_state(static_cast<int>(g), kKinds[k], readers[k].group_source(static_cast<int>(g)));
       const std::string sum = readers[k].finish_group();
       if (sum != m.group_xxh3[k][g])

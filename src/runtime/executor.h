@@ -31,6 +31,7 @@ class OffloadTrainer::Impl {
 
   const Plan& plan() const { return plan_; }
   void set_group_params(int g, const float* src);
+  void set_group_weights(int g, const float* src);
   void set_params(const float* params);
   void read_group_params(int g, float* dst);
   void read_params(float* params);

@@ -143,9 +143,15 @@ float* OffloadTrainer::Impl::group_host_weights(int g) const {
 
 void OffloadTrainer::Impl::set_group_params(int g, const float* src) {
   drain();
+  opt_->init_group(g, src);
+  set_group_weights(g, src);
+}
+
+// The weights the forward reads, on the group's tier: host memory (and the device's resident
+// copy for the embedding and final groups), or the SSD extent.
+void OffloadTrainer::Impl::set_group_weights(int g, const float* src) {
   const int L = cfg_.model.n_layer;
   const ParamGroup& pg = layout_.groups.at(g);
-  opt_->init_group(g, src);
   if (g == 0 || g == L + 1 || plan_.layers[g - 1].weights == StateTier::kHost) {
     std::memcpy(group_host_weights(g), src, 4 * pg.numel);
     if (g == 0) be_.copy_to_device(embed_w_, src, 4 * pg.numel);
@@ -184,14 +190,17 @@ void OffloadTrainer::Impl::read_group_state(int g, StateKind kind, const StateSi
   opt_->read_state(g, kind, sink);
 }
 
-// kMaster sets the group as set_group_params does (weights on every tier, moments zero),
-// through the host gradient staging slot; the moments then stream into the optimizer.
+// kMaster goes through the host gradient staging slot into the optimizer's master and the
+// group's weights on every tier; the moments are left to their own write_state (a restore
+// writes all three), so a group on SSD moves each kind once.
 void OffloadTrainer::Impl::write_group_state(int g, StateKind kind, const StateSource& source) {
   drain();
   if (kind != StateKind::kMaster) return opt_->write_state(g, kind, source);
   float* staging = group_staging();
   source(0, staging, layout_.groups.at(g).numel);
-  set_group_params(g, staging);
+  opt_->write_state(g, StateKind::kMaster,
+                    [&](size_t begin, float* data, size_t n) { std::memcpy(data, staging + begin, 4 * n); });
+  set_group_weights(g, staging);
 }
 
 OptimizerCounters OffloadTrainer::Impl::counters() {

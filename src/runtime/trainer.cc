@@ -111,7 +111,7 @@ void StepRunner::write_state(int group, StateKind kind, const StateSource& sourc
   if (kind != StateKind::kMaster) return opt_.write_state(group, kind, source);
   float* master = master_.data() + g.offset;
   source(0, master, g.numel);
-  opt_.init_group(group, master);
+  opt_.write_state(group, kind, [&](size_t begin, float* data, size_t n) { std::copy(master + begin, master + begin + n, data); });
   be_.copy_to_device(model_.params() + g.offset, master, 4 * g.numel);
 }
 
