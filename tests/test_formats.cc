@@ -10,6 +10,7 @@
 #include "fuyou/error.h"
 #include "fuyou/rng.h"
 #include "fuyou/safetensors.h"
+#include "src/formats/safetensors_stream.h"
 
 namespace fs = std::filesystem;
 using namespace fuyou;
@@ -66,7 +67,7 @@ TEST_CASE("malformed safetensors files are refused with the file and the field",
   refuse("abc", "too short");
   std::string huge(8, '\xff');
   refuse(huge, "runs past the end");
-  refuse(st_file("not json", 0), "not valid JSON");
+  refuse(st_file("{not json", 0), "not valid JSON");
   refuse(st_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", 8), "outside the 8-byte data section");
   refuse(st_file(R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8), "need 12");
   refuse(st_file(R"({"t":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", 8), "unsupported dtype 'Q7'");
@@ -74,6 +75,28 @@ TEST_CASE("malformed safetensors files are refused with the file and the field",
   refuse(st_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 16),
          "overlap");
   refuse(st_file(R"({"t":{"dtype":"F32","shape":[2]}})", 8), "data_offsets");
+  // The tensors must tile the data section: no gap before, between or after them.
+  refuse(st_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
+         "data bytes [0, 4) belong to no tensor");
+  refuse(st_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}})", 20),
+         "data bytes [8, 12) belong to no tensor (gap before 'b')");
+  refuse(st_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 12),
+         "4 trailing bytes");
+  refuse(st_file(R"({})", 1), "1 trailing bytes");
+  // A shape whose element count overflows 64 bits must not wrap into a small size.
+  refuse(st_file(R"({"t":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}})", 0),
+         "overflow 64 bits");
+  refuse(st_file(R"({"t":{"dtype":"F32","shape":[2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,1],"data_offsets":[0,8]}})", 8),
+         "at most 16");
+  refuse(st_file("{\"\xff\xfe\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1),
+         "not valid JSON");
+  refuse(st_file(R"({"":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 1), "empty name");
+  refuse(st_file(R"( {})", 0), "does not start with '{'");
+  refuse(st_file(R"(x)", 0), "too short for a JSON object");
+
+  // Zero-size tensors take no bytes and may sit at any tensor boundary.
+  write_raw(p, st_file(R"({"e":{"dtype":"F32","shape":[0],"data_offsets":[8,8]},"z":{"dtype":"F32","shape":[2,0],"data_offsets":[0,0]},"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8));
+  CHECK(SafetensorsReader(p).tensors().size() == 3);
 
   // Bounded random mutation of a valid file: every outcome is a clean IoError or success.
   SafetensorsWriter w;
@@ -102,6 +125,59 @@ TEST_CASE("malformed safetensors files are refused with the file and the field",
     }
   }
   CHECK(refused > 0);
+}
+
+// A header length field a few bytes short ends the header inside its own space padding:
+// the JSON still parses, and without the tiling check every tensor was read a few bytes off.
+TEST_CASE("a safetensors header length 1-7 bytes short is refused", "[formats]") {
+  std::string dir = temp_dir("stshort");
+  std::string p = dir + "/short.safetensors";
+  std::string json = R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})";
+  std::string header = json + std::string(7, ' ');
+  std::string data(16, '\x3f');
+  write_raw(p, st_file(header, 0) + data);
+  REQUIRE(SafetensorsReader(p).tensors().size() == 1);
+  for (uint64_t short_by = 1; short_by <= 7; ++short_by) {
+    std::string bytes = st_file(header, 0) + data;
+    uint64_t len = header.size() - short_by;
+    std::memcpy(bytes.data(), &len, 8);
+    write_raw(p, bytes);
+    INFO("header length short by " << short_by);
+    CHECK_THROWS_WITH(SafetensorsReader(p),
+                      Contains(p) && Contains(str(short_by, " trailing bytes")));
+  }
+}
+
+TEST_CASE("a safetensors header above the size limit is refused before it is read", "[formats]") {
+  std::string dir = temp_dir("sthuge");
+  std::string p = dir + "/huge.safetensors";
+  // A sparse file larger than the limit, whose length field claims a header one byte over it.
+  std::string len(8, '\0');
+  uint64_t n = kMaxStHeader + 1;
+  std::memcpy(len.data(), &n, 8);
+  write_raw(p, len);
+  fs::resize_file(p, kMaxStHeader + 64);
+  CHECK_THROWS_WITH(SafetensorsReader(p), Contains(p) && Contains("above the limit"));
+}
+
+TEST_CASE("index.json shard names stay in the model directory", "[formats]") {
+  const std::string idx = "dir/model.safetensors.index.json";
+  auto refuse = [&](const std::string& text, const std::string& expect) {
+    CHECK_THROWS_WITH(parse_st_index(text, idx), Contains(idx) && Contains(expect));
+  };
+  for (const char* bad : {"../x.safetensors", "/etc/passwd", "a/b.safetensors", "..", ".", ""})
+    refuse(str(R"({"weight_map":{"w":")", bad, R"("}})"), "is not a plain file name");
+  refuse(R"({"weight_map":{"w":"x.safetensors\u0000/../../etc/passwd"}})",
+         "'x.safetensors\\x00/../../etc/passwd' is not a plain file name");
+  refuse(R"({"weight_map":{"w":3}})", "must be a file name string");
+  refuse(R"({"weight_map":{"":"a.safetensors"}})", "empty tensor name");
+  refuse(R"({"weight_map":{}})", "weight_map is empty");
+  refuse(R"({"metadata":[],"weight_map":{"w":"a"}})", "'metadata' must be an object");
+  refuse(R"([])", "must be a JSON object");
+  auto map = parse_st_index(R"({"metadata":{"total_size":8},"weight_map":{"b":"s2","a":"s1"}})", idx);
+  REQUIRE(map.size() == 2);
+  CHECK(map[0] == std::pair<std::string, std::string>{"a", "s1"});
+  CHECK(map[1] == std::pair<std::string, std::string>{"b", "s2"});
 }
 
 TEST_CASE("token shards round trip and reject corruption", "[formats]") {
