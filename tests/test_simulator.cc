@@ -275,6 +275,17 @@ TEST_CASE("hardware profile: parse, round trip and errors", "[simulator]") {
   CHECK(q.stripe_unit == p.stripe_unit);
   CHECK_THROWS_WITH(parse_hardware_profile(text + "extra: 1\n", "<t>"), Contains("unknown key 'extra'"));
   CHECK_THROWS_WITH(parse_hardware_profile("name: x\n", "<t>"), Contains("compute.peak_tflops"));
+  // Hostile input: complex and repeated keys, counts out of int's range (the conversion
+  // from double was undefined), all ConfigErrors naming the source.
+  CHECK_THROWS_WITH(parse_hardware_profile(text + "? [x]\n: 1\n", "<t>"),
+                    Contains("<t>: line 8") && Contains("is a list"));
+  CHECK_THROWS_WITH(parse_hardware_profile(text + "name: u\n", "<t>"),
+                    Contains("key 'name' is given a second time (first at line 1"));
+  std::string many = text;
+  many.replace(many.find("count: 3"), 8, "count: 1e300");
+  CHECK_THROWS_WITH(parse_hardware_profile(many, "<t>"), Contains("ssd.count: value 1e+300"));
+  many.replace(many.find("count: 1e300"), 12, "count: 2.5");
+  CHECK_THROWS_WITH(parse_hardware_profile(many, "<t>"), Contains("whole number in 1..1024"));
 }
 
 TEST_CASE("swap search: placements, budgets and the simulated optimum", "[simulator]") {

@@ -13,6 +13,7 @@
 
 #include "fuyou/error.h"
 #include "fuyou/sizes.h"
+#include "src/formats/yaml_checks.h"
 #include "src/storage/stripe_layout.h"
 
 namespace fuyou {
@@ -57,7 +58,7 @@ class Reader {
     if (node_ && !node_.IsNull() && !node_.IsMap()) throw ConfigError(str(source_, ": ", section_, ": expected a mapping"));
     if (!node_ || node_.IsNull()) return;
     for (const auto& kv : node_) {
-      std::string k = kv.first.as<std::string>();
+      const std::string& k = kv.first.Scalar();  // load_yaml_checked: keys are scalars
       if (std::find(known_.begin(), known_.end(), k) == known_.end()) {
         std::string allowed;
         for (const auto& s : known_) allowed += (allowed.empty() ? "" : ", ") + s;
@@ -108,15 +109,16 @@ class Reader {
   std::vector<std::string> known_;
 };
 
-}  // namespace
 
-HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::string& source) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(str(source, ": not valid YAML: ", e.msg, " (line ", e.mark.line + 1, ")"));
-  }
+// A count read as a number: checked against its range before the conversion to int, which
+// is undefined for a double out of int's range.
+int whole_number(double x, int lo, int hi, const std::string& source, const std::string& key) {
+  if (!(x >= lo && x <= hi) || x != std::floor(x))
+    throw ConfigError(str(source, ": ", key, ": value ", x, " must be a whole number in ", lo, "..", hi));
+  return static_cast<int>(x);
+}
+
+HardwareProfile parse_profile_tree(const YAML::Node& root, const std::string& source) {
   HardwareProfile p;
   p.source = source;
   Reader top(root, "", source, {"name", "backend", "compute", "pcie", "ssd", "optimizer", "memory"});
@@ -127,7 +129,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
 
   Reader c(top.at("compute"), "compute", source, {"peak_tflops", "element_bytes", "gemm_efficiency"});
   p.peak_flops = c.positive("peak_tflops", 1e12);
-  p.element_bytes = static_cast<int>(c.positive("element_bytes", 1, false, 4));
+  p.element_bytes = whole_number(c.positive("element_bytes", 1, false, 4), 1, 8, source, "compute.element_bytes");
   if (p.element_bytes != 2 && p.element_bytes != 4)
     throw ConfigError(str(source, ": compute.element_bytes: ", p.element_bytes, " must be 2 or 4"));
   YAML::Node eff = c.at("gemm_efficiency");
@@ -157,7 +159,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   p.d2h_Bps = l.positive("d2h_GBps", 1e9);
 
   Reader s(top.at("ssd"), "ssd", source, {"count", "read_GBps", "write_GBps", "stripe_unit"});
-  p.ssds = static_cast<int>(s.positive("count", 1, false, 1));
+  p.ssds = whole_number(s.positive("count", 1, false, 1), 1, 1024, source, "ssd.count");
   p.ssd_read_Bps = s.positive("read_GBps", 1e9);
   p.ssd_write_Bps = s.positive("write_GBps", 1e9);
   p.stripe_unit = s.size("stripe_unit", 4ull << 20);
@@ -178,6 +180,17 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   p.host_memory = m.size("host", 0);
   p.host_mem_Bps = m.positive("host_bandwidth_GBps", 1e9);
   return p;
+}
+
+}  // namespace
+
+HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::string& source) {
+  YAML::Node root = load_yaml_checked(yaml_text, source);
+  try {
+    return parse_profile_tree(root, source);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(str(source, ": ", yaml_position(e.mark), ": ", e.msg));
+  }
 }
 
 HardwareProfile load_hardware_profile(const std::string& path) {
