@@ -10,6 +10,7 @@
 
 #include "fuyou/error.h"
 #include "fuyou/hf_checkpoint.h"
+#include "fuyou/read_file.h"
 
 namespace fuyou {
 namespace {
@@ -262,14 +263,15 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
 }
 
 ModelConfig load_hf_config(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw ConfigError(str(path,
-                          ": cannot open (a Hugging Face model directory needs "
-                          "config.json)"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_hf_config(ss.str(), path);
+  // A config.json is a few kilobytes; a file this large is the wrong one.
+  constexpr uint64_t kMaxHfConfigBytes = 16ull << 20;
+  std::string text;
+  try {
+    text = read_file_bounded(path, kMaxHfConfigBytes, "config.json");
+  } catch (const IoError& e) {
+    throw ConfigError(str(e.what(), " (a Hugging Face model directory needs config.json)"));
+  }
+  return parse_hf_config(text, path);
 }
 
 std::string hf_config_json(const ModelConfig& cfg, StDtype dtype, const std::string& base_json) {
