@@ -197,6 +197,28 @@ TEST_CASE("token shards round trip and reject corruption", "[formats]") {
   CHECK_THROWS_WITH(read_token_shard(dir + "/bad.tok"), Contains("bad magic"));
   fs::resize_file(dir + "/a.tok", 32 + 5);
   CHECK_THROWS_WITH(read_token_shard(dir + "/a.tok"), Contains("header says 4 tokens"));
+
+  // A header vocab size beyond int32 let a token such as 0xFFFFFFF0 pass the vocab check and
+  // become a negative id.
+  std::string h(32, '\0');
+  std::memcpy(h.data(), kShardMagic, 8);
+  const uint32_t version = kShardVersion, width = 4, vocab = 0xFFFFFFFFu, token = 0xFFFFFFF0u;
+  const uint64_t count = 1;
+  std::memcpy(h.data() + 8, &version, 4);
+  std::memcpy(h.data() + 12, &width, 4);
+  std::memcpy(h.data() + 16, &count, 8);
+  std::memcpy(h.data() + 24, &vocab, 4);
+  std::string bytes = h + std::string(reinterpret_cast<const char*>(&token), 4);
+  write_raw(dir + "/neg.tok", bytes);
+  CHECK_THROWS_WITH(read_token_shard(dir + "/neg.tok"),
+                    Contains("vocab size 4294967295 at offset 24 is above the limit of 16777216"));
+  CHECK_THROWS_WITH(parse_token_shard(bytes, "mem.tok"), Contains("mem.tok: vocab size"));
+  // The in-memory parser reads what the file reader reads.
+  write_token_shard(dir + "/c.tok", {5, 0, 65535}, 70000);
+  std::ifstream in(dir + "/c.tok", std::ios::binary);
+  std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(parse_token_shard(file, "c").tokens == read_token_shard(dir + "/c.tok").tokens);
+  CHECK_THROWS_WITH(parse_token_shard(file.substr(0, 31), "c"), Contains("shorter than"));
 }
 
 TEST_CASE("text files become byte-level train and validation shards", "[formats]") {
