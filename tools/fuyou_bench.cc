@@ -21,6 +21,7 @@
 #include "kernels/cpu/gemm.h"
 #include "src/storage/io_bench.h"
 #include "src/runtime/sim_bench.h"
+#include "tools/tool_errors.h"
 
 namespace {
 
@@ -30,8 +31,9 @@ uint64_t parse_count(const std::string& text) {
   double v = std::strtod(text.c_str(), &end);
   std::string unit(end);
   double mult = unit.empty() ? 1 : unit == "K" || unit == "k" ? 1e3 : unit == "M" ? 1e6 : unit == "G" || unit == "B" ? 1e9 : -1;
-  if (end == text.c_str() || mult < 0 || v <= 0)
-    throw fuyou::ConfigError("--params: '" + text + "' is not a count (examples: 100M, 1.5G, 4096)");
+  // The range check also keeps the conversion to uint64_t defined (NaN fails it too).
+  if (end == text.c_str() || mult < 0 || !(v * mult >= 1 && v * mult < 1.8e19))
+    throw fuyou::ConfigError("--params: '" + text + "' is not a count from 1 to 1.8e19 (examples: 100M, 1.5G, 4096)");
   return static_cast<uint64_t>(v * mult);
 }
 
@@ -334,9 +336,8 @@ int main(int argc, char** argv) {
     fuyou::Config cfg = load(config_path, sets);
     if (*train) return bench_train(cfg, ta);
     if (*gemm) return bench_gemm(cfg, threads ? threads : cfg.runtime.threads, json);
-  } catch (const fuyou::Error& e) {
-    spdlog::error("{}", e.what());
-    return 1;
+  } catch (...) {
+    return fuyou::tools::report_failure();
   }
   return 0;
 }

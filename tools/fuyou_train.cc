@@ -7,6 +7,7 @@
 #include "fuyou/error.h"
 #include "fuyou/log.h"
 #include "fuyou/train.h"
+#include "tools/tool_errors.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"fuyou-train: train a GPT on the CPU or GPU backend"};
@@ -33,9 +34,8 @@ int main(int argc, char** argv) {
     opts.run_dir = run_dir;
     opts.progress_line = ::isatty(STDERR_FILENO);
     fuyou::run_training(cfg, opts);
-  } catch (const fuyou::Error& e) {
-    spdlog::error("{}", e.what());
-    return 1;
+  } catch (...) {
+    return fuyou::tools::report_failure();
   }
   return 0;
 }
