@@ -14,6 +14,10 @@
 
 namespace fuyou {
 
+// Fixed process overhead counted against the host budget (code, libraries, allocator,
+// thread stacks), measured as the RSS of a small run: about 150 MiB; rounded up.
+constexpr uint64_t kProcessBaseline = 256ull << 20;
+
 enum class Resource { kCompute, kH2D, kD2H, kSsdRead, kSsdWrite, kOptimizer };
 constexpr int kNumResources = 6;
 const char* resource_name(Resource r);

@@ -20,9 +20,6 @@ using plan_detail::Sizes;
 
 namespace {
 
-// Fixed process overhead counted against the host budget (code, libraries, allocator,
-// thread stacks), measured as the RSS of a small run: about 150 MiB; rounded up.
-constexpr uint64_t kProcessBaseline = 256ull << 20;
 // The out-of-core optimizer's chunk slots: 9 x 4 MiB (see ooc_adamw.cc).
 constexpr uint64_t kOptimChunkPool = 9ull * (4ull << 20);
 
