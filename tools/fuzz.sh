@@ -41,9 +41,10 @@ if [ "$do_build" = 1 ]; then
     echo "fuzz.sh: clang is not installed (Debian: apt-get install clang libclang-rt-14-dev)" >&2
     exit 2
   fi
+  mkdir -p "$build"
   cmake -S "$root" -B "$build" -DFUYOU_FUZZ=ON -DFUYOU_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
-    -DCMAKE_CXX_COMPILER="$clangxx" -DCMAKE_C_COMPILER="$clangc" > "$build.configure.log" 2>&1 ||
-    { cat "$build.configure.log" >&2; exit 1; }
+    -DCMAKE_CXX_COMPILER="$clangxx" -DCMAKE_C_COMPILER="$clangc" > "$build/configure.log" 2>&1 ||
+    { cat "$build/configure.log" >&2; exit 1; }
   cmake --build "$build" --target fuyou-fuzzers -j"$(nproc)"
 fi
 [ "$do_run" = 1 ] || exit 0
