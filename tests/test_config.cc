@@ -47,6 +47,9 @@ TEST_CASE("config errors name the key and the allowed values", "[config]") {
   CHECK(parse_config("", "x.yaml").offload.deferred_updates == -1);
   CHECK_THROWS_WITH(parse_config("optimizer: {lr: -1}", "x.yaml"), Contains("optimizer.lr"));
   CHECK_THROWS_WITH(parse_config("model: [1, 2]", "x.yaml"), Contains("section 'model' must be a mapping"));
+  // Found by fuzz_config: the llama rules divided by n_head before it was checked.
+  CHECK_THROWS_WITH(parse_config("model: {family: llama, n_head: 0, d_ff: 64}", "x.yaml"),
+                    Contains("model.n_head: value 0 is not allowed: must be in 1..1048576"));
   CHECK_THROWS_WITH(parse_config("model: {n_layer: 4", "x.yaml"), Contains("x.yaml: line"));
   CHECK_THROWS_WITH(load_config_file("/nonexistent/c.yaml"), Contains("/nonexistent/c.yaml"));
 }

@@ -262,6 +262,15 @@ ModelConfig parse_model(const YAML::Node& node, const std::string& source, Check
   if (!m.checkpoint.empty()) m = model_from_checkpoint(m, s, chain);
   if (m.family != "gpt2" && m.family != "opt" && m.family != "llama")
     s.fail("family", str("'", m.family, "' is not one of: gpt2, opt, llama"));
+  // The shape first: the family rules below divide by n_head.
+  require(m.n_layer >= 1 && m.n_layer <= kMaxLayers, s, "n_layer", m.n_layer,
+          str("must be in 1..", kMaxLayers));
+  require(m.n_head >= 1 && m.n_head <= kMaxModelDim, s, "n_head", m.n_head,
+          str("must be in 1..", kMaxModelDim));
+  require(m.d_model >= 1 && m.d_model <= kMaxModelDim, s, "d_model", m.d_model,
+          str("must be in 1..", kMaxModelDim));
+  require(m.d_model % m.n_head == 0, s, "d_model", m.d_model,
+          str("must be a multiple of model.n_head (", m.n_head, ")"));
   if (m.family != "llama") {
     // Only llama computes with these; a value elsewhere would be silently ignored.
     require(m.n_kv_head == 0 || m.n_kv_head == m.n_head, s, "n_kv_head", m.n_kv_head,
@@ -279,17 +288,9 @@ ModelConfig parse_model(const YAML::Node& node, const std::string& source, Check
     require(m.norm_eps > 0 && m.norm_eps < 1, s, "norm_eps", m.norm_eps, "must be in (0, 1)");
     require(m.rope_theta > 1 && m.rope_theta < 1e12f, s, "rope_theta", m.rope_theta,
             "must be in (1, 1e12)");
-    require(m.d_model % m.n_head != 0 || (m.d_model / m.n_head) % 2 == 0, s, "d_model",
-            m.d_model, "rotary embeddings need an even head size (d_model / n_head)");
+    require((m.d_model / m.n_head) % 2 == 0, s, "d_model", m.d_model,
+            "rotary embeddings need an even head size (d_model / n_head)");
   }
-  require(m.n_layer >= 1 && m.n_layer <= kMaxLayers, s, "n_layer", m.n_layer,
-          str("must be in 1..", kMaxLayers));
-  require(m.n_head >= 1 && m.n_head <= kMaxModelDim, s, "n_head", m.n_head,
-          str("must be in 1..", kMaxModelDim));
-  require(m.d_model >= 1 && m.d_model <= kMaxModelDim, s, "d_model", m.d_model,
-          str("must be in 1..", kMaxModelDim));
-  require(m.d_model % m.n_head == 0, s, "d_model", m.d_model,
-          str("must be a multiple of model.n_head (", m.n_head, ")"));
   if (m.d_ff == 0) m.d_ff = 4 * m.d_model;
   require(m.d_ff >= 1 && m.d_ff <= kMaxFfDim, s, "d_ff", m.d_ff,
           str("must be in 1..", kMaxFfDim, " (or 0 for 4 * d_model)"));
