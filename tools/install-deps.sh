@@ -8,6 +8,7 @@ packages=(
   libdnnl-dev                        # CPU GEMMs (oneDNN); see docs/dependencies.md
   libyaml-cpp-dev libspdlog-dev nlohmann-json3-dev libcli11-dev liburing-dev
   catch2                             # tests
+  clang libclang-rt-14-dev           # fuzz harnesses (libFuzzer), tools/fuzz.sh
   fortunes                           # English text for the embedded default config
 )
 
