@@ -6,8 +6,10 @@
 #include <fstream>
 #include <unistd.h>
 
+#include "fuyou/config.h"
 #include "fuyou/data.h"
 #include "fuyou/error.h"
+#include "fuyou/read_file.h"
 #include "fuyou/rng.h"
 #include "fuyou/safetensors.h"
 #include "src/formats/safetensors_stream.h"
@@ -236,4 +238,19 @@ TEST_CASE("text files become byte-level train and validation shards", "[formats]
   CHECK(byte_decode(val) == std::string(10, 'a') + std::string(5, 'b'));
   CHECK_THROWS_WITH(build_text_shards({dir + "/missing"}, dir + "/out2", 0.1), Contains("no such file"));
   CHECK(byte_encode("h\xc3\xa9") == std::vector<int32_t>{'h', 0xc3, 0xa9});
+}
+
+TEST_CASE("small files are read with a size bound", "[formats]") {
+  std::string dir = temp_dir("bounded");
+  write_raw(dir + "/f", std::string(1000, 'x'));
+  CHECK(read_file_bounded(dir + "/f", 1000, "test").size() == 1000);
+  CHECK_THROWS_WITH(read_file_bounded(dir + "/f", 999, "test"),
+                    Contains(dir + "/f: the test file is larger than the limit of 999 bytes"));
+  CHECK_THROWS_WITH(read_file_bounded(dir + "/missing", 10, "test"),
+                    Contains("missing: cannot open test file"));
+  // A file that reports no size (procfs) is read to the limit, not trusted by st_size.
+  CHECK_THROWS_WITH(read_file_bounded("/proc/self/maps", 16, "test"), Contains("larger than"));
+  // A config path that names a large file is refused before it is parsed.
+  write_raw(dir + "/big.yaml", std::string((16u << 20) + 1, '#'));
+  CHECK_THROWS_WITH(load_config_file(dir + "/big.yaml"), Contains("larger than the limit"));
 }
