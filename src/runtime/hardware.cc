@@ -6,6 +6,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -201,25 +202,50 @@ HardwareProfile load_hardware_profile(const std::string& path) {
   return parse_hardware_profile(ss.str(), path);
 }
 
+namespace {
+
+// Writes numbers so that they read back as the same double (the shortest such text): six
+// significant digits turned two increasing gemm_efficiency sizes into one.
+struct Num {
+  double v;
+};
+std::ostream& operator<<(std::ostream& o, Num n) {
+  char buf[32];
+  auto r = std::to_chars(buf, buf + sizeof buf, n.v);
+  return o.write(buf, r.ptr - buf);
+}
+
+// A size that reads back exactly: whole GiB or MiB, else bytes.
+std::string exact_size(uint64_t b) {
+  if (b % (1ull << 30) == 0) return str(b >> 30, "GiB");
+  if (b % (1ull << 20) == 0) return str(b >> 20, "MiB");
+  return std::to_string(b);
+}
+
+}  // namespace
+
 std::string hardware_profile_to_yaml(const HardwareProfile& p, const std::string& header) {
   std::ostringstream o;
-  o.precision(6);
   o << header;
   if (!header.empty() && header.back() != '\n') o << "\n";
-  o << "name: " << p.name << "\nbackend: " << p.backend << "\n";
-  o << "compute:\n  peak_tflops: " << p.peak_flops / 1e12 << "\n  element_bytes: " << p.element_bytes
+  // The name comes from the profile or a CPU's model string: quoted, so that a ':' or a
+  // control byte in it cannot break the file.
+  YAML::Emitter name;
+  name << YAML::DoubleQuoted << p.name;
+  o << "name: " << name.c_str() << "\nbackend: " << p.backend << "\n";
+  o << "compute:\n  peak_tflops: " << Num{p.peak_flops / 1e12} << "\n  element_bytes: " << p.element_bytes
     << "\n  gemm_efficiency:  # [cbrt(tokens * d_model * d_ff), fraction of peak]\n";
-  for (const auto& [s, f] : p.gemm_efficiency) o << "    - [" << s << ", " << f << "]\n";
-  o << "pcie:\n  h2d_GBps: " << p.h2d_Bps / 1e9 << "\n  d2h_GBps: " << p.d2h_Bps / 1e9 << "\n";
-  o << "ssd:\n  count: " << p.ssds << "\n  read_GBps: " << p.ssd_read_Bps / 1e9 << "\n  write_GBps: "
-    << p.ssd_write_Bps / 1e9 << "\n  stripe_unit: " << p.stripe_unit << "\n";
-  o << "optimizer:\n  params_per_s: " << p.optimizer_params_per_s << "\n  shared_cpu: "
-    << (p.shared_cpu ? "true" : "false") << "\n  compute_share: " << p.compute_share
-    << "\n  optimizer_share: " << p.optimizer_share << "\n";
+  for (const auto& [s, f] : p.gemm_efficiency) o << "    - [" << Num{s} << ", " << Num{f} << "]\n";
+  o << "pcie:\n  h2d_GBps: " << Num{p.h2d_Bps / 1e9} << "\n  d2h_GBps: " << Num{p.d2h_Bps / 1e9} << "\n";
+  o << "ssd:\n  count: " << p.ssds << "\n  read_GBps: " << Num{p.ssd_read_Bps / 1e9}
+    << "\n  write_GBps: " << Num{p.ssd_write_Bps / 1e9} << "\n  stripe_unit: " << p.stripe_unit << "\n";
+  o << "optimizer:\n  params_per_s: " << Num{p.optimizer_params_per_s} << "\n  shared_cpu: "
+    << (p.shared_cpu ? "true" : "false") << "\n  compute_share: " << Num{p.compute_share}
+    << "\n  optimizer_share: " << Num{p.optimizer_share} << "\n";
   o << "memory:\n";
-  if (p.device_memory) o << "  device: " << format_size(p.device_memory) << "\n";
-  if (p.host_memory) o << "  host: " << format_size(p.host_memory) << "\n";
-  o << "  host_bandwidth_GBps: " << p.host_mem_Bps / 1e9 << "\n";
+  if (p.device_memory) o << "  device: " << exact_size(p.device_memory) << "\n";
+  if (p.host_memory) o << "  host: " << exact_size(p.host_memory) << "\n";
+  o << "  host_bandwidth_GBps: " << Num{p.host_mem_Bps / 1e9} << "\n";
   return o.str();
 }
 

@@ -1,5 +1,6 @@
 // Hardware profiles (configs/hardware/*.yaml). An accepted profile gives finite, positive
 // rates and prints as YAML that parses back.
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -25,7 +26,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_REQUIRE(std::isfinite(p.ssd_write_rate(bytes)) && p.ssd_write_rate(bytes) > 0);
   }
   try {
-    fuyou::parse_hardware_profile(fuyou::hardware_profile_to_yaml(p, ""), "printed.yaml");
+    fuyou::HardwareProfile q =
+        fuyou::parse_hardware_profile(fuyou::hardware_profile_to_yaml(p, ""), "printed.yaml");
+    // Unscaled figures read back exactly; scaled ones (TFLOPS, GB/s) within the two
+    // roundings of the division and the multiplication, half an ulp each.
+    FUZZ_REQUIRE(q.gemm_efficiency == p.gemm_efficiency && q.ssds == p.ssds &&
+                 q.stripe_unit == p.stripe_unit && q.device_memory == p.device_memory &&
+                 q.host_memory == p.host_memory && q.element_bytes == p.element_bytes);
+    FUZZ_REQUIRE(std::fabs(q.peak_flops - p.peak_flops) <= DBL_EPSILON * p.peak_flops);
   } catch (const fuyou::Error& e) {
     std::fprintf(stderr, "the printed profile does not parse: %s\n", e.what());
     std::abort();
