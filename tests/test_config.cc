@@ -114,7 +114,8 @@ TEST_CASE("every integer key has an upper bound", "[config]") {
   };
   const Case cases[] = {
       {"schedule: {eval_batches: 2147483647}", "schedule.eval_batches", "must be in 1..10000"},
-      {"schedule: {steps: 1000000000000, warmup_steps: 0}", "schedule.steps", "must be in 1..1000000000"},
+      {"schedule: {steps: 1000000000000, warmup_steps: 0}", "schedule.steps",
+       "must be in 1..1000000000"},
       {"schedule: {micro_batch: 100000}", "schedule.micro_batch", "must be in 1..65536"},
       {"schedule: {micro_batch: 65536}\nmodel: {seq_len: 1024}", "schedule.micro_batch",
        "at most 16777216 tokens"},
@@ -138,9 +139,10 @@ TEST_CASE("every integer key has an upper bound", "[config]") {
     CHECK_THROWS_WITH(parse_config(c.yaml, "x.yaml"), Contains(c.key) && Contains(c.rule));
   }
   // The bounds themselves are allowed.
-  CHECK_NOTHROW(parse_config("schedule: {eval_batches: 10000, micro_batch: 16384, grad_accum: 65536}\n"
-                             "model: {n_layer: 1024, vocab_size: 16777216, seq_len: 1024}",
-                             "x.yaml"));
+  CHECK_NOTHROW(
+      parse_config("schedule: {eval_batches: 10000, micro_batch: 16384, grad_accum: 65536}\n"
+                   "model: {n_layer: 1024, vocab_size: 16777216, seq_len: 1024}",
+                   "x.yaml"));
   CHECK_THROWS_WITH(parse_size("1e30", "offload.host_memory"),
                     Contains("offload.host_memory") && Contains("too large"));
   // Above 2^63 a size no longer fits the signed type llround returns.

@@ -1,10 +1,11 @@
 // safetensors and token shards: round trips, and malformed files refused with an error
 // that names the file and what is wrong.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 #include "fuyou/config.h"
 #include "fuyou/data.h"
@@ -80,16 +81,23 @@ TEST_CASE("malformed safetensors files are refused with the file and the field",
   // The tensors must tile the data section: no gap before, between or after them.
   refuse(st_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
          "data bytes [0, 4) belong to no tensor");
-  refuse(st_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}})", 20),
-         "data bytes [8, 12) belong to no tensor (gap before 'b')");
+  refuse(
+      st_file(
+          R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}})",
+          20),
+      "data bytes [8, 12) belong to no tensor (gap before 'b')");
   refuse(st_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 12),
          "4 trailing bytes");
   refuse(st_file(R"({})", 1), "1 trailing bytes");
   // A shape whose element count overflows 64 bits must not wrap into a small size.
-  refuse(st_file(R"({"t":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}})", 0),
-         "overflow 64 bits");
-  refuse(st_file(R"({"t":{"dtype":"F32","shape":[2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,1],"data_offsets":[0,8]}})", 8),
-         "at most 16");
+  refuse(
+      st_file(R"({"t":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}})", 0),
+      "overflow 64 bits");
+  refuse(
+      st_file(
+          R"({"t":{"dtype":"F32","shape":[2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,1],"data_offsets":[0,8]}})",
+          8),
+      "at most 16");
   refuse(st_file("{\"\xff\xfe\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1),
          "not valid JSON");
   refuse(st_file(R"({"":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 1), "empty name");
@@ -97,7 +105,11 @@ TEST_CASE("malformed safetensors files are refused with the file and the field",
   refuse(st_file(R"(x)", 0), "too short for a JSON object");
 
   // Zero-size tensors take no bytes and may sit at any tensor boundary.
-  write_raw(p, st_file(R"({"e":{"dtype":"F32","shape":[0],"data_offsets":[8,8]},"z":{"dtype":"F32","shape":[2,0],"data_offsets":[0,0]},"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8));
+  write_raw(
+      p,
+      st_file(
+          R"({"e":{"dtype":"F32","shape":[0],"data_offsets":[8,8]},"z":{"dtype":"F32","shape":[2,0],"data_offsets":[0,0]},"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+          8));
   CHECK(SafetensorsReader(p).tensors().size() == 3);
 
   // Bounded random mutation of a valid file: every outcome is a clean IoError or success.
@@ -176,7 +188,8 @@ TEST_CASE("index.json shard names stay in the model directory", "[formats]") {
   refuse(R"({"weight_map":{}})", "weight_map is empty");
   refuse(R"({"metadata":[],"weight_map":{"w":"a"}})", "'metadata' must be an object");
   refuse(R"([])", "must be a JSON object");
-  auto map = parse_st_index(R"({"metadata":{"total_size":8},"weight_map":{"b":"s2","a":"s1"}})", idx);
+  auto map =
+      parse_st_index(R"({"metadata":{"total_size":8},"weight_map":{"b":"s2","a":"s1"}})", idx);
   REQUIRE(map.size() == 2);
   CHECK(map[0] == std::pair<std::string, std::string>{"a", "s1"});
   CHECK(map[1] == std::pair<std::string, std::string>{"b", "s2"});

@@ -354,8 +354,9 @@ TEST_CASE("datasets become token shards, and prompt/completion pairs loss masks"
   std::string mask_bytes = read_all(p.train_mask_path);
   CHECK(parse_loss_mask(mask_bytes, "m").mask == pm);
   mask_bytes.back() = 2;
-  CHECK_THROWS_WITH(parse_loss_mask(mask_bytes, "m"),
-                    Contains(str("m: value 2 at offset ", mask_bytes.size() - 1, " is not 0 or 1")));
+  CHECK_THROWS_WITH(
+      parse_loss_mask(mask_bytes, "m"),
+      Contains(str("m: value 2 at offset ", mask_bytes.size() - 1, " is not 0 or 1")));
   CHECK_THROWS_WITH(parse_loss_mask(mask_bytes.substr(0, 40), "m"), Contains("header says"));
   fs::resize_file(p.train_mask_path, fs::file_size(p.train_mask_path) - 1);
   CHECK_THROWS_WITH(read_loss_mask(p.train_mask_path), Contains("header says"));

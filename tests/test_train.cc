@@ -1,10 +1,11 @@
 // Training end to end on the CPU backend: the schedule, determinism, a short run that must
 // learn, and the run directory contract (metrics, weights, nothing overwritten).
-#include <catch2/catch.hpp>
-#include <filesystem>
-#include <cstring>
-#include <fstream>
 #include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "fuyou/engine.h"
@@ -120,13 +121,13 @@ TEST_CASE("an in-memory run checks offload.host_memory before it starts", "[trai
   Config cfg = small_config(make_text_dir());
   auto be = make_cpu_backend(2, 0);
   REQUIRE_FALSE(wants_offload(cfg));
-  const uint64_t need = in_memory_host_bytes(cfg.model, cfg.schedule.micro_batch, BackendKind::kCpu);
+  const uint64_t need =
+      in_memory_host_bytes(cfg.model, cfg.schedule.micro_batch, BackendKind::kCpu);
   // The estimate covers the state the in-memory engine holds: 16 bytes per parameter, plus
   // the arena the CPU backend allocates in host memory.
   CHECK(need > 16 * make_gpt_layout(cfg.model).total +
                    in_memory_device_bytes(cfg.model, cfg.schedule.micro_batch));
-  CHECK(in_memory_host_bytes(cfg.model, cfg.schedule.micro_batch, BackendKind::kCuda) <
-        need);
+  CHECK(in_memory_host_bytes(cfg.model, cfg.schedule.micro_batch, BackendKind::kCuda) < need);
   cfg.offload.host_memory = need - 1;
   CHECK_THROWS_WITH(make_train_engine(cfg, *be),
                     Contains("in-memory training needs " + format_size(need)) &&

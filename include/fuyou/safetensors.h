@@ -1,8 +1,8 @@
 // safetensors files: an 8-byte little-endian header length, a JSON header naming each
 // tensor's dtype, shape and byte range, then the data. Reading validates the header
 // completely (length inside the file, offsets in range, no overlaps, sizes matching dtype
-// and shape, tensors tiling the data section exactly) before any tensor is touched, and reads tensors one at a time, so a file
-// larger than memory can be streamed.
+// and shape, tensors tiling the data section exactly) before any tensor is touched, and reads
+// tensors one at a time, so a file larger than memory can be streamed.
 #pragma once
 
 #include <cstdint>

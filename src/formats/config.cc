@@ -126,14 +126,16 @@ std::string chain_text(const CheckpointChain& chain, const std::string& last) {
   return out + "'" + last + "'";
 }
 
-ModelConfig load_checkpoint_model(const std::string& dir, const Section& s, CheckpointChain& chain) {
+ModelConfig load_checkpoint_model(const std::string& dir, const Section& s,
+                                  CheckpointChain& chain) {
   std::error_code ec;
   std::string canonical = std::filesystem::weakly_canonical(dir, ec).string();
   if (ec || canonical.empty()) canonical = dir;
   if (std::find(chain.begin(), chain.end(), canonical) != chain.end())
-    s.fail("checkpoint", str("checkpoints name each other in a cycle: ", chain_text(chain, canonical),
-                             " (a checkpoint's config.yaml must not name itself or a checkpoint "
-                             "that leads back to it)"));
+    s.fail("checkpoint",
+           str("checkpoints name each other in a cycle: ", chain_text(chain, canonical),
+               " (a checkpoint's config.yaml must not name itself or a checkpoint "
+               "that leads back to it)"));
   if (chain.size() >= kMaxCheckpointChain)
     s.fail("checkpoint", str("more than ", kMaxCheckpointChain,
                              " checkpoints each name another: ", chain_text(chain, canonical)));
@@ -160,7 +162,8 @@ ModelConfig load_checkpoint_model(const std::string& dir, const Section& s, Chec
 // fuyou-convert from-hf, or a run directory's). Keys the text also sets must agree with it,
 // so a config that names both cannot silently train a different shape; seq_len may differ
 // for llama, which has no position table to outgrow.
-ModelConfig model_from_checkpoint(const ModelConfig& given, const Section& s, CheckpointChain& chain) {
+ModelConfig model_from_checkpoint(const ModelConfig& given, const Section& s,
+                                  CheckpointChain& chain) {
   ModelConfig ck;
   const bool outermost = chain.empty();
   try {
@@ -280,7 +283,8 @@ ModelConfig parse_model(const YAML::Node& node, const std::string& source, Check
     require(!m.qkv_bias, s, "qkv_bias", "true",
             str("family ", m.family, " always has q/k/v biases; the key is for llama"));
   } else {
-    require(m.d_ff != 0, s, "d_ff", m.d_ff, "family llama needs an explicit d_ff (intermediate_size)");
+    require(m.d_ff != 0, s, "d_ff", m.d_ff,
+            "family llama needs an explicit d_ff (intermediate_size)");
     require(m.n_kv_head >= 0 && m.n_kv_head <= m.n_head, s, "n_kv_head", m.n_kv_head,
             str("must be in 0..model.n_head (", m.n_head, "); 0 means n_head"));
     require(m.n_kv_head == 0 || m.n_head % m.n_kv_head == 0, s, "n_kv_head", m.n_kv_head,
@@ -358,7 +362,8 @@ ScheduleConfig parse_schedule(const YAML::Node& node, const std::string& source,
   s.get("eval_batches", t.eval_batches);
   s.get("log_every", t.log_every);
   s.finish();
-  require(t.steps >= 1 && t.steps <= kMaxSteps, s, "steps", t.steps, str("must be in 1..", kMaxSteps));
+  require(t.steps >= 1 && t.steps <= kMaxSteps, s, "steps", t.steps,
+          str("must be in 1..", kMaxSteps));
   require(t.warmup_steps >= 0 && t.warmup_steps <= t.steps, s, "warmup_steps", t.warmup_steps,
           "must be in [0, schedule.steps]");
   require(t.micro_batch >= 1 && t.micro_batch <= kMaxBatch, s, "micro_batch", t.micro_batch,
@@ -394,7 +399,8 @@ OffloadConfig parse_offload(const YAML::Node& node, const std::string& source, i
   o.activations = parse_activations(activations, s);
   for (const auto& [key, value] :
        {std::pair{"weights", o.weights}, {"optimizer_state", o.optimizer_state}}) {
-    if (value != "auto" && value != "ssd") s.fail(key, str("'", value, "' is not one of auto, ssd"));
+    if (value != "auto" && value != "ssd")
+      s.fail(key, str("'", value, "' is not one of auto, ssd"));
     if (value == "ssd" && o.ssd_paths.empty()) s.fail(key, "is ssd but offload.ssd_paths is empty");
   }
   if (deferred == "auto") {
@@ -425,7 +431,8 @@ RuntimeConfig parse_runtime(const YAML::Node& node, const std::string& source) {
   s.finish();
   if (r.backend != "cpu" && r.backend != "cuda" && r.backend != "auto")
     s.fail("backend", str("'", r.backend, "' is not one of cpu, cuda, auto"));
-  if (r.precision != "auto" && r.precision != "fp32" && r.precision != "bf16" && r.precision != "fp16")
+  if (r.precision != "auto" && r.precision != "fp32" && r.precision != "bf16" &&
+      r.precision != "fp16")
     s.fail("precision", str("'", r.precision, "' is not one of auto, fp32, bf16, fp16"));
   require(r.threads >= 0 && r.threads <= 4096, s, "threads", r.threads,
           "must be in 0..4096 (0 uses every core)");

@@ -53,8 +53,8 @@ StTensorInfo parse_tensor_entry(const std::string& name, const nlohmann::json& v
   if (!v.contains("shape") || !v["shape"].is_array())
     throw field_error("missing array field 'shape'");
   if (v["shape"].size() > kMaxRank)
-    throw field_error(str("shape has ", v["shape"].size(), " dimensions; at most ", kMaxRank,
-                          " are allowed"));
+    throw field_error(
+        str("shape has ", v["shape"].size(), " dimensions; at most ", kMaxRank, " are allowed"));
   uint64_t bytes = st_dtype_size(t.dtype);
   for (const auto& d : v["shape"]) {
     if (!d.is_number_unsigned())
@@ -111,8 +111,8 @@ void check_tiling(const std::vector<StTensorInfo>& tensors, uint64_t data_size,
     covered = t->end;
   }
   if (covered != data_size)
-    throw IoError(str(path, ": the tensors end at data offset ", covered, " but the data section has ",
-                      data_size, " bytes (", data_size - covered,
+    throw IoError(str(path, ": the tensors end at data offset ", covered,
+                      " but the data section has ", data_size, " bytes (", data_size - covered,
                       " trailing bytes: a wrong header length, or a damaged file)"));
 }
 
@@ -123,14 +123,14 @@ uint64_t st_header_length(const unsigned char bytes[8], uint64_t file_size,
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = header_len << 8 | bytes[i];
   if (header_len > file_size - 8)
-    throw IoError(str(path, ": header length ", header_len, " at offset 0 runs past the end of the ",
-                      file_size, "-byte file"));
+    throw IoError(str(path, ": header length ", header_len,
+                      " at offset 0 runs past the end of the ", file_size, "-byte file"));
   if (header_len > kMaxStHeader)
     throw IoError(str(path, ": header length ", header_len, " at offset 0 is above the limit of ",
                       kMaxStHeader, " bytes"));
   if (header_len < 2)
-    throw IoError(str(path, ": header length ", header_len,
-                      " at offset 0 is too short for a JSON object"));
+    throw IoError(
+        str(path, ": header length ", header_len, " at offset 0 is too short for a JSON object"));
   return header_len;
 }
 

@@ -136,15 +136,16 @@ uint64_t check_mask_header(const char* h, uint64_t file_size, const std::string&
     throw IoError(str(path, ": mask version ", version, " at offset 8 is not supported"));
   if (width != 1) throw IoError(str(path, ": bytes per entry ", width, " at offset 12 must be 1"));
   if (count != file_size - 32)
-    throw IoError(
-        str(path, ": header says ", count, " entries but the file has ", file_size - 32, " data bytes"));
+    throw IoError(str(path, ": header says ", count, " entries but the file has ", file_size - 32,
+                      " data bytes"));
   return count;
 }
 
 void check_mask_values(const LossMask& m) {
   for (uint64_t i = 0; i < m.mask.size(); ++i)
     if (m.mask[i] > 1)
-      throw IoError(str(m.path, ": value ", int(m.mask[i]), " at offset ", 32 + i, " is not 0 or 1"));
+      throw IoError(
+          str(m.path, ": value ", int(m.mask[i]), " at offset ", 32 + i, " is not 0 or 1"));
 }
 
 }  // namespace

@@ -100,7 +100,8 @@ Node sequence_item(const Node& list, size_t i, int depth) {
     list.fail(str("Sequences nest more than ", kMaxSequenceDepth, " levels deep"));
   Node item = list.at(i);
   if (item.is_null()) item.fail("is null; each item of a Sequence must be an object with a type");
-  if (!item.raw().is_object()) item.fail(str("expected an object with a type, got ", item.raw().dump()));
+  if (!item.raw().is_object())
+    item.fail(str("expected an object with a type, got ", item.raw().dump()));
   return item;
 }
 
@@ -117,7 +118,8 @@ void parse_normalizer(const Node& n, std::vector<NormalizerStep>* out, int depth
   std::string t = n.type();
   if (t == "Sequence") {
     Node list = n.at("normalizers");
-    for (size_t i = 0; i < list.array_size(); ++i) parse_normalizer(sequence_item(list, i, depth), out, depth + 1);
+    for (size_t i = 0; i < list.array_size(); ++i)
+      parse_normalizer(sequence_item(list, i, depth), out, depth + 1);
   } else if (t == "Prepend") {
     out->push_back({NormalizerStep::kPrepend, n.at("prepend").string(), ""});
   } else if (t == "Replace") {
@@ -155,7 +157,8 @@ void parse_pre_tokenizer(const Node& n, std::vector<PreTokenizerStep>* out, int 
   PreTokenizerStep s{};
   if (t == "Sequence") {
     Node list = n.at("pretokenizers");
-    for (size_t i = 0; i < list.array_size(); ++i) parse_pre_tokenizer(sequence_item(list, i, depth), out, depth + 1);
+    for (size_t i = 0; i < list.array_size(); ++i)
+      parse_pre_tokenizer(sequence_item(list, i, depth), out, depth + 1);
     return;
   } else if (t == "ByteLevel") {
     s.kind = PreTokenizerStep::kByteLevel;
@@ -218,7 +221,8 @@ void parse_decoder(const Node& n, std::vector<DecoderStep>* out, int depth = 0) 
   DecoderStep s{};
   if (t == "Sequence") {
     Node list = n.at("decoders");
-    for (size_t i = 0; i < list.array_size(); ++i) parse_decoder(sequence_item(list, i, depth), out, depth + 1);
+    for (size_t i = 0; i < list.array_size(); ++i)
+      parse_decoder(sequence_item(list, i, depth), out, depth + 1);
     return;
   } else if (t == "ByteLevel") {
     s.kind = DecoderStep::kByteLevel;
@@ -272,8 +276,8 @@ void parse_model(const Node& n, uint64_t id_limit, tok::BpeModel* m) {
   if (!vocab.raw().is_object()) vocab.fail("expected an object of token: id");
   for (auto it = vocab.raw().begin(); it != vocab.raw().end(); ++it) {
     if (!it.value().is_number_unsigned() || it.value().get<uint64_t>() >= id_limit)
-      vocab.fail(str("token '", it.key(), "' has id ", it.value().dump(), "; ids are integers in 0..",
-                     id_limit - 1, " (below the ", id_limit,
+      vocab.fail(str("token '", it.key(), "' has id ", it.value().dump(),
+                     "; ids are integers in 0..", id_limit - 1, " (below the ", id_limit,
                      " vocabulary entries and added tokens together)"));
     int32_t v = static_cast<int32_t>(it.value().get<uint64_t>());
     m->vocab[it.key()] = v;
@@ -345,7 +349,8 @@ uint64_t id_space(const Node& root) {
   uint64_t n = vocab.raw().size();
   if (root.has("added_tokens")) n += root.at("added_tokens").array_size();
   if (n == 0) vocab.fail("the vocabulary is empty and there are no added tokens");
-  if (n > static_cast<uint64_t>(INT32_MAX)) vocab.fail(str(n, " tokens is more than ids can number"));
+  if (n > static_cast<uint64_t>(INT32_MAX))
+    vocab.fail(str(n, " tokens is more than ids can number"));
   return n;
 }
 

@@ -18,8 +18,9 @@ class Checker {
 
   void walk(const YAML::Node& n, const std::string& path, int depth) {
     if (depth > kMaxDepth)
-      throw ConfigError(str(source_, ": ", yaml_position(n.Mark()), ": '", path, "' nests deeper than ",
-                            kMaxDepth, " levels (or refers to itself through an alias)"));
+      throw ConfigError(str(source_, ": ", yaml_position(n.Mark()), ": '", path,
+                            "' nests deeper than ", kMaxDepth,
+                            " levels (or refers to itself through an alias)"));
     if (n.IsSequence()) {
       for (size_t i = 0; i < n.size(); ++i) walk(n[i], str(path, "[", i, "]"), depth + 1);
     } else if (n.IsMap()) {
@@ -34,8 +35,10 @@ class Checker {
       const YAML::Node& key = kv.first;
       const std::string where = str(source_, ": ", yaml_position(key.Mark()), ": ");
       if (!key.IsScalar())
-        throw ConfigError(str(where, "a key in '", path.empty() ? "the top level" : path,
-                              "' is a ", key.IsSequence() ? "list" : key.IsMap() ? "mapping" : "null",
+        throw ConfigError(str(where, "a key in '", path.empty() ? "the top level" : path, "' is a ",
+                              key.IsSequence() ? "list"
+                              : key.IsMap()    ? "mapping"
+                                               : "null",
                               "; keys must be plain names (a '? ' complex key is not allowed)"));
       const std::string& name = key.Scalar();
       const std::string full = path.empty() ? name : path + "." + name;

@@ -206,15 +206,15 @@ void check_in_memory_host_budget(const Config& cfg, BackendKind kind) {
   const uint64_t need = in_memory_host_bytes(cfg.model, cfg.schedule.micro_batch, kind);
   if (budget == 0 || need <= budget) return;
   const uint64_t state = 16 * make_gpt_layout(cfg.model).total;
-  throw Error(str("host memory: in-memory training needs ", format_size(need), " but offload.host_memory is ",
-                  format_size(budget), " (", format_size(kProcessBaseline), " process, ", format_size(state),
-                  " fp32 master weights, gradients and Adam moments",
-                  kind == BackendKind::kCpu
-                      ? str(", ", format_size(need - kProcessBaseline - state),
-                            " device arena, which the CPU backend keeps in host memory")
-                      : std::string(),
-                  "); raise offload.host_memory, or set offload.ssd_paths to train offloaded with "
-                  "optimizer state on SSD"));
+  throw Error(str(
+      "host memory: in-memory training needs ", format_size(need), " but offload.host_memory is ",
+      format_size(budget), " (", format_size(kProcessBaseline), " process, ", format_size(state),
+      " fp32 master weights, gradients and Adam moments",
+      kind == BackendKind::kCpu ? str(", ", format_size(need - kProcessBaseline - state),
+                                      " device arena, which the CPU backend keeps in host memory")
+                                : std::string(),
+      "); raise offload.host_memory, or set offload.ssd_paths to train offloaded with "
+      "optimizer state on SSD"));
 }
 
 }  // namespace

@@ -110,12 +110,12 @@ class Reader {
   std::vector<std::string> known_;
 };
 
-
 // A count read as a number: checked against its range before the conversion to int, which
 // is undefined for a double out of int's range.
 int whole_number(double x, int lo, int hi, const std::string& source, const std::string& key) {
   if (!(x >= lo && x <= hi) || x != std::floor(x))
-    throw ConfigError(str(source, ": ", key, ": value ", x, " must be a whole number in ", lo, "..", hi));
+    throw ConfigError(
+        str(source, ": ", key, ": value ", x, " must be a whole number in ", lo, "..", hi));
   return static_cast<int>(x);
 }
 
@@ -130,7 +130,8 @@ HardwareProfile parse_profile_tree(const YAML::Node& root, const std::string& so
 
   Reader c(top.at("compute"), "compute", source, {"peak_tflops", "element_bytes", "gemm_efficiency"});
   p.peak_flops = c.positive("peak_tflops", 1e12);
-  p.element_bytes = whole_number(c.positive("element_bytes", 1, false, 4), 1, 8, source, "compute.element_bytes");
+  p.element_bytes =
+      whole_number(c.positive("element_bytes", 1, false, 4), 1, 8, source, "compute.element_bytes");
   if (p.element_bytes != 2 && p.element_bytes != 4)
     throw ConfigError(str(source, ": compute.element_bytes: ", p.element_bytes, " must be 2 or 4"));
   YAML::Node eff = c.at("gemm_efficiency");
@@ -233,14 +234,18 @@ std::string hardware_profile_to_yaml(const HardwareProfile& p, const std::string
   YAML::Emitter name;
   name << YAML::DoubleQuoted << p.name;
   o << "name: " << name.c_str() << "\nbackend: " << p.backend << "\n";
-  o << "compute:\n  peak_tflops: " << Num{p.peak_flops / 1e12} << "\n  element_bytes: " << p.element_bytes
+  o << "compute:\n  peak_tflops: " << Num{p.peak_flops / 1e12}
+    << "\n  element_bytes: " << p.element_bytes
     << "\n  gemm_efficiency:  # [cbrt(tokens * d_model * d_ff), fraction of peak]\n";
   for (const auto& [s, f] : p.gemm_efficiency) o << "    - [" << Num{s} << ", " << Num{f} << "]\n";
-  o << "pcie:\n  h2d_GBps: " << Num{p.h2d_Bps / 1e9} << "\n  d2h_GBps: " << Num{p.d2h_Bps / 1e9} << "\n";
+  o << "pcie:\n  h2d_GBps: " << Num{p.h2d_Bps / 1e9} << "\n  d2h_GBps: " << Num{p.d2h_Bps / 1e9}
+    << "\n";
   o << "ssd:\n  count: " << p.ssds << "\n  read_GBps: " << Num{p.ssd_read_Bps / 1e9}
-    << "\n  write_GBps: " << Num{p.ssd_write_Bps / 1e9} << "\n  stripe_unit: " << p.stripe_unit << "\n";
-  o << "optimizer:\n  params_per_s: " << Num{p.optimizer_params_per_s} << "\n  shared_cpu: "
-    << (p.shared_cpu ? "true" : "false") << "\n  compute_share: " << Num{p.compute_share}
+    << "\n  write_GBps: " << Num{p.ssd_write_Bps / 1e9} << "\n  stripe_unit: " << p.stripe_unit
+    << "\n";
+  o << "optimizer:\n  params_per_s: " << Num{p.optimizer_params_per_s}
+    << "\n  shared_cpu: " << (p.shared_cpu ? "true" : "false")
+    << "\n  compute_share: " << Num{p.compute_share}
     << "\n  optimizer_share: " << Num{p.optimizer_share} << "\n";
   o << "memory:\n";
   if (p.device_memory) o << "  device: " << exact_size(p.device_memory) << "\n";
