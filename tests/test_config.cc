@@ -47,6 +47,9 @@ TEST_CASE("config errors name the key and the allowed values", "[config]") {
   CHECK(parse_config("", "x.yaml").offload.deferred_updates == -1);
   CHECK_THROWS_WITH(parse_config("optimizer: {lr: -1}", "x.yaml"), Contains("optimizer.lr"));
   CHECK_THROWS_WITH(parse_config("model: [1, 2]", "x.yaml"), Contains("section 'model' must be a mapping"));
+  // Found by fuzz_config: the llama rules divided by n_head before it was checked.
+  CHECK_THROWS_WITH(parse_config("model: {family: llama, n_head: 0, d_ff: 64}", "x.yaml"),
+                    Contains("model.n_head: value 0 is not allowed: must be in 1..1048576"));
   CHECK_THROWS_WITH(parse_config("model: {n_layer: 4", "x.yaml"), Contains("x.yaml: line"));
   CHECK_THROWS_WITH(load_config_file("/nonexistent/c.yaml"), Contains("/nonexistent/c.yaml"));
 }
@@ -76,4 +79,103 @@ TEST_CASE("sizes parse in binary and decimal units", "[config]") {
   CHECK_THROWS_AS(parse_size("lots", "k"), ConfigError);
   CHECK_THROWS_AS(parse_size("-1GiB", "k"), ConfigError);
   CHECK(format_size(3ull << 29) == "1.50 GiB");
+}
+
+TEST_CASE("a key given twice is an error naming both lines", "[config]") {
+  CHECK_THROWS_WITH(parse_config("model:\n  n_layer: 2\n  n_head: 2\n  n_layer: 4\n", "x.yaml"),
+                    Contains("x.yaml: line 4, column 3: key 'model.n_layer' is given a second time "
+                             "(first at line 2, column 3)"));
+  // A repeated, empty section line used to reset the section to its defaults silently.
+  CHECK_THROWS_WITH(parse_config("schedule:\n  steps: 7\nschedule:\n", "x.yaml"),
+                    Contains("line 3, column 1: key 'schedule' is given a second time "
+                             "(first at line 1, column 1)"));
+  CHECK_THROWS_WITH(parse_config("data: {text: [a], text: [b]}", "x.yaml"),
+                    Contains("key 'data.text' is given a second time"));
+}
+
+TEST_CASE("YAML that yaml-cpp accepts but a config cannot hold is a ConfigError", "[config]") {
+  // A complex key used to escape parse_config as a yaml-cpp exception.
+  CHECK_THROWS_AS(parse_config("model:\n  ? [x]\n  : 1\n", "x.yaml"), ConfigError);
+  CHECK_THROWS_WITH(parse_config("model:\n  ? [x]\n  : 1\n", "x.yaml"),
+                    Contains("x.yaml: line 2, column 5: a key in 'model' is a list"));
+  CHECK_THROWS_WITH(parse_config("? {a: 1}\n: 2\n", "x.yaml"),
+                    Contains("a key in 'the top level' is a mapping"));
+  CHECK_THROWS_WITH(parse_config("a: &x [*x]", "x.yaml"), Contains("x.yaml"));
+  CHECK_THROWS_WITH(parse_config(std::string(5000, '[') + std::string(5000, ']'), "x.yaml"),
+                    Contains("x.yaml"));
+  CHECK_THROWS_WITH(parse_config("model: 3", "x.yaml", {"model.n_layer=2"}), Contains("x.yaml"));
+}
+
+TEST_CASE("every integer key has an upper bound", "[config]") {
+  struct Case {
+    const char* yaml;
+    const char* key;
+    const char* rule;
+  };
+  const Case cases[] = {
+      {"schedule: {eval_batches: 2147483647}", "schedule.eval_batches", "must be in 1..10000"},
+      {"schedule: {steps: 1000000000000, warmup_steps: 0}", "schedule.steps",
+       "must be in 1..1000000000"},
+      {"schedule: {micro_batch: 100000}", "schedule.micro_batch", "must be in 1..65536"},
+      {"schedule: {micro_batch: 65536}\nmodel: {seq_len: 1024}", "schedule.micro_batch",
+       "at most 16777216 tokens"},
+      {"schedule: {grad_accum: 1000000}", "schedule.grad_accum", "must be in 1..65536"},
+      {"schedule: {eval_every: 10000000000}", "schedule.eval_every", "must be in 0..1000000000"},
+      {"schedule: {log_every: 10000000000}", "schedule.log_every", "must be in 1..1000000000"},
+      {"model: {n_layer: 1025}", "model.n_layer", "must be in 1..1024"},
+      {"model: {n_head: 2000000, d_model: 2000000}", "model.n_head", "must be in 1..1048576"},
+      {"model: {d_model: 2097152, n_head: 1}", "model.d_model", "must be in 1..1048576"},
+      {"model: {d_ff: 8388608}", "model.d_ff", "must be in 1..4194304"},
+      {"model: {vocab_size: 16777217}", "model.vocab_size", "must be in 2..16777216"},
+      {"model: {seq_len: 2000000}", "model.seq_len", "must be in 1..1048576"},
+      {"runtime: {threads: 5000}", "runtime.threads", "must be in 0..4096"},
+      {"optimizer: {eps: .inf}", "optimizer.eps", "must be in (0, 1)"},
+      {"optimizer: {weight_decay: .inf}", "optimizer.weight_decay", "must be in [0, 100)"},
+      {"optimizer: {grad_clip: .inf}", "optimizer.grad_clip", "finite"},
+      {"model: {family: llama, d_ff: 64, rope_theta: .inf}", "model.rope_theta", "(1, 1e12)"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.yaml);
+    CHECK_THROWS_WITH(parse_config(c.yaml, "x.yaml"), Contains(c.key) && Contains(c.rule));
+  }
+  // The bounds themselves are allowed.
+  CHECK_NOTHROW(
+      parse_config("schedule: {eval_batches: 10000, micro_batch: 16384, grad_accum: 65536}\n"
+                   "model: {n_layer: 1024, vocab_size: 16777216, seq_len: 1024}",
+                   "x.yaml"));
+  CHECK_THROWS_WITH(parse_size("1e30", "offload.host_memory"),
+                    Contains("offload.host_memory") && Contains("too large"));
+  // Above 2^63 a size no longer fits the signed type llround returns.
+  CHECK(parse_size("18000000TB", "k") == 18000000000000000000ull);
+}
+
+namespace {
+
+// A checkpoint directory whose config.yaml names `target` as its model.checkpoint.
+void write_checkpoint_config(const std::string& dir, const std::string& target) {
+  std::filesystem::create_directories(dir);
+  test::write_all(dir + "/config.yaml", "model:\n  n_layer: 2\n  checkpoint: " + target + "\n");
+}
+
+}  // namespace
+
+TEST_CASE("checkpoints that name each other in a cycle are refused", "[config]") {
+  test::TempDir tmp("ckcycle");
+  const std::string a = tmp.path + "/a", b = tmp.path + "/b";
+  // A checkpoint naming itself used to recurse until the stack overflowed.
+  write_checkpoint_config(a, a);
+  CHECK_THROWS_WITH(parse_config("model: {checkpoint: " + a + "}", "x.yaml"),
+                    Contains("x.yaml: model.checkpoint") && Contains("in a cycle") &&
+                        Contains(a + "/config.yaml"));
+  CHECK_THROWS_WITH(load_config_file(a + "/config.yaml"), Contains("in a cycle"));
+  write_checkpoint_config(a, b);
+  write_checkpoint_config(b, tmp.path + "/./a");
+  CHECK_THROWS_WITH(parse_config("model: {checkpoint: " + a + "}", "x.yaml"),
+                    Contains("in a cycle: '" + a + "' -> '" + b + "' -> '" + a + "'"));
+  // A long chain without a cycle is bounded too.
+  for (int i = 0; i < 20; ++i)
+    write_checkpoint_config(tmp.path + "/c" + std::to_string(i),
+                            tmp.path + "/c" + std::to_string(i + 1));
+  CHECK_THROWS_WITH(parse_config("model: {checkpoint: " + tmp.path + "/c0}", "x.yaml"),
+                    Contains("more than 16 checkpoints"));
 }

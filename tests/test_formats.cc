@@ -1,15 +1,19 @@
 // safetensors and token shards: round trips, and malformed files refused with an error
 // that names the file and what is wrong.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
+#include "fuyou/config.h"
 #include "fuyou/data.h"
 #include "fuyou/error.h"
+#include "fuyou/read_file.h"
 #include "fuyou/rng.h"
 #include "fuyou/safetensors.h"
+#include "src/formats/safetensors_stream.h"
 
 namespace fs = std::filesystem;
 using namespace fuyou;
@@ -66,7 +70,7 @@ TEST_CASE("malformed safetensors files are refused with the file and the field",
   refuse("abc", "too short");
   std::string huge(8, '\xff');
   refuse(huge, "runs past the end");
-  refuse(st_file("not json", 0), "not valid JSON");
+  refuse(st_file("{not json", 0), "not valid JSON");
   refuse(st_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", 8), "outside the 8-byte data section");
   refuse(st_file(R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8), "need 12");
   refuse(st_file(R"({"t":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", 8), "unsupported dtype 'Q7'");
@@ -74,6 +78,39 @@ TEST_CASE("malformed safetensors files are refused with the file and the field",
   refuse(st_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 16),
          "overlap");
   refuse(st_file(R"({"t":{"dtype":"F32","shape":[2]}})", 8), "data_offsets");
+  // The tensors must tile the data section: no gap before, between or after them.
+  refuse(st_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
+         "data bytes [0, 4) belong to no tensor");
+  refuse(
+      st_file(
+          R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}})",
+          20),
+      "data bytes [8, 12) belong to no tensor (gap before 'b')");
+  refuse(st_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 12),
+         "4 trailing bytes");
+  refuse(st_file(R"({})", 1), "1 trailing bytes");
+  // A shape whose element count overflows 64 bits must not wrap into a small size.
+  refuse(
+      st_file(R"({"t":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}})", 0),
+      "overflow 64 bits");
+  refuse(
+      st_file(
+          R"({"t":{"dtype":"F32","shape":[2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,1],"data_offsets":[0,8]}})",
+          8),
+      "at most 16");
+  refuse(st_file("{\"\xff\xfe\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1),
+         "not valid JSON");
+  refuse(st_file(R"({"":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 1), "empty name");
+  refuse(st_file(R"( {})", 0), "does not start with '{'");
+  refuse(st_file(R"(x)", 0), "too short for a JSON object");
+
+  // Zero-size tensors take no bytes and may sit at any tensor boundary.
+  write_raw(
+      p,
+      st_file(
+          R"({"e":{"dtype":"F32","shape":[0],"data_offsets":[8,8]},"z":{"dtype":"F32","shape":[2,0],"data_offsets":[0,0]},"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+          8));
+  CHECK(SafetensorsReader(p).tensors().size() == 3);
 
   // Bounded random mutation of a valid file: every outcome is a clean IoError or success.
   SafetensorsWriter w;
@@ -104,6 +141,60 @@ TEST_CASE("malformed safetensors files are refused with the file and the field",
   CHECK(refused > 0);
 }
 
+// A header length field a few bytes short ends the header inside its own space padding:
+// the JSON still parses, and without the tiling check every tensor was read a few bytes off.
+TEST_CASE("a safetensors header length 1-7 bytes short is refused", "[formats]") {
+  std::string dir = temp_dir("stshort");
+  std::string p = dir + "/short.safetensors";
+  std::string json = R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})";
+  std::string header = json + std::string(7, ' ');
+  std::string data(16, '\x3f');
+  write_raw(p, st_file(header, 0) + data);
+  REQUIRE(SafetensorsReader(p).tensors().size() == 1);
+  for (uint64_t short_by = 1; short_by <= 7; ++short_by) {
+    std::string bytes = st_file(header, 0) + data;
+    uint64_t len = header.size() - short_by;
+    std::memcpy(bytes.data(), &len, 8);
+    write_raw(p, bytes);
+    INFO("header length short by " << short_by);
+    CHECK_THROWS_WITH(SafetensorsReader(p),
+                      Contains(p) && Contains(str(short_by, " trailing bytes")));
+  }
+}
+
+TEST_CASE("a safetensors header above the size limit is refused before it is read", "[formats]") {
+  std::string dir = temp_dir("sthuge");
+  std::string p = dir + "/huge.safetensors";
+  // A sparse file larger than the limit, whose length field claims a header one byte over it.
+  std::string len(8, '\0');
+  uint64_t n = kMaxStHeader + 1;
+  std::memcpy(len.data(), &n, 8);
+  write_raw(p, len);
+  fs::resize_file(p, kMaxStHeader + 64);
+  CHECK_THROWS_WITH(SafetensorsReader(p), Contains(p) && Contains("above the limit"));
+}
+
+TEST_CASE("index.json shard names stay in the model directory", "[formats]") {
+  const std::string idx = "dir/model.safetensors.index.json";
+  auto refuse = [&](const std::string& text, const std::string& expect) {
+    CHECK_THROWS_WITH(parse_st_index(text, idx), Contains(idx) && Contains(expect));
+  };
+  for (const char* bad : {"../x.safetensors", "/etc/passwd", "a/b.safetensors", "..", ".", ""})
+    refuse(str(R"({"weight_map":{"w":")", bad, R"("}})"), "is not a plain file name");
+  refuse(R"({"weight_map":{"w":"x.safetensors\u0000/../../etc/passwd"}})",
+         "'x.safetensors\\x00/../../etc/passwd' is not a plain file name");
+  refuse(R"({"weight_map":{"w":3}})", "must be a file name string");
+  refuse(R"({"weight_map":{"":"a.safetensors"}})", "empty tensor name");
+  refuse(R"({"weight_map":{}})", "weight_map is empty");
+  refuse(R"({"metadata":[],"weight_map":{"w":"a"}})", "'metadata' must be an object");
+  refuse(R"([])", "must be a JSON object");
+  auto map =
+      parse_st_index(R"({"metadata":{"total_size":8},"weight_map":{"b":"s2","a":"s1"}})", idx);
+  REQUIRE(map.size() == 2);
+  CHECK(map[0] == std::pair<std::string, std::string>{"a", "s1"});
+  CHECK(map[1] == std::pair<std::string, std::string>{"b", "s2"});
+}
+
 TEST_CASE("token shards round trip and reject corruption", "[formats]") {
   std::string dir = temp_dir("shard");
   std::vector<int32_t> toks = {0, 255, 17, 3};
@@ -121,6 +212,28 @@ TEST_CASE("token shards round trip and reject corruption", "[formats]") {
   CHECK_THROWS_WITH(read_token_shard(dir + "/bad.tok"), Contains("bad magic"));
   fs::resize_file(dir + "/a.tok", 32 + 5);
   CHECK_THROWS_WITH(read_token_shard(dir + "/a.tok"), Contains("header says 4 tokens"));
+
+  // A header vocab size beyond int32 let a token such as 0xFFFFFFF0 pass the vocab check and
+  // become a negative id.
+  std::string h(32, '\0');
+  std::memcpy(h.data(), kShardMagic, 8);
+  const uint32_t version = kShardVersion, width = 4, vocab = 0xFFFFFFFFu, token = 0xFFFFFFF0u;
+  const uint64_t count = 1;
+  std::memcpy(h.data() + 8, &version, 4);
+  std::memcpy(h.data() + 12, &width, 4);
+  std::memcpy(h.data() + 16, &count, 8);
+  std::memcpy(h.data() + 24, &vocab, 4);
+  std::string bytes = h + std::string(reinterpret_cast<const char*>(&token), 4);
+  write_raw(dir + "/neg.tok", bytes);
+  CHECK_THROWS_WITH(read_token_shard(dir + "/neg.tok"),
+                    Contains("vocab size 4294967295 at offset 24 is above the limit of 16777216"));
+  CHECK_THROWS_WITH(parse_token_shard(bytes, "mem.tok"), Contains("mem.tok: vocab size"));
+  // The in-memory parser reads what the file reader reads.
+  write_token_shard(dir + "/c.tok", {5, 0, 65535}, 70000);
+  std::ifstream in(dir + "/c.tok", std::ios::binary);
+  std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(parse_token_shard(file, "c").tokens == read_token_shard(dir + "/c.tok").tokens);
+  CHECK_THROWS_WITH(parse_token_shard(file.substr(0, 31), "c"), Contains("shorter than"));
 }
 
 TEST_CASE("text files become byte-level train and validation shards", "[formats]") {
@@ -138,4 +251,19 @@ TEST_CASE("text files become byte-level train and validation shards", "[formats]
   CHECK(byte_decode(val) == std::string(10, 'a') + std::string(5, 'b'));
   CHECK_THROWS_WITH(build_text_shards({dir + "/missing"}, dir + "/out2", 0.1), Contains("no such file"));
   CHECK(byte_encode("h\xc3\xa9") == std::vector<int32_t>{'h', 0xc3, 0xa9});
+}
+
+TEST_CASE("small files are read with a size bound", "[formats]") {
+  std::string dir = temp_dir("bounded");
+  write_raw(dir + "/f", std::string(1000, 'x'));
+  CHECK(read_file_bounded(dir + "/f", 1000, "test").size() == 1000);
+  CHECK_THROWS_WITH(read_file_bounded(dir + "/f", 999, "test"),
+                    Contains(dir + "/f: the test file is larger than the limit of 999 bytes"));
+  CHECK_THROWS_WITH(read_file_bounded(dir + "/missing", 10, "test"),
+                    Contains("missing: cannot open test file"));
+  // A file that reports no size (procfs) is read to the limit, not trusted by st_size.
+  CHECK_THROWS_WITH(read_file_bounded("/proc/self/maps", 16, "test"), Contains("larger than"));
+  // A config path that names a large file is refused before it is parsed.
+  write_raw(dir + "/big.yaml", std::string((16u << 20) + 1, '#'));
+  CHECK_THROWS_WITH(load_config_file(dir + "/big.yaml"), Contains("larger than the limit"));
 }

@@ -301,9 +301,15 @@ TEST_CASE("malformed Hugging Face input is refused with the file and the field",
            h["transformer.ln_f.bias"]["shape"] = {8, 8};
          }),
          st, "'transformer.ln_f.bias' has shape [8, 8] but the config needs [64]");
+  refuse("gpt2_f32", edit_header([](nlohmann::json& h) {
+           // Renamed, not erased: an erased entry would leave its bytes as a gap.
+           h["transformer.h.1.mlp.c_fc.bias_x"] = h["transformer.h.1.mlp.c_fc.bias"];
+           h.erase("transformer.h.1.mlp.c_fc.bias");
+         }),
+         st, "missing tensor 'transformer.h.1.mlp.c_fc.bias'");
   refuse("gpt2_f32",
          edit_header([](nlohmann::json& h) { h.erase("transformer.h.1.mlp.c_fc.bias"); }), st,
-         "missing tensor 'transformer.h.1.mlp.c_fc.bias'");
+         "belong to no tensor (gap before");
   refuse("gpt2_f32", edit_header([](nlohmann::json& h) {
            h["transformer.h.2.ln_1.weight"] = {
                {"dtype", "F32"}, {"shape", {0}}, {"data_offsets", {0, 0}}};

@@ -279,6 +279,27 @@ TEST_CASE("hardware profile: parse, round trip and errors", "[simulator]") {
   CHECK(q.stripe_unit == p.stripe_unit);
   CHECK_THROWS_WITH(parse_hardware_profile(text + "extra: 1\n", "<t>"), Contains("unknown key 'extra'"));
   CHECK_THROWS_WITH(parse_hardware_profile("name: x\n", "<t>"), Contains("compute.peak_tflops"));
+  // Hostile input: complex and repeated keys, counts out of int's range (the conversion
+  // from double was undefined), all ConfigErrors naming the source.
+  CHECK_THROWS_WITH(parse_hardware_profile(text + "? [x]\n: 1\n", "<t>"),
+                    Contains("<t>: line 8") && Contains("is a list"));
+  CHECK_THROWS_WITH(parse_hardware_profile(text + "name: u\n", "<t>"),
+                    Contains("key 'name' is given a second time (first at line 1"));
+  std::string many = text;
+  many.replace(many.find("count: 3"), 8, "count: 1e300");
+  CHECK_THROWS_WITH(parse_hardware_profile(many, "<t>"), Contains("ssd.count: value 1e+300"));
+  many.replace(many.find("count: 1e300"), 12, "count: 2.5");
+  CHECK_THROWS_WITH(parse_hardware_profile(many, "<t>"), Contains("whole number in 1..1024"));
+  // Found by fuzz_hardware: the printed profile wrote the name unquoted (a control byte or
+  // ': ' broke the file) and numbers with six digits (1000001 and 1000002 became one size).
+  HardwareProfile odd = p;
+  odd.name = std::string("cpu: \x04\x00 \"x\"", 12);
+  odd.gemm_efficiency = {{1000001, 0.5}, {1000002, 0.6}};
+  odd.host_memory = 123456789;
+  HardwareProfile back = parse_hardware_profile(hardware_profile_to_yaml(odd, ""), "<printed>");
+  CHECK(back.name == odd.name);
+  CHECK(back.gemm_efficiency == odd.gemm_efficiency);
+  CHECK(back.host_memory == odd.host_memory);
 }
 
 TEST_CASE("swap search: placements, budgets and the simulated optimum", "[simulator]") {

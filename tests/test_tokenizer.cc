@@ -215,6 +215,38 @@ TEST_CASE("tokenizer.json problems are refused with the file and the field", "[t
   refuse([](auto& j) { j["added_tokens"][0]["id"] = "zero"; },
          "added_tokens[0].id: expected an integer");
   refuse([](auto& j) { j["decoder"] = {{"type", "WordPiece"}}; }, "unsupported decoder WordPiece");
+  // Ids index dense tables: one id far beyond the token count used to allocate 2^30
+  // strings (std::bad_alloc, or a 32 GiB allocation).
+  const size_t n_ids = base["model"]["vocab"].size() + base["added_tokens"].size();
+  refuse([](auto& j) { j["model"]["vocab"]["new-token"] = 1 << 30; },
+         str("token 'new-token' has id 1073741824; ids are integers in 0..", n_ids, " (below the ",
+             n_ids + 1, " vocabulary entries and added tokens together)"));
+  refuse([](auto& j) { j["added_tokens"][0]["id"] = 1 << 30; },
+         str("added_tokens[0].id: value 1073741824 is not in 0..", n_ids - 1));
+  // A null item of a Sequence was skipped, encoding differently from the library.
+  refuse(
+      [](auto& j) {
+        j["pre_tokenizer"] = {{"type", "Sequence"},
+                              {"pretokenizers", {j["pre_tokenizer"], nullptr}}};
+      },
+      "pre_tokenizer.pretokenizers[1]: is null");
+  refuse(
+      [](auto& j) {
+        j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {nullptr}}};
+      },
+      "normalizer.normalizers[0]: is null");
+  refuse(
+      [](auto& j) {
+        j["decoder"] = {{"type", "Sequence"}, {"decoders", {3}}};
+      },
+      "decoder.decoders[0]: expected an object with a type, got 3");
+  refuse(
+      [](auto& j) {
+        nlohmann::json d = {{"type", "ByteLevel"}};
+        for (int i = 0; i < 20; ++i) d = {{"type", "Sequence"}, {"decoders", {d}}};
+        j["decoder"] = d;
+      },
+      "Sequences nest more than 8 levels deep");
   CHECK_THROWS_WITH(Tokenizer::from_json("{\"model\": ", "tok.json"),
                     Contains("tok.json: not valid JSON"));
   CHECK_THROWS_WITH(Tokenizer::from_file("/nonexistent/tokenizer.json"), Contains("cannot open"));
@@ -319,6 +351,13 @@ TEST_CASE("datasets become token shards, and prompt/completion pairs loss masks"
                     Contains("go together"));
   // A mask file is not a token shard, and corrupt masks are refused.
   CHECK_THROWS_WITH(read_token_shard(p.train_mask_path), Contains("bad magic"));
+  std::string mask_bytes = read_all(p.train_mask_path);
+  CHECK(parse_loss_mask(mask_bytes, "m").mask == pm);
+  mask_bytes.back() = 2;
+  CHECK_THROWS_WITH(
+      parse_loss_mask(mask_bytes, "m"),
+      Contains(str("m: value 2 at offset ", mask_bytes.size() - 1, " is not 0 or 1")));
+  CHECK_THROWS_WITH(parse_loss_mask(mask_bytes.substr(0, 40), "m"), Contains("header says"));
   fs::resize_file(p.train_mask_path, fs::file_size(p.train_mask_path) - 1);
   CHECK_THROWS_WITH(read_loss_mask(p.train_mask_path), Contains("header says"));
   fs::remove_all(dir);

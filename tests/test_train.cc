@@ -1,15 +1,19 @@
 // Training end to end on the CPU backend: the schedule, determinism, a short run that must
 // learn, and the run directory contract (metrics, weights, nothing overwritten).
-#include <catch2/catch.hpp>
-#include <filesystem>
-#include <cstring>
-#include <fstream>
 #include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "fuyou/engine.h"
 #include "fuyou/error.h"
+#include "fuyou/model.h"
 #include "fuyou/optim.h"
 #include "fuyou/safetensors.h"
+#include "fuyou/sizes.h"
 #include "fuyou/train.h"
 
 namespace fs = std::filesystem;
@@ -110,4 +114,25 @@ TEST_CASE("a device budget too small for the model is refused with the numbers",
   Config cfg = small_config(make_text_dir());
   auto be = make_cpu_backend(2, 64 * 1024);
   CHECK_THROWS_WITH(StepRunner(cfg, *be), Contains("offload.device_memory") && Contains("needs"));
+}
+
+// offload.host_memory used to be ignored unless the run was offloaded.
+TEST_CASE("an in-memory run checks offload.host_memory before it starts", "[train]") {
+  Config cfg = small_config(make_text_dir());
+  auto be = make_cpu_backend(2, 0);
+  REQUIRE_FALSE(wants_offload(cfg));
+  const uint64_t need =
+      in_memory_host_bytes(cfg.model, cfg.schedule.micro_batch, /*device_in_host=*/true);
+  // The estimate covers the state the in-memory engine holds: 16 bytes per parameter, plus
+  // the arena the CPU backend allocates in host memory.
+  CHECK(need > 16 * make_gpt_layout(cfg.model).total +
+                   in_memory_device_bytes(cfg.model, cfg.schedule.micro_batch));
+  CHECK(in_memory_host_bytes(cfg.model, cfg.schedule.micro_batch, /*device_in_host=*/false) < need);
+  cfg.offload.host_memory = need - 1;
+  CHECK_THROWS_WITH(make_train_engine(cfg, *be),
+                    Contains("in-memory training needs " + format_size(need)) &&
+                        Contains("offload.host_memory is " + format_size(need - 1)) &&
+                        Contains("offload.ssd_paths"));
+  cfg.offload.host_memory = need;
+  CHECK(make_train_engine(cfg, *be)->offloaded() == false);
 }

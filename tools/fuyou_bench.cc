@@ -3,28 +3,29 @@
 // `io` times sequential writes and reads through the SSD store; `simulate` predicts an
 // iteration on a hardware profile and `profile` measures this machine's (docs/simulator.md);
 // `plan` prints the plan a config trains with (docs/architecture.md).
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <ctime>
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "fuyou/config.h"
+#include "fuyou/engine.h"
 #include "fuyou/error.h"
 #include "fuyou/log.h"
 #include "fuyou/rng.h"
 #include "fuyou/sizes.h"
-#include "fuyou/engine.h"
 #include "fuyou/hardware.h"
 #include "fuyou/simulator.h"
 #include "fuyou/train.h"
-#include "src/optim/adam_bench.h"
 #include "src/runtime/checkpoint_bench.h"
 #include "kernels/cpu/fma_peak.h"
 #include "kernels/cpu/gemm.h"
-#include "src/storage/io_bench.h"
+#include "src/optim/adam_bench.h"
 #include "src/runtime/sim_bench.h"
+#include "src/storage/io_bench.h"
+#include "tools/tool_errors.h"
 
 namespace {
 
@@ -34,8 +35,10 @@ uint64_t parse_count(const std::string& text) {
   double v = std::strtod(text.c_str(), &end);
   std::string unit(end);
   double mult = unit.empty() ? 1 : unit == "K" || unit == "k" ? 1e3 : unit == "M" ? 1e6 : unit == "G" || unit == "B" ? 1e9 : -1;
-  if (end == text.c_str() || mult < 0 || v <= 0)
-    throw fuyou::ConfigError("--params: '" + text + "' is not a count (examples: 100M, 1.5G, 4096)");
+  // The range check also keeps the conversion to uint64_t defined (NaN fails it too).
+  if (end == text.c_str() || mult < 0 || !(v * mult >= 1 && v * mult < 1.8e19))
+    throw fuyou::ConfigError("--params: '" + text +
+                             "' is not a count from 1 to 1.8e19 (examples: 100M, 1.5G, 4096)");
   return static_cast<uint64_t>(v * mult);
 }
 
@@ -411,9 +414,8 @@ int main(int argc, char** argv) {
       else fuyou::print_checkpoint_bench(r);
       return 0;
     }
-  } catch (const fuyou::Error& e) {
-    spdlog::error("{}", e.what());
-    return 1;
+  } catch (...) {
+    return fuyou::tools::report_failure();
   }
   return 0;
 }

@@ -16,6 +16,7 @@
 #include "fuyou/log.h"
 #include "fuyou/sizes.h"
 #include "fuyou/tokenizer.h"
+#include "tools/tool_errors.h"
 
 namespace {
 
@@ -190,9 +191,8 @@ int main(int argc, char** argv) {
         report(fuyou::convert_engine_to_hf(src, out_dir, opts), out_dir);
       }
     }
-  } catch (const fuyou::Error& e) {
-    spdlog::error("{}", e.what());
-    return 1;
+  } catch (...) {
+    return fuyou::tools::report_failure();
   }
   return 0;
 }

@@ -11,6 +11,7 @@
 #include "fuyou/log.h"
 #include "fuyou/stop.h"
 #include "fuyou/train.h"
+#include "tools/tool_errors.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"fuyou-train: train a GPT on the CPU or GPU backend"};
@@ -52,9 +53,8 @@ int main(int argc, char** argv) {
     opts.stop = &stop;
     fuyou::TrainSummary s = fuyou::run_training(cfg, opts);
     if (s.stop_signal) return 128 + s.stop_signal;
-  } catch (const fuyou::Error& e) {
-    spdlog::error("{}", e.what());
-    return 1;
+  } catch (...) {
+    return fuyou::tools::report_failure();
   }
   return 0;
 }

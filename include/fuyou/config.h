@@ -10,6 +10,19 @@
 
 namespace fuyou {
 
+// Upper bounds on the integer keys (docs/config.md lists each). They lie far above any
+// model or run this engine is for, and low enough that sizes computed from them (vocab x
+// d_model, micro-batch tokens x d_ff, in bytes) fit 64 bits and that a typo such as
+// eval_batches: 2147483647 is refused instead of running for days.
+constexpr int kMaxLayers = 1024;
+constexpr int kMaxModelDim = 1 << 20;         // n_head, d_model, seq_len
+constexpr int kMaxFfDim = 1 << 22;            // d_ff (4 x kMaxModelDim)
+constexpr int kMaxVocab = 1 << 24;            // vocab_size (released models: up to ~2^18)
+constexpr int64_t kMaxSteps = 1'000'000'000;  // steps, eval_every, log_every
+constexpr int kMaxBatch = 1 << 16;            // micro_batch, grad_accum
+constexpr int64_t kMaxBatchTokens = 1 << 24;  // micro_batch x seq_len
+constexpr int kMaxEvalBatches = 10'000;       // eval_batches
+
 // The model section. Plain fields, each documented in docs/config.md; what a family computes
 // with them is in include/fuyou/model.h.
 struct ModelConfig {

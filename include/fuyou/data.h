@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace fuyou {
@@ -29,8 +30,11 @@ struct TokenShard {
 // Writes atomically. Uses 2 bytes per token when vocab_size <= 65536, else 4.
 void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens,
                        uint32_t vocab_size);
-// Reads and validates (magic, version, width, count against file size, every token < vocab).
+// Reads and validates (magic, version, width, vocab size <= kMaxVocab, count against file
+// size, every token < vocab).
 TokenShard read_token_shard(const std::string& path);
+// The same for a shard's bytes in memory; `path` names it in errors.
+TokenShard parse_token_shard(std::string_view bytes, const std::string& path);
 
 // Byte-level tokenizer: token = byte value, vocab 256.
 constexpr uint32_t kByteVocab = 256;

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace fuyou {
 
@@ -48,6 +49,11 @@ std::string str(const Args&... args) {
   detail::append(os, args...);
   return os.str();
 }
+
+// A name or value from a file, made safe to print in an error message: control bytes (a NUL
+// would end the message early; an escape sequence would reach the terminal) are written as
+// \xNN, and text beyond `max_bytes` is cut with "...".
+std::string printable(std::string_view text, size_t max_bytes = 200);
 
 }  // namespace fuyou
 

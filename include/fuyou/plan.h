@@ -15,6 +15,10 @@
 
 namespace fuyou {
 
+// Fixed process overhead counted against the host budget (code, libraries, allocator,
+// thread stacks), measured as the RSS of a small run: about 150 MiB; rounded up.
+constexpr uint64_t kProcessBaseline = 256ull << 20;
+
 
 // Where a layer's input checkpoint (the block input) lives between forward and backward.
 // keep: on the device with every internal activation (no recompute); device: the

@@ -1,13 +1,14 @@
 // safetensors files: an 8-byte little-endian header length, a JSON header naming each
 // tensor's dtype, shape and byte range, then the data. Reading validates the header
 // completely (length inside the file, offsets in range, no overlaps, sizes matching dtype
-// and shape) before any tensor is touched, and reads tensors one at a time, so a file
-// larger than memory can be streamed.
+// and shape, tensors tiling the data section exactly) before any tensor is touched, and reads
+// tensors one at a time, so a file larger than memory can be streamed.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace fuyou {
@@ -25,6 +26,25 @@ struct StTensorInfo {
   uint64_t end = 0;
   size_t numel() const;
 };
+
+// A header larger than this is refused, as the reference implementation refuses it: no
+// real checkpoint comes close, and a corrupt length must not make us allocate gigabytes.
+constexpr uint64_t kMaxStHeader = 100ull << 20;
+
+// The header length stored in the first 8 bytes of a file of `file_size` (>= 8) bytes,
+// checked against the file and kMaxStHeader; IoError naming `path` otherwise.
+uint64_t st_header_length(const unsigned char bytes[8], uint64_t file_size,
+                          const std::string& path);
+
+struct StHeader {
+  uint64_t data_start = 0;  // 8 + header length
+  std::map<std::string, std::string> metadata;
+  std::vector<StTensorInfo> tensors;  // in header order
+};
+// Parses and validates the JSON header of a file of `file_size` bytes: every entry's dtype,
+// shape and offsets, and the tensors tiling the data section exactly (no gap, no overlap,
+// no trailing bytes). IoError naming `path`, the tensor and the offsets on any violation.
+StHeader parse_st_header(std::string_view header, uint64_t file_size, const std::string& path);
 
 class SafetensorsReader {
  public:

@@ -64,6 +64,8 @@ struct LossMask {
 };
 // Reads and validates (magic, version, width 1, count against file size, values 0/1).
 LossMask read_loss_mask(const std::string& path);
+// The same for a mask's bytes in memory; `path` names it in errors.
+LossMask parse_loss_mask(std::string_view bytes, const std::string& path);
 
 struct DatasetOptions {
   // Inputs are JSON Lines when a field is given, else plain-text files (one document each).

@@ -32,9 +32,11 @@ uint64_t parse_size(const std::string& text, const std::string& what) {
   else
     throw ConfigError(str(what, ": unknown unit '", unit, "' in '", text,
                           "' (allowed: B, KiB, MiB, GiB, TiB, kB, MB, GB, TB)"));
-  double bytes = value * mult;
-  if (bytes > 1.8e19) throw ConfigError(str(what, ": '", text, "' is too large"));
-  return static_cast<uint64_t>(std::llround(bytes));
+  // 2^64 is exact in a double; the conversion to uint64_t is undefined at or above it.
+  const double bytes = std::round(value * mult);
+  if (!(bytes < 18446744073709551616.0))
+    throw ConfigError(str(what, ": '", text, "' is too large (at most 2^64 - 1 bytes)"));
+  return static_cast<uint64_t>(bytes);
 }
 
 std::string format_size(uint64_t bytes) {

@@ -2,15 +2,21 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include <fstream>
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
 #include <set>
-#include <sstream>
 
 #include "fuyou/error.h"
+#include "fuyou/read_file.h"
 #include "fuyou/sizes.h"
+#include "src/formats/yaml_checks.h"
 
 namespace fuyou {
 namespace {
+
+// A config file is a few kilobytes; anything this large is the wrong file.
+constexpr uint64_t kMaxConfigBytes = 16ull << 20;
 
 std::string join(const std::vector<std::string>& items) {
   std::string out;
@@ -68,7 +74,7 @@ class Section {
   void finish() {
     if (!node_ || node_.IsNull()) return;
     for (const auto& kv : node_) {
-      std::string key = kv.first.as<std::string>();
+      const std::string& key = kv.first.Scalar();  // load_yaml_checked: keys are scalars
       if (std::find(known_.begin(), known_.end(), key) == known_.end())
         throw ConfigError(str(source_, ": unknown key '", path(key), "' (allowed in ", name_,
                               ": ", join(known_), ")"));
@@ -104,29 +110,66 @@ void require(bool ok, const Section& s, const std::string& key, T value, const s
   if (!ok) s.fail(key, str("value ", value, " is not allowed: ", rule));
 }
 
+// The checkpoint directories being read, outermost first: a checkpoint's config.yaml may
+// itself name a checkpoint (a run directory records the one it started from), and a chain
+// that comes back to a directory it has read, or grows implausibly long, is refused instead
+// of recursing until the stack runs out.
+using CheckpointChain = std::vector<std::string>;
+constexpr size_t kMaxCheckpointChain = 16;
+
+Config parse_config_in_chain(const std::string& yaml_text, const std::string& source,
+                             const std::vector<std::string>& overrides, CheckpointChain& chain);
+
+std::string chain_text(const CheckpointChain& chain, const std::string& last) {
+  std::string out;
+  for (const auto& c : chain) out += "'" + c + "' -> ";
+  return out + "'" + last + "'";
+}
+
+ModelConfig load_checkpoint_model(const std::string& dir, const Section& s,
+                                  CheckpointChain& chain) {
+  std::error_code ec;
+  std::string canonical = std::filesystem::weakly_canonical(dir, ec).string();
+  if (ec || canonical.empty()) canonical = dir;
+  if (std::find(chain.begin(), chain.end(), canonical) != chain.end())
+    s.fail("checkpoint",
+           str("checkpoints name each other in a cycle: ", chain_text(chain, canonical),
+               " (a checkpoint's config.yaml must not name itself or a checkpoint "
+               "that leads back to it)"));
+  if (chain.size() >= kMaxCheckpointChain)
+    s.fail("checkpoint", str("more than ", kMaxCheckpointChain,
+                             " checkpoints each name another: ", chain_text(chain, canonical)));
+  const std::string yaml = dir + "/config.yaml";
+  std::string text;
+  try {
+    text = read_file_bounded(yaml, kMaxConfigBytes, "config");
+  } catch (const IoError& e) {
+    throw ConfigError(e.what());
+  }
+  chain.push_back(canonical);
+  ModelConfig m;
+  try {
+    m = parse_config_in_chain(text, yaml, {}, chain).model;
+  } catch (...) {
+    chain.pop_back();
+    throw;
+  }
+  chain.pop_back();
+  return m;
+}
+
 // model.checkpoint: the model section comes from the checkpoint's config.yaml (written by
 // fuyou-convert from-hf, or a run directory's). Keys the text also sets must agree with it,
 // so a config that names both cannot silently train a different shape; seq_len may differ
 // for llama, which has no position table to outgrow.
-ModelConfig model_from_checkpoint(const ModelConfig& given, const Section& s) {
-  const std::string yaml = given.checkpoint + "/config.yaml";
+ModelConfig model_from_checkpoint(const ModelConfig& given, const Section& s,
+                                  CheckpointChain& chain) {
   ModelConfig ck;
+  const bool outermost = chain.empty();
   try {
-    // Only this one level: a checkpoint's own model.checkpoint (written by older runs) is
-    // where that checkpoint came from, not something to load, and following it would
-    // recurse without end on a directory that names itself.
-    std::ifstream in(yaml);
-    if (!in) throw ConfigError(str(yaml, ": cannot open config file"));
-    std::stringstream text;
-    text << in.rdbuf();
-    YAML::Node root = YAML::Load(text.str());
-    if (root.IsMap() && root["model"] && root["model"].IsMap()) root["model"].remove("checkpoint");
-    ck = parse_config(YAML::Dump(root), yaml).model;
-  } catch (const YAML::Exception& e) {
-    s.fail("checkpoint", str("'", given.checkpoint, "': ", yaml, ": ", e.what(),
-                             " (model.checkpoint takes a directory written by fuyou-convert "
-                             "from-hf or a fuyou-train run directory)"));
+    ck = load_checkpoint_model(given.checkpoint, s, chain);
   } catch (const ConfigError& e) {
+    if (!outermost) throw;  // the outermost config adds the context once
     s.fail("checkpoint", str("'", given.checkpoint, "': ", e.what(),
                              " (model.checkpoint takes a directory written by fuyou-convert "
                              "from-hf or a fuyou-train run directory)"));
@@ -199,15 +242,232 @@ const char* activation_policy_name(ActivationPolicy p) {
   return "?";
 }
 
-Config parse_config(const std::string& yaml_text, const std::string& source,
-                    const std::vector<std::string>& overrides) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(str(source, ": line ", e.mark.line + 1, ", column ", e.mark.column + 1,
-                          ": ", e.msg));
+namespace {
+
+ModelConfig parse_model(const YAML::Node& node, const std::string& source, CheckpointChain& chain) {
+  Section s(node, "model", source);
+  ModelConfig m;
+  s.get("family", m.family);
+  s.get("n_layer", m.n_layer);
+  s.get("n_head", m.n_head);
+  s.get("d_model", m.d_model);
+  s.get("d_ff", m.d_ff);
+  s.get("vocab_size", m.vocab_size);
+  s.get("seq_len", m.seq_len);
+  s.get("init_std", m.init_std);
+  s.get("n_kv_head", m.n_kv_head);
+  s.get("norm_eps", m.norm_eps);
+  s.get("rope_theta", m.rope_theta);
+  s.get("tie_embeddings", m.tie_embeddings);
+  s.get("qkv_bias", m.qkv_bias);
+  s.get("checkpoint", m.checkpoint);
+  s.finish();
+  if (!m.checkpoint.empty()) m = model_from_checkpoint(m, s, chain);
+  if (m.family != "gpt2" && m.family != "opt" && m.family != "llama")
+    s.fail("family", str("'", m.family, "' is not one of: gpt2, opt, llama"));
+  // The shape first: the family rules below divide by n_head.
+  require(m.n_layer >= 1 && m.n_layer <= kMaxLayers, s, "n_layer", m.n_layer,
+          str("must be in 1..", kMaxLayers));
+  require(m.n_head >= 1 && m.n_head <= kMaxModelDim, s, "n_head", m.n_head,
+          str("must be in 1..", kMaxModelDim));
+  require(m.d_model >= 1 && m.d_model <= kMaxModelDim, s, "d_model", m.d_model,
+          str("must be in 1..", kMaxModelDim));
+  require(m.d_model % m.n_head == 0, s, "d_model", m.d_model,
+          str("must be a multiple of model.n_head (", m.n_head, ")"));
+  if (m.family != "llama") {
+    // Only llama computes with these; a value elsewhere would be silently ignored.
+    require(m.n_kv_head == 0 || m.n_kv_head == m.n_head, s, "n_kv_head", m.n_kv_head,
+            str("grouped-query attention is a llama feature (family ", m.family, ")"));
+    require(m.tie_embeddings, s, "tie_embeddings", "false",
+            str("family ", m.family, " ties the LM head to the token embedding"));
+    require(!m.qkv_bias, s, "qkv_bias", "true",
+            str("family ", m.family, " always has q/k/v biases; the key is for llama"));
+  } else {
+    require(m.d_ff != 0, s, "d_ff", m.d_ff,
+            "family llama needs an explicit d_ff (intermediate_size)");
+    require(m.n_kv_head >= 0 && m.n_kv_head <= m.n_head, s, "n_kv_head", m.n_kv_head,
+            str("must be in 0..model.n_head (", m.n_head, "); 0 means n_head"));
+    require(m.n_kv_head == 0 || m.n_head % m.n_kv_head == 0, s, "n_kv_head", m.n_kv_head,
+            str("must divide model.n_head (", m.n_head, ")"));
+    require(m.norm_eps > 0 && m.norm_eps < 1, s, "norm_eps", m.norm_eps, "must be in (0, 1)");
+    require(m.rope_theta > 1 && m.rope_theta < 1e12f, s, "rope_theta", m.rope_theta,
+            "must be in (1, 1e12)");
+    require((m.d_model / m.n_head) % 2 == 0, s, "d_model", m.d_model,
+            "rotary embeddings need an even head size (d_model / n_head)");
   }
+  if (m.d_ff == 0) m.d_ff = 4 * m.d_model;
+  require(m.d_ff >= 1 && m.d_ff <= kMaxFfDim, s, "d_ff", m.d_ff,
+          str("must be in 1..", kMaxFfDim, " (or 0 for 4 * d_model)"));
+  require(m.vocab_size >= 2 && m.vocab_size <= kMaxVocab, s, "vocab_size", m.vocab_size,
+          str("must be in 2..", kMaxVocab));
+  require(m.seq_len >= 1 && m.seq_len <= kMaxModelDim, s, "seq_len", m.seq_len,
+          str("must be in 1..", kMaxModelDim));
+  require(m.init_std > 0 && m.init_std < 10, s, "init_std", m.init_std, "must be in (0, 10)");
+  return m;
+}
+
+DataConfig parse_data(const YAML::Node& node, const std::string& source) {
+  Section s(node, "data", source);
+  DataConfig d;
+  s.get_list("text", d.text);
+  s.get_list("train_shards", d.train_shards);
+  s.get_list("val_shards", d.val_shards);
+  s.get("val_fraction", d.val_fraction);
+  s.get("tokenizer", d.tokenizer);
+  s.finish();
+  require(d.val_fraction >= 0 && d.val_fraction < 1, s, "val_fraction", d.val_fraction,
+          "must be in [0, 1)");
+  if (d.tokenizer != "byte") s.fail("tokenizer", str("'", d.tokenizer, "' is not one of: byte"));
+  if (!d.text.empty() && !d.train_shards.empty())
+    s.fail("text", "give either data.text or data.train_shards, not both");
+  return d;
+}
+
+OptimizerConfig parse_optimizer(const YAML::Node& node, const std::string& source) {
+  Section s(node, "optimizer", source);
+  OptimizerConfig o;
+  s.get("lr", o.lr);
+  s.get("min_lr", o.min_lr);
+  s.get("beta1", o.beta1);
+  s.get("beta2", o.beta2);
+  s.get("eps", o.eps);
+  s.get("weight_decay", o.weight_decay);
+  s.get("grad_clip", o.grad_clip);
+  s.get("initial_loss_scale", o.initial_loss_scale);
+  s.finish();
+  // Infinity passes a one-sided test (eps > 0) and silently stops training, so every bound
+  // here is two-sided.
+  require(o.lr > 0 && o.lr < 10, s, "lr", o.lr, "must be in (0, 10)");
+  require(o.min_lr >= 0 && o.min_lr <= o.lr, s, "min_lr", o.min_lr, "must be in [0, optimizer.lr]");
+  require(o.beta1 >= 0 && o.beta1 < 1, s, "beta1", o.beta1, "must be in [0, 1)");
+  require(o.beta2 >= 0 && o.beta2 < 1, s, "beta2", o.beta2, "must be in [0, 1)");
+  require(o.eps > 0 && o.eps < 1, s, "eps", o.eps, "must be in (0, 1)");
+  require(o.weight_decay >= 0 && o.weight_decay < 100, s, "weight_decay", o.weight_decay,
+          "must be in [0, 100)");
+  require(o.grad_clip >= 0 && std::isfinite(o.grad_clip), s, "grad_clip", o.grad_clip,
+          "must be a finite number >= 0 (0 disables clipping)");
+  require(o.initial_loss_scale >= 1 && o.initial_loss_scale <= 16777216.0, s, "initial_loss_scale",
+          o.initial_loss_scale, "must be in [1, 2^24]");
+  return o;
+}
+
+ScheduleConfig parse_schedule(const YAML::Node& node, const std::string& source, int seq_len) {
+  Section s(node, "schedule", source);
+  ScheduleConfig t;
+  s.get("steps", t.steps);
+  s.get("warmup_steps", t.warmup_steps);
+  s.get("micro_batch", t.micro_batch);
+  s.get("grad_accum", t.grad_accum);
+  s.get("eval_every", t.eval_every);
+  s.get("eval_batches", t.eval_batches);
+  s.get("log_every", t.log_every);
+  s.finish();
+  require(t.steps >= 1 && t.steps <= kMaxSteps, s, "steps", t.steps,
+          str("must be in 1..", kMaxSteps));
+  require(t.warmup_steps >= 0 && t.warmup_steps <= t.steps, s, "warmup_steps", t.warmup_steps,
+          "must be in [0, schedule.steps]");
+  require(t.micro_batch >= 1 && t.micro_batch <= kMaxBatch, s, "micro_batch", t.micro_batch,
+          str("must be in 1..", kMaxBatch));
+  require(int64_t{t.micro_batch} * seq_len <= kMaxBatchTokens, s, "micro_batch", t.micro_batch,
+          str("times model.seq_len (", seq_len, ") must be at most ", kMaxBatchTokens,
+              " tokens per micro-batch"));
+  require(t.grad_accum >= 1 && t.grad_accum <= kMaxBatch, s, "grad_accum", t.grad_accum,
+          str("must be in 1..", kMaxBatch));
+  require(t.eval_every >= 0 && t.eval_every <= kMaxSteps, s, "eval_every", t.eval_every,
+          str("must be in 0..", kMaxSteps));
+  require(t.eval_batches >= 1 && t.eval_batches <= kMaxEvalBatches, s, "eval_batches",
+          t.eval_batches, str("must be in 1..", kMaxEvalBatches));
+  require(t.log_every >= 1 && t.log_every <= kMaxSteps, s, "log_every", t.log_every,
+          str("must be in 1..", kMaxSteps));
+  return t;
+}
+
+OffloadConfig parse_offload(const YAML::Node& node, const std::string& source, int n_layer) {
+  Section s(node, "offload", source);
+  OffloadConfig o;
+  std::string activations = "auto";
+  s.get_size("device_memory", o.device_memory);
+  s.get_size("host_memory", o.host_memory);
+  s.get_list("ssd_paths", o.ssd_paths);
+  s.get("activations", activations);
+  s.get("hardware", o.hardware);
+  s.get("weights", o.weights);
+  s.get("optimizer_state", o.optimizer_state);
+  std::string deferred = "auto";
+  s.get("deferred_updates", deferred);
+  s.finish();
+  o.activations = parse_activations(activations, s);
+  for (const auto& [key, value] :
+       {std::pair{"weights", o.weights}, {"optimizer_state", o.optimizer_state}}) {
+    if (value != "auto" && value != "ssd")
+      s.fail(key, str("'", value, "' is not one of auto, ssd"));
+    if (value == "ssd" && o.ssd_paths.empty()) s.fail(key, "is ssd but offload.ssd_paths is empty");
+  }
+  if (deferred == "auto") {
+    o.deferred_updates = -1;
+  } else {
+    size_t used = 0;
+    int n = -1;
+    try {
+      n = std::stoi(deferred, &used);
+    } catch (const std::exception&) {
+    }
+    if (used != deferred.size() || n < 0 || n >= n_layer)
+      s.fail("deferred_updates",
+             str("'", deferred, "' is neither auto nor a layer count in [0, model.n_layer - 1 = ",
+                 n_layer - 1, "]"));
+    o.deferred_updates = n;
+  }
+  return o;
+}
+
+RuntimeConfig parse_runtime(const YAML::Node& node, const std::string& source, const OffloadConfig& offload) {
+  Section s(node, "runtime", source);
+  RuntimeConfig r;
+  s.get("backend", r.backend);
+  s.get("threads", r.threads);
+  s.get("precision", r.precision);
+  s.get("seed", r.seed);
+  s.get("stream_delay_us", r.stream_delay_us);
+  s.get("emulated_scale", r.emulated_scale);
+  s.finish();
+  if (r.backend != "cpu" && r.backend != "cuda" && r.backend != "auto" && r.backend != "cpu-streams" &&
+      r.backend != "emulated")
+    s.fail("backend", str("'", r.backend, "' is not one of cpu, cuda, auto, cpu-streams, emulated"));
+  require(r.emulated_scale > 0 && r.emulated_scale <= 1e6, s, "emulated_scale", r.emulated_scale,
+          "must be in (0, 1e6]");
+  if (r.backend == "emulated" && offload.hardware.empty())
+    s.fail("backend", "emulated needs offload.hardware: the profile of the GPU to emulate");
+  require(r.stream_delay_us >= 0 && r.stream_delay_us <= 1000000, s, "stream_delay_us", r.stream_delay_us,
+          "must be in 0..1000000 microseconds");
+  if (r.stream_delay_us && r.backend != "cpu-streams")
+    s.fail("stream_delay_us", str("delays are a mode of backend cpu-streams, but runtime.backend is '", r.backend, "'"));
+  if (r.precision != "auto" && r.precision != "fp32" && r.precision != "bf16" &&
+      r.precision != "fp16")
+    s.fail("precision", str("'", r.precision, "' is not one of auto, fp32, bf16, fp16"));
+  require(r.threads >= 0 && r.threads <= 4096, s, "threads", r.threads,
+          "must be in 0..4096 (0 uses every core)");
+  return r;
+}
+
+CheckpointConfig parse_checkpoint(const YAML::Node& node, const std::string& source) {
+  Section s(node, "checkpoint", source);
+  CheckpointConfig k;
+  s.get("every_steps", k.every_steps);
+  s.get("every_minutes", k.every_minutes);
+  s.get("keep", k.keep);
+  s.finish();
+  require(k.every_steps >= 0 && k.every_steps <= 1000000000, s, "every_steps", k.every_steps,
+          "must be in 0..1e9 (0: not by step count)");
+  require(k.every_minutes >= 0 && k.every_minutes <= 1e6, s, "every_minutes", k.every_minutes,
+          "must be in [0, 1e6] (0: not by time)");
+  require(k.keep >= 1 && k.keep <= 1000, s, "keep", k.keep, "must be in 1..1000");
+  return k;
+}
+
+Config parse_config_in_chain(const std::string& yaml_text, const std::string& source,
+                             const std::vector<std::string>& overrides, CheckpointChain& chain) {
+  YAML::Node root = load_yaml_checked(yaml_text, source);
   if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   if (!root.IsMap()) throw ConfigError(str(source, ": the top level must be a mapping of sections"));
   for (const auto& o : overrides) apply_override(root, o, source);
@@ -215,202 +475,46 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
   static const std::vector<std::string> sections = {"model",   "data",    "optimizer", "schedule",
                                                     "offload", "runtime", "checkpoint"};
   for (const auto& kv : root) {
-    std::string name = kv.first.as<std::string>();
+    std::string name = kv.first.Scalar();
     if (std::find(sections.begin(), sections.end(), name) == sections.end())
       throw ConfigError(str(source, ": unknown section '", name, "' (allowed: ", join(sections), ")"));
   }
-
   Config c;
-  {
-    Section s(root["model"], "model", source);
-    ModelConfig& m = c.model;
-    s.get("family", m.family);
-    s.get("n_layer", m.n_layer);
-    s.get("n_head", m.n_head);
-    s.get("d_model", m.d_model);
-    s.get("d_ff", m.d_ff);
-    s.get("vocab_size", m.vocab_size);
-    s.get("seq_len", m.seq_len);
-    s.get("init_std", m.init_std);
-    s.get("n_kv_head", m.n_kv_head);
-    s.get("norm_eps", m.norm_eps);
-    s.get("rope_theta", m.rope_theta);
-    s.get("tie_embeddings", m.tie_embeddings);
-    s.get("qkv_bias", m.qkv_bias);
-    s.get("checkpoint", m.checkpoint);
-    s.finish();
-    if (!m.checkpoint.empty()) m = model_from_checkpoint(m, s);
-    if (m.family != "gpt2" && m.family != "opt" && m.family != "llama")
-      s.fail("family", str("'", m.family, "' is not one of: gpt2, opt, llama"));
-    if (m.family != "llama") {
-      // Only llama computes with these; a value elsewhere would be silently ignored.
-      require(m.n_kv_head == 0 || m.n_kv_head == m.n_head, s, "n_kv_head", m.n_kv_head,
-              str("grouped-query attention is a llama feature (family ", m.family, ")"));
-      require(m.tie_embeddings, s, "tie_embeddings", "false",
-              str("family ", m.family, " ties the LM head to the token embedding"));
-      require(!m.qkv_bias, s, "qkv_bias", "true",
-              str("family ", m.family, " always has q/k/v biases; the key is for llama"));
-    } else {
-      require(m.d_ff != 0, s, "d_ff", m.d_ff, "family llama needs an explicit d_ff (intermediate_size)");
-      require(m.n_kv_head >= 0 && m.n_kv_head <= m.n_head, s, "n_kv_head", m.n_kv_head,
-              str("must be in 0..model.n_head (", m.n_head, "); 0 means n_head"));
-      require(m.n_kv_head == 0 || m.n_head % m.n_kv_head == 0, s, "n_kv_head", m.n_kv_head,
-              str("must divide model.n_head (", m.n_head, ")"));
-      require(m.norm_eps > 0 && m.norm_eps < 1, s, "norm_eps", m.norm_eps, "must be in (0, 1)");
-      require(m.rope_theta > 1, s, "rope_theta", m.rope_theta, "must be above 1");
-      require(m.d_model % m.n_head != 0 || (m.d_model / m.n_head) % 2 == 0, s, "d_model",
-              m.d_model, "rotary embeddings need an even head size (d_model / n_head)");
-    }
-    require(m.n_layer >= 1 && m.n_layer <= 1024, s, "n_layer", m.n_layer, "must be in 1..1024");
-    require(m.n_head >= 1, s, "n_head", m.n_head, "must be at least 1");
-    require(m.d_model >= 1, s, "d_model", m.d_model, "must be at least 1");
-    require(m.d_model % m.n_head == 0, s, "d_model", m.d_model,
-            str("must be a multiple of model.n_head (", m.n_head, ")"));
-    if (m.d_ff == 0) m.d_ff = 4 * m.d_model;
-    require(m.d_ff >= 1, s, "d_ff", m.d_ff, "must be at least 1 (or 0 for 4 * d_model)");
-    require(m.vocab_size >= 2, s, "vocab_size", m.vocab_size, "must be at least 2");
-    require(m.seq_len >= 1, s, "seq_len", m.seq_len, "must be at least 1");
-    require(m.init_std > 0 && m.init_std < 10, s, "init_std", m.init_std, "must be in (0, 10)");
-  }
-  {
-    Section s(root["data"], "data", source);
-    DataConfig& d = c.data;
-    s.get_list("text", d.text);
-    s.get_list("train_shards", d.train_shards);
-    s.get_list("val_shards", d.val_shards);
-    s.get("val_fraction", d.val_fraction);
-    s.get("tokenizer", d.tokenizer);
-    s.finish();
-    require(d.val_fraction >= 0 && d.val_fraction < 1, s, "val_fraction", d.val_fraction,
-            "must be in [0, 1)");
-    if (d.tokenizer != "byte") s.fail("tokenizer", str("'", d.tokenizer, "' is not one of: byte"));
-    if (!d.text.empty() && !d.train_shards.empty())
-      s.fail("text", "give either data.text or data.train_shards, not both");
-  }
-  {
-    Section s(root["optimizer"], "optimizer", source);
-    OptimizerConfig& o = c.optimizer;
-    s.get("lr", o.lr);
-    s.get("min_lr", o.min_lr);
-    s.get("beta1", o.beta1);
-    s.get("beta2", o.beta2);
-    s.get("eps", o.eps);
-    s.get("weight_decay", o.weight_decay);
-    s.get("grad_clip", o.grad_clip);
-    s.get("initial_loss_scale", o.initial_loss_scale);
-    s.finish();
-    require(o.lr > 0 && o.lr < 10, s, "lr", o.lr, "must be in (0, 10)");
-    require(o.min_lr >= 0 && o.min_lr <= o.lr, s, "min_lr", o.min_lr, "must be in [0, optimizer.lr]");
-    require(o.beta1 >= 0 && o.beta1 < 1, s, "beta1", o.beta1, "must be in [0, 1)");
-    require(o.beta2 >= 0 && o.beta2 < 1, s, "beta2", o.beta2, "must be in [0, 1)");
-    require(o.eps > 0, s, "eps", o.eps, "must be positive");
-    require(o.weight_decay >= 0, s, "weight_decay", o.weight_decay, "must be >= 0");
-    require(o.grad_clip >= 0, s, "grad_clip", o.grad_clip, "must be >= 0 (0 disables clipping)");
-    require(o.initial_loss_scale >= 1 && o.initial_loss_scale <= 16777216.0, s, "initial_loss_scale",
-            o.initial_loss_scale, "must be in [1, 2^24]");
-  }
-  {
-    Section s(root["schedule"], "schedule", source);
-    ScheduleConfig& t = c.schedule;
-    s.get("steps", t.steps);
-    s.get("warmup_steps", t.warmup_steps);
-    s.get("micro_batch", t.micro_batch);
-    s.get("grad_accum", t.grad_accum);
-    s.get("eval_every", t.eval_every);
-    s.get("eval_batches", t.eval_batches);
-    s.get("log_every", t.log_every);
-    s.finish();
-    require(t.steps >= 1, s, "steps", t.steps, "must be at least 1");
-    require(t.warmup_steps >= 0 && t.warmup_steps <= t.steps, s, "warmup_steps", t.warmup_steps,
-            "must be in [0, schedule.steps]");
-    require(t.micro_batch >= 1, s, "micro_batch", t.micro_batch, "must be at least 1");
-    require(t.grad_accum >= 1, s, "grad_accum", t.grad_accum, "must be at least 1");
-    require(t.eval_every >= 0, s, "eval_every", t.eval_every, "must be >= 0");
-    require(t.eval_batches >= 1, s, "eval_batches", t.eval_batches, "must be at least 1");
-    require(t.log_every >= 1, s, "log_every", t.log_every, "must be at least 1");
-  }
-  {
-    Section s(root["offload"], "offload", source);
-    OffloadConfig& o = c.offload;
-    std::string activations = "auto";
-    s.get_size("device_memory", o.device_memory);
-    s.get_size("host_memory", o.host_memory);
-    s.get_list("ssd_paths", o.ssd_paths);
-    s.get("activations", activations);
-    s.get("hardware", o.hardware);
-    s.get("weights", o.weights);
-    s.get("optimizer_state", o.optimizer_state);
-    std::string deferred = "auto";
-    s.get("deferred_updates", deferred);
-    s.finish();
-    o.activations = parse_activations(activations, s);
-    for (const auto& [key, value] : {std::pair{"weights", o.weights}, {"optimizer_state", o.optimizer_state}}) {
-      if (value != "auto" && value != "ssd") s.fail(key, str("'", value, "' is not one of auto, ssd"));
-      if (value == "ssd" && o.ssd_paths.empty()) s.fail(key, "is ssd but offload.ssd_paths is empty");
-    }
-    if (deferred == "auto") {
-      o.deferred_updates = -1;
-    } else {
-      size_t used = 0;
-      int n = -1;
-      try {
-        n = std::stoi(deferred, &used);
-      } catch (const std::exception&) {
-      }
-      if (used != deferred.size() || n < 0 || n >= c.model.n_layer)
-        s.fail("deferred_updates", str("'", deferred, "' is neither auto nor a layer count in [0, model.n_layer - 1 = ",
-                                       c.model.n_layer - 1, "]"));
-      o.deferred_updates = n;
-    }
-  }
-  {
-    Section s(root["runtime"], "runtime", source);
-    RuntimeConfig& r = c.runtime;
-    s.get("backend", r.backend);
-    s.get("threads", r.threads);
-    s.get("precision", r.precision);
-    s.get("seed", r.seed);
-    s.get("stream_delay_us", r.stream_delay_us);
-    s.get("emulated_scale", r.emulated_scale);
-    s.finish();
-    if (r.backend != "cpu" && r.backend != "cuda" && r.backend != "auto" && r.backend != "cpu-streams" &&
-        r.backend != "emulated")
-      s.fail("backend", str("'", r.backend, "' is not one of cpu, cuda, auto, cpu-streams, emulated"));
-    require(r.emulated_scale > 0 && r.emulated_scale <= 1e6, s, "emulated_scale", r.emulated_scale,
-            "must be in (0, 1e6]");
-    if (r.backend == "emulated" && c.offload.hardware.empty())
-      s.fail("backend", "emulated needs offload.hardware: the profile of the GPU to emulate");
-    require(r.stream_delay_us >= 0 && r.stream_delay_us <= 1000000, s, "stream_delay_us", r.stream_delay_us,
-            "must be in 0..1000000 microseconds");
-    if (r.stream_delay_us && r.backend != "cpu-streams")
-      s.fail("stream_delay_us", str("delays are a mode of backend cpu-streams, but runtime.backend is '", r.backend, "'"));
-    if (r.precision != "auto" && r.precision != "fp32" && r.precision != "bf16" && r.precision != "fp16")
-      s.fail("precision", str("'", r.precision, "' is not one of auto, fp32, bf16, fp16"));
-    require(r.threads >= 0 && r.threads <= 4096, s, "threads", r.threads,
-            "must be in 0..4096 (0 uses every core)");
-  }
-  {
-    Section s(root["checkpoint"], "checkpoint", source);
-    CheckpointConfig& k = c.checkpoint;
-    s.get("every_steps", k.every_steps);
-    s.get("every_minutes", k.every_minutes);
-    s.get("keep", k.keep);
-    s.finish();
-    require(k.every_steps >= 0, s, "every_steps", k.every_steps, "must be >= 0 (0: not by step count)");
-    require(k.every_minutes >= 0 && k.every_minutes <= 1e6, s, "every_minutes", k.every_minutes,
-            "must be in [0, 1e6] (0: not by time)");
-    require(k.keep >= 1 && k.keep <= 1000, s, "keep", k.keep, "must be in 1..1000");
-  }
+  // Lookups on a const node: a missing section reads as absent instead of being inserted.
+  const YAML::Node& r = root;
+  c.model = parse_model(r["model"], source, chain);
+  c.data = parse_data(r["data"], source);
+  c.optimizer = parse_optimizer(r["optimizer"], source);
+  c.schedule = parse_schedule(r["schedule"], source, c.model.seq_len);
+  c.offload = parse_offload(r["offload"], source, c.model.n_layer);
+  c.runtime = parse_runtime(r["runtime"], source, c.offload);
+  c.checkpoint = parse_checkpoint(r["checkpoint"], source);
   c.model.seed = c.runtime.seed;
   return c;
 }
 
+}  // namespace
+
+Config parse_config(const std::string& yaml_text, const std::string& source,
+                    const std::vector<std::string>& overrides) {
+  CheckpointChain chain;
+  try {
+    return parse_config_in_chain(yaml_text, source, overrides, chain);
+  } catch (const YAML::Exception& e) {
+    // Every access above is guarded; this keeps a yaml-cpp corner nobody foresaw a
+    // ConfigError naming the file rather than an uncaught exception.
+    throw ConfigError(str(source, ": ", yaml_position(e.mark), ": ", e.msg));
+  }
+}
+
 Config load_config_file(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError(str(path, ": cannot open config file"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_config(ss.str(), path, overrides);
+  std::string text;
+  try {
+    text = read_file_bounded(path, kMaxConfigBytes, "config");
+  } catch (const IoError& e) {
+    throw ConfigError(e.what());
+  }
+  return parse_config(text, path, overrides);
 }
 
 std::string config_to_yaml(const Config& c) {

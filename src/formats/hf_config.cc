@@ -10,6 +10,7 @@
 
 #include "fuyou/error.h"
 #include "fuyou/hf_checkpoint.h"
+#include "fuyou/read_file.h"
 
 namespace fuyou {
 namespace {
@@ -89,7 +90,9 @@ class Fields {
 
 // The engine's LayerNorm epsilon (kernels use 1e-5, as GPT-2 does).
 constexpr double kEngineLayerNormEps = 1e-5;
-constexpr int kMaxDim = 1 << 20;
+// The engine config's own bounds (include/fuyou/config.h), so that every config.json
+// accepted here converts into a config.yaml that parse_config accepts.
+constexpr int kMaxDim = kMaxModelDim;
 
 }  // namespace
 
@@ -105,13 +108,13 @@ namespace {
 ModelConfig parse_gpt2(const Fields& f) {
   ModelConfig m;
   m.family = "gpt2";
-  m.n_layer = f.integer("n_layer", 1, 1024);
+  m.n_layer = f.integer("n_layer", 1, kMaxLayers);
   m.n_head = f.integer("n_head", 1, kMaxDim);
   m.d_model = f.integer("n_embd", 1, kMaxDim);
   if (m.d_model % m.n_head != 0)
     f.fail("n_embd", str("value ", m.d_model, " is not a multiple of n_head (", m.n_head, ")"));
-  m.d_ff = f.integer_or("n_inner", 4 * m.d_model, 1, 4 * kMaxDim);
-  m.vocab_size = f.integer("vocab_size", 2, std::numeric_limits<int>::max());
+  m.d_ff = f.integer_or("n_inner", 4 * m.d_model, 1, kMaxFfDim);
+  m.vocab_size = f.integer("vocab_size", 2, kMaxVocab);
   m.seq_len = f.integer("n_positions", 1, kMaxDim);
   double init = f.number_or("initializer_range", 0.02);
   if (init > 0 && init < 10) m.init_std = static_cast<float>(init);
@@ -143,14 +146,14 @@ ModelConfig parse_gpt2(const Fields& f) {
 ModelConfig parse_opt(const Fields& f) {
   ModelConfig m;
   m.family = "opt";
-  m.n_layer = f.integer("num_hidden_layers", 1, 1024);
+  m.n_layer = f.integer("num_hidden_layers", 1, kMaxLayers);
   m.n_head = f.integer("num_attention_heads", 1, kMaxDim);
   m.d_model = f.integer("hidden_size", 1, kMaxDim);
   if (m.d_model % m.n_head != 0)
     f.fail("hidden_size", str("value ", m.d_model, " is not a multiple of num_attention_heads (",
                               m.n_head, ")"));
-  m.d_ff = f.integer("ffn_dim", 1, 4 * kMaxDim);
-  m.vocab_size = f.integer("vocab_size", 2, std::numeric_limits<int>::max());
+  m.d_ff = f.integer("ffn_dim", 1, kMaxFfDim);
+  m.vocab_size = f.integer("vocab_size", 2, kMaxVocab);
   m.seq_len = f.integer("max_position_embeddings", 1, kMaxDim);
   double init = f.number_or("init_std", 0.02);
   if (init > 0 && init < 10) m.init_std = static_cast<float>(init);
@@ -182,7 +185,7 @@ ModelConfig parse_llama(const Fields& f, bool qwen2) {
   ModelConfig m;
   m.family = "llama";
   m.qkv_bias = qwen2;
-  m.n_layer = f.integer("num_hidden_layers", 1, 1024);
+  m.n_layer = f.integer("num_hidden_layers", 1, kMaxLayers);
   m.n_head = f.integer("num_attention_heads", 1, kMaxDim);
   m.d_model = f.integer("hidden_size", 1, kMaxDim);
   if (m.d_model % m.n_head != 0)
@@ -199,8 +202,8 @@ ModelConfig parse_llama(const Fields& f, bool qwen2) {
   if (m.n_head % m.n_kv_head != 0)
     f.fail("num_key_value_heads", str("value ", m.n_kv_head, " does not divide num_attention_heads (",
                                       m.n_head, ")"));
-  m.d_ff = f.integer("intermediate_size", 1, 4 * kMaxDim);
-  m.vocab_size = f.integer("vocab_size", 2, std::numeric_limits<int>::max());
+  m.d_ff = f.integer("intermediate_size", 1, kMaxFfDim);
+  m.vocab_size = f.integer("vocab_size", 2, kMaxVocab);
   m.seq_len = f.integer_or("max_position_embeddings", 2048, 1, kMaxDim);
   double init = f.number_or("initializer_range", 0.02);
   if (init > 0 && init < 10) m.init_std = static_cast<float>(init);
@@ -260,14 +263,15 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
 }
 
 ModelConfig load_hf_config(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw ConfigError(str(path,
-                          ": cannot open (a Hugging Face model directory needs "
-                          "config.json)"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_hf_config(ss.str(), path);
+  // A config.json is a few kilobytes; a file this large is the wrong one.
+  constexpr uint64_t kMaxHfConfigBytes = 16ull << 20;
+  std::string text;
+  try {
+    text = read_file_bounded(path, kMaxHfConfigBytes, "config.json");
+  } catch (const IoError& e) {
+    throw ConfigError(str(e.what(), " (a Hugging Face model directory needs config.json)"));
+  }
+  return parse_hf_config(text, path);
 }
 
 std::string hf_config_json(const ModelConfig& cfg, StDtype dtype, const std::string& base_json) {

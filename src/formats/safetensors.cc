@@ -15,9 +15,9 @@
 namespace fuyou {
 namespace {
 
-// A header larger than this is refused: no real checkpoint comes close, and a corrupt
-// length must not make us allocate gigabytes.
-constexpr uint64_t kMaxHeader = 100ull << 20;
+// Dimensions per tensor: real checkpoints use at most 5; a bound keeps a hostile shape list
+// from costing more than the header it came in.
+constexpr size_t kMaxRank = 16;
 
 bool parse_dtype(const std::string& s, StDtype* out) {
   static const std::pair<const char*, StDtype> names[] = {
@@ -32,8 +32,142 @@ bool parse_dtype(const std::string& s, StDtype* out) {
   return false;
 }
 
+// One tensor's header entry: dtype, shape and offsets, each checked, and the byte size
+// dtype x shape implies equal to the offsets' span. The product is computed with an
+// overflow check, so a shape of huge dimensions cannot wrap into a small size.
+StTensorInfo parse_tensor_entry(const std::string& name, const nlohmann::json& v,
+                                uint64_t data_size, const std::string& path) {
+  auto field_error = [&](const std::string& why) {
+    return IoError(str(path, ": tensor '", printable(name), "': ", why));
+  };
+  if (name.empty()) throw IoError(str(path, ": a tensor has an empty name"));
+  if (name.find('\0') != std::string::npos) throw field_error("the name contains a NUL byte");
+  if (!v.is_object()) throw field_error("entry must be an object");
+  StTensorInfo t;
+  t.name = name;
+  if (!v.contains("dtype") || !v["dtype"].is_string())
+    throw field_error("missing string field 'dtype'");
+  if (!parse_dtype(v["dtype"].get<std::string>(), &t.dtype))
+    throw field_error(str("unsupported dtype '", v["dtype"].get<std::string>(),
+                          "' (supported: F32, F16, BF16, I32, I64, U8, U16)"));
+  if (!v.contains("shape") || !v["shape"].is_array())
+    throw field_error("missing array field 'shape'");
+  if (v["shape"].size() > kMaxRank)
+    throw field_error(
+        str("shape has ", v["shape"].size(), " dimensions; at most ", kMaxRank, " are allowed"));
+  uint64_t bytes = st_dtype_size(t.dtype);
+  for (const auto& d : v["shape"]) {
+    if (!d.is_number_unsigned())
+      throw field_error(str("shape entry ", d.dump(), " is not a non-negative integer"));
+    const uint64_t dim = d.get<uint64_t>();
+    if (dim > static_cast<uint64_t>(INT64_MAX) || (dim != 0 && bytes > UINT64_MAX / dim))
+      throw field_error(str("shape dimension ", dim, " makes the byte size overflow 64 bits"));
+    t.shape.push_back(static_cast<int64_t>(dim));
+    bytes *= dim;
+  }
+  const auto& off = v.contains("data_offsets") ? v["data_offsets"] : nlohmann::json();
+  if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+      !off[1].is_number_unsigned())
+    throw field_error("'data_offsets' must be two non-negative integers");
+  t.begin = off[0].get<uint64_t>();
+  t.end = off[1].get<uint64_t>();
+  if (t.begin > t.end || t.end > data_size)
+    throw field_error(str("data_offsets [", t.begin, ", ", t.end, "] lie outside the ", data_size,
+                          "-byte data section"));
+  if (t.end - t.begin != bytes)
+    throw field_error(str("data_offsets cover ", t.end - t.begin, " bytes but dtype ",
+                          st_dtype_name(t.dtype), " and shape need ", bytes));
+  return t;
+}
+
+// The format requires the tensors to tile the data section: in offset order each starts
+// where the previous one ended, the first at 0, the last ending at the end of the file. A
+// header whose length field is a few bytes short still parses as JSON (it ends inside its
+// own padding), but then the data section starts early and is longer than the tensors:
+// this check is what refuses it, instead of reading every tensor a few bytes off.
+void check_tiling(const std::vector<StTensorInfo>& tensors, uint64_t data_size,
+                  const std::string& path) {
+  std::vector<const StTensorInfo*> sorted;
+  for (const auto& t : tensors) sorted.push_back(&t);
+  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  // Overlaps first: two tensors sharing bytes is the more specific report, and it usually
+  // leaves a gap elsewhere too.
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    const StTensorInfo* a = sorted[i - 1];
+    const StTensorInfo* b = sorted[i];
+    if (b->begin < a->end)
+      throw IoError(str(path, ": tensors '", printable(a->name), "' and '", printable(b->name),
+                        "' overlap ('", printable(b->name), "' begins at data offset ", b->begin,
+                        ", before '", printable(a->name), "' ends at ", a->end, ")"));
+  }
+  uint64_t covered = 0;
+  for (const StTensorInfo* t : sorted) {
+    if (t->begin > covered)
+      throw IoError(str(path, ": data bytes [", covered, ", ", t->begin,
+                        ") belong to no tensor (gap before '", printable(t->name),
+                        "'); safetensors tensors must cover the data section exactly"));
+    covered = t->end;
+  }
+  if (covered != data_size)
+    throw IoError(str(path, ": the tensors end at data offset ", covered,
+                      " but the data section has ", data_size, " bytes (", data_size - covered,
+                      " trailing bytes: a wrong header length, or a damaged file)"));
+}
 
 }  // namespace
+
+uint64_t st_header_length(const unsigned char bytes[8], uint64_t file_size,
+                          const std::string& path) {
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = header_len << 8 | bytes[i];
+  if (header_len > file_size - 8)
+    throw IoError(str(path, ": header length ", header_len,
+                      " at offset 0 runs past the end of the ", file_size, "-byte file"));
+  if (header_len > kMaxStHeader)
+    throw IoError(str(path, ": header length ", header_len, " at offset 0 is above the limit of ",
+                      kMaxStHeader, " bytes"));
+  if (header_len < 2)
+    throw IoError(
+        str(path, ": header length ", header_len, " at offset 0 is too short for a JSON object"));
+  return header_len;
+}
+
+StHeader parse_st_header(std::string_view header, uint64_t file_size, const std::string& path) {
+  StHeader h;
+  h.data_start = 8 + header.size();
+  if (file_size < h.data_start)
+    throw IoError(str(path, ": the ", header.size(), "-byte header runs past the end of the ",
+                      file_size, "-byte file"));
+  const uint64_t data_size = file_size - h.data_start;
+  // The format starts the header with '{' (padding, spaces, may follow the closing '}').
+  if (header.empty() || header[0] != '{')
+    throw IoError(str(path, ": the header at offset 8 does not start with '{'"));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(header);  // rejects ill-formed UTF-8 in names
+  } catch (const nlohmann::json::exception& e) {
+    throw IoError(str(path, ": header is not valid JSON: ", e.what()));
+  }
+  if (!j.is_object()) throw IoError(str(path, ": header must be a JSON object"));
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& name = it.key();
+    const auto& v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object()) throw IoError(str(path, ": __metadata__ must be an object of strings"));
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string())
+          throw IoError(str(path, ": __metadata__.", m.key(), " must be a string"));
+        h.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    h.tensors.push_back(parse_tensor_entry(name, v, data_size, path));
+  }
+  check_tiling(h.tensors, data_size, path);
+  return h;
+}
 
 void pread_exact(int fd, void* dst, size_t size, uint64_t offset, const std::string& path) {
   char* p = static_cast<char*>(dst);
@@ -86,82 +220,18 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   try {
     struct stat st;
     if (::fstat(fd_, &st) != 0) throw IoError(str(path, ": cannot stat: ", std::strerror(errno)));
-    uint64_t file_size = static_cast<uint64_t>(st.st_size);
+    const uint64_t file_size = static_cast<uint64_t>(st.st_size);
     if (file_size < 8)
       throw IoError(str(path, ": ", file_size, " bytes is too short for a safetensors header"));
     unsigned char len_bytes[8];
     pread_exact(fd_, len_bytes, 8, 0, path);
-    uint64_t header_len = 0;
-    for (int i = 7; i >= 0; --i) header_len = header_len << 8 | len_bytes[i];
-    if (header_len > kMaxHeader || header_len > file_size - 8)
-      throw IoError(str(path, ": header length ", header_len, " at offset 0 runs past the end of the ",
-                        file_size, "-byte file"));
+    const uint64_t header_len = st_header_length(len_bytes, file_size, path);
     std::string header(header_len, '\0');
     pread_exact(fd_, header.data(), header_len, 8, path);
-    data_start_ = 8 + header_len;
-    const uint64_t data_size = file_size - data_start_;
-
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(header);
-    } catch (const nlohmann::json::exception& e) {
-      throw IoError(str(path, ": header is not valid JSON: ", e.what()));
-    }
-    if (!j.is_object()) throw IoError(str(path, ": header must be a JSON object"));
-    for (auto it = j.begin(); it != j.end(); ++it) {
-      const std::string& name = it.key();
-      const auto& v = it.value();
-      if (name == "__metadata__") {
-        if (!v.is_object()) throw IoError(str(path, ": __metadata__ must be an object of strings"));
-        for (auto m = v.begin(); m != v.end(); ++m) {
-          if (!m.value().is_string())
-            throw IoError(str(path, ": __metadata__.", m.key(), " must be a string"));
-          metadata_[m.key()] = m.value().get<std::string>();
-        }
-        continue;
-      }
-      auto field_error = [&](const std::string& why) {
-        return IoError(str(path, ": tensor '", name, "': ", why));
-      };
-      if (!v.is_object()) throw field_error("entry must be an object");
-      StTensorInfo t;
-      t.name = name;
-      if (!v.contains("dtype") || !v["dtype"].is_string()) throw field_error("missing string field 'dtype'");
-      if (!parse_dtype(v["dtype"].get<std::string>(), &t.dtype))
-        throw field_error(str("unsupported dtype '", v["dtype"].get<std::string>(),
-                              "' (supported: F32, F16, BF16, I32, I64, U8, U16)"));
-      if (!v.contains("shape") || !v["shape"].is_array()) throw field_error("missing array field 'shape'");
-      uint64_t numel = 1;
-      for (const auto& d : v["shape"]) {
-        if (!d.is_number_integer() || d.get<int64_t>() < 0)
-          throw field_error("shape entries must be non-negative integers");
-        t.shape.push_back(d.get<int64_t>());
-        uint64_t dim = static_cast<uint64_t>(t.shape.back());
-        if (dim != 0 && numel > (UINT64_MAX / 16) / dim) throw field_error("shape is too large");
-        numel *= dim;
-      }
-      const auto& off = v.contains("data_offsets") ? v["data_offsets"] : nlohmann::json();
-      if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-        throw field_error("'data_offsets' must be two non-negative integers");
-      t.begin = off[0].get<uint64_t>();
-      t.end = off[1].get<uint64_t>();
-      if (t.begin > t.end || t.end > data_size)
-        throw field_error(str("data_offsets [", t.begin, ", ", t.end, "] lie outside the ", data_size,
-                              "-byte data section"));
-      uint64_t expect = numel * st_dtype_size(t.dtype);
-      if (t.end - t.begin != expect)
-        throw field_error(str("data_offsets cover ", t.end - t.begin, " bytes but dtype ",
-                              st_dtype_name(t.dtype), " and shape need ", expect));
-      tensors_.push_back(std::move(t));
-    }
-    std::vector<const StTensorInfo*> sorted;
-    for (const auto& t : tensors_) sorted.push_back(&t);
-    std::sort(sorted.begin(), sorted.end(),
-              [](auto* a, auto* b) { return a->begin < b->begin; });
-    for (size_t i = 1; i < sorted.size(); ++i)
-      if (sorted[i]->begin < sorted[i - 1]->end && sorted[i]->begin != sorted[i]->end)
-        throw IoError(str(path, ": tensors '", sorted[i - 1]->name, "' and '", sorted[i]->name,
-                          "' overlap (bytes ", sorted[i]->begin, " < ", sorted[i - 1]->end, ")"));
+    StHeader h = parse_st_header(header, file_size, path);
+    data_start_ = h.data_start;
+    metadata_ = std::move(h.metadata);
+    tensors_ = std::move(h.tensors);
   } catch (...) {
     ::close(fd_);
     throw;
@@ -179,7 +249,7 @@ bool SafetensorsReader::has(const std::string& name) const {
 const StTensorInfo& SafetensorsReader::info(const std::string& name) const {
   for (const auto& t : tensors_)
     if (t.name == name) return t;
-  throw IoError(str(path_, ": no tensor named '", name, "'"));
+  throw IoError(str(path_, ": no tensor named '", printable(name), "'"));
 }
 
 void SafetensorsReader::read_raw(const std::string& name, void* dst) const {

@@ -13,12 +13,10 @@
 #include <sstream>
 
 #include "fuyou/error.h"
+#include "fuyou/read_file.h"
 #include "kernels/common/element_math.h"
 
 namespace fuyou {
-namespace {
-
-}  // namespace
 
 uint64_t StEntry::bytes() const {
   uint64_t n = st_dtype_size(dtype);
@@ -178,17 +176,11 @@ TensorSet TensorSet::open_file(const std::string& path) {
   return set;
 }
 
-TensorSet TensorSet::open_index(const std::string& index_path) {
-  namespace fs = std::filesystem;
-  TensorSet set;
-  set.source_ = index_path;
-  std::ifstream in(index_path, std::ios::binary);
-  if (!in) throw IoError(str(index_path, ": cannot open"));
-  std::stringstream ss;
-  ss << in.rdbuf();
+std::vector<std::pair<std::string, std::string>> parse_st_index(std::string_view json_text,
+                                                                const std::string& index_path) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(ss.str());
+    j = nlohmann::json::parse(json_text);
   } catch (const nlohmann::json::exception& e) {
     throw IoError(str(index_path, ": not valid JSON: ", e.what()));
   }
@@ -197,17 +189,34 @@ TensorSet TensorSet::open_index(const std::string& index_path) {
     throw IoError(str(index_path, ": missing object field 'weight_map'"));
   if (j.contains("metadata") && !j["metadata"].is_null() && !j["metadata"].is_object())
     throw IoError(str(index_path, ": field 'metadata' must be an object"));
-  const fs::path dir = fs::path(index_path).parent_path();
-  std::map<std::string, size_t> file_index;
+  std::vector<std::pair<std::string, std::string>> out;
   for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
     const std::string& name = it.key();
+    if (name.empty()) throw IoError(str(index_path, ": weight_map has an empty tensor name"));
     if (!it.value().is_string())
-      throw IoError(str(index_path, ": weight_map['", name, "'] must be a file name string"));
+      throw IoError(
+          str(index_path, ": weight_map['", printable(name), "'] must be a file name string"));
     std::string file = it.value().get<std::string>();
-    // Shards live beside the index: a path that leaves the directory is refused.
-    if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..")
-      throw IoError(str(index_path, ": weight_map['", name, "'] = '", file,
+    // Shards live beside the index: a path that leaves the directory is refused, and so is
+    // a NUL, which would silently cut the name short when the file is opened.
+    if (file.empty() || file.find('/') != std::string::npos ||
+        file.find('\0') != std::string::npos || file == "." || file == "..")
+      throw IoError(str(index_path, ": weight_map['", printable(name), "'] = '", printable(file),
                         "' is not a plain file name in the index's directory"));
+    out.emplace_back(name, std::move(file));
+  }
+  if (out.empty()) throw IoError(str(index_path, ": weight_map is empty"));
+  return out;
+}
+
+TensorSet TensorSet::open_index(const std::string& index_path) {
+  namespace fs = std::filesystem;
+  TensorSet set;
+  set.source_ = index_path;
+  const std::string text = read_file_bounded(index_path, kMaxStHeader, "safetensors index");
+  const fs::path dir = fs::path(index_path).parent_path();
+  std::map<std::string, size_t> file_index;
+  for (const auto& [name, file] : parse_st_index(text, index_path)) {
     auto [pos, inserted] = file_index.emplace(file, set.files_.size());
     if (inserted) {
       std::string shard = (dir / file).string();
@@ -224,7 +233,6 @@ TensorSet TensorSet::open_index(const std::string& index_path) {
     set.names_.push_back(name);
     set.where_[name] = {pos->second, &f.reader().info(name)};
   }
-  if (set.files_.empty()) throw IoError(str(index_path, ": weight_map is empty"));
   return set;
 }
 

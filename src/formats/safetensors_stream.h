@@ -17,6 +17,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "fuyou/safetensors.h"
@@ -97,6 +99,12 @@ class RangedTensorFile {
 // (model.safetensors.index.json: {"metadata": {"total_size": N}, "weight_map": {tensor:
 // file}}). Every file is opened and its header validated when the set is opened, so a
 // missing or malformed shard is reported before any conversion starts.
+// The weight_map of a model.safetensors.index.json: (tensor, shard file name) in the
+// index's order. Every shard is a plain file name (no '/', no NUL, not . or ..), so an
+// index can only name files in its own directory. IoError naming `index_path` otherwise.
+std::vector<std::pair<std::string, std::string>> parse_st_index(std::string_view json_text,
+                                                                const std::string& index_path);
+
 class TensorSet {
  public:
   // DIR/model.safetensors.index.json if present, else DIR/model.safetensors.

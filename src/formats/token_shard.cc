@@ -2,6 +2,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "fuyou/config.h"
 #include "fuyou/data.h"
 #include "fuyou/error.h"
 #include "fuyou/rng.h"
@@ -41,48 +42,86 @@ void write_token_shard(const std::string& path, const std::vector<int32_t>& toke
   write_file_atomic(path, buf.data(), buf.size());
 }
 
+namespace {
+
+struct ShardHeader {
+  uint32_t width = 0;
+  uint64_t count = 0;
+  uint32_t vocab_size = 0;
+};
+
+// Checks the 32-byte header `h` of a shard file of `file_size` bytes.
+ShardHeader check_shard_header(const char* h, uint64_t file_size, const std::string& path) {
+  if (std::memcmp(h, kShardMagic, 8) != 0)
+    throw IoError(str(path, ": not a token shard (bad magic at offset 0; build shards with "
+                            "'fuyou-convert text')"));
+  const uint32_t version = get32(h + 8);
+  ShardHeader sh;
+  sh.width = get32(h + 12);
+  sh.count = get64(h + 16);
+  sh.vocab_size = get32(h + 24);
+  if (version != kShardVersion)
+    throw IoError(str(path, ": shard version ", version, " at offset 8 is not supported (expected ",
+                      kShardVersion, ")"));
+  if (sh.width != 2 && sh.width != 4)
+    throw IoError(str(path, ": bytes per token ", sh.width, " at offset 12 must be 2 or 4"));
+  // Tokens become int32 ids: a vocabulary beyond the engine's bound would let a token
+  // pass the check below and turn negative.
+  if (sh.vocab_size > static_cast<uint32_t>(kMaxVocab))
+    throw IoError(str(path, ": vocab size ", sh.vocab_size, " at offset 24 is above the limit of ",
+                      kMaxVocab));
+  if (sh.count > (file_size - 32) / sh.width || file_size != 32 + sh.count * sh.width)
+    throw IoError(str(path, ": header says ", sh.count, " tokens of ", sh.width,
+                      " bytes but the file has ", file_size - 32, " data bytes"));
+  return sh;
+}
+
+void decode_tokens(const char* raw, const ShardHeader& sh, const std::string& path,
+                   TokenShard* shard) {
+  shard->vocab_size = sh.vocab_size;
+  shard->tokens.resize(sh.count);
+  for (uint64_t i = 0; i < sh.count; ++i) {
+    uint32_t t;
+    if (sh.width == 2) {
+      uint16_t s;
+      std::memcpy(&s, raw + 2 * i, 2);
+      t = s;
+    } else {
+      t = get32(raw + 4 * i);
+    }
+    if (t >= sh.vocab_size)
+      throw IoError(str(path, ": token ", t, " at index ", i, " (offset ", 32 + i * sh.width,
+                        ") is outside the shard's vocab size ", sh.vocab_size));
+    shard->tokens[i] = static_cast<int32_t>(t);
+  }
+}
+
+}  // namespace
+
 TokenShard read_token_shard(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw IoError(str(path, ": cannot open token shard"));
   char h[32];
   if (!in.read(h, 32)) throw IoError(str(path, ": shorter than the 32-byte shard header"));
-  if (std::memcmp(h, kShardMagic, 8) != 0)
-    throw IoError(str(path, ": not a token shard (bad magic at offset 0; build shards with "
-                            "'fuyou-convert text')"));
-  uint32_t version = get32(h + 8), width = get32(h + 12);
-  uint64_t count = get64(h + 16);
-  TokenShard shard;
-  shard.path = path;
-  shard.vocab_size = get32(h + 24);
-  if (version != kShardVersion)
-    throw IoError(str(path, ": shard version ", version, " at offset 8 is not supported (expected ",
-                      kShardVersion, ")"));
-  if (width != 2 && width != 4)
-    throw IoError(str(path, ": bytes per token ", width, " at offset 12 must be 2 or 4"));
   in.seekg(0, std::ios::end);
-  uint64_t size = static_cast<uint64_t>(in.tellg());
-  if (count > (size - 32) / width || size != 32 + count * width)
-    throw IoError(str(path, ": header says ", count, " tokens of ", width, " bytes but the file has ",
-                      size - 32, " data bytes"));
+  const uint64_t size = static_cast<uint64_t>(in.tellg());
+  const ShardHeader sh = check_shard_header(h, size, path);
   in.seekg(32);
-  std::vector<char> raw(count * width);
+  std::vector<char> raw(sh.count * sh.width);
   if (!in.read(raw.data(), static_cast<std::streamsize>(raw.size())))
     throw IoError(str(path, ": read failed"));
-  shard.tokens.resize(count);
-  for (uint64_t i = 0; i < count; ++i) {
-    uint32_t t;
-    if (width == 2) {
-      uint16_t s;
-      std::memcpy(&s, raw.data() + 2 * i, 2);
-      t = s;
-    } else {
-      t = get32(raw.data() + 4 * i);
-    }
-    if (t >= shard.vocab_size)
-      throw IoError(str(path, ": token ", t, " at index ", i, " (offset ", 32 + i * width,
-                        ") is outside the shard's vocab size ", shard.vocab_size));
-    shard.tokens[i] = static_cast<int32_t>(t);
-  }
+  TokenShard shard;
+  shard.path = path;
+  decode_tokens(raw.data(), sh, path, &shard);
+  return shard;
+}
+
+TokenShard parse_token_shard(std::string_view bytes, const std::string& path) {
+  if (bytes.size() < 32) throw IoError(str(path, ": shorter than the 32-byte shard header"));
+  const ShardHeader sh = check_shard_header(bytes.data(), bytes.size(), path);
+  TokenShard shard;
+  shard.path = path;
+  decode_tokens(bytes.data() + 32, sh, path, &shard);
   return shard;
 }
 

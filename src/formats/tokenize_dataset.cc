@@ -121,11 +121,10 @@ std::string string_field(const nlohmann::json& rec, const std::string& field,
 
 }  // namespace
 
-LossMask read_loss_mask(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(str(path, ": cannot open loss mask"));
-  char h[32];
-  if (!in.read(h, 32)) throw IoError(str(path, ": shorter than the 32-byte mask header"));
+namespace {
+
+// Checks a mask's 32-byte header against a file of `file_size` bytes; returns the count.
+uint64_t check_mask_header(const char* h, uint64_t file_size, const std::string& path) {
   if (std::memcmp(h, kMaskMagic, 8) != 0)
     throw IoError(str(path, ": not a loss mask (bad magic at offset 0)"));
   uint32_t version, width;
@@ -136,20 +135,45 @@ LossMask read_loss_mask(const std::string& path) {
   if (version != kShardVersion)
     throw IoError(str(path, ": mask version ", version, " at offset 8 is not supported"));
   if (width != 1) throw IoError(str(path, ": bytes per entry ", width, " at offset 12 must be 1"));
+  if (count != file_size - 32)
+    throw IoError(str(path, ": header says ", count, " entries but the file has ", file_size - 32,
+                      " data bytes"));
+  return count;
+}
+
+void check_mask_values(const LossMask& m) {
+  for (uint64_t i = 0; i < m.mask.size(); ++i)
+    if (m.mask[i] > 1)
+      throw IoError(
+          str(m.path, ": value ", int(m.mask[i]), " at offset ", 32 + i, " is not 0 or 1"));
+}
+
+}  // namespace
+
+LossMask read_loss_mask(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(str(path, ": cannot open loss mask"));
+  char h[32];
+  if (!in.read(h, 32)) throw IoError(str(path, ": shorter than the 32-byte mask header"));
   in.seekg(0, std::ios::end);
-  uint64_t size = static_cast<uint64_t>(in.tellg());
-  if (size != 32 + count)
-    throw IoError(
-        str(path, ": header says ", count, " entries but the file has ", size - 32, " data bytes"));
+  const uint64_t count = check_mask_header(h, static_cast<uint64_t>(in.tellg()), path);
   LossMask m;
   m.path = path;
   m.mask.resize(count);
   in.seekg(32);
   if (!in.read(reinterpret_cast<char*>(m.mask.data()), static_cast<std::streamsize>(count)))
     throw IoError(str(path, ": read failed"));
-  for (uint64_t i = 0; i < count; ++i)
-    if (m.mask[i] > 1)
-      throw IoError(str(path, ": value ", int(m.mask[i]), " at offset ", 32 + i, " is not 0 or 1"));
+  check_mask_values(m);
+  return m;
+}
+
+LossMask parse_loss_mask(std::string_view bytes, const std::string& path) {
+  if (bytes.size() < 32) throw IoError(str(path, ": shorter than the 32-byte mask header"));
+  const uint64_t count = check_mask_header(bytes.data(), bytes.size(), path);
+  LossMask m;
+  m.path = path;
+  m.mask.assign(bytes.begin() + 32, bytes.begin() + 32 + static_cast<ptrdiff_t>(count));
+  check_mask_values(m);
   return m;
 }
 

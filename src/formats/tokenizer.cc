@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "fuyou/error.h"
+#include "fuyou/read_file.h"
 #include "src/formats/tokenizer_impl.h"
 #include "src/formats/unicode.h"
 
@@ -88,6 +89,22 @@ std::string one_char(const Node& n) {
   return s;
 }
 
+// Real tokenizers nest a Sequence at most once or twice; the bound keeps a hostile file from
+// recursing until the stack runs out.
+constexpr int kMaxSequenceDepth = 8;
+
+// Item i of a normalizer / pre-tokenizer / decoder Sequence. A null item is refused: the
+// tokenizers library fails to load such a file, and skipping it would encode differently.
+Node sequence_item(const Node& list, size_t i, int depth) {
+  if (depth >= kMaxSequenceDepth)
+    list.fail(str("Sequences nest more than ", kMaxSequenceDepth, " levels deep"));
+  Node item = list.at(i);
+  if (item.is_null()) item.fail("is null; each item of a Sequence must be an object with a type");
+  if (!item.raw().is_object())
+    item.fail(str("expected an object with a type, got ", item.raw().dump()));
+  return item;
+}
+
 // Replace patterns: {"String": "x"} only; a regex would need an engine.
 std::string string_pattern(const Node& n) {
   if (n.has("String")) return n.at("String").string();
@@ -96,12 +113,13 @@ std::string string_pattern(const Node& n) {
   n.fail("expected {\"String\": ...}");
 }
 
-void parse_normalizer(const Node& n, std::vector<NormalizerStep>* out) {
+void parse_normalizer(const Node& n, std::vector<NormalizerStep>* out, int depth = 0) {
   if (n.is_null()) return;
   std::string t = n.type();
   if (t == "Sequence") {
     Node list = n.at("normalizers");
-    for (size_t i = 0; i < list.array_size(); ++i) parse_normalizer(list.at(i), out);
+    for (size_t i = 0; i < list.array_size(); ++i)
+      parse_normalizer(sequence_item(list, i, depth), out, depth + 1);
   } else if (t == "Prepend") {
     out->push_back({NormalizerStep::kPrepend, n.at("prepend").string(), ""});
   } else if (t == "Replace") {
@@ -133,13 +151,14 @@ tok::SplitBehavior parse_behavior(const Node& n) {
   n.fail(str("unknown split behavior '", b, "'"));
 }
 
-void parse_pre_tokenizer(const Node& n, std::vector<PreTokenizerStep>* out) {
+void parse_pre_tokenizer(const Node& n, std::vector<PreTokenizerStep>* out, int depth = 0) {
   if (n.is_null()) return;
   std::string t = n.type();
   PreTokenizerStep s{};
   if (t == "Sequence") {
     Node list = n.at("pretokenizers");
-    for (size_t i = 0; i < list.array_size(); ++i) parse_pre_tokenizer(list.at(i), out);
+    for (size_t i = 0; i < list.array_size(); ++i)
+      parse_pre_tokenizer(sequence_item(list, i, depth), out, depth + 1);
     return;
   } else if (t == "ByteLevel") {
     s.kind = PreTokenizerStep::kByteLevel;
@@ -196,13 +215,14 @@ void parse_pre_tokenizer(const Node& n, std::vector<PreTokenizerStep>* out) {
   out->push_back(s);
 }
 
-void parse_decoder(const Node& n, std::vector<DecoderStep>* out) {
+void parse_decoder(const Node& n, std::vector<DecoderStep>* out, int depth = 0) {
   if (n.is_null()) return;
   std::string t = n.type();
   DecoderStep s{};
   if (t == "Sequence") {
     Node list = n.at("decoders");
-    for (size_t i = 0; i < list.array_size(); ++i) parse_decoder(list.at(i), out);
+    for (size_t i = 0; i < list.array_size(); ++i)
+      parse_decoder(sequence_item(list, i, depth), out, depth + 1);
     return;
   } else if (t == "ByteLevel") {
     s.kind = DecoderStep::kByteLevel;
@@ -234,7 +254,11 @@ void parse_decoder(const Node& n, std::vector<DecoderStep>* out) {
   out->push_back(s);
 }
 
-void parse_model(const Node& n, tok::BpeModel* m) {
+// Ids are indices into dense tables (id -> token string), so an id far beyond the number of
+// tokens would make a hostile file allocate gigabytes. Real files number their tokens from
+// 0 without gaps (added tokens follow the model's vocabulary, or repeat its ids), so every
+// id is below the count of vocabulary entries plus added tokens.
+void parse_model(const Node& n, uint64_t id_limit, tok::BpeModel* m) {
   std::string t = n.has("type") ? n.type() : "BPE";
   if (t != "BPE") n.at("type").fail(str("unsupported model type ", t, " (supported: BPE)"));
   if (n.has("dropout")) {
@@ -251,11 +275,11 @@ void parse_model(const Node& n, tok::BpeModel* m) {
   Node vocab = n.at("vocab");
   if (!vocab.raw().is_object()) vocab.fail("expected an object of token: id");
   for (auto it = vocab.raw().begin(); it != vocab.raw().end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
-        it.value().get<int64_t>() > (int64_t{1} << 30))
+    if (!it.value().is_number_unsigned() || it.value().get<uint64_t>() >= id_limit)
       vocab.fail(str("token '", it.key(), "' has id ", it.value().dump(),
-                     "; ids are integers in 0..2^30"));
-    int32_t v = static_cast<int32_t>(it.value().get<int64_t>());
+                     "; ids are integers in 0..", id_limit - 1, " (below the ", id_limit,
+                     " vocabulary entries and added tokens together)"));
+    int32_t v = static_cast<int32_t>(it.value().get<uint64_t>());
     m->vocab[it.key()] = v;
     if (static_cast<size_t>(v) >= m->id_to_token.size()) m->id_to_token.resize(v + 1);
     m->id_to_token[v] = it.key();
@@ -315,6 +339,19 @@ struct Segment {
 
 bool word_char(uint32_t cp) {
   return unicode::is_letter(cp) || unicode::is_number(cp) || cp == '_';
+}
+
+// The number of vocabulary entries plus added tokens: what every id must stay below.
+uint64_t id_space(const Node& root) {
+  Node model = root.at("model");
+  Node vocab = model.at("vocab");
+  if (!vocab.raw().is_object()) vocab.fail("expected an object of token: id");
+  uint64_t n = vocab.raw().size();
+  if (root.has("added_tokens")) n += root.at("added_tokens").array_size();
+  if (n == 0) vocab.fail("the vocabulary is empty and there are no added tokens");
+  if (n > static_cast<uint64_t>(INT32_MAX))
+    vocab.fail(str(n, " tokens is more than ids can number"));
+  return n;
 }
 
 std::vector<Segment> split_added(const Tokenizer::Impl& t, std::string_view s,
@@ -387,11 +424,15 @@ Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
 Tokenizer Tokenizer::from_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(str(path, ": cannot open tokenizer file"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return from_json(ss.str(), path);
+  // The largest released tokenizer.json files are tens of MiB.
+  constexpr uint64_t kMaxTokenizerBytes = 512ull << 20;
+  std::string text;
+  try {
+    text = read_file_bounded(path, kMaxTokenizerBytes, "tokenizer");
+  } catch (const IoError& e) {
+    throw ConfigError(e.what());
+  }
+  return from_json(text, path);
 }
 
 Tokenizer Tokenizer::from_json(const std::string& text, const std::string& source) {
@@ -406,7 +447,8 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& sourc
   try {
     Node root(j, "", impl->source);
     if (!j.is_object()) root.fail("tokenizer.json must be a JSON object");
-    parse_model(root.at("model"), &impl->model);
+    const uint64_t id_limit = id_space(root);
+    parse_model(root.at("model"), id_limit, &impl->model);
     if (root.has("normalizer")) parse_normalizer(root.at("normalizer"), &impl->normalizer);
     if (root.has("pre_tokenizer"))
       parse_pre_tokenizer(root.at("pre_tokenizer"), &impl->pre_tokenizer);
@@ -420,7 +462,7 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& sourc
       for (size_t i = 0; i < list.array_size(); ++i) {
         Node a = list.at(i);
         tok::AddedToken t;
-        t.id = static_cast<int32_t>(a.at("id").integer(0, int64_t{1} << 30));
+        t.id = static_cast<int32_t>(a.at("id").integer(0, static_cast<int64_t>(id_limit) - 1));
         t.content = a.at("content").string();
         if (t.content.empty()) a.at("content").fail("an added token cannot be empty");
         t.special = a.bool_or("special", false);

@@ -184,8 +184,39 @@ PlanRequest plan_request(const Config& cfg) {
   return req;
 }
 
+uint64_t in_memory_host_bytes(const ModelConfig& m, int micro_batch, bool device_in_host) {
+  const uint64_t params = make_gpt_layout(m).total;
+  const uint64_t arena = device_in_host ? in_memory_device_bytes(m, micro_batch) : 0;
+  return kProcessBaseline + 16 * params + arena;
+}
+
+namespace {
+
+// offload.host_memory binds in-memory runs too: the offloading planner checks its plans
+// against it, and in memory the same budget is checked here, before anything is allocated.
+void check_in_memory_host_budget(const Config& cfg, bool device_in_host) {
+  const uint64_t budget = cfg.offload.host_memory;
+  const uint64_t need = in_memory_host_bytes(cfg.model, cfg.schedule.micro_batch, device_in_host);
+  if (budget == 0 || need <= budget) return;
+  const uint64_t state = 16 * make_gpt_layout(cfg.model).total;
+  throw Error(str(
+      "host memory: in-memory training needs ", format_size(need), " but offload.host_memory is ",
+      format_size(budget), " (", format_size(kProcessBaseline), " process, ", format_size(state),
+      " fp32 master weights, gradients and Adam moments",
+      device_in_host ? str(", ", format_size(need - kProcessBaseline - state),
+                                      " device arena, which the CPU backend keeps in host memory")
+                                : std::string(),
+      "); raise offload.host_memory, or set offload.ssd_paths to train offloaded with "
+      "optimizer state on SSD"));
+}
+
+}  // namespace
+
 std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backend, const EngineOptions& opts) {
-  if (!wants_offload(cfg)) return std::make_unique<InMemoryEngine>(cfg, backend);
+  if (!wants_offload(cfg)) {
+    check_in_memory_host_budget(cfg, backend.device_is_host_memory());
+    return std::make_unique<InMemoryEngine>(cfg, backend);
+  }
   PlanRequest req = plan_request(cfg);
   req.embed_rows_first = backend.kind() != BackendKind::kCpu;
   req.device_in_host = backend.device_is_host_memory();

@@ -6,6 +6,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -13,6 +14,7 @@
 
 #include "fuyou/error.h"
 #include "fuyou/sizes.h"
+#include "src/formats/yaml_checks.h"
 #include "src/storage/stripe_layout.h"
 
 namespace fuyou {
@@ -84,7 +86,7 @@ class Reader {
     if (node_ && !node_.IsNull() && !node_.IsMap()) throw ConfigError(str(source_, ": ", section_, ": expected a mapping"));
     if (!node_ || node_.IsNull()) return;
     for (const auto& kv : node_) {
-      std::string k = kv.first.as<std::string>();
+      const std::string& k = kv.first.Scalar();  // load_yaml_checked: keys are scalars
       if (std::find(known_.begin(), known_.end(), k) == known_.end()) {
         std::string allowed;
         for (const auto& s : known_) allowed += (allowed.empty() ? "" : ", ") + s;
@@ -135,15 +137,16 @@ class Reader {
   std::vector<std::string> known_;
 };
 
-}  // namespace
+// A count read as a number: checked against its range before the conversion to int, which
+// is undefined for a double out of int's range.
+int whole_number(double x, int lo, int hi, const std::string& source, const std::string& key) {
+  if (!(x >= lo && x <= hi) || x != std::floor(x))
+    throw ConfigError(
+        str(source, ": ", key, ": value ", x, " must be a whole number in ", lo, "..", hi));
+  return static_cast<int>(x);
+}
 
-HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::string& source) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(str(source, ": not valid YAML: ", e.msg, " (line ", e.mark.line + 1, ")"));
-  }
+HardwareProfile parse_profile_tree(const YAML::Node& root, const std::string& source) {
   HardwareProfile p;
   p.source = source;
   Reader top(root, "", source, {"name", "backend", "compute", "pcie", "ssd", "optimizer", "memory"});
@@ -154,7 +157,8 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
 
   Reader c(top.at("compute"), "compute", source, {"peak_tflops", "element_bytes", "gemm_efficiency"});
   p.peak_flops = c.positive("peak_tflops", 1e12);
-  p.element_bytes = static_cast<int>(c.positive("element_bytes", 1, false, 4));
+  p.element_bytes =
+      whole_number(c.positive("element_bytes", 1, false, 4), 1, 8, source, "compute.element_bytes");
   if (p.element_bytes != 2 && p.element_bytes != 4)
     throw ConfigError(str(source, ": compute.element_bytes: ", p.element_bytes, " must be 2 or 4"));
   YAML::Node eff = c.at("gemm_efficiency");
@@ -184,7 +188,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   p.d2h_Bps = l.positive("d2h_GBps", 1e9);
 
   Reader s(top.at("ssd"), "ssd", source, {"count", "read_GBps", "write_GBps", "stripe_unit"});
-  p.ssds = static_cast<int>(s.positive("count", 1, false, 1));
+  p.ssds = whole_number(s.positive("count", 1, false, 1), 1, 1024, source, "ssd.count");
   p.ssd_read_Bps = s.positive("read_GBps", 1e9);
   p.ssd_write_Bps = s.positive("write_GBps", 1e9);
   p.stripe_unit = s.size("stripe_unit", 4ull << 20);
@@ -207,6 +211,17 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   return p;
 }
 
+}  // namespace
+
+HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::string& source) {
+  YAML::Node root = load_yaml_checked(yaml_text, source);
+  try {
+    return parse_profile_tree(root, source);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(str(source, ": ", yaml_position(e.mark), ": ", e.msg));
+  }
+}
+
 HardwareProfile load_hardware_profile(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw ConfigError(str(path, ": cannot read the hardware profile"));
@@ -215,25 +230,54 @@ HardwareProfile load_hardware_profile(const std::string& path) {
   return parse_hardware_profile(ss.str(), path);
 }
 
+namespace {
+
+// Writes numbers so that they read back as the same double (the shortest such text): six
+// significant digits turned two increasing gemm_efficiency sizes into one.
+struct Num {
+  double v;
+};
+std::ostream& operator<<(std::ostream& o, Num n) {
+  char buf[32];
+  auto r = std::to_chars(buf, buf + sizeof buf, n.v);
+  return o.write(buf, r.ptr - buf);
+}
+
+// A size that reads back exactly: whole GiB or MiB, else bytes.
+std::string exact_size(uint64_t b) {
+  if (b % (1ull << 30) == 0) return str(b >> 30, "GiB");
+  if (b % (1ull << 20) == 0) return str(b >> 20, "MiB");
+  return std::to_string(b);
+}
+
+}  // namespace
+
 std::string hardware_profile_to_yaml(const HardwareProfile& p, const std::string& header) {
   std::ostringstream o;
-  o.precision(6);
   o << header;
   if (!header.empty() && header.back() != '\n') o << "\n";
-  o << "name: " << p.name << "\nbackend: " << p.backend << "\n";
-  o << "compute:\n  peak_tflops: " << p.peak_flops / 1e12 << "\n  element_bytes: " << p.element_bytes
+  // The name comes from the profile or a CPU's model string: quoted, so that a ':' or a
+  // control byte in it cannot break the file.
+  YAML::Emitter name;
+  name << YAML::DoubleQuoted << p.name;
+  o << "name: " << name.c_str() << "\nbackend: " << p.backend << "\n";
+  o << "compute:\n  peak_tflops: " << Num{p.peak_flops / 1e12}
+    << "\n  element_bytes: " << p.element_bytes
     << "\n  gemm_efficiency:  # [cbrt(tokens * d_model * d_ff), fraction of peak]\n";
-  for (const auto& [s, f] : p.gemm_efficiency) o << "    - [" << s << ", " << f << "]\n";
-  o << "pcie:\n  h2d_GBps: " << p.h2d_Bps / 1e9 << "\n  d2h_GBps: " << p.d2h_Bps / 1e9 << "\n";
-  o << "ssd:\n  count: " << p.ssds << "\n  read_GBps: " << p.ssd_read_Bps / 1e9 << "\n  write_GBps: "
-    << p.ssd_write_Bps / 1e9 << "\n  stripe_unit: " << p.stripe_unit << "\n";
-  o << "optimizer:\n  params_per_s: " << p.optimizer_params_per_s << "\n  shared_cpu: "
-    << (p.shared_cpu ? "true" : "false") << "\n  compute_share: " << p.compute_share
-    << "\n  optimizer_share: " << p.optimizer_share << "\n";
+  for (const auto& [s, f] : p.gemm_efficiency) o << "    - [" << Num{s} << ", " << Num{f} << "]\n";
+  o << "pcie:\n  h2d_GBps: " << Num{p.h2d_Bps / 1e9} << "\n  d2h_GBps: " << Num{p.d2h_Bps / 1e9}
+    << "\n";
+  o << "ssd:\n  count: " << p.ssds << "\n  read_GBps: " << Num{p.ssd_read_Bps / 1e9}
+    << "\n  write_GBps: " << Num{p.ssd_write_Bps / 1e9} << "\n  stripe_unit: " << p.stripe_unit
+    << "\n";
+  o << "optimizer:\n  params_per_s: " << Num{p.optimizer_params_per_s}
+    << "\n  shared_cpu: " << (p.shared_cpu ? "true" : "false")
+    << "\n  compute_share: " << Num{p.compute_share}
+    << "\n  optimizer_share: " << Num{p.optimizer_share} << "\n";
   o << "memory:\n";
-  if (p.device_memory) o << "  device: " << format_size(p.device_memory) << "\n";
-  if (p.host_memory) o << "  host: " << format_size(p.host_memory) << "\n";
-  o << "  host_bandwidth_GBps: " << p.host_mem_Bps / 1e9 << "\n";
+  if (p.device_memory) o << "  device: " << exact_size(p.device_memory) << "\n";
+  if (p.host_memory) o << "  host: " << exact_size(p.host_memory) << "\n";
+  o << "  host_bandwidth_GBps: " << Num{p.host_mem_Bps / 1e9} << "\n";
   return o.str();
 }
 

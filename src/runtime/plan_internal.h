@@ -42,9 +42,6 @@ inline Sizes compute_sizes(const ModelConfig& m, int B) {
 // overlap the three copies and the update, few enough that each stays a large transfer.
 constexpr int kEmbedParts = 4;
 
-// Fixed process overhead counted against the host budget (code, libraries, allocator,
-// thread stacks), measured as the RSS of a small run: about 150 MiB; rounded up.
-constexpr uint64_t kProcessBaseline = 256ull << 20;
 
 // The device part of the buffer table for these activation decisions and pool sizes (the
 // planner sizes pools with it).

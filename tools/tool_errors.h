@@ -1,0 +1,34 @@
+// How a tool ends on an exception: one line on stderr and exit status 1, whatever was thrown.
+// fuyou::Error carries a message written for the user; anything else (std::bad_alloc, a
+// std::filesystem error, an exception from a library) is a failure the engine did not turn
+// into one, and says so rather than ending in std::terminate.
+#pragma once
+
+#include <spdlog/spdlog.h>
+
+#include <exception>
+#include <new>
+
+#include "fuyou/error.h"
+
+namespace fuyou::tools {
+
+// Call from inside a catch (...) block; returns the exit status.
+inline int report_failure() {
+  try {
+    throw;
+  } catch (const Error& e) {
+    spdlog::error("{}", e.what());
+  } catch (const std::bad_alloc&) {
+    spdlog::error(
+        "out of memory (an allocation failed; lower the model or batch size, or set "
+        "offload budgets so the engine plans within them)");
+  } catch (const std::exception& e) {
+    spdlog::error("unexpected error (please report it as a bug): {}", e.what());
+  } catch (...) {
+    spdlog::error("unexpected error of unknown type (please report it as a bug)");
+  }
+  return 1;
+}
+
+}  // namespace fuyou::tools
