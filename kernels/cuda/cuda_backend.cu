@@ -51,9 +51,8 @@ CudaBackend::CudaBackend(int device, uint64_t capacity) : device_(device) {
     throw Error(str("offload.device_memory is ", format_size(capacity), " but CUDA device ",
                     device_, " (", prop.name, ") has ", format_size(free_b), " free of ",
                     format_size(total_b)));
-  capacity_ = capacity;
-  FY_CUDA(cudaMalloc(reinterpret_cast<void**>(&base_), capacity_));
-  free_[0] = capacity_;
+  FY_CUDA(cudaMalloc(reinterpret_cast<void**>(&base_), capacity));
+  arena_ = ArenaBlocks(capacity, kAlign);
 
   FY_CUDA(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
   FY_CUDA(cudaStreamCreateWithFlags(&h2d_, cudaStreamNonBlocking));
@@ -89,27 +88,10 @@ std::string CudaBackend::name() const {
 // ---- arena -------------------------------------------------------------------------------
 
 void* CudaBackend::alloc(size_t bytes, const std::string& what) {
-  uint64_t rounded = std::max<uint64_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
-  uint64_t offset = 0;
+  uint64_t offset = 0, rounded = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = std::find_if(free_.begin(), free_.end(),
-                           [&](const auto& f) { return f.second >= rounded; });
-    if (it == free_.end()) {
-      uint64_t largest = 0;
-      for (const auto& f : free_) largest = std::max(largest, f.second);
-      throw Error(str("device memory: ", what, " needs ", format_size(rounded), " but only ",
-                      format_size(capacity_ - used_), " of the ", format_size(capacity_),
-                      " budget (offload.device_memory) is free, the largest free block ",
-                      format_size(largest)));
-    }
-    offset = it->first;
-    uint64_t size = it->second;
-    free_.erase(it);
-    if (size > rounded) free_[offset + rounded] = size - rounded;
-    blocks_[offset] = rounded;
-    used_ += rounded;
-    peak_ = std::max(peak_, used_);
+    offset = arena_.take(bytes, what, "budget (offload.device_memory)", &rounded);
   }
   void* p = base_ + offset;
   // Zeroed as the interface promises; queued on the compute stream, which every later
@@ -124,33 +106,15 @@ void* CudaBackend::alloc(size_t bytes, const std::string& what) {
 void CudaBackend::free(void* ptr) {
   if (!ptr) return;
   std::lock_guard<std::mutex> lock(mu_);
-  FY_CHECK(ptr >= base_ && ptr < base_ + capacity_, "free of a pointer outside the CUDA arena");
-  uint64_t offset = static_cast<char*>(ptr) - base_;
-  auto b = blocks_.find(offset);
-  FY_CHECK(b != blocks_.end(), "free of a pointer this backend did not allocate");
-  uint64_t size = b->second;
-  blocks_.erase(b);
-  used_ -= size;
-  // Insert and merge with the free neighbours on either side. Kernels still queued that use
-  // this block are ahead of any later user of it on the compute stream, so no wait is needed.
-  auto next = free_.lower_bound(offset);
-  if (next != free_.end() && next->first == offset + size) {
-    size += next->second;
-    next = free_.erase(next);
-  }
-  if (next != free_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second == offset) {
-      prev->second += size;
-      return;
-    }
-  }
-  free_[offset] = size;
+  FY_CHECK(ptr >= base_ && ptr < base_ + arena_.capacity(), "free of a pointer outside the CUDA arena");
+  // Kernels still queued that use this block are ahead of any later user of it on the
+  // compute stream, so no wait is needed.
+  arena_.give_back(static_cast<char*>(ptr) - base_);
 }
 
 MemoryStats CudaBackend::memory() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return {capacity_, used_, peak_};
+  return arena_.stats();
 }
 
 // ---- copies -------------------------------------------------------------------------------

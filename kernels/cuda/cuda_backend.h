@@ -19,11 +19,10 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <map>
 #include <mutex>
-#include <unordered_map>
 
 #include "fuyou/backend.h"
+#include "kernels/common/arena.h"
 
 namespace fuyou::cuda {
 
@@ -130,15 +129,12 @@ class CudaBackend final : public Backend {
   cublasHandle_t blas_ = nullptr;
   std::mutex blas_mu_;  // a cuBLAS handle must not be used by two threads at once
 
-  // Arena: one cudaMalloc, carved first-fit from a free list keyed by offset (neighbours
-  // coalesce on free), every block a multiple of kAlign.
+  // Arena: one cudaMalloc, its blocks kept by ArenaBlocks (kernels/common/arena.h), every
+  // block a multiple of kAlign.
   static constexpr uint64_t kAlign = 256;
   char* base_ = nullptr;
-  uint64_t capacity_ = 0;
-  mutable std::mutex mu_;
-  std::map<uint64_t, uint64_t> free_;              // offset -> size
-  std::unordered_map<uint64_t, uint64_t> blocks_;  // offset -> size, in use
-  uint64_t used_ = 0, peak_ = 0;
+  mutable std::mutex mu_;  // guards arena_
+  ArenaBlocks arena_{0, kAlign};
 
   std::mutex scratch_mu_;
   char* scratch_ = nullptr;

@@ -43,7 +43,6 @@ EmulatedBackend::EmulatedBackend(const EmulatedOptions& o) : o_(o) {
   if (p == MAP_FAILED)
     throw Error(str("emulated device: cannot reserve ", format_size(o_.capacity), " of address space"));
   base_ = static_cast<char*>(p);
-  free_[0] = o_.capacity;
 }
 
 EmulatedBackend::~EmulatedBackend() {
@@ -67,19 +66,8 @@ void EmulatedBackend::set_matmul_precision(MatmulPrecision p) {
 // ---- arena ---------------------------------------------------------------------------------
 
 void* EmulatedBackend::alloc(size_t bytes, const std::string& what) {
-  const uint64_t rounded = std::max<uint64_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = std::find_if(free_.begin(), free_.end(), [&](const auto& f) { return f.second >= rounded; });
-  if (it == free_.end())
-    throw Error(str("device memory: ", what, " needs ", format_size(rounded), " but only ",
-                    format_size(o_.capacity - used_), " of the emulated device's ", format_size(o_.capacity),
-                    " (plan sizes) is free"));
-  const uint64_t offset = it->first, size = it->second;
-  free_.erase(it);
-  if (size > rounded) free_[offset + rounded] = size - rounded;
-  blocks_[offset] = rounded;
-  used_ += rounded;
-  peak_ = std::max(peak_, used_);
+  const uint64_t offset = arena_.take(bytes, what, "of the emulated device (plan sizes)");
   // The zeroing is queued on the compute timeline and takes no time (the profile has no
   // device-memory bandwidth); caller-ordered copies still wait for the compute before it.
   zeroed_ = std::max(clock::now(), compute_free_);
@@ -91,30 +79,12 @@ void EmulatedBackend::free(void* ptr) {
   if (!ptr) return;
   std::lock_guard<std::mutex> lock(mu_);
   FY_CHECK(ptr >= base_ && ptr < base_ + o_.capacity, "free of a pointer outside the emulated arena");
-  uint64_t offset = static_cast<char*>(ptr) - base_;
-  auto b = blocks_.find(offset);
-  FY_CHECK(b != blocks_.end(), "free of a pointer this backend did not allocate");
-  uint64_t size = b->second;
-  blocks_.erase(b);
-  used_ -= size;
-  auto next = free_.lower_bound(offset);
-  if (next != free_.end() && next->first == offset + size) {
-    size += next->second;
-    next = free_.erase(next);
-  }
-  if (next != free_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second == offset) {
-      prev->second += size;
-      return;
-    }
-  }
-  free_[offset] = size;
+  arena_.give_back(static_cast<char*>(ptr) - base_);
 }
 
 MemoryStats EmulatedBackend::memory() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return {o_.capacity, used_, peak_};
+  return arena_.stats();
 }
 
 // ---- timelines -----------------------------------------------------------------------------

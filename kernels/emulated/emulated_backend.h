@@ -24,11 +24,10 @@
 #pragma once
 
 #include <chrono>
-#include <map>
 #include <mutex>
-#include <unordered_map>
 
 #include "fuyou/backend.h"
+#include "kernels/common/arena.h"
 #include "fuyou/hardware.h"
 
 namespace fuyou::emulated {
@@ -112,9 +111,7 @@ class EmulatedBackend final : public Backend {
 
   // Arena: first-fit over offsets in the reservation, neighbours coalesced on free.
   char* base_ = nullptr;
-  std::map<uint64_t, uint64_t> free_;              // offset -> size
-  std::unordered_map<uint64_t, uint64_t> blocks_;  // offset -> size, in use
-  uint64_t used_ = 0, peak_ = 0;
+  ArenaBlocks arena_{o_.capacity, 256};  // the CUDA arena's block alignment
 };
 
 }  // namespace fuyou::emulated

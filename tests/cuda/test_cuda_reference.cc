@@ -17,6 +17,45 @@ namespace fs = std::filesystem;
 using namespace fuyou;
 
 
+namespace {
+
+// One forward and backward of a fixture's batch from its initial weights on `runner`: the
+// logits, the loss, and each gradient's error relative to PyTorch's (per tensor).
+struct FixturePass {
+  double logits_error = 0, loss_error = 0;
+  std::vector<std::pair<std::string, double>> grad_errors;
+};
+
+FixturePass fixture_pass(const SafetensorsReader& f, const Config& cfg, Backend& backend, StepRunner& runner) {
+  GptModel& model = runner.model();
+  const ParamLayout& layout = model.layout();
+  test::load_fixture_params(f, runner, "param.");
+  const int B = cfg.schedule.micro_batch, T = cfg.model.seq_len, V = cfg.model.vocab_size;
+  const size_t N = static_cast<size_t>(B) * T;
+  auto tokens = f.read_i32("tokens");
+  std::vector<int32_t> in(N), tg(N);
+  split_batch(tokens.data(), B, T, in.data(), tg.data());
+  FixturePass r;
+  const float loss = model.forward(in.data(), tg.data());
+  std::vector<float> logits(N * V);
+  backend.copy_to_host(logits.data(), model.logits(), sizeof(float) * logits.size());
+  const auto ref_logits = f.read_f32("logits", {B, T, V});
+  const float ref_loss = f.read_f32("loss")[0];
+  r.logits_error = test::rel_error(logits.data(), ref_logits.data(), N * V);
+  r.loss_error = std::fabs(loss - ref_loss) / std::fabs(ref_loss);
+  model.zero_grads();
+  model.backward(1.0f / static_cast<float>(N));
+  std::vector<float> grads(layout.total);
+  backend.copy_to_host(grads.data(), model.grads(), sizeof(float) * grads.size());
+  for (const TensorSpec& t : layout.tensors) {
+    auto ref = f.read_f32("grad." + t.name, t.shape);
+    r.grad_errors.push_back({t.name, test::rel_error(grads.data() + t.offset, ref.data(), t.numel)});
+  }
+  return r;
+}
+
+}  // namespace
+
 TEST_CASE("PyTorch fixtures through the CUDA backend", "[cuda][reference]") {
   std::vector<std::string> files = test::reference_fixtures();
   REQUIRE(files.size() >= 2);
@@ -27,34 +66,13 @@ TEST_CASE("PyTorch fixtures through the CUDA backend", "[cuda][reference]") {
     auto backend = make_cuda_backend(0, 0);
     backend->set_matmul_precision(MatmulPrecision::kFp32);
     StepRunner runner(cfg, *backend);
-    GptModel& model = runner.model();
-    const ParamLayout& layout = model.layout();
-    test::load_fixture_params(f, runner, "param.");
-    const int B = cfg.schedule.micro_batch, T = cfg.model.seq_len, V = cfg.model.vocab_size;
-    const size_t N = static_cast<size_t>(B) * T;
-
-    auto tokens = f.read_i32("tokens");
-    std::vector<int32_t> in(N), tg(N);
-    split_batch(tokens.data(), B, T, in.data(), tg.data());
-    float loss = model.forward(in.data(), tg.data());
-    std::vector<float> logits(N * V);
-    backend->copy_to_host(logits.data(), model.logits(), sizeof(float) * logits.size());
-    auto ref_logits = f.read_f32("logits", {B, T, V});
-    float ref_loss = f.read_f32("loss")[0];
-    CHECK(test::rel_error(logits.data(), ref_logits.data(), N * V) < 1e-5);
-    CHECK(std::fabs(loss - ref_loss) / std::fabs(ref_loss) < 1e-5);
-
-    model.zero_grads();
-    model.backward(1.0f / static_cast<float>(N));
-    std::vector<float> grads(layout.total);
-    backend->copy_to_host(grads.data(), model.grads(), sizeof(float) * grads.size());
-    for (const TensorSpec& t : layout.tensors) {
-      auto ref = f.read_f32("grad." + t.name, t.shape);
-      double err = test::rel_error(grads.data() + t.offset, ref.data(), t.numel);
-      INFO("gradient " << t.name << " rel error " << err);
+    const FixturePass p = fixture_pass(f, cfg, *backend, runner);
+    CHECK(p.logits_error < 1e-5);
+    CHECK(p.loss_error < 1e-5);
+    for (const auto& [name, err] : p.grad_errors) {
+      INFO("gradient " << name << " rel error " << err);
       CHECK(err < 1e-4);
     }
-
     test::check_fixture_training(f, runner, cfg);
   }
 }
@@ -74,34 +92,14 @@ TEST_CASE("PyTorch fixtures through the CUDA backend with bf16 GEMM inputs", "[c
     auto backend = make_cuda_backend(0, 0);
     backend->set_matmul_precision(MatmulPrecision::kBf16);
     StepRunner runner(cfg, *backend);
-    GptModel& model = runner.model();
-    test::load_fixture_params(f, runner, "param.");
-    const int B = cfg.schedule.micro_batch, T = cfg.model.seq_len, V = cfg.model.vocab_size;
-    const size_t N = static_cast<size_t>(B) * T;
     const double bound = 2 * (3 * cfg.model.n_layer + 1) * u;
-    auto tokens = f.read_i32("tokens");
-    std::vector<int32_t> in(N), tg(N);
-    split_batch(tokens.data(), B, T, in.data(), tg.data());
-    float loss = model.forward(in.data(), tg.data());
-    std::vector<float> logits(N * V);
-    backend->copy_to_host(logits.data(), model.logits(), sizeof(float) * logits.size());
-    auto ref_logits = f.read_f32("logits", {B, T, V});
-    float ref_loss = f.read_f32("loss")[0];
-    const double e_logits = test::rel_error(logits.data(), ref_logits.data(), N * V);
-    INFO("logits rel error " << e_logits << ", bound " << bound);
-    CHECK(e_logits < bound);
-    CHECK(e_logits > 0);  // the bf16 path ran
-    CHECK(std::fabs(loss - ref_loss) / std::fabs(ref_loss) < bound);
-    model.zero_grads();
-    model.backward(1.0f / static_cast<float>(N));
-    std::vector<float> grads(model.layout().total);
-    backend->copy_to_host(grads.data(), model.grads(), sizeof(float) * grads.size());
-    auto ref = std::vector<float>();
+    const FixturePass p = fixture_pass(f, cfg, *backend, runner);
+    INFO("logits rel error " << p.logits_error << ", bound " << bound);
+    CHECK(p.logits_error < bound);
+    CHECK(p.logits_error > 0);  // the bf16 path ran
+    CHECK(p.loss_error < bound);
     double worst = 0;
-    for (const TensorSpec& t : model.layout().tensors) {
-      ref = f.read_f32("grad." + t.name, t.shape);
-      worst = std::max(worst, test::rel_error(grads.data() + t.offset, ref.data(), t.numel));
-    }
+    for (const auto& [name, err] : p.grad_errors) worst = std::max(worst, err);
     INFO("worst gradient rel error " << worst);
     CHECK(worst < 2 * bound);  // the backward runs each GEMM path twice (dX and dW)
   }
