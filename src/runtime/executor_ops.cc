@@ -186,8 +186,14 @@ void OffloadTrainer::Impl::first_rows(Iter& it) {
   }
   std::sort(row_tokens_.begin(), row_tokens_.end());
   row_tokens_.erase(std::unique(row_tokens_.begin(), row_tokens_.end()), row_tokens_.end());
-  for (int32_t tok : row_tokens_) it.first_rows.push_back({tok * C, tok * C + C});
-  if (table < numel) it.first_rows.push_back({table, numel});
+  // Adjacent rows make one range: one copy and one update range instead of one per row
+  // (tens of thousands per step at large micro-batches, each a cudaMemcpyAsync on a GPU).
+  auto add = [&](size_t a, size_t b) {
+    if (!it.first_rows.empty() && it.first_rows.back().second == a) it.first_rows.back().second = b;
+    else it.first_rows.push_back({a, b});
+  };
+  for (int32_t tok : row_tokens_) add(tok * C, tok * C + C);
+  if (table < numel) add(table, numel);
 }
 
 // Elements [begin, end) of the embedding less the ranges its first part updated, into `out`.
