@@ -8,14 +8,14 @@
 #include "fuyou/config.h"
 #include "fuyou/error.h"
 #include "fuyou/sizes.h"
+#include "fuyou/threads.h"
 #include "kernels/cpu/gemm.h"
 
 namespace fuyou::cpu {
 
 CpuBackend::CpuBackend(int threads, uint64_t capacity) : threads_(threads), capacity_(capacity) {
   FY_CHECK(threads >= 1, "threads ", threads);
-  omp_set_num_threads(threads_);
-  set_gemm_threads(threads_);
+  threads_ = set_thread_team(threads);
 }
 
 CpuBackend::~CpuBackend() {

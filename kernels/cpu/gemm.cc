@@ -19,7 +19,6 @@ void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, cons
            " N=", N, " K=", K, ")");
 }
 
-void set_gemm_threads(int threads) { omp_set_num_threads(threads); }
 
 const char* gemm_library_name() {
   static std::string name = [] {

@@ -5,7 +5,8 @@
 namespace fuyou::cpu {
 
 // C(M,N) = alpha * op(A) * op(B) + beta * C, all row-major; op(X) = X^T when trans_X.
-// lda/ldb/ldc are row strides in elements. Uses the threads set by set_gemm_threads().
+// lda/ldb/ldc are row strides in elements. Uses the calling thread's OpenMP team
+// (set_thread_team, include/fuyou/threads.h).
 void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
               int lda, const float* B, int ldb, float beta, float* C, int ldc);
 
@@ -33,9 +34,6 @@ void matmul_backward_bf16(float* din, float* dw, float* dbias, const float* dout
 // runs at fp32 speed here.
 void gemm_fp16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                int lda, const float* B, int ldb, float beta, float* C, int ldc);
-
-// Sets the thread count the GEMM library uses for calls made outside a parallel region.
-void set_gemm_threads(int threads);
 
 // The library and version, for logs and bench output.
 const char* gemm_library_name();

@@ -6,6 +6,8 @@
 
 #include <omp.h>
 
+#include "fuyou/threads.h"
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -69,7 +71,7 @@ class OpQueue {
 
  private:
   void run() {
-    omp_set_num_threads(omp_threads_);
+    set_thread_team(omp_threads_);
     for (;;) {
       std::pair<uint64_t, std::function<void()>> op;
       {

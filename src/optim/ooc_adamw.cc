@@ -13,6 +13,7 @@
 
 #include "fuyou/error.h"
 #include "fuyou/sizes.h"
+#include "fuyou/threads.h"
 
 namespace fuyou {
 
@@ -140,7 +141,7 @@ class OocAdamW::Impl {
 
   void update(const Update& u) {
     const OptimGroup& grp = groups_.at(u.group);
-    omp_set_num_threads(u.threads > 0 ? u.threads : default_threads_);
+    set_thread_team(u.threads > 0 ? u.threads : default_threads_);
     AdamWStep step{u.lr, opts_.beta1, opts_.beta2, opts_.eps, 0.0f, u.t};
     // Runs the kernel on elements [begin, end) of the group, with state at the given
     // pointers (which hold element `begin` at index 0), split at tensor boundaries for decay.

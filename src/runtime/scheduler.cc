@@ -9,6 +9,7 @@
 #include <omp.h>
 
 #include "fuyou/error.h"
+#include "fuyou/threads.h"
 #include "fuyou/optim.h"
 #include "fuyou/train.h"
 #include "src/runtime/executor.h"
@@ -139,7 +140,7 @@ long OffloadTrainer::Impl::next_op(int r) const {
 // reordering queues: see next_op).
 void OffloadTrainer::Impl::worker(int r) {
   // runtime.threads for the kernels and sums run here: an OpenMP thread count is per thread.
-  omp_set_num_threads(update_threads_);
+  set_thread_team(update_threads_);
   Ring& q = rings_[r];
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
