@@ -5,6 +5,7 @@
 // a graceful stop writes a resumable checkpoint; faults while checkpointing (ENOSPC, EIO,
 // short writes in the checkpoint files, EIO reading the SSD store) leave the previous
 // checkpoint intact and resumable; a resume that changes a trajectory key is refused.
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -344,6 +345,48 @@ TEST_CASE("an SSD read error while checkpointing names the file; the previous ch
   const std::string ck = resolve_checkpoint(run);
   restore_checkpoint(ck, read_checkpoint_manifest(ck), mem.model, *fresh);
   CHECK(fresh->counters().adam_step == 1);
+}
+
+TEST_CASE("bytes changed in an SSD store file mid-run are reported as corruption, naming step and extent",
+          "[checkpoint]") {
+  Scratch s("storeflip");
+  Config cfg = base_config(s);
+  offload_everything(&cfg, s);
+  // Just before the store reads a range back, one byte of it changes on the disk.
+  struct Flip : FileLayer {
+    std::atomic<bool> armed{false};
+    std::string path;
+    IoFault before_io(const IoAttempt& a) override {
+      if (a.op != IoOp::kRead || !armed.exchange(false)) return {};
+      path = *a.path;
+      int fd = ::open(a.path->c_str(), O_RDWR);
+      unsigned char c = 0;
+      if (fd >= 0 && ::pread(fd, &c, 1, static_cast<off_t>(a.file_offset + 10)) == 1) {
+        c ^= 0xff;
+        if (::pwrite(fd, &c, 1, static_cast<off_t>(a.file_offset + 10)) != 1) path.clear();
+      }
+      if (fd >= 0) ::close(fd);
+      return {};
+    }
+  };
+  auto flip = std::make_shared<Flip>();
+  auto be = make_cpu_backend(2, 0);
+  EngineOptions eo;
+  eo.store_files = flip;
+  auto engine = make_train_engine(cfg, *be, eo);
+  engine->init_params();
+  std::vector<int32_t> batch(static_cast<size_t>(cfg.schedule.micro_batch) * (cfg.model.seq_len + 1));
+  for (size_t i = 0; i < batch.size(); ++i) batch[i] = static_cast<int32_t>((i * 37 + 5) % 256);
+  engine->step(0, {batch.data(), batch.data()});
+  flip->armed = true;
+  CHECK_THROWS_WITH(engine->step(1, {batch.data(), batch.data()}),
+                    // The step the damaged read served: this one, or the last one's update that
+                    // runs beside this one's forward.
+                    Catch::Matchers::Matches("step [12], [a-z ]+[0-9]*: SSD store: checksum mismatch reading extent "
+                                             "'[^']+': [0-9]+ bytes at extent offset [0-9]+ \\(.*fuyou\\.store offset "
+                                             "[0-9]+\\) .*changed after they were written.*"));
+  CHECK(!flip->path.empty());
+  CHECK_FALSE(flip->armed);
 }
 
 TEST_CASE("a damaged checkpoint is refused naming the file and the group", "[checkpoint]") {

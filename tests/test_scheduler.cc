@@ -212,6 +212,11 @@ TEST_CASE("offloaded training is bitwise equal to in-memory training", "[schedul
     CHECK(count(sp, from_wout) == (clip > 0 ? 0 : 2));
     CHECK(count(sp, ssd_read) > 0);
     require_bitwise(offloaded(cfg, req, data, store.get(), twin), ref);
+    // Every byte read back from the store was checked against the checksum of its write:
+    // the executor and the optimizer read exactly the ranges they wrote.
+    INFO("verified " << store->stats().verified_bytes << ", unverified " << store->stats().unverified_bytes);
+    CHECK(store->stats().verified_bytes > 0);
+    CHECK(store->stats().unverified_bytes == 0);
 
     // One device weight slot fewer than the roomy plan: the backward reloads the lowest
     // layers. Retained (plain mode), from their weights-out slots, not yet rewritten; in exact

@@ -695,3 +695,123 @@ TEST_CASE("storage: pool slots go through registered (fixed) buffers", "[storage
   CHECK(same(plain.p, static_cast<char*>(w.ptr), MiB));
   CHECK(store->stats().fixed_requests < store->stats().requests);
 }
+
+// ---- checksums (StoreConfig::verify) -------------------------------------------------------
+
+namespace {
+
+// Overwrites one byte of a backing file behind the store's back (buffered; the store's next
+// O_DIRECT read of the range writes the page back and then reads the device).
+void flip_byte(const std::string& path, uint64_t offset) {
+  int fd = ::open(path.c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  unsigned char c = 0;
+  REQUIRE(::pread(fd, &c, 1, static_cast<off_t>(offset)) == 1);
+  c ^= 0x5a;
+  REQUIRE(::pwrite(fd, &c, 1, static_cast<off_t>(offset)) == 1);
+  ::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace
+
+TEST_CASE("storage: bytes changed on the disk after a write are reported as a checksum mismatch",
+          "[storage]") {
+  TempDirs t("sums", 2);
+  const uint64_t stripe = 64 * KiB;
+  auto store = SsdStore::open(config(t.dirs, stripe, 64 * KiB, 8));
+  const uint64_t n = 3 * MiB + 12 * KiB;  // three whole checksum blocks and a short one
+  store->define_extent("pad", 8 * KiB);   // so that the extent does not start at logical 0
+  ExtentId id = store->define_extent("layer.2/adam_m", n);
+  const uint64_t base = store->extent(id).logical_offset;
+  Buf src(n), back(n);
+  fill(src.p, n, 71);
+  store->write_sync(id, 0, src.p, n);
+  store->read_sync(id, 0, back.p, n);
+  CHECK(same(back.p, src.p, n));
+  CHECK(store->stats().verified_bytes == n);
+  CHECK(store->stats().unverified_bytes == 0);
+
+  // One byte inside the third block (extent offset 2 MiB + 5000), at its place on the disk.
+  const uint64_t bad = 2 * MiB + 5000;
+  int dir = 0;
+  uint64_t file_off = 0, run = 0;
+  StripeLayout{2, stripe}.map(base + bad, &dir, &file_off, &run);
+  flip_byte(store->backing_paths()[dir], file_off);
+  try {
+    store->read_sync(id, 0, back.p, n);
+    FAIL("a read of changed bytes reported success");
+  } catch (const IoError& e) {
+    uint64_t block_dir_off = 0;
+    StripeLayout{2, stripe}.map(base + 2 * MiB, &dir, &block_dir_off, &run);
+    CHECK_THAT(e.what(), Contains("checksum mismatch reading extent 'layer.2/adam_m'") &&
+                             Contains(str(MiB, " bytes at extent offset ", 2 * MiB)) &&
+                             Contains(str(store->backing_paths()[dir], " offset ", block_dir_off)) &&
+                             Contains("changed after they were written"));
+  }
+  CHECK(store->stats().checksum_failures == 1);
+  // The blocks around it are intact and still read (and check) clean.
+  store->read_sync(id, 0, back.p, 2 * MiB);
+  CHECK(same(back.p, src.p, 2 * MiB));
+  store->read_sync(id, 3 * MiB, back.p, 12 * KiB);
+  CHECK(same(back.p, src.p + 3 * MiB, 12 * KiB));
+  CHECK(store->stats().checksum_failures == 1);
+  // Rewriting the block heals it.
+  store->write_sync(id, 2 * MiB, src.p + 2 * MiB, MiB);
+  store->read_sync(id, 0, back.p, n);
+  CHECK(same(back.p, src.p, n));
+
+  // Without verify the same damage comes back as data: what the option turns off.
+  TempDirs t2("nosums", 1);
+  StoreConfig off = config(t2.dirs, stripe, 64 * KiB, 8);
+  off.verify = false;
+  auto plain = SsdStore::open(off);
+  ExtentId p = plain->define_extent("x", MiB);
+  plain->write_sync(p, 0, src.p, MiB);
+  flip_byte(plain->backing_paths()[0], 100);
+  plain->read_sync(p, 0, back.p, MiB);
+  CHECK(back.p[100] != src.p[100]);
+  CHECK(plain->stats().verified_bytes == 0);
+}
+
+TEST_CASE("storage: checksums follow partial overwrites, sub-range reads and failed writes", "[storage]") {
+  TempDirs t("sums-partial", 1);
+  auto files = std::make_shared<FaultyFiles>();
+  StoreConfig cfg = config(t.dirs, 256 * KiB, 256 * KiB, 8);
+  cfg.files = files;
+  auto store = SsdStore::open(cfg);
+  const uint64_t n = 3 * MiB;
+  ExtentId id = store->define_extent("x", n + 64 * KiB);
+  Buf src(n), back(n);
+  fill(src.p, n, 3);
+  // Never written: read, but nothing to check.
+  store->read_sync(id, 0, back.p, 64 * KiB);
+  CHECK(store->stats().unverified_bytes == 64 * KiB);
+  store->write_sync(id, 0, src.p, n);
+  // 4 KiB inside the second block: that block's sum is gone, the first and third stay, and
+  // the new write has its own.
+  fill(src.p + MiB + 4 * KiB, 4 * KiB, 4);
+  store->write_sync(id, MiB + 4 * KiB, src.p + MiB + 4 * KiB, 4 * KiB);
+  StoreStats before = store->stats();
+  store->read_sync(id, 0, back.p, n);
+  CHECK(same(back.p, src.p, n));
+  StoreStats after = store->stats();
+  CHECK(after.verified_bytes - before.verified_bytes == 2 * MiB + 4 * KiB);
+  CHECK(after.unverified_bytes - before.unverified_bytes == MiB - 4 * KiB);
+  // A read that starts inside a block checks only the whole blocks it covers.
+  before = after;
+  store->read_sync(id, 512 * KiB, back.p, MiB + 512 * KiB);
+  CHECK(same(back.p, src.p + 512 * KiB, MiB + 512 * KiB));
+  after = store->stats();
+  CHECK(after.verified_bytes - before.verified_bytes == 4 * KiB);
+  // A damaged third block is still caught after the overwrite split its record.
+  flip_byte(store->backing_paths()[0], store->extent(id).logical_offset + 2 * MiB + 77);
+  CHECK_THROWS_WITH(store->read_sync(id, 2 * MiB, back.p, MiB), Contains("checksum mismatch"));
+  // A write that failed leaves its bytes unknown: no sum, so no false alarm and no check.
+  files->add({IoOp::kWrite, -1, EIO, 0, 1});
+  CHECK_THROWS_WITH(store->write_sync(id, 2 * MiB, src.p + 2 * MiB, MiB), Contains("Input/output error"));
+  before = store->stats();
+  store->read_sync(id, 2 * MiB, back.p, MiB);
+  CHECK(store->stats().unverified_bytes - before.unverified_bytes == MiB);
+  CHECK(store->stats().checksum_failures == 1);
+}

@@ -259,6 +259,7 @@ CLI::App* add_io_command(CLI::App& app, IoArgs& a) {
   io->add_flag("--keep-files", a.opts.keep_files, "Leave the backing files");
   io->add_flag("!--no-register", a.opts.register_buffers, "Do not register the buffers with io_uring");
   io->add_flag("!--no-huge-pages", a.opts.huge_pages, "Do not ask for huge pages for the buffers");
+  io->add_flag("!--no-verify", a.opts.verify, "Without the store's block checksums (offload.verify_store: false)");
   io->add_flag("--json", a.json, "One JSON object on stdout");
   return io;
 }

@@ -102,6 +102,8 @@ struct OffloadConfig {
   // Hardware profile (configs/hardware/*.yaml) the automatic activation placement simulates
   // plans on; empty: auto places activations by the memory rule alone.
   std::string hardware;
+  // Checksums of every block written to the SSD store, checked on read (StoreConfig::verify).
+  bool verify_store = true;
 };
 
 struct RuntimeConfig {

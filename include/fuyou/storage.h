@@ -19,6 +19,17 @@
 // reports success for bytes it did not transfer, and a failed write touches only the
 // range it was asked to write.
 //
+// Integrity: with `verify` (the default) the store keeps the XXH3-64 of every written block
+// (kSumBlock bytes of a write request, counted from the request's start) in memory, and a
+// read that covers a whole block checks it when it is waited: bytes that changed on the disk
+// after they were written (a failing SSD, another process writing into a backing file) are
+// reported as an IoError naming the extent, the extent offset, the backing file and its
+// offset, never handed on as data. The sums a read checks are those in force when it was
+// submitted. A block that a later write overlaps only in part is dropped (its bytes are no
+// longer known); reads of such bytes, or of bytes never written, are counted in
+// StoreStats::unverified_bytes. The engine writes and reads back the same ranges, so its
+// reads are all verified (tests check unverified_bytes == 0). Cost: docs/robustness.md.
+//
 // Durability: a write is on the device (past the page cache, O_DIRECT) when wait() returns,
 // but may sit in the device's volatile write cache and, for ext4/xfs, its block mapping may
 // still be in the journal; it survives a power loss only after flush().
@@ -65,6 +76,8 @@ struct StoreConfig {
   // unless asked to keep them (for inspection).
   bool keep_files = false;
   uint64_t max_bytes = 0;  // SSD budget for all extents together; 0: no limit
+  // Keep a checksum of every written block and check it on read (see "Integrity" above).
+  bool verify = true;
   // The file layer; null means the real one (open/fallocate/fsync, no faults).
   std::shared_ptr<FileLayer> files;
 };
@@ -91,7 +104,17 @@ struct StoreStats {
   uint64_t failed_requests = 0;  // tickets that ended in an error
   uint64_t reclaimed_bytes = 0;  // of backing files left by processes that are gone (open)
   bool fixed_buffers = false;    // a pool is registered with the ring
+  // With StoreConfig::verify: bytes read whose block checksum matched, bytes read that no
+  // whole written block covered (never written, or written in part since), and reads that
+  // found a mismatch.
+  uint64_t verified_bytes = 0;
+  uint64_t unverified_bytes = 0;
+  uint64_t checksum_failures = 0;
 };
+
+// The unit of the store's checksums: each write request is hashed in blocks of this many
+// bytes from its start (the last one shorter).
+constexpr uint64_t kSumBlock = 1ull << 20;
 
 class SsdStore {
  public:

@@ -393,6 +393,7 @@ OffloadConfig parse_offload(const YAML::Node& node, const std::string& source, i
   s.get("hardware", o.hardware);
   s.get("weights", o.weights);
   s.get("optimizer_state", o.optimizer_state);
+  s.get("verify_store", o.verify_store);
   std::string deferred = "auto";
   s.get("deferred_updates", deferred);
   s.finish();
@@ -584,6 +585,7 @@ std::string config_to_yaml(const Config& c) {
   if (c.offload.deferred_updates < 0) e << "auto";
   else e << c.offload.deferred_updates;
   e << YAML::Key << "hardware" << YAML::Value << c.offload.hardware;
+  e << YAML::Key << "verify_store" << YAML::Value << c.offload.verify_store;
   e << YAML::EndMap;
   e << YAML::Key << "runtime" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "backend" << YAML::Value << c.runtime.backend;

@@ -248,6 +248,7 @@ std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backe
     StoreConfig sc;
     sc.dirs = cfg.offload.ssd_paths;
     sc.files = opts.store_files;
+    sc.verify = cfg.offload.verify_store;
     store = SsdStore::open(sc);
     // The whole plan's extents at once, so a run that cannot hold them stops here with the
     // total rather than at whichever extent happens to be defined last.

@@ -164,6 +164,12 @@ void OffloadTrainer::Impl::worker(int r) {
       // Done means done on the device: the ops that wait for this one (copies of what it
       // wrote, loads into what it read) start right after.
       if (op.resource == Resource::kCompute) be_.finish_compute();
+    } catch (const IoError& e) {
+      // A disk error (a failed request, bytes that changed on the disk) says where in the
+      // run it struck.
+      err = std::make_exception_ptr(IoError(str(it.forward_only ? "validation" : str("step ", it.step + 1), ", ",
+                                                op_kind_name(op.kind), op.layer >= 0 ? str(" of layer ", op.layer) : "",
+                                                ": ", e.what())));
     } catch (...) {
       err = std::current_exception();
     }

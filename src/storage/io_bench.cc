@@ -62,6 +62,7 @@ nlohmann::json run_io_bench(const IoBenchOptions& o) {
   sc.file_name = "fuyou-bench-io.store";
   sc.overwrite = true;  // the bench's own scratch file, left over only if a run was killed
   sc.keep_files = o.keep_files;
+  sc.verify = o.verify;
   auto store = SsdStore::open(sc);
   std::string where = store->backing_paths().front() + (o.dirs.size() > 1 ? " ..." : "");
 
@@ -136,6 +137,9 @@ nlohmann::json run_io_bench(const IoBenchOptions& o) {
       {"pool_bytes", pool.bytes()},
       {"huge_pages", o.huge_pages},
       {"verified", true},
+      {"store_checksums", o.verify},
+      {"checksum_verified_bytes", st.verified_bytes},
+      {"checksum_unverified_bytes", st.unverified_bytes},
       {"requests", st.requests},
       {"fixed_requests", st.fixed_requests},
       {"short_transfers", st.short_transfers},
@@ -164,11 +168,12 @@ void print_io_bench(const nlohmann::json& r) {
               r["read_s"].get<double>());
   std::printf(
       "  flush %.3f s, define (fallocate) %.3f s; %llu requests, %llu short, %llu retried; "
-      "data verified; peak RSS %s\n",
+      "data verified; store checksums %s; peak RSS %s\n",
       r["flush_s"].get<double>(), r["define_s"].get<double>(),
       static_cast<unsigned long long>(r["requests"].get<uint64_t>()),
       static_cast<unsigned long long>(r["short_transfers"].get<uint64_t>()),
       static_cast<unsigned long long>(r["retries"].get<uint64_t>()),
+      r["store_checksums"].get<bool>() ? "on (XXH3 per 1 MiB block, checked on read)" : "off",
       format_size(r["peak_rss_bytes"].get<uint64_t>()).c_str());
 }
 

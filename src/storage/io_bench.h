@@ -25,6 +25,7 @@ struct IoBenchOptions {
   bool register_buffers = true;
   bool huge_pages = true;  // the pool asks for transparent huge pages
   bool keep_files = false;
+  bool verify = true;  // the store's block checksums (StoreConfig::verify), as the engine runs it
 };
 
 // Runs the benchmark; returns the figures (read_MBps, write_MBps in 10^6 bytes/s, as fio's

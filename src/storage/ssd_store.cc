@@ -20,6 +20,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -28,6 +29,7 @@
 #include "fuyou/log.h"
 #include "fuyou/sizes.h"
 #include "fuyou/storage.h"
+#include <xxhash.h>
 #include "src/storage/dir_lock.h"
 #include "src/storage/file_layer.h"
 #include "src/storage/io_ring.h"
@@ -53,6 +55,27 @@ struct BackingFile {
   uint64_t size = 0;      // bytes allocated for the extents defined so far
 };
 
+// The checksums of one write request: the XXH3-64 of each kSumBlock-byte block from its
+// start (the last block shorter). Keyed by the request's extent offset.
+struct SumRecord {
+  uint64_t len = 0;
+  std::vector<uint64_t> sums;
+};
+
+// One block a read must check when it is waited: where it lies in the read's buffer.
+struct Expect {
+  uint64_t buf_off = 0;
+  uint64_t len = 0;
+  uint64_t sum = 0;
+};
+
+std::vector<uint64_t> block_sums(const char* p, uint64_t bytes) {
+  std::vector<uint64_t> out((bytes + kSumBlock - 1) / kSumBlock);
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = XXH3_64bits(p + i * kSumBlock, std::min(kSumBlock, bytes - i * kSumBlock));
+  return out;
+}
+
 struct Job {
   uint32_t gen = 1;
   bool active = false;  // holds a ticket that has not been waited
@@ -70,6 +93,7 @@ struct Job {
   int next = -1;        // issue FIFO link
   int more_errors = 0;  // failures after the first, which `error` describes
   std::string error;
+  std::vector<Expect> expect;  // a read's blocks to check (StoreConfig::verify)
 };
 
 struct Piece {
@@ -118,6 +142,7 @@ class SsdStore::Impl {
   std::vector<int> free_pieces;
   std::vector<RingCompletion> synthetic;  // failures injected by before_io, not sent
   std::vector<Registered> registered;
+  std::vector<std::map<uint64_t, SumRecord>> sums;  // per extent (StoreConfig::verify)
   int head = -1, tail = -1;
   int inflight = 0;  // pieces in flight, synthetic ones included
   bool stop = false;
@@ -144,7 +169,13 @@ class SsdStore::Impl {
   void fail_everything(const std::string& why);
   int buffer_index(const char* p, uint64_t bytes) const;
 
-  Ticket submit(IoOp op, ExtentId id, uint64_t offset, char* buf, uint64_t bytes);
+  Ticket submit(IoOp op, ExtentId id, uint64_t offset, char* buf, uint64_t bytes,
+                std::vector<uint64_t> write_sums = {});
+  // ---- checksums (StoreConfig::verify; with `m` held) ----------------------------------
+  void forget_sums(ExtentId id, uint64_t offset, uint64_t bytes);
+  void record_sums(ExtentId id, uint64_t offset, uint64_t bytes, std::vector<uint64_t> block);
+  void expect_sums(ExtentId id, uint64_t offset, uint64_t bytes, std::vector<Expect>* out);
+  std::string mismatch(ExtentId id, uint64_t logical, const Expect& x, uint64_t got, size_t more) const;
   int ticket_index(Ticket t) const;
   void wake();
 };
@@ -381,6 +412,7 @@ ExtentId SsdStore::define_extent(const std::string& name, uint64_t bytes) {
 
   ExtentId id = static_cast<ExtentId>(s.extents.size());
   s.extents.push_back(ExtentInfo{name, s.end, bytes, padded});
+  s.sums.emplace_back();
   s.by_name.emplace(name, id);
   s.end = new_end;
   return id;
@@ -491,7 +523,8 @@ void SsdStore::Impl::wake() {
   [[maybe_unused]] ssize_t n = ::write(wake_fd, &one, sizeof one);
 }
 
-Ticket SsdStore::Impl::submit(IoOp op, ExtentId id, uint64_t offset, char* buf, uint64_t bytes) {
+Ticket SsdStore::Impl::submit(IoOp op, ExtentId id, uint64_t offset, char* buf, uint64_t bytes,
+                              std::vector<uint64_t> write_sums) {
   bool need_wake;
   Ticket t;
   {
@@ -529,6 +562,9 @@ Ticket SsdStore::Impl::submit(IoOp op, ExtentId id, uint64_t offset, char* buf, 
     j.next = -1;
     j.more_errors = 0;
     j.error.clear();
+    j.expect.clear();
+    if (cfg.verify && op == IoOp::kWrite) record_sums(id, offset, bytes, std::move(write_sums));
+    if (cfg.verify && op == IoOp::kRead) expect_sums(id, offset, bytes, &j.expect);
     j.queued = bytes > 0;
     if (j.queued) {
       if (tail >= 0)
@@ -549,8 +585,11 @@ Ticket SsdStore::submit_read(ExtentId id, uint64_t offset, void* dst, uint64_t b
 }
 
 Ticket SsdStore::submit_write(ExtentId id, uint64_t offset, const void* src, uint64_t bytes) {
-  // The buffer is only read by the kernel; the cast lets one job type serve both ways.
-  return impl_->submit(IoOp::kWrite, id, offset, static_cast<char*>(const_cast<void*>(src)), bytes);
+  // The buffer is only read by the kernel; the cast lets one job type serve both ways. Its
+  // checksums are taken here, on the caller's thread, outside the store's lock.
+  char* p = static_cast<char*>(const_cast<void*>(src));
+  return impl_->submit(IoOp::kWrite, id, offset, p, bytes,
+                       impl_->cfg.verify ? block_sums(p, bytes) : std::vector<uint64_t>{});
 }
 
 int SsdStore::Impl::ticket_index(Ticket t) const {
@@ -575,7 +614,35 @@ void SsdStore::wait(Ticket t) {
   j.active = false;
   ++j.gen;  // a stale copy of this ticket no longer matches
   s.free_jobs.push_back(idx);
-  if (!j.failed) return;
+  if (!j.failed) {
+    if (j.expect.empty()) return;
+    // Hash without the lock, so that the I/O thread and other callers go on meanwhile; the
+    // slot may be reused at once, so keep what the check needs.
+    const std::vector<Expect> expect = std::move(j.expect);
+    const ExtentId id = j.extent;
+    const uint64_t logical = j.logical;
+    const char* buf = j.buf;
+    lk.unlock();
+    uint64_t ok = 0, got = 0;
+    const Expect* first_bad = nullptr;
+    size_t bad = 0;
+    for (const Expect& x : expect) {
+      uint64_t h = XXH3_64bits(buf + x.buf_off, x.len);
+      if (h == x.sum) {
+        ok += x.len;
+      } else if (bad++ == 0) {
+        first_bad = &x;
+        got = h;
+      }
+    }
+    lk.lock();
+    s.stats.verified_bytes += ok;
+    if (!first_bad) return;
+    ++s.stats.checksum_failures;
+    throw IoError(s.mismatch(id, logical, *first_bad, got, bad - 1));
+  }
+  if (j.op == IoOp::kWrite && s.cfg.verify)  // what reached the disk is unknown
+    s.forget_sums(j.extent, j.logical - s.extents[j.extent].logical_offset, j.bytes);
   ++s.stats.failed_requests;
   std::string msg =
       j.error.empty() ? "SSD store: request cancelled: the store was closing" : j.error;
@@ -645,6 +712,74 @@ std::vector<std::string> SsdStore::cleanup_paths() const {
     if (f.created && !impl_->cfg.keep_files) out.push_back(f.path);
   for (const auto& l : impl_->locks) out.push_back(l->path());
   return out;
+}
+
+// ---- checksums ---------------------------------------------------------------------------
+
+// Drops the sums of every block that [offset, offset + bytes) touches; whole blocks of the
+// same records outside the range stay, as records of their own (a block's boundaries are
+// fixed by its record's start, so a suffix keeps them by starting at a block boundary).
+void SsdStore::Impl::forget_sums(ExtentId id, uint64_t offset, uint64_t bytes) {
+  auto& recs = sums[id];
+  const uint64_t end = offset + bytes;
+  auto it = recs.lower_bound(offset);
+  if (it != recs.begin() && std::prev(it)->first + std::prev(it)->second.len > offset) --it;
+  std::vector<std::pair<uint64_t, SumRecord>> keep;
+  while (it != recs.end() && it->first < end) {
+    const uint64_t r0 = it->first;
+    SumRecord& r = it->second;
+    const size_t n = r.sums.size();
+    const size_t before = offset > r0 ? (offset - r0) / kSumBlock : 0;    // blocks ending <= offset
+    const size_t after = (end - r0 + kSumBlock - 1) / kSumBlock;          // first block starting >= end
+    if (before > 0)
+      keep.push_back({r0, SumRecord{before * kSumBlock, {r.sums.begin(), r.sums.begin() + before}}});
+    if (after < n)
+      keep.push_back({r0 + after * kSumBlock,
+                      SumRecord{r.len - after * kSumBlock, {r.sums.begin() + after, r.sums.end()}}});
+    it = recs.erase(it);
+  }
+  for (auto& k : keep) recs.emplace(std::move(k));
+}
+
+void SsdStore::Impl::record_sums(ExtentId id, uint64_t offset, uint64_t bytes, std::vector<uint64_t> block) {
+  forget_sums(id, offset, bytes);
+  if (bytes) sums[id].emplace(offset, SumRecord{bytes, std::move(block)});
+}
+
+// The blocks a read of [offset, offset + bytes) covers whole; the rest of its bytes are
+// counted as unverified.
+void SsdStore::Impl::expect_sums(ExtentId id, uint64_t offset, uint64_t bytes, std::vector<Expect>* out) {
+  const auto& recs = sums[id];
+  const uint64_t end = offset + bytes;
+  uint64_t covered = 0;
+  auto it = recs.lower_bound(offset);
+  if (it != recs.begin() && std::prev(it)->first + std::prev(it)->second.len > offset) --it;
+  for (; it != recs.end() && it->first < end; ++it) {
+    const uint64_t r0 = it->first;
+    const SumRecord& r = it->second;
+    for (size_t i = offset > r0 ? (offset - r0 + kSumBlock - 1) / kSumBlock : 0; i < r.sums.size(); ++i) {
+      const uint64_t b0 = r0 + i * kSumBlock, b1 = r0 + std::min((i + 1) * kSumBlock, r.len);
+      if (b1 > end) break;
+      out->push_back(Expect{b0 - offset, b1 - b0, r.sums[i]});
+      covered += b1 - b0;
+    }
+  }
+  stats.unverified_bytes += bytes - covered;
+}
+
+std::string SsdStore::Impl::mismatch(ExtentId id, uint64_t logical, const Expect& x, uint64_t got,
+                                     size_t more) const {
+  const ExtentInfo& e = extents[id];
+  const uint64_t ext_off = logical - e.logical_offset + x.buf_off;
+  int dir = 0;
+  uint64_t file_off = 0, run = 0;
+  layout().map(logical + x.buf_off, &dir, &file_off, &run);
+  return str("SSD store: checksum mismatch reading extent '", e.name, "': ", x.len, " bytes at extent offset ",
+             ext_off, " (", files[dir].path, " offset ", file_off, ") read back with XXH3 ", fmt::format("{:016x}", got),
+             " but were written with XXH3 ", fmt::format("{:016x}", x.sum),
+             more ? str(" (and ", more, " more blocks of this read)") : std::string(),
+             ": the bytes changed after they were written (a failing disk, or another process writing into "
+             "the backing file), or the read was submitted before the write of those bytes had finished");
 }
 
 // ---- the I/O thread ---------------------------------------------------------------------
