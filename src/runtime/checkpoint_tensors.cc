@@ -29,7 +29,7 @@ StateSink GroupTensorWriter::group_sink(int g) {
       if (lo == t0) w_.begin_tensor(prefix_ + t.name);
       const float* p = data + (lo - begin);
       w_.append(p, 4 * (hi - lo));
-      XXH3_64bits_update(hash_.get(), p, 4 * (hi - lo));
+      xxh3_64_update(hash_.get(), p, 4 * (hi - lo));
     }
   };
 }
@@ -68,7 +68,7 @@ StateSource GroupTensorReader::group_source(int g) {
       if (lo >= hi) continue;
       float* p = data + (lo - begin);
       f_.read(f_.reader().info(prefix_ + t.name), 4 * (lo - t0), p, 4 * (hi - lo));
-      XXH3_64bits_update(hash_.get(), p, 4 * (hi - lo));
+      xxh3_64_update(hash_.get(), p, 4 * (hi - lo));
     }
   };
 }

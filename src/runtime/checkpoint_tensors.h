@@ -3,7 +3,7 @@
 // group's XXH3-64 computed over the tensor bytes in file order on both sides.
 #pragma once
 
-#include <xxhash.h>
+#include "src/common/xxh3.h"
 
 #include <memory>
 #include <string>

@@ -29,7 +29,7 @@
 #include "fuyou/log.h"
 #include "fuyou/sizes.h"
 #include "fuyou/storage.h"
-#include <xxhash.h>
+#include "src/common/xxh3.h"
 #include "src/storage/dir_lock.h"
 #include "src/storage/file_layer.h"
 #include "src/storage/io_ring.h"
@@ -72,7 +72,7 @@ struct Expect {
 std::vector<uint64_t> block_sums(const char* p, uint64_t bytes) {
   std::vector<uint64_t> out((bytes + kSumBlock - 1) / kSumBlock);
   for (size_t i = 0; i < out.size(); ++i)
-    out[i] = XXH3_64bits(p + i * kSumBlock, std::min(kSumBlock, bytes - i * kSumBlock));
+    out[i] = xxh3_64(p + i * kSumBlock, std::min(kSumBlock, bytes - i * kSumBlock));
   return out;
 }
 
@@ -627,7 +627,7 @@ void SsdStore::wait(Ticket t) {
     const Expect* first_bad = nullptr;
     size_t bad = 0;
     for (const Expect& x : expect) {
-      uint64_t h = XXH3_64bits(buf + x.buf_off, x.len);
+      uint64_t h = xxh3_64(buf + x.buf_off, x.len);
       if (h == x.sum) {
         ok += x.len;
       } else if (bad++ == 0) {
