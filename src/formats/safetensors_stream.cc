@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -50,34 +51,80 @@ SafetensorsStreamWriter::SafetensorsStreamWriter(std::string path, std::vector<S
   while (h.size() % 8) h += ' ';
   header_bytes_ = 8 + h.size();
 
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+  fd_ = ::open(tmp_.c_str(), flags | O_DIRECT, 0644);
+  direct_ = fd_ >= 0;
+  if (fd_ < 0 && errno == EINVAL) fd_ = ::open(tmp_.c_str(), flags, 0644);  // no O_DIRECT here (tmpfs)
   if (fd_ < 0) throw IoError(str(tmp_, ": cannot create: ", std::strerror(errno)));
+  for (auto& c : chunks_) {
+    c.reset(static_cast<char*>(std::aligned_alloc(4096, kChunk)));
+    if (!c) {
+      ::close(fd_);
+      ::unlink(tmp_.c_str());
+      throw std::bad_alloc();
+    }
+  }
   unsigned char len[8];
   uint64_t n = h.size();
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((n >> (8 * i)) & 0xff);
-  try {
-    write_all(len, 8);
-    write_all(h.data(), h.size());
-  } catch (...) {
-    ::close(fd_);
-    ::unlink(tmp_.c_str());
-    throw;
-  }
+  put(len, 8);
+  put(h.data(), h.size());  // header chunks go out as they fill; the destructor cleans up after an error
 }
 
+void SafetensorsStreamWriter::FreeAligned::operator()(char* p) const { std::free(p); }
+
 SafetensorsStreamWriter::~SafetensorsStreamWriter() {
+  if (writing_.valid()) {
+    try {
+      writing_.get();
+    } catch (...) {  // the error was or will never be reported: the file goes anyway
+    }
+  }
   if (!finished_ && fd_ >= 0) {
     ::close(fd_);
     ::unlink(tmp_.c_str());
   }
 }
 
+void SafetensorsStreamWriter::put(const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes) {
+    const size_t n = std::min(bytes, kChunk - fill_);
+    std::memcpy(chunks_[filling_].get() + fill_, p, n);
+    fill_ += n;
+    p += n;
+    bytes -= n;
+    if (fill_ == kChunk) submit_chunk();
+  }
+}
+
+void SafetensorsStreamWriter::submit_chunk() {
+  wait_write();
+  writing_ = std::async(std::launch::async, [this, c = chunks_[filling_].get(), n = fill_] { write_all(c, n); });
+  filling_ ^= 1;
+  fill_ = 0;
+}
+
+void SafetensorsStreamWriter::wait_write() {
+  if (writing_.valid()) writing_.get();
+}
+
+// On the background thread (one write in flight at a time, in file order).
 void SafetensorsStreamWriter::write_all(const void* data, size_t bytes) {
   const char* p = static_cast<const char*>(data);
   size_t done = 0;
   while (done < bytes) {
     ssize_t w = write_fn_ ? write_fn_(fd_, p + done, bytes - done) : ::write(fd_, p + done, bytes - done);
     if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno == EINVAL && direct_) {
+      // O_DIRECT refused (an unaligned remainder after a short write, a filesystem that takes
+      // it at open but not here): the rest goes through the page cache.
+      const int fl = ::fcntl(fd_, F_GETFL);
+      if (fl >= 0 && ::fcntl(fd_, F_SETFL, fl & ~O_DIRECT) == 0) {
+        direct_ = false;
+        continue;
+      }
+    }
     if (w <= 0)
       throw IoError(str(tmp_, ": write of ", bytes - done, " bytes at offset ", offset_ + done,
                         " failed: ", w < 0 ? std::strerror(errno) : "no progress"));
@@ -105,7 +152,7 @@ void SafetensorsStreamWriter::append(const void* data, size_t bytes) {
   if (current_done_ + bytes > e.bytes())
     throw Error(str(path_, ": tensor '", e.name, "' takes ", e.bytes(), " bytes; ",
                     current_done_ + bytes, " were appended"));
-  write_all(data, bytes);
+  put(data, bytes);
   current_done_ += bytes;
 }
 
@@ -116,6 +163,17 @@ void SafetensorsStreamWriter::finish() {
   if (complete != entries_.size())
     throw Error(str(path_, ": finish() with tensor '", entries_[complete].name, "' incomplete (",
                     entries_.size() - complete, " of ", entries_.size(), " tensors missing data)"));
+  wait_write();
+  // The tail: with O_DIRECT padded to whole 4 KiB blocks, then cut back to the file's size.
+  const uint64_t size = header_bytes_ + data_bytes_;
+  if (fill_) {
+    const size_t n = direct_ ? (fill_ + 4095) / 4096 * 4096 : fill_;
+    std::memset(chunks_[filling_].get() + fill_, 0, n - fill_);
+    write_all(chunks_[filling_].get(), n);
+    fill_ = 0;
+  }
+  if (offset_ != size && ::ftruncate(fd_, static_cast<off_t>(size)) != 0)
+    throw IoError(str(tmp_, ": cannot truncate to ", size, " bytes: ", std::strerror(errno)));
   if (::fsync(fd_) != 0 || ::close(fd_) != 0) {
     int err = errno;
     fd_ = -1;
