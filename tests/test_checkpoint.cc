@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <chrono>
@@ -268,17 +269,17 @@ TEST_CASE("faults while writing a checkpoint leave the previous one intact and r
   for (Fault f : {Fault{"ENOSPC", ENOSPC, 70000}, Fault{"EIO", EIO, 1000}, Fault{"short writes", 0, 0}}) {
     DYNAMIC_SECTION(f.what) {
       const std::string dir = s.run(str("run-", f.err));
-      uint64_t written = 0;
+      std::atomic<uint64_t> written{0};
       CheckpointIo io;
-      io.write = [&](int fd, const void* p, size_t n) -> ssize_t {
+      io.write = [&](int fd, const void* p, size_t n, uint64_t at) -> ssize_t {
         // Short writes: at most 777 bytes per call, which the writer must complete.
-        if (f.err == 0) return ::write(fd, p, std::min<size_t>(n, 777));
+        if (f.err == 0) return ::pwrite(fd, p, std::min<size_t>(n, 777), static_cast<off_t>(at));
         // The first checkpoint (step 2) goes through; the second (step 4) fails part-way.
         if (!list_checkpoints(dir).empty() && (written += n) > f.budget) {
           errno = f.err;
           return -1;
         }
-        return ::write(fd, p, n);
+        return ::pwrite(fd, p, n, static_cast<off_t>(at));
       };
       TrainOptions o;
       o.run_dir = dir;

@@ -2,6 +2,7 @@
 // that names the file and what is wrong.
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
@@ -85,9 +86,11 @@ TEST_CASE("the streaming writer's O_DIRECT chunks make the same file as the in-m
                               {{"big", StDtype::kF32, {5'000'003}}, {"odd", StDtype::kF32, {7, 111}},
                                {"big2", StDtype::kF32, {5'000'003}}},
                               {{"k", "v"}});
-    int calls = 0;
+    std::atomic<int> calls{0};
     if (short_writes)  // the third write call comes back short, by an unaligned count
-      w.set_write_function([&](int fd, const void* p, size_t n) { return ::write(fd, p, ++calls == 3 ? 1000 : n); });
+      w.set_write_function([&](int fd, const void* p, size_t n, uint64_t at) {
+        return ::pwrite(fd, p, ++calls == 3 ? 1000 : n, static_cast<off_t>(at));
+      });
     for (const char* name : {"big", "odd", "big2"}) {
       w.begin_tensor(name);
       const std::vector<float>& v = std::string(name) == "odd" ? odd : big;

@@ -83,10 +83,10 @@ struct CheckpointManifest {
   std::vector<std::vector<std::string>> group_xxh3;
 };
 
-// Test seam: replaces write(2) for the tensor data of the checkpoint files (ENOSPC, EIO,
-// short writes).
+// Test seam: replaces pwrite(2) for the bytes of the checkpoint's tensor files (ENOSPC, EIO,
+// short writes); called from the file writer's background threads, several at once.
 struct CheckpointIo {
-  std::function<ssize_t(int fd, const void* data, size_t bytes)> write;
+  std::function<ssize_t(int fd, const void* data, size_t bytes, uint64_t offset)> write;
 };
 
 struct SavedCheckpoint {

@@ -6,12 +6,12 @@
 // file is written to PATH.tmp and renamed into place by finish(), so a crash or an error
 // leaves no half-written file under the final name.
 //
-// The bytes go to the disk with O_DIRECT in 16 MiB chunks, each written by a background
-// thread while the caller fills the next (two 16 MiB buffers, the writer's only memory): a
-// checkpoint streams at the disk's speed instead of first filling the page cache, which on a
-// loaded machine can be slower than the disk. The last chunk is padded to 4 KiB and the file
-// truncated to its size. Where the filesystem (or a short write) refuses O_DIRECT, the
-// writer goes on with buffered writes.
+// The bytes go to the disk with O_DIRECT in 8 MiB chunks at their file offsets, up to three
+// written by background threads while the caller fills the fourth (four 8 MiB buffers, the
+// writer's only memory): a checkpoint streams at the disk's speed instead of first filling
+// the page cache, which on a loaded machine can be slower than the disk. The last chunk is
+// padded to 4 KiB and the file truncated to its size. Where the filesystem (or a short write)
+// refuses O_DIRECT, the writer goes on with buffered writes.
 //
 // RangedTensorFile reads any byte range of a tensor in a file that SafetensorsReader has
 // already validated, for the chunked reads on the input side.
@@ -19,6 +19,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <future>
@@ -62,19 +63,21 @@ class SafetensorsStreamWriter {
   const std::string& path() const { return path_; }
   uint64_t file_size() const { return header_bytes_ + data_bytes_; }
 
-  // Replaces write(2) for the file's bytes (called on the writer's background thread, in
-  // file order): a test injects ENOSPC, EIO (return -1 with errno set) or short writes
-  // (return fewer bytes) through it.
-  using WriteFn = std::function<ssize_t(int fd, const void* data, size_t bytes)>;
+  // Replaces pwrite(2) for the file's bytes (called on the writer's background threads, up to
+  // three at once, each at its own offset): a test injects ENOSPC, EIO (return -1 with errno
+  // set) or short writes (return fewer bytes) through it.
+  using WriteFn = std::function<ssize_t(int fd, const void* data, size_t bytes, uint64_t offset)>;
   void set_write_function(WriteFn fn) { write_fn_ = std::move(fn); }
 
  private:
-  static constexpr size_t kChunk = 16u << 20;
+  static constexpr size_t kChunk = 8u << 20;
+  static constexpr size_t kHugePage = 2u << 20;
+  static constexpr int kChunks = 4;
 
   void put(const void* data, size_t bytes);  // into the chunk being filled
-  void submit_chunk();                       // hands the full chunk to the background write
-  void wait_write();                         // for the write in flight; rethrows its error
-  void write_all(const void* data, size_t bytes);
+  void submit_chunk();                       // hands the full chunk to a background write
+  void wait_writes();                        // for every write in flight, oldest first; rethrows
+  void write_at(const char* data, size_t bytes, uint64_t offset);
 
   std::string path_;
   std::string tmp_;
@@ -84,17 +87,17 @@ class SafetensorsStreamWriter {
   uint64_t data_bytes_ = 0;
   size_t current_ = static_cast<size_t>(-1);  // index of the tensor being written
   uint64_t current_done_ = 0;                 // bytes of it written so far
-  uint64_t offset_ = 0;                       // bytes written to the file so far
   bool finished_ = false;
-  bool direct_ = false;  // the descriptor has O_DIRECT (cleared if a write refuses it)
+  std::atomic<bool> direct_{false};  // the descriptor has O_DIRECT (cleared if a write refuses it)
   WriteFn write_fn_;
   struct FreeAligned {
     void operator()(char* p) const;
   };
-  std::unique_ptr<char, FreeAligned> chunks_[2];  // 4 KiB aligned, kChunk bytes each
-  int filling_ = 0;                                // the chunk put() fills
-  size_t fill_ = 0;                                // its bytes so far
-  std::future<void> writing_;                      // the other chunk's write, if any
+  std::unique_ptr<char, FreeAligned> chunks_[kChunks];  // 4 KiB aligned, kChunk bytes each
+  std::future<void> writing_[kChunks];                  // each chunk's write in flight, if any
+  int filling_ = 0;                                      // the chunk put() fills
+  size_t fill_ = 0;                                      // its bytes so far
+  uint64_t queued_ = 0;                                  // file bytes handed to writes so far
 };
 
 // A validated safetensors file opened for ranged reads. Owns the reader (for the header)
