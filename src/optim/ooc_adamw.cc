@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include <omp.h>
 
@@ -325,25 +326,44 @@ class OocAdamW::Impl {
     return kind == StateKind::kMaster ? h.master : kind == StateKind::kAdamM ? h.m : h.v;
   }
 
-  // One kind's extent of an SSD group, chunk by chunk through slot 0 of set 0 (the worker is
-  // idle while this runs: it is called from a queued task). Writes zero the padding past the
-  // group's last element, so the bytes on disk are defined.
+  // One kind's extent of an SSD group, chunk by chunk through the three slots of set 0 in turn
+  // (the worker is idle while this runs: it is called from a queued task), so that the disk
+  // works on the next chunks while `fn` takes this one: reads run two chunks ahead, writes go
+  // out behind. Writes zero the padding past the group's last element, so the bytes on disk
+  // are defined.
   void stream_kind(int g, StateKind kind, bool write, const std::function<void(size_t, size_t, float*)>& fn) {
     const Ext& e = ext_[g];
     const ExtentId id = kind == StateKind::kMaster ? e.master : kind == StateKind::kAdamM ? e.m : e.v;
-    const size_t C = opts_.chunk_elems, numel = groups_[g].numel;
-    float* slot = slots_[0][0];
-    for (size_t begin = 0; begin < numel; begin += C) {
-      size_t n = std::min(C, numel - begin);
-      uint64_t bytes = (4 * n + kIoAlign - 1) / kIoAlign * kIoAlign, off = 4ull * begin;
-      if (write) {
-        std::memset(reinterpret_cast<char*>(slot) + 4 * n, 0, bytes - 4 * n);
-        fn(begin, n, slot);
-        store_->write_sync(id, off, slot, bytes);
-      } else {
-        store_->read_sync(id, off, slot, bytes);
-        fn(begin, n, slot);
+    const size_t C = opts_.chunk_elems, numel = groups_[g].numel, chunks = (numel + C - 1) / C;
+    float* const* slot = slots_[0];
+    std::vector<Ticket> t(chunks, 0);
+    auto elems = [&](size_t k) { return std::min(C, numel - k * C); };
+    auto bytes = [&](size_t k) { return round_up(4 * elems(k), kIoAlign); };
+    auto wait = [&](size_t k) { store_->wait(std::exchange(t[k], 0)); };
+    auto read = [&](size_t k) { t[k] = store_->submit_read(id, 4ull * k * C, slot[k % 3], bytes(k)); };
+    try {
+      for (size_t k = 0; !write && k < std::min<size_t>(2, chunks); ++k) read(k);
+      for (size_t k = 0; k < chunks; ++k) {
+        float* s = slot[k % 3];
+        if (write) {
+          if (k >= 3) wait(k - 3);  // the slot's previous chunk is on disk
+          std::memset(reinterpret_cast<char*>(s) + 4 * elems(k), 0, bytes(k) - 4 * elems(k));
+          fn(k * C, elems(k), s);
+          t[k] = store_->submit_write(id, 4ull * k * C, s, bytes(k));
+        } else {
+          wait(k);
+          if (k + 2 < chunks) read(k + 2);  // into the slot chunk k-1 has left
+          fn(k * C, elems(k), s);
+        }
       }
+      for (size_t k = 0; k < chunks; ++k)
+        if (t[k]) wait(k);
+    } catch (...) {
+      // Drain what is still in flight before the slots can be reused; the first error is the
+      // one reported.
+      for (Ticket x : t)
+        if (x) try { store_->wait(x); } catch (...) {}
+      throw;
     }
   }
 
