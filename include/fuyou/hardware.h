@@ -21,8 +21,9 @@ struct HardwareProfile {
   // the efficiency is interpolated linearly in log2(size) and clamped at the ends.
   double peak_flops = 0;  // FLOP/s
   std::vector<std::pair<double, double>> gemm_efficiency;  // (size, fraction of peak), sorted
-  // Bytes per activation / weight / gradient element on the device (4: fp32, 2: bf16).
-  // Plans are built with fp32 sizes; transfers are scaled by element_bytes / 4.
+  // Bytes per activation / weight / gradient element a 16-bit storage mode would give this
+  // device (4: fp32, 2: bf16). Not applied: plans count the bytes the run stores (fp32 on
+  // every backend today), and the simulator and the emulated device charge those.
   int element_bytes = 4;
 
   // Host <-> device links (PCIe; memcpy on the CPU backend), bytes/s.
@@ -50,10 +51,9 @@ struct HardwareProfile {
   // Seconds `flops` of a layer's work of GEMM size `size` (gemm_work_size) take: the
   // simulator's compute cost, and the emulated device's.
   double compute_seconds(double flops, double size) const;
-  // Seconds a host<->device copy of `plan_bytes` (fp32 sizes, as plans count them) takes:
-  // scaled to element_bytes, over the link.
-  double h2d_seconds(double plan_bytes) const { return plan_bytes * element_bytes / 4.0 / h2d_Bps; }
-  double d2h_seconds(double plan_bytes) const { return plan_bytes * element_bytes / 4.0 / d2h_Bps; }
+  // Seconds a host<->device copy of `bytes` takes over the link.
+  double h2d_seconds(double bytes) const { return bytes / h2d_Bps; }
+  double d2h_seconds(double bytes) const { return bytes / d2h_Bps; }
   // Aggregate sequential bandwidth over the striped SSDs for one request of `bytes`
   // (a request smaller than a stripe unit times the drive count reaches fewer drives).
   double ssd_read_rate(uint64_t bytes) const;
