@@ -237,6 +237,22 @@ TEST_CASE("simulator: reads, writes and optimizer state share one disk", "[simul
     CHECK(s.end[u] == 2.0);
     CHECK(s.end[r] == 2.0);
   }
+  SECTION("disks that serve reads and writes at once in part: ssd_mixed, as a profile measures it") {
+    // A read of 1 s and a write of 2 s at once on disks that give 1.5 directions' worth: each
+    // at 0.75 until the read ends at 4/3 s, then the write's last 1 s alone. The profile's
+    // measurement, solved back from those times, gives 1.5 again.
+    hw.ssd_mixed = 1.5;
+    const int r = b.add(Resource::kSsdRead, 1), w = b.add(Resource::kSsdWrite, 2);
+    SimResult s = simulate(b.plan, hw);
+    CHECK(s.end[r] == Approx(4.0 / 3).epsilon(1e-12));
+    CHECK(s.end[w] == Approx(1 + 4.0 / 3).epsilon(1e-12));
+    CHECK(mixed_capacity_from(1, 2, s.end[w]) == Approx(1.5).epsilon(1e-12));
+    CHECK(mixed_capacity_from(1, 2, 3) == 1.0);  // took turns
+    CHECK(mixed_capacity_from(1, 2, 2) == 2.0);  // full duplex
+    // An update alone reads and writes too: its 3 s of disk take 2 s.
+    const int u = add_ssd_update(b, params, {w});
+    CHECK(op_duration(b.plan, b.plan.ops[u], hw) == 2.0);
+  }
   SECTION("the disk's busy time is the union of its users' times, and can be the busiest") {
     const int r = b.add(Resource::kSsdRead, 1);
     b.add(Resource::kSsdWrite, 1, {r});
@@ -352,11 +368,17 @@ TEST_CASE("hardware profile: parse, round trip and errors", "[simulator]") {
       "optimizer: {params_per_s: 2.0e9}\nmemory: {device: 24GiB, host: 128GiB, host_bandwidth_GBps: 80}\n";
   HardwareProfile p = parse_hardware_profile(text, "<t>");
   CHECK(p.peak_flops == 100e12);
+  CHECK(p.ssd_mixed == 1.0);  // without ssd.mixed: reads and writes take turns
   CHECK(p.element_bytes == 2);
   CHECK(p.ssds == 3);
   CHECK(p.device_memory == 24ull << 30);
+  p.ssd_mixed = 1.25;
   HardwareProfile q = parse_hardware_profile(hardware_profile_to_yaml(p, "# header\n"), "<round trip>");
   CHECK(q.peak_flops == p.peak_flops);
+  CHECK(q.ssd_mixed == 1.25);
+  std::string mixed = text;
+  mixed.replace(mixed.find("write_GBps: 6"), 13, "write_GBps: 6, mixed: 2.5");
+  CHECK_THROWS_WITH(parse_hardware_profile(mixed, "<t>"), Contains("ssd.mixed: 2.5 must be in [1, 2]"));
   CHECK(q.ssd_write_Bps == p.ssd_write_Bps);
   CHECK(q.gemm_efficiency == p.gemm_efficiency);
   CHECK(q.stripe_unit == p.stripe_unit);

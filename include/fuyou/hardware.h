@@ -31,6 +31,10 @@ struct HardwareProfile {
 
   // SSDs: per-drive sequential bandwidth and the number of drives the store stripes over.
   double ssd_read_Bps = 0, ssd_write_Bps = 0;  // per SSD
+  // The disks' throughput while reads and writes run at once, in units of one direction alone:
+  // 1, they take turns (one disk shared by both directions); 2, full duplex. Measured by
+  // `fuyou-bench profile` (mixed_capacity_from).
+  double ssd_mixed = 1;
   int ssds = 1;
   uint64_t stripe_unit = 4ull << 20;
 
@@ -59,6 +63,12 @@ struct HardwareProfile {
   double ssd_read_rate(uint64_t bytes) const;
   double ssd_write_rate(uint64_t bytes) const;
 };
+
+// ssd_mixed from a measurement: `read_s` and `write_s` seconds of disk time alone (bytes over
+// each direction's rate) took `mixed_s` run at once. Under the simulator's model both share
+// min(1, mixed / 2) of the disks until the shorter ends, then the other runs alone; solved
+// for mixed and clamped to [1, 2].
+double mixed_capacity_from(double read_s, double write_s, double mixed_s);
 
 // The machine an emulated run (runtime.backend: emulated) is: `gpu`'s compute and PCIe with
 // their throughputs multiplied by `scale` (runtime.emulated_scale), and `host`'s SSDs, CPU

@@ -70,12 +70,15 @@ OpTraffic op_traffic(const Plan& plan, const PlanOp& op) {
 namespace {
 
 // What an op needs of each part of the machine, alone: CPU seconds (an update's kernel),
-// disk seconds (its bytes at the striped read and write rates, one after the other: one disk
-// serves both directions) and the fixed-rate rest (compute, PCIe). Its duration alone is the
-// largest: an out-of-core update pipelines its state streaming with the kernel.
+// disk seconds (its bytes at the striped read and write rates, one direction after the other)
+// and the fixed-rate rest (compute, PCIe). An op that reads and writes (an out-of-core update)
+// can use up to ssd_mixed of the disks' time at once (`cap`); alone it takes the longest of
+// the three: the update pipelines its state streaming with the kernel.
 struct Demand {
   double cpu = 0, disk = 0, other = 0;
-  double alone() const { return std::max({cpu, disk, other}); }
+  double cap = 1;             // the share of the disks it can use: ssd_mixed if it reads and writes
+  bool reads = false, writes = false;
+  double alone() const { return std::max({cpu, disk / cap, other}); }
 };
 
 double disk_seconds(uint64_t read, uint64_t write, const HardwareProfile& hw) {
@@ -86,6 +89,9 @@ Demand demand(const Plan& plan, const PlanOp& op, const HardwareProfile& hw, dou
   const OpTraffic t = op_traffic(plan, op);
   Demand d;
   d.disk = disk_seconds(t.ssd_read, t.ssd_write, hw);
+  d.reads = t.ssd_read > 0;
+  d.writes = t.ssd_write > 0;
+  if (d.reads && d.writes) d.cap = hw.ssd_mixed;
   switch (op.resource) {
     case Resource::kCompute: d.other = hw.compute_seconds(op.flops + op.recompute_flops, gemm_size); break;
     case Resource::kH2D: d.other = hw.h2d_seconds(static_cast<double>(t.h2d)); break;
@@ -226,9 +232,10 @@ class EventRun {
 
   // The rate of each running op, in seconds of its work alone per second. Compute and the
   // optimizer share the cores on a shared_cpu profile. The disks' time is shared by the ops
-  // that use them, max-min fair: each asks for the fraction of the disks it would use at the
-  // rate the rest of the machine gives it (an I/O op all of it, a CPU-bound update less), the
-  // smallest ask is met first and what is left is split evenly among the others.
+  // that use them, max-min fair: each asks for the share of the disks it would use at the
+  // rate the rest of the machine gives it (an I/O op all of one direction, a CPU-bound update
+  // less), the smallest ask is met first and what is left is split evenly among the others.
+  // The disks give 1 (one direction's worth), or ssd_mixed while reads and writes both run.
   std::array<double, kNumResources> rates() const {
     const int kC = static_cast<int>(Resource::kCompute), kO = static_cast<int>(Resource::kOptimizer);
     std::array<double, kNumResources> rate;
@@ -239,13 +246,17 @@ class EventRun {
     }
     std::array<std::pair<double, int>, kNumResources> asks;
     int users = 0;
+    bool reads = false, writes = false;
     for (int q = 0; q < kNumResources; ++q) {
       if (running_[q] < 0) continue;
       const Demand& d = dem_[running_[q] % per_];
-      if (d.disk > 0) asks[users++] = {std::min(1.0, rate[q] * d.disk / d.alone()), q};
+      if (d.disk <= 0) continue;
+      asks[users++] = {std::min(d.cap, rate[q] * d.disk / d.alone()), q};
+      reads |= d.reads;
+      writes |= d.writes;
     }
     std::sort(asks.begin(), asks.begin() + users);
-    double left = 1.0;
+    double left = reads && writes ? hw_.ssd_mixed : 1.0;
     for (int k = 0; k < users; ++k) {
       const auto [ask, q] = asks[k];
       const double share = std::min(ask, left / (users - k));
