@@ -98,7 +98,7 @@ TEST_CASE("emulated device: copies take the PCIe time and follow CUDA's ordering
   Config cfg = tiny_config();
   emulated::EmulatedBackend be(slow_device(cfg));
   const HardwareProfile hw = parse_hardware_profile(kSlowGpu, "<slow-gpu>");
-  const size_t bytes = 16 << 20;  // 8 MiB at the profile's 2-byte elements: 16 ms up, 32 ms down
+  const size_t bytes = 16 << 20;  // 34 ms up, 67 ms down
   std::vector<char> host(bytes, 0);
   void* dev = be.alloc(bytes, "x");
   be.finish_compute();

@@ -20,6 +20,7 @@
 #include "fuyou/error.h"
 #include "fuyou/rng.h"
 #include "fuyou/scheduler.h"
+#include "fuyou/simulator.h"
 #include "fuyou/train.h"
 #include "plan_support.h"
 
@@ -431,6 +432,75 @@ TEST_CASE("the top layers' updates are deferred beside the next forward, results
   PlanRequest none = req;
   none.deferred_updates = 0;
   CHECK(make_plan(none).deferred_updates == 0);
+}
+
+TEST_CASE("the simulator charges every op the bytes the executor moves for it", "[scheduler][simulator]") {
+  // Weights, checkpoints and optimizer state on SSD, two weights-out slots (weights read back):
+  // every kind of transfer runs. Each op's bytes as the executor counts them at the backend's
+  // copies, the store's requests and the optimizer's store traffic must equal op_traffic's.
+  Config cfg = tiny_config(0.0);
+  auto data = batches(cfg, 2);
+  auto store = SsdStore::open({{store_dir("traffic")}});
+  auto be = make_cpu_backend(2, 0);
+  auto trainer = all_on_ssd(cfg, *be, store.get());
+  OffloadTrainer& tr = *trainer;
+  const Plan& plan = tr.plan();
+  std::mutex mu;
+  std::vector<std::vector<OpTraffic>> moved(data.size(), std::vector<OpTraffic>(plan.ops.size()));
+  std::vector<std::vector<int>> ran(data.size(), std::vector<int>(plan.ops.size(), 0));
+  tr.on_op_done = [&](int64_t step, const PlanOp& op, const OpTraffic& t) {
+    std::lock_guard<std::mutex> lock(mu);
+    moved[step][op.id] = t;
+    ++ran[step][op.id];
+  };
+  // A GPU profile whose CPU optimizer never bounds an update.
+  HardwareProfile bf16_gpu;
+  bf16_gpu.backend = "cuda";
+  bf16_gpu.element_bytes = 2;
+  bf16_gpu.h2d_Bps = bf16_gpu.d2h_Bps = 25e9;
+  bf16_gpu.ssd_read_Bps = 7e9;
+  bf16_gpu.ssd_write_Bps = 6e9;
+  bf16_gpu.optimizer_params_per_s = 1e15;
+  const StoreStats before = store->stats();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t s = 0; s < data.size(); ++s) tr.step(static_cast<int64_t>(s), data[s].data());
+  // The last step's updates and writes run on after it returns: wait for every op (not by
+  // draining, whose parameter read-back would use the store too).
+  auto all_ran = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return std::all_of(ran.back().begin(), ran.back().end(), [](int n) { return n > 0; });
+  };
+  for (int ms = 0; !all_ran() && ms < 20000; ++ms) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const StoreStats after = store->stats();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  OpTraffic total;
+  for (size_t s = 0; s < data.size(); ++s) {
+    for (const PlanOp& op : plan.ops) {
+      const OpTraffic want = op_traffic(plan, op), got = moved[s][op.id];
+      INFO("step " << s << ", op " << op.id << " (" << op_kind_name(op.kind) << " layer " << op.layer << "): simulator h2d "
+                   << want.h2d << " d2h " << want.d2h << " read " << want.ssd_read << " write " << want.ssd_write
+                   << "; executor " << got.h2d << " / " << got.d2h << " / " << got.ssd_read << " / " << got.ssd_write);
+      REQUIRE(ran[s][op.id] == 1);
+      CHECK(got == want);
+      // And the time it charges is for those bytes, also on a profile that names 2-byte elements.
+      if (op.resource != Resource::kCompute && op.kind != OpKind::kGradSumSq)
+        CHECK(op_duration(plan, op, bf16_gpu) ==
+              Approx(std::max(got.ssd_read / bf16_gpu.ssd_read_Bps + got.ssd_write / bf16_gpu.ssd_write_Bps,
+                              got.h2d / bf16_gpu.h2d_Bps + got.d2h / bf16_gpu.d2h_Bps))
+                  .epsilon(1e-12));
+      total.h2d += got.h2d, total.d2h += got.d2h, total.ssd_read += got.ssd_read, total.ssd_write += got.ssd_write;
+    }
+  }
+  // Every channel carried bytes, and the store saw what the ops moved.
+  CHECK(total.h2d > 0);
+  CHECK(total.d2h > 0);
+  CHECK(total.ssd_read > 0);
+  CHECK(total.ssd_write > 0);
+  CHECK(after.bytes_read - before.bytes_read == total.ssd_read);
+  CHECK(after.bytes_written - before.bytes_written == total.ssd_write);
+  // The store was busy for part of the run, never longer than it.
+  CHECK(after.busy_s > before.busy_s);
+  CHECK(after.busy_s - before.busy_s <= wall);
 }
 
 TEST_CASE("busy times count an iteration that finishes within a later step's window", "[scheduler]") {

@@ -20,14 +20,18 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// 1 GFLOP/s at every size, 1 GB/s links and drives, 1M params/s.
+// SSD requests are whole 4 KiB blocks: drives at 4096 * 250000 B/s make a second of SSD work
+// a whole number of blocks, and halves of it too.
+constexpr double kSsdBps = 4096.0 * 250000;
+
+// 1 GFLOP/s at every size, 1 GB/s links, kSsdBps drives, 1M params/s.
 HardwareProfile unit_profile() {
   HardwareProfile hw;
   hw.name = "unit";
   hw.peak_flops = 1e9;
   hw.gemm_efficiency = {{1, 1.0}};
   hw.h2d_Bps = hw.d2h_Bps = 1e9;
-  hw.ssd_read_Bps = hw.ssd_write_Bps = 1e9;
+  hw.ssd_read_Bps = hw.ssd_write_Bps = kSsdBps;
   hw.optimizer_params_per_s = 1e6;
   hw.host_mem_Bps = 1e9;
   return hw;
@@ -39,15 +43,30 @@ struct Builder {
     plan.model.d_ff = 4 * plan.model.d_model;
     plan.layers.resize(plan.model.n_layer);
   }
+  int buffer(Tier tier, uint64_t bytes) {
+    plan.buffers.push_back({BufferKind::kProcess, static_cast<int>(plan.buffers.size()), tier, bytes, "test"});
+    return static_cast<int>(plan.buffers.size()) - 1;
+  }
+  // A compute op of `seconds` on the unit profile, or a transfer of that many seconds between
+  // two buffers of its own (host and device, or host and SSD).
   int add(Resource r, double seconds, std::vector<int> deps = {}) {
     PlanOp op;
     op.id = static_cast<int>(plan.ops.size());
     op.resource = r;
-    op.kind = r == Resource::kCompute ? OpKind::kForward : r == Resource::kOptimizer ? OpKind::kUpdate : OpKind::kLoadWeights;
     op.deps = std::move(deps);
-    // At 1e9 per second on every unit profile rate, `seconds` of work is 1e9 * seconds.
-    if (r == Resource::kCompute) op.flops = seconds * 1e9;
-    else op.bytes = static_cast<uint64_t>(seconds * 1e9);
+    if (r == Resource::kCompute) {
+      op.kind = OpKind::kForward;
+      op.flops = seconds * 1e9;
+    } else {
+      const bool ssd = r == Resource::kSsdRead || r == Resource::kSsdWrite;
+      op.kind = r == Resource::kH2D ? OpKind::kLoadWeights : r == Resource::kD2H ? OpKind::kSaveCheckpoint
+                : r == Resource::kSsdRead ? OpKind::kReadWeights : OpKind::kWriteWeights;
+      op.bytes = static_cast<uint64_t>(seconds * (ssd ? kSsdBps : 1e9));
+      const int host = buffer(Tier::kHost, op.bytes), other = buffer(ssd ? Tier::kSsd : Tier::kDevice, op.bytes);
+      const bool up = r == Resource::kH2D || r == Resource::kSsdWrite;
+      op.uses.push_back({up ? host : other, Access::kRead, Role::kSource, 0, op.bytes});
+      op.uses.push_back({up ? other : host, Access::kWrite, Role::kDest, 0, op.bytes});
+    }
     plan.ops.push_back(op);
     return op.id;
   }
@@ -159,11 +178,91 @@ TEST_CASE("simulator: SSD bandwidth follows the store's striping", "[simulator]"
   HardwareProfile hw = unit_profile();
   hw.ssds = 2;
   hw.stripe_unit = 4ull << 20;
-  CHECK(hw.ssd_read_rate(8ull << 20) == 2e9);   // one stripe unit on each drive
-  CHECK(hw.ssd_read_rate(4ull << 20) == 1e9);   // one drive only
-  CHECK(hw.ssd_read_rate(12ull << 20) == 1.5e9);  // drive 0 holds 8 of the 12 MiB
+  CHECK(hw.ssd_read_rate(8ull << 20) == 2 * kSsdBps);   // one stripe unit on each drive
+  CHECK(hw.ssd_read_rate(4ull << 20) == kSsdBps);       // one drive only
+  CHECK(hw.ssd_read_rate(12ull << 20) == 1.5 * kSsdBps);  // drive 0 holds 8 of the 12 MiB
   hw.ssds = 1;
-  CHECK(hw.ssd_write_rate(12ull << 20) == 1e9);
+  CHECK(hw.ssd_write_rate(12ull << 20) == kSsdBps);
+}
+
+namespace {
+
+// An update of `params` parameters whose optimizer state (master, m, v: 12 bytes each) is on
+// SSD, appended to `b`.
+int add_ssd_update(Builder& b, uint64_t params, std::vector<int> deps = {}) {
+  PlanOp u;
+  u.id = static_cast<int>(b.plan.ops.size());
+  u.kind = OpKind::kUpdate;
+  u.resource = Resource::kOptimizer;
+  u.group = 1;
+  u.params = params;
+  u.deps = std::move(deps);
+  u.uses.push_back({b.buffer(Tier::kSsd, 12 * params), Access::kAccumulate, Role::kState, 0, 12 * params});
+  b.plan.ops.push_back(u);
+  return u.id;
+}
+
+}  // namespace
+
+TEST_CASE("simulator: reads, writes and optimizer state share one disk", "[simulator]") {
+  HardwareProfile hw = unit_profile();
+  Builder b;
+  SECTION("a read and a write at once take turns: each at half rate while both run") {
+    const int r = b.add(Resource::kSsdRead, 1), w = b.add(Resource::kSsdWrite, 2);
+    SimResult s = simulate(b.plan, hw);
+    // The read's 1 s at half rate ends at 2 s; the write has 1 s left, alone: ends at 3 s.
+    CHECK(s.end[r] == 2.0);
+    CHECK(s.end[w] == 3.0);
+    CHECK(s.disk_busy_s == 3.0);
+  }
+  // 128M parameters: 4 B each of master, m and v read and written, 2 * 12 * 128M B at kSsdBps
+  // (a whole number of 4 KiB blocks per kind) is 3 s of disk; at 64M params/s 2 s of CPU.
+  const uint64_t params = 128000000;
+  hw.optimizer_params_per_s = 64e6;
+  SECTION("an update alone streams its state in then out: the read and write times add") {
+    const int u = add_ssd_update(b, params);
+    const OpTraffic t = op_traffic(b.plan, b.plan.ops[u]);
+    CHECK(t.ssd_read == 12 * params);
+    CHECK(t.ssd_write == 12 * params);
+    CHECK(op_duration(b.plan, b.plan.ops[u], hw) == 3.0);
+    CHECK(simulate(b.plan, hw).end[u] == 3.0);
+  }
+  SECTION("a CPU-bound update leaves the disk time it does not use to a read") {
+    hw.ssd_read_Bps = hw.ssd_write_Bps = 3 * kSsdBps;  // the update's disk time: 1 s of its 2 s
+    const int u = add_ssd_update(b, params);
+    const int r = b.add(Resource::kSsdRead, 3);  // 3 s at kSsdBps: 1 s at the tripled rate
+    SimResult s = simulate(b.plan, hw);
+    // The update asks for half the disk, the read for all of it: each gets half. The read's
+    // 1 s of disk ends at 2 s, with the update, which the disk never slowed.
+    CHECK(s.end[u] == 2.0);
+    CHECK(s.end[r] == 2.0);
+  }
+  SECTION("disks that serve reads and writes at once in part: ssd_mixed, as a profile measures it") {
+    // A read of 1 s and a write of 2 s at once on disks that give 1.5 directions' worth: each
+    // at 0.75 until the read ends at 4/3 s, then the write's last 1 s alone. The profile's
+    // measurement, solved back from those times, gives 1.5 again.
+    hw.ssd_mixed = 1.5;
+    const int r = b.add(Resource::kSsdRead, 1), w = b.add(Resource::kSsdWrite, 2);
+    SimResult s = simulate(b.plan, hw);
+    CHECK(s.end[r] == Approx(4.0 / 3).epsilon(1e-12));
+    CHECK(s.end[w] == Approx(1 + 4.0 / 3).epsilon(1e-12));
+    CHECK(mixed_capacity_from(1, 2, s.end[w]) == Approx(1.5).epsilon(1e-12));
+    CHECK(mixed_capacity_from(1, 2, 3) == 1.0);  // took turns
+    CHECK(mixed_capacity_from(1, 2, 2) == 2.0);  // full duplex
+    // An update alone reads and writes too: its 3 s of disk take 2 s.
+    const int u = add_ssd_update(b, params, {w});
+    CHECK(op_duration(b.plan, b.plan.ops[u], hw) == 2.0);
+  }
+  SECTION("the disk's busy time is the union of its users' times, and can be the busiest") {
+    const int r = b.add(Resource::kSsdRead, 1);
+    b.add(Resource::kSsdWrite, 1, {r});
+    b.add(Resource::kCompute, 1.5);
+    SimResult s = simulate(b.plan, hw);
+    CHECK(s.disk_busy_s == 2.0);
+    CHECK(s.busiest == Resource::kCompute);
+    CHECK(s.disk_busiest);
+    CHECK(s.to_json()["busiest"] == "disk");
+  }
 }
 
 TEST_CASE("simulator: GEMM efficiency is interpolated in log2(size) and clamped", "[simulator]") {
@@ -269,11 +368,17 @@ TEST_CASE("hardware profile: parse, round trip and errors", "[simulator]") {
       "optimizer: {params_per_s: 2.0e9}\nmemory: {device: 24GiB, host: 128GiB, host_bandwidth_GBps: 80}\n";
   HardwareProfile p = parse_hardware_profile(text, "<t>");
   CHECK(p.peak_flops == 100e12);
+  CHECK(p.ssd_mixed == 1.0);  // without ssd.mixed: reads and writes take turns
   CHECK(p.element_bytes == 2);
   CHECK(p.ssds == 3);
   CHECK(p.device_memory == 24ull << 30);
+  p.ssd_mixed = 1.25;
   HardwareProfile q = parse_hardware_profile(hardware_profile_to_yaml(p, "# header\n"), "<round trip>");
   CHECK(q.peak_flops == p.peak_flops);
+  CHECK(q.ssd_mixed == 1.25);
+  std::string mixed = text;
+  mixed.replace(mixed.find("write_GBps: 6"), 13, "write_GBps: 6, mixed: 2.5");
+  CHECK_THROWS_WITH(parse_hardware_profile(mixed, "<t>"), Contains("ssd.mixed: 2.5 must be in [1, 2]"));
   CHECK(q.ssd_write_Bps == p.ssd_write_Bps);
   CHECK(q.gemm_efficiency == p.gemm_efficiency);
   CHECK(q.stripe_unit == p.stripe_unit);

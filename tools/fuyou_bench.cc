@@ -157,6 +157,10 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
       j["busy_s"][fuyou::resource_name(static_cast<fuyou::Resource>(k))] = d.busy_s[k];
       busiest = std::max(busiest, d.busy_s[k]);
     }
+    // The disks as one resource: busy while any request (read, write, optimizer state) is in
+    // flight, so that the busiest resource is the disk where it binds.
+    j["busy_s"]["disk"] = d.disk_busy_s;
+    busiest = std::max(busiest, d.disk_busy_s);
     j["iteration_over_busiest"] = d.iteration_s / busiest;
     j["ssd_read_bytes_per_step"] = d.ssd_read_bytes;
     j["ssd_write_bytes_per_step"] = d.ssd_write_bytes;

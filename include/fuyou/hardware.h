@@ -21,8 +21,9 @@ struct HardwareProfile {
   // the efficiency is interpolated linearly in log2(size) and clamped at the ends.
   double peak_flops = 0;  // FLOP/s
   std::vector<std::pair<double, double>> gemm_efficiency;  // (size, fraction of peak), sorted
-  // Bytes per activation / weight / gradient element on the device (4: fp32, 2: bf16).
-  // Plans are built with fp32 sizes; transfers are scaled by element_bytes / 4.
+  // Bytes per activation / weight / gradient element a 16-bit storage mode would give this
+  // device (4: fp32, 2: bf16). Not applied: plans count the bytes the run stores (fp32 on
+  // every backend today), and the simulator and the emulated device charge those.
   int element_bytes = 4;
 
   // Host <-> device links (PCIe; memcpy on the CPU backend), bytes/s.
@@ -30,6 +31,10 @@ struct HardwareProfile {
 
   // SSDs: per-drive sequential bandwidth and the number of drives the store stripes over.
   double ssd_read_Bps = 0, ssd_write_Bps = 0;  // per SSD
+  // The disks' throughput while reads and writes run at once, in units of one direction alone:
+  // 1, they take turns (one disk shared by both directions); 2, full duplex. Measured by
+  // `fuyou-bench profile` (mixed_capacity_from).
+  double ssd_mixed = 1;
   int ssds = 1;
   uint64_t stripe_unit = 4ull << 20;
 
@@ -50,15 +55,20 @@ struct HardwareProfile {
   // Seconds `flops` of a layer's work of GEMM size `size` (gemm_work_size) take: the
   // simulator's compute cost, and the emulated device's.
   double compute_seconds(double flops, double size) const;
-  // Seconds a host<->device copy of `plan_bytes` (fp32 sizes, as plans count them) takes:
-  // scaled to element_bytes, over the link.
-  double h2d_seconds(double plan_bytes) const { return plan_bytes * element_bytes / 4.0 / h2d_Bps; }
-  double d2h_seconds(double plan_bytes) const { return plan_bytes * element_bytes / 4.0 / d2h_Bps; }
+  // Seconds a host<->device copy of `bytes` takes over the link.
+  double h2d_seconds(double bytes) const { return bytes / h2d_Bps; }
+  double d2h_seconds(double bytes) const { return bytes / d2h_Bps; }
   // Aggregate sequential bandwidth over the striped SSDs for one request of `bytes`
   // (a request smaller than a stripe unit times the drive count reaches fewer drives).
   double ssd_read_rate(uint64_t bytes) const;
   double ssd_write_rate(uint64_t bytes) const;
 };
+
+// ssd_mixed from a measurement: `read_s` and `write_s` seconds of disk time alone (bytes over
+// each direction's rate) took `mixed_s` run at once. Under the simulator's model both share
+// min(1, mixed / 2) of the disks until the shorter ends, then the other runs alone; solved
+// for mixed and clamped to [1, 2].
+double mixed_capacity_from(double read_s, double write_s, double mixed_s);
 
 // The machine an emulated run (runtime.backend: emulated) is: `gpu`'s compute and PCIe with
 // their throughputs multiplied by `scale` (runtime.emulated_scale), and `host`'s SSDs, CPU

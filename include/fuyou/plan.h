@@ -331,6 +331,19 @@ long next_in_queue(Resource r, size_t size, At at, Done done, Ready ready, Confl
 // for that layer's update.
 std::vector<std::vector<int>> previous_iteration_deps(const Plan& plan);
 
+// The bytes an op moves, per channel: what the simulator charges it (op_traffic, simulator.h)
+// and what the executor moves for it (OffloadTrainer::on_op_done). The uses' bytes; store
+// requests in whole 4 KiB blocks; an out-of-core update's master, m and v read and written
+// back. Plan bytes are the bytes the run stores (fp32 today), whatever element size a
+// hardware profile names.
+struct OpTraffic {
+  uint64_t h2d = 0, d2h = 0;
+  uint64_t ssd_read = 0, ssd_write = 0;
+  bool operator==(const OpTraffic& o) const {
+    return h2d == o.h2d && d2h == o.d2h && ssd_read == o.ssd_read && ssd_write == o.ssd_write;
+  }
+};
+
 // Per op of the plan: the buffers it uses, sorted, each as (buffer id, written). Two ops
 // conflict when they share one that either writes.
 using OpBuffers = std::vector<std::pair<int64_t, bool>>;

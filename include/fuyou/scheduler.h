@@ -81,6 +81,8 @@ class OffloadTrainer {
   // Test hook: called on a resource's thread before each op of a training step (`step` is
   // the step index; -1 for validation).
   std::function<void(int64_t step, const PlanOp& op)> on_op;
+  // Test hook: called on a resource's thread after each op with the bytes it moved.
+  std::function<void(int64_t step, const PlanOp& op, const OpTraffic& moved)> on_op_done;
 
  private:
   class Impl;

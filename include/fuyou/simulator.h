@@ -29,10 +29,14 @@ struct SimResult {
   double recompute_flops = 0;  // recomputation, not counted as useful
   double tflops = 0;           // useful_flops / period_s / 1e12
   std::array<double, kNumResources> busy_s{};
+  // The time the disks are busy with any op that moves bytes through the store (SSD reads,
+  // SSD writes, out-of-core updates): the union of their intervals, as the executor's `disk`.
+  double disk_busy_s = 0;
   std::vector<double> start, end;  // per op id, seconds from the iteration's start
   // Peak memory per tier for this profile (see docs/simulator.md for the element-size scaling).
   uint64_t device_bytes = 0, host_bytes = 0, ssd_bytes = 0;
-  Resource busiest = Resource::kCompute;
+  Resource busiest = Resource::kCompute;  // of busy_s
+  bool disk_busiest = false;              // the disks are busier than `busiest`
 
   nlohmann::json to_json() const;  // iteration_s, tflops, busy_s (fuyou-bench train's keys), memory
 };
@@ -41,6 +45,9 @@ struct SimResult {
 // cbrt(tokens * d_model * d_ff) of a micro-batch.
 double gemm_work_size(const ModelConfig& m, int micro_batch);
 
+// The bytes the simulator charges `op` (OpTraffic, plan.h): what the executor moves for it.
+OpTraffic op_traffic(const Plan& plan, const PlanOp& op);
+
 // The duration of `op` alone on `hw` (no contention), seconds.
 double op_duration(const Plan& plan, const PlanOp& op, const HardwareProfile& hw);
 
@@ -48,8 +55,8 @@ double op_duration(const Plan& plan, const PlanOp& op, const HardwareProfile& hw
 // or a missing op), naming the op.
 SimResult simulate(const Plan& plan, const HardwareProfile& hw);
 
-// Memory figures of `plan` as they would be on `hw` (scaled to its element size; on a GPU
-// the device arena is not host memory).
+// Memory figures of `plan` as they would be on `hw` (on a GPU the device arena is not host
+// memory).
 void plan_memory_on(const Plan& plan, const HardwareProfile& hw, uint64_t* device, uint64_t* host, uint64_t* ssd);
 
 }  // namespace fuyou

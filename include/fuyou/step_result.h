@@ -20,6 +20,9 @@ struct StepResult {
   bool offloaded = false;
   double iteration_s = 0;
   std::array<double, kNumResources> busy_s{};
+  // The time the store had a request in flight (the union of the disks' busy times: reads,
+  // writes, the optimizer's state streaming).
+  double disk_busy_s = 0;
   uint64_t ssd_read_bytes = 0, ssd_write_bytes = 0;
 };
 

@@ -103,6 +103,9 @@ struct StoreStats {
   uint64_t retries = 0;          // EINTR / EAGAIN resubmissions
   uint64_t failed_requests = 0;  // tickets that ended in an error
   uint64_t reclaimed_bytes = 0;  // of backing files left by processes that are gone (open)
+  // Seconds with at least one request in flight, whoever made it: the union of the times
+  // the disks are busy (the executor's `disk` busy time).
+  double busy_s = 0;
   bool fixed_buffers = false;    // a pool is registered with the ring
   // With StoreConfig::verify: bytes read whose block checksum matched, bytes read that no
   // whole written block covered (never written, or written in part since), and reads that

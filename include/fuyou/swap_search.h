@@ -42,12 +42,11 @@ struct SwapSearchResult {
 };
 
 // `req` gives the model, budgets, SSD availability and the starting micro-batch; its `acts`
-// are ignored. The budgets are those of the device the profile describes: for a profile with
-// a smaller element size than the plan's fp32, plans are built against the budget scaled up
-// accordingly (simulator.h). Throws Error, with make_plan's numbers, when no placement fits.
+// are ignored. The budgets are those of the device the profile describes, in the bytes the run
+// stores (simulator.h). Throws Error, with make_plan's numbers, when no placement fits.
 SwapSearchResult search_swap(const PlanRequest& req, const HardwareProfile& hw, const SwapSearchOptions& opts = {});
 
-// `req` with its budgets converted to the plan's fp32 accounting for `hw` (see above).
+// `req` for a device of `hw`'s kind: whether the arena is host memory, whether rows first applies.
 PlanRequest request_for_profile(PlanRequest req, const HardwareProfile& hw);
 
 }  // namespace fuyou

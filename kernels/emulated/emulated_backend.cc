@@ -191,9 +191,8 @@ std::unique_ptr<Backend> make_emulated_backend(const Config& cfg) {
   o.gpu = load_hardware_profile(cfg.offload.hardware);
   o.scale = cfg.runtime.emulated_scale;
   o.gemm_size = gemm_work_size(cfg.model, cfg.schedule.micro_batch);
-  // In the plan's fp32 sizes, as the swap search scales a profile's device budget.
-  const uint64_t device = cfg.offload.device_memory ? cfg.offload.device_memory : o.gpu.device_memory;
-  o.capacity = static_cast<uint64_t>(static_cast<double>(device) * 4.0 / o.gpu.element_bytes);
+  // The device holds the tensors the run stores (fp32), as a GPU of that memory would.
+  o.capacity = cfg.offload.device_memory ? cfg.offload.device_memory : o.gpu.device_memory;
   o.threads = cfg.runtime.threads > 0 ? cfg.runtime.threads : static_cast<int>(std::thread::hardware_concurrency());
   return std::make_unique<emulated::EmulatedBackend>(o);
 }

@@ -15,8 +15,8 @@
 // the CUDA backend's ordering rules. A wait shorter than 100 us is skipped (a sleep would
 // overshoot it by the timer slack); the timeline keeps the time.
 //
-// Data. The arena is address space only (a PROT_NONE reservation, sized in the plan's fp32
-// bytes): the device holds no bytes, and host code that dereferences a device pointer
+// Data. The arena is address space only (a PROT_NONE reservation of the capacity, in the
+// bytes the run stores): the device holds no bytes, and host code that dereferences a device pointer
 // faults at once. Copies to the device move nothing; copies to the host write NaN into the
 // destination (whole for up to 64 KiB, else one per 4 KiB), so every loss, gradient norm and
 // update an emulated run produces is NaN: its numbers are not training results, only its
@@ -36,7 +36,7 @@ struct EmulatedOptions {
   HardwareProfile gpu;   // the device emulated (offload.hardware)
   double scale = 1.0;    // compute and PCIe throughputs multiplied by this (runtime.emulated_scale)
   double gemm_size = 0;  // gemm_work_size of the model and micro-batch the device will run
-  uint64_t capacity = 0; // arena bytes, in the plan's fp32 sizes
+  uint64_t capacity = 0; // arena bytes
   int threads = 1;       // runtime.threads (the CPU optimizer's; the device itself uses none)
 };
 

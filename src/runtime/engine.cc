@@ -221,15 +221,14 @@ std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backe
   req.embed_rows_first = backend.kind() != BackendKind::kCpu;
   req.device_in_host = backend.device_is_host_memory();
   // A device of fixed capacity that is not host memory (a GPU, the emulated device) plans
-  // within what it holds when offload.device_memory is unset. The capacity is in the plan's
-  // fp32 bytes; the search takes a profile's (request_for_profile scales by 4 / element_bytes).
+  // within what it holds when offload.device_memory is unset.
   const uint64_t capacity = req.device_in_host ? 0 : backend.memory().capacity;
   Plan plan;
   double predicted = 0;
   if (cfg.offload.activations == ActivationPolicy::kAuto && !cfg.offload.hardware.empty()) {
     // Automatic activation placement: the simulator's best plan on this profile.
     const HardwareProfile hw = load_hardware_profile(cfg.offload.hardware);
-    if (!req.device_budget) req.device_budget = capacity * hw.element_bytes / 4;
+    if (!req.device_budget) req.device_budget = capacity;
     SwapSearchResult s = search_swap(req, hw);
     spdlog::info("automatic activation placement on {}: {} (micro-batch {}); predicted step {:.3f} s "
                  "({} plans simulated in {:.2f} s)", cfg.offload.hardware, s.summary(), s.micro_batch,

@@ -115,6 +115,9 @@ class OffloadTrainer::Impl {
 
   // ---- executor_ops.cc ----
   void run_op(Iter& it, const PlanOp& op);
+  // The backend's copies, counting the bytes into the op's OpTraffic (moved_).
+  void to_device(const PlanOp& op, void* dst, const void* src, size_t bytes);
+  void to_host(const PlanOp& op, void* dst, const void* src, size_t bytes);
   void store_read(const PlanOp& op);
   void store_write(const PlanOp& op);
   void run_forward(Iter& it, const PlanOp& op);
@@ -183,6 +186,8 @@ class OffloadTrainer::Impl {
   double window_start_ = -1;  // when the current step window began (-1: at the next submission)
   uint64_t window_read_ = 0, window_written_ = 0;  // store counters at that moment
   std::array<double, kNumResources> window_busy_{};  // busy time of iterations retired within it
+  double window_disk_ = 0;    // the store's busy_s at that moment
+  std::array<OpTraffic, kNumResources> moved_{};  // per resource thread: the running op's bytes
   int update_threads_ = 1;    // runtime.threads: every worker's, and an update's that has the cores to itself
   std::unique_ptr<DynamicLossScaler> scaler_;
   int64_t t_ = 0;  // Adam's step count of the last submitted step

@@ -27,11 +27,11 @@ void OffloadTrainer::Impl::run_op(Iter& it, const PlanOp& op) {
     case OpKind::kLoadCheckpoint:
     case OpKind::kLoadGrads: {
       const BufferUse &src = op.use(Role::kSource), &dst = op.use(Role::kDest);
-      return be_.copy_to_device(at(dst), at(src), dst.bytes);
+      return to_device(op, at(dst), at(src), dst.bytes);
     }
     case OpKind::kSaveCheckpoint: {
       const BufferUse &src = op.use(Role::kSource), &dst = op.use(Role::kDest);
-      return be_.copy_to_host(at(dst), at(src), src.bytes);
+      return to_host(op, at(dst), at(src), src.bytes);
     }
     case OpKind::kSaveGrads: return save_grads(it, op);
     case OpKind::kLoadResident: return load_resident(it, op);
@@ -72,14 +72,28 @@ void OffloadTrainer::Impl::run_op(Iter& it, const PlanOp& op) {
   }
 }
 
+void OffloadTrainer::Impl::to_device(const PlanOp& op, void* dst, const void* src, size_t bytes) {
+  be_.copy_to_device(dst, src, bytes);
+  moved_[static_cast<int>(op.resource)].h2d += bytes;
+}
+
+void OffloadTrainer::Impl::to_host(const PlanOp& op, void* dst, const void* src, size_t bytes) {
+  be_.copy_to_host(dst, src, bytes);
+  moved_[static_cast<int>(op.resource)].d2h += bytes;
+}
+
 void OffloadTrainer::Impl::store_read(const PlanOp& op) {
   const BufferUse &src = op.use(Role::kSource), &dst = op.use(Role::kDest);
-  store_->read_sync(ext_[src.buffer], src.offset, at(dst), round_up(dst.bytes, kIoAlign));
+  const uint64_t bytes = round_up(dst.bytes, kIoAlign);
+  store_->read_sync(ext_[src.buffer], src.offset, at(dst), bytes);
+  moved_[static_cast<int>(op.resource)].ssd_read += bytes;
 }
 
 void OffloadTrainer::Impl::store_write(const PlanOp& op) {
   const BufferUse &src = op.use(Role::kSource), &dst = op.use(Role::kDest);
-  store_->write_sync(ext_[dst.buffer], dst.offset, at(src), round_up(src.bytes, kIoAlign));
+  const uint64_t bytes = round_up(src.bytes, kIoAlign);
+  store_->write_sync(ext_[dst.buffer], dst.offset, at(src), bytes);
+  moved_[static_cast<int>(op.resource)].ssd_write += bytes;
 }
 
 // A block forward: of `layer` (kForward, kRecompute: its internals rebuilt, the output to
@@ -124,10 +138,10 @@ void OffloadTrainer::Impl::save_grads(Iter& it, const PlanOp& op) {
     if (op.part < 0) first_rows(it);
     else rows_complement(it, src.offset / 4, (src.offset + src.bytes) / 4, d2h_ranges_);
     float *from = ptr(src.buffer), *to = ptr(dst.buffer);
-    for (const auto& [a, b] : op.part < 0 ? it.first_rows : d2h_ranges_) be_.copy_to_host(to + a, from + a, 4 * (b - a));
+    for (const auto& [a, b] : op.part < 0 ? it.first_rows : d2h_ranges_) to_host(op, to + a, from + a, 4 * (b - a));
     return;
   }
-  be_.copy_to_host(at(dst), at(src), src.bytes);
+  to_host(op, at(dst), at(src), src.bytes);
 }
 
 void OffloadTrainer::Impl::load_resident(Iter& it, const PlanOp& op) {
@@ -135,10 +149,10 @@ void OffloadTrainer::Impl::load_resident(Iter& it, const PlanOp& op) {
   if (op.group == 0 && plan_.embed_rows_first) {
     if (op.part >= 0) rows_complement(it, src.offset / 4, (src.offset + src.bytes) / 4, h2d_ranges_);
     float *from = ptr(src.buffer), *to = ptr(dst.buffer);
-    for (const auto& [a, b] : op.part < 0 ? it.first_rows : h2d_ranges_) be_.copy_to_device(to + a, from + a, 4 * (b - a));
+    for (const auto& [a, b] : op.part < 0 ? it.first_rows : h2d_ranges_) to_device(op, to + a, from + a, 4 * (b - a));
     return;
   }
-  be_.copy_to_device(at(dst), at(src), src.bytes);
+  to_device(op, at(dst), at(src), src.bytes);
 }
 
 void OffloadTrainer::Impl::update(Iter& it, const PlanOp& op) {
@@ -168,7 +182,13 @@ void OffloadTrainer::Impl::update(Iter& it, const PlanOp& op) {
   // On the CPU backend the optimizer shares the cores with compute: updates take one thread,
   // except those the planner says run with the cores to themselves (update_has_cores).
   u.threads = be_.kind() == BackendKind::kCpu && !update_has_cores(plan_, op) ? 1 : update_threads_;
+  // The optimizer runs one update at a time, and only this thread submits while steps run:
+  // its store traffic in between is this update's.
+  const uint64_t read = opt_->ssd_bytes_read(), written = opt_->ssd_bytes_written();
   opt_->wait(opt_->submit(u));
+  OpTraffic& moved = moved_[static_cast<int>(op.resource)];
+  moved.ssd_read += opt_->ssd_bytes_read() - read;
+  moved.ssd_write += opt_->ssd_bytes_written() - written;
 }
 
 // The embedding's first update part: the rows the next step's first micro-batch looks up

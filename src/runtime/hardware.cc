@@ -47,6 +47,7 @@ HardwareProfile emulated_machine(const HardwareProfile& gpu, double scale, const
   m.d2h_Bps = gpu.d2h_Bps * scale;
   m.ssd_read_Bps = host.ssd_read_Bps;
   m.ssd_write_Bps = host.ssd_write_Bps;
+  m.ssd_mixed = host.ssd_mixed;
   m.ssds = host.ssds;
   m.stripe_unit = host.stripe_unit;
   m.optimizer_params_per_s = host.optimizer_params_per_s;
@@ -55,6 +56,13 @@ HardwareProfile emulated_machine(const HardwareProfile& gpu, double scale, const
   // The emulated device computes nothing on the CPU: the optimizer has the cores alone.
   m.shared_cpu = false;
   return m;
+}
+
+double mixed_capacity_from(double read_s, double write_s, double mixed_s) {
+  const double shorter = std::min(read_s, write_s), longer = std::max(read_s, write_s);
+  const double both = mixed_s - (longer - shorter);  // the time both ran
+  if (both <= shorter) return 2.0;
+  return std::clamp(2.0 * shorter / both, 1.0, 2.0);
 }
 
 double emulation_scale_for(const HardwareProfile& gpu, const HardwareProfile& host) {
@@ -187,10 +195,14 @@ HardwareProfile parse_profile_tree(const YAML::Node& root, const std::string& so
   p.h2d_Bps = l.positive("h2d_GBps", 1e9);
   p.d2h_Bps = l.positive("d2h_GBps", 1e9);
 
-  Reader s(top.at("ssd"), "ssd", source, {"count", "read_GBps", "write_GBps", "stripe_unit"});
+  Reader s(top.at("ssd"), "ssd", source, {"count", "read_GBps", "write_GBps", "mixed", "stripe_unit"});
   p.ssds = whole_number(s.positive("count", 1, false, 1), 1, 1024, source, "ssd.count");
   p.ssd_read_Bps = s.positive("read_GBps", 1e9);
   p.ssd_write_Bps = s.positive("write_GBps", 1e9);
+  p.ssd_mixed = s.positive("mixed", 1, false, 1);
+  if (p.ssd_mixed < 1 || p.ssd_mixed > 2)
+    throw ConfigError(str(source, ": ssd.mixed: ", p.ssd_mixed, " must be in [1, 2] (1: reads and writes take turns, "
+                          "2: full duplex)"));
   p.stripe_unit = s.size("stripe_unit", 4ull << 20);
   if (p.stripe_unit == 0 || p.stripe_unit % 4096)
     throw ConfigError(str(source, ": ssd.stripe_unit: ", p.stripe_unit, " must be a positive multiple of 4096"));
@@ -268,7 +280,7 @@ std::string hardware_profile_to_yaml(const HardwareProfile& p, const std::string
   o << "pcie:\n  h2d_GBps: " << Num{p.h2d_Bps / 1e9} << "\n  d2h_GBps: " << Num{p.d2h_Bps / 1e9}
     << "\n";
   o << "ssd:\n  count: " << p.ssds << "\n  read_GBps: " << Num{p.ssd_read_Bps / 1e9}
-    << "\n  write_GBps: " << Num{p.ssd_write_Bps / 1e9} << "\n  stripe_unit: " << p.stripe_unit
+    << "\n  write_GBps: " << Num{p.ssd_write_Bps / 1e9} << "\n  mixed: " << Num{p.ssd_mixed} << "\n  stripe_unit: " << p.stripe_unit
     << "\n";
   o << "optimizer:\n  params_per_s: " << Num{p.optimizer_params_per_s}
     << "\n  shared_cpu: " << (p.shared_cpu ? "true" : "false")

@@ -122,8 +122,14 @@ void measure_host_side(const ProfileOptions& o, HardwareProfile& p, const Say& s
   p.ssds = static_cast<int>(o.dirs.size());
   p.ssd_read_Bps = r["read_MBps"].get<double>() * 1e6 / p.ssds;
   p.ssd_write_Bps = r["write_MBps"].get<double>() * 1e6 / p.ssds;
+  // The mixed pass's halves alone would have taken their share of the whole passes' times.
+  const double bytes = r["bytes"].get<double>();
+  p.ssd_mixed = mixed_capacity_from(r["read_s"].get<double>() * r["mixed_read_bytes"].get<double>() / bytes,
+                                    r["write_s"].get<double>() * r["mixed_write_bytes"].get<double>() / bytes,
+                                    r["mixed_s"].get<double>());
   say(str("SSD store over ", p.ssds, " directories: read ", r["read_MBps"].get<double>(), " MB/s, write ",
-          r["write_MBps"].get<double>(), " MB/s"));
+          r["write_MBps"].get<double>(), " MB/s; reads and writes at once: ", p.ssd_mixed,
+          " x one direction's throughput (1: they take turns, 2: full duplex)"));
 }
 
 // The optimizer as the engine calls it: fp32 gradients in, fp32 weights out, state in host

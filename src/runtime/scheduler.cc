@@ -160,10 +160,12 @@ void OffloadTrainer::Impl::worker(int r) {
     std::exception_ptr err;
     try {
       if (owner_.on_op) owner_.on_op(it.step, op);
+      moved_[r] = OpTraffic{};
       run_op(it, op);
       // Done means done on the device: the ops that wait for this one (copies of what it
       // wrote, loads into what it read) start right after.
       if (op.resource == Resource::kCompute) be_.finish_compute();
+      if (owner_.on_op_done) owner_.on_op_done(it.step, op, moved_[r]);
     } catch (const IoError& e) {
       // A disk error (a failed request, bytes that changed on the disk) says where in the
       // run it struck.
@@ -239,6 +241,7 @@ OffloadTrainer::Impl::Iter& OffloadTrainer::Impl::submit(Run& run, int64_t step,
     window_start_ = now();
     window_read_ = store_ ? store_->stats().bytes_read : 0;
     window_written_ = store_ ? store_->stats().bytes_written : 0;
+    window_disk_ = store_ ? store_->stats().busy_s : 0;
   }
   for (int r = 0; r < kNumResources; ++r)
     for (int id : run.queue[r]) rings_[r].push({i, id});
@@ -296,8 +299,10 @@ StepResult OffloadTrainer::Impl::step_result(Iter& it) {
     const StoreStats st = store_->stats();
     res.ssd_read_bytes = st.bytes_read - window_read_;
     res.ssd_write_bytes = st.bytes_written - window_written_;
+    res.disk_busy_s = st.busy_s - window_disk_;
     window_read_ = st.bytes_read;
     window_written_ = st.bytes_written;
+    window_disk_ = st.busy_s;
   }
   window_start_ = t_end;
   res.loss = static_cast<float>(mean_over_counted(it.losses, it.counts));

@@ -166,7 +166,8 @@ int run_simulate(const SimulateOptions& o) {
   std::printf("%-22s %s\n", "peak device/host/SSD", tier_table_row(p.sim).c_str());
   for (int q = 0; q < kNumResources; ++q)
     std::printf("  busy %-16s %.3f s%s\n", resource_name(static_cast<Resource>(q)), p.sim.busy_s[q],
-                static_cast<Resource>(q) == p.sim.busiest ? "  (busiest)" : "");
+                static_cast<Resource>(q) == p.sim.busiest && !p.sim.disk_busiest ? "  (busiest)" : "");
+  std::printf("  busy %-16s %.3f s%s\n", "disk", p.sim.disk_busy_s, p.sim.disk_busiest ? "  (busiest)" : "");
   if (p.plans_evaluated)
     std::printf("%-22s %d plans simulated in %.2f s\n", "search", p.plans_evaluated, p.search_s);
   return 0;

@@ -4,7 +4,10 @@
 // its duration, and the start is max(previous op on the resource, every dependency): the
 // executor's rule. With shared_cpu, a compute op and an optimizer op that overlap progress at
 // compute_share and optimizer_share of their full rates for as long as both run (the CPU
-// backend's GEMM threads and the optimizer's threads time-slice the same cores).
+// backend's GEMM threads and the optimizer's threads time-slice the same cores). Every op that
+// moves bytes through the store shares the disks with the others running: reads, writes and
+// the out-of-core updates' state streaming take turns on one disk set, each direction at its
+// own rate.
 #include "fuyou/simulator.h"
 
 #include <algorithm>
@@ -13,15 +16,14 @@
 
 #include "fuyou/error.h"
 #include "fuyou/model.h"
+#include "fuyou/sizes.h"
+#include "fuyou/storage.h"
 
 namespace fuyou {
 
 namespace {
 
-struct Shape {
-  double gemm_size = 0;   // cbrt(tokens * d_model * d_ff)
-  double byte_scale = 1;  // profile element bytes / plan's 4
-};
+double gemm_size_of(const Plan& plan) { return gemm_work_size(plan.model, plan.micro_batch); }
 
 }  // namespace
 
@@ -30,57 +32,90 @@ double gemm_work_size(const ModelConfig& m, int micro_batch) {
   return std::cbrt(N * C * F);
 }
 
-namespace {
-
-Shape shape_of(const Plan& plan, const HardwareProfile& hw) {
-  const ModelConfig& m = plan.model;
-  Shape s;
-  s.gemm_size = gemm_work_size(m, plan.micro_batch);
-  s.byte_scale = hw.element_bytes / 4.0;
-  return s;
+OpTraffic op_traffic(const Plan& plan, const PlanOp& op) {
+  OpTraffic t;
+  switch (op.kind) {
+    case OpKind::kReadWeights:
+    case OpKind::kReadCheckpoint:
+    case OpKind::kReadGrads:
+      t.ssd_read = round_up(op.use(Role::kDest).bytes, kIoAlign);
+      break;
+    case OpKind::kWriteWeights:
+    case OpKind::kWriteCheckpoint:
+    case OpKind::kWriteGrads:
+      t.ssd_write = round_up(op.use(Role::kSource).bytes, kIoAlign);
+      break;
+    case OpKind::kLoadWeights:
+    case OpKind::kLoadCheckpoint:
+    case OpKind::kLoadGrads:
+      t.h2d = op.use(Role::kDest).bytes;
+      break;
+    case OpKind::kLoadResident: t.h2d = op.use(Role::kDest).bytes; break;
+    case OpKind::kSaveCheckpoint:
+    case OpKind::kSaveGrads:
+      t.d2h = op.use(Role::kSource).bytes;
+      break;
+    case OpKind::kUpdate: {
+      // Out of core: master, m and v (a third of the state use each) read and written back,
+      // each kind's extent in whole 4 KiB blocks (ooc_adamw.h).
+      const BufferUse& state = op.use(Role::kState);
+      if (plan.buffers[state.buffer].tier == Tier::kSsd) t.ssd_read = t.ssd_write = 3 * round_up(state.bytes / 3, kIoAlign);
+      break;
+    }
+    default: break;
+  }
+  return t;
 }
 
-// An op's time from what it says of itself: FLOPs over the GEMM rate, bytes over a link's
-// or the disks' rate, parameters over the optimizer's rate.
-double duration(const Plan& plan, const PlanOp& op, const HardwareProfile& hw, const Shape& s) {
-  const double bytes = static_cast<double>(op.bytes) * s.byte_scale;
-  const uint64_t ibytes = static_cast<uint64_t>(bytes);
+namespace {
+
+// What an op needs of each part of the machine, alone: CPU seconds (an update's kernel),
+// disk seconds (its bytes at the striped read and write rates, one direction after the other)
+// and the fixed-rate rest (compute, PCIe). An op that reads and writes (an out-of-core update)
+// can use up to ssd_mixed of the disks' time at once (`cap`); alone it takes the longest of
+// the three: the update pipelines its state streaming with the kernel.
+struct Demand {
+  double cpu = 0, disk = 0, other = 0;
+  double cap = 1;             // the share of the disks it can use: ssd_mixed if it reads and writes
+  bool reads = false, writes = false;
+  double alone() const { return std::max({cpu, disk / cap, other}); }
+};
+
+double disk_seconds(uint64_t read, uint64_t write, const HardwareProfile& hw) {
+  return (read ? read / hw.ssd_read_rate(read) : 0.0) + (write ? write / hw.ssd_write_rate(write) : 0.0);
+}
+
+Demand demand(const Plan& plan, const PlanOp& op, const HardwareProfile& hw, double gemm_size) {
+  const OpTraffic t = op_traffic(plan, op);
+  Demand d;
+  d.disk = disk_seconds(t.ssd_read, t.ssd_write, hw);
+  d.reads = t.ssd_read > 0;
+  d.writes = t.ssd_write > 0;
+  if (d.reads && d.writes) d.cap = hw.ssd_mixed;
   switch (op.resource) {
-    case Resource::kCompute: {
-      return hw.compute_seconds(op.flops + op.recompute_flops, s.gemm_size);
-    }
-    case Resource::kH2D: return hw.h2d_seconds(static_cast<double>(op.bytes));
-    case Resource::kD2H: return hw.d2h_seconds(static_cast<double>(op.bytes));
-    case Resource::kSsdRead: return ibytes ? bytes / hw.ssd_read_rate(ibytes) : 0.0;
-    case Resource::kSsdWrite: return ibytes ? bytes / hw.ssd_write_rate(ibytes) : 0.0;
-    case Resource::kOptimizer: {
+    case Resource::kCompute: d.other = hw.compute_seconds(op.flops + op.recompute_flops, gemm_size); break;
+    case Resource::kH2D: d.other = hw.h2d_seconds(static_cast<double>(t.h2d)); break;
+    case Resource::kD2H: d.other = hw.d2h_seconds(static_cast<double>(t.d2h)); break;
+    case Resource::kSsdRead:
+    case Resource::kSsdWrite: break;
+    case Resource::kOptimizer:
       // Exact mode: each group's sum of squares streams its gradient once from host memory;
       // the norm itself only adds the groups' sums.
-      if (op.kind == OpKind::kGradSumSq) return 4.0 * op.params / hw.host_mem_Bps;
-      if (op.kind != OpKind::kUpdate) return 0.0;
-      double cpu = op.params / hw.optimizer_params_per_s;
-      // Out of core: the state (master, m and v) is read and written back through the store,
-      // pipelined with the update in chunks (ooc_adamw.h). Reads and writes proceed at once,
-      // as the ssd_read and ssd_write queues do (the same full-duplex assumption); the slowest
-      // of the three bounds the update.
-      const BufferUse& state = op.use(Role::kState);
-      if (plan.buffers[state.buffer].tier != Tier::kSsd) return cpu;
-      const double b = static_cast<double>(state.bytes);
-      return std::max({cpu, b / hw.ssd_read_rate(state.bytes), b / hw.ssd_write_rate(state.bytes)});
-    }
+      if (op.kind == OpKind::kGradSumSq) d.other = 4.0 * op.params / hw.host_mem_Bps;
+      if (op.kind == OpKind::kUpdate) d.cpu = op.params / hw.optimizer_params_per_s;
+      break;
   }
-  return 0.0;
+  return d;
 }
 
 }  // namespace
 
 double op_duration(const Plan& plan, const PlanOp& op, const HardwareProfile& hw) {
-  return duration(plan, op, hw, shape_of(plan, hw));
+  return demand(plan, op, hw, gemm_size_of(plan)).alone();
 }
 
 void plan_memory_on(const Plan& plan, const HardwareProfile& hw, uint64_t* device, uint64_t* host, uint64_t* ssd) {
-  const double scale = hw.element_bytes / 4.0;
-  *device = static_cast<uint64_t>(plan.memory.device_bytes * scale);
+  *device = plan.memory.device_bytes;
   // The CPU backend's device arena is host memory; a GPU's is not. The plan says whether it
   // counted the arena (MemoryPlan::device_in_host).
   const uint64_t counted = plan.memory.device_in_host ? plan.memory.device_bytes : 0;
@@ -97,17 +132,19 @@ namespace {
 // (two iterations in flight). Each resource runs its ops one at a time, each once its deps
 // are done, in order, except that the reordering queues may start a ready op ahead of
 // earlier ones it has no hazard with (next_in_queue, as the executor); compute and the
-// optimizer share the cores on a shared_cpu profile.
+// optimizer share the cores on a shared_cpu profile, and every op that moves bytes through the
+// store (SSD reads, SSD writes, out-of-core updates) shares the disks (rates()).
 struct Timeline {
   std::vector<double> start, end;
 };
 
 class EventRun {
  public:
-  EventRun(const Plan& plan, const std::vector<std::vector<int>>& prev, const std::vector<double>& dur, int iterations,
+  EventRun(const Plan& plan, const std::vector<std::vector<int>>& prev, const std::vector<Demand>& dem, int iterations,
            const HardwareProfile& hw)
-      : plan_(plan), prev_(prev), dur_(dur), hw_(hw), per_(plan.ops.size()), n_(per_ * iterations),
+      : plan_(plan), prev_(prev), dem_(dem), hw_(hw), per_(plan.ops.size()), n_(per_ * iterations),
         bufs_(op_buffers(plan)) {
+    for (const Demand& d : dem_) dur_.push_back(d.alone());
     r_.start.assign(n_, 0.0);
     r_.end.assign(n_, 0.0);
     remaining_.resize(n_);
@@ -193,9 +230,13 @@ class EventRun {
     }
   }
 
-  // Runs time forward to the next op's end: every resource at full rate, except compute and
-  // the optimizer sharing the cores.
-  void advance() {
+  // The rate of each running op, in seconds of its work alone per second. Compute and the
+  // optimizer share the cores on a shared_cpu profile. The disks' time is shared by the ops
+  // that use them, max-min fair: each asks for the share of the disks it would use at the
+  // rate the rest of the machine gives it (an I/O op all of one direction, a CPU-bound update
+  // less), the smallest ask is met first and what is left is split evenly among the others.
+  // The disks give 1 (one direction's worth), or ssd_mixed while reads and writes both run.
+  std::array<double, kNumResources> rates() const {
     const int kC = static_cast<int>(Resource::kCompute), kO = static_cast<int>(Resource::kOptimizer);
     std::array<double, kNumResources> rate;
     rate.fill(1.0);
@@ -203,6 +244,32 @@ class EventRun {
       rate[kC] = hw_.compute_share;
       rate[kO] = hw_.optimizer_share;
     }
+    std::array<std::pair<double, int>, kNumResources> asks;
+    int users = 0;
+    bool reads = false, writes = false;
+    for (int q = 0; q < kNumResources; ++q) {
+      if (running_[q] < 0) continue;
+      const Demand& d = dem_[running_[q] % per_];
+      if (d.disk <= 0) continue;
+      asks[users++] = {std::min(d.cap, rate[q] * d.disk / d.alone()), q};
+      reads |= d.reads;
+      writes |= d.writes;
+    }
+    std::sort(asks.begin(), asks.begin() + users);
+    double left = reads && writes ? hw_.ssd_mixed : 1.0;
+    for (int k = 0; k < users; ++k) {
+      const auto [ask, q] = asks[k];
+      const double share = std::min(ask, left / (users - k));
+      left -= share;
+      const Demand& d = dem_[running_[q] % per_];
+      if (share < ask) rate[q] = share * d.alone() / d.disk;
+    }
+    return rate;
+  }
+
+  // Runs time forward to the next op's end at the current rates.
+  void advance() {
+    const std::array<double, kNumResources> rate = rates();
     int next = -1;
     double dt = std::numeric_limits<double>::infinity();
     for (int q = 0; q < kNumResources; ++q) {
@@ -233,7 +300,8 @@ class EventRun {
 
   const Plan& plan_;
   const std::vector<std::vector<int>>& prev_;
-  const std::vector<double>& dur_;
+  const std::vector<Demand>& dem_;
+  std::vector<double> dur_;  // per op of the plan: alone
   const HardwareProfile& hw_;
   const size_t per_, n_;
   const std::vector<OpBuffers> bufs_;
@@ -250,18 +318,38 @@ class EventRun {
 };
 
 // The event simulation over `iterations` copies of the plan back to back (see EventRun).
-Timeline run_timeline(const Plan& plan, const std::vector<std::vector<int>>& prev, const std::vector<double>& dur,
+Timeline run_timeline(const Plan& plan, const std::vector<std::vector<int>>& prev, const std::vector<Demand>& dem,
                       int iterations, const HardwareProfile& hw) {
-  return EventRun(plan, prev, dur, iterations, hw).run();
+  return EventRun(plan, prev, dem, iterations, hw).run();
+}
+
+// The time within which at least one of `ops` runs (the union of their intervals).
+double union_busy(const Timeline& t, const std::vector<int>& ops) {
+  std::vector<std::pair<double, double>> spans;
+  for (int i : ops)
+    if (t.end[i] > t.start[i]) spans.push_back({t.start[i], t.end[i]});
+  std::sort(spans.begin(), spans.end());
+  double busy = 0, from = 0, to = -1;
+  for (const auto& [a, b] : spans) {
+    if (a > to) {
+      busy += std::max(0.0, to - from);
+      from = a;
+      to = b;
+    } else {
+      to = std::max(to, b);
+    }
+  }
+  return busy + std::max(0.0, to - from);
 }
 
 }  // namespace
 
 SimResult simulate(const Plan& plan, const HardwareProfile& hw) {
-  const Shape s = shape_of(plan, hw);
+  const double gemm_size = gemm_size_of(plan);
   const size_t n = plan.ops.size();
   SimResult r;
-  std::vector<double> dur(n);
+  std::vector<Demand> dur(n);
+  std::vector<int> disk_ops;
   for (size_t i = 0; i < n; ++i) {
     const PlanOp& op = plan.ops[i];
     if (op.id != static_cast<int>(i)) throw Error(str("simulate: op at index ", i, " has id ", op.id));
@@ -269,7 +357,8 @@ SimResult simulate(const Plan& plan, const HardwareProfile& hw) {
       if (d < 0 || d >= static_cast<int>(i))
         throw Error(str("simulate: op ", i, " (", op_kind_name(op.kind), ") depends on op ", d,
                         ", which is not an earlier op"));
-    dur[i] = duration(plan, op, hw, s);
+    dur[i] = demand(plan, op, hw, gemm_size);
+    if (dur[i].disk > 0) disk_ops.push_back(static_cast<int>(i));
     r.useful_flops += op.flops;
     r.recompute_flops += op.recompute_flops;
   }
@@ -286,6 +375,7 @@ SimResult simulate(const Plan& plan, const HardwareProfile& hw) {
     r.busy_s[static_cast<int>(plan.ops[i].resource)] += r.end[i] - r.start[i];
     r.iteration_s = std::max(r.iteration_s, r.end[i]);
   }
+  r.disk_busy_s = union_busy(one, disk_ops);
   Timeline steady = run_timeline(plan, prev, dur, kSteadyIterations, hw);
   const bool returns_early = std::any_of(plan.ops.begin(), plan.ops.end(), step_waits_for);
   auto returned = [&](int k) {
@@ -298,6 +388,7 @@ SimResult simulate(const Plan& plan, const HardwareProfile& hw) {
   r.tflops = r.period_s > 0 ? r.useful_flops / r.period_s / 1e12 : 0.0;
   for (int q = 0; q < kNumResources; ++q)
     if (r.busy_s[q] > r.busy_s[static_cast<int>(r.busiest)]) r.busiest = static_cast<Resource>(q);
+  r.disk_busiest = r.disk_busy_s > r.busy_s[static_cast<int>(r.busiest)];
   plan_memory_on(plan, hw, &r.device_bytes, &r.host_bytes, &r.ssd_bytes);
   return r;
 }
@@ -308,11 +399,12 @@ nlohmann::json SimResult::to_json() const {
                    {"tflops", tflops},
                    {"useful_flops", useful_flops},
                    {"recompute_flops", recompute_flops},
-                   {"busiest", resource_name(busiest)},
+                   {"busiest", disk_busiest ? "disk" : resource_name(busiest)},
                    {"peak_device_bytes", device_bytes},
                    {"peak_host_bytes", host_bytes},
                    {"ssd_bytes", ssd_bytes}};
   for (int q = 0; q < kNumResources; ++q) j["busy_s"][resource_name(static_cast<Resource>(q))] = busy_s[q];
+  j["busy_s"]["disk"] = disk_busy_s;
   return j;
 }
 

@@ -64,8 +64,6 @@ std::string SwapSearchResult::summary() const {
 }
 
 PlanRequest request_for_profile(PlanRequest req, const HardwareProfile& hw) {
-  const double up = 4.0 / hw.element_bytes;
-  if (req.device_budget) req.device_budget = static_cast<uint64_t>(req.device_budget * up);
   // The CPU backend's device arena is host memory; a GPU's is not.
   req.device_in_host = hw.backend == "cpu";
   req.embed_rows_first = !hw.shared_cpu;

@@ -367,6 +367,7 @@ void TrainingRun::log_step(int64_t step, const StepResult& r, double dt) {
     line["ssd_write_bytes"] = r.ssd_write_bytes;
     for (int k = 0; k < kNumResources; ++k)
       line["busy_s"][resource_name(static_cast<Resource>(k))] = r.busy_s[k];
+    line["busy_s"]["disk"] = r.disk_busy_s;
   }
   metrics_line(line);
   if (opts_.progress_line) {

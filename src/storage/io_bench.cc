@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <exception>
+#include <thread>
 
 #include "fuyou/error.h"
 #include "fuyou/log.h"
@@ -72,49 +74,67 @@ nlohmann::json run_io_bench(const IoBenchOptions& o) {
 
   HostPoolOptions popts;
   popts.huge_pages = o.huge_pages;
-  HostPool pool({SlotSpec{"io", block, static_cast<uint32_t>(o.buffers)}}, popts);
+  // Two buffer sets: the mixed pass reads and writes at once.
+  HostPool pool({SlotSpec{"io", block, static_cast<uint32_t>(2 * o.buffers)}}, popts);
   if (o.register_buffers) store->register_pool(pool);
   std::vector<char*> buf;
   Rng rng(1);
-  for (int b = 0; b < o.buffers; ++b) {
+  for (int b = 0; b < 2 * o.buffers; ++b) {
     buf.push_back(static_cast<char*>(pool.slot(0, b).ptr));
     auto* words = reinterpret_cast<uint64_t*>(buf.back());
     for (uint64_t i = 0; i < block / 8; ++i) words[i] = rng.next();  // incompressible filler
   }
 
-  // One pass: requests of `block` bytes, `buffers` outstanding, each buffer reused as soon
-  // as its previous request is waited.
-  auto pass = [&](IoOp op) {
+  // One pass over [from, to): requests of `block` bytes, `buffers` outstanding (of buffer set
+  // `set`), each buffer reused as soon as its previous request is waited.
+  auto pass = [&](IoOp op, uint64_t from, uint64_t to, int set) {
     std::vector<Ticket> ticket(o.buffers, 0);
     std::vector<uint64_t> at(o.buffers, 0), len(o.buffers, 0);
+    char** bufs = buf.data() + set * o.buffers;
     auto retire = [&](int b) {
       if (!ticket[b]) return;
       store->wait(ticket[b]);
       ticket[b] = 0;
-      if (op == IoOp::kRead) verify(buf[b], at[b], len[b], where);
+      if (op == IoOp::kRead) verify(bufs[b], at[b], len[b], where);
     };
     auto start = clock_type::now();
     int b = 0;
-    for (uint64_t off = 0; off < size; off += block, b = (b + 1) % o.buffers) {
+    for (uint64_t off = from; off < to; off += block, b = (b + 1) % o.buffers) {
       retire(b);
       at[b] = off;
-      len[b] = std::min(block, size - off);
+      len[b] = std::min(block, to - off);
       if (op == IoOp::kWrite) {
-        stamp(buf[b], off, len[b]);
-        ticket[b] = store->submit_write(ext, off, buf[b], len[b]);
+        stamp(bufs[b], off, len[b]);
+        ticket[b] = store->submit_write(ext, off, bufs[b], len[b]);
       } else {
-        ticket[b] = store->submit_read(ext, off, buf[b], len[b]);
+        ticket[b] = store->submit_read(ext, off, bufs[b], len[b]);
       }
     }
     for (int k = 0; k < o.buffers; ++k) retire((b + k) % o.buffers);  // oldest first
     return seconds_since(start);
   };
 
-  double write_s = pass(IoOp::kWrite);
+  double write_s = pass(IoOp::kWrite, 0, size, 0);
   t0 = clock_type::now();
   store->flush();
   double flush_s = seconds_since(t0);
-  double read_s = pass(IoOp::kRead);
+  double read_s = pass(IoOp::kRead, 0, size, 0);
+  // Mixed: the first half read back while the second half is written, as the engine's reads,
+  // writes and optimizer state streaming share the disks; the time until both end.
+  const uint64_t half = round_up(size / 2, kIoAlign);
+  t0 = clock_type::now();
+  std::exception_ptr write_error;
+  std::thread writer([&] {
+    try {
+      pass(IoOp::kWrite, half, size, 1);
+    } catch (...) {
+      write_error = std::current_exception();
+    }
+  });
+  pass(IoOp::kRead, 0, half, 0);
+  writer.join();
+  if (write_error) std::rethrow_exception(write_error);
+  double mixed_s = seconds_since(t0);
   StoreStats st = store->stats();
 
   auto mbps = [&](double s) { return static_cast<double>(size) / s / 1e6; };
@@ -124,6 +144,9 @@ nlohmann::json run_io_bench(const IoBenchOptions& o) {
       {"read_s", read_s},
       {"write_s", write_s},
       {"flush_s", flush_s},
+      {"mixed_s", mixed_s},
+      {"mixed_read_bytes", half},
+      {"mixed_write_bytes", size - half},
       {"define_s", define_s},
       {"bytes", size},
       {"dirs", o.dirs},

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <filesystem>
 #include <map>
@@ -145,6 +146,7 @@ class SsdStore::Impl {
   std::vector<std::map<uint64_t, SumRecord>> sums;  // per extent (StoreConfig::verify)
   int head = -1, tail = -1;
   int inflight = 0;  // pieces in flight, synthetic ones included
+  std::chrono::steady_clock::time_point busy_since;  // when inflight last left 0
   bool stop = false;
   bool sleeping = false;  // the I/O thread is (about to be) in io_uring_enter
   std::string fatal;      // the ring itself failed; every later request fails with this
@@ -695,7 +697,10 @@ void SsdStore::flush() {
 
 StoreStats SsdStore::stats() const {
   std::lock_guard<std::mutex> lk(impl_->m);
-  return impl_->stats;
+  StoreStats st = impl_->stats;
+  if (impl_->inflight > 0)
+    st.busy_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - impl_->busy_since).count();
+  return st;
 }
 
 const StoreConfig& SsdStore::config() const { return impl_->cfg; }
@@ -802,7 +807,7 @@ void SsdStore::Impl::pump() {
     pc.attempt = pc.retries = pc.no_progress = 0;
     j.cursor += pc.len;
     ++j.inflight;
-    ++inflight;
+    if (inflight++ == 0) busy_since = std::chrono::steady_clock::now();
     if (j.cursor == j.bytes) {  // fully handed out: the next job may start
       j.queued = false;
       head = j.next;
@@ -909,7 +914,8 @@ void SsdStore::Impl::finish_piece(int p) {
   Job& j = jobs[pieces[p].job];
   pieces[p].job = -1;
   free_pieces.push_back(p);
-  --inflight;
+  if (--inflight == 0)
+    stats.busy_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - busy_since).count();
   --j.inflight;
   if (j.inflight == 0 && !j.queued && (j.failed || j.done == j.bytes)) {
     j.finished = true;
