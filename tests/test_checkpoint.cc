@@ -74,6 +74,23 @@ void offload_everything(Config* c, const Scratch& s) {
   c->offload.activations = ActivationPolicy::kSwap;
 }
 
+// An engine for `cfg` on the CPU backend whose SSD store goes through `files`, its
+// parameters initialised, and one fixed batch to step it with.
+struct OffloadedRig {
+  std::unique_ptr<Backend> be = make_cpu_backend(2, 0);
+  std::unique_ptr<TrainEngine> engine;
+  std::vector<int32_t> batch;
+  OffloadedRig(const Config& cfg, std::shared_ptr<FileLayer> files) {
+    EngineOptions eo;
+    eo.store_files = std::move(files);
+    engine = make_train_engine(cfg, *be, eo);
+    engine->init_params();
+    batch.resize(static_cast<size_t>(cfg.schedule.micro_batch) * (cfg.model.seq_len + 1));
+    for (size_t i = 0; i < batch.size(); ++i) batch[i] = static_cast<int32_t>((i * 37 + 5) % 256);
+  }
+  StepResult step(int64_t i) { return engine->step(i, {batch.data(), batch.data()}); }
+};
+
 // step -> loss (training lines) and step -> val_loss, as the run logged them.
 std::map<int64_t, double> losses(const std::string& run_dir, const char* key = "loss") {
   std::map<int64_t, double> out;
@@ -318,20 +335,15 @@ TEST_CASE("an SSD read error while checkpointing names the file; the previous ch
     }
   };
   auto faults = std::make_shared<Faults>();
-  auto be = make_cpu_backend(2, 0);
-  EngineOptions eo;
-  eo.store_files = faults;
-  auto engine = make_train_engine(cfg, *be, eo);
-  engine->init_params();
-  std::vector<int32_t> batch(static_cast<size_t>(cfg.schedule.micro_batch) * (cfg.model.seq_len + 1));
-  for (size_t i = 0; i < batch.size(); ++i) batch[i] = static_cast<int32_t>((i * 37 + 5) % 256);
-  engine->step(0, {batch.data(), batch.data()});
+  OffloadedRig rig(cfg, faults);
+  TrainEngine* engine = rig.engine.get();
+  rig.step(0);
   TrainProgress p;
   p.step = 1;
   const std::string run = s.run("run");
   fs::create_directories(run);
   save_checkpoint(run, cfg, *engine, p, {});
-  engine->step(1, {batch.data(), batch.data()});
+  rig.step(1);
   p.step = 2;
   faults->fail_reads = true;
   CHECK_THROWS_WITH(save_checkpoint(run, cfg, *engine, p, {}),
@@ -371,16 +383,10 @@ TEST_CASE("bytes changed in an SSD store file mid-run are reported as corruption
     }
   };
   auto flip = std::make_shared<Flip>();
-  auto be = make_cpu_backend(2, 0);
-  EngineOptions eo;
-  eo.store_files = flip;
-  auto engine = make_train_engine(cfg, *be, eo);
-  engine->init_params();
-  std::vector<int32_t> batch(static_cast<size_t>(cfg.schedule.micro_batch) * (cfg.model.seq_len + 1));
-  for (size_t i = 0; i < batch.size(); ++i) batch[i] = static_cast<int32_t>((i * 37 + 5) % 256);
-  engine->step(0, {batch.data(), batch.data()});
+  OffloadedRig rig(cfg, flip);
+  rig.step(0);
   flip->armed = true;
-  CHECK_THROWS_WITH(engine->step(1, {batch.data(), batch.data()}),
+  CHECK_THROWS_WITH(rig.step(1),
                     // The step the damaged read served: this one, or the last one's update that
                     // runs beside this one's forward.
                     Catch::Matchers::Matches("step [12], [a-z ]+[0-9]*: SSD store: checksum mismatch reading extent "

@@ -47,6 +47,51 @@ void verify(const char* buf, uint64_t offset, uint64_t bytes, const std::string&
 
 }  // namespace
 
+namespace {
+
+// What one run measured, for the result object.
+struct IoTimes {
+  uint64_t size = 0, block = 0, mixed_half = 0;
+  double define_s = 0, write_s = 0, flush_s = 0, read_s = 0, mixed_s = 0;
+};
+
+nlohmann::json io_result(const IoBenchOptions& o, const IoTimes& t, const StoreStats& st, const HostPool& pool) {
+  auto mbps = [&](double sec) { return static_cast<double>(t.size) / sec / 1e6; };
+  return nlohmann::json{
+      {"read_MBps", mbps(t.read_s)},
+      {"write_MBps", mbps(t.write_s)},
+      {"read_s", t.read_s},
+      {"write_s", t.write_s},
+      {"flush_s", t.flush_s},
+      {"mixed_s", t.mixed_s},
+      {"mixed_read_bytes", t.mixed_half},
+      {"mixed_write_bytes", t.size - t.mixed_half},
+      {"define_s", t.define_s},
+      {"bytes", t.size},
+      {"dirs", o.dirs},
+      {"queue_depth", o.queue_depth},
+      {"request_size", o.request_size},
+      {"stripe_unit", o.stripe_unit},
+      {"block", t.block},
+      {"buffers", o.buffers},
+      {"fixed_buffers", st.fixed_buffers},
+      {"pool_locked", pool.locked()},
+      {"pool_bytes", pool.bytes()},
+      {"huge_pages", o.huge_pages},
+      {"verified", true},
+      {"store_checksums", o.verify},
+      {"checksum_verified_bytes", st.verified_bytes},
+      {"checksum_unverified_bytes", st.unverified_bytes},
+      {"requests", st.requests},
+      {"fixed_requests", st.fixed_requests},
+      {"short_transfers", st.short_transfers},
+      {"retries", st.retries},
+      {"peak_rss_bytes", peak_rss_bytes()},
+  };
+}
+
+}  // namespace
+
 nlohmann::json run_io_bench(const IoBenchOptions& o) {
   if (o.dirs.empty()) throw ConfigError("fuyou-bench io: give at least one --dir");
   if (o.buffers < 2)
@@ -135,40 +180,7 @@ nlohmann::json run_io_bench(const IoBenchOptions& o) {
   writer.join();
   if (write_error) std::rethrow_exception(write_error);
   double mixed_s = seconds_since(t0);
-  StoreStats st = store->stats();
-
-  auto mbps = [&](double s) { return static_cast<double>(size) / s / 1e6; };
-  return nlohmann::json{
-      {"read_MBps", mbps(read_s)},
-      {"write_MBps", mbps(write_s)},
-      {"read_s", read_s},
-      {"write_s", write_s},
-      {"flush_s", flush_s},
-      {"mixed_s", mixed_s},
-      {"mixed_read_bytes", half},
-      {"mixed_write_bytes", size - half},
-      {"define_s", define_s},
-      {"bytes", size},
-      {"dirs", o.dirs},
-      {"queue_depth", o.queue_depth},
-      {"request_size", o.request_size},
-      {"stripe_unit", o.stripe_unit},
-      {"block", block},
-      {"buffers", o.buffers},
-      {"fixed_buffers", st.fixed_buffers},
-      {"pool_locked", pool.locked()},
-      {"pool_bytes", pool.bytes()},
-      {"huge_pages", o.huge_pages},
-      {"verified", true},
-      {"store_checksums", o.verify},
-      {"checksum_verified_bytes", st.verified_bytes},
-      {"checksum_unverified_bytes", st.unverified_bytes},
-      {"requests", st.requests},
-      {"fixed_requests", st.fixed_requests},
-      {"short_transfers", st.short_transfers},
-      {"retries", st.retries},
-      {"peak_rss_bytes", peak_rss_bytes()},
-  };
+  return io_result(o, IoTimes{size, block, half, define_s, write_s, flush_s, read_s, mixed_s}, store->stats(), pool);
 }
 
 void print_io_bench(const nlohmann::json& r) {

@@ -21,7 +21,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
-#include <map>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -30,7 +29,7 @@
 #include "fuyou/log.h"
 #include "fuyou/sizes.h"
 #include "fuyou/storage.h"
-#include "src/common/xxh3.h"
+#include "src/storage/block_sums.h"
 #include "src/storage/dir_lock.h"
 #include "src/storage/file_layer.h"
 #include "src/storage/io_ring.h"
@@ -56,27 +55,6 @@ struct BackingFile {
   uint64_t size = 0;      // bytes allocated for the extents defined so far
 };
 
-// The checksums of one write request: the XXH3-64 of each kSumBlock-byte block from its
-// start (the last block shorter). Keyed by the request's extent offset.
-struct SumRecord {
-  uint64_t len = 0;
-  std::vector<uint64_t> sums;
-};
-
-// One block a read must check when it is waited: where it lies in the read's buffer.
-struct Expect {
-  uint64_t buf_off = 0;
-  uint64_t len = 0;
-  uint64_t sum = 0;
-};
-
-std::vector<uint64_t> block_sums(const char* p, uint64_t bytes) {
-  std::vector<uint64_t> out((bytes + kSumBlock - 1) / kSumBlock);
-  for (size_t i = 0; i < out.size(); ++i)
-    out[i] = xxh3_64(p + i * kSumBlock, std::min(kSumBlock, bytes - i * kSumBlock));
-  return out;
-}
-
 struct Job {
   uint32_t gen = 1;
   bool active = false;  // holds a ticket that has not been waited
@@ -94,7 +72,7 @@ struct Job {
   int next = -1;        // issue FIFO link
   int more_errors = 0;  // failures after the first, which `error` describes
   std::string error;
-  std::vector<Expect> expect;  // a read's blocks to check (StoreConfig::verify)
+  std::vector<SumCheck> expect;  // a read's blocks to check (StoreConfig::verify)
 };
 
 struct Piece {
@@ -143,7 +121,7 @@ class SsdStore::Impl {
   std::vector<int> free_pieces;
   std::vector<RingCompletion> synthetic;  // failures injected by before_io, not sent
   std::vector<Registered> registered;
-  std::vector<std::map<uint64_t, SumRecord>> sums;  // per extent (StoreConfig::verify)
+  BlockSums sums;  // StoreConfig::verify
   int head = -1, tail = -1;
   int inflight = 0;  // pieces in flight, synthetic ones included
   std::chrono::steady_clock::time_point busy_since;  // when inflight last left 0
@@ -173,11 +151,7 @@ class SsdStore::Impl {
 
   Ticket submit(IoOp op, ExtentId id, uint64_t offset, char* buf, uint64_t bytes,
                 std::vector<uint64_t> write_sums = {});
-  // ---- checksums (StoreConfig::verify; with `m` held) ----------------------------------
-  void forget_sums(ExtentId id, uint64_t offset, uint64_t bytes);
-  void record_sums(ExtentId id, uint64_t offset, uint64_t bytes, std::vector<uint64_t> block);
-  void expect_sums(ExtentId id, uint64_t offset, uint64_t bytes, std::vector<Expect>* out);
-  std::string mismatch(ExtentId id, uint64_t logical, const Expect& x, uint64_t got, size_t more) const;
+  std::string mismatch(ExtentId id, uint64_t logical, const SumResult& r) const;
   int ticket_index(Ticket t) const;
   void wake();
 };
@@ -414,7 +388,7 @@ ExtentId SsdStore::define_extent(const std::string& name, uint64_t bytes) {
 
   ExtentId id = static_cast<ExtentId>(s.extents.size());
   s.extents.push_back(ExtentInfo{name, s.end, bytes, padded});
-  s.sums.emplace_back();
+  s.sums.add_extent();
   s.by_name.emplace(name, id);
   s.end = new_end;
   return id;
@@ -565,8 +539,8 @@ Ticket SsdStore::Impl::submit(IoOp op, ExtentId id, uint64_t offset, char* buf, 
     j.more_errors = 0;
     j.error.clear();
     j.expect.clear();
-    if (cfg.verify && op == IoOp::kWrite) record_sums(id, offset, bytes, std::move(write_sums));
-    if (cfg.verify && op == IoOp::kRead) expect_sums(id, offset, bytes, &j.expect);
+    if (cfg.verify && op == IoOp::kWrite) sums.record(id, offset, bytes, std::move(write_sums));
+    if (cfg.verify && op == IoOp::kRead) stats.unverified_bytes += bytes - sums.expect(id, offset, bytes, &j.expect);
     j.queued = bytes > 0;
     if (j.queued) {
       if (tail >= 0)
@@ -591,7 +565,7 @@ Ticket SsdStore::submit_write(ExtentId id, uint64_t offset, const void* src, uin
   // checksums are taken here, on the caller's thread, outside the store's lock.
   char* p = static_cast<char*>(const_cast<void*>(src));
   return impl_->submit(IoOp::kWrite, id, offset, p, bytes,
-                       impl_->cfg.verify ? block_sums(p, bytes) : std::vector<uint64_t>{});
+                       impl_->cfg.verify ? hash_blocks(p, bytes) : std::vector<uint64_t>{});
 }
 
 int SsdStore::Impl::ticket_index(Ticket t) const {
@@ -620,31 +594,20 @@ void SsdStore::wait(Ticket t) {
     if (j.expect.empty()) return;
     // Hash without the lock, so that the I/O thread and other callers go on meanwhile; the
     // slot may be reused at once, so keep what the check needs.
-    const std::vector<Expect> expect = std::move(j.expect);
+    const std::vector<SumCheck> expect = std::move(j.expect);
     const ExtentId id = j.extent;
     const uint64_t logical = j.logical;
     const char* buf = j.buf;
     lk.unlock();
-    uint64_t ok = 0, got = 0;
-    const Expect* first_bad = nullptr;
-    size_t bad = 0;
-    for (const Expect& x : expect) {
-      uint64_t h = xxh3_64(buf + x.buf_off, x.len);
-      if (h == x.sum) {
-        ok += x.len;
-      } else if (bad++ == 0) {
-        first_bad = &x;
-        got = h;
-      }
-    }
+    const SumResult r = check_blocks(buf, expect);
     lk.lock();
-    s.stats.verified_bytes += ok;
-    if (!first_bad) return;
+    s.stats.verified_bytes += r.ok_bytes;
+    if (!r.bad) return;
     ++s.stats.checksum_failures;
-    throw IoError(s.mismatch(id, logical, *first_bad, got, bad - 1));
+    throw IoError(s.mismatch(id, logical, r));
   }
   if (j.op == IoOp::kWrite && s.cfg.verify)  // what reached the disk is unknown
-    s.forget_sums(j.extent, j.logical - s.extents[j.extent].logical_offset, j.bytes);
+    s.sums.forget(j.extent, j.logical - s.extents[j.extent].logical_offset, j.bytes);
   ++s.stats.failed_requests;
   std::string msg =
       j.error.empty() ? "SSD store: request cancelled: the store was closing" : j.error;
@@ -721,60 +684,11 @@ std::vector<std::string> SsdStore::cleanup_paths() const {
 
 // ---- checksums ---------------------------------------------------------------------------
 
-// Drops the sums of every block that [offset, offset + bytes) touches; whole blocks of the
-// same records outside the range stay, as records of their own (a block's boundaries are
-// fixed by its record's start, so a suffix keeps them by starting at a block boundary).
-void SsdStore::Impl::forget_sums(ExtentId id, uint64_t offset, uint64_t bytes) {
-  auto& recs = sums[id];
-  const uint64_t end = offset + bytes;
-  auto it = recs.lower_bound(offset);
-  if (it != recs.begin() && std::prev(it)->first + std::prev(it)->second.len > offset) --it;
-  std::vector<std::pair<uint64_t, SumRecord>> keep;
-  while (it != recs.end() && it->first < end) {
-    const uint64_t r0 = it->first;
-    SumRecord& r = it->second;
-    const size_t n = r.sums.size();
-    const size_t before = offset > r0 ? (offset - r0) / kSumBlock : 0;    // blocks ending <= offset
-    const size_t after = (end - r0 + kSumBlock - 1) / kSumBlock;          // first block starting >= end
-    if (before > 0)
-      keep.push_back({r0, SumRecord{before * kSumBlock, {r.sums.begin(), r.sums.begin() + before}}});
-    if (after < n)
-      keep.push_back({r0 + after * kSumBlock,
-                      SumRecord{r.len - after * kSumBlock, {r.sums.begin() + after, r.sums.end()}}});
-    it = recs.erase(it);
-  }
-  for (auto& k : keep) recs.emplace(std::move(k));
-}
-
-void SsdStore::Impl::record_sums(ExtentId id, uint64_t offset, uint64_t bytes, std::vector<uint64_t> block) {
-  forget_sums(id, offset, bytes);
-  if (bytes) sums[id].emplace(offset, SumRecord{bytes, std::move(block)});
-}
-
-// The blocks a read of [offset, offset + bytes) covers whole; the rest of its bytes are
-// counted as unverified.
-void SsdStore::Impl::expect_sums(ExtentId id, uint64_t offset, uint64_t bytes, std::vector<Expect>* out) {
-  const auto& recs = sums[id];
-  const uint64_t end = offset + bytes;
-  uint64_t covered = 0;
-  auto it = recs.lower_bound(offset);
-  if (it != recs.begin() && std::prev(it)->first + std::prev(it)->second.len > offset) --it;
-  for (; it != recs.end() && it->first < end; ++it) {
-    const uint64_t r0 = it->first;
-    const SumRecord& r = it->second;
-    for (size_t i = offset > r0 ? (offset - r0 + kSumBlock - 1) / kSumBlock : 0; i < r.sums.size(); ++i) {
-      const uint64_t b0 = r0 + i * kSumBlock, b1 = r0 + std::min((i + 1) * kSumBlock, r.len);
-      if (b1 > end) break;
-      out->push_back(Expect{b0 - offset, b1 - b0, r.sums[i]});
-      covered += b1 - b0;
-    }
-  }
-  stats.unverified_bytes += bytes - covered;
-}
-
-std::string SsdStore::Impl::mismatch(ExtentId id, uint64_t logical, const Expect& x, uint64_t got,
-                                     size_t more) const {
+std::string SsdStore::Impl::mismatch(ExtentId id, uint64_t logical, const SumResult& r) const {
   const ExtentInfo& e = extents[id];
+  const SumCheck& x = r.first_bad;
+  const uint64_t got = r.first_got;
+  const size_t more = r.bad - 1;
   const uint64_t ext_off = logical - e.logical_offset + x.buf_off;
   int dir = 0;
   uint64_t file_off = 0, run = 0;
