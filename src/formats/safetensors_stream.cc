@@ -237,7 +237,12 @@ void RangedTensorFile::read(const StTensorInfo& t, uint64_t offset, void* dst, s
   if (offset > t.end - t.begin || bytes > t.end - t.begin - offset)
     throw Error(str(path(), ": read of bytes [", offset, ", ", offset + bytes, ") of tensor '",
                     t.name, "' runs past its ", t.end - t.begin, " bytes"));
-  pread_exact(fd_, dst, bytes, data_start_ + t.begin + offset, path());
+  const uint64_t at = data_start_ + t.begin + offset;
+  // Readers go through a file front to back (a restore, a conversion) and do other work between
+  // reads (writing the SSD store, converting): ask the kernel to fetch what follows while they
+  // do, so the disk never waits for the next read() to learn what is wanted.
+  ::posix_fadvise(fd_, static_cast<off_t>(at + bytes), static_cast<off_t>(kReadAhead), POSIX_FADV_WILLNEED);
+  pread_exact(fd_, dst, bytes, at, path());
 }
 
 TensorSet TensorSet::open_file(const std::string& path) {

@@ -115,6 +115,7 @@ class RangedTensorFile {
   void read(const StTensorInfo& t, uint64_t offset, void* dst, size_t bytes) const;
 
  private:
+  static constexpr uint64_t kReadAhead = 32ull << 20;  // asked of the kernel beyond each read
   std::unique_ptr<SafetensorsReader> reader_;
   int fd_ = -1;
   uint64_t data_start_ = 0;
