@@ -8,6 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 
 #if defined(__x86_64__)
 #include <xxh_x86dispatch.h>
@@ -29,6 +31,13 @@ inline void xxh3_64_update(XXH3_state_t* state, const void* p, size_t n) {
 #else
   XXH3_64bits_update(state, p, n);
 #endif
+}
+
+// A checksum as the engine writes it in manifests and messages: 16 lower-case hex digits.
+inline std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
 }
 
 }  // namespace fuyou

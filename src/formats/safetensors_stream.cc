@@ -16,6 +16,7 @@
 
 #include "fuyou/error.h"
 #include "fuyou/read_file.h"
+#include "fuyou/sizes.h"
 #include "kernels/common/element_math.h"
 
 namespace fuyou {
@@ -177,7 +178,7 @@ void SafetensorsStreamWriter::finish() {
   // The tail: with O_DIRECT padded to whole 4 KiB blocks, then cut back to the file's size.
   const uint64_t size = header_bytes_ + data_bytes_;
   if (fill_) {
-    const size_t n = direct_ ? (fill_ + 4095) / 4096 * 4096 : fill_;
+    const size_t n = direct_ ? round_up(fill_, 4096) : fill_;
     std::memset(chunks_[filling_].get() + fill_, 0, n - fill_);
     try {
       write_at(chunks_[filling_].get(), n, queued_);

@@ -228,12 +228,8 @@ class OocAdamW::Impl {
       }
       for (size_t k = 0; k < chunks; ++k) wait_writes(k);
     } catch (...) {
-      // Drain whatever is still in flight before the slots can be reused; the first error
-      // is the one reported.
-      for (Ticket t : reads)
-        if (t) try { store_->wait(t); } catch (...) {}
-      for (Ticket t : writes)
-        if (t) try { store_->wait(t); } catch (...) {}
+      drain(reads);
+      drain(writes);
       throw;
     }
   }
@@ -246,11 +242,11 @@ class OocAdamW::Impl {
       std::fill(h.v.begin(), h.v.end(), 0.0f);
       return;
     }
-    stream_group(g, [&](size_t begin, size_t n, float** s) {
+    write_group(g, [&](size_t begin, size_t n, float** s) {
       std::memcpy(s[0], master + begin, 4 * n);
       std::memset(s[1], 0, 4 * n);
       std::memset(s[2], 0, 4 * n);
-    }, /*write=*/true);
+    });
   }
 
   void read_master(int g, float* dst) {
@@ -258,8 +254,8 @@ class OocAdamW::Impl {
       std::copy(host_[g].master.begin(), host_[g].master.end(), dst);
       return;
     }
-    stream_group(g, [&](size_t begin, size_t n, float** s) { std::memcpy(dst + begin, s[0], 4 * n); },
-                 /*write=*/false);
+    stream_kind(g, StateKind::kMaster, /*write=*/false,
+                [&](size_t begin, size_t n, float* slot) { std::memcpy(dst + begin, slot, 4 * n); });
   }
 
   void read_state(int g, StateKind kind, const StateSink& sink) {
@@ -297,28 +293,31 @@ class OocAdamW::Impl {
     ExtentId master = 0, m = 0, v = 0;
   };
 
-  // Synchronous chunk-by-chunk pass over an SSD group using slot set 0 (the worker is idle
-  // while this runs: it is called from a queued task).
-  void stream_group(int g, const std::function<void(size_t, size_t, float**)>& fn, bool write) {
+  // Writes all three kinds of an SSD group, chunk by chunk through slot set 0, `fn` filling
+  // each chunk's three slots (the worker is idle while this runs: it is called from a queued
+  // task).
+  void write_group(int g, const std::function<void(size_t, size_t, float**)>& fn) {
     const Ext& e = ext_[g];
     const size_t C = opts_.chunk_elems, numel = groups_[g].numel;
     float** s = slots_[0];
     for (size_t begin = 0; begin < numel; begin += C) {
       size_t n = std::min(C, numel - begin);
       uint64_t bytes = round_up(4 * n, kIoAlign), off = 4ull * begin;
-      if (write) {
-        std::memset(s[0] + n, 0, bytes - 4 * n);  // defined padding bytes on disk
-        std::memset(s[1] + n, 0, bytes - 4 * n);
-        std::memset(s[2] + n, 0, bytes - 4 * n);
-        fn(begin, n, s);
-        store_->write_sync(e.master, off, s[0], bytes);
-        store_->write_sync(e.m, off, s[1], bytes);
-        store_->write_sync(e.v, off, s[2], bytes);
-      } else {
-        store_->read_sync(e.master, off, s[0], bytes);
-        fn(begin, n, s);
-      }
+      std::memset(s[0] + n, 0, bytes - 4 * n);  // defined padding bytes on disk
+      std::memset(s[1] + n, 0, bytes - 4 * n);
+      std::memset(s[2] + n, 0, bytes - 4 * n);
+      fn(begin, n, s);
+      store_->write_sync(e.master, off, s[0], bytes);
+      store_->write_sync(e.m, off, s[1], bytes);
+      store_->write_sync(e.v, off, s[2], bytes);
     }
+  }
+
+  // Waits for every ticket still set, dropping their errors: after a failure, before the slots
+  // can be reused (the first error is the one the caller rethrows).
+  void drain(const std::vector<Ticket>& tickets) {
+    for (Ticket t : tickets)
+      if (t) try { store_->wait(t); } catch (...) {}
   }
 
   std::vector<float>& host_array(int g, StateKind kind) {
@@ -359,10 +358,7 @@ class OocAdamW::Impl {
       for (size_t k = 0; k < chunks; ++k)
         if (t[k]) wait(k);
     } catch (...) {
-      // Drain what is still in flight before the slots can be reused; the first error is the
-      // one reported.
-      for (Ticket x : t)
-        if (x) try { store_->wait(x); } catch (...) {}
+      drain(t);
       throw;
     }
   }

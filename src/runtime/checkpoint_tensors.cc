@@ -1,18 +1,11 @@
 #include "src/runtime/checkpoint_tensors.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 
 #include "fuyou/error.h"
 
 namespace fuyou {
-
-std::string hex64(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 StateSink GroupTensorWriter::group_sink(int g) {
   FY_CHECK(group_ < 0, "group ", group_, " still open");

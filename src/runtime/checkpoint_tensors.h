@@ -15,8 +15,6 @@
 
 namespace fuyou {
 
-std::string hex64(uint64_t v);
-
 // Appends groups to an open writer whose entries are `prefix + name` for every tensor of
 // the layout, in layout order.
 class GroupTensorWriter {

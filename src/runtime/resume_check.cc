@@ -10,7 +10,7 @@
 #include "fuyou/checkpoint.h"
 #include "fuyou/error.h"
 #include "fuyou/log.h"
-#include "src/runtime/checkpoint_tensors.h"
+#include "src/common/xxh3.h"
 
 namespace fuyou {
 namespace {

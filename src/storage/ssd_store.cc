@@ -29,6 +29,7 @@
 #include "fuyou/log.h"
 #include "fuyou/sizes.h"
 #include "fuyou/storage.h"
+#include "src/common/xxh3.h"
 #include "src/storage/block_sums.h"
 #include "src/storage/dir_lock.h"
 #include "src/storage/file_layer.h"
@@ -694,8 +695,8 @@ std::string SsdStore::Impl::mismatch(ExtentId id, uint64_t logical, const SumRes
   uint64_t file_off = 0, run = 0;
   layout().map(logical + x.buf_off, &dir, &file_off, &run);
   return str("SSD store: checksum mismatch reading extent '", e.name, "': ", x.len, " bytes at extent offset ",
-             ext_off, " (", files[dir].path, " offset ", file_off, ") read back with XXH3 ", fmt::format("{:016x}", got),
-             " but were written with XXH3 ", fmt::format("{:016x}", x.sum),
+             ext_off, " (", files[dir].path, " offset ", file_off, ") read back with XXH3 ", hex64(got),
+             " but were written with XXH3 ", hex64(x.sum),
              more ? str(" (and ", more, " more blocks of this read)") : std::string(),
              ": the bytes changed after they were written (a failing disk, or another process writing into "
              "the backing file), or the read was submitted before the write of those bytes had finished");
