@@ -242,7 +242,12 @@ void RangedTensorFile::read(const StTensorInfo& t, uint64_t offset, void* dst, s
   // Readers go through a file front to back (a restore, a conversion) and do other work between
   // reads (writing the SSD store, converting): ask the kernel to fetch what follows while they
   // do, so the disk never waits for the next read() to learn what is wanted.
-  ::posix_fadvise(fd_, static_cast<off_t>(at + bytes), static_cast<off_t>(kReadAhead), POSIX_FADV_WILLNEED);
+  const uint64_t end = at + bytes, advised = advised_.load(std::memory_order_relaxed);
+  if (end + kReadAhead / 2 > advised || end < advised - kReadAhead) {  // near its end, or elsewhere
+    const uint64_t from = end < advised && advised - end <= kReadAhead ? advised : end;
+    ::posix_fadvise(fd_, static_cast<off_t>(from), static_cast<off_t>(end + kReadAhead - from), POSIX_FADV_WILLNEED);
+    advised_.store(end + kReadAhead, std::memory_order_relaxed);
+  }
   pread_exact(fd_, dst, bytes, at, path());
 }
 

@@ -115,10 +115,14 @@ class RangedTensorFile {
   void read(const StTensorInfo& t, uint64_t offset, void* dst, size_t bytes) const;
 
  private:
-  static constexpr uint64_t kReadAhead = 32ull << 20;  // asked of the kernel beyond each read
+  // Asked of the kernel beyond a read, once the read comes within half of it of what was
+  // asked before (asking per read costs the kernel a walk of the whole window every time:
+  // minutes for a file read in many small pieces).
+  static constexpr uint64_t kReadAhead = 32ull << 20;
   std::unique_ptr<SafetensorsReader> reader_;
   int fd_ = -1;
   uint64_t data_start_ = 0;
+  mutable std::atomic<uint64_t> advised_{0};  // file offset the read-ahead reaches
 };
 
 // The tensors of one checkpoint, stored in a single file or in shards named by an index
