@@ -337,14 +337,19 @@ TEST_CASE("FLOPs and sizes per family", "[families]") {
   CHECK(lay.groups.front().num_tensors == 1);
   CHECK(lay.tensor("h.0.attn.c_attn.weight").shape == std::vector<int64_t>{32, 16});
   CHECK(make_gpt_layout(opt.model).tensor("wpe.weight").shape == std::vector<int64_t>{10, 16});
-  // The planner's per-layer activation bytes are what the model allocates.
-  auto be = make_cpu_backend(2, 0);
-  uint64_t before = be->memory().used;
-  GptModel model(m, *be, 2, ModelState::kWorkspace);
-  CHECK(be->memory().used - before == model_workspace_bytes(m, 2));
-  before = be->memory().used;
-  model.alloc_activations("test");
-  CHECK(be->memory().used - before == layer_activation_bytes(m, 2));
+  // The planner's per-layer activation bytes are what the model allocates, for either
+  // storage type of the device's tensors.
+  for (ElemType t : {ElemType::kF32, ElemType::kBF16}) {
+    INFO("device tensors " << elem_type_name(t));
+    auto be = make_cpu_backend(2, 0);
+    be->set_storage_type(t);
+    uint64_t before = be->memory().used;
+    GptModel model(m, *be, 2, ModelState::kWorkspace);
+    CHECK(be->memory().used - before == model_workspace_bytes(m, 2, elem_type_size(t)));
+    before = be->memory().used;
+    model.alloc_activations("test");
+    CHECK(be->memory().used - before == layer_activation_bytes(m, 2, elem_type_size(t)));
+  }
 }
 
 // ---- Hugging Face checkpoints ----------------------------------------------------------

@@ -160,7 +160,7 @@ TEST_CASE("masked loss, gradients and a 10-step run match PyTorch's cross_entrop
   model.backward(1.0f / static_cast<float>(counted));
   for (const TensorSpec& t : layout.tensors) {
     auto ref = m.read_f32("grad." + t.name, t.shape);
-    double err = test::rel_error(model.grads() + t.offset, ref.data(), t.numel);
+    double err = test::rel_error(test::f32(model.grads()) + t.offset, ref.data(), t.numel);
     INFO("gradient " << t.name << " rel error " << err);
     CHECK(err < 1e-4);
   }

@@ -109,10 +109,10 @@ TEST_CASE("a model with bf16 GEMM inputs stays within bf16 rounding of the fp32 
     be->copy_to_device(m.params(), host.data(), 4 * host.size());
     loss[mode] = m.forward(tokens.data(), targets.data());
     const size_t nl = static_cast<size_t>(m.tokens_per_batch()) * mc.vocab_size;
-    logits[mode].assign(m.logits(), m.logits() + nl);
+    logits[mode].assign(test::f32(m.logits()), test::f32(m.logits()) + nl);
     m.zero_grads();
     m.backward(1.0f / m.tokens_per_batch());
-    grads[mode].assign(m.grads(), m.grads() + m.layout().total);
+    grads[mode].assign(test::f32(m.grads()), test::f32(m.grads()) + m.layout().total);
   }
   // Each GEMM rounds its inputs to bf16 (unit roundoff u = 2^-8); the errors of the ~7 GEMMs
   // on a path through this 2-layer model add, so 8u bounds the relative error with margin.

@@ -22,6 +22,10 @@ inline std::string source_path(const std::string& rel) {
   return std::string(env && *env ? env : FUYOU_SOURCE_DIR) + "/" + rel;
 }
 
+// A CPU backend's fp32 device tensor (its "device memory" is host memory).
+inline float* f32(void* p) { return static_cast<float*>(p); }
+inline const float* f32(const void* p) { return static_cast<const float*>(p); }
+
 // max |a - b| / max |b|: the error relative to the tensor's scale, so tiny elements near
 // zero do not dominate the way an element-wise relative error would.
 inline double rel_error(const float* a, const float* b, size_t n) {

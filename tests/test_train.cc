@@ -122,12 +122,12 @@ TEST_CASE("an in-memory run checks offload.host_memory before it starts", "[trai
   auto be = make_cpu_backend(2, 0);
   REQUIRE_FALSE(wants_offload(cfg));
   const uint64_t need =
-      in_memory_host_bytes(cfg.model, cfg.schedule.micro_batch, /*device_in_host=*/true);
+      in_memory_host_bytes(cfg.model, cfg.schedule.micro_batch, /*device_in_host=*/true, 4);
   // The estimate covers the state the in-memory engine holds: 16 bytes per parameter, plus
   // the arena the CPU backend allocates in host memory.
   CHECK(need > 16 * make_gpt_layout(cfg.model).total +
-                   in_memory_device_bytes(cfg.model, cfg.schedule.micro_batch));
-  CHECK(in_memory_host_bytes(cfg.model, cfg.schedule.micro_batch, /*device_in_host=*/false) < need);
+                   in_memory_device_bytes(cfg.model, cfg.schedule.micro_batch, 4));
+  CHECK(in_memory_host_bytes(cfg.model, cfg.schedule.micro_batch, /*device_in_host=*/false, 4) < need);
   cfg.offload.host_memory = need - 1;
   CHECK_THROWS_WITH(make_train_engine(cfg, *be),
                     Contains("in-memory training needs " + format_size(need)) &&

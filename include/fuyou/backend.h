@@ -19,6 +19,8 @@
 #include <memory>
 #include <string>
 
+#include "fuyou/elem_type.h"
+
 namespace fuyou {
 
 struct Config;
@@ -32,8 +34,9 @@ enum class BackendKind { kCpu, kCuda, kEmulated };
 // of prompt/completion data): see crossentropy_forward.
 constexpr int32_t kIgnoreTarget = -1;
 
-// What GEMM inputs are rounded to before the product; accumulation is fp32 in every mode,
-// and every tensor the model stores stays fp32 (runtime.precision).
+// What GEMM inputs are rounded to before the product (runtime.precision); accumulation is
+// fp32 in every mode. What the device stores its tensors as is the storage type
+// (Backend::storage_type, runtime.device_tensors).
 enum class MatmulPrecision { kFp32, kBf16, kFp16 };
 const char* matmul_precision_name(MatmulPrecision p);
 
@@ -60,6 +63,13 @@ class Backend {
   virtual void set_matmul_precision(MatmulPrecision p) = 0;
   virtual MatmulPrecision matmul_precision() const = 0;
 
+  // The element type of the device's tensors (see the kernels below): fp32 (the default and
+  // the reference) or bf16. Set before anything is allocated; throws fuyou::Error naming the
+  // backend when it cannot store `t`.
+  virtual void set_storage_type(ElemType t) = 0;
+  virtual ElemType storage_type() const = 0;
+  size_t storage_bytes() const { return elem_type_size(storage_type()); }
+
   // ---- memory -------------------------------------------------------------------------
   // Allocates from the device arena; throws fuyou::Error naming `what`, the request and the
   // remaining capacity when it does not fit. Memory is 64-byte aligned and zeroed.
@@ -84,48 +94,54 @@ class Backend {
   virtual bool register_host(void* ptr, size_t bytes) { return (void)ptr, (void)bytes, true; }
   virtual void unregister_host(void* ptr) { (void)ptr; }
 
-  // ---- transformer kernels (fp32) --------------------------------------------------------
+  // ---- transformer kernels ------------------------------------------------------------
+  // Tensors passed as void* are of the backend's storage type (storage_type(): fp32, or bf16
+  // with runtime.device_tensors: bf16): weights, activations, gradients, logits, attention
+  // probabilities. Tensors passed as float* are always fp32: the norms' mean and rstd, the
+  // losses and the log-sum-exp. Every kernel computes in fp32 whatever the storage type
+  // (loads widen, stores round to nearest even), and accumulates its sums in fp32 or wider.
+  //
   // out(N,C) = wte[tokens[n]] + wpe[n % T]. wpe may be null (a family without a position
   // table, llama): then out = wte[tokens[n]].
-  virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte,
-                                 const float* wpe, int B, int T, int C) = 0;
+  virtual void embedding_forward(void* out, const int32_t* tokens, const void* wte,
+                                 const void* wpe, int B, int T, int C) = 0;
   // dwte(V,C) += scatter of dout rows by token; dwpe(T,C) += sum over batch (skipped when
   // dwpe is null).
-  virtual void embedding_backward(float* dwte, float* dwpe, const float* dout,
+  virtual void embedding_backward(void* dwte, void* dwpe, const void* dout,
                                   const int32_t* tokens, int B, int T, int C) = 0;
 
   // out(N,C) = (in - mean) * rstd * w + b; saves mean(N), rstd(N) for the backward.
-  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* in,
-                                 const float* w, const float* b, int N, int C) = 0;
+  virtual void layernorm_forward(void* out, float* mean, float* rstd, const void* in,
+                                 const void* w, const void* b, int N, int C) = 0;
   // din(N,C) += ...; dw(C), db(C) += ...
-  virtual void layernorm_backward(float* din, float* dw, float* db, const float* dout,
-                                  const float* in, const float* w, const float* mean,
+  virtual void layernorm_backward(void* din, void* dw, void* db, const void* dout,
+                                  const void* in, const void* w, const float* mean,
                                   const float* rstd, int N, int C) = 0;
 
   // out(N,OC) = in(N,IC) * w(OC,IC)^T + bias(OC); bias may be null.
-  virtual void matmul_forward(float* out, const float* in, const float* w, const float* bias,
+  virtual void matmul_forward(void* out, const void* in, const void* w, const void* bias,
                               int N, int IC, int OC) = 0;
   // din(N,IC) = dout * w (overwritten; skipped when din is null); dw(OC,IC) += dout^T in;
   // dbias(OC) += column sums of dout (skipped when null).
-  virtual void matmul_backward(float* din, float* dw, float* dbias, const float* dout,
-                               const float* in, const float* w, int N, int IC, int OC) = 0;
+  virtual void matmul_backward(void* din, void* dw, void* dbias, const void* dout,
+                               const void* in, const void* w, int N, int IC, int OC) = 0;
 
   // Causal multi-head self-attention on packed qkv(B,T,3C) (q | k | v, heads contiguous
   // within each). Writes out(B,T,C) and the softmax probabilities att(B,H,T,T) that the
   // backward needs.
-  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+  virtual void attention_forward(void* out, void* att, const void* qkv, int B, int T, int C,
                                  int H) = 0;
   // dqkv(B,T,3C) overwritten; datt(B,H,T,T) is scratch.
-  virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
-                                  const float* att, int B, int T, int C, int H) = 0;
+  virtual void attention_backward(void* dqkv, void* datt, const void* dout, const void* qkv,
+                                  const void* att, int B, int T, int C, int H) = 0;
 
   // GELU, tanh approximation.
-  virtual void gelu_forward(float* out, const float* in, size_t n) = 0;
+  virtual void gelu_forward(void* out, const void* in, size_t n) = 0;
   // din = dout * gelu'(in); din may alias dout.
-  virtual void gelu_backward(float* din, const float* in, const float* dout, size_t n) = 0;
+  virtual void gelu_backward(void* din, const void* in, const void* dout, size_t n) = 0;
 
   // out = a + b (out may alias a or b).
-  virtual void add(float* out, const float* a, const float* b, size_t n) = 0;
+  virtual void add(void* out, const void* a, const void* b, size_t n) = 0;
 
   // Mean cross-entropy support. Forward: losses(N) = logsumexp(logits[n]) - logits[n][target],
   // and lse(N) saved. Backward: logits(N,V) is overwritten with
@@ -134,9 +150,9 @@ class Backend {
   // loss 0 (and lse 0) in the forward and an all-zero gradient row in the backward, so a
   // masked-out target contributes neither loss nor gradient. The caller divides by the number
   // of counted targets (the mean over counted targets: scale = 1 / count).
-  virtual void crossentropy_forward(float* losses, float* lse, const float* logits,
+  virtual void crossentropy_forward(float* losses, float* lse, const void* logits,
                                     const int32_t* targets, int N, int V) = 0;
-  virtual void crossentropy_backward(float* logits_to_dlogits, const float* lse,
+  virtual void crossentropy_backward(void* logits_to_dlogits, const float* lse,
                                      const int32_t* targets, float scale, int N, int V) = 0;
 
   // ---- kernels of the opt and llama families -----------------------------------------------
@@ -147,41 +163,38 @@ class Backend {
 
   // RMSNorm: out(N,C) = in * rstd * w, with rstd(N) = 1 / sqrt(mean over C of in^2 + eps)
   // saved for the backward (statistics accumulated in math::StatAcc, as layernorm).
-  virtual void rmsnorm_forward(float* out, float* rstd, const float* in, const float* w,
+  virtual void rmsnorm_forward(void* out, float* rstd, const void* in, const void* w,
                                float eps, int N, int C) = 0;
   // din(N,C) += ... (accumulates, like layernorm_backward); dw(C) += ...
-  virtual void rmsnorm_backward(float* din, float* dw, const float* dout, const float* in,
-                                const float* w, const float* rstd, int N, int C) = 0;
+  virtual void rmsnorm_backward(void* din, void* dw, const void* dout, const void* in,
+                                const void* w, const float* rstd, int N, int C) = 0;
 
   // Rotary position embeddings (Llama's rotate-half form), in place on the q and k heads of
   // qkvc(B,T,(Hq+2Hkv)D); v is untouched. Row n has position n % T; within each head the
   // pair (i, i + D/2), i < D/2, is rotated by the angle math::rope_angle(pos, i, D, theta).
-  virtual void rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D,
-                            float theta) = 0;
+  virtual void rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int D, float theta) = 0;
   // The transpose (rotation by -angle), in place on the q and k parts of dqkvc(B,T,(Hq+2Hkv)D).
-  virtual void rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D,
-                             float theta) = 0;
+  virtual void rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta) = 0;
 
   // Grouped-query attention in its simple form: expands qkvc(N,(Hq+2Hkv)D) into the full
   // packed qkv(N,3C) that attention_forward takes, k/v head j copied to query heads
   // j*G .. j*G+G-1 (G = Hq/Hkv).
-  virtual void repeat_kv_forward(float* qkv, const float* qkvc, int N, int Hq, int Hkv,
-                                 int D) = 0;
+  virtual void repeat_kv_forward(void* qkv, const void* qkvc, int N, int Hq, int Hkv, int D) = 0;
   // dqkvc(N,(Hq+2Hkv)D) overwritten: q part copied from dqkv(N,3C), each k/v head the sum of
   // the gradients of its G copies.
-  virtual void repeat_kv_backward(float* dqkvc, const float* dqkv, int N, int Hq, int Hkv,
+  virtual void repeat_kv_backward(void* dqkvc, const void* dqkv, int N, int Hq, int Hkv,
                                   int D) = 0;
 
   // SwiGLU on the packed gate|up projection gu(N,2F) (row n: gate[0..F) then up[0..F)):
   // out(N,F) = silu(gate) * up.
-  virtual void swiglu_forward(float* out, const float* gu, int N, int F) = 0;
+  virtual void swiglu_forward(void* out, const void* gu, int N, int F) = 0;
   // dgu(N,2F) overwritten from dout(N,F).
-  virtual void swiglu_backward(float* dgu, const float* gu, const float* dout, int N, int F) = 0;
+  virtual void swiglu_backward(void* dgu, const void* gu, const void* dout, int N, int F) = 0;
 
   // ReLU (opt's MLP activation).
-  virtual void relu_forward(float* out, const float* in, size_t n) = 0;
+  virtual void relu_forward(void* out, const void* in, size_t n) = 0;
   // din = dout * (in > 0); din may alias dout.
-  virtual void relu_backward(float* din, const float* in, const float* dout, size_t n) = 0;
+  virtual void relu_backward(void* din, const void* in, const void* dout, size_t n) = 0;
 };
 
 // Picks and creates the backend for runtime.backend (cpu | cuda | auto | cpu-streams | emulated), its
@@ -205,7 +218,8 @@ std::unique_ptr<Backend> make_cpu_stream_backend(int threads, uint64_t device_me
 // runtime.emulated_scale (kernels/emulated/emulated_backend.h).
 std::unique_ptr<Backend> make_emulated_backend(const Config& cfg);
 
-// Sets the backend's GEMM precision from runtime.precision (auto: bf16 on CUDA, fp32 on CPU).
+// Sets the backend's GEMM precision from runtime.precision (auto: bf16 on CUDA, fp32 on CPU)
+// and its storage type from runtime.device_tensors.
 void apply_precision(Backend& be, const RuntimeConfig& runtime);
 
 }  // namespace fuyou

@@ -51,15 +51,17 @@ class TrainEngine {
   virtual const Plan* plan() const { return nullptr; }
 };
 
+// Bytes per element of the device's tensors under runtime.device_tensors.
+size_t device_tensor_bytes(const RuntimeConfig& runtime);
 // Device bytes in-memory training of this model needs (parameters, gradients, every layer's
-// activations, workspace).
-uint64_t in_memory_device_bytes(const ModelConfig& m, int micro_batch);
+// activations, workspace), with device tensors of `elem_bytes` bytes per element.
+uint64_t in_memory_device_bytes(const ModelConfig& m, int micro_batch, size_t elem_bytes);
 bool wants_offload(const Config& cfg);
 // Host bytes in-memory training needs: the process baseline, fp32 master weights, gradients
 // and Adam moments (16 bytes per parameter) and, where the device is host memory
 // (Backend::device_is_host_memory: the CPU backend), the device arena. An in-memory run with
 // offload.host_memory set is refused at start when this exceeds it.
-uint64_t in_memory_host_bytes(const ModelConfig& m, int micro_batch, bool device_in_host);
+uint64_t in_memory_host_bytes(const ModelConfig& m, int micro_batch, bool device_in_host, size_t elem_bytes);
 
 // The plan request a config asks for: model, micro-batch, budgets, SSD availability and the
 // activation decisions of offload.activations (empty for auto).

@@ -73,55 +73,60 @@ ParamLayout make_gpt_layout(const ModelConfig& cfg);
 // (parameters, gradients or any per-parameter state). Null where the family has no such
 // tensor (llama: ln*_b, proj_b, fc_b, fcproj_b; qkv_b unless qkv_bias).
 struct LayerTensors {
-  float* ln1_w = nullptr;     // (C)
-  float* ln1_b = nullptr;     // (C)
-  float* qkv_w = nullptr;     // (C + 2KV, C): q | k | v (KV = C without GQA)
-  float* qkv_b = nullptr;     // (C + 2KV)
-  float* proj_w = nullptr;    // (C, C)
-  float* proj_b = nullptr;    // (C)
-  float* ln2_w = nullptr;     // (C)
-  float* ln2_b = nullptr;     // (C)
-  float* fc_w = nullptr;      // (F, C); llama (2F, C): gate | up
-  float* fc_b = nullptr;      // (F)
-  float* fcproj_w = nullptr;  // (C, F)
-  float* fcproj_b = nullptr;  // (C)
+  void* ln1_w = nullptr;     // (C)
+  void* ln1_b = nullptr;     // (C)
+  void* qkv_w = nullptr;     // (C + 2KV, C): q | k | v (KV = C without GQA)
+  void* qkv_b = nullptr;     // (C + 2KV)
+  void* proj_w = nullptr;    // (C, C)
+  void* proj_b = nullptr;    // (C)
+  void* ln2_w = nullptr;     // (C)
+  void* ln2_b = nullptr;     // (C)
+  void* fc_w = nullptr;      // (F, C); llama (2F, C): gate | up
+  void* fc_b = nullptr;      // (F)
+  void* fcproj_w = nullptr;  // (C, F)
+  void* fcproj_b = nullptr;  // (C)
 };
 
 struct GlobalTensors {
-  float* wte = nullptr;      // (V, C)
-  float* wpe = nullptr;      // (position_rows, C); null for llama
-  float* lnf_w = nullptr;    // (C)
-  float* lnf_b = nullptr;    // (C); null for llama
-  float* lm_head = nullptr;  // (V, C): wte when tied, else the final group's own tensor
+  void* wte = nullptr;      // (V, C)
+  void* wpe = nullptr;      // (position_rows, C); null for llama
+  void* lnf_w = nullptr;    // (C)
+  void* lnf_b = nullptr;    // (C); null for llama
+  void* lm_head = nullptr;  // (V, C): wte when tied, else the final group's own tensor
 };
 
-LayerTensors layer_tensors(const ParamLayout& layout, int layer, float* base);
-GlobalTensors global_tensors(const ParamLayout& layout, float* base);
+// `base` holds elements of `elem_bytes` bytes each (the device's storage type).
+LayerTensors layer_tensors(const ParamLayout& layout, int layer, void* base, size_t elem_bytes);
+// The same from a buffer holding only the layer's group (group-relative offsets).
+LayerTensors layer_group_tensors(const ParamLayout& layout, int layer, void* group, size_t elem_bytes);
+GlobalTensors global_tensors(const ParamLayout& layout, void* base, size_t elem_bytes);
 // The same from separate buffers holding only the embed group and only the final group
 // (the offloading scheduler keeps them apart). `embed` and `final_` are group-relative.
-GlobalTensors global_tensors(const ParamLayout& layout, float* embed, float* final_);
+GlobalTensors global_tensors(const ParamLayout& layout, void* embed, void* final_, size_t elem_bytes);
 
-// What one layer's forward saves for its backward, in device memory.
+// What one layer's forward saves for its backward, in device memory: tensors of the storage
+// type (void*) and fp32 norm statistics (float*).
 struct LayerActivations {
-  float* ln1 = nullptr;       // (N, C)
+  void* ln1 = nullptr;       // (N, C)
   float* ln1_mean = nullptr;  // (N); null for llama (RMSNorm keeps only rstd)
   float* ln1_rstd = nullptr;  // (N)
-  float* qkv = nullptr;       // (N, 3C) after RoPE and with k/v heads repeated (llama)
-  float* att = nullptr;       // (B, H, T, T) softmax probabilities
-  float* atty = nullptr;      // (N, C) attention output before the projection
-  float* res2 = nullptr;      // (N, C) residual after attention
-  float* ln2 = nullptr;       // (N, C)
+  void* qkv = nullptr;       // (N, 3C) after RoPE and with k/v heads repeated (llama)
+  void* att = nullptr;       // (B, H, T, T) softmax probabilities
+  void* atty = nullptr;      // (N, C) attention output before the projection
+  void* res2 = nullptr;      // (N, C) residual after attention
+  void* ln2 = nullptr;       // (N, C)
   float* ln2_mean = nullptr;  // (N); null for llama
   float* ln2_rstd = nullptr;  // (N)
-  float* fch = nullptr;       // (N, F) MLP pre-activation; llama (N, 2F) gate | up
-  float* fcg = nullptr;       // (N, F) after GELU / ReLU / SwiGLU
-  float* out = nullptr;       // (N, C) block output = next block's input
+  void* fch = nullptr;       // (N, F) MLP pre-activation; llama (N, 2F) gate | up
+  void* fcg = nullptr;       // (N, F) after GELU / ReLU / SwiGLU
+  void* out = nullptr;       // (N, C) block output = next block's input
 };
 
 // Device bytes of one layer's saved activations, and of a kWorkspace model's own buffers, at
-// micro-batch B: the same lists the model allocates from.
-size_t layer_activation_bytes(const ModelConfig& cfg, int B);
-size_t model_workspace_bytes(const ModelConfig& cfg, int B);
+// micro-batch B with tensors of `elem_bytes` bytes per element (statistics are fp32 either
+// way): the same lists the model allocates from.
+size_t layer_activation_bytes(const ModelConfig& cfg, int B, size_t elem_bytes);
+size_t model_workspace_bytes(const ModelConfig& cfg, int B, size_t elem_bytes);
 
 // Fills a host array laid out by `layout` with the initial weights: normal(0, init_std) for
 // matrices and embeddings, scaled by 1/sqrt(2 n_layer) for the two residual projections
@@ -152,9 +157,11 @@ class GptModel {
   int micro_batch() const { return B_; }
   int tokens_per_batch() const { return B_ * cfg_.seq_len; }
 
-  float* params() { return params_; }  // device, layout() order
-  float* grads() { return grads_; }    // device, layout() order
-  const float* logits() const { return logits_; }  // (N, V) after forward()
+  // Device tensors of the backend's storage type (elem_bytes() bytes per element).
+  size_t elem_bytes() const { return es_; }
+  void* params() { return params_; }  // layout() order
+  void* grads() { return grads_; }    // layout() order
+  const void* logits() const { return logits_; }  // (N, V) after forward()
 
   // Runs the whole forward on inputs(B*T) (host memory). With targets (host, B*T), computes
   // the per-token losses and returns their mean over the counted targets (those that are not
@@ -173,51 +180,56 @@ class GptModel {
   // Targets of the last set_tokens() that count (not kIgnoreTarget): N without a mask.
   int64_t counted_targets() const { return counted_; }
   // wpe is the table as stored (null for llama); the OPT offset is applied inside.
-  void embed_forward(const float* wte, const float* wpe, float* x);
-  void block_forward(const LayerTensors& w, const float* x_in, const LayerActivations& a);
-  float head_forward(const GlobalTensors& g, const float* x, bool with_loss);
-  void head_backward(const GlobalTensors& g, const GlobalTensors& dg, const float* x,
-                     float loss_scale, float* dx);
-  void block_backward(const LayerTensors& w, const LayerTensors& dw, const float* x_in,
-                      const LayerActivations& a, float* dx_out_in);
-  void embed_backward(const GlobalTensors& dg, const float* dx);
+  void embed_forward(const void* wte, const void* wpe, void* x);
+  void block_forward(const LayerTensors& w, const void* x_in, const LayerActivations& a);
+  float head_forward(const GlobalTensors& g, const void* x, bool with_loss);
+  void head_backward(const GlobalTensors& g, const GlobalTensors& dg, const void* x,
+                     float loss_scale, void* dx);
+  void block_backward(const LayerTensors& w, const LayerTensors& dw, const void* x_in,
+                      const LayerActivations& a, void* dx_out_in);
+  void embed_backward(const GlobalTensors& dg, const void* dx);
 
 
  private:
+  // n elements of the storage type / n fp32 statistics.
+  void* alloc_tensor(size_t n, const std::string& what);
   float* alloc_floats(size_t n, const std::string& what);
-  void norm_forward(float* out, float* mean, float* rstd, const float* in, const float* w,
-                    const float* b);
-  void norm_backward(float* din, float* dw, float* db, const float* dout, const float* in,
-                     const float* w, const float* mean, const float* rstd);
+  template <typename P>
+  P* alloc_entry(P* type_tag, size_t n, const std::string& what);  // by the entry's type
+  void norm_forward(void* out, float* mean, float* rstd, const void* in, const void* w,
+                    const void* b);
+  void norm_backward(void* din, void* dw, void* db, const void* dout, const void* in,
+                     const void* w, const float* mean, const float* rstd);
 
   ModelConfig cfg_;
   Backend& be_;
   int B_;
   int N_;
+  size_t es_;  // bytes per element of the storage type
   ParamLayout layout_;
-  float* params_ = nullptr;
-  float* grads_ = nullptr;
+  void* params_ = nullptr;
+  void* grads_ = nullptr;
   int32_t* inputs_ = nullptr;
   int32_t* targets_ = nullptr;
-  float* x0_ = nullptr;  // (N, C) embedding output
+  void* x0_ = nullptr;  // (N, C) embedding output
   std::vector<LayerActivations> acts_;
-  float* lnf_ = nullptr;       // (N, C)
+  void* lnf_ = nullptr;       // (N, C)
   float* lnf_mean_ = nullptr;  // (N)
   float* lnf_rstd_ = nullptr;  // (N)
-  float* logits_ = nullptr;    // (N, V), overwritten by dlogits in backward
+  void* logits_ = nullptr;    // (N, V), overwritten by dlogits in backward
   float* losses_ = nullptr;    // (N)
   float* lse_ = nullptr;       // (N)
   std::vector<float> host_losses_;
   int64_t counted_ = 0;  // targets of the last set_tokens() that count
   // Backward scratch
-  float* dres_ = nullptr;   // (N, C) gradient flowing along the residual stream
-  float* dtmp_ = nullptr;   // (N, C)
-  float* dqkv_ = nullptr;   // (N, 3C)
-  float* datt_ = nullptr;   // (B, H, T, T)
-  float* dfc_ = nullptr;    // (N, F)
-  float* qkvc_ = nullptr;   // (N, C + 2KV) compact q|k|v before the heads are repeated (GQA)
-  float* dqkvc_ = nullptr;  // (N, C + 2KV)
-  float* dgu_ = nullptr;    // (N, 2F) llama: gradient of gate | up
+  void* dres_ = nullptr;   // (N, C) gradient flowing along the residual stream
+  void* dtmp_ = nullptr;   // (N, C)
+  void* dqkv_ = nullptr;   // (N, 3C)
+  void* datt_ = nullptr;   // (B, H, T, T)
+  void* dfc_ = nullptr;    // (N, F)
+  void* qkvc_ = nullptr;   // (N, C + 2KV) compact q|k|v before the heads are repeated (GQA)
+  void* dqkvc_ = nullptr;  // (N, C + 2KV)
+  void* dgu_ = nullptr;    // (N, 2F) llama: gradient of gate | up
   Family family_;
   std::vector<void*> owned_;
 };

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "fuyou/config.h"
+#include "fuyou/elem_type.h"
 
 namespace fuyou {
 
@@ -18,11 +19,6 @@ struct AdamWStep {
   float weight_decay;  // already 0 for tensors without decay
   int64_t t;           // 1-based step count, for bias correction
 };
-
-// Element types the kernel reads gradients as and writes working weights as.
-enum class ElemType { kF32, kBF16, kF16 };
-const char* elem_type_name(ElemType t);
-size_t elem_type_size(ElemType t);
 
 // Instruction-set paths of the optimizer kernels. kAuto picks the widest the CPU has.
 enum class SimdPath { kAuto, kScalar, kAvx2, kAvx512 };

@@ -37,7 +37,7 @@ double mean_over_counted(const std::vector<float>& means, const std::vector<int6
 
 // Sum of squares of one parameter group's gradient, sequentially in double. Global-norm
 // clipping adds these over groups in layout order, in-memory and offloaded alike.
-double group_sum_squares(const float* g, size_t n);
+double group_sum_squares(const void* g, ElemType type, size_t n);
 
 // The optimizer's groups for a model's parameters (one per ParamLayout group, each tensor's
 // range and decay flag) and its options from the config: what both engines give OocAdamW.
@@ -80,7 +80,14 @@ class StepRunner {
   Backend& be_;
   GptModel model_;
   OocAdamW opt_;
-  std::vector<float> master_, grad_;  // master_: the optimizer's master weights, mirrored
+  // Writes the device's parameters from master_: as they are (fp32 tensors) or through
+  // lowp_, the master rounded to bf16 by the update (bf16 tensors).
+  void upload_params(size_t begin, size_t n);
+
+  ElemType store_;  // the device's tensors (Backend::storage_type)
+  std::vector<float> master_;  // the optimizer's master weights
+  std::vector<char> grad_;     // the device's gradients, as stored (store_)
+  std::vector<uint16_t> lowp_;  // bf16 tensors only: the working weights the update writes
   std::vector<int32_t> inputs_, targets_;
   int64_t t_ = 0;
   std::unique_ptr<DynamicLossScaler> scaler_;  // with fp16 GEMM inputs only

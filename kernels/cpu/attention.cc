@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "kernels/common/element_math.h"
-#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/clones.h"
 #include "kernels/cpu/gemm.h"
 
@@ -60,7 +60,7 @@ FY_CLONES void softmax_causal_row_backward(const float* prow, float* drow, int t
 // below which oneDNN's small-GEMM efficiency costs more than the skipped work saves.
 static int row_block(int T) { return std::max(64, T / 8); }
 
-void CpuBackend::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+void CpuKernels::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
                                    int H) {
   const int hd = C / H;
   const int ld = 3 * C;
@@ -84,7 +84,7 @@ void CpuBackend::attention_forward(float* out, float* att, const float* qkv, int
   }
 }
 
-void CpuBackend::attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+void CpuKernels::attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                                     const float* att, int B, int T, int C, int H) {
   const int hd = C / H;
   const int ld = 3 * C;

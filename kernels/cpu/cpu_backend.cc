@@ -13,27 +13,43 @@
 
 namespace fuyou::cpu {
 
-CpuBackend::CpuBackend(int threads, uint64_t capacity) : threads_(threads), capacity_(capacity) {
+namespace {
+int thread_team(int threads) {
   FY_CHECK(threads >= 1, "threads ", threads);
-  threads_ = set_thread_team(threads);
+  return set_thread_team(threads);
 }
+}  // namespace
+
+CpuBackend::CpuBackend(int threads, uint64_t capacity)
+    : threads_(thread_team(threads)), k_(threads_), capacity_(capacity) {}
 
 CpuBackend::~CpuBackend() {
   for (auto& [ptr, size] : sizes_) std::free(ptr);
 }
 
 std::string CpuBackend::name() const {
+  const MatmulPrecision p = k_.matmul_precision();
   return str("cpu (", threads_, " threads, ", gemm_library_name(),
-             precision_ == MatmulPrecision::kBf16
+             storage_ == ElemType::kBF16 ? ", bf16 tensors" : "",
+             p == MatmulPrecision::kBf16
                  ? (bf16_gemm_native() ? ", bf16 GEMM inputs" : ", bf16 GEMM inputs (fp32 GEMM: no AVX-512 bf16 matmul here)")
-             : precision_ == MatmulPrecision::kFp16 ? ", fp16 GEMM inputs (emulated)"
+             : p == MatmulPrecision::kFp16 ? ", fp16 GEMM inputs (emulated)"
                                                     : "",
              ")");
 }
 
 // fp16 runs at fp32 speed (kernels/cpu/gemm_lowp.cc): it is here so fp16 training and its
 // loss scaling run, and are tested, without a GPU.
-void CpuBackend::set_matmul_precision(MatmulPrecision p) { precision_ = p; }
+void CpuBackend::set_matmul_precision(MatmulPrecision p) { k_.set_matmul_precision(p); }
+
+void CpuBackend::set_storage_type(ElemType t) {
+  if (t != ElemType::kF32 && t != ElemType::kBF16)
+    throw Error(str("the CPU backend stores fp32 or bf16 tensors, not ", elem_type_name(t)));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (t != storage_ && used_ != 0)
+    throw Error("the CPU backend's storage type changes only before anything is allocated");
+  storage_ = t;
+}
 
 void* CpuBackend::alloc(size_t bytes, const std::string& what) {
   size_t rounded = (bytes + 63) / 64 * 64;
@@ -101,6 +117,7 @@ void apply_precision(Backend& be, const RuntimeConfig& runtime) {
   if (runtime.precision == "bf16") p = MatmulPrecision::kBf16;
   if (runtime.precision == "fp16") p = MatmulPrecision::kFp16;
   be.set_matmul_precision(p);
+  be.set_storage_type(runtime.device_tensors == "bf16" ? ElemType::kBF16 : ElemType::kF32);
 }
 
 // make_backend (runtime.backend cpu | cuda | auto) is in src/runtime/backend_select.cc.

@@ -1,11 +1,12 @@
-// The CPU backend: fp32 kernels over OpenMP threads and a BLAS GEMM, with a "device
-// memory" arena that has a hard capacity like a GPU's.
+// The CPU backend: fp32 kernels over OpenMP threads and a BLAS GEMM (CpuKernels), with a
+// "device memory" arena that has a hard capacity like a GPU's and holds fp32 or bf16 tensors.
 #pragma once
 
 #include <mutex>
 #include <unordered_map>
 
 #include "fuyou/backend.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 namespace fuyou::cpu {
 
@@ -18,7 +19,7 @@ class CpuBackend final : public Backend {
   std::string name() const override;
   int threads() const override { return threads_; }
   void set_matmul_precision(MatmulPrecision p) override;
-  MatmulPrecision matmul_precision() const override { return precision_; }
+  MatmulPrecision matmul_precision() const override { return k_.matmul_precision(); }
 
   void* alloc(size_t bytes, const std::string& what) override;
   void free(void* ptr) override;
@@ -28,48 +29,53 @@ class CpuBackend final : public Backend {
   void zero(void* ptr, size_t bytes) override;
   void synchronize() override {}
 
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+  void set_storage_type(ElemType t) override;
+  ElemType storage_type() const override { return storage_; }
+
+  // Each kernel runs CpuKernels' fp32 code through a Stage (kernels/cpu/stage.h); the
+  // embedding's are typed (cpu_backend_kernels.cc says why).
+  void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe,
                          int B, int T, int C) override;
-  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+  void embedding_backward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
                           int B, int T, int C) override;
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* w,
-                         const float* b, int N, int C) override;
-  void layernorm_backward(float* din, float* dw, float* db, const float* dout, const float* in,
-                          const float* w, const float* mean, const float* rstd, int N,
+  void layernorm_forward(void* out, float* mean, float* rstd, const void* in, const void* w,
+                         const void* b, int N, int C) override;
+  void layernorm_backward(void* din, void* dw, void* db, const void* dout, const void* in,
+                          const void* w, const float* mean, const float* rstd, int N,
                           int C) override;
-  void matmul_forward(float* out, const float* in, const float* w, const float* bias, int N,
+  void matmul_forward(void* out, const void* in, const void* w, const void* bias, int N,
                       int IC, int OC) override;
-  void matmul_backward(float* din, float* dw, float* dbias, const float* dout, const float* in,
-                       const float* w, int N, int IC, int OC) override;
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+  void matmul_backward(void* din, void* dw, void* dbias, const void* dout, const void* in,
+                       const void* w, int N, int IC, int OC) override;
+  void attention_forward(void* out, void* att, const void* qkv, int B, int T, int C,
                          int H) override;
-  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
-                          const float* att, int B, int T, int C, int H) override;
-  void gelu_forward(float* out, const float* in, size_t n) override;
-  void gelu_backward(float* din, const float* in, const float* dout, size_t n) override;
-  void add(float* out, const float* a, const float* b, size_t n) override;
-  void crossentropy_forward(float* losses, float* lse, const float* logits,
+  void attention_backward(void* dqkv, void* datt, const void* dout, const void* qkv,
+                          const void* att, int B, int T, int C, int H) override;
+  void gelu_forward(void* out, const void* in, size_t n) override;
+  void gelu_backward(void* din, const void* in, const void* dout, size_t n) override;
+  void add(void* out, const void* a, const void* b, size_t n) override;
+  void crossentropy_forward(float* losses, float* lse, const void* logits,
                             const int32_t* targets, int N, int V) override;
-  void crossentropy_backward(float* logits_to_dlogits, const float* lse, const int32_t* targets,
+  void crossentropy_backward(void* logits_to_dlogits, const float* lse, const int32_t* targets,
                              float scale, int N, int V) override;
-  // kernels/cpu/ops_families.cc: what the opt and llama families add.
-  void rmsnorm_forward(float* out, float* rstd, const float* in, const float* w, float eps, int N,
+  void rmsnorm_forward(void* out, float* rstd, const void* in, const void* w, float eps, int N,
                        int C) override;
-  void rmsnorm_backward(float* din, float* dw, const float* dout, const float* in,
-                        const float* w, const float* rstd, int N, int C) override;
-  void rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta) override;
-  void rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta) override;
-  void repeat_kv_forward(float* qkv, const float* qkvc, int N, int Hq, int Hkv, int D) override;
-  void repeat_kv_backward(float* dqkvc, const float* dqkv, int N, int Hq, int Hkv,
+  void rmsnorm_backward(void* din, void* dw, const void* dout, const void* in,
+                        const void* w, const float* rstd, int N, int C) override;
+  void rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int D, float theta) override;
+  void rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta) override;
+  void repeat_kv_forward(void* qkv, const void* qkvc, int N, int Hq, int Hkv, int D) override;
+  void repeat_kv_backward(void* dqkvc, const void* dqkv, int N, int Hq, int Hkv,
                           int D) override;
-  void swiglu_forward(float* out, const float* gu, int N, int F) override;
-  void swiglu_backward(float* dgu, const float* gu, const float* dout, int N, int F) override;
-  void relu_forward(float* out, const float* in, size_t n) override;
-  void relu_backward(float* din, const float* in, const float* dout, size_t n) override;
+  void swiglu_forward(void* out, const void* gu, int N, int F) override;
+  void swiglu_backward(void* dgu, const void* gu, const void* dout, int N, int F) override;
+  void relu_forward(void* out, const void* in, size_t n) override;
+  void relu_backward(void* din, const void* in, const void* dout, size_t n) override;
 
  private:
   int threads_;
-  MatmulPrecision precision_ = MatmulPrecision::kFp32;
+  CpuKernels k_;
+  ElemType storage_ = ElemType::kF32;
   uint64_t capacity_;
   mutable std::mutex mu_;
   uint64_t used_ = 0;

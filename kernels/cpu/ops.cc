@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "kernels/common/element_math.h"
-#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/clones.h"
 #include "kernels/cpu/gemm.h"
 
@@ -95,7 +95,7 @@ FY_CLONES void column_sums(float* dbias, const float* d, int o0, int o1, int N, 
 
 }  // namespace
 
-void CpuBackend::embedding_forward(float* out, const int32_t* tokens, const float* wte,
+void CpuKernels::embedding_forward(float* out, const int32_t* tokens, const float* wte,
                                    const float* wpe, int B, int T, int C) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < B * T; ++n) {
@@ -110,7 +110,7 @@ void CpuBackend::embedding_forward(float* out, const int32_t* tokens, const floa
   }
 }
 
-void CpuBackend::embedding_backward(float* dwte, float* dwpe, const float* dout,
+void CpuKernels::embedding_backward(float* dwte, float* dwpe, const float* dout,
                                     const int32_t* tokens, int B, int T, int C) {
   // Several rows may share a token, so rows are split by column ranges across threads
   // rather than by row: every thread owns a slice of every embedding row.
@@ -130,14 +130,14 @@ void CpuBackend::embedding_backward(float* dwte, float* dwpe, const float* dout,
   }
 }
 
-void CpuBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* in,
+void CpuKernels::layernorm_forward(float* out, float* mean, float* rstd, const float* in,
                                    const float* w, const float* b, int N, int C) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n)
     layernorm_row(out + static_cast<size_t>(n) * C, mean + n, rstd + n, in + static_cast<size_t>(n) * C, w, b, C);
 }
 
-void CpuBackend::layernorm_backward(float* din, float* dw, float* db, const float* dout,
+void CpuKernels::layernorm_backward(float* din, float* dw, float* db, const float* dout,
                                     const float* in, const float* w, const float* mean,
                                     const float* rstd, int N, int C) {
   std::vector<float*> partials(threads_, nullptr);
@@ -160,7 +160,7 @@ void CpuBackend::layernorm_backward(float* din, float* dw, float* db, const floa
   reduce_partials(db, dbs, C);
 }
 
-void CpuBackend::matmul_forward(float* out, const float* in, const float* w, const float* bias,
+void CpuKernels::matmul_forward(float* out, const float* in, const float* w, const float* bias,
                                 int N, int IC, int OC) {
   const bool bf16 = precision_ == MatmulPrecision::kBf16;
   if (bf16 && bf16_gemm_native()) return matmul_forward_bf16(out, in, w, bias, N, IC, OC);
@@ -176,7 +176,7 @@ void CpuBackend::matmul_forward(float* out, const float* in, const float* w, con
   gemm(false, true, N, OC, IC, 1.0f, in, IC, w, IC, beta, out, OC);
 }
 
-void CpuBackend::matmul_backward(float* din, float* dw, float* dbias, const float* dout,
+void CpuKernels::matmul_backward(float* din, float* dw, float* dbias, const float* dout,
                                  const float* in, const float* w, int N, int IC, int OC) {
   const bool bf16 = precision_ == MatmulPrecision::kBf16;
   if (bf16 && bf16_gemm_native()) return matmul_backward_bf16(din, dw, dbias, dout, in, w, N, IC, OC);
@@ -244,23 +244,23 @@ FY_CLONES void crossentropy_backward_impl(float* logits, const float* lse, const
 
 }  // namespace
 
-void CpuBackend::gelu_forward(float* out, const float* in, size_t n) { gelu_forward_impl(out, in, n); }
+void CpuKernels::gelu_forward(float* out, const float* in, size_t n) { gelu_forward_impl(out, in, n); }
 
-void CpuBackend::gelu_backward(float* din, const float* in, const float* dout, size_t n) {
+void CpuKernels::gelu_backward(float* din, const float* in, const float* dout, size_t n) {
   gelu_backward_impl(din, in, dout, n);
 }
 
-void CpuBackend::add(float* out, const float* a, const float* b, size_t n) {
+void CpuKernels::add(float* out, const float* a, const float* b, size_t n) {
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
-void CpuBackend::crossentropy_forward(float* losses, float* lse, const float* logits,
+void CpuKernels::crossentropy_forward(float* losses, float* lse, const float* logits,
                                       const int32_t* targets, int N, int V) {
   crossentropy_forward_impl(losses, lse, logits, targets, N, V);
 }
 
-void CpuBackend::crossentropy_backward(float* logits, const float* lse, const int32_t* targets,
+void CpuKernels::crossentropy_backward(float* logits, const float* lse, const int32_t* targets,
                                        float scale, int N, int V) {
   crossentropy_backward_impl(logits, lse, targets, scale, N, V);
 }

@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "kernels/common/element_math.h"
-#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 namespace fuyou::cpu {
 
-void CpuBackend::rmsnorm_forward(float* out, float* rstd, const float* in, const float* w,
+void CpuKernels::rmsnorm_forward(float* out, float* rstd, const float* in, const float* w,
                                  float eps, int N, int C) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
@@ -26,7 +26,7 @@ void CpuBackend::rmsnorm_forward(float* out, float* rstd, const float* in, const
   }
 }
 
-void CpuBackend::rmsnorm_backward(float* din, float* dw, const float* dout, const float* in,
+void CpuKernels::rmsnorm_backward(float* din, float* dw, const float* dout, const float* in,
                                   const float* w, const float* rstd, int N, int C) {
   // dL/dx = rstd * (g - xhat * mean(g * xhat)) with g = dy * w and xhat = x * rstd; the
   // weight gradient is summed per thread, then reduced, so no two threads write one element.
@@ -89,16 +89,16 @@ void rope_apply(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta, 
 
 }  // namespace
 
-void CpuBackend::rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta) {
+void CpuKernels::rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta) {
   rope_apply(qkvc, B, T, Hq, Hkv, D, theta, 1.0f);
 }
 
-void CpuBackend::rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D,
+void CpuKernels::rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D,
                                float theta) {
   rope_apply(dqkvc, B, T, Hq, Hkv, D, theta, -1.0f);
 }
 
-void CpuBackend::repeat_kv_forward(float* qkv, const float* qkvc, int N, int Hq, int Hkv,
+void CpuKernels::repeat_kv_forward(float* qkv, const float* qkvc, int N, int Hq, int Hkv,
                                    int D) {
   const size_t C = static_cast<size_t>(Hq) * D, KV = static_cast<size_t>(Hkv) * D;
   const int G = Hq / Hkv;
@@ -115,7 +115,7 @@ void CpuBackend::repeat_kv_forward(float* qkv, const float* qkvc, int N, int Hq,
   }
 }
 
-void CpuBackend::repeat_kv_backward(float* dqkvc, const float* dqkv, int N, int Hq, int Hkv,
+void CpuKernels::repeat_kv_backward(float* dqkvc, const float* dqkv, int N, int Hq, int Hkv,
                                     int D) {
   const size_t C = static_cast<size_t>(Hq) * D, KV = static_cast<size_t>(Hkv) * D;
   const int G = Hq / Hkv;
@@ -136,7 +136,7 @@ void CpuBackend::repeat_kv_backward(float* dqkvc, const float* dqkv, int N, int 
   }
 }
 
-void CpuBackend::swiglu_forward(float* out, const float* gu, int N, int F) {
+void CpuKernels::swiglu_forward(float* out, const float* gu, int N, int F) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const float* g = gu + static_cast<size_t>(n) * 2 * F;
@@ -146,7 +146,7 @@ void CpuBackend::swiglu_forward(float* out, const float* gu, int N, int F) {
   }
 }
 
-void CpuBackend::swiglu_backward(float* dgu, const float* gu, const float* dout, int N, int F) {
+void CpuKernels::swiglu_backward(float* dgu, const float* gu, const float* dout, int N, int F) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const float* g = gu + static_cast<size_t>(n) * 2 * F;
@@ -161,12 +161,12 @@ void CpuBackend::swiglu_backward(float* dgu, const float* gu, const float* dout,
   }
 }
 
-void CpuBackend::relu_forward(float* out, const float* in, size_t n) {
+void CpuKernels::relu_forward(float* out, const float* in, size_t n) {
 #pragma omp parallel for schedule(static)
   for (size_t i = 0; i < n; ++i) out[i] = math::relu(in[i]);
 }
 
-void CpuBackend::relu_backward(float* din, const float* in, const float* dout, size_t n) {
+void CpuKernels::relu_backward(float* din, const float* in, const float* dout, size_t n) {
 #pragma omp parallel for schedule(static)
   for (size_t i = 0; i < n; ++i) din[i] = dout[i] * math::relu_grad(in[i]);
 }

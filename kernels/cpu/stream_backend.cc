@@ -84,84 +84,84 @@ void StreamBackend::synchronize() {
 
 // ---- kernels: queued, arguments captured by value ----------------------------------------
 
-void StreamBackend::embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+void StreamBackend::embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B,
                                       int T, int C) {
   kernel([=, this] { inner_->embedding_forward(out, tokens, wte, wpe, B, T, C); });
 }
-void StreamBackend::embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+void StreamBackend::embedding_backward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B,
                                        int T, int C) {
   kernel([=, this] { inner_->embedding_backward(dwte, dwpe, dout, tokens, B, T, C); });
 }
-void StreamBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* w,
-                                      const float* b, int N, int C) {
+void StreamBackend::layernorm_forward(void* out, float* mean, float* rstd, const void* in, const void* w,
+                                      const void* b, int N, int C) {
   kernel([=, this] { inner_->layernorm_forward(out, mean, rstd, in, w, b, N, C); });
 }
-void StreamBackend::layernorm_backward(float* din, float* dw, float* db, const float* dout, const float* in,
-                                       const float* w, const float* mean, const float* rstd, int N, int C) {
+void StreamBackend::layernorm_backward(void* din, void* dw, void* db, const void* dout, const void* in,
+                                       const void* w, const float* mean, const float* rstd, int N, int C) {
   kernel([=, this] { inner_->layernorm_backward(din, dw, db, dout, in, w, mean, rstd, N, C); });
 }
-void StreamBackend::matmul_forward(float* out, const float* in, const float* w, const float* bias, int N, int IC,
+void StreamBackend::matmul_forward(void* out, const void* in, const void* w, const void* bias, int N, int IC,
                                    int OC) {
   kernel([=, this] { inner_->matmul_forward(out, in, w, bias, N, IC, OC); });
 }
-void StreamBackend::matmul_backward(float* din, float* dw, float* dbias, const float* dout, const float* in,
-                                    const float* w, int N, int IC, int OC) {
+void StreamBackend::matmul_backward(void* din, void* dw, void* dbias, const void* dout, const void* in,
+                                    const void* w, int N, int IC, int OC) {
   kernel([=, this] { inner_->matmul_backward(din, dw, dbias, dout, in, w, N, IC, OC); });
 }
-void StreamBackend::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int H) {
+void StreamBackend::attention_forward(void* out, void* att, const void* qkv, int B, int T, int C, int H) {
   kernel([=, this] { inner_->attention_forward(out, att, qkv, B, T, C, H); });
 }
-void StreamBackend::attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
-                                       const float* att, int B, int T, int C, int H) {
+void StreamBackend::attention_backward(void* dqkv, void* datt, const void* dout, const void* qkv,
+                                       const void* att, int B, int T, int C, int H) {
   kernel([=, this] { inner_->attention_backward(dqkv, datt, dout, qkv, att, B, T, C, H); });
 }
-void StreamBackend::gelu_forward(float* out, const float* in, size_t n) {
+void StreamBackend::gelu_forward(void* out, const void* in, size_t n) {
   kernel([=, this] { inner_->gelu_forward(out, in, n); });
 }
-void StreamBackend::gelu_backward(float* din, const float* in, const float* dout, size_t n) {
+void StreamBackend::gelu_backward(void* din, const void* in, const void* dout, size_t n) {
   kernel([=, this] { inner_->gelu_backward(din, in, dout, n); });
 }
-void StreamBackend::add(float* out, const float* a, const float* b, size_t n) {
+void StreamBackend::add(void* out, const void* a, const void* b, size_t n) {
   kernel([=, this] { inner_->add(out, a, b, n); });
 }
-void StreamBackend::crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
+void StreamBackend::crossentropy_forward(float* losses, float* lse, const void* logits, const int32_t* targets,
                                          int N, int V) {
   kernel([=, this] { inner_->crossentropy_forward(losses, lse, logits, targets, N, V); });
 }
-void StreamBackend::crossentropy_backward(float* logits_to_dlogits, const float* lse, const int32_t* targets,
+void StreamBackend::crossentropy_backward(void* logits_to_dlogits, const float* lse, const int32_t* targets,
                                           float scale, int N, int V) {
   kernel([=, this] { inner_->crossentropy_backward(logits_to_dlogits, lse, targets, scale, N, V); });
 }
-void StreamBackend::rmsnorm_forward(float* out, float* rstd, const float* in, const float* w, float eps, int N,
+void StreamBackend::rmsnorm_forward(void* out, float* rstd, const void* in, const void* w, float eps, int N,
                                     int C) {
   kernel([=, this] { inner_->rmsnorm_forward(out, rstd, in, w, eps, N, C); });
 }
-void StreamBackend::rmsnorm_backward(float* din, float* dw, const float* dout, const float* in, const float* w,
+void StreamBackend::rmsnorm_backward(void* din, void* dw, const void* dout, const void* in, const void* w,
                                      const float* rstd, int N, int C) {
   kernel([=, this] { inner_->rmsnorm_backward(din, dw, dout, in, w, rstd, N, C); });
 }
-void StreamBackend::rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta) {
+void StreamBackend::rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int D, float theta) {
   kernel([=, this] { inner_->rope_forward(qkvc, B, T, Hq, Hkv, D, theta); });
 }
-void StreamBackend::rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta) {
+void StreamBackend::rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta) {
   kernel([=, this] { inner_->rope_backward(dqkvc, B, T, Hq, Hkv, D, theta); });
 }
-void StreamBackend::repeat_kv_forward(float* qkv, const float* qkvc, int N, int Hq, int Hkv, int D) {
+void StreamBackend::repeat_kv_forward(void* qkv, const void* qkvc, int N, int Hq, int Hkv, int D) {
   kernel([=, this] { inner_->repeat_kv_forward(qkv, qkvc, N, Hq, Hkv, D); });
 }
-void StreamBackend::repeat_kv_backward(float* dqkvc, const float* dqkv, int N, int Hq, int Hkv, int D) {
+void StreamBackend::repeat_kv_backward(void* dqkvc, const void* dqkv, int N, int Hq, int Hkv, int D) {
   kernel([=, this] { inner_->repeat_kv_backward(dqkvc, dqkv, N, Hq, Hkv, D); });
 }
-void StreamBackend::swiglu_forward(float* out, const float* gu, int N, int F) {
+void StreamBackend::swiglu_forward(void* out, const void* gu, int N, int F) {
   kernel([=, this] { inner_->swiglu_forward(out, gu, N, F); });
 }
-void StreamBackend::swiglu_backward(float* dgu, const float* gu, const float* dout, int N, int F) {
+void StreamBackend::swiglu_backward(void* dgu, const void* gu, const void* dout, int N, int F) {
   kernel([=, this] { inner_->swiglu_backward(dgu, gu, dout, N, F); });
 }
-void StreamBackend::relu_forward(float* out, const float* in, size_t n) {
+void StreamBackend::relu_forward(void* out, const void* in, size_t n) {
   kernel([=, this] { inner_->relu_forward(out, in, n); });
 }
-void StreamBackend::relu_backward(float* din, const float* in, const float* dout, size_t n) {
+void StreamBackend::relu_backward(void* din, const void* in, const void* dout, size_t n) {
   kernel([=, this] { inner_->relu_backward(din, in, dout, n); });
 }
 

@@ -52,8 +52,11 @@ __global__ void softmax_causal_backward_k(const float* att, float* datt, int T, 
 
 }  // namespace
 
-void CudaBackend::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+void CudaBackend::attention_forward(void* out_v, void* att_v, const void* qkv_v, int B, int T, int C,
                                     int H) {
+  float* out = static_cast<float*>(out_v);
+  float* att = static_cast<float*>(att_v);
+  const float* qkv = static_cast<const float*>(qkv_v);
   if (!B || !T) return;
   const int hd = C / H, ld = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -75,8 +78,13 @@ void CudaBackend::attention_forward(float* out, float* att, const float* qkv, in
   }
 }
 
-void CudaBackend::attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
-                                     const float* att, int B, int T, int C, int H) {
+void CudaBackend::attention_backward(void* dqkv_v, void* datt_v, const void* dout_v, const void* qkv_v,
+                                     const void* att_v, int B, int T, int C, int H) {
+  float* dqkv = static_cast<float*>(dqkv_v);
+  float* datt = static_cast<float*>(datt_v);
+  const float* dout = static_cast<const float*>(dout_v);
+  const float* qkv = static_cast<const float*>(qkv_v);
+  const float* att = static_cast<const float*>(att_v);
   if (!B || !T) return;
   const int hd = C / H, ld = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));

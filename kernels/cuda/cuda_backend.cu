@@ -80,6 +80,13 @@ CudaBackend::~CudaBackend() {
 
 void CudaBackend::bind() const { FY_CUDA(cudaSetDevice(device_)); }
 
+void CudaBackend::set_storage_type(ElemType t) {
+  if (t != ElemType::kF32)
+    throw Error(str("runtime.device_tensors: ", elem_type_name(t), ": the CUDA backend's kernels read and "
+                    "write fp32 tensors only so far; bf16 device tensors run on the cpu, cpu-streams and "
+                    "emulated backends (docs/precision.md)"));
+}
+
 std::string CudaBackend::name() const {
   return str("cuda (", device_name_, ", cuBLAS, ", matmul_precision_name(precision_),
              " GEMM inputs)");
@@ -250,8 +257,12 @@ void CudaBackend::add_column_sums(float* out, const float* x, int N, int C) {
   FY_LAUNCH(column_slices_add, cols, kEltThreads, out, part, slices, C);
 }
 
-void CudaBackend::matmul_forward(float* out, const float* in, const float* w, const float* bias,
+void CudaBackend::matmul_forward(void* out_v, const void* in_v, const void* w_v, const void* bias_v,
                                  int N, int IC, int OC) {
+  float* out = static_cast<float*>(out_v);
+  const float* in = static_cast<const float*>(in_v);
+  const float* w = static_cast<const float*>(w_v);
+  const float* bias = static_cast<const float*>(bias_v);
   bind();
   float beta = 0.0f;
   if (bias) {
@@ -262,8 +273,14 @@ void CudaBackend::matmul_forward(float* out, const float* in, const float* w, co
   gemm(false, true, N, OC, IC, 1.0f, in, IC, 0, w, IC, 0, beta, out, OC, 0, 1, true);
 }
 
-void CudaBackend::matmul_backward(float* din, float* dw, float* dbias, const float* dout,
-                                  const float* in, const float* w, int N, int IC, int OC) {
+void CudaBackend::matmul_backward(void* din_v, void* dw_v, void* dbias_v, const void* dout_v,
+                                  const void* in_v, const void* w_v, int N, int IC, int OC) {
+  float* din = static_cast<float*>(din_v);
+  float* dw = static_cast<float*>(dw_v);
+  float* dbias = static_cast<float*>(dbias_v);
+  const float* dout = static_cast<const float*>(dout_v);
+  const float* in = static_cast<const float*>(in_v);
+  const float* w = static_cast<const float*>(w_v);
   if (din) gemm(false, false, N, IC, OC, 1.0f, dout, OC, 0, w, IC, 0, 0.0f, din, IC, 0, 1, true);
   gemm(true, false, OC, IC, N, 1.0f, dout, OC, 0, in, IC, 0, 1.0f, dw, IC, 0, 1, true);
   if (dbias) add_column_sums(dbias, dout, N, OC);

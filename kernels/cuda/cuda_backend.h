@@ -36,6 +36,10 @@ class CudaBackend final : public Backend {
   std::string name() const override;
   int threads() const override { return 1; }  // host threads used: the caller's
   void set_matmul_precision(MatmulPrecision p) override { precision_ = p; }
+  // fp32 only: the CUDA kernels read and write fp32 tensors (bf16 storage is the CPU
+  // backends' so far; docs/precision.md).
+  void set_storage_type(ElemType t) override;
+  ElemType storage_type() const override { return ElemType::kF32; }
   MatmulPrecision matmul_precision() const override { return precision_; }
 
   void* alloc(size_t bytes, const std::string& what) override;
@@ -46,42 +50,42 @@ class CudaBackend final : public Backend {
   void zero(void* ptr, size_t bytes) override;
   void synchronize() override;
 
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+  void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe,
                          int B, int T, int C) override;
-  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+  void embedding_backward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B,
                           int T, int C) override;
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* w,
-                         const float* b, int N, int C) override;
-  void layernorm_backward(float* din, float* dw, float* db, const float* dout, const float* in,
-                          const float* w, const float* mean, const float* rstd, int N,
+  void layernorm_forward(void* out, float* mean, float* rstd, const void* in, const void* w,
+                         const void* b, int N, int C) override;
+  void layernorm_backward(void* din, void* dw, void* db, const void* dout, const void* in,
+                          const void* w, const float* mean, const float* rstd, int N,
                           int C) override;
-  void matmul_forward(float* out, const float* in, const float* w, const float* bias, int N, int IC,
+  void matmul_forward(void* out, const void* in, const void* w, const void* bias, int N, int IC,
                       int OC) override;
-  void matmul_backward(float* din, float* dw, float* dbias, const float* dout, const float* in,
-                       const float* w, int N, int IC, int OC) override;
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+  void matmul_backward(void* din, void* dw, void* dbias, const void* dout, const void* in,
+                       const void* w, int N, int IC, int OC) override;
+  void attention_forward(void* out, void* att, const void* qkv, int B, int T, int C,
                          int H) override;
-  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
-                          const float* att, int B, int T, int C, int H) override;
-  void gelu_forward(float* out, const float* in, size_t n) override;
-  void gelu_backward(float* din, const float* in, const float* dout, size_t n) override;
-  void add(float* out, const float* a, const float* b, size_t n) override;
-  void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
+  void attention_backward(void* dqkv, void* datt, const void* dout, const void* qkv,
+                          const void* att, int B, int T, int C, int H) override;
+  void gelu_forward(void* out, const void* in, size_t n) override;
+  void gelu_backward(void* din, const void* in, const void* dout, size_t n) override;
+  void add(void* out, const void* a, const void* b, size_t n) override;
+  void crossentropy_forward(float* losses, float* lse, const void* logits, const int32_t* targets,
                             int N, int V) override;
-  void crossentropy_backward(float* logits_to_dlogits, const float* lse, const int32_t* targets,
+  void crossentropy_backward(void* logits_to_dlogits, const float* lse, const int32_t* targets,
                              float scale, int N, int V) override;
-  void rmsnorm_forward(float* out, float* rstd, const float* in, const float* w, float eps, int N,
+  void rmsnorm_forward(void* out, float* rstd, const void* in, const void* w, float eps, int N,
                        int C) override;
-  void rmsnorm_backward(float* din, float* dw, const float* dout, const float* in, const float* w,
+  void rmsnorm_backward(void* din, void* dw, const void* dout, const void* in, const void* w,
                         const float* rstd, int N, int C) override;
-  void rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta) override;
-  void rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta) override;
-  void repeat_kv_forward(float* qkv, const float* qkvc, int N, int Hq, int Hkv, int D) override;
-  void repeat_kv_backward(float* dqkvc, const float* dqkv, int N, int Hq, int Hkv, int D) override;
-  void swiglu_forward(float* out, const float* gu, int N, int F) override;
-  void swiglu_backward(float* dgu, const float* gu, const float* dout, int N, int F) override;
-  void relu_forward(float* out, const float* in, size_t n) override;
-  void relu_backward(float* din, const float* in, const float* dout, size_t n) override;
+  void rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int D, float theta) override;
+  void rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta) override;
+  void repeat_kv_forward(void* qkv, const void* qkvc, int N, int Hq, int Hkv, int D) override;
+  void repeat_kv_backward(void* dqkvc, const void* dqkv, int N, int Hq, int Hkv, int D) override;
+  void swiglu_forward(void* out, const void* gu, int N, int F) override;
+  void swiglu_backward(void* dgu, const void* gu, const void* dout, int N, int F) override;
+  void relu_forward(void* out, const void* in, size_t n) override;
+  void relu_backward(void* din, const void* in, const void* dout, size_t n) override;
 
   void set_caller_ordered(bool on) override { caller_ordered_ = on; }
   void finish_compute() override;

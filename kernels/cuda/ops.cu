@@ -181,16 +181,22 @@ __global__ void crossentropy_backward_k(float* logits, const float* lse, const i
 
 }  // namespace
 
-void CudaBackend::embedding_forward(float* out, const int32_t* tokens, const float* wte,
-                                    const float* wpe, int B, int T, int C) {
+void CudaBackend::embedding_forward(void* out_v, const int32_t* tokens, const void* wte_v,
+                                    const void* wpe_v, int B, int T, int C) {
+  float* out = static_cast<float*>(out_v);
+  const float* wte = static_cast<const float*>(wte_v);
+  const float* wpe = static_cast<const float*>(wpe_v);
   size_t total = size_t(B) * T * C;
   if (!total) return;
   FY_LAUNCH(embedding_forward_k, elt_blocks(total), kEltThreads, out, tokens, wte, wpe, T, C,
             total);
 }
 
-void CudaBackend::embedding_backward(float* dwte, float* dwpe, const float* dout,
+void CudaBackend::embedding_backward(void* dwte_v, void* dwpe_v, const void* dout_v,
                                      const int32_t* tokens, int B, int T, int C) {
+  float* dwte = static_cast<float*>(dwte_v);
+  float* dwpe = static_cast<float*>(dwpe_v);
+  const float* dout = static_cast<const float*>(dout_v);
   const size_t N = size_t(B) * T;
   if (!N || !C) return;
   const unsigned cols = (C + kEltThreads - 1) / kEltThreads;
@@ -201,15 +207,25 @@ void CudaBackend::embedding_backward(float* dwte, float* dwpe, const float* dout
               C);
 }
 
-void CudaBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* in,
-                                    const float* w, const float* b, int N, int C) {
+void CudaBackend::layernorm_forward(void* out_v, float* mean, float* rstd, const void* in_v,
+                                    const void* w_v, const void* b_v, int N, int C) {
+  float* out = static_cast<float*>(out_v);
+  const float* in = static_cast<const float*>(in_v);
+  const float* w = static_cast<const float*>(w_v);
+  const float* b = static_cast<const float*>(b_v);
   if (!N) return;
   FY_LAUNCH(layernorm_forward_k, N, kRowThreads, out, mean, rstd, in, w, b, C);
 }
 
-void CudaBackend::layernorm_backward(float* din, float* dw, float* db, const float* dout,
-                                     const float* in, const float* w, const float* mean,
+void CudaBackend::layernorm_backward(void* din_v, void* dw_v, void* db_v, const void* dout_v,
+                                     const void* in_v, const void* w_v, const float* mean,
                                      const float* rstd, int N, int C) {
+  float* din = static_cast<float*>(din_v);
+  float* dw = static_cast<float*>(dw_v);
+  float* db = static_cast<float*>(db_v);
+  const float* dout = static_cast<const float*>(dout_v);
+  const float* in = static_cast<const float*>(in_v);
+  const float* w = static_cast<const float*>(w_v);
   if (!N) return;
   FY_LAUNCH(layernorm_backward_dx_k, N, kRowThreads, din, dout, in, w, mean, rstd, C);
   const int slices = reduce_slices(N);
@@ -223,29 +239,39 @@ void CudaBackend::layernorm_backward(float* din, float* dw, float* db, const flo
   FY_LAUNCH(column_slices_add, cols, kEltThreads, db, part_b, slices, C);
 }
 
-void CudaBackend::gelu_forward(float* out, const float* in, size_t n) {
+void CudaBackend::gelu_forward(void* out_v, const void* in_v, size_t n) {
+  float* out = static_cast<float*>(out_v);
+  const float* in = static_cast<const float*>(in_v);
   if (!n) return;
   FY_LAUNCH(gelu_forward_k, elt_blocks(n), kEltThreads, out, in, n);
 }
 
-void CudaBackend::gelu_backward(float* din, const float* in, const float* dout, size_t n) {
+void CudaBackend::gelu_backward(void* din_v, const void* in_v, const void* dout_v, size_t n) {
+  float* din = static_cast<float*>(din_v);
+  const float* in = static_cast<const float*>(in_v);
+  const float* dout = static_cast<const float*>(dout_v);
   if (!n) return;
   FY_LAUNCH(gelu_backward_k, elt_blocks(n), kEltThreads, din, in, dout, n);
 }
 
-void CudaBackend::add(float* out, const float* a, const float* b, size_t n) {
+void CudaBackend::add(void* out_v, const void* a_v, const void* b_v, size_t n) {
+  float* out = static_cast<float*>(out_v);
+  const float* a = static_cast<const float*>(a_v);
+  const float* b = static_cast<const float*>(b_v);
   if (!n) return;
   FY_LAUNCH(add_k, elt_blocks(n), kEltThreads, out, a, b, n);
 }
 
-void CudaBackend::crossentropy_forward(float* losses, float* lse, const float* logits,
+void CudaBackend::crossentropy_forward(float* losses, float* lse, const void* logits_v,
                                        const int32_t* targets, int N, int V) {
+  const float* logits = static_cast<const float*>(logits_v);
   if (!N) return;
   FY_LAUNCH(crossentropy_forward_k, N, kRowThreads, losses, lse, logits, targets, V);
 }
 
-void CudaBackend::crossentropy_backward(float* logits, const float* lse, const int32_t* targets,
+void CudaBackend::crossentropy_backward(void* logits_v, const float* lse, const int32_t* targets,
                                         float scale, int N, int V) {
+  float* logits = static_cast<float*>(logits_v);
   size_t total = size_t(N) * V;
   if (!total) return;
   FY_LAUNCH(crossentropy_backward_k, elt_blocks(total), kEltThreads, logits, lse, targets, scale, V,

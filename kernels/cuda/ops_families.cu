@@ -143,14 +143,22 @@ __global__ void relu_backward_k(float* din, const float* in, const float* dout, 
 
 }  // namespace
 
-void CudaBackend::rmsnorm_forward(float* out, float* rstd, const float* in, const float* w,
+void CudaBackend::rmsnorm_forward(void* out_v, float* rstd, const void* in_v, const void* w_v,
                                   float eps, int N, int C) {
+  float* out = static_cast<float*>(out_v);
+  const float* in = static_cast<const float*>(in_v);
+  const float* w = static_cast<const float*>(w_v);
   if (!N) return;
   FY_LAUNCH(rmsnorm_forward_k, N, kRowThreads, out, rstd, in, w, eps, C);
 }
 
-void CudaBackend::rmsnorm_backward(float* din, float* dw, const float* dout, const float* in,
-                                   const float* w, const float* rstd, int N, int C) {
+void CudaBackend::rmsnorm_backward(void* din_v, void* dw_v, const void* dout_v, const void* in_v,
+                                   const void* w_v, const float* rstd, int N, int C) {
+  float* din = static_cast<float*>(din_v);
+  float* dw = static_cast<float*>(dw_v);
+  const float* dout = static_cast<const float*>(dout_v);
+  const float* in = static_cast<const float*>(in_v);
+  const float* w = static_cast<const float*>(w_v);
   if (!N) return;
   FY_LAUNCH(rmsnorm_backward_dx_k, N, kRowThreads, din, dout, in, w, rstd, C);
   const int slices = reduce_slices(N);
@@ -161,49 +169,65 @@ void CudaBackend::rmsnorm_backward(float* din, float* dw, const float* dout, con
   FY_LAUNCH(column_slices_add, cols, kEltThreads, dw, part, slices, C);
 }
 
-void CudaBackend::rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta) {
+void CudaBackend::rope_forward(void* qkvc_v, int B, int T, int Hq, int Hkv, int D, float theta) {
+  float* qkvc = static_cast<float*>(qkvc_v);
   size_t total = static_cast<size_t>(B) * T * (Hq + Hkv) * (D / 2);
   if (!total) return;
   FY_LAUNCH(rope_k, elt_blocks(total), kEltThreads, qkvc, T, Hq, Hkv, D, theta, 1.0f, total);
 }
 
-void CudaBackend::rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta) {
+void CudaBackend::rope_backward(void* dqkvc_v, int B, int T, int Hq, int Hkv, int D, float theta) {
+  float* dqkvc = static_cast<float*>(dqkvc_v);
   size_t total = static_cast<size_t>(B) * T * (Hq + Hkv) * (D / 2);
   if (!total) return;
   FY_LAUNCH(rope_k, elt_blocks(total), kEltThreads, dqkvc, T, Hq, Hkv, D, theta, -1.0f, total);
 }
 
-void CudaBackend::repeat_kv_forward(float* qkv, const float* qkvc, int N, int Hq, int Hkv, int D) {
+void CudaBackend::repeat_kv_forward(void* qkv_v, const void* qkvc_v, int N, int Hq, int Hkv, int D) {
+  float* qkv = static_cast<float*>(qkv_v);
+  const float* qkvc = static_cast<const float*>(qkvc_v);
   size_t total = static_cast<size_t>(N) * 3 * Hq * D;
   if (!total) return;
   FY_LAUNCH(repeat_kv_forward_k, elt_blocks(total), kEltThreads, qkv, qkvc, Hq, Hkv, D, total);
 }
 
-void CudaBackend::repeat_kv_backward(float* dqkvc, const float* dqkv, int N, int Hq, int Hkv,
+void CudaBackend::repeat_kv_backward(void* dqkvc_v, const void* dqkv_v, int N, int Hq, int Hkv,
                                      int D) {
+  float* dqkvc = static_cast<float*>(dqkvc_v);
+  const float* dqkv = static_cast<const float*>(dqkv_v);
   size_t total = static_cast<size_t>(N) * (Hq + 2 * Hkv) * D;
   if (!total) return;
   FY_LAUNCH(repeat_kv_backward_k, elt_blocks(total), kEltThreads, dqkvc, dqkv, Hq, Hkv, D, total);
 }
 
-void CudaBackend::swiglu_forward(float* out, const float* gu, int N, int F) {
+void CudaBackend::swiglu_forward(void* out_v, const void* gu_v, int N, int F) {
+  float* out = static_cast<float*>(out_v);
+  const float* gu = static_cast<const float*>(gu_v);
   size_t total = static_cast<size_t>(N) * F;
   if (!total) return;
   FY_LAUNCH(swiglu_forward_k, elt_blocks(total), kEltThreads, out, gu, F, total);
 }
 
-void CudaBackend::swiglu_backward(float* dgu, const float* gu, const float* dout, int N, int F) {
+void CudaBackend::swiglu_backward(void* dgu_v, const void* gu_v, const void* dout_v, int N, int F) {
+  float* dgu = static_cast<float*>(dgu_v);
+  const float* gu = static_cast<const float*>(gu_v);
+  const float* dout = static_cast<const float*>(dout_v);
   size_t total = static_cast<size_t>(N) * F;
   if (!total) return;
   FY_LAUNCH(swiglu_backward_k, elt_blocks(total), kEltThreads, dgu, gu, dout, F, total);
 }
 
-void CudaBackend::relu_forward(float* out, const float* in, size_t n) {
+void CudaBackend::relu_forward(void* out_v, const void* in_v, size_t n) {
+  float* out = static_cast<float*>(out_v);
+  const float* in = static_cast<const float*>(in_v);
   if (!n) return;
   FY_LAUNCH(relu_forward_k, elt_blocks(n), kEltThreads, out, in, n);
 }
 
-void CudaBackend::relu_backward(float* din, const float* in, const float* dout, size_t n) {
+void CudaBackend::relu_backward(void* din_v, const void* in_v, const void* dout_v, size_t n) {
+  float* din = static_cast<float*>(din_v);
+  const float* in = static_cast<const float*>(in_v);
+  const float* dout = static_cast<const float*>(dout_v);
   if (!n) return;
   FY_LAUNCH(relu_backward_k, elt_blocks(n), kEltThreads, din, in, dout, n);
 }

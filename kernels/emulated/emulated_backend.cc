@@ -161,20 +161,20 @@ void EmulatedBackend::copy_to_host(void* dst, const void*, size_t bytes) {
 
 // ---- the kernels that take time: forward_flops_per_token's terms -----------------------------
 
-void EmulatedBackend::matmul_forward(float*, const float*, const float*, const float*, int N, int IC, int OC) {
+void EmulatedBackend::matmul_forward(void*, const void*, const void*, const void*, int N, int IC, int OC) {
   compute(2.0 * N * IC * OC);
 }
 
-void EmulatedBackend::matmul_backward(float* din, float*, float*, const float*, const float*, const float*, int N,
+void EmulatedBackend::matmul_backward(void* din, void*, void*, const void*, const void*, const void*, int N,
                                       int IC, int OC) {
   compute((din ? 4.0 : 2.0) * N * IC * OC);
 }
 
-void EmulatedBackend::attention_forward(float*, float*, const float*, int B, int T, int C, int) {
+void EmulatedBackend::attention_forward(void*, void*, const void*, int B, int T, int C, int) {
   compute(4.0 * B * T * T * C);  // q k^T and att v
 }
 
-void EmulatedBackend::attention_backward(float*, float*, const float*, const float*, const float*, int B, int T,
+void EmulatedBackend::attention_backward(void*, void*, const void*, const void*, const void*, int B, int T,
                                          int C, int) {
   compute(8.0 * B * T * T * C);
 }

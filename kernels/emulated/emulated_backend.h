@@ -62,32 +62,35 @@ class EmulatedBackend final : public Backend {
   void set_caller_ordered(bool on) override;
   void finish_compute() override;
 
-  void embedding_forward(float*, const int32_t*, const float*, const float*, int, int, int) override {}
-  void embedding_backward(float*, float*, const float*, const int32_t*, int, int, int) override {}
-  void layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int, int) override {}
-  void layernorm_backward(float*, float*, float*, const float*, const float*, const float*, const float*,
+  void set_storage_type(ElemType t) override { storage_ = t; }
+  ElemType storage_type() const override { return storage_; }
+
+  void embedding_forward(void*, const int32_t*, const void*, const void*, int, int, int) override {}
+  void embedding_backward(void*, void*, const void*, const int32_t*, int, int, int) override {}
+  void layernorm_forward(void*, float*, float*, const void*, const void*, const void*, int, int) override {}
+  void layernorm_backward(void*, void*, void*, const void*, const void*, const void*, const float*,
                           const float*, int, int) override {}
-  void matmul_forward(float*, const float*, const float*, const float*, int N, int IC, int OC) override;
-  void matmul_backward(float* din, float*, float*, const float*, const float*, const float*, int N, int IC,
+  void matmul_forward(void*, const void*, const void*, const void*, int N, int IC, int OC) override;
+  void matmul_backward(void* din, void*, void*, const void*, const void*, const void*, int N, int IC,
                        int OC) override;
-  void attention_forward(float*, float*, const float*, int B, int T, int C, int) override;
-  void attention_backward(float*, float*, const float*, const float*, const float*, int B, int T, int C,
+  void attention_forward(void*, void*, const void*, int B, int T, int C, int) override;
+  void attention_backward(void*, void*, const void*, const void*, const void*, int B, int T, int C,
                           int) override;
-  void gelu_forward(float*, const float*, size_t) override {}
-  void gelu_backward(float*, const float*, const float*, size_t) override {}
-  void add(float*, const float*, const float*, size_t) override {}
-  void crossentropy_forward(float*, float*, const float*, const int32_t*, int, int) override {}
-  void crossentropy_backward(float*, const float*, const int32_t*, float, int, int) override {}
-  void rmsnorm_forward(float*, float*, const float*, const float*, float, int, int) override {}
-  void rmsnorm_backward(float*, float*, const float*, const float*, const float*, const float*, int, int) override {}
-  void rope_forward(float*, int, int, int, int, int, float) override {}
-  void rope_backward(float*, int, int, int, int, int, float) override {}
-  void repeat_kv_forward(float*, const float*, int, int, int, int) override {}
-  void repeat_kv_backward(float*, const float*, int, int, int, int) override {}
-  void swiglu_forward(float*, const float*, int, int) override {}
-  void swiglu_backward(float*, const float*, const float*, int, int) override {}
-  void relu_forward(float*, const float*, size_t) override {}
-  void relu_backward(float*, const float*, const float*, size_t) override {}
+  void gelu_forward(void*, const void*, size_t) override {}
+  void gelu_backward(void*, const void*, const void*, size_t) override {}
+  void add(void*, const void*, const void*, size_t) override {}
+  void crossentropy_forward(float*, float*, const void*, const int32_t*, int, int) override {}
+  void crossentropy_backward(void*, const float*, const int32_t*, float, int, int) override {}
+  void rmsnorm_forward(void*, float*, const void*, const void*, float, int, int) override {}
+  void rmsnorm_backward(void*, void*, const void*, const void*, const void*, const float*, int, int) override {}
+  void rope_forward(void*, int, int, int, int, int, float) override {}
+  void rope_backward(void*, int, int, int, int, int, float) override {}
+  void repeat_kv_forward(void*, const void*, int, int, int, int) override {}
+  void repeat_kv_backward(void*, const void*, int, int, int, int) override {}
+  void swiglu_forward(void*, const void*, int, int) override {}
+  void swiglu_backward(void*, const void*, const void*, int, int) override {}
+  void relu_forward(void*, const void*, size_t) override {}
+  void relu_backward(void*, const void*, const void*, size_t) override {}
 
   // FLOPs queued so far (tests: the model's kernels add up to forward_flops_per_token).
   double flops_queued() const;
@@ -100,6 +103,7 @@ class EmulatedBackend final : public Backend {
 
   EmulatedOptions o_;
   MatmulPrecision precision_ = MatmulPrecision::kBf16;
+  ElemType storage_ = ElemType::kF32;  // what sizes the model asks for; no arithmetic reads it
   bool caller_ordered_ = false;  // guarded by mu_
 
   mutable std::mutex mu_;  // the timelines and the arena

@@ -428,6 +428,7 @@ RuntimeConfig parse_runtime(const YAML::Node& node, const std::string& source, c
   s.get("backend", r.backend);
   s.get("threads", r.threads);
   s.get("precision", r.precision);
+  s.get("device_tensors", r.device_tensors);
   s.get("seed", r.seed);
   s.get("stream_delay_us", r.stream_delay_us);
   s.get("emulated_scale", r.emulated_scale);
@@ -446,6 +447,8 @@ RuntimeConfig parse_runtime(const YAML::Node& node, const std::string& source, c
   if (r.precision != "auto" && r.precision != "fp32" && r.precision != "bf16" &&
       r.precision != "fp16")
     s.fail("precision", str("'", r.precision, "' is not one of auto, fp32, bf16, fp16"));
+  if (r.device_tensors != "fp32" && r.device_tensors != "bf16")
+    s.fail("device_tensors", str("'", r.device_tensors, "' is not one of fp32, bf16"));
   require(r.threads >= 0 && r.threads <= 4096, s, "threads", r.threads,
           "must be in 0..4096 (0 uses every core)");
   return r;
@@ -591,6 +594,7 @@ std::string config_to_yaml(const Config& c) {
   e << YAML::Key << "backend" << YAML::Value << c.runtime.backend;
   e << YAML::Key << "threads" << YAML::Value << c.runtime.threads;
   e << YAML::Key << "precision" << YAML::Value << c.runtime.precision;
+  e << YAML::Key << "device_tensors" << YAML::Value << c.runtime.device_tensors;
   e << YAML::Key << "seed" << YAML::Value << c.runtime.seed;
   e << YAML::Key << "stream_delay_us" << YAML::Value << c.runtime.stream_delay_us;
   e << YAML::Key << "emulated_scale" << YAML::Value << c.runtime.emulated_scale;

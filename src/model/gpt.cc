@@ -1,5 +1,6 @@
 #include <cmath>
 #include <numeric>
+#include <type_traits>
 
 #include "fuyou/error.h"
 #include "fuyou/model.h"
@@ -111,14 +112,20 @@ ParamLayout make_gpt_layout(const ModelConfig& cfg) {
   return layout;
 }
 
-LayerTensors layer_tensors(const ParamLayout& layout, int layer, float* base) {
+namespace {
+void* advance(void* p, size_t elems, size_t elem_bytes) {
+  return p ? static_cast<char*>(p) + elems * elem_bytes : nullptr;
+}
+}  // namespace
+
+LayerTensors layer_group_tensors(const ParamLayout& layout, int layer, void* group, size_t es) {
   FY_CHECK(layer >= 0 && static_cast<size_t>(layer) + 2 < layout.groups.size(), "layer ", layer,
            " out of range");
   const ParamGroup& g = layout.groups[1 + layer];
   LayerTensors w;
   for (size_t i = g.first_tensor; i < g.first_tensor + g.num_tensors; ++i) {
     const TensorSpec& t = layout.tensors[i];
-    float* p = base + t.offset;
+    void* p = advance(group, t.offset - g.offset, es);
     switch (t.role) {
       case kLn1W: w.ln1_w = p; break;
       case kLn1B: w.ln1_b = p; break;
@@ -138,15 +145,21 @@ LayerTensors layer_tensors(const ParamLayout& layout, int layer, float* base) {
   return w;
 }
 
-GlobalTensors global_tensors(const ParamLayout& layout, float* embed, float* final_) {
+LayerTensors layer_tensors(const ParamLayout& layout, int layer, void* base, size_t es) {
+  FY_CHECK(layer >= 0 && static_cast<size_t>(layer) + 2 < layout.groups.size(), "layer ", layer,
+           " out of range");
+  return layer_group_tensors(layout, layer, advance(base, layout.groups[1 + layer].offset, es), es);
+}
+
+GlobalTensors global_tensors(const ParamLayout& layout, void* embed, void* final_, size_t es) {
   GlobalTensors g;
   const ParamGroup& ge = layout.groups.front();
   const ParamGroup& gf = layout.groups.back();
   for (const ParamGroup* grp : {&ge, &gf}) {
-    float* base = grp == &ge ? embed - ge.offset : final_ - gf.offset;
+    void* group = grp == &ge ? embed : final_;
     for (size_t i = grp->first_tensor; i < grp->first_tensor + grp->num_tensors; ++i) {
       const TensorSpec& t = layout.tensors[i];
-      float* p = base + t.offset;
+      void* p = advance(group, t.offset - grp->offset, es);
       switch (t.role) {
         case kWte: g.wte = p; break;
         case kWpe: g.wpe = p; break;
@@ -161,9 +174,9 @@ GlobalTensors global_tensors(const ParamLayout& layout, float* embed, float* fin
   return g;
 }
 
-GlobalTensors global_tensors(const ParamLayout& layout, float* base) {
-  return global_tensors(layout, base + layout.groups.front().offset,
-                        base + layout.groups.back().offset);
+GlobalTensors global_tensors(const ParamLayout& layout, void* base, size_t es) {
+  return global_tensors(layout, advance(base, layout.groups.front().offset, es),
+                        advance(base, layout.groups.back().offset, es), es);
 }
 
 void init_gpt_group(const ModelConfig& cfg, const ParamLayout& layout, int group, float* dst) {
@@ -241,8 +254,8 @@ void for_each_activation(const ModelConfig& cfg, int B, LayerActivations& a, Fn&
 // The one list of a model's own device buffers besides parameters, gradients and per-layer
 // activations (those three exist only in ModelState::kFull).
 struct Workspace {
-  float *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *lse, *dres, *dtmp, *dqkv, *datt, *dfc;
-  float *qkvc, *dqkvc, *dgu;
+  void *lnf, *logits, *dres, *dtmp, *dqkv, *datt, *dfc, *qkvc, *dqkvc, *dgu;
+  float *lnf_mean, *lnf_rstd, *losses, *lse;
 };
 template <typename Fn>
 void for_each_workspace(const ModelConfig& cfg, int B, Workspace& w, Fn&& fn) {
@@ -272,43 +285,55 @@ void for_each_workspace(const ModelConfig& cfg, int B, Workspace& w, Fn&& fn) {
 
 }  // namespace
 
-size_t layer_activation_bytes(const ModelConfig& cfg, int B) {
-  LayerActivations a;
-  size_t n = 0;
-  for_each_activation(cfg, B, a, [&](float*&, size_t k) { n += k; });
-  return n * sizeof(float);
+// Bytes of k elements of a list entry: fp32 statistics (float*) or storage-type tensors (void*).
+template <typename P>
+size_t entry_bytes(P*, size_t k, size_t es) {
+  return k * (std::is_same_v<P, float> ? sizeof(float) : es);
 }
 
-size_t model_workspace_bytes(const ModelConfig& cfg, int B) {
+size_t layer_activation_bytes(const ModelConfig& cfg, int B, size_t es) {
+  LayerActivations a;
+  size_t n = 0;
+  for_each_activation(cfg, B, a, [&](auto*& p, size_t k) { n += entry_bytes(p, k, es); });
+  return n;
+}
+
+size_t model_workspace_bytes(const ModelConfig& cfg, int B, size_t es) {
   Workspace w{};
   size_t n = 0;
-  for_each_workspace(cfg, B, w, [&](float*&, size_t k, const char*) { n += k; });
+  for_each_workspace(cfg, B, w, [&](auto*& p, size_t k, const char*) { n += entry_bytes(p, k, es); });
   // + the input and target token ids
-  return n * sizeof(float) + 2 * sizeof(int32_t) * static_cast<size_t>(B) * cfg.seq_len;
+  return n + 2 * sizeof(int32_t) * static_cast<size_t>(B) * cfg.seq_len;
+}
+
+template <typename P>
+P* GptModel::alloc_entry(P*, size_t n, const std::string& what) {
+  if constexpr (std::is_same_v<P, float>) return alloc_floats(n, what);
+  else return alloc_tensor(n, what);
 }
 
 GptModel::GptModel(const ModelConfig& cfg, Backend& backend, int micro_batch, ModelState state)
     : cfg_(cfg), be_(backend), B_(micro_batch), N_(micro_batch * cfg.seq_len),
-      layout_(make_gpt_layout(cfg)), family_(model_family(cfg)) {
+      es_(backend.storage_bytes()), layout_(make_gpt_layout(cfg)), family_(model_family(cfg)) {
   const size_t N = N_;
   if (family_ == Family::kLlama && cfg.n_head % cfg.kv_heads() != 0)
     throw ConfigError(str("model.n_kv_head ", cfg.kv_heads(), " does not divide model.n_head ",
                           cfg.n_head));
   if (state == ModelState::kFull) {
-    params_ = alloc_floats(layout_.total, "parameters");
-    grads_ = alloc_floats(layout_.total, "gradients");
+    params_ = alloc_tensor(layout_.total, "parameters");
+    grads_ = alloc_tensor(layout_.total, "gradients");
   }
   inputs_ = static_cast<int32_t*>(be_.alloc(N * sizeof(int32_t), "input tokens"));
   owned_.push_back(inputs_);
   targets_ = static_cast<int32_t*>(be_.alloc(N * sizeof(int32_t), "target tokens"));
   owned_.push_back(targets_);
   if (state == ModelState::kFull) {
-    x0_ = alloc_floats(N * cfg.d_model, "embedding output");
+    x0_ = alloc_tensor(N * cfg.d_model, "embedding output");
     acts_.resize(cfg.n_layer);
     for (int l = 0; l < cfg.n_layer; ++l) acts_[l] = alloc_activations(str("layer ", l, " activations"));
   }
   Workspace w{};
-  for_each_workspace(cfg, B_, w, [&](float*& p, size_t n, const char* what) { p = alloc_floats(n, what); });
+  for_each_workspace(cfg, B_, w, [&](auto*& p, size_t n, const char* what) { p = alloc_entry(p, n, what); });
   lnf_ = w.lnf;
   lnf_mean_ = w.lnf_mean;
   lnf_rstd_ = w.lnf_rstd;
@@ -328,7 +353,7 @@ GptModel::GptModel(const ModelConfig& cfg, Backend& backend, int micro_batch, Mo
 
 LayerActivations GptModel::alloc_activations(const std::string& what) {
   LayerActivations a;
-  for_each_activation(cfg_, B_, a, [&](float*& p, size_t n) { p = alloc_floats(n, what); });
+  for_each_activation(cfg_, B_, a, [&](auto*& p, size_t n) { p = alloc_entry(p, n, what); });
   return a;
 }
 
@@ -352,6 +377,12 @@ GptModel::~GptModel() {
   for (void* p : owned_) be_.free(p);
 }
 
+void* GptModel::alloc_tensor(size_t n, const std::string& what) {
+  void* p = be_.alloc(n * es_, what);
+  owned_.push_back(p);
+  return p;
+}
+
 float* GptModel::alloc_floats(size_t n, const std::string& what) {
   void* p = be_.alloc(n * sizeof(float), what);
   owned_.push_back(p);
@@ -359,24 +390,25 @@ float* GptModel::alloc_floats(size_t n, const std::string& what) {
 }
 
 
-void GptModel::zero_grads() { be_.zero(grads_, layout_.total * sizeof(float)); }
+void GptModel::zero_grads() { be_.zero(grads_, layout_.total * es_); }
 
-void GptModel::embed_forward(const float* wte, const float* wpe, float* x) {
-  if (wpe && family_ == Family::kOpt) wpe += static_cast<size_t>(kOptPositionOffset) * cfg_.d_model;
+void GptModel::embed_forward(const void* wte, const void* wpe, void* x) {
+  if (wpe && family_ == Family::kOpt)
+    wpe = static_cast<const char*>(wpe) + static_cast<size_t>(kOptPositionOffset) * cfg_.d_model * es_;
   be_.embedding_forward(x, inputs_, wte, wpe, B_, cfg_.seq_len, cfg_.d_model);
 }
 
 // Normalisation before attention, the MLP and the head: LayerNorm (gpt2, opt) or RMSNorm.
-void GptModel::norm_forward(float* out, float* mean, float* rstd, const float* in,
-                            const float* w, const float* b) {
+void GptModel::norm_forward(void* out, float* mean, float* rstd, const void* in,
+                            const void* w, const void* b) {
   if (family_ == Family::kLlama)
     be_.rmsnorm_forward(out, rstd, in, w, cfg_.norm_eps, N_, cfg_.d_model);
   else
     be_.layernorm_forward(out, mean, rstd, in, w, b, N_, cfg_.d_model);
 }
 
-void GptModel::norm_backward(float* din, float* dw, float* db, const float* dout,
-                             const float* in, const float* w, const float* mean,
+void GptModel::norm_backward(void* din, void* dw, void* db, const void* dout,
+                             const void* in, const void* w, const float* mean,
                              const float* rstd) {
   if (family_ == Family::kLlama)
     be_.rmsnorm_backward(din, dw, dout, in, w, rstd, N_, cfg_.d_model);
@@ -384,7 +416,7 @@ void GptModel::norm_backward(float* din, float* dw, float* db, const float* dout
     be_.layernorm_backward(din, dw, db, dout, in, w, mean, rstd, N_, cfg_.d_model);
 }
 
-void GptModel::block_forward(const LayerTensors& w, const float* x_in, const LayerActivations& a) {
+void GptModel::block_forward(const LayerTensors& w, const void* x_in, const LayerActivations& a) {
   const int N = N_, C = cfg_.d_model, F = cfg_.d_ff, T = cfg_.seq_len;
   const int H = cfg_.n_head, Hkv = cfg_.kv_heads(), D = cfg_.head_size();
   norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, w.ln1_w, w.ln1_b);
@@ -392,7 +424,7 @@ void GptModel::block_forward(const LayerTensors& w, const float* x_in, const Lay
     // Grouped-query attention in its simple form: project to the compact q|k|v, rotate q
     // and k, then copy each k/v head to the query heads sharing it so the ordinary
     // multi-head attention kernel runs; the backward sums the copies' gradients.
-    float* qkvc = Hkv == H ? a.qkv : qkvc_;
+    void* qkvc = Hkv == H ? a.qkv : qkvc_;
     be_.matmul_forward(qkvc, a.ln1, w.qkv_w, w.qkv_b, N, C, C + 2 * Hkv * D);
     be_.rope_forward(qkvc, B_, T, H, Hkv, D, cfg_.rope_theta);
     if (Hkv != H) be_.repeat_kv_forward(a.qkv, qkvc, N, H, Hkv, D);
@@ -421,7 +453,7 @@ void GptModel::block_forward(const LayerTensors& w, const float* x_in, const Lay
   be_.add(a.out, a.out, a.res2, static_cast<size_t>(N) * C);
 }
 
-float GptModel::head_forward(const GlobalTensors& g, const float* x, bool with_loss) {
+float GptModel::head_forward(const GlobalTensors& g, const void* x, bool with_loss) {
   const int N = N_, C = cfg_.d_model, V = cfg_.vocab_size;
   norm_forward(lnf_, lnf_mean_, lnf_rstd_, x, g.lnf_w, g.lnf_b);
   be_.matmul_forward(logits_, lnf_, g.lm_head, nullptr, N, C, V);
@@ -439,18 +471,18 @@ float GptModel::head_forward(const GlobalTensors& g, const float* x, bool with_l
   return counted_ ? static_cast<float>(s / static_cast<double>(counted_)) : 0.0f;
 }
 
-void GptModel::head_backward(const GlobalTensors& g, const GlobalTensors& dg, const float* x,
-                             float loss_scale, float* dx) {
+void GptModel::head_backward(const GlobalTensors& g, const GlobalTensors& dg, const void* x,
+                             float loss_scale, void* dx) {
   const int N = N_, C = cfg_.d_model, V = cfg_.vocab_size;
   be_.crossentropy_backward(logits_, lse_, targets_, loss_scale, N, V);
   // Tied: dg.lm_head is dg.wte (embed group); untied: the final group's own gradient.
   be_.matmul_backward(dtmp_, dg.lm_head, nullptr, logits_, lnf_, g.lm_head, N, C, V);
-  be_.zero(dx, sizeof(float) * static_cast<size_t>(N) * C);
+  be_.zero(dx, es_ * static_cast<size_t>(N) * C);
   norm_backward(dx, dg.lnf_w, dg.lnf_b, dtmp_, x, g.lnf_w, lnf_mean_, lnf_rstd_);
 }
 
-void GptModel::block_backward(const LayerTensors& w, const LayerTensors& dw, const float* x_in,
-                              const LayerActivations& a, float* dres) {
+void GptModel::block_backward(const LayerTensors& w, const LayerTensors& dw, const void* x_in,
+                              const LayerActivations& a, void* dres) {
   const int N = N_, C = cfg_.d_model, F = cfg_.d_ff, T = cfg_.seq_len;
   const int H = cfg_.n_head, Hkv = cfg_.kv_heads(), D = cfg_.head_size();
   // MLP: dres holds dL/d(block output), which is also dL/d(fc projection output).
@@ -474,7 +506,7 @@ void GptModel::block_backward(const LayerTensors& w, const LayerTensors& dw, con
   be_.matmul_backward(dtmp_, dw.proj_w, dw.proj_b, dres, a.atty, w.proj_w, N, C, C);
   be_.attention_backward(dqkv_, datt_, dtmp_, a.qkv, a.att, B_, T, C, H);
   if (family_ == Family::kLlama) {
-    float* dqkvc = Hkv == H ? dqkv_ : dqkvc_;
+    void* dqkvc = Hkv == H ? dqkv_ : dqkvc_;
     if (Hkv != H) be_.repeat_kv_backward(dqkvc, dqkv_, N, H, Hkv, D);
     be_.rope_backward(dqkvc, B_, T, H, Hkv, D, cfg_.rope_theta);
     be_.matmul_backward(dtmp_, dw.qkv_w, dw.qkv_b, dqkvc, a.ln1, w.qkv_w, N, C, C + 2 * Hkv * D);
@@ -484,33 +516,34 @@ void GptModel::block_backward(const LayerTensors& w, const LayerTensors& dw, con
   norm_backward(dres, dw.ln1_w, dw.ln1_b, dtmp_, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd);
 }
 
-void GptModel::embed_backward(const GlobalTensors& dg, const float* dx) {
-  float* dwpe = dg.wpe;
-  if (dwpe && family_ == Family::kOpt) dwpe += static_cast<size_t>(kOptPositionOffset) * cfg_.d_model;
+void GptModel::embed_backward(const GlobalTensors& dg, const void* dx) {
+  void* dwpe = dg.wpe;
+  if (dwpe && family_ == Family::kOpt)
+    dwpe = static_cast<char*>(dwpe) + static_cast<size_t>(kOptPositionOffset) * cfg_.d_model * es_;
   be_.embedding_backward(dg.wte, dwpe, dx, inputs_, B_, cfg_.seq_len, cfg_.d_model);
 }
 
 float GptModel::forward(const int32_t* inputs, const int32_t* targets) {
   FY_CHECK(params_, "forward() needs a model built with ModelState::kFull");
   set_tokens(inputs, targets);
-  GlobalTensors g = global_tensors(layout_, params_);
+  GlobalTensors g = global_tensors(layout_, params_, es_);
   embed_forward(g.wte, g.wpe, x0_);
-  const float* x = x0_;
+  const void* x = x0_;
   for (int l = 0; l < cfg_.n_layer; ++l) {
-    block_forward(layer_tensors(layout_, l, params_), x, acts_[l]);
+    block_forward(layer_tensors(layout_, l, params_, es_), x, acts_[l]);
     x = acts_[l].out;
   }
   return head_forward(g, x, targets != nullptr);
 }
 
 void GptModel::backward(float loss_scale) {
-  GlobalTensors g = global_tensors(layout_, params_);
-  GlobalTensors dg = global_tensors(layout_, grads_);
-  const float* x_last = cfg_.n_layer ? acts_.back().out : x0_;
+  GlobalTensors g = global_tensors(layout_, params_, es_);
+  GlobalTensors dg = global_tensors(layout_, grads_, es_);
+  const void* x_last = cfg_.n_layer ? acts_.back().out : x0_;
   head_backward(g, dg, x_last, loss_scale, dres_);
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
-    const float* x_in = l ? acts_[l - 1].out : x0_;
-    block_backward(layer_tensors(layout_, l, params_), layer_tensors(layout_, l, grads_), x_in,
+    const void* x_in = l ? acts_[l - 1].out : x0_;
+    block_backward(layer_tensors(layout_, l, params_, es_), layer_tensors(layout_, l, grads_, es_), x_in,
                    acts_[l], dres_);
   }
   embed_backward(dg, dres_);

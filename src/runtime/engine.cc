@@ -138,13 +138,15 @@ class OffloadEngine final : public TrainEngine {
 
 }  // namespace
 
-uint64_t in_memory_device_bytes(const ModelConfig& m, int B) {
+size_t device_tensor_bytes(const RuntimeConfig& runtime) { return runtime.device_tensors == "bf16" ? 2 : 4; }
+
+uint64_t in_memory_device_bytes(const ModelConfig& m, int B, size_t elem_bytes) {
   ParamLayout layout = make_gpt_layout(m);
   const uint64_t N = static_cast<uint64_t>(B) * m.seq_len, C = m.d_model;
   // Parameters and gradients, every layer's activations, the embedding output, workspace:
   // the model's own allocation lists (src/model/gpt.cc).
-  return 8 * layout.total + m.n_layer * layer_activation_bytes(m, B) + 4 * N * C +
-         model_workspace_bytes(m, B);
+  return elem_bytes * (2 * layout.total + N * C) + m.n_layer * layer_activation_bytes(m, B, elem_bytes) +
+         model_workspace_bytes(m, B, elem_bytes);
 }
 
 bool wants_offload(const Config& cfg) {
@@ -152,7 +154,8 @@ bool wants_offload(const Config& cfg) {
   ActivationPolicy a = cfg.offload.activations;
   if (a == ActivationPolicy::kSwap || a == ActivationPolicy::kRecompute) return true;
   return cfg.offload.device_memory &&
-         in_memory_device_bytes(cfg.model, cfg.schedule.micro_batch) > cfg.offload.device_memory;
+         in_memory_device_bytes(cfg.model, cfg.schedule.micro_batch, device_tensor_bytes(cfg.runtime)) >
+             cfg.offload.device_memory;
 }
 
 PlanRequest plan_request(const Config& cfg) {
@@ -184,9 +187,9 @@ PlanRequest plan_request(const Config& cfg) {
   return req;
 }
 
-uint64_t in_memory_host_bytes(const ModelConfig& m, int micro_batch, bool device_in_host) {
+uint64_t in_memory_host_bytes(const ModelConfig& m, int micro_batch, bool device_in_host, size_t elem_bytes) {
   const uint64_t params = make_gpt_layout(m).total;
-  const uint64_t arena = device_in_host ? in_memory_device_bytes(m, micro_batch) : 0;
+  const uint64_t arena = device_in_host ? in_memory_device_bytes(m, micro_batch, elem_bytes) : 0;
   return kProcessBaseline + 16 * params + arena;
 }
 
@@ -196,7 +199,8 @@ namespace {
 // against it, and in memory the same budget is checked here, before anything is allocated.
 void check_in_memory_host_budget(const Config& cfg, bool device_in_host) {
   const uint64_t budget = cfg.offload.host_memory;
-  const uint64_t need = in_memory_host_bytes(cfg.model, cfg.schedule.micro_batch, device_in_host);
+  const uint64_t need =
+      in_memory_host_bytes(cfg.model, cfg.schedule.micro_batch, device_in_host, device_tensor_bytes(cfg.runtime));
   if (budget == 0 || need <= budget) return;
   const uint64_t state = 16 * make_gpt_layout(cfg.model).total;
   throw Error(str(
@@ -217,6 +221,11 @@ std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backe
     check_in_memory_host_budget(cfg, backend.device_is_host_memory());
     return std::make_unique<InMemoryEngine>(cfg, backend);
   }
+  if (backend.storage_type() != ElemType::kF32)
+    throw Error(str("runtime.device_tensors: ", elem_type_name(backend.storage_type()),
+                    " trains in memory only so far: the offloading executor moves fp32 tensors "
+                    "(this run offloads: offload.ssd_paths, offload.activations or a device budget "
+                    "below what in-memory training needs; docs/precision.md)"));
   PlanRequest req = plan_request(cfg);
   req.embed_rows_first = backend.kind() != BackendKind::kCpu;
   req.device_in_host = backend.device_is_host_memory();

@@ -128,8 +128,8 @@ class OffloadTrainer::Impl {
   void update(Iter& it, const PlanOp& op);
   void first_rows(Iter& it);
   static void rows_complement(const Iter& it, size_t begin, size_t end, std::vector<std::pair<size_t, size_t>>& out);
-  LayerTensors layer_view(float* slot, int l) { return layer_tensors(layout_, l, slot - layout_.groups[1 + l].offset); }
-  GlobalTensors globals(float* embed, float* fin) { return global_tensors(layout_, embed, fin); }
+  LayerTensors layer_view(float* slot, int l) { return layer_group_tensors(layout_, l, slot, 4); }
+  GlobalTensors globals(float* embed, float* fin) { return global_tensors(layout_, embed, fin, 4); }
 
   // ---- scheduler.cc ----
   void prepare_runs();

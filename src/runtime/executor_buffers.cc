@@ -39,6 +39,7 @@ std::string extent_name(const PlanBuffer& b) {
 }  // namespace
 
 void OffloadTrainer::Impl::check_plan() {
+  FY_CHECK(be_.storage_type() == ElemType::kF32, "the offloading executor moves fp32 device tensors only");
   if (plan_.forward_only) throw Error("OffloadTrainer needs a training plan; it derives the forward-only one itself");
   if (be_.matmul_precision() == MatmulPrecision::kFp16) {
     // The overflow check needs every gradient before any update: only exact plans have it.

@@ -56,7 +56,7 @@ void OffloadTrainer::Impl::run_op(Iter& it, const PlanOp& op) {
     case OpKind::kEmbedBackward:
       return model_.embed_backward(globals(embed_g_, final_g_), at(op.use(Role::kResidual)));
     case OpKind::kGradSumSq:
-      it.sum_sq[op.group] = group_sum_squares(at(op.use(Role::kSource)), op.params);
+      it.sum_sq[op.group] = group_sum_squares(at(op.use(Role::kSource)), ElemType::kF32, op.params);
       return;
     case OpKind::kGradNorm: {
       // Group order 0..L+1, each group's own sum sequential: the reduction StepRunner uses.

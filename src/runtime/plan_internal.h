@@ -13,6 +13,7 @@
 namespace fuyou::plan_detail {
 
 struct Sizes {
+  // Plans are for fp32 device tensors (the executor refuses others: executor_buffers.cc).
   uint64_t weights = 0;     // one layer's parameters (fp32, padded group)
   uint64_t ckpt = 0;        // one block input (N x C)
   uint64_t acts = 0;        // one layer's full saved activations
@@ -31,8 +32,8 @@ inline Sizes compute_sizes(const ModelConfig& m, int B) {
   s.final = 4 * layout.groups.back().numel;
   s.ckpt = 4 * N * C;
   // The model's own allocation lists and FLOP count, per family (src/model/gpt.cc).
-  s.acts = layer_activation_bytes(m, B);
-  s.workspace = model_workspace_bytes(m, B);
+  s.acts = layer_activation_bytes(m, B, 4);
+  s.workspace = model_workspace_bytes(m, B, 4);
   s.layer_flops = layer_forward_flops_per_token(m) * N;
   s.head_flops = 2.0 * C * V * N;
   return s;

@@ -4,12 +4,23 @@
 #include "fuyou/error.h"
 #include "fuyou/optim.h"
 #include "fuyou/train.h"
+#include "kernels/common/element_math.h"
 
 namespace fuyou {
 
-double group_sum_squares(const float* g, size_t n) {
+double group_sum_squares(const void* g, ElemType type, size_t n) {
   double s = 0;
-  for (size_t i = 0; i < n; ++i) s += static_cast<double>(g[i]) * g[i];
+  if (type == ElemType::kF32) {
+    const float* f = static_cast<const float*>(g);
+    for (size_t i = 0; i < n; ++i) s += static_cast<double>(f[i]) * f[i];
+    return s;
+  }
+  FY_CHECK(type == ElemType::kBF16, "group_sum_squares: ", elem_type_name(type), " gradients");
+  const uint16_t* h = static_cast<const uint16_t*>(g);
+  for (size_t i = 0; i < n; ++i) {
+    const double x = math::bf16_to_float(h[i]);
+    s += x * x;
+  }
   return s;
 }
 
@@ -80,9 +91,11 @@ StepRunner::StepRunner(const Config& cfg, Backend& backend)
       opt_(optimizer_groups(model_.layout()),
            std::vector<StateTier>(model_.layout().groups.size(), StateTier::kHost), nullptr,
            optimizer_options(cfg.optimizer)) {
+  store_ = be_.storage_type();
   size_t n = model_.layout().total;
   master_.assign(n, 0.0f);
-  grad_.assign(n, 0.0f);
+  grad_.assign(n * elem_type_size(store_), 0);
+  if (store_ == ElemType::kBF16) lowp_.assign(n, 0);
   inputs_.resize(model_.tokens_per_batch());
   targets_.resize(model_.tokens_per_batch());
   if (be_.matmul_precision() == MatmulPrecision::kFp16) {
@@ -101,7 +114,14 @@ void StepRunner::set_params(const float* host_params) {
   if (host_params != master_.data()) std::copy(host_params, host_params + master_.size(), master_.begin());
   const ParamLayout& layout = model_.layout();
   for (size_t g = 0; g < layout.groups.size(); ++g) opt_.init_group(static_cast<int>(g), master_.data() + layout.groups[g].offset);
-  be_.copy_to_device(model_.params(), master_.data(), master_.size() * sizeof(float));
+  if (store_ == ElemType::kBF16) round_to_bf16(lowp_.data(), master_.data(), lowp_.size());
+  upload_params(0, master_.size());
+}
+
+void StepRunner::upload_params(size_t begin, size_t n) {
+  char* dst = static_cast<char*>(model_.params()) + begin * elem_type_size(store_);
+  if (store_ == ElemType::kF32) return be_.copy_to_device(dst, master_.data() + begin, 4 * n);
+  be_.copy_to_device(dst, lowp_.data() + begin, 2 * n);
 }
 
 void StepRunner::read_state(int group, StateKind kind, const StateSink& sink) { opt_.read_state(group, kind, sink); }
@@ -112,7 +132,8 @@ void StepRunner::write_state(int group, StateKind kind, const StateSource& sourc
   float* master = master_.data() + g.offset;
   source(0, master, g.numel);
   opt_.write_state(group, kind, [&](size_t begin, float* data, size_t n) { std::copy(master + begin, master + begin + n, data); });
-  be_.copy_to_device(model_.params() + g.offset, master, 4 * g.numel);
+  if (store_ == ElemType::kBF16) round_to_bf16(lowp_.data() + g.offset, master, g.numel);
+  upload_params(g.offset, g.numel);
 }
 
 OptimizerCounters StepRunner::counters() const {
@@ -160,13 +181,14 @@ StepResult StepRunner::step(int64_t step_index,
     model_.backward(scale);
   }
   r.loss = static_cast<float>(mean_over_counted(means, counts));
-  be_.copy_to_host(grad_.data(), model_.grads(), grad_.size() * sizeof(float));
+  be_.copy_to_host(grad_.data(), model_.grads(), grad_.size());
 
   // Per parameter group in order, each group summed sequentially in double: the same
   // reduction the offloading scheduler performs, so both clip identically. Padding between
   // tensors holds zero gradient.
   double sq = 0;
-  for (const ParamGroup& g : model_.layout().groups) sq += group_sum_squares(grad_.data() + g.offset, g.numel);
+  const size_t es = elem_type_size(store_);
+  for (const ParamGroup& g : model_.layout().groups) sq += group_sum_squares(grad_.data() + es * g.offset, store_, g.numel);
   const StepDecision d = decide_step(sq, r.loss_scale, cfg_.optimizer.grad_clip, scaler_.get());
   r.grad_norm = d.grad_norm;
   r.lr = learning_rate(cfg_.optimizer, cfg_.schedule, step_index);
@@ -176,21 +198,26 @@ StepResult StepRunner::step(int64_t step_index,
     return r;
   }
   ++t_;
-  // Every group's update; the new master weights come back into master_ (fp32 "low
-  // precision" output) and go to the device.
+  // Every group's update; the new working weights come back into master_ (fp32 tensors) or
+  // lowp_ (bf16, rounded in the update's pass) and go to the device.
   const ParamLayout& layout = model_.layout();
   for (size_t g = 0; g < layout.groups.size(); ++g) {
     OocAdamW::Update u;
     u.group = static_cast<int>(g);
-    u.grad = grad_.data() + layout.groups[g].offset;
-    u.lowp = master_.data() + layout.groups[g].offset;
-    u.lowp_type = ElemType::kF32;
+    u.grad = grad_.data() + es * layout.groups[g].offset;
+    u.grad_type = store_;
+    u.lowp = store_ == ElemType::kF32 ? static_cast<void*>(master_.data() + layout.groups[g].offset)
+                                      : lowp_.data() + layout.groups[g].offset;
+    u.lowp_type = store_;
     u.grad_scale = d.grad_scale;
     u.lr = static_cast<float>(r.lr);
     u.t = t_;
     opt_.wait(opt_.submit(u));
+    // master_ mirrors the optimizer's master (checkpoints and exports read it): with fp32
+    // tensors the update wrote it as its working weights, with bf16 it is copied here.
+    if (store_ != ElemType::kF32) opt_.read_master(u.group, master_.data() + layout.groups[g].offset);
   }
-  be_.copy_to_device(model_.params(), master_.data(), master_.size() * sizeof(float));
+  upload_params(0, master_.size());
   return r;
 }
 

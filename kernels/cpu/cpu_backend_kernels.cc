@@ -1,0 +1,222 @@
+// The CPU backend's kernels on its stored tensors: CpuKernels' fp32 code through fp32 views
+// (Stage), so that with bf16 storage every kernel reads bf16, computes in fp32 and rounds its
+// results once. The embedding's are typed instead: their tables are (V, C) with V not among
+// the arguments, and a view of the whole table would move it twice per call for B*T rows.
+#include <omp.h>
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "kernels/common/element_math.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/stage.h"
+
+namespace fuyou::cpu {
+namespace {
+
+// out row n = wte row tokens[n] (+ wpe row n % T), summed in fp32 and rounded once.
+void embed_rows(uint16_t* out, const int32_t* tokens, const uint16_t* wte, const uint16_t* wpe,
+                int B, int T, int C) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < B * T; ++n) {
+    const uint16_t* te = wte + static_cast<size_t>(tokens[n]) * C;
+    const uint16_t* pe = wpe ? wpe + static_cast<size_t>(n % T) * C : nullptr;
+    uint16_t* o = out + static_cast<size_t>(n) * C;
+    for (int c = 0; c < C; ++c)
+      o[c] = math::float_to_bf16(math::bf16_to_float(te[c]) + (pe ? math::bf16_to_float(pe[c]) : 0.0f));
+  }
+}
+
+// bf16 gradient tables: each row's gradient summed in fp32 over every position that adds to
+// it (rows of one token, rows of one position), then added to the stored row with one
+// rounding, as the GPU's bf16 embedding backward does. Threads own column ranges.
+void embed_rows_backward(uint16_t* dwte, uint16_t* dwpe, const uint16_t* dout,
+                         const int32_t* tokens, int B, int T, int C) {
+  const int N = B * T;
+  std::vector<int> order(N);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return tokens[a] < tokens[b]; });
+#pragma omp parallel
+  {
+    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    const int c0 = static_cast<int>(static_cast<int64_t>(C) * id / nt);
+    const int c1 = static_cast<int>(static_cast<int64_t>(C) * (id + 1) / nt);
+    std::vector<float> acc(c1 - c0);
+    auto flush = [&](uint16_t* row) {
+      for (int c = c0; c < c1; ++c) row[c] = math::float_to_bf16(math::bf16_to_float(row[c]) + acc[c - c0]);
+      std::fill(acc.begin(), acc.end(), 0.0f);
+    };
+    for (int i = 0; i < N; ++i) {
+      const uint16_t* d = dout + static_cast<size_t>(order[i]) * C;
+      for (int c = c0; c < c1; ++c) acc[c - c0] += math::bf16_to_float(d[c]);
+      if (i + 1 == N || tokens[order[i + 1]] != tokens[order[i]])
+        flush(dwte + static_cast<size_t>(tokens[order[i]]) * C);
+    }
+    for (int t = 0; dwpe && t < T; ++t) {
+      for (int b = 0; b < B; ++b) {
+        const uint16_t* d = dout + (static_cast<size_t>(b) * T + t) * C;
+        for (int c = c0; c < c1; ++c) acc[c - c0] += math::bf16_to_float(d[c]);
+      }
+      flush(dwpe + static_cast<size_t>(t) * C);
+    }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::embedding_forward(void* out, const int32_t* tokens, const void* wte,
+                                   const void* wpe, int B, int T, int C) {
+  if (storage_ == ElemType::kF32)
+    return k_.embedding_forward(static_cast<float*>(out), tokens, static_cast<const float*>(wte),
+                                static_cast<const float*>(wpe), B, T, C);
+  embed_rows(static_cast<uint16_t*>(out), tokens, static_cast<const uint16_t*>(wte),
+             static_cast<const uint16_t*>(wpe), B, T, C);
+}
+
+void CpuBackend::embedding_backward(void* dwte, void* dwpe, const void* dout,
+                                    const int32_t* tokens, int B, int T, int C) {
+  if (storage_ == ElemType::kF32)
+    return k_.embedding_backward(static_cast<float*>(dwte), static_cast<float*>(dwpe),
+                                 static_cast<const float*>(dout), tokens, B, T, C);
+  embed_rows_backward(static_cast<uint16_t*>(dwte), static_cast<uint16_t*>(dwpe),
+                      static_cast<const uint16_t*>(dout), tokens, B, T, C);
+}
+
+void CpuBackend::layernorm_forward(void* out, float* mean, float* rstd, const void* in,
+                                   const void* w, const void* b, int N, int C) {
+  const size_t NC = static_cast<size_t>(N) * C;
+  Stage s(storage_);
+  k_.layernorm_forward(s.out(out, NC), mean, rstd, s.in(in, NC), s.in(w, C), s.in(b, C), N, C);
+}
+
+void CpuBackend::layernorm_backward(void* din, void* dw, void* db, const void* dout,
+                                    const void* in, const void* w, const float* mean,
+                                    const float* rstd, int N, int C) {
+  const size_t NC = static_cast<size_t>(N) * C;
+  Stage s(storage_);
+  k_.layernorm_backward(s.acc(din, NC), s.acc(dw, C), s.acc(db, C), s.in(dout, NC), s.in(in, NC),
+                        s.in(w, C), mean, rstd, N, C);
+}
+
+void CpuBackend::matmul_forward(void* out, const void* in, const void* w, const void* bias,
+                                int N, int IC, int OC) {
+  Stage s(storage_);
+  k_.matmul_forward(s.out(out, static_cast<size_t>(N) * OC), s.in(in, static_cast<size_t>(N) * IC),
+                    s.in(w, static_cast<size_t>(OC) * IC), s.in(bias, OC), N, IC, OC);
+}
+
+void CpuBackend::matmul_backward(void* din, void* dw, void* dbias, const void* dout,
+                                 const void* in, const void* w, int N, int IC, int OC) {
+  const size_t NI = static_cast<size_t>(N) * IC, NO = static_cast<size_t>(N) * OC;
+  const size_t W = static_cast<size_t>(OC) * IC;
+  Stage s(storage_);
+  k_.matmul_backward(s.out(din, NI), s.acc(dw, W), s.acc(dbias, OC), s.in(dout, NO), s.in(in, NI),
+                     s.in(w, W), N, IC, OC);
+}
+
+void CpuBackend::attention_forward(void* out, void* att, const void* qkv, int B, int T, int C,
+                                   int H) {
+  const size_t BT = static_cast<size_t>(B) * T, A = static_cast<size_t>(B) * H * T * T;
+  Stage s(storage_);
+  k_.attention_forward(s.out(out, BT * C), s.out(att, A), s.in(qkv, BT * 3 * C), B, T, C, H);
+}
+
+void CpuBackend::attention_backward(void* dqkv, void* datt, const void* dout, const void* qkv,
+                                    const void* att, int B, int T, int C, int H) {
+  const size_t BT = static_cast<size_t>(B) * T, A = static_cast<size_t>(B) * H * T * T;
+  Stage s(storage_);
+  k_.attention_backward(s.out(dqkv, BT * 3 * C), s.out(datt, A), s.in(dout, BT * C),
+                        s.in(qkv, BT * 3 * C), s.in(att, A), B, T, C, H);
+}
+
+void CpuBackend::gelu_forward(void* out, const void* in, size_t n) {
+  Stage s(storage_);
+  k_.gelu_forward(s.out(out, n), s.in(in, n), n);
+}
+
+void CpuBackend::gelu_backward(void* din, const void* in, const void* dout, size_t n) {
+  Stage s(storage_);
+  k_.gelu_backward(s.out(din, n), s.in(in, n), s.in(dout, n), n);
+}
+
+void CpuBackend::add(void* out, const void* a, const void* b, size_t n) {
+  Stage s(storage_);
+  k_.add(s.out(out, n), s.in(a, n), s.in(b, n), n);
+}
+
+void CpuBackend::crossentropy_forward(float* losses, float* lse, const void* logits,
+                                      const int32_t* targets, int N, int V) {
+  Stage s(storage_);
+  k_.crossentropy_forward(losses, lse, s.in(logits, static_cast<size_t>(N) * V), targets, N, V);
+}
+
+void CpuBackend::crossentropy_backward(void* logits_to_dlogits, const float* lse,
+                                       const int32_t* targets, float scale, int N, int V) {
+  Stage s(storage_);
+  k_.crossentropy_backward(s.acc(logits_to_dlogits, static_cast<size_t>(N) * V), lse, targets,
+                           scale, N, V);
+}
+
+void CpuBackend::rmsnorm_forward(void* out, float* rstd, const void* in, const void* w,
+                                 float eps, int N, int C) {
+  const size_t NC = static_cast<size_t>(N) * C;
+  Stage s(storage_);
+  k_.rmsnorm_forward(s.out(out, NC), rstd, s.in(in, NC), s.in(w, C), eps, N, C);
+}
+
+void CpuBackend::rmsnorm_backward(void* din, void* dw, const void* dout, const void* in,
+                                  const void* w, const float* rstd, int N, int C) {
+  const size_t NC = static_cast<size_t>(N) * C;
+  Stage s(storage_);
+  k_.rmsnorm_backward(s.acc(din, NC), s.acc(dw, C), s.in(dout, NC), s.in(in, NC), s.in(w, C),
+                      rstd, N, C);
+}
+
+void CpuBackend::rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int D, float theta) {
+  Stage s(storage_);
+  k_.rope_forward(s.acc(qkvc, static_cast<size_t>(B) * T * (Hq + 2 * Hkv) * D), B, T, Hq, Hkv,
+                  D, theta);
+}
+
+void CpuBackend::rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta) {
+  Stage s(storage_);
+  k_.rope_backward(s.acc(dqkvc, static_cast<size_t>(B) * T * (Hq + 2 * Hkv) * D), B, T, Hq, Hkv,
+                   D, theta);
+}
+
+void CpuBackend::repeat_kv_forward(void* qkv, const void* qkvc, int N, int Hq, int Hkv, int D) {
+  Stage s(storage_);
+  k_.repeat_kv_forward(s.out(qkv, static_cast<size_t>(N) * 3 * Hq * D),
+                       s.in(qkvc, static_cast<size_t>(N) * (Hq + 2 * Hkv) * D), N, Hq, Hkv, D);
+}
+
+void CpuBackend::repeat_kv_backward(void* dqkvc, const void* dqkv, int N, int Hq, int Hkv, int D) {
+  Stage s(storage_);
+  k_.repeat_kv_backward(s.out(dqkvc, static_cast<size_t>(N) * (Hq + 2 * Hkv) * D),
+                        s.in(dqkv, static_cast<size_t>(N) * 3 * Hq * D), N, Hq, Hkv, D);
+}
+
+void CpuBackend::swiglu_forward(void* out, const void* gu, int N, int F) {
+  const size_t NF = static_cast<size_t>(N) * F;
+  Stage s(storage_);
+  k_.swiglu_forward(s.out(out, NF), s.in(gu, 2 * NF), N, F);
+}
+
+void CpuBackend::swiglu_backward(void* dgu, const void* gu, const void* dout, int N, int F) {
+  const size_t NF = static_cast<size_t>(N) * F;
+  Stage s(storage_);
+  k_.swiglu_backward(s.out(dgu, 2 * NF), s.in(gu, 2 * NF), s.in(dout, NF), N, F);
+}
+
+void CpuBackend::relu_forward(void* out, const void* in, size_t n) {
+  Stage s(storage_);
+  k_.relu_forward(s.out(out, n), s.in(in, n), n);
+}
+
+void CpuBackend::relu_backward(void* din, const void* in, const void* dout, size_t n) {
+  Stage s(storage_);
+  k_.relu_backward(s.out(din, n), s.in(in, n), s.in(dout, n), n);
+}
+
+}  // namespace fuyou::cpu

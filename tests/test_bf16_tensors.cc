@@ -1,0 +1,334 @@
+// bf16 device tensors on the CPU backend (runtime.device_tensors: bf16): every kernel reads
+// bf16, computes as the fp32 kernel does and rounds each stored result once; a model with
+// bf16 tensors stays within bf16 rounding of the fp32 model; training keeps fp32 master
+// weights and writes the device's bf16 weights in the update's own pass.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "fuyou/config.h"
+#include "fuyou/engine.h"
+#include "fuyou/error.h"
+#include "fuyou/model.h"
+#include "fuyou/rng.h"
+#include "fuyou/train.h"
+#include "kernels/common/element_math.h"
+#include "test_support.h"
+
+using namespace fuyou;
+
+namespace {
+
+// bf16's unit roundoff: 8 significant bits (7 stored), so one rounding errs by at most 2^-8
+// relative (2^-9 for round-to-nearest; 2^-8 keeps one bit of margin for the fp32 work around it).
+const double kBf16U = std::ldexp(1.0, -8);
+
+// One tensor in both storage types: bf16 values (random, or given) and the same values in fp32.
+struct Pair {
+  std::vector<uint16_t> h;
+  std::vector<float> f;
+  Pair(size_t n, Rng& rng, float scale = 1.0f) : h(n), f(n) {
+    for (size_t i = 0; i < n; ++i) {
+      h[i] = math::float_to_bf16(scale * rng.normal());
+      f[i] = math::bf16_to_float(h[i]);
+    }
+  }
+};
+
+// Runs `call` on an fp32 backend with the fp32 tensors and on a bf16 backend with the bf16
+// ones (the same values), then checks that every bf16 tensor equals its fp32 result rounded
+// once, bit for bit: a kernel that read an input as the wrong type, sized a view short, or
+// treated an accumulator as an output (or the reverse) fails here.
+void check_kernel(const char* what, std::vector<Pair*> tensors,
+                  const std::function<void(Backend&, std::vector<void*>&)>& call) {
+  INFO("kernel " << what);
+  auto b32 = make_cpu_backend(2, 0);
+  auto b16 = make_cpu_backend(2, 0);
+  b16->set_storage_type(ElemType::kBF16);
+  std::vector<void*> p32, p16;
+  for (Pair* t : tensors) {
+    p32.push_back(t->f.data());
+    p16.push_back(t->h.data());
+  }
+  call(*b32, p32);
+  call(*b16, p16);
+  size_t mismatches = 0;
+  for (size_t k = 0; k < tensors.size(); ++k)
+    for (size_t i = 0; i < tensors[k]->f.size(); ++i)
+      mismatches += math::float_to_bf16(tensors[k]->f[i]) != tensors[k]->h[i];
+  CHECK(mismatches == 0);
+  // The next kernel starts from the stored values on both sides.
+  for (Pair* t : tensors)
+    for (size_t i = 0; i < t->f.size(); ++i) t->f[i] = math::bf16_to_float(t->h[i]);
+}
+
+}  // namespace
+
+TEST_CASE("every CPU kernel on bf16 tensors is the fp32 kernel rounded once", "[bf16]") {
+  Rng rng(41);
+  const int B = 2, T = 24, C = 32, H = 4, F = 64, V = 40, N = B * T;
+  const size_t NC = static_cast<size_t>(N) * C;
+  std::vector<float> mean(N), rstd(N), mean2(N), rstd2(N), losses(N), lse(N);
+  std::vector<int32_t> targets(N);
+  for (int n = 0; n < N; ++n) targets[n] = n % 7 == 3 ? kIgnoreTarget : static_cast<int32_t>(rng.below(V));
+  {
+    Pair out(NC, rng), in(NC, rng), w(C, rng), b(C, rng);
+    check_kernel("layernorm_forward", {&out, &in, &w, &b}, [&](Backend& be, std::vector<void*>& p) {
+      be.layernorm_forward(p[0], mean.data(), rstd.data(), p[1], p[2], p[3], N, C);
+    });
+    Pair din(NC, rng), dw(C, rng), db(C, rng), dout(NC, rng);
+    check_kernel("layernorm_backward", {&din, &dw, &db, &dout, &in, &w}, [&](Backend& be, std::vector<void*>& p) {
+      be.layernorm_backward(p[0], p[1], p[2], p[3], p[4], p[5], mean.data(), rstd.data(), N, C);
+    });
+    check_kernel("rmsnorm_forward", {&out, &in, &w}, [&](Backend& be, std::vector<void*>& p) {
+      be.rmsnorm_forward(p[0], rstd2.data(), p[1], p[2], 1e-5f, N, C);
+    });
+    check_kernel("rmsnorm_backward", {&din, &dw, &dout, &in, &w}, [&](Backend& be, std::vector<void*>& p) {
+      be.rmsnorm_backward(p[0], p[1], p[2], p[3], p[4], rstd2.data(), N, C);
+    });
+  }
+  {
+    Pair out(static_cast<size_t>(N) * F, rng), in(NC, rng), w(static_cast<size_t>(F) * C, rng, 0.2f), bias(F, rng);
+    check_kernel("matmul_forward", {&out, &in, &w, &bias}, [&](Backend& be, std::vector<void*>& p) {
+      be.matmul_forward(p[0], p[1], p[2], p[3], N, C, F);
+    });
+    Pair din(NC, rng), dw(static_cast<size_t>(F) * C, rng), dbias(F, rng);
+    check_kernel("matmul_backward", {&din, &dw, &dbias, &out, &in, &w}, [&](Backend& be, std::vector<void*>& p) {
+      be.matmul_backward(p[0], p[1], p[2], p[3], p[4], p[5], N, C, F);
+    });
+    Pair o2(static_cast<size_t>(N) * F, rng), o3(static_cast<size_t>(N) * F, rng);
+    const size_t NF = static_cast<size_t>(N) * F;
+    check_kernel("gelu_forward", {&o2, &out}, [&](Backend& be, std::vector<void*>& p) { be.gelu_forward(p[0], p[1], NF); });
+    check_kernel("gelu_backward", {&o3, &out, &o2}, [&](Backend& be, std::vector<void*>& p) {
+      be.gelu_backward(p[0], p[1], p[2], NF);
+    });
+    check_kernel("gelu_backward (aliased)", {&o3, &out}, [&](Backend& be, std::vector<void*>& p) {
+      be.gelu_backward(p[0], p[1], p[0], NF);
+    });
+    check_kernel("relu_forward", {&o2, &out}, [&](Backend& be, std::vector<void*>& p) { be.relu_forward(p[0], p[1], NF); });
+    check_kernel("relu_backward", {&o3, &out, &o2}, [&](Backend& be, std::vector<void*>& p) {
+      be.relu_backward(p[0], p[1], p[2], NF);
+    });
+    check_kernel("add (aliased)", {&o2, &o3}, [&](Backend& be, std::vector<void*>& p) {
+      be.add(p[0], p[0], p[1], static_cast<size_t>(N) * F);
+    });
+  }
+  {
+    Pair qkv(NC * 3, rng), out(NC, rng), att(static_cast<size_t>(B) * H * T * T, rng);
+    check_kernel("attention_forward", {&out, &att, &qkv}, [&](Backend& be, std::vector<void*>& p) {
+      be.attention_forward(p[0], p[1], p[2], B, T, C, H);
+    });
+    Pair dqkv(NC * 3, rng), datt(static_cast<size_t>(B) * H * T * T, rng), dout(NC, rng);
+    check_kernel("attention_backward", {&dqkv, &datt, &dout, &qkv, &att}, [&](Backend& be, std::vector<void*>& p) {
+      be.attention_backward(p[0], p[1], p[2], p[3], p[4], B, T, C, H);
+    });
+  }
+  {
+    Pair logits(static_cast<size_t>(N) * V, rng, 3.0f);
+    check_kernel("crossentropy", {&logits}, [&](Backend& be, std::vector<void*>& p) {
+      be.crossentropy_forward(losses.data(), lse.data(), p[0], targets.data(), N, V);
+      be.crossentropy_backward(p[0], lse.data(), targets.data(), 1.0f / N, N, V);
+    });
+  }
+  {
+    // Grouped-query attention pieces and SwiGLU (llama): Hq = 4, Hkv = 2, D = 8.
+    const int Hq = 4, Hkv = 2, D = 8;
+    const size_t cw = static_cast<size_t>(Hq + 2 * Hkv) * D;
+    Pair qkvc(N * cw, rng), qkv(static_cast<size_t>(N) * 3 * Hq * D, rng), dqkvc(N * cw, rng);
+    check_kernel("rope_forward", {&qkvc}, [&](Backend& be, std::vector<void*>& p) {
+      be.rope_forward(p[0], B, T, Hq, Hkv, D, 10000.0f);
+    });
+    check_kernel("repeat_kv_forward", {&qkv, &qkvc}, [&](Backend& be, std::vector<void*>& p) {
+      be.repeat_kv_forward(p[0], p[1], N, Hq, Hkv, D);
+    });
+    check_kernel("repeat_kv_backward", {&dqkvc, &qkv}, [&](Backend& be, std::vector<void*>& p) {
+      be.repeat_kv_backward(p[0], p[1], N, Hq, Hkv, D);
+    });
+    check_kernel("rope_backward", {&dqkvc}, [&](Backend& be, std::vector<void*>& p) {
+      be.rope_backward(p[0], B, T, Hq, Hkv, D, 10000.0f);
+    });
+    Pair gu(static_cast<size_t>(N) * 2 * F, rng), out(static_cast<size_t>(N) * F, rng), dgu(static_cast<size_t>(N) * 2 * F, rng);
+    check_kernel("swiglu_forward", {&out, &gu}, [&](Backend& be, std::vector<void*>& p) { be.swiglu_forward(p[0], p[1], N, F); });
+    check_kernel("swiglu_backward", {&dgu, &gu, &out}, [&](Backend& be, std::vector<void*>& p) {
+      be.swiglu_backward(p[0], p[1], p[2], N, F);
+    });
+  }
+  {
+    // The embedding: the forward is one fp32 sum rounded once; the backward sums each row's
+    // contributions in fp32 and rounds once, so it is within one rounding of the exact sum
+    // (the fp32 kernel adds row by row, a different order: no bitwise comparison).
+    Pair wte(static_cast<size_t>(V) * C, rng), wpe(static_cast<size_t>(T) * C, rng), out(NC, rng);
+    std::vector<int32_t> tokens(N);
+    for (auto& t : tokens) t = static_cast<int32_t>(rng.below(5));  // many repeats
+    check_kernel("embedding_forward", {&out, &wte, &wpe}, [&](Backend& be, std::vector<void*>& p) {
+      be.embedding_forward(p[0], tokens.data(), p[1], p[2], B, T, C);
+    });
+    Pair dwte(static_cast<size_t>(V) * C, rng), dwpe(static_cast<size_t>(T) * C, rng), dout(NC, rng);
+    std::vector<double> ref_te(dwte.f.begin(), dwte.f.end()), ref_pe(dwpe.f.begin(), dwpe.f.end());
+    for (int n = 0; n < N; ++n)
+      for (int c = 0; c < C; ++c) {
+        ref_te[static_cast<size_t>(tokens[n]) * C + c] += dout.f[static_cast<size_t>(n) * C + c];
+        ref_pe[static_cast<size_t>(n % T) * C + c] += dout.f[static_cast<size_t>(n) * C + c];
+      }
+    auto be = make_cpu_backend(2, 0);
+    be->set_storage_type(ElemType::kBF16);
+    be->embedding_backward(dwte.h.data(), dwpe.h.data(), dout.h.data(), tokens.data(), B, T, C);
+    // Bound per element: one bf16 rounding of the result, plus fp32 summation of up to N
+    // terms (N 2^-24 of their magnitude, far below it here).
+    auto within = [&](const std::vector<uint16_t>& got, const std::vector<double>& ref) {
+      size_t bad = 0;
+      for (size_t i = 0; i < ref.size(); ++i)
+        bad += std::fabs(math::bf16_to_float(got[i]) - ref[i]) > kBf16U * std::fabs(ref[i]) + 1e-6;
+      return bad;
+    };
+    CHECK(within(dwte.h, ref_te) == 0);
+    CHECK(within(dwpe.h, ref_pe) == 0);
+  }
+}
+
+TEST_CASE("a model with bf16 device tensors stays within bf16 rounding of the fp32 model", "[bf16]") {
+  for (const char* family : {"gpt2", "llama"}) {
+    INFO("family " << family);
+    ModelConfig mc;
+    mc.family = family;
+    mc.n_layer = 2;
+    mc.n_head = 4;
+    mc.d_model = 64;
+    mc.d_ff = 128;
+    mc.vocab_size = 96;
+    mc.seq_len = 32;
+    if (mc.family == "llama") mc.n_kv_head = 2;
+    const int B = 2;
+    std::vector<int32_t> tokens(B * mc.seq_len), targets(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = static_cast<int32_t>((i * 37 + 11) % mc.vocab_size);
+      targets[i] = static_cast<int32_t>((i * 53 + 5) % mc.vocab_size);
+    }
+    std::vector<float> logits[2], grads[2];
+    float loss[2];
+    for (int mode = 0; mode < 2; ++mode) {
+      auto be = make_cpu_backend(2, 0);
+      const ElemType t = mode ? ElemType::kBF16 : ElemType::kF32;
+      be->set_storage_type(t);
+      GptModel m(mc, *be, B);
+      CHECK(m.elem_bytes() == elem_type_size(t));
+      const size_t P = m.layout().total, nl = static_cast<size_t>(m.tokens_per_batch()) * mc.vocab_size;
+      std::vector<float> host(P);
+      init_gpt_params(mc, m.layout(), host.data());
+      if (mode) {  // both models compute from the same (bf16-representable) weights
+        std::vector<uint16_t> h(P);
+        round_to_bf16(h.data(), host.data(), P);
+        widen_from_bf16(host.data(), h.data(), P);
+      }
+      logits[mode].resize(nl);
+      grads[mode].resize(P);
+      if (mode) {
+        std::vector<uint16_t> h(P), out(std::max(nl, P));
+        round_to_bf16(h.data(), host.data(), P);
+        be->copy_to_device(m.params(), h.data(), 2 * P);
+        loss[mode] = m.forward(tokens.data(), targets.data());
+        be->copy_to_host(out.data(), m.logits(), 2 * nl);
+        widen_from_bf16(logits[mode].data(), out.data(), nl);
+        m.zero_grads();
+        m.backward(1.0f / m.tokens_per_batch());
+        be->copy_to_host(out.data(), m.grads(), 2 * P);
+        widen_from_bf16(grads[mode].data(), out.data(), P);
+      } else {
+        be->copy_to_device(m.params(), host.data(), 4 * P);
+        loss[mode] = m.forward(tokens.data(), targets.data());
+        be->copy_to_host(logits[mode].data(), m.logits(), 4 * nl);
+        m.zero_grads();
+        m.backward(1.0f / m.tokens_per_batch());
+        be->copy_to_host(grads[mode].data(), m.grads(), 4 * P);
+      }
+    }
+    // Every stored intermediate is rounded once (relative error u); a path through this
+    // 2-layer model stores about 12 of them forward and as many backward, and the errors
+    // add: 24u bounds the relative error of logits and gradients, with margin.
+    const double e_logits = test::rel_error(logits[1].data(), logits[0].data(), logits[0].size());
+    const double e_grads = test::rel_error(grads[1].data(), grads[0].data(), grads[0].size());
+    INFO("logits rel error " << e_logits << ", grads rel error " << e_grads << ", u " << kBf16U);
+    CHECK(e_logits <= 24 * kBf16U);
+    CHECK(e_grads <= 24 * kBf16U);
+    // The loss is fp32 over bf16 logits: within the logits' error.
+    CHECK(std::fabs(loss[1] - loss[0]) <= 24 * kBf16U * std::fabs(loss[0]));
+    CHECK(e_logits > 0);  // the bf16 path ran
+  }
+}
+
+TEST_CASE("training with bf16 device tensors: fp32 master, bf16 weights written by the update", "[bf16]") {
+  auto config = [](const char* tensors) {
+    return parse_config(str("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
+                            "optimizer: {lr: 1.0e-2, min_lr: 1.0e-3, grad_clip: 1.0}\n"
+                            "schedule: {steps: 20, warmup_steps: 2, micro_batch: 4, grad_accum: 2}\n"
+                            "runtime: {backend: cpu, threads: 2, seed: 5, device_tensors: ", tensors, "}\n"),
+                        "<test>");
+  };
+  const int kSteps = 20;
+  std::vector<std::vector<int32_t>> data(2 * kSteps);
+  for (size_t s = 0; s < data.size(); ++s) {
+    Rng rng(17, s);
+    data[s].resize(4 * 17);
+    int32_t t = static_cast<int32_t>(rng.below(64));
+    for (auto& x : data[s]) x = t = (t + 1) % 64;  // learnable: each token predicts the next
+  }
+  std::vector<float> losses[2];
+  for (int mode = 0; mode < 2; ++mode) {
+    Config cfg = config(mode ? "bf16" : "fp32");
+    auto be = make_cpu_backend(2, 0);
+    apply_precision(*be, cfg.runtime);
+    REQUIRE(be->storage_type() == (mode ? ElemType::kBF16 : ElemType::kF32));
+    StepRunner r(cfg, *be);
+    r.init_params();
+    for (int s = 0; s < kSteps; ++s) {
+      StepResult res = r.step(s, {data[2 * s].data(), data[2 * s + 1].data()});
+      REQUIRE(std::isfinite(res.loss));
+      losses[mode].push_back(res.loss);
+      if (!mode) continue;
+      // The device's weights are the fp32 master rounded to bf16, element for element.
+      const size_t P = r.master().size();
+      std::vector<uint16_t> dev(P), want(P);
+      be->copy_to_host(dev.data(), r.model().params(), 2 * P);
+      round_to_bf16(want.data(), r.master().data(), P);
+      size_t first = P;
+      for (size_t i = P; i-- > 0;)
+        if (dev[i] != want[i]) first = i;
+      INFO("step " << s << ": first differing element " << first << ": device " << (first < P ? dev[first] : 0)
+                   << ", rounded master " << (first < P ? want[first] : 0));
+      CHECK(first == P);
+    }
+  }
+  INFO("fp32 " << losses[0].front() << " -> " << losses[0].back() << ", bf16 " << losses[1].front() << " -> "
+               << losses[1].back());
+  CHECK(losses[1].back() < 0.5 * losses[1].front());  // it learns
+  // The first step's loss comes from the same weights rounded once: within bf16 rounding.
+  CHECK(std::fabs(losses[1][0] - losses[0][0]) <= 24 * kBf16U * losses[0][0]);
+  // Later steps drift apart as rounding compounds through the updates; both converge alike.
+  CHECK(std::fabs(losses[1].back() - losses[0].back()) <= 0.1 * losses[0].front());
+}
+
+TEST_CASE("runtime.device_tensors is validated; bf16 runs in memory, offloading refuses it", "[bf16]") {
+  using Catch::Matchers::Contains;
+  CHECK_THROWS_WITH(parse_config("runtime: {device_tensors: fp8}\n", "<t>"),
+                    Contains("device_tensors") && Contains("fp8"));
+  CHECK(parse_config("runtime: {device_tensors: bf16}\n", "<t>").runtime.device_tensors == "bf16");
+  auto be = make_cpu_backend(1, 0);
+  CHECK_THROWS_WITH(be->set_storage_type(ElemType::kF16), Contains("fp32 or bf16"));
+  void* p = be->alloc(64, "x");
+  CHECK_THROWS_WITH(be->set_storage_type(ElemType::kBF16), Contains("before anything is allocated"));
+  be->free(p);
+  // In memory, the device bytes halve with the tensors (statistics stay fp32).
+  ModelConfig mc;
+  const uint64_t f32 = in_memory_device_bytes(mc, 2, 4), bf16 = in_memory_device_bytes(mc, 2, 2);
+  CHECK(bf16 < f32);
+  CHECK(bf16 > f32 / 2);
+  Config cfg = parse_config("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
+                            "offload: {activations: swap}\n"
+                            "runtime: {backend: cpu, device_tensors: bf16}\n",
+                            "<t>");
+  auto b2 = make_cpu_backend(1, 0);
+  apply_precision(*b2, cfg.runtime);
+  CHECK_THROWS_WITH(make_train_engine(cfg, *b2), Contains("device_tensors") && Contains("in memory only"));
+}
