@@ -13,6 +13,8 @@
 #include "fuyou/error.h"
 #include "fuyou/model.h"
 #include "fuyou/rng.h"
+#include "fuyou/scheduler.h"
+#include "fuyou/simulator.h"
 #include "fuyou/train.h"
 #include "kernels/common/element_math.h"
 #include "test_support.h"
@@ -309,11 +311,10 @@ TEST_CASE("training with bf16 device tensors: fp32 master, bf16 weights written 
   CHECK(std::fabs(losses[1].back() - losses[0].back()) <= 0.1 * losses[0].front());
 }
 
-TEST_CASE("runtime.device_tensors is validated; bf16 runs in memory, offloading refuses it", "[bf16]") {
+TEST_CASE("runtime.device_tensors is validated, reaches the backend and the plan", "[bf16]") {
   using Catch::Matchers::Contains;
   CHECK_THROWS_WITH(parse_config("runtime: {device_tensors: fp8}\n", "<t>"),
                     Contains("device_tensors") && Contains("fp8"));
-  CHECK(parse_config("runtime: {device_tensors: bf16}\n", "<t>").runtime.device_tensors == "bf16");
   auto be = make_cpu_backend(1, 0);
   CHECK_THROWS_WITH(be->set_storage_type(ElemType::kF16), Contains("fp32 or bf16"));
   void* p = be->alloc(64, "x");
@@ -330,5 +331,24 @@ TEST_CASE("runtime.device_tensors is validated; bf16 runs in memory, offloading 
                             "<t>");
   auto b2 = make_cpu_backend(1, 0);
   apply_precision(*b2, cfg.runtime);
-  CHECK_THROWS_WITH(make_train_engine(cfg, *b2), Contains("device_tensors") && Contains("in memory only"));
+  CHECK(b2->storage_type() == ElemType::kBF16);
+  const PlanRequest req = plan_request(cfg);
+  CHECK(req.tensors == ElemType::kBF16);
+  // Every host<->device transfer of the plan is half the fp32 plan's: weights, gradients and
+  // checkpoints move as bf16 (the optimizer's fp32 state moves between host and SSD only).
+  PlanRequest r32 = req;
+  r32.tensors = ElemType::kF32;
+  const Plan p16 = make_plan(req), p32 = make_plan(r32);
+  REQUIRE(p16.ops.size() == p32.ops.size());
+  OpTraffic t16, t32;
+  for (size_t i = 0; i < p16.ops.size(); ++i) {
+    const OpTraffic a = op_traffic(p16, p16.ops[i]), b = op_traffic(p32, p32.ops[i]);
+    t16.h2d += a.h2d, t16.d2h += a.d2h, t32.h2d += b.h2d, t32.d2h += b.d2h;
+  }
+  CHECK(t32.h2d > 0);
+  CHECK(t16.h2d * 2 == t32.h2d);
+  CHECK(t16.d2h * 2 == t32.d2h);
+  // An executor refuses a plan whose tensors are not the backend's.
+  auto b3 = make_cpu_backend(1, 0);
+  CHECK_THROWS_WITH(OffloadTrainer(cfg, *b3, make_plan(req), nullptr), Contains("bf16") && Contains("f32"));
 }

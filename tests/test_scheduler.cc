@@ -17,6 +17,7 @@
 #include <memory>
 #include <unistd.h>
 
+#include "fuyou/engine.h"
 #include "fuyou/error.h"
 #include "fuyou/rng.h"
 #include "fuyou/scheduler.h"
@@ -30,13 +31,15 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-Config tiny_config(double clip) {
+Config tiny_config(double clip, const char* device_tensors = "fp32") {
   return parse_config(str(
       "model: {n_layer: 5, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
       "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ", clip, "}\n"
       "schedule: {steps: 6, warmup_steps: 2, micro_batch: 2}\n"
-      "runtime: {backend: cpu, threads: 2, seed: 11}\n"), "<test>");
+      "runtime: {backend: cpu, threads: 2, seed: 11, device_tensors: ", device_tensors, "}\n"), "<test>");
 }
+
+ElemType tensors_of(const Config& cfg) { return plan_request(cfg).tensors; }
 
 std::string store_dir(const std::string& tag) {
   fs::path p = fs::path(FUYOU_BINARY_DIR) / "test-data" / ("sched-" + tag + "-" + std::to_string(::getpid()));
@@ -63,12 +66,18 @@ std::vector<std::vector<int32_t>> batches(const Config& cfg, int steps) {
 enum class Twin { kCpu, kStreams };
 constexpr int kTwinDelayUs = 300;
 
-std::unique_ptr<Backend> twin_backend(Twin twin, uint64_t device_budget) {
-  if (twin == Twin::kCpu) return make_cpu_backend(2, device_budget);
-  StreamOptions so;
-  so.max_delay_us = kTwinDelayUs;
-  so.seed = 5;
-  return make_cpu_stream_backend(2, device_budget, so);
+std::unique_ptr<Backend> twin_backend(Twin twin, uint64_t device_budget, ElemType tensors = ElemType::kF32) {
+  std::unique_ptr<Backend> be;
+  if (twin == Twin::kCpu) {
+    be = make_cpu_backend(2, device_budget);
+  } else {
+    StreamOptions so;
+    so.max_delay_us = kTwinDelayUs;
+    so.seed = 5;
+    be = make_cpu_stream_backend(2, device_budget, so);
+  }
+  be->set_storage_type(tensors);
+  return be;
 }
 
 const char* twin_name(Twin t) { return t == Twin::kCpu ? "cpu" : "cpu-streams"; }
@@ -80,6 +89,7 @@ struct Run {
 
 Run in_memory(const Config& cfg, const std::vector<std::vector<int32_t>>& data) {
   auto be = make_cpu_backend(2, 0);
+  be->set_storage_type(tensors_of(cfg));
   StepRunner r(cfg, *be);
   r.init_params();
   Run out;
@@ -99,7 +109,7 @@ Run run_steps(OffloadTrainer& tr, const std::vector<std::vector<int32_t>>& data)
 
 Run offloaded(const Config& cfg, const PlanRequest& req, const std::vector<std::vector<int32_t>>& data,
               SsdStore* store, Twin twin = Twin::kCpu) {
-  auto be = twin_backend(twin, req.device_budget);
+  auto be = twin_backend(twin, req.device_budget, req.tensors);
   OffloadTrainer tr(cfg, *be, make_plan(req), store);
   ParamLayout layout = make_gpt_layout(cfg.model);
   std::vector<float> init(layout.total);
@@ -116,6 +126,7 @@ std::unique_ptr<OffloadTrainer> all_on_ssd(const Config& cfg, Backend& be, SsdSt
   PlanRequest req;
   req.model = cfg.model;
   req.micro_batch = cfg.schedule.micro_batch;
+  req.tensors = tensors_of(cfg);
   req.exact = cfg.optimizer.grad_clip > 0;
   req.have_ssd = true;
   req.acts = std::vector<ActPlacement>(cfg.model.n_layer, ActPlacement::kSsd);
@@ -166,9 +177,10 @@ void require_bitwise(const Run& a, const Run& b) {
 
 TEST_CASE("offloaded training is bitwise equal to in-memory training", "[scheduler]") {
   const Twin twin = GENERATE(Twin::kCpu, Twin::kStreams);
-  INFO("backend " << twin_name(twin));
+  const char* tensors = GENERATE("fp32", "bf16");
+  INFO("backend " << twin_name(twin) << ", device tensors " << tensors);
   for (double clip : {0.0, 0.5}) {
-    Config cfg = tiny_config(clip);
+    Config cfg = tiny_config(clip, tensors);
     auto data = batches(cfg, 6);
     Run ref = in_memory(cfg, data);
 
@@ -179,6 +191,7 @@ TEST_CASE("offloaded training is bitwise equal to in-memory training", "[schedul
     PlanRequest req;
     req.model = cfg.model;
     req.micro_batch = cfg.schedule.micro_batch;
+    req.tensors = tensors_of(cfg);
     req.exact = clip > 0;
     req.have_ssd = true;
     // Every path: keep, device checkpoint, host, SSD, recompute (from an SSD checkpoint).
@@ -224,7 +237,7 @@ TEST_CASE("offloaded training is bitwise equal to in-memory training", "[schedul
     // mode (nothing retained) one read in the forward whose host staging slot was not reused
     // since loads from there again instead of being read a second time.
     PlanRequest tight = roomy;
-    tight.device_budget = rp.memory.device_bytes - 4 * make_gpt_layout(cfg.model).groups[1].numel;
+    tight.device_budget = rp.memory.device_bytes - elem_type_size(req.tensors) * make_gpt_layout(cfg.model).groups[1].numel;
     const Plan tp = make_plan(tight);
     REQUIRE(tp.pools.device_weight_slots == rp.pools.device_weight_slots - 1);
     const auto reads = count(tp, ssd_read);
@@ -298,7 +311,7 @@ TEST_CASE("no stale weights: each forward sees the weights of the previous updat
       // (its state on SSD) is deferred into the next step's forward.
       CHECK(tr.plan().deferred_updates == (clip == 0 && retain_all ? 1 : 0));
       int calls = 0, stale = 0;
-      tr.on_forward = [&](int l, const float* w, size_t n) {
+      tr.on_forward = [&](int l, const void* w, size_t n) {
         const int s = calls++ / L;  // forwards run in order on the compute thread, L per step
         if (std::memcmp(w, expected[s].data() + layout.groups[1 + l].offset, 4 * n) != 0) ++stale;
       };
@@ -438,10 +451,13 @@ TEST_CASE("the simulator charges every op the bytes the executor moves for it", 
   // Weights, checkpoints and optimizer state on SSD, two weights-out slots (weights read back):
   // every kind of transfer runs. Each op's bytes as the executor counts them at the backend's
   // copies, the store's requests and the optimizer's store traffic must equal op_traffic's.
-  Config cfg = tiny_config(0.0);
+  const char* tensors = GENERATE("fp32", "bf16");
+  INFO("device tensors " << tensors);
+  Config cfg = tiny_config(0.0, tensors);
   auto data = batches(cfg, 2);
   auto store = SsdStore::open({{store_dir("traffic")}});
   auto be = make_cpu_backend(2, 0);
+  be->set_storage_type(tensors_of(cfg));
   auto trainer = all_on_ssd(cfg, *be, store.get());
   OffloadTrainer& tr = *trainer;
   const Plan& plan = tr.plan();

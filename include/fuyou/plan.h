@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fuyou/config.h"
+#include "fuyou/elem_type.h"
 #include "fuyou/ooc_adamw.h"
 #include "fuyou/resource.h"
 
@@ -109,6 +110,7 @@ enum class BufferKind {
   kHostCkpt,                     // index: layer; its block input in host memory
   kHostEmbed, kHostFinal,        // host copies of the resident groups' weights
   kHostOptim,                    // index: group; fp32 master and Adam moments (the optimizer's)
+  kStateStage,                   // 16-bit tensors only: one group's fp32 state on its way to or from a checkpoint
   kOptimChunks,                  // the out-of-core optimizer's chunk slots
   kDeviceArena,                  // the device's memory where it is host memory (CPU backend)
   kProcess,                      // code, libraries, allocator, thread stacks
@@ -202,6 +204,7 @@ MemoryPlan sum_buffers(const std::vector<PlanBuffer>& buffers);
 struct Plan {
   ModelConfig model;
   int micro_batch = 1;
+  ElemType tensors = ElemType::kF32;  // PlanRequest::tensors
   bool exact = false;  // global-norm clipping: every update waits for the norm
   int grad_accum = 1;  // micro-batches per step; gradients accumulate on the device
   bool forward_only = false;  // a validation plan (make_forward_plan)
@@ -245,6 +248,10 @@ struct Plan {
 struct PlanRequest {
   ModelConfig model;
   int micro_batch = 1;
+  // The device's tensors (runtime.device_tensors): weights, activations, checkpoints and
+  // gradients are this type on the device, in transit and in their host and SSD copies;
+  // master weights and optimizer state are fp32 whatever it is.
+  ElemType tensors = ElemType::kF32;
   bool exact = false;
   int grad_accum = 1;
   uint64_t device_budget = 0;  // 0: unlimited

@@ -76,8 +76,8 @@ class OffloadTrainer {
   void write_trace(const std::string& path) const;
 
   // Test hook: called on the compute thread before each layer's forward with the device
-  // weights it is about to use.
-  std::function<void(int layer, const float* weights, size_t count)> on_forward;
+  // weights it is about to use (`count` elements of the device's tensor type).
+  std::function<void(int layer, const void* weights, size_t count)> on_forward;
   // Test hook: called on a resource's thread before each op of a training step (`step` is
   // the step index; -1 for validation).
   std::function<void(int64_t step, const PlanOp& op)> on_op;

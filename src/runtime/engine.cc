@@ -162,6 +162,7 @@ PlanRequest plan_request(const Config& cfg) {
   PlanRequest req;
   req.model = cfg.model;
   req.micro_batch = cfg.schedule.micro_batch;
+  req.tensors = cfg.runtime.device_tensors == "bf16" ? ElemType::kBF16 : ElemType::kF32;
   // Clipping and the fp16 overflow check both need every gradient before any update.
   req.exact = cfg.optimizer.grad_clip > 0 || cfg.runtime.precision == "fp16";
   req.grad_accum = cfg.schedule.grad_accum;
@@ -221,11 +222,6 @@ std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backe
     check_in_memory_host_budget(cfg, backend.device_is_host_memory());
     return std::make_unique<InMemoryEngine>(cfg, backend);
   }
-  if (backend.storage_type() != ElemType::kF32)
-    throw Error(str("runtime.device_tensors: ", elem_type_name(backend.storage_type()),
-                    " trains in memory only so far: the offloading executor moves fp32 tensors "
-                    "(this run offloads: offload.ssd_paths, offload.activations or a device budget "
-                    "below what in-memory training needs; docs/precision.md)"));
   PlanRequest req = plan_request(cfg);
   req.embed_rows_first = backend.kind() != BackendKind::kCpu;
   req.device_in_host = backend.device_is_host_memory();

@@ -111,7 +111,9 @@ class OffloadTrainer::Impl {
   float* ptr(int buffer) const { return static_cast<float*>(ptr_[buffer]); }
   // The use's bytes: its buffer's memory from its offset.
   float* at(const BufferUse& u) const { return reinterpret_cast<float*>(static_cast<char*>(ptr_[u.buffer]) + u.offset); }
-  float* group_host_weights(int g) const;
+  void* group_host_weights(int g) const;
+  // The group's weights from fp32 (master) values into `dst`, as the device holds them.
+  void put_weights(void* dst, const float* src, size_t n) const;
 
   // ---- executor_ops.cc ----
   void run_op(Iter& it, const PlanOp& op);
@@ -128,8 +130,10 @@ class OffloadTrainer::Impl {
   void update(Iter& it, const PlanOp& op);
   void first_rows(Iter& it);
   static void rows_complement(const Iter& it, size_t begin, size_t end, std::vector<std::pair<size_t, size_t>>& out);
-  LayerTensors layer_view(float* slot, int l) { return layer_group_tensors(layout_, l, slot, 4); }
-  GlobalTensors globals(float* embed, float* fin) { return global_tensors(layout_, embed, fin, 4); }
+  LayerTensors layer_view(void* slot, int l) { return layer_group_tensors(layout_, l, slot, es_); }
+  GlobalTensors globals(void* embed, void* fin) { return global_tensors(layout_, embed, fin, es_); }
+  // Element ranges [a, b) of a group's buffer of device-tensor elements, as bytes.
+  char* elem(void* base, size_t i) const { return static_cast<char*>(base) + i * es_; }
 
   // ---- scheduler.cc ----
   void prepare_runs();
@@ -154,6 +158,8 @@ class OffloadTrainer::Impl {
   ParamLayout layout_;
   GptModel model_;
   size_t N_ = 0;
+  ElemType tensors_;  // the device's tensors (plan_.tensors, the backend's storage type)
+  size_t es_;         // bytes per element of them
 
   // The buffer table's memory, by buffer id (null where the model, the optimizer or the
   // process owns it), and the SSD extents.
@@ -163,7 +169,7 @@ class OffloadTrainer::Impl {
   std::vector<void*> owned_;            // device allocations, freed at the end
   std::vector<std::vector<float>> host_owned_;  // resident host buffers
   std::unique_ptr<HostPool> pool_;      // the host slot pools
-  float *embed_w_ = nullptr, *embed_g_ = nullptr, *final_w_ = nullptr, *final_g_ = nullptr;
+  void *embed_w_ = nullptr, *embed_g_ = nullptr, *final_w_ = nullptr, *final_g_ = nullptr;
   std::unique_ptr<OocAdamW> opt_;
 
   Plan eval_plan_;

@@ -22,6 +22,7 @@ const char* pool_class(BufferKind k) {
     case BufferKind::kCkptStage: return "checkpoint.staging";
     case BufferKind::kHostGradSlot: return "gradients";
     case BufferKind::kGradStage: return "gradients.staging";
+    case BufferKind::kStateStage: return "state.staging";
     default: return nullptr;
   }
 }
@@ -39,7 +40,9 @@ std::string extent_name(const PlanBuffer& b) {
 }  // namespace
 
 void OffloadTrainer::Impl::check_plan() {
-  FY_CHECK(be_.storage_type() == ElemType::kF32, "the offloading executor moves fp32 device tensors only");
+  if (be_.storage_type() != plan_.tensors)
+    throw Error(str("the plan is for ", elem_type_name(plan_.tensors), " device tensors but the backend stores ",
+                    elem_type_name(be_.storage_type()), " (runtime.device_tensors)"));
   if (plan_.forward_only) throw Error("OffloadTrainer needs a training plan; it derives the forward-only one itself");
   if (be_.matmul_precision() == MatmulPrecision::kFp16) {
     // The overflow check needs every gradient before any update: only exact plans have it.
@@ -98,7 +101,7 @@ void OffloadTrainer::Impl::allocate_buffers() {
     } else if (b.tier == Tier::kHost && (b.kind == BufferKind::kHostWeights || b.kind == BufferKind::kHostCkpt ||
                                          b.kind == BufferKind::kGradHold || b.kind == BufferKind::kHostEmbed ||
                                          b.kind == BufferKind::kHostFinal)) {
-      host_owned_.emplace_back(b.bytes / 4, 0.0f);
+      host_owned_.emplace_back((b.bytes + 3) / 4, 0.0f);
       ptr_[id] = host_owned_.back().data();
     } else if (b.tier == Tier::kSsd && !extent_name(b).empty()) {
       ext_[id] = store_->define_extent(extent_name(b), b.bytes);
@@ -135,7 +138,12 @@ void OffloadTrainer::Impl::register_host_buffers() {
                  "run slower", be_.name(), format_size(refused));
 }
 
-float* OffloadTrainer::Impl::group_host_weights(int g) const {
+void OffloadTrainer::Impl::put_weights(void* dst, const float* src, size_t n) const {
+  if (tensors_ == ElemType::kF32) std::memcpy(dst, src, 4 * n);
+  else round_to_bf16(static_cast<uint16_t*>(dst), src, n);
+}
+
+void* OffloadTrainer::Impl::group_host_weights(int g) const {
   const int L = cfg_.model.n_layer;
   if (g == 0) return ptr(plan_.buffer(BufferKind::kHostEmbed));
   if (g == L + 1) return ptr(plan_.buffer(BufferKind::kHostFinal));
@@ -153,22 +161,24 @@ void OffloadTrainer::Impl::set_group_params(int g, const float* src) {
 void OffloadTrainer::Impl::set_group_weights(int g, const float* src) {
   const int L = cfg_.model.n_layer;
   const ParamGroup& pg = layout_.groups.at(g);
+  const size_t bytes = es_ * pg.numel;
   if (g == 0 || g == L + 1 || plan_.layers[g - 1].weights == StateTier::kHost) {
-    std::memcpy(group_host_weights(g), src, 4 * pg.numel);
-    if (g == 0) be_.copy_to_device(embed_w_, src, 4 * pg.numel);
-    if (g == L + 1) be_.copy_to_device(final_w_, src, 4 * pg.numel);
+    void* host = group_host_weights(g);
+    put_weights(host, src, pg.numel);
+    if (g == 0) be_.copy_to_device(embed_w_, host, bytes);
+    if (g == L + 1) be_.copy_to_device(final_w_, host, bytes);
     return;
   }
   // To SSD through a read-staging slot (free between steps); a retained layer's weights-out
   // slot gets them too, where the first step's forward loads them.
   const int l = g - 1;
   const PlanBuffer& ssd = plan_.buffers[plan_.buffer(BufferKind::kSsdWeights, l)];
-  float* staging = ptr(plan_.buffer(BufferKind::kReadSlot, 0));
-  std::memcpy(staging, src, 4 * pg.numel);
-  std::memset(reinterpret_cast<char*>(staging) + 4 * pg.numel, 0, round_up(4 * pg.numel, kIoAlign) - 4 * pg.numel);
+  char* staging = reinterpret_cast<char*>(ptr(plan_.buffer(BufferKind::kReadSlot, 0)));
+  put_weights(staging, src, pg.numel);
+  std::memset(staging + bytes, 0, round_up(bytes, kIoAlign) - bytes);
   store_->write_sync(ext_[plan_.buffer(BufferKind::kSsdWeights, l)], 0, staging, round_up(ssd.bytes, kIoAlign));
   if (plan_.layers[l].retained >= 0)
-    std::memcpy(ptr(plan_.buffer(BufferKind::kWoutSlot, plan_.layers[l].retained)), src, 4 * pg.numel);
+    std::memcpy(ptr(plan_.buffer(BufferKind::kWoutSlot, plan_.layers[l].retained)), staging, bytes);
 }
 
 void OffloadTrainer::Impl::set_params(const float* params) {
@@ -181,9 +191,11 @@ void OffloadTrainer::Impl::read_group_params(int g, float* dst) {
   opt_->read_master(g, dst);
 }
 
+// A group's fp32 state between the optimizer and a checkpoint: a gradient slot (free between
+// steps) where gradients are fp32, the plan's state staging where they are 16-bit.
 float* OffloadTrainer::Impl::group_staging() {
   drain();
-  return ptr(plan_.buffer(BufferKind::kHostGradSlot, 0));
+  return ptr(plan_.buffer(tensors_ == ElemType::kF32 ? BufferKind::kHostGradSlot : BufferKind::kStateStage, 0));
 }
 
 void OffloadTrainer::Impl::read_group_state(int g, StateKind kind, const StateSink& sink) {

@@ -56,7 +56,7 @@ void OffloadTrainer::Impl::run_op(Iter& it, const PlanOp& op) {
     case OpKind::kEmbedBackward:
       return model_.embed_backward(globals(embed_g_, final_g_), at(op.use(Role::kResidual)));
     case OpKind::kGradSumSq:
-      it.sum_sq[op.group] = group_sum_squares(at(op.use(Role::kSource)), ElemType::kF32, op.params);
+      it.sum_sq[op.group] = group_sum_squares(at(op.use(Role::kSource)), tensors_, op.params);
       return;
     case OpKind::kGradNorm: {
       // Group order 0..L+1, each group's own sum sequential: the reduction StepRunner uses.
@@ -102,7 +102,7 @@ void OffloadTrainer::Impl::store_write(const PlanOp& op) {
 void OffloadTrainer::Impl::run_forward(Iter& it, const PlanOp& op) {
   (void)it;
   const int l = op.kind == OpKind::kRecomputeInput ? op.layer - 1 : op.layer;
-  float* weights = at(op.use(Role::kWeights));
+  void* weights = at(op.use(Role::kWeights));
   LayerActivations a = acts_[op.use(Role::kWork).buffer];
   a.out = at(op.use(Role::kOutput));
   if (op.kind == OpKind::kForward && owner_.on_forward) owner_.on_forward(l, weights, layout_.groups[1 + l].numel);
@@ -121,7 +121,7 @@ void OffloadTrainer::Impl::run_backward(const PlanOp& op) {
 
 void OffloadTrainer::Impl::run_head(Iter& it, const PlanOp& op) {
   GlobalTensors g = globals(embed_w_, final_w_);
-  float* x = at(op.use(Role::kInput));
+  void* x = at(op.use(Role::kInput));
   if (op.kind == OpKind::kHeadLoss) {
     it.eval_loss = model_.head_forward(g, x, true);
     return;
@@ -136,9 +136,9 @@ void OffloadTrainer::Impl::save_grads(Iter& it, const PlanOp& op) {
     // Rows first: part -1 fixes the rows (first_rows) and copies them; the parts copy the
     // rest of their ranges, never a range the rows update may be reading.
     if (op.part < 0) first_rows(it);
-    else rows_complement(it, src.offset / 4, (src.offset + src.bytes) / 4, d2h_ranges_);
-    float *from = ptr(src.buffer), *to = ptr(dst.buffer);
-    for (const auto& [a, b] : op.part < 0 ? it.first_rows : d2h_ranges_) to_host(op, to + a, from + a, 4 * (b - a));
+    else rows_complement(it, src.offset / es_, (src.offset + src.bytes) / es_, d2h_ranges_);
+    void *from = ptr(src.buffer), *to = ptr(dst.buffer);
+    for (const auto& [a, b] : op.part < 0 ? it.first_rows : d2h_ranges_) to_host(op, elem(to, a), elem(from, a), es_ * (b - a));
     return;
   }
   to_host(op, at(dst), at(src), src.bytes);
@@ -147,9 +147,9 @@ void OffloadTrainer::Impl::save_grads(Iter& it, const PlanOp& op) {
 void OffloadTrainer::Impl::load_resident(Iter& it, const PlanOp& op) {
   const BufferUse &src = op.use(Role::kSource), &dst = op.use(Role::kDest);
   if (op.group == 0 && plan_.embed_rows_first) {
-    if (op.part >= 0) rows_complement(it, src.offset / 4, (src.offset + src.bytes) / 4, h2d_ranges_);
-    float *from = ptr(src.buffer), *to = ptr(dst.buffer);
-    for (const auto& [a, b] : op.part < 0 ? it.first_rows : h2d_ranges_) to_device(op, to + a, from + a, 4 * (b - a));
+    if (op.part >= 0) rows_complement(it, src.offset / es_, (src.offset + src.bytes) / es_, h2d_ranges_);
+    void *from = ptr(src.buffer), *to = ptr(dst.buffer);
+    for (const auto& [a, b] : op.part < 0 ? it.first_rows : h2d_ranges_) to_device(op, elem(to, a), elem(from, a), es_ * (b - a));
     return;
   }
   to_device(op, at(dst), at(src), src.bytes);
@@ -161,15 +161,15 @@ void OffloadTrainer::Impl::update(Iter& it, const PlanOp& op) {
   OocAdamW::Update u;
   u.group = op.group;
   u.grad = ptr(grad.buffer);  // the group's element 0; the range below
-  u.grad_type = ElemType::kF32;
+  u.grad_type = tensors_;
   u.lowp = ptr(out.buffer);
-  u.lowp_type = ElemType::kF32;
+  u.lowp_type = tensors_;
   if (op.part < 0) {  // the rows its gradient save fixed
     u.ranges = it.first_rows.data();
     u.nranges = it.first_rows.size();
   } else if (op.parts > 1) {
-    u.begin = grad.offset / 4;
-    u.end = (grad.offset + grad.bytes) / 4;
+    u.begin = grad.offset / es_;
+    u.end = (grad.offset + grad.bytes) / es_;
     if (op.group == 0 && plan_.embed_rows_first) {
       rows_complement(it, u.begin, u.end, opt_ranges_);
       u.ranges = opt_ranges_.data();

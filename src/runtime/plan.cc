@@ -39,7 +39,7 @@ uint64_t device_bytes(const std::vector<PlanBuffer>& device) { return sum_buffer
 class Placer {
  public:
   Placer(const PlanRequest& req, int deferred)
-      : req_(req), L_(req.model.n_layer), sz_(compute_sizes(req.model, req.micro_batch)), D_(deferred),
+      : req_(req), L_(req.model.n_layer), sz_(compute_sizes(req.model, req.micro_batch, req.tensors)), D_(deferred),
         hold_(req.exact || req.grad_accum > 1),
         dev_budget_(req.device_budget ? req.device_budget : UINT64_MAX),
         host_budget_(req.host_budget ? req.host_budget : UINT64_MAX) {}
@@ -47,6 +47,7 @@ class Placer {
   Plan place() {
     plan_.model = req_.model;
     plan_.micro_batch = req_.micro_batch;
+    plan_.tensors = req_.tensors;
     plan_.exact = req_.exact;
     if (req_.grad_accum < 1) throw ConfigError(str("schedule.grad_accum is ", req_.grad_accum, "; it must be at least 1"));
     plan_.grad_accum = req_.grad_accum;
@@ -101,7 +102,7 @@ class Placer {
   }
 
   uint64_t device_need(const std::vector<ActPlacement>& acts, int dw, int dc, int dg) const {
-    return device_bytes(device_buffers(req_.model, req_.micro_batch, acts, dw, dc, dg));
+    return device_bytes(device_buffers(req_.model, req_.micro_batch, req_.tensors, acts, dw, dc, dg));
   }
 
   // The device pools: weight, checkpoint and gradient slots, as many as fit (4, 3, 2 at
@@ -111,7 +112,7 @@ class Placer {
     if (minimal > dev_budget_) {
       std::vector<ActPlacement> leanest(L_, req_.have_ssd ? ActPlacement::kSsd : ActPlacement::kHost);
       std::string detail;
-      for (auto& [n, b] : sum_buffers(device_buffers(req_.model, req_.micro_batch, acts, min_dw_, 2, 1)).device_parts)
+      for (auto& [n, b] : sum_buffers(device_buffers(req_.model, req_.micro_batch, req_.tensors, acts, min_dw_, 2, 1)).device_parts)
         detail += str("\n  ", n, ": ", format_size(b));
       throw Error(str("device memory: the plan needs at least ", format_size(minimal),
                       " but offload.device_memory is ", format_size(dev_budget_), ":", detail,
@@ -137,6 +138,8 @@ class Placer {
   // weights.
   void count_fixed_host(const std::vector<ActPlacement>& acts) {
     host_fixed_ = kProcessBaseline + (req_.device_in_host ? device_total_ : 0);
+    // 16-bit tensors: the checkpoint state staging (plan_buffers.cc).
+    if (sz_.es < 4) host_fixed_ += 4 * std::max(sz_.weights, std::max(sz_.embed, sz_.final)) / sz_.es;
     uint64_t ssd_ckpt_layers = 0;
     for (ActPlacement x : acts) {
       if (x == ActPlacement::kHost) host_ckpt_ += sz_.ckpt;
@@ -185,7 +188,7 @@ class Placer {
   // optimizer state takes host memory before any layer's weights, when it fits beside the
   // SSD staging that the layers would then need.
   void place_weights() {
-    for (uint64_t state : {12 * sz_.embed / 4, 12 * sz_.weights / 4, 12 * sz_.weights / 4}) {
+    for (uint64_t state : {12 * (sz_.embed / sz_.es), 12 * (sz_.weights / sz_.es), 12 * (sz_.weights / sz_.es)}) {
       if (!req_.have_ssd || req_.optim_on_ssd ||
           host_used_ + state + 4 * sz_.weights + ooc_chunk_pool_bytes() + (hold_ ? 2 * sz_.weights : 0) > host_budget_)
         break;

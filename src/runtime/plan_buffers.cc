@@ -47,6 +47,7 @@ const char* buffer_kind_name(BufferKind k) {
     case BufferKind::kHostEmbed: return "embedding";
     case BufferKind::kHostFinal: return "final";
     case BufferKind::kHostOptim: return "optim.group";
+    case BufferKind::kStateStage: return "state_stage";
     case BufferKind::kOptimChunks: return "optim_chunks";
     case BufferKind::kDeviceArena: return "device_arena";
     case BufferKind::kProcess: return "process";
@@ -137,9 +138,10 @@ struct TableWriter {
 
 }  // namespace
 
-std::vector<PlanBuffer> device_buffers(const ModelConfig& m, int micro_batch, const std::vector<ActPlacement>& acts,
-                                       int weight_slots, int ckpt_slots, int grad_slots) {
-  const Sizes sz = compute_sizes(m, micro_batch);
+std::vector<PlanBuffer> device_buffers(const ModelConfig& m, int micro_batch, ElemType tensors,
+                                       const std::vector<ActPlacement>& acts, int weight_slots, int ckpt_slots,
+                                       int grad_slots) {
+  const Sizes sz = compute_sizes(m, micro_batch, tensors);
   const Tier D = Tier::kDevice;
   TableWriter t;
   const std::string globals = "embedding + final norm: weights and gradients";
@@ -170,12 +172,12 @@ std::vector<PlanBuffer> device_buffers(const ModelConfig& m, int micro_batch, co
 std::vector<PlanBuffer> buffer_table(const Plan& plan, bool have_ssd, bool device_is_host_memory) {
   const ModelConfig& m = plan.model;
   const int L = m.n_layer;
-  const Sizes sz = compute_sizes(m, plan.micro_batch);
+  const Sizes sz = compute_sizes(m, plan.micro_batch, plan.tensors);
   const PlanPools& pp = plan.pools;
   std::vector<ActPlacement> acts;
   for (const LayerDecision& d : plan.layers) acts.push_back(d.act);
   TableWriter t;
-  t.out = device_buffers(m, plan.micro_batch, acts, pp.device_weight_slots, pp.device_ckpt_slots,
+  t.out = device_buffers(m, plan.micro_batch, plan.tensors, acts, pp.device_weight_slots, pp.device_ckpt_slots,
                          pp.device_grad_slots);
   uint64_t device_total = 0;
   for (const PlanBuffer& b : t.out) device_total += b.bytes;
@@ -194,6 +196,11 @@ std::vector<PlanBuffer> buffer_table(const Plan& plan, bool have_ssd, bool devic
   t.slots(BufferKind::kGradStage, pp.host_grad_stage_slots, H, sz.weights,
           plan.deferred_updates ? "top layers' gradients (deferred updates)" : "held gradient staging");
   t.slots(BufferKind::kCkptStage, pp.host_ckpt_slots, H, sz.ckpt, "checkpoint staging");
+  // Checkpoints move a group's fp32 state through host memory; with fp32 tensors a gradient
+  // slot holds it, with 16-bit ones (half its size) this buffer does.
+  if (sz.es < 4)
+    t.add(BufferKind::kStateStage, 0, H, 4 * std::max(sz.weights, std::max(sz.embed, sz.final)) / sz.es,
+          "checkpoint state staging");
   t.add(BufferKind::kHostEmbed, 0, H, sz.embed, "weights");
   t.add(BufferKind::kHostFinal, 0, H, sz.final, "weights");
   for (int l = 0; l < L; ++l)

@@ -13,8 +13,8 @@
 namespace fuyou::plan_detail {
 
 struct Sizes {
-  // Plans are for fp32 device tensors (the executor refuses others: executor_buffers.cc).
-  uint64_t weights = 0;     // one layer's parameters (fp32, padded group)
+  uint64_t es = 4;          // bytes per element of the device's tensors (PlanRequest::tensors)
+  uint64_t weights = 0;     // one layer's parameters (padded group), as the device holds them
   uint64_t ckpt = 0;        // one block input (N x C)
   uint64_t acts = 0;        // one layer's full saved activations
   uint64_t workspace = 0;   // GptModel kWorkspace allocations
@@ -23,17 +23,18 @@ struct Sizes {
   double head_flops = 0;
 };
 
-inline Sizes compute_sizes(const ModelConfig& m, int B) {
+inline Sizes compute_sizes(const ModelConfig& m, int B, ElemType tensors) {
   ParamLayout layout = make_gpt_layout(m);
   const uint64_t N = static_cast<uint64_t>(B) * m.seq_len, C = m.d_model, V = m.vocab_size;
   Sizes s;
-  s.weights = 4 * layout.groups[1].numel;
-  s.embed = 4 * layout.groups.front().numel;
-  s.final = 4 * layout.groups.back().numel;
-  s.ckpt = 4 * N * C;
+  s.es = elem_type_size(tensors);
+  s.weights = s.es * layout.groups[1].numel;
+  s.embed = s.es * layout.groups.front().numel;
+  s.final = s.es * layout.groups.back().numel;
+  s.ckpt = s.es * N * C;
   // The model's own allocation lists and FLOP count, per family (src/model/gpt.cc).
-  s.acts = layer_activation_bytes(m, B, 4);
-  s.workspace = model_workspace_bytes(m, B, 4);
+  s.acts = layer_activation_bytes(m, B, s.es);
+  s.workspace = model_workspace_bytes(m, B, s.es);
   s.layer_flops = layer_forward_flops_per_token(m) * N;
   s.head_flops = 2.0 * C * V * N;
   return s;
@@ -46,8 +47,9 @@ constexpr int kEmbedParts = 4;
 
 // The device part of the buffer table for these activation decisions and pool sizes (the
 // planner sizes pools with it).
-std::vector<PlanBuffer> device_buffers(const ModelConfig& m, int micro_batch, const std::vector<ActPlacement>& acts,
-                                       int weight_slots, int ckpt_slots, int grad_slots);
+std::vector<PlanBuffer> device_buffers(const ModelConfig& m, int micro_batch, ElemType tensors,
+                                       const std::vector<ActPlacement>& acts, int weight_slots, int ckpt_slots,
+                                       int grad_slots);
 // The whole table for a placed plan. The device's memory counts against the host budget too
 // where it is host memory (`device_is_host_memory`: the CPU backend).
 std::vector<PlanBuffer> buffer_table(const Plan& plan, bool have_ssd, bool device_is_host_memory);

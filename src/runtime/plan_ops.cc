@@ -43,7 +43,7 @@ class IterationBuilder {
  public:
   IterationBuilder(const PlanRequest& req, Plan& plan)
       : req_(req), plan_(plan), L_(plan.model.n_layer), K_(plan.grad_accum), D_(plan.deferred_updates),
-        sz_(compute_sizes(plan.model, plan.micro_batch)) {
+        sz_(compute_sizes(plan.model, plan.micro_batch, plan.tensors)) {
     for (size_t i = 0; i < plan.buffers.size(); ++i) index_[{plan.buffers[i].kind, plan.buffers[i].index}] = static_cast<int>(i);
     const PlanPools& pp = plan.pools;
     wslots_.resize(pp.device_weight_slots);
@@ -107,13 +107,15 @@ class IterationBuilder {
   }
 
   uint64_t group_bytes(int g) const { return g == 0 ? sz_.embed : g == L_ + 1 ? sz_.final : sz_.weights; }
-  uint64_t group_params(int g) const { return group_bytes(g) / 4; }
+  uint64_t group_params(int g) const { return group_bytes(g) / sz_.es; }
+  // The optimizer state's bytes (fp32 master, m and v) of `tensor_bytes` of device tensors.
+  uint64_t state_bytes(uint64_t tensor_bytes) const { return 12 * (tensor_bytes / sz_.es); }
   // The byte range of part `part` of group g (part -1: the rows first, sized for the
   // largest micro-batch; the executor copies the rows it fixes at run time).
   std::pair<uint64_t, uint64_t> part_bytes(int g, int part, int parts) const {
-    if (part < 0) return {0, 4 * embed_rows_first_params(plan_)};
+    if (part < 0) return {0, sz_.es * embed_rows_first_params(plan_)};
     const ParamRange r = part_range(group_params(g), part, parts);
-    return {4 * r.begin, 4 * (r.end - r.begin)};
+    return {sz_.es * r.begin, sz_.es * (r.end - r.begin)};
   }
   int host_weights_of_group(int g) const {
     return g == 0 ? buf(BufferKind::kHostEmbed) : g == L_ + 1 ? buf(BufferKind::kHostFinal) : buf(BufferKind::kHostWeights, g - 1);
@@ -422,7 +424,7 @@ class IterationBuilder {
     r.group = group;
     r.part = part;
     r.parts = parts;
-    r.bytes = part < 0 ? 4 * embed_rows_first_params(plan_) : group_bytes(group) / parts;
+    r.bytes = part < 0 ? sz_.es * embed_rows_first_params(plan_) : group_bytes(group) / parts;
     const auto [offset, bytes] = part_bytes(group, part, parts);
     const bool embed = group == 0;
     copy(r, buf(embed ? BufferKind::kHostEmbed : BufferKind::kHostFinal),
@@ -464,11 +466,11 @@ class IterationBuilder {
     u.part = p.part;
     u.parts = p.parts;
     const auto [offset, bytes] = part_bytes(p.group, p.part, p.parts);
-    u.params = bytes / 4;
+    u.params = bytes / sz_.es;
     copy(u, grad, wout >= 0 ? buf(BufferKind::kWoutSlot, wout) : host_weights_of_group(p.group), offset, bytes);
     // The state streams through the store for a group on SSD (master, m and v: 12 bytes per
     // parameter read and written back), in host memory otherwise.
-    use(u, optim_state_of_group(p.group), Access::kAccumulate, Role::kState, 3 * offset, 3 * bytes);
+    use(u, optim_state_of_group(p.group), Access::kAccumulate, Role::kState, state_bytes(offset), state_bytes(bytes));
     const int uid = u.id;
     consumed(grad, uid);
     if (wout >= 0) {
@@ -519,16 +521,16 @@ class IterationBuilder {
     int rows_id = -1;
     if (plan_.embed_rows_first) {
       PlanOp& sr = save_op(0, deps, src, where, -1, parts);
-      sr.bytes = 4 * embed_rows_first_params(plan_);
+      sr.bytes = sz_.es * embed_rows_first_params(plan_);
       const int save_rows = sr.id;
       PlanOp& rows = add(OpKind::kUpdate, Resource::kOptimizer, {save_rows});
       rows.group = 0;
       rows.part = -1;
       rows.parts = parts;
       const auto [offset, bytes] = part_bytes(0, -1, parts);
-      rows.params = bytes / 4;
+      rows.params = bytes / sz_.es;
       copy(rows, where, buf(BufferKind::kHostEmbed), offset, bytes);
-      use(rows, optim_state_of_group(0), Access::kAccumulate, Role::kState, 3 * offset, 3 * bytes);
+      use(rows, optim_state_of_group(0), Access::kAccumulate, Role::kState, state_bytes(offset), state_bytes(bytes));
       rows_id = rows.id;
       emit_refresh(0, rows_id, -1, parts);
       save_layer0_grads();
@@ -698,7 +700,7 @@ Plan make_forward_plan(const Plan& train) {
   p.forward_only = true;
   p.ops.clear();
   const int L = p.model.n_layer;
-  const plan_detail::Sizes sz = compute_sizes(p.model, p.micro_batch);
+  const plan_detail::Sizes sz = compute_sizes(p.model, p.micro_batch, p.tensors);
   auto add = [&](OpKind kind, Resource res, std::vector<int> deps) -> PlanOp& {
     PlanOp op;
     op.id = static_cast<int>(p.ops.size());

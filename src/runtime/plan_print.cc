@@ -122,6 +122,7 @@ std::string Plan::listing() const {
 std::string Plan::table() const {
   std::string out = str(forward_only ? "forward-only (validation) plan: " : "plan: ", model.n_layer,
                         " layers, micro_batch ", micro_batch,
+                        tensors != ElemType::kF32 ? str(", ", elem_type_name(tensors), " device tensors") : std::string(),
                         grad_accum > 1 ? str(", grad_accum ", grad_accum, " (gradients accumulate across micro-batches)")
                                        : std::string(),
                         exact ? ", exact mode (updates wait for the global gradient norm)" : "", "\n");
@@ -173,6 +174,7 @@ nlohmann::json Plan::to_json() const {
   nlohmann::json j;
   j["n_layer"] = model.n_layer;
   j["micro_batch"] = micro_batch;
+  j["device_tensors"] = elem_type_name(tensors);
   j["exact"] = exact;
   j["grad_accum"] = grad_accum;
   j["forward_only"] = forward_only;

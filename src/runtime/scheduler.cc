@@ -24,7 +24,8 @@ void OffloadTrainer::Impl::Ring::push(std::pair<int, int> x) {
 
 OffloadTrainer::Impl::Impl(OffloadTrainer& owner, const Config& cfg, Backend& be, Plan plan, SsdStore* store)
     : owner_(owner), cfg_(cfg), be_(be), plan_(std::move(plan)), store_(store), layout_(make_gpt_layout(cfg.model)),
-      model_(cfg.model, be, plan_.micro_batch, ModelState::kWorkspace) {
+      model_(cfg.model, be, plan_.micro_batch, ModelState::kWorkspace), tensors_(plan_.tensors),
+      es_(elem_type_size(plan_.tensors)) {
   N_ = static_cast<size_t>(plan_.micro_batch) * cfg.model.seq_len;
   check_plan();
   allocate_buffers();
