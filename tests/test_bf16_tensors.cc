@@ -11,12 +11,15 @@
 #include "fuyou/config.h"
 #include "fuyou/engine.h"
 #include "fuyou/error.h"
+#include "fuyou/hardware.h"
+#include "fuyou/plan.h"
 #include "fuyou/model.h"
 #include "fuyou/rng.h"
 #include "fuyou/scheduler.h"
 #include "fuyou/simulator.h"
 #include "fuyou/train.h"
 #include "kernels/common/element_math.h"
+#include "kernels/cpu/gemm.h"
 #include "test_support.h"
 
 using namespace fuyou;
@@ -44,11 +47,14 @@ struct Pair {
 // once, bit for bit: a kernel that read an input as the wrong type, sized a view short, or
 // treated an accumulator as an output (or the reverse) fails here.
 void check_kernel(const char* what, std::vector<Pair*> tensors,
-                  const std::function<void(Backend&, std::vector<void*>&)>& call) {
-  INFO("kernel " << what);
+                  const std::function<void(Backend&, std::vector<void*>&)>& call,
+                  MatmulPrecision gemm = MatmulPrecision::kFp32) {
+  INFO("kernel " << what << ", GEMM inputs " << matmul_precision_name(gemm));
   auto b32 = make_cpu_backend(2, 0);
   auto b16 = make_cpu_backend(2, 0);
   b16->set_storage_type(ElemType::kBF16);
+  b32->set_matmul_precision(gemm);
+  b16->set_matmul_precision(gemm);
   std::vector<void*> p32, p16;
   for (Pair* t : tensors) {
     p32.push_back(t->f.data());
@@ -100,6 +106,22 @@ TEST_CASE("every CPU kernel on bf16 tensors is the fp32 kernel rounded once", "[
     check_kernel("matmul_backward", {&din, &dw, &dbias, &out, &in, &w}, [&](Backend& be, std::vector<void*>& p) {
       be.matmul_backward(p[0], p[1], p[2], p[3], p[4], p[5], N, C, F);
     });
+    // bf16 GEMM inputs too: with bf16 tensors oneDNN multiplies the stored operands directly
+    // (on AVX-512 CPUs; elsewhere the fp32 GEMM on the same values), the same bits.
+    for (bool fallback : {false, true}) {
+      cpu::set_bf16_gemm_fallback(fallback);
+      INFO("fp32 fallback forced " << fallback);
+      check_kernel("matmul_forward", {&out, &in, &w, &bias}, [&](Backend& be, std::vector<void*>& p) {
+        be.matmul_forward(p[0], p[1], p[2], p[3], N, C, F);
+      }, MatmulPrecision::kBf16);
+      check_kernel("matmul_backward", {&din, &dw, &dbias, &out, &in, &w}, [&](Backend& be, std::vector<void*>& p) {
+        be.matmul_backward(p[0], p[1], p[2], p[3], p[4], p[5], N, C, F);
+      }, MatmulPrecision::kBf16);
+      check_kernel("matmul_backward (no din, no bias)", {&dw, &out, &in, &w}, [&](Backend& be, std::vector<void*>& p) {
+        be.matmul_backward(nullptr, p[0], nullptr, p[1], p[2], p[3], N, C, F);
+      }, MatmulPrecision::kBf16);
+    }
+    cpu::set_bf16_gemm_fallback(false);
     Pair o2(static_cast<size_t>(N) * F, rng), o3(static_cast<size_t>(N) * F, rng);
     const size_t NF = static_cast<size_t>(N) * F;
     check_kernel("gelu_forward", {&o2, &out}, [&](Backend& be, std::vector<void*>& p) { be.gelu_forward(p[0], p[1], NF); });
@@ -351,4 +373,27 @@ TEST_CASE("runtime.device_tensors is validated, reaches the backend and the plan
   // An executor refuses a plan whose tensors are not the backend's.
   auto b3 = make_cpu_backend(1, 0);
   CHECK_THROWS_WITH(OffloadTrainer(cfg, *b3, make_plan(req), nullptr), Contains("bf16") && Contains("f32"));
+}
+
+TEST_CASE("GPT-3 175B plans within one 24 GB GPU with bf16 tensors, not with fp32", "[bf16]") {
+  using Catch::Matchers::Contains;
+  // The planning path fuyou-train takes for configs/gpt3-175b.yaml on a GPU (device memory
+  // not in the host budget) with the RTX 4090 profile's budgets: 24 GiB device, 128 GiB host,
+  // SSDs for the rest.
+  const HardwareProfile hw = load_hardware_profile(test::source_path("configs/hardware/rtx4090.yaml"));
+  for (int seq : {2048, 1024}) {
+    INFO("sequence " << seq);
+    Config cfg = load_config_file(test::source_path("configs/gpt3-175b.yaml"), {str("model.seq_len=", seq)});
+    PlanRequest req = plan_request(cfg);
+    req.device_in_host = false;
+    req.device_budget = hw.device_memory;
+    req.host_budget = hw.host_memory;
+    req.have_ssd = true;
+    req.tensors = ElemType::kF32;
+    CHECK_THROWS_WITH(make_plan(req), Contains("device memory"));
+    req.tensors = ElemType::kBF16;
+    const Plan p = make_plan(req);
+    CHECK(p.memory.device_bytes <= hw.device_memory);
+    CHECK(p.memory.host_bytes <= hw.host_memory);
+  }
 }

@@ -73,6 +73,8 @@ class CpuBackend final : public Backend {
   void relu_backward(void* din, const void* in, const void* dout, size_t n) override;
 
  private:
+  bool bf16_operands() const;
+
   int threads_;
   CpuKernels k_;
   ElemType storage_ = ElemType::kF32;

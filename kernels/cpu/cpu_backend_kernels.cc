@@ -10,6 +10,7 @@
 
 #include "kernels/common/element_math.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/stage.h"
 
 namespace fuyou::cpu {
@@ -99,9 +100,19 @@ void CpuBackend::layernorm_backward(void* din, void* dw, void* db, const void* d
                         s.in(w, C), mean, rstd, N, C);
 }
 
+// bf16 tensors with bf16 GEMM inputs: oneDNN multiplies the stored operands as they are
+// (widening them for the fp32 kernel, which rounds them back, would give the same bits at
+// three more passes over each).
+bool CpuBackend::bf16_operands() const {
+  return storage_ == ElemType::kBF16 && k_.matmul_precision() == MatmulPrecision::kBf16 && bf16_gemm_native();
+}
+
 void CpuBackend::matmul_forward(void* out, const void* in, const void* w, const void* bias,
                                 int N, int IC, int OC) {
   Stage s(storage_);
+  if (bf16_operands())
+    return matmul_forward_bf16_stored(s.out(out, static_cast<size_t>(N) * OC), static_cast<const uint16_t*>(in),
+                                      static_cast<const uint16_t*>(w), s.in(bias, OC), N, IC, OC);
   k_.matmul_forward(s.out(out, static_cast<size_t>(N) * OC), s.in(in, static_cast<size_t>(N) * IC),
                     s.in(w, static_cast<size_t>(OC) * IC), s.in(bias, OC), N, IC, OC);
 }
@@ -111,6 +122,10 @@ void CpuBackend::matmul_backward(void* din, void* dw, void* dbias, const void* d
   const size_t NI = static_cast<size_t>(N) * IC, NO = static_cast<size_t>(N) * OC;
   const size_t W = static_cast<size_t>(OC) * IC;
   Stage s(storage_);
+  if (bf16_operands())
+    return matmul_backward_bf16_stored(s.out(din, NI), s.acc(dw, W), s.acc(dbias, OC),
+                                       static_cast<const uint16_t*>(dout), static_cast<const uint16_t*>(in),
+                                       static_cast<const uint16_t*>(w), N, IC, OC);
   k_.matmul_backward(s.out(din, NI), s.acc(dw, W), s.acc(dbias, OC), s.in(dout, NO), s.in(in, NI),
                      s.in(w, W), N, IC, OC);
 }

@@ -2,6 +2,8 @@
 // measurement that chose it) so the rest of the CPU backend never names it.
 #pragma once
 
+#include <cstdint>
+
 namespace fuyou::cpu {
 
 // C(M,N) = alpha * op(A) * op(B) + beta * C, all row-major; op(X) = X^T when trans_X.
@@ -29,6 +31,14 @@ void matmul_forward_bf16(float* out, const float* in, const float* w, const floa
                          int IC, int OC);
 void matmul_backward_bf16(float* din, float* dw, float* dbias, const float* dout, const float* in,
                           const float* w, int N, int IC, int OC);
+
+// The same on operands already stored as bf16 (bf16 device tensors, runtime.device_tensors):
+// nothing to round, the same products and sums as the fp32-operand versions given the same
+// values. Outputs stay fp32 (the caller rounds what it stores).
+void matmul_forward_bf16_stored(float* out, const uint16_t* in, const uint16_t* w, const float* bias, int N,
+                                int IC, int OC);
+void matmul_backward_bf16_stored(float* din, float* dw, float* dbias, const uint16_t* dout, const uint16_t* in,
+                                 const uint16_t* w, int N, int IC, int OC);
 
 // The same with A and B rounded to fp16 (fp32 accumulation); see gemm_lowp.cc for why it
 // runs at fp32 speed here.

@@ -79,6 +79,27 @@ void round_with_column_sums(uint16_t* dst, float* dbias, const float* src, int r
   }
 }
 
+// dbias[c] += the column sums of bf16 src(rows, cols), each summed row by row in fp32 (the
+// order of round_with_column_sums on the same values). Threads own column ranges.
+void bf16_column_sums(float* dbias, const uint16_t* src, int rows, int cols) {
+#pragma omp parallel
+  {
+    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    const int blocks = (cols + 31) / 32;
+    const int c0 = std::min(cols, 32 * static_cast<int>(static_cast<int64_t>(blocks) * id / nt));
+    const int c1 = std::min(cols, 32 * static_cast<int>(static_cast<int64_t>(blocks) * (id + 1) / nt));
+    if (c1 > c0) {
+      static thread_local std::vector<float> sums;
+      sums.assign(c1 - c0, 0.0f);
+      for (int r = 0; r < rows; ++r) {
+        const uint16_t* s = src + static_cast<size_t>(r) * cols;
+        for (int col = c0; col < c1; ++col) sums[col - c0] += math::bf16_to_float(s[col]);
+      }
+      for (int col = c0; col < c1; ++col) dbias[col] += sums[col - c0];
+    }
+  }
+}
+
 // operand type, transposes, shape, lda, ldb, ldc, accumulate into C, bias
 using Key = std::tuple<int, bool, bool, int, int, int, int, int, int, bool, bool>;
 
@@ -252,6 +273,26 @@ void matmul_backward_bf16(float* din, float* dw, float* dbias, const float* dout
   uint16_t* a = scratch(c.a, static_cast<size_t>(N) * IC);
   round_rows(a, in, N, IC, IC);
   run_bf16(c, true, false, OC, IC, N, d, a, nullptr, true, dw, IC);
+}
+
+void matmul_forward_bf16_stored(float* out, const uint16_t* in, const uint16_t* w, const float* bias, int N,
+                                int IC, int OC) {
+  if (N == 0 || OC == 0) return;
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  FY_CHECK(native_bf16(c), "matmul_forward_bf16_stored needs oneDNN's bf16 matmul; callers check bf16_gemm_native()");
+  run_bf16(c, false, true, N, OC, IC, in, w, bias, false, out, OC);
+}
+
+void matmul_backward_bf16_stored(float* din, float* dw, float* dbias, const uint16_t* dout, const uint16_t* in,
+                                 const uint16_t* w, int N, int IC, int OC) {
+  if (N == 0 || OC == 0) return;
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  FY_CHECK(native_bf16(c), "matmul_backward_bf16_stored needs oneDNN's bf16 matmul; callers check bf16_gemm_native()");
+  if (dbias) bf16_column_sums(dbias, dout, N, OC);
+  if (din) run_bf16(c, false, false, N, IC, OC, dout, w, nullptr, false, din, IC);
+  run_bf16(c, true, false, OC, IC, N, dout, in, nullptr, true, dw, IC);
 }
 
 // fp16: this CPU has no fast fp16 arithmetic, so the operands are rounded to fp16 (nearest
