@@ -139,6 +139,7 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
                    {"flops_per_token", 3.0 * fuyou::forward_flops_per_token(cfg.model)},
                    {"peak_rss_bytes", fuyou::peak_rss_bytes()},
                    {"device_peak_bytes", backend->memory().peak},
+                   {"device_tensors", fuyou::elem_type_name(backend->storage_type())},
                    {"emulated", emulated}};
   if (emulated) {
     j["emulated_profile"] = cfg.offload.hardware;
@@ -162,6 +163,16 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
     j["busy_s"]["disk"] = d.disk_busy_s;
     busiest = std::max(busiest, d.disk_busy_s);
     j["iteration_over_busiest"] = d.iteration_s / busiest;
+    // Host<->device bytes of a step: the plan's, which the executor moves op for op (a test
+    // compares them).
+    fuyou::OpTraffic pcie;
+    for (const fuyou::PlanOp& op : engine->plan()->ops) {
+      const fuyou::OpTraffic t = fuyou::op_traffic(*engine->plan(), op);
+      pcie.h2d += t.h2d;
+      pcie.d2h += t.d2h;
+    }
+    j["h2d_bytes_per_step"] = pcie.h2d;
+    j["d2h_bytes_per_step"] = pcie.d2h;
     j["ssd_read_bytes_per_step"] = d.ssd_read_bytes;
     j["ssd_write_bytes_per_step"] = d.ssd_write_bytes;
     j["ssd_write_bytes_per_token"] = d.ssd_write_bytes / tokens;
@@ -184,6 +195,8 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
       std::printf("%-16s %.3f s (%.2fx the busiest resource)\n", "iteration", j["iteration_s"].get<double>(),
                   j["iteration_over_busiest"].get<double>());
       for (auto& [k, v] : j["busy_s"].items()) std::printf("  busy %-10s %.3f s\n", k.c_str(), v.get<double>());
+      std::printf("%-16s %.2f GB to the device, %.2f GB back per step\n", "PCIe",
+                  j["h2d_bytes_per_step"].get<double>() / 1e9, j["d2h_bytes_per_step"].get<double>() / 1e9);
       std::printf("%-16s %.2f GB read, %.2f GB written per step; %.0f bytes written per token\n", "SSD",
                   j["ssd_read_bytes_per_step"].get<double>() / 1e9, j["ssd_write_bytes_per_step"].get<double>() / 1e9,
                   j["ssd_write_bytes_per_token"].get<double>());

@@ -244,55 +244,71 @@ void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
   run_bf16(c, trans_a, trans_b, M, N, K, a, b, nullptr, beta != 0.0f, C, ldc);
 }
 
+namespace {
+
+// The projections on bf16 operands (dense, row strides their widths). Caller holds c.mu and
+// has checked native_bf16.
+void forward_stored(Cache& c, float* out, const uint16_t* in, const uint16_t* w, const float* bias, int N, int IC,
+                    int OC) {
+  run_bf16(c, false, true, N, OC, IC, in, w, bias, false, out, OC);
+}
+
+void backward_stored(Cache& c, float* din, float* dw, const uint16_t* dout, const uint16_t* in, const uint16_t* w,
+                     int N, int IC, int OC) {
+  if (din) run_bf16(c, false, false, N, IC, OC, dout, w, nullptr, false, din, IC);
+  run_bf16(c, true, false, OC, IC, N, dout, in, nullptr, true, dw, IC);
+}
+
+// The cache, locked, for a projection that needs oneDNN's bf16 matmul.
+std::unique_lock<std::mutex> lock_native(Cache& c, const char* what) {
+  std::unique_lock<std::mutex> lock(c.mu);
+  FY_CHECK(native_bf16(c), what, " needs oneDNN's bf16 matmul; callers check bf16_gemm_native()");
+  return lock;
+}
+
+}  // namespace
+
 void matmul_forward_bf16(float* out, const float* in, const float* w, const float* bias, int N,
                          int IC, int OC) {
   if (N == 0 || OC == 0) return;
   Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mu);
-  FY_CHECK(native_bf16(c), "matmul_forward_bf16 needs oneDNN's bf16 matmul; callers check bf16_gemm_native()");
+  auto lock = lock_native(c, "matmul_forward_bf16");
   uint16_t* a = scratch(c.a, static_cast<size_t>(N) * IC);
   uint16_t* b = scratch(c.b, static_cast<size_t>(OC) * IC);
   round_rows(a, in, N, IC, IC);
   round_rows(b, w, OC, IC, IC);
-  run_bf16(c, false, true, N, OC, IC, a, b, bias, false, out, OC);
+  forward_stored(c, out, a, b, bias, N, IC, OC);
 }
 
 void matmul_backward_bf16(float* din, float* dw, float* dbias, const float* dout, const float* in,
                           const float* w, int N, int IC, int OC) {
   if (N == 0 || OC == 0) return;
   Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mu);
-  FY_CHECK(native_bf16(c), "matmul_backward_bf16 needs oneDNN's bf16 matmul; callers check bf16_gemm_native()");
+  auto lock = lock_native(c, "matmul_backward_bf16");
   uint16_t* d = scratch(c.d, static_cast<size_t>(N) * OC);
   round_with_column_sums(d, dbias, dout, N, OC, OC);
-  if (din) {
-    uint16_t* b = scratch(c.b, static_cast<size_t>(OC) * IC);
-    round_rows(b, w, OC, IC, IC);
-    run_bf16(c, false, false, N, IC, OC, d, b, nullptr, false, din, IC);
-  }
+  uint16_t* b = din ? scratch(c.b, static_cast<size_t>(OC) * IC) : nullptr;
+  if (din) round_rows(b, w, OC, IC, IC);
   uint16_t* a = scratch(c.a, static_cast<size_t>(N) * IC);
   round_rows(a, in, N, IC, IC);
-  run_bf16(c, true, false, OC, IC, N, d, a, nullptr, true, dw, IC);
+  backward_stored(c, din, dw, d, a, b, N, IC, OC);
 }
 
 void matmul_forward_bf16_stored(float* out, const uint16_t* in, const uint16_t* w, const float* bias, int N,
                                 int IC, int OC) {
   if (N == 0 || OC == 0) return;
   Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mu);
-  FY_CHECK(native_bf16(c), "matmul_forward_bf16_stored needs oneDNN's bf16 matmul; callers check bf16_gemm_native()");
-  run_bf16(c, false, true, N, OC, IC, in, w, bias, false, out, OC);
+  auto lock = lock_native(c, "matmul_forward_bf16_stored");
+  forward_stored(c, out, in, w, bias, N, IC, OC);
 }
 
 void matmul_backward_bf16_stored(float* din, float* dw, float* dbias, const uint16_t* dout, const uint16_t* in,
                                  const uint16_t* w, int N, int IC, int OC) {
   if (N == 0 || OC == 0) return;
   Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mu);
-  FY_CHECK(native_bf16(c), "matmul_backward_bf16_stored needs oneDNN's bf16 matmul; callers check bf16_gemm_native()");
+  auto lock = lock_native(c, "matmul_backward_bf16_stored");
   if (dbias) bf16_column_sums(dbias, dout, N, OC);
-  if (din) run_bf16(c, false, false, N, IC, OC, dout, w, nullptr, false, din, IC);
-  run_bf16(c, true, false, OC, IC, N, dout, in, nullptr, true, dw, IC);
+  backward_stored(c, din, dw, dout, in, w, N, IC, OC);
 }
 
 // fp16: this CPU has no fast fp16 arithmetic, so the operands are rounded to fp16 (nearest
