@@ -127,13 +127,15 @@ class Backend {
                                const void* in, const void* w, int N, int IC, int OC) = 0;
 
   // Causal multi-head self-attention on packed qkv(B,T,3C) (q | k | v, heads contiguous
-  // within each). Writes out(B,T,C) and the softmax probabilities att(B,H,T,T) that the
-  // backward needs.
-  virtual void attention_forward(void* out, void* att, const void* qkv, int B, int T, int C,
-                                 int H) = 0;
-  // dqkv(B,T,3C) overwritten; datt(B,H,T,T) is scratch.
-  virtual void attention_backward(void* dqkv, void* datt, const void* dout, const void* qkv,
-                                  const void* att, int B, int T, int C, int H) = 0;
+  // within each). Writes out(B,T,C) and lse(B,H,T), each query row's log-sum-exp of its
+  // scaled scores: all the backward needs besides qkv, which recomputes the probabilities
+  // from them (no (T, T) matrix outlives a call). scratch: 2 T T fp32 values of workspace
+  // that a backend may use within the call (the CUDA backend's unfused kernels do).
+  virtual void attention_forward(void* out, float* lse, float* scratch, const void* qkv, int B,
+                                 int T, int C, int H) = 0;
+  // dqkv(B,T,3C) overwritten.
+  virtual void attention_backward(void* dqkv, float* scratch, const void* dout, const void* qkv,
+                                  const float* lse, int B, int T, int C, int H) = 0;
 
   // GELU, tanh approximation.
   virtual void gelu_forward(void* out, const void* in, size_t n) = 0;

@@ -111,7 +111,7 @@ struct LayerActivations {
   float* ln1_mean = nullptr;  // (N); null for llama (RMSNorm keeps only rstd)
   float* ln1_rstd = nullptr;  // (N)
   void* qkv = nullptr;       // (N, 3C) after RoPE and with k/v heads repeated (llama)
-  void* att = nullptr;       // (B, H, T, T) softmax probabilities
+  float* lse = nullptr;      // (B, H, T) log-sum-exp of each query's scaled scores
   void* atty = nullptr;      // (N, C) attention output before the projection
   void* res2 = nullptr;      // (N, C) residual after attention
   void* ln2 = nullptr;       // (N, C)
@@ -225,7 +225,7 @@ class GptModel {
   void* dres_ = nullptr;   // (N, C) gradient flowing along the residual stream
   void* dtmp_ = nullptr;   // (N, C)
   void* dqkv_ = nullptr;   // (N, 3C)
-  void* datt_ = nullptr;   // (B, H, T, T)
+  float* att_scratch_ = nullptr;  // (2, T, T) the backend's attention scratch
   void* dfc_ = nullptr;    // (N, F)
   void* qkvc_ = nullptr;   // (N, C + 2KV) compact q|k|v before the heads are repeated (GQA)
   void* dqkvc_ = nullptr;  // (N, C + 2KV)

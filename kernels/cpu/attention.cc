@@ -1,11 +1,13 @@
 // Causal self-attention on the CPU: per (batch, head), two GEMMs around a row softmax.
 // Threads take whole (batch, head) pairs; the GEMMs inside run single-threaded (oneDNN
 // does so inside an OpenMP parallel region), which beats splitting small T x T GEMMs.
-// The scores are computed block by block up to the diagonal (the masked upper triangle is
-// skipped, see row_block); the probabilities att(B,H,T,T) are kept for the backward with
-// zeros above the diagonal.
+// Queries are taken in row blocks: a block's scores are computed up to the diagonal (the
+// masked upper triangle is skipped, see row_block) into the thread's scratch, so memory is
+// O(block x T) per thread and nothing of size T x T outlives a block. The forward keeps each
+// row's log-sum-exp; the backward recomputes the block's probabilities from it.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/common/element_math.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -15,8 +17,9 @@
 namespace fuyou::cpu {
 namespace {
 
-// Row t of causal softmax: entries 0..t normalised, t+1..T-1 zeroed.
-FY_CLONES void softmax_causal_row(float* row, int t, int T) {
+// Row t of causal softmax: entries 0..t normalised, t+1..T-1 zeroed; returns the row's
+// log-sum-exp.
+FY_CLONES float softmax_causal_row(float* row, int t, int T) {
   // The maximum through 16 independent lanes: a plain running max is one serial chain of
   // scalar max instructions (GCC 12 vectorises neither it nor an omp simd max reduction),
   // which measured about a third of the softmax's time.
@@ -37,6 +40,15 @@ FY_CLONES void softmax_causal_row(float* row, int t, int T) {
   float inv = 1.0f / s;
 #pragma omp simd
   for (int j = 0; j <= t; ++j) row[j] *= inv;
+  for (int j = t + 1; j < T; ++j) row[j] = 0.0f;
+  return mx + std::log(s);
+}
+
+// Row t of the probabilities again from its scores and log-sum-exp: exp(s - lse) over 0..t,
+// zero past t.
+FY_CLONES void softmax_causal_row_recompute(float* row, float lse, int t, int T) {
+#pragma omp simd
+  for (int j = 0; j <= t; ++j) row[j] = math::exp_fast(row[j] - lse);
   for (int j = t + 1; j < T; ++j) row[j] = 0.0f;
 }
 
@@ -60,68 +72,84 @@ FY_CLONES void softmax_causal_row_backward(const float* prow, float* drow, int t
 // below which oneDNN's small-GEMM efficiency costs more than the skipped work saves.
 static int row_block(int T) { return std::max(64, T / 8); }
 
-void CpuKernels::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+// The calling thread's block scratch: n floats, grown once, then reused.
+static float* block_scratch(std::vector<float>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+void CpuKernels::attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C,
                                    int H) {
   const int hd = C / H;
   const int ld = 3 * C;
   const int bs = row_block(T);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int bh = 0; bh < B * H; ++bh) {
-    const int b = bh / H, h = bh % H;
-    const float* q = qkv + static_cast<size_t>(b) * T * ld + h * hd;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    float* p = att + static_cast<size_t>(bh) * T * T;
-    float* o = out + static_cast<size_t>(b) * T * C + h * hd;
-    for (int i0 = 0; i0 < T; i0 += bs) {
-      const int r = std::min(bs, T - i0), cols = i0 + r;
-      float* pi = p + static_cast<size_t>(i0) * T;
-      gemm_f32(false, true, r, cols, hd, scale, q + static_cast<size_t>(i0) * ld, ld, k, ld, 0.0f, pi, T);
-      for (int t = i0; t < i0 + r; ++t) softmax_causal_row(p + static_cast<size_t>(t) * T, t, T);
-      gemm_f32(false, false, r, hd, cols, 1.0f, pi, T, v, ld, 0.0f, o + static_cast<size_t>(i0) * C, C);
+#pragma omp parallel
+  {
+    static thread_local std::vector<float> pbuf;
+    float* pi = block_scratch(pbuf, static_cast<size_t>(bs) * T);
+#pragma omp for schedule(dynamic, 1)
+    for (int bh = 0; bh < B * H; ++bh) {
+      const int b = bh / H, h = bh % H;
+      const float* q = qkv + static_cast<size_t>(b) * T * ld + h * hd;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      float* o = out + static_cast<size_t>(b) * T * C + h * hd;
+      float* l = lse + static_cast<size_t>(bh) * T;
+      for (int i0 = 0; i0 < T; i0 += bs) {
+        const int r = std::min(bs, T - i0), cols = i0 + r;
+        gemm_f32(false, true, r, cols, hd, scale, q + static_cast<size_t>(i0) * ld, ld, k, ld, 0.0f, pi, T);
+        for (int t = i0; t < i0 + r; ++t) l[t] = softmax_causal_row(pi + static_cast<size_t>(t - i0) * T, t, T);
+        gemm_f32(false, false, r, hd, cols, 1.0f, pi, T, v, ld, 0.0f, o + static_cast<size_t>(i0) * C, C);
+      }
     }
   }
 }
 
-void CpuKernels::attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
-                                    const float* att, int B, int T, int C, int H) {
+// Per row block of queries: P from the scores and lse, dP = dO V^T, dS = softmax backward
+// (zero past the diagonal), dQ = dS K; the block's share of dV = P^T dO and dK = dS^T Q is
+// added to the keys it attends (0 .. the block's end), so dK and dV are sums over blocks.
+void CpuKernels::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                                    int B, int T, int C, int H) {
   const int hd = C / H;
   const int ld = 3 * C;
   const int bs = row_block(T);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int bh = 0; bh < B * H; ++bh) {
-    const int b = bh / H, h = bh % H;
-    size_t row0 = static_cast<size_t>(b) * T * ld + h * hd;
-    const float* q = qkv + row0;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    float* dq = dqkv + row0;
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
-    const float* p = att + static_cast<size_t>(bh) * T * T;
-    float* dp = datt + static_cast<size_t>(bh) * T * T;
-    const float* dO = dout + static_cast<size_t>(b) * T * C + h * hd;
-    // Row blocks: dP = dO V^T, then dS = softmax backward (zero past the diagonal), dQ = dS K.
-    for (int i0 = 0; i0 < T; i0 += bs) {
-      const int r = std::min(bs, T - i0), cols = i0 + r;
-      float* dpi = dp + static_cast<size_t>(i0) * T;
-      gemm_f32(false, true, r, cols, hd, 1.0f, dO + static_cast<size_t>(i0) * C, C, v, ld, 0.0f, dpi, T);
-      for (int t = i0; t < i0 + r; ++t)
-        softmax_causal_row_backward(p + static_cast<size_t>(t) * T, dp + static_cast<size_t>(t) * T,
-                                    t, T, scale);
-      gemm_f32(false, false, r, hd, cols, 1.0f, dpi, T, k, ld, 0.0f, dq + static_cast<size_t>(i0) * ld, ld);
-    }
-    // Column blocks: keys j0.. are attended only by queries j0..T-1, whose rows of P and dS
-    // are all computed above (zero above the diagonal). dV = P^T dO, dK = dS^T Q.
-    for (int j0 = 0; j0 < T; j0 += bs) {
-      const int c = std::min(bs, T - j0), rows = T - j0;
-      const size_t at = static_cast<size_t>(j0) * T + j0;
-      gemm_f32(true, false, c, hd, rows, 1.0f, p + at, T, dO + static_cast<size_t>(j0) * C, C, 0.0f,
-               dv + static_cast<size_t>(j0) * ld, ld);
-      gemm_f32(true, false, c, hd, rows, 1.0f, dp + at, T, q + static_cast<size_t>(j0) * ld, ld, 0.0f,
-               dk + static_cast<size_t>(j0) * ld, ld);
+#pragma omp parallel
+  {
+    static thread_local std::vector<float> pbuf, dpbuf;
+    float* pi = block_scratch(pbuf, static_cast<size_t>(bs) * T);
+    float* dpi = block_scratch(dpbuf, static_cast<size_t>(bs) * T);
+#pragma omp for schedule(dynamic, 1)
+    for (int bh = 0; bh < B * H; ++bh) {
+      const int b = bh / H, h = bh % H;
+      const size_t row0 = static_cast<size_t>(b) * T * ld + h * hd;
+      const float* q = qkv + row0;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      float* dq = dqkv + row0;
+      float* dk = dq + C;
+      float* dv = dq + 2 * C;
+      const float* dO = dout + static_cast<size_t>(b) * T * C + h * hd;
+      const float* l = lse + static_cast<size_t>(bh) * T;
+      for (int t = 0; t < T; ++t) {
+        std::fill(dk + static_cast<size_t>(t) * ld, dk + static_cast<size_t>(t) * ld + hd, 0.0f);
+        std::fill(dv + static_cast<size_t>(t) * ld, dv + static_cast<size_t>(t) * ld + hd, 0.0f);
+      }
+      for (int i0 = 0; i0 < T; i0 += bs) {
+        const int r = std::min(bs, T - i0), cols = i0 + r;
+        const float* qi = q + static_cast<size_t>(i0) * ld;
+        const float* dOi = dO + static_cast<size_t>(i0) * C;
+        gemm_f32(false, true, r, cols, hd, scale, qi, ld, k, ld, 0.0f, pi, T);
+        for (int t = i0; t < i0 + r; ++t) softmax_causal_row_recompute(pi + static_cast<size_t>(t - i0) * T, l[t], t, T);
+        gemm_f32(true, false, cols, hd, r, 1.0f, pi, T, dOi, C, 1.0f, dv, ld);
+        gemm_f32(false, true, r, cols, hd, 1.0f, dOi, C, v, ld, 0.0f, dpi, T);
+        for (int t = i0; t < i0 + r; ++t)
+          softmax_causal_row_backward(pi + static_cast<size_t>(t - i0) * T, dpi + static_cast<size_t>(t - i0) * T,
+                                      t, T, scale);
+        gemm_f32(false, false, r, hd, cols, 1.0f, dpi, T, k, ld, 0.0f, dq + static_cast<size_t>(i0) * ld, ld);
+        gemm_f32(true, false, cols, hd, r, 1.0f, dpi, T, qi, ld, 1.0f, dk, ld);
+      }
     }
   }
 }

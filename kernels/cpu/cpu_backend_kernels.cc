@@ -130,19 +130,20 @@ void CpuBackend::matmul_backward(void* din, void* dw, void* dbias, const void* d
                      s.in(w, W), N, IC, OC);
 }
 
-void CpuBackend::attention_forward(void* out, void* att, const void* qkv, int B, int T, int C,
-                                   int H) {
-  const size_t BT = static_cast<size_t>(B) * T, A = static_cast<size_t>(B) * H * T * T;
+// The CPU's attention keeps its block scratch per thread; the backend's scratch is unused.
+void CpuBackend::attention_forward(void* out, float* lse, float*, const void* qkv, int B, int T,
+                                   int C, int H) {
+  const size_t BT = static_cast<size_t>(B) * T;
   Stage s(storage_);
-  k_.attention_forward(s.out(out, BT * C), s.out(att, A), s.in(qkv, BT * 3 * C), B, T, C, H);
+  k_.attention_forward(s.out(out, BT * C), lse, s.in(qkv, BT * 3 * C), B, T, C, H);
 }
 
-void CpuBackend::attention_backward(void* dqkv, void* datt, const void* dout, const void* qkv,
-                                    const void* att, int B, int T, int C, int H) {
-  const size_t BT = static_cast<size_t>(B) * T, A = static_cast<size_t>(B) * H * T * T;
+void CpuBackend::attention_backward(void* dqkv, float*, const void* dout, const void* qkv,
+                                    const float* lse, int B, int T, int C, int H) {
+  const size_t BT = static_cast<size_t>(B) * T;
   Stage s(storage_);
-  k_.attention_backward(s.out(dqkv, BT * 3 * C), s.out(datt, A), s.in(dout, BT * C),
-                        s.in(qkv, BT * 3 * C), s.in(att, A), B, T, C, H);
+  k_.attention_backward(s.out(dqkv, BT * 3 * C), s.in(dout, BT * C), s.in(qkv, BT * 3 * C), lse, B, T,
+                        C, H);
 }
 
 void CpuBackend::gelu_forward(void* out, const void* in, size_t n) {

@@ -30,10 +30,10 @@ class CpuKernels {
                       int IC, int OC);
   void matmul_backward(float* din, float* dw, float* dbias, const float* dout, const float* in,
                        const float* w, int N, int IC, int OC);
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
-                         int H);
-  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
-                          const float* att, int B, int T, int C, int H);
+  // Attention without the backend's scratch (each thread keeps its own block scratch).
+  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int H);
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B,
+                          int T, int C, int H);
   void gelu_forward(float* out, const float* in, size_t n);
   void gelu_backward(float* din, const float* in, const float* dout, size_t n);
   void add(float* out, const float* a, const float* b, size_t n);

@@ -108,12 +108,13 @@ void StreamBackend::matmul_backward(void* din, void* dw, void* dbias, const void
                                     const void* w, int N, int IC, int OC) {
   kernel([=, this] { inner_->matmul_backward(din, dw, dbias, dout, in, w, N, IC, OC); });
 }
-void StreamBackend::attention_forward(void* out, void* att, const void* qkv, int B, int T, int C, int H) {
-  kernel([=, this] { inner_->attention_forward(out, att, qkv, B, T, C, H); });
+void StreamBackend::attention_forward(void* out, float* lse, float* scratch, const void* qkv, int B, int T, int C,
+                                      int H) {
+  kernel([=, this] { inner_->attention_forward(out, lse, scratch, qkv, B, T, C, H); });
 }
-void StreamBackend::attention_backward(void* dqkv, void* datt, const void* dout, const void* qkv,
-                                       const void* att, int B, int T, int C, int H) {
-  kernel([=, this] { inner_->attention_backward(dqkv, datt, dout, qkv, att, B, T, C, H); });
+void StreamBackend::attention_backward(void* dqkv, float* scratch, const void* dout, const void* qkv,
+                                       const float* lse, int B, int T, int C, int H) {
+  kernel([=, this] { inner_->attention_backward(dqkv, scratch, dout, qkv, lse, B, T, C, H); });
 }
 void StreamBackend::gelu_forward(void* out, const void* in, size_t n) {
   kernel([=, this] { inner_->gelu_forward(out, in, n); });

@@ -1,11 +1,12 @@
-// Causal self-attention on the CUDA backend, in its first, materialising form: the
-// probabilities att(B,H,T,T) that the Backend interface passes between forward and backward
-// are computed with strided-batched cuBLAS GEMMs (one call per batch row, batched over the
-// H heads) around a causal-softmax kernel. This is the same algorithm as the CPU backend
-// (kernels/cpu/attention.cc), so the two can be compared element by element; a tiled
-// flash-attention form that never writes att needs an interface without att (docs/cuda.md).
-// The attention GEMMs stay fp32 whatever runtime.precision says: the precision applies to
-// matmul_forward / matmul_backward only, as on the CPU backend.
+// Causal self-attention on the CUDA backend, in an unfused form: for one (batch row, head)
+// at a time, cuBLAS GEMMs around causal-softmax kernels in the (2, T, T) fp32 scratch the
+// model's workspace lends (Backend::attention_forward). The forward keeps each query row's
+// log-sum-exp; the backward recomputes the probabilities from it, as the CPU backend
+// (kernels/cpu/attention.cc) does block by block, so the two can be compared element by
+// element. Nothing of size T x T outlives a call. A fused (flash) kernel would need no
+// scratch and run far fewer launches (docs/cuda.md). The attention GEMMs stay fp32 whatever
+// runtime.precision says: the precision applies to matmul_forward / matmul_backward only,
+// as on the CPU backend.
 #include <cmath>
 
 #include "kernels/common/element_math.h"
@@ -15,104 +16,96 @@
 namespace fuyou::cuda {
 namespace {
 
-// One block per row r of att viewed as (B*H*T, T); the row's query position is t = r % T.
-// Entries 0..t become the softmax of the scores, t+1..T-1 zero (the CPU's
-// softmax_causal_row, with the block reductions replacing its serial loops).
-__global__ void softmax_causal_k(float* att, int T) {
-  const size_t r = blockIdx.x;
-  const int t = static_cast<int>(r % T);
-  float* row = att + r * T;
+// One block per row t of s(T,T): entries 0..t become the softmax of the scores, t+1..T-1
+// zero, and lse[t] the row's log-sum-exp (the CPU's softmax_causal_row, with the block
+// reductions replacing its serial loops).
+__global__ void softmax_causal_k(float* s, float* lse, int T) {
+  const int t = blockIdx.x;
+  float* row = s + static_cast<size_t>(t) * T;
   float mx = -INFINITY;
   for (int j = threadIdx.x; j <= t; j += blockDim.x) mx = fmaxf(mx, row[j]);
   mx = block_reduce(mx, MaxOp{}, -INFINITY);
-  float s = 0.0f;
+  float sum = 0.0f;
   for (int j = threadIdx.x; j <= t; j += blockDim.x) {
     float e = math::exp_fast(row[j] - mx);
     row[j] = e;
-    s += e;
+    sum += e;
   }
-  s = block_reduce(s, SumOp{}, 0.0f);
-  const float inv = 1.0f / s;
+  sum = block_reduce(sum, SumOp{}, 0.0f);
+  const float inv = 1.0f / sum;
   for (int j = threadIdx.x; j < T; j += blockDim.x) row[j] = j <= t ? row[j] * inv : 0.0f;
+  if (threadIdx.x == 0) lse[t] = mx + logf(sum);
+}
+
+// One block per row t: the probabilities again from the scores, exp(s - lse[t]) over 0..t,
+// zero past t (the CPU's softmax_causal_row_recompute). In place.
+__global__ void softmax_recompute_k(float* s, const float* lse, int T) {
+  const int t = blockIdx.x;
+  float* row = s + static_cast<size_t>(t) * T;
+  const float l = lse[t];
+  for (int j = threadIdx.x; j < T; j += blockDim.x) row[j] = j <= t ? math::exp_fast(row[j] - l) : 0.0f;
 }
 
 // One block per row: dS = scale * P * (dP - sum_j P_j dP_j) over 0..t, zero past t (the
 // CPU's softmax_causal_row_backward). In place on dP.
-__global__ void softmax_causal_backward_k(const float* att, float* datt, int T, float scale) {
-  const size_t r = blockIdx.x;
-  const int t = static_cast<int>(r % T);
-  const float* p = att + r * T;
-  float* d = datt + r * T;
+__global__ void softmax_causal_backward_k(const float* p, float* dp, int T, float scale) {
+  const int t = blockIdx.x;
+  const float* pr = p + static_cast<size_t>(t) * T;
+  float* d = dp + static_cast<size_t>(t) * T;
   float dot = 0.0f;
-  for (int j = threadIdx.x; j <= t; j += blockDim.x) dot += p[j] * d[j];
+  for (int j = threadIdx.x; j <= t; j += blockDim.x) dot += pr[j] * d[j];
   dot = block_reduce(dot, SumOp{}, 0.0f);
-  for (int j = threadIdx.x; j < T; j += blockDim.x)
-    d[j] = j <= t ? scale * p[j] * (d[j] - dot) : 0.0f;
+  for (int j = threadIdx.x; j < T; j += blockDim.x) d[j] = j <= t ? scale * pr[j] * (d[j] - dot) : 0.0f;
 }
 
 }  // namespace
 
-void CudaBackend::attention_forward(void* out_v, void* att_v, const void* qkv_v, int B, int T, int C,
-                                    int H) {
+// For batch row b, head h: q at qkv + b*T*3C + h*hd with row stride 3C, k at +C, v at +2C.
+void CudaBackend::attention_forward(void* out_v, float* lse, float* scratch, const void* qkv_v, int B, int T,
+                                    int C, int H) {
   float* out = static_cast<float*>(out_v);
-  float* att = static_cast<float*>(att_v);
   const float* qkv = static_cast<const float*>(qkv_v);
   if (!B || !T) return;
   const int hd = C / H, ld = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const long long TT = static_cast<long long>(T) * T;
-  // For batch row b, head h: q at qkv + b*T*3C + h*hd with row stride 3C, k at +C, v at +2C;
-  // heads are hd apart, so the H heads of one b form one strided batch.
-  for (int b = 0; b < B; ++b) {
-    const float* q = qkv + static_cast<size_t>(b) * T * ld;
-    float* p = att + static_cast<size_t>(b) * H * TT;
-    gemm(false, true, T, T, hd, scale, q, ld, hd, q + C, ld, hd, 0.0f, p, T, TT, H, false);
-  }
-  FY_LAUNCH(softmax_causal_k, static_cast<unsigned>(static_cast<size_t>(B) * H * T), kRowThreads,
-            att, T);
-  for (int b = 0; b < B; ++b) {
-    const float* v = qkv + static_cast<size_t>(b) * T * ld + 2 * C;
-    const float* p = att + static_cast<size_t>(b) * H * TT;
-    float* o = out + static_cast<size_t>(b) * T * C;
-    gemm(false, false, T, hd, T, 1.0f, p, T, TT, v, ld, hd, 0.0f, o, C, hd, H, false);
-  }
+  float* s = scratch;  // (T, T)
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h) {
+      const float* q = qkv + static_cast<size_t>(b) * T * ld + h * hd;
+      float* o = out + static_cast<size_t>(b) * T * C + h * hd;
+      float* l = lse + (static_cast<size_t>(b) * H + h) * T;
+      gemm(false, true, T, T, hd, scale, q, ld, 0, q + C, ld, 0, 0.0f, s, T, 0, 1, false);
+      FY_LAUNCH(softmax_causal_k, static_cast<unsigned>(T), kRowThreads, s, l, T);
+      gemm(false, false, T, hd, T, 1.0f, s, T, 0, q + 2 * C, ld, 0, 0.0f, o, C, 0, 1, false);
+    }
 }
 
-void CudaBackend::attention_backward(void* dqkv_v, void* datt_v, const void* dout_v, const void* qkv_v,
-                                     const void* att_v, int B, int T, int C, int H) {
+void CudaBackend::attention_backward(void* dqkv_v, float* scratch, const void* dout_v, const void* qkv_v,
+                                     const float* lse, int B, int T, int C, int H) {
   float* dqkv = static_cast<float*>(dqkv_v);
-  float* datt = static_cast<float*>(datt_v);
   const float* dout = static_cast<const float*>(dout_v);
   const float* qkv = static_cast<const float*>(qkv_v);
-  const float* att = static_cast<const float*>(att_v);
   if (!B || !T) return;
   const int hd = C / H, ld = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const long long TT = static_cast<long long>(T) * T;
-  for (int b = 0; b < B; ++b) {
-    const size_t row0 = static_cast<size_t>(b) * T * ld;
-    const float* v = qkv + row0 + 2 * C;
-    float* dv = dqkv + row0 + 2 * C;
-    const float* p = att + static_cast<size_t>(b) * H * TT;
-    float* dp = datt + static_cast<size_t>(b) * H * TT;
-    const float* dO = dout + static_cast<size_t>(b) * T * C;
-    // dP = dO V^T ; dV = P^T dO
-    gemm(false, true, T, T, hd, 1.0f, dO, C, hd, v, ld, hd, 0.0f, dp, T, TT, H, false);
-    gemm(true, false, T, hd, T, 1.0f, p, T, TT, dO, C, hd, 0.0f, dv, ld, hd, H, false);
-  }
-  FY_LAUNCH(softmax_causal_backward_k, static_cast<unsigned>(static_cast<size_t>(B) * H * T),
-            kRowThreads, att, datt, T, scale);
-  for (int b = 0; b < B; ++b) {
-    const size_t row0 = static_cast<size_t>(b) * T * ld;
-    const float* q = qkv + row0;
-    const float* k = q + C;
-    float* dq = dqkv + row0;
-    float* dk = dq + C;
-    const float* ds = datt + static_cast<size_t>(b) * H * TT;
-    // dQ = dS K ; dK = dS^T Q
-    gemm(false, false, T, hd, T, 1.0f, ds, T, TT, k, ld, hd, 0.0f, dq, ld, hd, H, false);
-    gemm(true, false, T, hd, T, 1.0f, ds, T, TT, q, ld, hd, 0.0f, dk, ld, hd, H, false);
-  }
+  float* p = scratch;                                    // (T, T) probabilities
+  float* dp = scratch + static_cast<size_t>(T) * T;      // (T, T) their gradient
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h) {
+      const size_t row0 = static_cast<size_t>(b) * T * ld + h * hd;
+      const float *q = qkv + row0, *k = q + C, *v = q + 2 * C;
+      float *dq = dqkv + row0, *dk = dq + C, *dv = dq + 2 * C;
+      const float* dO = dout + static_cast<size_t>(b) * T * C + h * hd;
+      const float* l = lse + (static_cast<size_t>(b) * H + h) * T;
+      // P from the scores and lse; dV = P^T dO; dP = dO V^T; dS; dQ = dS K; dK = dS^T Q.
+      gemm(false, true, T, T, hd, scale, q, ld, 0, k, ld, 0, 0.0f, p, T, 0, 1, false);
+      FY_LAUNCH(softmax_recompute_k, static_cast<unsigned>(T), kRowThreads, p, l, T);
+      gemm(true, false, T, hd, T, 1.0f, p, T, 0, dO, C, 0, 0.0f, dv, ld, 0, 1, false);
+      gemm(false, true, T, T, hd, 1.0f, dO, C, 0, v, ld, 0, 0.0f, dp, T, 0, 1, false);
+      FY_LAUNCH(softmax_causal_backward_k, static_cast<unsigned>(T), kRowThreads, p, dp, T, scale);
+      gemm(false, false, T, hd, T, 1.0f, dp, T, 0, k, ld, 0, 0.0f, dq, ld, 0, 1, false);
+      gemm(true, false, T, hd, T, 1.0f, dp, T, 0, q, ld, 0, 0.0f, dk, ld, 0, 1, false);
+    }
 }
 
 }  // namespace fuyou::cuda

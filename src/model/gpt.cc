@@ -240,7 +240,7 @@ void for_each_activation(const ModelConfig& cfg, int B, LayerActivations& a, Fn&
   if (ln) fn(a.ln1_mean, N);
   fn(a.ln1_rstd, N);
   fn(a.qkv, N * 3 * C);
-  fn(a.att, B * H * T * T);
+  fn(a.lse, B * H * T);
   fn(a.atty, N * C);
   fn(a.res2, N * C);
   fn(a.ln2, N * C);
@@ -254,13 +254,13 @@ void for_each_activation(const ModelConfig& cfg, int B, LayerActivations& a, Fn&
 // The one list of a model's own device buffers besides parameters, gradients and per-layer
 // activations (those three exist only in ModelState::kFull).
 struct Workspace {
-  void *lnf, *logits, *dres, *dtmp, *dqkv, *datt, *dfc, *qkvc, *dqkvc, *dgu;
-  float *lnf_mean, *lnf_rstd, *losses, *lse;
+  void *lnf, *logits, *dres, *dtmp, *dqkv, *dfc, *qkvc, *dqkvc, *dgu;
+  float *lnf_mean, *lnf_rstd, *losses, *lse, *att_scratch;
 };
 template <typename Fn>
 void for_each_workspace(const ModelConfig& cfg, int B, Workspace& w, Fn&& fn) {
   const size_t C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size, T = cfg.seq_len;
-  const size_t H = cfg.n_head, N = static_cast<size_t>(B) * T;
+  const size_t N = static_cast<size_t>(B) * T;
   const size_t KV = static_cast<size_t>(cfg.kv_heads()) * cfg.head_size();
   const Family fam = model_family(cfg);
   fn(w.lnf, N * C, "final norm");
@@ -272,7 +272,7 @@ void for_each_workspace(const ModelConfig& cfg, int B, Workspace& w, Fn&& fn) {
   fn(w.dres, N * C, "backward scratch");
   fn(w.dtmp, N * C, "backward scratch");
   fn(w.dqkv, N * 3 * C, "backward scratch");
-  fn(w.datt, B * H * T * T, "backward scratch");
+  fn(w.att_scratch, 2 * T * T, "attention scratch");
   fn(w.dfc, N * F, "backward scratch");
   if (fam == Family::kLlama) {
     if (KV != C) {  // grouped-query attention: the compact q|k|v before heads are repeated
@@ -343,7 +343,7 @@ GptModel::GptModel(const ModelConfig& cfg, Backend& backend, int micro_batch, Mo
   dres_ = w.dres;
   dtmp_ = w.dtmp;
   dqkv_ = w.dqkv;
-  datt_ = w.datt;
+  att_scratch_ = w.att_scratch;
   dfc_ = w.dfc;
   qkvc_ = w.qkvc;
   dqkvc_ = w.dqkvc;
@@ -431,7 +431,7 @@ void GptModel::block_forward(const LayerTensors& w, const void* x_in, const Laye
   } else {
     be_.matmul_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C);
   }
-  be_.attention_forward(a.atty, a.att, a.qkv, B_, T, C, H);
+  be_.attention_forward(a.atty, a.lse, att_scratch_, a.qkv, B_, T, C, H);
   be_.matmul_forward(a.res2, a.atty, w.proj_w, w.proj_b, N, C, C);
   be_.add(a.res2, a.res2, x_in, static_cast<size_t>(N) * C);
   norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b);
@@ -504,7 +504,7 @@ void GptModel::block_backward(const LayerTensors& w, const LayerTensors& dw, con
   norm_backward(dres, dw.ln2_w, dw.ln2_b, dtmp_, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd);
   // Attention: dres now holds dL/d(res2).
   be_.matmul_backward(dtmp_, dw.proj_w, dw.proj_b, dres, a.atty, w.proj_w, N, C, C);
-  be_.attention_backward(dqkv_, datt_, dtmp_, a.qkv, a.att, B_, T, C, H);
+  be_.attention_backward(dqkv_, att_scratch_, dtmp_, a.qkv, a.lse, B_, T, C, H);
   if (family_ == Family::kLlama) {
     void* dqkvc = Hkv == H ? dqkv_ : dqkvc_;
     if (Hkv != H) be_.repeat_kv_backward(dqkvc, dqkv_, N, H, Hkv, D);
