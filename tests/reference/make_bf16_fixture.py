@@ -34,7 +34,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt_ref import GPT, GPTConfig, adamw_param_groups, init_weights, lr_at, param_names  # noqa: E402
 from make_fixtures import (BETA1, BETA2, EPS, FIXTURES, STEPS, WARMUP, WEIGHT_DECAY,  # noqa: E402
-                           write_safetensors)
+                           deterministic_torch, write_safetensors)
 
 OUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "bf16")
 
@@ -125,9 +125,7 @@ def make_fixture(fx):
 
 
 def main():
-    torch.set_default_dtype(torch.float32)
-    torch.set_num_threads(1)          # fixed reduction order -> identical bytes every run
-    torch.use_deterministic_algorithms(True)
+    deterministic_torch()
     for fx in FIXTURES:
         if fx["name"] != "tiny_b_clip":  # tiny_b with another clip: nothing new for bf16
             make_fixture(fx)

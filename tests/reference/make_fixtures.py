@@ -163,10 +163,15 @@ def make_fixture(fx):
     print(f"{fx['name']}: wrote {path} ({os.path.getsize(path)} bytes)")
 
 
-def main():
+def deterministic_torch():
+    """Single-threaded, deterministic PyTorch: reruns write byte-identical fixtures."""
     torch.set_default_dtype(torch.float32)
-    torch.set_num_threads(1)          # fixed reduction order -> identical bytes every run
+    torch.set_num_threads(1)          # fixed reduction order
     torch.use_deterministic_algorithms(True)
+
+
+def main():
+    deterministic_torch()
     for fx in FIXTURES:
         make_fixture(fx)
 
