@@ -3,6 +3,7 @@
 // bf16 tensors stays within bf16 rounding of the fp32 model; training keeps fp32 master
 // weights and writes the device's bf16 weights in the update's own pass.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -21,6 +22,7 @@
 #include "fuyou/train.h"
 #include "kernels/common/element_math.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/stage.h"
 #include "reference_fixture.h"
 #include "test_support.h"
 
@@ -84,7 +86,8 @@ void check_kernel(const char* what, std::vector<Pair*> tensors,
 
 TEST_CASE("every CPU kernel on bf16 tensors is the fp32 kernel rounded once", "[bf16]") {
   Rng rng(41);
-  const int B = 2, T = 24, C = 32, H = 4, F = 64, V = 40, N = B * T;
+  // T spans two attention row blocks (64 rows each); N * F passes the conversions' parallel threshold.
+  const int B = 2, T = 80, C = 32, H = 4, F = 256, V = 40, N = B * T;
   const size_t NC = static_cast<size_t>(N) * C;
   std::vector<float> mean(N), rstd(N), mean2(N), rstd2(N), losses(N), lse(N);
   std::vector<int32_t> targets(N);
@@ -116,6 +119,7 @@ TEST_CASE("every CPU kernel on bf16 tensors is the fp32 kernel rounded once", "[
     });
     // bf16 GEMM inputs too: with bf16 tensors oneDNN multiplies the stored operands directly
     // (on AVX-512 CPUs; elsewhere the fp32 GEMM on the same values), the same bits.
+    if (!cpu::bf16_gemm_native()) WARN("no oneDNN bf16 matmul on this CPU: only the fp32 fallback path runs here");
     for (bool fallback : {false, true}) {
       cpu::set_bf16_gemm_fallback(fallback);
       INFO("fp32 fallback forced " << fallback);
@@ -341,6 +345,48 @@ TEST_CASE("training with bf16 device tensors: fp32 master, bf16 weights written 
   CHECK(std::fabs(losses[1][0] - losses[0][0]) <= 24 * kBf16U * losses[0][0]);
   // Later steps drift apart as rounding compounds through the updates; both converge alike.
   CHECK(std::fabs(losses[1].back() - losses[0].back()) <= 0.1 * losses[0].front());
+}
+
+TEST_CASE("the CPU backend's kernel scratch with bf16 tensors stays within what the budgets count", "[bf16]") {
+  // A training step and a validation pass run every kernel on this thread (in memory);
+  // the fp32 views they took must fit the bound the host budget and the planner count.
+  for (const char* family : {"gpt2", "llama"}) {
+    INFO("family " << family);
+    Config cfg = parse_config(str("model: {family: ", family, ", n_layer: 2, n_head: 4, d_model: 64, d_ff: 160, "
+                                  "vocab_size: 300, seq_len: 32", std::string(family) == "llama" ? ", n_kv_head: 2" : "",
+                                  "}\nschedule: {micro_batch: 3}\n"
+                                  "runtime: {backend: cpu, threads: 2, device_tensors: bf16, precision: bf16}\n"),
+                              "<test>");
+    auto be = make_cpu_backend(2, 0);
+    apply_precision(*be, cfg.runtime);
+    StepRunner r(cfg, *be);
+    r.init_params();
+    cpu::release_stage_scratch();  // earlier tests' calls on this thread do not count
+    std::vector<int32_t> batch(3 * 33);
+    for (size_t i = 0; i < batch.size(); ++i) batch[i] = static_cast<int32_t>((i * 7 + 3) % 300);
+    r.step(0, {batch.data()});
+    r.eval_loss(batch.data());
+    const size_t used = cpu::stage_scratch_bytes(), bound = cpu_kernel_scratch_bytes(cfg.model, 3);
+    INFO("scratch " << used << " bytes, bound " << bound);
+    CHECK(used > 0);
+    CHECK(used <= bound);
+    CHECK(in_memory_host_bytes(cfg.model, 3, true, 2) ==
+          in_memory_host_bytes(cfg.model, 3, true, 4) - in_memory_device_bytes(cfg.model, 3, 4) +
+              in_memory_device_bytes(cfg.model, 3, 2) + bound);
+    // The planner counts it where the device is host memory, and only there.
+    PlanRequest req = plan_request(cfg);
+    req.have_ssd = false;
+    req.device_in_host = true;
+    const Plan cpu_plan = make_plan(req);
+    req.device_in_host = false;
+    const Plan gpu_plan = make_plan(req);
+    auto scratch_in = [](const Plan& p) {
+      return std::count_if(p.buffers.begin(), p.buffers.end(),
+                           [](const PlanBuffer& b) { return b.kind == BufferKind::kKernelScratch; });
+    };
+    CHECK(scratch_in(cpu_plan) == 1);
+    CHECK(scratch_in(gpu_plan) == 0);
+  }
 }
 
 TEST_CASE("runtime.device_tensors is validated, reaches the backend and the plan", "[bf16]") {

@@ -205,6 +205,25 @@ TEST_CASE("resume with fp16 loss scaling keeps the scale and the skipped steps",
   CHECK(tensors(s.run("full") + "/model.safetensors") == tensors(s.run("off") + "/model.safetensors"));
 }
 
+TEST_CASE("resume with bf16 device tensors continues bit for bit, in memory and offloaded", "[checkpoint][bf16]") {
+  // The checkpoint holds the fp32 master and moments; the device's bf16 weights are rounded
+  // from the master on restore, as the update rounds them every step.
+  Scratch s("bf16");
+  Config cfg = base_config(s, "runtime.device_tensors=bf16");
+  train(cfg, s.run("mem"));
+  resume(s.run("mem") + "/checkpoints/step-3", s.run("mem-r3"));
+  check_resumed_equals(s.run("mem"), s.run("mem-r3"), 3, 8);
+  Config off = cfg;
+  offload_everything(&off, s);
+  train(off, s.run("off"));
+  CHECK(tensors(s.run("mem") + "/model.safetensors") == tensors(s.run("off") + "/model.safetensors"));
+  resume(s.run("off") + "/checkpoints/step-6", s.run("off-r6"));
+  check_resumed_equals(s.run("off"), s.run("off-r6"), 6, 8);
+  // The tensor type is part of the trajectory: a resume keeps it.
+  CHECK_THROWS_WITH(resume_config(resolve_checkpoint(s.run("mem")), "", {"runtime.device_tensors=fp32"}),
+                    Contains("runtime.device_tensors"));
+}
+
 TEST_CASE("a resume refuses changed trajectory keys and data, and allows the documented ones", "[checkpoint]") {
   Scratch s("refuse");
   train(base_config(s), s.run("a"));

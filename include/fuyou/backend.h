@@ -96,9 +96,9 @@ class Backend {
 
   // ---- transformer kernels ------------------------------------------------------------
   // Tensors passed as void* are of the backend's storage type (storage_type(): fp32, or bf16
-  // with runtime.device_tensors: bf16): weights, activations, gradients, logits, attention
-  // probabilities. Tensors passed as float* are always fp32: the norms' mean and rstd, the
-  // losses and the log-sum-exp. Every kernel computes in fp32 whatever the storage type
+  // with runtime.device_tensors: bf16): weights, activations, gradients, logits. Tensors passed
+  // as float* are always fp32: the norms' mean and rstd, the losses, the log-sum-exps and the
+  // attention's scratch. Every kernel computes in fp32 whatever the storage type
   // (loads widen, stores round to nearest even), and accumulates its sums in fp32 or wider.
   //
   // out(N,C) = wte[tokens[n]] + wpe[n % T]. wpe may be null (a family without a position

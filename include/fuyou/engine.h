@@ -59,7 +59,8 @@ uint64_t in_memory_device_bytes(const ModelConfig& m, int micro_batch, size_t el
 bool wants_offload(const Config& cfg);
 // Host bytes in-memory training needs: the process baseline, fp32 master weights, gradients
 // and Adam moments (16 bytes per parameter) and, where the device is host memory
-// (Backend::device_is_host_memory: the CPU backend), the device arena. An in-memory run with
+// (Backend::device_is_host_memory: the CPU backend), the device arena and, with 16-bit
+// tensors, its kernels' fp32 scratch (cpu_kernel_scratch_bytes). An in-memory run with
 // offload.host_memory set is refused at start when this exceeds it.
 uint64_t in_memory_host_bytes(const ModelConfig& m, int micro_batch, bool device_in_host, size_t elem_bytes);
 

@@ -127,6 +127,10 @@ struct LayerActivations {
 // way): the same lists the model allocates from.
 size_t layer_activation_bytes(const ModelConfig& cfg, int B, size_t elem_bytes);
 size_t model_workspace_bytes(const ModelConfig& cfg, int B, size_t elem_bytes);
+// Host bytes the CPU backend's kernels take beside its arena with 16-bit tensors: the fp32
+// views of the largest kernel call's tensors (kernels/cpu/stage.h), an upper bound over the
+// model's calls at micro-batch B.
+size_t cpu_kernel_scratch_bytes(const ModelConfig& cfg, int B);
 
 // Fills a host array laid out by `layout` with the initial weights: normal(0, init_std) for
 // matrices and embeddings, scaled by 1/sqrt(2 n_layer) for the two residual projections

@@ -113,6 +113,7 @@ enum class BufferKind {
   kStateStage,                   // 16-bit tensors only: one group's fp32 state on its way to or from a checkpoint
   kOptimChunks,                  // the out-of-core optimizer's chunk slots
   kDeviceArena,                  // the device's memory where it is host memory (CPU backend)
+  kKernelScratch,                // the CPU backend's fp32 views of 16-bit tensors (cpu_kernel_scratch_bytes)
   kProcess,                      // code, libraries, allocator, thread stacks
   // SSD.
   kSsdWeights,                   // index: layer

@@ -1,6 +1,7 @@
 #include "kernels/cpu/stage.h"
 
 #include <algorithm>
+#include <exception>
 #include <vector>
 
 #include "fuyou/error.h"
@@ -10,9 +11,13 @@
 namespace fuyou::cpu {
 namespace {
 
-// Per thread: the scratch buffers of the Stage in use (one per view), and whether one is.
+// Per thread: the scratch of the Stage in use, views carved one after another from the last
+// block; a call that outgrows it adds a block, and at its end the blocks become one of the
+// call's total size, so once warm one block serves every call (the largest call's views).
 struct Scratch {
-  std::vector<float> bufs[8];
+  std::vector<std::vector<float>> blocks;
+  size_t used = 0;   // floats carved from blocks.back() by the Stage in use
+  size_t total = 0;  // floats carved by the Stage in use
   bool busy = false;
 };
 thread_local Scratch scratch_of_thread;
@@ -70,15 +75,43 @@ Stage::Stage(ElemType t) : t_(t) {
 
 Stage::~Stage() {
   if (t_ == ElemType::kF32) return;
-  for (int i = 0; i < nback_; ++i) round_to_bf16(back_[i].dst, back_[i].src, back_[i].n);
-  scratch_of_thread.busy = false;
+  // A kernel that threw left its outputs unfinished: the tensors keep what they held.
+  if (std::uncaught_exceptions() == 0)
+    for (int i = 0; i < nback_; ++i) round_to_bf16(back_[i].dst, back_[i].src, back_[i].n);
+  Scratch& s = scratch_of_thread;
+  if (s.blocks.size() > 1) {
+    s.blocks.clear();
+    s.blocks.emplace_back(s.total);
+  }
+  s.used = s.total = 0;
+  s.busy = false;
+}
+
+size_t stage_scratch_bytes() {
+  size_t n = 0;
+  for (const auto& b : scratch_of_thread.blocks) n += b.capacity() * sizeof(float);
+  return n;
+}
+
+void release_stage_scratch() {
+  FY_CHECK(!scratch_of_thread.busy, "release_stage_scratch inside a kernel");
+  scratch_of_thread.blocks.clear();
+  scratch_of_thread.blocks.shrink_to_fit();
 }
 
 float* Stage::scratch(size_t n) {
   FY_CHECK(used_ < kMaxViews, "CPU backend: more than ", kMaxViews, " tensors in one kernel");
-  std::vector<float>& b = scratch_of_thread.bufs[used_++];
-  if (b.size() < n) b.resize(n);
-  return b.data();
+  ++used_;
+  Scratch& s = scratch_of_thread;
+  n = (n + 15) / 16 * 16;  // 64-byte aligned views
+  if (s.blocks.empty() || s.blocks.back().size() - s.used < n) {
+    s.blocks.emplace_back(n);
+    s.used = 0;
+  }
+  float* p = s.blocks.back().data() + s.used;
+  s.used += n;
+  s.total += n;
+  return p;
 }
 
 const float* Stage::in(const void* p, size_t n) {

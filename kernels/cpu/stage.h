@@ -19,7 +19,7 @@ namespace fuyou::cpu {
 class Stage {
  public:
   explicit Stage(ElemType t);
-  ~Stage();  // rounds outputs and accumulators into their tensors
+  ~Stage();  // rounds outputs and accumulators into their tensors (unless unwinding)
   Stage(const Stage&) = delete;
   Stage& operator=(const Stage&) = delete;
 
@@ -41,5 +41,11 @@ class Stage {
   Back back_[kMaxViews];
   int nback_ = 0;
 };
+
+// Bytes of fp32 scratch the calling thread's Stages hold (tests: within
+// cpu_kernel_scratch_bytes).
+size_t stage_scratch_bytes();
+// Frees it (tests: a measurement starts from nothing).
+void release_stage_scratch();
 
 }  // namespace fuyou::cpu

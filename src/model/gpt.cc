@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <type_traits>
@@ -9,7 +10,7 @@
 namespace fuyou {
 namespace {
 
-// Tensors start on 16-float (64-byte) boundaries so vector loops never straddle two.
+// Tensors start on 16-element boundaries (64 bytes of fp32, 32 of bf16).
 constexpr size_t kAlign = 16;
 
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
@@ -304,6 +305,19 @@ size_t model_workspace_bytes(const ModelConfig& cfg, int B, size_t es) {
   for_each_workspace(cfg, B, w, [&](auto*& p, size_t k, const char*) { n += entry_bytes(p, k, es); });
   // + the input and target token ids
   return n + 2 * sizeof(int32_t) * static_cast<size_t>(B) * cfg.seq_len;
+}
+
+size_t cpu_kernel_scratch_bytes(const ModelConfig& cfg, int B) {
+  const size_t C = cfg.d_model, V = cfg.vocab_size, N = static_cast<size_t>(B) * cfg.seq_len;
+  const size_t F = model_family(cfg) == Family::kLlama ? 2 * cfg.d_ff : cfg.d_ff;  // fc's outputs
+  const size_t QKV = C + 2 * static_cast<size_t>(cfg.kv_heads()) * cfg.head_size();
+  // Every view of one call, per kernel: a matmul backward's din, dw, dbias, dout, in and w;
+  // the attention backward's dqkv, dout and qkv (3C wide after repeating k/v heads); a norm
+  // backward's din, dout, in and three weight vectors.
+  auto matmul_bwd = [&](size_t IC, size_t OC) { return 2 * N * IC + 2 * OC * IC + OC + N * OC; };
+  const size_t most = std::max({matmul_bwd(C, V), matmul_bwd(C, QKV), matmul_bwd(C, F), matmul_bwd(cfg.d_ff, C),
+                                7 * N * C, 3 * N * C + 3 * C, 5 * N * cfg.d_ff});
+  return sizeof(float) * most;
 }
 
 template <typename P>

@@ -190,7 +190,8 @@ PlanRequest plan_request(const Config& cfg) {
 
 uint64_t in_memory_host_bytes(const ModelConfig& m, int micro_batch, bool device_in_host, size_t elem_bytes) {
   const uint64_t params = make_gpt_layout(m).total;
-  const uint64_t arena = device_in_host ? in_memory_device_bytes(m, micro_batch, elem_bytes) : 0;
+  uint64_t arena = device_in_host ? in_memory_device_bytes(m, micro_batch, elem_bytes) : 0;
+  if (device_in_host && elem_bytes < 4) arena += cpu_kernel_scratch_bytes(m, micro_batch);
   return kProcessBaseline + 16 * params + arena;
 }
 
@@ -209,7 +210,8 @@ void check_in_memory_host_budget(const Config& cfg, bool device_in_host) {
       format_size(budget), " (", format_size(kProcessBaseline), " process, ", format_size(state),
       " fp32 master weights, gradients and Adam moments",
       device_in_host ? str(", ", format_size(need - kProcessBaseline - state),
-                                      " device arena, which the CPU backend keeps in host memory")
+                                      " device arena (and its kernels' scratch with bf16 tensors), which the CPU "
+                                      "backend keeps in host memory")
                                 : std::string(),
       "); raise offload.host_memory, or set offload.ssd_paths to train offloaded with "
       "optimizer state on SSD"));

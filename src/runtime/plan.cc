@@ -138,8 +138,10 @@ class Placer {
   // weights.
   void count_fixed_host(const std::vector<ActPlacement>& acts) {
     host_fixed_ = kProcessBaseline + (req_.device_in_host ? device_total_ : 0);
-    // 16-bit tensors: the checkpoint state staging (plan_buffers.cc).
+    // 16-bit tensors: the checkpoint state staging, and on the CPU backend its kernels' fp32
+    // views (plan_buffers.cc).
     if (sz_.es < 4) host_fixed_ += 4 * std::max(sz_.weights, std::max(sz_.embed, sz_.final)) / sz_.es;
+    if (sz_.es < 4 && req_.device_in_host) host_fixed_ += cpu_kernel_scratch_bytes(req_.model, req_.micro_batch);
     uint64_t ssd_ckpt_layers = 0;
     for (ActPlacement x : acts) {
       if (x == ActPlacement::kHost) host_ckpt_ += sz_.ckpt;
@@ -180,7 +182,7 @@ class Placer {
     return req_.have_ssd ? staging_layers * sz_.weights + ooc_chunk_pool_bytes() : 0;
   }
 
-  // Layer weights on the host while they fit (4 bytes per parameter), else on SSD. First,
+  // Layer weights on the host while they fit, else on SSD. First,
   // the updates of the embedding and of layers 0 and 1 are the last of an iteration (at or
   // after the last layer backward, which is short beside an update streaming its state) and
   // the next iteration's forward starts with their results, so their state's SSD traffic

@@ -50,6 +50,7 @@ const char* buffer_kind_name(BufferKind k) {
     case BufferKind::kStateStage: return "state_stage";
     case BufferKind::kOptimChunks: return "optim_chunks";
     case BufferKind::kDeviceArena: return "device_arena";
+    case BufferKind::kKernelScratch: return "kernel_scratch";
     case BufferKind::kProcess: return "process";
     case BufferKind::kSsdWeights: return "weights.layer";
     case BufferKind::kSsdCkpt: return "ckpt.layer";
@@ -185,6 +186,9 @@ std::vector<PlanBuffer> buffer_table(const Plan& plan, bool have_ssd, bool devic
   const Tier H = Tier::kHost, S = Tier::kSsd;
   t.add(BufferKind::kProcess, 0, H, kProcessBaseline, "process baseline");
   if (device_is_host_memory) t.add(BufferKind::kDeviceArena, 0, H, device_total, "device arena (CPU backend: host memory)");
+  if (device_is_host_memory && sz.es < 4)
+    t.add(BufferKind::kKernelScratch, 0, H, cpu_kernel_scratch_bytes(m, plan.micro_batch),
+          "kernel scratch (CPU backend: fp32 views of bf16 tensors)");
   for (int l = 0; l < L; ++l)
     if (acts[l] == ActPlacement::kHost) t.add(BufferKind::kHostCkpt, l, H, sz.ckpt, "host checkpoints");
   t.slots(BufferKind::kHostGradSlot, pp.host_grad_slots, H, std::max(sz.weights, std::max(sz.embed, sz.final)),
