@@ -40,14 +40,22 @@ const double kBf16U = std::ldexp(1.0, -8);
 // and masked, before the softmax): their difference is within the sum of both bounds.
 const double kBf16Bound = 48;
 
-// One tensor in both storage types: bf16 values (random, or given) and the same values in fp32.
+// The 16-bit type the kernel checks below store (each test case sets it).
+ElemType g_type = ElemType::kBF16;
+uint16_t rnd16(float f) { return g_type == ElemType::kBF16 ? math::float_to_bf16(f) : math::float_to_fp16(f); }
+float wid16(uint16_t h) { return g_type == ElemType::kBF16 ? math::bf16_to_float(h) : math::fp16_to_float(h); }
+// The unit roundoff of a 16-bit type, with one bit of margin as kBf16U: 2^-8 for bf16 (8
+// significant bits), 2^-11 for fp16 (11).
+double unit16(ElemType t) { return std::ldexp(1.0, t == ElemType::kBF16 ? -8 : -11); }
+
+// One tensor in both storage types: 16-bit values (random) and the same values in fp32.
 struct Pair {
   std::vector<uint16_t> h;
   std::vector<float> f;
   Pair(size_t n, Rng& rng, float scale = 1.0f) : h(n), f(n) {
     for (size_t i = 0; i < n; ++i) {
-      h[i] = math::float_to_bf16(scale * rng.normal());
-      f[i] = math::bf16_to_float(h[i]);
+      h[i] = rnd16(scale * rng.normal());
+      f[i] = wid16(h[i]);
     }
   }
 };
@@ -62,7 +70,7 @@ void check_kernel(const char* what, std::vector<Pair*> tensors,
   INFO("kernel " << what << ", GEMM inputs " << matmul_precision_name(gemm));
   auto b32 = make_cpu_backend(2, 0);
   auto b16 = make_cpu_backend(2, 0);
-  b16->set_storage_type(ElemType::kBF16);
+  b16->set_storage_type(g_type);
   b32->set_matmul_precision(gemm);
   b16->set_matmul_precision(gemm);
   std::vector<void*> p32, p16;
@@ -75,16 +83,18 @@ void check_kernel(const char* what, std::vector<Pair*> tensors,
   size_t mismatches = 0;
   for (size_t k = 0; k < tensors.size(); ++k)
     for (size_t i = 0; i < tensors[k]->f.size(); ++i)
-      mismatches += math::float_to_bf16(tensors[k]->f[i]) != tensors[k]->h[i];
+      mismatches += rnd16(tensors[k]->f[i]) != tensors[k]->h[i];
   CHECK(mismatches == 0);
   // The next kernel starts from the stored values on both sides.
   for (Pair* t : tensors)
-    for (size_t i = 0; i < t->f.size(); ++i) t->f[i] = math::bf16_to_float(t->h[i]);
+    for (size_t i = 0; i < t->f.size(); ++i) t->f[i] = wid16(t->h[i]);
 }
 
 }  // namespace
 
-TEST_CASE("every CPU kernel on bf16 tensors is the fp32 kernel rounded once", "[bf16]") {
+TEST_CASE("every CPU kernel on 16-bit tensors is the fp32 kernel rounded once", "[bf16]") {
+  g_type = GENERATE(ElemType::kBF16, ElemType::kF16);
+  INFO("device tensors " << elem_type_name(g_type));
   Rng rng(41);
   // T spans two attention row blocks (64 rows each); N * F passes the conversions' parallel threshold.
   const int B = 2, T = 80, C = 32, H = 4, F = 256, V = 40, N = B * T;
@@ -121,6 +131,7 @@ TEST_CASE("every CPU kernel on bf16 tensors is the fp32 kernel rounded once", "[
     // (on AVX-512 CPUs; elsewhere the fp32 GEMM on the same values), the same bits.
     if (!cpu::bf16_gemm_native()) WARN("no oneDNN bf16 matmul on this CPU: only the fp32 fallback path runs here");
     for (bool fallback : {false, true}) {
+      if (g_type != ElemType::kBF16) break;  // bf16 GEMM inputs on bf16 tensors only
       cpu::set_bf16_gemm_fallback(fallback);
       INFO("fp32 fallback forced " << fallback);
       check_kernel("matmul_forward", {&out, &in, &w, &bias}, [&](Backend& be, std::vector<void*>& p) {
@@ -211,14 +222,14 @@ TEST_CASE("every CPU kernel on bf16 tensors is the fp32 kernel rounded once", "[
         ref_pe[static_cast<size_t>(n % T) * C + c] += dout.f[static_cast<size_t>(n) * C + c];
       }
     auto be = make_cpu_backend(2, 0);
-    be->set_storage_type(ElemType::kBF16);
+    be->set_storage_type(g_type);
     be->embedding_backward(dwte.h.data(), dwpe.h.data(), dout.h.data(), tokens.data(), B, T, C);
-    // Bound per element: one bf16 rounding of the result, plus fp32 summation of up to N
+    // Bound per element: one 16-bit rounding of the result, plus fp32 summation of up to N
     // terms (N 2^-24 of their magnitude, far below it here).
     auto within = [&](const std::vector<uint16_t>& got, const std::vector<double>& ref) {
       size_t bad = 0;
       for (size_t i = 0; i < ref.size(); ++i)
-        bad += std::fabs(math::bf16_to_float(got[i]) - ref[i]) > kBf16U * std::fabs(ref[i]) + 1e-6;
+        bad += std::fabs(wid16(got[i]) - ref[i]) > unit16(g_type) * std::fabs(ref[i]) + 1e-6;
       return bad;
     };
     CHECK(within(dwte.h, ref_te) == 0);
@@ -226,9 +237,11 @@ TEST_CASE("every CPU kernel on bf16 tensors is the fp32 kernel rounded once", "[
   }
 }
 
-TEST_CASE("a model with bf16 device tensors stays within bf16 rounding of the fp32 model", "[bf16]") {
+TEST_CASE("a model with 16-bit device tensors stays within their rounding of the fp32 model", "[bf16]") {
+  const ElemType t16 = GENERATE(ElemType::kBF16, ElemType::kF16);
+  const double u = unit16(t16);
   for (const char* family : {"gpt2", "llama"}) {
-    INFO("family " << family);
+    INFO("family " << family << ", device tensors " << elem_type_name(t16));
     ModelConfig mc;
     mc.family = family;
     mc.n_layer = 2;
@@ -248,31 +261,31 @@ TEST_CASE("a model with bf16 device tensors stays within bf16 rounding of the fp
     float loss[2];
     for (int mode = 0; mode < 2; ++mode) {
       auto be = make_cpu_backend(2, 0);
-      const ElemType t = mode ? ElemType::kBF16 : ElemType::kF32;
+      const ElemType t = mode ? t16 : ElemType::kF32;
       be->set_storage_type(t);
       GptModel m(mc, *be, B);
       CHECK(m.elem_bytes() == elem_type_size(t));
       const size_t P = m.layout().total, nl = static_cast<size_t>(m.tokens_per_batch()) * mc.vocab_size;
       std::vector<float> host(P);
       init_gpt_params(mc, m.layout(), host.data());
-      if (mode) {  // both models compute from the same (bf16-representable) weights
+      if (mode) {  // both models compute from the same (16-bit-representable) weights
         std::vector<uint16_t> h(P);
-        round_to_bf16(h.data(), host.data(), P);
-        widen_from_bf16(host.data(), h.data(), P);
+        round_to(t16, h.data(), host.data(), P);
+        widen_from(t16, host.data(), h.data(), P);
       }
       logits[mode].resize(nl);
       grads[mode].resize(P);
       if (mode) {
         std::vector<uint16_t> h(P), out(std::max(nl, P));
-        round_to_bf16(h.data(), host.data(), P);
+        round_to(t16, h.data(), host.data(), P);
         be->copy_to_device(m.params(), h.data(), 2 * P);
         loss[mode] = m.forward(tokens.data(), targets.data());
         be->copy_to_host(out.data(), m.logits(), 2 * nl);
-        widen_from_bf16(logits[mode].data(), out.data(), nl);
+        widen_from(t16, logits[mode].data(), out.data(), nl);
         m.zero_grads();
         m.backward(1.0f / m.tokens_per_batch());
         be->copy_to_host(out.data(), m.grads(), 2 * P);
-        widen_from_bf16(grads[mode].data(), out.data(), P);
+        widen_from(t16, grads[mode].data(), out.data(), P);
       } else {
         be->copy_to_device(m.params(), host.data(), 4 * P);
         loss[mode] = m.forward(tokens.data(), targets.data());
@@ -287,12 +300,12 @@ TEST_CASE("a model with bf16 device tensors stays within bf16 rounding of the fp
     // add: 24u bounds the relative error of logits and gradients, with margin.
     const double e_logits = test::rel_error(logits[1].data(), logits[0].data(), logits[0].size());
     const double e_grads = test::rel_error(grads[1].data(), grads[0].data(), grads[0].size());
-    INFO("logits rel error " << e_logits << ", grads rel error " << e_grads << ", u " << kBf16U);
-    CHECK(e_logits <= 24 * kBf16U);
-    CHECK(e_grads <= 24 * kBf16U);
-    // The loss is fp32 over bf16 logits: within the logits' error.
-    CHECK(std::fabs(loss[1] - loss[0]) <= 24 * kBf16U * std::fabs(loss[0]));
-    CHECK(e_logits > 0);  // the bf16 path ran
+    INFO("logits rel error " << e_logits / u << "u, grads rel error " << e_grads / u << "u, u " << u);
+    CHECK(e_logits <= 24 * u);
+    CHECK(e_grads <= 24 * u);
+    // The loss is fp32 over 16-bit logits: within the logits' error.
+    CHECK(std::fabs(loss[1] - loss[0]) <= 24 * u * std::fabs(loss[0]));
+    CHECK(e_logits > 0);  // the 16-bit path ran
   }
 }
 
@@ -393,8 +406,11 @@ TEST_CASE("runtime.device_tensors is validated, reaches the backend and the plan
   using Catch::Matchers::Contains;
   CHECK_THROWS_WITH(parse_config("runtime: {device_tensors: fp8}\n", "<t>"),
                     Contains("device_tensors") && Contains("fp8"));
+  // fp16 tensors come with fp16's loss scaling.
+  CHECK_THROWS_WITH(parse_config("runtime: {device_tensors: fp16, precision: bf16}\n", "<t>"),
+                    Contains("device_tensors") && Contains("precision: fp16"));
+  CHECK(parse_config("runtime: {device_tensors: fp16, precision: fp16}\n", "<t>").runtime.device_tensors == "fp16");
   auto be = make_cpu_backend(1, 0);
-  CHECK_THROWS_WITH(be->set_storage_type(ElemType::kF16), Contains("fp32 or bf16"));
   void* p = be->alloc(64, "x");
   CHECK_THROWS_WITH(be->set_storage_type(ElemType::kBF16), Contains("before anything is allocated"));
   be->free(p);

@@ -22,12 +22,13 @@ namespace {
 
 float round_fp16(float x) { return math::fp16_to_float(math::float_to_fp16(x)); }
 
-Config fp16_config(double initial_scale, double clip) {
+Config fp16_config(double initial_scale, double clip, const char* device_tensors = "fp32") {
   return parse_config(str(
       "model: {n_layer: 3, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
       "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ", clip, ", initial_loss_scale: ", initial_scale, "}\n"
       "schedule: {steps: 12, warmup_steps: 2, micro_batch: 4}\n"
-      "runtime: {backend: cpu, threads: 2, seed: 5, precision: fp16}\n"), "<test>");
+      "runtime: {backend: cpu, threads: 2, seed: 5, precision: fp16, device_tensors: ", device_tensors, "}\n"),
+      "<test>");
 }
 
 std::vector<std::vector<int32_t>> batches(const Config& cfg, int steps) {
@@ -120,7 +121,11 @@ TEST_CASE("fp16 overflow skips the step, backs the loss scale off, and training 
 }
 
 TEST_CASE("offloaded fp16 training skips and scales exactly as in memory", "[fp16][scheduler]") {
-  Config cfg = fp16_config(16777216.0, 1.0);
+  // fp16 GEMM inputs on fp32 tensors, and fp16 tensors as well (weights, activations and
+  // gradients stored in fp16: the loss scale keeps the gradients in range).
+  const char* tensors = GENERATE("fp32", "fp16");
+  INFO("device tensors " << tensors);
+  Config cfg = fp16_config(16777216.0, 1.0, tensors);
   auto data = batches(cfg, 8);
   Trace ref, off;
   {
@@ -147,6 +152,7 @@ TEST_CASE("offloaded fp16 training skips and scales exactly as in memory", "[fp1
     PlanRequest req;
     req.model = cfg.model;
     req.micro_batch = cfg.schedule.micro_batch;
+    req.tensors = device_tensor_type(cfg.runtime);
     req.exact = true;
     req.have_ssd = true;
     req.acts = {ActPlacement::kSsd, ActPlacement::kRecompute, ActPlacement::kHost};

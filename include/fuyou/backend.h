@@ -220,6 +220,9 @@ std::unique_ptr<Backend> make_cpu_stream_backend(int threads, uint64_t device_me
 // runtime.emulated_scale (kernels/emulated/emulated_backend.h).
 std::unique_ptr<Backend> make_emulated_backend(const Config& cfg);
 
+// runtime.device_tensors as an element type.
+ElemType device_tensor_type(const RuntimeConfig& runtime);
+
 // Sets the backend's GEMM precision from runtime.precision (auto: bf16 on CUDA, fp32 on CPU)
 // and its storage type from runtime.device_tensors.
 void apply_precision(Backend& be, const RuntimeConfig& runtime);

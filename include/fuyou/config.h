@@ -117,8 +117,9 @@ struct RuntimeConfig {
   // GEMM input precision: auto (bf16 on a GPU, fp32 on the CPU), fp32, bf16 or fp16. Inputs
   // are rounded to it; accumulation and everything outside GEMMs stay fp32.
   std::string precision = "auto";
-  // What the device stores weights, activations and gradients as: fp32 (the reference) or
-  // bf16 (docs/precision.md). Master weights and optimizer state are fp32 either way.
+  // What the device stores weights, activations and gradients as: fp32 (the reference), bf16
+  // or fp16 (with precision fp16, for its loss scaling; docs/precision.md). Master weights and
+  // optimizer state are fp32 in every case.
   std::string device_tensors = "fp32";
   int threads = 0;               // 0 means every core the process may use
   uint64_t seed = 1234;

@@ -16,5 +16,9 @@ size_t elem_type_size(ElemType t);       // bytes per element
 // vectorised per instruction set, over OpenMP threads for large n (kernels/cpu/stage.cc).
 void round_to_bf16(uint16_t* dst, const float* src, size_t n);
 void widen_from_bf16(float* dst, const uint16_t* src, size_t n);
+// The same for any element type: bf16, fp16 (nearest even, overflow to inf, subnormals kept)
+// or fp32 (a copy).
+void round_to(ElemType t, void* dst, const float* src, size_t n);
+void widen_from(ElemType t, float* dst, const void* src, size_t n);
 
 }  // namespace fuyou

@@ -81,13 +81,13 @@ class StepRunner {
   GptModel model_;
   OocAdamW opt_;
   // Writes the device's parameters from master_: as they are (fp32 tensors) or through
-  // lowp_, the master rounded to bf16 by the update (bf16 tensors).
+  // lowp_, the master rounded to 16 bits by the update (16-bit tensors).
   void upload_params(size_t begin, size_t n);
 
   ElemType store_;  // the device's tensors (Backend::storage_type)
   std::vector<float> master_;  // the optimizer's master weights
   std::vector<char> grad_;     // the device's gradients, as stored (store_)
-  std::vector<uint16_t> lowp_;  // bf16 tensors only: the working weights the update writes
+  std::vector<uint16_t> lowp_;  // 16-bit tensors only: the working weights the update writes
   std::vector<int32_t> inputs_, targets_;
   int64_t t_ = 0;
   std::unique_ptr<DynamicLossScaler> scaler_;  // with fp16 GEMM inputs only

@@ -30,7 +30,7 @@ CpuBackend::~CpuBackend() {
 std::string CpuBackend::name() const {
   const MatmulPrecision p = k_.matmul_precision();
   return str("cpu (", threads_, " threads, ", gemm_library_name(),
-             storage_ == ElemType::kBF16 ? ", bf16 tensors" : "",
+             storage_ == ElemType::kF32 ? "" : str(", ", elem_type_name(storage_), " tensors"),
              p == MatmulPrecision::kBf16
                  ? (bf16_gemm_native() ? ", bf16 GEMM inputs" : ", bf16 GEMM inputs (fp32 GEMM: no AVX-512 bf16 matmul here)")
              : p == MatmulPrecision::kFp16 ? ", fp16 GEMM inputs (emulated)"
@@ -43,8 +43,6 @@ std::string CpuBackend::name() const {
 void CpuBackend::set_matmul_precision(MatmulPrecision p) { k_.set_matmul_precision(p); }
 
 void CpuBackend::set_storage_type(ElemType t) {
-  if (t != ElemType::kF32 && t != ElemType::kBF16)
-    throw Error(str("the CPU backend stores fp32 or bf16 tensors, not ", elem_type_name(t)));
   std::lock_guard<std::mutex> lock(mu_);
   if (t != storage_ && used_ != 0)
     throw Error("the CPU backend's storage type changes only before anything is allocated");
@@ -109,6 +107,12 @@ const char* matmul_precision_name(MatmulPrecision p) {
   return "?";
 }
 
+ElemType device_tensor_type(const RuntimeConfig& runtime) {
+  if (runtime.device_tensors == "bf16") return ElemType::kBF16;
+  if (runtime.device_tensors == "fp16") return ElemType::kF16;
+  return ElemType::kF32;
+}
+
 // runtime.precision for a backend: auto is bf16 on a GPU, emulated or not (tensor cores), and
 // fp32 on the CPU (the precision the PyTorch fixtures check).
 void apply_precision(Backend& be, const RuntimeConfig& runtime) {
@@ -117,7 +121,7 @@ void apply_precision(Backend& be, const RuntimeConfig& runtime) {
   if (runtime.precision == "bf16") p = MatmulPrecision::kBf16;
   if (runtime.precision == "fp16") p = MatmulPrecision::kFp16;
   be.set_matmul_precision(p);
-  be.set_storage_type(runtime.device_tensors == "bf16" ? ElemType::kBF16 : ElemType::kF32);
+  be.set_storage_type(device_tensor_type(runtime));
 }
 
 // make_backend (runtime.backend cpu | cuda | auto) is in src/runtime/backend_select.cc.

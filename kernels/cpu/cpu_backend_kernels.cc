@@ -16,7 +16,18 @@
 namespace fuyou::cpu {
 namespace {
 
+// The 16-bit element types' loads and stores.
+struct Bf16 {
+  static float load(uint16_t h) { return math::bf16_to_float(h); }
+  static uint16_t store(float f) { return math::float_to_bf16(f); }
+};
+struct Fp16 {
+  static float load(uint16_t h) { return math::fp16_to_float(h); }
+  static uint16_t store(float f) { return math::float_to_fp16(f); }
+};
+
 // out row n = wte row tokens[n] (+ wpe row n % T), summed in fp32 and rounded once.
+template <class E>
 void embed_rows(uint16_t* out, const int32_t* tokens, const uint16_t* wte, const uint16_t* wpe,
                 int B, int T, int C) {
 #pragma omp parallel for schedule(static)
@@ -25,13 +36,14 @@ void embed_rows(uint16_t* out, const int32_t* tokens, const uint16_t* wte, const
     const uint16_t* pe = wpe ? wpe + static_cast<size_t>(n % T) * C : nullptr;
     uint16_t* o = out + static_cast<size_t>(n) * C;
     for (int c = 0; c < C; ++c)
-      o[c] = math::float_to_bf16(math::bf16_to_float(te[c]) + (pe ? math::bf16_to_float(pe[c]) : 0.0f));
+      o[c] = E::store(E::load(te[c]) + (pe ? E::load(pe[c]) : 0.0f));
   }
 }
 
-// bf16 gradient tables: each row's gradient summed in fp32 over every position that adds to
-// it (rows of one token, rows of one position), then added to the stored row with one
-// rounding, as the GPU's bf16 embedding backward does. Threads own column ranges.
+// 16-bit gradient tables: each row's gradient summed in fp32 over every position that adds
+// to it (rows of one token, rows of one position), then added to the stored row with one
+// rounding, as a GPU's 16-bit embedding backward does. Threads own column ranges.
+template <class E>
 void embed_rows_backward(uint16_t* dwte, uint16_t* dwpe, const uint16_t* dout,
                          const int32_t* tokens, int B, int T, int C) {
   const int N = B * T;
@@ -45,19 +57,19 @@ void embed_rows_backward(uint16_t* dwte, uint16_t* dwpe, const uint16_t* dout,
     const int c1 = static_cast<int>(static_cast<int64_t>(C) * (id + 1) / nt);
     std::vector<float> acc(c1 - c0);
     auto flush = [&](uint16_t* row) {
-      for (int c = c0; c < c1; ++c) row[c] = math::float_to_bf16(math::bf16_to_float(row[c]) + acc[c - c0]);
+      for (int c = c0; c < c1; ++c) row[c] = E::store(E::load(row[c]) + acc[c - c0]);
       std::fill(acc.begin(), acc.end(), 0.0f);
     };
     for (int i = 0; i < N; ++i) {
       const uint16_t* d = dout + static_cast<size_t>(order[i]) * C;
-      for (int c = c0; c < c1; ++c) acc[c - c0] += math::bf16_to_float(d[c]);
+      for (int c = c0; c < c1; ++c) acc[c - c0] += E::load(d[c]);
       if (i + 1 == N || tokens[order[i + 1]] != tokens[order[i]])
         flush(dwte + static_cast<size_t>(tokens[order[i]]) * C);
     }
     for (int t = 0; dwpe && t < T; ++t) {
       for (int b = 0; b < B; ++b) {
         const uint16_t* d = dout + (static_cast<size_t>(b) * T + t) * C;
-        for (int c = c0; c < c1; ++c) acc[c - c0] += math::bf16_to_float(d[c]);
+        for (int c = c0; c < c1; ++c) acc[c - c0] += E::load(d[c]);
       }
       flush(dwpe + static_cast<size_t>(t) * C);
     }
@@ -71,8 +83,9 @@ void CpuBackend::embedding_forward(void* out, const int32_t* tokens, const void*
   if (storage_ == ElemType::kF32)
     return k_.embedding_forward(static_cast<float*>(out), tokens, static_cast<const float*>(wte),
                                 static_cast<const float*>(wpe), B, T, C);
-  embed_rows(static_cast<uint16_t*>(out), tokens, static_cast<const uint16_t*>(wte),
-             static_cast<const uint16_t*>(wpe), B, T, C);
+  auto rows = storage_ == ElemType::kBF16 ? embed_rows<Bf16> : embed_rows<Fp16>;
+  rows(static_cast<uint16_t*>(out), tokens, static_cast<const uint16_t*>(wte), static_cast<const uint16_t*>(wpe), B,
+       T, C);
 }
 
 void CpuBackend::embedding_backward(void* dwte, void* dwpe, const void* dout,
@@ -80,8 +93,9 @@ void CpuBackend::embedding_backward(void* dwte, void* dwpe, const void* dout,
   if (storage_ == ElemType::kF32)
     return k_.embedding_backward(static_cast<float*>(dwte), static_cast<float*>(dwpe),
                                  static_cast<const float*>(dout), tokens, B, T, C);
-  embed_rows_backward(static_cast<uint16_t*>(dwte), static_cast<uint16_t*>(dwpe),
-                      static_cast<const uint16_t*>(dout), tokens, B, T, C);
+  auto rows = storage_ == ElemType::kBF16 ? embed_rows_backward<Bf16> : embed_rows_backward<Fp16>;
+  rows(static_cast<uint16_t*>(dwte), static_cast<uint16_t*>(dwpe), static_cast<const uint16_t*>(dout), tokens, B,
+       T, C);
 }
 
 void CpuBackend::layernorm_forward(void* out, float* mean, float* rstd, const void* in,

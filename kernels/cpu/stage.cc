@@ -36,6 +36,14 @@ FY_CLONES void round_range(uint16_t* dst, const float* src, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] = math::float_to_bf16(src[i]);
 }
 
+FY_CLONES void widen_range_fp16(float* dst, const uint16_t* src, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = math::fp16_to_float(src[i]);
+}
+
+FY_CLONES void round_range_fp16(uint16_t* dst, const float* src, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = math::float_to_fp16(src[i]);
+}
+
 // Runs fn(begin, count) over [0, n) in chunks of 16 Ki elements, in parallel when n is large.
 template <typename Fn>
 void chunked(size_t n, Fn fn) {
@@ -61,13 +69,29 @@ void round_to_bf16(uint16_t* dst, const float* src, size_t n) {
   cpu::chunked(n, [&](size_t b, size_t k) { cpu::round_range(dst + b, src + b, k); });
 }
 
+void round_to(ElemType t, void* dst, const float* src, size_t n) {
+  uint16_t* h = static_cast<uint16_t*>(dst);
+  switch (t) {
+    case ElemType::kF32: std::copy(src, src + n, static_cast<float*>(dst)); return;
+    case ElemType::kBF16: return round_to_bf16(h, src, n);
+    case ElemType::kF16: return cpu::chunked(n, [&](size_t b, size_t k) { cpu::round_range_fp16(h + b, src + b, k); });
+  }
+}
+
+void widen_from(ElemType t, float* dst, const void* src, size_t n) {
+  const uint16_t* h = static_cast<const uint16_t*>(src);
+  switch (t) {
+    case ElemType::kF32: std::copy(static_cast<const float*>(src), static_cast<const float*>(src) + n, dst); return;
+    case ElemType::kBF16: return widen_from_bf16(dst, h, n);
+    case ElemType::kF16: return cpu::chunked(n, [&](size_t b, size_t k) { cpu::widen_range_fp16(dst + b, h + b, k); });
+  }
+}
+
 }  // namespace fuyou
 
 namespace fuyou::cpu {
 
 Stage::Stage(ElemType t) : t_(t) {
-  FY_CHECK(t == ElemType::kF32 || t == ElemType::kBF16, "CPU backend: no kernels for ",
-           elem_type_name(t), " tensors");
   if (t_ == ElemType::kF32) return;
   FY_CHECK(!scratch_of_thread.busy, "CPU backend: a kernel's stage opened inside another's");
   scratch_of_thread.busy = true;
@@ -77,7 +101,7 @@ Stage::~Stage() {
   if (t_ == ElemType::kF32) return;
   // A kernel that threw left its outputs unfinished: the tensors keep what they held.
   if (std::uncaught_exceptions() == 0)
-    for (int i = 0; i < nback_; ++i) round_to_bf16(back_[i].dst, back_[i].src, back_[i].n);
+    for (int i = 0; i < nback_; ++i) round_to(t_, back_[i].dst, back_[i].src, back_[i].n);
   Scratch& s = scratch_of_thread;
   if (s.blocks.size() > 1) {
     s.blocks.clear();
@@ -117,7 +141,7 @@ float* Stage::scratch(size_t n) {
 const float* Stage::in(const void* p, size_t n) {
   if (!p || t_ == ElemType::kF32) return static_cast<const float*>(p);
   float* s = scratch(n);
-  widen_from_bf16(s, static_cast<const uint16_t*>(p), n);
+  widen_from(t_, s, p, n);
   return s;
 }
 
@@ -131,7 +155,7 @@ float* Stage::out(void* p, size_t n) {
 float* Stage::acc(void* p, size_t n) {
   if (!p || t_ == ElemType::kF32) return static_cast<float*>(p);
   float* s = scratch(n);
-  widen_from_bf16(s, static_cast<const uint16_t*>(p), n);
+  widen_from(t_, s, p, n);
   back_[nback_++] = {static_cast<uint16_t*>(p), s, n};
   return s;
 }

@@ -1,11 +1,11 @@
 // fp32 views of a kernel's tensors for one call of the CPU backend, whatever the backend
-// stores them as, so one set of fp32 kernels serves both storage types.
+// stores them as (fp32, bf16, fp16), so one set of fp32 kernels serves every storage type.
 //
-// With fp32 storage every view is the tensor itself (nothing is copied). With bf16 storage
+// With fp32 storage every view is the tensor itself (nothing is copied). With 16-bit storage
 // an input is widened into scratch; an output gets scratch that is rounded (to nearest even)
 // into the tensor when the Stage ends; an accumulator (+=) is widened, updated, then rounded
-// back. So a kernel computes in fp32 from the stored bf16 values and rounds once per stored
-// element, as a GPU kernel that loads bf16 and stores bf16 does. Scratch belongs to the
+// back. So a kernel computes in fp32 from the stored 16-bit values and rounds once per stored
+// element, as a GPU kernel that loads and stores 16-bit values does. Scratch belongs to the
 // calling thread, grows to the largest call seen and is reused: nothing is allocated once warm.
 #pragma once
 

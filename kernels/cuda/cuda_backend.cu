@@ -83,7 +83,7 @@ void CudaBackend::bind() const { FY_CUDA(cudaSetDevice(device_)); }
 void CudaBackend::set_storage_type(ElemType t) {
   if (t != ElemType::kF32)
     throw Error(str("runtime.device_tensors: ", elem_type_name(t), ": the CUDA backend's kernels read and "
-                    "write fp32 tensors only so far; bf16 device tensors run on the cpu, cpu-streams and "
+                    "write fp32 tensors only so far; 16-bit device tensors run on the cpu, cpu-streams and "
                     "emulated backends (docs/precision.md)"));
 }
 

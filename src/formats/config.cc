@@ -447,8 +447,12 @@ RuntimeConfig parse_runtime(const YAML::Node& node, const std::string& source, c
   if (r.precision != "auto" && r.precision != "fp32" && r.precision != "bf16" &&
       r.precision != "fp16")
     s.fail("precision", str("'", r.precision, "' is not one of auto, fp32, bf16, fp16"));
-  if (r.device_tensors != "fp32" && r.device_tensors != "bf16")
-    s.fail("device_tensors", str("'", r.device_tensors, "' is not one of fp32, bf16"));
+  if (r.device_tensors != "fp32" && r.device_tensors != "bf16" && r.device_tensors != "fp16")
+    s.fail("device_tensors", str("'", r.device_tensors, "' is not one of fp32, bf16, fp16"));
+  // fp16 gradients underflow and overflow without a loss scale, which precision fp16 brings.
+  if (r.device_tensors == "fp16" && r.precision != "fp16")
+    s.fail("device_tensors", str("fp16 tensors need runtime.precision: fp16 (its dynamic loss scaling keeps fp16 "
+                                 "gradients in range), but precision is '", r.precision, "'"));
   require(r.threads >= 0 && r.threads <= 4096, s, "threads", r.threads,
           "must be in 0..4096 (0 uses every core)");
   return r;

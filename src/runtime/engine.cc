@@ -138,7 +138,7 @@ class OffloadEngine final : public TrainEngine {
 
 }  // namespace
 
-size_t device_tensor_bytes(const RuntimeConfig& runtime) { return runtime.device_tensors == "bf16" ? 2 : 4; }
+size_t device_tensor_bytes(const RuntimeConfig& runtime) { return elem_type_size(device_tensor_type(runtime)); }
 
 uint64_t in_memory_device_bytes(const ModelConfig& m, int B, size_t elem_bytes) {
   ParamLayout layout = make_gpt_layout(m);
@@ -162,7 +162,7 @@ PlanRequest plan_request(const Config& cfg) {
   PlanRequest req;
   req.model = cfg.model;
   req.micro_batch = cfg.schedule.micro_batch;
-  req.tensors = cfg.runtime.device_tensors == "bf16" ? ElemType::kBF16 : ElemType::kF32;
+  req.tensors = device_tensor_type(cfg.runtime);
   // Clipping and the fp16 overflow check both need every gradient before any update.
   req.exact = cfg.optimizer.grad_clip > 0 || cfg.runtime.precision == "fp16";
   req.grad_accum = cfg.schedule.grad_accum;

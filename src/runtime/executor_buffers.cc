@@ -139,8 +139,7 @@ void OffloadTrainer::Impl::register_host_buffers() {
 }
 
 void OffloadTrainer::Impl::put_weights(void* dst, const float* src, size_t n) const {
-  if (tensors_ == ElemType::kF32) std::memcpy(dst, src, 4 * n);
-  else round_to_bf16(static_cast<uint16_t*>(dst), src, n);
+  round_to(tensors_, dst, src, n);
 }
 
 void* OffloadTrainer::Impl::group_host_weights(int g) const {

@@ -15,10 +15,9 @@ double group_sum_squares(const void* g, ElemType type, size_t n) {
     for (size_t i = 0; i < n; ++i) s += static_cast<double>(f[i]) * f[i];
     return s;
   }
-  FY_CHECK(type == ElemType::kBF16, "group_sum_squares: ", elem_type_name(type), " gradients");
   const uint16_t* h = static_cast<const uint16_t*>(g);
   for (size_t i = 0; i < n; ++i) {
-    const double x = math::bf16_to_float(h[i]);
+    const double x = type == ElemType::kBF16 ? math::bf16_to_float(h[i]) : math::fp16_to_float(h[i]);
     s += x * x;
   }
   return s;
@@ -95,7 +94,7 @@ StepRunner::StepRunner(const Config& cfg, Backend& backend)
   size_t n = model_.layout().total;
   master_.assign(n, 0.0f);
   grad_.assign(n * elem_type_size(store_), 0);
-  if (store_ == ElemType::kBF16) lowp_.assign(n, 0);
+  if (store_ != ElemType::kF32) lowp_.assign(n, 0);
   inputs_.resize(model_.tokens_per_batch());
   targets_.resize(model_.tokens_per_batch());
   if (be_.matmul_precision() == MatmulPrecision::kFp16) {
@@ -114,7 +113,7 @@ void StepRunner::set_params(const float* host_params) {
   if (host_params != master_.data()) std::copy(host_params, host_params + master_.size(), master_.begin());
   const ParamLayout& layout = model_.layout();
   for (size_t g = 0; g < layout.groups.size(); ++g) opt_.init_group(static_cast<int>(g), master_.data() + layout.groups[g].offset);
-  if (store_ == ElemType::kBF16) round_to_bf16(lowp_.data(), master_.data(), lowp_.size());
+  if (store_ != ElemType::kF32) round_to(store_, lowp_.data(), master_.data(), lowp_.size());
   upload_params(0, master_.size());
 }
 
@@ -132,7 +131,7 @@ void StepRunner::write_state(int group, StateKind kind, const StateSource& sourc
   float* master = master_.data() + g.offset;
   source(0, master, g.numel);
   opt_.write_state(group, kind, [&](size_t begin, float* data, size_t n) { std::copy(master + begin, master + begin + n, data); });
-  if (store_ == ElemType::kBF16) round_to_bf16(lowp_.data() + g.offset, master, g.numel);
+  if (store_ != ElemType::kF32) round_to(store_, lowp_.data() + g.offset, master, g.numel);
   upload_params(g.offset, g.numel);
 }
 
@@ -199,7 +198,7 @@ StepResult StepRunner::step(int64_t step_index,
   }
   ++t_;
   // Every group's update; the new working weights come back into master_ (fp32 tensors) or
-  // lowp_ (bf16, rounded in the update's pass) and go to the device.
+  // lowp_ (16-bit, rounded in the update's pass) and go to the device.
   const ParamLayout& layout = model_.layout();
   for (size_t g = 0; g < layout.groups.size(); ++g) {
     OocAdamW::Update u;
