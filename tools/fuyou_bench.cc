@@ -81,6 +81,39 @@ nlohmann::json predict_plan(const fuyou::Config& cfg, const fuyou::Plan& plan, c
   return j;
 }
 
+// The figures of an offloaded step `d` into j: iteration and busy times, host<->device and
+// SSD bytes, drive life.
+void offload_figures(nlohmann::json& j, const fuyou::StepResult& d, const fuyou::Plan& plan, double tokens,
+                     double ssd_tbw) {
+  j["iteration_s"] = d.iteration_s;
+  double busiest = 0;
+  for (int k = 0; k < fuyou::kNumResources; ++k) {
+    j["busy_s"][fuyou::resource_name(static_cast<fuyou::Resource>(k))] = d.busy_s[k];
+    busiest = std::max(busiest, d.busy_s[k]);
+  }
+  // The disks as one resource: busy while any request (read, write, optimizer state) is in
+  // flight, so that the busiest resource is the disk where it binds.
+  j["busy_s"]["disk"] = d.disk_busy_s;
+  busiest = std::max(busiest, d.disk_busy_s);
+  j["iteration_over_busiest"] = d.iteration_s / busiest;
+  // Host<->device bytes of a step: the plan's, which the executor moves op for op (a test
+  // compares them).
+  fuyou::OpTraffic pcie;
+  for (const fuyou::PlanOp& op : plan.ops) {
+    const fuyou::OpTraffic t = fuyou::op_traffic(plan, op);
+    pcie.h2d += t.h2d;
+    pcie.d2h += t.d2h;
+  }
+  j["h2d_bytes_per_step"] = pcie.h2d;
+  j["d2h_bytes_per_step"] = pcie.d2h;
+  j["ssd_read_bytes_per_step"] = d.ssd_read_bytes;
+  j["ssd_write_bytes_per_step"] = d.ssd_write_bytes;
+  j["ssd_write_bytes_per_token"] = d.ssd_write_bytes / tokens;
+  // Drive life: tokens one drive of `ssd_tbw` TB endurance can train before it is worn.
+  j["ssd_tbw_assumed"] = ssd_tbw;
+  j["tokens_per_drive_life"] = d.ssd_write_bytes ? ssd_tbw * 1e12 / (d.ssd_write_bytes / tokens) : 0.0;
+}
+
 int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
   std::string why;
   auto backend = fuyou::make_backend(cfg, &why);
@@ -152,33 +185,7 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
     for (size_t i = mid; i < times.size(); ++i)
       if (std::abs(times[i] - step_s) < std::abs(times[mid] - step_s)) mid = i;
     const fuyou::StepResult& d = results[mid];
-    j["iteration_s"] = d.iteration_s;
-    double busiest = 0;
-    for (int k = 0; k < fuyou::kNumResources; ++k) {
-      j["busy_s"][fuyou::resource_name(static_cast<fuyou::Resource>(k))] = d.busy_s[k];
-      busiest = std::max(busiest, d.busy_s[k]);
-    }
-    // The disks as one resource: busy while any request (read, write, optimizer state) is in
-    // flight, so that the busiest resource is the disk where it binds.
-    j["busy_s"]["disk"] = d.disk_busy_s;
-    busiest = std::max(busiest, d.disk_busy_s);
-    j["iteration_over_busiest"] = d.iteration_s / busiest;
-    // Host<->device bytes of a step: the plan's, which the executor moves op for op (a test
-    // compares them).
-    fuyou::OpTraffic pcie;
-    for (const fuyou::PlanOp& op : engine->plan()->ops) {
-      const fuyou::OpTraffic t = fuyou::op_traffic(*engine->plan(), op);
-      pcie.h2d += t.h2d;
-      pcie.d2h += t.d2h;
-    }
-    j["h2d_bytes_per_step"] = pcie.h2d;
-    j["d2h_bytes_per_step"] = pcie.d2h;
-    j["ssd_read_bytes_per_step"] = d.ssd_read_bytes;
-    j["ssd_write_bytes_per_step"] = d.ssd_write_bytes;
-    j["ssd_write_bytes_per_token"] = d.ssd_write_bytes / tokens;
-    // Drive life: tokens one drive of `ssd_tbw` TB endurance can train before it is worn.
-    j["ssd_tbw_assumed"] = a.ssd_tbw;
-    j["tokens_per_drive_life"] = d.ssd_write_bytes ? a.ssd_tbw * 1e12 / (d.ssd_write_bytes / tokens) : 0.0;
+    offload_figures(j, d, *engine->plan(), tokens, a.ssd_tbw);
     if (!a.predict_on.empty()) {
       j["predicted"] = predict_plan(cfg, *engine->plan(), a.predict_on);
       j["iteration_over_predicted"] = d.iteration_s / j["predicted"]["period_s"].get<double>();
