@@ -342,7 +342,7 @@ TEST_CASE("training with bf16 device tensors: fp32 master, bf16 weights written 
       const size_t P = r.master().size();
       std::vector<uint16_t> dev(P), want(P);
       be->copy_to_host(dev.data(), r.model().params(), 2 * P);
-      round_to_bf16(want.data(), r.master().data(), P);
+      round_to(ElemType::kBF16, want.data(), r.master().data(), P);
       size_t first = P;
       for (size_t i = P; i-- > 0;)
         if (dev[i] != want[i]) first = i;
@@ -495,11 +495,11 @@ TEST_CASE("PyTorch's bf16 recipe: logits, loss, gradients and 10 steps with bf16
     std::vector<uint16_t> h(std::max(N * V, layout.total));
     std::vector<float> logits(N * V), grads(layout.total);
     be->copy_to_host(h.data(), model.logits(), 2 * N * V);
-    widen_from_bf16(logits.data(), h.data(), N * V);
+    widen_from(ElemType::kBF16, logits.data(), h.data(), N * V);
     model.zero_grads();
     model.backward(1.0f / static_cast<float>(N));
     be->copy_to_host(h.data(), model.grads(), 2 * layout.total);
-    widen_from_bf16(grads.data(), h.data(), layout.total);
+    widen_from(ElemType::kBF16, grads.data(), h.data(), layout.total);
     const double e_logits = test::rel_error(logits.data(), f.read_f32("logits", {B, T, V}).data(), N * V);
     const float ref_loss = f.read_f32("loss")[0];
     const std::vector<float> ref_logits = f.read_f32("logits", {B, T, V});

@@ -61,19 +61,11 @@ void chunked(size_t n, Fn fn) {
 
 namespace fuyou {
 
-void widen_from_bf16(float* dst, const uint16_t* src, size_t n) {
-  cpu::chunked(n, [&](size_t b, size_t k) { cpu::widen_range(dst + b, src + b, k); });
-}
-
-void round_to_bf16(uint16_t* dst, const float* src, size_t n) {
-  cpu::chunked(n, [&](size_t b, size_t k) { cpu::round_range(dst + b, src + b, k); });
-}
-
 void round_to(ElemType t, void* dst, const float* src, size_t n) {
   uint16_t* h = static_cast<uint16_t*>(dst);
   switch (t) {
     case ElemType::kF32: std::copy(src, src + n, static_cast<float*>(dst)); return;
-    case ElemType::kBF16: return round_to_bf16(h, src, n);
+    case ElemType::kBF16: return cpu::chunked(n, [&](size_t b, size_t k) { cpu::round_range(h + b, src + b, k); });
     case ElemType::kF16: return cpu::chunked(n, [&](size_t b, size_t k) { cpu::round_range_fp16(h + b, src + b, k); });
   }
 }
@@ -82,7 +74,7 @@ void widen_from(ElemType t, float* dst, const void* src, size_t n) {
   const uint16_t* h = static_cast<const uint16_t*>(src);
   switch (t) {
     case ElemType::kF32: std::copy(static_cast<const float*>(src), static_cast<const float*>(src) + n, dst); return;
-    case ElemType::kBF16: return widen_from_bf16(dst, h, n);
+    case ElemType::kBF16: return cpu::chunked(n, [&](size_t b, size_t k) { cpu::widen_range(dst + b, h + b, k); });
     case ElemType::kF16: return cpu::chunked(n, [&](size_t b, size_t k) { cpu::widen_range_fp16(dst + b, h + b, k); });
   }
 }
