@@ -17,6 +17,8 @@
 #     command on an H100) and writes report.json, summary.md and log.txt under OUT (default
 #     $OUT, else gpu-validate-out); perf also writes this-gpu.yaml, the measured profile.
 #     Without a GPU it says so in one line and exits 3.
+#   --only NAME[,NAME...] runs just the named steps of the phase (a short lease); the others
+#     are left out of the report.
 #   --plumbing runs the kit's machinery without a GPU (unpacking, libraries, data, the
 #     report) on a short CPU list; its report says that nothing was validated on a GPU.
 set -uo pipefail
@@ -31,6 +33,7 @@ work=""
 no_build=0
 limit_mib=64
 plumbing=0
+only=""
 
 die() { echo "gpu-validate: $*" >&2; exit 1; }
 
@@ -44,8 +47,9 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift ;;
     --work) work=$2; shift ;;
     --phase) phase=$2; shift ;;
+    --only) only=,$2,; shift ;;
     --limit-mib) limit_mib=$2; shift ;;
-    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
   shift
@@ -185,6 +189,7 @@ phase_budget=${FUYOU_GPU_PHASE_S:-570}  # seconds per phase: one 10-minute comma
 step() {
   local name=$1 limit=$2
   shift 2
+  case "$only" in ""|*",$name,"*) ;; *) return 0 ;; esac
   local left=$((phase_budget - ($(date +%s) - phase_start)))
   if [ "$left" -lt 20 ]; then
     printf '%s\tnot run\t-\t0\t%s\n' "$name" "the phase's ${phase_budget} s are spent" >> "$steps_tsv"
