@@ -164,7 +164,11 @@ for cand in "$work" /var/tmp/fuyou-gpu-validate "$root/.gpu-work"; do
   [ -n "$cand" ] && direct_ok "$cand" && { work=$cand; break; }
 done
 direct_ok "$work" 2>/dev/null || die "no work directory that takes O_DIRECT (tried /var/tmp and $root/.gpu-work; pass --work DIR)"
-rm -rf "$work/kit" && mkdir -p "$work/kit" "$work/logs" && tar -C "$work/kit" -xJf "$kit_tar" || die "cannot unpack $kit_tar into $work/kit"
+# A warm machine keeps the work directory between calls: nothing of an earlier run (stores,
+# figures, logs) may reach this run's report.
+rm -rf "$work/kit" "$work/logs" "$work"/bench-*.json "$work/simulate.json" "$work"/ssd-* "$work"/run-*
+# The SSD store refuses a directory that does not exist: make every store directory here.
+mkdir -p "$work/kit" "$work/logs" "$work/ssd-e2e" "$work/ssd-profile" "$work/ssd-big" && tar -C "$work/kit" -xJf "$kit_tar" || die "cannot unpack $kit_tar into $work/kit"
 kit="$work/kit/fuyou-gpu-kit"
 bin="$kit/bin"
 
@@ -299,7 +303,6 @@ run_perf() {
     "${cuda_sets[@]}" --set runtime.precision=fp32 --set schedule.micro_batch=8 --steps 8 --warmup 2
   step bench-gpt2-bf16 120 bench_train "$work/bench-bf16.json" --config "$root/configs/gpt2-124m.yaml" \
     "${cuda_sets[@]}" --set runtime.precision=bf16 --set schedule.micro_batch=8 --steps 8 --warmup 2
-  mkdir -p "$work/ssd-big"
   step offload-1.3b 300 bench_train "$work/bench-offload.json" "${big[@]}" --steps 2 --warmup 1
   [ -f "$out/this-gpu.yaml" ] &&
     step simulate-1.3b 60 bash -c '"$0" simulate "$@" --json > "'"$work"'/simulate.json" && cat "'"$work"'/simulate.json"' \
@@ -310,8 +313,11 @@ run_plumbing() {
   step libraries 30 libs_resolve || return
   step list-tests 30 list_tests
   step cuda-tests-without-device 30 bash -c '"$0"; test $? -eq 77' "$tests"
+  # On the disk as the GPU's train-gpt2-on-disk step, so that its stores' paths are checked here.
   step train-cpu-tiny 300 tiny_train "$work/run-cpu" --set runtime.backend=cpu --set model.n_layer=2 \
-    --set model.d_model=128 --set model.n_head=4 --set model.d_ff=512 --set model.seq_len=64
+    --set model.d_model=128 --set model.n_head=4 --set model.d_ff=512 --set model.seq_len=64 \
+    --set "offload.ssd_paths=[$work/ssd-e2e]" --set offload.weights=ssd \
+    --set offload.optimizer_state=ssd --set offload.activations=swap
 }
 
 export kit bin work root out
