@@ -30,15 +30,7 @@ using namespace fuyou;
 
 namespace {
 
-// bf16's unit roundoff: 8 significant bits (7 stored), so one rounding errs by at most 2^-8
-// relative (2^-9 for round-to-nearest; 2^-8 keeps one bit of margin for the fp32 work around it).
-const double kBf16U = std::ldexp(1.0, -8);
-
-// Against PyTorch's bf16 recipe: both computations round every stored intermediate once;
-// the engine's longest path stores about 12 values forward and as many backward (the bound
-// the fp32 comparison uses, 24u), PyTorch's rounds a few more (its attention scores, scaled
-// and masked, before the softmax): their difference is within the sum of both bounds.
-const double kBf16Bound = 48;
+using test::kBf16U;  // bf16's unit roundoff with one bit of margin (reference_fixture.h)
 
 // The 16-bit type the kernel checks below store (each test case sets it).
 ElemType g_type = ElemType::kBF16;
@@ -471,70 +463,9 @@ TEST_CASE("GPT-3 175B plans within one 24 GB GPU with bf16 tensors, not with fp3
 }
 
 TEST_CASE("PyTorch's bf16 recipe: logits, loss, gradients and 10 steps with bf16 tensors", "[bf16][reference]") {
-  // tests/reference/make_bf16_fixture.py: PyTorch's bf16 modules (bf16 parameters and
-  // activations, fp32 accumulation inside its CPU kernels, fp32 loss) from the fp32 fixtures'
-  // initial weights and tokens, and 10 steps with fp32 master weights and AdamW.
   for (const char* name : {"tiny_a", "tiny_b"}) {
     SafetensorsReader f(test::source_path(str("tests/reference/fixtures/bf16/", name, ".safetensors")));
     INFO("fixture " << name);
-    Config cfg = test::reference_fixture_config(f, "cpu");
-    cfg.runtime.device_tensors = "bf16";
-    auto be = make_cpu_backend(2, 0);
-    apply_precision(*be, cfg.runtime);
-    REQUIRE(be->storage_type() == ElemType::kBF16);
-    StepRunner runner(cfg, *be);
-    GptModel& model = runner.model();
-    const ParamLayout& layout = model.layout();
-    test::load_fixture_params(f, runner, "param.");
-    const int B = cfg.schedule.micro_batch, T = cfg.model.seq_len, V = cfg.model.vocab_size;
-    const size_t N = static_cast<size_t>(B) * T;
-    auto tokens = f.read_i32("tokens");
-    std::vector<int32_t> in(N), tg(N);
-    split_batch(tokens.data(), B, T, in.data(), tg.data());
-    const float loss = model.forward(in.data(), tg.data());
-    std::vector<uint16_t> h(std::max(N * V, layout.total));
-    std::vector<float> logits(N * V), grads(layout.total);
-    be->copy_to_host(h.data(), model.logits(), 2 * N * V);
-    widen_from(ElemType::kBF16, logits.data(), h.data(), N * V);
-    model.zero_grads();
-    model.backward(1.0f / static_cast<float>(N));
-    be->copy_to_host(h.data(), model.grads(), 2 * layout.total);
-    widen_from(ElemType::kBF16, grads.data(), h.data(), layout.total);
-    const double e_logits = test::rel_error(logits.data(), f.read_f32("logits", {B, T, V}).data(), N * V);
-    const float ref_loss = f.read_f32("loss")[0];
-    const std::vector<float> ref_logits = f.read_f32("logits", {B, T, V});
-    double logit_diff = 0;
-    for (size_t i = 0; i < N * V; ++i) logit_diff = std::max(logit_diff, std::fabs(double(logits[i]) - ref_logits[i]));
-    INFO("logits rel error " << e_logits / kBf16U << "u, loss " << loss << " vs " << ref_loss);
-    CHECK(e_logits <= kBf16Bound * kBf16U);
-    // Each token's loss, logsumexp(z) - z_target, moves by at most 2 max|dz| when the logits
-    // move by dz (its gradient has L1 norm 2), and so does their mean; plus fp32 rounding.
-    CHECK(std::fabs(loss - ref_loss) <= 2 * logit_diff + 1e-6 * ref_loss);
-    for (const TensorSpec& t : layout.tensors) {
-      const double err = test::rel_error(grads.data() + t.offset, f.read_f32("grad." + t.name, t.shape).data(), t.numel);
-      INFO("gradient " << t.name << " rel error " << err / kBf16U << "u");
-      CHECK(err <= kBf16Bound * kBf16U);
-    }
-    // Ten steps from the same weights. Each step's loss moves by at most 2 max|dz| for a
-    // logits error dz (above); the logits error stays within the bound on the logits, and
-    // the logits within twice their starting size (the weights move by 0.02 at most).
-    double logit_max = 0;
-    for (float z : ref_logits) logit_max = std::max(logit_max, std::fabs(double(z)));
-    const double step_bound = 2 * kBf16Bound * kBf16U * 2 * logit_max;
-    auto train_tokens = f.read_i32("train.tokens");
-    auto ref_losses = f.read_f32("train.losses");
-    const int accum = cfg.schedule.grad_accum;
-    const size_t mb = N + B;
-    for (size_t s = 0; s < ref_losses.size(); ++s) {
-      std::vector<const int32_t*> ptrs;
-      for (int k = 0; k < accum; ++k) ptrs.push_back(train_tokens.data() + (s * accum + k) * mb);
-      const StepResult r = runner.step(static_cast<int64_t>(s), ptrs);
-      INFO("step " << s << ": loss " << r.loss << ", PyTorch " << ref_losses[s]);
-      CHECK(std::fabs(r.loss - ref_losses[s]) <= step_bound);
-    }
-    // The final weights are not compared: the key bias's gradient is zero in exact arithmetic
-    // (the softmax ignores a constant per query), so both runs' values for it are rounding
-    // noise that Adam scales up to whole learning-rate steps (measured: up to 1.5x how far
-    // the weights moved), while the losses agree to 1e-4.
+    test::check_bf16_recipe(f, "cpu", [] { return make_cpu_backend(2, 0); });
   }
 }

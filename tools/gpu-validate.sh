@@ -168,7 +168,8 @@ direct_ok "$work" 2>/dev/null || die "no work directory that takes O_DIRECT (tri
 # figures, logs) may reach this run's report.
 rm -rf "$work/kit" "$work/logs" "$work"/bench-*.json "$work/simulate.json" "$work"/ssd-* "$work"/run-*
 # The SSD store refuses a directory that does not exist: make every store directory here.
-mkdir -p "$work/kit" "$work/logs" "$work/ssd-e2e" "$work/ssd-profile" "$work/ssd-big" && tar -C "$work/kit" -xJf "$kit_tar" || die "cannot unpack $kit_tar into $work/kit"
+mkdir -p "$work/kit" "$work/logs" "$work/ssd-e2e" "$work/ssd-bf16" "$work/ssd-profile" "$work/ssd-big" \
+  "$work/ssd-big16" && tar -C "$work/kit" -xJf "$kit_tar" || die "cannot unpack $kit_tar into $work/kit"
 kit="$work/kit/fuyou-gpu-kit"
 bin="$kit/bin"
 
@@ -274,6 +275,10 @@ run_check() {
   step train-gpt2-on-disk 150 tiny_train "$work/run-gpt2-disk" "${cuda_sets[@]}" \
     --set "offload.ssd_paths=[$work/ssd-e2e]" --set offload.weights=ssd \
     --set offload.optimizer_state=ssd --set offload.activations=swap
+  step train-bf16-tensors-on-disk 150 tiny_train "$work/run-bf16-disk" "${cuda_sets[@]}" \
+    --set runtime.device_tensors=bf16 --set runtime.precision=bf16 \
+    --set "offload.ssd_paths=[$work/ssd-bf16]" --set offload.weights=ssd \
+    --set offload.optimizer_state=ssd --set offload.activations=swap
   step train-llama 120 tiny_train "$work/run-llama" "${cuda_sets[@]}" --set model.family=llama \
     --set model.n_kv_head=2 --set model.d_ff=1024 --set model.tie_embeddings=false
   step train-opt 120 tiny_train "$work/run-opt" "${cuda_sets[@]}" --set model.family=opt
@@ -303,7 +308,14 @@ run_perf() {
     "${cuda_sets[@]}" --set runtime.precision=fp32 --set schedule.micro_batch=8 --steps 8 --warmup 2
   step bench-gpt2-bf16 120 bench_train "$work/bench-bf16.json" --config "$root/configs/gpt2-124m.yaml" \
     "${cuda_sets[@]}" --set runtime.precision=bf16 --set schedule.micro_batch=8 --steps 8 --warmup 2
+  step bench-gpt2-bf16-tensors 120 bench_train "$work/bench-bf16-tensors.json" --config "$root/configs/gpt2-124m.yaml" \
+    "${cuda_sets[@]}" --set runtime.precision=bf16 --set runtime.device_tensors=bf16 --set schedule.micro_batch=8 \
+    --steps 8 --warmup 2
   step offload-1.3b 300 bench_train "$work/bench-offload.json" "${big[@]}" --steps 2 --warmup 1
+  rm -rf "$work/ssd-big"  # about 21 GB: the disk holds one such store at a time
+  step offload-1.3b-bf16-tensors 300 bench_train "$work/bench-offload-bf16.json" "${big[@]}" \
+    --set "offload.ssd_paths=[$work/ssd-big16]" --set runtime.precision=bf16 --set runtime.device_tensors=bf16 \
+    --steps 2 --warmup 1
   [ -f "$out/this-gpu.yaml" ] &&
     step simulate-1.3b 60 bash -c '"$0" simulate "$@" --json > "'"$work"'/simulate.json" && cat "'"$work"'/simulate.json"' \
       "$bin/fuyou-bench" "${big[@]}" --hardware "$out/this-gpu.yaml"

@@ -102,14 +102,16 @@ def main():
         "passed": all(s["status"] == "pass" for s in steps) and bool(steps),
     }
     figures = {}
-    for prec in ("fp32", "bf16"):
-        b = read_json(os.path.join(a.work, f"bench-{prec}.json"))
+    # bench-bf16-tensors: bf16 GEMMs on bf16 device tensors (the large-model recipe).
+    for name, prec in (("fp32", "fp32"), ("bf16", "bf16"), ("bf16-tensors", "bf16")):
+        b = read_json(os.path.join(a.work, f"bench-{name}.json"))
         if b:
-            f = {k: b.get(k) for k in ("backend", "tokens_per_s", "tflops", "step_s", "tokens_per_step")}
+            f = {k: b.get(k) for k in ("backend", "device_tensors", "tokens_per_s", "tflops", "step_s",
+                                       "tokens_per_step", "device_peak_bytes")}
             if peak and b.get("tflops"):
                 f["spec_peak_tflops"] = peak[prec]
                 f["fraction_of_spec_peak"] = b["tflops"] / peak[prec]
-            figures[f"gpt2-124m-{prec}"] = f
+            figures[f"gpt2-124m-{name}"] = f
     prof = profile_figures(os.path.join(a.out, "this-gpu.yaml"))
     if prof:
         if peak:
@@ -117,11 +119,18 @@ def main():
                 g["fraction_of_spec_peak"] = g["tflops"] / peak.get(g["inputs"], peak["bf16"])
             prof["spec_peak"] = peak
         figures["profile"] = prof
+    off16 = read_json(os.path.join(a.work, "bench-offload-bf16.json"))
+    if off16:
+        figures["offload-gpt3-1.3b-bf16-tensors"] = {
+            k: off16.get(k) for k in ("step_s", "iteration_s", "busy_s", "iteration_over_busiest", "tflops",
+                                      "tokens_per_s", "h2d_bytes_per_step", "d2h_bytes_per_step",
+                                      "ssd_read_bytes_per_step", "ssd_write_bytes_per_step", "device_peak_bytes")}
     off = read_json(os.path.join(a.work, "bench-offload.json"))
     sim = read_json(os.path.join(a.work, "simulate.json"))
     if off:
         o = {k: off.get(k) for k in ("step_s", "iteration_s", "busy_s", "iteration_over_busiest", "tflops",
-                                     "tokens_per_s", "ssd_read_bytes_per_step", "ssd_write_bytes_per_step",
+                                     "tokens_per_s", "h2d_bytes_per_step", "d2h_bytes_per_step",
+                                     "ssd_read_bytes_per_step", "ssd_write_bytes_per_step",
                                      "peak_rss_bytes", "device_peak_bytes")}
         if sim:
             o["simulated_period_s"] = sim.get("period_s")

@@ -1,6 +1,7 @@
 // Causal self-attention on the CUDA backend, in an unfused form: for one (batch row, head)
 // at a time, cuBLAS GEMMs around causal-softmax kernels in the (2, T, T) fp32 scratch the
-// model's workspace lends (Backend::attention_forward). The forward keeps each query row's
+// model's workspace lends (Backend::attention_forward); 16-bit tensors are widened per (batch
+// row, head) and the results rounded once. The forward keeps each query row's
 // log-sum-exp; the backward recomputes the probabilities from it, as the CPU backend
 // (kernels/cpu/attention.cc) does block by block, so the two can be compared element by
 // element. Nothing of size T x T outlives a call. A fused (flash) kernel would need no
@@ -58,54 +59,133 @@ __global__ void softmax_causal_backward_k(const float* p, float* dp, int T, floa
   for (int j = threadIdx.x; j < T; j += blockDim.x) d[j] = j <= t ? scale * pr[j] * (d[j] - dot) : 0.0f;
 }
 
+// dst(rows, cols) dense fp32 = src(rows, cols) of row stride ld, widened.
+template <typename T>
+__global__ void widen_block_k(float* dst, const T* src, int cols, int stride, size_t total) {
+  FY_GRID_LOOP(i, total) dst[i] = ld(src[(i / cols) * size_t(stride) + i % cols]);
+}
+
+// dst(rows, cols) of row stride ld = src(rows, cols) dense fp32, rounded once.
+template <typename T>
+__global__ void round_block_k(T* dst, const float* src, int cols, int stride, size_t total) {
+  FY_GRID_LOOP(i, total) dst[(i / cols) * size_t(stride) + i % cols] = st<T>(src[i]);
+}
+
+// One (batch row, head) forward in fp32: q, k, v (T, hd) of row stride ld, out o (T, hd) of
+// row stride ldo, the row log-sum-exps l(T), s a (T, T) scratch.
+void head_forward(CudaBackend& be, float* o, int ldo, float* l, float* s, const float* q,
+                  const float* k, const float* v, int ld, int T, int hd, float scale) {
+  be.gemm(false, true, T, T, hd, scale, q, ld, 0, k, ld, 0, 0.0f, s, T, 0, 1, false);
+  softmax_causal_k<<<static_cast<unsigned>(T), kRowThreads, 0, be.compute_stream()>>>(s, l, T);
+  FY_CUDA_LAUNCHED();
+  be.gemm(false, false, T, hd, T, 1.0f, s, T, 0, v, ld, 0, 0.0f, o, ldo, 0, 1, false);
+}
+
+// The backward of head_forward: dq, dk, dv (T, hd) of row stride ldd overwritten, from dO
+// (T, hd) of row stride ldo; p and dp (T, T) scratch.
+void head_backward(CudaBackend& be, float* dq, float* dk, float* dv, int ldd, float* p, float* dp,
+                   const float* dO, int ldo, const float* q, const float* k, const float* v, int ld,
+                   const float* l, int T, int hd, float scale) {
+  // P from the scores and lse; dV = P^T dO; dP = dO V^T; dS; dQ = dS K; dK = dS^T Q.
+  be.gemm(false, true, T, T, hd, scale, q, ld, 0, k, ld, 0, 0.0f, p, T, 0, 1, false);
+  softmax_recompute_k<<<static_cast<unsigned>(T), kRowThreads, 0, be.compute_stream()>>>(p, l, T);
+  FY_CUDA_LAUNCHED();
+  be.gemm(true, false, T, hd, T, 1.0f, p, T, 0, dO, ldo, 0, 0.0f, dv, ldd, 0, 1, false);
+  be.gemm(false, true, T, T, hd, 1.0f, dO, ldo, 0, v, ld, 0, 0.0f, dp, T, 0, 1, false);
+  softmax_causal_backward_k<<<static_cast<unsigned>(T), kRowThreads, 0, be.compute_stream()>>>(p, dp, T, scale);
+  FY_CUDA_LAUNCHED();
+  be.gemm(false, false, T, hd, T, 1.0f, dp, T, 0, k, ld, 0, 0.0f, dq, ldd, 0, 1, false);
+  be.gemm(true, false, T, hd, T, 1.0f, dp, T, 0, q, ld, 0, 0.0f, dk, ldd, 0, 1, false);
+}
+
 }  // namespace
 
 // For batch row b, head h: q at qkv + b*T*3C + h*hd with row stride 3C, k at +C, v at +2C.
-void CudaBackend::attention_forward(void* out_v, float* lse, float* scratch, const void* qkv_v, int B, int T,
-                                    int C, int H) {
-  float* out = static_cast<float*>(out_v);
-  const float* qkv = static_cast<const float*>(qkv_v);
+// fp32 tensors are used in place; 16-bit ones are widened per (batch row, head) into fp32
+// blocks of the backend's scratch and the results rounded back once, so the arithmetic is
+// the fp32 path's (as the CPU backend's 16-bit attention is its fp32 kernel on widened
+// inputs).
+void CudaBackend::attention_forward(void* out_v, float* lse, float* scratch_tt, const void* qkv_v, int B,
+                                    int T, int C, int H) {
   if (!B || !T) return;
   const int hd = C / H, ld = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  float* s = scratch;  // (T, T)
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h) {
-      const float* q = qkv + static_cast<size_t>(b) * T * ld + h * hd;
-      float* o = out + static_cast<size_t>(b) * T * C + h * hd;
-      float* l = lse + (static_cast<size_t>(b) * H + h) * T;
-      gemm(false, true, T, T, hd, scale, q, ld, 0, q + C, ld, 0, 0.0f, s, T, 0, 1, false);
-      FY_LAUNCH(softmax_causal_k, static_cast<unsigned>(T), kRowThreads, s, l, T);
-      gemm(false, false, T, hd, T, 1.0f, s, T, 0, q + 2 * C, ld, 0, 0.0f, o, C, 0, 1, false);
-    }
+  bind();
+  if (storage_ == ElemType::kF32) {
+    float* out = static_cast<float*>(out_v);
+    const float* qkv = static_cast<const float*>(qkv_v);
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h) {
+        const float* q = qkv + static_cast<size_t>(b) * T * ld + h * hd;
+        head_forward(*this, out + static_cast<size_t>(b) * T * C + h * hd, C,
+                     lse + (static_cast<size_t>(b) * H + h) * T, scratch_tt, q, q + C, q + 2 * C, ld, T, hd, scale);
+      }
+    return;
+  }
+  const size_t th = static_cast<size_t>(T) * hd;
+  std::lock_guard<std::mutex> lock(scratch_mu());
+  float* q = static_cast<float*>(scratch(4 * th * sizeof(float)));  // q | k | v | o, dense
+  float *k = q + th, *v = k + th, *o = v + th;
+  FY_TYPED(E, {
+    const E* qkv = static_cast<const E*>(qkv_v);
+    E* out = static_cast<E*>(out_v);
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h) {
+        const E* src = qkv + static_cast<size_t>(b) * T * ld + h * hd;
+        for (int part = 0; part < 3; ++part)
+          FY_LAUNCH(widen_block_k<E>, elt_blocks(th), kEltThreads, q + part * th, src + part * C, hd, ld, th);
+        head_forward(*this, o, hd, lse + (static_cast<size_t>(b) * H + h) * T, scratch_tt, q, k, v, hd, T, hd,
+                     scale);
+        FY_LAUNCH(round_block_k<E>, elt_blocks(th), kEltThreads, out + static_cast<size_t>(b) * T * C + h * hd, o,
+                  hd, C, th);
+      }
+  });
 }
 
-void CudaBackend::attention_backward(void* dqkv_v, float* scratch, const void* dout_v, const void* qkv_v,
+void CudaBackend::attention_backward(void* dqkv_v, float* scratch_tt, const void* dout_v, const void* qkv_v,
                                      const float* lse, int B, int T, int C, int H) {
-  float* dqkv = static_cast<float*>(dqkv_v);
-  const float* dout = static_cast<const float*>(dout_v);
-  const float* qkv = static_cast<const float*>(qkv_v);
   if (!B || !T) return;
   const int hd = C / H, ld = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  float* p = scratch;                                    // (T, T) probabilities
-  float* dp = scratch + static_cast<size_t>(T) * T;      // (T, T) their gradient
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h) {
-      const size_t row0 = static_cast<size_t>(b) * T * ld + h * hd;
-      const float *q = qkv + row0, *k = q + C, *v = q + 2 * C;
-      float *dq = dqkv + row0, *dk = dq + C, *dv = dq + 2 * C;
-      const float* dO = dout + static_cast<size_t>(b) * T * C + h * hd;
-      const float* l = lse + (static_cast<size_t>(b) * H + h) * T;
-      // P from the scores and lse; dV = P^T dO; dP = dO V^T; dS; dQ = dS K; dK = dS^T Q.
-      gemm(false, true, T, T, hd, scale, q, ld, 0, k, ld, 0, 0.0f, p, T, 0, 1, false);
-      FY_LAUNCH(softmax_recompute_k, static_cast<unsigned>(T), kRowThreads, p, l, T);
-      gemm(true, false, T, hd, T, 1.0f, p, T, 0, dO, C, 0, 0.0f, dv, ld, 0, 1, false);
-      gemm(false, true, T, T, hd, 1.0f, dO, C, 0, v, ld, 0, 0.0f, dp, T, 0, 1, false);
-      FY_LAUNCH(softmax_causal_backward_k, static_cast<unsigned>(T), kRowThreads, p, dp, T, scale);
-      gemm(false, false, T, hd, T, 1.0f, dp, T, 0, k, ld, 0, 0.0f, dq, ld, 0, 1, false);
-      gemm(true, false, T, hd, T, 1.0f, dp, T, 0, q, ld, 0, 0.0f, dk, ld, 0, 1, false);
-    }
+  float* p = scratch_tt;                               // (T, T) probabilities
+  float* dp = scratch_tt + static_cast<size_t>(T) * T;  // (T, T) their gradient
+  bind();
+  if (storage_ == ElemType::kF32) {
+    float* dqkv = static_cast<float*>(dqkv_v);
+    const float* dout = static_cast<const float*>(dout_v);
+    const float* qkv = static_cast<const float*>(qkv_v);
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h) {
+        const size_t row0 = static_cast<size_t>(b) * T * ld + h * hd;
+        const float* q = qkv + row0;
+        float* dq = dqkv + row0;
+        head_backward(*this, dq, dq + C, dq + 2 * C, ld, p, dp, dout + static_cast<size_t>(b) * T * C + h * hd, C,
+                      q, q + C, q + 2 * C, ld, lse + (static_cast<size_t>(b) * H + h) * T, T, hd, scale);
+      }
+    return;
+  }
+  const size_t th = static_cast<size_t>(T) * hd;
+  std::lock_guard<std::mutex> lock(scratch_mu());
+  float* q = static_cast<float*>(scratch(7 * th * sizeof(float)));  // q | k | v | dO | dq | dk | dv
+  float *k = q + th, *v = k + th, *dO = v + th, *dq = dO + th;
+  FY_TYPED(E, {
+    const E* qkv = static_cast<const E*>(qkv_v);
+    const E* dout = static_cast<const E*>(dout_v);
+    E* dqkv = static_cast<E*>(dqkv_v);
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h) {
+        const size_t row0 = static_cast<size_t>(b) * T * ld + h * hd;
+        for (int part = 0; part < 3; ++part)
+          FY_LAUNCH(widen_block_k<E>, elt_blocks(th), kEltThreads, q + part * th, qkv + row0 + part * C, hd, ld, th);
+        FY_LAUNCH(widen_block_k<E>, elt_blocks(th), kEltThreads, dO, dout + static_cast<size_t>(b) * T * C + h * hd,
+                  hd, C, th);
+        head_backward(*this, dq, dq + th, dq + 2 * th, hd, p, dp, dO, hd, q, k, v, hd,
+                      lse + (static_cast<size_t>(b) * H + h) * T, T, hd, scale);
+        for (int part = 0; part < 3; ++part)
+          FY_LAUNCH(round_block_k<E>, elt_blocks(th), kEltThreads, dqkv + row0 + part * C, dq + part * th, hd, ld,
+                    th);
+      }
+  });
 }
 
 }  // namespace fuyou::cuda

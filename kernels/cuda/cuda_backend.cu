@@ -1,5 +1,5 @@
 // The CUDA backend's memory, streams, copies and GEMMs; the kernels are in ops.cu,
-// attention.cu and ops_families.cu. Nothing in this file has run on a GPU yet (docs/cuda.md).
+// attention.cu and ops_families.cu (first run on a GPU: docs/cuda.md).
 #include <algorithm>
 
 #include "fuyou/cuda.h"
@@ -80,16 +80,9 @@ CudaBackend::~CudaBackend() {
 
 void CudaBackend::bind() const { FY_CUDA(cudaSetDevice(device_)); }
 
-void CudaBackend::set_storage_type(ElemType t) {
-  if (t != ElemType::kF32)
-    throw Error(str("runtime.device_tensors: ", elem_type_name(t), ": the CUDA backend's kernels read and "
-                    "write fp32 tensors only so far; 16-bit device tensors run on the cpu, cpu-streams and "
-                    "emulated backends (docs/precision.md)"));
-}
-
 std::string CudaBackend::name() const {
-  return str("cuda (", device_name_, ", cuBLAS, ", matmul_precision_name(precision_),
-             " GEMM inputs)");
+  return str("cuda (", device_name_, ", cuBLAS, ", matmul_precision_name(precision_), " GEMM inputs",
+             storage_ == ElemType::kF32 ? "" : str(", ", elem_type_name(storage_), " tensors"), ")");
 }
 
 // ---- arena -------------------------------------------------------------------------------
@@ -188,48 +181,47 @@ void CudaBackend::synchronize() {
 
 // ---- GEMMs --------------------------------------------------------------------------------
 
-void CudaBackend::gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
-                       int lda, long long sa, const float* B, int ldb, long long sb, float beta,
-                       float* C, int ldc, long long sc, int batch, bool mixed) {
+void CudaBackend::gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A,
+                       int lda, long long sa, const void* B, int ldb, long long sb, float beta,
+                       void* C, int ldc, long long sc, int batch, bool mixed, ElemType ab, ElemType c) {
   if (M == 0 || N == 0 || batch == 0) return;
   // cuBLAS is column-major; a row-major X with row stride ld is the column-major X^T with
   // the same ld. So row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap
   // the operands and the dimensions M and N, keep the transposes.
-  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;  // fp32 inputs and accumulation
-  if (mixed && precision_ == MatmulPrecision::kBf16) compute = CUBLAS_COMPUTE_32F_FAST_16BF;
-  if (mixed && precision_ == MatmulPrecision::kFp16) compute = CUBLAS_COMPUTE_32F_FAST_16F;
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;  // fp32 accumulation
+  if (ab == ElemType::kF32 && mixed && precision_ == MatmulPrecision::kBf16) compute = CUBLAS_COMPUTE_32F_FAST_16BF;
+  if (ab == ElemType::kF32 && mixed && precision_ == MatmulPrecision::kFp16) compute = CUBLAS_COMPUTE_32F_FAST_16F;
+  const cudaDataType_t tab = blas_type(ab), tc = blas_type(c);
   const cublasOperation_t opa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t opb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   std::lock_guard<std::mutex> lock(blas_mu_);
   bind();
   if (batch == 1) {
-    FY_CUBLAS(cublasGemmEx(blas_, opb, opa, N, M, K, &alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda,
-                           &beta, C, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
+    FY_CUBLAS(cublasGemmEx(blas_, opb, opa, N, M, K, &alpha, B, tab, ldb, A, tab, lda, &beta, C, tc, ldc, compute,
+                           CUBLAS_GEMM_DEFAULT));
   } else {
-    FY_CUBLAS(cublasGemmStridedBatchedEx(blas_, opb, opa, N, M, K, &alpha, B, CUDA_R_32F, ldb, sb,
-                                         A, CUDA_R_32F, lda, sa, &beta, C, CUDA_R_32F, ldc, sc,
-                                         batch, compute, CUBLAS_GEMM_DEFAULT));
+    FY_CUBLAS(cublasGemmStridedBatchedEx(blas_, opb, opa, N, M, K, &alpha, B, tab, ldb, sb, A, tab, lda, sa, &beta,
+                                         C, tc, ldc, sc, batch, compute, CUBLAS_GEMM_DEFAULT));
   }
 }
 
 namespace {
 
 // out(N,OC) rows set to bias(OC), so the GEMM can add into them with beta = 1.
-__global__ void broadcast_rows(float* out, const float* bias, size_t N, int OC) {
-  size_t total = N * OC;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
-       i += size_t(gridDim.x) * blockDim.x)
-    out[i] = bias[i % OC];
+template <typename T>
+__global__ void broadcast_rows(T* out, const T* bias, size_t N, int OC) {
+  FY_GRID_LOOP(i, N * OC) out[i] = bias[i % OC];
 }
 
 // part(by, c) = sum of x(n, c) over the rows n = by, by + gridDim.y, ... (one slice per
 // blockIdx.y); column_slices_add then adds the slices in order. No atomics: the result is the
 // same bits on every run.
-__global__ void column_slices(float* part, const float* x, int N, int C) {
+template <typename T>
+__global__ void column_slices(float* part, const T* x, int N, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float s = 0.0f;
-  for (int n = blockIdx.y; n < N; n += gridDim.y) s += x[size_t(n) * C + c];
+  for (int n = blockIdx.y; n < N; n += gridDim.y) s += ld(x[size_t(n) * C + c]);
   part[size_t(blockIdx.y) * C + c] = s;
 }
 
@@ -247,42 +239,35 @@ void* CudaBackend::scratch(size_t bytes) {
   return scratch_;
 }
 
-void CudaBackend::add_column_sums(float* out, const float* x, int N, int C) {
+void CudaBackend::add_column_sums(void* out, const void* x, int N, int C) {
   if (N == 0 || C == 0) return;
   const int slices = reduce_slices(N);
   std::lock_guard<std::mutex> lock(scratch_mu_);
   float* part = static_cast<float*>(scratch(sizeof(float) * slices * size_t(C)));
   const unsigned cols = (C + kEltThreads - 1) / kEltThreads;
-  FY_LAUNCH(column_slices, dim3(cols, slices), kEltThreads, part, x, N, C);
-  FY_LAUNCH(column_slices_add, cols, kEltThreads, out, part, slices, C);
+  FY_TYPED(E, {
+    FY_LAUNCH(column_slices<E>, dim3(cols, slices), kEltThreads, part, static_cast<const E*>(x), N, C);
+    FY_LAUNCH(column_slices_add<E>, cols, kEltThreads, static_cast<E*>(out), part, slices, C);
+  });
 }
 
-void CudaBackend::matmul_forward(void* out_v, const void* in_v, const void* w_v, const void* bias_v,
-                                 int N, int IC, int OC) {
-  float* out = static_cast<float*>(out_v);
-  const float* in = static_cast<const float*>(in_v);
-  const float* w = static_cast<const float*>(w_v);
-  const float* bias = static_cast<const float*>(bias_v);
+void CudaBackend::matmul_forward(void* out, const void* in, const void* w, const void* bias, int N, int IC,
+                                 int OC) {
   bind();
   float beta = 0.0f;
   if (bias) {
     size_t total = size_t(N) * OC;
-    FY_LAUNCH(broadcast_rows, elt_blocks(total), kEltThreads, out, bias, N, OC);
+    FY_TYPED(E, FY_LAUNCH(broadcast_rows<E>, elt_blocks(total), kEltThreads, static_cast<E*>(out),
+                          static_cast<const E*>(bias), N, OC));
     beta = 1.0f;
   }
-  gemm(false, true, N, OC, IC, 1.0f, in, IC, 0, w, IC, 0, beta, out, OC, 0, 1, true);
+  gemm(false, true, N, OC, IC, 1.0f, in, IC, 0, w, IC, 0, beta, out, OC, 0, 1, true, storage_, storage_);
 }
 
-void CudaBackend::matmul_backward(void* din_v, void* dw_v, void* dbias_v, const void* dout_v,
-                                  const void* in_v, const void* w_v, int N, int IC, int OC) {
-  float* din = static_cast<float*>(din_v);
-  float* dw = static_cast<float*>(dw_v);
-  float* dbias = static_cast<float*>(dbias_v);
-  const float* dout = static_cast<const float*>(dout_v);
-  const float* in = static_cast<const float*>(in_v);
-  const float* w = static_cast<const float*>(w_v);
-  if (din) gemm(false, false, N, IC, OC, 1.0f, dout, OC, 0, w, IC, 0, 0.0f, din, IC, 0, 1, true);
-  gemm(true, false, OC, IC, N, 1.0f, dout, OC, 0, in, IC, 0, 1.0f, dw, IC, 0, 1, true);
+void CudaBackend::matmul_backward(void* din, void* dw, void* dbias, const void* dout, const void* in,
+                                  const void* w, int N, int IC, int OC) {
+  if (din) gemm(false, false, N, IC, OC, 1.0f, dout, OC, 0, w, IC, 0, 0.0f, din, IC, 0, 1, true, storage_, storage_);
+  gemm(true, false, OC, IC, N, 1.0f, dout, OC, 0, in, IC, 0, 1.0f, dw, IC, 0, 1, true, storage_, storage_);
   if (dbias) add_column_sums(dbias, dout, N, OC);
 }
 

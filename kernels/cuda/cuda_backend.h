@@ -36,10 +36,10 @@ class CudaBackend final : public Backend {
   std::string name() const override;
   int threads() const override { return 1; }  // host threads used: the caller's
   void set_matmul_precision(MatmulPrecision p) override { precision_ = p; }
-  // fp32 only: the CUDA kernels read and write fp32 tensors (bf16 storage is the CPU
-  // backends' so far; docs/precision.md).
-  void set_storage_type(ElemType t) override;
-  ElemType storage_type() const override { return ElemType::kF32; }
+  // fp32, bf16 or fp16 tensors (runtime.device_tensors): every kernel is a template on the
+  // storage type (cuda_util.cuh), the GEMMs take 16-bit operands as cuBLAS types.
+  void set_storage_type(ElemType t) override { storage_ = t; }
+  ElemType storage_type() const override { return storage_; }
   MatmulPrecision matmul_precision() const override { return precision_; }
 
   void* alloc(size_t bytes, const std::string& what) override;
@@ -98,17 +98,20 @@ class CudaBackend final : public Backend {
   void bind() const;
 
   // Row-major C(M,N) = alpha op(A) op(B) + beta C, `batch` times with element strides
-  // sa/sb/sc between the problems, on the compute stream. `mixed` lets the GEMM round its
-  // inputs to the matmul precision (tensor cores, fp32 accumulation); otherwise fp32.
-  void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-            long long sa, const float* B, int ldb, long long sb, float beta, float* C, int ldc,
-            long long sc, int batch, bool mixed);
+  // sa/sb/sc between the problems, on the compute stream; A and B of element type `ab`, C of
+  // `c` (fp32 unless given). fp32 operands: `mixed` lets the GEMM round its inputs to the
+  // matmul precision (tensor cores, fp32 accumulation); otherwise fp32. 16-bit operands are
+  // multiplied as they are with fp32 accumulation, and a 16-bit C is rounded once.
+  void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A, int lda,
+            long long sa, const void* B, int ldb, long long sb, float beta, void* C, int ldc,
+            long long sc, int batch, bool mixed, ElemType ab = ElemType::kF32,
+            ElemType c = ElemType::kF32);
 
  private:
   void copy_on(cudaStream_t stream, cudaEvent_t ready, std::mutex& mu, void* dst, const void* src, size_t bytes,
                cudaMemcpyKind kind);
-  // Column sums of x(N,C) added into out(C) (bias and norm-weight gradients).
-  void add_column_sums(float* out, const float* x, int N, int C);
+  // Column sums of x(N,C) added into out(C) (bias gradients), both of the storage type.
+  void add_column_sums(void* out, const void* x, int N, int C);
 
  public:
   // Device scratch of at least `bytes` for the partial sums of the reductions, outside the
@@ -123,6 +126,7 @@ class CudaBackend final : public Backend {
   int device_;
   std::string device_name_;
   MatmulPrecision precision_ = MatmulPrecision::kFp32;
+  ElemType storage_ = ElemType::kF32;
 
   cudaStream_t compute_ = nullptr, h2d_ = nullptr, d2h_ = nullptr;
   cudaEvent_t h2d_ready_ = nullptr, d2h_ready_ = nullptr;

@@ -3,8 +3,11 @@
 #pragma once
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "fuyou/elem_type.h"
 #include "fuyou/error.h"
 
 namespace fuyou::cuda {
@@ -72,14 +75,55 @@ constexpr int kReduceSlices = 128;
 
 inline int reduce_slices(int N) { return N < kReduceSlices ? N : kReduceSlices; }
 
-// out(c) += part(0, c) + part(1, c) + ... + part(slices - 1, c), in that order: the second
-// pass of every column reduction. Static: each .cu file that launches it has its own copy.
-static __global__ void column_slices_add(float* out, const float* part, int slices, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  float s = 0.0f;
-  for (int r = 0; r < slices; ++r) s += part[size_t(r) * C + c];
-  out[c] += s;
+
+
+// ---- storage types ------------------------------------------------------------------------
+// The device's tensors are fp32, bf16 or fp16 (Backend::storage_type). Kernels are templates
+// on the storage type T: every load widens to fp32 (ld), the arithmetic is fp32 as in the
+// fp32 kernel, and every store rounds once to nearest even (st<T>), which is what the CPU
+// backend's 16-bit kernels do (kernels/cpu/stage.h: the fp32 kernel on widened inputs, each
+// output rounded once). A kernel that accumulates into a 16-bit tensor reads it widened,
+// adds in fp32 and rounds once per call.
+__device__ __forceinline__ float ld(float x) { return x; }
+__device__ __forceinline__ float ld(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float ld(__half x) { return __half2float(x); }
+
+template <typename T>
+__device__ __forceinline__ T st(float v);
+template <>
+__device__ __forceinline__ float st<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 st<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __half st<__half>(float v) { return __float2half_rn(v); }
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls f(TypeTag<T>{}) with T the device type of `t`: the host side of every kernel
+// launch, so one template serves the three storage types.
+template <typename F>
+void with_storage(ElemType t, F&& f) {
+  switch (t) {
+    case ElemType::kF32: f(TypeTag<float>{}); return;
+    case ElemType::kBF16: f(TypeTag<__nv_bfloat16>{}); return;
+    case ElemType::kF16: f(TypeTag<__half>{}); return;
+  }
+}
+
+// Inside a CudaBackend member: runs the statements with E the device type of the backend's
+// storage type (`FY_TYPED(E, FY_LAUNCH(kernel<E>, ...))`).
+#define FY_TYPED(E, ...)                            \
+  ::fuyou::cuda::with_storage(storage_, [&](auto fy_tag_) { \
+    using E = typename decltype(fy_tag_)::type;     \
+    __VA_ARGS__;                                    \
+  })
+
+// cuBLAS's name for the storage type.
+inline cudaDataType_t blas_type(ElemType t) {
+  return t == ElemType::kBF16 ? CUDA_R_16BF : t == ElemType::kF16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
 struct SumOp {
@@ -121,6 +165,18 @@ __device__ T block_reduce(T v, Op op, T identity) {
   v = partial[0];
   __syncthreads();
   return v;
+}
+
+// out(c) += part(0, c) + part(1, c) + ... + part(slices - 1, c), in that order: the second
+// pass of every column reduction; out of the storage type, the partial sums fp32. Static:
+// each .cu file that launches it has its own copy.
+template <typename T>
+static __global__ void column_slices_add(T* out, const float* part, int slices, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float s = 0.0f;
+  for (int r = 0; r < slices; ++r) s += part[size_t(r) * C + c];
+  out[c] = st<T>(ld(out[c]) + s);
 }
 
 }  // namespace fuyou::cuda

@@ -1,8 +1,11 @@
 // Element-wise and row-wise kernels of the CUDA backend: embedding, LayerNorm, GELU, residual
-// add and the fused softmax + cross-entropy. The arithmetic per
-// element is kernels/common/element_math.h, the same functions the CPU backend loops over;
-// what is CUDA-only is indexing and the reductions, each commented with its invariant.
+// add and the fused softmax + cross-entropy, templates on the storage type (cuda_util.cuh:
+// loads widen to fp32, stores round once). The arithmetic per element is
+// kernels/common/element_math.h, the same functions the CPU backend loops over; what is
+// CUDA-only is indexing and the reductions, each commented with its invariant.
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/common/element_math.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -15,65 +18,109 @@ namespace {
 // variance in double.
 constexpr double kLayerNormEps = 1e-5;
 
-__global__ void embedding_forward_k(float* out, const int32_t* tokens, const float* wte,
-                                    const float* wpe, int T, int C, size_t total) {
+template <typename T>
+__global__ void embedding_forward_k(T* out, const int32_t* tokens, const T* wte, const T* wpe,
+                                    int T_, int C, size_t total) {
   FY_GRID_LOOP(i, total) {
     size_t n = i / C;
     int c = static_cast<int>(i % C);
-    float v = wte[size_t(tokens[n]) * C + c];
-    out[i] = wpe ? v + wpe[size_t(n % T) * C + c] : v;
+    float v = ld(wte[size_t(tokens[n]) * C + c]);
+    out[i] = st<T>(wpe ? v + ld(wpe[size_t(n % T_) * C + c]) : v);
   }
 }
 
-// dwte(v, c) += dout(n, c) for every position n holding token v, in increasing n: the CPU
-// backend's order, so both round alike. Thread (c, r) owns column c of the rows v with
-// v % gridDim.y == r: every element has one writer, no atomics, the same bits every run.
-// Each thread reads every token (a broadcast load within the warp) and adds only its own.
-__global__ void embedding_backward_wte_k(float* dwte, const float* dout, const int32_t* tokens,
-                                         size_t N, int C) {
+// A gradient row's sum over the positions that add to it, the CPU backend's way: fp32 tables
+// add each position's row in turn (acc starts at the stored value); 16-bit tables sum the
+// positions in fp32 from zero and add the sum to the stored row with one rounding
+// (kernels/cpu/cpu_backend_kernels.cc, embed_rows_backward).
+template <typename T>
+__device__ __forceinline__ float grad_row_start(T stored) {
+  return std::is_same<T, float>::value ? ld(stored) : 0.0f;
+}
+template <typename T>
+__device__ __forceinline__ T grad_row_end(T stored, float acc) {
+  return std::is_same<T, float>::value ? st<T>(acc) : st<T>(ld(stored) + acc);
+}
+
+// The positions sorted by token, stably: order[rank] = n and sorted[rank] = tokens[n], with
+// rank = #(tokens[m] < tokens[n]) + #(m < n with tokens[m] == tokens[n]). One thread per n,
+// the tokens read a block's tile at a time from shared memory; O(N^2) compares, which is
+// small beside the layer's GEMMs for the N = B T of one micro-batch.
+__global__ void token_rank_k(int32_t* order, int32_t* sorted, const int32_t* tokens, int N) {
+  __shared__ int32_t tile[kEltThreads];
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  const int32_t v = n < N ? tokens[n] : 0;
+  int rank = 0;
+  for (int base = 0; base < N; base += kEltThreads) {
+    if (base + int(threadIdx.x) < N) tile[threadIdx.x] = tokens[base + threadIdx.x];
+    __syncthreads();
+    const int len = min(kEltThreads, N - base);
+    for (int j = 0; j < len; ++j) {
+      const int32_t u = tile[j];
+      rank += u < v || (u == v && base + j < n);
+    }
+    __syncthreads();
+  }
+  if (n < N) {
+    order[rank] = n;
+    sorted[rank] = v;
+  }
+}
+
+// dwte(v, c) gets the rows of dout at the positions holding token v, in increasing position
+// (the CPU's order). Thread (c, i) owns column c of the token starting the sorted run at i:
+// every element has one writer, no atomics, the same bits every run.
+template <typename T>
+__global__ void embedding_backward_wte_k(T* dwte, const T* dout, const int32_t* order,
+                                         const int32_t* sorted, int N, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  const unsigned r = blockIdx.y, slices = gridDim.y;
-  for (size_t n = 0; n < N; ++n) {
-    const unsigned v = static_cast<unsigned>(tokens[n]);
-    if (v % slices == r) dwte[size_t(v) * C + c] += dout[n * C + c];
+  for (int i = blockIdx.y; i < N; i += gridDim.y) {
+    const int32_t v = sorted[i];
+    if (i > 0 && sorted[i - 1] == v) continue;  // not the start of v's run
+    T* row = dwte + size_t(v) * C + c;
+    float acc = grad_row_start(*row);
+    for (int j = i; j < N && sorted[j] == v; ++j) acc += ld(dout[size_t(order[j]) * C + c]);
+    *row = grad_row_end(*row, acc);
   }
 }
 
 // dwpe(t, c) += dout(b, t, c) for b = 0, 1, ..., in that order, as on the CPU.
-__global__ void embedding_backward_wpe_k(float* dwpe, const float* dout, int B, int T, int C) {
-  const size_t total = size_t(T) * C;
+template <typename T>
+__global__ void embedding_backward_wpe_k(T* dwpe, const T* dout, int B, int T_, int C) {
+  const size_t total = size_t(T_) * C;
   FY_GRID_LOOP(i, total) {
-    float acc = dwpe[i];
-    for (int b = 0; b < B; ++b) acc += dout[size_t(b) * total + i];
-    dwpe[i] = acc;
+    float acc = grad_row_start(dwpe[i]);
+    for (int b = 0; b < B; ++b) acc += ld(dout[size_t(b) * total + i]);
+    dwpe[i] = grad_row_end(dwpe[i], acc);
   }
 }
 
-// Embedding rows per column thread group of embedding_backward_wte_k: enough blocks to keep
-// the GPU busy at small d_model; each thread scans all B*T tokens.
-constexpr unsigned kEmbedSlices = 32;
+// Sorted runs per column thread group of embedding_backward_wte_k (grid y, strided): enough
+// blocks to keep the GPU busy at small d_model.
+constexpr unsigned kEmbedSlices = 512;
 
 // One block per row n. Statistics in math::StatAcc (double) as on the CPU, two passes over
 // the row (mean, then squared deviations) so the result matches the CPU's formula.
-__global__ void layernorm_forward_k(float* out, float* mean, float* rstd, const float* in,
-                                    const float* w, const float* b, int C) {
+template <typename T>
+__global__ void layernorm_forward_k(T* out, float* mean, float* rstd, const T* in, const T* w,
+                                    const T* b, int C) {
   const size_t n = blockIdx.x;
-  const float* x = in + n * C;
+  const T* x = in + n * C;
   math::StatAcc s = 0;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) s += x[c];
+  for (int c = threadIdx.x; c < C; c += blockDim.x) s += ld(x[c]);
   s = block_reduce(s, SumOp{}, math::StatAcc(0));
   const float m = static_cast<float>(s / C);
   math::StatAcc v = 0;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    math::StatAcc d = x[c] - m;
+    math::StatAcc d = ld(x[c]) - m;
     v += d * d;
   }
   v = block_reduce(v, SumOp{}, math::StatAcc(0));
   const float r = static_cast<float>(1.0 / sqrt(v / C + kLayerNormEps));
-  float* o = out + n * C;
+  T* o = out + n * C;
   for (int c = threadIdx.x; c < C; c += blockDim.x)
-    o[c] = math::layernorm_apply(x[c], m, r, w[c], b[c]);
+    o[c] = st<T>(math::layernorm_apply(ld(x[c]), m, r, ld(w[c]), ld(b[c])));
   if (threadIdx.x == 0) {
     mean[n] = m;
     rstd[n] = r;
@@ -82,62 +129,66 @@ __global__ void layernorm_forward_k(float* out, float* mean, float* rstd, const 
 
 // One block per row: din += rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w.
 // The weight and bias gradients are column sums, done by layernorm_dweights_k.
-__global__ void layernorm_backward_dx_k(float* din, const float* dout, const float* in,
-                                        const float* w, const float* mean, const float* rstd,
-                                        int C) {
+template <typename T>
+__global__ void layernorm_backward_dx_k(T* din, const T* dout, const T* in, const T* w,
+                                        const float* mean, const float* rstd, int C) {
   const size_t n = blockIdx.x;
-  const float* x = in + n * C;
-  const float* dy = dout + n * C;
+  const T* x = in + n * C;
+  const T* dy = dout + n * C;
   const float m = mean[n], r = rstd[n];
   math::StatAcc g_sum = 0, gx_sum = 0;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float xhat = (x[c] - m) * r;
-    float g = dy[c] * w[c];
+    float xhat = (ld(x[c]) - m) * r;
+    float g = ld(dy[c]) * ld(w[c]);
     g_sum += g;
     gx_sum += g * xhat;
   }
   g_sum = block_reduce(g_sum, SumOp{}, math::StatAcc(0));
   gx_sum = block_reduce(gx_sum, SumOp{}, math::StatAcc(0));
   const float gm = static_cast<float>(g_sum / C), gxm = static_cast<float>(gx_sum / C);
-  float* dx = din + n * C;
+  T* dx = din + n * C;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float xhat = (x[c] - m) * r;
-    float g = dy[c] * w[c];
-    dx[c] += (g - gm - xhat * gxm) * r;
+    float xhat = (ld(x[c]) - m) * r;
+    float g = ld(dy[c]) * ld(w[c]);
+    dx[c] = st<T>(ld(dx[c]) + (g - gm - xhat * gxm) * r);
   }
 }
 
 // Slice by of dw(c) = sum_n dy(n,c) xhat(n,c) and db(c) = sum_n dy(n,c) over the rows
 // n = by, by + gridDim.y, ...; column_slices_add adds the slices in order (no atomics).
-__global__ void layernorm_dweights_k(float* part_w, float* part_b, const float* dout,
-                                     const float* in, const float* mean, const float* rstd, int N,
-                                     int C) {
+template <typename T>
+__global__ void layernorm_dweights_k(float* part_w, float* part_b, const T* dout, const T* in,
+                                     const float* mean, const float* rstd, int N, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float sw = 0.0f, sb = 0.0f;
   for (int n = blockIdx.y; n < N; n += gridDim.y) {
     size_t i = size_t(n) * C + c;
-    sw += dout[i] * ((in[i] - mean[n]) * rstd[n]);
-    sb += dout[i];
+    sw += ld(dout[i]) * ((ld(in[i]) - mean[n]) * rstd[n]);
+    sb += ld(dout[i]);
   }
   part_w[size_t(blockIdx.y) * C + c] = sw;
   part_b[size_t(blockIdx.y) * C + c] = sb;
 }
 
-__global__ void gelu_forward_k(float* out, const float* in, size_t n) {
-  FY_GRID_LOOP(i, n) out[i] = math::gelu(in[i]);
+template <typename T>
+__global__ void gelu_forward_k(T* out, const T* in, size_t n) {
+  FY_GRID_LOOP(i, n) out[i] = st<T>(math::gelu(ld(in[i])));
 }
 
-__global__ void gelu_backward_k(float* din, const float* in, const float* dout, size_t n) {
-  FY_GRID_LOOP(i, n) din[i] = dout[i] * math::gelu_grad(in[i]);
+template <typename T>
+__global__ void gelu_backward_k(T* din, const T* in, const T* dout, size_t n) {
+  FY_GRID_LOOP(i, n) din[i] = st<T>(ld(dout[i]) * math::gelu_grad(ld(in[i])));
 }
 
-__global__ void add_k(float* out, const float* a, const float* b, size_t n) {
-  FY_GRID_LOOP(i, n) out[i] = a[i] + b[i];
+template <typename T>
+__global__ void add_k(T* out, const T* a, const T* b, size_t n) {
+  FY_GRID_LOOP(i, n) out[i] = st<T>(ld(a[i]) + ld(b[i]));
 }
 
 // One block per row: the row maximum, then sum exp(l - max) in double as on the CPU.
-__global__ void crossentropy_forward_k(float* losses, float* lse, const float* logits,
+template <typename T>
+__global__ void crossentropy_forward_k(float* losses, float* lse, const T* logits,
                                        const int32_t* targets, int V) {
   const size_t n = blockIdx.x;
   // An ignored target (kIgnoreTarget, a masked-out position) has loss 0 and lse 0
@@ -147,135 +198,137 @@ __global__ void crossentropy_forward_k(float* losses, float* lse, const float* l
     if (threadIdx.x == 0) losses[n] = lse[n] = 0.0f;
     return;
   }
-  const float* l = logits + n * V;
+  const T* l = logits + n * V;
   float mx = -INFINITY;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, l[v]);
+  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, ld(l[v]));
   mx = block_reduce(mx, MaxOp{}, -INFINITY);
   double s = 0;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) s += math::exp_fast(l[v] - mx);
+  for (int v = threadIdx.x; v < V; v += blockDim.x) s += math::exp_fast(ld(l[v]) - mx);
   s = block_reduce(s, SumOp{}, 0.0);
   if (threadIdx.x == 0) {
     float z = mx + static_cast<float>(log(s));
     lse[n] = z;
-    losses[n] = z - l[targets[n]];
+    losses[n] = z - ld(l[targets[n]]);
   }
 }
 
 // Element-wise over (N, V): softmax from the saved logsumexp, times scale, minus scale at
 // the target; 0 on a row whose target is kIgnoreTarget. Each element is written by one
 // thread in the CPU's order of operations.
-__global__ void crossentropy_backward_k(float* logits, const float* lse, const int32_t* targets,
+template <typename T>
+__global__ void crossentropy_backward_k(T* logits, const float* lse, const int32_t* targets,
                                         float scale, int V, size_t total) {
   FY_GRID_LOOP(i, total) {
     size_t n = i / V;
     int v = static_cast<int>(i % V);
     if (targets[n] == kIgnoreTarget) {
-      logits[i] = 0.0f;
+      logits[i] = st<T>(0.0f);
       continue;
     }
-    float g = math::exp_fast(logits[i] - lse[n]) * scale;
+    float g = math::exp_fast(ld(logits[i]) - lse[n]) * scale;
     if (v == targets[n]) g -= scale;
-    logits[i] = g;
+    logits[i] = st<T>(g);
   }
 }
 
 }  // namespace
 
-void CudaBackend::embedding_forward(void* out_v, const int32_t* tokens, const void* wte_v,
-                                    const void* wpe_v, int B, int T, int C) {
-  float* out = static_cast<float*>(out_v);
-  const float* wte = static_cast<const float*>(wte_v);
-  const float* wpe = static_cast<const float*>(wpe_v);
+void CudaBackend::embedding_forward(void* out, const int32_t* tokens, const void* wte,
+                                    const void* wpe, int B, int T, int C) {
   size_t total = size_t(B) * T * C;
   if (!total) return;
-  FY_LAUNCH(embedding_forward_k, elt_blocks(total), kEltThreads, out, tokens, wte, wpe, T, C,
-            total);
+  FY_TYPED(E, {
+    FY_LAUNCH(embedding_forward_k<E>, elt_blocks(total), kEltThreads, static_cast<E*>(out), tokens,
+              static_cast<const E*>(wte), static_cast<const E*>(wpe), T, C, total);
+  });
 }
 
-void CudaBackend::embedding_backward(void* dwte_v, void* dwpe_v, const void* dout_v,
+void CudaBackend::embedding_backward(void* dwte, void* dwpe, const void* dout,
                                      const int32_t* tokens, int B, int T, int C) {
-  float* dwte = static_cast<float*>(dwte_v);
-  float* dwpe = static_cast<float*>(dwpe_v);
-  const float* dout = static_cast<const float*>(dout_v);
-  const size_t N = size_t(B) * T;
+  const int N = B * T;
   if (!N || !C) return;
   const unsigned cols = (C + kEltThreads - 1) / kEltThreads;
-  FY_LAUNCH(embedding_backward_wte_k, dim3(cols, kEmbedSlices), kEltThreads, dwte, dout, tokens, N,
-            C);
-  if (dwpe)
-    FY_LAUNCH(embedding_backward_wpe_k, elt_blocks(size_t(T) * C), kEltThreads, dwpe, dout, B, T,
-              C);
+  const unsigned runs = std::min<unsigned>(kEmbedSlices, N);
+  std::lock_guard<std::mutex> lock(scratch_mu());
+  int32_t* order = static_cast<int32_t*>(scratch(2 * sizeof(int32_t) * size_t(N)));
+  int32_t* sorted = order + N;
+  FY_LAUNCH(token_rank_k, (N + kEltThreads - 1) / kEltThreads, kEltThreads, order, sorted, tokens, N);
+  FY_TYPED(E, {
+    FY_LAUNCH(embedding_backward_wte_k<E>, dim3(cols, runs), kEltThreads, static_cast<E*>(dwte),
+              static_cast<const E*>(dout), order, sorted, N, C);
+    if (dwpe)
+      FY_LAUNCH(embedding_backward_wpe_k<E>, elt_blocks(size_t(T) * C), kEltThreads, static_cast<E*>(dwpe),
+                static_cast<const E*>(dout), B, T, C);
+  });
 }
 
-void CudaBackend::layernorm_forward(void* out_v, float* mean, float* rstd, const void* in_v,
-                                    const void* w_v, const void* b_v, int N, int C) {
-  float* out = static_cast<float*>(out_v);
-  const float* in = static_cast<const float*>(in_v);
-  const float* w = static_cast<const float*>(w_v);
-  const float* b = static_cast<const float*>(b_v);
+void CudaBackend::layernorm_forward(void* out, float* mean, float* rstd, const void* in,
+                                    const void* w, const void* b, int N, int C) {
   if (!N) return;
-  FY_LAUNCH(layernorm_forward_k, N, kRowThreads, out, mean, rstd, in, w, b, C);
+  FY_TYPED(E, {
+    FY_LAUNCH(layernorm_forward_k<E>, N, kRowThreads, static_cast<E*>(out), mean, rstd,
+              static_cast<const E*>(in), static_cast<const E*>(w), static_cast<const E*>(b), C);
+  });
 }
 
-void CudaBackend::layernorm_backward(void* din_v, void* dw_v, void* db_v, const void* dout_v,
-                                     const void* in_v, const void* w_v, const float* mean,
+void CudaBackend::layernorm_backward(void* din, void* dw, void* db, const void* dout,
+                                     const void* in, const void* w, const float* mean,
                                      const float* rstd, int N, int C) {
-  float* din = static_cast<float*>(din_v);
-  float* dw = static_cast<float*>(dw_v);
-  float* db = static_cast<float*>(db_v);
-  const float* dout = static_cast<const float*>(dout_v);
-  const float* in = static_cast<const float*>(in_v);
-  const float* w = static_cast<const float*>(w_v);
   if (!N) return;
-  FY_LAUNCH(layernorm_backward_dx_k, N, kRowThreads, din, dout, in, w, mean, rstd, C);
   const int slices = reduce_slices(N);
   const unsigned cols = (C + kEltThreads - 1) / kEltThreads;
   std::lock_guard<std::mutex> lock(scratch_mu());
   float* part_w = static_cast<float*>(scratch(2 * sizeof(float) * slices * size_t(C)));
   float* part_b = part_w + size_t(slices) * C;
-  FY_LAUNCH(layernorm_dweights_k, dim3(cols, slices), kEltThreads, part_w, part_b, dout, in, mean,
-            rstd, N, C);
-  FY_LAUNCH(column_slices_add, cols, kEltThreads, dw, part_w, slices, C);
-  FY_LAUNCH(column_slices_add, cols, kEltThreads, db, part_b, slices, C);
+  FY_TYPED(E, {
+    const E *dy = static_cast<const E*>(dout), *x = static_cast<const E*>(in);
+    FY_LAUNCH(layernorm_backward_dx_k<E>, N, kRowThreads, static_cast<E*>(din), dy, x,
+              static_cast<const E*>(w), mean, rstd, C);
+    FY_LAUNCH(layernorm_dweights_k<E>, dim3(cols, slices), kEltThreads, part_w, part_b, dy, x, mean, rstd, N, C);
+    FY_LAUNCH(column_slices_add<E>, cols, kEltThreads, static_cast<E*>(dw), part_w, slices, C);
+    FY_LAUNCH(column_slices_add<E>, cols, kEltThreads, static_cast<E*>(db), part_b, slices, C);
+  });
 }
 
-void CudaBackend::gelu_forward(void* out_v, const void* in_v, size_t n) {
-  float* out = static_cast<float*>(out_v);
-  const float* in = static_cast<const float*>(in_v);
+void CudaBackend::gelu_forward(void* out, const void* in, size_t n) {
   if (!n) return;
-  FY_LAUNCH(gelu_forward_k, elt_blocks(n), kEltThreads, out, in, n);
+  FY_TYPED(E, {
+    FY_LAUNCH(gelu_forward_k<E>, elt_blocks(n), kEltThreads, static_cast<E*>(out), static_cast<const E*>(in), n);
+  });
 }
 
-void CudaBackend::gelu_backward(void* din_v, const void* in_v, const void* dout_v, size_t n) {
-  float* din = static_cast<float*>(din_v);
-  const float* in = static_cast<const float*>(in_v);
-  const float* dout = static_cast<const float*>(dout_v);
+void CudaBackend::gelu_backward(void* din, const void* in, const void* dout, size_t n) {
   if (!n) return;
-  FY_LAUNCH(gelu_backward_k, elt_blocks(n), kEltThreads, din, in, dout, n);
+  FY_TYPED(E, {
+    FY_LAUNCH(gelu_backward_k<E>, elt_blocks(n), kEltThreads, static_cast<E*>(din), static_cast<const E*>(in),
+              static_cast<const E*>(dout), n);
+  });
 }
 
-void CudaBackend::add(void* out_v, const void* a_v, const void* b_v, size_t n) {
-  float* out = static_cast<float*>(out_v);
-  const float* a = static_cast<const float*>(a_v);
-  const float* b = static_cast<const float*>(b_v);
+void CudaBackend::add(void* out, const void* a, const void* b, size_t n) {
   if (!n) return;
-  FY_LAUNCH(add_k, elt_blocks(n), kEltThreads, out, a, b, n);
+  FY_TYPED(E, {
+    FY_LAUNCH(add_k<E>, elt_blocks(n), kEltThreads, static_cast<E*>(out), static_cast<const E*>(a),
+              static_cast<const E*>(b), n);
+  });
 }
 
-void CudaBackend::crossentropy_forward(float* losses, float* lse, const void* logits_v,
+void CudaBackend::crossentropy_forward(float* losses, float* lse, const void* logits,
                                        const int32_t* targets, int N, int V) {
-  const float* logits = static_cast<const float*>(logits_v);
   if (!N) return;
-  FY_LAUNCH(crossentropy_forward_k, N, kRowThreads, losses, lse, logits, targets, V);
+  FY_TYPED(E, {
+    FY_LAUNCH(crossentropy_forward_k<E>, N, kRowThreads, losses, lse, static_cast<const E*>(logits), targets, V);
+  });
 }
 
-void CudaBackend::crossentropy_backward(void* logits_v, const float* lse, const int32_t* targets,
+void CudaBackend::crossentropy_backward(void* logits, const float* lse, const int32_t* targets,
                                         float scale, int N, int V) {
-  float* logits = static_cast<float*>(logits_v);
   size_t total = size_t(N) * V;
   if (!total) return;
-  FY_LAUNCH(crossentropy_backward_k, elt_blocks(total), kEltThreads, logits, lse, targets, scale, V,
-            total);
+  FY_TYPED(E, {
+    FY_LAUNCH(crossentropy_backward_k<E>, elt_blocks(total), kEltThreads, static_cast<E*>(logits), lse, targets,
+              scale, V, total);
+  });
 }
 
 }  // namespace fuyou::cuda

@@ -1,6 +1,7 @@
 // The opt and llama families' kernels on the CUDA backend: RMSNorm, rotary embeddings, the
 // repeated-head form of grouped-query attention, SwiGLU and ReLU. Semantics and the order of
-// operations follow kernels/cpu/ops_families.cc; per-element math is element_math.h.
+// operations follow kernels/cpu/ops_families.cc; per-element math is element_math.h. Templates
+// on the storage type, as in ops.cu.
 #include <cmath>
 
 #include "kernels/common/element_math.h"
@@ -11,75 +12,82 @@ namespace fuyou::cuda {
 namespace {
 
 // One block per row: sum of squares in math::StatAcc, as on the CPU.
-__global__ void rmsnorm_forward_k(float* out, float* rstd, const float* in, const float* w,
-                                  float eps, int C) {
+template <typename T>
+__global__ void rmsnorm_forward_k(T* out, float* rstd, const T* in, const T* w, float eps, int C) {
   const size_t n = blockIdx.x;
-  const float* x = in + n * C;
+  const T* x = in + n * C;
   math::StatAcc ss = 0;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) ss += static_cast<math::StatAcc>(x[c]) * x[c];
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const float xc = ld(x[c]);
+    ss += static_cast<math::StatAcc>(xc) * xc;
+  }
   ss = block_reduce(ss, SumOp{}, math::StatAcc(0));
   const float r = static_cast<float>(1.0 / sqrt(ss / C + eps));
-  float* o = out + n * C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = math::rmsnorm_apply(x[c], r, w[c]);
+  T* o = out + n * C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = st<T>(math::rmsnorm_apply(ld(x[c]), r, ld(w[c])));
   if (threadIdx.x == 0) rstd[n] = r;
 }
 
 // One block per row: din += rstd * (g - xhat * mean(g * xhat)), g = dy * w, xhat = x * rstd.
-__global__ void rmsnorm_backward_dx_k(float* din, const float* dout, const float* in,
-                                      const float* w, const float* rstd, int C) {
+template <typename T>
+__global__ void rmsnorm_backward_dx_k(T* din, const T* dout, const T* in, const T* w, const float* rstd,
+                                      int C) {
   const size_t n = blockIdx.x;
-  const float* x = in + n * C;
-  const float* dy = dout + n * C;
+  const T* x = in + n * C;
+  const T* dy = dout + n * C;
   const float r = rstd[n];
   math::StatAcc gx = 0;
   for (int c = threadIdx.x; c < C; c += blockDim.x)
-    gx += static_cast<math::StatAcc>(dy[c] * w[c]) * (x[c] * r);
+    gx += static_cast<math::StatAcc>(ld(dy[c]) * ld(w[c])) * (ld(x[c]) * r);
   gx = block_reduce(gx, SumOp{}, math::StatAcc(0));
   const float gxm = static_cast<float>(gx / C);
-  float* dx = din + n * C;
+  T* dx = din + n * C;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float xhat = x[c] * r;
-    dx[c] += (dy[c] * w[c] - xhat * gxm) * r;
+    float xhat = ld(x[c]) * r;
+    dx[c] = st<T>(ld(dx[c]) + (ld(dy[c]) * ld(w[c]) - xhat * gxm) * r);
   }
 }
 
 // part(by, c) = sum of dy(n,c) x(n,c) rstd(n) over the rows n = by, by + gridDim.y, ...;
 // column_slices_add adds the slices into dw in order (no atomics: the same bits every run).
-__global__ void rmsnorm_dweight_k(float* part, const float* dout, const float* in,
-                                  const float* rstd, int N, int C) {
+template <typename T>
+__global__ void rmsnorm_dweight_k(float* part, const T* dout, const T* in, const float* rstd, int N, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float s = 0.0f;
   for (int n = blockIdx.y; n < N; n += gridDim.y) {
     size_t i = size_t(n) * C + c;
-    s += dout[i] * (in[i] * rstd[n]);
+    s += ld(dout[i]) * (ld(in[i]) * rstd[n]);
   }
   part[size_t(blockIdx.y) * C + c] = s;
 }
 
 // One thread per (row n, head h of the Hq + Hkv rotated heads, pair i < D/2).
-__global__ void rope_k(float* qkvc, int T, int Hq, int Hkv, int D, float theta, float sign,
-                       size_t total) {
+template <typename T>
+__global__ void rope_k(T* qkvc, int T_, int Hq, int Hkv, int D, float theta, float sign, size_t total) {
   const int half = D / 2, heads = Hq + Hkv;
   const size_t row = static_cast<size_t>(Hq + 2 * Hkv) * D;
   FY_GRID_LOOP(idx, total) {
     const int i = static_cast<int>(idx % half);
     const int h = static_cast<int>((idx / half) % heads);
     const size_t n = idx / (static_cast<size_t>(half) * heads);
-    const float a = math::rope_angle(static_cast<int>(n % T), i, D, theta);
-    float* x = qkvc + n * row + static_cast<size_t>(h) * D;
-    math::rope_rotate(x[i], x[half + i], cosf(a), sign * sinf(a));
+    const float a = math::rope_angle(static_cast<int>(n % T_), i, D, theta);
+    T* x = qkvc + n * row + static_cast<size_t>(h) * D;
+    float x0 = ld(x[i]), x1 = ld(x[half + i]);
+    math::rope_rotate(x0, x1, cosf(a), sign * sinf(a));
+    x[i] = st<T>(x0);
+    x[half + i] = st<T>(x1);
   }
 }
 
 // One thread per element of qkv(N, 3C): q copied, k/v head h read from compact head h / G.
-__global__ void repeat_kv_forward_k(float* qkv, const float* qkvc, int Hq, int Hkv, int D,
-                                    size_t total) {
+template <typename T>
+__global__ void repeat_kv_forward_k(T* qkv, const T* qkvc, int Hq, int Hkv, int D, size_t total) {
   const size_t C = static_cast<size_t>(Hq) * D, KV = static_cast<size_t>(Hkv) * D;
   const int G = Hq / Hkv;
   FY_GRID_LOOP(idx, total) {
     const size_t n = idx / (3 * C), e = idx % (3 * C);
-    const float* src = qkvc + n * (C + 2 * KV);
+    const T* src = qkvc + n * (C + 2 * KV);
     if (e < C) {
       qkv[idx] = src[e];
     } else {
@@ -92,14 +100,14 @@ __global__ void repeat_kv_forward_k(float* qkv, const float* qkvc, int Hq, int H
 }
 
 // One thread per element of dqkvc(N, C + 2 KV): q copied, each compact k/v element the sum
-// of its G copies in head order (the CPU's order).
-__global__ void repeat_kv_backward_k(float* dqkvc, const float* dqkv, int Hq, int Hkv, int D,
-                                     size_t total) {
+// of its G copies in head order (the CPU's order), in fp32, rounded once.
+template <typename T>
+__global__ void repeat_kv_backward_k(T* dqkvc, const T* dqkv, int Hq, int Hkv, int D, size_t total) {
   const size_t C = static_cast<size_t>(Hq) * D, KV = static_cast<size_t>(Hkv) * D;
   const int G = Hq / Hkv;
   FY_GRID_LOOP(idx, total) {
     const size_t n = idx / (C + 2 * KV), e = idx % (C + 2 * KV);
-    const float* src = dqkv + n * 3 * C;
+    const T* src = dqkv + n * 3 * C;
     if (e < C) {
       dqkvc[idx] = src[e];
     } else {
@@ -107,129 +115,120 @@ __global__ void repeat_kv_backward_k(float* dqkvc, const float* dqkv, int Hq, in
       const size_t within = (e - C) % KV;
       const size_t j = within / D, k = within % D;
       float s = 0.0f;
-      for (int g = 0; g < G; ++g) s += src[part * C + (j * G + g) * D + k];
-      dqkvc[idx] = s;
+      for (int g = 0; g < G; ++g) s += ld(src[part * C + (j * G + g) * D + k]);
+      dqkvc[idx] = st<T>(s);
     }
   }
 }
 
-__global__ void swiglu_forward_k(float* out, const float* gu, int F, size_t total) {
+template <typename T>
+__global__ void swiglu_forward_k(T* out, const T* gu, int F, size_t total) {
   FY_GRID_LOOP(idx, total) {
     const size_t n = idx / F, f = idx % F;
-    const float* g = gu + n * 2 * F;
-    out[idx] = math::silu(g[f]) * g[F + f];
+    const T* g = gu + n * 2 * F;
+    out[idx] = st<T>(math::silu(ld(g[f])) * ld(g[F + f]));
   }
 }
 
-__global__ void swiglu_backward_k(float* dgu, const float* gu, const float* dout, int F,
-                                  size_t total) {
+template <typename T>
+__global__ void swiglu_backward_k(T* dgu, const T* gu, const T* dout, int F, size_t total) {
   FY_GRID_LOOP(idx, total) {
     const size_t n = idx / F, f = idx % F;
-    const float* g = gu + n * 2 * F;
-    float* dg = dgu + n * 2 * F;
-    const float dy = dout[idx];
-    dg[f] = dy * g[F + f] * math::silu_grad(g[f]);
-    dg[F + f] = dy * math::silu(g[f]);
+    const T* g = gu + n * 2 * F;
+    T* dg = dgu + n * 2 * F;
+    const float dy = ld(dout[idx]), gate = ld(g[f]), up = ld(g[F + f]);
+    dg[f] = st<T>(dy * up * math::silu_grad(gate));
+    dg[F + f] = st<T>(dy * math::silu(gate));
   }
 }
 
-__global__ void relu_forward_k(float* out, const float* in, size_t n) {
-  FY_GRID_LOOP(i, n) out[i] = math::relu(in[i]);
+template <typename T>
+__global__ void relu_forward_k(T* out, const T* in, size_t n) {
+  FY_GRID_LOOP(i, n) out[i] = st<T>(math::relu(ld(in[i])));
 }
 
-__global__ void relu_backward_k(float* din, const float* in, const float* dout, size_t n) {
-  FY_GRID_LOOP(i, n) din[i] = dout[i] * math::relu_grad(in[i]);
+template <typename T>
+__global__ void relu_backward_k(T* din, const T* in, const T* dout, size_t n) {
+  FY_GRID_LOOP(i, n) din[i] = st<T>(ld(dout[i]) * math::relu_grad(ld(in[i])));
 }
 
 }  // namespace
 
-void CudaBackend::rmsnorm_forward(void* out_v, float* rstd, const void* in_v, const void* w_v,
-                                  float eps, int N, int C) {
-  float* out = static_cast<float*>(out_v);
-  const float* in = static_cast<const float*>(in_v);
-  const float* w = static_cast<const float*>(w_v);
+void CudaBackend::rmsnorm_forward(void* out, float* rstd, const void* in, const void* w, float eps, int N,
+                                  int C) {
   if (!N) return;
-  FY_LAUNCH(rmsnorm_forward_k, N, kRowThreads, out, rstd, in, w, eps, C);
+  FY_TYPED(E, FY_LAUNCH(rmsnorm_forward_k<E>, N, kRowThreads, static_cast<E*>(out), rstd,
+                        static_cast<const E*>(in), static_cast<const E*>(w), eps, C));
 }
 
-void CudaBackend::rmsnorm_backward(void* din_v, void* dw_v, const void* dout_v, const void* in_v,
-                                   const void* w_v, const float* rstd, int N, int C) {
-  float* din = static_cast<float*>(din_v);
-  float* dw = static_cast<float*>(dw_v);
-  const float* dout = static_cast<const float*>(dout_v);
-  const float* in = static_cast<const float*>(in_v);
-  const float* w = static_cast<const float*>(w_v);
+void CudaBackend::rmsnorm_backward(void* din, void* dw, const void* dout, const void* in, const void* w,
+                                   const float* rstd, int N, int C) {
   if (!N) return;
-  FY_LAUNCH(rmsnorm_backward_dx_k, N, kRowThreads, din, dout, in, w, rstd, C);
   const int slices = reduce_slices(N);
   const unsigned cols = (C + kEltThreads - 1) / kEltThreads;
   std::lock_guard<std::mutex> lock(scratch_mu());
   float* part = static_cast<float*>(scratch(sizeof(float) * slices * size_t(C)));
-  FY_LAUNCH(rmsnorm_dweight_k, dim3(cols, slices), kEltThreads, part, dout, in, rstd, N, C);
-  FY_LAUNCH(column_slices_add, cols, kEltThreads, dw, part, slices, C);
+  FY_TYPED(E, {
+    const E *dy = static_cast<const E*>(dout), *x = static_cast<const E*>(in);
+    FY_LAUNCH(rmsnorm_backward_dx_k<E>, N, kRowThreads, static_cast<E*>(din), dy, x, static_cast<const E*>(w),
+              rstd, C);
+    FY_LAUNCH(rmsnorm_dweight_k<E>, dim3(cols, slices), kEltThreads, part, dy, x, rstd, N, C);
+    FY_LAUNCH(column_slices_add<E>, cols, kEltThreads, static_cast<E*>(dw), part, slices, C);
+  });
 }
 
-void CudaBackend::rope_forward(void* qkvc_v, int B, int T, int Hq, int Hkv, int D, float theta) {
-  float* qkvc = static_cast<float*>(qkvc_v);
+void CudaBackend::rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int D, float theta) {
   size_t total = static_cast<size_t>(B) * T * (Hq + Hkv) * (D / 2);
   if (!total) return;
-  FY_LAUNCH(rope_k, elt_blocks(total), kEltThreads, qkvc, T, Hq, Hkv, D, theta, 1.0f, total);
+  FY_TYPED(E, FY_LAUNCH(rope_k<E>, elt_blocks(total), kEltThreads, static_cast<E*>(qkvc), T, Hq, Hkv, D, theta,
+                        1.0f, total));
 }
 
-void CudaBackend::rope_backward(void* dqkvc_v, int B, int T, int Hq, int Hkv, int D, float theta) {
-  float* dqkvc = static_cast<float*>(dqkvc_v);
+void CudaBackend::rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta) {
   size_t total = static_cast<size_t>(B) * T * (Hq + Hkv) * (D / 2);
   if (!total) return;
-  FY_LAUNCH(rope_k, elt_blocks(total), kEltThreads, dqkvc, T, Hq, Hkv, D, theta, -1.0f, total);
+  FY_TYPED(E, FY_LAUNCH(rope_k<E>, elt_blocks(total), kEltThreads, static_cast<E*>(dqkvc), T, Hq, Hkv, D, theta,
+                        -1.0f, total));
 }
 
-void CudaBackend::repeat_kv_forward(void* qkv_v, const void* qkvc_v, int N, int Hq, int Hkv, int D) {
-  float* qkv = static_cast<float*>(qkv_v);
-  const float* qkvc = static_cast<const float*>(qkvc_v);
+void CudaBackend::repeat_kv_forward(void* qkv, const void* qkvc, int N, int Hq, int Hkv, int D) {
   size_t total = static_cast<size_t>(N) * 3 * Hq * D;
   if (!total) return;
-  FY_LAUNCH(repeat_kv_forward_k, elt_blocks(total), kEltThreads, qkv, qkvc, Hq, Hkv, D, total);
+  FY_TYPED(E, FY_LAUNCH(repeat_kv_forward_k<E>, elt_blocks(total), kEltThreads, static_cast<E*>(qkv),
+                        static_cast<const E*>(qkvc), Hq, Hkv, D, total));
 }
 
-void CudaBackend::repeat_kv_backward(void* dqkvc_v, const void* dqkv_v, int N, int Hq, int Hkv,
-                                     int D) {
-  float* dqkvc = static_cast<float*>(dqkvc_v);
-  const float* dqkv = static_cast<const float*>(dqkv_v);
+void CudaBackend::repeat_kv_backward(void* dqkvc, const void* dqkv, int N, int Hq, int Hkv, int D) {
   size_t total = static_cast<size_t>(N) * (Hq + 2 * Hkv) * D;
   if (!total) return;
-  FY_LAUNCH(repeat_kv_backward_k, elt_blocks(total), kEltThreads, dqkvc, dqkv, Hq, Hkv, D, total);
+  FY_TYPED(E, FY_LAUNCH(repeat_kv_backward_k<E>, elt_blocks(total), kEltThreads, static_cast<E*>(dqkvc),
+                        static_cast<const E*>(dqkv), Hq, Hkv, D, total));
 }
 
-void CudaBackend::swiglu_forward(void* out_v, const void* gu_v, int N, int F) {
-  float* out = static_cast<float*>(out_v);
-  const float* gu = static_cast<const float*>(gu_v);
+void CudaBackend::swiglu_forward(void* out, const void* gu, int N, int F) {
   size_t total = static_cast<size_t>(N) * F;
   if (!total) return;
-  FY_LAUNCH(swiglu_forward_k, elt_blocks(total), kEltThreads, out, gu, F, total);
+  FY_TYPED(E, FY_LAUNCH(swiglu_forward_k<E>, elt_blocks(total), kEltThreads, static_cast<E*>(out),
+                        static_cast<const E*>(gu), F, total));
 }
 
-void CudaBackend::swiglu_backward(void* dgu_v, const void* gu_v, const void* dout_v, int N, int F) {
-  float* dgu = static_cast<float*>(dgu_v);
-  const float* gu = static_cast<const float*>(gu_v);
-  const float* dout = static_cast<const float*>(dout_v);
+void CudaBackend::swiglu_backward(void* dgu, const void* gu, const void* dout, int N, int F) {
   size_t total = static_cast<size_t>(N) * F;
   if (!total) return;
-  FY_LAUNCH(swiglu_backward_k, elt_blocks(total), kEltThreads, dgu, gu, dout, F, total);
+  FY_TYPED(E, FY_LAUNCH(swiglu_backward_k<E>, elt_blocks(total), kEltThreads, static_cast<E*>(dgu),
+                        static_cast<const E*>(gu), static_cast<const E*>(dout), F, total));
 }
 
-void CudaBackend::relu_forward(void* out_v, const void* in_v, size_t n) {
-  float* out = static_cast<float*>(out_v);
-  const float* in = static_cast<const float*>(in_v);
+void CudaBackend::relu_forward(void* out, const void* in, size_t n) {
   if (!n) return;
-  FY_LAUNCH(relu_forward_k, elt_blocks(n), kEltThreads, out, in, n);
+  FY_TYPED(E, FY_LAUNCH(relu_forward_k<E>, elt_blocks(n), kEltThreads, static_cast<E*>(out),
+                        static_cast<const E*>(in), n));
 }
 
-void CudaBackend::relu_backward(void* din_v, const void* in_v, const void* dout_v, size_t n) {
-  float* din = static_cast<float*>(din_v);
-  const float* in = static_cast<const float*>(in_v);
-  const float* dout = static_cast<const float*>(dout_v);
+void CudaBackend::relu_backward(void* din, const void* in, const void* dout, size_t n) {
   if (!n) return;
-  FY_LAUNCH(relu_backward_k, elt_blocks(n), kEltThreads, din, in, dout, n);
+  FY_TYPED(E, FY_LAUNCH(relu_backward_k<E>, elt_blocks(n), kEltThreads, static_cast<E*>(din),
+                        static_cast<const E*>(in), static_cast<const E*>(dout), n));
 }
 
 }  // namespace fuyou::cuda

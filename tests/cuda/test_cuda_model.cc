@@ -101,20 +101,77 @@ TEST_CASE("cuda models of every family match the CPU, with masked targets", "[cu
   }
 }
 
+namespace {
+
+// run_model with 16-bit device tensors of type t on both sides: the same 16-bit initial
+// weights, logits and gradients read back widened.
+ModelRun run_model16(Backend& be, ElemType t, const ModelConfig& mc, int B, const std::vector<int32_t>& in,
+                     const std::vector<int32_t>& tg) {
+  be.set_storage_type(t);
+  GptModel m(mc, be, B);
+  const size_t P = m.layout().total, NV = size_t(m.tokens_per_batch()) * mc.vocab_size;
+  std::vector<float> host(P);
+  init_gpt_params(mc, m.layout(), host.data());
+  std::vector<uint16_t> h(std::max(P, NV));
+  round_to(t, h.data(), host.data(), P);
+  be.copy_to_device(m.params(), h.data(), 2 * P);
+  ModelRun r;
+  r.loss = m.forward(in.data(), tg.data());
+  r.logits.resize(NV);
+  be.copy_to_host(h.data(), m.logits(), 2 * NV);
+  widen_from(t, r.logits.data(), h.data(), NV);
+  m.zero_grads();
+  m.backward(1.0f / static_cast<float>(m.counted_targets()));
+  r.grads.resize(P);
+  be.copy_to_host(h.data(), m.grads(), 2 * P);
+  widen_from(t, r.grads.data(), h.data(), P);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("cuda models with 16-bit tensors match the CPU's, every family", "[cuda][families]") {
+  const ElemType t = GENERATE(ElemType::kBF16, ElemType::kF16);
+  // Unit roundoff with one bit of margin, as tests/test_bf16_tensors.cc: 2^-8 bf16, 2^-11 fp16.
+  const double u = std::ldexp(1.0, t == ElemType::kBF16 ? -8 : -11);
+  for (const char* fam : kFamilies) {
+    INFO(fam << ", device tensors " << elem_type_name(t));
+    const ModelConfig mc = family_config(fam, "cpu", 0.0).model;
+    const int B = 3;
+    const size_t N = size_t(B) * mc.seq_len;
+    auto in = tokens(N, mc.vocab_size, 33), tg = tokens(N, mc.vocab_size, 34);
+    for (size_t n = 0; n < N; n += 5) tg[n] = kIgnoreTarget;
+    auto cpu = make_cpu_backend(2, 0);
+    auto gpu = make_cuda_backend(0, 256ull << 20);
+    ModelRun c = run_model16(*cpu, t, mc, B, in, tg), g = run_model16(*gpu, t, mc, B, in, tg);
+    // Each side is within 24u of the fp32 model (the CPU's bound, tests/test_bf16_tensors.cc:
+    // about 12 stored roundings forward and as many backward), so within 48u of each other.
+    const double e_logits = test::rel_error(g.logits.data(), c.logits.data(), c.logits.size());
+    const double e_grads = test::rel_error(g.grads.data(), c.grads.data(), c.grads.size());
+    INFO("loss cuda " << g.loss << " cpu " << c.loss << "; logits rel error " << e_logits / u
+                      << "u, gradients rel error " << e_grads / u << "u");
+    CHECK(std::fabs(g.loss - c.loss) <= 48 * u * std::fabs(c.loss));
+    CHECK(e_logits <= 48 * u);
+    CHECK(e_grads <= 48 * u);
+  }
+}
+
 TEST_CASE("cuda training repeats bit for bit", "[cuda][determinism]") {
   // Two runs of the same steps from the same weights: every reduction (bias, norm and
   // embedding gradients, the clipping norm) has a fixed order, so losses and weights agree in
-  // every bit, as offloaded and in-memory training must.
+  // every bit, as offloaded and in-memory training must; in fp32 and with bf16 tensors.
   for (const char* fam : {kFamilies[0], kFamilies[2]}) {
-    for (double clip : {0.0, 0.5}) {
-      INFO(fam << ", clip " << clip);
+    for (auto [tensors, clip] : {std::pair<const char*, double>{"fp32", 0.0}, {"fp32", 0.5}, {"bf16", 0.0}, {"bf16", 0.5}}) {
+      INFO(fam << ", device tensors " << tensors << ", clip " << clip);
       Config cfg = family_config(fam, "cuda", clip);
+      cfg.runtime.device_tensors = tensors;
       const size_t mb = size_t(cfg.schedule.micro_batch) * (cfg.model.seq_len + 1);
       std::vector<std::vector<int32_t>> data;
       for (int s = 0; s < 3; ++s) data.push_back(tokens(mb, cfg.model.vocab_size, 40 + s));
       std::vector<float> losses[2], params[2];
       for (int run = 0; run < 2; ++run) {
         auto be = make_cuda_backend(0, 256ull << 20);
+        be->set_storage_type(device_tensor_type(cfg.runtime));
         StepRunner r(cfg, *be);
         r.init_params();
         for (size_t s = 0; s < data.size(); ++s)

@@ -104,3 +104,13 @@ TEST_CASE("PyTorch fixtures through the CUDA backend with bf16 GEMM inputs", "[c
     CHECK(worst < 2 * bound);  // the backward runs each GEMM path twice (dX and dW)
   }
 }
+
+TEST_CASE("PyTorch's bf16 recipe through the CUDA backend with bf16 tensors", "[cuda][reference]") {
+  // The check and bounds of the CPU backend's test (tests/test_bf16_tensors.cc): bf16
+  // weights, activations and gradients on the device, fp32 master weights and AdamW.
+  for (const char* name : {"tiny_a", "tiny_b"}) {
+    SafetensorsReader f(test::source_path(str("tests/reference/fixtures/bf16/", name, ".safetensors")));
+    INFO("fixture " << name);
+    test::check_bf16_recipe(f, "cuda", [] { return make_cuda_backend(0, 256ull << 20); });
+  }
+}

@@ -1,8 +1,8 @@
 // The offloading executor on the CUDA backend: caller-ordered copies on their own streams,
 // page-locked host buffers and the executor's worker threads, checked as on the CPU backend:
 // offloaded training equals in-memory training bit for bit, with weights, optimizer state and
-// activation checkpoints on SSD, in fp32 and with bf16 GEMM inputs, plain and in exact
-// (clipping) mode.
+// activation checkpoints on SSD, in fp32, with bf16 GEMM inputs and with bf16 device tensors,
+// plain and in exact (clipping) mode.
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
@@ -22,12 +22,13 @@ using namespace fuyou;
 
 namespace {
 
-Config tiny_config(double clip, const std::string& precision) {
+Config tiny_config(double clip, const std::string& precision, const std::string& device_tensors) {
   return parse_config(
       str("model: {n_layer: 4, n_head: 2, d_model: 64, d_ff: 256, vocab_size: 96, seq_len: 32}\n"
           "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ", clip, "}\n"
           "schedule: {steps: 5, warmup_steps: 2, micro_batch: 2}\n"
-          "runtime: {backend: cuda, precision: ", precision, ", threads: 2, seed: 11}\n"),
+          "runtime: {backend: cuda, precision: ", precision, ", device_tensors: ", device_tensors,
+          ", threads: 2, seed: 11}\n"),
       "<test>");
 }
 
@@ -107,10 +108,13 @@ void require_bitwise(const Run& a, const Run& b) {
 }  // namespace
 
 TEST_CASE("cuda: offloaded training is bitwise equal to in-memory training", "[cuda][scheduler]") {
-  for (const char* precision : {"fp32", "bf16"}) {
+  // GEMM precision and device tensors: fp32 throughout, bf16 GEMMs on fp32 tensors, and the
+  // large-model recipe (bf16 tensors: 16-bit weights, gradients and checkpoints moved).
+  const std::pair<const char*, const char*> modes[] = {{"fp32", "fp32"}, {"bf16", "fp32"}, {"bf16", "bf16"}};
+  for (const auto& [precision, device_tensors] : modes) {
     for (double clip : {0.0, 0.5}) {
-      INFO("precision " << precision << ", clip " << clip);
-      Config cfg = tiny_config(clip, precision);
+      INFO("precision " << precision << ", device tensors " << device_tensors << ", clip " << clip);
+      Config cfg = tiny_config(clip, precision, device_tensors);
       auto data = batches(cfg, 5);
       Run ref = in_memory(cfg, data);
 
@@ -119,6 +123,7 @@ TEST_CASE("cuda: offloaded training is bitwise equal to in-memory training", "[c
       PlanRequest req;
       req.model = cfg.model;
       req.micro_batch = cfg.schedule.micro_batch;
+      req.tensors = device_tensor_type(cfg.runtime);
       req.exact = clip > 0;
       req.have_ssd = true;
       req.acts = {ActPlacement::kSsd, ActPlacement::kRecompute, ActPlacement::kHost,
