@@ -85,7 +85,8 @@ inline void check_fixture_training(const SafetensorsReader& f, StepRunner& runne
   }
 }
 
-// bf16's unit roundoff with one bit of margin (2^-8; round-to-nearest errs by 2^-9 at most).
+// bf16's unit roundoff: 8 significant bits, so one rounding to nearest errs by at most 2^-8
+// relative (half a unit in the last place of a value in [1, 2)).
 inline const double kBf16U = std::ldexp(1.0, -8);
 
 // Against PyTorch's bf16 recipe (tests/reference/make_bf16_fixture.py: bf16 parameters and

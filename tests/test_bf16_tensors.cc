@@ -30,14 +30,14 @@ using namespace fuyou;
 
 namespace {
 
-using test::kBf16U;  // bf16's unit roundoff with one bit of margin (reference_fixture.h)
+using test::kBf16U;  // bf16's unit roundoff, 2^-8 (reference_fixture.h)
 
 // The 16-bit type the kernel checks below store (each test case sets it).
 ElemType g_type = ElemType::kBF16;
 uint16_t rnd16(float f) { return g_type == ElemType::kBF16 ? math::float_to_bf16(f) : math::float_to_fp16(f); }
 float wid16(uint16_t h) { return g_type == ElemType::kBF16 ? math::bf16_to_float(h) : math::fp16_to_float(h); }
-// The unit roundoff of a 16-bit type, with one bit of margin as kBf16U: 2^-8 for bf16 (8
-// significant bits), 2^-11 for fp16 (11).
+// The unit roundoff of a 16-bit type, 2^-p for p significant bits: 2^-8 for bf16, 2^-11 for
+// fp16.
 double unit16(ElemType t) { return std::ldexp(1.0, t == ElemType::kBF16 ? -8 : -11); }
 
 // One tensor in both storage types: 16-bit values (random) and the same values in fp32.

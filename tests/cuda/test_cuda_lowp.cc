@@ -33,8 +33,9 @@ constexpr uint64_t kArena = 256ull << 20;
 
 uint16_t rnd16(ElemType t, float f) { return t == ElemType::kBF16 ? math::float_to_bf16(f) : math::float_to_fp16(f); }
 float wid16(ElemType t, uint16_t h) { return t == ElemType::kBF16 ? math::bf16_to_float(h) : math::fp16_to_float(h); }
-// Unit roundoff of round-to-nearest: 2^-9 for bf16 (8 significant bits), 2^-12 for fp16 (11).
-double unit16(ElemType t) { return std::ldexp(1.0, t == ElemType::kBF16 ? -9 : -12); }
+// Unit roundoff of round-to-nearest, 2^-p for p significant bits: 2^-8 for bf16, 2^-11 for
+// fp16 (half a unit in the last place of a value in [1, 2)).
+double unit16(ElemType t) { return std::ldexp(1.0, t == ElemType::kBF16 ? -8 : -11); }
 
 // One tensor in both forms: random 16-bit values and the same values in fp32.
 struct Tensor {
@@ -238,11 +239,18 @@ TEST_CASE("cuda 16-bit tensors: element-wise and row kernels are the fp32 kernel
     const int Bq = 2, Tq = 9, Hq = 6, Hkv = 2, D = 16, Nq = Bq * Tq, F = 50;
     const size_t row = size_t(Hq + 2 * Hkv) * D, C3 = size_t(3) * Hq * D;
     Tensor qkvc(t, Nq * row, 7), qkv(t, Nq * C3, Tensor::Fill{0.0f}), dqkv(t, Nq * C3, 8), dqkvc(t, Nq * row, Tensor::Fill{0.0f});
-    check_rounded_once("rope, repeat_kv", t, {&qkvc, &qkv, &dqkv, &dqkvc}, {}, [&](Backend& be, auto& p, auto&) {
+    // One kernel per check: two kernels in a row round twice on 16-bit tensors, once in fp32.
+    check_rounded_once("rope forward", t, {&qkvc}, {}, [&](Backend& be, auto& p, auto&) {
       be.rope_forward(p[0], Bq, Tq, Hq, Hkv, D, 10000.0f);
+    });
+    check_rounded_once("rope backward", t, {&qkvc}, {}, [&](Backend& be, auto& p, auto&) {
+      be.rope_backward(p[0], Bq, Tq, Hq, Hkv, D, 10000.0f);
+    });
+    check_rounded_once("repeat_kv forward", t, {&qkvc, &qkv}, {}, [&](Backend& be, auto& p, auto&) {
       be.repeat_kv_forward(p[1], p[0], Nq, Hq, Hkv, D);
-      be.repeat_kv_backward(p[3], p[2], Nq, Hq, Hkv, D);
-      be.rope_backward(p[3], Bq, Tq, Hq, Hkv, D, 10000.0f);
+    });
+    check_rounded_once("repeat_kv backward", t, {&dqkv, &dqkvc}, {}, [&](Backend& be, auto& p, auto&) {
+      be.repeat_kv_backward(p[1], p[0], Nq, Hq, Hkv, D);
     });
     Tensor gu(t, size_t(Nq) * 2 * F, 9, 2.0f), sdy(t, size_t(Nq) * F, 10), sout(t, size_t(Nq) * F, Tensor::Fill{0.0f}),
         dgu(t, gu.size(), Tensor::Fill{0.0f});

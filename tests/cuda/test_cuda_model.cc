@@ -132,7 +132,7 @@ ModelRun run_model16(Backend& be, ElemType t, const ModelConfig& mc, int B, cons
 
 TEST_CASE("cuda models with 16-bit tensors match the CPU's, every family", "[cuda][families]") {
   const ElemType t = GENERATE(ElemType::kBF16, ElemType::kF16);
-  // Unit roundoff with one bit of margin, as tests/test_bf16_tensors.cc: 2^-8 bf16, 2^-11 fp16.
+  // Unit roundoff, as tests/test_bf16_tensors.cc: 2^-8 bf16, 2^-11 fp16.
   const double u = std::ldexp(1.0, t == ElemType::kBF16 ? -8 : -11);
   for (const char* fam : kFamilies) {
     INFO(fam << ", device tensors " << elem_type_name(t));
