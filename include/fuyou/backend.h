@@ -122,7 +122,8 @@ class Backend {
   virtual void matmul_forward(void* out, const void* in, const void* w, const void* bias,
                               int N, int IC, int OC) = 0;
   // din(N,IC) = dout * w (overwritten; skipped when din is null); dw(OC,IC) += dout^T in;
-  // dbias(OC) += column sums of dout (skipped when null).
+  // dbias(OC) += column sums of dout (skipped when null). din may alias in: dw is computed
+  // from in before din is written (the MLP's backward overwrites its input activation).
   virtual void matmul_backward(void* din, void* dw, void* dbias, const void* dout,
                                const void* in, const void* w, int N, int IC, int OC) = 0;
 

@@ -230,7 +230,6 @@ class GptModel {
   void* dtmp_ = nullptr;   // (N, C)
   void* dqkv_ = nullptr;   // (N, 3C)
   float* att_scratch_ = nullptr;  // (2, T, T) the backend's attention scratch
-  void* dfc_ = nullptr;    // (N, F)
   void* qkvc_ = nullptr;   // (N, C + 2KV) compact q|k|v before the heads are repeated (GQA)
   void* dqkvc_ = nullptr;  // (N, C + 2KV)
   void* dgu_ = nullptr;    // (N, 2F) llama: gradient of gate | up

@@ -255,8 +255,8 @@ void forward_stored(Cache& c, float* out, const uint16_t* in, const uint16_t* w,
 
 void backward_stored(Cache& c, float* din, float* dw, const uint16_t* dout, const uint16_t* in, const uint16_t* w,
                      int N, int IC, int OC) {
+  run_bf16(c, true, false, OC, IC, N, dout, in, nullptr, true, dw, IC);  // dw first: din may alias in
   if (din) run_bf16(c, false, false, N, IC, OC, dout, w, nullptr, false, din, IC);
-  run_bf16(c, true, false, OC, IC, N, dout, in, nullptr, true, dw, IC);
 }
 
 // The cache, locked, for a projection that needs oneDNN's bf16 matmul.

@@ -182,8 +182,9 @@ void CpuKernels::matmul_backward(float* din, float* dw, float* dbias, const floa
   if (bf16 && bf16_gemm_native()) return matmul_backward_bf16(din, dw, dbias, dout, in, w, N, IC, OC);
   // Without oneDNN's bf16 matmul (no AVX-512), gemm_bf16 multiplies rounded operands in fp32.
   auto gemm = precision_ == MatmulPrecision::kFp16 ? gemm_fp16 : bf16 ? gemm_bf16 : gemm_f32;
-  if (din) gemm(false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, din, IC);
+  // dw first: din may alias in (backend.h).
   gemm(true, false, OC, IC, N, 1.0f, dout, OC, in, IC, 1.0f, dw, IC);
+  if (din) gemm(false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, din, IC);
   if (dbias) {
     // Column sums: threads own column blocks, rows stream through in order.
     constexpr int kBlock = 256;

@@ -255,7 +255,7 @@ void for_each_activation(const ModelConfig& cfg, int B, LayerActivations& a, Fn&
 // The one list of a model's own device buffers besides parameters, gradients and per-layer
 // activations (those three exist only in ModelState::kFull).
 struct Workspace {
-  void *lnf, *logits, *dres, *dtmp, *dqkv, *dfc, *qkvc, *dqkvc, *dgu;
+  void *lnf, *logits, *dres, *dtmp, *dqkv, *qkvc, *dqkvc, *dgu;
   float *lnf_mean, *lnf_rstd, *losses, *lse, *att_scratch;
 };
 template <typename Fn>
@@ -274,7 +274,6 @@ void for_each_workspace(const ModelConfig& cfg, int B, Workspace& w, Fn&& fn) {
   fn(w.dtmp, N * C, "backward scratch");
   fn(w.dqkv, N * 3 * C, "backward scratch");
   fn(w.att_scratch, 2 * T * T, "attention scratch");
-  fn(w.dfc, N * F, "backward scratch");
   if (fam == Family::kLlama) {
     if (KV != C) {  // grouped-query attention: the compact q|k|v before heads are repeated
       fn(w.qkvc, N * (C + 2 * KV), "grouped-query attention scratch");
@@ -358,7 +357,6 @@ GptModel::GptModel(const ModelConfig& cfg, Backend& backend, int micro_batch, Mo
   dtmp_ = w.dtmp;
   dqkv_ = w.dqkv;
   att_scratch_ = w.att_scratch;
-  dfc_ = w.dfc;
   qkvc_ = w.qkvc;
   dqkvc_ = w.dqkvc;
   dgu_ = w.dgu;
@@ -499,19 +497,23 @@ void GptModel::block_backward(const LayerTensors& w, const LayerTensors& dw, con
                               const LayerActivations& a, void* dres) {
   const int N = N_, C = cfg_.d_model, F = cfg_.d_ff, T = cfg_.seq_len;
   const int H = cfg_.n_head, Hkv = cfg_.kv_heads(), D = cfg_.head_size();
-  // MLP: dres holds dL/d(block output), which is also dL/d(fc projection output).
-  be_.matmul_backward(dfc_, dw.fcproj_w, dw.fcproj_b, dres, a.fcg, w.fcproj_w, N, F, C);
+  // MLP: dres holds dL/d(block output), which is also dL/d(fc projection output). The
+  // activation's gradient dL/d(fcg) overwrites fcg itself (matmul_backward computes dw from
+  // its input before din): the backward consumes the layer's activations, and the (N, F)
+  // gradient needs no buffer of its own, the largest one of a layer's backward.
+  void* dfc = a.fcg;
+  be_.matmul_backward(dfc, dw.fcproj_w, dw.fcproj_b, dres, a.fcg, w.fcproj_w, N, F, C);
   switch (family_) {
     case Family::kGpt2:
-      be_.gelu_backward(dfc_, a.fch, dfc_, static_cast<size_t>(N) * F);
-      be_.matmul_backward(dtmp_, dw.fc_w, dw.fc_b, dfc_, a.ln2, w.fc_w, N, C, F);
+      be_.gelu_backward(dfc, a.fch, dfc, static_cast<size_t>(N) * F);
+      be_.matmul_backward(dtmp_, dw.fc_w, dw.fc_b, dfc, a.ln2, w.fc_w, N, C, F);
       break;
     case Family::kOpt:
-      be_.relu_backward(dfc_, a.fch, dfc_, static_cast<size_t>(N) * F);
-      be_.matmul_backward(dtmp_, dw.fc_w, dw.fc_b, dfc_, a.ln2, w.fc_w, N, C, F);
+      be_.relu_backward(dfc, a.fch, dfc, static_cast<size_t>(N) * F);
+      be_.matmul_backward(dtmp_, dw.fc_w, dw.fc_b, dfc, a.ln2, w.fc_w, N, C, F);
       break;
     case Family::kLlama:
-      be_.swiglu_backward(dgu_, a.fch, dfc_, N, F);
+      be_.swiglu_backward(dgu_, a.fch, dfc, N, F);
       be_.matmul_backward(dtmp_, dw.fc_w, nullptr, dgu_, a.ln2, w.fc_w, N, C, 2 * F);
       break;
   }

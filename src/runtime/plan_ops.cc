@@ -371,7 +371,9 @@ class IterationBuilder {
       b.flops = 2 * sz_.layer_flops;
       use(b, buf(BufferKind::kWeightSlot, ws), Access::kRead, Role::kWeights);
       use(b, in, Access::kRead, Role::kInput);
-      use(b, work_of(l, kept), Access::kRead, Role::kWork);
+      // Reads the layer's activations and overwrites one of them with its gradient
+      // (GptModel::block_backward): the next forward into this buffer waits for it.
+      use(b, work_of(l, kept), Access::kAccumulate, Role::kWork);
       // Micro-batch 0 writes the slot afresh; a later one adds to what load_grads put back,
       // so each sum is formed term by term as in-memory training forms it.
       use(b, buf(BufferKind::kGradSlot, gs), micro_ == 0 ? Access::kWrite : Access::kAccumulate, Role::kGrads);
