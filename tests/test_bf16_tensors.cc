@@ -460,6 +460,25 @@ TEST_CASE("GPT-3 175B plans within one 24 GB GPU with bf16 tensors, not with fp3
     CHECK(p.memory.device_bytes <= hw.device_memory);
     CHECK(p.memory.host_bytes <= hw.host_memory);
   }
+  // The published system's batch: micro-batch 16 at sequence 1024 (with the configs' chunked
+  // LM head and the MLP's gradient written over its activation), and 8 at sequence 2048.
+  for (auto [seq, batch] : {std::pair<int, int>{1024, 16}, {2048, 8}}) {
+    INFO("sequence " << seq << ", micro-batch " << batch);
+    Config cfg = load_config_file(test::source_path("configs/gpt3-175b.yaml"),
+                                  {str("model.seq_len=", seq), str("schedule.micro_batch=", batch)});
+    REQUIRE(cfg.model.head_chunk_tokens == 1024);
+    PlanRequest req = plan_request(cfg);
+    req.device_in_host = false;
+    req.device_budget = hw.device_memory;
+    req.host_budget = hw.host_memory;
+    req.have_ssd = true;
+    const Plan p = make_plan(req);
+    CHECK(p.memory.device_bytes <= hw.device_memory);
+    CHECK(p.memory.host_bytes <= hw.host_memory);
+    // Without the chunked head it does not fit: the chunking is what makes room.
+    req.model.head_chunk_tokens = 0;
+    CHECK_THROWS_WITH(make_plan(req), Contains("device memory"));
+  }
 }
 
 TEST_CASE("PyTorch's bf16 recipe: logits, loss, gradients and 10 steps with bf16 tensors", "[bf16][reference]") {

@@ -24,6 +24,7 @@
 #include "fuyou/simulator.h"
 #include "fuyou/train.h"
 #include "plan_support.h"
+#include "test_support.h"
 
 namespace fs = std::filesystem;
 using namespace fuyou;
@@ -174,6 +175,95 @@ void require_bitwise(const Run& a, const Run& b) {
 }
 
 }  // namespace
+
+TEST_CASE("a chunked LM head: in memory close to the whole head, offloaded equal to in memory bit for bit",
+          "[scheduler]") {
+  // model.head_chunk_tokens runs the head and its loss over 13 tokens at a time (the 32 of a
+  // micro-batch: chunks of 13, 13 and 6), the backward computing each chunk's logits again.
+  // Tied (gpt2) and untied (llama) heads; a masked target in the single pass.
+  for (const char* model : {"family: gpt2", "family: llama, n_kv_head: 1, tie_embeddings: false"}) {
+    INFO(model);
+    auto cfg_with = [&](int chunk) {
+      return parse_config(str("model: {", model, ", n_layer: 3, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, "
+                              "seq_len: 16, head_chunk_tokens: ", chunk, "}\n"
+                              "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: 0.5}\n"
+                              "schedule: {steps: 4, warmup_steps: 1, micro_batch: 2, grad_accum: 2}\n"
+                              "runtime: {backend: cpu, threads: 2, seed: 11}\n"),
+                          "<test>");
+    };
+    const Config whole = cfg_with(0), chunked = cfg_with(13);
+    auto data = batches(whole, 8);
+    // grad_accum 2: two micro-batches a step, from consecutive batches.
+    auto run = [&](const Config& cfg) {
+      auto be = make_cpu_backend(2, 0);
+      StepRunner r(cfg, *be);
+      r.init_params();
+      CHECK(r.model().tokens_per_batch() == 32);
+      Run out;
+      for (size_t s = 0; s + 1 < data.size(); s += 2)
+        out.losses.push_back(r.step(static_cast<int64_t>(s / 2), {data[s].data(), data[s + 1].data()}).loss);
+      out.params = r.master();
+      return out;
+    };
+    Run a = run(whole), b = run(chunked);
+    // The same sums in other orders (the head's weight gradient is added chunk by chunk, the
+    // chunks' GEMMs are smaller): one pass's loss and gradients within fp32 rounding of sums
+    // of a few hundred terms (N u = 32 x 6e-8 per sum, with margin), and the training losses
+    // too (the weights are not compared: Adam divides by sqrt(v) and turns rounding noise in
+    // a near-zero gradient into a visible step).
+    for (size_t s = 0; s < a.losses.size(); ++s) CHECK(std::fabs(a.losses[s] - b.losses[s]) <= 1e-5 * a.losses[s]);
+    auto one_pass = [&](const Config& cfg, std::vector<float>& grads) {
+      auto be = make_cpu_backend(2, 0);
+      GptModel m(cfg.model, *be, 2);
+      init_gpt_params(cfg.model, m.layout(), test::f32(m.params()));
+      std::vector<int32_t> in(32), tg(32);
+      split_batch(data[0].data(), 2, 16, in.data(), tg.data());
+      tg[31] = kIgnoreTarget;
+      const float loss = m.forward(in.data(), tg.data());
+      m.zero_grads();
+      m.backward(1.0f / static_cast<float>(m.counted_targets()));
+      grads.assign(test::f32(m.grads()), test::f32(m.grads()) + m.layout().total);
+      return loss;
+    };
+    std::vector<float> ga, gb;
+    const float la = one_pass(whole, ga), lb = one_pass(chunked, gb);
+    CHECK(std::fabs(la - lb) <= 1e-6 * la);
+    CHECK(test::rel_error(gb.data(), ga.data(), ga.size()) < 1e-5);
+
+    // Offloaded, every activation placement and everything on SSD: the executor's head op
+    // runs the same chunks as in memory.
+    PlanRequest req;
+    req.model = chunked.model;
+    req.micro_batch = chunked.schedule.micro_batch;
+    req.grad_accum = 2;
+    req.exact = true;
+    req.have_ssd = true;
+    req.acts = {ActPlacement::kSsd, ActPlacement::kRecompute, ActPlacement::kKeep};
+    req.weights_on_ssd = req.optim_on_ssd = true;
+    StoreConfig sc;
+    sc.dirs = {store_dir("head-chunks")};
+    auto store = SsdStore::open(sc);
+    auto be = make_cpu_backend(2, 0);
+    OffloadTrainer tr(chunked, *be, make_plan(req), store.get());
+    ParamLayout layout = make_gpt_layout(chunked.model);
+    std::vector<float> init(layout.total);
+    init_gpt_params(chunked.model, layout, init.data());
+    tr.set_params(init.data());
+    Run o;
+    for (size_t s = 0; s + 1 < data.size(); s += 2)
+      o.losses.push_back(tr.step(static_cast<int64_t>(s / 2), {data[s].data(), data[s + 1].data()}).loss);
+    o.params.resize(layout.total);
+    tr.read_params(o.params.data());
+    CHECK(std::memcmp(o.losses.data(), b.losses.data(), 4 * b.losses.size()) == 0);
+    CHECK(std::memcmp(o.params.data(), b.params.data(), 4 * b.params.size()) == 0);
+    for (const auto& d : sc.dirs) fs::remove_all(d);
+
+    // The whole micro-batch's logits do not exist: asking for them is an error, not stale data.
+    GptModel m(chunked.model, *be, 2);
+    CHECK_THROWS_WITH(m.forward(data[0].data(), nullptr), Contains("head_chunk_tokens"));
+    CHECK_THROWS_WITH(m.logits(), Contains("head_chunk_tokens"));
+  }
+}
 
 TEST_CASE("offloaded training is bitwise equal to in-memory training", "[scheduler]") {
   const Twin twin = GENERATE(Twin::kCpu, Twin::kStreams);

@@ -276,7 +276,7 @@ run_check() {
     --set "offload.ssd_paths=[$work/ssd-e2e]" --set offload.weights=ssd \
     --set offload.optimizer_state=ssd --set offload.activations=swap
   step train-bf16-tensors-on-disk 150 tiny_train "$work/run-bf16-disk" "${cuda_sets[@]}" \
-    --set runtime.device_tensors=bf16 --set runtime.precision=bf16 \
+    --set runtime.device_tensors=bf16 --set runtime.precision=bf16 --set model.head_chunk_tokens=300 \
     --set "offload.ssd_paths=[$work/ssd-bf16]" --set offload.weights=ssd \
     --set offload.optimizer_state=ssd --set offload.activations=swap
   step train-llama 120 tiny_train "$work/run-llama" "${cuda_sets[@]}" --set model.family=llama \

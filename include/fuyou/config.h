@@ -44,6 +44,11 @@ struct ModelConfig {
   float rope_theta = 10000.0f; // rotary base
   bool tie_embeddings = true;  // false: a separate LM head (V, C) in the "final" group
   bool qkv_bias = false;       // biases on the q/k/v projections (Qwen2 style)
+  // Tokens whose logits exist at once (0: the whole micro-batch). Smaller: the LM head and
+  // its loss run in chunks of this many tokens, the backward recomputing each chunk's
+  // logits (one more head GEMM), so the logits take chunk x vocab elements of device memory
+  // instead of B T x vocab. Not part of the architecture: a checkpoint's model may set it.
+  int head_chunk_tokens = 0;
   // A converted checkpoint directory (fuyou-convert from-hf) to start from: the model section
   // then comes from its config.yaml and the weights from its tensors. Empty: random init.
   std::string checkpoint;

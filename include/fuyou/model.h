@@ -127,6 +127,9 @@ struct LayerActivations {
 // way): the same lists the model allocates from.
 size_t layer_activation_bytes(const ModelConfig& cfg, int B, size_t elem_bytes);
 size_t model_workspace_bytes(const ModelConfig& cfg, int B, size_t elem_bytes);
+// Rows (tokens) of one chunk of the LM head at micro-batch B: model.head_chunk_tokens, or
+// all B seq_len rows when it is 0 or larger.
+int head_chunk_rows(const ModelConfig& cfg, int B);
 // Host bytes the CPU backend's kernels take beside its arena with 16-bit tensors: the fp32
 // views of the largest kernel call's tensors (kernels/cpu/stage.h), an upper bound over the
 // model's calls at micro-batch B.
@@ -165,7 +168,8 @@ class GptModel {
   size_t elem_bytes() const { return es_; }
   void* params() { return params_; }  // layout() order
   void* grads() { return grads_; }    // layout() order
-  const void* logits() const { return logits_; }  // (N, V) after forward()
+  // (N, V) after forward(); only where the head is not chunked (model.head_chunk_tokens).
+  const void* logits() const;
 
   // Runs the whole forward on inputs(B*T) (host memory). With targets (host, B*T), computes
   // the per-token losses and returns their mean over the counted targets (those that are not
@@ -220,7 +224,12 @@ class GptModel {
   void* lnf_ = nullptr;       // (N, C)
   float* lnf_mean_ = nullptr;  // (N)
   float* lnf_rstd_ = nullptr;  // (N)
-  void* logits_ = nullptr;    // (N, V), overwritten by dlogits in backward
+  void* logits_ = nullptr;    // (head_rows_, V), overwritten by dlogits in backward
+  int head_rows_ = 0;          // tokens of one chunk of the head (N: not chunked)
+  // Row `row` of a (rows, width) tensor of the storage type.
+  void* rows_at(void* p, int row, int width) const {
+    return static_cast<char*>(p) + es_ * static_cast<size_t>(row) * width;
+  }
   float* losses_ = nullptr;    // (N)
   float* lse_ = nullptr;       // (N)
   std::vector<float> host_losses_;

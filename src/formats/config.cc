@@ -194,6 +194,7 @@ ModelConfig model_from_checkpoint(const ModelConfig& given, const Section& s,
   ModelConfig m = ck;
   if (ck.family == "llama" && s.given("seq_len")) m.seq_len = given.seq_len;
   if (s.given("init_std")) m.init_std = given.init_std;
+  if (s.given("head_chunk_tokens")) m.head_chunk_tokens = given.head_chunk_tokens;
   m.checkpoint = given.checkpoint;
   return m;
 }
@@ -260,6 +261,7 @@ ModelConfig parse_model(const YAML::Node& node, const std::string& source, Check
   s.get("rope_theta", m.rope_theta);
   s.get("tie_embeddings", m.tie_embeddings);
   s.get("qkv_bias", m.qkv_bias);
+  s.get("head_chunk_tokens", m.head_chunk_tokens);
   s.get("checkpoint", m.checkpoint);
   s.finish();
   if (!m.checkpoint.empty()) m = model_from_checkpoint(m, s, chain);
@@ -295,6 +297,8 @@ ModelConfig parse_model(const YAML::Node& node, const std::string& source, Check
     require((m.d_model / m.n_head) % 2 == 0, s, "d_model", m.d_model,
             "rotary embeddings need an even head size (d_model / n_head)");
   }
+  require(m.head_chunk_tokens >= 0 && m.head_chunk_tokens <= (1 << 30), s, "head_chunk_tokens",
+          m.head_chunk_tokens, "must be in 0..2^30 (0: the whole micro-batch's logits at once)");
   if (m.d_ff == 0) m.d_ff = 4 * m.d_model;
   require(m.d_ff >= 1 && m.d_ff <= kMaxFfDim, s, "d_ff", m.d_ff,
           str("must be in 1..", kMaxFfDim, " (or 0 for 4 * d_model)"));
@@ -548,6 +552,7 @@ std::string config_to_yaml(const Config& c) {
   e << YAML::Key << "rope_theta" << YAML::Value << c.model.rope_theta;
   e << YAML::Key << "tie_embeddings" << YAML::Value << c.model.tie_embeddings;
   e << YAML::Key << "qkv_bias" << YAML::Value << c.model.qkv_bias;
+  e << YAML::Key << "head_chunk_tokens" << YAML::Value << c.model.head_chunk_tokens;
   if (!c.model.checkpoint.empty())
     e << YAML::Key << "checkpoint" << YAML::Value << c.model.checkpoint;
   e << YAML::EndMap;

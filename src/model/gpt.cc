@@ -267,7 +267,7 @@ void for_each_workspace(const ModelConfig& cfg, int B, Workspace& w, Fn&& fn) {
   fn(w.lnf, N * C, "final norm");
   if (has_layernorm(fam)) fn(w.lnf_mean, N, "final norm");
   fn(w.lnf_rstd, N, "final norm");
-  fn(w.logits, N * V, "logits");
+  fn(w.logits, static_cast<size_t>(head_chunk_rows(cfg, B)) * V, "logits");
   fn(w.losses, N, "losses");
   fn(w.lse, N, "losses");
   fn(w.dres, N * C, "backward scratch");
@@ -289,6 +289,11 @@ void for_each_workspace(const ModelConfig& cfg, int B, Workspace& w, Fn&& fn) {
 template <typename P>
 size_t entry_bytes(P*, size_t k, size_t es) {
   return k * (std::is_same_v<P, float> ? sizeof(float) : es);
+}
+
+int head_chunk_rows(const ModelConfig& cfg, int B) {
+  const int N = B * cfg.seq_len;
+  return cfg.head_chunk_tokens > 0 && cfg.head_chunk_tokens < N ? cfg.head_chunk_tokens : N;
 }
 
 size_t layer_activation_bytes(const ModelConfig& cfg, int B, size_t es) {
@@ -351,6 +356,7 @@ GptModel::GptModel(const ModelConfig& cfg, Backend& backend, int micro_batch, Mo
   lnf_mean_ = w.lnf_mean;
   lnf_rstd_ = w.lnf_rstd;
   logits_ = w.logits;
+  head_rows_ = head_chunk_rows(cfg, B_);
   losses_ = w.losses;
   lse_ = w.lse;
   dres_ = w.dres;
@@ -465,12 +471,29 @@ void GptModel::block_forward(const LayerTensors& w, const void* x_in, const Laye
   be_.add(a.out, a.out, a.res2, static_cast<size_t>(N) * C);
 }
 
+const void* GptModel::logits() const {
+  FY_CHECK(head_rows_ == N_, "the logits are computed ", head_rows_, " tokens at a time (model.head_chunk_tokens); ",
+           "a whole micro-batch's logits need model.head_chunk_tokens: 0");
+  return logits_;
+}
+
+// The LM head runs over the tokens in chunks of head_rows_ (all N when not chunked); row r0
+// of a chunk is row r0 of lnf, losses, lse, targets and the head's input gradient.
 float GptModel::head_forward(const GlobalTensors& g, const void* x, bool with_loss) {
   const int N = N_, C = cfg_.d_model, V = cfg_.vocab_size;
   norm_forward(lnf_, lnf_mean_, lnf_rstd_, x, g.lnf_w, g.lnf_b);
-  be_.matmul_forward(logits_, lnf_, g.lm_head, nullptr, N, C, V);
-  if (!with_loss) return 0.0f;
-  be_.crossentropy_forward(losses_, lse_, logits_, targets_, N, V);
+  if (!with_loss) {
+    if (head_rows_ < N)
+      throw Error(str("a forward without targets returns the logits of all ", N, " tokens, but this model ",
+                      "computes them ", head_rows_, " at a time (model.head_chunk_tokens); set it to 0"));
+    be_.matmul_forward(logits_, lnf_, g.lm_head, nullptr, N, C, V);
+    return 0.0f;
+  }
+  for (int r0 = 0; r0 < N; r0 += head_rows_) {
+    const int rows = std::min(head_rows_, N - r0);
+    be_.matmul_forward(logits_, rows_at(lnf_, r0, C), g.lm_head, nullptr, rows, C, V);
+    be_.crossentropy_forward(losses_ + r0, lse_ + r0, logits_, targets_ + r0, rows, V);
+  }
   // A caller-ordered backend (the offload executor's) lets a copy skip the kernels queued
   // before it: the losses must be complete before they are read.
   be_.finish_compute();
@@ -486,9 +509,15 @@ float GptModel::head_forward(const GlobalTensors& g, const void* x, bool with_lo
 void GptModel::head_backward(const GlobalTensors& g, const GlobalTensors& dg, const void* x,
                              float loss_scale, void* dx) {
   const int N = N_, C = cfg_.d_model, V = cfg_.vocab_size;
-  be_.crossentropy_backward(logits_, lse_, targets_, loss_scale, N, V);
-  // Tied: dg.lm_head is dg.wte (embed group); untied: the final group's own gradient.
-  be_.matmul_backward(dtmp_, dg.lm_head, nullptr, logits_, lnf_, g.lm_head, N, C, V);
+  for (int r0 = 0; r0 < N; r0 += head_rows_) {
+    const int rows = std::min(head_rows_, N - r0);
+    // A chunked head's logits are gone (the next chunk overwrote them): computed again.
+    if (head_rows_ < N) be_.matmul_forward(logits_, rows_at(lnf_, r0, C), g.lm_head, nullptr, rows, C, V);
+    be_.crossentropy_backward(logits_, lse_ + r0, targets_ + r0, loss_scale, rows, V);
+    // Tied: dg.lm_head is dg.wte (embed group); untied: the final group's own gradient.
+    be_.matmul_backward(rows_at(dtmp_, r0, C), dg.lm_head, nullptr, logits_, rows_at(lnf_, r0, C), g.lm_head, rows,
+                        C, V);
+  }
   be_.zero(dx, es_ * static_cast<size_t>(N) * C);
   norm_backward(dx, dg.lnf_w, dg.lnf_b, dtmp_, x, g.lnf_w, lnf_mean_, lnf_rstd_);
 }

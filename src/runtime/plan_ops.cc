@@ -273,7 +273,9 @@ class IterationBuilder {
       use(z, buf(BufferKind::kFinalGrads), Access::kWrite, Role::kGrads);
     }
     PlanOp& head = add(OpKind::kHead, Resource::kCompute, {ckpt_producer_[L_]});
-    head.flops = sz_.head_flops * 3;  // forward + backward of the LM head
+    // Forward + backward of the LM head, and a chunked head's logits computed again.
+    head.flops = sz_.head_flops * (head_chunk_rows(req_.model, req_.micro_batch) <
+                                           req_.micro_batch * req_.model.seq_len ? 4 : 3);
     use(head, fwd_loc_[L_], Access::kRead, Role::kInput);
     use(head, buf(BufferKind::kEmbedWeights), Access::kRead, Role::kWeights);
     use(head, buf(BufferKind::kFinalWeights), Access::kRead, Role::kWeights);
