@@ -45,6 +45,34 @@ inline std::vector<float> random_normal(size_t n, uint64_t seed, float scale = 1
   return v;
 }
 
+inline std::vector<int32_t> random_tokens(size_t n, int V, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng.below(V));
+  return t;
+}
+
+// (|A| |B|^T)_ij in double for row-major A(M,K), B(N,K): what a dot product's rounding
+// error is proportional to.
+inline std::vector<double> abs_products(const std::vector<float>& A, const std::vector<float>& B, int M, int N,
+                                        int K) {
+  std::vector<double> out(size_t(M) * N, 0.0);
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double s = 0;
+      for (int k = 0; k < K; ++k) s += std::fabs(double(A[size_t(i) * K + k])) * std::fabs(double(B[size_t(j) * K + k]));
+      out[size_t(i) * N + j] = s;
+    }
+  return out;
+}
+
+inline std::vector<float> transpose(const std::vector<float>& X, int R, int C) {
+  std::vector<float> t(X.size());
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) t[size_t(c) * R + r] = X[size_t(r) * C + c];
+  return t;
+}
+
 inline double max_abs(const std::vector<float>& v) {
   double m = 0;
   for (float x : v) m = std::max(m, std::fabs(double(x)));

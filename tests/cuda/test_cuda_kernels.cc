@@ -24,7 +24,10 @@ using test::check_within;
 using test::check_within_each;
 using test::DeviceVec;
 using test::max_abs;
+using test::abs_products;
 using test::random_normal;
+using test::random_tokens;
+using test::transpose;
 
 namespace {
 
@@ -35,35 +38,6 @@ struct Pair {
   std::unique_ptr<Backend> cpu = make_cpu_backend(2, 0);
   std::unique_ptr<Backend> gpu = make_cuda_backend(0, kArena);
 };
-
-std::vector<int32_t> random_tokens(size_t n, int V, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng.below(V));
-  return t;
-}
-
-// (|A| |B|^T)_ij in double for row-major A(M,K), B(N,K): what a dot product's rounding
-// error is proportional to.
-std::vector<double> abs_products(const std::vector<float>& A, const std::vector<float>& B, int M,
-                                 int N, int K) {
-  std::vector<double> out(size_t(M) * N, 0.0);
-  for (int i = 0; i < M; ++i)
-    for (int j = 0; j < N; ++j) {
-      double s = 0;
-      for (int k = 0; k < K; ++k)
-        s += std::fabs(double(A[size_t(i) * K + k])) * std::fabs(double(B[size_t(j) * K + k]));
-      out[size_t(i) * N + j] = s;
-    }
-  return out;
-}
-
-std::vector<float> transpose(const std::vector<float>& X, int R, int C) {
-  std::vector<float> t(X.size());
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) t[size_t(c) * R + r] = X[size_t(r) * C + c];
-  return t;
-}
 
 }  // namespace
 

@@ -24,7 +24,10 @@
 #include "kernels/common/element_math.h"
 
 using namespace fuyou;
+using test::abs_products;
 using test::max_abs;
+using test::random_tokens;
+using test::transpose;
 
 namespace {
 
@@ -54,13 +57,6 @@ struct Tensor {
   Tensor(ElemType t, size_t n, Fill x) : h(n, rnd16(t, x.value)), f(n, wid16(t, rnd16(t, x.value))) {}
   size_t size() const { return f.size(); }
 };
-
-std::vector<int32_t> random_tokens(size_t n, int V, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng.below(V));
-  return t;
-}
 
 // Device copies of the 16-bit (or fp32) values of some tensors and of some fp32 vectors.
 struct Uploaded {
@@ -177,24 +173,6 @@ void check_rounded_pair(const std::string& what, ElemType t, const std::vector<f
   for (size_t i = 0; i < ref.size(); ++i)
     bound[i] = fp32[i] + u * (std::fabs(double(got[i])) + std::fabs(double(ref[i]))) * (1 + 2 * u) + 1e-30;
   test::check_within_each(what, got, ref, bound);
-}
-
-std::vector<double> abs_products(const std::vector<float>& A, const std::vector<float>& B, int M, int N, int K) {
-  std::vector<double> out(size_t(M) * N, 0.0);
-  for (int i = 0; i < M; ++i)
-    for (int j = 0; j < N; ++j) {
-      double s = 0;
-      for (int k = 0; k < K; ++k) s += std::fabs(double(A[size_t(i) * K + k])) * std::fabs(double(B[size_t(j) * K + k]));
-      out[size_t(i) * N + j] = s;
-    }
-  return out;
-}
-
-std::vector<float> transpose(const std::vector<float>& X, int R, int C) {
-  std::vector<float> t(X.size());
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) t[size_t(c) * R + r] = X[size_t(r) * C + c];
-  return t;
 }
 
 template <class T>

@@ -50,30 +50,43 @@ struct ModelRun {
   std::vector<float> logits, grads;
 };
 
-// One forward and backward from the model's initial weights; the gradient is of the mean
-// loss over the counted targets.
-ModelRun run_model(Backend& be, const ModelConfig& mc, int B, const std::vector<int32_t>& in,
+// One forward and backward from the model's initial weights with device tensors of type t
+// (16-bit ones start from the weights rounded once); the gradient is of the mean loss over
+// the counted targets. Logits and gradients read back widened to fp32.
+ModelRun run_model(Backend& be, ElemType t, const ModelConfig& mc, int B, const std::vector<int32_t>& in,
                    const std::vector<int32_t>& tg) {
+  be.set_storage_type(t);
   GptModel m(mc, be, B);
-  std::vector<float> host(m.layout().total);
+  const size_t P = m.layout().total, NV = size_t(m.tokens_per_batch()) * mc.vocab_size, es = elem_type_size(t);
+  std::vector<float> host(P);
   init_gpt_params(mc, m.layout(), host.data());
-  be.copy_to_device(m.params(), host.data(), sizeof(float) * host.size());
+  std::vector<char> buf(std::max(P, NV) * es);
+  round_to(t, buf.data(), host.data(), P);
+  be.copy_to_device(m.params(), buf.data(), es * P);
   ModelRun r;
   r.loss = m.forward(in.data(), tg.data());
-  r.logits.resize(size_t(m.tokens_per_batch()) * mc.vocab_size);
-  be.copy_to_host(r.logits.data(), m.logits(), sizeof(float) * r.logits.size());
+  r.logits.resize(NV);
+  be.copy_to_host(buf.data(), m.logits(), es * NV);
+  widen_from(t, r.logits.data(), buf.data(), NV);
   m.zero_grads();
   m.backward(1.0f / static_cast<float>(m.counted_targets()));
-  r.grads.resize(m.layout().total);
-  be.copy_to_host(r.grads.data(), m.grads(), sizeof(float) * r.grads.size());
+  r.grads.resize(P);
+  be.copy_to_host(buf.data(), m.grads(), es * P);
+  widen_from(t, r.grads.data(), buf.data(), P);
   return r;
 }
 
-std::vector<int32_t> tokens(size_t n, int V, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng.below(V));
-  return t;
+// The CPU's and the GPU's runs of one family's model with `t` tensors on the same batch of
+// three sequences, every fifth target masked.
+std::pair<ModelRun, ModelRun> cpu_and_gpu(const char* fam, ElemType t, uint64_t seed) {
+  const ModelConfig mc = family_config(fam, "cpu", 0.0).model;
+  const int B = 3;
+  const size_t N = size_t(B) * mc.seq_len;
+  auto in = test::random_tokens(N, mc.vocab_size, seed), tg = test::random_tokens(N, mc.vocab_size, seed + 1);
+  for (size_t n = 0; n < N; n += 5) tg[n] = kIgnoreTarget;
+  auto cpu = make_cpu_backend(2, 0);
+  auto gpu = make_cuda_backend(0, 256ull << 20);
+  return {run_model(*cpu, t, mc, B, in, tg), run_model(*gpu, t, mc, B, in, tg)};
 }
 
 }  // namespace
@@ -81,14 +94,7 @@ std::vector<int32_t> tokens(size_t n, int V, uint64_t seed) {
 TEST_CASE("cuda models of every family match the CPU, with masked targets", "[cuda][families]") {
   for (const char* fam : kFamilies) {
     INFO(fam);
-    const ModelConfig mc = family_config(fam, "cpu", 0.0).model;
-    const int B = 3;
-    const size_t N = size_t(B) * mc.seq_len;
-    auto in = tokens(N, mc.vocab_size, 31), tg = tokens(N, mc.vocab_size, 32);
-    for (size_t n = 0; n < N; n += 5) tg[n] = kIgnoreTarget;
-    auto cpu = make_cpu_backend(2, 0);
-    auto gpu = make_cuda_backend(0, 256ull << 20);
-    ModelRun c = run_model(*cpu, mc, B, in, tg), g = run_model(*gpu, mc, B, in, tg);
+    const auto [c, g] = cpu_and_gpu(fam, ElemType::kF32, 31);
     // The bounds of the PyTorch fixture tests (tests/test_reference.cc): the two fp32 paths
     // differ by the order of their reductions only.
     const double e_logits = test::rel_error(g.logits.data(), c.logits.data(), c.logits.size());
@@ -101,49 +107,13 @@ TEST_CASE("cuda models of every family match the CPU, with masked targets", "[cu
   }
 }
 
-namespace {
-
-// run_model with 16-bit device tensors of type t on both sides: the same 16-bit initial
-// weights, logits and gradients read back widened.
-ModelRun run_model16(Backend& be, ElemType t, const ModelConfig& mc, int B, const std::vector<int32_t>& in,
-                     const std::vector<int32_t>& tg) {
-  be.set_storage_type(t);
-  GptModel m(mc, be, B);
-  const size_t P = m.layout().total, NV = size_t(m.tokens_per_batch()) * mc.vocab_size;
-  std::vector<float> host(P);
-  init_gpt_params(mc, m.layout(), host.data());
-  std::vector<uint16_t> h(std::max(P, NV));
-  round_to(t, h.data(), host.data(), P);
-  be.copy_to_device(m.params(), h.data(), 2 * P);
-  ModelRun r;
-  r.loss = m.forward(in.data(), tg.data());
-  r.logits.resize(NV);
-  be.copy_to_host(h.data(), m.logits(), 2 * NV);
-  widen_from(t, r.logits.data(), h.data(), NV);
-  m.zero_grads();
-  m.backward(1.0f / static_cast<float>(m.counted_targets()));
-  r.grads.resize(P);
-  be.copy_to_host(h.data(), m.grads(), 2 * P);
-  widen_from(t, r.grads.data(), h.data(), P);
-  return r;
-}
-
-}  // namespace
-
 TEST_CASE("cuda models with 16-bit tensors match the CPU's, every family", "[cuda][families]") {
   const ElemType t = GENERATE(ElemType::kBF16, ElemType::kF16);
   // Unit roundoff, as tests/test_bf16_tensors.cc: 2^-8 bf16, 2^-11 fp16.
   const double u = std::ldexp(1.0, t == ElemType::kBF16 ? -8 : -11);
   for (const char* fam : kFamilies) {
     INFO(fam << ", device tensors " << elem_type_name(t));
-    const ModelConfig mc = family_config(fam, "cpu", 0.0).model;
-    const int B = 3;
-    const size_t N = size_t(B) * mc.seq_len;
-    auto in = tokens(N, mc.vocab_size, 33), tg = tokens(N, mc.vocab_size, 34);
-    for (size_t n = 0; n < N; n += 5) tg[n] = kIgnoreTarget;
-    auto cpu = make_cpu_backend(2, 0);
-    auto gpu = make_cuda_backend(0, 256ull << 20);
-    ModelRun c = run_model16(*cpu, t, mc, B, in, tg), g = run_model16(*gpu, t, mc, B, in, tg);
+    const auto [c, g] = cpu_and_gpu(fam, t, 33);
     // Each side is within 24u of the fp32 model (the CPU's bound, tests/test_bf16_tensors.cc:
     // about 12 stored roundings forward and as many backward), so within 48u of each other.
     const double e_logits = test::rel_error(g.logits.data(), c.logits.data(), c.logits.size());
@@ -167,7 +137,7 @@ TEST_CASE("cuda training repeats bit for bit", "[cuda][determinism]") {
       cfg.runtime.device_tensors = tensors;
       const size_t mb = size_t(cfg.schedule.micro_batch) * (cfg.model.seq_len + 1);
       std::vector<std::vector<int32_t>> data;
-      for (int s = 0; s < 3; ++s) data.push_back(tokens(mb, cfg.model.vocab_size, 40 + s));
+      for (int s = 0; s < 3; ++s) data.push_back(test::random_tokens(mb, cfg.model.vocab_size, 40 + s));
       std::vector<float> losses[2], params[2];
       for (int run = 0; run < 2; ++run) {
         auto be = make_cuda_backend(0, 256ull << 20);
@@ -216,7 +186,7 @@ TEST_CASE("cuda kernels index past 2^31 elements", "[cuda][large]") {
   if (!gpu) return;
 
   auto rows = test::random_normal(size_t(R) * V, 50, 3.0f);
-  auto tg = tokens(N, V, 51);
+  auto tg = test::random_tokens(N, V, 51);
   tg[N - 2] = kIgnoreTarget;
   std::vector<int32_t> tail_tg(tg.end() - R, tg.end());
   float* logits = static_cast<float*>(gpu->alloc(sizeof(float) * total, "logits"));
