@@ -311,6 +311,11 @@ run_perf() {
   step bench-gpt2-bf16-tensors 120 bench_train "$work/bench-bf16-tensors.json" --config "$root/configs/gpt2-124m.yaml" \
     "${cuda_sets[@]}" --set runtime.precision=bf16 --set runtime.device_tensors=bf16 --set schedule.micro_batch=8 \
     --steps 8 --warmup 2
+  # Two layers of GPT-3 175B's width at the published micro-batch (16 x 1024 tokens), bf16
+  # tensors, chunked head, in memory: what this engine's kernels make of one 175B layer.
+  step bench-175b-layers 200 bench_train "$work/bench-175b-layers.json" --config "$root/configs/gpt3-175b-seq1024.yaml" \
+    "${cuda_sets[@]}" --set model.n_layer=2 --set schedule.micro_batch=16 --set runtime.precision=bf16 \
+    --set offload.device_memory=0 --steps 2 --warmup 1
   step offload-1.3b 300 bench_train "$work/bench-offload.json" "${big[@]}" --steps 2 --warmup 1
   rm -rf "$work/ssd-big"  # about 21 GB: the disk holds one such store at a time
   step offload-1.3b-bf16-tensors 300 bench_train "$work/bench-offload-bf16.json" "${big[@]}" \

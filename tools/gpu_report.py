@@ -119,6 +119,11 @@ def main():
                 g["fraction_of_spec_peak"] = g["tflops"] / peak.get(g["inputs"], peak["bf16"])
             prof["spec_peak"] = peak
         figures["profile"] = prof
+    l175 = read_json(os.path.join(a.work, "bench-175b-layers.json"))
+    if l175:
+        figures["gpt3-175b-2-layers-mb16"] = {
+            k: l175.get(k) for k in ("backend", "device_tensors", "step_s", "tokens_per_s", "tflops",
+                                     "device_peak_bytes", "peak_rss_bytes", "offloaded")}
     off16 = read_json(os.path.join(a.work, "bench-offload-bf16.json"))
     if off16:
         figures["offload-gpt3-1.3b-bf16-tensors"] = {
