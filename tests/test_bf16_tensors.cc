@@ -402,6 +402,12 @@ TEST_CASE("runtime.device_tensors is validated, reaches the backend and the plan
   CHECK_THROWS_WITH(parse_config("runtime: {device_tensors: fp16, precision: bf16}\n", "<t>"),
                     Contains("device_tensors") && Contains("precision: fp16"));
   CHECK(parse_config("runtime: {device_tensors: fp16, precision: fp16}\n", "<t>").runtime.device_tensors == "fp16");
+  // fp16 GEMMs on bf16 tensors are no mode (the backends would differ on them).
+  CHECK_THROWS_WITH(parse_config("runtime: {device_tensors: bf16, precision: fp16}\n", "<t>"),
+                    Contains("precision") && Contains("fp16 GEMMs on bf16 tensors"));
+  // A model's head chunk is checked like any key: negative is no chunk size.
+  CHECK_THROWS_WITH(parse_config("model: {head_chunk_tokens: -1}\n", "<t>"),
+                    Contains("model.head_chunk_tokens") && Contains("-1"));
   auto be = make_cpu_backend(1, 0);
   void* p = be->alloc(64, "x");
   CHECK_THROWS_WITH(be->set_storage_type(ElemType::kBF16), Contains("before anything is allocated"));

@@ -212,23 +212,39 @@ TEST_CASE("a chunked LM head: in memory close to the whole head, offloaded equal
     // too (the weights are not compared: Adam divides by sqrt(v) and turns rounding noise in
     // a near-zero gradient into a visible step).
     for (size_t s = 0; s < a.losses.size(); ++s) CHECK(std::fabs(a.losses[s] - b.losses[s]) <= 1e-5 * a.losses[s]);
-    auto one_pass = [&](const Config& cfg, std::vector<float>& grads) {
+    auto one_pass = [&](const Config& cfg, ElemType t, std::vector<float>& grads) {
       auto be = make_cpu_backend(2, 0);
+      be->set_storage_type(t);
       GptModel m(cfg.model, *be, 2);
-      init_gpt_params(cfg.model, m.layout(), test::f32(m.params()));
+      const size_t P = m.layout().total;
+      std::vector<float> init(P);
+      init_gpt_params(cfg.model, m.layout(), init.data());
+      std::vector<uint16_t> h(P);
+      round_to(t, t == ElemType::kF32 ? m.params() : h.data(), init.data(), P);
+      if (t != ElemType::kF32) be->copy_to_device(m.params(), h.data(), 2 * P);
       std::vector<int32_t> in(32), tg(32);
       split_batch(data[0].data(), 2, 16, in.data(), tg.data());
       tg[31] = kIgnoreTarget;
       const float loss = m.forward(in.data(), tg.data());
       m.zero_grads();
       m.backward(1.0f / static_cast<float>(m.counted_targets()));
-      grads.assign(test::f32(m.grads()), test::f32(m.grads()) + m.layout().total);
+      grads.resize(P);
+      widen_from(t, grads.data(), m.grads(), P);
       return loss;
     };
     std::vector<float> ga, gb;
-    const float la = one_pass(whole, ga), lb = one_pass(chunked, gb);
+    const float la = one_pass(whole, ElemType::kF32, ga), lb = one_pass(chunked, ElemType::kF32, gb);
     CHECK(std::fabs(la - lb) <= 1e-6 * la);
     CHECK(test::rel_error(gb.data(), ga.data(), ga.size()) < 1e-5);
+    // bf16 tensors: a chunked head adds each chunk's share of the head's weight gradient to the
+    // stored bf16 gradient with a rounding (3 here, one without chunks), as accumulating
+    // micro-batches does (docs/precision.md). Both runs are within 24u of the fp32 model
+    // (tests/test_bf16_tensors.cc), so within 48u of each other, plus a u per extra rounding.
+    const float lc = one_pass(whole, ElemType::kBF16, ga), ld = one_pass(chunked, ElemType::kBF16, gb);
+    const double u = std::ldexp(1.0, -8), e = test::rel_error(gb.data(), ga.data(), ga.size());
+    INFO("bf16: chunked head's gradients within " << e / u << "u of the whole head's");
+    CHECK(e <= (48 + 3) * u);
+    CHECK(std::fabs(lc - ld) <= (48 + 3) * u * lc);
 
     // Offloaded, every activation placement and everything on SSD: the executor's head op
     // runs the same chunks as in memory.

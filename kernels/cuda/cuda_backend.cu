@@ -62,6 +62,9 @@ CudaBackend::CudaBackend(int device, uint64_t capacity) : device_(device) {
   FY_CUDA(cudaEventCreateWithFlags(&zeroed_, cudaEventDisableTiming));
   FY_CUBLAS(cublasCreate(&blas_));
   FY_CUBLAS(cublasSetStream(blas_, compute_));
+  // A 16-bit output is rounded once: cuBLAS may otherwise add split-K partial sums in bf16 /
+  // fp16 (the weight-gradient GEMMs have K = B T, where it splits).
+  FY_CUBLAS(cublasSetMathMode(blas_, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
 }
 
 CudaBackend::~CudaBackend() {

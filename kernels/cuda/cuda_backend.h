@@ -114,10 +114,13 @@ class CudaBackend final : public Backend {
   void add_column_sums(void* out, const void* x, int N, int C);
 
  public:
-  // Device scratch of at least `bytes` for the partial sums of the reductions, outside the
-  // arena (at most kReduceSlices x the widest reduced row). The caller holds `scratch_mu()` from the call until its kernels are queued;
-  // kernels on the compute stream run one at a time, so one buffer serves them all. Growing
-  // it frees the old one, which waits for the device (cudaFree), first use only.
+  // Device scratch of at least `bytes`, outside the arena: the partial sums of the reductions
+  // (at most kReduceSlices x the widest reduced row), the embedding gradient's token ranks
+  // (8 B T bytes) and 16-bit attention's fp32 copies of one head (7 T head_size floats). The
+  // caller holds `scratch_mu()` from the call until its kernels are queued; kernels on the
+  // compute stream run one at a time, so one buffer serves them all. Growing it frees the old
+  // one, which waits for the whole device (cudaFree): it grows at the first call of each kind,
+  // in the first step.
   void* scratch(size_t bytes);
   std::mutex& scratch_mu() { return scratch_mu_; }
 

@@ -457,6 +457,11 @@ RuntimeConfig parse_runtime(const YAML::Node& node, const std::string& source, c
   if (r.device_tensors == "fp16" && r.precision != "fp16")
     s.fail("device_tensors", str("fp16 tensors need runtime.precision: fp16 (its dynamic loss scaling keeps fp16 "
                                  "gradients in range), but precision is '", r.precision, "'"));
+  // bf16 operands rounded to fp16 would lose range for nothing; the backends also differ on it
+  // (the CPU rounds them, cuBLAS multiplies the stored bf16 as they are).
+  if (r.device_tensors == "bf16" && r.precision == "fp16")
+    s.fail("precision", "fp16 GEMMs on bf16 tensors are not a mode: use precision bf16 (or auto) with bf16 tensors, "
+                        "or device_tensors fp16 with precision fp16");
   require(r.threads >= 0 && r.threads <= 4096, s, "threads", r.threads,
           "must be in 0..4096 (0 uses every core)");
   return r;

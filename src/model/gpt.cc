@@ -483,9 +483,7 @@ float GptModel::head_forward(const GlobalTensors& g, const void* x, bool with_lo
   const int N = N_, C = cfg_.d_model, V = cfg_.vocab_size;
   norm_forward(lnf_, lnf_mean_, lnf_rstd_, x, g.lnf_w, g.lnf_b);
   if (!with_loss) {
-    if (head_rows_ < N)
-      throw Error(str("a forward without targets returns the logits of all ", N, " tokens, but this model ",
-                      "computes them ", head_rows_, " at a time (model.head_chunk_tokens); set it to 0"));
+    FY_CHECK(head_rows_ == N, "whole logits from a chunked head (forward() refuses this first)");
     be_.matmul_forward(logits_, lnf_, g.lm_head, nullptr, N, C, V);
     return 0.0f;
   }
@@ -570,6 +568,9 @@ void GptModel::embed_backward(const GlobalTensors& dg, const void* dx) {
 
 float GptModel::forward(const int32_t* inputs, const int32_t* targets) {
   FY_CHECK(params_, "forward() needs a model built with ModelState::kFull");
+  if (!targets && head_rows_ < N_)  // before the whole forward, not after it
+    throw Error(str("a forward without targets returns the logits of all ", N_, " tokens, but this model ",
+                    "computes them ", head_rows_, " at a time (model.head_chunk_tokens); set it to 0"));
   set_tokens(inputs, targets);
   GlobalTensors g = global_tensors(layout_, params_, es_);
   embed_forward(g.wte, g.wpe, x0_);

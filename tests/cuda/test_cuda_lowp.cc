@@ -136,20 +136,19 @@ CpuGpu run_cpu_gpu(ElemType t, const std::vector<Tensor*>& ts, const std::vector
   auto gpu = make_cuda_backend(0, kArena);
   cpu->set_storage_type(t);
   gpu->set_storage_type(t);
-  Uploaded uc(*cpu, ts, stats, false), ug(*gpu, ts, stats, false);
+  const bool wide = t == ElemType::kF32;  // fp32 tensors: the fp32 values of each Tensor
+  Uploaded uc(*cpu, ts, stats, wide), ug(*gpu, ts, stats, wide);
   call(*cpu, uc.t, uc.s);
   call(*gpu, ug.t, ug.s);
   CpuGpu r;
   for (size_t k = 0; k < ts.size(); ++k) {
-    const size_t n = ts[k]->size();
-    std::vector<uint16_t> hc(n), hg(n);
-    cpu->copy_to_host(hc.data(), uc.t[k], 2 * n);
-    gpu->copy_to_host(hg.data(), ug.t[k], 2 * n);
+    const size_t n = ts[k]->size(), es = elem_type_size(t);
+    std::vector<char> hc(n * es), hg(n * es);
+    cpu->copy_to_host(hc.data(), uc.t[k], es * n);
+    gpu->copy_to_host(hg.data(), ug.t[k], es * n);
     std::vector<float> fc(n), fg(n);
-    for (size_t i = 0; i < n; ++i) {
-      fc[i] = wid16(t, hc[i]);
-      fg[i] = wid16(t, hg[i]);
-    }
+    widen_from(t, fc.data(), hc.data(), n);
+    widen_from(t, fg.data(), hg.data(), n);
     r.cpu.push_back(std::move(fc));
     r.gpu.push_back(std::move(fg));
   }
@@ -259,19 +258,27 @@ TEST_CASE("cuda 16-bit tensors: element-wise and row kernels are the fp32 kernel
   }
 }
 
-TEST_CASE("cuda 16-bit tensors: the embedding gradient equals the CPU's, bit for bit", "[cuda][lowp]") {
-  const ElemType t = GENERATE(ElemType::kBF16, ElemType::kF16);
-  const int B = 3, T = 17, C = 40, V = 11;  // 51 positions over 11 tokens: rows repeat
-  Tensor dout(t, size_t(B) * T * C, 16), dwte(t, V * C, Tensor::Fill{0.5f}), dwpe(t, T * C, Tensor::Fill{0.25f});
-  auto tok = random_tokens(B * T, V, 17);
-  for (bool with_pos : {true, false}) {
-    INFO("position table " << with_pos << ", " << elem_type_name(t));
-    CpuGpu r = run_cpu_gpu(t, {&dout, &dwte, &dwpe}, {}, [&](Backend& be, auto& p, auto&) {
-      test::DeviceVec<int32_t> g(be, tok);
-      be.embedding_backward(p[1], with_pos ? p[2] : nullptr, p[0], g.get(), B, T, C);
-    });
-    test::check_within("dwte", r.gpu[1], r.cpu[1], 0.0);
-    test::check_within("dwpe", r.gpu[2], r.cpu[2], 0.0);
+TEST_CASE("cuda embedding gradient equals the CPU's, bit for bit, in every storage type", "[cuda][lowp]") {
+  const ElemType t = GENERATE(ElemType::kF32, ElemType::kBF16, ElemType::kF16);
+  // Small, and 1000 positions over 7 tokens: the token ranks span four 256-token tiles with
+  // ties across them (not a multiple of the block), and more positions than the kernel's
+  // 512 row blocks, so its strided loop over runs turns.
+  struct Shape {
+    int B, T, C, V;
+  };
+  for (Shape sh : {Shape{3, 17, 40, 11}, Shape{4, 250, 40, 7}}) {
+    Tensor dout(t, size_t(sh.B) * sh.T * sh.C, 16), dwte(t, size_t(sh.V) * sh.C, Tensor::Fill{0.5f}),
+        dwpe(t, size_t(sh.T) * sh.C, Tensor::Fill{0.25f});
+    auto tok = random_tokens(size_t(sh.B) * sh.T, sh.V, 17);
+    for (bool with_pos : {true, false}) {
+      INFO("B " << sh.B << ", T " << sh.T << ", position table " << with_pos << ", " << elem_type_name(t));
+      CpuGpu r = run_cpu_gpu(t, {&dout, &dwte, &dwpe}, {}, [&](Backend& be, auto& p, auto&) {
+        test::DeviceVec<int32_t> g(be, tok);
+        be.embedding_backward(p[1], with_pos ? p[2] : nullptr, p[0], g.get(), sh.B, sh.T, sh.C);
+      });
+      test::check_within("dwte", r.gpu[1], r.cpu[1], 0.0);
+      test::check_within("dwpe", r.gpu[2], r.cpu[2], 0.0);
+    }
   }
 }
 

@@ -120,7 +120,11 @@ TEST_CASE("cuda models with 16-bit tensors match the CPU's, every family", "[cud
     const double e_grads = test::rel_error(g.grads.data(), c.grads.data(), c.grads.size());
     INFO("loss cuda " << g.loss << " cpu " << c.loss << "; logits rel error " << e_logits / u
                       << "u, gradients rel error " << e_grads / u << "u");
-    CHECK(std::fabs(g.loss - c.loss) <= 48 * u * std::fabs(c.loss));
+    // The loss is fp32 over those logits: each token's logsumexp(z) - z_target moves by at most
+    // 2 max|dz| (its gradient has L1 norm 2), and so does the mean; plus fp32 rounding.
+    double dz = 0;
+    for (size_t i = 0; i < c.logits.size(); ++i) dz = std::max(dz, std::fabs(double(g.logits[i]) - c.logits[i]));
+    CHECK(std::fabs(g.loss - c.loss) <= 2 * dz + 1e-6 * std::fabs(c.loss));
     CHECK(e_logits <= 48 * u);
     CHECK(e_grads <= 48 * u);
   }
