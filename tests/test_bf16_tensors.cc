@@ -481,9 +481,10 @@ TEST_CASE("GPT-3 175B plans within one 24 GB GPU with bf16 tensors, not with fp3
     const Plan p = make_plan(req);
     CHECK(p.memory.device_bytes <= hw.device_memory);
     CHECK(p.memory.host_bytes <= hw.host_memory);
-    // Without the chunked head it does not fit: the chunking is what makes room.
+    // Without the chunked head it does not fit: the chunking is what makes room, and the
+    // refusal says what it would take with chunks.
     req.model.head_chunk_tokens = 0;
-    CHECK_THROWS_WITH(make_plan(req), Contains("device memory"));
+    CHECK_THROWS_WITH(make_plan(req), Contains("device memory") && Contains("model.head_chunk_tokens: 1024"));
   }
 }
 

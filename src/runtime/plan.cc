@@ -114,10 +114,19 @@ class Placer {
       std::string detail;
       for (auto& [n, b] : sum_buffers(device_buffers(req_.model, req_.micro_batch, req_.tensors, acts, min_dw_, 2, 1)).device_parts)
         detail += str("\n  ", n, ": ", format_size(b));
+      // The whole micro-batch's logits are often the largest buffer: say what chunking them saves.
+      std::string hint;
+      const int N = req_.micro_batch * req_.model.seq_len, chunk = 1024;
+      if (head_chunk_rows(req_.model, req_.micro_batch) == N && N > chunk) {
+        ModelConfig m = req_.model;
+        m.head_chunk_tokens = chunk;
+        hint = str("\n  the same with model.head_chunk_tokens: ", chunk, " (the LM head in chunks, docs/config.md): ",
+                   format_size(device_bytes(device_buffers(m, req_.micro_batch, req_.tensors, leanest, 2, 2, 1))));
+      }
       throw Error(str("device memory: the plan needs at least ", format_size(minimal),
                       " but offload.device_memory is ", format_size(dev_budget_), ":", detail,
                       "\n  smallest device budget that runs this model at micro_batch ", req_.micro_batch, ": ",
-                      format_size(device_need(leanest, 2, 2, 1))));
+                      format_size(device_need(leanest, 2, 2, 1)), hint));
     }
     int dw = 4, dc = 3, dg = 2;
     while (device_need(acts, dw, dc, dg) > dev_budget_) {
