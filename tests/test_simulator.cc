@@ -13,7 +13,11 @@
 #include "fuyou/model.h"
 #include "fuyou/simulator.h"
 #include "fuyou/swap_search.h"
+#include "fuyou/config.h"
+#include "fuyou/engine.h"
+#include "fuyou/hardware.h"
 #include "plan_support.h"
+#include "test_support.h"
 
 using namespace fuyou;
 using Catch::Matchers::Contains;
@@ -460,6 +464,75 @@ TEST_CASE("swap search: placements, budgets and the simulated optimum", "[simula
   o.max_micro_batch = 8;
   SwapSearchResult sb = search_swap(req, hw, o);
   CHECK(sb.sim.period_s / sb.micro_batch <= s.sim.period_s / s.micro_batch * 1.001);
+}
+
+TEST_CASE("swap search: the micro-batch search reaches the largest batch that fits, not only powers of two",
+          "[simulator]") {
+  PlanRequest req;
+  req.model.n_layer = 4;
+  req.micro_batch = 1;
+  req.have_ssd = true;
+  HardwareProfile hw = unit_profile();
+  // Fast compute beside the slow optimizer: a step costs about the same at any micro-batch,
+  // so the largest that fits is the cheapest per token.
+  hw.peak_flops = 1e13;
+  // A device budget whose largest fitting micro-batch (make_plan's own placement, found by
+  // trying each) is not a power of two.
+  auto largest_for = [&](uint64_t budget) {
+    int largest = 0;
+    for (int B = 1; B <= 16; ++B) {
+      PlanRequest r = request_for_profile(req, hw);
+      r.micro_batch = B;
+      r.device_budget = budget;
+      try {
+        make_plan(r);
+        largest = B;
+      } catch (const Error&) {
+      }
+    }
+    return largest;
+  };
+  auto need = [&](int B) {  // the device bytes of the plan at B with room to spare
+    PlanRequest r = request_for_profile(req, hw);
+    r.micro_batch = B;
+    r.device_budget = 1ull << 40;
+    return make_plan(r).memory.device_bytes;
+  };
+  int largest = 0;
+  for (int B = 5; B <= 7 && (largest == 0 || (largest & (largest - 1)) == 0); ++B) {
+    req.device_budget = need(B);
+    largest = largest_for(req.device_budget);
+  }
+  INFO("device budget " << req.device_budget << ": largest micro-batch " << largest);
+  REQUIRE(largest > 4);
+  REQUIRE((largest & (largest - 1)) != 0);
+  SwapSearchOptions o;
+  o.search_micro_batch = true;
+  o.max_micro_batch = 64;
+  SwapSearchResult sb = search_swap(req, hw, o);
+  PlanRequest at = req;
+  at.micro_batch = largest;
+  SwapSearchResult sl = search_swap(at, hw);
+  INFO("searched: micro-batch " << sb.micro_batch << ", " << sb.sim.period_s / sb.micro_batch << " s per sequence; at "
+                                << largest << ": " << sl.sim.period_s / largest << " s");
+  CHECK(sb.sim.period_s / sb.micro_batch <= sl.sim.period_s / largest * 1.001);
+}
+
+TEST_CASE("swap search: the placement walk ends on GPT-3 175B at micro-batch 1", "[simulator]") {
+  // Moves whose costs tie within 0.1% are ordered by recomputation and device bytes, which is
+  // not transitive: on this model the walk once went round a cycle of tied placements forever
+  // (`fuyou-bench simulate --search-batch` on it never finished). It must end, and quickly.
+  Config cfg = load_config_file(test::source_path("configs/gpt3-175b-seq1024.yaml"), {});
+  const HardwareProfile hw = load_hardware_profile(test::source_path("configs/hardware/rtx4090.yaml"));
+  PlanRequest req = plan_request(cfg);
+  req.micro_batch = 1;
+  req.have_ssd = true;
+  req.device_budget = hw.device_memory;
+  req.host_budget = hw.host_memory;
+  SwapSearchResult s = search_swap(req, hw);
+  INFO(s.summary() << ": " << s.plans_evaluated << " plans in " << s.search_s << " s");
+  CHECK(s.plans_evaluated < 1000);
+  CHECK(s.plan.memory.device_bytes <= hw.device_memory);
 }
 
 TEST_CASE("swap search: the number of deferred updates is the simulated optimum", "[simulator]") {

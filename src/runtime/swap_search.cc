@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "fuyou/error.h"
@@ -141,11 +142,23 @@ class Search {
     }
   }
 
+  // Moves counts of layers between placements while a move simulates better. `better` lets
+  // costs within 0.1% tie and breaks ties by recomputation and device bytes, which is not
+  // transitive: a walk of tied moves came back to where it had been (a cycle that ran for hours
+  // on GPT-3 175B at micro-batch 1). So the walk never returns to a placement it has left.
   Candidate descend(int B, PlacementCounts c, Candidate best) {
-    const int L = base_.model.n_layer;
+    std::set<PlacementCounts> seen = {c};
     for (;;) {
       Candidate round = best;
       PlacementCounts round_c = c;
+      // A tie may not raise the cost either: the cost never rises along the walk, and a move
+      // within the tie band must lower recomputation or device bytes, so the walk cannot wander
+      // a plateau of near-equal placements.
+      auto consider = [&](const PlacementCounts& n) {
+        if (seen.count(n)) return;
+        Candidate cand = evaluate(B, n);
+        if (cand.ok && cand.cost <= best.cost && better(cand, round)) round = cand, round_c = n;
+      };
       for (int from = 0; from < 5; ++from) {
         for (int to = 0; to < 5; ++to) {
           if (from == to) continue;
@@ -153,23 +166,21 @@ class Search {
             PlacementCounts n = c;
             n[from] -= step;
             n[to] += step;
-            Candidate cand = evaluate(B, n);
-            if (better(cand, round)) round = cand, round_c = n;
+            consider(n);
           }
           // Everything at once, which powers of two may skip.
           if (c[from] > 0 && (c[from] & (c[from] - 1))) {
             PlacementCounts n = c;
             n[to] += n[from];
             n[from] = 0;
-            Candidate cand = evaluate(B, n);
-            if (better(cand, round)) round = cand, round_c = n;
+            consider(n);
           }
         }
       }
       if (round_c == c) return best;
       c = round_c;
+      seen.insert(c);
       best = round;
-      (void)L;
     }
   }
 
@@ -195,16 +206,38 @@ SwapSearchResult search_swap(const PlanRequest& req, const HardwareProfile& hw, 
     batches.push_back(req.micro_batch);
   }
   Candidate best;
+  int largest_fit = 0, first_misfit = 0;  // powers of two
   for (int B : batches) {
     PlacementCounts c{};
     Candidate s = search.start(B, &c);
     if (!s.ok) {
       // Nothing fits at this micro-batch; larger ones fit even less.
-      if (opts.search_micro_batch && best.ok) break;
+      if (opts.search_micro_batch && best.ok) {
+        first_misfit = B;
+        break;
+      }
       continue;
     }
+    largest_fit = B;
     Candidate b = search.descend(B, c, s);
     if (better(b, best)) best = b;
+  }
+  // Between the largest power of two that fits and the first that does not: the largest
+  // micro-batch that fits (bisected on make_plan's own placement), searched as the others,
+  // since a larger micro-batch often costs less per token (weights move once per step).
+  if (largest_fit && first_misfit) {
+    int lo = largest_fit, hi = first_misfit;
+    while (hi - lo > 1) {
+      const int mid = lo + (hi - lo) / 2;
+      PlacementCounts c{};
+      (search.start(mid, &c).ok ? lo : hi) = mid;
+    }
+    if (lo > largest_fit) {
+      PlacementCounts c{};
+      Candidate s = search.start(lo, &c);
+      Candidate b = search.descend(lo, c, s);
+      if (better(b, best)) best = b;
+    }
   }
   if (!best.ok) {
     // make_plan's own error names the numbers that do not fit.
