@@ -22,9 +22,10 @@ using namespace fuyou;
 
 namespace {
 
-Config tiny_config(double clip, const std::string& precision, const std::string& device_tensors) {
+Config tiny_config(double clip, const std::string& precision, const std::string& device_tensors, int head_chunk) {
   return parse_config(
-      str("model: {n_layer: 4, n_head: 2, d_model: 64, d_ff: 256, vocab_size: 96, seq_len: 32}\n"
+      str("model: {n_layer: 4, n_head: 2, d_model: 64, d_ff: 256, vocab_size: 96, seq_len: 32, head_chunk_tokens: ",
+          head_chunk, "}\n"
           "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ", clip, "}\n"
           "schedule: {steps: 5, warmup_steps: 2, micro_batch: 2}\n"
           "runtime: {backend: cuda, precision: ", precision, ", device_tensors: ", device_tensors,
@@ -109,12 +110,18 @@ void require_bitwise(const Run& a, const Run& b) {
 
 TEST_CASE("cuda: offloaded training is bitwise equal to in-memory training", "[cuda][scheduler]") {
   // GEMM precision and device tensors: fp32 throughout, bf16 GEMMs on fp32 tensors, and the
-  // large-model recipe (bf16 tensors: 16-bit weights, gradients and checkpoints moved).
-  const std::pair<const char*, const char*> modes[] = {{"fp32", "fp32"}, {"bf16", "fp32"}, {"bf16", "bf16"}};
-  for (const auto& [precision, device_tensors] : modes) {
+  // large-model recipe (bf16 tensors: 16-bit weights, gradients and checkpoints moved), also
+  // with the LM head in chunks of 20 of the micro-batch's 64 tokens (the gpt3-175b configs').
+  struct Mode {
+    const char *precision, *device_tensors;
+    int head_chunk;
+  };
+  for (const Mode& m : {Mode{"fp32", "fp32", 0}, Mode{"bf16", "fp32", 0}, Mode{"bf16", "bf16", 0},
+                        Mode{"bf16", "bf16", 20}}) {
     for (double clip : {0.0, 0.5}) {
-      INFO("precision " << precision << ", device tensors " << device_tensors << ", clip " << clip);
-      Config cfg = tiny_config(clip, precision, device_tensors);
+      INFO("precision " << m.precision << ", device tensors " << m.device_tensors << ", head chunk " << m.head_chunk
+                        << ", clip " << clip);
+      Config cfg = tiny_config(clip, m.precision, m.device_tensors, m.head_chunk);
       auto data = batches(cfg, 5);
       Run ref = in_memory(cfg, data);
 
