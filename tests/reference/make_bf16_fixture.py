@@ -32,9 +32,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpt_ref import GPT, GPTConfig, adamw_param_groups, init_weights, lr_at, param_names  # noqa: E402
+from gpt_ref import GPT, adamw_param_groups, lr_at  # noqa: E402
 from make_fixtures import (BETA1, BETA2, EPS, FIXTURES, STEPS, WARMUP, WEIGHT_DECAY,  # noqa: E402
-                           deterministic_torch, write_safetensors)
+                           deterministic_torch, fixture_setup, write_safetensors)
 
 OUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "bf16")
 
@@ -48,21 +48,11 @@ def bf16_loss(model, tokens):
 
 
 def make_fixture(fx):
-    cfg = GPTConfig(n_layer=fx["n_layer"], n_head=fx["n_head"], d_model=fx["d_model"],
-                    d_ff=fx["d_ff"], vocab_size=fx["vocab_size"], seq_len=fx["seq_len"])
     B, T, V, A = fx["batch"], fx["seq_len"], fx["vocab_size"], fx["grad_accum"]
     max_lr, clip = fx["lr"], fx["clip"]
     min_lr = max_lr / 10
-
-    gen = torch.Generator().manual_seed(fx["seed"])
-    master = GPT(cfg)                      # fp32 master weights
-    init_weights(master, gen)
-    tokens = torch.randint(0, V, (B, T + 1), generator=gen, dtype=torch.int64).to(torch.int32)
-    train_tokens = torch.randint(0, V, (STEPS, A, B, T + 1), generator=gen,
-                                 dtype=torch.int64).to(torch.int32)
-    names = param_names(cfg.n_layer)
-    mp = dict(master.named_parameters())
-    init_params = [(n, mp[n].detach().clone()) for n in names]
+    # The fp32 fixture's model as the fp32 master weights, and its tokens.
+    cfg, master, tokens, train_tokens, names, mp, init_params = fixture_setup(fx)
 
     work = GPT(cfg).to(torch.bfloat16)     # the device's bf16 working weights
     wp = dict(work.named_parameters())

@@ -91,24 +91,30 @@ def write_safetensors(path, tensors, metadata):
 
 
 # --------------------------------------------------------------------------- fixture
-def make_fixture(fx):
+def fixture_setup(fx):
+    """A fixture's model (fp32, initialised from its seed), its single batch and training
+    tokens, drawn in that order from one generator: make_bf16_fixture.py starts from the same."""
     cfg = GPTConfig(n_layer=fx["n_layer"], n_head=fx["n_head"], d_model=fx["d_model"],
                     d_ff=fx["d_ff"], vocab_size=fx["vocab_size"], seq_len=fx["seq_len"])
     B, T, V, A = fx["batch"], fx["seq_len"], fx["vocab_size"], fx["grad_accum"]
-    max_lr = fx["lr"]
-    min_lr = max_lr / 10
-    clip = fx["clip"]
-
     gen = torch.Generator().manual_seed(fx["seed"])
     model = GPT(cfg)
     init_weights(model, gen)
     tokens = torch.randint(0, V, (B, T + 1), generator=gen, dtype=torch.int64).to(torch.int32)
     train_tokens = torch.randint(0, V, (STEPS, A, B, T + 1), generator=gen,
                                  dtype=torch.int64).to(torch.int32)
-
     names = param_names(cfg.n_layer)
     params = dict(model.named_parameters())
     init_params = [(n, params[n].detach().clone()) for n in names]
+    return cfg, model, tokens, train_tokens, names, params, init_params
+
+
+def make_fixture(fx):
+    B, T, V, A = fx["batch"], fx["seq_len"], fx["vocab_size"], fx["grad_accum"]
+    max_lr = fx["lr"]
+    min_lr = max_lr / 10
+    clip = fx["clip"]
+    cfg, model, tokens, train_tokens, names, params, init_params = fixture_setup(fx)
 
     # ---- single batch: logits, loss, grads at the initial weights
     model.zero_grad(set_to_none=True)
