@@ -183,6 +183,25 @@ TEST_CASE("resume continues bit for bit: in memory, offloaded, and across placem
   }
 }
 
+namespace {
+
+// `cfg` trained in memory into run `mem` already: resumed from step `mem_step` it continues
+// bit for bit; trained offloaded with everything on SSD it ends with the same weights, and
+// resumed from step `off_step` continues bit for bit too.
+void check_resumes_both_ways(Scratch& s, const Config& cfg, const std::string& mem, int mem_step, int off_step) {
+  const std::string r = str(mem, "-r", mem_step), off_r = str("off-r", off_step);
+  resume(s.run(mem) + str("/checkpoints/step-", mem_step), s.run(r));
+  check_resumed_equals(s.run(mem), s.run(r), mem_step, 8);
+  Config off = cfg;
+  offload_everything(&off, s);
+  train(off, s.run("off"));
+  CHECK(tensors(s.run(mem) + "/model.safetensors") == tensors(s.run("off") + "/model.safetensors"));
+  resume(s.run("off") + str("/checkpoints/step-", off_step), s.run(off_r));
+  check_resumed_equals(s.run("off"), s.run(off_r), off_step, 8);
+}
+
+}  // namespace
+
 TEST_CASE("resume with fp16 loss scaling keeps the scale and the skipped steps", "[checkpoint][fp16]") {
   Scratch s("fp16");
   // A start scale of 2^24 overflows, so the first steps are skipped and the scale halves:
@@ -195,14 +214,7 @@ TEST_CASE("resume with fp16 loss scaling keeps the scale and the skipped steps",
   REQUIRE(m.counters.has_loss_scale);
   CHECK(m.counters.loss_scale.skipped > 0);
   CHECK(m.counters.adam_step == 4 - m.counters.loss_scale.skipped);
-  resume(s.run("full") + "/checkpoints/step-2", s.run("r2"));
-  check_resumed_equals(s.run("full"), s.run("r2"), 2, 8);
-  Config off = cfg;
-  offload_everything(&off, s);
-  train(off, s.run("off"));
-  resume(s.run("off") + "/checkpoints/step-4", s.run("off-r4"));
-  check_resumed_equals(s.run("off"), s.run("off-r4"), 4, 8);
-  CHECK(tensors(s.run("full") + "/model.safetensors") == tensors(s.run("off") + "/model.safetensors"));
+  check_resumes_both_ways(s, cfg, "full", 2, 4);
 }
 
 TEST_CASE("resume with bf16 device tensors continues bit for bit, in memory and offloaded", "[checkpoint][bf16]") {
@@ -211,14 +223,7 @@ TEST_CASE("resume with bf16 device tensors continues bit for bit, in memory and 
   Scratch s("bf16");
   Config cfg = base_config(s, "runtime.device_tensors=bf16");
   train(cfg, s.run("mem"));
-  resume(s.run("mem") + "/checkpoints/step-3", s.run("mem-r3"));
-  check_resumed_equals(s.run("mem"), s.run("mem-r3"), 3, 8);
-  Config off = cfg;
-  offload_everything(&off, s);
-  train(off, s.run("off"));
-  CHECK(tensors(s.run("mem") + "/model.safetensors") == tensors(s.run("off") + "/model.safetensors"));
-  resume(s.run("off") + "/checkpoints/step-6", s.run("off-r6"));
-  check_resumed_equals(s.run("off"), s.run("off-r6"), 6, 8);
+  check_resumes_both_ways(s, cfg, "mem", 3, 6);
   // The tensor type is part of the trajectory: a resume keeps it.
   CHECK_THROWS_WITH(resume_config(resolve_checkpoint(s.run("mem")), "", {"runtime.device_tensors=fp32"}),
                     Contains("runtime.device_tensors"));
