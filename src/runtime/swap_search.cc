@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
-#include <set>
 #include <tuple>
 
 #include "fuyou/error.h"
@@ -144,18 +143,16 @@ class Search {
 
   // Moves counts of layers between placements while a move simulates better. `better` lets
   // costs within 0.1% tie and breaks ties by recomputation and device bytes, which is not
-  // transitive: a walk of tied moves came back to where it had been (a cycle that ran for hours
-  // on GPT-3 175B at micro-batch 1). So the walk never returns to a placement it has left.
+  // transitive: a walk of tied moves that may raise the cost came back to where it had been (a
+  // cycle that ran for hours on GPT-3 175B at micro-batch 1). So no move may raise the cost:
+  // the cost never rises along the walk, and where it stays, each round lowers recomputation
+  // or device bytes, so the walk cannot return to a placement it has left, nor wander a
+  // plateau of near-equal placements.
   Candidate descend(int B, PlacementCounts c, Candidate best) {
-    std::set<PlacementCounts> seen = {c};
     for (;;) {
       Candidate round = best;
       PlacementCounts round_c = c;
-      // A tie may not raise the cost either: the cost never rises along the walk, and a move
-      // within the tie band must lower recomputation or device bytes, so the walk cannot wander
-      // a plateau of near-equal placements.
       auto consider = [&](const PlacementCounts& n) {
-        if (seen.count(n)) return;
         Candidate cand = evaluate(B, n);
         if (cand.ok && cand.cost <= best.cost && better(cand, round)) round = cand, round_c = n;
       };
@@ -179,7 +176,6 @@ class Search {
       }
       if (round_c == c) return best;
       c = round_c;
-      seen.insert(c);
       best = round;
     }
   }
