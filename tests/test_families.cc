@@ -409,6 +409,10 @@ TEST_CASE("opt and llama configs the engine cannot compute are refused by field"
                       Contains("x/config.json") && Contains("'" + field + "'") && Contains(why));
   };
   refuse("opt_f32", [](auto& j) { j["do_layer_norm_before"] = false; }, "do_layer_norm_before", "post-LN");
+  // Positive in a double, 0 in the engine's 32-bit float (a fuzzer's find): refused here, not
+  // later by the config it would have written.
+  refuse("llama_gqa_f32", [](auto& j) { j["rms_norm_eps"] = 1e-46; }, "rms_norm_eps", "32-bit float");
+  refuse("llama_gqa_f32", [](auto& j) { j["rope_theta"] = 1.00000001; }, "rope_theta", "32-bit float");
   refuse("opt_f32", [](auto& j) { j["word_embed_proj_dim"] = 16; }, "word_embed_proj_dim", "project_in");
   refuse("opt_f32", [](auto& j) { j["activation_function"] = "gelu"; }, "activation_function", "relu");
   refuse("opt_f32", [](auto& j) { j.erase("ffn_dim"); }, "ffn_dim", "missing");

@@ -205,14 +205,18 @@ ModelConfig parse_llama(const Fields& f, bool qwen2) {
   m.d_ff = f.integer("intermediate_size", 1, kMaxFfDim);
   m.vocab_size = f.integer("vocab_size", 2, kMaxVocab);
   m.seq_len = f.integer_or("max_position_embeddings", 2048, 1, kMaxDim);
-  double init = f.number_or("initializer_range", 0.02);
-  if (init > 0 && init < 10) m.init_std = static_cast<float>(init);
-  double eps = f.number_or("rms_norm_eps", 1e-6);
-  if (!(eps > 0 && eps < 1)) f.fail("rms_norm_eps", str("value ", eps, " is not in (0, 1)"));
+  // The engine keeps these as 32-bit floats: the ranges are checked on the rounded value (a
+  // 1e-46 is above 0 but rounds to 0, which the engine's config then refuses).
+  const float init = static_cast<float>(f.number_or("initializer_range", 0.02));
+  if (init > 0 && init < 10) m.init_std = init;
+  const double eps = f.number_or("rms_norm_eps", 1e-6);
   m.norm_eps = static_cast<float>(eps);
-  double theta = f.number_or("rope_theta", 10000.0);
-  if (!(theta > 1 && theta < 1e12)) f.fail("rope_theta", str("value ", theta, " is not in (1, 1e12)"));
+  if (!(m.norm_eps > 0 && m.norm_eps < 1))
+    f.fail("rms_norm_eps", str("value ", eps, " is not in (0, 1) as a 32-bit float"));
+  const double theta = f.number_or("rope_theta", 10000.0);
   m.rope_theta = static_cast<float>(theta);
+  if (!(m.rope_theta > 1 && m.rope_theta < 1e12f))
+    f.fail("rope_theta", str("value ", theta, " is not in (1, 1e12) as a 32-bit float"));
   // Qwen2's config class defaults to tied embeddings, Llama's to untied.
   m.tie_embeddings = f.boolean_or("tie_word_embeddings", qwen2);
   std::string act = f.string_or("hidden_act", "silu");
