@@ -129,6 +129,9 @@ std::unique_ptr<OffloadTrainer> all_on_ssd(const Config& cfg, Backend& be, SsdSt
   req.micro_batch = cfg.schedule.micro_batch;
   req.tensors = tensors_of(cfg);
   req.exact = cfg.optimizer.grad_clip > 0;
+  req.grad_accum = cfg.schedule.grad_accum;
+  req.accum_fp32 = plan_request(cfg).accum_fp32;
+  req.grads_on_ssd = req.grad_accum > 1;
   req.have_ssd = true;
   req.acts = std::vector<ActPlacement>(cfg.model.n_layer, ActPlacement::kSsd);
   req.weights_on_ssd = req.optim_on_ssd = true;
@@ -557,16 +560,23 @@ TEST_CASE("the simulator charges every op the bytes the executor moves for it", 
   // Weights, checkpoints and optimizer state on SSD, two weights-out slots (weights read back):
   // every kind of transfer runs. Each op's bytes as the executor counts them at the backend's
   // copies, the store's requests and the optimizer's store traffic must equal op_traffic's.
-  const char* tensors = GENERATE("fp32", "bf16");
-  INFO("device tensors " << tensors);
-  Config cfg = tiny_config(0.0, tensors);
-  auto data = batches(cfg, 2);
+  // "bf16-accum": three micro-batches summed in fp32 on the host, the sums on SSD.
+  const std::string mode = GENERATE("fp32", "bf16", "bf16-accum");
+  INFO("mode " << mode);
+  const int K = mode == "bf16-accum" ? 3 : 1;
+  Config cfg = tiny_config(0.0, mode == "fp32" ? "fp32" : "bf16");
+  cfg.schedule.grad_accum = K;
+  const auto mbs = batches(cfg, 2 * K);
+  std::vector<std::vector<const int32_t*>> data(2);
+  for (int s = 0; s < 2; ++s)
+    for (int k = 0; k < K; ++k) data[s].push_back(mbs[s * K + k].data());
   auto store = SsdStore::open({{store_dir("traffic")}});
   auto be = make_cpu_backend(2, 0);
   be->set_storage_type(tensors_of(cfg));
   auto trainer = all_on_ssd(cfg, *be, store.get());
   OffloadTrainer& tr = *trainer;
   const Plan& plan = tr.plan();
+  CHECK(plan.accum_fp32 == (K > 1));
   std::mutex mu;
   std::vector<std::vector<OpTraffic>> moved(data.size(), std::vector<OpTraffic>(plan.ops.size()));
   std::vector<std::vector<int>> ran(data.size(), std::vector<int>(plan.ops.size(), 0));
@@ -585,7 +595,7 @@ TEST_CASE("the simulator charges every op the bytes the executor moves for it", 
   bf16_gpu.optimizer_params_per_s = 1e15;
   const StoreStats before = store->stats();
   const auto t0 = std::chrono::steady_clock::now();
-  for (size_t s = 0; s < data.size(); ++s) tr.step(static_cast<int64_t>(s), data[s].data());
+  for (size_t s = 0; s < data.size(); ++s) tr.step(static_cast<int64_t>(s), data[s]);
   // The last step's updates and writes run on after it returns: wait for every op (not by
   // draining, whose parameter read-back would use the store too).
   auto all_ran = [&] {
@@ -605,7 +615,7 @@ TEST_CASE("the simulator charges every op the bytes the executor moves for it", 
       REQUIRE(ran[s][op.id] == 1);
       CHECK(got == want);
       // And the time it charges is for those bytes, also on a profile that names 2-byte elements.
-      if (op.resource != Resource::kCompute && op.kind != OpKind::kGradSumSq)
+      if (op.resource != Resource::kCompute && op.kind != OpKind::kGradSumSq && op.kind != OpKind::kAccumulateGrads)
         CHECK(op_duration(plan, op, bf16_gpu) ==
               Approx(std::max(got.ssd_read / bf16_gpu.ssd_read_Bps + got.ssd_write / bf16_gpu.ssd_write_Bps,
                               got.h2d / bf16_gpu.h2d_Bps + got.d2h / bf16_gpu.d2h_Bps))

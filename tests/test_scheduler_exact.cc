@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <unistd.h>
 
+#include "fuyou/engine.h"
 #include "fuyou/error.h"
 #include "fuyou/rng.h"
 #include "fuyou/scheduler.h"
@@ -21,12 +22,20 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-Config accum_config(double clip, int accum) {
+// `tensors`: the device tensors, and with 16-bit ones what micro-batch gradients are summed
+// in: "bf16" (schedule.grad_accum_type auto: fp32 sums on the host) or "bf16-tensors"; "fp16"
+// (fp32 sums) comes with precision fp16 and its loss scaling.
+Config accum_config(double clip, int accum, const std::string& tensors = "fp32") {
+  const bool in_tensors = tensors == "bf16-tensors";
+  const bool fp16 = tensors == "fp16";
   return parse_config(str(
       "model: {n_layer: 5, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
       "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ", clip, "}\n"
-      "schedule: {steps: 4, warmup_steps: 2, micro_batch: 2, grad_accum: ", accum, "}\n"
-      "runtime: {backend: cpu, threads: 2, seed: 5}\n"), "<test>");
+      "schedule: {steps: 4, warmup_steps: 2, micro_batch: 2, grad_accum: ", accum,
+      in_tensors ? ", grad_accum_type: tensors" : "", "}\n"
+      "runtime: {backend: cpu, threads: 2, seed: 5, device_tensors: ", in_tensors ? "bf16" : tensors,
+      fp16 ? ", precision: fp16" : "", "}\n"),
+      "<test>");
 }
 
 std::string store_dir(const std::string& tag) {
@@ -72,6 +81,7 @@ struct Run {
 
 Run in_memory(const Config& cfg, const std::vector<std::vector<std::vector<int32_t>>>& data) {
   auto be = make_cpu_backend(2, 0);
+  be->set_storage_type(plan_request(cfg).tensors);
   StepRunner r(cfg, *be);
   r.init_params();
   Run out;
@@ -86,17 +96,23 @@ Run in_memory(const Config& cfg, const std::vector<std::vector<std::vector<int32
 
 // The executor's backend: the CPU's, or (streams) its twin under CUDA's ordering rules with
 // random delays of up to 300 us before every queued operation.
-std::unique_ptr<Backend> executor_backend(bool streams) {
-  if (!streams) return make_cpu_backend(2, 0);
-  StreamOptions so;
-  so.max_delay_us = 300;
-  so.seed = 9;
-  return make_cpu_stream_backend(2, 0, so);
+std::unique_ptr<Backend> executor_backend(bool streams, ElemType tensors) {
+  std::unique_ptr<Backend> be;
+  if (!streams) {
+    be = make_cpu_backend(2, 0);
+  } else {
+    StreamOptions so;
+    so.max_delay_us = 300;
+    so.seed = 9;
+    be = make_cpu_stream_backend(2, 0, so);
+  }
+  be->set_storage_type(tensors);
+  return be;
 }
 
 Run offloaded(const Config& cfg, const Plan& plan, const std::vector<std::vector<std::vector<int32_t>>>& data,
               SsdStore* store, bool streams = false) {
-  auto be = executor_backend(streams);
+  auto be = executor_backend(streams, plan.tensors);
   OffloadTrainer tr(cfg, *be, plan, store);
   ParamLayout layout = make_gpt_layout(cfg.model);
   std::vector<float> init(layout.total);
@@ -129,8 +145,10 @@ PlanRequest ssd_request(const Config& cfg) {
   PlanRequest req;
   req.model = cfg.model;
   req.micro_batch = cfg.schedule.micro_batch;
-  req.exact = cfg.optimizer.grad_clip > 0;
+  req.tensors = plan_request(cfg).tensors;
+  req.exact = plan_request(cfg).exact;  // clipping, or fp16's overflow check
   req.grad_accum = cfg.schedule.grad_accum;
+  req.accum_fp32 = plan_request(cfg).accum_fp32;
   req.have_ssd = true;
   // Every activation path, as in test_scheduler.cc: keep, SSD, recompute, host, device.
   req.acts = {ActPlacement::kKeep, ActPlacement::kSsd, ActPlacement::kRecompute, ActPlacement::kHost,
@@ -163,7 +181,7 @@ TEST_CASE("offloaded validation loss is bitwise the in-memory one", "[scheduler]
   auto store = open_store("eval");
   const bool streams = GENERATE(false, true);
   INFO("backend " << (streams ? "cpu-streams" : "cpu"));
-  auto be2 = executor_backend(streams);
+  auto be2 = executor_backend(streams, ElemType::kF32);
   OffloadTrainer tr(cfg, *be2, make_plan(ssd_request(cfg)), store.get());
   ParamLayout layout = make_gpt_layout(cfg.model);
   std::vector<float> init(layout.total);
@@ -203,25 +221,46 @@ TEST_CASE("offloaded validation loss is bitwise the in-memory one", "[scheduler]
 
 TEST_CASE("offloaded gradient accumulation is bitwise in-memory training", "[scheduler]") {
   const bool streams = GENERATE(false, true);
-  INFO("backend " << (streams ? "cpu-streams" : "cpu"));
+  // fp32 tensors; bf16 tensors summed in fp32 on the host (the default); bf16 tensors summed
+  // in the device's bf16 gradients (schedule.grad_accum_type: tensors); fp16 tensors (fp32
+  // sums, loss scaling, exact mode).
+  const std::string tensors = GENERATE("fp32", "bf16", "bf16-tensors", "fp16");
+  INFO("backend " << (streams ? "cpu-streams" : "cpu") << ", tensors " << tensors);
+  const int K = 3;  // micro-batches: a first, a middle and a last
   for (double clip : {0.0, 0.05}) {
-    Config cfg = accum_config(clip, 2);
+    Config cfg = accum_config(clip, K, tensors);
     auto data = step_data(cfg, 4);
     Run ref = in_memory(cfg, data);
+    const int L = cfg.model.n_layer;
     for (bool grads_ssd : {false, true}) {
       INFO("clip " << clip << ", held gradients on " << (grads_ssd ? "SSD" : "host"));
       auto store = open_store(str("acc", grads_ssd));
       PlanRequest req = ssd_request(cfg);
       req.grads_on_ssd = grads_ssd;
       Plan plan = make_plan(req);
-      CHECK(plan.grad_accum == 2);
+      CHECK(plan.grad_accum == K);
+      CHECK(plan.accum_fp32 == (tensors == "bf16" || tensors == "fp16"));
       CHECK(plan.layers[0].grads == (grads_ssd ? StateTier::kSsd : StateTier::kHost));
-      // Micro-batch 1 brings every layer's gradient back before adding to it.
-      CHECK(count_kind(plan, OpKind::kLoadGrads) == cfg.model.n_layer);
-      CHECK(count_kind(plan, OpKind::kReadGrads) ==
-            (grads_ssd ? cfg.model.n_layer * (clip > 0 ? 2 : 1) : 0));
-      CHECK(count_kind(plan, OpKind::kUpdate) == cfg.model.n_layer + 2);
-      require_bitwise(offloaded(cfg, plan, data, store.get(), streams), ref, clip > 0);
+      if (plan.accum_fp32) {
+        // Every micro-batch's gradient of every group is saved and added on the host; none
+        // goes back to the device. A sum on SSD is read back before each addition but the
+        // first (and, in exact mode, once more for the update).
+        CHECK(count_kind(plan, OpKind::kLoadGrads) == 0);
+        CHECK(count_kind(plan, OpKind::kSaveGrads) == K * (L + 2));
+        CHECK(count_kind(plan, OpKind::kAccumulateGrads) == K * (L + 2));
+        CHECK(count_kind(plan, OpKind::kReadGrads) == (grads_ssd ? L * (K - 1 + (plan.exact ? 1 : 0)) : 0));
+        const uint64_t layer_params = make_gpt_layout(cfg.model).groups[1].numel;
+        for (const PlanBuffer& b : plan.buffers)
+          if (b.kind == BufferKind::kGradHold || b.kind == BufferKind::kSsdGrads || b.kind == BufferKind::kGradStage)
+            CHECK(b.bytes == 4 * layer_params);
+      } else {
+        // Each micro-batch after the first brings every layer's gradient back before adding to it.
+        CHECK(count_kind(plan, OpKind::kLoadGrads) == L * (K - 1));
+        CHECK(count_kind(plan, OpKind::kAccumulateGrads) == 0);
+        CHECK(count_kind(plan, OpKind::kReadGrads) == (grads_ssd ? L * (K - 1 + (clip > 0 ? 1 : 0)) : 0));
+      }
+      CHECK(count_kind(plan, OpKind::kUpdate) == L + 2);
+      require_bitwise(offloaded(cfg, plan, data, store.get(), streams), ref, plan.exact);
     }
   }
 }

@@ -84,6 +84,10 @@ struct ScheduleConfig {
   int64_t warmup_steps = 20;
   int micro_batch = 8;
   int grad_accum = 1;
+  // What gradients are summed in over micro-batches with 16-bit device tensors: auto or fp32
+  // (an fp32 sum per group on the host, docs/precision.md), or tensors (the device's 16-bit
+  // gradient, rounded at every micro-batch). fp32 tensors always sum in fp32.
+  std::string grad_accum_type = "auto";
   int64_t eval_every = 50;  // 0 disables periodic validation (the last step is still evaluated)
   int eval_batches = 8;
   int64_t log_every = 1;

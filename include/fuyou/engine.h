@@ -62,7 +62,13 @@ bool wants_offload(const Config& cfg);
 // (Backend::device_is_host_memory: the CPU backend), the device arena and, with 16-bit
 // tensors, its kernels' fp32 scratch (cpu_kernel_scratch_bytes). An in-memory run with
 // offload.host_memory set is refused at start when this exceeds it.
-uint64_t in_memory_host_bytes(const ModelConfig& m, int micro_batch, bool device_in_host, size_t elem_bytes);
+// `fp32_sums` (sums_grads_in_fp32) adds the fp32 gradient sum, 4 bytes per parameter.
+uint64_t in_memory_host_bytes(const ModelConfig& m, int micro_batch, bool device_in_host, size_t elem_bytes,
+                              bool fp32_sums = false);
+// Whether a step's micro-batch gradients are summed in fp32 on the host rather than in the
+// device's 16-bit gradients (schedule.grad_accum_type; PlanRequest::accum_fp32): grad_accum > 1
+// with 16-bit tensors, unless grad_accum_type is `tensors`.
+bool sums_grads_in_fp32(const Config& cfg);
 
 // The plan request a config asks for: model, micro-batch, budgets, SSD availability and the
 // activation decisions of offload.activations (empty for auto).

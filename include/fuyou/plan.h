@@ -72,6 +72,7 @@ enum class OpKind {
   kReadGrads,         // ssd_read: gradient extent -> staging slot
   kLoadGrads,         // h2d: held gradient -> device gradient slot, the next micro-batch adds to it
   kGradSumSq,         // optimizer: sum of squares of one group's gradient (exact mode)
+  kAccumulateGrads,   // optimizer: a micro-batch's 16-bit gradient added into the group's fp32 sum (Plan::accum_fp32)
   // Forward-only plans (validation):
   kHeadLoss,          // compute: final norm, logits and the loss, no backward
 };
@@ -106,6 +107,7 @@ enum class BufferKind {
   kHostGradSlot,                 // index: slot; a group's gradient between its save and update
   kGradStage,                    // index: slot; held gradients to and from SSD, or a deferred update's
   kGradHold,                     // index: layer; its held gradient in host memory
+  kEmbedGradHold, kFinalGradHold,  // Plan::accum_fp32: the resident groups' fp32 gradient sums
   kHostWeights,                  // index: layer; its weights while they wait in host memory
   kHostCkpt,                     // index: layer; its block input in host memory
   kHostEmbed, kHostFinal,        // host copies of the resident groups' weights
@@ -208,6 +210,12 @@ struct Plan {
   ElemType tensors = ElemType::kF32;  // PlanRequest::tensors
   bool exact = false;  // global-norm clipping: every update waits for the norm
   int grad_accum = 1;  // micro-batches per step; gradients accumulate on the device
+  // grad_accum > 1 with 16-bit tensors (PlanRequest::accum_fp32): each micro-batch's gradient
+  // is made afresh on the device, saved, and added on the host (kAccumulateGrads) into an fp32
+  // sum held per group (layers: host buffer or SSD extent by LayerDecision::grads; the
+  // embedding and final groups: host); the norm and the updates read the fp32 sums. Else the
+  // held gradient returns to the device and the next backward adds to it in the tensors' type.
+  bool accum_fp32 = false;
   bool forward_only = false;  // a validation plan (make_forward_plan)
   std::vector<LayerDecision> layers;
   StateTier embed_optim = StateTier::kHost;
@@ -255,6 +263,8 @@ struct PlanRequest {
   ElemType tensors = ElemType::kF32;
   bool exact = false;
   int grad_accum = 1;
+  // Plan::accum_fp32, where grad_accum > 1 and the tensors are 16-bit (schedule.grad_accum_type).
+  bool accum_fp32 = false;
   uint64_t device_budget = 0;  // 0: unlimited
   uint64_t host_budget = 0;    // 0: unlimited
   // Whether the device arena is host memory, and so counts against host_budget: true for the

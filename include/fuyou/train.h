@@ -39,6 +39,11 @@ double mean_over_counted(const std::vector<float>& means, const std::vector<int6
 // clipping adds these over groups in layout order, in-memory and offloaded alike.
 double group_sum_squares(const void* g, ElemType type, size_t n);
 
+// Gradient accumulation in fp32 (schedule.grad_accum_type): one micro-batch's gradient of
+// `type` widened and added into the fp32 sum (first: the sum becomes it), element by element
+// in micro-batch order, in-memory and offloaded alike.
+void add_to_fp32_sum(float* sum, const void* g, ElemType type, size_t n, bool first);
+
 // The optimizer's groups for a model's parameters (one per ParamLayout group, each tensor's
 // range and decay flag) and its options from the config: what both engines give OocAdamW.
 std::vector<OptimGroup> optimizer_groups(const ParamLayout& layout);
@@ -74,6 +79,9 @@ class StepRunner {
   // Mean loss over the counted targets of one B*(T+1) batch (mask B*T or null) at the current
   // weights, no gradients; 0 when none counts.
   float eval_loss(const int32_t* batch, const uint8_t* mask = nullptr);
+  // The last step's gradient (the sum over its micro-batches, scaled by the loss scale, before
+  // clipping) as its norm and updates read it, widened to fp32; layout() order.
+  std::vector<float> step_gradient() const;
 
  private:
   Config cfg_;
@@ -87,6 +95,11 @@ class StepRunner {
   ElemType store_;  // the device's tensors (Backend::storage_type)
   std::vector<float> master_;  // the optimizer's master weights
   std::vector<char> grad_;     // the device's gradients, as stored (store_)
+  // 16-bit tensors summed in fp32 over micro-batches (sums_grads_in_fp32): each micro-batch's
+  // gradient, copied from the device, is added here; the norm and the updates read it.
+  bool fp32_sums_ = false;
+  bool summed_ = false;  // the last step's gradient is sum_
+  std::vector<float> sum_;
   std::vector<uint16_t> lowp_;  // 16-bit tensors only: the working weights the update writes
   std::vector<int32_t> inputs_, targets_;
   int64_t t_ = 0;

@@ -362,6 +362,7 @@ ScheduleConfig parse_schedule(const YAML::Node& node, const std::string& source,
   s.get("warmup_steps", t.warmup_steps);
   s.get("micro_batch", t.micro_batch);
   s.get("grad_accum", t.grad_accum);
+  s.get("grad_accum_type", t.grad_accum_type);
   s.get("eval_every", t.eval_every);
   s.get("eval_batches", t.eval_batches);
   s.get("log_every", t.log_every);
@@ -377,6 +378,8 @@ ScheduleConfig parse_schedule(const YAML::Node& node, const std::string& source,
               " tokens per micro-batch"));
   require(t.grad_accum >= 1 && t.grad_accum <= kMaxBatch, s, "grad_accum", t.grad_accum,
           str("must be in 1..", kMaxBatch));
+  if (t.grad_accum_type != "auto" && t.grad_accum_type != "fp32" && t.grad_accum_type != "tensors")
+    s.fail("grad_accum_type", str("'", t.grad_accum_type, "' is not one of auto, fp32, tensors"));
   require(t.eval_every >= 0 && t.eval_every <= kMaxSteps, s, "eval_every", t.eval_every,
           str("must be in 0..", kMaxSteps));
   require(t.eval_batches >= 1 && t.eval_batches <= kMaxEvalBatches, s, "eval_batches",
@@ -586,6 +589,7 @@ std::string config_to_yaml(const Config& c) {
   e << YAML::Key << "warmup_steps" << YAML::Value << c.schedule.warmup_steps;
   e << YAML::Key << "micro_batch" << YAML::Value << c.schedule.micro_batch;
   e << YAML::Key << "grad_accum" << YAML::Value << c.schedule.grad_accum;
+  e << YAML::Key << "grad_accum_type" << YAML::Value << c.schedule.grad_accum_type;
   e << YAML::Key << "eval_every" << YAML::Value << c.schedule.eval_every;
   e << YAML::Key << "eval_batches" << YAML::Value << c.schedule.eval_batches;
   e << YAML::Key << "log_every" << YAML::Value << c.schedule.log_every;

@@ -166,6 +166,7 @@ PlanRequest plan_request(const Config& cfg) {
   // Clipping and the fp16 overflow check both need every gradient before any update.
   req.exact = cfg.optimizer.grad_clip > 0 || cfg.runtime.precision == "fp16";
   req.grad_accum = cfg.schedule.grad_accum;
+  req.accum_fp32 = sums_grads_in_fp32(cfg);
   req.device_budget = cfg.offload.device_memory;
   req.host_budget = cfg.offload.host_memory;
   req.have_ssd = !cfg.offload.ssd_paths.empty();
@@ -188,11 +189,16 @@ PlanRequest plan_request(const Config& cfg) {
   return req;
 }
 
-uint64_t in_memory_host_bytes(const ModelConfig& m, int micro_batch, bool device_in_host, size_t elem_bytes) {
+uint64_t in_memory_host_bytes(const ModelConfig& m, int micro_batch, bool device_in_host, size_t elem_bytes,
+                              bool fp32_sums) {
   const uint64_t params = make_gpt_layout(m).total;
   uint64_t arena = device_in_host ? in_memory_device_bytes(m, micro_batch, elem_bytes) : 0;
   if (device_in_host && elem_bytes < 4) arena += cpu_kernel_scratch_bytes(m, micro_batch);
-  return kProcessBaseline + 16 * params + arena;
+  return kProcessBaseline + (fp32_sums ? 20 : 16) * params + arena;
+}
+
+bool sums_grads_in_fp32(const Config& cfg) {
+  return cfg.schedule.grad_accum > 1 && device_tensor_bytes(cfg.runtime) < 4 && cfg.schedule.grad_accum_type != "tensors";
 }
 
 namespace {
@@ -201,14 +207,15 @@ namespace {
 // against it, and in memory the same budget is checked here, before anything is allocated.
 void check_in_memory_host_budget(const Config& cfg, bool device_in_host) {
   const uint64_t budget = cfg.offload.host_memory;
-  const uint64_t need =
-      in_memory_host_bytes(cfg.model, cfg.schedule.micro_batch, device_in_host, device_tensor_bytes(cfg.runtime));
+  const bool sums = sums_grads_in_fp32(cfg);
+  const uint64_t need = in_memory_host_bytes(cfg.model, cfg.schedule.micro_batch, device_in_host,
+                                             device_tensor_bytes(cfg.runtime), sums);
   if (budget == 0 || need <= budget) return;
-  const uint64_t state = 16 * make_gpt_layout(cfg.model).total;
+  const uint64_t state = (sums ? 20 : 16) * make_gpt_layout(cfg.model).total;
   throw Error(str(
       "host memory: in-memory training needs ", format_size(need), " but offload.host_memory is ",
       format_size(budget), " (", format_size(kProcessBaseline), " process, ", format_size(state),
-      " fp32 master weights, gradients and Adam moments",
+      " fp32 master weights, gradients", sums ? " (and their fp32 sums over micro-batches)" : "", " and Adam moments",
       device_in_host ? str(", ", format_size(need - kProcessBaseline - state),
                                       " device arena (and its kernels' scratch with bf16 tensors), which the CPU "
                                       "backend keeps in host memory")

@@ -134,6 +134,8 @@ class OffloadTrainer::Impl {
   GlobalTensors globals(void* embed, void* fin) { return global_tensors(layout_, embed, fin, es_); }
   // Element ranges [a, b) of a group's buffer of device-tensor elements, as bytes.
   char* elem(void* base, size_t i) const { return static_cast<char*>(base) + i * es_; }
+  // What the norm and the updates read: the fp32 sums (Plan::accum_fp32), else the tensors.
+  ElemType grad_type() const { return plan_.accum_fp32 ? ElemType::kF32 : tensors_; }
 
   // ---- scheduler.cc ----
   void prepare_runs();

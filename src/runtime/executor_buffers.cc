@@ -99,7 +99,8 @@ void OffloadTrainer::Impl::allocate_buffers() {
     } else if (const char* cls = pool_class(b.kind)) {
       ptr_[id] = pool_->slot(pool_->slot_class(cls), static_cast<uint32_t>(b.index)).ptr;
     } else if (b.tier == Tier::kHost && (b.kind == BufferKind::kHostWeights || b.kind == BufferKind::kHostCkpt ||
-                                         b.kind == BufferKind::kGradHold || b.kind == BufferKind::kHostEmbed ||
+                                         b.kind == BufferKind::kGradHold || b.kind == BufferKind::kEmbedGradHold ||
+                                         b.kind == BufferKind::kFinalGradHold || b.kind == BufferKind::kHostEmbed ||
                                          b.kind == BufferKind::kHostFinal)) {
       host_owned_.emplace_back((b.bytes + 3) / 4, 0.0f);
       ptr_[id] = host_owned_.back().data();

@@ -56,8 +56,14 @@ void OffloadTrainer::Impl::run_op(Iter& it, const PlanOp& op) {
     case OpKind::kEmbedBackward:
       return model_.embed_backward(globals(embed_g_, final_g_), at(op.use(Role::kResidual)));
     case OpKind::kGradSumSq:
-      it.sum_sq[op.group] = group_sum_squares(at(op.use(Role::kSource)), tensors_, op.params);
+      it.sum_sq[op.group] = group_sum_squares(at(op.use(Role::kSource)), grad_type(), op.params);
       return;
+    case OpKind::kAccumulateGrads: {
+      const BufferUse& sum = op.use(Role::kDest);
+      add_to_fp32_sum(static_cast<float*>(at(sum)), at(op.use(Role::kSource)), tensors_, op.params,
+                      sum.access == Access::kWrite);
+      return;
+    }
     case OpKind::kGradNorm: {
       // Group order 0..L+1, each group's own sum sequential: the reduction StepRunner uses.
       double sq = 0;
@@ -161,7 +167,7 @@ void OffloadTrainer::Impl::update(Iter& it, const PlanOp& op) {
   OocAdamW::Update u;
   u.group = op.group;
   u.grad = ptr(grad.buffer);  // the group's element 0; the range below
-  u.grad_type = tensors_;
+  u.grad_type = grad_type();
   u.lowp = ptr(out.buffer);
   u.lowp_type = tensors_;
   if (op.part < 0) {  // the rows its gradient save fixed

@@ -41,6 +41,8 @@ class Placer {
   Placer(const PlanRequest& req, int deferred)
       : req_(req), L_(req.model.n_layer), sz_(compute_sizes(req.model, req.micro_batch, req.tensors)), D_(deferred),
         hold_(req.exact || req.grad_accum > 1),
+        accum_fp32_(req.accum_fp32 && req.grad_accum > 1 && req.tensors != ElemType::kF32),
+        held_(held_grad_bytes(accum_fp32_, sz_.es, sz_.weights)),
         dev_budget_(req.device_budget ? req.device_budget : UINT64_MAX),
         host_budget_(req.host_budget ? req.host_budget : UINT64_MAX) {}
 
@@ -51,6 +53,7 @@ class Placer {
     plan_.exact = req_.exact;
     if (req_.grad_accum < 1) throw ConfigError(str("schedule.grad_accum is ", req_.grad_accum, "; it must be at least 1"));
     plan_.grad_accum = req_.grad_accum;
+    plan_.accum_fp32 = accum_fp32_;
     plan_.layers.resize(L_);
     const std::vector<ActPlacement> acts = decide_activations();
     for (int l = 0; l < L_; ++l) plan_.layers[l].act = acts[l];
@@ -64,7 +67,9 @@ class Placer {
     check_host_budget();
     // The embedding's save, update and refresh go in parts where they pay (a large
     // embedding) and where the optimizer can update a range (state in host memory).
-    plan_.embed_parts = req_.exact || plan_.embed_optim != StateTier::kHost ? 1
+    // Not with fp32 sums: the update reads the whole sum after the last micro-batch's
+    // accumulation, which goes as one op.
+    plan_.embed_parts = req_.exact || accum_fp32_ || plan_.embed_optim != StateTier::kHost ? 1
                         : req_.embed_parts > 0                              ? req_.embed_parts
                         : sz_.embed >= (16ull << 20)                        ? kEmbedParts
                                                                             : 1;
@@ -183,6 +188,11 @@ class Placer {
     plan_.pools.host_grad_stage_slots = D_;
     host_used_ = host_fixed_ + host_ckpt_ + plan_.pools.host_ckpt_slots * sz_.ckpt + grad_slots_bytes_ +
                  plan_.pools.host_grad_stage_slots * sz_.weights + sz_.embed + sz_.final;
+    // fp32 sums: the embedding's and final group's are held in host memory.
+    if (accum_fp32_) {
+      host_grad_hold_ = held_grad_bytes(true, sz_.es, sz_.embed) + held_grad_bytes(true, sz_.es, sz_.final);
+      host_used_ += host_grad_hold_;
+    }
   }
 
   // Host memory that choosing SSD for anything adds: weight staging (4 layers' worth), the
@@ -201,14 +211,15 @@ class Placer {
   void place_weights() {
     for (uint64_t state : {12 * (sz_.embed / sz_.es), 12 * (sz_.weights / sz_.es), 12 * (sz_.weights / sz_.es)}) {
       if (!req_.have_ssd || req_.optim_on_ssd ||
-          host_used_ + state + 4 * sz_.weights + ooc_chunk_pool_bytes() + (hold_ ? 2 * sz_.weights : 0) > host_budget_)
+          host_used_ + state + 4 * sz_.weights + ooc_chunk_pool_bytes() + (hold_ ? 2 * held_ : 0) > host_budget_)
         break;
       host_used_ += state;
       ++tail_groups_;
     }
     for (int l = 0; l < L_; ++l) {
       const bool fits = !req_.weights_on_ssd &&
-                        host_used_ + sz_.weights + ssd_overhead(hold_ ? 6 : 4) <= host_budget_;
+                        host_used_ + sz_.weights + ssd_overhead(4) + (hold_ && req_.have_ssd ? 2 * held_ : 0) <=
+                            host_budget_;
       if (fits || !req_.have_ssd) {
         plan_.layers[l].weights = StateTier::kHost;
         host_used_ += sz_.weights;
@@ -232,11 +243,12 @@ class Placer {
     if (req_.grads_on_ssd && !req_.have_ssd) throw ConfigError("gradients on SSD need offload.ssd_paths");
     int ssd_grad_layers = 0;
     for (int l = 0; hold_ && l < L_; ++l) {
-      const bool fits = !req_.grads_on_ssd && host_used_ + sz_.weights + ssd_overhead(2) <= host_budget_;
+      const bool fits = !req_.grads_on_ssd && host_used_ + held_ + (req_.have_ssd ? 2 * held_ : 0) +
+                                                  ssd_overhead(0) <= host_budget_;
       if (fits || !req_.have_ssd) {
         plan_.layers[l].grads = StateTier::kHost;
-        host_used_ += sz_.weights;
-        host_grad_hold_ += sz_.weights;
+        host_used_ += held_;
+        host_grad_hold_ += held_;
       } else {
         plan_.layers[l].grads = StateTier::kSsd;
         ++ssd_grad_layers;
@@ -244,7 +256,7 @@ class Placer {
     }
     if (ssd_grad_layers) {
       plan_.pools.host_grad_stage_slots = 2;
-      host_used_ += 2 * sz_.weights;
+      host_used_ += 2 * held_;
     }
   }
 
@@ -309,7 +321,8 @@ class Placer {
                     format_size(host_budget_), " (", format_size(host_fixed_), " process and device arena, ",
                     format_size(grad_slots_bytes_), " gradient slots, ",
                     hold_ ? str(format_size(host_grad_hold_), " held gradients (",
-                                req_.exact ? "exact mode" : "gradient accumulation", "), ")
+                                accum_fp32_ ? "fp32 sums over micro-batches" : req_.exact ? "exact mode" : "gradient accumulation",
+                                "), ")
                           : std::string(),
                     format_size(host_ckpt_), " host checkpoints, ", format_size(sz_.embed + sz_.final),
                     " embedding copy, ", format_size(rest), " weights, optimizer state and staging)",
@@ -321,6 +334,8 @@ class Placer {
   const Sizes sz_;
   const int D_;
   const bool hold_;
+  const bool accum_fp32_;  // Plan::accum_fp32
+  const uint64_t held_;    // one layer's held gradient (held_grad_bytes)
   const uint64_t dev_budget_, host_budget_;
   Plan plan_;
   int min_dw_ = 2;

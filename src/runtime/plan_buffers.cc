@@ -42,6 +42,8 @@ const char* buffer_kind_name(BufferKind k) {
     case BufferKind::kHostGradSlot: return "grad_slot";
     case BufferKind::kGradStage: return "grad_stage";
     case BufferKind::kGradHold: return "grad_hold.layer";
+    case BufferKind::kEmbedGradHold: return "embedding.grad_hold";
+    case BufferKind::kFinalGradHold: return "final.grad_hold";
     case BufferKind::kHostWeights: return "weights.layer";
     case BufferKind::kHostCkpt: return "ckpt.layer";
     case BufferKind::kHostEmbed: return "embedding";
@@ -193,11 +195,18 @@ std::vector<PlanBuffer> buffer_table(const Plan& plan, bool have_ssd, bool devic
     if (acts[l] == ActPlacement::kHost) t.add(BufferKind::kHostCkpt, l, H, sz.ckpt, "host checkpoints");
   t.slots(BufferKind::kHostGradSlot, pp.host_grad_slots, H, std::max(sz.weights, std::max(sz.embed, sz.final)),
           "gradient slots");
+  // Held gradients: in the tensors' type, or (accum_fp32) fp32 sums, the resident groups' too.
+  const uint64_t held = held_grad_bytes(plan, sz.weights);
+  const std::string held_part = plan.accum_fp32 ? "held gradients (fp32 sums over micro-batches)"
+                                : plan.exact    ? "held gradients (exact mode)"
+                                                : "held gradients (gradient accumulation)";
   for (int l = 0; l < L && plan.holds_grads(); ++l)
-    if (plan.layers[l].grads == StateTier::kHost)
-      t.add(BufferKind::kGradHold, l, H, sz.weights,
-            plan.exact ? "held gradients (exact mode)" : "held gradients (gradient accumulation)");
-  t.slots(BufferKind::kGradStage, pp.host_grad_stage_slots, H, sz.weights,
+    if (plan.layers[l].grads == StateTier::kHost) t.add(BufferKind::kGradHold, l, H, held, held_part);
+  if (plan.accum_fp32) {
+    t.add(BufferKind::kEmbedGradHold, 0, H, held_grad_bytes(plan, sz.embed), held_part);
+    t.add(BufferKind::kFinalGradHold, 0, H, held_grad_bytes(plan, sz.final), held_part);
+  }
+  t.slots(BufferKind::kGradStage, pp.host_grad_stage_slots, H, held,
           plan.deferred_updates ? "top layers' gradients (deferred updates)" : "held gradient staging");
   t.slots(BufferKind::kCkptStage, pp.host_ckpt_slots, H, sz.ckpt, "checkpoint staging");
   // Checkpoints move a group's fp32 state through host memory; with fp32 tensors a gradient
@@ -225,7 +234,7 @@ std::vector<PlanBuffer> buffer_table(const Plan& plan, bool have_ssd, bool devic
   for (int l = 0; l < L; ++l)
     if (acts[l] == ActPlacement::kSsd) t.add(BufferKind::kSsdCkpt, l, S, sz.ckpt, "checkpoints");
   for (int l = 0; l < L && plan.holds_grads(); ++l)
-    if (plan.layers[l].grads == StateTier::kSsd) t.add(BufferKind::kSsdGrads, l, S, sz.weights, "held gradients");
+    if (plan.layers[l].grads == StateTier::kSsd) t.add(BufferKind::kSsdGrads, l, S, held, "held gradients");
   return t.out;
 }
 

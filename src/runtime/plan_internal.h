@@ -40,6 +40,15 @@ inline Sizes compute_sizes(const ModelConfig& m, int B, ElemType tensors) {
   return s;
 }
 
+// The bytes a held gradient of `tensor_bytes` of device tensors takes in host memory or on
+// SSD: the same in the tensors' type, twice or more as an fp32 sum (Plan::accum_fp32).
+inline uint64_t held_grad_bytes(bool accum_fp32, uint64_t es, uint64_t tensor_bytes) {
+  return accum_fp32 ? 4 * (tensor_bytes / es) : tensor_bytes;
+}
+inline uint64_t held_grad_bytes(const Plan& plan, uint64_t tensor_bytes) {
+  return held_grad_bytes(plan.accum_fp32, elem_type_size(plan.tensors), tensor_bytes);
+}
+
 // Parts of the embedding's gradient save, update and refresh (PlanOp::parts): enough to
 // overlap the three copies and the update, few enough that each stays a large transfer.
 constexpr int kEmbedParts = 4;

@@ -108,6 +108,8 @@ class IterationBuilder {
 
   uint64_t group_bytes(int g) const { return g == 0 ? sz_.embed : g == L_ + 1 ? sz_.final : sz_.weights; }
   uint64_t group_params(int g) const { return group_bytes(g) / sz_.es; }
+  // Group g's held gradient: in the tensors' type, or its fp32 sum (Plan::accum_fp32).
+  uint64_t held_bytes(int g) const { return held_grad_bytes(plan_, group_bytes(g)); }
   // The optimizer state's bytes (fp32 master, m and v) of `tensor_bytes` of device tensors.
   uint64_t state_bytes(uint64_t tensor_bytes) const { return 12 * (tensor_bytes / sz_.es); }
   // The byte range of part `part` of group g (part -1: the rows first, sized for the
@@ -265,10 +267,11 @@ class IterationBuilder {
       ckpt_producer_[l + 1] = f.id;
       if (l + 1 < L_) save_checkpoint(l + 1);
     }
-    if (micro_ == 0) {
+    if (micro_ == 0 || plan_.accum_fp32) {
       // The step's embedding and final gradients accumulate on the device from the first
       // head on; the previous step's saves of them must be done first (the uses say so).
-      PlanOp& z = add(OpKind::kZeroGrads, Resource::kCompute, {});
+      // fp32 sums: each micro-batch's start afresh, after the previous one's saves.
+      PlanOp& z = add(OpKind::kZeroGrads, Resource::kCompute, {resident_save_[0], resident_save_[1]});
       use(z, buf(BufferKind::kEmbedGrads), Access::kWrite, Role::kGrads);
       use(z, buf(BufferKind::kFinalGrads), Access::kWrite, Role::kGrads);
     }
@@ -282,7 +285,7 @@ class IterationBuilder {
     use(head, buf(BufferKind::kEmbedGrads), Access::kAccumulate, Role::kGrads);
     use(head, buf(BufferKind::kFinalGrads), Access::kAccumulate, Role::kGrads);
     use(head, buf(BufferKind::kResidualGrad), Access::kWrite, Role::kResidual);
-    if (micro_ == K_ - 1) save_grads(L_ + 1, head.id, -1);
+    if (micro_ == K_ - 1 || plan_.accum_fp32) save_grads(L_ + 1, head.id, -1);
   }
 
   // ---- backward ----------------------------------------------------------------------------
@@ -366,7 +369,11 @@ class IterationBuilder {
         prev = r.id;
       }
       const int gs = grad_rr_++ % plan_.pools.device_grad_slots;
-      const int acc = micro_ > 0 ? load_grads(1 + l, gs) : -1;
+      // Micro-batch 0 (and every micro-batch where the sums are fp32 on the host) writes the
+      // slot afresh; a later one adds to what load_grads put back, so each sum is formed term
+      // by term as in-memory training forms it.
+      const bool fresh = micro_ == 0 || plan_.accum_fp32;
+      const int acc = fresh ? -1 : load_grads(1 + l, gs);
       PlanOp& b = add(OpKind::kBackward, Resource::kCompute, {wslots_[ws].load_op, ckpt_dep, prev, dev_grad_consumer_[gs], acc});
       b.layer = l;
       b.group = l + 1;
@@ -376,9 +383,7 @@ class IterationBuilder {
       // Reads the layer's activations and overwrites one of them with its gradient
       // (GptModel::block_backward): the next forward into this buffer waits for it.
       use(b, work_of(l, kept), Access::kAccumulate, Role::kWork);
-      // Micro-batch 0 writes the slot afresh; a later one adds to what load_grads put back,
-      // so each sum is formed term by term as in-memory training forms it.
-      use(b, buf(BufferKind::kGradSlot, gs), micro_ == 0 ? Access::kWrite : Access::kAccumulate, Role::kGrads);
+      use(b, buf(BufferKind::kGradSlot, gs), fresh ? Access::kWrite : Access::kAccumulate, Role::kGrads);
       use(b, buf(BufferKind::kResidualGrad), Access::kAccumulate, Role::kResidual);
       use_weights(ws, b.id);
       touch_ckpt(in, b.id);
@@ -391,7 +396,7 @@ class IterationBuilder {
     use(eb, buf(BufferKind::kEmbedWeights), Access::kRead, Role::kWeights);
     use(eb, buf(BufferKind::kEmbedGrads), Access::kAccumulate, Role::kGrads);
     use(eb, buf(BufferKind::kResidualGrad), Access::kRead, Role::kResidual);
-    if (micro_ == K_ - 1) save_grads(0, eb.id, -1);
+    if (micro_ == K_ - 1 || plan_.accum_fp32) save_grads(0, eb.id, -1);
     save_layer0_grads();  // when the embedding had no rows-first part
   }
 
@@ -450,7 +455,7 @@ class IterationBuilder {
       r.micro = K_ - 1;
       r.group = p.group;
       r.layer = l;
-      r.bytes = sz_.weights;
+      r.bytes = held_bytes(p.group);
       copy(r, buf(BufferKind::kSsdGrads, l), buf(BufferKind::kGradStage, s));
       grad = buf(BufferKind::kGradStage, s);
       deps.push_back(r.id);
@@ -471,7 +476,13 @@ class IterationBuilder {
     u.parts = p.parts;
     const auto [offset, bytes] = part_bytes(p.group, p.part, p.parts);
     u.params = bytes / sz_.es;
-    copy(u, grad, wout >= 0 ? buf(BufferKind::kWoutSlot, wout) : host_weights_of_group(p.group), offset, bytes);
+    const int dst = wout >= 0 ? buf(BufferKind::kWoutSlot, wout) : host_weights_of_group(p.group);
+    if (plan_.accum_fp32) {  // the fp32 sum (one part)
+      use(u, grad, Access::kRead, Role::kSource, 0, held_bytes(p.group));
+      use(u, dst, Access::kWrite, Role::kDest, offset, bytes);
+    } else {
+      copy(u, grad, dst, offset, bytes);
+    }
     // The state streams through the store for a group on SSD (master, m and v: 12 bytes per
     // parameter read and written back), in host memory otherwise.
     use(u, optim_state_of_group(p.group), Access::kAccumulate, Role::kState, state_bytes(offset), state_bytes(bytes));
@@ -553,6 +564,7 @@ class IterationBuilder {
   // final groups' gradients stay on the device across micro-batches and are saved after the
   // last; a layer's after every micro-batch.
   void save_grads(int group, int producer, int dev_slot) {
+    if (plan_.accum_fp32) return save_and_sum(group, producer, dev_slot);
     const bool is_layer = group >= 1 && group <= L_, last = micro_ == K_ - 1;
     if (group == 0 && !req_.exact && plan_.embed_parts > 1) return save_embed_grads_in_parts(producer);
     std::vector<int> deps = {producer};
@@ -602,6 +614,77 @@ class IterationBuilder {
     sum_sq_ops_.push_back(q.id);
     consumed(where, q.id, /*add_user=*/true);
     pending_.push_back({group, kind_of(where) == BufferKind::kGradStage ? ready : save_id, where});
+  }
+
+  // Plan::accum_fp32: group `group`'s gradient of this micro-batch, made afresh by op
+  // `producer` (in device gradient slot `dev_slot` for a layer), saved to a host gradient
+  // slot and added into the group's fp32 sum: a host buffer, or a staging slot between reads
+  // and writes of its SSD extent. After the last micro-batch the sum is the update's
+  // gradient (exact mode: its sum of squares first; a sum on SSD is read back for the update).
+  void save_and_sum(int group, int producer, int dev_slot) {
+    const bool is_layer = group >= 1 && group <= L_, first = micro_ == 0, last = micro_ == K_ - 1;
+    const int hs = host_grad_rr_++ % plan_.pools.host_grad_slots;
+    const int slot = buf(BufferKind::kHostGradSlot, hs);
+    PlanOp& s = save_op(group, {producer, host_grad_consumer_[hs]}, grads_on_device(group, dev_slot), slot);
+    s.bytes = group_bytes(group);
+    const int save_id = s.id;
+    if (dev_slot >= 0) dev_grad_consumer_[dev_slot] = save_id;
+    if (!is_layer) resident_save_[group == 0 ? 0 : 1] = save_id;
+    const bool on_ssd = is_layer && plan_.layers[group - 1].grads == StateTier::kSsd;
+    std::vector<int> deps = {save_id, held_[group]};
+    int sum = -1, stage = -1;
+    if (!on_ssd) {
+      sum = group == 0 ? buf(BufferKind::kEmbedGradHold)
+            : group == L_ + 1 ? buf(BufferKind::kFinalGradHold) : buf(BufferKind::kGradHold, group - 1);
+    } else {
+      std::vector<int> rdeps = {held_[group]};
+      stage = take_stage(rdeps);
+      sum = buf(BufferKind::kGradStage, stage);
+      if (first) {
+        deps.insert(deps.end(), rdeps.begin(), rdeps.end());
+      } else {  // the sum so far back from its extent
+        PlanOp& r = add(OpKind::kReadGrads, Resource::kSsdRead, rdeps);
+        r.group = group;
+        r.layer = group - 1;
+        r.bytes = held_bytes(group);
+        copy(r, buf(BufferKind::kSsdGrads, group - 1), sum);
+        deps.push_back(r.id);
+      }
+    }
+    PlanOp& a = add(OpKind::kAccumulateGrads, Resource::kOptimizer, deps);
+    a.group = group;
+    a.layer = is_layer ? group - 1 : -1;
+    a.params = group_params(group);
+    use(a, slot, Access::kRead, Role::kSource, 0, group_bytes(group));
+    use(a, sum, first ? Access::kWrite : Access::kAccumulate, Role::kDest, 0, held_bytes(group));
+    const int acc = a.id;
+    host_grad_consumer_[hs] = acc;
+    int ready = acc;
+    if (on_ssd) {
+      stage_users_[stage] = {acc};
+      // To its extent, unless the update reads it from the staging slot right away.
+      if (!last || req_.exact) {
+        PlanOp& w = add(OpKind::kWriteGrads, Resource::kSsdWrite, {acc});
+        w.group = group;
+        w.layer = group - 1;
+        w.bytes = held_bytes(group);
+        copy(w, sum, buf(BufferKind::kSsdGrads, group - 1));
+        stage_users_[stage] = {w.id};
+        ready = w.id;
+      }
+    }
+    held_[group] = ready;
+    if (!last) return;
+    if (!req_.exact) return emit_update({group, ready, sum}, -1);
+    PlanOp& q = add(OpKind::kGradSumSq, Resource::kOptimizer, {acc});
+    q.group = group;
+    q.layer = is_layer ? group - 1 : -1;
+    q.bytes = held_bytes(group);
+    q.params = group_params(group);
+    use(q, sum, Access::kRead, Role::kSource);
+    sum_sq_ops_.push_back(q.id);
+    consumed(sum, q.id, /*add_user=*/true);
+    pending_.push_back({group, ready, sum});
   }
 
   // Micro-batch > 0: the gradient held from the previous micro-batches goes back into the
@@ -690,6 +773,7 @@ class IterationBuilder {
   int final_update_ = -1;                          // its refresh is emitted at the step's end
   std::vector<PendingUpdate> deferred_updates_;    // Plan::deferred_updates, emitted at the end
   std::pair<int, int> layer0_save_{-1, -1};        // (producer, slot) saved after the rows first
+  int resident_save_[2] = {-1, -1};  // accum_fp32: the last saves of the embedding's and final group's gradients
 };
 
 }  // namespace

@@ -55,6 +55,7 @@ const char* op_kind_name(OpKind k) {
     case OpKind::kReadGrads: return "read_grads";
     case OpKind::kLoadGrads: return "load_grads";
     case OpKind::kGradSumSq: return "grad_sum_sq";
+    case OpKind::kAccumulateGrads: return "accumulate_grads";
     case OpKind::kHeadLoss: return "head_loss";
   }
   return "?";
@@ -123,7 +124,8 @@ std::string Plan::table() const {
   std::string out = str(forward_only ? "forward-only (validation) plan: " : "plan: ", model.n_layer,
                         " layers, micro_batch ", micro_batch,
                         tensors != ElemType::kF32 ? str(", ", elem_type_name(tensors), " device tensors") : std::string(),
-                        grad_accum > 1 ? str(", grad_accum ", grad_accum, " (gradients accumulate across micro-batches)")
+                        grad_accum > 1 ? str(", grad_accum ", grad_accum, " (gradients accumulate across micro-batches",
+                                             accum_fp32 ? " in fp32 on the host)" : ")")
                                        : std::string(),
                         exact ? ", exact mode (updates wait for the global gradient norm)" : "", "\n");
   // The gradients column appears when layer gradients are held (exact mode, grad_accum > 1).
@@ -177,6 +179,7 @@ nlohmann::json Plan::to_json() const {
   j["device_tensors"] = elem_type_name(tensors);
   j["exact"] = exact;
   j["grad_accum"] = grad_accum;
+  j["accum_fp32"] = accum_fp32;
   j["forward_only"] = forward_only;
   j["deferred_updates"] = deferred_updates;
   for (const auto& d : layers) {

@@ -103,6 +103,9 @@ Demand demand(const Plan& plan, const PlanOp& op, const HardwareProfile& hw, dou
       // the norm itself only adds the groups' sums.
       if (op.kind == OpKind::kGradSumSq) d.other = 4.0 * op.params / hw.host_mem_Bps;
       if (op.kind == OpKind::kUpdate) d.cpu = op.params / hw.optimizer_params_per_s;
+      // An fp32 sum's accumulation: the 16-bit gradient read, the sum written (and read).
+      if (op.kind == OpKind::kAccumulateGrads)
+        for (const BufferUse& u : op.uses) d.other += (u.access == Access::kAccumulate ? 2.0 : 1.0) * u.bytes / hw.host_mem_Bps;
       break;
   }
   return d;

@@ -23,6 +23,28 @@ double group_sum_squares(const void* g, ElemType type, size_t n) {
   return s;
 }
 
+void add_to_fp32_sum(float* sum, const void* g, ElemType type, size_t n, bool first) {
+  if (type == ElemType::kF32) {
+    const float* f = static_cast<const float*>(g);
+    if (first) std::copy(f, f + n, sum);
+    else
+      for (size_t i = 0; i < n; ++i) sum[i] += f[i];
+    return;
+  }
+  const uint16_t* h = static_cast<const uint16_t*>(g);
+  if (type == ElemType::kBF16) {
+    if (first)
+      for (size_t i = 0; i < n; ++i) sum[i] = math::bf16_to_float(h[i]);
+    else
+      for (size_t i = 0; i < n; ++i) sum[i] += math::bf16_to_float(h[i]);
+    return;
+  }
+  if (first)
+    for (size_t i = 0; i < n; ++i) sum[i] = math::fp16_to_float(h[i]);
+  else
+    for (size_t i = 0; i < n; ++i) sum[i] += math::fp16_to_float(h[i]);
+}
+
 void split_batch(const int32_t* batch, int B, int T, int32_t* inputs, int32_t* targets) {
   for (int b = 0; b < B; ++b) {
     const int32_t* row = batch + static_cast<size_t>(b) * (T + 1);
@@ -94,6 +116,7 @@ StepRunner::StepRunner(const Config& cfg, Backend& backend)
   size_t n = model_.layout().total;
   master_.assign(n, 0.0f);
   grad_.assign(n * elem_type_size(store_), 0);
+  fp32_sums_ = store_ != ElemType::kF32 && cfg.schedule.grad_accum_type != "tensors";
   if (store_ != ElemType::kF32) lowp_.assign(n, 0);
   inputs_.resize(model_.tokens_per_batch());
   targets_.resize(model_.tokens_per_batch());
@@ -174,20 +197,32 @@ StepResult StepRunner::step(int64_t step_index,
   r.loss_scale = scaler_ ? scaler_->scale() : 1.0;
   const float scale = backward_scale(total, r.loss_scale);
   std::vector<float> means(accum);
+  // Summed in fp32 (16-bit tensors, several micro-batches): each micro-batch's gradient starts
+  // from zero on the device and is added into sum_ on the host, as the offloading executor
+  // adds each group's (kAccumulateGrads); else the device's gradients are the sum.
+  const bool sums = fp32_sums_ && accum > 1;
+  summed_ = sums;
+  if (sums) sum_.resize(master_.size());
   for (int k = 0; k < accum; ++k) {
+    if (sums && k > 0) model_.zero_grads();
     split_batch(micro_batches[k], masks.empty() ? nullptr : masks[k], B, T, inputs_.data(), targets_.data());
     means[k] = model_.forward(inputs_.data(), targets_.data());
     model_.backward(scale);
+    if (!sums) continue;
+    be_.copy_to_host(grad_.data(), model_.grads(), grad_.size());
+    add_to_fp32_sum(sum_.data(), grad_.data(), store_, sum_.size(), k == 0);
   }
   r.loss = static_cast<float>(mean_over_counted(means, counts));
-  be_.copy_to_host(grad_.data(), model_.grads(), grad_.size());
+  if (!sums) be_.copy_to_host(grad_.data(), model_.grads(), grad_.size());
+  const ElemType gtype = sums ? ElemType::kF32 : store_;
+  const char* gbase = sums ? reinterpret_cast<const char*>(sum_.data()) : grad_.data();
+  const size_t es = elem_type_size(gtype);
 
   // Per parameter group in order, each group summed sequentially in double: the same
   // reduction the offloading scheduler performs, so both clip identically. Padding between
   // tensors holds zero gradient.
   double sq = 0;
-  const size_t es = elem_type_size(store_);
-  for (const ParamGroup& g : model_.layout().groups) sq += group_sum_squares(grad_.data() + es * g.offset, store_, g.numel);
+  for (const ParamGroup& g : model_.layout().groups) sq += group_sum_squares(gbase + es * g.offset, gtype, g.numel);
   const StepDecision d = decide_step(sq, r.loss_scale, cfg_.optimizer.grad_clip, scaler_.get());
   r.grad_norm = d.grad_norm;
   r.lr = learning_rate(cfg_.optimizer, cfg_.schedule, step_index);
@@ -203,8 +238,8 @@ StepResult StepRunner::step(int64_t step_index,
   for (size_t g = 0; g < layout.groups.size(); ++g) {
     OocAdamW::Update u;
     u.group = static_cast<int>(g);
-    u.grad = grad_.data() + es * layout.groups[g].offset;
-    u.grad_type = store_;
+    u.grad = gbase + es * layout.groups[g].offset;
+    u.grad_type = gtype;
     u.lowp = store_ == ElemType::kF32 ? static_cast<void*>(master_.data() + layout.groups[g].offset)
                                       : lowp_.data() + layout.groups[g].offset;
     u.lowp_type = store_;
@@ -218,6 +253,13 @@ StepResult StepRunner::step(int64_t step_index,
   }
   upload_params(0, master_.size());
   return r;
+}
+
+std::vector<float> StepRunner::step_gradient() const {
+  if (summed_) return sum_;
+  std::vector<float> g(master_.size());
+  add_to_fp32_sum(g.data(), grad_.data(), store_, g.size(), true);
+  return g;
 }
 
 float StepRunner::eval_loss(const int32_t* batch, const uint8_t* mask) {
