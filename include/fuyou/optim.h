@@ -42,6 +42,12 @@ struct AdamWArgs {
   float grad_scale = 1.0f;
 };
 void adamw_update(const AdamWArgs& a, const AdamWStep& s, SimdPath path = SimdPath::kAuto);
+// Several pieces of one update in one parallel pass: piece i is pieces[i] with weight decay
+// decay[i] in place of s.weight_decay. Element for element what adamw_update gives each piece
+// alone, without a parallel region per piece (a rows-first embedding update has thousands of
+// one-row ranges, each too short to pay for one).
+void adamw_update(const AdamWArgs* pieces, const float* decay, size_t count, const AdamWStep& s,
+                  SimdPath path = SimdPath::kAuto);
 
 // Convenience for fp32 gradients without a low-precision copy (the CPU backend's case).
 void adamw_update(float* param, float* m, float* v, const float* grad, size_t n,

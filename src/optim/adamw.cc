@@ -96,29 +96,41 @@ void grad_stats_scalar(const void* g, ElemType t, size_t begin, size_t end, Grad
 using namespace optim_detail;
 
 void adamw_update(const AdamWArgs& a, const AdamWStep& s, SimdPath path) {
+  adamw_update(&a, &s.weight_decay, 1, s, path);
+}
+
+void adamw_update(const AdamWArgs* pieces, const float* decay, size_t count, const AdamWStep& s, SimdPath path) {
   FY_CHECK(s.t >= 1, "AdamW step count starts at 1, got ", s.t);
   if (path == SimdPath::kAuto) path = best_simd_path();
   FY_CHECK(path == SimdPath::kScalar || static_cast<int>(path) <= static_cast<int>(best_simd_path()),
            "SIMD path ", simd_path_name(path), " is not supported by this CPU");
-  math::AdamWConsts k;
-  k.grad_scale = a.grad_scale;
-  k.decay = 1.0f - s.lr * s.weight_decay;
-  k.one_minus_b1 = 1.0f - s.beta1;
-  k.b2 = s.beta2;
-  k.one_minus_b2 = 1.0f - s.beta2;
+  math::AdamWConsts base;
+  base.one_minus_b1 = 1.0f - s.beta1;
+  base.b2 = s.beta2;
+  base.one_minus_b2 = 1.0f - s.beta2;
   // Bias corrections in double, then rounded once: every path shares these constants.
-  k.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double(s.beta2), double(s.t))));
-  k.eps = s.eps;
-  k.neg_step = static_cast<float>(-double(s.lr) / (1.0 - std::pow(double(s.beta1), double(s.t))));
-
-  const size_t blocks = (a.n + kBlock - 1) / kBlock;
+  base.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double(s.beta2), double(s.t))));
+  base.eps = s.eps;
+  base.neg_step = static_cast<float>(-double(s.lr) / (1.0 - std::pow(double(s.beta1), double(s.t))));
+  std::vector<math::AdamWConsts> k(count, base);
+  // Work items of at most kBlock elements, each within one piece.
+  struct Item {
+    size_t piece, begin, end;
+  };
+  std::vector<Item> items;
+  for (size_t i = 0; i < count; ++i) {
+    k[i].grad_scale = pieces[i].grad_scale;
+    k[i].decay = 1.0f - s.lr * decay[i];
+    for (size_t b = 0; b < pieces[i].n; b += kBlock) items.push_back({i, b, std::min(pieces[i].n, b + kBlock)});
+  }
 #pragma omp parallel for schedule(static)
-  for (size_t b = 0; b < blocks; ++b) {
-    size_t begin = b * kBlock, end = std::min(a.n, begin + kBlock);
+  for (size_t w = 0; w < items.size(); ++w) {
+    const Item& it = items[w];
+    const AdamWArgs& a = pieces[it.piece];
     switch (path) {
-      case SimdPath::kAvx512: adamw_avx512(a, k, begin, end); break;
-      case SimdPath::kAvx2: adamw_avx2(a, k, begin, end); break;
-      default: adamw_scalar(a, k, begin, end); break;
+      case SimdPath::kAvx512: adamw_avx512(a, k[it.piece], it.begin, it.end); break;
+      case SimdPath::kAvx2: adamw_avx2(a, k[it.piece], it.begin, it.end); break;
+      default: adamw_scalar(a, k[it.piece], it.begin, it.end); break;
     }
   }
 }

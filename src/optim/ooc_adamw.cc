@@ -144,9 +144,12 @@ class OocAdamW::Impl {
     const OptimGroup& grp = groups_.at(u.group);
     set_thread_team(u.threads > 0 ? u.threads : default_threads_);
     AdamWStep step{u.lr, opts_.beta1, opts_.beta2, opts_.eps, 0.0f, u.t};
-    // Runs the kernel on elements [begin, end) of the group, with state at the given
-    // pointers (which hold element `begin` at index 0), split at tensor boundaries for decay.
-    auto run_range = [&](float* master, float* m, float* v, size_t begin, size_t end) {
+    // The kernel's pieces for elements [begin, end) of the group, with state at the given
+    // pointers (which hold element `begin` at index 0), split at tensor boundaries for decay;
+    // run_pieces runs those gathered so far in one parallel pass.
+    std::vector<AdamWArgs> pieces;
+    std::vector<float> decays;
+    auto add_range = [&](float* master, float* m, float* v, size_t begin, size_t end) {
       for (const OptimTensor& t : grp.tensors) {
         size_t a = std::max(begin, t.offset), b = std::min(end, t.offset + t.numel);
         if (a >= b) continue;
@@ -160,9 +163,14 @@ class OocAdamW::Impl {
         args.lowp_type = u.lowp_type;
         args.n = b - a;
         args.grad_scale = u.grad_scale;
-        step.weight_decay = t.decay ? opts_.weight_decay : 0.0f;
-        adamw_update(args, step, opts_.simd);
+        pieces.push_back(args);
+        decays.push_back(t.decay ? opts_.weight_decay : 0.0f);
       }
+    };
+    auto run_pieces = [&] {
+      adamw_update(pieces.data(), decays.data(), pieces.size(), step, opts_.simd);
+      pieces.clear();
+      decays.clear();
     };
     // The ranges to update: u.ranges, else the one range [begin, end).
     const std::pair<size_t, size_t> whole{u.begin, u.end ? u.end : grp.numel};
@@ -175,8 +183,9 @@ class OocAdamW::Impl {
       HostState& h = host_[u.group];
       for (size_t i = 0; i < nranges; ++i) {
         const auto [a, b] = ranges[i];
-        run_range(h.master.data() + a, h.m.data() + a, h.v.data() + a, a, b);
+        add_range(h.master.data() + a, h.m.data() + a, h.v.data() + a, a, b);
       }
+      run_pieces();
       return;
     }
     FY_CHECK(!u.ranges && whole.first == 0 && whole.second == grp.numel, "group ", grp.name,
@@ -218,7 +227,8 @@ class OocAdamW::Impl {
         }
         float** s = slots_[k % 3];
         size_t begin = k * C, end = std::min(grp.numel, begin + C);
-        run_range(s[0], s[1], s[2], begin, end);
+        add_range(s[0], s[1], s[2], begin, end);
+        run_pieces();
         uint64_t off = 4ull * begin, n = chunk_bytes(k);
         writes[3 * k + 0] = store_->submit_write(e.master, off, s[0], n);
         writes[3 * k + 1] = store_->submit_write(e.m, off, s[1], n);
