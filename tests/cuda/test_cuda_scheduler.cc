@@ -2,7 +2,8 @@
 // page-locked host buffers and the executor's worker threads, checked as on the CPU backend:
 // offloaded training equals in-memory training bit for bit, with weights, optimizer state and
 // activation checkpoints on SSD, in fp32, with bf16 GEMM inputs and with bf16 device tensors,
-// plain and in exact (clipping) mode.
+// plain and in exact (clipping) mode, and with three micro-batches per step summed in fp32 on
+// the host (the sums held on SSD in the SSD plan).
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +12,7 @@
 
 #include "fuyou/config.h"
 #include "fuyou/cuda.h"
+#include "fuyou/engine.h"
 #include "fuyou/error.h"
 #include "fuyou/rng.h"
 #include "fuyou/scheduler.h"
@@ -22,12 +24,13 @@ using namespace fuyou;
 
 namespace {
 
-Config tiny_config(double clip, const std::string& precision, const std::string& device_tensors, int head_chunk) {
+Config tiny_config(double clip, const std::string& precision, const std::string& device_tensors, int head_chunk,
+                   int grad_accum) {
   return parse_config(
       str("model: {n_layer: 4, n_head: 2, d_model: 64, d_ff: 256, vocab_size: 96, seq_len: 32, head_chunk_tokens: ",
           head_chunk, "}\n"
           "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ", clip, "}\n"
-          "schedule: {steps: 5, warmup_steps: 2, micro_batch: 2}\n"
+          "schedule: {steps: 5, warmup_steps: 2, micro_batch: 2, grad_accum: ", grad_accum, "}\n"
           "runtime: {backend: cuda, precision: ", precision, ", device_tensors: ", device_tensors,
           ", threads: 2, seed: 11}\n"),
       "<test>");
@@ -65,13 +68,20 @@ std::unique_ptr<Backend> cuda_backend(const Config& cfg, uint64_t device_budget)
   return be;
 }
 
+// Step s's grad_accum micro-batches.
+std::vector<const int32_t*> step_batches(const Config& cfg, const std::vector<std::vector<int32_t>>& data, size_t s) {
+  std::vector<const int32_t*> out;
+  for (int k = 0; k < cfg.schedule.grad_accum; ++k) out.push_back(data[s * cfg.schedule.grad_accum + k].data());
+  return out;
+}
+
 Run in_memory(const Config& cfg, const std::vector<std::vector<int32_t>>& data) {
   auto be = cuda_backend(cfg, 256ull << 20);
   StepRunner r(cfg, *be);
   r.init_params();
   Run out;
-  for (size_t s = 0; s < data.size(); ++s)
-    out.losses.push_back(r.step(static_cast<int64_t>(s), {data[s].data()}).loss);
+  for (size_t s = 0; s < data.size() / cfg.schedule.grad_accum; ++s)
+    out.losses.push_back(r.step(static_cast<int64_t>(s), step_batches(cfg, data, s)).loss);
   out.params = r.master();
   return out;
 }
@@ -85,8 +95,8 @@ Run offloaded(const Config& cfg, const PlanRequest& req, const std::vector<std::
   init_gpt_params(cfg.model, layout, init.data());
   tr.set_params(init.data());
   Run out;
-  for (size_t s = 0; s < data.size(); ++s)
-    out.losses.push_back(tr.step(static_cast<int64_t>(s), data[s].data()).loss);
+  for (size_t s = 0; s < data.size() / cfg.schedule.grad_accum; ++s)
+    out.losses.push_back(tr.step(static_cast<int64_t>(s), step_batches(cfg, data, s)).loss);
   out.params.resize(layout.total);
   tr.read_params(out.params.data());
   return out;
@@ -114,15 +124,15 @@ TEST_CASE("cuda: offloaded training is bitwise equal to in-memory training", "[c
   // with the LM head in chunks of 20 of the micro-batch's 64 tokens (the gpt3-175b configs').
   struct Mode {
     const char *precision, *device_tensors;
-    int head_chunk;
+    int head_chunk, grad_accum;
   };
-  for (const Mode& m : {Mode{"fp32", "fp32", 0}, Mode{"bf16", "fp32", 0}, Mode{"bf16", "bf16", 0},
-                        Mode{"bf16", "bf16", 20}}) {
+  for (const Mode& m : {Mode{"fp32", "fp32", 0, 1}, Mode{"bf16", "fp32", 0, 1}, Mode{"bf16", "bf16", 0, 1},
+                        Mode{"bf16", "bf16", 20, 1}, Mode{"bf16", "bf16", 0, 3}}) {
     for (double clip : {0.0, 0.5}) {
       INFO("precision " << m.precision << ", device tensors " << m.device_tensors << ", head chunk " << m.head_chunk
-                        << ", clip " << clip);
-      Config cfg = tiny_config(clip, m.precision, m.device_tensors, m.head_chunk);
-      auto data = batches(cfg, 5);
+                        << ", grad_accum " << m.grad_accum << ", clip " << clip);
+      Config cfg = tiny_config(clip, m.precision, m.device_tensors, m.head_chunk, m.grad_accum);
+      auto data = batches(cfg, 5 * m.grad_accum);
       Run ref = in_memory(cfg, data);
 
       // Everything on SSD: weights, optimizer state, and every kind of activation placement
@@ -132,7 +142,11 @@ TEST_CASE("cuda: offloaded training is bitwise equal to in-memory training", "[c
       req.micro_batch = cfg.schedule.micro_batch;
       req.tensors = device_tensor_type(cfg.runtime);
       req.exact = clip > 0;
+      req.grad_accum = m.grad_accum;
+      req.accum_fp32 = sums_grads_in_fp32(cfg);
+      req.grads_on_ssd = m.grad_accum > 1;
       req.have_ssd = true;
+      REQUIRE(make_plan(req).accum_fp32 == (m.grad_accum > 1));
       req.acts = {ActPlacement::kSsd, ActPlacement::kRecompute, ActPlacement::kHost,
                   ActPlacement::kDevice};
       req.weights_on_ssd = req.optim_on_ssd = true;
@@ -145,7 +159,7 @@ TEST_CASE("cuda: offloaded training is bitwise equal to in-memory training", "[c
       // All in host memory, no store: the copy streams and page-locked buffers alone.
       PlanRequest host = req;
       host.have_ssd = false;
-      host.weights_on_ssd = host.optim_on_ssd = false;
+      host.weights_on_ssd = host.optim_on_ssd = host.grads_on_ssd = false;
       host.acts = {ActPlacement::kHost, ActPlacement::kHost, ActPlacement::kRecompute,
                    ActPlacement::kKeep};
       require_bitwise(offloaded(cfg, host, data, nullptr), ref);
