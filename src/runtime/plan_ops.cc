@@ -604,16 +604,21 @@ class IterationBuilder {
     if (!last) return;
     if (deferred) return deferred_updates_.push_back({group, ready, where});
     if (!req_.exact) return emit_update({group, ready, where}, -1);
-    // Exact mode: this group's share of the norm while the gradient is in host memory.
-    PlanOp& q = add(OpKind::kGradSumSq, Resource::kOptimizer, {save_id});
+    sum_sq_then_pend(group, save_id, where, kind_of(where) == BufferKind::kGradStage ? ready : save_id);
+  }
+
+  // Exact mode: group `group`'s share of the norm, read from `grad` in host memory after op
+  // `after`; its update waits for the norm and for op `ready`.
+  void sum_sq_then_pend(int group, int after, int grad, int ready) {
+    PlanOp& q = add(OpKind::kGradSumSq, Resource::kOptimizer, {after});
     q.group = group;
-    q.layer = is_layer ? group - 1 : -1;
-    q.bytes = group_bytes(group);
+    q.layer = group >= 1 && group <= L_ ? group - 1 : -1;
+    q.bytes = held_bytes(group);
     q.params = group_params(group);
-    use(q, where, Access::kRead, Role::kSource);
+    use(q, grad, Access::kRead, Role::kSource);
     sum_sq_ops_.push_back(q.id);
-    consumed(where, q.id, /*add_user=*/true);
-    pending_.push_back({group, kind_of(where) == BufferKind::kGradStage ? ready : save_id, where});
+    consumed(grad, q.id, /*add_user=*/true);
+    pending_.push_back({group, ready, grad});
   }
 
   // Plan::accum_fp32: group `group`'s gradient of this micro-batch, made afresh by op
@@ -676,15 +681,7 @@ class IterationBuilder {
     held_[group] = ready;
     if (!last) return;
     if (!req_.exact) return emit_update({group, ready, sum}, -1);
-    PlanOp& q = add(OpKind::kGradSumSq, Resource::kOptimizer, {acc});
-    q.group = group;
-    q.layer = is_layer ? group - 1 : -1;
-    q.bytes = held_bytes(group);
-    q.params = group_params(group);
-    use(q, sum, Access::kRead, Role::kSource);
-    sum_sq_ops_.push_back(q.id);
-    consumed(sum, q.id, /*add_user=*/true);
-    pending_.push_back({group, ready, sum});
+    sum_sq_then_pend(group, acc, sum, ready);
   }
 
   // Micro-batch > 0: the gradient held from the previous micro-batches goes back into the
