@@ -58,46 +58,46 @@ FY_CLONES void round_cols_sum(uint16_t* dst, float* sums, const float* src, int 
   }
 }
 
-// dst(rows, cols) dense bf16 <- src (row stride ld); with dbias, also dbias[c] += the column
-// sums of src. Threads own column ranges (multiples of 32) and stream the rows in order, so
-// each column's sum is the sequential one and one read of src serves both.
-void round_with_column_sums(uint16_t* dst, float* dbias, const float* src, int rows, int cols, int ld) {
+// Each thread of a parallel region calls body(c0, c1, sums) for its own column range [c0, c1)
+// of `cols` (multiples of 32: 32 bf16 columns are one 64-byte line, so threads never write the
+// same line), with `sums` a zeroed scratch of c1 - c0 floats (none without `with_sums`).
+template <class Body>
+void for_column_ranges(int cols, bool with_sums, Body body) {
 #pragma omp parallel
   {
     const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-    // 32 bf16 columns are one 64-byte line: threads never write the same line of dst.
     const int blocks = (cols + 31) / 32;
     const int c0 = std::min(cols, 32 * static_cast<int>(static_cast<int64_t>(blocks) * id / nt));
     const int c1 = std::min(cols, 32 * static_cast<int>(static_cast<int64_t>(blocks) * (id + 1) / nt));
     if (c1 > c0) {
       static thread_local std::vector<float> sums;  // grows once, then is reused
-      sums.assign(dbias ? c1 - c0 : 0, 0.0f);
-      round_cols_sum(dst, dbias ? sums.data() : nullptr, src, 0, rows, c0, c1, cols, ld);
-      if (dbias)
-        for (int c = c0; c < c1; ++c) dbias[c] += sums[c - c0];
+      sums.assign(with_sums ? c1 - c0 : 0, 0.0f);
+      body(c0, c1, with_sums ? sums.data() : nullptr);
     }
   }
+}
+
+// dst(rows, cols) dense bf16 <- src (row stride ld); with dbias, also dbias[c] += the column
+// sums of src. Threads own column ranges and stream the rows in order, so each column's sum
+// is the sequential one and one read of src serves both.
+void round_with_column_sums(uint16_t* dst, float* dbias, const float* src, int rows, int cols, int ld) {
+  for_column_ranges(cols, dbias != nullptr, [&](int c0, int c1, float* sums) {
+    round_cols_sum(dst, sums, src, 0, rows, c0, c1, cols, ld);
+    if (dbias)
+      for (int c = c0; c < c1; ++c) dbias[c] += sums[c - c0];
+  });
 }
 
 // dbias[c] += the column sums of bf16 src(rows, cols), each summed row by row in fp32 (the
 // order of round_with_column_sums on the same values). Threads own column ranges.
 void bf16_column_sums(float* dbias, const uint16_t* src, int rows, int cols) {
-#pragma omp parallel
-  {
-    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-    const int blocks = (cols + 31) / 32;
-    const int c0 = std::min(cols, 32 * static_cast<int>(static_cast<int64_t>(blocks) * id / nt));
-    const int c1 = std::min(cols, 32 * static_cast<int>(static_cast<int64_t>(blocks) * (id + 1) / nt));
-    if (c1 > c0) {
-      static thread_local std::vector<float> sums;
-      sums.assign(c1 - c0, 0.0f);
-      for (int r = 0; r < rows; ++r) {
-        const uint16_t* s = src + static_cast<size_t>(r) * cols;
-        for (int col = c0; col < c1; ++col) sums[col - c0] += math::bf16_to_float(s[col]);
-      }
-      for (int col = c0; col < c1; ++col) dbias[col] += sums[col - c0];
+  for_column_ranges(cols, true, [&](int c0, int c1, float* sums) {
+    for (int r = 0; r < rows; ++r) {
+      const uint16_t* s = src + static_cast<size_t>(r) * cols;
+      for (int col = c0; col < c1; ++col) sums[col - c0] += math::bf16_to_float(s[col]);
     }
-  }
+    for (int col = c0; col < c1; ++col) dbias[col] += sums[col - c0];
+  });
 }
 
 // operand type, transposes, shape, lda, ldb, ldc, accumulate into C, bias
