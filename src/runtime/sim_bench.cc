@@ -72,7 +72,9 @@ nlohmann::json prediction_json(const Prediction& p, const Config& cfg, const Har
   j["hardware"] = hw.name;
   j["ssds"] = hw.ssds;
   j["micro_batch"] = p.micro_batch;
-  j["tokens_per_step"] = static_cast<double>(p.micro_batch) * cfg.model.seq_len;
+  // Every micro-batch of the step (the plan lays out grad_accum of them).
+  j["grad_accum"] = p.plan.grad_accum;
+  j["tokens_per_step"] = static_cast<double>(p.micro_batch) * cfg.model.seq_len * p.plan.grad_accum;
   j["tokens_per_s"] = j["tokens_per_step"].get<double>() / p.sim.period_s;
   j["decisions"] = p.decisions;
   int wssd = 0, ossd = 0;
