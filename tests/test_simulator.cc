@@ -24,6 +24,12 @@ using Catch::Matchers::Contains;
 
 namespace {
 
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) s += (s.empty() ? "" : " ") + std::to_string(x);
+  return s;
+}
+
 // SSD requests are whole 4 KiB blocks: drives at 4096 * 250000 B/s make a second of SSD work
 // a whole number of blocks, and halves of it too.
 constexpr double kSsdBps = 4096.0 * 250000;
@@ -331,6 +337,53 @@ TEST_CASE("simulator: a planner's plan respects dependencies and queue order", "
       if (static_cast<int>(op.resource) == q) work += op_duration(plan, op, hw);
     CHECK(r.period_s >= work * (1 - 1e-12));
   }
+}
+
+TEST_CASE("planner: host optimizer state above the tail is spread among the SSD layers", "[simulator]") {
+  PlanRequest req;
+  req.model = ModelConfig{};
+  req.model.n_layer = 10;
+  req.model.d_ff = 4 * req.model.d_model;
+  req.model.vocab_size = 256;
+  req.micro_batch = 1;
+  req.have_ssd = true;
+  req.default_act = ActPlacement::kKeep;
+  req.weights_on_ssd = true;
+  const int L = req.model.n_layer;
+  auto host_layers = [&](const Plan& p) {
+    std::vector<int> h;
+    for (int l = 0; l < L; ++l)
+      if (p.layers[l].optim == StateTier::kHost) h.push_back(l);
+    return h;
+  };
+  // The smallest host budget that leaves the tail (layers 0, 1) and 3 more layers' state in
+  // host memory, found with the plain rule (lowest layers first).
+  const uint64_t layer_state = 12ull * make_gpt_layout(req.model).groups[1].numel;
+  req.device_in_host = false;
+  Plan plain;
+  for (req.host_budget = layer_state; req.host_budget < 60 * layer_state; req.host_budget += layer_state / 8) {
+    try {
+      plain = make_plan(req);
+    } catch (const Error&) {
+      continue;  // below the smallest budget that runs
+    }
+    if (host_layers(plain).size() >= 5) break;
+  }
+  REQUIRE(host_layers(plain) == std::vector<int>{0, 1, 2, 3, 4});
+  req.spread_host_state = true;
+  const Plan spread = make_plan(req);
+  const std::vector<int> h = host_layers(spread);
+  INFO("host-state layers spread: " << join(h));
+  // As many layers, so as many bytes; the tail kept; the 3 others spread over layers 2..9
+  // from the top: the lowest of them on the host, the top on SSD, no two hosts adjacent.
+  CHECK(spread.memory.host_bytes == plain.memory.host_bytes);
+  REQUIRE(h.size() == 5);
+  CHECK(h[0] == 0);
+  CHECK(h[1] == 1);
+  CHECK(h[2] == 2);
+  CHECK(h.back() < L - 1);
+  for (size_t i = 3; i < h.size(); ++i) CHECK(h[i] - h[i - 1] >= 2);
+  CHECK(spread.embed_optim == StateTier::kHost);
 }
 
 TEST_CASE("simulator: overlapping iterations hide the update tail", "[simulator]") {

@@ -287,6 +287,12 @@ struct PlanRequest {
   // whose compute does not share the CPU with the optimizer (a GPU's): on the CPU backend the
   // other parts slow the forward about as much as its earlier start saves (docs/scheduler.md).
   bool embed_rows_first = false;
+  // The layers whose optimizer state takes host memory beyond the tail's (the embedding,
+  // layers 0 and 1) are spread evenly among those on SSD instead of the lowest ones: the
+  // backward then meets a short update between long ones, and its compute runs beside the
+  // disk's streaming instead of after it. For backends whose compute does not share the CPU
+  // with the optimizer.
+  bool spread_host_state = false;
   // Plan::deferred_updates: how many top layers' updates are deferred (0 .. n_layer-1), or -1
   // auto: the top layer's where its optimizer state is on SSD (its update is long), no weights
   // are read from SSD and the slot moves no state to SSD; else none. Not with held gradients

@@ -233,6 +233,7 @@ std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backe
   }
   PlanRequest req = plan_request(cfg);
   req.embed_rows_first = backend.kind() != BackendKind::kCpu;
+  req.spread_host_state = backend.kind() != BackendKind::kCpu;
   req.device_in_host = backend.device_is_host_memory();
   // A device of fixed capacity that is not host memory (a GPU, the emulated device) plans
   // within what it holds when offload.device_memory is unset.

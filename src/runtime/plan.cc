@@ -276,12 +276,26 @@ class Placer {
       tiers = fuyou::place_optimizer_state(std::vector<OptimGroup>(groups.begin() + tail_groups_, groups.end()),
                                            optim_budget, true);
       tiers.insert(tiers.begin(), tail_groups_, StateTier::kHost);
+      if (req_.spread_host_state) spread_host_layers(tiers);
     }
     for (size_t g = tail_groups_; g < groups.size(); ++g)
       if (tiers[g] == StateTier::kHost) host_used_ += 12ull * groups[g].numel;
     plan_.embed_optim = tiers.front();
     plan_.final_optim = tiers.back();
     for (int l = 0; l < L_; ++l) plan_.layers[l].optim = tiers[1 + l];
+  }
+
+  // The same number of host-state layers above the tail (layers are equal in size: the same
+  // bytes), spread evenly from the top: layer j-th from the top is on the host where
+  // floor((j + 1) k / n) > floor(j k / n), so the lowest is on the host and no two SSD
+  // layers are adjacent while k >= n - k.
+  void spread_host_layers(std::vector<StateTier>& tiers) const {
+    const int first = std::max(0, tail_groups_ - 1), n = L_ - first;  // layers first .. L-1
+    int k = 0;
+    for (int l = first; l < L_; ++l) k += tiers[1 + l] == StateTier::kHost;
+    for (int j = 0; j < n; ++j)
+      tiers[L_ - j] = (static_cast<int64_t>(j + 1) * k / n > static_cast<int64_t>(j) * k / n) ? StateTier::kHost
+                                                                                             : StateTier::kSsd;
   }
 
   // Host memory left after the optimizer state buys more weight slots, up to one per

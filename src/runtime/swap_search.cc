@@ -67,6 +67,7 @@ PlanRequest request_for_profile(PlanRequest req, const HardwareProfile& hw) {
   // The CPU backend's device arena is host memory; a GPU's is not.
   req.device_in_host = hw.backend == "cpu";
   req.embed_rows_first = !hw.shared_cpu;
+  req.spread_host_state = !hw.shared_cpu;
   return req;
 }
 
