@@ -180,6 +180,13 @@ TEST_CASE("an emulated offloaded run: real SSD and optimizer, the simulator's co
     CHECK(got <= want * 1.3 + 0.03);
   }
   CHECK(last.ssd_read_bytes > 0);  // the store ran for real
+  // `fuyou-bench plan` shows the plan the engine runs: train_plan on the same backend.
+  const Plan again = train_plan(cfg, be);
+  CHECK(again.to_json() == plan.to_json());
+  CHECK(again.listing() == plan.listing());
+  // On the CPU backend the same config plans otherwise: its device is host memory.
+  auto cpu = make_cpu_backend(2, 0);
+  CHECK(train_plan(cfg, *cpu).memory.device_in_host);
 }
 
 TEST_CASE("the emulated backend is selected by config, and never trains", "[emulated]") {

@@ -425,9 +425,12 @@ int main(int argc, char** argv) {
     fuyou::Config cfg = load(config_path, sets);
     if (*train) return bench_train(cfg, ta);
     if (*plan) {
-      // The plan as the offloading engine would build it (plan_request), whether or not this
-      // config would run offloaded.
-      const fuyou::Plan p = fuyou::make_plan(fuyou::plan_request(cfg));
+      // The plan as the offloading engine would build it on the config's backend (train_plan),
+      // whether or not this config would run offloaded.
+      std::string why;
+      auto backend = fuyou::make_backend(cfg, &why);
+      if (!json) spdlog::info("{}", why);
+      const fuyou::Plan p = fuyou::train_plan(cfg, *backend);
       if (json) std::printf("%s\n", p.to_json().dump(1).c_str());
       else std::printf("%s%s", p.table().c_str(), p.listing().c_str());
       return 0;

@@ -73,6 +73,13 @@ bool sums_grads_in_fp32(const Config& cfg);
 // The plan request a config asks for: model, micro-batch, budgets, SSD availability and the
 // activation decisions of offload.activations (empty for auto).
 PlanRequest plan_request(const Config& cfg);
+// The plan the offloading engine runs for this config on `backend` (make_train_engine, and
+// `fuyou-bench plan`): plan_request with the backend's rules (rows first and spread host state
+// where compute does not share the CPU, the device's memory counted on the host only where it
+// is host memory, within the device's capacity) and, with offload.activations auto and
+// offload.hardware set, the simulator's best activation placement; *predicted_s: that
+// placement's simulated step (0 without the search).
+Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s = nullptr);
 
 class FileLayer;  // src/storage/file_layer.h
 

@@ -226,11 +226,7 @@ void check_in_memory_host_budget(const Config& cfg, bool device_in_host) {
 
 }  // namespace
 
-std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backend, const EngineOptions& opts) {
-  if (!wants_offload(cfg)) {
-    check_in_memory_host_budget(cfg, backend.device_is_host_memory());
-    return std::make_unique<InMemoryEngine>(cfg, backend);
-  }
+Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s) {
   PlanRequest req = plan_request(cfg);
   req.embed_rows_first = backend.kind() != BackendKind::kCpu;
   req.spread_host_state = backend.kind() != BackendKind::kCpu;
@@ -257,8 +253,19 @@ std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backe
     if (!req.device_budget) req.device_budget = capacity;
     plan = make_plan(req);
   }
+  if (predicted_s) *predicted_s = predicted;
+  return plan;
+}
+
+std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backend, const EngineOptions& opts) {
+  if (!wants_offload(cfg)) {
+    check_in_memory_host_budget(cfg, backend.device_is_host_memory());
+    return std::make_unique<InMemoryEngine>(cfg, backend);
+  }
+  double predicted = 0;
+  Plan plan = train_plan(cfg, backend, &predicted);
   std::unique_ptr<SsdStore> store;
-  if (req.have_ssd) {
+  if (!cfg.offload.ssd_paths.empty()) {
     StoreConfig sc;
     sc.dirs = cfg.offload.ssd_paths;
     sc.files = opts.store_files;
