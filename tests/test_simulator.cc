@@ -339,6 +339,92 @@ TEST_CASE("simulator: a planner's plan respects dependencies and queue order", "
   }
 }
 
+TEST_CASE("planner: every hazard within an iteration is ordered by dependencies or queue order", "[simulator]") {
+  // Two uses of overlapping bytes of one buffer, one of them a write, by ops of one
+  // iteration: the later op must follow the earlier through dependencies and the order in
+  // which a queue runs its ops (every op of an in-order queue; ops of a reordering queue that
+  // conflict, which next_in_queue never lets pass each other). A missing dependency would let
+  // the executor run the two in either order.
+  PlanRequest req;
+  req.model = ModelConfig{};
+  req.model.n_layer = 5;
+  req.model.d_ff = 4 * req.model.d_model;
+  req.model.vocab_size = 2048;  // an embedding large enough for parts
+  req.micro_batch = 2;
+  req.have_ssd = true;
+  // Every activation path; or every layer kept, where no checkpoint copy in the forward
+  // orders the d2h queue behind the compute.
+  const bool kept = GENERATE(false, true);
+  req.acts = {ActPlacement::kKeep, ActPlacement::kRecompute, ActPlacement::kSsd, ActPlacement::kHost,
+              ActPlacement::kDevice};
+  if (kept) req.acts.assign(req.model.n_layer, ActPlacement::kKeep);
+  req.weights_on_ssd = true;
+  req.optim_on_ssd = GENERATE(false, true);
+  req.exact = GENERATE(false, true);
+  req.grad_accum = GENERATE(1, 3);
+  req.tensors = GENERATE(ElemType::kF32, ElemType::kBF16);
+  req.accum_fp32 = GENERATE(false, true);
+  req.grads_on_ssd = GENERATE(false, true);
+  req.embed_rows_first = req.spread_host_state = GENERATE(false, true);
+  req.embed_parts = 3;
+  req.device_in_host = !req.embed_rows_first;
+  const Plan plan = make_plan(req);
+  INFO("all kept " << kept << ", optim on SSD " << req.optim_on_ssd << ", exact " << req.exact << ", grad_accum "
+                    << req.grad_accum << ", tensors " << elem_type_name(req.tensors) << ", fp32 sums "
+                    << plan.accum_fp32 << ", grads on SSD " << req.grads_on_ssd << ", rows first "
+                    << plan.embed_rows_first << ", embed parts " << plan.embed_parts << ", deferred "
+                    << plan.deferred_updates);
+  const size_t n = plan.ops.size();
+  const std::vector<OpBuffers> bufs = op_buffers(plan);
+  // reach[b] holds every op that op b follows.
+  std::vector<std::vector<bool>> reach(n, std::vector<bool>(n, false));
+  std::vector<int> last_in_queue(kNumResources, -1);
+  for (const PlanOp& op : plan.ops) {
+    std::vector<bool>& r = reach[op.id];
+    auto follow = [&](int a) {
+      r[a] = true;
+      for (size_t k = 0; k < n; ++k)
+        if (reach[a][k]) r[k] = true;
+    };
+    for (int d : op.deps) follow(d);
+    const int q = static_cast<int>(op.resource);
+    if (!reorders(op.resource)) {
+      if (last_in_queue[q] >= 0) follow(last_in_queue[q]);
+      last_in_queue[q] = op.id;
+    } else {
+      for (int a = 0; a < op.id; ++a)
+        if (plan.ops[a].resource == op.resource && buffers_conflict(bufs[a], bufs[op.id])) follow(a);
+    }
+  }
+  auto overlap = [](const BufferUse& x, const BufferUse& y) {
+    return x.buffer == y.buffer && x.offset < y.offset + y.bytes && y.offset < x.offset + x.bytes;
+  };
+  int unordered = 0, pairs = 0;
+  std::string first;
+  for (size_t b = 0; b < n; ++b)
+    for (size_t a = 0; a < b; ++a) {
+      bool hazard = false;
+      for (const BufferUse& x : plan.ops[a].uses)
+        for (const BufferUse& y : plan.ops[b].uses) hazard |= (x.writes() || y.writes()) && overlap(x, y);
+      if (!hazard) continue;
+      // Rows first: the rows part (-1) and the other parts of the embedding's save, update and
+      // refresh declare overlapping ranges, but the other parts skip at run time the rows the
+      // rows part fixed (rows_complement), so they touch disjoint elements.
+      const PlanOp &pa = plan.ops[a], &pb = plan.ops[b];
+      if (plan.embed_rows_first && pa.group == 0 && pb.group == 0 && (pa.part < 0) != (pb.part < 0)) continue;
+      ++pairs;
+      if (reach[b][a]) continue;
+      if (++unordered <= 5)
+        first += str("op ", b, " (", op_kind_name(plan.ops[b].kind), " group ", plan.ops[b].group, " part ",
+                     plan.ops[b].part, " mb ", plan.ops[b].micro, ") does not follow op ", a, " (",
+                     op_kind_name(plan.ops[a].kind), " group ", plan.ops[a].group, " part ", plan.ops[a].part,
+                     " mb ", plan.ops[a].micro, "); ");
+    }
+  INFO(first);
+  CHECK(pairs > 0);
+  CHECK(unordered == 0);
+}
+
 TEST_CASE("planner: host optimizer state above the tail is spread among the SSD layers", "[simulator]") {
   PlanRequest req;
   req.model = ModelConfig{};
