@@ -189,6 +189,33 @@ TEST_CASE("an emulated offloaded run: real SSD and optimizer, the simulator's co
   CHECK(train_plan(cfg, *cpu).memory.device_in_host);
 }
 
+TEST_CASE("an emulated run's automatic placement plans on the machine as emulated where given", "[emulated]") {
+  // offload.hardware names the GPU; the machine the run is on has this machine's disks and
+  // optimizer (here: a disk 5000x slower than the GPU profile's). The search runs on the
+  // profile it is given: its predicted step is that profile's period for the plan it chose.
+  const std::string dir = store_dir("placement");
+  { std::ofstream(dir + "/gpu.yaml") << kSlowGpu; }
+  Config cfg = tiny_config();
+  cfg.offload.ssd_paths = {dir};
+  cfg.offload.weights = cfg.offload.optimizer_state = "ssd";
+  cfg.offload.hardware = dir + "/gpu.yaml";
+  REQUIRE(cfg.offload.activations == ActivationPolicy::kAuto);
+  emulated::EmulatedBackend be(slow_device(cfg));
+  const HardwareProfile gpu = load_hardware_profile(cfg.offload.hardware);
+  HardwareProfile host = gpu;
+  host.name = "slow-disk host";
+  host.ssd_read_Bps /= 5000;
+  host.ssd_write_Bps /= 5000;
+  const HardwareProfile here = emulated_machine(gpu, 1.0, host);
+  double on_gpu = 0, on_here = 0;
+  const Plan a = train_plan(cfg, be, &on_gpu);
+  const Plan b = train_plan(cfg, be, &on_here, &here);
+  CHECK(on_gpu == simulate(a, gpu).period_s);
+  CHECK(on_here == simulate(b, here).period_s);
+  INFO("predicted step on the GPU profile " << on_gpu << " s, on the machine as emulated " << on_here << " s");
+  CHECK(on_here > 2 * on_gpu);  // the slow disk binds
+}
+
 TEST_CASE("the emulated backend is selected by config, and never trains", "[emulated]") {
   CHECK_THROWS_WITH(parse_config("runtime: {backend: emulated}\n", "<test>"), Contains("offload.hardware"));
   std::string dir = store_dir("cfg");

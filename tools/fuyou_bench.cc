@@ -70,12 +70,17 @@ struct TrainArgs {
 // The simulator's prediction for the plan a run executes, on the machine the run is: `profile`
 // itself, or, on the emulated device, the emulated GPU's compute and PCIe (scaled) with
 // `profile`'s SSDs and optimizer (emulated_machine).
-nlohmann::json predict_plan(const fuyou::Config& cfg, const fuyou::Plan& plan, const std::string& profile) {
+// The machine a run is on, from this machine's profile: itself, or for an emulated run the
+// emulated GPU's compute and PCIe with this machine's SSDs and optimizer.
+fuyou::HardwareProfile run_machine(const fuyou::Config& cfg, const std::string& profile) {
   fuyou::HardwareProfile host = fuyou::load_hardware_profile(profile);
-  fuyou::HardwareProfile hw =
-      cfg.runtime.backend == "emulated"
-          ? fuyou::emulated_machine(fuyou::load_hardware_profile(cfg.offload.hardware), cfg.runtime.emulated_scale, host)
-          : host;
+  return cfg.runtime.backend == "emulated"
+             ? fuyou::emulated_machine(fuyou::load_hardware_profile(cfg.offload.hardware), cfg.runtime.emulated_scale, host)
+             : host;
+}
+
+nlohmann::json predict_plan(const fuyou::Config& cfg, const fuyou::Plan& plan, const std::string& profile) {
+  const fuyou::HardwareProfile hw = run_machine(cfg, profile);
   nlohmann::json j = fuyou::simulate(plan, hw).to_json();
   j["profile"] = hw.name;
   return j;
@@ -118,7 +123,11 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
   std::string why;
   auto backend = fuyou::make_backend(cfg, &why);
   if (!a.json) spdlog::info("{}", why);
-  auto engine = fuyou::make_train_engine(cfg, *backend);
+  // An emulated run with this machine's profile plans its activations for the machine as
+  // emulated, not for the GPU profile's own disks and CPU.
+  fuyou::EngineOptions eo;
+  if (cfg.runtime.backend == "emulated" && !a.predict_on.empty()) eo.placement_profile = run_machine(cfg, a.predict_on);
+  auto engine = fuyou::make_train_engine(cfg, *backend, eo);
   if (!a.json) std::fputs(engine->describe().c_str(), stderr), std::fputs("\n", stderr);
   engine->init_params();
   const int B = cfg.schedule.micro_batch, T = cfg.model.seq_len, accum = cfg.schedule.grad_accum;
@@ -352,7 +361,8 @@ int main(int argc, char** argv) {
   train->add_flag("--json", ta.json, "One JSON object on stdout");
   train->add_option("--predict-on", ta.predict_on,
                     "Hardware profile of this machine: add the simulator's figures for the run's plan (emulated: "
-                    "the emulated GPU's compute and PCIe with this profile's SSDs and optimizer)");
+                    "the emulated GPU's compute and PCIe with this profile's SSDs and optimizer, which the automatic "
+                    "activation placement then plans on too)");
 
   fuyou::AdamBenchOptions adam_opts;
   std::string adam_params = "100M", adam_grad = "bf16";

@@ -5,11 +5,13 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "fuyou/backend.h"
 #include "fuyou/config.h"
+#include "fuyou/hardware.h"
 #include "fuyou/scheduler.h"
 #include "fuyou/train.h"
 #include "fuyou/train_state.h"
@@ -77,9 +79,11 @@ PlanRequest plan_request(const Config& cfg);
 // `fuyou-bench plan`): plan_request with the backend's rules (rows first and spread host state
 // where compute does not share the CPU, the device's memory counted on the host only where it
 // is host memory, within the device's capacity) and, with offload.activations auto and
-// offload.hardware set, the simulator's best activation placement; *predicted_s: that
-// placement's simulated step (0 without the search).
-Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s = nullptr);
+// offload.hardware set, the simulator's best activation placement (on `placement` where given,
+// else on offload.hardware's profile); *predicted_s: that placement's simulated step (0
+// without the search).
+Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s = nullptr,
+                const HardwareProfile* placement = nullptr);
 
 class FileLayer;  // src/storage/file_layer.h
 
@@ -87,6 +91,11 @@ struct EngineOptions {
   // The SSD store's file layer (StoreConfig::files); null: the real one. Tests inject
   // faults through it.
   std::shared_ptr<FileLayer> store_files;
+  // The machine the automatic activation placement searches on (train_plan's `placement`);
+  // unset: offload.hardware's profile. For an emulated run fuyou-bench train sets the machine
+  // as emulated: the GPU's compute and PCIe at runtime.emulated_scale with this machine's
+  // disks and optimizer (emulated_machine), which offload.hardware alone does not describe.
+  std::optional<HardwareProfile> placement_profile;
 };
 
 // Opens the SSD store if offload.ssd_paths is set and builds the plan within the budgets;

@@ -226,7 +226,7 @@ void check_in_memory_host_budget(const Config& cfg, bool device_in_host) {
 
 }  // namespace
 
-Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s) {
+Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s, const HardwareProfile* placement) {
   PlanRequest req = plan_request(cfg);
   req.embed_rows_first = backend.kind() != BackendKind::kCpu;
   req.spread_host_state = backend.kind() != BackendKind::kCpu;
@@ -236,13 +236,13 @@ Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s) {
   const uint64_t capacity = req.device_in_host ? 0 : backend.memory().capacity;
   Plan plan;
   double predicted = 0;
-  if (cfg.offload.activations == ActivationPolicy::kAuto && !cfg.offload.hardware.empty()) {
+  if (cfg.offload.activations == ActivationPolicy::kAuto && (placement || !cfg.offload.hardware.empty())) {
     // Automatic activation placement: the simulator's best plan on this profile.
-    const HardwareProfile hw = load_hardware_profile(cfg.offload.hardware);
+    const HardwareProfile hw = placement ? *placement : load_hardware_profile(cfg.offload.hardware);
     if (!req.device_budget) req.device_budget = capacity;
     SwapSearchResult s = search_swap(req, hw);
     spdlog::info("automatic activation placement on {}: {} (micro-batch {}); predicted step {:.3f} s "
-                 "({} plans simulated in {:.2f} s)", cfg.offload.hardware, s.summary(), s.micro_batch,
+                 "({} plans simulated in {:.2f} s)", placement ? hw.name : cfg.offload.hardware, s.summary(), s.micro_batch,
                  s.sim.period_s, s.plans_evaluated, s.search_s);
     plan = std::move(s.plan);
     predicted = s.sim.period_s;
@@ -263,7 +263,7 @@ std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backe
     return std::make_unique<InMemoryEngine>(cfg, backend);
   }
   double predicted = 0;
-  Plan plan = train_plan(cfg, backend, &predicted);
+  Plan plan = train_plan(cfg, backend, &predicted, opts.placement_profile ? &*opts.placement_profile : nullptr);
   std::unique_ptr<SsdStore> store;
   if (!cfg.offload.ssd_paths.empty()) {
     StoreConfig sc;
