@@ -67,11 +67,9 @@ struct TrainArgs {
   std::string predict_on;  // a hardware profile: the simulator's figures for the run's plan on it
 };
 
-// The simulator's prediction for the plan a run executes, on the machine the run is: `profile`
-// itself, or, on the emulated device, the emulated GPU's compute and PCIe (scaled) with
-// `profile`'s SSDs and optimizer (emulated_machine).
-// The machine a run is on, from this machine's profile: itself, or for an emulated run the
-// emulated GPU's compute and PCIe with this machine's SSDs and optimizer.
+// The machine a run is on, from this machine's profile: `profile` itself, or, on the emulated
+// device, the emulated GPU's compute and PCIe (scaled) with `profile`'s SSDs and optimizer
+// (emulated_machine).
 fuyou::HardwareProfile run_machine(const fuyou::Config& cfg, const std::string& profile) {
   fuyou::HardwareProfile host = fuyou::load_hardware_profile(profile);
   return cfg.runtime.backend == "emulated"
@@ -79,6 +77,7 @@ fuyou::HardwareProfile run_machine(const fuyou::Config& cfg, const std::string& 
              : host;
 }
 
+// The simulator's prediction for the plan a run executes, on the machine the run is on.
 nlohmann::json predict_plan(const fuyou::Config& cfg, const fuyou::Plan& plan, const std::string& profile) {
   const fuyou::HardwareProfile hw = run_machine(cfg, profile);
   nlohmann::json j = fuyou::simulate(plan, hw).to_json();

@@ -24,23 +24,15 @@ double group_sum_squares(const void* g, ElemType type, size_t n) {
 }
 
 void add_to_fp32_sum(float* sum, const void* g, ElemType type, size_t n, bool first) {
+  if (first) return widen_from(type, sum, g, n);  // exact: the sum is the gradient
   if (type == ElemType::kF32) {
     const float* f = static_cast<const float*>(g);
-    if (first) std::copy(f, f + n, sum);
-    else
-      for (size_t i = 0; i < n; ++i) sum[i] += f[i];
+    for (size_t i = 0; i < n; ++i) sum[i] += f[i];
     return;
   }
   const uint16_t* h = static_cast<const uint16_t*>(g);
-  if (type == ElemType::kBF16) {
-    if (first)
-      for (size_t i = 0; i < n; ++i) sum[i] = math::bf16_to_float(h[i]);
-    else
-      for (size_t i = 0; i < n; ++i) sum[i] += math::bf16_to_float(h[i]);
-    return;
-  }
-  if (first)
-    for (size_t i = 0; i < n; ++i) sum[i] = math::fp16_to_float(h[i]);
+  if (type == ElemType::kBF16)
+    for (size_t i = 0; i < n; ++i) sum[i] += math::bf16_to_float(h[i]);
   else
     for (size_t i = 0; i < n; ++i) sum[i] += math::fp16_to_float(h[i]);
 }
@@ -258,7 +250,7 @@ StepResult StepRunner::step(int64_t step_index,
 std::vector<float> StepRunner::step_gradient() const {
   if (summed_) return sum_;
   std::vector<float> g(master_.size());
-  add_to_fp32_sum(g.data(), grad_.data(), store_, g.size(), true);
+  widen_from(store_, g.data(), grad_.data(), g.size());
   return g;
 }
 
