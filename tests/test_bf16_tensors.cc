@@ -163,7 +163,7 @@ TEST_CASE("every CPU kernel on 16-bit tensors is the fp32 kernel rounded once", 
     });
     Pair dqkv(NC * 3, rng), dout(NC, rng);
     check_kernel("attention_backward", {&dqkv, &dout, &qkv}, [&](Backend& be, std::vector<void*>& p) {
-      be.attention_backward(p[0], scratch.data(), p[1], p[2], lse.data(), B, T, C, H);
+      be.attention_backward(p[0], scratch.data(), p[1], nullptr, p[2], lse.data(), B, T, C, H);
     });
   }
   {

@@ -75,7 +75,7 @@ TEST_CASE("causal attention backward matches finite differences", "[kernels]") {
         CHECK(lse[(b * H + h) * T + t] == Approx(std::log(s)).epsilon(1e-5));
       }
   std::vector<float> dqkv(qkv.size());
-  be->attention_backward(dqkv.data(), scratch.data(), R.data(), qkv.data(), lse.data(), B, T, C, H);
+  be->attention_backward(dqkv.data(), scratch.data(), R.data(), out.data(), qkv.data(), lse.data(), B, T, C, H);
   check_grad("attention dqkv", qkv, dqkv, loss);
 }
 

@@ -173,11 +173,12 @@ mkdir -p "$work/kit" "$work/logs" "$work/ssd-e2e" "$work/ssd-bf16" "$work/ssd-pr
 kit="$work/kit/fuyou-gpu-kit"
 bin="$kit/bin"
 
-# CUDA's libraries from the machine's toolkit, or from the Python wheels beside PyTorch.
+# CUDA's libraries (cuBLAS, and cuDNN, which the engine opens at run time) from the machine's
+# toolkit, or from the Python wheels beside PyTorch.
 cuda_libs=""
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
          $(ls -d /opt/*/.venv/lib/python3*/site-packages/nvidia/*/lib /usr/local/lib/python3*/dist-packages/nvidia/*/lib 2>/dev/null); do
-  if [ -d "$d" ] && ls "$d"/libcublas* > /dev/null 2>&1; then cuda_libs="$cuda_libs:$d"; fi
+  if [ -d "$d" ] && { ls "$d"/libcublas* || ls "$d"/libcudnn*; } > /dev/null 2>&1; then cuda_libs="$cuda_libs:$d"; fi
 done
 export LD_LIBRARY_PATH="$kit/lib$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export FUYOU_SOURCE_DIR="$root" FUYOU_TEST_DATA="$work/test-data"
@@ -260,7 +261,7 @@ list_tests() {  # Catch2 exits with the number of tests listed
   [ -n "$names" ]
 }
 
-kernel_spec='[cuda]~[reference]~[families]~[determinism]~[large]~[scheduler]'
+kernel_spec='[cuda]~[reference]~[families]~[determinism]~[large]~[scheduler]~[cudnn]'
 tests="$bin/fuyou-cuda-tests"
 cuda_sets=(--set runtime.backend=cuda)
 
@@ -272,6 +273,7 @@ run_check() {
   step cuda-families 120 "$tests" '[families],[determinism]'
   step cuda-large-index 120 "$tests" '[large]'
   step cuda-scheduler 180 "$tests" '[scheduler]'
+  step cuda-cudnn 180 "$tests" '[cudnn]'
   step train-gpt2-on-disk 150 tiny_train "$work/run-gpt2-disk" "${cuda_sets[@]}" \
     --set "offload.ssd_paths=[$work/ssd-e2e]" --set offload.weights=ssd \
     --set offload.optimizer_state=ssd --set offload.activations=swap
@@ -279,6 +281,8 @@ run_check() {
     --set runtime.device_tensors=bf16 --set runtime.precision=bf16 --set model.head_chunk_tokens=300 \
     --set "offload.ssd_paths=[$work/ssd-bf16]" --set offload.weights=ssd \
     --set offload.optimizer_state=ssd --set offload.activations=swap
+  step train-bf16-cudnn 120 tiny_train "$work/run-bf16-cudnn" "${cuda_sets[@]}" \
+    --set runtime.device_tensors=bf16 --set runtime.precision=bf16 --set runtime.attention=cudnn
   step train-llama 120 tiny_train "$work/run-llama" "${cuda_sets[@]}" --set model.family=llama \
     --set model.n_kv_head=2 --set model.d_ff=1024 --set model.tie_embeddings=false
   step train-opt 120 tiny_train "$work/run-opt" "${cuda_sets[@]}" --set model.family=opt

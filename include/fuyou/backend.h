@@ -40,6 +40,12 @@ constexpr int32_t kIgnoreTarget = -1;
 enum class MatmulPrecision { kFp32, kBf16, kFp16 };
 const char* matmul_precision_name(MatmulPrecision p);
 
+// Which attention a backend runs (runtime.attention). kKernels: the backend's own kernels
+// (on every backend the CPU's arithmetic). kCudnn: cuDNN's fused flash attention (the CUDA
+// backend with 16-bit tensors; a shape cuDNN refuses falls back to the kernels, logged once).
+// kAuto: kCudnn where the backend has it and its tensors are 16-bit, else kKernels.
+enum class AttentionImpl { kAuto, kKernels, kCudnn };
+
 // Device-memory accounting: a hard capacity, what is in use now, and the high-water mark.
 struct MemoryStats {
   uint64_t capacity = 0;
@@ -67,6 +73,10 @@ class Backend {
   // the reference) or bf16. Set before anything is allocated; throws fuyou::Error naming the
   // backend when it cannot store `t`.
   virtual void set_storage_type(ElemType t) = 0;
+  // runtime.attention. A backend without a fused attention takes kAuto and kKernels and
+  // refuses kCudnn (an Error naming itself), so a request it cannot honour never runs
+  // quietly on other kernels.
+  virtual void set_attention_impl(AttentionImpl impl);
   virtual ElemType storage_type() const = 0;
   size_t storage_bytes() const { return elem_type_size(storage_type()); }
 
@@ -134,8 +144,9 @@ class Backend {
   // that a backend may use within the call (the CUDA backend's unfused kernels do).
   virtual void attention_forward(void* out, float* lse, float* scratch, const void* qkv, int B,
                                  int T, int C, int H) = 0;
-  // dqkv(B,T,3C) overwritten.
-  virtual void attention_backward(void* dqkv, float* scratch, const void* dout, const void* qkv,
+  // dqkv(B,T,3C) overwritten. out is the forward's output (a fused backward reads it for
+  // each row's sum of dout * out; the kernels recompute from qkv and lse alone).
+  virtual void attention_backward(void* dqkv, float* scratch, const void* dout, const void* out, const void* qkv,
                                   const float* lse, int B, int T, int C, int H) = 0;
 
   // GELU, tanh approximation.
@@ -224,8 +235,8 @@ std::unique_ptr<Backend> make_emulated_backend(const Config& cfg);
 // runtime.device_tensors as an element type.
 ElemType device_tensor_type(const RuntimeConfig& runtime);
 
-// Sets the backend's GEMM precision from runtime.precision (auto: bf16 on CUDA, fp32 on CPU)
-// and its storage type from runtime.device_tensors.
+// Sets the backend's GEMM precision from runtime.precision (auto: bf16 on CUDA, fp32 on CPU),
+// its storage type from runtime.device_tensors and its attention from runtime.attention.
 void apply_precision(Backend& be, const RuntimeConfig& runtime);
 
 }  // namespace fuyou

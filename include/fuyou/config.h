@@ -130,6 +130,9 @@ struct RuntimeConfig {
   // or fp16 (with precision fp16, for its loss scaling; docs/precision.md). Master weights and
   // optimizer state are fp32 in every case.
   std::string device_tensors = "fp32";
+  // Attention kernels: auto (cuDNN's fused flash attention on the CUDA backend with 16-bit
+  // tensors, else the backend's own), kernels (the backend's own: the CPU's arithmetic), cudnn.
+  std::string attention = "auto";
   int threads = 0;               // 0 means every core the process may use
   uint64_t seed = 1234;
 };

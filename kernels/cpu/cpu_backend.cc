@@ -122,6 +122,15 @@ void apply_precision(Backend& be, const RuntimeConfig& runtime) {
   if (runtime.precision == "fp16") p = MatmulPrecision::kFp16;
   be.set_matmul_precision(p);
   be.set_storage_type(device_tensor_type(runtime));
+  be.set_attention_impl(runtime.attention == "cudnn"     ? AttentionImpl::kCudnn
+                        : runtime.attention == "kernels" ? AttentionImpl::kKernels
+                                                         : AttentionImpl::kAuto);
+}
+
+void Backend::set_attention_impl(AttentionImpl impl) {
+  if (impl == AttentionImpl::kCudnn)
+    throw Error(str("runtime.attention is cudnn, but backend ", name(),
+                    " has no cuDNN attention (it runs on the CUDA backend with 16-bit tensors)"));
 }
 
 // make_backend (runtime.backend cpu | cuda | auto) is in src/runtime/backend_select.cc.

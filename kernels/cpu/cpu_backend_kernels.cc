@@ -152,7 +152,7 @@ void CpuBackend::attention_forward(void* out, float* lse, float*, const void* qk
   k_.attention_forward(s.out(out, BT * C), lse, s.in(qkv, BT * 3 * C), B, T, C, H);
 }
 
-void CpuBackend::attention_backward(void* dqkv, float*, const void* dout, const void* qkv,
+void CpuBackend::attention_backward(void* dqkv, float*, const void* dout, const void*, const void* qkv,
                                     const float* lse, int B, int T, int C, int H) {
   const size_t BT = static_cast<size_t>(B) * T;
   Stage s(storage_);

@@ -112,9 +112,9 @@ void StreamBackend::attention_forward(void* out, float* lse, float* scratch, con
                                       int H) {
   kernel([=, this] { inner_->attention_forward(out, lse, scratch, qkv, B, T, C, H); });
 }
-void StreamBackend::attention_backward(void* dqkv, float* scratch, const void* dout, const void* qkv,
+void StreamBackend::attention_backward(void* dqkv, float* scratch, const void* dout, const void* out, const void* qkv,
                                        const float* lse, int B, int T, int C, int H) {
-  kernel([=, this] { inner_->attention_backward(dqkv, scratch, dout, qkv, lse, B, T, C, H); });
+  kernel([=, this] { inner_->attention_backward(dqkv, scratch, dout, out, qkv, lse, B, T, C, H); });
 }
 void StreamBackend::gelu_forward(void* out, const void* in, size_t n) {
   kernel([=, this] { inner_->gelu_forward(out, in, n); });

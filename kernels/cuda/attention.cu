@@ -1,4 +1,6 @@
-// Causal self-attention on the CUDA backend, in an unfused form: for one (batch row, head)
+// Causal self-attention on the CUDA backend. With 16-bit tensors and runtime.attention auto or
+// cudnn it runs on cuDNN's fused flash attention (cudnn_attention.cc); otherwise, and for a
+// shape cuDNN refuses, in the unfused form below: for one (batch row, head)
 // at a time, cuBLAS GEMMs around causal-softmax kernels in the (2, T, T) fp32 scratch the
 // model's workspace lends (Backend::attention_forward); 16-bit tensors are widened per (batch
 // row, head) and the results rounded once. The forward keeps each query row's
@@ -105,9 +107,26 @@ void head_backward(CudaBackend& be, float* dq, float* dk, float* dv, int ldd, fl
 // blocks of the backend's scratch and the results rounded back once, so the arithmetic is
 // the fp32 path's (as the CPU backend's 16-bit attention is its fp32 kernel on widened
 // inputs).
+bool CudaBackend::cudnn_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int H) {
+  std::string why;
+  if (cudnn_->forward(storage_, out, lse, qkv, B, T, C, H, &why)) return true;
+  refused("forward", why);
+  return false;
+}
+
+bool CudaBackend::cudnn_backward(void* dqkv, const void* dout, const void* out, const void* qkv, const float* lse,
+                                 int B, int T, int C, int H) {
+  std::string why;
+  if (cudnn_->backward(storage_, dqkv, dout, out, qkv, lse, B, T, C, H, &why)) return true;
+  refused("backward", why);
+  return false;
+}
+
 void CudaBackend::attention_forward(void* out_v, float* lse, float* scratch_tt, const void* qkv_v, int B,
                                     int T, int C, int H) {
   if (!B || !T) return;
+  bind();
+  if (fused_attention() && cudnn_forward(out_v, lse, qkv_v, B, T, C, H)) return;
   const int hd = C / H, ld = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   bind();
@@ -142,9 +161,11 @@ void CudaBackend::attention_forward(void* out_v, float* lse, float* scratch_tt, 
   });
 }
 
-void CudaBackend::attention_backward(void* dqkv_v, float* scratch_tt, const void* dout_v, const void* qkv_v,
+void CudaBackend::attention_backward(void* dqkv_v, float* scratch_tt, const void* dout_v, const void* out_v, const void* qkv_v,
                                      const float* lse, int B, int T, int C, int H) {
   if (!B || !T) return;
+  bind();
+  if (fused_attention() && out_v && cudnn_backward(dqkv_v, dout_v, out_v, qkv_v, lse, B, T, C, H)) return;
   const int hd = C / H, ld = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   float* p = scratch_tt;                               // (T, T) probabilities

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "fuyou/cuda.h"
+#include "fuyou/log.h"
 #include "fuyou/sizes.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_util.cuh"
@@ -72,6 +73,7 @@ CudaBackend::~CudaBackend() {
   // by whichever call met it first.
   cudaSetDevice(device_);
   cudaDeviceSynchronize();
+  cudnn_.reset();
   if (blas_) cublasDestroy(blas_);
   for (cudaEvent_t e : {h2d_ready_, d2h_ready_, zeroed_})
     if (e) cudaEventDestroy(e);
@@ -85,7 +87,29 @@ void CudaBackend::bind() const { FY_CUDA(cudaSetDevice(device_)); }
 
 std::string CudaBackend::name() const {
   return str("cuda (", device_name_, ", cuBLAS, ", matmul_precision_name(precision_), " GEMM inputs",
-             storage_ == ElemType::kF32 ? "" : str(", ", elem_type_name(storage_), " tensors"), ")");
+             storage_ == ElemType::kF32 ? "" : str(", ", elem_type_name(storage_), " tensors"),
+             fused_attention() ? str(", ", cudnn_->version(), " attention") : "", ")");
+}
+
+void CudaBackend::set_attention_impl(AttentionImpl impl) {
+  attention_ = impl;
+  if (impl == AttentionImpl::kKernels) return;
+  bind();
+  if (!cudnn_) cudnn_ = std::make_unique<CudnnAttention>(compute_);
+  if (cudnn_->available()) return;
+  if (impl == AttentionImpl::kCudnn) throw Error(str("runtime.attention is cudnn, but ", cudnn_->why()));
+  spdlog::info("attention: the CUDA backend's own kernels ({})", cudnn_->why());
+}
+
+bool CudaBackend::fused_attention() const {
+  return attention_ != AttentionImpl::kKernels && storage_ != ElemType::kF32 && cudnn_ && cudnn_->available();
+}
+
+void CudaBackend::refused(const char* direction, const std::string& why) {
+  ++refusals_;
+  std::lock_guard<std::mutex> lock(refused_mu_);
+  if (refusals_logged_.insert(str(direction, why)).second)
+    spdlog::warn("cuDNN refuses the attention {} ({}); the CUDA backend's own kernels run it", direction, why);
 }
 
 // ---- arena -------------------------------------------------------------------------------

@@ -19,10 +19,14 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <memory>
 #include <mutex>
+#include <set>
+#include <string>
 
 #include "fuyou/backend.h"
 #include "kernels/common/arena.h"
+#include "kernels/cuda/cudnn_attention.h"
 
 namespace fuyou::cuda {
 
@@ -40,6 +44,15 @@ class CudaBackend final : public Backend {
   // storage type (cuda_util.cuh), the GEMMs take 16-bit operands as cuBLAS types.
   void set_storage_type(ElemType t) override { storage_ = t; }
   ElemType storage_type() const override { return storage_; }
+  // runtime.attention: auto and cudnn load cuDNN (cudnn throws if it cannot); with 16-bit
+  // tensors the attention then runs on cuDNN's fused kernels, a shape it refuses on this
+  // backend's kernels (attention.cu), logged once per reason.
+  void set_attention_impl(AttentionImpl impl) override;
+  // Whether attention_forward / backward go to cuDNN (for a shape it accepts).
+  bool fused_attention() const;
+  // Calls cuDNN refused so far (each ran on the kernels instead), and the cuDNN in use.
+  size_t attention_refusals() const { return refusals_.load(); }
+  const CudnnAttention* cudnn() const { return cudnn_.get(); }
   MatmulPrecision matmul_precision() const override { return precision_; }
 
   void* alloc(size_t bytes, const std::string& what) override;
@@ -65,7 +78,7 @@ class CudaBackend final : public Backend {
                        const void* w, int N, int IC, int OC) override;
   void attention_forward(void* out, float* lse, float* scratch, const void* qkv, int B, int T,
                          int C, int H) override;
-  void attention_backward(void* dqkv, float* scratch, const void* dout, const void* qkv,
+  void attention_backward(void* dqkv, float* scratch, const void* dout, const void* out, const void* qkv,
                           const float* lse, int B, int T, int C, int H) override;
   void gelu_forward(void* out, const void* in, size_t n) override;
   void gelu_backward(void* din, const void* in, const void* dout, size_t n) override;
@@ -126,8 +139,20 @@ class CudaBackend final : public Backend {
 
  private:
 
+  // Runs cuDNN's attention when fused_attention(); false (after logging the reason once) when
+  // cuDNN refuses the shape.
+  bool cudnn_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int H);
+  bool cudnn_backward(void* dqkv, const void* dout, const void* out, const void* qkv, const float* lse, int B,
+                      int T, int C, int H);
+  void refused(const char* direction, const std::string& why);
+
   int device_;
   std::string device_name_;
+  AttentionImpl attention_ = AttentionImpl::kKernels;  // tests that make a backend get the kernels
+  std::unique_ptr<CudnnAttention> cudnn_;
+  std::mutex refused_mu_;
+  std::set<std::string> refusals_logged_;
+  std::atomic<size_t> refusals_{0};
   MatmulPrecision precision_ = MatmulPrecision::kFp32;
   ElemType storage_ = ElemType::kF32;
 

@@ -174,7 +174,7 @@ void EmulatedBackend::attention_forward(void*, float*, float*, const void*, int 
   compute(4.0 * B * T * T * C);  // q k^T and att v
 }
 
-void EmulatedBackend::attention_backward(void*, float*, const void*, const void*, const float*, int B, int T,
+void EmulatedBackend::attention_backward(void*, float*, const void*, const void*, const void*, const float*, int B, int T,
                                          int C, int) {
   compute(8.0 * B * T * T * C);
 }

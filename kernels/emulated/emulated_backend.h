@@ -74,7 +74,7 @@ class EmulatedBackend final : public Backend {
   void matmul_backward(void* din, void*, void*, const void*, const void*, const void*, int N, int IC,
                        int OC) override;
   void attention_forward(void*, float*, float*, const void*, int B, int T, int C, int) override;
-  void attention_backward(void*, float*, const void*, const void*, const float*, int B, int T, int C,
+  void attention_backward(void*, float*, const void*, const void*, const void*, const float*, int B, int T, int C,
                           int) override;
   void gelu_forward(void*, const void*, size_t) override {}
   void gelu_backward(void*, const void*, const void*, size_t) override {}

@@ -436,6 +436,7 @@ RuntimeConfig parse_runtime(const YAML::Node& node, const std::string& source, c
   s.get("threads", r.threads);
   s.get("precision", r.precision);
   s.get("device_tensors", r.device_tensors);
+  s.get("attention", r.attention);
   s.get("seed", r.seed);
   s.get("stream_delay_us", r.stream_delay_us);
   s.get("emulated_scale", r.emulated_scale);
@@ -465,6 +466,13 @@ RuntimeConfig parse_runtime(const YAML::Node& node, const std::string& source, c
   if (r.device_tensors == "bf16" && r.precision == "fp16")
     s.fail("precision", "fp16 GEMMs on bf16 tensors are not a mode: use precision bf16 (or auto) with bf16 tensors, "
                         "or device_tensors fp16 with precision fp16");
+  if (r.attention != "auto" && r.attention != "kernels" && r.attention != "cudnn")
+    s.fail("attention", str("'", r.attention, "' is not one of auto, kernels, cudnn"));
+  if (r.attention == "cudnn" && r.device_tensors == "fp32")
+    s.fail("attention", "cudnn's fused attention takes 16-bit tensors, but device_tensors is fp32 (set "
+                        "device_tensors: bf16, or attention: kernels)");
+  if (r.attention == "cudnn" && r.backend != "cuda" && r.backend != "auto")
+    s.fail("attention", str("cudnn runs on the CUDA backend, but runtime.backend is '", r.backend, "'"));
   require(r.threads >= 0 && r.threads <= 4096, s, "threads", r.threads,
           "must be in 0..4096 (0 uses every core)");
   return r;
@@ -613,6 +621,7 @@ std::string config_to_yaml(const Config& c) {
   e << YAML::Key << "threads" << YAML::Value << c.runtime.threads;
   e << YAML::Key << "precision" << YAML::Value << c.runtime.precision;
   e << YAML::Key << "device_tensors" << YAML::Value << c.runtime.device_tensors;
+  e << YAML::Key << "attention" << YAML::Value << c.runtime.attention;
   e << YAML::Key << "seed" << YAML::Value << c.runtime.seed;
   e << YAML::Key << "stream_delay_us" << YAML::Value << c.runtime.stream_delay_us;
   e << YAML::Key << "emulated_scale" << YAML::Value << c.runtime.emulated_scale;

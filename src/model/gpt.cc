@@ -547,7 +547,7 @@ void GptModel::block_backward(const LayerTensors& w, const LayerTensors& dw, con
   norm_backward(dres, dw.ln2_w, dw.ln2_b, dtmp_, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd);
   // Attention: dres now holds dL/d(res2).
   be_.matmul_backward(dtmp_, dw.proj_w, dw.proj_b, dres, a.atty, w.proj_w, N, C, C);
-  be_.attention_backward(dqkv_, att_scratch_, dtmp_, a.qkv, a.lse, B_, T, C, H);
+  be_.attention_backward(dqkv_, att_scratch_, dtmp_, a.atty, a.qkv, a.lse, B_, T, C, H);
   if (family_ == Family::kLlama) {
     void* dqkvc = Hkv == H ? dqkv_ : dqkvc_;
     if (Hkv != H) be_.repeat_kv_backward(dqkvc, dqkv_, N, H, Hkv, D);

@@ -197,11 +197,11 @@ TEST_CASE("cuda causal attention forward and backward match the CPU", "[cuda]") 
   auto qkv = random_normal(B * T * 3 * C, 13), dout = random_normal(B * T * C, 14);
   std::vector<float> out(B * T * C), lse(B * H * T), scratch(2 * T * T), dqkv(qkv.size());
   p.cpu->attention_forward(out.data(), lse.data(), scratch.data(), qkv.data(), B, T, C, H);
-  p.cpu->attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), lse.data(), B, T, C, H);
+  p.cpu->attention_backward(dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T, C, H);
   DeviceVec<float> gqkv(*p.gpu, qkv), gdout(*p.gpu, dout), gout(*p.gpu, out.size()),
       glse(*p.gpu, lse.size()), gscratch(*p.gpu, scratch.size()), gdqkv(*p.gpu, qkv.size());
   p.gpu->attention_forward(gout.get(), glse.get(), gscratch.get(), gqkv.get(), B, T, C, H);
-  p.gpu->attention_backward(gdqkv.get(), gscratch.get(), gdout.get(), gqkv.get(), glse.get(), B, T, C, H);
+  p.gpu->attention_backward(gdqkv.get(), gscratch.get(), gdout.get(), gout.get(), gqkv.get(), glse.get(), B, T, C, H);
   const int hd = C / H;
   // Scores: sums of hd products (|q||k| <= hd max|qkv|^2 / sqrt(hd)), then exp (relative
   // error about (score error + a few u)), a sum of up to T terms and a division.

@@ -317,7 +317,7 @@ TEST_CASE("cuda 16-bit tensors: attention matches the CPU", "[cuda][lowp]") {
   CpuGpu r = run_cpu_gpu(t, {&qkv, &dout, &out, &dqkv}, {std::vector<float>(B * H * T), std::vector<float>(2 * T * T)},
                          [&](Backend& be, auto& p, auto& s) {
                            be.attention_forward(p[2], s[0], s[1], p[0], B, T, C, H);
-                           be.attention_backward(p[3], s[1], p[1], p[0], s[0], B, T, C, H);
+                           be.attention_backward(p[3], s[1], p[1], p[2], p[0], s[0], B, T, C, H);
                          });
   // The fp32 bounds of the fp32 attention test (test_cuda_kernels.cc): both sides compute in
   // fp32 from the same widened values and round the outputs once.
