@@ -9,7 +9,9 @@
 #include <functional>
 #include <vector>
 
+#include "fuyou/backend.h"
 #include "fuyou/config.h"
+#include "fuyou/cuda.h"
 #include "fuyou/engine.h"
 #include "fuyou/error.h"
 #include "fuyou/hardware.h"
@@ -392,6 +394,34 @@ TEST_CASE("the CPU backend's kernel scratch with bf16 tensors stays within what 
     CHECK(scratch_in(cpu_plan) == 1);
     CHECK(scratch_in(gpu_plan) == 0);
   }
+}
+
+TEST_CASE("runtime.attention is validated, and a backend without cuDNN refuses cudnn by name", "[bf16]") {
+  using Catch::Matchers::Contains;
+  CHECK(parse_config("", "<t>").runtime.attention == "auto");
+  CHECK_THROWS_WITH(parse_config("runtime: {attention: flash}\n", "<t>"),
+                    Contains("runtime.attention") && Contains("'flash' is not one of auto, kernels, cudnn"));
+  // cuDNN's fused attention takes 16-bit tensors and runs on the CUDA backend only.
+  CHECK_THROWS_WITH(parse_config("runtime: {attention: cudnn}\n", "<t>"),
+                    Contains("runtime.attention") && Contains("16-bit tensors") && Contains("fp32"));
+  CHECK_THROWS_WITH(parse_config("runtime: {attention: cudnn, device_tensors: bf16, backend: cpu}\n", "<t>"),
+                    Contains("runtime.attention") && Contains("CUDA backend") && Contains("'cpu'"));
+  const Config ok = parse_config("runtime: {attention: cudnn, device_tensors: bf16, backend: auto}\n", "<t>");
+  CHECK(ok.runtime.attention == "cudnn");
+  // backend auto on a machine without a GPU is the CPU: it refuses the request rather than run
+  // its own kernels under the name of cuDNN's (the CUDA backend loads cuDNN or throws).
+  if (cuda_usable_devices(nullptr) == 0)
+    CHECK_THROWS_WITH(make_backend(ok, nullptr), Contains("runtime.attention is cudnn") && Contains("cpu"));
+  // auto and kernels are every backend's.
+  for (const char* a : {"auto", "kernels"})
+    for (const char* b : {"cpu", "cpu-streams"}) {
+      INFO(a << " on " << b);
+      auto be = make_backend(parse_config(str("runtime: {attention: ", a, ", device_tensors: bf16, backend: ", b,
+                                              "}\n"), "<t>"), nullptr);
+      CHECK(be->storage_type() == ElemType::kBF16);
+    }
+  // The key survives a written config.
+  CHECK(parse_config(config_to_yaml(ok), "<t>").runtime.attention == "cudnn");
 }
 
 TEST_CASE("runtime.device_tensors is validated, reaches the backend and the plan", "[bf16]") {

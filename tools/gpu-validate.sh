@@ -320,6 +320,13 @@ run_perf() {
   step bench-175b-layers 200 bench_train "$work/bench-175b-layers.json" --config "$root/configs/gpt3-175b-seq1024.yaml" \
     "${cuda_sets[@]}" --set model.n_layer=2 --set schedule.micro_batch=16 --set runtime.precision=bf16 \
     --set offload.device_memory=0 --steps 2 --warmup 1
+  # The same through the offload scheduler (activations swapped, the rest as it places them):
+  # each resource's busy time, and the last iteration's timeline of every operation, to tell
+  # where a 175B layer's step goes (its GEMMs alone would take about a tenth of it).
+  step bench-175b-layers-scheduled 200 bench_train "$work/bench-175b-sched.json" \
+    --config "$root/configs/gpt3-175b-seq1024.yaml" "${cuda_sets[@]}" --set model.n_layer=2 \
+    --set schedule.micro_batch=16 --set runtime.precision=bf16 --set offload.device_memory=0 \
+    --set offload.activations=swap --trace "$out/trace-175b-layers.json" --steps 2 --warmup 1
   step offload-1.3b 300 bench_train "$work/bench-offload.json" "${big[@]}" --steps 2 --warmup 1
   rm -rf "$work/ssd-big"  # about 21 GB: the disk holds one such store at a time
   step offload-1.3b-bf16-tensors 300 bench_train "$work/bench-offload-bf16.json" "${big[@]}" \

@@ -124,6 +124,12 @@ def main():
         figures["gpt3-175b-2-layers-mb16"] = {
             k: l175.get(k) for k in ("backend", "device_tensors", "step_s", "tokens_per_s", "tflops",
                                      "device_peak_bytes", "peak_rss_bytes", "offloaded")}
+    s175 = read_json(os.path.join(a.work, "bench-175b-sched.json"))
+    if s175:
+        figures["gpt3-175b-2-layers-mb16-scheduled"] = {
+            k: s175.get(k) for k in ("backend", "step_s", "iteration_s", "busy_s", "iteration_over_busiest",
+                                     "tflops", "h2d_bytes_per_step", "d2h_bytes_per_step", "device_peak_bytes",
+                                     "peak_rss_bytes")}
     off16 = read_json(os.path.join(a.work, "bench-offload-bf16.json"))
     if off16:
         figures["offload-gpt3-1.3b-bf16-tensors"] = {

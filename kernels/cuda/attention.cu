@@ -6,8 +6,8 @@
 // row, head) and the results rounded once. The forward keeps each query row's
 // log-sum-exp; the backward recomputes the probabilities from it, as the CPU backend
 // (kernels/cpu/attention.cc) does block by block, so the two can be compared element by
-// element. Nothing of size T x T outlives a call. A fused (flash) kernel would need no
-// scratch and run far fewer launches (docs/cuda.md). The attention GEMMs stay fp32 whatever
+// element. Nothing of size T x T outlives a call (cuDNN's path needs no T x T scratch at all,
+// and far fewer launches). The attention GEMMs stay fp32 whatever
 // runtime.precision says: the precision applies to matmul_forward / matmul_backward only,
 // as on the CPU backend.
 #include <cmath>

@@ -93,7 +93,8 @@ std::string CudaBackend::name() const {
 
 void CudaBackend::set_attention_impl(AttentionImpl impl) {
   attention_ = impl;
-  if (impl == AttentionImpl::kKernels) return;
+  // auto with fp32 tensors never runs cuDNN (apply_precision sets the storage type first).
+  if (impl == AttentionImpl::kKernels || (impl == AttentionImpl::kAuto && storage_ == ElemType::kF32)) return;
   bind();
   if (!cudnn_) cudnn_ = std::make_unique<CudnnAttention>(compute_);
   if (cudnn_->available()) return;
