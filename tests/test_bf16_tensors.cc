@@ -4,6 +4,7 @@
 // weights and writes the device's bf16 weights in the update's own pass.
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -422,6 +423,29 @@ TEST_CASE("runtime.attention is validated, and a backend without cuDNN refuses c
     }
   // The key survives a written config.
   CHECK(parse_config(config_to_yaml(ok), "<t>").runtime.attention == "cudnn");
+}
+
+TEST_CASE("cuDNN's attention graphs: every descriptor finalizes, no device needed", "[bf16][cudnn]") {
+  using Catch::Matchers::Contains;
+  // The graphs of kernels/cuda/cudnn_attention.cc, built here as far as cuDNN goes without a
+  // GPU: every tensor and operation descriptor set and finalized (a wrong attribute type,
+  // count or value is refused at this stage; the operation graph and plan need a device, and
+  // the GPU kit's cuda-cudnn step runs them).
+  const std::string probe = cudnn_attention_graph_check(ElemType::kBF16, 2, 256, 256, 4);
+  if (!cuda_built()) {
+    CHECK_THAT(probe, Contains("no CUDA backend"));
+    return;
+  }
+  if (probe.find("library path") != std::string::npos || probe.find("no cuDNN headers") != std::string::npos) {
+    WARN("cuDNN is not on this machine: " << probe);  // the kernels run every attention here
+    CHECK_THAT(probe, Contains("cuDNN"));
+    return;
+  }
+  for (ElemType t : {ElemType::kBF16, ElemType::kF16})
+    for (auto [B, T, C, H] : {std::array{2, 256, 256, 4}, std::array{1, 200, 512, 4}, std::array{16, 1024, 12288, 96}}) {
+      INFO(elem_type_name(t) << " B " << B << " T " << T << " C " << C << " H " << H);
+      CHECK(cudnn_attention_graph_check(t, B, T, C, H).empty());
+    }
 }
 
 TEST_CASE("runtime.device_tensors is validated, reaches the backend and the plan", "[bf16]") {

@@ -1,6 +1,6 @@
 // The CUDA backend's entry points, declared for every build. Built without the CUDA toolkit
-// (no FUYOU_WITH_CUDA), cuda_built() is false, cuda_usable_devices() reports why and
-// make_cuda_backend() throws; src/runtime/backend_select.cc supplies those stubs.
+// (no FUYOU_WITH_CUDA), cuda_built() is false, cuda_usable_devices() reports why,
+// make_cuda_backend() throws and cudnn_attention_graph_check() says so; src/runtime/backend_select.cc supplies those stubs.
 #pragma once
 
 #include <cstdint>
@@ -24,5 +24,11 @@ int cuda_usable_devices(std::string* why);
 // device has free, less a reserve for the CUDA context and cuBLAS workspaces). Throws
 // fuyou::Error when the device cannot be used or the budget does not fit.
 std::unique_ptr<Backend> make_cuda_backend(int device, uint64_t device_memory);
+
+// Builds cuDNN's fused-attention graphs (forward and backward) for shape (B, T, C, H) on the
+// 16-bit type t and finalizes every tensor and operation descriptor: the part of cuDNN's
+// graph API that needs no device. "" when all finalize; otherwise why not (no CUDA backend
+// in this build, cuDNN not on the library path, or the first descriptor cuDNN refused).
+std::string cudnn_attention_graph_check(ElemType t, int B, int T, int C, int H);
 
 }  // namespace fuyou

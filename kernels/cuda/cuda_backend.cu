@@ -339,6 +339,10 @@ int cuda_usable_devices(std::string* why) {
   return usable;
 }
 
+std::string cudnn_attention_graph_check(ElemType t, int B, int T, int C, int H) {
+  return cuda::CudnnAttention::check_graphs(t, B, T, C, H);
+}
+
 std::unique_ptr<Backend> make_cuda_backend(int device, uint64_t device_memory) {
   std::string why;
   if (cuda_usable_devices(&why) <= device)

@@ -14,11 +14,14 @@
 // operations; plan_for tries the known forms in turn and keeps the first that builds.
 #include "kernels/cuda/cudnn_attention.h"
 
+#if __has_include(<cudnn_graph.h>)
 #include <cudnn_graph.h>
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <mutex>
 #include <vector>
 
 #include "fuyou/error.h"
@@ -398,67 +401,97 @@ std::string form_name(const Form& f) {
 
 }  // namespace
 
-CudnnAttention::CudnnAttention(cudaStream_t stream) : stream_(stream) {
-  for (const char* name : {"libcudnn.so.9", "libcudnn_graph.so.9"}) {
-    lib_ = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (lib_) {
-      lib_name_ = name;
-      break;
+// Opens cuDNN and resolves the entry points once per process (never closed: plans and
+// handles of any backend may hold on to it). Returns the library's handle, or null with *why.
+static void* load_cudnn(std::string* lib_name, std::string* why) {
+  static std::once_flag once;
+  static void* lib = nullptr;
+  static std::string name, failure;
+  std::call_once(once, [] {
+    for (const char* n : {"libcudnn.so.9", "libcudnn_graph.so.9"}) {
+      lib = dlopen(n, RTLD_NOW | RTLD_LOCAL);
+      if (lib) {
+        name = n;
+        break;
+      }
     }
-  }
-  if (!lib_) {
-    const char* e = dlerror();
-    why_ = str("cuDNN 9 is not installed or not on the library path (dlopen libcudnn.so.9: ", e ? e : "?", ")");
-    return;
-  }
-  const char* missing = nullptr;
-  auto sym = [&](auto& fn, const char* name) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib_, name));
-    if (!fn && !missing) missing = name;
-  };
-  sym(g_api.get_version, "cudnnGetVersion");
-  sym(g_api.error_string, "cudnnGetErrorString");
-  sym(g_api.last_error, "cudnnGetLastErrorString");
-  sym(g_api.create, "cudnnCreate");
-  sym(g_api.destroy, "cudnnDestroy");
-  sym(g_api.set_stream, "cudnnSetStream");
-  sym(g_api.create_desc, "cudnnBackendCreateDescriptor");
-  sym(g_api.destroy_desc, "cudnnBackendDestroyDescriptor");
-  sym(g_api.set_attr, "cudnnBackendSetAttribute");
-  sym(g_api.get_attr, "cudnnBackendGetAttribute");
-  sym(g_api.finalize, "cudnnBackendFinalize");
-  sym(g_api.execute, "cudnnBackendExecute");
-  if (missing) {
-    why_ = str(lib_name_, " lacks ", missing, " (cuDNN 9's graph API)");
-    dlclose(lib_);
-    lib_ = nullptr;
-    return;
-  }
-  const size_t v = g_api.get_version();
-  if (v < 90000 || (v >= 91000 && v < 91002)) {
-    why_ = v < 90000 ? str("cuDNN ", v, " is older than 9") : str("cuDNN ", v, "'s fused attention has known bugs (9.10.0 and 9.10.1)");
-    dlclose(lib_);
-    lib_ = nullptr;
-    return;
-  }
+    if (!lib) {
+      const char* e = dlerror();
+      failure = str("cuDNN 9 is not installed or not on the library path (dlopen libcudnn.so.9: ", e ? e : "?", ")");
+      return;
+    }
+    const char* missing = nullptr;
+    auto sym = [&](auto& fn, const char* symbol) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, symbol));
+      if (!fn && !missing) missing = symbol;
+    };
+    Api api{};
+    sym(api.get_version, "cudnnGetVersion");
+    sym(api.error_string, "cudnnGetErrorString");
+    sym(api.last_error, "cudnnGetLastErrorString");
+    sym(api.create, "cudnnCreate");
+    sym(api.destroy, "cudnnDestroy");
+    sym(api.set_stream, "cudnnSetStream");
+    sym(api.create_desc, "cudnnBackendCreateDescriptor");
+    sym(api.destroy_desc, "cudnnBackendDestroyDescriptor");
+    sym(api.set_attr, "cudnnBackendSetAttribute");
+    sym(api.get_attr, "cudnnBackendGetAttribute");
+    sym(api.finalize, "cudnnBackendFinalize");
+    sym(api.execute, "cudnnBackendExecute");
+    const size_t v = api.get_version ? api.get_version() : 0;
+    if (missing)
+      failure = str(name, " lacks ", missing, " (cuDNN 9's graph API)");
+    else if (v < 90000)
+      failure = str(name, " is cuDNN ", v, ", older than 9");
+    else if (v >= 91000 && v < 91002)
+      failure = str("cuDNN ", v, "'s fused attention has known bugs (9.10.0 and 9.10.1)");
+    if (!failure.empty()) {
+      lib = nullptr;
+      return;
+    }
+    g_api = api;
+  });
+  *lib_name = name;
+  *why = failure;
+  return lib;
+}
+
+CudnnAttention::CudnnAttention(cudaStream_t stream) : stream_(stream) {
+  lib_ = load_cudnn(&lib_name_, &why_);
+  if (!lib_) return;
   cudnnHandle_t h = nullptr;
   cudnnStatus_t s = g_api.create(&h);
   if (s == CUDNN_STATUS_SUCCESS) s = g_api.set_stream(h, stream_);
   if (s != CUDNN_STATUS_SUCCESS) {
     why_ = str("cudnnCreate failed: ", status_text(s));
     if (h) g_api.destroy(h);
-    dlclose(lib_);
     lib_ = nullptr;
     return;
   }
   handle_ = h;
 }
 
+std::string CudnnAttention::check_graphs(ElemType t, int B, int T, int C, int H) {
+  std::string lib_name, why;
+  if (!load_cudnn(&lib_name, &why)) return why;
+  const cudnnDataType_t io = t == ElemType::kBF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
+  for (bool backward : {false, true}) {
+    Plan plan;
+    try {
+      GraphBuilder g(plan, io, kForms[0], B, T, C, H);
+      if (backward) g.build_backward();
+      else g.build_forward();
+    } catch (const Refused& r) {
+      return str(backward ? "backward" : "forward", ": ", r.what);
+    }
+  }
+  return "";
+}
+
 CudnnAttention::~CudnnAttention() {
   plans_.clear();
   if (workspace_) cudaFree(workspace_);
   if (handle_) g_api.destroy(static_cast<cudnnHandle_t>(handle_));
-  // The library stays loaded: other backends in the process may use the same entry points.
 }
 
 size_t CudnnAttention::version_number() const { return lib_ ? g_api.get_version() : 0; }
@@ -490,6 +523,7 @@ CudnnAttention::Plan* CudnnAttention::plan_for(bool backward, ElemType t, int B,
     reason = str("cuDNN ", v, " (before 9.16) needs the sequence length a multiple of 128 in the backward; it is ", T);
   if (reason.empty()) {
     const cudnnDataType_t io = t == ElemType::kBF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
+    const auto t0 = std::chrono::steady_clock::now();
     for (const Form& f : kForms) {
       if (!backward && f.k_view_16bit) continue;  // the forward has no K view
       auto plan = std::make_unique<Plan>();
@@ -499,8 +533,11 @@ CudnnAttention::Plan* CudnnAttention::plan_for(bool backward, ElemType t, int B,
         else g.build_forward();
         g.finish(static_cast<cudnnHandle_t>(handle_));
         plan->form = form_name(f);
-        spdlog::debug(str("cudnn attention ", backward ? "backward" : "forward", " B ", B, " T ", T, " C ", C, " H ", H,
-                       ": built (", plan->form, "), workspace ", plan->workspace, " bytes"));
+        // Once per shape and direction: the first step's compile time and the memory it takes.
+        spdlog::info("cuDNN attention {} for B {} T {} C {} H {}: built in {:.2f} s ({}), workspace {}",
+                     backward ? "backward" : "forward", B, T, C, H,
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), plan->form,
+                     format_size(static_cast<uint64_t>(plan->workspace + plan->dot_bytes)));
         return (plans_[key] = std::move(plan)).get();
       } catch (const Refused& r) {
         reason += str(reason.empty() ? "" : "; ", "[", form_name(f), "] ", r.what);
@@ -624,3 +661,31 @@ bool CudnnAttention::aligned(std::initializer_list<const void*> bases, std::init
 }
 
 }  // namespace fuyou::cuda
+
+#else  // a CUDA toolkit without cuDNN's headers: the kernels run every attention
+
+#include "fuyou/error.h"
+
+namespace fuyou::cuda {
+
+struct CudnnAttention::Plan {};
+
+CudnnAttention::CudnnAttention(cudaStream_t stream)
+    : stream_(stream), why_("this build found no cuDNN headers (cudnn_graph.h) beside the CUDA toolkit") {}
+CudnnAttention::~CudnnAttention() = default;
+std::string CudnnAttention::version() const { return "cuDNN (not built)"; }
+size_t CudnnAttention::version_number() const { return 0; }
+bool CudnnAttention::forward(ElemType, void*, float*, const void*, int, int, int, int, std::string* why) {
+  return *why = why_, false;
+}
+bool CudnnAttention::backward(ElemType, void*, const void*, const void*, const void*, const float*, int, int, int,
+                              int, std::string* why) {
+  return *why = why_, false;
+}
+std::string CudnnAttention::check_graphs(ElemType, int, int, int, int) {
+  return "this build found no cuDNN headers (cudnn_graph.h) beside the CUDA toolkit";
+}
+
+}  // namespace fuyou::cuda
+
+#endif

@@ -47,6 +47,12 @@ class CudnnAttention {
   bool backward(ElemType t, void* dqkv, const void* dout, const void* out, const void* qkv,
                 const float* lse, int B, int T, int C, int H, std::string* why);
 
+  // Builds both graphs of shape (B, T, C, H) on 16-bit type t and finalizes every tensor and
+  // operation descriptor, which needs the library but no device (the operation graph and
+  // its plan need one): "" when all finalize, else the library's or the first descriptor's
+  // refusal. For tests on machines without a GPU.
+  static std::string check_graphs(ElemType t, int B, int T, int C, int H);
+
   struct Plan;  // a finalized graph with its execution plan, workspace size and tensor ids
 
  private:
@@ -60,7 +66,7 @@ class CudnnAttention {
                       std::string* why);
   void run(Plan& plan, const std::map<int64_t, void*>& ptrs);  // queues it; throws Error if cuDNN fails
 
-  void* lib_ = nullptr;
+  void* lib_ = nullptr;  // the library (process-wide, opened once); null when unavailable
   void* handle_ = nullptr;  // cudnnHandle_t
   cudaStream_t stream_ = nullptr;
   std::string why_;

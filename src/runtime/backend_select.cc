@@ -22,6 +22,10 @@ std::unique_ptr<Backend> make_cuda_backend(int, uint64_t) {
       "this build has no CUDA backend (configured without the CUDA toolkit; install "
       "it and rebuild to get one)");
 }
+
+std::string cudnn_attention_graph_check(ElemType, int, int, int, int) {
+  return "this build has no CUDA backend (configured without the CUDA toolkit)";
+}
 #endif
 
 std::unique_ptr<Backend> make_backend(const Config& cfg, std::string* reason) {
