@@ -42,8 +42,9 @@ const char* matmul_precision_name(MatmulPrecision p);
 
 // Which attention a backend runs (runtime.attention). kKernels: the backend's own kernels
 // (on every backend the CPU's arithmetic). kCudnn: cuDNN's fused flash attention (the CUDA
-// backend with 16-bit tensors; a shape cuDNN refuses falls back to the kernels, logged once).
-// kAuto: kCudnn where the backend has it and its tensors are 16-bit, else kKernels.
+// backend with 16-bit tensors; an Error without cuDNN or with fp32 tensors; a shape cuDNN
+// refuses runs on the kernels, logged once per reason). kAuto: kCudnn where the backend has
+// cuDNN and its tensors are 16-bit, else kKernels.
 enum class AttentionImpl { kAuto, kKernels, kCudnn };
 
 // Device-memory accounting: a hard capacity, what is in use now, and the high-water mark.

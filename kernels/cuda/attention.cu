@@ -102,11 +102,7 @@ void head_backward(CudaBackend& be, float* dq, float* dk, float* dv, int ldd, fl
 
 }  // namespace
 
-// For batch row b, head h: q at qkv + b*T*3C + h*hd with row stride 3C, k at +C, v at +2C.
-// fp32 tensors are used in place; 16-bit ones are widened per (batch row, head) into fp32
-// blocks of the backend's scratch and the results rounded back once, so the arithmetic is
-// the fp32 path's (as the CPU backend's 16-bit attention is its fp32 kernel on widened
-// inputs).
+// cuDNN's fused attention (cudnn_attention.cc), false when it refuses the shape (logged once).
 bool CudaBackend::cudnn_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int H) {
   std::string why;
   if (cudnn_->forward(storage_, out, lse, qkv, B, T, C, H, &why)) return true;
@@ -122,14 +118,18 @@ bool CudaBackend::cudnn_backward(void* dqkv, const void* dout, const void* out, 
   return false;
 }
 
+// For batch row b, head h: q at qkv + b*T*3C + h*hd with row stride 3C, k at +C, v at +2C.
+// fp32 tensors are used in place; 16-bit ones are widened per (batch row, head) into fp32
+// blocks of the backend's scratch and the results rounded back once, so the arithmetic is
+// the fp32 path's (as the CPU backend's 16-bit attention is its fp32 kernel on widened
+// inputs).
 void CudaBackend::attention_forward(void* out_v, float* lse, float* scratch_tt, const void* qkv_v, int B,
                                     int T, int C, int H) {
   if (!B || !T) return;
   bind();
-  if (fused_attention() && cudnn_forward(out_v, lse, qkv_v, B, T, C, H)) return;
+  if (use_cudnn() && cudnn_forward(out_v, lse, qkv_v, B, T, C, H)) return;
   const int hd = C / H, ld = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  bind();
   if (storage_ == ElemType::kF32) {
     float* out = static_cast<float*>(out_v);
     const float* qkv = static_cast<const float*>(qkv_v);
@@ -165,12 +165,12 @@ void CudaBackend::attention_backward(void* dqkv_v, float* scratch_tt, const void
                                      const float* lse, int B, int T, int C, int H) {
   if (!B || !T) return;
   bind();
-  if (fused_attention() && out_v && cudnn_backward(dqkv_v, dout_v, out_v, qkv_v, lse, B, T, C, H)) return;
+  // Without the forward's output (a caller that kept none) the kernels run the backward.
+  if (out_v && use_cudnn() && cudnn_backward(dqkv_v, dout_v, out_v, qkv_v, lse, B, T, C, H)) return;
   const int hd = C / H, ld = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   float* p = scratch_tt;                               // (T, T) probabilities
   float* dp = scratch_tt + static_cast<size_t>(T) * T;  // (T, T) their gradient
-  bind();
   if (storage_ == ElemType::kF32) {
     float* dqkv = static_cast<float*>(dqkv_v);
     const float* dout = static_cast<const float*>(dout_v);

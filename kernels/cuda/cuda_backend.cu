@@ -93,17 +93,33 @@ std::string CudaBackend::name() const {
 
 void CudaBackend::set_attention_impl(AttentionImpl impl) {
   attention_ = impl;
-  // auto with fp32 tensors never runs cuDNN (apply_precision sets the storage type first).
-  if (impl == AttentionImpl::kKernels || (impl == AttentionImpl::kAuto && storage_ == ElemType::kF32)) return;
+  // auto with fp32 tensors runs no cuDNN: it is opened when 16-bit tensors first need it.
+  if (impl == AttentionImpl::kCudnn || (impl == AttentionImpl::kAuto && storage_ != ElemType::kF32)) load_cudnn();
+}
+
+void CudaBackend::load_cudnn() {
+  if (cudnn_) return;
   bind();
-  if (!cudnn_) cudnn_ = std::make_unique<CudnnAttention>(compute_);
+  cudnn_ = std::make_unique<CudnnAttention>(compute_);
   if (cudnn_->available()) return;
-  if (impl == AttentionImpl::kCudnn) throw Error(str("runtime.attention is cudnn, but ", cudnn_->why()));
+  if (attention_ == AttentionImpl::kCudnn) throw Error(str("runtime.attention is cudnn, but ", cudnn_->why()));
   spdlog::info("attention: the CUDA backend's own kernels ({})", cudnn_->why());
 }
 
 bool CudaBackend::fused_attention() const {
   return attention_ != AttentionImpl::kKernels && storage_ != ElemType::kF32 && cudnn_ && cudnn_->available();
+}
+
+bool CudaBackend::use_cudnn() {
+  if (attention_ == AttentionImpl::kKernels) return false;
+  if (storage_ == ElemType::kF32) {
+    if (attention_ == AttentionImpl::kCudnn)
+      throw Error("runtime.attention is cudnn, but the device's tensors are fp32: cuDNN's fused attention takes "
+                  "16-bit tensors (runtime.device_tensors: bf16 or fp16)");
+    return false;
+  }
+  load_cudnn();  // the storage type may have turned 16-bit after set_attention_impl
+  return cudnn_->available();
 }
 
 void CudaBackend::refused(const char* direction, const std::string& why) {

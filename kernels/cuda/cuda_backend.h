@@ -52,7 +52,7 @@ class CudaBackend final : public Backend {
   bool fused_attention() const;
   // Calls cuDNN refused so far (each ran on the kernels instead), and the cuDNN in use.
   size_t attention_refusals() const { return refusals_.load(); }
-  const CudnnAttention* cudnn() const { return cudnn_.get(); }
+  CudnnAttention* cudnn() const { return cudnn_.get(); }
   MatmulPrecision matmul_precision() const override { return precision_; }
 
   void* alloc(size_t bytes, const std::string& what) override;
@@ -141,6 +141,8 @@ class CudaBackend final : public Backend {
 
   // Runs cuDNN's attention when fused_attention(); false (after logging the reason once) when
   // cuDNN refuses the shape.
+  bool use_cudnn();    // fused_attention(), opening cuDNN first if the tensors turned 16-bit
+  void load_cudnn();   // opens cuDNN once; logs (auto) or throws (cudnn) when it is missing
   bool cudnn_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int H);
   bool cudnn_backward(void* dqkv, const void* dout, const void* out, const void* qkv, const float* lse, int B,
                       int T, int C, int H);

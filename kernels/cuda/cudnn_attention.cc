@@ -123,6 +123,11 @@ enum Uid : int64_t {
 }  // namespace
 
 struct CudnnAttention::Plan {
+  ~Plan() {  // the plan, the graph, then the descriptors, each after those that name it
+    plan.reset();
+    graph.reset();
+    while (!descs.empty()) descs.pop_back();
+  }
   std::vector<DescPtr> descs;  // every descriptor of the graph, kept alive with the plan
   DescPtr graph, plan;
   int64_t workspace = 0;       // bytes the plan asks for
@@ -323,11 +328,33 @@ class GraphBuilder {
                             {T_ * ld, D_, ld, 1}, true);
     reshape(kt, kr);
     matmul(ds, kr, dq);
-    p_.dot_bytes = int64_t(B_) * H_ * T_ * 4;
+    p_.dot_bytes = (int64_t(B_) * H_ * T_ * 4 + 255) / 256 * 256;  // the workspace after it stays aligned
+  }
+
+  // Whether cuDNN notes the configuration's engine as nondeterministic (atomics). A query
+  // that fails filters nothing: the deterministic graph is the main guarantee, and the GPU
+  // test checks that two runs agree bit for bit.
+  static bool nondeterministic(cudnnBackendDescriptor_t cfg) {
+    cudnnBackendDescriptor_t engine = nullptr;
+    if (g_api.create_desc(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) != CUDNN_STATUS_SUCCESS) return false;
+    int64_t n = 0;
+    bool found = false;
+    if (g_api.get_attr(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine) ==
+            CUDNN_STATUS_SUCCESS &&
+        n == 1) {
+      cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+      int64_t count = 0;
+      if (g_api.get_attr(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                         CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &count, notes) == CUDNN_STATUS_SUCCESS)
+        for (int64_t k = 0; k < count && k < CUDNN_NUMERICAL_NOTE_TYPE_COUNT; ++k)
+          found = found || notes[k] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
+    }
+    g_api.destroy_desc(engine);
+    return found;
   }
 
   // The operation graph, the first engine configuration cuDNN's heuristics offer that
-  // finalizes, and its workspace size.
+  // finalizes and is not marked nondeterministic, and its workspace size.
   void finish(cudnnHandle_t handle) {
     p_.graph = std::make_unique<Desc>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
     std::vector<cudnnBackendDescriptor_t> ops;
@@ -355,24 +382,31 @@ class GraphBuilder {
     check(g_api.get_attr(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n, &got,
                          raw.data()),
           "engine heuristics (results)");
+    // First the configurations not marked nondeterministic; if none of those builds, the
+    // others, with a warning (the GPU test's two runs still have to agree bit for bit).
     std::string last;
-    for (int64_t i = 0; i < got; ++i) {
-      try {
-        auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
-        plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle)
-            .set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *cfgs[i])
-            .finalize();
-        int64_t ws = 0, cnt = 0;
-        check(g_api.get_attr(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt, &ws),
-              "execution plan (workspace size)");
-        p_.plan = std::move(plan);
-        p_.workspace = ws;
-        for (auto& c : cfgs) p_.descs.push_back(std::move(c));
-        return;
-      } catch (const Refused& r) {
-        last = r.what;
+    for (int pass = 0; pass < 2; ++pass)
+      for (int64_t i = 0; i < got; ++i) {
+        if (nondeterministic(cfgs[i]->get()) != (pass == 1)) continue;
+        try {
+          auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
+          plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle)
+              .set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *cfgs[i])
+              .finalize();
+          int64_t ws = 0, cnt = 0;
+          check(g_api.get_attr(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt,
+                               &ws),
+                "execution plan (workspace size)");
+          if (pass == 1)
+            spdlog::warn("cuDNN attention: the only engine that builds is marked nondeterministic by cuDNN");
+          p_.plan = std::move(plan);
+          p_.workspace = ws;
+          for (auto& c : cfgs) p_.descs.push_back(std::move(c));
+          return;
+        } catch (const Refused& r) {
+          last = r.what;
+        }
       }
-    }
     throw Refused{str("none of the ", got, " engine configurations builds: ", last)};
   }
 
@@ -549,19 +583,32 @@ CudnnAttention::Plan* CudnnAttention::plan_for(bool backward, ElemType t, int B,
   return nullptr;
 }
 
-void CudnnAttention::run(Plan& plan, const std::map<int64_t, void*>& ptrs) {
+// Device memory for the plan's workspace and row sums, outside the arena. A shape whose
+// memory cannot be had is refused (the kernels run it) before anything is queued.
+bool CudnnAttention::reserve(const Plan& plan, std::string* why) {
   const size_t need = static_cast<size_t>(plan.dot_bytes + plan.workspace);
-  if (need > workspace_bytes_) {
-    if (workspace_) cudaFree(workspace_);  // waits for the device: only at a new shape
+  if (need <= workspace_bytes_) return true;
+  if (workspace_) {
+    // Queued calls may still use the old buffer: wait for them (a new shape, the first steps).
+    if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess)
+      throw Error(str("cuDNN attention: cudaStreamSynchronize failed: ", cudaGetErrorString(e)));
+    if (cudaError_t e = cudaFree(workspace_); e != cudaSuccess)
+      throw Error(str("cuDNN attention: cudaFree failed: ", cudaGetErrorString(e)));
     workspace_ = nullptr;
     workspace_bytes_ = 0;
-    if (cudaMalloc(&workspace_, need) != cudaSuccess) {
-      cudaGetLastError();
-      throw Error(str("cuDNN attention: no device memory for its workspace of ", format_size(need),
-                      " outside the arena (lower offload.device_memory, or set runtime.attention: kernels)"));
-    }
-    workspace_bytes_ = need;
   }
+  if (cudaMalloc(&workspace_, need) != cudaSuccess) {
+    cudaGetLastError();  // an out-of-memory error is not sticky: clear it
+    workspace_ = nullptr;
+    *why = str("no device memory outside the arena for cuDNN's workspace of ", format_size(need),
+               " (lower offload.device_memory to leave room)");
+    return false;
+  }
+  workspace_bytes_ = need;
+  return true;
+}
+
+void CudnnAttention::run(Plan& plan, const std::map<int64_t, void*>& ptrs) {
   std::vector<int64_t> uids;
   std::vector<void*> data;
   for (const auto& [uid, ptr] : ptrs) {
@@ -589,18 +636,34 @@ void CudnnAttention::run(Plan& plan, const std::map<int64_t, void*>& ptrs) {
 
 CudnnAttention::Plan* CudnnAttention::chunked_plan(bool backward, ElemType t, int B, int T, int C, int H,
                                                    int* rows, std::string* why) {
-  *rows = B;
+  // The deterministic backward's workspace grows with B H T^2: when the whole batch's would
+  // pass the cap, take the batch in equal chunks (divisors of B, largest first) until one
+  // fits. One batch row over the cap runs if the device has that much free outside the
+  // arena; otherwise the shape is refused.
+  auto need = [](const Plan* p) { return p->dot_bytes + p->workspace; };
   Plan* plan = plan_for(backward, t, B, T, C, H, why);
+  int r = B;
+  while (plan && need(plan) > static_cast<int64_t>(workspace_cap_) && r > 1) {
+    // The estimate scales with the rows; the divisor below it is tried, then smaller ones.
+    int next = static_cast<int>(std::max<int64_t>(1, r * static_cast<int64_t>(workspace_cap_) / need(plan)));
+    next = std::min(next, r - 1);
+    while (B % next) --next;
+    r = next;
+    plan = plan_for(backward, t, r, T, C, H, why);
+  }
   if (!plan) return nullptr;
-  // The deterministic backward's workspace grows with B H T^2: take the batch in equal chunks
-  // (the largest divisor of B whose estimate fits) when the whole batch's would not fit.
-  const int64_t need = plan->dot_bytes + plan->workspace;
-  if (need <= static_cast<int64_t>(kWorkspaceCap) || B == 1) return plan;
-  const int64_t fit = std::max<int64_t>(1, B * static_cast<int64_t>(kWorkspaceCap) / need);
-  int r = static_cast<int>(std::min<int64_t>(fit, B));
-  while (B % r) --r;
+  if (need(plan) > static_cast<int64_t>(workspace_cap_)) {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) free_b = 0;
+    const size_t margin = size_t(64) << 20;  // cuBLAS and the runtime allocate beside us
+    if (static_cast<size_t>(need(plan)) + margin > free_b + workspace_bytes_) {
+      *why = str("cuDNN's workspace for one batch row is ", format_size(need(plan)), ", more than the ",
+                 format_size(free_b), " free outside the arena");
+      return nullptr;
+    }
+  }
   *rows = r;
-  return plan_for(backward, t, r, T, C, H, why);
+  return plan;
 }
 
 bool CudnnAttention::forward(ElemType t, void* out, float* lse, const void* qkv, int B, int T, int C, int H,
@@ -611,7 +674,9 @@ bool CudnnAttention::forward(ElemType t, void* out, float* lse, const void* qkv,
   Plan* plan = chunked_plan(false, t, B, T, C, H, &rows, why);
   if (!plan) return false;
   const size_t e = elem_type_size(t), row_in = size_t(T) * 3 * C * e, row_out = size_t(T) * C * e;
-  if (!aligned({qkv, out, lse}, {row_in, row_out, size_t(H) * T * 4, C * e}, rows, why)) return false;
+  if (!aligned({qkv, out, lse}, {row_in, row_out, size_t(H) * T * 4, C * e}, rows < B ? rows : 0, why) ||
+      !reserve(*plan, why))
+    return false;
   float scale = 1.0f / std::sqrt(static_cast<float>(C / H)), neg_inf = -INFINITY;
   for (int b = 0; b < B; b += rows) {
     char* in = static_cast<char*>(const_cast<void*>(qkv)) + b * row_in;
@@ -630,8 +695,9 @@ bool CudnnAttention::backward(ElemType t, void* dqkv, const void* dout, const vo
   Plan* plan = chunked_plan(true, t, B, T, C, H, &rows, why);
   if (!plan) return false;
   const size_t e = elem_type_size(t), row_in = size_t(T) * 3 * C * e, row_out = size_t(T) * C * e;
-  if (!aligned({qkv, dqkv, out, dout, lse}, {row_in, row_in, row_out, row_out, size_t(H) * T * 4, C * e}, rows,
-               why))
+  if (!aligned({qkv, dqkv, out, dout, lse}, {row_in, row_in, row_out, row_out, size_t(H) * T * 4, C * e},
+               rows < B ? rows : 0, why) ||
+      !reserve(*plan, why))
     return false;
   float scale = 1.0f / std::sqrt(static_cast<float>(C / H)), neg_inf = -INFINITY, one = 1.0f;
   for (int b = 0; b < B; b += rows) {
@@ -647,15 +713,16 @@ bool CudnnAttention::backward(ElemType t, void* dqkv, const void* dout, const vo
   return true;
 }
 
-// cuDNN's tensors are declared 16-byte aligned: every base, every chunk's offset and the
-// k / v offsets within a row must be.
+// cuDNN's tensors are declared 16-byte aligned: every base, the k / v offsets within a row
+// (the last step) and, when the batch runs in chunks of `rows` (0: one chunk), every chunk's
+// offset (the other steps, one per base) must be.
 bool CudnnAttention::aligned(std::initializer_list<const void*> bases, std::initializer_list<size_t> steps, int rows,
                              std::string* why) {
   for (const void* p : bases)
     if (reinterpret_cast<uintptr_t>(p) % 16) return *why = "a tensor not 16-byte aligned", false;
   auto it = steps.begin();
   for (size_t i = 0; i + 1 < steps.size(); ++i, ++it)
-    if ((*it * rows) % 16) return *why = "a batch chunk's offset not 16-byte aligned", false;
+    if (rows && (*it * rows) % 16) return *why = "a batch chunk's offset not 16-byte aligned", false;
   if (*it % 16) return *why = "k and v not 16-byte aligned within qkv (C * element size % 16)", false;
   return true;
 }

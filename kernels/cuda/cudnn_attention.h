@@ -53,17 +53,21 @@ class CudnnAttention {
   // refusal. For tests on machines without a GPU.
   static std::string check_graphs(ElemType t, int B, int T, int C, int H);
 
+  // Largest workspace (plus the backward's row sums) one call takes outside the arena; a batch
+  // needing more runs in equal chunks of batch rows (tests lower it to make chunks). One row
+  // over it runs if the device has the memory free, else the shape is refused.
+  static constexpr size_t kWorkspaceCap = size_t(256) << 20;
+  void set_workspace_cap(size_t bytes) { workspace_cap_ = bytes; }
+
   struct Plan;  // a finalized graph with its execution plan, workspace size and tensor ids
 
  private:
   using Key = std::tuple<bool, int, int, int, int, int>;  // backward?, type, B, T, C, H
-  // Largest workspace (plus the backward's row sums) one call may take outside the arena; a
-  // batch needing more runs in equal chunks of batch rows.
-  static constexpr size_t kWorkspaceCap = size_t(256) << 20;
   Plan* plan_for(bool backward, ElemType t, int B, int T, int C, int H, std::string* why);
   Plan* chunked_plan(bool backward, ElemType t, int B, int T, int C, int H, int* rows, std::string* why);
   static bool aligned(std::initializer_list<const void*> bases, std::initializer_list<size_t> steps, int rows,
                       std::string* why);
+  bool reserve(const Plan& plan, std::string* why);
   void run(Plan& plan, const std::map<int64_t, void*>& ptrs);  // queues it; throws Error if cuDNN fails
 
   void* lib_ = nullptr;  // the library (process-wide, opened once); null when unavailable
@@ -74,6 +78,7 @@ class CudnnAttention {
   std::mutex mu_;  // one graph build or launch at a time (a handle is not thread-safe)
   std::map<Key, std::unique_ptr<Plan>> plans_;
   std::map<Key, std::string> refused_;  // shapes cuDNN refused, with its reason
+  size_t workspace_cap_ = kWorkspaceCap;
   void* workspace_ = nullptr;  // device memory outside the arena, grown to the largest plan's
   size_t workspace_bytes_ = 0;
 };

@@ -10,8 +10,9 @@
 // relative error of out, dq, dk and dv is within 3 u16 plus fp32's terms; the bound is 8 u16,
 // and the figures are printed beside the CPU backend's own error on the same inputs. The
 // log-sum-exps are fp32 throughout: within 4 (D + T) u32 (1 + the largest |score|).
-// Also: two runs give the same bits (the deterministic backward), and the backend routes
-// attention_forward / attention_backward to cuDNN without refusing these shapes.
+// Also: two runs give the same bits (the deterministic backward), the backend routes
+// attention_forward / attention_backward to cuDNN without refusing these shapes, and a batch
+// taken in chunks of rows (as a workspace over the cap is) stays within the same bounds.
 #include <catch2/catch.hpp>
 #include <cfloat>
 #include <cmath>
@@ -184,20 +185,33 @@ TEST_CASE("cudnn fused attention: within 16-bit bounds of exact, deterministic, 
   const Result c = run(*cpu, t, qkv, dout, B, T, C, H);
 
   const double u = unit16(t), bound = 8 * u;
-  const std::vector<float> g_out = widen(t, a.out), g_d = widen(t, a.dqkv), c_out = widen(t, c.out), c_d = widen(t, c.dqkv);
-  const double e[4] = {rel_error(g_out, ex.out, C, -1), rel_error(g_d, ex.dqkv, C, 0), rel_error(g_d, ex.dqkv, C, 1),
-                       rel_error(g_d, ex.dqkv, C, 2)};
+  const std::vector<float> c_out = widen(t, c.out), c_d = widen(t, c.dqkv);
   const double ce[4] = {rel_error(c_out, ex.out, C, -1), rel_error(c_d, ex.dqkv, C, 0), rel_error(c_d, ex.dqkv, C, 1),
                         rel_error(c_d, ex.dqkv, C, 2)};
-  std::printf("cudnn attention %s B %d T %d C %d H %d: relative error / u16 (cuDNN | CPU kernels): out %.2f | %.2f, "
-              "dq %.2f | %.2f, dk %.2f | %.2f, dv %.2f | %.2f\n",
-              elem_type_name(t), B, T, C, H, e[0] / u, ce[0] / u, e[1] / u, ce[1] / u, e[2] / u, ce[2] / u, e[3] / u,
-              ce[3] / u);
-  const char* names[4] = {"out", "dq", "dk", "dv"};
-  for (int k = 0; k < 4; ++k) {
-    INFO(names[k] << ": relative error " << e[k] << " = " << e[k] / u << " u16");
-    CHECK(e[k] <= bound);
-  }
+  auto check_errors = [&](const Result& r, const char* how) {
+    const std::vector<float> g_out = widen(t, r.out), g_d = widen(t, r.dqkv);
+    const double e[4] = {rel_error(g_out, ex.out, C, -1), rel_error(g_d, ex.dqkv, C, 0),
+                         rel_error(g_d, ex.dqkv, C, 1), rel_error(g_d, ex.dqkv, C, 2)};
+    std::printf("cudnn attention %s B %d T %d C %d H %d%s: relative error / u16 (cuDNN | CPU kernels): out %.2f | "
+                "%.2f, dq %.2f | %.2f, dk %.2f | %.2f, dv %.2f | %.2f\n",
+                elem_type_name(t), B, T, C, H, how, e[0] / u, ce[0] / u, e[1] / u, ce[1] / u, e[2] / u, ce[2] / u,
+                e[3] / u, ce[3] / u);
+    const char* names[4] = {"out", "dq", "dk", "dv"};
+    for (int k = 0; k < 4; ++k) {
+      INFO(how << " " << names[k] << ": relative error " << e[k] << " = " << e[k] / u << " u16");
+      CHECK(e[k] <= bound);
+    }
+  };
+  check_errors(a, "");
+  // The batch in chunks of one row (the workspace cap lowered below every plan's): the same
+  // bounds, nothing refused that was not before.
+  cuda->cudnn()->set_workspace_cap(1);
+  const Result chunked = run(*gpu, t, qkv, dout, B, T, C, H);
+  INFO("refusals after the chunked run: " << cuda->attention_refusals());
+  CHECK(cuda->attention_refusals() == (old_backward ? 2u : 0u));
+  check_errors(chunked, ", in chunks of one row");
+  std::printf("  chunked results %s the whole batch's\n",
+              chunked.out == a.out && chunked.dqkv == a.dqkv ? "equal bit for bit" : "differ from");
   double lse_err = 0;
   for (size_t i = 0; i < ex.lse.size(); ++i) lse_err = std::max(lse_err, std::fabs(a.lse[i] - ex.lse[i]));
   INFO("log-sum-exp: largest error " << lse_err);
