@@ -3,11 +3,14 @@
 // bf16 tensors stays within bf16 rounding of the fp32 model; training keeps fp32 master
 // weights and writes the device's bf16 weights in the update's own pass.
 #include <catch2/catch.hpp>
+#include <omp.h>
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
+#include <utility>
 #include <vector>
 
 #include "fuyou/backend.h"
@@ -22,6 +25,7 @@
 #include "fuyou/safetensors.h"
 #include "fuyou/scheduler.h"
 #include "fuyou/simulator.h"
+#include "fuyou/threads.h"
 #include "fuyou/train.h"
 #include "kernels/common/element_math.h"
 #include "kernels/cpu/gemm.h"
@@ -558,6 +562,45 @@ TEST_CASE("PyTorch's bf16 recipe: logits, loss, gradients and 10 steps with bf16
     SafetensorsReader f(test::source_path(str("tests/reference/fixtures/bf16/", name, ".safetensors")));
     INFO("fixture " << name);
     test::check_bf16_recipe(f, "cpu", [] { return make_cpu_backend(2, 0); });
+  }
+}
+
+TEST_CASE("the gradient's sum of squares: the same bits on any thread count, near exact, non-finite kept",
+          "[bf16]") {
+  // Blocks of 2^16 summed in parallel, eight lanes each: a length that ends mid-block and
+  // mid-lane, in every gradient type.
+  const size_t n = 3 * (size_t(1) << 16) + 12345;
+  Rng rng(77);
+  std::vector<float> f(n);
+  for (float& x : f) x = static_cast<float>(rng.normal()) * (rng.below(100) == 0 ? 300.0f : 1.0f);
+  std::vector<uint16_t> b(n), h(n);
+  round_to(ElemType::kBF16, b.data(), f.data(), n);
+  round_to(ElemType::kF16, h.data(), f.data(), n);
+  for (auto [t, data] : {std::pair<ElemType, const void*>{ElemType::kF32, f.data()}, {ElemType::kBF16, b.data()},
+                         {ElemType::kF16, h.data()}}) {
+    INFO(elem_type_name(t));
+    std::vector<float> w(n);
+    widen_from(t, w.data(), data, n);
+    long double exact = 0;  // sequential in 64-bit mantissas: ~2^11 times double's precision
+    for (float x : w) exact += static_cast<long double>(x) * x;
+    const int team = omp_get_max_threads();
+    set_thread_team(1);
+    const double one = group_sum_squares(data, t, n);
+    set_thread_team(3);  // more threads than blocks' multiple: uneven shares
+    const double three = group_sum_squares(data, t, n);
+    set_thread_team(team);
+    CHECK(std::memcmp(&one, &three, sizeof one) == 0);
+    // Each product is exact in double; n additions of positive terms err by at most n u64.
+    CHECK(std::fabs(one - static_cast<double>(exact)) <= n * std::ldexp(1.0, -53) * static_cast<double>(exact));
+    // The first block alone, and an empty group.
+    CHECK(group_sum_squares(data, t, 0) == 0.0);
+    CHECK(group_sum_squares(data, t, 1) == static_cast<double>(w[0]) * w[0]);
+  }
+  // A NaN or an infinity anywhere reaches the sum (the non-finite check of fp16's loss scaling).
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    std::vector<float> g = f;
+    g[n - 7] = bad;
+    CHECK(!std::isfinite(group_sum_squares(g.data(), ElemType::kF32, n)));
   }
 }
 

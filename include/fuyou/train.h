@@ -35,7 +35,9 @@ int64_t count_targets(const uint8_t* counted, int B, int T);
 // weighted by its count. 0 when nothing counts.
 double mean_over_counted(const std::vector<float>& means, const std::vector<int64_t>& counts);
 
-// Sum of squares of one parameter group's gradient, sequentially in double. Global-norm
+// Sum of squares of one parameter group's gradient in double, in an order fixed by n alone
+// (blocks of 2^16 elements in eight lanes each, the blocks' sums added in order), over the
+// calling thread's OpenMP team: the same bits whatever the thread count. Global-norm
 // clipping adds these over groups in layout order, in-memory and offloaded alike.
 double group_sum_squares(const void* g, ElemType type, size_t n);
 
@@ -58,7 +60,11 @@ class StepRunner {
   StepRunner(const Config& cfg, Backend& backend);
 
   GptModel& model() { return model_; }
-  const std::vector<float>& master() const { return master_; }
+  // The fp32 master weights, layout() order. With 16-bit tensors the optimizer keeps them and
+  // this copies them out when a step has changed them since the last call (exports,
+  // checkpoints and tests read them; a step does not pay for a copy nobody reads).
+  const std::vector<float>& master();
+  size_t num_params() const { return master_.size(); }
 
   void init_params();                       // init_gpt_params with model.seed
   // layout() order, layout().total elements; the moments start from zero.
@@ -93,7 +99,8 @@ class StepRunner {
   void upload_params(size_t begin, size_t n);
 
   ElemType store_;  // the device's tensors (Backend::storage_type)
-  std::vector<float> master_;  // the optimizer's master weights
+  std::vector<float> master_;  // the optimizer's master weights (see master())
+  bool master_stale_ = false;  // 16-bit tensors: a step has updated the optimizer's master since
   std::vector<char> grad_;     // the device's gradients, as stored (store_)
   // 16-bit tensors summed in fp32 over micro-batches (sums_grads_in_fp32): each micro-batch's
   // gradient, copied from the device, is added here; the norm and the updates read it.

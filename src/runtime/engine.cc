@@ -36,7 +36,7 @@ class InMemoryEngine final : public TrainEngine {
   std::string describe() const override {
     return str("in-memory training: parameters, gradients and activations on the device (",
                format_size(be_.memory().used), "), fp32 master weights and Adam moments in host memory (",
-               format_size(16ull * runner_.master().size()), ")");
+               format_size(16ull * runner_.num_params()), ")");
   }
   void init_params() override {
     if (cfg_.model.checkpoint.empty()) return runner_.init_params();

@@ -65,7 +65,8 @@ void OffloadTrainer::Impl::run_op(Iter& it, const PlanOp& op) {
       return;
     }
     case OpKind::kGradNorm: {
-      // Group order 0..L+1, each group's own sum sequential: the reduction StepRunner uses.
+      // Group order 0..L+1, each group's own sum in group_sum_squares's fixed order: the
+      // reduction StepRunner uses.
       double sq = 0;
       for (double g : it.sum_sq) sq += g;
       const StepDecision d = decide_step(sq, it.step_loss_scale, cfg_.optimizer.grad_clip, scaler_.get());

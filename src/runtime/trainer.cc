@@ -1,5 +1,7 @@
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <vector>
 
 #include "fuyou/error.h"
 #include "fuyou/optim.h"
@@ -8,19 +10,56 @@
 
 namespace fuyou {
 
-double group_sum_squares(const void* g, ElemType type, size_t n) {
+namespace {
+
+// Elements per block of the sum of squares: blocks are summed in parallel, and their sums
+// added in block order, so the result does not depend on the thread count.
+constexpr size_t kSumBlock = size_t(1) << 16;
+
+// One block [lo, hi) of the sum of squares in double: element i into lane (i - lo) % 8, the
+// lanes added pairwise in a fixed order. Eight independent chains instead of one let the
+// adds overlap and vectorise (one chain runs at one add's latency per element).
+template <typename Widen>
+double block_sum_squares(size_t lo, size_t hi, Widen widen) {
+  double lane[8] = {};
+  size_t i = lo;
+  for (; i + 8 <= hi; i += 8)
+    for (int l = 0; l < 8; ++l) {
+      const double x = widen(i + l);
+      lane[l] += x * x;
+    }
+  for (; i < hi; ++i) {
+    const double x = widen(i);
+    lane[(i - lo) % 8] += x * x;
+  }
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+template <typename Widen>
+double sum_squares(size_t n, Widen widen) {
+  const size_t blocks = (n + kSumBlock - 1) / kSumBlock;
+  if (blocks <= 1) return n ? block_sum_squares(0, n, widen) : 0.0;
+  std::vector<double> sums(blocks);
+#pragma omp parallel for schedule(static) if (blocks >= 8)
+  for (ptrdiff_t b = 0; b < static_cast<ptrdiff_t>(blocks); ++b) {
+    const size_t lo = static_cast<size_t>(b) * kSumBlock;
+    sums[b] = block_sum_squares(lo, std::min(n, lo + kSumBlock), widen);
+  }
   double s = 0;
+  for (double x : sums) s += x;
+  return s;
+}
+
+}  // namespace
+
+double group_sum_squares(const void* g, ElemType type, size_t n) {
   if (type == ElemType::kF32) {
     const float* f = static_cast<const float*>(g);
-    for (size_t i = 0; i < n; ++i) s += static_cast<double>(f[i]) * f[i];
-    return s;
+    return sum_squares(n, [f](size_t i) { return static_cast<double>(f[i]); });
   }
   const uint16_t* h = static_cast<const uint16_t*>(g);
-  for (size_t i = 0; i < n; ++i) {
-    const double x = type == ElemType::kBF16 ? math::bf16_to_float(h[i]) : math::fp16_to_float(h[i]);
-    s += x * x;
-  }
-  return s;
+  if (type == ElemType::kBF16) return sum_squares(n, [h](size_t i) { return static_cast<double>(math::bf16_to_float(h[i])); });
+  return sum_squares(n, [h](size_t i) { return static_cast<double>(math::fp16_to_float(h[i])); });
 }
 
 void add_to_fp32_sum(float* sum, const void* g, ElemType type, size_t n, bool first) {
@@ -126,6 +165,7 @@ void StepRunner::init_params() {
 
 void StepRunner::set_params(const float* host_params) {
   if (host_params != master_.data()) std::copy(host_params, host_params + master_.size(), master_.begin());
+  master_stale_ = false;
   const ParamLayout& layout = model_.layout();
   for (size_t g = 0; g < layout.groups.size(); ++g) opt_.init_group(static_cast<int>(g), master_.data() + layout.groups[g].offset);
   if (store_ != ElemType::kF32) round_to(store_, lowp_.data(), master_.data(), lowp_.size());
@@ -143,6 +183,7 @@ void StepRunner::read_state(int group, StateKind kind, const StateSink& sink) { 
 void StepRunner::write_state(int group, StateKind kind, const StateSource& source) {
   const ParamGroup& g = model_.layout().groups.at(group);
   if (kind != StateKind::kMaster) return opt_.write_state(group, kind, source);
+  master();  // the other groups' masters current before this one is replaced
   float* master = master_.data() + g.offset;
   source(0, master, g.numel);
   opt_.write_state(group, kind, [&](size_t begin, float* data, size_t n) { std::copy(master + begin, master + begin + n, data); });
@@ -210,7 +251,7 @@ StepResult StepRunner::step(int64_t step_index,
   const char* gbase = sums ? reinterpret_cast<const char*>(sum_.data()) : grad_.data();
   const size_t es = elem_type_size(gtype);
 
-  // Per parameter group in order, each group summed sequentially in double: the same
+  // Per parameter group in order, each group summed in double by group_sum_squares: the same
   // reduction the offloading scheduler performs, so both clip identically. Padding between
   // tensors holds zero gradient.
   double sq = 0;
@@ -225,7 +266,8 @@ StepResult StepRunner::step(int64_t step_index,
   }
   ++t_;
   // Every group's update; the new working weights come back into master_ (fp32 tensors) or
-  // lowp_ (16-bit, rounded in the update's pass) and go to the device.
+  // lowp_ (16-bit, rounded in the update's pass) and go to the device. With 16-bit tensors
+  // the fp32 master stays in the optimizer until master() asks for it.
   const ParamLayout& layout = model_.layout();
   for (size_t g = 0; g < layout.groups.size(); ++g) {
     OocAdamW::Update u;
@@ -239,12 +281,20 @@ StepResult StepRunner::step(int64_t step_index,
     u.lr = static_cast<float>(r.lr);
     u.t = t_;
     opt_.wait(opt_.submit(u));
-    // master_ mirrors the optimizer's master (checkpoints and exports read it): with fp32
-    // tensors the update wrote it as its working weights, with bf16 it is copied here.
-    if (store_ != ElemType::kF32) opt_.read_master(u.group, master_.data() + layout.groups[g].offset);
   }
+  master_stale_ = store_ != ElemType::kF32;
   upload_params(0, master_.size());
   return r;
+}
+
+const std::vector<float>& StepRunner::master() {
+  if (master_stale_) {
+    const ParamLayout& layout = model_.layout();
+    for (size_t g = 0; g < layout.groups.size(); ++g)
+      opt_.read_master(static_cast<int>(g), master_.data() + layout.groups[g].offset);
+    master_stale_ = false;
+  }
+  return master_;
 }
 
 std::vector<float> StepRunner::step_gradient() const {
