@@ -58,6 +58,9 @@ OocAdamWOptions optimizer_options(const OptimizerConfig& o);
 class StepRunner {
  public:
   StepRunner(const Config& cfg, Backend& backend);
+  ~StepRunner();
+  StepRunner(const StepRunner&) = delete;
+  StepRunner& operator=(const StepRunner&) = delete;
 
   GptModel& model() { return model_; }
   // The fp32 master weights, layout() order. With 16-bit tensors the optimizer keeps them and
@@ -111,6 +114,7 @@ class StepRunner {
   std::vector<int32_t> inputs_, targets_;
   int64_t t_ = 0;
   std::unique_ptr<DynamicLossScaler> scaler_;  // with fp16 GEMM inputs only
+  std::vector<void*> pinned_;  // host buffers the backend page-locked (register_host)
 };
 
 class StopSignals;

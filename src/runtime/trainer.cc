@@ -1,9 +1,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 #include "fuyou/error.h"
+#include "fuyou/log.h"
+#include "fuyou/sizes.h"
 #include "fuyou/optim.h"
 #include "fuyou/train.h"
 #include "kernels/common/element_math.h"
@@ -64,16 +67,23 @@ double group_sum_squares(const void* g, ElemType type, size_t n) {
 
 void add_to_fp32_sum(float* sum, const void* g, ElemType type, size_t n, bool first) {
   if (first) return widen_from(type, sum, g, n);  // exact: the sum is the gradient
+  // Element by element, so the threads' shares do not change a bit of the result.
+  const ptrdiff_t count = static_cast<ptrdiff_t>(n);
+  const bool parallel = n >= (size_t(1) << 16);
   if (type == ElemType::kF32) {
     const float* f = static_cast<const float*>(g);
-    for (size_t i = 0; i < n; ++i) sum[i] += f[i];
+#pragma omp parallel for schedule(static) if (parallel)
+    for (ptrdiff_t i = 0; i < count; ++i) sum[i] += f[i];
     return;
   }
   const uint16_t* h = static_cast<const uint16_t*>(g);
-  if (type == ElemType::kBF16)
-    for (size_t i = 0; i < n; ++i) sum[i] += math::bf16_to_float(h[i]);
-  else
-    for (size_t i = 0; i < n; ++i) sum[i] += math::fp16_to_float(h[i]);
+  if (type == ElemType::kBF16) {
+#pragma omp parallel for schedule(static) if (parallel)
+    for (ptrdiff_t i = 0; i < count; ++i) sum[i] += math::bf16_to_float(h[i]);
+  } else {
+#pragma omp parallel for schedule(static) if (parallel)
+    for (ptrdiff_t i = 0; i < count; ++i) sum[i] += math::fp16_to_float(h[i]);
+  }
 }
 
 void split_batch(const int32_t* batch, int B, int T, int32_t* inputs, int32_t* targets) {
@@ -156,6 +166,24 @@ StepRunner::StepRunner(const Config& cfg, Backend& backend)
     ls.initial = cfg.optimizer.initial_loss_scale;
     scaler_ = std::make_unique<DynamicLossScaler>(ls);
   }
+  // The step's two whole-model copies (gradients out, weights in) page-locked where the
+  // backend can (CUDA: the bus's rate instead of the driver's staging); a refusal (the
+  // locked-memory limit) is logged once and costs only speed.
+  uint64_t refused = 0;
+  for (auto [p, n] : {std::pair<void*, size_t>{grad_.data(), grad_.size()},
+                      store_ == ElemType::kF32 ? std::pair<void*, size_t>{master_.data(), 4 * master_.size()}
+                                               : std::pair<void*, size_t>{lowp_.data(), 2 * lowp_.size()}}) {
+    if (!p || !n) continue;
+    if (be_.register_host(p, n)) pinned_.push_back(p);
+    else refused += n;
+  }
+  if (refused)
+    spdlog::warn("{}: {} of the step's host buffers could not be page-locked (locked-memory limit?); its copies "
+                 "run slower", be_.name(), format_size(refused));
+}
+
+StepRunner::~StepRunner() {
+  for (void* p : pinned_) be_.unregister_host(p);
 }
 
 void StepRunner::init_params() {
