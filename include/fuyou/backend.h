@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "fuyou/elem_type.h"
 
@@ -232,6 +234,13 @@ std::unique_ptr<Backend> make_cpu_stream_backend(int threads, uint64_t device_me
 // The emulated device of runtime.backend: emulated, emulating the GPU of offload.hardware at
 // runtime.emulated_scale (kernels/emulated/emulated_backend.h).
 std::unique_ptr<Backend> make_emulated_backend(const Config& cfg);
+
+// Page-locks each (pointer, bytes) host buffer through be.register_host (CUDA: full-speed
+// asynchronous copies), appending those it locked to *locked for unregister_host later; what
+// it could not lock (the locked-memory limit) is logged once, naming `whose` buffers: copies
+// from them run through the driver's staging, slower.
+void page_lock_host(Backend& be, const std::vector<std::pair<void*, size_t>>& buffers, std::vector<void*>* locked,
+                    const char* whose);
 
 // runtime.device_tensors as an element type.
 ElemType device_tensor_type(const RuntimeConfig& runtime);

@@ -5,6 +5,8 @@
 #include "fuyou/config.h"
 #include "fuyou/cuda.h"
 #include "fuyou/error.h"
+#include "fuyou/log.h"
+#include "fuyou/sizes.h"
 
 namespace fuyou {
 
@@ -27,6 +29,19 @@ std::string cudnn_attention_graph_check(ElemType, int, int, int, int) {
   return "this build has no CUDA backend (configured without the CUDA toolkit)";
 }
 #endif
+
+void page_lock_host(Backend& be, const std::vector<std::pair<void*, size_t>>& buffers, std::vector<void*>* locked,
+                    const char* whose) {
+  uint64_t refused = 0;
+  for (auto [p, n] : buffers) {
+    if (!p || !n) continue;
+    if (be.register_host(p, n)) locked->push_back(p);
+    else refused += n;
+  }
+  if (refused)
+    spdlog::warn("{}: {} of {} could not be page-locked (locked-memory limit?); copies from them run slower",
+                 be.name(), format_size(refused), whose);
+}
 
 std::unique_ptr<Backend> make_backend(const Config& cfg, std::string* reason) {
   const RuntimeConfig& runtime = cfg.runtime;

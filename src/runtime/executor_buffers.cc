@@ -128,15 +128,7 @@ void OffloadTrainer::Impl::register_host_buffers() {
   std::vector<std::pair<void*, size_t>> host_bufs;
   for (const HostPool::Region& r : pool_->regions()) host_bufs.push_back({r.base, r.bytes});
   for (auto& v : host_owned_) host_bufs.push_back({v.data(), 4 * v.size()});
-  uint64_t refused = 0;
-  for (auto [p, n] : host_bufs) {
-    if (!p || !n) continue;
-    if (be_.register_host(p, n)) registered_.push_back(p);
-    else refused += n;
-  }
-  if (refused)
-    spdlog::warn("{}: {} of host buffers could not be page-locked (locked-memory limit?); copies from them "
-                 "run slower", be_.name(), format_size(refused));
+  page_lock_host(be_, host_bufs, &registered_, "the executor's host buffers");
 }
 
 void OffloadTrainer::Impl::put_weights(void* dst, const float* src, size_t n) const {

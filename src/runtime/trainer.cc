@@ -169,17 +169,11 @@ StepRunner::StepRunner(const Config& cfg, Backend& backend)
   // The step's two whole-model copies (gradients out, weights in) page-locked where the
   // backend can (CUDA: the bus's rate instead of the driver's staging); a refusal (the
   // locked-memory limit) is logged once and costs only speed.
-  uint64_t refused = 0;
-  for (auto [p, n] : {std::pair<void*, size_t>{grad_.data(), grad_.size()},
-                      store_ == ElemType::kF32 ? std::pair<void*, size_t>{master_.data(), 4 * master_.size()}
-                                               : std::pair<void*, size_t>{lowp_.data(), 2 * lowp_.size()}}) {
-    if (!p || !n) continue;
-    if (be_.register_host(p, n)) pinned_.push_back(p);
-    else refused += n;
-  }
-  if (refused)
-    spdlog::warn("{}: {} of the step's host buffers could not be page-locked (locked-memory limit?); its copies "
-                 "run slower", be_.name(), format_size(refused));
+  page_lock_host(be_,
+                 {{grad_.data(), grad_.size()},
+                  store_ == ElemType::kF32 ? std::pair<void*, size_t>{master_.data(), 4 * master_.size()}
+                                           : std::pair<void*, size_t>{lowp_.data(), 2 * lowp_.size()}},
+                 &pinned_, "the in-memory step's host buffers");
 }
 
 StepRunner::~StepRunner() {
