@@ -99,9 +99,10 @@ Demand demand(const Plan& plan, const PlanOp& op, const HardwareProfile& hw, dou
     case Resource::kSsdRead:
     case Resource::kSsdWrite: break;
     case Resource::kOptimizer:
-      // Exact mode: each group's sum of squares streams its gradient once from host memory;
+      // Exact mode: each group's sum of squares streams its held gradient once from host
+      // memory (op.bytes: the tensors' type, or the fp32 sum), over the optimizer's threads;
       // the norm itself only adds the groups' sums.
-      if (op.kind == OpKind::kGradSumSq) d.other = 4.0 * op.params / hw.host_mem_Bps;
+      if (op.kind == OpKind::kGradSumSq) d.other = static_cast<double>(op.bytes) / hw.host_mem_Bps;
       if (op.kind == OpKind::kUpdate) d.cpu = op.params / hw.optimizer_params_per_s;
       // An fp32 sum's accumulation: the 16-bit gradient read, the sum written (and read).
       if (op.kind == OpKind::kAccumulateGrads)
