@@ -1,6 +1,7 @@
 // The CUDA backend's entry points, declared for every build. Built without the CUDA toolkit
 // (no FUYOU_WITH_CUDA), cuda_built() is false, cuda_usable_devices() reports why,
-// make_cuda_backend() throws and cudnn_attention_graph_check() says so; src/runtime/backend_select.cc supplies those stubs.
+// make_cuda_backend() throws and cudnn_attention_graph_check() says so; those answers come
+// from src/runtime/backend_select.cc.
 #pragma once
 
 #include <cstdint>

@@ -103,7 +103,7 @@ class StepRunner {
 
   ElemType store_;  // the device's tensors (Backend::storage_type)
   std::vector<float> master_;  // the optimizer's master weights (see master())
-  bool master_stale_ = false;  // 16-bit tensors: a step has updated the optimizer's master since
+  bool master_stale_ = false;  // 16-bit tensors: the optimizer's master changed since master_ was copied
   std::vector<char> grad_;     // the device's gradients, as stored (store_)
   // 16-bit tensors summed in fp32 over micro-batches (sums_grads_in_fp32): each micro-batch's
   // gradient, copied from the device, is added here; the norm and the updates read it.

@@ -63,8 +63,8 @@ class StreamBackend final : public Backend {
                        int N, int IC, int OC) override;
   void attention_forward(void* out, float* lse, float* scratch, const void* qkv, int B, int T, int C,
                          int H) override;
-  void attention_backward(void* dqkv, float* scratch, const void* dout, const void* out, const void* qkv, const float* lse, int B,
-                          int T, int C, int H) override;
+  void attention_backward(void* dqkv, float* scratch, const void* dout, const void* out, const void* qkv,
+                          const float* lse, int B, int T, int C, int H) override;
   void gelu_forward(void* out, const void* in, size_t n) override;
   void gelu_backward(void* din, const void* in, const void* dout, size_t n) override;
   void add(void* out, const void* a, const void* b, size_t n) override;

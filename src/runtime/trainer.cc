@@ -5,8 +5,6 @@
 #include <vector>
 
 #include "fuyou/error.h"
-#include "fuyou/log.h"
-#include "fuyou/sizes.h"
 #include "fuyou/optim.h"
 #include "fuyou/train.h"
 #include "kernels/common/element_math.h"
@@ -61,7 +59,8 @@ double group_sum_squares(const void* g, ElemType type, size_t n) {
     return sum_squares(n, [f](size_t i) { return static_cast<double>(f[i]); });
   }
   const uint16_t* h = static_cast<const uint16_t*>(g);
-  if (type == ElemType::kBF16) return sum_squares(n, [h](size_t i) { return static_cast<double>(math::bf16_to_float(h[i])); });
+  if (type == ElemType::kBF16)
+    return sum_squares(n, [h](size_t i) { return static_cast<double>(math::bf16_to_float(h[i])); });
   return sum_squares(n, [h](size_t i) { return static_cast<double>(math::fp16_to_float(h[i])); });
 }
 
