@@ -301,6 +301,30 @@ bench_train() {  # JSON_OUT ARGS...
   "$bin/fuyou-bench" train "$@" --json > "$json" && cat "$json"
 }
 
+# The PyTorch peer (tools/torch_peer.py) with the machine's own PyTorch: the same shapes, the
+# way a PyTorch user trains them on this card; JSON lines into FILE and the log.
+torch_peer() {  # FILE ARGS...
+  local f=$1
+  shift
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' &&
+    python3 "$root/tools/torch_peer.py" "$@" | tee "$f"
+}
+
+# Where the GPU time of an in-memory step goes: every kernel of fuyou-bench train timed by
+# Nsight Compute (one metric, clocks as they run), summed per kernel by tools/ncu_summary.py
+# against the step time the same bench measured without the profiler (WALL_JSON).
+kernel_profile() {  # CSV WALL_JSON STEPS ARGS...
+  local csv=$1 wall_json=$2 steps=$3 ncu
+  shift 3
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
+  [ -n "$ncu" ] || { echo "no ncu on this machine"; return 1; }
+  "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --page raw --print-units base \
+    --log-file "$csv" "$bin/fuyou-bench" train "$@" --json || return 1
+  local wall=0
+  [ -f "$wall_json" ] && wall=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["step_s"])' "$wall_json")
+  python3 "$root/tools/ncu_summary.py" "$csv" --steps "$steps" --wall-s "$wall"
+}
+
 run_perf() {
   local big=(--config "$root/configs/gpt3-1.3b.yaml" "${cuda_sets[@]}" --set model.seq_len=1024
              --set "offload.ssd_paths=[$work/ssd-big]" --set offload.device_memory=8GiB
@@ -315,6 +339,17 @@ run_perf() {
   step bench-gpt2-bf16-tensors 120 bench_train "$work/bench-bf16-tensors.json" --config "$root/configs/gpt2-124m.yaml" \
     "${cuda_sets[@]}" --set runtime.precision=bf16 --set runtime.device_tensors=bf16 --set schedule.micro_batch=8 \
     --steps 8 --warmup 2
+  local gpt2_16=(--config "$root/configs/gpt2-124m.yaml" "${cuda_sets[@]}" --set runtime.precision=bf16
+                 --set runtime.device_tensors=bf16 --set schedule.micro_batch=8)
+  step torch-peer-gpt2 240 torch_peer "$work/torch-peer-gpt2.jsonl" train --mode best --batch 8 --seq 1024
+  step bench-gpt2-bf16-tensors-again 120 bench_train "$work/bench-bf16-tensors-2.json" "${gpt2_16[@]}" \
+    --steps 8 --warmup 2
+  step gemm-ceiling-gpt2 60 torch_peer "$work/gemm-gpt2.jsonl" gemm --d-model 768 --d-ff 3072 --vocab 50257 \
+    --tokens 8192
+  step gemm-ceiling-175b 90 torch_peer "$work/gemm-175b.jsonl" gemm --d-model 12288 --d-ff 49152 \
+    --vocab 50257 --tokens 16384
+  step kernels-gpt2 180 kernel_profile "$out/kernels-gpt2.csv" "$work/bench-bf16-tensors.json" 2 \
+    "${gpt2_16[@]}" --steps 1 --warmup 1
   # Two layers of GPT-3 175B's width at the published micro-batch (16 x 1024 tokens), bf16
   # tensors, chunked head, in memory: what this engine's kernels make of one 175B layer.
   step bench-175b-layers 200 bench_train "$work/bench-175b-layers.json" --config "$root/configs/gpt3-175b-seq1024.yaml" \
@@ -349,7 +384,7 @@ run_plumbing() {
 }
 
 export kit bin work root out
-export -f libs_resolve device_query tiny_train bench_train list_tests
+export -f libs_resolve device_query tiny_train bench_train list_tests torch_peer kernel_profile
 
 if [ "$plumbing" = 1 ]; then
   run_plumbing

@@ -27,6 +27,7 @@ namespace fuyou {
 
 struct Config;
 struct RuntimeConfig;
+struct DeviceAdamW;
 
 // kEmulated: a GPU that does no arithmetic but takes a hardware profile's time
 // (runtime.backend: emulated, kernels/emulated/emulated_backend.h).
@@ -212,6 +213,52 @@ class Backend {
   virtual void relu_forward(void* out, const void* in, size_t n) = 0;
   // din = dout * (in > 0); din may alias dout.
   virtual void relu_backward(void* din, const void* in, const void* dout, size_t n) = 0;
+
+  // ---- the optimizer on the device ------------------------------------------------------
+  // For a model whose whole optimizer state fits the device (the in-memory step with
+  // optimizer.placement device): the gradient's sum of squares, its fp32 sums over
+  // micro-batches and AdamW run where the gradients are, with the host optimizer's
+  // arithmetic in the host optimizer's order, so the results are the same bits. A backend
+  // without them answers false here and the step keeps the host optimizer; the others
+  // throw fuyou::Error naming the backend.
+  virtual bool supports_device_optimizer() const { return false; }
+  // sum(n, fp32) = widen(g) when first, else sum += widen(g), element by element.
+  virtual void accumulate_fp32(float* sum, const void* g, ElemType type, size_t n, bool first);
+  // The sum of squares of x's elements over `groups` (element offset, count), in the order
+  // of kernels/common/sum_squares.h; returned to the host once the kernels queued before
+  // have run.
+  virtual double sum_squares(const void* x, ElemType type,
+                             const std::vector<std::pair<size_t, size_t>>& groups);
+  // AdamW over device-resident fp32 state (DeviceAdamW).
+  virtual void adamw(const DeviceAdamW& a);
+};
+
+// One piece of a device AdamW update: elements [begin, begin + n) of the flat arrays, all
+// of one tensor (so of one weight decay). Pieces are at most kDeviceAdamWPiece elements, so
+// a GPU spreads them over its multiprocessors evenly.
+struct AdamWPiece {
+  uint64_t begin = 0;
+  uint32_t n = 0;
+  uint32_t decay = 0;  // 1: weight decay applies (DeviceAdamW::decay_on), 0: decay_off
+};
+constexpr uint32_t kDeviceAdamWPiece = 1u << 16;
+
+// AdamW on the device (Backend::adamw), the constants of math::AdamWConsts as the host
+// optimizer computes them (optim: adamw_consts). Per element of each piece:
+// math::adamw_element(master, m, v, widen(grad) , consts with decay_on or decay_off), and the
+// new master rounded to lowp's type when lowp is set.
+struct DeviceAdamW {
+  float* master = nullptr;   // fp32, the flat layout; may be the device's weights (fp32 tensors)
+  float* m = nullptr;
+  float* v = nullptr;
+  const void* grad = nullptr;
+  ElemType grad_type = ElemType::kF32;
+  void* lowp = nullptr;      // the device's 16-bit weights, or null
+  ElemType lowp_type = ElemType::kBF16;
+  const AdamWPiece* pieces = nullptr;  // device memory (alloc'd), `count` of them
+  size_t count = 0;
+  float grad_scale = 1, decay_on = 1, decay_off = 1, one_minus_b1 = 0, b2 = 0, one_minus_b2 = 0,
+        bc2_sqrt = 1, eps = 0, neg_step = 0;
 };
 
 // Picks and creates the backend for runtime.backend (cpu | cuda | auto | cpu-streams | emulated), its

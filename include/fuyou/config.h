@@ -77,6 +77,11 @@ struct OptimizerConfig {
   double grad_clip = 1.0;  // 0 disables global-norm clipping
   // With runtime.precision fp16: the dynamic loss scale's starting value (include/fuyou/loss_scale.h).
   double initial_loss_scale = 65536.0;
+  // Where AdamW and its state (fp32 master, moments) live when the model trains in memory:
+  // auto (the device when it has a GPU's own memory and the state fits beside the model,
+  // else the host), host, or device (an error where it does not fit or the backend has no
+  // device optimizer). Offloaded runs keep the state on host and SSD (offload.optimizer_state).
+  std::string placement = "auto";
 };
 
 struct ScheduleConfig {

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "fuyou/backend.h"
 #include "fuyou/config.h"
 #include "fuyou/elem_type.h"
 
@@ -48,6 +49,10 @@ void adamw_update(const AdamWArgs& a, const AdamWStep& s, SimdPath path = SimdPa
 // one-row ranges, each too short to pay for one).
 void adamw_update(const AdamWArgs* pieces, const float* decay, size_t count, const AdamWStep& s,
                   SimdPath path = SimdPath::kAuto);
+
+// The constants of step s for AdamW on the device (Backend::adamw), computed exactly as
+// adamw_update computes its own, so both give the same bits.
+void set_adamw_constants(DeviceAdamW* a, const AdamWStep& s, float weight_decay, float grad_scale);
 
 // Convenience for fp32 gradients without a low-precision copy (the CPU backend's case).
 void adamw_update(float* param, float* m, float* v, const float* grad, size_t n,

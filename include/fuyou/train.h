@@ -51,10 +51,11 @@ void add_to_fp32_sum(float* sum, const void* g, ElemType type, size_t n, bool fi
 std::vector<OptimGroup> optimizer_groups(const ParamLayout& layout);
 OocAdamWOptions optimizer_options(const OptimizerConfig& o);
 
-// Holds the model on a backend and, on the host, the fp32 master weights and AdamW moments
-// (an OocAdamW with every group in host memory, the driver the offloading engine uses too).
-// step() runs grad_accum micro-batches, reduces, clips, updates on the host, and copies the
-// new weights to the device.
+// The in-memory step: the model on a backend, and the fp32 master weights and AdamW moments
+// either on the host (an OocAdamW with every group in host memory, the driver the offloading
+// engine uses too: gradients copied down, AdamW, weights copied up) or on the device beside
+// the model (optimizer.placement; Backend: the optimizer on the device), with the same bits.
+// step() runs grad_accum micro-batches, reduces, clips and updates.
 class StepRunner {
  public:
   StepRunner(const Config& cfg, Backend& backend);
@@ -96,10 +97,15 @@ class StepRunner {
   Config cfg_;
   Backend& be_;
   GptModel model_;
-  OocAdamW opt_;
+  std::unique_ptr<OocAdamW> opt_;  // the host optimizer (null on the device)
   // Writes the device's parameters from master_: as they are (fp32 tensors) or through
   // lowp_, the master rounded to 16 bits by the update (16-bit tensors).
   void upload_params(size_t begin, size_t n);
+  bool choose_device_optimizer() const;  // optimizer.placement for this backend and model
+  void place_on_device();                // allocates the device optimizer's state
+  StepResult update_on_host(StepResult r, bool sums);
+  StepResult update_on_device(StepResult r, bool sums);
+  float* device_state(StateKind kind) const;
 
   ElemType store_;  // the device's tensors (Backend::storage_type)
   std::vector<float> master_;  // the optimizer's master weights (see master())
@@ -115,6 +121,24 @@ class StepRunner {
   int64_t t_ = 0;
   std::unique_ptr<DynamicLossScaler> scaler_;  // with fp16 GEMM inputs only
   std::vector<void*> pinned_;  // host buffers the backend page-locked (register_host)
+  // Each parameter group's (offset, elements): the sum of squares' groups, in layout order.
+  std::vector<std::pair<size_t, size_t>> square_groups_;
+
+  // The optimizer on the device: fp32 master (the device's weights themselves with fp32
+  // tensors), moments, the fp32 gradient sums over micro-batches (16-bit tensors, grad_accum
+  // > 1), and AdamW's pieces (adamw_pieces), all in the backend's arena.
+  bool on_device_ = false;
+  float* d_master_ = nullptr;
+  float* d_m_ = nullptr;
+  float* d_v_ = nullptr;
+  float* d_sum_ = nullptr;
+  AdamWPiece* d_pieces_ = nullptr;
+  size_t n_pieces_ = 0;
+  std::vector<void*> device_owned_;
+
+ public:
+  // Whether AdamW runs on the device (optimizer.placement resolved for this backend).
+  bool optimizer_on_device() const { return on_device_; }
 };
 
 class StopSignals;

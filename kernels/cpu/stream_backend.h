@@ -84,6 +84,12 @@ class StreamBackend final : public Backend {
   void relu_forward(void* out, const void* in, size_t n) override;
   void relu_backward(void* din, const void* in, const void* dout, size_t n) override;
 
+  bool supports_device_optimizer() const override { return inner_->supports_device_optimizer(); }
+  void accumulate_fp32(float* sum, const void* g, ElemType type, size_t n, bool first) override;
+  double sum_squares(const void* x, ElemType type,
+                     const std::vector<std::pair<size_t, size_t>>& groups) override;
+  void adamw(const DeviceAdamW& a) override;
+
  private:
   void copy(OpQueue& q, void* dst, const void* src, size_t bytes);
   template <class F>

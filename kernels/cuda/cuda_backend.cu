@@ -80,6 +80,7 @@ CudaBackend::~CudaBackend() {
   for (cudaStream_t s : {compute_, h2d_, d2h_})
     if (s) cudaStreamDestroy(s);
   cudaFree(scratch_);
+  cudaFree(squares_buf_);
   cudaFree(base_);
 }
 

@@ -23,6 +23,8 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "fuyou/backend.h"
 #include "kernels/common/arena.h"
@@ -99,6 +101,13 @@ class CudaBackend final : public Backend {
   void swiglu_backward(void* dgu, const void* gu, const void* dout, int N, int F) override;
   void relu_forward(void* out, const void* in, size_t n) override;
   void relu_backward(void* din, const void* in, const void* dout, size_t n) override;
+
+  // The optimizer on the device (optimizer.cu).
+  bool supports_device_optimizer() const override { return true; }
+  void accumulate_fp32(float* sum, const void* g, ElemType type, size_t n, bool first) override;
+  double sum_squares(const void* x, ElemType type,
+                     const std::vector<std::pair<size_t, size_t>>& groups) override;
+  void adamw(const DeviceAdamW& a) override;
 
   void set_caller_ordered(bool on) override { caller_ordered_ = on; }
   void finish_compute() override;
@@ -177,6 +186,13 @@ class CudaBackend final : public Backend {
   std::mutex scratch_mu_;
   char* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
+
+  // sum_squares: its groups' table, each (block, lane)'s sum, each group's and the total,
+  // in one allocation outside the arena, made for the groups of the last call.
+  std::mutex squares_mu_;
+  std::vector<std::pair<size_t, size_t>> square_groups_;
+  char* squares_buf_ = nullptr;
+  unsigned long long square_blocks_ = 0;
 };
 
 }  // namespace fuyou::cuda

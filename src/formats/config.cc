@@ -338,6 +338,7 @@ OptimizerConfig parse_optimizer(const YAML::Node& node, const std::string& sourc
   s.get("weight_decay", o.weight_decay);
   s.get("grad_clip", o.grad_clip);
   s.get("initial_loss_scale", o.initial_loss_scale);
+  s.get("placement", o.placement);
   s.finish();
   // Infinity passes a one-sided test (eps > 0) and silently stops training, so every bound
   // here is two-sided.
@@ -352,6 +353,8 @@ OptimizerConfig parse_optimizer(const YAML::Node& node, const std::string& sourc
           "must be a finite number >= 0 (0 disables clipping)");
   require(o.initial_loss_scale >= 1 && o.initial_loss_scale <= 16777216.0, s, "initial_loss_scale",
           o.initial_loss_scale, "must be in [1, 2^24]");
+  if (o.placement != "auto" && o.placement != "host" && o.placement != "device")
+    s.fail("placement", str("'", o.placement, "' is not one of auto, host, device"));
   return o;
 }
 
@@ -591,6 +594,7 @@ std::string config_to_yaml(const Config& c) {
   e << YAML::Key << "weight_decay" << YAML::Value << c.optimizer.weight_decay;
   e << YAML::Key << "grad_clip" << YAML::Value << c.optimizer.grad_clip;
   e << YAML::Key << "initial_loss_scale" << YAML::Value << c.optimizer.initial_loss_scale;
+  e << YAML::Key << "placement" << YAML::Value << c.optimizer.placement;
   e << YAML::EndMap;
   e << YAML::Key << "schedule" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "steps" << YAML::Value << c.schedule.steps;

@@ -95,6 +95,37 @@ void grad_stats_scalar(const void* g, ElemType t, size_t begin, size_t end, Grad
 
 using namespace optim_detail;
 
+namespace {
+
+// The constants of step s that every piece shares (grad_scale and decay are per piece).
+math::AdamWConsts step_consts(const AdamWStep& s) {
+  math::AdamWConsts k;
+  k.one_minus_b1 = 1.0f - s.beta1;
+  k.b2 = s.beta2;
+  k.one_minus_b2 = 1.0f - s.beta2;
+  // Bias corrections in double, then rounded once: every path shares these constants.
+  k.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double(s.beta2), double(s.t))));
+  k.eps = s.eps;
+  k.neg_step = static_cast<float>(-double(s.lr) / (1.0 - std::pow(double(s.beta1), double(s.t))));
+  return k;
+}
+
+}  // namespace
+
+void set_adamw_constants(DeviceAdamW* a, const AdamWStep& s, float weight_decay, float grad_scale) {
+  FY_CHECK(s.t >= 1, "AdamW step count starts at 1, got ", s.t);
+  const math::AdamWConsts k = step_consts(s);
+  a->grad_scale = grad_scale;
+  a->decay_on = 1.0f - s.lr * weight_decay;  // as adamw_update's per-piece decay
+  a->decay_off = 1.0f - s.lr * 0.0f;
+  a->one_minus_b1 = k.one_minus_b1;
+  a->b2 = k.b2;
+  a->one_minus_b2 = k.one_minus_b2;
+  a->bc2_sqrt = k.bc2_sqrt;
+  a->eps = k.eps;
+  a->neg_step = k.neg_step;
+}
+
 void adamw_update(const AdamWArgs& a, const AdamWStep& s, SimdPath path) {
   adamw_update(&a, &s.weight_decay, 1, s, path);
 }
@@ -104,14 +135,7 @@ void adamw_update(const AdamWArgs* pieces, const float* decay, size_t count, con
   if (path == SimdPath::kAuto) path = best_simd_path();
   FY_CHECK(path == SimdPath::kScalar || static_cast<int>(path) <= static_cast<int>(best_simd_path()),
            "SIMD path ", simd_path_name(path), " is not supported by this CPU");
-  math::AdamWConsts base;
-  base.one_minus_b1 = 1.0f - s.beta1;
-  base.b2 = s.beta2;
-  base.one_minus_b2 = 1.0f - s.beta2;
-  // Bias corrections in double, then rounded once: every path shares these constants.
-  base.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double(s.beta2), double(s.t))));
-  base.eps = s.eps;
-  base.neg_step = static_cast<float>(-double(s.lr) / (1.0 - std::pow(double(s.beta1), double(s.t))));
+  const math::AdamWConsts base = step_consts(s);
   std::vector<math::AdamWConsts> k(count, base);
   // Work items of at most kBlock elements, each within one piece.
   struct Item {

@@ -34,9 +34,13 @@ class InMemoryEngine final : public TrainEngine {
   InMemoryEngine(const Config& cfg, Backend& be) : cfg_(cfg), runner_(cfg, be), be_(be) {}
   bool offloaded() const override { return false; }
   std::string describe() const override {
+    if (runner_.optimizer_on_device())
+      return str("in-memory training: parameters, gradients, activations, fp32 master weights and Adam moments "
+                 "on the device (",
+                 format_size(be_.memory().used), "), AdamW on the device (optimizer.placement)");
     return str("in-memory training: parameters, gradients and activations on the device (",
                format_size(be_.memory().used), "), fp32 master weights and Adam moments in host memory (",
-               format_size(16ull * runner_.num_params()), ")");
+               format_size(16ull * runner_.num_params()), "), AdamW on the host");
   }
   void init_params() override {
     if (cfg_.model.checkpoint.empty()) return runner_.init_params();

@@ -40,7 +40,8 @@ const std::vector<std::string>& resume_changeable_keys() {
   static const std::vector<std::string> keys = {
       "schedule.steps",    "schedule.eval_every", "schedule.eval_batches", "schedule.log_every",
       "offload.*",         "runtime.threads",     "runtime.backend",       "checkpoint.*",
-      "data.text",         "data.train_shards",   "data.val_shards",       "model.checkpoint"};
+      "data.text",         "data.train_shards",   "data.val_shards",       "model.checkpoint",
+      "optimizer.placement"};
   return keys;
 }
 
