@@ -37,7 +37,7 @@ inline double engine_logits_error(const std::string& ckpt, const std::string& lo
   be->copy_to_device(model.params(), c.params.data(), c.params.size() * sizeof(float));
   model.forward(tokens.data(), nullptr);
   std::vector<float> got(static_cast<size_t>(B) * T * V);
-  be->copy_to_host(got.data(), model.logits(), got.size() * sizeof(float));
+  model.copy_logits(got.data());
   be->synchronize();
   return rel_error(got.data(), logits.data(), got.size());
 }

@@ -4,9 +4,13 @@
 #include <catch2/catch.hpp>
 #include <cfloat>
 #include <cmath>
+#include <algorithm>
 #include <functional>
 
 #include "fuyou/backend.h"
+#include "fuyou/config.h"
+#include "fuyou/model.h"
+#include "fuyou/train.h"
 #include "fuyou/rng.h"
 #include "kernels/common/element_math.h"
 #include "fd_check.h"
@@ -100,7 +104,7 @@ TEST_CASE("cross-entropy backward matches finite differences", "[kernels]") {
   std::vector<int32_t> targets = {3, 0, 10, 7};
   std::vector<float> losses(N), lse(N);
   auto loss = [&] {
-    be->crossentropy_forward(losses.data(), lse.data(), logits.data(), targets.data(), N, V);
+    be->crossentropy_forward(losses.data(), lse.data(), logits.data(), targets.data(), N, V, V);
     double s = 0;
     for (float l : losses) s += l;
     return s;
@@ -115,8 +119,61 @@ TEST_CASE("cross-entropy backward matches finite differences", "[kernels]") {
   }
   CHECK(l0 == Approx(direct).epsilon(1e-6));
   std::vector<float> d = logits;
-  be->crossentropy_backward(d.data(), lse.data(), targets.data(), 1.0f, N, V);
+  be->crossentropy_backward(d.data(), lse.data(), targets.data(), 1.0f, N, V, V);
   check_grad("cross-entropy dlogits", logits, d, loss);
+}
+
+TEST_CASE("cross-entropy over a padded vocabulary: the padding ignored, its gradient zero", "[kernels]") {
+  // Rows ld = 16 apart, V = 11 real columns, the padding columns holding what the head's GEMM
+  // leaves there (garbage here, to show they are not read): the same losses, lse and real
+  // gradients as the unpadded rows, bit for bit, and zero gradient in the padding.
+  auto be = make_cpu_backend(2, 0);
+  const int N = 5, V = 11, ld = 16;
+  auto logits = randn(N * V, 23, 2.0f);
+  auto padded = randn(N * ld, 24, 50.0f);
+  for (int n = 0; n < N; ++n) std::copy(&logits[n * V], &logits[n * V] + V, &padded[n * ld]);
+  std::vector<int32_t> targets = {3, kIgnoreTarget, 10, 7, 0};
+  std::vector<float> losses(N), lse(N), plosses(N), plse(N);
+  be->crossentropy_forward(losses.data(), lse.data(), logits.data(), targets.data(), N, V, V);
+  be->crossentropy_forward(plosses.data(), plse.data(), padded.data(), targets.data(), N, V, ld);
+  CHECK(losses == plosses);
+  CHECK(lse == plse);
+  be->crossentropy_backward(logits.data(), lse.data(), targets.data(), 0.5f, N, V, V);
+  be->crossentropy_backward(padded.data(), plse.data(), targets.data(), 0.5f, N, V, ld);
+  for (int n = 0; n < N; ++n) {
+    INFO("row " << n);
+    CHECK(std::equal(&logits[n * V], &logits[n * V] + V, &padded[n * ld]));
+    CHECK(std::all_of(&padded[n * ld + V], &padded[n * ld + ld], [](float x) { return x == 0.0f; }));
+  }
+}
+
+TEST_CASE("a padded vocabulary's rows stay zero through training and out of checkpoints", "[kernels]") {
+  // vocab 61 computes over 64 rows; the 3 padding rows of the tied table get no gradient and
+  // no update, and the layout's tensors (what checkpoints and exports write) have 61 rows.
+  Config cfg = parse_config("model: {n_layer: 1, n_head: 2, d_model: 16, d_ff: 32, vocab_size: 61, seq_len: 8}\n"
+                            "schedule: {micro_batch: 2}\nruntime: {backend: cpu, threads: 1, seed: 3}\n",
+                            "<test>");
+  REQUIRE(padded_vocab(cfg.model) == 64);
+  auto be = make_cpu_backend(1, 0);
+  apply_precision(*be, cfg.runtime);
+  StepRunner r(cfg, *be);
+  r.init_params();
+  std::vector<int32_t> batch(2 * 9);
+  for (size_t i = 0; i < batch.size(); ++i) batch[i] = static_cast<int32_t>((i * 13 + 5) % 61);
+  for (int s = 0; s < 3; ++s) r.step(s, {batch.data()});
+  const TensorSpec& wte = r.model().layout().tensor("wte.weight");
+  CHECK(wte.numel == 61u * 16);
+  CHECK(wte.shape == std::vector<int64_t>{61, 16});
+  const size_t P = r.model().layout().total;
+  std::vector<float> params(P), grads(P);
+  be->copy_to_host(params.data(), r.model().params(), 4 * P);
+  be->copy_to_host(grads.data(), r.model().grads(), 4 * P);
+  const float* pad = params.data() + wte.offset + wte.numel;
+  const float* gpad = grads.data() + wte.offset + wte.numel;
+  CHECK(std::all_of(pad, pad + 3 * 16, [](float x) { return x == 0.0f; }));
+  CHECK(std::all_of(gpad, gpad + 3 * 16, [](float x) { return x == 0.0f; }));
+  // The real rows did train (the last real row's token occurs in the batch).
+  CHECK(std::any_of(grads.data() + wte.offset, grads.data() + wte.offset + wte.numel, [](float x) { return x != 0; }));
 }
 
 TEST_CASE("embedding backward matches finite differences", "[kernels]") {

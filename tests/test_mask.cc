@@ -47,8 +47,8 @@ TEST_CASE("crossentropy: an ignored target gives no loss and no gradient, other 
     std::vector<float> lse(N);
     losses->assign(N, -1.0f);
     *grad = logits;
-    be->crossentropy_forward(losses->data(), lse.data(), logits.data(), tg.data(), N, V);
-    be->crossentropy_backward(grad->data(), lse.data(), tg.data(), 0.25f, N, V);
+    be->crossentropy_forward(losses->data(), lse.data(), logits.data(), tg.data(), N, V, V);
+    be->crossentropy_backward(grad->data(), lse.data(), tg.data(), 0.25f, N, V, V);
   };
   std::vector<float> la, ga, ls, gs;
   run(all, &la, &ga);

@@ -168,10 +168,14 @@ class Backend {
   // loss 0 (and lse 0) in the forward and an all-zero gradient row in the backward, so a
   // masked-out target contributes neither loss nor gradient. The caller divides by the number
   // of counted targets (the mean over counted targets: scale = 1 / count).
+  // Rows are ld >= V elements apart: a vocabulary padded for the GEMMs' sake (the model's
+  // padded_vocab) has ld - V columns past the real ones, which the forward ignores and the
+  // backward sets to zero, so the padding's weight rows get no gradient.
   virtual void crossentropy_forward(float* losses, float* lse, const void* logits,
-                                    const int32_t* targets, int N, int V) = 0;
+                                    const int32_t* targets, int N, int V, int ld) = 0;
   virtual void crossentropy_backward(void* logits_to_dlogits, const float* lse,
-                                     const int32_t* targets, float scale, int N, int V) = 0;
+                                     const int32_t* targets, float scale, int N, int V,
+                                     int ld) = 0;
 
   // ---- kernels of the opt and llama families -----------------------------------------------
   // Hq = query heads, Hkv = key/value heads (Hkv divides Hq), D = head size, C = Hq * D.

@@ -47,6 +47,14 @@ enum class Family { kGpt2, kOpt, kLlama };
 Family model_family(const ModelConfig& cfg);
 // Rows of the position table: seq_len, plus OPT's offset of 2; 0 for llama (no table).
 int position_rows(const ModelConfig& cfg);
+// The LM head's rows as the model computes them: vocab_size rounded up to a multiple of
+// kVocabPad, so the head's GEMMs get aligned leading dimensions and whole tiles (a vocabulary
+// such as GPT-2's 50257 otherwise sends cuBLAS to its slow unaligned kernels). The padding
+// rows of the token table (and of an untied head) are zero and stay zero; tensors, checkpoints
+// and exports have vocab_size rows; the logits buffer is (rows, padded_vocab) and
+// logits_stride() says so.
+inline constexpr int kVocabPad = 64;
+inline int padded_vocab(const ModelConfig& cfg) { return (cfg.vocab_size + kVocabPad - 1) / kVocabPad * kVocabPad; }
 // OPT reads position t from row t + 2 of its table; 0 for the others.
 inline constexpr int kOptPositionOffset = 2;
 
@@ -168,8 +176,13 @@ class GptModel {
   size_t elem_bytes() const { return es_; }
   void* params() { return params_; }  // layout() order
   void* grads() { return grads_; }    // layout() order
-  // (N, V) after forward(); only where the head is not chunked (model.head_chunk_tokens).
+  // (N, V) after forward(), rows logits_stride() elements apart; only where the head is not
+  // chunked (model.head_chunk_tokens).
   const void* logits() const;
+  int logits_stride() const { return padded_vocab(cfg_); }
+  // The logits of the last forward() to host memory as a compact (N, V) array of the storage
+  // type (the padding columns left out).
+  void copy_logits(void* dst) const;
 
   // Runs the whole forward on inputs(B*T) (host memory). With targets (host, B*T), computes
   // the per-token losses and returns their mean over the counted targets (those that are not

@@ -55,9 +55,9 @@ class CpuBackend final : public Backend {
   void gelu_backward(void* din, const void* in, const void* dout, size_t n) override;
   void add(void* out, const void* a, const void* b, size_t n) override;
   void crossentropy_forward(float* losses, float* lse, const void* logits,
-                            const int32_t* targets, int N, int V) override;
+                            const int32_t* targets, int N, int V, int ld) override;
   void crossentropy_backward(void* logits_to_dlogits, const float* lse, const int32_t* targets,
-                             float scale, int N, int V) override;
+                             float scale, int N, int V, int ld) override;
   void rmsnorm_forward(void* out, float* rstd, const void* in, const void* w, float eps, int N,
                        int C) override;
   void rmsnorm_backward(void* din, void* dw, const void* dout, const void* in,

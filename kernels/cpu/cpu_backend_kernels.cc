@@ -176,16 +176,16 @@ void CpuBackend::add(void* out, const void* a, const void* b, size_t n) {
 }
 
 void CpuBackend::crossentropy_forward(float* losses, float* lse, const void* logits,
-                                      const int32_t* targets, int N, int V) {
+                                      const int32_t* targets, int N, int V, int ld) {
   Stage s(storage_);
-  k_.crossentropy_forward(losses, lse, s.in(logits, static_cast<size_t>(N) * V), targets, N, V);
+  k_.crossentropy_forward(losses, lse, s.in(logits, static_cast<size_t>(N) * ld), targets, N, V, ld);
 }
 
 void CpuBackend::crossentropy_backward(void* logits_to_dlogits, const float* lse,
-                                       const int32_t* targets, float scale, int N, int V) {
+                                       const int32_t* targets, float scale, int N, int V, int ld) {
   Stage s(storage_);
-  k_.crossentropy_backward(s.acc(logits_to_dlogits, static_cast<size_t>(N) * V), lse, targets,
-                           scale, N, V);
+  k_.crossentropy_backward(s.acc(logits_to_dlogits, static_cast<size_t>(N) * ld), lse, targets,
+                           scale, N, V, ld);
 }
 
 void CpuBackend::rmsnorm_forward(void* out, float* rstd, const void* in, const void* w,

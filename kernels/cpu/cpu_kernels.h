@@ -38,9 +38,9 @@ class CpuKernels {
   void gelu_backward(float* din, const float* in, const float* dout, size_t n);
   void add(float* out, const float* a, const float* b, size_t n);
   void crossentropy_forward(float* losses, float* lse, const float* logits,
-                            const int32_t* targets, int N, int V);
+                            const int32_t* targets, int N, int V, int ld);
   void crossentropy_backward(float* logits_to_dlogits, const float* lse, const int32_t* targets,
-                             float scale, int N, int V);
+                             float scale, int N, int V, int ld);
   // ops_families.cc: what the opt and llama families add.
   void rmsnorm_forward(float* out, float* rstd, const float* in, const float* w, float eps, int N,
                        int C);

@@ -207,7 +207,7 @@ FY_CLONES void gelu_backward_impl(float* din, const float* in, const float* dout
 }
 
 FY_CLONES void crossentropy_forward_impl(float* losses, float* lse, const float* logits,
-                                         const int32_t* targets, int N, int V) {
+                                         const int32_t* targets, int N, int V, int ld) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     if (targets[n] == kIgnoreTarget) {  // does not count: no loss (backend.h)
@@ -215,7 +215,7 @@ FY_CLONES void crossentropy_forward_impl(float* losses, float* lse, const float*
       lse[n] = 0.0f;
       continue;
     }
-    const float* l = logits + static_cast<size_t>(n) * V;
+    const float* l = logits + static_cast<size_t>(n) * ld;
     float mx = l[0];
     for (int v = 1; v < V; ++v) mx = std::max(mx, l[v]);
     double s = 0;
@@ -228,10 +228,11 @@ FY_CLONES void crossentropy_forward_impl(float* losses, float* lse, const float*
 }
 
 FY_CLONES void crossentropy_backward_impl(float* logits, const float* lse, const int32_t* targets,
-                                          float scale, int N, int V) {
+                                          float scale, int N, int V, int ld) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
-    float* l = logits + static_cast<size_t>(n) * V;
+    float* l = logits + static_cast<size_t>(n) * ld;
+    std::fill(l + V, l + ld, 0.0f);  // the padded vocabulary's columns: no gradient
     if (targets[n] == kIgnoreTarget) {  // does not count: no gradient (backend.h)
       std::fill(l, l + V, 0.0f);
       continue;
@@ -257,13 +258,13 @@ void CpuKernels::add(float* out, const float* a, const float* b, size_t n) {
 }
 
 void CpuKernels::crossentropy_forward(float* losses, float* lse, const float* logits,
-                                      const int32_t* targets, int N, int V) {
-  crossentropy_forward_impl(losses, lse, logits, targets, N, V);
+                                      const int32_t* targets, int N, int V, int ld) {
+  crossentropy_forward_impl(losses, lse, logits, targets, N, V, ld);
 }
 
 void CpuKernels::crossentropy_backward(float* logits, const float* lse, const int32_t* targets,
-                                       float scale, int N, int V) {
-  crossentropy_backward_impl(logits, lse, targets, scale, N, V);
+                                       float scale, int N, int V, int ld) {
+  crossentropy_backward_impl(logits, lse, targets, scale, N, V, ld);
 }
 
 }  // namespace fuyou::cpu

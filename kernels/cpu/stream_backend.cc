@@ -126,12 +126,12 @@ void StreamBackend::add(void* out, const void* a, const void* b, size_t n) {
   kernel([=, this] { inner_->add(out, a, b, n); });
 }
 void StreamBackend::crossentropy_forward(float* losses, float* lse, const void* logits, const int32_t* targets,
-                                         int N, int V) {
-  kernel([=, this] { inner_->crossentropy_forward(losses, lse, logits, targets, N, V); });
+                                         int N, int V, int ld) {
+  kernel([=, this] { inner_->crossentropy_forward(losses, lse, logits, targets, N, V, ld); });
 }
 void StreamBackend::crossentropy_backward(void* logits_to_dlogits, const float* lse, const int32_t* targets,
-                                          float scale, int N, int V) {
-  kernel([=, this] { inner_->crossentropy_backward(logits_to_dlogits, lse, targets, scale, N, V); });
+                                          float scale, int N, int V, int ld) {
+  kernel([=, this] { inner_->crossentropy_backward(logits_to_dlogits, lse, targets, scale, N, V, ld); });
 }
 void StreamBackend::rmsnorm_forward(void* out, float* rstd, const void* in, const void* w, float eps, int N,
                                     int C) {

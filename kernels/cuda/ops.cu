@@ -189,7 +189,7 @@ __global__ void add_k(T* out, const T* a, const T* b, size_t n) {
 // One block per row: the row maximum, then sum exp(l - max) in double as on the CPU.
 template <typename T>
 __global__ void crossentropy_forward_k(float* losses, float* lse, const T* logits,
-                                       const int32_t* targets, int V) {
+                                       const int32_t* targets, int V, int ldv) {
   const size_t n = blockIdx.x;
   // An ignored target (kIgnoreTarget, a masked-out position) has loss 0 and lse 0
   // (backend.h). The whole block reads the same target, so it returns together, before any
@@ -198,7 +198,7 @@ __global__ void crossentropy_forward_k(float* losses, float* lse, const T* logit
     if (threadIdx.x == 0) losses[n] = lse[n] = 0.0f;
     return;
   }
-  const T* l = logits + n * V;
+  const T* l = logits + n * ldv;
   float mx = -INFINITY;
   for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, ld(l[v]));
   mx = block_reduce(mx, MaxOp{}, -INFINITY);
@@ -212,16 +212,16 @@ __global__ void crossentropy_forward_k(float* losses, float* lse, const T* logit
   }
 }
 
-// Element-wise over (N, V): softmax from the saved logsumexp, times scale, minus scale at
-// the target; 0 on a row whose target is kIgnoreTarget. Each element is written by one
-// thread in the CPU's order of operations.
+// Element-wise over (N, ldv): softmax from the saved logsumexp, times scale, minus scale at
+// the target; 0 on a row whose target is kIgnoreTarget and in the padding columns v >= V.
+// Each element is written by one thread in the CPU's order of operations.
 template <typename T>
 __global__ void crossentropy_backward_k(T* logits, const float* lse, const int32_t* targets,
-                                        float scale, int V, size_t total) {
+                                        float scale, int V, int ldv, size_t total) {
   FY_GRID_LOOP(i, total) {
-    size_t n = i / V;
-    int v = static_cast<int>(i % V);
-    if (targets[n] == kIgnoreTarget) {
+    size_t n = i / ldv;
+    int v = static_cast<int>(i % ldv);
+    if (v >= V || targets[n] == kIgnoreTarget) {
       logits[i] = st<T>(0.0f);
       continue;
     }
@@ -314,20 +314,21 @@ void CudaBackend::add(void* out, const void* a, const void* b, size_t n) {
 }
 
 void CudaBackend::crossentropy_forward(float* losses, float* lse, const void* logits,
-                                       const int32_t* targets, int N, int V) {
+                                       const int32_t* targets, int N, int V, int ld) {
   if (!N) return;
   FY_TYPED(E, {
-    FY_LAUNCH(crossentropy_forward_k<E>, N, kRowThreads, losses, lse, static_cast<const E*>(logits), targets, V);
+    FY_LAUNCH(crossentropy_forward_k<E>, N, kRowThreads, losses, lse, static_cast<const E*>(logits), targets, V,
+              ld);
   });
 }
 
 void CudaBackend::crossentropy_backward(void* logits, const float* lse, const int32_t* targets,
-                                        float scale, int N, int V) {
-  size_t total = size_t(N) * V;
+                                        float scale, int N, int V, int ld) {
+  size_t total = size_t(N) * ld;
   if (!total) return;
   FY_TYPED(E, {
     FY_LAUNCH(crossentropy_backward_k<E>, elt_blocks(total), kEltThreads, static_cast<E*>(logits), lse, targets,
-              scale, V, total);
+              scale, V, ld, total);
   });
 }
 

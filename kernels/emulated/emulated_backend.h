@@ -79,8 +79,8 @@ class EmulatedBackend final : public Backend {
   void gelu_forward(void*, const void*, size_t) override {}
   void gelu_backward(void*, const void*, const void*, size_t) override {}
   void add(void*, const void*, const void*, size_t) override {}
-  void crossentropy_forward(float*, float*, const void*, const int32_t*, int, int) override {}
-  void crossentropy_backward(void*, const float*, const int32_t*, float, int, int) override {}
+  void crossentropy_forward(float*, float*, const void*, const int32_t*, int, int, int) override {}
+  void crossentropy_backward(void*, const float*, const int32_t*, float, int, int, int) override {}
   void rmsnorm_forward(void*, float*, const void*, const void*, float, int, int) override {}
   void rmsnorm_backward(void*, void*, const void*, const void*, const void*, const float*, int, int) override {}
   void rope_forward(void*, int, int, int, int, int, float) override {}

@@ -63,7 +63,9 @@ ParamLayout make_gpt_layout(const ModelConfig& cfg) {
     g.first_tensor = layout.tensors.size();
     layout.groups.push_back(g);
   };
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, TensorRole role) {
+  // rows: the rows reserved for a (V, C) table, padded_vocab(cfg) of them, the padding
+  // rows past V left zero (no gradient reaches them: crossentropy_backward).
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, TensorRole role, int64_t rows = 0) {
     TensorSpec t;
     t.name = name;
     t.numel = 1;
@@ -73,7 +75,7 @@ ParamLayout make_gpt_layout(const ModelConfig& cfg) {
     t.offset = layout.total;
     t.decay = t.shape.size() >= 2;
     t.role = role;
-    layout.total += align_up(t.numel);
+    layout.total += align_up(rows ? static_cast<size_t>(rows) * t.shape[1] : t.numel);
     layout.tensors.push_back(std::move(t));
   };
   auto end_group = [&] {
@@ -83,7 +85,7 @@ ParamLayout make_gpt_layout(const ModelConfig& cfg) {
   };
 
   begin_group("embed");
-  add("wte.weight", {V, C}, kWte);
+  add("wte.weight", {V, C}, kWte, padded_vocab(cfg));
   if (!llama) add("wpe.weight", {position_rows(cfg), C}, kWpe);
   end_group();
   for (int l = 0; l < cfg.n_layer; ++l) {
@@ -108,7 +110,7 @@ ParamLayout make_gpt_layout(const ModelConfig& cfg) {
   if (!llama) add("ln_f.bias", {C}, kLnfB);
   // The untied head lives with the final norm: both are used (and their gradients made) by
   // the head, so the scheduler's resident final group holds everything the head touches.
-  if (!cfg.tie_embeddings) add("lm_head.weight", {V, C}, kLmHead);
+  if (!cfg.tie_embeddings) add("lm_head.weight", {V, C}, kLmHead, padded_vocab(cfg));
   end_group();
   return layout;
 }
@@ -260,14 +262,14 @@ struct Workspace {
 };
 template <typename Fn>
 void for_each_workspace(const ModelConfig& cfg, int B, Workspace& w, Fn&& fn) {
-  const size_t C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size, T = cfg.seq_len;
+  const size_t C = cfg.d_model, F = cfg.d_ff, T = cfg.seq_len;
   const size_t N = static_cast<size_t>(B) * T;
   const size_t KV = static_cast<size_t>(cfg.kv_heads()) * cfg.head_size();
   const Family fam = model_family(cfg);
   fn(w.lnf, N * C, "final norm");
   if (has_layernorm(fam)) fn(w.lnf_mean, N, "final norm");
   fn(w.lnf_rstd, N, "final norm");
-  fn(w.logits, static_cast<size_t>(head_chunk_rows(cfg, B)) * V, "logits");
+  fn(w.logits, static_cast<size_t>(head_chunk_rows(cfg, B)) * padded_vocab(cfg), "logits");
   fn(w.losses, N, "losses");
   fn(w.lse, N, "losses");
   fn(w.dres, N * C, "backward scratch");
@@ -312,7 +314,7 @@ size_t model_workspace_bytes(const ModelConfig& cfg, int B, size_t es) {
 }
 
 size_t cpu_kernel_scratch_bytes(const ModelConfig& cfg, int B) {
-  const size_t C = cfg.d_model, V = cfg.vocab_size, N = static_cast<size_t>(B) * cfg.seq_len;
+  const size_t C = cfg.d_model, V = padded_vocab(cfg), N = static_cast<size_t>(B) * cfg.seq_len;
   const size_t F = model_family(cfg) == Family::kLlama ? 2 * cfg.d_ff : cfg.d_ff;  // fc's outputs
   const size_t QKV = C + 2 * static_cast<size_t>(cfg.kv_heads()) * cfg.head_size();
   // Every view of one call, per kernel: a matmul backward's din, dw, dbias, dout, in and w;
@@ -477,20 +479,30 @@ const void* GptModel::logits() const {
   return logits_;
 }
 
+void GptModel::copy_logits(void* dst) const {
+  const size_t V = cfg_.vocab_size, Vp = padded_vocab(cfg_);
+  const char* src = static_cast<const char*>(logits());
+  if (V == Vp) return be_.copy_to_host(dst, src, es_ * V * N_);
+  for (int n = 0; n < N_; ++n)
+    be_.copy_to_host(static_cast<char*>(dst) + es_ * V * n, src + es_ * Vp * n, es_ * V);
+}
+
 // The LM head runs over the tokens in chunks of head_rows_ (all N when not chunked); row r0
 // of a chunk is row r0 of lnf, losses, lse, targets and the head's input gradient.
 float GptModel::head_forward(const GlobalTensors& g, const void* x, bool with_loss) {
-  const int N = N_, C = cfg_.d_model, V = cfg_.vocab_size;
+  // The head's GEMMs run over the padded vocabulary Vp (aligned rows and tiles for the GPU's
+  // GEMMs); its padding rows are zero, so their logits are 0 and the loss skips them.
+  const int N = N_, C = cfg_.d_model, V = cfg_.vocab_size, Vp = padded_vocab(cfg_);
   norm_forward(lnf_, lnf_mean_, lnf_rstd_, x, g.lnf_w, g.lnf_b);
   if (!with_loss) {
     FY_CHECK(head_rows_ == N, "whole logits from a chunked head (forward() refuses this first)");
-    be_.matmul_forward(logits_, lnf_, g.lm_head, nullptr, N, C, V);
+    be_.matmul_forward(logits_, lnf_, g.lm_head, nullptr, N, C, Vp);
     return 0.0f;
   }
   for (int r0 = 0; r0 < N; r0 += head_rows_) {
     const int rows = std::min(head_rows_, N - r0);
-    be_.matmul_forward(logits_, rows_at(lnf_, r0, C), g.lm_head, nullptr, rows, C, V);
-    be_.crossentropy_forward(losses_ + r0, lse_ + r0, logits_, targets_ + r0, rows, V);
+    be_.matmul_forward(logits_, rows_at(lnf_, r0, C), g.lm_head, nullptr, rows, C, Vp);
+    be_.crossentropy_forward(losses_ + r0, lse_ + r0, logits_, targets_ + r0, rows, V, Vp);
   }
   // A caller-ordered backend (the offload executor's) lets a copy skip the kernels queued
   // before it: the losses must be complete before they are read.
@@ -506,15 +518,16 @@ float GptModel::head_forward(const GlobalTensors& g, const void* x, bool with_lo
 
 void GptModel::head_backward(const GlobalTensors& g, const GlobalTensors& dg, const void* x,
                              float loss_scale, void* dx) {
-  const int N = N_, C = cfg_.d_model, V = cfg_.vocab_size;
+  const int N = N_, C = cfg_.d_model, V = cfg_.vocab_size, Vp = padded_vocab(cfg_);
   for (int r0 = 0; r0 < N; r0 += head_rows_) {
     const int rows = std::min(head_rows_, N - r0);
     // A chunked head's logits are gone (the next chunk overwrote them): computed again.
-    if (head_rows_ < N) be_.matmul_forward(logits_, rows_at(lnf_, r0, C), g.lm_head, nullptr, rows, C, V);
-    be_.crossentropy_backward(logits_, lse_ + r0, targets_ + r0, loss_scale, rows, V);
-    // Tied: dg.lm_head is dg.wte (embed group); untied: the final group's own gradient.
+    if (head_rows_ < N) be_.matmul_forward(logits_, rows_at(lnf_, r0, C), g.lm_head, nullptr, rows, C, Vp);
+    be_.crossentropy_backward(logits_, lse_ + r0, targets_ + r0, loss_scale, rows, V, Vp);
+    // Tied: dg.lm_head is dg.wte (embed group); untied: the final group's own gradient. The
+    // padding columns' gradient is zero, so the padding rows' gradient stays zero.
     be_.matmul_backward(rows_at(dtmp_, r0, C), dg.lm_head, nullptr, logits_, rows_at(lnf_, r0, C), g.lm_head, rows,
-                        C, V);
+                        C, Vp);
   }
   be_.zero(dx, es_ * static_cast<size_t>(N) * C);
   norm_backward(dx, dg.lnf_w, dg.lnf_b, dtmp_, x, g.lnf_w, lnf_mean_, lnf_rstd_);

@@ -244,8 +244,8 @@ TEST_CASE("cuda 16-bit tensors: element-wise and row kernels are the fp32 kernel
     check_rounded_once("cross-entropy", t, {&logits}, {std::vector<float>(Nc), std::vector<float>(Nc)},
                        [&](Backend& be, auto& p, auto& s) {
                          test::DeviceVec<int32_t> gtg(be, tg);
-                         be.crossentropy_forward(s[0], s[1], p[0], gtg.get(), Nc, Vc);
-                         be.crossentropy_backward(p[0], s[1], gtg.get(), 1.0f / Nc, Nc, Vc);
+                         be.crossentropy_forward(s[0], s[1], p[0], gtg.get(), Nc, Vc, Vc);
+                         be.crossentropy_backward(p[0], s[1], gtg.get(), 1.0f / Nc, Nc, Vc, Vc);
                        });
   }
   {

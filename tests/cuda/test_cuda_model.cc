@@ -66,7 +66,7 @@ ModelRun run_model(Backend& be, ElemType t, const ModelConfig& mc, int B, const 
   ModelRun r;
   r.loss = m.forward(in.data(), tg.data());
   r.logits.resize(NV);
-  be.copy_to_host(buf.data(), m.logits(), es * NV);
+  m.copy_logits(buf.data());
   widen_from(t, r.logits.data(), buf.data(), NV);
   m.zero_grads();
   m.backward(1.0f / static_cast<float>(m.counted_targets()));
@@ -197,15 +197,15 @@ TEST_CASE("cuda kernels index past 2^31 elements", "[cuda][large]") {
   gpu->copy_to_device(logits + tail, rows.data(), sizeof(float) * rows.size());
   DeviceVec<float> losses(*gpu, size_t(N)), lse(*gpu, size_t(N));
   DeviceVec<int32_t> gtg(*gpu, tg);
-  gpu->crossentropy_forward(losses.get(), lse.get(), logits, gtg.get(), N, V);
-  gpu->crossentropy_backward(logits, lse.get(), gtg.get(), 1.0f / N, N, V);
+  gpu->crossentropy_forward(losses.get(), lse.get(), logits, gtg.get(), N, V, V);
+  gpu->crossentropy_backward(logits, lse.get(), gtg.get(), 1.0f / N, N, V, V);
   std::vector<float> got_rows(rows.size());
   gpu->copy_to_host(got_rows.data(), logits + tail, sizeof(float) * got_rows.size());
 
   auto cpu = make_cpu_backend(2, 0);
   std::vector<float> ref_losses(R), ref_lse(R), ref_rows = rows;
-  cpu->crossentropy_forward(ref_losses.data(), ref_lse.data(), rows.data(), tail_tg.data(), R, V);
-  cpu->crossentropy_backward(ref_rows.data(), ref_lse.data(), tail_tg.data(), 1.0f / N, R, V);
+  cpu->crossentropy_forward(ref_losses.data(), ref_lse.data(), rows.data(), tail_tg.data(), R, V, V);
+  cpu->crossentropy_backward(ref_rows.data(), ref_lse.data(), tail_tg.data(), 1.0f / N, R, V, V);
   std::vector<float> all_losses = losses.host(), all_lse = lse.host();
   std::vector<float> got_losses(all_losses.end() - R, all_losses.end());
   std::vector<float> got_lse(all_lse.end() - R, all_lse.end());
