@@ -8,8 +8,11 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <fstream>
+#include <optional>
 #include <nlohmann/json.hpp>
 
+#include "fuyou/breakdown.h"
 #include "fuyou/config.h"
 #include "fuyou/engine.h"
 #include "fuyou/error.h"
@@ -65,7 +68,23 @@ struct TrainArgs {
   std::string trace;
   double ssd_tbw = 600;  // drive endurance in TB written (see docs/performance.md)
   std::string predict_on;  // a hardware profile: the simulator's figures for the run's plan on it
+  bool breakdown = false;  // one more step, timed op by op (include/fuyou/breakdown.h)
 };
+
+// One more step with the backend's timing marks on: where its time goes. In memory the step
+// is bracketed by marks of this thread (the step's); offloaded, the executor's compute thread
+// marks, and whatever lies outside its first and last mark is unaccounted.
+fuyou::StepBreakdown breakdown_step(fuyou::TrainEngine& engine, fuyou::Backend& be, int64_t s,
+                                    const std::vector<const int32_t*>& ptrs, std::vector<fuyou::Backend::TimingMark>* marks) {
+  const int edge = fuyou::timing_tag(fuyou::StepPhase::kOther, fuyou::OpClass::kHost);
+  const auto t0 = clock_type::now();
+  be.timing_start();
+  if (!engine.offloaded()) be.timing_mark(edge);
+  engine.step(s, ptrs);
+  if (!engine.offloaded()) be.timing_mark(edge);
+  *marks = be.timing_stop();
+  return fuyou::summarize_marks(*marks, seconds_since(t0));
+}
 
 // The machine a run is on, from this machine's profile: `profile` itself, or, on the emulated
 // device, the emulated GPU's compute and PCIe (scaled) with `profile`'s SSDs and optimizer
@@ -157,7 +176,16 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
       spdlog::info("step {}/{}: {:.3f}s loss {:.4f}{}", s + 1, a.warmup + a.steps, dt, r.loss,
                    s < a.warmup ? " (warm-up)" : "");
   }
-  if (!a.trace.empty()) engine->write_trace(a.trace);
+  // In memory a trace is the breakdown step's marks; offloaded, the executor's last iterations.
+  std::optional<fuyou::StepBreakdown> bd;
+  std::vector<fuyou::Backend::TimingMark> marks;
+  if (a.breakdown || (!a.trace.empty() && !engine->offloaded()))
+    bd = breakdown_step(*engine, *backend, a.warmup + a.steps, ptrs, &marks);
+  if (!a.trace.empty() && engine->offloaded()) engine->write_trace(a.trace);
+  if (!a.trace.empty() && !engine->offloaded()) {
+    std::ofstream out(a.trace);
+    if (!(out << fuyou::marks_trace(marks).dump() << "\n")) throw fuyou::IoError(a.trace + ": cannot write trace");
+  }
   // Offloaded steps overlap and each is timed from the previous step's loss to its own, so
   // the first step after an idle start covers only its forward: without a warm-up step it
   // stays in step_s_all but out of the median, when other steps were timed.
@@ -182,6 +210,7 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
                    {"device_peak_bytes", backend->memory().peak},
                    {"device_tensors", fuyou::elem_type_name(backend->storage_type())},
                    {"emulated", emulated}};
+  if (bd) j["breakdown"] = bd->to_json();
   if (emulated) {
     j["emulated_profile"] = cfg.offload.hardware;
     j["emulated_scale"] = cfg.runtime.emulated_scale;
@@ -206,6 +235,7 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
                 "backend", backend->name().c_str(), "params", layout.num_params() / 1e6, "step", step_s,
                 a.steps, emulated ? " EMULATED" : "", "tokens/s", tps, "TFLOP/s", tflops,
                 emulated ? " (emulated: the profile's compute at runtime.emulated_scale, no GPU ran)" : "");
+    if (bd) std::fputs(bd->table().c_str(), stdout);
     if (engine->offloaded()) {
       std::printf("%-16s %.3f s (%.2fx the busiest resource)\n", "iteration", j["iteration_s"].get<double>(),
                   j["iteration_over_busiest"].get<double>());
@@ -355,7 +385,11 @@ int main(int argc, char** argv) {
   train->add_option("--set", sets, "Override a key: section.key=value");
   train->add_option("--steps", ta.steps, "Timed steps (the median is reported)")->check(CLI::PositiveNumber);
   train->add_option("--warmup", ta.warmup, "Untimed warm-up steps")->check(CLI::NonNegativeNumber);
-  train->add_option("--trace", ta.trace, "Write the last iteration's timeline (Chrome trace JSON)");
+  train->add_option("--trace", ta.trace,
+                    "Write a timeline (Chrome trace JSON): offloaded, the last iterations' ops; in memory, the "
+                    "breakdown step's op classes");
+  train->add_flag("--breakdown", ta.breakdown,
+                  "Time one more step op class by op class: per phase, per class, and what is left unaccounted");
   train->add_option("--ssd-tbw", ta.ssd_tbw, "Drive endurance in TB written, for the drive-life figure");
   train->add_flag("--json", ta.json, "One JSON object on stdout");
   train->add_option("--predict-on", ta.predict_on,

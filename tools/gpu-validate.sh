@@ -321,7 +321,8 @@ kernel_profile() {  # CSV WALL_JSON STEPS ARGS...
   "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --page raw --print-units base \
     --log-file "$csv" "$bin/fuyou-bench" train "$@" --json || return 1
   local wall=0
-  [ -f "$wall_json" ] && wall=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["step_s"])' "$wall_json")
+  # The bench's JSON is its last line starting with '{' (log lines may precede it).
+  [ -f "$wall_json" ] && wall=$(python3 -c 'import json,sys; print(json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])["step_s"])' "$wall_json")
   python3 "$root/tools/ncu_summary.py" "$csv" --steps "$steps" --wall-s "$wall"
 }
 
@@ -338,12 +339,17 @@ run_perf() {
     "${cuda_sets[@]}" --set runtime.precision=bf16 --set schedule.micro_batch=8 --steps 8 --warmup 2
   step bench-gpt2-bf16-tensors 120 bench_train "$work/bench-bf16-tensors.json" --config "$root/configs/gpt2-124m.yaml" \
     "${cuda_sets[@]}" --set runtime.precision=bf16 --set runtime.device_tensors=bf16 --set schedule.micro_batch=8 \
-    --steps 8 --warmup 2
+    --steps 8 --warmup 2 --breakdown
+  # The same with AdamW on the host (optimizer.placement: host): what the device optimizer saves.
+  step bench-gpt2-bf16-tensors-host-adamw 120 bench_train "$work/bench-bf16-tensors-host.json" \
+    --config "$root/configs/gpt2-124m.yaml" "${cuda_sets[@]}" --set runtime.precision=bf16 \
+    --set runtime.device_tensors=bf16 --set schedule.micro_batch=8 --set optimizer.placement=host \
+    --steps 8 --warmup 2 --breakdown
   local gpt2_16=(--config "$root/configs/gpt2-124m.yaml" "${cuda_sets[@]}" --set runtime.precision=bf16
                  --set runtime.device_tensors=bf16 --set schedule.micro_batch=8)
   step torch-peer-gpt2 240 torch_peer "$work/torch-peer-gpt2.jsonl" train --mode best --batch 8 --seq 1024
   step bench-gpt2-bf16-tensors-again 120 bench_train "$work/bench-bf16-tensors-2.json" "${gpt2_16[@]}" \
-    --steps 8 --warmup 2
+    --steps 8 --warmup 2 --breakdown --trace "$out/trace-gpt2-in-memory.json"
   step gemm-ceiling-gpt2 60 torch_peer "$work/gemm-gpt2.jsonl" gemm --d-model 768 --d-ff 3072 --vocab 50257 \
     --tokens 8192
   step gemm-ceiling-175b 90 torch_peer "$work/gemm-175b.jsonl" gemm --d-model 12288 --d-ff 49152 \
@@ -354,7 +360,15 @@ run_perf() {
   # tensors, chunked head, in memory: what this engine's kernels make of one 175B layer.
   step bench-175b-layers 200 bench_train "$work/bench-175b-layers.json" --config "$root/configs/gpt3-175b-seq1024.yaml" \
     "${cuda_sets[@]}" --set model.n_layer=2 --set schedule.micro_batch=16 --set runtime.precision=bf16 \
-    --set offload.device_memory=0 --steps 2 --warmup 1
+    --set offload.device_memory=0 --steps 2 --warmup 1 --breakdown
+  # The published setting scaled to this machine: GPT-3 2.7B (its state fits this machine's
+  # host memory; 6.7B's does not), 16-bit tensors, the device held to 24 GiB (an RTX 4090's
+  # memory), the placement the search chooses on the profile measured here when there is one.
+  local prof=()
+  [ -f "$out/this-gpu.yaml" ] && prof=(--set "offload.hardware=$out/this-gpu.yaml")
+  step offload-2.7b-24g 240 bench_train "$work/bench-2.7b-24g.json" --config "$root/configs/gpt3-2.7b.yaml" \
+    "${cuda_sets[@]}" --set model.seq_len=1024 --set schedule.micro_batch=16 --set runtime.precision=bf16 --set runtime.device_tensors=bf16 \
+    --set offload.device_memory=24GiB --set offload.activations=auto "${prof[@]}" --steps 2 --warmup 1 --breakdown
   # The same through the offload scheduler (activations swapped, the rest as it places them):
   # each resource's busy time, and the last iteration's timeline of every operation, to tell
   # where a 175B layer's step goes (its GEMMs alone would take about a tenth of it).

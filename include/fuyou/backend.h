@@ -14,9 +14,11 @@
 // carries a gradient there).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -235,6 +237,33 @@ class Backend {
                              const std::vector<std::pair<size_t, size_t>>& groups);
   // AdamW over device-resident fp32 state (DeviceAdamW).
   virtual void adamw(const DeviceAdamW& a);
+
+  // ---- step timing (fuyou-bench train --breakdown) ---------------------------------------
+  // Marks on the compute queue's timeline, between timing_start() and timing_stop(): a mark
+  // records the instant the device reaches that point of its queue (CUDA: an event on the
+  // compute stream; the CPU, whose compute is synchronous: the clock; cpu-streams: the clock
+  // when its compute queue gets there). The span from one mark to the next belongs to the
+  // first mark's tag (include/fuyou/op_class.h): the device's time on the work queued
+  // between them, and any time it sat idle until the host queued more. So the spans tile the
+  // device's timeline from the first mark to the last with nothing counted twice.
+  // Marks come from the thread driving the compute queue (the offloading executor's compute
+  // thread, or the in-memory step's); start and stop may come from another.
+  struct TimingMark {
+    int tag;
+    double t;  // seconds after the first mark
+  };
+  virtual void timing_start();
+  bool timing_on() const { return timing_on_.load(std::memory_order_relaxed); }
+  virtual void timing_mark(int tag);  // nothing while timing is off
+  // Waits for the last mark, ends timing, and returns the marks in queue order.
+  virtual std::vector<TimingMark> timing_stop();
+
+ protected:
+  std::atomic<bool> timing_on_{false};
+  std::mutex timing_mu_;  // guards the marks between the marking thread and start / stop
+
+ private:
+  std::vector<std::pair<int, double>> host_marks_;  // the clock-based default's marks
 };
 
 // One piece of a device AdamW update: elements [begin, begin + n) of the flat arrays, all

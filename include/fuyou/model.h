@@ -23,6 +23,7 @@
 
 #include "fuyou/backend.h"
 #include "fuyou/config.h"
+#include "fuyou/op_class.h"
 
 namespace fuyou {
 
@@ -212,6 +213,10 @@ class GptModel {
 
 
  private:
+  // A timing mark before the work of class c (Backend: step timing; only while timing).
+  void mark(StepPhase p, OpClass c) {
+    if (be_.timing_on()) be_.timing_mark(timing_tag(p, c));
+  }
   // n elements of the storage type / n fp32 statistics.
   void* alloc_tensor(size_t n, const std::string& what);
   float* alloc_floats(size_t n, const std::string& what);

@@ -106,6 +106,10 @@ class StepRunner {
   StepResult update_on_host(StepResult r, bool sums);
   StepResult update_on_device(StepResult r, bool sums);
   float* device_state(StateKind kind) const;
+  // A timing mark of the optimizer's phase (Backend: step timing; only while timing).
+  void mark(OpClass c) {
+    if (be_.timing_on()) be_.timing_mark(timing_tag(StepPhase::kOptimizer, c));
+  }
 
   ElemType store_;  // the device's tensors (Backend::storage_type)
   std::vector<float> master_;  // the optimizer's master weights (see master())

@@ -89,6 +89,11 @@ class StreamBackend final : public Backend {
                      const std::vector<std::pair<size_t, size_t>>& groups) override;
   void adamw(const DeviceAdamW& a) override;
 
+  // Marks queued on the compute queue: the clock when the queue reaches them.
+  void timing_start() override;
+  void timing_mark(int tag) override;
+  std::vector<TimingMark> timing_stop() override;
+
  private:
   void copy(OpQueue& q, void* dst, const void* src, size_t bytes);
   template <class F>
@@ -101,6 +106,8 @@ class StreamBackend final : public Backend {
   std::atomic<bool> caller_ordered_{false};
   std::mutex zeroed_mu_;
   uint64_t zeroed_ = 0;  // compute ticket of the last allocation's zeroing
+  std::mutex marks_mu_;
+  std::vector<std::pair<int, double>> marks_;  // tag, clock seconds
   OpQueue compute_, h2d_, d2h_;
 };
 

@@ -79,12 +79,47 @@ CudaBackend::~CudaBackend() {
     if (e) cudaEventDestroy(e);
   for (cudaStream_t s : {compute_, h2d_, d2h_})
     if (s) cudaStreamDestroy(s);
+  for (cudaEvent_t e : timing_events_) cudaEventDestroy(e);
   cudaFree(scratch_);
   cudaFree(squares_buf_);
   cudaFree(base_);
 }
 
 void CudaBackend::bind() const { FY_CUDA(cudaSetDevice(device_)); }
+
+void CudaBackend::timing_start() {
+  std::lock_guard<std::mutex> lock(timing_mu_);
+  timing_tags_.clear();
+  timing_on_ = true;
+}
+
+void CudaBackend::timing_mark(int tag) {
+  std::lock_guard<std::mutex> lock(timing_mu_);
+  if (!timing_on_) return;
+  bind();
+  if (timing_tags_.size() == timing_events_.size()) {
+    cudaEvent_t e;
+    FY_CUDA(cudaEventCreate(&e));  // timed (no cudaEventDisableTiming)
+    timing_events_.push_back(e);
+  }
+  FY_CUDA(cudaEventRecord(timing_events_[timing_tags_.size()], compute_));
+  timing_tags_.push_back(tag);
+}
+
+std::vector<Backend::TimingMark> CudaBackend::timing_stop() {
+  std::lock_guard<std::mutex> lock(timing_mu_);
+  timing_on_ = false;
+  std::vector<TimingMark> out;
+  if (timing_tags_.empty()) return out;
+  bind();
+  FY_CUDA(cudaEventSynchronize(timing_events_[timing_tags_.size() - 1]));
+  for (size_t i = 0; i < timing_tags_.size(); ++i) {
+    float ms = 0;
+    FY_CUDA(cudaEventElapsedTime(&ms, timing_events_[0], timing_events_[i]));
+    out.push_back({timing_tags_[i], ms / 1e3});
+  }
+  return out;
+}
 
 std::string CudaBackend::name() const {
   return str("cuda (", device_name_, ", cuBLAS, ", matmul_precision_name(precision_), " GEMM inputs",
@@ -252,22 +287,44 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, int M, int N, int K, float al
 
 namespace {
 
-// out(N,OC) rows set to bias(OC), so the GEMM can add into them with beta = 1.
+// out(N,OC) rows set to bias(OC), so the GEMM can add into them with beta = 1: one row per
+// blockIdx.y (strided), its columns over x, in 16-byte vectors when `vec` (OC a multiple of
+// the vector, both pointers aligned).
 template <typename T>
-__global__ void broadcast_rows(T* out, const T* bias, size_t N, int OC) {
-  FY_GRID_LOOP(i, N * OC) out[i] = bias[i % OC];
+__global__ void broadcast_rows(T* out, const T* bias, int N, int OC, bool vec) {
+  constexpr int K = Vec16<T>::kN;
+  const int c0 = blockIdx.x * blockDim.x + threadIdx.x;
+  for (int n = blockIdx.y; n < N; n += gridDim.y) {
+    T* row = out + size_t(n) * OC;
+    if (vec) {
+      for (int j = c0; j < OC / K; j += gridDim.x * blockDim.x)
+        reinterpret_cast<Vec16<T>*>(row)[j] = reinterpret_cast<const Vec16<T>*>(bias)[j];
+    } else {
+      for (int c = c0; c < OC; c += gridDim.x * blockDim.x) row[c] = bias[c];
+    }
+  }
 }
 
 // part(by, c) = sum of x(n, c) over the rows n = by, by + gridDim.y, ... (one slice per
-// blockIdx.y); column_slices_add then adds the slices in order. No atomics: the result is the
-// same bits on every run.
-template <typename T>
+// blockIdx.y), each thread K adjacent columns (16 bytes where `vec`: C a multiple of the
+// vector, x aligned), each column's sum in row order; column_slices_add then adds the slices
+// in order. No atomics: the result is the same bits on every run.
+template <typename T, int K>
 __global__ void column_slices(float* part, const T* x, int N, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * K;
   if (c >= C) return;
-  float s = 0.0f;
-  for (int n = blockIdx.y; n < N; n += gridDim.y) s += ld(x[size_t(n) * C + c]);
-  part[size_t(blockIdx.y) * C + c] = s;
+  float s[K] = {};
+  for (int n = blockIdx.y; n < N; n += gridDim.y) {
+    if (K > 1) {
+      const Vec16<T> v = *reinterpret_cast<const Vec16<T>*>(x + size_t(n) * C + c);
+#pragma unroll
+      for (int k = 0; k < K; ++k) s[k] += ld(v.v[k]);
+    } else {
+      s[0] += ld(x[size_t(n) * C + c]);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < K; ++k) part[size_t(blockIdx.y) * C + c + k] = s[k];
 }
 
 }  // namespace
@@ -286,12 +343,18 @@ void* CudaBackend::scratch(size_t bytes) {
 
 void CudaBackend::add_column_sums(void* out, const void* x, int N, int C) {
   if (N == 0 || C == 0) return;
-  const int slices = reduce_slices(N);
+  const int slices = wide_reduce_slices(N, C);
   std::lock_guard<std::mutex> lock(scratch_mu_);
   float* part = static_cast<float*>(scratch(sizeof(float) * slices * size_t(C)));
   const unsigned cols = (C + kEltThreads - 1) / kEltThreads;
   FY_TYPED(E, {
-    FY_LAUNCH(column_slices<E>, dim3(cols, slices), kEltThreads, part, static_cast<const E*>(x), N, C);
+    constexpr int K = Vec16<E>::kN;
+    if (C % K == 0 && aligned16(x)) {
+      const unsigned vcols = (C / K + kEltThreads - 1) / kEltThreads;
+      FY_LAUNCH((column_slices<E, K>), dim3(vcols, slices), kEltThreads, part, static_cast<const E*>(x), N, C);
+    } else {
+      FY_LAUNCH((column_slices<E, 1>), dim3(cols, slices), kEltThreads, part, static_cast<const E*>(x), N, C);
+    }
     FY_LAUNCH(column_slices_add<E>, cols, kEltThreads, static_cast<E*>(out), part, slices, C);
   });
 }
@@ -300,10 +363,16 @@ void CudaBackend::matmul_forward(void* out, const void* in, const void* w, const
                                  int OC) {
   bind();
   float beta = 0.0f;
-  if (bias) {
-    size_t total = size_t(N) * OC;
-    FY_TYPED(E, FY_LAUNCH(broadcast_rows<E>, elt_blocks(total), kEltThreads, static_cast<E*>(out),
-                          static_cast<const E*>(bias), N, OC));
+  if (bias && N > 0 && OC > 0) {
+    FY_TYPED(E, {
+      constexpr int K = Vec16<E>::kN;
+      const bool vec = OC % K == 0 && all_aligned16(out, bias);
+      const int per_row = vec ? OC / K : OC;
+      const unsigned cols = static_cast<unsigned>(std::min(4, (per_row + kEltThreads - 1) / kEltThreads));
+      const unsigned rows = static_cast<unsigned>(std::min(N, 4096));
+      FY_LAUNCH(broadcast_rows<E>, dim3(cols, rows), kEltThreads, static_cast<E*>(out), static_cast<const E*>(bias),
+                N, OC, vec);
+    });
     beta = 1.0f;
   }
   gemm(false, true, N, OC, IC, 1.0f, in, IC, 0, w, IC, 0, beta, out, OC, 0, 1, true, storage_, storage_);

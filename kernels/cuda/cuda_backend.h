@@ -109,6 +109,12 @@ class CudaBackend final : public Backend {
                      const std::vector<std::pair<size_t, size_t>>& groups) override;
   void adamw(const DeviceAdamW& a) override;
 
+  // Timing marks: events recorded on the compute stream (timed events, from a pool kept for
+  // the next step).
+  void timing_start() override;
+  void timing_mark(int tag) override;
+  std::vector<TimingMark> timing_stop() override;
+
   void set_caller_ordered(bool on) override { caller_ordered_ = on; }
   void finish_compute() override;
   bool register_host(void* ptr, size_t bytes) override;
@@ -137,7 +143,7 @@ class CudaBackend final : public Backend {
 
  public:
   // Device scratch of at least `bytes`, outside the arena: the partial sums of the reductions
-  // (at most kReduceSlices x the widest reduced row), the embedding gradient's token ranks
+  // (kReduceSlices x the widest reduced row, or 2 x 4 Mi floats for the wide ones), the embedding gradient's token ranks
   // (8 B T bytes) and 16-bit attention's fp32 copies of one head (7 T head_size floats). The
   // caller holds `scratch_mu()` from the call until its kernels are queued; kernels on the
   // compute stream run one at a time, so one buffer serves them all. Growing it frees the old
@@ -189,6 +195,8 @@ class CudaBackend final : public Backend {
 
   // sum_squares: its groups' table, each (block, lane)'s sum, each group's and the total,
   // in one allocation outside the arena, made for the groups of the last call.
+  std::vector<cudaEvent_t> timing_events_;  // the pool; marks_ uses its first marks_.size()
+  std::vector<int> timing_tags_;
   std::mutex squares_mu_;
   std::vector<std::pair<size_t, size_t>> square_groups_;
   char* squares_buf_ = nullptr;

@@ -7,6 +7,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "fuyou/elem_type.h"
 #include "fuyou/error.h"
 
@@ -74,6 +76,32 @@ inline unsigned elt_blocks(size_t n) {
 constexpr int kReduceSlices = 128;
 
 inline int reduce_slices(int N) { return N < kReduceSlices ? N : kReduceSlices; }
+
+// Row slices of the wide column reductions (bias gradients, LayerNorm weight gradients): more
+// slices than kReduceSlices so enough loads are in flight to keep the memory busy, as many as
+// keep the partial sums within 4 Mi floats. A function of N and C alone, so the bits are the
+// same on every run and every GPU.
+inline int wide_reduce_slices(int N, int C) {
+  int s = C > 0 ? (1 << 22) / C : kReduceSlices;
+  s = s < kReduceSlices ? kReduceSlices : s > 1024 ? 1024 : s;
+  return N < s ? N : s;
+}
+
+// ---- 16-byte vectors ------------------------------------------------------------------------
+// Element-wise kernels load and store 16 bytes at a time (8 bf16 / fp16 or 4 fp32 values)
+// where every pointer is 16-byte aligned, element by element otherwise and for the tail; the
+// arithmetic per element is the same either way, so the bits do not depend on the path.
+template <typename T>
+struct alignas(16) Vec16 {
+  static constexpr int kN = 16 / sizeof(T);
+  T v[kN];
+};
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+template <typename... P>
+bool all_aligned16(const P*... p) {
+  return (aligned16(p) && ...);
+}
 
 
 

@@ -171,19 +171,53 @@ __global__ void layernorm_dweights_k(float* part_w, float* part_b, const T* dout
   part_b[size_t(blockIdx.y) * C + c] = sb;
 }
 
-template <typename T>
-__global__ void gelu_forward_k(T* out, const T* in, size_t n) {
-  FY_GRID_LOOP(i, n) out[i] = st<T>(math::gelu(ld(in[i])));
+struct GeluF {
+  __device__ float operator()(float x) const { return math::gelu(x); }
+};
+// gelu_backward: f(in, dout).
+struct GeluGradF {
+  __device__ float operator()(float x, float dy) const { return dy * math::gelu_grad(x); }
+};
+struct AddF {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+
+// out[i] = f(a[i]) (and f(a[i], b[i])), widened, computed in fp32, rounded once; in 16-byte
+// vectors when `vec` (every pointer aligned), the tail element by element.
+template <typename T, typename F>
+__global__ void map1_k(T* out, const T* a, size_t n, F f, bool vec) {
+  constexpr int K = Vec16<T>::kN;
+  size_t done = 0;
+  if (vec) {
+    const size_t nv = n / K;
+    FY_GRID_LOOP(i, nv) {
+      const Vec16<T> x = reinterpret_cast<const Vec16<T>*>(a)[i];
+      Vec16<T> o;
+#pragma unroll
+      for (int k = 0; k < K; ++k) o.v[k] = st<T>(f(ld(x.v[k])));
+      reinterpret_cast<Vec16<T>*>(out)[i] = o;
+    }
+    done = nv * K;
+  }
+  FY_GRID_LOOP(i, n - done) out[done + i] = st<T>(f(ld(a[done + i])));
 }
 
-template <typename T>
-__global__ void gelu_backward_k(T* din, const T* in, const T* dout, size_t n) {
-  FY_GRID_LOOP(i, n) din[i] = st<T>(ld(dout[i]) * math::gelu_grad(ld(in[i])));
-}
-
-template <typename T>
-__global__ void add_k(T* out, const T* a, const T* b, size_t n) {
-  FY_GRID_LOOP(i, n) out[i] = st<T>(ld(a[i]) + ld(b[i]));
+template <typename T, typename F>
+__global__ void map2_k(T* out, const T* a, const T* b, size_t n, F f, bool vec) {
+  constexpr int K = Vec16<T>::kN;
+  size_t done = 0;
+  if (vec) {
+    const size_t nv = n / K;
+    FY_GRID_LOOP(i, nv) {
+      const Vec16<T> x = reinterpret_cast<const Vec16<T>*>(a)[i], y = reinterpret_cast<const Vec16<T>*>(b)[i];
+      Vec16<T> o;
+#pragma unroll
+      for (int k = 0; k < K; ++k) o.v[k] = st<T>(f(ld(x.v[k]), ld(y.v[k])));
+      reinterpret_cast<Vec16<T>*>(out)[i] = o;
+    }
+    done = nv * K;
+  }
+  FY_GRID_LOOP(i, n - done) out[done + i] = st<T>(f(ld(a[done + i]), ld(b[done + i])));
 }
 
 // One block per row: the row maximum, then sum exp(l - max) in double as on the CPU.
@@ -199,11 +233,27 @@ __global__ void crossentropy_forward_k(float* losses, float* lse, const T* logit
     return;
   }
   const T* l = logits + n * ldv;
+  // 16-byte vectors over the row where it is aligned (ldv a multiple of the vector and the
+  // logits aligned: the padded vocabulary), the rest element by element.
+  constexpr int K = Vec16<T>::kN;
+  const bool vec = ldv % K == 0 && (reinterpret_cast<uintptr_t>(logits) & 15u) == 0;
+  const int vend = vec ? V / K * K : 0;
+  const Vec16<T>* lv = reinterpret_cast<const Vec16<T>*>(l);
   float mx = -INFINITY;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, ld(l[v]));
+  for (int j = threadIdx.x; j < vend / K; j += blockDim.x) {
+    const Vec16<T> x = lv[j];
+#pragma unroll
+    for (int k = 0; k < K; ++k) mx = fmaxf(mx, ld(x.v[k]));
+  }
+  for (int v = vend + threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, ld(l[v]));
   mx = block_reduce(mx, MaxOp{}, -INFINITY);
   double s = 0;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) s += math::exp_fast(ld(l[v]) - mx);
+  for (int j = threadIdx.x; j < vend / K; j += blockDim.x) {
+    const Vec16<T> x = lv[j];
+#pragma unroll
+    for (int k = 0; k < K; ++k) s += math::exp_fast(ld(x.v[k]) - mx);
+  }
+  for (int v = vend + threadIdx.x; v < V; v += blockDim.x) s += math::exp_fast(ld(l[v]) - mx);
   s = block_reduce(s, SumOp{}, 0.0);
   if (threadIdx.x == 0) {
     float z = mx + static_cast<float>(log(s));
@@ -212,23 +262,36 @@ __global__ void crossentropy_forward_k(float* losses, float* lse, const T* logit
   }
 }
 
-// Element-wise over (N, ldv): softmax from the saved logsumexp, times scale, minus scale at
-// the target; 0 on a row whose target is kIgnoreTarget and in the padding columns v >= V.
-// Each element is written by one thread in the CPU's order of operations.
+// One element of the backward: softmax from the saved logsumexp, times scale, minus scale at
+// the target; 0 on a row whose target is kIgnoreTarget (t < 0 here) and in the padding
+// columns v >= V. The CPU's order of operations.
+template <typename T>
+__device__ __forceinline__ T crossentropy_grad(T l, int v, int V, int32_t t, float z, float scale) {
+  if (v >= V || t == kIgnoreTarget) return st<T>(0.0f);
+  float g = math::exp_fast(ld(l) - z) * scale;
+  if (v == t) g -= scale;
+  return st<T>(g);
+}
+
+// One block per row of (N, ldv), in 16-byte vectors where the row is aligned.
 template <typename T>
 __global__ void crossentropy_backward_k(T* logits, const float* lse, const int32_t* targets,
-                                        float scale, int V, int ldv, size_t total) {
-  FY_GRID_LOOP(i, total) {
-    size_t n = i / ldv;
-    int v = static_cast<int>(i % ldv);
-    if (v >= V || targets[n] == kIgnoreTarget) {
-      logits[i] = st<T>(0.0f);
-      continue;
-    }
-    float g = math::exp_fast(ld(logits[i]) - lse[n]) * scale;
-    if (v == targets[n]) g -= scale;
-    logits[i] = st<T>(g);
+                                        float scale, int V, int ldv) {
+  const size_t n = blockIdx.x;
+  T* l = logits + n * ldv;
+  const int32_t t = targets[n];
+  const float z = lse[n];
+  constexpr int K = Vec16<T>::kN;
+  const bool vec = ldv % K == 0 && (reinterpret_cast<uintptr_t>(logits) & 15u) == 0;
+  const int vend = vec ? ldv : 0;
+  Vec16<T>* lv = reinterpret_cast<Vec16<T>*>(l);
+  for (int j = threadIdx.x; j < vend / K; j += blockDim.x) {
+    Vec16<T> x = lv[j];
+#pragma unroll
+    for (int k = 0; k < K; ++k) x.v[k] = crossentropy_grad(x.v[k], j * K + k, V, t, z, scale);
+    lv[j] = x;
   }
+  for (int v = vend + threadIdx.x; v < ldv; v += blockDim.x) l[v] = crossentropy_grad(l[v], v, V, t, z, scale);
 }
 
 }  // namespace
@@ -275,7 +338,7 @@ void CudaBackend::layernorm_backward(void* din, void* dw, void* db, const void* 
                                      const void* in, const void* w, const float* mean,
                                      const float* rstd, int N, int C) {
   if (!N) return;
-  const int slices = reduce_slices(N);
+  const int slices = wide_reduce_slices(N, C);
   const unsigned cols = (C + kEltThreads - 1) / kEltThreads;
   std::lock_guard<std::mutex> lock(scratch_mu());
   float* part_w = static_cast<float*>(scratch(2 * sizeof(float) * slices * size_t(C)));
@@ -292,24 +355,28 @@ void CudaBackend::layernorm_backward(void* din, void* dw, void* db, const void* 
 
 void CudaBackend::gelu_forward(void* out, const void* in, size_t n) {
   if (!n) return;
+  const bool vec = all_aligned16(out, in);
   FY_TYPED(E, {
-    FY_LAUNCH(gelu_forward_k<E>, elt_blocks(n), kEltThreads, static_cast<E*>(out), static_cast<const E*>(in), n);
+    FY_LAUNCH((map1_k<E, GeluF>), elt_blocks(vec ? n / Vec16<E>::kN : n), kEltThreads, static_cast<E*>(out),
+              static_cast<const E*>(in), n, GeluF{}, vec);
   });
 }
 
 void CudaBackend::gelu_backward(void* din, const void* in, const void* dout, size_t n) {
   if (!n) return;
+  const bool vec = all_aligned16(din, in, dout);
   FY_TYPED(E, {
-    FY_LAUNCH(gelu_backward_k<E>, elt_blocks(n), kEltThreads, static_cast<E*>(din), static_cast<const E*>(in),
-              static_cast<const E*>(dout), n);
+    FY_LAUNCH((map2_k<E, GeluGradF>), elt_blocks(vec ? n / Vec16<E>::kN : n), kEltThreads, static_cast<E*>(din),
+              static_cast<const E*>(in), static_cast<const E*>(dout), n, GeluGradF{}, vec);
   });
 }
 
 void CudaBackend::add(void* out, const void* a, const void* b, size_t n) {
   if (!n) return;
+  const bool vec = all_aligned16(out, a, b);
   FY_TYPED(E, {
-    FY_LAUNCH(add_k<E>, elt_blocks(n), kEltThreads, static_cast<E*>(out), static_cast<const E*>(a),
-              static_cast<const E*>(b), n);
+    FY_LAUNCH((map2_k<E, AddF>), elt_blocks(vec ? n / Vec16<E>::kN : n), kEltThreads, static_cast<E*>(out),
+              static_cast<const E*>(a), static_cast<const E*>(b), n, AddF{}, vec);
   });
 }
 
@@ -324,11 +391,9 @@ void CudaBackend::crossentropy_forward(float* losses, float* lse, const void* lo
 
 void CudaBackend::crossentropy_backward(void* logits, const float* lse, const int32_t* targets,
                                         float scale, int N, int V, int ld) {
-  size_t total = size_t(N) * ld;
-  if (!total) return;
+  if (!N || !ld) return;
   FY_TYPED(E, {
-    FY_LAUNCH(crossentropy_backward_k<E>, elt_blocks(total), kEltThreads, static_cast<E*>(logits), lse, targets,
-              scale, V, ld, total);
+    FY_LAUNCH(crossentropy_backward_k<E>, N, kRowThreads, static_cast<E*>(logits), lse, targets, scale, V, ld);
   });
 }
 

@@ -389,6 +389,7 @@ void GptModel::set_tokens(const int32_t* inputs, const int32_t* targets) {
   counted_ = 0;
   if (targets)
     for (size_t i = 0; i < N; ++i) counted_ += targets[i] != kIgnoreTarget;
+  mark(StepPhase::kForward, OpClass::kCopyToDevice);
   be_.copy_to_device(inputs_, inputs, N * sizeof(int32_t));
   if (targets) be_.copy_to_device(targets_, targets, N * sizeof(int32_t));
 }
@@ -410,11 +411,15 @@ float* GptModel::alloc_floats(size_t n, const std::string& what) {
 }
 
 
-void GptModel::zero_grads() { be_.zero(grads_, layout_.total * es_); }
+void GptModel::zero_grads() {
+  mark(StepPhase::kOther, OpClass::kZeroGrads);
+  be_.zero(grads_, layout_.total * es_);
+}
 
 void GptModel::embed_forward(const void* wte, const void* wpe, void* x) {
   if (wpe && family_ == Family::kOpt)
     wpe = static_cast<const char*>(wpe) + static_cast<size_t>(kOptPositionOffset) * cfg_.d_model * es_;
+  mark(StepPhase::kForward, OpClass::kEmbedding);
   be_.embedding_forward(x, inputs_, wte, wpe, B_, cfg_.seq_len, cfg_.d_model);
 }
 
@@ -439,37 +444,53 @@ void GptModel::norm_backward(void* din, void* dw, void* db, const void* dout,
 void GptModel::block_forward(const LayerTensors& w, const void* x_in, const LayerActivations& a) {
   const int N = N_, C = cfg_.d_model, F = cfg_.d_ff, T = cfg_.seq_len;
   const int H = cfg_.n_head, Hkv = cfg_.kv_heads(), D = cfg_.head_size();
+  mark(StepPhase::kForward, OpClass::kNorm);
   norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, w.ln1_w, w.ln1_b);
   if (family_ == Family::kLlama) {
     // Grouped-query attention in its simple form: project to the compact q|k|v, rotate q
     // and k, then copy each k/v head to the query heads sharing it so the ordinary
     // multi-head attention kernel runs; the backward sums the copies' gradients.
     void* qkvc = Hkv == H ? a.qkv : qkvc_;
+    mark(StepPhase::kForward, OpClass::kGemmQkv);
     be_.matmul_forward(qkvc, a.ln1, w.qkv_w, w.qkv_b, N, C, C + 2 * Hkv * D);
+    mark(StepPhase::kForward, OpClass::kRope);
     be_.rope_forward(qkvc, B_, T, H, Hkv, D, cfg_.rope_theta);
     if (Hkv != H) be_.repeat_kv_forward(a.qkv, qkvc, N, H, Hkv, D);
   } else {
+    mark(StepPhase::kForward, OpClass::kGemmQkv);
     be_.matmul_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C);
   }
+  mark(StepPhase::kForward, OpClass::kAttention);
   be_.attention_forward(a.atty, a.lse, att_scratch_, a.qkv, B_, T, C, H);
+  mark(StepPhase::kForward, OpClass::kGemmAttnProj);
   be_.matmul_forward(a.res2, a.atty, w.proj_w, w.proj_b, N, C, C);
+  mark(StepPhase::kForward, OpClass::kResidual);
   be_.add(a.res2, a.res2, x_in, static_cast<size_t>(N) * C);
+  mark(StepPhase::kForward, OpClass::kNorm);
   norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b);
   switch (family_) {
     case Family::kGpt2:
+      mark(StepPhase::kForward, OpClass::kGemmMlpUp);
       be_.matmul_forward(a.fch, a.ln2, w.fc_w, w.fc_b, N, C, F);
+      mark(StepPhase::kForward, OpClass::kActivation);
       be_.gelu_forward(a.fcg, a.fch, static_cast<size_t>(N) * F);
       break;
     case Family::kOpt:
+      mark(StepPhase::kForward, OpClass::kGemmMlpUp);
       be_.matmul_forward(a.fch, a.ln2, w.fc_w, w.fc_b, N, C, F);
+      mark(StepPhase::kForward, OpClass::kActivation);
       be_.relu_forward(a.fcg, a.fch, static_cast<size_t>(N) * F);
       break;
     case Family::kLlama:
+      mark(StepPhase::kForward, OpClass::kGemmMlpUp);
       be_.matmul_forward(a.fch, a.ln2, w.fc_w, nullptr, N, C, 2 * F);
+      mark(StepPhase::kForward, OpClass::kActivation);
       be_.swiglu_forward(a.fcg, a.fch, N, F);
       break;
   }
+  mark(StepPhase::kForward, OpClass::kGemmMlpDown);
   be_.matmul_forward(a.out, a.fcg, w.fcproj_w, w.fcproj_b, N, F, C);
+  mark(StepPhase::kForward, OpClass::kResidual);
   be_.add(a.out, a.out, a.res2, static_cast<size_t>(N) * C);
 }
 
@@ -493,7 +514,9 @@ float GptModel::head_forward(const GlobalTensors& g, const void* x, bool with_lo
   // The head's GEMMs run over the padded vocabulary Vp (aligned rows and tiles for the GPU's
   // GEMMs); its padding rows are zero, so their logits are 0 and the loss skips them.
   const int N = N_, C = cfg_.d_model, V = cfg_.vocab_size, Vp = padded_vocab(cfg_);
+  mark(StepPhase::kForward, OpClass::kNorm);
   norm_forward(lnf_, lnf_mean_, lnf_rstd_, x, g.lnf_w, g.lnf_b);
+  mark(StepPhase::kForward, OpClass::kHeadGemm);
   if (!with_loss) {
     FY_CHECK(head_rows_ == N, "whole logits from a chunked head (forward() refuses this first)");
     be_.matmul_forward(logits_, lnf_, g.lm_head, nullptr, N, C, Vp);
@@ -501,12 +524,15 @@ float GptModel::head_forward(const GlobalTensors& g, const void* x, bool with_lo
   }
   for (int r0 = 0; r0 < N; r0 += head_rows_) {
     const int rows = std::min(head_rows_, N - r0);
+    mark(StepPhase::kForward, OpClass::kHeadGemm);
     be_.matmul_forward(logits_, rows_at(lnf_, r0, C), g.lm_head, nullptr, rows, C, Vp);
+    mark(StepPhase::kForward, OpClass::kLoss);
     be_.crossentropy_forward(losses_ + r0, lse_ + r0, logits_, targets_ + r0, rows, V, Vp);
   }
   // A caller-ordered backend (the offload executor's) lets a copy skip the kernels queued
   // before it: the losses must be complete before they are read.
   be_.finish_compute();
+  mark(StepPhase::kForward, OpClass::kCopyToHost);
   be_.copy_to_host(host_losses_.data(), losses_, sizeof(float) * N);
   // Ignored targets hold loss 0, so the sum is over counted targets; the mean divides by
   // their number (N without a mask: the same arithmetic as before masks). No counted target:
@@ -522,13 +548,17 @@ void GptModel::head_backward(const GlobalTensors& g, const GlobalTensors& dg, co
   for (int r0 = 0; r0 < N; r0 += head_rows_) {
     const int rows = std::min(head_rows_, N - r0);
     // A chunked head's logits are gone (the next chunk overwrote them): computed again.
+    mark(StepPhase::kBackward, OpClass::kHeadGemm);
     if (head_rows_ < N) be_.matmul_forward(logits_, rows_at(lnf_, r0, C), g.lm_head, nullptr, rows, C, Vp);
+    mark(StepPhase::kBackward, OpClass::kLoss);
     be_.crossentropy_backward(logits_, lse_ + r0, targets_ + r0, loss_scale, rows, V, Vp);
     // Tied: dg.lm_head is dg.wte (embed group); untied: the final group's own gradient. The
     // padding columns' gradient is zero, so the padding rows' gradient stays zero.
+    mark(StepPhase::kBackward, OpClass::kHeadGemm);
     be_.matmul_backward(rows_at(dtmp_, r0, C), dg.lm_head, nullptr, logits_, rows_at(lnf_, r0, C), g.lm_head, rows,
                         C, Vp);
   }
+  mark(StepPhase::kBackward, OpClass::kNorm);
   be_.zero(dx, es_ * static_cast<size_t>(N) * C);
   norm_backward(dx, dg.lnf_w, dg.lnf_b, dtmp_, x, g.lnf_w, lnf_mean_, lnf_rstd_);
 }
@@ -542,33 +572,47 @@ void GptModel::block_backward(const LayerTensors& w, const LayerTensors& dw, con
   // its input before din): the backward consumes the layer's activations, and the (N, F)
   // gradient needs no buffer of its own, the largest one of a layer's backward.
   void* dfc = a.fcg;
+  mark(StepPhase::kBackward, OpClass::kGemmMlpDown);
   be_.matmul_backward(dfc, dw.fcproj_w, dw.fcproj_b, dres, a.fcg, w.fcproj_w, N, F, C);
   switch (family_) {
     case Family::kGpt2:
+      mark(StepPhase::kBackward, OpClass::kActivation);
       be_.gelu_backward(dfc, a.fch, dfc, static_cast<size_t>(N) * F);
+      mark(StepPhase::kBackward, OpClass::kGemmMlpUp);
       be_.matmul_backward(dtmp_, dw.fc_w, dw.fc_b, dfc, a.ln2, w.fc_w, N, C, F);
       break;
     case Family::kOpt:
+      mark(StepPhase::kBackward, OpClass::kActivation);
       be_.relu_backward(dfc, a.fch, dfc, static_cast<size_t>(N) * F);
+      mark(StepPhase::kBackward, OpClass::kGemmMlpUp);
       be_.matmul_backward(dtmp_, dw.fc_w, dw.fc_b, dfc, a.ln2, w.fc_w, N, C, F);
       break;
     case Family::kLlama:
+      mark(StepPhase::kBackward, OpClass::kActivation);
       be_.swiglu_backward(dgu_, a.fch, dfc, N, F);
+      mark(StepPhase::kBackward, OpClass::kGemmMlpUp);
       be_.matmul_backward(dtmp_, dw.fc_w, nullptr, dgu_, a.ln2, w.fc_w, N, C, 2 * F);
       break;
   }
+  mark(StepPhase::kBackward, OpClass::kNorm);
   norm_backward(dres, dw.ln2_w, dw.ln2_b, dtmp_, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd);
   // Attention: dres now holds dL/d(res2).
+  mark(StepPhase::kBackward, OpClass::kGemmAttnProj);
   be_.matmul_backward(dtmp_, dw.proj_w, dw.proj_b, dres, a.atty, w.proj_w, N, C, C);
+  mark(StepPhase::kBackward, OpClass::kAttention);
   be_.attention_backward(dqkv_, att_scratch_, dtmp_, a.atty, a.qkv, a.lse, B_, T, C, H);
   if (family_ == Family::kLlama) {
     void* dqkvc = Hkv == H ? dqkv_ : dqkvc_;
+    mark(StepPhase::kBackward, OpClass::kRope);
     if (Hkv != H) be_.repeat_kv_backward(dqkvc, dqkv_, N, H, Hkv, D);
     be_.rope_backward(dqkvc, B_, T, H, Hkv, D, cfg_.rope_theta);
+    mark(StepPhase::kBackward, OpClass::kGemmQkv);
     be_.matmul_backward(dtmp_, dw.qkv_w, dw.qkv_b, dqkvc, a.ln1, w.qkv_w, N, C, C + 2 * Hkv * D);
   } else {
+    mark(StepPhase::kBackward, OpClass::kGemmQkv);
     be_.matmul_backward(dtmp_, dw.qkv_w, dw.qkv_b, dqkv_, a.ln1, w.qkv_w, N, C, 3 * C);
   }
+  mark(StepPhase::kBackward, OpClass::kNorm);
   norm_backward(dres, dw.ln1_w, dw.ln1_b, dtmp_, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd);
 }
 
@@ -576,6 +620,7 @@ void GptModel::embed_backward(const GlobalTensors& dg, const void* dx) {
   void* dwpe = dg.wpe;
   if (dwpe && family_ == Family::kOpt)
     dwpe = static_cast<char*>(dwpe) + static_cast<size_t>(kOptPositionOffset) * cfg_.d_model * es_;
+  mark(StepPhase::kBackward, OpClass::kEmbedding);
   be_.embedding_backward(dg.wte, dwpe, dx, inputs_, B_, cfg_.seq_len, cfg_.d_model);
 }
 

@@ -144,8 +144,11 @@ void OffloadTrainer::Impl::worker(int r) {
   set_thread_team(update_threads_);
   Ring& q = rings_[r];
   std::unique_lock<std::mutex> lock(mu_);
+  const bool compute = r == static_cast<int>(Resource::kCompute);
   for (;;) {
     long k = -1;
+    // The compute thread's wait for its next op's inputs (fuyou-bench train --breakdown).
+    if (compute && be_.timing_on()) be_.timing_mark(timing_tag(StepPhase::kOther, OpClass::kWait));
     cv_.wait(lock, [&] { return stop_ || failed_ || (k = next_op(r)) >= 0; });
     if (stop_) return;
     if (failed_) {

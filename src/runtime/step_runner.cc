@@ -216,6 +216,7 @@ StepResult StepRunner::step(int64_t step_index, const std::vector<const int32_t*
   FY_CHECK(masks.empty() || masks.size() == micro_batches.size(), masks.size(), " loss masks for ",
            accum, " micro-batches");
   StepResult r;
+  mark(OpClass::kHost);  // the step's start: batch preparation until the device's first work
   model_.zero_grads();
   // The loss is the mean over the counted targets of the whole step (every micro-batch), the
   // mean PyTorch's cross_entropy(ignore_index=-1) gives over the concatenated micro-batches:
@@ -246,10 +247,13 @@ StepResult StepRunner::step(int64_t step_index, const std::vector<const int32_t*
     model_.backward(scale);
     if (!sums) continue;
     if (on_device_) {
+      mark(OpClass::kDeviceOptimizer);
       be_.accumulate_fp32(d_sum_, model_.grads(), store_, master_.size(), k == 0);
       continue;
     }
+    mark(OpClass::kCopyToHost);
     be_.copy_to_host(grad_.data(), model_.grads(), grad_.size());
+    mark(OpClass::kHostSums);
     add_to_fp32_sum(sum_.data(), grad_.data(), store_, sum_.size(), k == 0);
   }
   r.loss = static_cast<float>(mean_over_counted(means, counts));
@@ -259,6 +263,7 @@ StepResult StepRunner::step(int64_t step_index, const std::vector<const int32_t*
 }
 
 StepResult StepRunner::update_on_host(StepResult r, bool sums) {
+  mark(OpClass::kCopyToHost);
   if (!sums) be_.copy_to_host(grad_.data(), model_.grads(), grad_.size());
   const ElemType gtype = sums ? ElemType::kF32 : store_;
   const char* gbase = sums ? reinterpret_cast<const char*>(sum_.data()) : grad_.data();
@@ -266,6 +271,7 @@ StepResult StepRunner::update_on_host(StepResult r, bool sums) {
   // Per parameter group in order, each group summed in double by group_sum_squares: the same
   // reduction the offloading scheduler and the device perform, so all clip identically.
   // Padding between tensors holds zero gradient.
+  mark(OpClass::kHostNorm);
   double sq = 0;
   for (const auto& [offset, n] : square_groups_) sq += group_sum_squares(gbase + es * offset, gtype, n);
   const StepDecision d = decide_step(sq, r.loss_scale, cfg_.optimizer.grad_clip, scaler_.get());
@@ -280,6 +286,7 @@ StepResult StepRunner::update_on_host(StepResult r, bool sums) {
   // lowp_ (16-bit, rounded in the update's pass) and go to the device. With 16-bit tensors
   // the fp32 master stays in the optimizer until master() asks for it.
   const ParamLayout& layout = model_.layout();
+  mark(OpClass::kHostAdamW);
   for (size_t g = 0; g < layout.groups.size(); ++g) {
     OocAdamW::Update u;
     u.group = static_cast<int>(g);
@@ -294,6 +301,7 @@ StepResult StepRunner::update_on_host(StepResult r, bool sums) {
     opt_->wait(opt_->submit(u));
   }
   master_stale_ = store_ != ElemType::kF32;
+  mark(OpClass::kCopyToDevice);
   upload_params(0, master_.size());
   return r;
 }
@@ -304,7 +312,9 @@ StepResult StepRunner::update_on_host(StepResult r, bool sums) {
 StepResult StepRunner::update_on_device(StepResult r, bool sums) {
   const void* grad = sums ? static_cast<const void*>(d_sum_) : model_.grads();
   const ElemType gtype = sums ? ElemType::kF32 : store_;
+  mark(OpClass::kDeviceOptimizer);
   const double sq = be_.sum_squares(grad, gtype, square_groups_);
+  mark(OpClass::kHost);
   const StepDecision d = decide_step(sq, r.loss_scale, cfg_.optimizer.grad_clip, scaler_.get());
   r.grad_norm = d.grad_norm;
   if (!d.apply) {
@@ -325,6 +335,7 @@ StepResult StepRunner::update_on_device(StepResult r, bool sums) {
   const OocAdamWOptions o = optimizer_options(cfg_.optimizer);
   set_adamw_constants(&a, AdamWStep{static_cast<float>(r.lr), o.beta1, o.beta2, o.eps, 0.0f, t_}, o.weight_decay,
                       static_cast<float>(d.grad_scale));
+  mark(OpClass::kDeviceOptimizer);
   be_.adamw(a);
   master_stale_ = true;
   return r;
