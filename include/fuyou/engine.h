@@ -25,12 +25,17 @@ class TrainEngine {
   virtual std::string describe() const = 0;  // where every state lives, peak memory per tier
   virtual void init_params() = 0;            // init_gpt_params, group by group
   // `masks`: empty (every target counts) or one B*T loss mask per micro-batch (split_batch);
-  // the loss and gradient are the mean over the step's counted targets.
+  // the loss and gradient are the mean over the step's counted targets. `positions`: empty
+  // (one record per row) or one B*T array per micro-batch of packed records
+  // (GptModel::set_tokens).
   virtual StepResult step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
-                          const std::vector<const uint8_t*>& masks = {}) = 0;
+                          const std::vector<const uint8_t*>& masks = {},
+                          const std::vector<const int32_t*>& positions = {}) = 0;
   // Validation loss of one batch: the mean over its counted targets (mask B*T, or null: all
-  // count). The offloaded engine runs its plan's forward-only counterpart.
-  virtual float eval_loss(const int32_t* batch, const uint8_t* mask = nullptr) = 0;
+  // count; positions B*T or null, as step's). The offloaded engine runs its plan's
+  // forward-only counterpart.
+  virtual float eval_loss(const int32_t* batch, const uint8_t* mask = nullptr,
+                          const int32_t* positions = nullptr) = 0;
   // Writes the fp32 master weights as safetensors (engine tensor names), group by group.
   virtual void save_weights(const std::string& path, const std::map<std::string, std::string>& metadata) = 0;
   virtual void write_trace(const std::string& path) const = 0;

@@ -74,14 +74,34 @@ struct DatasetOptions {
   std::string completion_field;
   double val_fraction = 0.05;  // last share of each file (text) or of its records (JSONL)
   // Optional added tokens around every document / record, by their text (e.g. "<s>",
-  // "<|endoftext|>"): BOS before (mask 0), EOS after (mask 1: ending is learned).
+  // "<|endoftext|>"): BOS before (mask 0), EOS after (mask 1: ending is learned). Empty: none
+  // (fuyou-convert fills them from tokenizer_config.json, special_tokens()).
   std::string bos_token;
   std::string eos_token;
 };
 
+// The tokens a model's tokenizer_config.json names (bos_token, eos_token, pad_token as strings
+// or {"content": ...} objects, add_bos_token, chat_template); absent fields stay empty/false.
+struct SpecialTokens {
+  std::string bos, eos, pad;
+  bool add_bos = false;  // transformers puts bos before every encoded text
+  std::string chat_template;
+};
+// Reads `path` (tokenizer_config.json); ConfigError naming the file and field when malformed.
+SpecialTokens read_special_tokens(const std::string& path);
+
+// A prompt/completion pair as transformers encodes the concatenated text: ids of
+// tok.encode(prompt + completion) appended to *ids, and to *mask 0 for the tokens the prompt's
+// own encoding shares (its longest common prefix with the pair's) and 1 for the rest, so the
+// first token that covers completion text starts the counted part (docs/data.md, "Token
+// boundaries").
+void encode_pair(const Tokenizer& tok, std::string_view prompt, std::string_view completion,
+                 std::vector<int32_t>* ids, std::vector<uint8_t>* mask);
+
 struct DatasetResult {
   std::string train_path, val_path;            // train.tok, val.tok
   std::string train_mask_path, val_mask_path;  // train.mask, val.mask (prompt/completion)
+  std::string train_records_path, val_records_path;  // train.rec, val.rec (JSON Lines records)
   uint64_t train_tokens = 0, val_tokens = 0;
   uint64_t documents = 0;  // files or records
   size_t files = 0;

@@ -121,6 +121,57 @@ std::string string_field(const nlohmann::json& rec, const std::string& field,
 
 }  // namespace
 
+void encode_pair(const Tokenizer& tok, std::string_view prompt, std::string_view completion,
+                 std::vector<int32_t>* ids, std::vector<uint8_t>* mask) {
+  const std::vector<int32_t> alone = tok.encode(prompt);
+  std::string text;
+  text.reserve(prompt.size() + completion.size());
+  text.append(prompt).append(completion);
+  const size_t first = ids->size();
+  tok.encode_append(text, ids);
+  size_t shared = 0;
+  while (shared < alone.size() && first + shared < ids->size() && (*ids)[first + shared] == alone[shared]) ++shared;
+  mask->resize(first, 0);
+  mask->resize(first + shared, 0);
+  mask->resize(ids->size(), 1);
+}
+
+SpecialTokens read_special_tokens(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(str(path, ": cannot open"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(ss.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(str(path, ": not valid JSON: ", e.what()));
+  }
+  if (!j.is_object()) throw ConfigError(str(path, ": expected a JSON object"));
+  auto token = [&](const char* key) -> std::string {
+    if (!j.contains(key) || j[key].is_null()) return "";
+    const auto& v = j[key];
+    if (v.is_string()) return v.get<std::string>();
+    if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+    throw ConfigError(str(path, ": ", key, ": expected a string or an object with a \"content\" string"));
+  };
+  SpecialTokens t;
+  t.bos = token("bos_token");
+  t.eos = token("eos_token");
+  t.pad = token("pad_token");
+  if (j.contains("add_bos_token") && !j["add_bos_token"].is_null()) {
+    if (!j["add_bos_token"].is_boolean()) throw ConfigError(str(path, ": add_bos_token: expected true or false"));
+    t.add_bos = j["add_bos_token"].get<bool>();
+  }
+  if (j.contains("chat_template") && !j["chat_template"].is_null()) {
+    if (!j["chat_template"].is_string())
+      throw ConfigError(str(path, ": chat_template: only a single template string is supported (named templates "
+                            "are not)"));
+    t.chat_template = j["chat_template"].get<std::string>();
+  }
+  return t;
+}
+
 namespace {
 
 // Checks a mask's 32-byte header against a file of `file_size` bytes; returns the count.
@@ -210,6 +261,8 @@ DatasetResult build_tokenized_dataset(const Tokenizer& tok, const std::vector<st
   ShardStream train(r.train_path, kShardMagic, width, r.vocab_size);
   ShardStream val(r.val_path, kShardMagic, width, r.vocab_size);
   std::unique_ptr<ShardStream> train_mask, val_mask;
+  // JSON Lines records stay whole for training: each one's first token goes to the record index.
+  std::vector<uint64_t> train_starts, val_starts;
   if (pairs) {
     r.train_mask_path = (fs::path(out_dir) / "train.mask").string();
     r.val_mask_path = (fs::path(out_dir) / "val.mask").string();
@@ -267,9 +320,8 @@ DatasetResult build_tokenized_dataset(const Tokenizer& tok, const std::vector<st
       mask.clear();
       if (bos) ids.push_back(*bos);
       if (pairs) {
-        tok.encode_append(string_field(rec, opts.prompt_field, where), &ids);
-        mask.assign(ids.size(), 0);
-        tok.encode_append(string_field(rec, opts.completion_field, where), &ids);
+        encode_pair(tok, string_field(rec, opts.prompt_field, where), string_field(rec, opts.completion_field, where),
+                    &ids, &mask);
         if (eos) ids.push_back(*eos);
         mask.resize(ids.size(), 1);
       } else {
@@ -277,6 +329,11 @@ DatasetResult build_tokenized_dataset(const Tokenizer& tok, const std::vector<st
         if (eos) ids.push_back(*eos);
       }
       const bool to_val = record++ >= first_val;
+      if (ids.empty()) {  // nothing to train on: no record
+        ++r.skipped;
+        continue;
+      }
+      (to_val ? val_starts : train_starts).push_back((to_val ? val : train).count());
       (to_val ? val : train).append(ids);
       if (pairs) (to_val ? *val_mask : *train_mask).append_mask(mask);
       ++r.documents;
@@ -292,6 +349,12 @@ DatasetResult build_tokenized_dataset(const Tokenizer& tok, const std::vector<st
   if (pairs) {
     train_mask->finish();
     val_mask->finish();
+  }
+  if (jsonl) {
+    r.train_records_path = (fs::path(out_dir) / "train.rec").string();
+    r.val_records_path = (fs::path(out_dir) / "val.rec").string();
+    write_record_index(r.train_records_path, train_starts);
+    write_record_index(r.val_records_path, val_starts);
   }
   return r;
 }

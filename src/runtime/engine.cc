@@ -52,11 +52,13 @@ class InMemoryEngine final : public TrainEngine {
       reader.read_group(static_cast<int>(g), params.data() + layout.groups[g].offset);
     runner_.set_params(params.data());
   }
-  StepResult step(int64_t s, const std::vector<const int32_t*>& mbs,
-                  const std::vector<const uint8_t*>& masks) override {
-    return runner_.step(s, mbs, masks);
+  StepResult step(int64_t s, const std::vector<const int32_t*>& mbs, const std::vector<const uint8_t*>& masks,
+                  const std::vector<const int32_t*>& positions) override {
+    return runner_.step(s, mbs, masks, positions);
   }
-  float eval_loss(const int32_t* batch, const uint8_t* mask) override { return runner_.eval_loss(batch, mask); }
+  float eval_loss(const int32_t* batch, const uint8_t* mask, const int32_t* positions) override {
+    return runner_.eval_loss(batch, mask, positions);
+  }
   void save_weights(const std::string& path, const std::map<std::string, std::string>& md) override {
     const ParamLayout& layout = runner_.model().layout();
     // In memory the master array already holds every group: write from it directly.
@@ -109,12 +111,14 @@ class OffloadEngine final : public TrainEngine {
   }
   // The plan was built for schedule.grad_accum micro-batches (plan_request); the trainer
   // checks the count.
-  StepResult step(int64_t s, const std::vector<const int32_t*>& mbs,
-                  const std::vector<const uint8_t*>& masks) override {
-    return trainer_.step(s, mbs, masks);
+  StepResult step(int64_t s, const std::vector<const int32_t*>& mbs, const std::vector<const uint8_t*>& masks,
+                  const std::vector<const int32_t*>& positions) override {
+    return trainer_.step(s, mbs, masks, positions);
   }
   // The plan's forward-only counterpart on the same pools (OffloadTrainer::eval_loss).
-  float eval_loss(const int32_t* batch, const uint8_t* mask) override { return trainer_.eval_loss(batch, mask); }
+  float eval_loss(const int32_t* batch, const uint8_t* mask, const int32_t* positions) override {
+    return trainer_.eval_loss(batch, mask, positions);
+  }
   void save_weights(const std::string& path, const std::map<std::string, std::string>& md) override {
     save_streaming(path, layout_, md, trainer_.group_staging(),
                    [&](int g, float* dst) { trainer_.read_group_params(g, dst); });

@@ -127,8 +127,8 @@ Result run(Backend& be, ElemType t, const std::vector<uint16_t>& qkv, const std:
   float* scratch = static_cast<float*>(be.alloc(8 * size_t(T) * T, "scratch"));
   be.copy_to_device(dq, qkv.data(), 2 * n_qkv);
   be.copy_to_device(ddo, dout.data(), 2 * n_out);
-  be.attention_forward(out, lse, scratch, dq, B, T, C, H);
-  be.attention_backward(dd, scratch, ddo, out, dq, lse, B, T, C, H);
+  be.attention_forward(out, lse, scratch, dq, B, T, C, H, nullptr);
+  be.attention_backward(dd, scratch, ddo, out, dq, lse, B, T, C, H, nullptr);
   Result r{std::vector<uint16_t>(n_out), std::vector<uint16_t>(n_qkv), std::vector<float>(n_lse)};
   be.copy_to_host(r.out.data(), out, 2 * n_out);
   be.copy_to_host(r.dqkv.data(), dd, 2 * n_qkv);

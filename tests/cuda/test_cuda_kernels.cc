@@ -196,12 +196,12 @@ TEST_CASE("cuda causal attention forward and backward match the CPU", "[cuda]") 
   const int B = 2, T = 19, C = 48, H = 4;
   auto qkv = random_normal(B * T * 3 * C, 13), dout = random_normal(B * T * C, 14);
   std::vector<float> out(B * T * C), lse(B * H * T), scratch(2 * T * T), dqkv(qkv.size());
-  p.cpu->attention_forward(out.data(), lse.data(), scratch.data(), qkv.data(), B, T, C, H);
-  p.cpu->attention_backward(dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T, C, H);
+  p.cpu->attention_forward(out.data(), lse.data(), scratch.data(), qkv.data(), B, T, C, H, nullptr);
+  p.cpu->attention_backward(dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T, C, H, nullptr);
   DeviceVec<float> gqkv(*p.gpu, qkv), gdout(*p.gpu, dout), gout(*p.gpu, out.size()),
       glse(*p.gpu, lse.size()), gscratch(*p.gpu, scratch.size()), gdqkv(*p.gpu, qkv.size());
-  p.gpu->attention_forward(gout.get(), glse.get(), gscratch.get(), gqkv.get(), B, T, C, H);
-  p.gpu->attention_backward(gdqkv.get(), gscratch.get(), gdout.get(), gout.get(), gqkv.get(), glse.get(), B, T, C, H);
+  p.gpu->attention_forward(gout.get(), glse.get(), gscratch.get(), gqkv.get(), B, T, C, H, nullptr);
+  p.gpu->attention_backward(gdqkv.get(), gscratch.get(), gdout.get(), gout.get(), gqkv.get(), glse.get(), B, T, C, H, nullptr);
   const int hd = C / H;
   // Scores: sums of hd products (|q||k| <= hd max|qkv|^2 / sqrt(hd)), then exp (relative
   // error about (score error + a few u)), a sum of up to T terms and a division.
@@ -259,13 +259,13 @@ TEST_CASE("cuda llama-family kernels (rope, repeat_kv, swiglu) match the CPU", "
   auto qkvc = random_normal(N * row, 17);
   DeviceVec<float> g(*p.gpu, qkvc);
   std::vector<float> c = qkvc;
-  p.cpu->rope_forward(c.data(), B, T, Hq, Hkv, D, 10000.0f);
-  p.gpu->rope_forward(g.get(), B, T, Hq, Hkv, D, 10000.0f);
+  p.cpu->rope_forward(c.data(), B, T, Hq, Hkv, D, 10000.0f, nullptr);
+  p.gpu->rope_forward(g.get(), B, T, Hq, Hkv, D, 10000.0f, nullptr);
   // cos/sin of the same fp32 angle: the device's cosf/sinf are within 2 ulp (CUDA
   // programming guide), so each rotated value is within ~8 u of |x|.
   check_within("rope forward", g.host(), c, 8 * kU * 2 * max_abs(qkvc));
-  p.cpu->rope_backward(c.data(), B, T, Hq, Hkv, D, 10000.0f);
-  p.gpu->rope_backward(g.get(), B, T, Hq, Hkv, D, 10000.0f);
+  p.cpu->rope_backward(c.data(), B, T, Hq, Hkv, D, 10000.0f, nullptr);
+  p.gpu->rope_backward(g.get(), B, T, Hq, Hkv, D, 10000.0f, nullptr);
   check_within("rope round trip", g.host(), c, 16 * kU * 2 * max_abs(qkvc));
 
   std::vector<float> qkv(size_t(N) * 3 * Hq * D), back(qkvc.size());
