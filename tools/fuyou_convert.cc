@@ -59,15 +59,26 @@ void report(const fuyou::ConvertResult& r, const std::string& out) {
 // BOS / EOS of `fuyou-convert tokenize`: given ones as they are ('none': none), else from
 // tokenizer_config.json beside tokenizer.json: its bos_token where it adds one (add_bos_token,
 // as transformers' encoding does), its eos_token after every JSON Lines record (so a fine-tune
-// learns to stop). Each choice is logged.
+// learns to stop). Conversations take the chat template and its tokens from there, and no
+// BOS / EOS beyond what the template writes. Each choice is logged.
 void resolve_special_tokens(const std::string& tokenizer, bool bos_given, bool eos_given,
                             fuyou::DatasetOptions* o) {
   const std::string config = (std::filesystem::path(tokenizer).parent_path() / "tokenizer_config.json").string();
+  const bool chat = !o->chat_field.empty();
   const bool records = !o->jsonl_field.empty() || !o->prompt_field.empty();
-  if ((!bos_given || !eos_given) && std::filesystem::exists(config)) {
+  if (std::filesystem::exists(config)) {
     const fuyou::SpecialTokens st = fuyou::read_special_tokens(config);
-    if (!bos_given && st.add_bos) o->bos_token = st.bos;
+    if (!bos_given && st.add_bos && !chat) o->bos_token = st.bos;
     if (!eos_given && records) o->eos_token = st.eos;
+    if (chat) {
+      o->chat_template = st.chat_template;
+      o->template_source = config;
+      o->template_bos = st.bos;
+      o->template_eos = st.eos;
+      o->template_pad = st.pad;
+      o->template_unk = st.unk;
+      spdlog::info("chat template: {} ({} characters)", config, st.chat_template.size());
+    }
   }
   if (o->bos_token == "none") o->bos_token.clear();
   if (o->eos_token == "none") o->eos_token.clear();
@@ -137,6 +148,9 @@ int main(int argc, char** argv) {
                        "JSON Lines prompt field (no loss on it)");
   tokenize->add_option("--completion-field", dopts.completion_field,
                        "JSON Lines completion field (loss on it)");
+  tokenize->add_option("--chat-field", dopts.chat_field,
+                       "JSON Lines field holding a conversation (list of {role, content}), rendered "
+                       "with tokenizer_config.json's chat_template; loss on the assistant turns");
   tokenize
       ->add_option("--val-fraction", dopts.val_fraction,
                    "Share held out: the end of each text file, "

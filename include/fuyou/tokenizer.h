@@ -67,11 +67,22 @@ LossMask read_loss_mask(const std::string& path);
 // The same for a mask's bytes in memory; `path` names it in errors.
 LossMask parse_loss_mask(std::string_view bytes, const std::string& path);
 
+// The model's chat template and the tokens it may name (bos_token, eos_token, pad_token,
+// unk_token), from tokenizer_config.json.
+struct SpecialTokens;
+
 struct DatasetOptions {
   // Inputs are JSON Lines when a field is given, else plain-text files (one document each).
   std::string jsonl_field;   // each line's text is this string field
   std::string prompt_field;  // with completion_field: prompt/completion pairs, loss mask
   std::string completion_field;
+  // Conversations: each line's field is a list of {"role", "content"} messages, rendered with
+  // chat_template (Jinja, src/formats/jinja.h) and encoded; the loss mask covers what the
+  // assistant turns add (docs/data.md, "Chat data").
+  std::string chat_field;
+  std::string chat_template;
+  std::string template_source;  // names the template in errors (tokenizer_config.json)
+  std::string template_bos, template_eos, template_pad, template_unk;  // the template's tokens
   double val_fraction = 0.05;  // last share of each file (text) or of its records (JSONL)
   // Optional added tokens around every document / record, by their text (e.g. "<s>",
   // "<|endoftext|>"): BOS before (mask 0), EOS after (mask 1: ending is learned). Empty: none
@@ -80,10 +91,11 @@ struct DatasetOptions {
   std::string eos_token;
 };
 
-// The tokens a model's tokenizer_config.json names (bos_token, eos_token, pad_token as strings
-// or {"content": ...} objects, add_bos_token, chat_template); absent fields stay empty/false.
+// The tokens a model's tokenizer_config.json names (bos_token, eos_token, pad_token, unk_token as
+// strings or {"content": ...} objects, add_bos_token, chat_template); absent fields stay
+// empty/false.
 struct SpecialTokens {
-  std::string bos, eos, pad;
+  std::string bos, eos, pad, unk;
   bool add_bos = false;  // transformers puts bos before every encoded text
   std::string chat_template;
 };
@@ -97,6 +109,15 @@ SpecialTokens read_special_tokens(const std::string& path);
 // boundaries").
 void encode_pair(const Tokenizer& tok, std::string_view prompt, std::string_view completion,
                  std::vector<int32_t>* ids, std::vector<uint8_t>* mask);
+
+// A conversation (`messages`: a JSON array of {"role": ..., "content": ...} objects) through a
+// chat template as transformers' apply_chat_template(tokenize=True) encodes it: the rendered
+// text's ids appended to *ids. *mask gets 1 for the tokens each assistant turn adds (from the
+// end of the conversation before it rendered with add_generation_prompt to the end of the
+// conversation up to it), 0 elsewhere. Error naming `where` for a malformed conversation or a
+// template that does not render each turn as an extension of the turns before it.
+void encode_chat(const Tokenizer& tok, const DatasetOptions& opts, const std::string& messages_json,
+                 const std::string& where, std::vector<int32_t>* ids, std::vector<uint8_t>* mask);
 
 struct DatasetResult {
   std::string train_path, val_path;            // train.tok, val.tok

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Fine-tunes tiny Hugging Face models on prompt/completion records as a user would, and checks
-the engine against transformers on the same records.
+"""Fine-tunes tiny Hugging Face models on prompt/completion records and on conversations as a
+user would, and checks the engine against transformers on the same records.
 
     /usr/bin/python3 tests/reference/check_records_finetune.py BUILD_DIR
 
@@ -19,7 +19,11 @@ tok_bytelevel.json), each made here with transformers and random weights:
    with the weights `fuyou-convert to-hf` exports. Tolerance: 1e-4 relative, the bound of the
    project's other transformers comparisons (check_hf_export.py): two fp32 computations of
    the same model in different orders.
-3. The fine-tune learns: the validation loss falls below 0.7 of its start (the validation
+3. The same for conversations (`--chat-field messages`, the model's chat template from
+   tokenizer_config.json: Llama-2 style for the Llama model, ChatML for the GPT-2 one): ids
+   equal apply_chat_template's, the loss counts the tokens each assistant turn adds
+   (chat_templates.assistant_spans), and the validation losses equal transformers'.
+4. The fine-tune learns: the validation loss falls below 0.7 of its start (the validation
    records ask about countries the training records do not name, so what is learned is the
    answers' form: the space, the full stop, the EOS).
 
@@ -41,6 +45,8 @@ except ImportError as e:  # pragma: no cover - the environment decides
     sys.exit(77)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import chat_templates  # noqa: E402
 FIXTURES = os.path.join(HERE, "fixtures", "hf")
 TOLERANCE = 1e-4
 
@@ -63,24 +69,26 @@ def records():
 
 
 def write_model(kind, out):
-    """A tiny random model of `kind` with its tokenizer files, saved as a user's download is."""
+    """A tiny random model of `kind` with its tokenizer files and chat template, saved as a
+    user's download is."""
     torch.manual_seed(0)
     os.makedirs(out)
     if kind == "llama":
         shutil.copy(os.path.join(FIXTURES, "tok_llama2.json"), os.path.join(out, "tokenizer.json"))
         config = transformers.LlamaConfig(vocab_size=676, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                                           rms_norm_eps=1e-5, tie_word_embeddings=False)
         model = transformers.LlamaForCausalLM(config)
         tok_config = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True,
-                      "add_eos_token": False, "tokenizer_class": "LlamaTokenizerFast"}
+                      "add_eos_token": False, "tokenizer_class": "LlamaTokenizerFast",
+                      "chat_template": chat_templates.LLAMA2}
     else:
         shutil.copy(os.path.join(FIXTURES, "tok_bytelevel.json"), os.path.join(out, "tokenizer.json"))
-        config = transformers.GPT2Config(vocab_size=512, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+        config = transformers.GPT2Config(vocab_size=512, n_embd=32, n_layer=2, n_head=4, n_positions=256,
                                          bos_token_id=0, eos_token_id=0)
         model = transformers.GPT2LMHeadModel(config)
         tok_config = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
-                      "tokenizer_class": "GPT2TokenizerFast"}
+                      "tokenizer_class": "GPT2TokenizerFast", "chat_template": chat_templates.CHATML}
     with torch.no_grad():  # weights large enough that the losses are not all ln V
         for p in model.parameters():
             if p.dim() == 2:
@@ -157,34 +165,70 @@ def run(build_dir, kind, tmp):
     print("%s: %d validation records tokenized as transformers does" % (kind, len(want)))
 
     # 2. Fine-tune from the converted weights; the validation losses against transformers.
+    failures = fine_tune(tools, hf, kind, "qa", data, want, tmp)
+    # 3. Conversations through the model's chat template.
+    convs = chat_templates.conversations(40, True)
+    chat_file = os.path.join(tmp, "chat.jsonl")
+    with open(chat_file, "w") as f:
+        for c in convs:
+            f.write(json.dumps(c) + "\n")
+    chat_data = os.path.join(tmp, kind + "-chat-data")
+    subprocess.run([tools["fuyou-convert"], "tokenize", "--tokenizer", os.path.join(hf, "tokenizer.json"), chat_file,
+                    "--out", chat_data, "--chat-field", "messages", "--val-fraction", "0.2"], check=True)
+    first_val = len(convs) - int(len(convs) * 0.2)
+    template = tok.chat_template
+    chat_want = []
+    for c in convs[first_val:]:
+        ids, spans = chat_templates.assistant_spans(tok, template, c["messages"])
+        mask = [0] * len(ids)
+        for a, b in spans:
+            mask[a:b] = [1] * (b - a)
+        chat_want.append((ids, mask))
+    tokens = read_shard(os.path.join(chat_data, "val.tok"), b"FYTOKENS", 0)
+    mask = read_shard(os.path.join(chat_data, "val.mask"), b"FYLSMASK", 1)
+    starts = read_shard(os.path.join(chat_data, "val.rec"), b"FYRECIDX", 8) + [len(tokens)]
+    if [(tokens[a:b], mask[a:b]) for a, b in zip(starts, starts[1:])] != chat_want:
+        failures.append("%s: chat validation records differ from apply_chat_template's" % kind)
+    else:
+        print("%s: %d validation conversations tokenized as apply_chat_template does" % (kind, len(chat_want)))
+        failures += fine_tune(tools, hf, kind, "chat", chat_data, chat_want, tmp)
+    return failures
+
+
+def fine_tune(tools, hf, kind, what, data, want, tmp):
+    """fuyou-train from the converted weights on `data`; its validation losses against
+    transformers' per-record loss on the validation records `want` (ids, mask)."""
     base = os.path.join(tmp, kind + "-base")
-    subprocess.run([tools["fuyou-convert"], "from-hf", hf, "--out", base], check=True)
-    cfg = os.path.join(tmp, kind + ".yaml")
+    if not os.path.exists(base):
+        subprocess.run([tools["fuyou-convert"], "from-hf", hf, "--out", base], check=True)
+    cfg = os.path.join(tmp, kind + "-" + what + ".yaml")
     with open(cfg, "w") as f:
         f.write("model: {checkpoint: %s}\n" % base +
                 "data: {train_shards: [%s], val_shards: [%s]}\n" % (os.path.join(data, "train.tok"),
                                                                      os.path.join(data, "val.tok")) +
                 "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, weight_decay: 0.0}\n"
-                "schedule: {epochs: 6, warmup_steps: 2, micro_batch: 4, eval_every: 0, eval_batches: 8}\n"
+                "schedule: {epochs: 10, warmup_steps: 2, micro_batch: 2, eval_every: 0, eval_batches: 8}\n"
                 "runtime: {backend: cpu, threads: 2, seed: 3}\ncheckpoint: {every_minutes: 0}\n")
-    run_dir = os.path.join(tmp, kind + "-run")
+    run_dir = os.path.join(tmp, kind + "-" + what + "-run")
     subprocess.run([tools["fuyou-train"], "--config", cfg, "--run-dir", run_dir], check=True)
     with open(os.path.join(run_dir, "summary.json")) as f:
         summary = json.load(f)
     before, counted = hf_record_loss(transformers.AutoModelForCausalLM.from_pretrained(hf).eval(), want)
-    exported = os.path.join(tmp, kind + "-exported")
+    exported = os.path.join(tmp, kind + "-" + what + "-exported")
     subprocess.run([tools["fuyou-convert"], "to-hf", run_dir, "--out", exported], check=True)
     after, _ = hf_record_loss(transformers.AutoModelForCausalLM.from_pretrained(exported).eval(), want)
     failures = []
     for name, engine, ref in [("step 0", summary["first_val_loss"], before), ("trained", summary["final_val_loss"], after)]:
         err = abs(engine - ref) / ref
-        print("%s: %s validation loss %.6f (engine) vs %.6f (transformers, %d completion tokens of %d records): "
-              "relative difference %.2g" % (kind, name, engine, ref, counted, len(want), err))
+        print("%s %s: %s validation loss %.6f (engine) vs %.6f (transformers, %d counted tokens of %d records): "
+              "relative difference %.2g" % (kind, what, name, engine, ref, counted, len(want), err))
         if not err <= TOLERANCE:
-            failures.append("%s: %s validation loss differs from transformers' by %.3g relative" % (kind, name, err))
-    # 3. It learned.
+            failures.append("%s %s: %s validation loss differs from transformers' by %.3g relative" %
+                            (kind, what, name, err))
+    # 4. It learned.
     if not after < 0.7 * before:
-        failures.append("%s: validation loss %.4f -> %.4f did not fall below 0.7 of its start" % (kind, before, after))
+        failures.append("%s %s: validation loss %.4f -> %.4f did not fall below 0.7 of its start" %
+                        (kind, what, before, after))
     return failures
 
 
@@ -197,7 +241,7 @@ def main():
             failures += run(sys.argv[1], kind, tmp)
     if failures:
         raise SystemExit("\n".join(failures))
-    print("prompt/completion fine-tunes match transformers")
+    print("prompt/completion and chat fine-tunes match transformers")
 
 
 if __name__ == "__main__":
