@@ -250,6 +250,8 @@ class ExprParser {
       : t_(std::move(toks)), fail_(std::move(fail)), line_(line) {}
 
   ExprP expression() { return conditional(); }
+  // A for tag's iterable: no conditional expression, so that "if" after it is the loop filter.
+  ExprP iterable() { return or_expr(); }
   bool at(const std::string& op) const { return t_[p_].kind == Tok::kOp && t_[p_].text == op; }
   bool at_name(const std::string& n) const { return t_[p_].kind == Tok::kName && t_[p_].text == n; }
   bool done() const { return t_[p_].kind == Tok::kEnd; }
@@ -704,7 +706,7 @@ class Parser {
       n->targets.push_back(ep.name());
     }
     ep.expect_name("in");
-    n->expr = ep.expression();
+    n->expr = ep.iterable();
     if (ep.at_name("if")) fail("a filtering 'if' in a for tag is not supported");
     if (ep.at_name("recursive")) fail("recursive loops are not supported");
     ep.end();
