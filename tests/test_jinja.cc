@@ -112,3 +112,10 @@ TEST_CASE("jinja: errors name the template, the line and the feature", "[jinja]"
   CHECK_THROWS_WITH(render("{{ raise_exception('roles must alternate') }}"),
                     Contains("the template raised: roles must alternate"));
 }
+
+TEST_CASE("jinja: integer limits are refused, not undefined behaviour", "[jinja]") {
+  CHECK_THROWS_WITH(render("{{ 99999999999999999999 }}"), Contains("integer literal 99999999999999999999 is too large"));
+  CHECK_THROWS_WITH(render("{{ 999999999999999999 * 999999999999999999 }}"), Contains("integer overflow"));
+  CHECK_THROWS_WITH(render("{{ 'ab' * 99999999999 }}"), Contains("bytes repeated"));
+  CHECK(render("{{ 999999999999999999 + 1 }}") == "1000000000000000000");
+}

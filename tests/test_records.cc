@@ -15,6 +15,7 @@
 #include "fuyou/data.h"
 #include "fuyou/error.h"
 #include "fuyou/model.h"
+#include "fuyou/plan.h"
 #include "fuyou/rng.h"
 #include "fuyou/scheduler.h"
 #include "fuyou/train.h"
@@ -418,4 +419,30 @@ TEST_CASE("record index files: written, read, and refused with the file and offs
   CHECK_THROWS_WITH(parse_record_index(bytes.substr(0, 36), path, 12), Contains("header says 1 records"));
   bytes[0] = 'X';
   CHECK_THROWS_WITH(parse_record_index(bytes, path, 12), Contains("not a record index"));
+}
+
+TEST_CASE("plans for packed records count attention over the records' keys; bytes do not change", "[records][plan]") {
+  Config cfg = family_config("gpt2", "fp32");
+  PlanRequest req;
+  req.model = cfg.model;
+  req.micro_batch = 2;
+  req.acts = {ActPlacement::kHost, ActPlacement::kRecompute};
+  const Plan dense = make_plan(req);
+  req.attention_keys = 12;  // records of 12 tokens in rows of seq_len 48
+  const Plan packed = make_plan(req);
+  REQUIRE(dense.ops.size() == packed.ops.size());
+  const double N = 2.0 * cfg.model.seq_len, C = cfg.model.d_model;
+  int compute = 0;
+  for (size_t i = 0; i < dense.ops.size(); ++i) {
+    const PlanOp &d = dense.ops[i], &p = packed.ops[i];
+    CHECK(d.bytes == p.bytes);
+    if (d.kind != OpKind::kForward && d.kind != OpKind::kBackward) continue;
+    ++compute;
+    // The attention's two products cost 4 keys C FLOPs a token; the backward twice the forward.
+    const double per_layer = 4.0 * (cfg.model.seq_len - 12) * C * N * (d.kind == OpKind::kBackward ? 2 : 1);
+    CHECK(d.flops - p.flops == Approx(per_layer).epsilon(1e-12));
+  }
+  CHECK(compute == 2 * cfg.model.n_layer);
+  CHECK(dense.memory.device_bytes == packed.memory.device_bytes);
+  CHECK(dense.memory.host_bytes == packed.memory.host_bytes);
 }

@@ -87,8 +87,9 @@ PlanRequest plan_request(const Config& cfg);
 // offload.hardware set, the simulator's best activation placement (on `placement` where given,
 // else on offload.hardware's profile); *predicted_s: that placement's simulated step (0
 // without the search).
+// attention_keys: PlanRequest::attention_keys (packed records; 0: dense).
 Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s = nullptr,
-                const HardwareProfile* placement = nullptr);
+                const HardwareProfile* placement = nullptr, double attention_keys = 0);
 
 class FileLayer;  // src/storage/file_layer.h
 
@@ -101,6 +102,8 @@ struct EngineOptions {
   // as emulated: the GPU's compute and PCIe at runtime.emulated_scale with this machine's
   // disks and optimizer (emulated_machine), which offload.hardware alone does not describe.
   std::optional<HardwareProfile> placement_profile;
+  // PlanRequest::attention_keys of the training data (packed records); 0: dense.
+  double attention_keys = 0;
 };
 
 // Opens the SSD store if offload.ssd_paths is set and builds the plan within the budgets;

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 
 #include "fuyou/error.h"
@@ -327,6 +329,7 @@ class ExprParser {
   ExprP not_expr() {
     if (!at_name("not")) return compare();
     ++p_;
+    Nest nest(this);
     ExprP e = make(Expr::kNot);
     e->args.push_back(not_expr());
     return e;
@@ -378,6 +381,7 @@ class ExprParser {
   ExprP unary() {
     if (at("-")) {
       ++p_;
+      Nest nest(this);
       ExprP e = make(Expr::kNeg);
       e->args.push_back(unary());
       return e;
@@ -398,7 +402,8 @@ class ExprParser {
     if (t.kind == Tok::kInt || t.kind == Tok::kFloat) {
       ++p_;
       ExprP e = make(Expr::kLiteral);
-      e->value = t.kind == Tok::kInt ? Value::integer(std::stoll(t.text)) : Value::real(std::stod(t.text));
+      if (t.kind == Tok::kInt && t.text.size() > 18) error(str("integer literal ", t.text, " is too large"));
+      e->value = t.kind == Tok::kInt ? Value::integer(std::stoll(t.text)) : Value::real(std::strtod(t.text.c_str(), nullptr));
       return e;
     }
     if (t.kind == Tok::kName) {
@@ -412,12 +417,14 @@ class ExprParser {
     }
     if (at("(")) {
       ++p_;
+      Nest nest(this);
       ExprP e = expression();
       expect(")");
       return e;
     }
     if (at("[")) {
       ++p_;
+      Nest nest(this);
       ExprP e = make(Expr::kList);
       while (!at("]")) {
         e->args.push_back(expression());
@@ -507,10 +514,22 @@ class ExprParser {
     }
   }
 
+  // Nesting of brackets (and of "not" and unary minus), bounded so that a hostile template
+  // cannot recurse until the stack runs out.
+  struct Nest {
+    ExprParser* p;
+    explicit Nest(ExprParser* parser) : p(parser) {
+      if (++p->depth_ > kMaxNesting) p->error(str("expressions nest more than ", kMaxNesting, " deep"));
+    }
+    ~Nest() { --p->depth_; }
+  };
+  static constexpr int kMaxNesting = 100;
+
   std::vector<Tok> t_;
   size_t p_ = 0;
   std::function<void(const std::string&)> fail_;
   int line_;
+  int depth_ = 0;
 };
 
 }  // namespace
@@ -627,6 +646,13 @@ class Parser {
 
   // Nodes up to one of the `stops` tags (left unconsumed) or the end.
   std::vector<std::unique_ptr<Node>> block(const std::vector<std::string>& stops) {
+    // Tags nest as deep as a template is written; the bound keeps a hostile one from
+    // recursing until the stack runs out.
+    if (++depth_ > 100) fail("tags nest more than 100 deep");
+    struct Leave {
+      int& d;
+      ~Leave() { --d; }
+    } leave{depth_};
     std::vector<std::unique_ptr<Node>> out;
     while (pos_ < pieces_.size()) {
       const Piece& p = pieces_[pos_];
@@ -737,9 +763,14 @@ class Parser {
   std::vector<Piece> pieces_;
   std::string name_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 // ---- rendering ---------------------------------------------------------------------------
+
+// A rendered conversation is kilobytes; the bound stops a template that multiplies strings or
+// loops over its own output from taking the machine's memory.
+constexpr uint64_t kMaxText = uint64_t(1) << 26;
 
 class Renderer {
  public:
@@ -749,7 +780,10 @@ class Renderer {
       for (auto it = vars.begin(); it != vars.end(); ++it) scopes_.back()[it.key()] = from_json(it.value());
   }
   void run(const std::vector<std::unique_ptr<Node>>& nodes) {
-    for (const auto& n : nodes) exec(*n);
+    for (const auto& n : nodes) {
+      exec(*n);
+      if (out.size() > kMaxText) fail(n->line, str("the rendered text is longer than ", kMaxText, " bytes"));
+    }
   }
   std::string out;
 
@@ -832,7 +866,10 @@ class Renderer {
       case Expr::kNot: return Value::boolean(!truthy(eval(*e.args[0])));
       case Expr::kNeg: {
         Value v = eval(*e.args[0]);
-        if (v.kind == Value::kInt) return Value::integer(-v.i);
+        if (v.kind == Value::kInt) {
+          if (v.i == INT64_MIN) fail(e.line, "integer overflow");
+          return Value::integer(-v.i);
+        }
         if (v.kind == Value::kFloat) return Value::real(-v.f);
         fail(e.line, str("cannot negate a ", kind_name(v)));
       }
@@ -887,6 +924,9 @@ class Renderer {
       return truthy(a) ? a : eval(*e.args[1]);
     }
     Value a = eval(*e.args[0]), b = eval(*e.args[1]);
+    const auto size = [](const Value& v) { return v.kind == Value::kList ? v.list->size() : v.s.size(); };
+    if ((op == "+" || op == "~") && size(a) + size(b) > kMaxText)
+      fail(e.line, str("a value longer than ", kMaxText, " bytes or items"));
     if (op == "==") return Value::boolean(equal(a, b));
     if (op == "!=") return Value::boolean(!equal(a, b));
     if (op == "~") return Value::string(to_string(a) + to_string(b));
@@ -906,6 +946,8 @@ class Renderer {
       return Value::make_list(std::move(l));
     }
     if (op == "*" && a.kind == Value::kString && b.kind == Value::kInt) {
+      if (b.i > 0 && a.s.size() * static_cast<uint64_t>(std::min<int64_t>(b.i, kMaxText)) > kMaxText)
+        fail(e.line, str("a string of ", a.s.size(), " bytes repeated ", b.i, " times is more than ", kMaxText, " bytes"));
       std::string s;
       for (int64_t k = 0; k < b.i; ++k) s += a.s;
       return Value::string(s);
@@ -928,6 +970,7 @@ class Renderer {
     if (op == "//" || op == "%") {
       if (b.number() == 0) fail(e.line, "division by zero");
       if (ints) {
+        if (x == INT64_MIN && y == -1) fail(e.line, "integer overflow");
         int64_t q = x / y;
         if ((x % y != 0) && ((x < 0) != (y < 0))) --q;  // Python floors
         return Value::integer(op == "//" ? q : x - q * y);
@@ -935,7 +978,14 @@ class Renderer {
       const double q = std::floor(a.number() / b.number());
       return Value::real(op == "//" ? q : a.number() - q * b.number());
     }
-    if (ints) return Value::integer(op == "+" ? x + y : op == "-" ? x - y : x * y);
+    if (ints) {
+      int64_t r;
+      const bool over = op == "+" ? __builtin_add_overflow(x, y, &r)
+                        : op == "-" ? __builtin_sub_overflow(x, y, &r)
+                                    : __builtin_mul_overflow(x, y, &r);
+      if (over) fail(e.line, str("integer overflow in ", x, " ", op, " ", y));
+      return Value::integer(r);
+    }
     return Value::real(op == "+" ? a.number() + b.number() : op == "-" ? a.number() - b.number() : a.number() * b.number());
   }
 

@@ -234,8 +234,10 @@ void check_in_memory_host_budget(const Config& cfg, bool device_in_host) {
 
 }  // namespace
 
-Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s, const HardwareProfile* placement) {
+Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s, const HardwareProfile* placement,
+                double attention_keys) {
   PlanRequest req = plan_request(cfg);
+  req.attention_keys = attention_keys;
   req.embed_rows_first = backend.kind() != BackendKind::kCpu;
   req.spread_host_state = backend.kind() != BackendKind::kCpu;
   req.device_in_host = backend.device_is_host_memory();
@@ -271,7 +273,8 @@ std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backe
     return std::make_unique<InMemoryEngine>(cfg, backend);
   }
   double predicted = 0;
-  Plan plan = train_plan(cfg, backend, &predicted, opts.placement_profile ? &*opts.placement_profile : nullptr);
+  Plan plan = train_plan(cfg, backend, &predicted, opts.placement_profile ? &*opts.placement_profile : nullptr,
+                         opts.attention_keys);
   std::unique_ptr<SsdStore> store;
   if (!cfg.offload.ssd_paths.empty()) {
     StoreConfig sc;

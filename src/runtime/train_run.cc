@@ -169,6 +169,7 @@ class TrainingRun {
   // Record data (docs/data.md, "Records"): whole records packed into rows.
   std::unique_ptr<RecordSampler> train_records_, val_records_;
   int64_t val_micro_batches_ = 0;  // micro-batches of one validation pass over records
+  double attention_keys_ = 0;      // PlanRequest::attention_keys of the training records
   bool have_val_ = false;
   std::unique_ptr<TrainEngine> engine_;
   std::ofstream metrics_;
@@ -233,6 +234,11 @@ void TrainingRun::load_records() {
   report(train, "training");
   if (train.records.empty()) throw ConfigError("data: no training record has a counted target");
   const uint64_t n = train.records.size();
+  // The keys a query attends on average (each record a dense square, as FLOPs are counted):
+  // what the plan's attention costs, where the simulator times it.
+  double sq = 0;
+  for (const Record& r : train.records) sq += static_cast<double>(r.length) * r.length;
+  attention_keys_ = sq / static_cast<double>(train.kept_tokens);
   const uint64_t limit = cfg_.schedule.epochs > 0 ? n * static_cast<uint64_t>(cfg_.schedule.epochs) : UINT64_MAX;
   train_records_ = std::make_unique<RecordSampler>(&train_tokens_, train_mask_.empty() ? nullptr : &train_mask_,
                                                    std::move(train.records), B, T, cfg_.runtime.seed, true, limit);
@@ -318,7 +324,9 @@ void TrainingRun::make_engine() {
   std::string why;
   backend_ = make_backend(cfg_, &why);
   spdlog::info("{}", why);
-  engine_ = make_train_engine(cfg_, *backend_);
+  EngineOptions eo;
+  eo.attention_keys = attention_keys_;
+  engine_ = make_train_engine(cfg_, *backend_, eo);
   // A second stop signal ends the process at once; it can still unlink the store's files.
   if (opts_.stop) {
     std::vector<std::string> paths = engine_->store_cleanup_paths();
