@@ -71,8 +71,8 @@ TEST_CASE("blocked causal attention equals plain causal attention", "[kernels][a
     // backend's to use; the CPU's needs none.
     std::vector<float> out(dout.size(), 7.0f), lse(static_cast<size_t>(B) * H * T, 7.0f),
         scratch(2 * static_cast<size_t>(T) * T, 7.0f), dqkv(qkv.size(), 7.0f);
-    be->attention_forward(out.data(), lse.data(), scratch.data(), qkv.data(), B, T, C, H);
-    be->attention_backward(dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T, C, H);
+    be->attention_forward(out.data(), lse.data(), scratch.data(), qkv.data(), B, T, C, H, nullptr);
+    be->attention_backward(dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T, C, H, nullptr);
     std::vector<double> ref_out, ref_dqkv;
     reference_attention(qkv, dout, B, T, C, H, &ref_out, &ref_dqkv);
     std::vector<float> ro(ref_out.begin(), ref_out.end()), rd(ref_dqkv.begin(), ref_dqkv.end());

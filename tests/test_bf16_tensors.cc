@@ -166,11 +166,11 @@ TEST_CASE("every CPU kernel on 16-bit tensors is the fp32 kernel rounded once", 
     Pair qkv(NC * 3, rng), out(NC, rng);
     std::vector<float> lse(static_cast<size_t>(B) * H * T), scratch(2 * T * T);
     check_kernel("attention_forward", {&out, &qkv}, [&](Backend& be, std::vector<void*>& p) {
-      be.attention_forward(p[0], lse.data(), scratch.data(), p[1], B, T, C, H);
+      be.attention_forward(p[0], lse.data(), scratch.data(), p[1], B, T, C, H, nullptr);
     });
     Pair dqkv(NC * 3, rng), dout(NC, rng);
     check_kernel("attention_backward", {&dqkv, &dout, &qkv}, [&](Backend& be, std::vector<void*>& p) {
-      be.attention_backward(p[0], scratch.data(), p[1], nullptr, p[2], lse.data(), B, T, C, H);
+      be.attention_backward(p[0], scratch.data(), p[1], nullptr, p[2], lse.data(), B, T, C, H, nullptr);
     });
   }
   {
@@ -186,7 +186,7 @@ TEST_CASE("every CPU kernel on 16-bit tensors is the fp32 kernel rounded once", 
     const size_t cw = static_cast<size_t>(Hq + 2 * Hkv) * D;
     Pair qkvc(N * cw, rng), qkv(static_cast<size_t>(N) * 3 * Hq * D, rng), dqkvc(N * cw, rng);
     check_kernel("rope_forward", {&qkvc}, [&](Backend& be, std::vector<void*>& p) {
-      be.rope_forward(p[0], B, T, Hq, Hkv, D, 10000.0f);
+      be.rope_forward(p[0], B, T, Hq, Hkv, D, 10000.0f, nullptr);
     });
     check_kernel("repeat_kv_forward", {&qkv, &qkvc}, [&](Backend& be, std::vector<void*>& p) {
       be.repeat_kv_forward(p[0], p[1], N, Hq, Hkv, D);
@@ -195,7 +195,7 @@ TEST_CASE("every CPU kernel on 16-bit tensors is the fp32 kernel rounded once", 
       be.repeat_kv_backward(p[0], p[1], N, Hq, Hkv, D);
     });
     check_kernel("rope_backward", {&dqkvc}, [&](Backend& be, std::vector<void*>& p) {
-      be.rope_backward(p[0], B, T, Hq, Hkv, D, 10000.0f);
+      be.rope_backward(p[0], B, T, Hq, Hkv, D, 10000.0f, nullptr);
     });
     Pair gu(static_cast<size_t>(N) * 2 * F, rng), out(static_cast<size_t>(N) * F, rng), dgu(static_cast<size_t>(N) * 2 * F, rng);
     check_kernel("swiglu_forward", {&out, &gu}, [&](Backend& be, std::vector<void*>& p) { be.swiglu_forward(p[0], p[1], N, F); });

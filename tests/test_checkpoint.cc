@@ -22,8 +22,10 @@
 #include "fuyou/checkpoint.h"
 #include "fuyou/engine.h"
 #include "fuyou/error.h"
+#include "fuyou/rng.h"
 #include "fuyou/safetensors.h"
 #include "fuyou/stop.h"
+#include "fuyou/tokenizer.h"
 #include "fuyou/train.h"
 #include "src/storage/file_layer.h"
 #include "test_support.h"
@@ -462,4 +464,47 @@ TEST_CASE("a run directory too small for the weights and checkpoints is refused 
   CHECK_THROWS_WITH(train(cfg, s.run("a")), Contains("run directory") && Contains("checkpoint(s) of") &&
                                                 Contains("checkpoint.keep 4") && Contains("free"));
   CHECK_FALSE(fs::exists(fs::path(s.run("a")) / "metrics.jsonl"));
+}
+
+TEST_CASE("record data with schedule.epochs resumes mid-epoch bit for bit, in memory and offloaded",
+          "[checkpoint][records]") {
+  // 60 prompt/completion records of 6 to 20 byte-level tokens, packed into rows of 33: an epoch
+  // is a few steps, so checkpoints fall inside epochs.
+  Scratch s("records");
+  {
+    std::ofstream f(s.root / "pairs.jsonl");
+    Rng rng(2, 0);
+    for (int r = 0; r < 60; ++r) {
+      std::string p = "q";
+      for (uint64_t k = 0, n = 2 + rng.below(10); k < n; ++k) p += static_cast<char>('a' + rng.below(26));
+      f << "{\"prompt\": \"" << p << "\", \"completion\": \" " << p.substr(1, 3) << "\"}\n";
+    }
+  }
+  Tokenizer tok = Tokenizer::from_file(test::source_path("tests/reference/fixtures/hf/tok_bytelevel.json"));
+  DatasetOptions d;
+  d.prompt_field = "prompt";
+  d.completion_field = "completion";
+  d.eos_token = "<|endoftext|>";
+  d.val_fraction = 0.2;
+  DatasetResult data = build_tokenized_dataset(tok, {(s.root / "pairs.jsonl").string()}, s.run("data"), d);
+  Config cfg = parse_config(
+      str("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 64, vocab_size: ", tok.vocab_size(), ", seq_len: 32}\n",
+          "data: {train_shards: [", data.train_path, "], val_shards: [", data.val_path, "]}\n",
+          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4}\n"
+          "schedule: {epochs: 2, warmup_steps: 1, micro_batch: 2, grad_accum: 2, eval_every: 3, eval_batches: 4}\n"
+          "runtime: {backend: cpu, threads: 2, seed: 5}\n"
+          "checkpoint: {every_steps: 3, keep: 10}\n"),
+      "<test>");
+  TrainSummary full = train(cfg, s.run("mem"));
+  INFO("steps " << full.steps);
+  REQUIRE(full.steps >= 6);
+  REQUIRE(full.steps % 3 != 0);  // the last checkpoint is not one of every_steps'
+  resume(s.run("mem") + "/checkpoints/step-3", s.run("mem-r3"));
+  check_resumed_equals(s.run("mem"), s.run("mem-r3"), 3, full.steps);
+  Config off = cfg;
+  offload_everything(&off, s);
+  train(off, s.run("off"));
+  CHECK(tensors(s.run("mem") + "/model.safetensors") == tensors(s.run("off") + "/model.safetensors"));
+  resume(s.run("off") + "/checkpoints/step-3", s.run("off-r3"));
+  check_resumed_equals(s.run("off"), s.run("off-r3"), 3, full.steps);
 }

@@ -81,7 +81,7 @@ TEST_CASE("rope backward matches finite differences and preserves norms", "[fami
   std::vector<float> y;
   auto loss = [&] {
     y = x;
-    be->rope_forward(y.data(), B, T, Hq, Hkv, D, 10000.0f);
+    be->rope_forward(y.data(), B, T, Hq, Hkv, D, 10000.0f, nullptr);
     return dot(y, R);
   };
   loss();
@@ -101,7 +101,7 @@ TEST_CASE("rope backward matches finite differences and preserves norms", "[fami
     }
   }
   std::vector<float> dx = R;
-  be->rope_backward(dx.data(), B, T, Hq, Hkv, D, 10000.0f);
+  be->rope_backward(dx.data(), B, T, Hq, Hkv, D, 10000.0f, nullptr);
   check_grad("rope dx", x, dx, loss);
 }
 

@@ -60,7 +60,7 @@ TEST_CASE("causal attention backward matches finite differences", "[kernels]") {
   auto qkv = randn(B * T * 3 * C, 9), R = randn(B * T * C, 10);
   std::vector<float> out(B * T * C), lse(B * H * T), scratch(2 * T * T);
   auto loss = [&] {
-    be->attention_forward(out.data(), lse.data(), scratch.data(), qkv.data(), B, T, C, H);
+    be->attention_forward(out.data(), lse.data(), scratch.data(), qkv.data(), B, T, C, H, nullptr);
     return dot(out, R);
   };
   loss();
@@ -79,7 +79,7 @@ TEST_CASE("causal attention backward matches finite differences", "[kernels]") {
         CHECK(lse[(b * H + h) * T + t] == Approx(std::log(s)).epsilon(1e-5));
       }
   std::vector<float> dqkv(qkv.size());
-  be->attention_backward(dqkv.data(), scratch.data(), R.data(), out.data(), qkv.data(), lse.data(), B, T, C, H);
+  be->attention_backward(dqkv.data(), scratch.data(), R.data(), out.data(), qkv.data(), lse.data(), B, T, C, H, nullptr);
   check_grad("attention dqkv", qkv, dqkv, loss);
 }
 

@@ -373,20 +373,29 @@ TEST_CASE("prompt/completion JSONL: tokenized, trained, and the loss covers comp
     std::copy(v.begin(), v.end(), params.begin() + t.offset);
   }
   r.set_params(params.data());
+  // JSON Lines records stay whole: validation packs every validation record once.
   auto val = read_token_shard(d.val_path).tokens;
   auto val_mask = read_loss_mask(d.val_mask_path).mask;
-  const int B = cfg.schedule.micro_batch, T = cfg.model.seq_len, E = cfg.schedule.eval_batches;
-  BatchSampler vs(&val, &val_mask, B, T, cfg.runtime.seed);
+  const int B = cfg.schedule.micro_batch, T = cfg.model.seq_len;
+  const auto starts = read_record_index(d.val_records_path, val.size());
+  RecordSelection sel = select_records(starts, val.size(), &val_mask, T + 1, TruncatePolicy::kRefuse, "validation");
+  const uint64_t n = sel.records.size();
+  RecordSampler vs(&val, &val_mask, sel.records, B, T, cfg.runtime.seed, false, n);
+  RecordSampler all(&val, nullptr, sel.records, B, T, cfg.runtime.seed, false, n);
+  // The first eval_batches micro-batches of records (all of them when fewer), as the run does.
+  const int64_t E = std::min<int64_t>(static_cast<int64_t>((vs.rows_between(0, n) + B - 1) / B), cfg.schedule.eval_batches);
   std::vector<int32_t> batch(static_cast<size_t>(B) * (T + 1));
   std::vector<uint8_t> counted(static_cast<size_t>(B) * T);
+  std::vector<int32_t> positions(static_cast<size_t>(B) * T);
   std::vector<float> masked, unmasked;
   std::vector<int64_t> counts, full;
-  for (int i = 0; i < E; ++i) {
-    vs.fixed(i, E, batch.data(), counted.data());
+  for (int64_t i = 0; i < E; ++i) {
+    vs.next(batch.data(), counted.data(), positions.data());
     counts.push_back(count_targets(counted.data(), B, T));
-    full.push_back(static_cast<int64_t>(B) * T);
-    masked.push_back(counts.back() ? r.eval_loss(batch.data(), counted.data()) : 0.0f);
-    unmasked.push_back(r.eval_loss(batch.data()));
+    masked.push_back(counts.back() ? r.eval_loss(batch.data(), counted.data(), positions.data()) : 0.0f);
+    all.next(batch.data(), counted.data(), positions.data());
+    full.push_back(count_targets(counted.data(), B, T));
+    unmasked.push_back(r.eval_loss(batch.data(), counted.data(), positions.data()));
   }
   const double all_targets = mean_over_counted(unmasked, full);
   INFO("same weights over every target: " << all_targets);

@@ -56,6 +56,38 @@ void report(const fuyou::ConvertResult& r, const std::string& out) {
 }
 
 // Prints a shard as text, or one token per line with --ids.
+// BOS / EOS of `fuyou-convert tokenize`: given ones as they are ('none': none), else from
+// tokenizer_config.json beside tokenizer.json: its bos_token where it adds one (add_bos_token,
+// as transformers' encoding does), its eos_token after every JSON Lines record (so a fine-tune
+// learns to stop). Conversations take the chat template and its tokens from there, and no
+// BOS / EOS beyond what the template writes. Each choice is logged.
+void resolve_special_tokens(const std::string& tokenizer, bool bos_given, bool eos_given,
+                            fuyou::DatasetOptions* o) {
+  const std::string config = (std::filesystem::path(tokenizer).parent_path() / "tokenizer_config.json").string();
+  const bool chat = !o->chat_field.empty();
+  const bool records = !o->jsonl_field.empty() || !o->prompt_field.empty();
+  if (std::filesystem::exists(config)) {
+    const fuyou::SpecialTokens st = fuyou::read_special_tokens(config);
+    if (!bos_given && st.add_bos && !chat) o->bos_token = st.bos;
+    if (!eos_given && records) o->eos_token = st.eos;
+    if (chat) {
+      o->chat_template = st.chat_template;
+      o->template_source = config;
+      o->template_bos = st.bos;
+      o->template_eos = st.eos;
+      o->template_pad = st.pad;
+      o->template_unk = st.unk;
+      spdlog::info("chat template: {} ({} characters)", config, st.chat_template.size());
+    }
+  }
+  if (o->bos_token == "none") o->bos_token.clear();
+  if (o->eos_token == "none") o->eos_token.clear();
+  const char* from = std::filesystem::exists(config) ? "tokenizer_config.json" : "no tokenizer_config.json";
+  spdlog::info("bos: {} ({}); eos: {} ({})", o->bos_token.empty() ? "none" : "'" + o->bos_token + "'",
+               bos_given ? "--bos-token" : from, o->eos_token.empty() ? "none" : "'" + o->eos_token + "'",
+               eos_given ? "--eos-token" : from);
+}
+
 void decode_shard(const std::string& tokenizer, const std::string& shard, int64_t offset,
                   int64_t count, bool ids) {
   fuyou::Tokenizer tok = fuyou::Tokenizer::from_file(tokenizer);
@@ -116,15 +148,20 @@ int main(int argc, char** argv) {
                        "JSON Lines prompt field (no loss on it)");
   tokenize->add_option("--completion-field", dopts.completion_field,
                        "JSON Lines completion field (loss on it)");
+  tokenize->add_option("--chat-field", dopts.chat_field,
+                       "JSON Lines field holding a conversation (list of {role, content}), rendered "
+                       "with tokenizer_config.json's chat_template; loss on the assistant turns");
   tokenize
       ->add_option("--val-fraction", dopts.val_fraction,
                    "Share held out: the end of each text file, "
                    "the last records of each JSONL file")
       ->check(CLI::Range(0.0, 0.99));
-  tokenize->add_option("--bos-token", dopts.bos_token,
-                       "Token put before every document/record, e.g. '<s>'");
-  tokenize->add_option("--eos-token", dopts.eos_token,
-                       "Token put after every document/record, e.g. '<|endoftext|>'");
+  auto* bos_opt = tokenize->add_option("--bos-token", dopts.bos_token,
+                                       "Token put before every document/record, e.g. '<s>' ('none': no "
+                                       "BOS; default: tokenizer_config.json's when it adds one)");
+  auto* eos_opt = tokenize->add_option("--eos-token", dopts.eos_token,
+                                       "Token put after every JSON Lines record, e.g. '<|endoftext|>' "
+                                       "('none': no EOS; default: tokenizer_config.json's eos_token)");
 
   auto* decode =
       app.add_subcommand("decode", "Print a token shard as text (or token by token with --ids)");
@@ -170,6 +207,7 @@ int main(int argc, char** argv) {
     } else if (*tokenize) {
       fuyou::Tokenizer tok = fuyou::Tokenizer::from_file(tokenizer);
       spdlog::info("{}: {}", tokenizer, tok.describe());
+      resolve_special_tokens(tokenizer, bos_opt->count() > 0, eos_opt->count() > 0, &dopts);
       auto r = fuyou::build_tokenized_dataset(tok, inputs, out_dir, dopts);
       spdlog::info(
           "{} files, {} documents ({} skipped): {} train tokens -> {}, {} validation tokens -> {}",
@@ -177,6 +215,9 @@ int main(int argc, char** argv) {
       if (!r.train_mask_path.empty())
         spdlog::info("loss masks (1 = completion token): {}, {}", r.train_mask_path,
                      r.val_mask_path);
+      if (!r.train_records_path.empty())
+        spdlog::info("record indexes (records stay whole in training): {}, {}", r.train_records_path,
+                     r.val_records_path);
     } else if (*decode) {
       decode_shard(tokenizer, shard, offset, count, ids);
     } else {

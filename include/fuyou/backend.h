@@ -143,17 +143,28 @@ class Backend {
   virtual void matmul_backward(void* din, void* dw, void* dbias, const void* dout,
                                const void* in, const void* w, int N, int IC, int OC) = 0;
 
+  // Packed records (segments). `pos` (device memory, B*T int32, or null) gives each token its
+  // position within its record: pos[b*T + t] is 0 where a record starts and pos[b*T + t - 1] + 1
+  // otherwise (pos[b*T] is 0), so the record of token t is the run [t - pos[b*T + t], t] of
+  // row b. Attention is causal within each record only (no token attends to another record's),
+  // rotary phases restart with each record, and learned positions are looked up by pos (the
+  // model gathers them; embedding_forward is unchanged). Null: one record per row, pos = t,
+  // the arithmetic of an unpacked batch bit for bit. GptModel::set_tokens checks the rule.
+  //
   // Causal multi-head self-attention on packed qkv(B,T,3C) (q | k | v, heads contiguous
-  // within each). Writes out(B,T,C) and lse(B,H,T), each query row's log-sum-exp of its
+  // within each), each query attending the keys of its own record up to itself (see `pos`).
+  // Writes out(B,T,C) and lse(B,H,T), each query row's log-sum-exp of its
   // scaled scores: all the backward needs besides qkv, which recomputes the probabilities
   // from them (no (T, T) matrix outlives a call). scratch: 2 T T fp32 values of workspace
   // that a backend may use within the call (the CUDA backend's unfused kernels do).
   virtual void attention_forward(void* out, float* lse, float* scratch, const void* qkv, int B,
-                                 int T, int C, int H) = 0;
+                                 int T, int C, int H, const int32_t* pos) = 0;
   // dqkv(B,T,3C) overwritten. out is the forward's output (a fused backward reads it for
-  // each row's sum of dout * out; the kernels recompute from qkv and lse alone).
-  virtual void attention_backward(void* dqkv, float* scratch, const void* dout, const void* out, const void* qkv,
-                                  const float* lse, int B, int T, int C, int H) = 0;
+  // each row's sum of dout * out; the kernels recompute from qkv and lse alone). `pos` as the
+  // forward's.
+  virtual void attention_backward(void* dqkv, float* scratch, const void* dout, const void* out,
+                                  const void* qkv, const float* lse, int B, int T, int C, int H,
+                                  const int32_t* pos) = 0;
 
   // GELU, tanh approximation.
   virtual void gelu_forward(void* out, const void* in, size_t n) = 0;
@@ -194,11 +205,14 @@ class Backend {
                                 const void* w, const float* rstd, int N, int C) = 0;
 
   // Rotary position embeddings (Llama's rotate-half form), in place on the q and k heads of
-  // qkvc(B,T,(Hq+2Hkv)D); v is untouched. Row n has position n % T; within each head the
-  // pair (i, i + D/2), i < D/2, is rotated by the angle math::rope_angle(pos, i, D, theta).
-  virtual void rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int D, float theta) = 0;
+  // qkvc(B,T,(Hq+2Hkv)D); v is untouched. Row n has position pos[n] (n % T when pos is null;
+  // see attention_forward for pos); within each head the pair (i, i + D/2), i < D/2, is
+  // rotated by the angle math::rope_angle(position, i, D, theta).
+  virtual void rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int D, float theta,
+                            const int32_t* pos) = 0;
   // The transpose (rotation by -angle), in place on the q and k parts of dqkvc(B,T,(Hq+2Hkv)D).
-  virtual void rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta) = 0;
+  virtual void rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta,
+                             const int32_t* pos) = 0;
 
   // Grouped-query attention in its simple form: expands qkvc(N,(Hq+2Hkv)D) into the full
   // packed qkv(N,3C) that attention_forward takes, k/v head j copied to query heads

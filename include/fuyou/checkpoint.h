@@ -45,19 +45,19 @@ struct ShardIdentity {
 };
 struct DataSplitIdentity {
   uint64_t tokens = 0;
-  std::string xxh3;  // of the tokens (int32) followed by the loss mask bytes, if any
+  std::string xxh3;  // of the tokens (int32), the loss mask bytes and the record starts (u64), if any
   std::vector<ShardIdentity> shards;
 };
 struct DataIdentity {
   DataSplitIdentity train, val;
 };
 DataSplitIdentity split_identity(const std::vector<int32_t>& tokens, const std::vector<uint8_t>& mask,
-                                 const std::vector<std::string>& shard_paths);
+                                 const std::vector<std::string>& shard_paths, const std::vector<uint64_t>& records = {});
 
 // The loop's position beside the engine state.
 struct TrainProgress {
   int64_t step = 0;               // optimizer steps completed
-  uint64_t sampler_position = 0;  // BatchSampler::position() of the training sampler
+  uint64_t sampler_position = 0;  // position() of the training sampler (BatchSampler or RecordSampler)
   double first_val_loss = 0;      // validation loss at step 0 (0: none)
   double last_val_loss = 0;       // the most recent one (0: none)
   double train_seconds = 0;       // time spent in steps so far

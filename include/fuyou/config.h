@@ -65,6 +65,10 @@ struct DataConfig {
   std::vector<std::string> val_shards;
   double val_fraction = 0.05;  // share of `text` held out for validation
   std::string tokenizer = "byte";
+  // Record data (shards with a record index): a record longer than seq_len + 1 tokens is
+  // refused (the run does not start; default), cut to its first seq_len + 1 tokens (right)
+  // or left out (drop). docs/data.md, "Records".
+  std::string truncate = "refuse";
 };
 
 struct OptimizerConfig {
@@ -86,6 +90,9 @@ struct OptimizerConfig {
 
 struct ScheduleConfig {
   int64_t steps = 300;
+  // Record data: train this many epochs (every record once per epoch, in a seeded order); the
+  // run's steps follow from the records and schedule.steps is not used. 0: schedule.steps.
+  int64_t epochs = 0;
   int64_t warmup_steps = 20;
   int micro_batch = 8;
   int grad_accum = 1;

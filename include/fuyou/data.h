@@ -103,4 +103,91 @@ class BatchSampler {
   uint64_t draws_ = 0;
 };
 
+// ---- records ------------------------------------------------------------------------------
+// Fine-tuning data kept in records (docs/data.md, "Records"): a record index beside a shard
+// (train.rec next to train.tok) says where each record (a JSON Lines line: a document, a
+// prompt/completion pair, a conversation) begins. Its header has the token shard's 32-byte
+// layout with magic "FYRECIDX", version 1, 8 bytes per entry, the number of records as the
+// count and 0 in the vocab field; then each record's first token as a u64, strictly
+// increasing from 0. Record i is tokens [start[i], start[i + 1]) of the shard, the last one
+// ending with the shard.
+constexpr char kRecordMagic[8] = {'F', 'Y', 'R', 'E', 'C', 'I', 'D', 'X'};
+
+void write_record_index(const std::string& path, const std::vector<uint64_t>& starts);
+// Reads and validates (magic, version, width, count against the file size, starts from 0,
+// strictly increasing, below the shard's `shard_tokens`).
+std::vector<uint64_t> read_record_index(const std::string& path, uint64_t shard_tokens);
+std::vector<uint64_t> parse_record_index(std::string_view bytes, const std::string& path,
+                                         uint64_t shard_tokens);
+
+struct Record {
+  uint64_t start = 0;   // first token in the split's concatenated tokens
+  uint32_t length = 0;  // tokens, at most seq_len + 1 once selected
+};
+
+// data.truncate: what happens to a record longer than seq_len + 1 tokens (a record of seq_len
+// + 1 tokens fills a row: its last token is only ever a target).
+enum class TruncatePolicy { kRefuse, kRight, kDrop };
+TruncatePolicy truncate_policy(const std::string& name);  // refuse | right | drop
+
+// The records a split trains or validates on, after the truncate policy, and what it did.
+struct RecordSelection {
+  std::vector<Record> records;  // kept, in file order
+  uint64_t total = 0;           // records in the index
+  uint64_t too_long = 0;        // longer than seq_len + 1 (truncated or dropped)
+  uint64_t longest = 0;         // tokens of the longest record
+  uint64_t cut_tokens = 0;      // tokens removed by truncation, or in dropped records
+  uint64_t no_target = 0;       // records skipped: no counted target (after truncation)
+  uint64_t kept_tokens = 0;
+};
+// `starts` index the split's `tokens` (concatenated shards); `mask` (same size, or null: every
+// target counts). kRefuse throws ConfigError naming `split`, the count and the longest record
+// when any record is longer than max_tokens. A record none of whose tokens after the first
+// counts carries no signal and is skipped (counted in no_target).
+RecordSelection select_records(const std::vector<uint64_t>& starts, uint64_t tokens,
+                               const std::vector<uint8_t>* mask, uint64_t max_tokens,
+                               TruncatePolicy policy, const std::string& split);
+
+// Packs whole records into micro-batches of B rows of T+1 tokens: each record starts at
+// position 0 of its own segment, records follow each other in a row while they fit (next
+// fit: a record that does not fit starts the next row) and the rest of a row is padding (token
+// 0, its own segment, no target counts). For every micro-batch it yields the tokens
+// (B*(T+1)), which targets count (B*T: counted[b*T + t] is 1 when tokens t and t+1 of row b
+// are in one record and the record's mask counts token t+1) and each input's position within
+// its record (B*T; GptModel::set_tokens).
+//
+// The records form a stream: with `shuffle`, epoch e visits every record once in an order
+// drawn from (seed, e); without, file order, every epoch alike. The stream ends at `limit`
+// records (rows after it are padding only); position() is the stream index of the next record
+// to pack, so a sampler set to a saved position packs exactly the rows an uninterrupted one
+// would have.
+class RecordSampler {
+ public:
+  RecordSampler(const std::vector<int32_t>* tokens, const std::vector<uint8_t>* mask,
+                std::vector<Record> records, int B, int T, uint64_t seed, bool shuffle,
+                uint64_t limit);
+  void next(int32_t* batch, uint8_t* counted, int32_t* positions);
+  uint64_t position() const { return next_; }
+  void set_position(uint64_t p) { next_ = p; }
+  size_t size() const { return records_.size(); }
+  // Rows the stream from position `from` fills up to `to` (a dry run of the packing).
+  uint64_t rows_between(uint64_t from, uint64_t to) const;
+
+ private:
+  const Record& at(uint64_t stream_index) const;  // the record at a stream position
+  // Packs one row from next_ (or padding past the limit).
+  void row(int32_t* tokens, uint8_t* counted, int32_t* positions);
+
+  const std::vector<int32_t>* tokens_;
+  const std::vector<uint8_t>* mask_;
+  std::vector<Record> records_;
+  int B_, T_;
+  uint64_t seed_;
+  bool shuffle_;
+  uint64_t limit_;
+  uint64_t next_ = 0;
+  mutable int64_t order_epoch_ = -1;      // the epoch whose order order_ holds
+  mutable std::vector<uint32_t> order_;  // that epoch's order (indices into records_)
+};
+
 }  // namespace fuyou

@@ -25,12 +25,17 @@ class TrainEngine {
   virtual std::string describe() const = 0;  // where every state lives, peak memory per tier
   virtual void init_params() = 0;            // init_gpt_params, group by group
   // `masks`: empty (every target counts) or one B*T loss mask per micro-batch (split_batch);
-  // the loss and gradient are the mean over the step's counted targets.
+  // the loss and gradient are the mean over the step's counted targets. `positions`: empty
+  // (one record per row) or one B*T array per micro-batch of packed records
+  // (GptModel::set_tokens).
   virtual StepResult step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
-                          const std::vector<const uint8_t*>& masks = {}) = 0;
+                          const std::vector<const uint8_t*>& masks = {},
+                          const std::vector<const int32_t*>& positions = {}) = 0;
   // Validation loss of one batch: the mean over its counted targets (mask B*T, or null: all
-  // count). The offloaded engine runs its plan's forward-only counterpart.
-  virtual float eval_loss(const int32_t* batch, const uint8_t* mask = nullptr) = 0;
+  // count; positions B*T or null, as step's). The offloaded engine runs its plan's
+  // forward-only counterpart.
+  virtual float eval_loss(const int32_t* batch, const uint8_t* mask = nullptr,
+                          const int32_t* positions = nullptr) = 0;
   // Writes the fp32 master weights as safetensors (engine tensor names), group by group.
   virtual void save_weights(const std::string& path, const std::map<std::string, std::string>& metadata) = 0;
   virtual void write_trace(const std::string& path) const = 0;
@@ -82,8 +87,9 @@ PlanRequest plan_request(const Config& cfg);
 // offload.hardware set, the simulator's best activation placement (on `placement` where given,
 // else on offload.hardware's profile); *predicted_s: that placement's simulated step (0
 // without the search).
+// attention_keys: PlanRequest::attention_keys (packed records; 0: dense).
 Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s = nullptr,
-                const HardwareProfile* placement = nullptr);
+                const HardwareProfile* placement = nullptr, double attention_keys = 0);
 
 class FileLayer;  // src/storage/file_layer.h
 
@@ -96,6 +102,8 @@ struct EngineOptions {
   // as emulated: the GPU's compute and PCIe at runtime.emulated_scale with this machine's
   // disks and optimizer (emulated_machine), which offload.hardware alone does not describe.
   std::optional<HardwareProfile> placement_profile;
+  // PlanRequest::attention_keys of the training data (packed records); 0: dense.
+  double attention_keys = 0;
 };
 
 // Opens the SSD store if offload.ssd_paths is set and builds the plan within the budgets;

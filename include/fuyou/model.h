@@ -187,8 +187,9 @@ class GptModel {
 
   // Runs the whole forward on inputs(B*T) (host memory). With targets (host, B*T), computes
   // the per-token losses and returns their mean over the counted targets (those that are not
-  // kIgnoreTarget; 0 when none counts); without, returns 0 and leaves logits.
-  float forward(const int32_t* inputs, const int32_t* targets);
+  // kIgnoreTarget; 0 when none counts); without, returns 0 and leaves logits. `positions`
+  // (host, B*T, or null: one record per row) packs records: see set_tokens.
+  float forward(const int32_t* inputs, const int32_t* targets, const int32_t* positions = nullptr);
   // Accumulates into grads() the gradient of loss_scale * sum of per-token losses of the
   // last forward() (ignored targets contribute nothing). For the mean over a step:
   // 1 / (counted targets of all its micro-batches), which is 1 / (N * grad_accum) unmasked.
@@ -196,8 +197,13 @@ class GptModel {
   void zero_grads();
 
   // Per-layer pieces of forward() and backward(), for the scheduler to drive one at a time.
-  // set_tokens copies a micro-batch's inputs (and targets) to the device first.
-  void set_tokens(const int32_t* inputs, const int32_t* targets);
+  // set_tokens copies a micro-batch's inputs (and targets) to the device first. With
+  // `positions` (B*T) the rows are packed records: positions[b*T + t] is token t's position
+  // within its record (0 where a record starts, else the previous token's + 1; the rule of
+  // Backend::attention_forward's pos, checked here). Each record then sees only itself:
+  // learned positions and rotary phases restart, attention stops at its boundaries. Null: one
+  // record per row, the unpacked arithmetic bit for bit.
+  void set_tokens(const int32_t* inputs, const int32_t* targets, const int32_t* positions = nullptr);
   LayerActivations alloc_activations(const std::string& what);  // owned by the model
   // Targets of the last set_tokens() that count (not kIgnoreTarget): N without a mask.
   int64_t counted_targets() const { return counted_; }
@@ -237,6 +243,8 @@ class GptModel {
   void* grads_ = nullptr;
   int32_t* inputs_ = nullptr;
   int32_t* targets_ = nullptr;
+  int32_t* positions_ = nullptr;  // (N) device copy of the last set_tokens()'s positions
+  const int32_t* pos_ = nullptr;  // positions_ when the last set_tokens() packed records, else null
   void* x0_ = nullptr;  // (N, C) embedding output
   std::vector<LayerActivations> acts_;
   void* lnf_ = nullptr;       // (N, C)

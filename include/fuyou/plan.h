@@ -208,6 +208,7 @@ struct Plan {
   ModelConfig model;
   int micro_batch = 1;
   ElemType tensors = ElemType::kF32;  // PlanRequest::tensors
+  double attention_keys = 0;          // PlanRequest::attention_keys
   bool exact = false;  // global-norm clipping: every update waits for the norm
   int grad_accum = 1;  // micro-batches per step; gradients accumulate on the device
   // grad_accum > 1 with 16-bit tensors (PlanRequest::accum_fp32): each micro-batch's gradient
@@ -257,6 +258,11 @@ struct Plan {
 struct PlanRequest {
   ModelConfig model;
   int micro_batch = 1;
+  // Keys each query's attention covers on average, as the FLOP count charges attention (a
+  // dense square per sequence: seq_len). Packed records (docs/data.md, "Records") attend
+  // within their record only: sum of L^2 / sum of L over record lengths L. 0: seq_len. Only
+  // compute time changes with it; no byte does.
+  double attention_keys = 0;
   // The device's tensors (runtime.device_tensors): weights, activations, checkpoints and
   // gradients are this type on the device, in transit and in their host and SSD copies;
   // master weights and optimizer state are fp32 whatever it is.

@@ -64,12 +64,14 @@ class OffloadTrainer {
   // One optimizer step on plan().grad_accum micro-batches (masks: empty, or one per
   // micro-batch): their gradients accumulate and the updates run after the last one's
   // backward; the loss is the mean over the step's counted targets (mean_over_counted).
+  // `positions`: empty, or one B*T array per micro-batch of packed records (StepRunner::step).
   StepResult step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
-                         const std::vector<const uint8_t*>& masks = {});
+                  const std::vector<const uint8_t*>& masks = {},
+                  const std::vector<const int32_t*>& positions = {});
   // Validation: the mean loss over the counted targets of one B*(T+1) batch at the current
   // weights, by the plan's forward-only counterpart (make_forward_plan: weights streamed as
   // in the forward, nothing saved, no backward, no update). Bitwise StepRunner::eval_loss.
-  float eval_loss(const int32_t* batch, const uint8_t* mask = nullptr);
+  float eval_loss(const int32_t* batch, const uint8_t* mask = nullptr, const int32_t* positions = nullptr);
 
   // Chrome trace-event JSON of the last two training steps (they overlap), one row per
   // resource.

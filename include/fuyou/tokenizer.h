@@ -67,21 +67,62 @@ LossMask read_loss_mask(const std::string& path);
 // The same for a mask's bytes in memory; `path` names it in errors.
 LossMask parse_loss_mask(std::string_view bytes, const std::string& path);
 
+// The model's chat template and the tokens it may name (bos_token, eos_token, pad_token,
+// unk_token), from tokenizer_config.json.
+struct SpecialTokens;
+
 struct DatasetOptions {
   // Inputs are JSON Lines when a field is given, else plain-text files (one document each).
   std::string jsonl_field;   // each line's text is this string field
   std::string prompt_field;  // with completion_field: prompt/completion pairs, loss mask
   std::string completion_field;
+  // Conversations: each line's field is a list of {"role", "content"} messages, rendered with
+  // chat_template (Jinja, src/formats/jinja.h) and encoded; the loss mask covers what the
+  // assistant turns add (docs/data.md, "Chat data").
+  std::string chat_field;
+  std::string chat_template;
+  std::string template_source;  // names the template in errors (tokenizer_config.json)
+  std::string template_bos, template_eos, template_pad, template_unk;  // the template's tokens
   double val_fraction = 0.05;  // last share of each file (text) or of its records (JSONL)
   // Optional added tokens around every document / record, by their text (e.g. "<s>",
-  // "<|endoftext|>"): BOS before (mask 0), EOS after (mask 1: ending is learned).
+  // "<|endoftext|>"): BOS before (mask 0), EOS after (mask 1: ending is learned). Empty: none
+  // (fuyou-convert fills them from tokenizer_config.json, special_tokens()).
   std::string bos_token;
   std::string eos_token;
 };
 
+// The tokens a model's tokenizer_config.json names (bos_token, eos_token, pad_token, unk_token as
+// strings or {"content": ...} objects, add_bos_token, chat_template); absent fields stay
+// empty/false.
+struct SpecialTokens {
+  std::string bos, eos, pad, unk;
+  bool add_bos = false;  // transformers puts bos before every encoded text
+  std::string chat_template;
+};
+// Reads `path` (tokenizer_config.json); ConfigError naming the file and field when malformed.
+SpecialTokens read_special_tokens(const std::string& path);
+
+// A prompt/completion pair as transformers encodes the concatenated text: ids of
+// tok.encode(prompt + completion) appended to *ids, and to *mask 0 for the tokens the prompt's
+// own encoding shares (its longest common prefix with the pair's) and 1 for the rest, so the
+// first token that covers completion text starts the counted part (docs/data.md, "Token
+// boundaries").
+void encode_pair(const Tokenizer& tok, std::string_view prompt, std::string_view completion,
+                 std::vector<int32_t>* ids, std::vector<uint8_t>* mask);
+
+// A conversation (`messages`: a JSON array of {"role": ..., "content": ...} objects) through a
+// chat template as transformers' apply_chat_template(tokenize=True) encodes it: the rendered
+// text's ids appended to *ids. *mask gets 1 for the tokens each assistant turn adds (from the
+// end of the conversation before it rendered with add_generation_prompt to the end of the
+// conversation up to it), 0 elsewhere. Error naming `where` for a malformed conversation or a
+// template that does not render each turn as an extension of the turns before it.
+void encode_chat(const Tokenizer& tok, const DatasetOptions& opts, const std::string& messages_json,
+                 const std::string& where, std::vector<int32_t>* ids, std::vector<uint8_t>* mask);
+
 struct DatasetResult {
   std::string train_path, val_path;            // train.tok, val.tok
   std::string train_mask_path, val_mask_path;  // train.mask, val.mask (prompt/completion)
+  std::string train_records_path, val_records_path;  // train.rec, val.rec (JSON Lines records)
   uint64_t train_tokens = 0, val_tokens = 0;
   uint64_t documents = 0;  // files or records
   size_t files = 0;

@@ -82,13 +82,16 @@ class StepRunner {
   void set_counters(const OptimizerCounters& c);
 
   // `micro_batches` holds grad_accum pointers to B*(T+1) tokens each; `masks` is empty (every
-  // target counts) or holds one B*T loss mask per micro-batch (see split_batch). The gradient
-  // is that of the mean over all counted targets of the step.
+  // target counts) or holds one B*T loss mask per micro-batch (see split_batch); `positions`
+  // is empty (one record per row) or holds one B*T array per micro-batch of packed records
+  // (GptModel::set_tokens). The gradient is that of the mean over all counted targets of the
+  // step.
   StepResult step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
-              const std::vector<const uint8_t*>& masks = {});
-  // Mean loss over the counted targets of one B*(T+1) batch (mask B*T or null) at the current
-  // weights, no gradients; 0 when none counts.
-  float eval_loss(const int32_t* batch, const uint8_t* mask = nullptr);
+                  const std::vector<const uint8_t*>& masks = {},
+                  const std::vector<const int32_t*>& positions = {});
+  // Mean loss over the counted targets of one B*(T+1) batch (mask B*T or null; positions B*T
+  // or null) at the current weights, no gradients; 0 when none counts.
+  float eval_loss(const int32_t* batch, const uint8_t* mask = nullptr, const int32_t* positions = nullptr);
   // The last step's gradient (the sum over its micro-batches, scaled by the loss scale, before
   // clipping) as its norm and updates read it, widened to fp32; layout() order.
   std::vector<float> step_gradient() const;

@@ -146,18 +146,19 @@ void CpuBackend::matmul_backward(void* din, void* dw, void* dbias, const void* d
 
 // The CPU's attention keeps its block scratch per thread; the backend's scratch is unused.
 void CpuBackend::attention_forward(void* out, float* lse, float*, const void* qkv, int B, int T,
-                                   int C, int H) {
+                                   int C, int H, const int32_t* pos) {
   const size_t BT = static_cast<size_t>(B) * T;
   Stage s(storage_);
-  k_.attention_forward(s.out(out, BT * C), lse, s.in(qkv, BT * 3 * C), B, T, C, H);
+  k_.attention_forward(s.out(out, BT * C), lse, s.in(qkv, BT * 3 * C), B, T, C, H, pos);
 }
 
 void CpuBackend::attention_backward(void* dqkv, float*, const void* dout, const void*, const void* qkv,
-                                    const float* lse, int B, int T, int C, int H) {
+                                    const float* lse, int B, int T, int C, int H,
+                                    const int32_t* pos) {
   const size_t BT = static_cast<size_t>(B) * T;
   Stage s(storage_);
   k_.attention_backward(s.out(dqkv, BT * 3 * C), s.in(dout, BT * C), s.in(qkv, BT * 3 * C), lse, B, T,
-                        C, H);
+                        C, H, pos);
 }
 
 void CpuBackend::gelu_forward(void* out, const void* in, size_t n) {
@@ -203,16 +204,18 @@ void CpuBackend::rmsnorm_backward(void* din, void* dw, const void* dout, const v
                       rstd, N, C);
 }
 
-void CpuBackend::rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int D, float theta) {
+void CpuBackend::rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int D, float theta,
+                              const int32_t* pos) {
   Stage s(storage_);
   k_.rope_forward(s.acc(qkvc, static_cast<size_t>(B) * T * (Hq + 2 * Hkv) * D), B, T, Hq, Hkv,
-                  D, theta);
+                  D, theta, pos);
 }
 
-void CpuBackend::rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta) {
+void CpuBackend::rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta,
+                               const int32_t* pos) {
   Stage s(storage_);
   k_.rope_backward(s.acc(dqkvc, static_cast<size_t>(B) * T * (Hq + 2 * Hkv) * D), B, T, Hq, Hkv,
-                   D, theta);
+                   D, theta, pos);
 }
 
 void CpuBackend::repeat_kv_forward(void* qkv, const void* qkvc, int N, int Hq, int Hkv, int D) {

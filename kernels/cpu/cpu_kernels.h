@@ -31,9 +31,10 @@ class CpuKernels {
   void matmul_backward(float* din, float* dw, float* dbias, const float* dout, const float* in,
                        const float* w, int N, int IC, int OC);
   // Attention without the backend's scratch (each thread keeps its own block scratch).
-  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int H);
+  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int H,
+                         const int32_t* pos);
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B,
-                          int T, int C, int H);
+                          int T, int C, int H, const int32_t* pos);
   void gelu_forward(float* out, const float* in, size_t n);
   void gelu_backward(float* din, const float* in, const float* dout, size_t n);
   void add(float* out, const float* a, const float* b, size_t n);
@@ -46,8 +47,10 @@ class CpuKernels {
                        int C);
   void rmsnorm_backward(float* din, float* dw, const float* dout, const float* in,
                         const float* w, const float* rstd, int N, int C);
-  void rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta);
-  void rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta);
+  void rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta,
+                    const int32_t* pos);
+  void rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta,
+                     const int32_t* pos);
   void repeat_kv_forward(float* qkv, const float* qkvc, int N, int Hq, int Hkv, int D);
   void repeat_kv_backward(float* dqkvc, const float* dqkv, int N, int Hq, int Hkv,
                           int D);

@@ -62,7 +62,8 @@ void CpuKernels::rmsnorm_backward(float* din, float* dw, const float* dout, cons
 namespace {
 
 // Rotates the q and k heads of every row by +angle (sign 1) or -angle (sign -1).
-void rope_apply(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta, float sign) {
+void rope_apply(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta, float sign,
+                const int32_t* positions) {
   const int half = D / 2;
   const size_t row = static_cast<size_t>(Hq + 2 * Hkv) * D;
   const int N = B * T;
@@ -71,7 +72,7 @@ void rope_apply(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta, 
     std::vector<float> cs(static_cast<size_t>(D));  // cos[0..half) | sin[0..half)
 #pragma omp for schedule(static)
     for (int n = 0; n < N; ++n) {
-      const int pos = n % T;
+      const int pos = positions ? positions[n] : n % T;
       for (int i = 0; i < half; ++i) {
         float a = math::rope_angle(pos, i, D, theta);
         cs[i] = cosf(a);
@@ -89,13 +90,14 @@ void rope_apply(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta, 
 
 }  // namespace
 
-void CpuKernels::rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta) {
-  rope_apply(qkvc, B, T, Hq, Hkv, D, theta, 1.0f);
+void CpuKernels::rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta,
+                              const int32_t* pos) {
+  rope_apply(qkvc, B, T, Hq, Hkv, D, theta, 1.0f, pos);
 }
 
 void CpuKernels::rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D,
-                               float theta) {
-  rope_apply(dqkvc, B, T, Hq, Hkv, D, theta, -1.0f);
+                               float theta, const int32_t* pos) {
+  rope_apply(dqkvc, B, T, Hq, Hkv, D, theta, -1.0f, pos);
 }
 
 void CpuKernels::repeat_kv_forward(float* qkv, const float* qkvc, int N, int Hq, int Hkv,

@@ -109,12 +109,12 @@ void StreamBackend::matmul_backward(void* din, void* dw, void* dbias, const void
   kernel([=, this] { inner_->matmul_backward(din, dw, dbias, dout, in, w, N, IC, OC); });
 }
 void StreamBackend::attention_forward(void* out, float* lse, float* scratch, const void* qkv, int B, int T, int C,
-                                      int H) {
-  kernel([=, this] { inner_->attention_forward(out, lse, scratch, qkv, B, T, C, H); });
+                                      int H, const int32_t* pos) {
+  kernel([=, this] { inner_->attention_forward(out, lse, scratch, qkv, B, T, C, H, pos); });
 }
 void StreamBackend::attention_backward(void* dqkv, float* scratch, const void* dout, const void* out, const void* qkv,
-                                       const float* lse, int B, int T, int C, int H) {
-  kernel([=, this] { inner_->attention_backward(dqkv, scratch, dout, out, qkv, lse, B, T, C, H); });
+                                       const float* lse, int B, int T, int C, int H, const int32_t* pos) {
+  kernel([=, this] { inner_->attention_backward(dqkv, scratch, dout, out, qkv, lse, B, T, C, H, pos); });
 }
 void StreamBackend::gelu_forward(void* out, const void* in, size_t n) {
   kernel([=, this] { inner_->gelu_forward(out, in, n); });
@@ -141,11 +141,13 @@ void StreamBackend::rmsnorm_backward(void* din, void* dw, const void* dout, cons
                                      const float* rstd, int N, int C) {
   kernel([=, this] { inner_->rmsnorm_backward(din, dw, dout, in, w, rstd, N, C); });
 }
-void StreamBackend::rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int D, float theta) {
-  kernel([=, this] { inner_->rope_forward(qkvc, B, T, Hq, Hkv, D, theta); });
+void StreamBackend::rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int D, float theta,
+                                 const int32_t* pos) {
+  kernel([=, this] { inner_->rope_forward(qkvc, B, T, Hq, Hkv, D, theta, pos); });
 }
-void StreamBackend::rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta) {
-  kernel([=, this] { inner_->rope_backward(dqkvc, B, T, Hq, Hkv, D, theta); });
+void StreamBackend::rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta,
+                                  const int32_t* pos) {
+  kernel([=, this] { inner_->rope_backward(dqkvc, B, T, Hq, Hkv, D, theta, pos); });
 }
 void StreamBackend::repeat_kv_forward(void* qkv, const void* qkvc, int N, int Hq, int Hkv, int D) {
   kernel([=, this] { inner_->repeat_kv_forward(qkv, qkvc, N, Hq, Hkv, D); });

@@ -62,9 +62,10 @@ class StreamBackend final : public Backend {
   void matmul_backward(void* din, void* dw, void* dbias, const void* dout, const void* in, const void* w,
                        int N, int IC, int OC) override;
   void attention_forward(void* out, float* lse, float* scratch, const void* qkv, int B, int T, int C,
-                         int H) override;
+                         int H, const int32_t* pos) override;
   void attention_backward(void* dqkv, float* scratch, const void* dout, const void* out, const void* qkv,
-                          const float* lse, int B, int T, int C, int H) override;
+                          const float* lse, int B, int T, int C, int H,
+                          const int32_t* pos) override;
   void gelu_forward(void* out, const void* in, size_t n) override;
   void gelu_backward(void* din, const void* in, const void* dout, size_t n) override;
   void add(void* out, const void* a, const void* b, size_t n) override;
@@ -74,8 +75,10 @@ class StreamBackend final : public Backend {
   void rmsnorm_forward(void* out, float* rstd, const void* in, const void* w, float eps, int N, int C) override;
   void rmsnorm_backward(void* din, void* dw, const void* dout, const void* in, const void* w,
                         const float* rstd, int N, int C) override;
-  void rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int D, float theta) override;
-  void rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta) override;
+  void rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int D, float theta,
+                    const int32_t* pos) override;
+  void rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta,
+                     const int32_t* pos) override;
   void repeat_kv_forward(void* qkv, const void* qkvc, int N, int Hq, int Hkv, int D) override;
   void repeat_kv_backward(void* dqkvc, const void* dqkv, int N, int Hq, int Hkv, int D) override;
   void swiglu_forward(void* out, const void* gu, int N, int F) override;

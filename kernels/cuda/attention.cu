@@ -1,6 +1,7 @@
 // Causal self-attention on the CUDA backend. With 16-bit tensors and runtime.attention auto or
-// cudnn it runs on cuDNN's fused flash attention (cudnn_attention.cc); otherwise, and for a
-// shape cuDNN refuses, in the unfused form below: for one (batch row, head)
+// cudnn it runs on cuDNN's fused flash attention (cudnn_attention.cc); otherwise, for a shape
+// cuDNN refuses, and for packed records (document-masked: each query attends its own record,
+// Backend::attention_forward's pos), in the unfused form below: for one (batch row, head)
 // at a time, cuBLAS GEMMs around causal-softmax kernels in the (2, T, T) fp32 scratch the
 // model's workspace lends (Backend::attention_forward); 16-bit tensors are widened per (batch
 // row, head) and the results rounded once. The forward keeps each query row's
@@ -19,46 +20,52 @@
 namespace fuyou::cuda {
 namespace {
 
-// One block per row t of s(T,T): entries 0..t become the softmax of the scores, t+1..T-1
-// zero, and lse[t] the row's log-sum-exp (the CPU's softmax_causal_row, with the block
-// reductions replacing its serial loops).
-__global__ void softmax_causal_k(float* s, float* lse, int T) {
-  const int t = blockIdx.x;
+// The first key row t attends: the start of its record (pos: one batch row's positions within
+// their records, Backend::attention_forward; null: the row is one record).
+__device__ inline int record_start(const int32_t* pos, int t) { return pos ? t - pos[t] : 0; }
+
+// One block per row t of s(T,T): entries lo..t (lo = the start of t's record) become the
+// softmax of the scores, the rest of the row zero, and lse[t] the row's log-sum-exp (the
+// CPU's softmax_causal_row, with the block reductions replacing its serial loops).
+__global__ void softmax_causal_k(float* s, float* lse, const int32_t* pos, int T) {
+  const int t = blockIdx.x, lo = record_start(pos, t);
   float* row = s + static_cast<size_t>(t) * T;
   float mx = -INFINITY;
-  for (int j = threadIdx.x; j <= t; j += blockDim.x) mx = fmaxf(mx, row[j]);
+  for (int j = lo + threadIdx.x; j <= t; j += blockDim.x) mx = fmaxf(mx, row[j]);
   mx = block_reduce(mx, MaxOp{}, -INFINITY);
   float sum = 0.0f;
-  for (int j = threadIdx.x; j <= t; j += blockDim.x) {
+  for (int j = lo + threadIdx.x; j <= t; j += blockDim.x) {
     float e = math::exp_fast(row[j] - mx);
     row[j] = e;
     sum += e;
   }
   sum = block_reduce(sum, SumOp{}, 0.0f);
   const float inv = 1.0f / sum;
-  for (int j = threadIdx.x; j < T; j += blockDim.x) row[j] = j <= t ? row[j] * inv : 0.0f;
+  for (int j = threadIdx.x; j < T; j += blockDim.x) row[j] = j >= lo && j <= t ? row[j] * inv : 0.0f;
   if (threadIdx.x == 0) lse[t] = mx + logf(sum);
 }
 
-// One block per row t: the probabilities again from the scores, exp(s - lse[t]) over 0..t,
-// zero past t (the CPU's softmax_causal_row_recompute). In place.
-__global__ void softmax_recompute_k(float* s, const float* lse, int T) {
-  const int t = blockIdx.x;
+// One block per row t: the probabilities again from the scores, exp(s - lse[t]) over lo..t,
+// zero elsewhere (the CPU's softmax_causal_row_recompute). In place.
+__global__ void softmax_recompute_k(float* s, const float* lse, const int32_t* pos, int T) {
+  const int t = blockIdx.x, lo = record_start(pos, t);
   float* row = s + static_cast<size_t>(t) * T;
   const float l = lse[t];
-  for (int j = threadIdx.x; j < T; j += blockDim.x) row[j] = j <= t ? math::exp_fast(row[j] - l) : 0.0f;
+  for (int j = threadIdx.x; j < T; j += blockDim.x)
+    row[j] = j >= lo && j <= t ? math::exp_fast(row[j] - l) : 0.0f;
 }
 
-// One block per row: dS = scale * P * (dP - sum_j P_j dP_j) over 0..t, zero past t (the
+// One block per row: dS = scale * P * (dP - sum_j P_j dP_j) over lo..t, zero elsewhere (the
 // CPU's softmax_causal_row_backward). In place on dP.
-__global__ void softmax_causal_backward_k(const float* p, float* dp, int T, float scale) {
-  const int t = blockIdx.x;
+__global__ void softmax_causal_backward_k(const float* p, float* dp, const int32_t* pos, int T, float scale) {
+  const int t = blockIdx.x, lo = record_start(pos, t);
   const float* pr = p + static_cast<size_t>(t) * T;
   float* d = dp + static_cast<size_t>(t) * T;
   float dot = 0.0f;
-  for (int j = threadIdx.x; j <= t; j += blockDim.x) dot += pr[j] * d[j];
+  for (int j = lo + threadIdx.x; j <= t; j += blockDim.x) dot += pr[j] * d[j];
   dot = block_reduce(dot, SumOp{}, 0.0f);
-  for (int j = threadIdx.x; j < T; j += blockDim.x) d[j] = j <= t ? scale * pr[j] * (d[j] - dot) : 0.0f;
+  for (int j = threadIdx.x; j < T; j += blockDim.x)
+    d[j] = j >= lo && j <= t ? scale * pr[j] * (d[j] - dot) : 0.0f;
 }
 
 // dst(rows, cols) dense fp32 = src(rows, cols) of row stride ld, widened.
@@ -74,11 +81,12 @@ __global__ void round_block_k(T* dst, const float* src, int cols, int stride, si
 }
 
 // One (batch row, head) forward in fp32: q, k, v (T, hd) of row stride ld, out o (T, hd) of
-// row stride ldo, the row log-sum-exps l(T), s a (T, T) scratch.
+// row stride ldo, the row log-sum-exps l(T), s a (T, T) scratch, pos the row's positions
+// within their records (null: one record).
 void head_forward(CudaBackend& be, float* o, int ldo, float* l, float* s, const float* q,
-                  const float* k, const float* v, int ld, int T, int hd, float scale) {
+                  const float* k, const float* v, int ld, int T, int hd, float scale, const int32_t* pos) {
   be.gemm(false, true, T, T, hd, scale, q, ld, 0, k, ld, 0, 0.0f, s, T, 0, 1, false);
-  softmax_causal_k<<<static_cast<unsigned>(T), kRowThreads, 0, be.compute_stream()>>>(s, l, T);
+  softmax_causal_k<<<static_cast<unsigned>(T), kRowThreads, 0, be.compute_stream()>>>(s, l, pos, T);
   FY_CUDA_LAUNCHED();
   be.gemm(false, false, T, hd, T, 1.0f, s, T, 0, v, ld, 0, 0.0f, o, ldo, 0, 1, false);
 }
@@ -87,18 +95,22 @@ void head_forward(CudaBackend& be, float* o, int ldo, float* l, float* s, const 
 // (T, hd) of row stride ldo; p and dp (T, T) scratch.
 void head_backward(CudaBackend& be, float* dq, float* dk, float* dv, int ldd, float* p, float* dp,
                    const float* dO, int ldo, const float* q, const float* k, const float* v, int ld,
-                   const float* l, int T, int hd, float scale) {
+                   const float* l, int T, int hd, float scale, const int32_t* pos) {
   // P from the scores and lse; dV = P^T dO; dP = dO V^T; dS; dQ = dS K; dK = dS^T Q.
   be.gemm(false, true, T, T, hd, scale, q, ld, 0, k, ld, 0, 0.0f, p, T, 0, 1, false);
-  softmax_recompute_k<<<static_cast<unsigned>(T), kRowThreads, 0, be.compute_stream()>>>(p, l, T);
+  softmax_recompute_k<<<static_cast<unsigned>(T), kRowThreads, 0, be.compute_stream()>>>(p, l, pos, T);
   FY_CUDA_LAUNCHED();
   be.gemm(true, false, T, hd, T, 1.0f, p, T, 0, dO, ldo, 0, 0.0f, dv, ldd, 0, 1, false);
   be.gemm(false, true, T, T, hd, 1.0f, dO, ldo, 0, v, ld, 0, 0.0f, dp, T, 0, 1, false);
-  softmax_causal_backward_k<<<static_cast<unsigned>(T), kRowThreads, 0, be.compute_stream()>>>(p, dp, T, scale);
+  softmax_causal_backward_k<<<static_cast<unsigned>(T), kRowThreads, 0, be.compute_stream()>>>(p, dp, pos, T, scale);
   FY_CUDA_LAUNCHED();
   be.gemm(false, false, T, hd, T, 1.0f, dp, T, 0, k, ld, 0, 0.0f, dq, ldd, 0, 1, false);
   be.gemm(true, false, T, hd, T, 1.0f, dp, T, 0, q, ld, 0, 0.0f, dk, ldd, 0, 1, false);
 }
+
+// Why a packed batch does not go to cuDNN (logged once, as its own refusals are).
+constexpr const char* kPackedRefusal =
+    "packed records: its graphs here mask whole rows causally, not each record (document masking)";
 
 }  // namespace
 
@@ -124,10 +136,15 @@ bool CudaBackend::cudnn_backward(void* dqkv, const void* dout, const void* out, 
 // the fp32 path's (as the CPU backend's 16-bit attention is its fp32 kernel on widened
 // inputs).
 void CudaBackend::attention_forward(void* out_v, float* lse, float* scratch_tt, const void* qkv_v, int B,
-                                    int T, int C, int H) {
+                                    int T, int C, int H, const int32_t* pos) {
   if (!B || !T) return;
   bind();
-  if (use_cudnn() && cudnn_forward(out_v, lse, qkv_v, B, T, C, H)) return;
+  // cuDNN's graphs here are causal over whole rows: packed records run on the kernels.
+  if (use_cudnn()) {
+    if (!pos && cudnn_forward(out_v, lse, qkv_v, B, T, C, H)) return;
+    if (pos) refused("forward", kPackedRefusal);
+  }
+  auto row_pos = [&](int b) { return pos ? pos + static_cast<size_t>(b) * T : nullptr; };
   const int hd = C / H, ld = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   if (storage_ == ElemType::kF32) {
@@ -137,7 +154,8 @@ void CudaBackend::attention_forward(void* out_v, float* lse, float* scratch_tt, 
       for (int h = 0; h < H; ++h) {
         const float* q = qkv + static_cast<size_t>(b) * T * ld + h * hd;
         head_forward(*this, out + static_cast<size_t>(b) * T * C + h * hd, C,
-                     lse + (static_cast<size_t>(b) * H + h) * T, scratch_tt, q, q + C, q + 2 * C, ld, T, hd, scale);
+                     lse + (static_cast<size_t>(b) * H + h) * T, scratch_tt, q, q + C, q + 2 * C, ld, T, hd, scale,
+                     row_pos(b));
       }
     return;
   }
@@ -154,7 +172,7 @@ void CudaBackend::attention_forward(void* out_v, float* lse, float* scratch_tt, 
         for (int part = 0; part < 3; ++part)
           FY_LAUNCH(widen_block_k<E>, elt_blocks(th), kEltThreads, q + part * th, src + part * C, hd, ld, th);
         head_forward(*this, o, hd, lse + (static_cast<size_t>(b) * H + h) * T, scratch_tt, q, k, v, hd, T, hd,
-                     scale);
+                     scale, row_pos(b));
         FY_LAUNCH(round_block_k<E>, elt_blocks(th), kEltThreads, out + static_cast<size_t>(b) * T * C + h * hd, o,
                   hd, C, th);
       }
@@ -162,11 +180,16 @@ void CudaBackend::attention_forward(void* out_v, float* lse, float* scratch_tt, 
 }
 
 void CudaBackend::attention_backward(void* dqkv_v, float* scratch_tt, const void* dout_v, const void* out_v, const void* qkv_v,
-                                     const float* lse, int B, int T, int C, int H) {
+                                     const float* lse, int B, int T, int C, int H, const int32_t* pos) {
   if (!B || !T) return;
   bind();
-  // Without the forward's output (a caller that kept none) the kernels run the backward.
-  if (out_v && use_cudnn() && cudnn_backward(dqkv_v, dout_v, out_v, qkv_v, lse, B, T, C, H)) return;
+  // Without the forward's output (a caller that kept none) the kernels run the backward; packed
+  // records too, as in the forward.
+  if (out_v && use_cudnn()) {
+    if (!pos && cudnn_backward(dqkv_v, dout_v, out_v, qkv_v, lse, B, T, C, H)) return;
+    if (pos) refused("backward", kPackedRefusal);
+  }
+  auto row_pos = [&](int b) { return pos ? pos + static_cast<size_t>(b) * T : nullptr; };
   const int hd = C / H, ld = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   float* p = scratch_tt;                               // (T, T) probabilities
@@ -181,7 +204,7 @@ void CudaBackend::attention_backward(void* dqkv_v, float* scratch_tt, const void
         const float* q = qkv + row0;
         float* dq = dqkv + row0;
         head_backward(*this, dq, dq + C, dq + 2 * C, ld, p, dp, dout + static_cast<size_t>(b) * T * C + h * hd, C,
-                      q, q + C, q + 2 * C, ld, lse + (static_cast<size_t>(b) * H + h) * T, T, hd, scale);
+                      q, q + C, q + 2 * C, ld, lse + (static_cast<size_t>(b) * H + h) * T, T, hd, scale, row_pos(b));
       }
     return;
   }
@@ -201,7 +224,7 @@ void CudaBackend::attention_backward(void* dqkv_v, float* scratch_tt, const void
         FY_LAUNCH(widen_block_k<E>, elt_blocks(th), kEltThreads, dO, dout + static_cast<size_t>(b) * T * C + h * hd,
                   hd, C, th);
         head_backward(*this, dq, dq + th, dq + 2 * th, hd, p, dp, dO, hd, q, k, v, hd,
-                      lse + (static_cast<size_t>(b) * H + h) * T, T, hd, scale);
+                      lse + (static_cast<size_t>(b) * H + h) * T, T, hd, scale, row_pos(b));
         for (int part = 0; part < 3; ++part)
           FY_LAUNCH(round_block_k<E>, elt_blocks(th), kEltThreads, dqkv + row0 + part * C, dq + part * th, hd, ld,
                     th);

@@ -170,12 +170,13 @@ void EmulatedBackend::matmul_backward(void* din, void*, void*, const void*, cons
   compute((din ? 4.0 : 2.0) * N * IC * OC);
 }
 
-void EmulatedBackend::attention_forward(void*, float*, float*, const void*, int B, int T, int C, int) {
+void EmulatedBackend::attention_forward(void*, float*, float*, const void*, int B, int T, int C, int,
+                                        const int32_t*) {
   compute(4.0 * B * T * T * C);  // q k^T and att v
 }
 
 void EmulatedBackend::attention_backward(void*, float*, const void*, const void*, const void*, const float*, int B, int T,
-                                         int C, int) {
+                                         int C, int, const int32_t*) {
   compute(8.0 * B * T * T * C);
 }
 

@@ -73,9 +73,11 @@ class EmulatedBackend final : public Backend {
   void matmul_forward(void*, const void*, const void*, const void*, int N, int IC, int OC) override;
   void matmul_backward(void* din, void*, void*, const void*, const void*, const void*, int N, int IC,
                        int OC) override;
-  void attention_forward(void*, float*, float*, const void*, int B, int T, int C, int) override;
+  // Timed as dense causal attention whatever the records (the packed positions live in device
+  // memory this device does not hold).
+  void attention_forward(void*, float*, float*, const void*, int B, int T, int C, int, const int32_t*) override;
   void attention_backward(void*, float*, const void*, const void*, const void*, const float*, int B, int T, int C,
-                          int) override;
+                          int, const int32_t*) override;
   void gelu_forward(void*, const void*, size_t) override {}
   void gelu_backward(void*, const void*, const void*, size_t) override {}
   void add(void*, const void*, const void*, size_t) override {}
@@ -83,8 +85,8 @@ class EmulatedBackend final : public Backend {
   void crossentropy_backward(void*, const float*, const int32_t*, float, int, int, int) override {}
   void rmsnorm_forward(void*, float*, const void*, const void*, float, int, int) override {}
   void rmsnorm_backward(void*, void*, const void*, const void*, const void*, const float*, int, int) override {}
-  void rope_forward(void*, int, int, int, int, int, float) override {}
-  void rope_backward(void*, int, int, int, int, int, float) override {}
+  void rope_forward(void*, int, int, int, int, int, float, const int32_t*) override {}
+  void rope_backward(void*, int, int, int, int, int, float, const int32_t*) override {}
   void repeat_kv_forward(void*, const void*, int, int, int, int) override {}
   void repeat_kv_backward(void*, const void*, int, int, int, int) override {}
   void swiglu_forward(void*, const void*, int, int) override {}

@@ -318,7 +318,10 @@ DataConfig parse_data(const YAML::Node& node, const std::string& source) {
   s.get_list("val_shards", d.val_shards);
   s.get("val_fraction", d.val_fraction);
   s.get("tokenizer", d.tokenizer);
+  s.get("truncate", d.truncate);
   s.finish();
+  if (d.truncate != "refuse" && d.truncate != "right" && d.truncate != "drop")
+    s.fail("truncate", str("'", d.truncate, "' is not one of refuse, right, drop"));
   require(d.val_fraction >= 0 && d.val_fraction < 1, s, "val_fraction", d.val_fraction,
           "must be in [0, 1)");
   if (d.tokenizer != "byte") s.fail("tokenizer", str("'", d.tokenizer, "' is not one of: byte"));
@@ -362,6 +365,7 @@ ScheduleConfig parse_schedule(const YAML::Node& node, const std::string& source,
   Section s(node, "schedule", source);
   ScheduleConfig t;
   s.get("steps", t.steps);
+  s.get("epochs", t.epochs);
   s.get("warmup_steps", t.warmup_steps);
   s.get("micro_batch", t.micro_batch);
   s.get("grad_accum", t.grad_accum);
@@ -372,7 +376,9 @@ ScheduleConfig parse_schedule(const YAML::Node& node, const std::string& source,
   s.finish();
   require(t.steps >= 1 && t.steps <= kMaxSteps, s, "steps", t.steps,
           str("must be in 1..", kMaxSteps));
-  require(t.warmup_steps >= 0 && t.warmup_steps <= t.steps, s, "warmup_steps", t.warmup_steps,
+  require(t.epochs >= 0 && t.epochs <= 1000000, s, "epochs", t.epochs, "must be in 0..1000000 (0: schedule.steps)");
+  // With epochs the steps come from the records; the run checks warmup_steps against them.
+  require(t.warmup_steps >= 0 && (t.epochs > 0 || t.warmup_steps <= t.steps), s, "warmup_steps", t.warmup_steps,
           "must be in [0, schedule.steps]");
   require(t.micro_batch >= 1 && t.micro_batch <= kMaxBatch, s, "micro_batch", t.micro_batch,
           str("must be in 1..", kMaxBatch));
@@ -584,6 +590,7 @@ std::string config_to_yaml(const Config& c) {
   list(c.data.val_shards);
   e << YAML::Key << "val_fraction" << YAML::Value << c.data.val_fraction;
   e << YAML::Key << "tokenizer" << YAML::Value << c.data.tokenizer;
+  e << YAML::Key << "truncate" << YAML::Value << c.data.truncate;
   e << YAML::EndMap;
   e << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "lr" << YAML::Value << c.optimizer.lr;
@@ -598,6 +605,7 @@ std::string config_to_yaml(const Config& c) {
   e << YAML::EndMap;
   e << YAML::Key << "schedule" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "steps" << YAML::Value << c.schedule.steps;
+  e << YAML::Key << "epochs" << YAML::Value << c.schedule.epochs;
   e << YAML::Key << "warmup_steps" << YAML::Value << c.schedule.warmup_steps;
   e << YAML::Key << "micro_batch" << YAML::Value << c.schedule.micro_batch;
   e << YAML::Key << "grad_accum" << YAML::Value << c.schedule.grad_accum;

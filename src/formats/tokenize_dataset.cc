@@ -14,9 +14,13 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include <map>
+#include <mutex>
+
 #include "fuyou/data.h"
 #include "fuyou/error.h"
 #include "fuyou/tokenizer.h"
+#include "src/formats/jinja.h"
 
 namespace fs = std::filesystem;
 
@@ -121,6 +125,126 @@ std::string string_field(const nlohmann::json& rec, const std::string& field,
 
 }  // namespace
 
+void encode_pair(const Tokenizer& tok, std::string_view prompt, std::string_view completion,
+                 std::vector<int32_t>* ids, std::vector<uint8_t>* mask) {
+  const std::vector<int32_t> alone = tok.encode(prompt);
+  std::string text;
+  text.reserve(prompt.size() + completion.size());
+  text.append(prompt).append(completion);
+  const size_t first = ids->size();
+  tok.encode_append(text, ids);
+  size_t shared = 0;
+  while (shared < alone.size() && first + shared < ids->size() && (*ids)[first + shared] == alone[shared]) ++shared;
+  mask->resize(first, 0);
+  mask->resize(first + shared, 0);
+  mask->resize(ids->size(), 1);
+}
+
+namespace {
+
+// Templates parsed once per text (a dataset renders one template for every record).
+const jinja::Template& parsed_template(const DatasetOptions& o) {
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<jinja::Template>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& t = cache[o.chat_template];
+  if (!t)
+    t = std::make_unique<jinja::Template>(o.chat_template,
+                                          o.template_source.empty() ? "chat_template" : o.template_source + ": chat_template");
+  return *t;
+}
+
+// How many leading tokens `a` and `b` share.
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t k = 0;
+  while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
+  return k;
+}
+
+}  // namespace
+
+void encode_chat(const Tokenizer& tok, const DatasetOptions& o, const std::string& messages_json,
+                 const std::string& where, std::vector<int32_t>* ids, std::vector<uint8_t>* mask) {
+  if (o.chat_template.empty())
+    throw ConfigError(str(where, ": conversations need the model's chat_template (tokenizer_config.json beside "
+                             "tokenizer.json)"));
+  const jinja::Template& tpl = parsed_template(o);
+  const nlohmann::json messages = nlohmann::json::parse(messages_json);
+  if (!messages.is_array() || messages.empty())
+    throw IoError(str(where, ": field '", o.chat_field, "' must be a non-empty list of messages"));
+  for (size_t k = 0; k < messages.size(); ++k) {
+    const auto& m = messages[k];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+        !m["content"].is_string())
+      throw IoError(str(where, ": message ", k, " must be an object with string fields 'role' and 'content'"));
+  }
+  nlohmann::json vars = {{"bos_token", o.template_bos}, {"eos_token", o.template_eos},
+                         {"pad_token", o.template_pad}, {"unk_token", o.template_unk}};
+  auto render = [&](size_t n, bool generation) {
+    vars["messages"] = nlohmann::json(messages.begin(), messages.begin() + static_cast<ptrdiff_t>(n));
+    vars["add_generation_prompt"] = generation;
+    try {
+      return tpl.render(vars);
+    } catch (const Error& e) {
+      throw IoError(str(where, ": ", e.what()));
+    }
+  };
+  const std::string full = render(messages.size(), false);
+  const std::vector<int32_t> all = tok.encode(full);
+  std::vector<uint8_t> m(all.size(), 0);
+  for (size_t k = 0; k < messages.size(); ++k) {
+    if (messages[k]["role"] != "assistant") continue;
+    const std::string before = render(k, true), upto = render(k + 1, false);
+    if (upto.compare(0, before.size(), before) != 0 || full.compare(0, upto.size(), upto) != 0)
+      throw IoError(str(where, ": the chat template does not render assistant message ", k,
+                        " as an extension of the conversation before it, so its tokens cannot be told apart"));
+    // The turn's tokens: from where the conversation before it (with the generation prompt)
+    // stops sharing tokens with the whole, to where the conversation up to it does.
+    const size_t a = common_prefix(tok.encode(before), all), b = common_prefix(tok.encode(upto), all);
+    for (size_t i = a; i < b; ++i) m[i] = 1;
+  }
+  ids->insert(ids->end(), all.begin(), all.end());
+  mask->resize(ids->size() - all.size(), 0);
+  mask->insert(mask->end(), m.begin(), m.end());
+}
+
+SpecialTokens read_special_tokens(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(str(path, ": cannot open"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(ss.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(str(path, ": not valid JSON: ", e.what()));
+  }
+  if (!j.is_object()) throw ConfigError(str(path, ": expected a JSON object"));
+  auto token = [&](const char* key) -> std::string {
+    if (!j.contains(key) || j[key].is_null()) return "";
+    const auto& v = j[key];
+    if (v.is_string()) return v.get<std::string>();
+    if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+    throw ConfigError(str(path, ": ", key, ": expected a string or an object with a \"content\" string"));
+  };
+  SpecialTokens t;
+  t.bos = token("bos_token");
+  t.eos = token("eos_token");
+  t.pad = token("pad_token");
+  t.unk = token("unk_token");
+  if (j.contains("add_bos_token") && !j["add_bos_token"].is_null()) {
+    if (!j["add_bos_token"].is_boolean()) throw ConfigError(str(path, ": add_bos_token: expected true or false"));
+    t.add_bos = j["add_bos_token"].get<bool>();
+  }
+  if (j.contains("chat_template") && !j["chat_template"].is_null()) {
+    if (!j["chat_template"].is_string())
+      throw ConfigError(str(path, ": chat_template: only a single template string is supported (named templates "
+                            "are not)"));
+    t.chat_template = j["chat_template"].get<std::string>();
+  }
+  return t;
+}
+
 namespace {
 
 // Checks a mask's 32-byte header against a file of `file_size` bytes; returns the count.
@@ -179,14 +303,19 @@ LossMask parse_loss_mask(std::string_view bytes, const std::string& path) {
 
 DatasetResult build_tokenized_dataset(const Tokenizer& tok, const std::vector<std::string>& inputs,
                                       const std::string& out_dir, const DatasetOptions& opts) {
+  const bool chat = !opts.chat_field.empty();
   const bool pairs = !opts.prompt_field.empty() || !opts.completion_field.empty();
   if (pairs && (opts.prompt_field.empty() || opts.completion_field.empty()))
     throw ConfigError("--prompt-field and --completion-field go together");
-  if (pairs && !opts.jsonl_field.empty())
-    throw ConfigError("give either --jsonl-field or --prompt-field/--completion-field, not both");
+  if (int(pairs) + int(chat) + int(!opts.jsonl_field.empty()) > 1)
+    throw ConfigError("give one of --jsonl-field, --prompt-field/--completion-field and --chat-field");
+  if (chat && opts.chat_template.empty())
+    throw ConfigError("--chat-field: the model has no chat_template (tokenizer_config.json beside tokenizer.json)");
+  if (chat) parsed_template(opts);  // an unsupported template is refused before anything is written
   if (!(opts.val_fraction >= 0 && opts.val_fraction < 1))
     throw ConfigError(str("--val-fraction ", opts.val_fraction, " must be in [0, 1)"));
-  const bool jsonl = pairs || !opts.jsonl_field.empty();
+  const bool jsonl = pairs || chat || !opts.jsonl_field.empty();
+  const bool masked = pairs || chat;
   auto special = [&](const std::string& text, const char* option) -> std::optional<int32_t> {
     if (text.empty()) return std::nullopt;
     auto id = tok.token_to_id(text);
@@ -210,7 +339,9 @@ DatasetResult build_tokenized_dataset(const Tokenizer& tok, const std::vector<st
   ShardStream train(r.train_path, kShardMagic, width, r.vocab_size);
   ShardStream val(r.val_path, kShardMagic, width, r.vocab_size);
   std::unique_ptr<ShardStream> train_mask, val_mask;
-  if (pairs) {
+  // JSON Lines records stay whole for training: each one's first token goes to the record index.
+  std::vector<uint64_t> train_starts, val_starts;
+  if (masked) {
     r.train_mask_path = (fs::path(out_dir) / "train.mask").string();
     r.val_mask_path = (fs::path(out_dir) / "val.mask").string();
     train_mask = std::make_unique<ShardStream>(r.train_mask_path, kMaskMagic, 1, 2);
@@ -267,9 +398,14 @@ DatasetResult build_tokenized_dataset(const Tokenizer& tok, const std::vector<st
       mask.clear();
       if (bos) ids.push_back(*bos);
       if (pairs) {
-        tok.encode_append(string_field(rec, opts.prompt_field, where), &ids);
+        encode_pair(tok, string_field(rec, opts.prompt_field, where), string_field(rec, opts.completion_field, where),
+                    &ids, &mask);
+        if (eos) ids.push_back(*eos);
+        mask.resize(ids.size(), 1);
+      } else if (chat) {
+        if (!rec.contains(opts.chat_field)) throw IoError(str(where, ": field '", opts.chat_field, "' is missing"));
         mask.assign(ids.size(), 0);
-        tok.encode_append(string_field(rec, opts.completion_field, where), &ids);
+        encode_chat(tok, opts, rec[opts.chat_field].dump(), where, &ids, &mask);
         if (eos) ids.push_back(*eos);
         mask.resize(ids.size(), 1);
       } else {
@@ -277,8 +413,13 @@ DatasetResult build_tokenized_dataset(const Tokenizer& tok, const std::vector<st
         if (eos) ids.push_back(*eos);
       }
       const bool to_val = record++ >= first_val;
+      if (ids.empty()) {  // nothing to train on: no record
+        ++r.skipped;
+        continue;
+      }
+      (to_val ? val_starts : train_starts).push_back((to_val ? val : train).count());
       (to_val ? val : train).append(ids);
-      if (pairs) (to_val ? *val_mask : *train_mask).append_mask(mask);
+      if (masked) (to_val ? *val_mask : *train_mask).append_mask(mask);
       ++r.documents;
     }
   }
@@ -289,9 +430,15 @@ DatasetResult build_tokenized_dataset(const Tokenizer& tok, const std::vector<st
   r.val_tokens = val.count();
   train.finish();
   val.finish();
-  if (pairs) {
+  if (masked) {
     train_mask->finish();
     val_mask->finish();
+  }
+  if (jsonl) {
+    r.train_records_path = (fs::path(out_dir) / "train.rec").string();
+    r.val_records_path = (fs::path(out_dir) / "val.rec").string();
+    write_record_index(r.train_records_path, train_starts);
+    write_record_index(r.val_records_path, val_starts);
   }
   return r;
 }

@@ -309,8 +309,8 @@ size_t model_workspace_bytes(const ModelConfig& cfg, int B, size_t es) {
   Workspace w{};
   size_t n = 0;
   for_each_workspace(cfg, B, w, [&](auto*& p, size_t k, const char*) { n += entry_bytes(p, k, es); });
-  // + the input and target token ids
-  return n + 2 * sizeof(int32_t) * static_cast<size_t>(B) * cfg.seq_len;
+  // + the input and target token ids and the packed records' positions
+  return n + 3 * sizeof(int32_t) * static_cast<size_t>(B) * cfg.seq_len;
 }
 
 size_t cpu_kernel_scratch_bytes(const ModelConfig& cfg, int B) {
@@ -347,6 +347,8 @@ GptModel::GptModel(const ModelConfig& cfg, Backend& backend, int micro_batch, Mo
   owned_.push_back(inputs_);
   targets_ = static_cast<int32_t*>(be_.alloc(N * sizeof(int32_t), "target tokens"));
   owned_.push_back(targets_);
+  positions_ = static_cast<int32_t*>(be_.alloc(N * sizeof(int32_t), "token positions"));
+  owned_.push_back(positions_);
   if (state == ModelState::kFull) {
     x0_ = alloc_tensor(N * cfg.d_model, "embedding output");
     acts_.resize(cfg.n_layer);
@@ -377,8 +379,17 @@ LayerActivations GptModel::alloc_activations(const std::string& what) {
   return a;
 }
 
-void GptModel::set_tokens(const int32_t* inputs, const int32_t* targets) {
+void GptModel::set_tokens(const int32_t* inputs, const int32_t* targets, const int32_t* positions) {
   const size_t N = N_;
+  const int T = cfg_.seq_len;
+  // Positions restart at 0 with each record and count up by one within it, so every record is
+  // a contiguous run and its position never reaches T (the position table's rows).
+  for (size_t i = 0; positions && i < N; ++i) {
+    const int32_t want = i % T == 0 ? 0 : positions[i - 1] + 1;
+    if (positions[i] != 0 && positions[i] != want)
+      throw Error(str("packed records: position ", positions[i], " of token ", i % T, " in row ", i / T,
+                      " neither starts a record (0) nor follows the previous token's (", want, ")"));
+  }
   // A target of kIgnoreTarget is a masked-out position (loss mask): valid, not counted.
   auto bad_target = [&](int32_t t) { return t != kIgnoreTarget && (t < 0 || t >= cfg_.vocab_size); };
   for (size_t i = 0; i < N; ++i)
@@ -392,6 +403,8 @@ void GptModel::set_tokens(const int32_t* inputs, const int32_t* targets) {
   mark(StepPhase::kForward, OpClass::kCopyToDevice);
   be_.copy_to_device(inputs_, inputs, N * sizeof(int32_t));
   if (targets) be_.copy_to_device(targets_, targets, N * sizeof(int32_t));
+  if (positions) be_.copy_to_device(positions_, positions, N * sizeof(int32_t));
+  pos_ = positions ? positions_ : nullptr;
 }
 
 GptModel::~GptModel() {
@@ -420,7 +433,13 @@ void GptModel::embed_forward(const void* wte, const void* wpe, void* x) {
   if (wpe && family_ == Family::kOpt)
     wpe = static_cast<const char*>(wpe) + static_cast<size_t>(kOptPositionOffset) * cfg_.d_model * es_;
   mark(StepPhase::kForward, OpClass::kEmbedding);
-  be_.embedding_forward(x, inputs_, wte, wpe, B_, cfg_.seq_len, cfg_.d_model);
+  if (!pos_ || !wpe) return be_.embedding_forward(x, inputs_, wte, pos_ ? nullptr : wpe, B_, cfg_.seq_len, cfg_.d_model);
+  // Packed records: the position rows are looked up by each token's position, with the
+  // embedding kernel reading the position table as a token table (dtmp_ is free until the
+  // backward), then added: one rounding of the same fp32 sum the fused lookup makes.
+  be_.embedding_forward(x, inputs_, wte, nullptr, B_, cfg_.seq_len, cfg_.d_model);
+  be_.embedding_forward(dtmp_, pos_, wpe, nullptr, B_, cfg_.seq_len, cfg_.d_model);
+  be_.add(x, x, dtmp_, static_cast<size_t>(N_) * cfg_.d_model);
 }
 
 // Normalisation before attention, the MLP and the head: LayerNorm (gpt2, opt) or RMSNorm.
@@ -454,14 +473,14 @@ void GptModel::block_forward(const LayerTensors& w, const void* x_in, const Laye
     mark(StepPhase::kForward, OpClass::kGemmQkv);
     be_.matmul_forward(qkvc, a.ln1, w.qkv_w, w.qkv_b, N, C, C + 2 * Hkv * D);
     mark(StepPhase::kForward, OpClass::kRope);
-    be_.rope_forward(qkvc, B_, T, H, Hkv, D, cfg_.rope_theta);
+    be_.rope_forward(qkvc, B_, T, H, Hkv, D, cfg_.rope_theta, pos_);
     if (Hkv != H) be_.repeat_kv_forward(a.qkv, qkvc, N, H, Hkv, D);
   } else {
     mark(StepPhase::kForward, OpClass::kGemmQkv);
     be_.matmul_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C);
   }
   mark(StepPhase::kForward, OpClass::kAttention);
-  be_.attention_forward(a.atty, a.lse, att_scratch_, a.qkv, B_, T, C, H);
+  be_.attention_forward(a.atty, a.lse, att_scratch_, a.qkv, B_, T, C, H, pos_);
   mark(StepPhase::kForward, OpClass::kGemmAttnProj);
   be_.matmul_forward(a.res2, a.atty, w.proj_w, w.proj_b, N, C, C);
   mark(StepPhase::kForward, OpClass::kResidual);
@@ -600,12 +619,12 @@ void GptModel::block_backward(const LayerTensors& w, const LayerTensors& dw, con
   mark(StepPhase::kBackward, OpClass::kGemmAttnProj);
   be_.matmul_backward(dtmp_, dw.proj_w, dw.proj_b, dres, a.atty, w.proj_w, N, C, C);
   mark(StepPhase::kBackward, OpClass::kAttention);
-  be_.attention_backward(dqkv_, att_scratch_, dtmp_, a.atty, a.qkv, a.lse, B_, T, C, H);
+  be_.attention_backward(dqkv_, att_scratch_, dtmp_, a.atty, a.qkv, a.lse, B_, T, C, H, pos_);
   if (family_ == Family::kLlama) {
     void* dqkvc = Hkv == H ? dqkv_ : dqkvc_;
     mark(StepPhase::kBackward, OpClass::kRope);
     if (Hkv != H) be_.repeat_kv_backward(dqkvc, dqkv_, N, H, Hkv, D);
-    be_.rope_backward(dqkvc, B_, T, H, Hkv, D, cfg_.rope_theta);
+    be_.rope_backward(dqkvc, B_, T, H, Hkv, D, cfg_.rope_theta, pos_);
     mark(StepPhase::kBackward, OpClass::kGemmQkv);
     be_.matmul_backward(dtmp_, dw.qkv_w, dw.qkv_b, dqkvc, a.ln1, w.qkv_w, N, C, C + 2 * Hkv * D);
   } else {
@@ -621,15 +640,19 @@ void GptModel::embed_backward(const GlobalTensors& dg, const void* dx) {
   if (dwpe && family_ == Family::kOpt)
     dwpe = static_cast<char*>(dwpe) + static_cast<size_t>(kOptPositionOffset) * cfg_.d_model * es_;
   mark(StepPhase::kBackward, OpClass::kEmbedding);
-  be_.embedding_backward(dg.wte, dwpe, dx, inputs_, B_, cfg_.seq_len, cfg_.d_model);
+  if (!pos_ || !dwpe) return be_.embedding_backward(dg.wte, pos_ ? nullptr : dwpe, dx, inputs_, B_, cfg_.seq_len, cfg_.d_model);
+  // Packed records: the position table's gradient is scattered by position, as the token
+  // table's is by token.
+  be_.embedding_backward(dg.wte, nullptr, dx, inputs_, B_, cfg_.seq_len, cfg_.d_model);
+  be_.embedding_backward(dwpe, nullptr, dx, pos_, B_, cfg_.seq_len, cfg_.d_model);
 }
 
-float GptModel::forward(const int32_t* inputs, const int32_t* targets) {
+float GptModel::forward(const int32_t* inputs, const int32_t* targets, const int32_t* positions) {
   FY_CHECK(params_, "forward() needs a model built with ModelState::kFull");
   if (!targets && head_rows_ < N_)  // before the whole forward, not after it
     throw Error(str("a forward without targets returns the logits of all ", N_, " tokens, but this model ",
                     "computes them ", head_rows_, " at a time (model.head_chunk_tokens); set it to 0"));
-  set_tokens(inputs, targets);
+  set_tokens(inputs, targets, positions);
   GlobalTensors g = global_tensors(layout_, params_, es_);
   embed_forward(g.wte, g.wpe, x0_);
   const void* x = x0_;

@@ -52,11 +52,13 @@ class InMemoryEngine final : public TrainEngine {
       reader.read_group(static_cast<int>(g), params.data() + layout.groups[g].offset);
     runner_.set_params(params.data());
   }
-  StepResult step(int64_t s, const std::vector<const int32_t*>& mbs,
-                  const std::vector<const uint8_t*>& masks) override {
-    return runner_.step(s, mbs, masks);
+  StepResult step(int64_t s, const std::vector<const int32_t*>& mbs, const std::vector<const uint8_t*>& masks,
+                  const std::vector<const int32_t*>& positions) override {
+    return runner_.step(s, mbs, masks, positions);
   }
-  float eval_loss(const int32_t* batch, const uint8_t* mask) override { return runner_.eval_loss(batch, mask); }
+  float eval_loss(const int32_t* batch, const uint8_t* mask, const int32_t* positions) override {
+    return runner_.eval_loss(batch, mask, positions);
+  }
   void save_weights(const std::string& path, const std::map<std::string, std::string>& md) override {
     const ParamLayout& layout = runner_.model().layout();
     // In memory the master array already holds every group: write from it directly.
@@ -109,12 +111,14 @@ class OffloadEngine final : public TrainEngine {
   }
   // The plan was built for schedule.grad_accum micro-batches (plan_request); the trainer
   // checks the count.
-  StepResult step(int64_t s, const std::vector<const int32_t*>& mbs,
-                  const std::vector<const uint8_t*>& masks) override {
-    return trainer_.step(s, mbs, masks);
+  StepResult step(int64_t s, const std::vector<const int32_t*>& mbs, const std::vector<const uint8_t*>& masks,
+                  const std::vector<const int32_t*>& positions) override {
+    return trainer_.step(s, mbs, masks, positions);
   }
   // The plan's forward-only counterpart on the same pools (OffloadTrainer::eval_loss).
-  float eval_loss(const int32_t* batch, const uint8_t* mask) override { return trainer_.eval_loss(batch, mask); }
+  float eval_loss(const int32_t* batch, const uint8_t* mask, const int32_t* positions) override {
+    return trainer_.eval_loss(batch, mask, positions);
+  }
   void save_weights(const std::string& path, const std::map<std::string, std::string>& md) override {
     save_streaming(path, layout_, md, trainer_.group_staging(),
                    [&](int g, float* dst) { trainer_.read_group_params(g, dst); });
@@ -230,8 +234,10 @@ void check_in_memory_host_budget(const Config& cfg, bool device_in_host) {
 
 }  // namespace
 
-Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s, const HardwareProfile* placement) {
+Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s, const HardwareProfile* placement,
+                double attention_keys) {
   PlanRequest req = plan_request(cfg);
+  req.attention_keys = attention_keys;
   req.embed_rows_first = backend.kind() != BackendKind::kCpu;
   req.spread_host_state = backend.kind() != BackendKind::kCpu;
   req.device_in_host = backend.device_is_host_memory();
@@ -267,7 +273,8 @@ std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backe
     return std::make_unique<InMemoryEngine>(cfg, backend);
   }
   double predicted = 0;
-  Plan plan = train_plan(cfg, backend, &predicted, opts.placement_profile ? &*opts.placement_profile : nullptr);
+  Plan plan = train_plan(cfg, backend, &predicted, opts.placement_profile ? &*opts.placement_profile : nullptr,
+                         opts.attention_keys);
   std::unique_ptr<SsdStore> store;
   if (!cfg.offload.ssd_paths.empty()) {
     StoreConfig sc;

@@ -41,8 +41,8 @@ class OffloadTrainer::Impl {
   OptimizerCounters counters();
   void set_counters(const OptimizerCounters& c);
   StepResult step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
-                         const std::vector<const uint8_t*>& masks);
-  float eval_loss(const int32_t* batch, const uint8_t* mask);
+                  const std::vector<const uint8_t*>& masks, const std::vector<const int32_t*>& positions);
+  float eval_loss(const int32_t* batch, const uint8_t* mask, const int32_t* positions);
   void write_trace(const std::string& path);
 
  private:
@@ -65,6 +65,8 @@ class OffloadTrainer::Impl {
     bool prev = false;          // overlaps the other slot's iteration: waits on it by prev_deps_
     bool forward_only = false;  // the validation plan
     std::vector<std::vector<int32_t>> inputs, targets;  // per micro-batch
+    std::vector<std::vector<int32_t>> positions;  // per micro-batch of packed records (B*T)
+    bool packed = false;                          // positions hold this iteration's records
     std::vector<float> losses;     // per micro-batch: mean over its counted targets
     std::vector<int64_t> counts;   // per micro-batch: counted targets
     std::vector<double> sum_sq;    // per group (exact mode)

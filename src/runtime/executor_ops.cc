@@ -38,7 +38,8 @@ void OffloadTrainer::Impl::run_op(Iter& it, const PlanOp& op) {
     case OpKind::kEmbedForward: {
       // Each micro-batch's tokens go to the device here, on the compute queue: the previous
       // micro-batch's head and embedding backward, which read them, ran before.
-      model_.set_tokens(it.inputs[op.micro].data(), it.targets[op.micro].data());
+      model_.set_tokens(it.inputs[op.micro].data(), it.targets[op.micro].data(),
+                        it.packed ? it.positions[op.micro].data() : nullptr);
       GlobalTensors g = globals(embed_w_, final_w_);
       return model_.embed_forward(g.wte, g.wpe, at(op.use(Role::kOutput)));
     }

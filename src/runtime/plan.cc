@@ -39,7 +39,7 @@ uint64_t device_bytes(const std::vector<PlanBuffer>& device) { return sum_buffer
 class Placer {
  public:
   Placer(const PlanRequest& req, int deferred)
-      : req_(req), L_(req.model.n_layer), sz_(compute_sizes(req.model, req.micro_batch, req.tensors)), D_(deferred),
+      : req_(req), L_(req.model.n_layer), sz_(compute_sizes(req.model, req.micro_batch, req.tensors, req.attention_keys)), D_(deferred),
         hold_(req.exact || req.grad_accum > 1),
         accum_fp32_(req.accum_fp32 && req.grad_accum > 1 && req.tensors != ElemType::kF32),
         held_(held_grad_bytes(accum_fp32_, sz_.es, sz_.weights)),
@@ -50,6 +50,7 @@ class Placer {
     plan_.model = req_.model;
     plan_.micro_batch = req_.micro_batch;
     plan_.tensors = req_.tensors;
+    plan_.attention_keys = req_.attention_keys;
     plan_.exact = req_.exact;
     if (req_.grad_accum < 1) throw ConfigError(str("schedule.grad_accum is ", req_.grad_accum, "; it must be at least 1"));
     plan_.grad_accum = req_.grad_accum;

@@ -14,7 +14,7 @@ Plan make_forward_plan(const Plan& train) {
   p.forward_only = true;
   p.ops.clear();
   const int L = p.model.n_layer;
-  const plan_detail::Sizes sz = compute_sizes(p.model, p.micro_batch, p.tensors);
+  const plan_detail::Sizes sz = compute_sizes(p.model, p.micro_batch, p.tensors, p.attention_keys);
   auto add = [&](OpKind kind, Resource res, std::vector<int> deps) -> PlanOp& {
     PlanOp op;
     op.id = static_cast<int>(p.ops.size());

@@ -23,7 +23,8 @@ struct Sizes {
   double head_flops = 0;
 };
 
-inline Sizes compute_sizes(const ModelConfig& m, int B, ElemType tensors) {
+// attention_keys: PlanRequest::attention_keys (0: seq_len); it changes only the FLOPs.
+inline Sizes compute_sizes(const ModelConfig& m, int B, ElemType tensors, double attention_keys = 0) {
   ParamLayout layout = make_gpt_layout(m);
   const uint64_t N = static_cast<uint64_t>(B) * m.seq_len, C = m.d_model, V = m.vocab_size;
   Sizes s;
@@ -35,7 +36,9 @@ inline Sizes compute_sizes(const ModelConfig& m, int B, ElemType tensors) {
   // The model's own allocation lists and FLOP count, per family (src/model/gpt.cc).
   s.acts = layer_activation_bytes(m, B, s.es);
   s.workspace = model_workspace_bytes(m, B, s.es);
-  s.layer_flops = layer_forward_flops_per_token(m) * N;
+  // The attention's two T x T products (4 T C FLOPs a token) over the keys a query covers.
+  const double keys = attention_keys > 0 ? std::min<double>(attention_keys, m.seq_len) : m.seq_len;
+  s.layer_flops = (layer_forward_flops_per_token(m) - 4.0 * (m.seq_len - keys) * C) * N;
   s.head_flops = 2.0 * C * V * N;
   return s;
 }

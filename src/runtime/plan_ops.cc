@@ -43,7 +43,7 @@ class IterationBuilder {
  public:
   IterationBuilder(const PlanRequest& req, Plan& plan)
       : req_(req), plan_(plan), L_(plan.model.n_layer), K_(plan.grad_accum), D_(plan.deferred_updates),
-        sz_(compute_sizes(plan.model, plan.micro_batch, plan.tensors)) {
+        sz_(compute_sizes(plan.model, plan.micro_batch, plan.tensors, plan.attention_keys)) {
     for (size_t i = 0; i < plan.buffers.size(); ++i) index_[{plan.buffers[i].kind, plan.buffers[i].index}] = static_cast<int>(i);
     const PlanPools& pp = plan.pools;
     wslots_.resize(pp.device_weight_slots);

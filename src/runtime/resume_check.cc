@@ -38,7 +38,7 @@ const std::vector<std::string>& resume_changeable_keys() {
   // count), checkpointing itself, data paths (the data is compared by content instead), and
   // the directory the run was initialised from (the checkpoint holds the weights now).
   static const std::vector<std::string> keys = {
-      "schedule.steps",    "schedule.eval_every", "schedule.eval_batches", "schedule.log_every",
+      "schedule.steps",    "schedule.epochs",     "schedule.eval_every", "schedule.eval_batches", "schedule.log_every",
       "offload.*",         "runtime.threads",     "runtime.backend",       "checkpoint.*",
       "data.text",         "data.train_shards",   "data.val_shards",       "model.checkpoint",
       "optimizer.placement"};
@@ -76,13 +76,14 @@ Config resume_config(const std::string& checkpoint_dir, const std::string& confi
 }
 
 DataSplitIdentity split_identity(const std::vector<int32_t>& tokens, const std::vector<uint8_t>& mask,
-                                 const std::vector<std::string>& shard_paths) {
+                                 const std::vector<std::string>& shard_paths, const std::vector<uint64_t>& records) {
   DataSplitIdentity s;
   s.tokens = tokens.size();
   XXH3_state_t* st = XXH3_createState();
   XXH3_64bits_reset(st);
   XXH3_64bits_update(st, tokens.data(), tokens.size() * sizeof(int32_t));
   XXH3_64bits_update(st, mask.data(), mask.size());
+  XXH3_64bits_update(st, records.data(), records.size() * sizeof(uint64_t));
   s.xxh3 = hex64(XXH3_64bits_digest(st));
   XXH3_freeState(st);
   for (const auto& p : shard_paths) {

@@ -81,6 +81,7 @@ void OffloadTrainer::Impl::prepare_runs() {
   for (Iter& it : iters_) {
     it.inputs.assign(K, std::vector<int32_t>(N_));
     it.targets.assign(K, std::vector<int32_t>(N_));
+    it.positions.assign(K, std::vector<int32_t>(N_));
     it.losses.assign(K, 0.0f);
     it.counts.assign(K, 0);
     it.sum_sq.assign(layout_.groups.size(), 0.0);
@@ -255,12 +256,15 @@ OffloadTrainer::Impl::Iter& OffloadTrainer::Impl::submit(Run& run, int64_t step,
 }
 
 StepResult OffloadTrainer::Impl::step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
-                                             const std::vector<const uint8_t*>& masks) {
+                                      const std::vector<const uint8_t*>& masks,
+                                      const std::vector<const int32_t*>& positions) {
   const int B = plan_.micro_batch, T = cfg_.model.seq_len, K = plan_.grad_accum;
   if (static_cast<int>(micro_batches.size()) != K)
     throw Error(str("offloaded step: ", micro_batches.size(), " micro-batches but the plan was built for grad_accum ", K));
   FY_CHECK(masks.empty() || masks.size() == micro_batches.size(), masks.size(), " loss masks for ", K,
            " micro-batches");
+  FY_CHECK(positions.empty() || positions.size() == micro_batches.size(), positions.size(),
+           " position arrays for ", K, " micro-batches");
   // The previous step returned after its norm (exact mode), so the loss scale and Adam's
   // step count already reflect its decision.
   const double step_loss_scale = scaler_ ? scaler_->scale() : 1.0;
@@ -273,6 +277,8 @@ StepResult OffloadTrainer::Impl::step(int64_t step_index, const std::vector<cons
     for (int k = 0; k < K; ++k)
       total += it.counts[k] = split_batch(micro_batches[k], masks.empty() ? nullptr : masks[k], B, T,
                                           it.inputs[k].data(), it.targets[k].data());
+    it.packed = !positions.empty();
+    for (int k = 0; k < K && it.packed; ++k) std::copy(positions[k], positions[k] + B * T, it.positions[k].begin());
     it.step_loss_scale = step_loss_scale;
     it.loss_scale = backward_scale(total, step_loss_scale);
     it.apply = true;
@@ -320,10 +326,12 @@ StepResult OffloadTrainer::Impl::step_result(Iter& it) {
 
 // The forward-only plan on one micro-batch: the validation loss at the current weights (the
 // mean over its counted targets; 0 when none counts, as StepRunner::eval_loss).
-float OffloadTrainer::Impl::eval_loss(const int32_t* batch, const uint8_t* mask) {
+float OffloadTrainer::Impl::eval_loss(const int32_t* batch, const uint8_t* mask, const int32_t* positions) {
   drain();
   Iter& it = submit(eval_, -1, [&](Iter& it) {
     split_batch(batch, mask, plan_.micro_batch, cfg_.model.seq_len, it.inputs[0].data(), it.targets[0].data());
+    it.packed = positions != nullptr;
+    if (positions) std::copy(positions, positions + it.positions[0].size(), it.positions[0].begin());
   });
   std::unique_lock<std::mutex> lock(mu_);
   wait_for(lock, [&] { return it.pending == 0; });
@@ -372,12 +380,12 @@ void OffloadTrainer::set_group_params(int g, const float* p) { impl_->set_group_
 void OffloadTrainer::read_group_params(int g, float* p) { impl_->read_group_params(g, p); }
 float* OffloadTrainer::group_staging() { return impl_->group_staging(); }
 StepResult OffloadTrainer::step(int64_t s, const int32_t* batch, const uint8_t* mask) {
-  if (mask) return impl_->step(s, {batch}, {mask});
-  return impl_->step(s, {batch}, {});
+  if (mask) return impl_->step(s, {batch}, {mask}, {});
+  return impl_->step(s, {batch}, {}, {});
 }
 StepResult OffloadTrainer::step(int64_t s, const std::vector<const int32_t*>& mbs,
-                                       const std::vector<const uint8_t*>& masks) {
-  return impl_->step(s, mbs, masks);
+                                const std::vector<const uint8_t*>& masks, const std::vector<const int32_t*>& positions) {
+  return impl_->step(s, mbs, masks, positions);
 }
 void OffloadTrainer::read_group_state(int g, StateKind k, const StateSink& sink) { impl_->read_group_state(g, k, sink); }
 void OffloadTrainer::write_group_state(int g, StateKind k, const StateSource& source) {
@@ -385,7 +393,9 @@ void OffloadTrainer::write_group_state(int g, StateKind k, const StateSource& so
 }
 OptimizerCounters OffloadTrainer::counters() { return impl_->counters(); }
 void OffloadTrainer::set_counters(const OptimizerCounters& c) { impl_->set_counters(c); }
-float OffloadTrainer::eval_loss(const int32_t* batch, const uint8_t* mask) { return impl_->eval_loss(batch, mask); }
+float OffloadTrainer::eval_loss(const int32_t* batch, const uint8_t* mask, const int32_t* positions) {
+  return impl_->eval_loss(batch, mask, positions);
+}
 void OffloadTrainer::write_trace(const std::string& path) const { impl_->write_trace(path); }
 
 }  // namespace fuyou

@@ -209,12 +209,14 @@ void StepRunner::set_counters(const OptimizerCounters& c) {
 }
 
 StepResult StepRunner::step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
-                            const std::vector<const uint8_t*>& masks) {
+                            const std::vector<const uint8_t*>& masks, const std::vector<const int32_t*>& positions) {
   const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len;
   const int accum = static_cast<int>(micro_batches.size());
   FY_CHECK(accum >= 1, "no micro-batches");
   FY_CHECK(masks.empty() || masks.size() == micro_batches.size(), masks.size(), " loss masks for ",
            accum, " micro-batches");
+  FY_CHECK(positions.empty() || positions.size() == micro_batches.size(), positions.size(),
+           " position arrays for ", accum, " micro-batches");
   StepResult r;
   mark(OpClass::kHost);  // the step's start: batch preparation until the device's first work
   model_.zero_grads();
@@ -243,7 +245,7 @@ StepResult StepRunner::step(int64_t step_index, const std::vector<const int32_t*
   for (int k = 0; k < accum; ++k) {
     if (sums && k > 0) model_.zero_grads();
     split_batch(micro_batches[k], masks.empty() ? nullptr : masks[k], B, T, inputs_.data(), targets_.data());
-    means[k] = model_.forward(inputs_.data(), targets_.data());
+    means[k] = model_.forward(inputs_.data(), targets_.data(), positions.empty() ? nullptr : positions[k]);
     model_.backward(scale);
     if (!sums) continue;
     if (on_device_) {
@@ -371,9 +373,9 @@ std::vector<float> StepRunner::step_gradient() const {
   return g;
 }
 
-float StepRunner::eval_loss(const int32_t* batch, const uint8_t* mask) {
+float StepRunner::eval_loss(const int32_t* batch, const uint8_t* mask, const int32_t* positions) {
   split_batch(batch, mask, cfg_.schedule.micro_batch, cfg_.model.seq_len, inputs_.data(), targets_.data());
-  return model_.forward(inputs_.data(), targets_.data());
+  return model_.forward(inputs_.data(), targets_.data(), positions);
 }
 
 }  // namespace fuyou

@@ -55,12 +55,15 @@ double seconds_since(clock_type::time_point t) { return std::chrono::duration<do
 // Token shards concatenated, and their loss masks: a shard X.tok with X.mask beside it
 // (fuyou-convert tokenize with --prompt-field/--completion-field) contributes its mask, one
 // without contributes all ones (every target counts). When no shard has a mask, *mask stays
-// empty and training runs exactly as without masks.
+// empty and training runs exactly as without masks. Record indexes (X.rec, JSON Lines data)
+// go into *records, offset to the concatenation: every shard of the list has one, or none.
 std::vector<int32_t> load_shards(const std::vector<std::string>& paths, int vocab_size,
-                                 std::vector<uint8_t>* mask) {
+                                 std::vector<uint8_t>* mask, std::vector<uint64_t>* records) {
   std::vector<int32_t> all;
   mask->clear();
+  records->clear();
   bool any_mask = false;
+  size_t with_records = 0;
   for (const auto& p : paths) {
     TokenShard s = read_token_shard(p);
     if (s.vocab_size > static_cast<uint32_t>(vocab_size))
@@ -81,8 +84,17 @@ std::vector<int32_t> load_shards(const std::vector<std::string>& paths, int voca
       m.assign(s.tokens.size(), 1);
     }
     if (any_mask) mask->insert(mask->end(), m.begin(), m.end());
+    const std::string rec_path = fs::path(p).replace_extension(".rec").string();
+    if (rec_path != p && fs::exists(rec_path)) {
+      ++with_records;
+      for (uint64_t start : read_record_index(rec_path, s.tokens.size())) records->push_back(all.size() + start);
+    }
     all.insert(all.end(), s.tokens.begin(), s.tokens.end());
   }
+  if (with_records && with_records != paths.size())
+    throw ConfigError(str("data: ", with_records, " of the ", paths.size(),
+                          " shards have a record index (.rec) beside them; records and plain token streams do not "
+                          "mix in one split (retokenize the others as JSON Lines, or leave the .rec files out)"));
   return all;
 }
 
@@ -121,6 +133,8 @@ class TrainingRun {
  private:
   void open_run_dir();
   void load_data();
+  void load_records();
+  void write_config();
   void make_engine();
   void preflight();
   void start_state();
@@ -149,8 +163,13 @@ class TrainingRun {
   std::unique_ptr<Backend> backend_;
   std::vector<int32_t> train_tokens_, val_tokens_;
   std::vector<uint8_t> train_mask_, val_mask_;  // empty: every target counts
+  std::vector<uint64_t> train_starts_, val_starts_;  // record indexes; empty: token streams
   DataIdentity data_id_;
   std::unique_ptr<BatchSampler> train_sampler_, val_sampler_;
+  // Record data (docs/data.md, "Records"): whole records packed into rows.
+  std::unique_ptr<RecordSampler> train_records_, val_records_;
+  int64_t val_micro_batches_ = 0;  // micro-batches of one validation pass over records
+  double attention_keys_ = 0;      // PlanRequest::attention_keys of the training records
   bool have_val_ = false;
   std::unique_ptr<TrainEngine> engine_;
   std::ofstream metrics_;
@@ -178,13 +197,85 @@ void TrainingRun::open_run_dir() {
   fs::create_directories(dir_, ec);
   if (ec) throw IoError(str(sum_.run_dir, ": cannot create run directory: ", ec.message()));
   lock_ = std::make_unique<DirLock>(dir_.string(), "run directory");
-  const std::string yaml = config_to_self_contained_yaml(cfg_);
-  write_file_atomic((dir_ / "config.yaml").string(), yaml.data(), yaml.size());
   if (opts_.resume.empty()) return;
   remove_checkpoint_leftovers(dir_.string());
   const fs::path from = fs::path(checkpoint_run_dir(opts_.resume)) / "metrics.jsonl";
   if (!same_run && fs::exists(from, ec)) fs::copy_file(from, dir_ / "metrics.jsonl", ec);
   truncate_metrics(dir_ / "metrics.jsonl", resumed_.step);
+}
+
+// The config as it runs (schedule.steps resolved from schedule.epochs), after the data.
+void TrainingRun::write_config() {
+  const std::string yaml = config_to_self_contained_yaml(cfg_);
+  write_file_atomic((dir_ / "config.yaml").string(), yaml.data(), yaml.size());
+}
+
+// Record data: the truncate policy applied and reported, the samplers, and the steps of
+// schedule.epochs. Every choice about the data is logged here, before the first step.
+void TrainingRun::load_records() {
+  const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len, accum = cfg_.schedule.grad_accum;
+  const TruncatePolicy policy = truncate_policy(cfg_.data.truncate);
+  auto report = [&](const RecordSelection& s, const char* split) {
+    spdlog::info("data: {} {} records ({} tokens), each kept whole from position 0 and packed into rows of "
+                 "seq_len + 1 = {} tokens with attention masked at record boundaries",
+                 s.records.size(), split, s.kept_tokens, T + 1);
+    if (s.too_long)
+      spdlog::warn("data: {} of {} {} records are longer than {} tokens (longest {}): {} by data.truncate: {} ({} "
+                   "tokens not trained on)",
+                   s.too_long, s.total, split, T + 1, s.longest,
+                   cfg_.data.truncate == "drop" ? "left out" : "cut to their first tokens", cfg_.data.truncate,
+                   s.cut_tokens);
+    if (s.no_target)
+      spdlog::warn("data: {} {} records have no counted target (an empty completion, or cut before it) and are "
+                   "skipped", s.no_target, split);
+  };
+  RecordSelection train = select_records(train_starts_, train_tokens_.size(), train_mask_.empty() ? nullptr : &train_mask_,
+                                         T + 1, policy, "training");
+  report(train, "training");
+  if (train.records.empty()) throw ConfigError("data: no training record has a counted target");
+  const uint64_t n = train.records.size();
+  // The keys a query attends on average (each record a dense square, as FLOPs are counted):
+  // what the plan's attention costs, where the simulator times it.
+  double sq = 0;
+  for (const Record& r : train.records) sq += static_cast<double>(r.length) * r.length;
+  attention_keys_ = sq / static_cast<double>(train.kept_tokens);
+  const uint64_t limit = cfg_.schedule.epochs > 0 ? n * static_cast<uint64_t>(cfg_.schedule.epochs) : UINT64_MAX;
+  train_records_ = std::make_unique<RecordSampler>(&train_tokens_, train_mask_.empty() ? nullptr : &train_mask_,
+                                                   std::move(train.records), B, T, cfg_.runtime.seed, true, limit);
+  const uint64_t epoch_rows = train_records_->rows_between(0, n);
+  const uint64_t rows_per_step = static_cast<uint64_t>(B) * accum;
+  spdlog::info("data: one epoch packs into {} rows ({:.1f}% of their tokens are training records, the rest "
+               "padding): {:.1f} steps of {} rows; order shuffled per epoch (runtime.seed {})",
+               epoch_rows, 100.0 * static_cast<double>(train.kept_tokens) / (static_cast<double>(epoch_rows) * (T + 1)),
+               static_cast<double>(epoch_rows) / rows_per_step, rows_per_step, cfg_.runtime.seed);
+  if (cfg_.schedule.epochs > 0) {
+    const uint64_t rows = train_records_->rows_between(0, limit);
+    cfg_.schedule.steps = static_cast<int64_t>((rows + rows_per_step - 1) / rows_per_step);
+    spdlog::info("schedule: {} epochs = {} steps (schedule.steps follows from schedule.epochs)", cfg_.schedule.epochs,
+                 cfg_.schedule.steps);
+    if (cfg_.schedule.warmup_steps > cfg_.schedule.steps)
+      throw ConfigError(str("schedule.warmup_steps ", cfg_.schedule.warmup_steps, " is more than the ",
+                            cfg_.schedule.steps, " steps of schedule.epochs ", cfg_.schedule.epochs));
+  }
+  if (val_starts_.empty()) {
+    have_val_ = false;
+    spdlog::warn("data: no validation records; validation is off");
+    return;
+  }
+  RecordSelection val = select_records(val_starts_, val_tokens_.size(), val_mask_.empty() ? nullptr : &val_mask_, T + 1,
+                                       policy, "validation");
+  report(val, "validation");
+  have_val_ = !val.records.empty();
+  if (!have_val_) return spdlog::warn("data: no validation record has a counted target; validation is off");
+  const uint64_t vn = val.records.size();
+  val_records_ = std::make_unique<RecordSampler>(&val_tokens_, val_mask_.empty() ? nullptr : &val_mask_,
+                                                 std::move(val.records), B, T, cfg_.runtime.seed, false, vn);
+  const int64_t all = static_cast<int64_t>((val_records_->rows_between(0, vn) + B - 1) / B);
+  val_micro_batches_ = std::min<int64_t>(all, cfg_.schedule.eval_batches);
+  spdlog::info("validation: {} of {} micro-batches of records (schedule.eval_batches {}): {}", val_micro_batches_, all,
+               cfg_.schedule.eval_batches,
+               val_micro_batches_ == all ? "every validation record, each once"
+                                         : "the first records in file order; raise eval_batches for all");
 }
 
 void TrainingRun::load_data() {
@@ -202,14 +293,19 @@ void TrainingRun::load_data() {
     train_paths = {r.train_path};
     val_paths = {r.val_path};
   } else if (!cfg_.data.train_shards.empty()) {
-    train_tokens_ = load_shards(cfg_.data.train_shards, cfg_.model.vocab_size, &train_mask_);
-    val_tokens_ = load_shards(cfg_.data.val_shards, cfg_.model.vocab_size, &val_mask_);
+    train_tokens_ = load_shards(cfg_.data.train_shards, cfg_.model.vocab_size, &train_mask_, &train_starts_);
+    val_tokens_ = load_shards(cfg_.data.val_shards, cfg_.model.vocab_size, &val_mask_, &val_starts_);
   } else {
     throw ConfigError("data: give data.text (plain-text files or directories) or data.train_shards");
   }
-  data_id_.train = split_identity(train_tokens_, train_mask_, train_paths);
-  data_id_.val = split_identity(val_tokens_, val_mask_, val_paths);
+  data_id_.train = split_identity(train_tokens_, train_mask_, train_paths, train_starts_);
+  data_id_.val = split_identity(val_tokens_, val_mask_, val_paths, val_starts_);
   if (!opts_.resume.empty()) check_resume_data(resumed_.data, data_id_);
+  if (!train_starts_.empty()) return load_records();
+  if (cfg_.schedule.epochs > 0)
+    throw ConfigError(str("schedule.epochs is ", cfg_.schedule.epochs, " but the training data is a token stream "
+                          "without records (data.text, or shards without a .rec index); epochs need records "
+                          "(fuyou-convert tokenize with JSON Lines): set schedule.steps instead"));
   const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len;
   train_sampler_ = std::make_unique<BatchSampler>(&train_tokens_, train_mask_.empty() ? nullptr : &train_mask_, B, T,
                                                   cfg_.runtime.seed);
@@ -228,7 +324,9 @@ void TrainingRun::make_engine() {
   std::string why;
   backend_ = make_backend(cfg_, &why);
   spdlog::info("{}", why);
-  engine_ = make_train_engine(cfg_, *backend_);
+  EngineOptions eo;
+  eo.attention_keys = attention_keys_;
+  engine_ = make_train_engine(cfg_, *backend_, eo);
   // A second stop signal ends the process at once; it can still unlink the store's files.
   if (opts_.stop) {
     std::vector<std::string> paths = engine_->store_cleanup_paths();
@@ -273,7 +371,8 @@ void TrainingRun::start_state() {
   auto t0 = clock_type::now();
   restore_checkpoint(opts_.resume, resumed_, cfg_.model, *engine_);
   progress_ = resumed_.progress;
-  train_sampler_->set_position(progress_.sampler_position);
+  if (train_records_) train_records_->set_position(progress_.sampler_position);
+  else train_sampler_->set_position(progress_.sampler_position);
   last_checkpoint_step_ = resumed_.step;
   sum_.first_val_loss = progress_.first_val_loss;
   sum_.final_val_loss = progress_.last_val_loss;
@@ -286,7 +385,7 @@ void TrainingRun::start_state() {
 // skipped; when no eval window has a counted target at all, validation is switched off
 // rather than dividing by zero.
 void TrainingRun::setup_validation() {
-  if (!have_val_ || !val_sampler_->has_mask()) return;
+  if (!have_val_ || !val_sampler_ || !val_sampler_->has_mask()) return;
   const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len;
   std::vector<int32_t> batch(static_cast<size_t>(B) * (T + 1));
   std::vector<uint8_t> counted(static_cast<size_t>(B) * T);
@@ -305,6 +404,25 @@ void TrainingRun::setup_validation() {
 double TrainingRun::evaluate(int64_t step) {
   const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len;
   std::vector<int32_t> batch(static_cast<size_t>(B) * (T + 1));
+  if (val_records_) {
+    // Every validation record once (or those of the first eval_batches micro-batches), each
+    // alone in its segment: the mean over their counted targets, what transformers gives run
+    // on each record by itself with the losses summed over the records' counted tokens.
+    std::vector<uint8_t> counted(static_cast<size_t>(B) * T);
+    std::vector<int32_t> positions(static_cast<size_t>(B) * T);
+    std::vector<float> means;
+    std::vector<int64_t> counts;
+    val_records_->set_position(0);
+    for (int64_t i = 0; i < val_micro_batches_; ++i) {
+      val_records_->next(batch.data(), counted.data(), positions.data());
+      counts.push_back(count_targets(counted.data(), B, T));
+      means.push_back(counts.back() ? engine_->eval_loss(batch.data(), counted.data(), positions.data()) : 0.0f);
+    }
+    const double loss = mean_over_counted(means, counts);
+    metrics_line({{"step", step}, {"val_loss", loss}});
+    progress_.last_val_loss = loss;
+    return loss;
+  }
   std::vector<uint8_t> counted(val_sampler_->has_mask() ? static_cast<size_t>(B) * T : 0);
   uint8_t* cp = counted.empty() ? nullptr : counted.data();
   std::vector<float> means;
@@ -323,17 +441,23 @@ double TrainingRun::evaluate(int64_t step) {
 StepResult TrainingRun::train_step(int64_t s) {
   const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len, accum = cfg_.schedule.grad_accum;
   std::vector<std::vector<int32_t>> mbs(accum, std::vector<int32_t>(static_cast<size_t>(B) * (T + 1)));
-  std::vector<std::vector<uint8_t>> masks(train_sampler_->has_mask() ? accum : 0,
+  const bool records = train_records_ != nullptr;
+  std::vector<std::vector<uint8_t>> masks(records || train_sampler_->has_mask() ? accum : 0,
                                           std::vector<uint8_t>(static_cast<size_t>(B) * T));
-  std::vector<const int32_t*> ptrs(accum);
+  std::vector<std::vector<int32_t>> positions(records ? accum : 0, std::vector<int32_t>(static_cast<size_t>(B) * T));
+  std::vector<const int32_t*> ptrs(accum), pos_ptrs(positions.size());
   std::vector<const uint8_t*> mask_ptrs(masks.size());
   for (int k = 0; k < accum; ++k) {
-    train_sampler_->next(mbs[k].data(), masks.empty() ? nullptr : masks[k].data());
+    if (records)
+      train_records_->next(mbs[k].data(), masks[k].data(), positions[k].data());
+    else
+      train_sampler_->next(mbs[k].data(), masks.empty() ? nullptr : masks[k].data());
     ptrs[k] = mbs[k].data();
     if (!masks.empty()) mask_ptrs[k] = masks[k].data();
+    if (records) pos_ptrs[k] = positions[k].data();
   }
   auto t0 = clock_type::now();
-  StepResult r = engine_->step(s, ptrs, mask_ptrs);
+  StepResult r = engine_->step(s, ptrs, mask_ptrs, pos_ptrs);
   const double dt = seconds_since(t0);
   train_time_ += dt;
   progress_.train_seconds += dt;
@@ -345,7 +469,7 @@ StepResult TrainingRun::train_step(int64_t s) {
     spdlog::warn("step {}: fp16 gradients overflowed at loss scale {}; update skipped, scale halved", s + 1,
                  r.loss_scale);
   progress_.step = s + 1;
-  progress_.sampler_position = train_sampler_->position();
+  progress_.sampler_position = records ? train_records_->position() : train_sampler_->position();
   log_step(s + 1, r, dt);
   return r;
 }
@@ -453,6 +577,7 @@ void TrainingRun::finish(clock_type::time_point start) {
 TrainSummary TrainingRun::run() {
   open_run_dir();
   load_data();
+  write_config();
   preflight();
   make_engine();
   start_state();

@@ -115,8 +115,9 @@ struct Result {
 };
 
 // One forward and backward on `be` (16-bit tensors of type t) from the 16-bit inputs.
+// `pos` (B*T positions within packed records, Backend::attention_forward) may be empty.
 Result run(Backend& be, ElemType t, const std::vector<uint16_t>& qkv, const std::vector<uint16_t>& dout, int B, int T,
-           int C, int H) {
+           int C, int H, const std::vector<int32_t>& pos = {}) {
   (void)t;
   const size_t n_qkv = qkv.size(), n_out = dout.size(), n_lse = size_t(B) * H * T;
   void* dq = be.alloc(2 * n_qkv, "qkv");
@@ -127,13 +128,16 @@ Result run(Backend& be, ElemType t, const std::vector<uint16_t>& qkv, const std:
   float* scratch = static_cast<float*>(be.alloc(8 * size_t(T) * T, "scratch"));
   be.copy_to_device(dq, qkv.data(), 2 * n_qkv);
   be.copy_to_device(ddo, dout.data(), 2 * n_out);
-  be.attention_forward(out, lse, scratch, dq, B, T, C, H);
-  be.attention_backward(dd, scratch, ddo, out, dq, lse, B, T, C, H);
+  int32_t* dpos = pos.empty() ? nullptr : static_cast<int32_t*>(be.alloc(4 * pos.size(), "positions"));
+  if (dpos) be.copy_to_device(dpos, pos.data(), 4 * pos.size());
+  be.attention_forward(out, lse, scratch, dq, B, T, C, H, dpos);
+  be.attention_backward(dd, scratch, ddo, out, dq, lse, B, T, C, H, dpos);
   Result r{std::vector<uint16_t>(n_out), std::vector<uint16_t>(n_qkv), std::vector<float>(n_lse)};
   be.copy_to_host(r.out.data(), out, 2 * n_out);
   be.copy_to_host(r.dqkv.data(), dd, 2 * n_qkv);
   be.copy_to_host(r.lse.data(), lse, 4 * n_lse);
   for (void* p : {dq, ddo, out, dd, static_cast<void*>(lse), static_cast<void*>(scratch)}) be.free(p);
+  if (dpos) be.free(dpos);
   return r;
 }
 
@@ -216,4 +220,32 @@ TEST_CASE("cudnn fused attention: within 16-bit bounds of exact, deterministic, 
   for (size_t i = 0; i < ex.lse.size(); ++i) lse_err = std::max(lse_err, std::fabs(a.lse[i] - ex.lse[i]));
   INFO("log-sum-exp: largest error " << lse_err);
   CHECK(lse_err <= 4 * (D + T) * kU32 * (1 + ex.max_score));
+}
+
+TEST_CASE("cudnn attention refuses packed records once; the kernels run them as with runtime.attention: kernels",
+          "[cuda][cudnn][records]") {
+  const ElemType t = ElemType::kBF16;
+  const int B = 2, T = 128, C = 128, H = 2;
+  std::vector<int32_t> pos;
+  for (int b = 0; b < B; ++b)
+    for (int len : {40, 88 - 30 * b, 30 * b})
+      for (int i = 0; i < len; ++i) pos.push_back(i);
+  REQUIRE(pos.size() == size_t(B) * T);
+  Rng rng(77);
+  std::vector<uint16_t> qkv(size_t(B) * T * 3 * C), dout(size_t(B) * T * C);
+  for (auto& x : qkv) x = rnd16(t, static_cast<float>(rng.normal()));
+  for (auto& x : dout) x = rnd16(t, static_cast<float>(rng.normal()));
+  auto fused = make_cuda_backend(0, 1ull << 30);
+  fused->set_storage_type(t);
+  fused->set_attention_impl(AttentionImpl::kCudnn);
+  auto* cuda = dynamic_cast<cuda::CudaBackend*>(fused.get());
+  REQUIRE(cuda);
+  const Result a = run(*fused, t, qkv, dout, B, T, C, H, pos);
+  CHECK(cuda->attention_refusals() == 2u);  // the forward and the backward
+  auto kernels = make_cuda_backend(0, 1ull << 30);
+  kernels->set_storage_type(t);
+  kernels->set_attention_impl(AttentionImpl::kKernels);
+  const Result b = run(*kernels, t, qkv, dout, B, T, C, H, pos);
+  CHECK(a.out == b.out);
+  CHECK(a.dqkv == b.dqkv);
 }

@@ -196,12 +196,12 @@ TEST_CASE("cuda causal attention forward and backward match the CPU", "[cuda]") 
   const int B = 2, T = 19, C = 48, H = 4;
   auto qkv = random_normal(B * T * 3 * C, 13), dout = random_normal(B * T * C, 14);
   std::vector<float> out(B * T * C), lse(B * H * T), scratch(2 * T * T), dqkv(qkv.size());
-  p.cpu->attention_forward(out.data(), lse.data(), scratch.data(), qkv.data(), B, T, C, H);
-  p.cpu->attention_backward(dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T, C, H);
+  p.cpu->attention_forward(out.data(), lse.data(), scratch.data(), qkv.data(), B, T, C, H, nullptr);
+  p.cpu->attention_backward(dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T, C, H, nullptr);
   DeviceVec<float> gqkv(*p.gpu, qkv), gdout(*p.gpu, dout), gout(*p.gpu, out.size()),
       glse(*p.gpu, lse.size()), gscratch(*p.gpu, scratch.size()), gdqkv(*p.gpu, qkv.size());
-  p.gpu->attention_forward(gout.get(), glse.get(), gscratch.get(), gqkv.get(), B, T, C, H);
-  p.gpu->attention_backward(gdqkv.get(), gscratch.get(), gdout.get(), gout.get(), gqkv.get(), glse.get(), B, T, C, H);
+  p.gpu->attention_forward(gout.get(), glse.get(), gscratch.get(), gqkv.get(), B, T, C, H, nullptr);
+  p.gpu->attention_backward(gdqkv.get(), gscratch.get(), gdout.get(), gout.get(), gqkv.get(), glse.get(), B, T, C, H, nullptr);
   const int hd = C / H;
   // Scores: sums of hd products (|q||k| <= hd max|qkv|^2 / sqrt(hd)), then exp (relative
   // error about (score error + a few u)), a sum of up to T terms and a division.
@@ -216,6 +216,48 @@ TEST_CASE("cuda causal attention forward and backward match the CPU", "[cuda]") 
   // per-step terms on values of size |dout| |qkv|^2 T.
   const double scale = max_abs(dout) * max_abs(qkv) * max_abs(qkv) * T;
   check_within("attention dqkv", gdqkv.host(), dqkv, 4 * (p_rel + 2 * (T + hd + 2) * kU) * scale);
+}
+
+TEST_CASE("cuda packed-record attention (document-masked) matches the CPU, and rope by position", "[cuda][records]") {
+  // Two rows of T = 70 holding records of several lengths (one of a single token) and padding:
+  // each query attends its own record only (Backend::attention_forward's pos). The same bounds
+  // as the unpacked case above, with T the longest record.
+  Pair p;
+  const int B = 2, T = 70, C = 48, H = 4, Tmax = 45;
+  const std::vector<std::vector<int>> rows = {{12, 1, 45, 12}, {30, 25}};
+  std::vector<int32_t> pos;
+  for (const auto& r : rows) {
+    for (int len : r)
+      for (int i = 0; i < len; ++i) pos.push_back(i);
+    for (int i = 0; static_cast<int>(pos.size()) % T != 0; ++i) pos.push_back(i);
+  }
+  REQUIRE(pos.size() == static_cast<size_t>(B) * T);
+  auto qkv = random_normal(B * T * 3 * C, 23), dout = random_normal(B * T * C, 24);
+  std::vector<float> out(B * T * C), lse(B * H * T), scratch(2 * T * T), dqkv(qkv.size());
+  p.cpu->attention_forward(out.data(), lse.data(), scratch.data(), qkv.data(), B, T, C, H, pos.data());
+  p.cpu->attention_backward(dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T, C, H,
+                            pos.data());
+  DeviceVec<float> gqkv(*p.gpu, qkv), gdout(*p.gpu, dout), gout(*p.gpu, out.size()), glse(*p.gpu, lse.size()),
+      gscratch(*p.gpu, scratch.size()), gdqkv(*p.gpu, qkv.size());
+  DeviceVec<int32_t> gpos(*p.gpu, pos);
+  p.gpu->attention_forward(gout.get(), glse.get(), gscratch.get(), gqkv.get(), B, T, C, H, gpos.get());
+  p.gpu->attention_backward(gdqkv.get(), gscratch.get(), gdout.get(), gout.get(), gqkv.get(), glse.get(), B, T, C, H,
+                            gpos.get());
+  const int hd = C / H;
+  const double score_err = 2 * (hd + 1) * kU * hd * max_abs(qkv) * max_abs(qkv) / std::sqrt(double(hd));
+  const double p_rel = score_err + (2 * Tmax + 8) * kU;
+  check_within("packed attention log-sum-exp", glse.host(), lse, 2 * p_rel);
+  check_within("packed attention out", gout.host(), out, (2 * p_rel + 2 * (Tmax + 1) * kU) * max_abs(qkv));
+  const double scale = max_abs(dout) * max_abs(qkv) * max_abs(qkv) * Tmax;
+  check_within("packed attention dqkv", gdqkv.host(), dqkv, 4 * (p_rel + 2 * (Tmax + hd + 2) * kU) * scale);
+  // Rotary phases by position: the bound of the rope test below.
+  const int Hq = 4, Hkv = 2, D = 8;
+  auto x = random_normal(B * T * (Hq + 2 * Hkv) * D, 25);
+  std::vector<float> c = x;
+  DeviceVec<float> g(*p.gpu, x);
+  p.cpu->rope_forward(c.data(), B, T, Hq, Hkv, D, 10000.0f, pos.data());
+  p.gpu->rope_forward(g.get(), B, T, Hq, Hkv, D, 10000.0f, gpos.get());
+  check_within("rope by position", g.host(), c, 8 * kU * 2 * max_abs(x));
 }
 
 TEST_CASE("cuda element-wise kernels match the CPU", "[cuda]") {
@@ -259,13 +301,13 @@ TEST_CASE("cuda llama-family kernels (rope, repeat_kv, swiglu) match the CPU", "
   auto qkvc = random_normal(N * row, 17);
   DeviceVec<float> g(*p.gpu, qkvc);
   std::vector<float> c = qkvc;
-  p.cpu->rope_forward(c.data(), B, T, Hq, Hkv, D, 10000.0f);
-  p.gpu->rope_forward(g.get(), B, T, Hq, Hkv, D, 10000.0f);
+  p.cpu->rope_forward(c.data(), B, T, Hq, Hkv, D, 10000.0f, nullptr);
+  p.gpu->rope_forward(g.get(), B, T, Hq, Hkv, D, 10000.0f, nullptr);
   // cos/sin of the same fp32 angle: the device's cosf/sinf are within 2 ulp (CUDA
   // programming guide), so each rotated value is within ~8 u of |x|.
   check_within("rope forward", g.host(), c, 8 * kU * 2 * max_abs(qkvc));
-  p.cpu->rope_backward(c.data(), B, T, Hq, Hkv, D, 10000.0f);
-  p.gpu->rope_backward(g.get(), B, T, Hq, Hkv, D, 10000.0f);
+  p.cpu->rope_backward(c.data(), B, T, Hq, Hkv, D, 10000.0f, nullptr);
+  p.gpu->rope_backward(g.get(), B, T, Hq, Hkv, D, 10000.0f, nullptr);
   check_within("rope round trip", g.host(), c, 16 * kU * 2 * max_abs(qkvc));
 
   std::vector<float> qkv(size_t(N) * 3 * Hq * D), back(qkvc.size());

@@ -218,10 +218,10 @@ TEST_CASE("cuda 16-bit tensors: element-wise and row kernels are the fp32 kernel
     Tensor qkvc(t, Nq * row, 7), qkv(t, Nq * C3, Tensor::Fill{0.0f}), dqkv(t, Nq * C3, 8), dqkvc(t, Nq * row, Tensor::Fill{0.0f});
     // One kernel per check: two kernels in a row round twice on 16-bit tensors, once in fp32.
     check_rounded_once("rope forward", t, {&qkvc}, {}, [&](Backend& be, auto& p, auto&) {
-      be.rope_forward(p[0], Bq, Tq, Hq, Hkv, D, 10000.0f);
+      be.rope_forward(p[0], Bq, Tq, Hq, Hkv, D, 10000.0f, nullptr);
     });
     check_rounded_once("rope backward", t, {&qkvc}, {}, [&](Backend& be, auto& p, auto&) {
-      be.rope_backward(p[0], Bq, Tq, Hq, Hkv, D, 10000.0f);
+      be.rope_backward(p[0], Bq, Tq, Hq, Hkv, D, 10000.0f, nullptr);
     });
     check_rounded_once("repeat_kv forward", t, {&qkvc, &qkv}, {}, [&](Backend& be, auto& p, auto&) {
       be.repeat_kv_forward(p[1], p[0], Nq, Hq, Hkv, D);
@@ -316,8 +316,8 @@ TEST_CASE("cuda 16-bit tensors: attention matches the CPU", "[cuda][lowp]") {
       dqkv(t, qkv.size(), Tensor::Fill{0.0f});
   CpuGpu r = run_cpu_gpu(t, {&qkv, &dout, &out, &dqkv}, {std::vector<float>(B * H * T), std::vector<float>(2 * T * T)},
                          [&](Backend& be, auto& p, auto& s) {
-                           be.attention_forward(p[2], s[0], s[1], p[0], B, T, C, H);
-                           be.attention_backward(p[3], s[1], p[1], p[2], p[0], s[0], B, T, C, H);
+                           be.attention_forward(p[2], s[0], s[1], p[0], B, T, C, H, nullptr);
+                           be.attention_backward(p[3], s[1], p[1], p[2], p[0], s[0], B, T, C, H, nullptr);
                          });
   // The fp32 bounds of the fp32 attention test (test_cuda_kernels.cc): both sides compute in
   // fp32 from the same widened values and round the outputs once.

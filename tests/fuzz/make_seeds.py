@@ -7,6 +7,7 @@ import json
 import pathlib
 import shutil
 import struct
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests/fuzz/corpus"
@@ -92,6 +93,30 @@ def write_token_shard():
     (d / "mask").write_bytes(b"\x01" + mask([0, 0, 1, 1, 0]))
 
 
+def write_record_index():
+    d = out_dir("record_index")
+
+    def index(tokens, starts):
+        return struct.pack("<I", tokens) + b"FYRECIDX" + struct.pack("<IIQII", 1, 8, len(starts), 0, 0) + \
+            b"".join(struct.pack("<Q", s) for s in starts)
+
+    (d / "three").write_bytes(index(12, [0, 5, 9]))
+    (d / "one").write_bytes(index(1, [0]))
+    (d / "empty").write_bytes(index(0, []))
+
+
+def write_chat_template():
+    d = out_dir("chat_template")
+    sys.path.insert(0, str(ROOT / "tests" / "reference"))
+    import chat_templates
+    for name, text in chat_templates.TEMPLATES.items():
+        (d / f"{name}.jinja").write_text(text)
+    for k, (text, _) in enumerate(chat_templates.UNSUPPORTED):
+        (d / f"unsupported{k}.jinja").write_text(text)
+    # What the fuzzer found: an integer literal beyond int64, integer overflow.
+    (d / "crash-integer-literal.jinja").write_text("{{ 99999999999999999999 }}{{ 9223372036854775807 + 1 }}")
+
+
 def trim_tokenizer(path, keep):
     """The fixture with the vocabulary cut to its `keep` lowest ids, the merges that stay
     inside it, and the added tokens renumbered after it."""
@@ -143,6 +168,8 @@ if __name__ == "__main__":
     write_st_index()
     write_config()
     write_token_shard()
+    write_record_index()
+    write_chat_template()
     write_tokenizer()
     write_hf_config()
     write_hardware()

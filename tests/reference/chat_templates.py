@@ -1,0 +1,134 @@
+"""Chat templates written for the tests in the style of the common model families (the Jinja
+features their released templates use: system-message handling with slices and set, role
+alternation checks with raise_exception, loop.index0 / loop.first, string methods and filters,
+add_generation_prompt, whitespace control and templates laid out over indented lines), and
+conversations to render with them. Used by check_chat_templates.py and check_records_finetune.py.
+"""
+
+LLAMA2 = (
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+    "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
+    "{% set system_message = false %}{% endif %}"
+    "{% for message in loop_messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if loop.index0 == 0 and system_message != false %}"
+    "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
+    "{% else %}{% set content = message['content'] %}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ ' ' + content.strip() + ' ' + eos_token }}{% endif %}"
+    "{% endfor %}")
+
+LLAMA3 = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
+    "+ message['content'] | trim + '<|eot_id|>' %}"
+    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+
+MISTRAL = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}")
+
+CHATML = (
+    "{% for message in messages %}"
+    "{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+GEMMA = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+    "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")
+
+PHI3 = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') %}{{'<|user|>' + '\n' + message['content'] + '<|end|>' + '\n' + '<|assistant|>' + '\n'}}"
+    "{% elif (message['role'] == 'assistant') %}{{message['content'] + '<|end|>' + '\n'}}{% endif %}{% endfor %}")
+
+# ChatML laid out over indented lines, as many released templates are: lstrip_blocks and
+# trim_blocks remove the layout, "-" markers and a comment too.
+CHATML_LINES = """{#- ChatML, one tag per line -#}
+{% for message in messages %}
+    {% if loop.first and message.role != 'system' %}
+        {{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' -}}
+    {% endif %}
+    {{- '<|im_start|>' ~ message.role ~ '\\n' ~ message.content ~ '<|im_end|>\\n' -}}
+{% endfor %}
+{% if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' -}}
+{% endif %}
+"""
+
+TEMPLATES = {"llama2": LLAMA2, "llama3": LLAMA3, "mistral": MISTRAL, "chatml": CHATML, "gemma": GEMMA,
+             "phi3": PHI3, "chatml_lines": CHATML_LINES}
+# Families whose templates take a system message.
+WITH_SYSTEM = {"llama2", "llama3", "chatml", "phi3", "chatml_lines"}
+
+# Templates using a feature the engine does not have, and the name its refusal must give.
+UNSUPPORTED = [
+    ("{% macro turn(m) %}{{ m.content }}{% endmacro %}{% for m in messages %}{{ turn(m) }}{% endfor %}", "macro"),
+    ("{% for m in messages %}{{ m | tojson }}{% endfor %}", "tojson"),
+    ("{% for m in messages %}{{ m.content.format(1) }}{% endfor %}", "format"),
+    ("{% set ns = namespace(x=1) %}{{ ns.x }}", "namespace"),
+]
+
+TOPICS = [("the capital of Poland", "Warsaw is the capital of Poland."),
+          ("two plus three", "Two plus three is five."),
+          ("the colour of the sky", "On a clear day the sky is blue."),
+          ("a word for happy", "Glad means happy."),
+          ("the largest planet", "Jupiter is the largest planet."),
+          ("the boiling point of water", "Water boils at 100 degrees Celsius at sea level."),
+          ("the author of Hamlet", "William Shakespeare wrote Hamlet."),
+          ("the opposite of cold", "The opposite of cold is hot.")]
+
+
+def conversations(n, with_system):
+    """n conversations of one or two exchanges, some with a system message; contents with
+    surrounding spaces and newlines so strip/trim matter."""
+    out = []
+    for i in range(n):
+        q, a = TOPICS[i % len(TOPICS)]
+        q2, a2 = TOPICS[(i * 3 + 1) % len(TOPICS)]
+        msgs = []
+        if with_system and i % 3 == 0:
+            msgs.append({"role": "system", "content": "Answer briefly."})
+        msgs.append({"role": "user", "content": "What is %s?" % q + (" " if i % 2 else "")})
+        msgs.append({"role": "assistant", "content": a if i % 4 else " " + a + "\n"})
+        if i % 2:
+            msgs.append({"role": "user", "content": "And %s?" % q2})
+            msgs.append({"role": "assistant", "content": a2})
+        out.append({"messages": msgs})
+    return out
+
+
+def assistant_spans(tok, template, messages):
+    """The token ranges [a, b) each assistant turn adds, by the engine's documented rule,
+    computed with transformers: the turn's tokens start where the conversation before it,
+    rendered with the generation prompt, stops sharing tokens with the whole, and end where
+    the conversation up to it does."""
+    def ids(msgs, gen):
+        text = tok.apply_chat_template(msgs, chat_template=template, tokenize=False, add_generation_prompt=gen)
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    def shared(a, b):
+        k = 0
+        while k < min(len(a), len(b)) and a[k] == b[k]:
+            k += 1
+        return k
+
+    full = tok.apply_chat_template(messages, chat_template=template, tokenize=True)
+    spans = []
+    for k, m in enumerate(messages):
+        if m["role"] == "assistant":
+            spans.append((shared(ids(messages[:k], True), full), shared(ids(messages[:k + 1], False), full)))
+    return full, spans
