@@ -17,6 +17,7 @@
 #include "fuyou/data.h"
 #include "fuyou/engine.h"
 #include "fuyou/error.h"
+#include "fuyou/hf_checkpoint.h"
 #include "fuyou/log.h"
 #include "fuyou/safetensors.h"
 #include "fuyou/sizes.h"
@@ -120,6 +121,7 @@ class TrainingRun {
 
  private:
   void open_run_dir();
+  void carry_model_files(bool same_run);
   void load_data();
   void make_engine();
   void preflight();
@@ -180,11 +182,31 @@ void TrainingRun::open_run_dir() {
   lock_ = std::make_unique<DirLock>(dir_.string(), "run directory");
   const std::string yaml = config_to_self_contained_yaml(cfg_);
   write_file_atomic((dir_ / "config.yaml").string(), yaml.data(), yaml.size());
+  carry_model_files(same_run);
   if (opts_.resume.empty()) return;
   remove_checkpoint_leftovers(dir_.string());
   const fs::path from = fs::path(checkpoint_run_dir(opts_.resume)) / "metrics.jsonl";
   if (!same_run && fs::exists(from, ec)) fs::copy_file(from, dir_ / "metrics.jsonl", ec);
   truncate_metrics(dir_ / "metrics.jsonl", resumed_.step);
+}
+
+// The base model's config.json and tokenizer files travel with the run (its directory, then
+// each checkpoint), so that to-hf and fuyou-generate find them without the base directory.
+void TrainingRun::carry_model_files(bool same_run) {
+  std::string from;
+  if (!opts_.resume.empty() && !same_run) from = carried_files_dir(opts_.resume);
+  else if (opts_.resume.empty() && !cfg_.model.checkpoint.empty()) {
+    std::error_code ec;
+    fs::path base(cfg_.model.checkpoint);
+    from = carried_files_dir((fs::is_directory(base, ec) ? base : base.parent_path()).string());
+  }
+  if (from.empty()) return;
+  std::vector<std::string> copied = copy_carried_files(from, dir_.string());
+  if (!copied.empty()) {
+    std::string names;
+    for (const auto& n : copied) names += (names.empty() ? "" : ", ") + n;
+    spdlog::info("model files from {}: {}", from, names);
+  }
 }
 
 void TrainingRun::load_data() {
