@@ -47,6 +47,8 @@ class CpuKernels {
   void rmsnorm_backward(float* din, float* dw, const float* dout, const float* in,
                         const float* w, const float* rstd, int N, int C);
   void rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta);
+  // Rows at positions pos0 .. pos0 + N - 1 (a decode step).
+  void rope_forward_at(float* qkvc, int N, int pos0, int Hq, int Hkv, int D, float theta);
   void rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta);
   void repeat_kv_forward(float* qkv, const float* qkvc, int N, int Hq, int Hkv, int D);
   void repeat_kv_backward(float* dqkvc, const float* dqkv, int N, int Hq, int Hkv,
