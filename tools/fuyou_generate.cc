@@ -122,7 +122,8 @@ int main(int argc, char** argv) {
                        {"text", codec.decode(r.ids)},  {"stopped", r.stopped},
                        {"prompt_s", r.prompt_s},       {"generate_s", r.generate_s},
                        {"tokens_per_s", tps},          {"backend", be->name()}};
-      std::puts(j.dump().c_str());
+      // Text that ends inside a character is not UTF-8: those bytes become U+FFFD.
+      std::puts(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     }
   } catch (...) {
     return fuyou::tools::report_failure();

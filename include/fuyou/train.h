@@ -131,6 +131,9 @@ struct TrainOptions {
   StopSignals* stop = nullptr;
   // Test seam for the checkpoint files' writes; null: write(2).
   const CheckpointIo* checkpoint_io = nullptr;
+  // Only the validation loss of the starting model (model.checkpoint, or `resume`'s
+  // checkpoint) on the config's validation data; no run directory is written.
+  bool eval_only = false;
 };
 
 struct TrainSummary {
