@@ -136,7 +136,7 @@ TEST_CASE("a .jsonl tokenized without a field option is refused with the options
   CHECK_NOTHROW(build_tokenized_dataset(tok, {tmp.path + "/pairs.jsonl"}, tmp.path + "/out", o));
 }
 
-TEST_CASE("--set errors name the --set, on a resume too", "[usability]") {
+TEST_CASE("errors of a set override name the --set, on a resume too", "[usability]") {
   CHECK_THROWS_WITH(parse_config("", "<default>", {"schedule.steps=abc"}),
                     Contains("--set 'schedule.steps=abc': schedule.steps: expected an integer") &&
                         !Contains("<default>"));
@@ -163,7 +163,7 @@ TEST_CASE("--set errors name the --set, on a resume too", "[usability]") {
                     Contains("--set 'schedule.steps=many'") && !Contains("config.yaml"));
 }
 
-TEST_CASE("metrics lines are typed and timestamped; no validation says so", "[usability]") {
+TEST_CASE("metrics lines are typed and timestamped, and a run without validation says so", "[usability]") {
   TempDir tmp("metrics");
   const std::string shard = random_shard(tmp.path + "/d.tok", 64, 4000, 6);
   const std::string val = random_shard(tmp.path + "/v.tok", 64, 400, 7);
@@ -197,7 +197,7 @@ TEST_CASE("metrics lines are typed and timestamped; no validation says so", "[us
   CHECK(log.find("0.0000 -> 0.0000") == std::string::npos);
 }
 
-TEST_CASE("a fine-tune gets fine-tuning defaults; schedules beside cosine", "[usability]") {
+TEST_CASE("a fine-tune gets fine-tuning defaults, and schedules beside cosine", "[usability]") {
   TempDir tmp("ft-defaults");
   const std::string shard = random_shard(tmp.path + "/d.tok", 64, 4000, 8);
   Config base = parse_config(tiny_model(64) + "data: {train_shards: [" + shard + "]}\n" +

@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
   CLI::App app{"fuyou-train: train a GPT on the CPU or GPU backend"};
   std::string config_path, run_dir, resume;
   std::vector<std::string> sets;
-  bool print_config = false, verbose = false, resume_or_start = false, eval_only = false;
+  bool print_config = false, verbose = false, resume_or_start = false, eval_only = false, dry = false;
   app.add_option("--config", config_path, "YAML config file (default: the embedded default)");
   app.add_option("--set", sets, "Override a key: section.key=value (repeatable)");
   app.add_option("--run-dir", run_dir,
@@ -32,6 +32,9 @@ int main(int argc, char** argv) {
   app.add_flag("--eval-only", eval_only,
                "Report the validation loss of the model the config starts from (model.checkpoint) or of "
                "the --resume checkpoint, and exit; writes nothing");
+  app.add_flag("--dry-run", dry,
+               "Say whether the run fits this machine (device and host memory, disk space) and the "
+               "simulator's time per step and epoch (with offload.hardware), and exit: 0 fits, 3 does not");
   app.add_flag("--print-config", print_config, "Print the resolved config and exit");
   app.add_flag("-v,--verbose", verbose, "Debug logging");
   CLI11_PARSE(app, argc, argv);
@@ -63,6 +66,11 @@ int main(int argc, char** argv) {
     if (print_config) {
       std::fputs(fuyou::config_to_yaml(cfg).c_str(), stdout);
       return 0;
+    }
+    if (dry) {
+      const fuyou::DryRun d = fuyou::dry_run(cfg, run_dir);
+      for (const auto& line : d.lines) std::puts(line.c_str());
+      return d.fits ? 0 : 3;
     }
     opts.run_dir = run_dir;
     opts.eval_only = eval_only;

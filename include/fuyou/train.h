@@ -148,6 +148,16 @@ struct TrainSummary {
   std::string last_checkpoint;    // the newest checkpoint written by this process, if any
 };
 
+// fuyou-train --dry-run: whether the run fits this machine (device memory, MemAvailable, the
+// run directory's and the SSD store's free space) and, with offload.hardware, the simulator's
+// step, run and epoch times. Nothing is trained or written.
+struct DryRun {
+  bool fits = true;
+  std::vector<std::string> lines;  // the report, one finding per line
+  double step_s = 0, epoch_s = 0;  // 0: no prediction
+};
+DryRun dry_run(const Config& cfg, const std::string& run_dir);
+
 // Trains (or, with opts.resume, continues) a run: data, engine, loop with periodic
 // checkpoints, validation, metrics.jsonl (flushed line by line), final weights and
 // summary. Stops early, with a checkpoint and the weights, when opts.stop asks.
