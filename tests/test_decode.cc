@@ -12,13 +12,13 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "fd_check.h"
 #include "fuyou/backend.h"
 #include "fuyou/decoder.h"
 #include "fuyou/error.h"
 #include "fuyou/generate.h"
 #include "fuyou/model.h"
 #include "fuyou/rng.h"
-#include "fd_check.h"
 #include "hf_support.h"
 #include "test_support.h"
 
@@ -91,21 +91,25 @@ TEST_CASE("rope_forward_at equals rope_forward at the same positions", "[decode]
   for (size_t i = 0; i < part.size(); ++i) REQUIRE(part[i] == whole[pos0 * row + i]);
 }
 
-TEST_CASE("attention_decode over a cache equals causal attention, grouped-query included", "[decode]") {
+TEST_CASE("attention_decode over a cache equals causal attention, grouped-query included",
+          "[decode]") {
   auto be = make_cpu_backend(2, 0);
   for (int Hkv : {4, 2, 1}) {
     INFO("key/value heads " << Hkv);
     const int T = 19, Hq = 4, D = 8, C = Hq * D, KV = Hkv * D, row = C + 2 * KV;
     auto qkvc = randn(static_cast<size_t>(T) * row, 10 + Hkv);
     // Reference: the training path (k/v heads repeated, then the causal kernel).
-    std::vector<float> qkv(static_cast<size_t>(T) * 3 * C), ref(static_cast<size_t>(T) * C), lse(Hq * T);
+    std::vector<float> qkv(static_cast<size_t>(T) * 3 * C), ref(static_cast<size_t>(T) * C),
+        lse(Hq * T);
     std::vector<float> scratch(2 * T * T);
     be->repeat_kv_forward(qkv.data(), qkvc.data(), T, Hq, Hkv, D);
     be->attention_forward(ref.data(), lse.data(), scratch.data(), qkv.data(), 1, T, C, Hq);
     // Decode: 6 rows at once, then one at a time, then the last 4 together.
-    std::vector<float> kc(static_cast<size_t>(T) * KV), vc(static_cast<size_t>(T) * KV), out(ref.size());
+    std::vector<float> kc(static_cast<size_t>(T) * KV), vc(static_cast<size_t>(T) * KV),
+        out(ref.size());
     for (auto [pos, n] : std::vector<std::pair<int, int>>{{0, 6}, {6, 1}, {7, 1}, {8, 7}, {15, 4}})
-      be->attention_decode(out.data() + pos * C, kc.data(), vc.data(), qkvc.data() + pos * row, n, pos, Hq, Hkv, D);
+      be->attention_decode(out.data() + pos * C, kc.data(), vc.data(), qkvc.data() + pos * row, n,
+                           pos, Hq, Hkv, D);
     CHECK(rel_error(out.data(), ref.data(), out.size()) < kTol);
   }
 }
@@ -150,7 +154,8 @@ TEST_CASE("a prompt longer than one decoder chunk runs in several", "[decode]") 
   GptDecoder dec(m, *be, T);
   dec.set_params(params.data());
   const auto& logits = dec.step(tokens.data(), T - 1);
-  CHECK(rel_error(logits.data(), ref.data() + static_cast<size_t>(T - 2) * m.vocab_size, m.vocab_size) < kTol);
+  CHECK(rel_error(logits.data(), ref.data() + static_cast<size_t>(T - 2) * m.vocab_size,
+                  m.vocab_size) < kTol);
 }
 
 TEST_CASE("the decoder on bf16 tensors stays near fp32", "[decode]") {
@@ -166,13 +171,15 @@ TEST_CASE("the decoder on bf16 tensors stays near fp32", "[decode]") {
   GptDecoder dec(m, *be, T);
   dec.set_params(params.data());
   const auto& logits = dec.step(tokens.data(), T);
-  CHECK(rel_error(logits.data(), ref.data() + static_cast<size_t>(T - 1) * m.vocab_size, m.vocab_size) < 0.05);
+  CHECK(rel_error(logits.data(), ref.data() + static_cast<size_t>(T - 1) * m.vocab_size,
+                  m.vocab_size) < 0.05);
 }
 
 TEST_CASE("a decoder larger than the device is refused with the sizes", "[decode]") {
   ModelConfig m = family_config("gpt2", false, 16);
   auto be = make_cpu_backend(2, 64 << 10);  // 64 KiB of "device memory"
-  CHECK_THROWS_WITH(GptDecoder(m, *be, 16), Contains("streaming its layers") && Contains("key/value cache"));
+  CHECK_THROWS_WITH(GptDecoder(m, *be, 16),
+                    Contains("streaming its layers") && Contains("key/value cache"));
   CHECK(be->memory().used == 0);
   auto big = make_cpu_backend(2, 0);
   CHECK_THROWS_WITH(GptDecoder(m, *big, 17), Contains("position table has 16"));
@@ -183,7 +190,8 @@ TEST_CASE("sampling: greedy, temperature, top-p, seeded", "[decode]") {
   std::vector<float> logits = {0.5f, 2.0f, 2.0f, -1.0f};
   CHECK(sample_token(logits, {}, rng) == 1);  // the first of the largest, as torch.argmax
   SamplingOptions narrow{1.0, 0.1};
-  for (int i = 0; i < 50; ++i) CHECK(sample_token(logits, narrow, rng) == 1);  // top-p keeps one token
+  for (int i = 0; i < 50; ++i)
+    CHECK(sample_token(logits, narrow, rng) == 1);  // top-p keeps one token
   // Two tokens with probabilities 1/4 and 3/4 at temperature 1: the share of the second over
   // n draws is within 5 standard deviations (sqrt(p (1 - p) / n)) of 3/4.
   std::vector<float> two = {0.0f, std::log(3.0f)};
@@ -198,7 +206,8 @@ TEST_CASE("sampling: greedy, temperature, top-p, seeded", "[decode]") {
   CHECK(std::fabs(second / double(n) - p) < 5 * std::sqrt(p * (1 - p) / n));
   // The same seed draws the same tokens.
   Rng a(7), b(7);
-  for (int i = 0; i < 20; ++i) CHECK(sample_token(logits, {1.5, 0.9}, a) == sample_token(logits, {1.5, 0.9}, b));
+  for (int i = 0; i < 20; ++i)
+    CHECK(sample_token(logits, {1.5, 0.9}, a) == sample_token(logits, {1.5, 0.9}, b));
 }
 
 TEST_CASE("prompts get the special tokens transformers' tokenizer adds", "[decode]") {
@@ -221,7 +230,8 @@ TEST_CASE("prompts get the special tokens transformers' tokenizer adds", "[decod
   CHECK(c.encode_prompt("the end") == want);
   CHECK(c.stop_ids() == std::set<int32_t>{2});
   // add_bos_token false, add_eos_token true.
-  write_all(d / "tokenizer_config.json", R"({"tokenizer_class": "LlamaTokenizer", "add_bos_token": false,
+  write_all(d / "tokenizer_config.json",
+            R"({"tokenizer_class": "LlamaTokenizer", "add_bos_token": false,
                                             "add_eos_token": true, "eos_token": "</s>"})");
   want = plain;
   want.push_back(2);
@@ -235,7 +245,9 @@ TEST_CASE("prompts get the special tokens transformers' tokenizer adds", "[decod
       {"processors",
        {{{"type", "ByteLevel"}},
         {{"type", "TemplateProcessing"},
-         {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+         {"single",
+          {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+           {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
          {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}}}};
   write_all(d / "tokenizer.json", tj.dump());
   want = {1};

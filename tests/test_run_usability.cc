@@ -33,7 +33,8 @@ using Catch::Matchers::Contains;
 namespace {
 
 std::string tiny_model(int vocab) {
-  return str("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 64, vocab_size: ", vocab, ", seq_len: 16}\n");
+  return str("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 64, vocab_size: ", vocab,
+             ", seq_len: 16}\n");
 }
 
 // A shard of random tokens below `vocab`, its header saying `vocab`.
@@ -65,7 +66,8 @@ template <typename F>
 std::string captured_log(F&& f) {
   auto previous = spdlog::default_logger();
   std::ostringstream text;
-  auto logger = std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(text));
+  auto logger = std::make_shared<spdlog::logger>(
+      "capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(text));
   spdlog::set_default_logger(logger);
   try {
     f();
@@ -82,12 +84,14 @@ std::string captured_log(F&& f) {
 TEST_CASE("shards tokenized with another vocabulary are refused naming both", "[usability]") {
   TempDir tmp("vocab");
   const std::string small = random_shard(tmp.path + "/small.tok", 100, 4000, 1);
-  Config cfg = parse_config(tiny_model(128) + "data: {train_shards: [" + small + "]}\n" +
-                                "schedule: {steps: 1, micro_batch: 2}\nruntime: {backend: cpu, threads: 2}\n",
-                            "<test>");
+  Config cfg = parse_config(
+      tiny_model(128) + "data: {train_shards: [" + small + "]}\n" +
+          "schedule: {steps: 1, micro_batch: 2}\nruntime: {backend: cpu, threads: 2}\n",
+      "<test>");
   TrainOptions o;
   o.run_dir = tmp.path + "/run";
-  CHECK_THROWS_WITH(run_training(cfg, o), Contains("small.tok") && Contains("vocabulary of 100 tokens") &&
+  CHECK_THROWS_WITH(run_training(cfg, o), Contains("small.tok") &&
+                                              Contains("vocabulary of 100 tokens") &&
                                               Contains("the model has 128 (model.vocab_size)"));
 
   // With the base model's tokenizer carried into the run, shards must match it: a model may
@@ -96,9 +100,10 @@ TEST_CASE("shards tokenized with another vocabulary are refused naming both", "[
   const std::string base = tmp.path + "/base";
   fs::create_directories(base);
   random_shard(base + "/data.tok", 520, 4000, 2);
-  Config b = parse_config(tiny_model(520) + "data: {train_shards: [" + base + "/data.tok]}\n" +
-                              "schedule: {steps: 1, micro_batch: 2}\nruntime: {backend: cpu, threads: 2}\n",
-                          "<test>");
+  Config b = parse_config(
+      tiny_model(520) + "data: {train_shards: [" + base + "/data.tok]}\n" +
+          "schedule: {steps: 1, micro_batch: 2}\nruntime: {backend: cpu, threads: 2}\n",
+      "<test>");
   TrainOptions ob;
   ob.run_dir = base + "/run";
   run_training(b, ob);
@@ -107,14 +112,15 @@ TEST_CASE("shards tokenized with another vocabulary are refused naming both", "[
   const std::string wrong = random_shard(tmp.path + "/wrong.tok", 520, 4000, 4);
   for (const auto& [shard, refused] : {std::pair{ok, false}, std::pair{wrong, true}}) {
     INFO(shard);
-    Config f = parse_config(str("model: {checkpoint: ", ob.run_dir, "}\ndata: {train_shards: [", shard,
-                                "]}\nschedule: {steps: 1, micro_batch: 2}\nruntime: {backend: cpu, threads: 2}\n"),
-                            "<test>");
+    Config f = parse_config(
+        str("model: {checkpoint: ", ob.run_dir, "}\ndata: {train_shards: [", shard,
+            "]}\nschedule: {steps: 1, micro_batch: 2}\nruntime: {backend: cpu, threads: 2}\n"),
+        "<test>");
     TrainOptions of;
     of.run_dir = tmp.path + "/ft-" + fs::path(shard).stem().string();
     if (refused) {
-      CHECK_THROWS_WITH(run_training(f, of), Contains("vocabulary of 520 tokens") && Contains("has 512") &&
-                                                 Contains("tokenizer.json"));
+      CHECK_THROWS_WITH(run_training(f, of), Contains("vocabulary of 520 tokens") &&
+                                                 Contains("has 512") && Contains("tokenizer.json"));
     } else {
       CHECK_NOTHROW(run_training(f, of));
       // The tokenizer travels with the run and its checkpoints.
@@ -125,11 +131,13 @@ TEST_CASE("shards tokenized with another vocabulary are refused naming both", "[
 
 TEST_CASE("a .jsonl tokenized without a field option is refused with the options", "[usability]") {
   TempDir tmp("jsonl");
-  write_all(tmp.path + "/pairs.jsonl", "\n{\"question\": \"why?\", \"answer\": \"because\", \"n\": 3}\n");
+  write_all(tmp.path + "/pairs.jsonl",
+            "\n{\"question\": \"why?\", \"answer\": \"because\", \"n\": 3}\n");
   const Tokenizer tok = Tokenizer::from_file(hf_fixture("tok_bytelevel.json"));
-  CHECK_THROWS_WITH(build_tokenized_dataset(tok, {tmp.path + "/pairs.jsonl"}, tmp.path + "/out", {}),
-                    Contains("pairs.jsonl") && Contains("--jsonl-field") && Contains("--prompt-field") &&
-                        Contains("string fields: answer, question"));
+  CHECK_THROWS_WITH(
+      build_tokenized_dataset(tok, {tmp.path + "/pairs.jsonl"}, tmp.path + "/out", {}),
+      Contains("pairs.jsonl") && Contains("--jsonl-field") && Contains("--prompt-field") &&
+          Contains("string fields: answer, question"));
   CHECK_FALSE(fs::exists(tmp.path + "/out"));  // a refusal writes nothing
   DatasetOptions o;
   o.jsonl_field = "answer";
@@ -143,18 +151,21 @@ TEST_CASE("errors of a set override name the --set, on a resume too", "[usabilit
   CHECK_THROWS_WITH(parse_config("", "<default>", {"schedule.stpes=3"}),
                     Contains("--set 'schedule.stpes=3': unknown key 'schedule.stpes'"));
   // A rule broken by another key's --set says which one.
-  CHECK_THROWS_WITH(parse_config("schedule: {warmup_steps: 40}\n", "cfg.yaml", {"schedule.steps=10"}),
-                    Contains("cfg.yaml: schedule.warmup_steps") &&
-                        Contains("schedule.steps is from --set 'schedule.steps=10'"));
+  CHECK_THROWS_WITH(
+      parse_config("schedule: {warmup_steps: 40}\n", "cfg.yaml", {"schedule.steps=10"}),
+      Contains("cfg.yaml: schedule.warmup_steps") &&
+          Contains("schedule.steps is from --set 'schedule.steps=10'"));
   // A value from the file is still the file's.
-  CHECK_THROWS_WITH(parse_config("schedule: {steps: -1}\n", "cfg.yaml", {}), Contains("cfg.yaml: schedule.steps"));
+  CHECK_THROWS_WITH(parse_config("schedule: {steps: -1}\n", "cfg.yaml", {}),
+                    Contains("cfg.yaml: schedule.steps"));
 
   TempDir tmp("set-resume");
   const std::string shard = random_shard(tmp.path + "/d.tok", 64, 4000, 5);
-  Config cfg = parse_config(tiny_model(64) + "data: {train_shards: [" + shard + "]}\n" +
-                                "schedule: {steps: 2, warmup_steps: 1, micro_batch: 2}\n"
-                                "runtime: {backend: cpu, threads: 2}\ncheckpoint: {every_steps: 2}\n",
-                            "<test>");
+  Config cfg =
+      parse_config(tiny_model(64) + "data: {train_shards: [" + shard + "]}\n" +
+                       "schedule: {steps: 2, warmup_steps: 1, micro_batch: 2}\n"
+                       "runtime: {backend: cpu, threads: 2}\ncheckpoint: {every_steps: 2}\n",
+                   "<test>");
   TrainOptions o;
   o.run_dir = tmp.path + "/run";
   run_training(cfg, o);
@@ -163,14 +174,17 @@ TEST_CASE("errors of a set override name the --set, on a resume too", "[usabilit
                     Contains("--set 'schedule.steps=many'") && !Contains("config.yaml"));
 }
 
-TEST_CASE("metrics lines are typed and timestamped, and a run without validation says so", "[usability]") {
+TEST_CASE("metrics lines are typed and timestamped, and a run without validation says so",
+          "[usability]") {
   TempDir tmp("metrics");
   const std::string shard = random_shard(tmp.path + "/d.tok", 64, 4000, 6);
   const std::string val = random_shard(tmp.path + "/v.tok", 64, 400, 7);
-  const std::string common = "schedule: {steps: 4, warmup_steps: 1, micro_batch: 2, eval_every: 2, eval_batches: 1}\n"
-                             "runtime: {backend: cpu, threads: 2}\n";
-  Config cfg = parse_config(tiny_model(64) + "data: {train_shards: [" + shard + "], val_shards: [" + val + "]}\n" +
-                                common, "<test>");
+  const std::string common =
+      "schedule: {steps: 4, warmup_steps: 1, micro_batch: 2, eval_every: 2, eval_batches: 1}\n"
+      "runtime: {backend: cpu, threads: 2}\n";
+  Config cfg = parse_config(tiny_model(64) + "data: {train_shards: [" + shard + "], val_shards: [" +
+                                val + "]}\n" + common,
+                            "<test>");
   TrainOptions o;
   o.run_dir = tmp.path + "/run";
   std::string log = captured_log([&] { run_training(cfg, o); });
@@ -189,7 +203,8 @@ TEST_CASE("metrics lines are typed and timestamped, and a run without validation
   CHECK(log.find("validation loss") != std::string::npos);
 
   // Without a validation split the last line says so instead of "0.0000 -> 0.0000".
-  Config nov = parse_config(tiny_model(64) + "data: {train_shards: [" + shard + "]}\n" + common, "<test>");
+  Config nov =
+      parse_config(tiny_model(64) + "data: {train_shards: [" + shard + "]}\n" + common, "<test>");
   TrainOptions on;
   on.run_dir = tmp.path + "/noval";
   log = captured_log([&] { run_training(nov, on); });
@@ -200,23 +215,26 @@ TEST_CASE("metrics lines are typed and timestamped, and a run without validation
 TEST_CASE("a fine-tune gets fine-tuning defaults, and schedules beside cosine", "[usability]") {
   TempDir tmp("ft-defaults");
   const std::string shard = random_shard(tmp.path + "/d.tok", 64, 4000, 8);
-  Config base = parse_config(tiny_model(64) + "data: {train_shards: [" + shard + "]}\n" +
-                                 "schedule: {steps: 1, micro_batch: 2}\nruntime: {backend: cpu, threads: 2}\n",
-                             "<test>");
+  Config base = parse_config(
+      tiny_model(64) + "data: {train_shards: [" + shard + "]}\n" +
+          "schedule: {steps: 1, micro_batch: 2}\nruntime: {backend: cpu, threads: 2}\n",
+      "<test>");
   CHECK(base.optimizer.lr == 1e-3);  // pretraining defaults stay
   CHECK(base.optimizer.weight_decay == 0.1);
   CHECK(base.schedule.warmup_steps == 1);  // 20, but at most steps
   TrainOptions o;
   o.run_dir = tmp.path + "/base";
   run_training(base, o);
-  const std::string ft = str("model: {checkpoint: ", o.run_dir, "}\ndata: {train_shards: [", shard, "]}\n");
+  const std::string ft =
+      str("model: {checkpoint: ", o.run_dir, "}\ndata: {train_shards: [", shard, "]}\n");
   Config c = parse_config(ft + "schedule: {steps: 1000}\n", "<test>");
   CHECK(c.optimizer.lr == 2e-5);
   CHECK(c.optimizer.min_lr == 2e-6);
   CHECK(c.optimizer.weight_decay == 0.0);
   CHECK(c.schedule.warmup_steps == 30);  // 3% of the steps
   CHECK(parse_config(ft + "schedule: {steps: 10}\n", "<test>").schedule.warmup_steps == 1);
-  Config given = parse_config(ft + "optimizer: {lr: 1.0e-4, weight_decay: 0.05}\nschedule: {warmup_steps: 7}\n", "<test>");
+  Config given = parse_config(
+      ft + "optimizer: {lr: 1.0e-4, weight_decay: 0.05}\nschedule: {warmup_steps: 7}\n", "<test>");
   CHECK(given.optimizer.lr == 1e-4);
   CHECK(given.optimizer.min_lr == Approx(1e-5));  // a tenth of the lr given
   CHECK(given.optimizer.weight_decay == 0.05);
@@ -246,13 +264,15 @@ TEST_CASE("samples during training, --eval-only and checkpoint.keep_best", "[usa
   const std::string shard = pattern_shard(tmp.path + "/d.tok", 256, 6000);
   const std::string val = pattern_shard(tmp.path + "/v.tok", 256, 600);
   const std::string noise = random_shard(tmp.path + "/noise.tok", 256, 600, 11);
-  Config cfg = parse_config(
-      tiny_model(256) + "data: {train_shards: [" + shard + "], val_shards: [" + val + "]}\n" +
-          "optimizer: {lr: 3.0e-3}\n"
-          "schedule: {steps: 4, warmup_steps: 1, micro_batch: 2, eval_every: 0, eval_batches: 2, sample_every: 2,\n"
-          "           sample_prompts: [ab, 'the '], sample_tokens: 5}\n"
-          "runtime: {backend: cpu, threads: 2}\ncheckpoint: {every_steps: 2, keep: 1, keep_best: true}\n",
-      "<test>");
+  Config cfg = parse_config(tiny_model(256) + "data: {train_shards: [" + shard +
+                                "], val_shards: [" + val + "]}\n" +
+                                "optimizer: {lr: 3.0e-3}\n"
+                                "schedule: {steps: 4, warmup_steps: 1, micro_batch: 2, eval_every: "
+                                "0, eval_batches: 2, sample_every: 2,\n"
+                                "           sample_prompts: [ab, 'the '], sample_tokens: 5}\n"
+                                "runtime: {backend: cpu, threads: 2}\ncheckpoint: {every_steps: 2, "
+                                "keep: 1, keep_best: true}\n",
+                            "<test>");
   TrainOptions o;
   o.run_dir = tmp.path + "/run";
   TrainSummary s = run_training(cfg, o);
@@ -272,7 +292,8 @@ TEST_CASE("samples during training, --eval-only and checkpoint.keep_best", "[usa
   g.max_new_tokens = 5;
   for (int i = 0; i < 2; ++i) {
     const auto& line = lines[4 + i];
-    GenerateResult r = generate_tokens(dec, codec.encode_prompt(line["prompt"]), codec.stop_ids(), g);
+    GenerateResult r =
+        generate_tokens(dec, codec.encode_prompt(line["prompt"]), codec.stop_ids(), g);
     CHECK(line["ids"].get<std::vector<int32_t>>() == r.ids);
     CHECK(line["text"] == codec.decode(r.ids));
   }
@@ -289,7 +310,8 @@ TEST_CASE("samples during training, --eval-only and checkpoint.keep_best", "[usa
   // (step 4, validated on the clean data) stays beside the newest, keep: 1 notwithstanding.
   TrainOptions r;
   r.resume = resolve_checkpoint(o.run_dir);
-  Config more = resume_config(r.resume, "", {"schedule.steps=8", str("data.val_shards=[", noise, "]")});
+  Config more =
+      resume_config(r.resume, "", {"schedule.steps=8", str("data.val_shards=[", noise, "]")});
   run_training(more, r);
   std::vector<std::string> kept;
   for (const auto& c : list_checkpoints(o.run_dir)) kept.push_back(fs::path(c).filename().string());

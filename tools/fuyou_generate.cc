@@ -60,34 +60,43 @@ int main(int argc, char** argv) {
   std::string backend = "auto", device_tensors = "fp32", precision = "fp32";
   bool chat = false, ignore_eos = false, json_out = false, verbose = false;
   app.add_option("--model", model_path,
-                 "fuyou-train run directory, training or engine checkpoint, or Hugging Face model directory")
+                 "fuyou-train run directory, training or engine checkpoint, or Hugging Face model "
+                 "directory")
       ->required();
   app.add_option("--prompt", prompt, "The text to continue")->required();
-  app.add_option("--max-new-tokens", g.max_new_tokens, "Tokens to generate at most")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-new-tokens", g.max_new_tokens, "Tokens to generate at most")
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("--temperature", g.sampling.temperature, "0: greedy (default); above 0: sample")
       ->check(CLI::Range(0.0, 100.0));
-  app.add_option("--top-p", g.sampling.top_p, "Nucleus sampling: keep the most likely tokens up to this mass")
+  app.add_option("--top-p", g.sampling.top_p,
+                 "Nucleus sampling: keep the most likely tokens up to this mass")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--seed", g.seed, "Seed of the sampling");
   app.add_flag("--ignore-eos", ignore_eos, "Do not stop at the model's end-of-sequence token");
   app.add_flag("--chat", chat, "Wrap the prompt in the model's chat template (not available yet)");
   app.add_option("--tokenizer", tokenizer, "tokenizer.json to use instead of the model's");
-  app.add_option("--backend", backend, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  app.add_option("--device-tensors", device_tensors, "Weights and activations on the device: fp32 or bf16")
+  app.add_option("--backend", backend, "cpu, cuda or auto")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app.add_option("--device-tensors", device_tensors,
+                 "Weights and activations on the device: fp32 or bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--precision", precision, "GEMM inputs: fp32 (default), bf16 or auto")
       ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
-  app.add_option("--set", sets, "Other runtime keys: runtime.threads=N, offload.device_memory=SIZE");
-  app.add_flag("--json", json_out, "Print one JSON object (ids, text, timings) instead of the text");
+  app.add_option("--set", sets,
+                 "Other runtime keys: runtime.threads=N, offload.device_memory=SIZE");
+  app.add_flag("--json", json_out,
+               "Print one JSON object (ids, text, timings) instead of the text");
   app.add_flag("-v,--verbose", verbose, "Debug logging");
   CLI11_PARSE(app, argc, argv);
   fuyou::init_logging(verbose);
   try {
     if (chat)
       throw fuyou::ConfigError(
-          "--chat: chat templates are not supported by fuyou-generate yet; write the prompt in the model's chat "
+          "--chat: chat templates are not supported by fuyou-generate yet; write the prompt in the "
+          "model's chat "
           "format instead");
-    std::vector<std::string> overrides = {"runtime.backend=" + backend, "runtime.device_tensors=" + device_tensors,
+    std::vector<std::string> overrides = {"runtime.backend=" + backend,
+                                          "runtime.device_tensors=" + device_tensors,
                                           "runtime.precision=" + precision};
     overrides.insert(overrides.end(), sets.begin(), sets.end());
     const fuyou::Config cfg = fuyou::parse_config("", "fuyou-generate", overrides);
@@ -95,11 +104,13 @@ int main(int argc, char** argv) {
 
     fuyou::GenerationModel m = fuyou::load_generation_model(model_path);
     const fuyou::TextCodec codec = fuyou::TextCodec::for_model(m.files, m.model, tokenizer);
-    spdlog::info("model: {} ({}), {} {} layers, d_model {}, vocab {}, context {}", model_path, m.kind,
-                 m.model.family, m.model.n_layer, m.model.d_model, m.model.vocab_size, m.files.context);
+    spdlog::info("model: {} ({}), {} {} layers, d_model {}, vocab {}, context {}", model_path,
+                 m.kind, m.model.family, m.model.n_layer, m.model.d_model, m.model.vocab_size,
+                 m.files.context);
     spdlog::info("tokenizer: {}", codec.describe());
     const std::vector<int32_t> ids = codec.encode_prompt(prompt);
-    const int capacity = std::min<int64_t>(m.files.context, static_cast<int64_t>(ids.size()) + g.max_new_tokens);
+    const int capacity =
+        std::min<int64_t>(m.files.context, static_cast<int64_t>(ids.size()) + g.max_new_tokens);
     std::string why;
     std::unique_ptr<fuyou::Backend> be = fuyou::make_backend(cfg, &why);
     spdlog::info("{}", why);
@@ -112,16 +123,17 @@ int main(int argc, char** argv) {
     fuyou::GenerateResult r = fuyou::generate_tokens(decoder, ids, codec.stop_ids(), g);
     if (!json_out) stream.finish();
     const double tps = r.generate_s > 0 ? r.ids.size() / r.generate_s : 0;
-    spdlog::info("prompt {} tokens in {:.3f} s; {} new tokens in {:.3f} s ({:.1f} tokens/s){}", ids.size(),
-                 r.prompt_s, r.ids.size(), r.generate_s, tps,
+    spdlog::info("prompt {} tokens in {:.3f} s; {} new tokens in {:.3f} s ({:.1f} tokens/s){}",
+                 ids.size(), r.prompt_s, r.ids.size(), r.generate_s, tps,
                  r.stopped ? "; stopped at the end-of-sequence token"
-                 : static_cast<int>(ids.size() + r.ids.size()) >= m.files.context ? "; the context is full"
-                                                                                     : "");
+                 : static_cast<int>(ids.size() + r.ids.size()) >= m.files.context
+                     ? "; the context is full"
+                     : "");
     if (json_out) {
-      nlohmann::json j{{"prompt_ids", r.prompt_ids}, {"ids", r.ids},
-                       {"text", codec.decode(r.ids)},  {"stopped", r.stopped},
-                       {"prompt_s", r.prompt_s},       {"generate_s", r.generate_s},
-                       {"tokens_per_s", tps},          {"backend", be->name()}};
+      nlohmann::json j{{"prompt_ids", r.prompt_ids},  {"ids", r.ids},
+                       {"text", codec.decode(r.ids)}, {"stopped", r.stopped},
+                       {"prompt_s", r.prompt_s},      {"generate_s", r.generate_s},
+                       {"tokens_per_s", tps},         {"backend", be->name()}};
       // Text that ends inside a character is not UTF-8: those bytes become U+FFFD.
       std::puts(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     }

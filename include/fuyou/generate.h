@@ -21,9 +21,10 @@ namespace fuyou {
 
 // Where a model's files are and what they say.
 struct ModelFiles {
-  std::string dir;          // where tokenizer.json, config.json / hf_config.json were looked for
-  std::string hf_config;    // the base model's config.json text (config.json or hf_config.json); empty: none
-  std::string model_type;   // its model_type ("" without one)
+  std::string dir;  // where tokenizer.json, config.json / hf_config.json were looked for
+  std::string
+      hf_config;  // the base model's config.json text (config.json or hf_config.json); empty: none
+  std::string model_type;  // its model_type ("" without one)
   // Positions the model was made for: the base's max_position_embeddings (llama) or the
   // position table (gpt2, opt); the engine's seq_len when nothing says more.
   int context = 0;

@@ -36,8 +36,8 @@ struct Fp16 {
 // the cache holds every new row, so they run in parallel; a thread's scores live in its own
 // buffer of pos0 + N values.
 template <class E>
-void attend(typename E::T* out, typename E::T* kc, typename E::T* vc, const typename E::T* qkvc, int N, int pos0,
-            int Hq, int Hkv, int D) {
+void attend(typename E::T* out, typename E::T* kc, typename E::T* vc, const typename E::T* qkvc,
+            int N, int pos0, int Hq, int Hkv, int D) {
   using T = typename E::T;
   const size_t C = static_cast<size_t>(Hq) * D, KV = static_cast<size_t>(Hkv) * D, row = C + 2 * KV;
   for (int i = 0; i < N; ++i) {
@@ -82,23 +82,27 @@ void attend(typename E::T* out, typename E::T* kc, typename E::T* vc, const type
 void CpuBackend::rope_forward_at(void* qkvc, int N, int pos0, int Hq, int Hkv, int D, float theta) {
   FY_CHECK(pos0 >= 0 && N >= 0, "rope_forward_at: rows ", N, " at position ", pos0);
   Stage s(storage_);
-  k_.rope_forward_at(s.acc(qkvc, static_cast<size_t>(N) * (Hq + 2 * Hkv) * D), N, pos0, Hq, Hkv, D, theta);
+  k_.rope_forward_at(s.acc(qkvc, static_cast<size_t>(N) * (Hq + 2 * Hkv) * D), N, pos0, Hq, Hkv, D,
+                     theta);
 }
 
-void CpuBackend::attention_decode(void* out, void* k_cache, void* v_cache, const void* qkvc, int N, int pos0,
-                                  int Hq, int Hkv, int D) {
-  FY_CHECK(pos0 >= 0 && N >= 1 && Hkv >= 1 && Hq % Hkv == 0, "attention_decode: ", N, " rows at ", pos0, ", ", Hq,
-           " query heads, ", Hkv, " key/value heads");
+void CpuBackend::attention_decode(void* out, void* k_cache, void* v_cache, const void* qkvc, int N,
+                                  int pos0, int Hq, int Hkv, int D) {
+  FY_CHECK(pos0 >= 0 && N >= 1 && Hkv >= 1 && Hq % Hkv == 0, "attention_decode: ", N, " rows at ",
+           pos0, ", ", Hq, " query heads, ", Hkv, " key/value heads");
   switch (storage_) {
     case ElemType::kF32:
-      return attend<F32>(static_cast<float*>(out), static_cast<float*>(k_cache), static_cast<float*>(v_cache),
-                         static_cast<const float*>(qkvc), N, pos0, Hq, Hkv, D);
+      return attend<F32>(static_cast<float*>(out), static_cast<float*>(k_cache),
+                         static_cast<float*>(v_cache), static_cast<const float*>(qkvc), N, pos0, Hq,
+                         Hkv, D);
     case ElemType::kBF16:
       return attend<Bf16>(static_cast<uint16_t*>(out), static_cast<uint16_t*>(k_cache),
-                          static_cast<uint16_t*>(v_cache), static_cast<const uint16_t*>(qkvc), N, pos0, Hq, Hkv, D);
+                          static_cast<uint16_t*>(v_cache), static_cast<const uint16_t*>(qkvc), N,
+                          pos0, Hq, Hkv, D);
     case ElemType::kF16:
       return attend<Fp16>(static_cast<uint16_t*>(out), static_cast<uint16_t*>(k_cache),
-                          static_cast<uint16_t*>(v_cache), static_cast<const uint16_t*>(qkvc), N, pos0, Hq, Hkv, D);
+                          static_cast<uint16_t*>(v_cache), static_cast<const uint16_t*>(qkvc), N,
+                          pos0, Hq, Hkv, D);
   }
 }
 

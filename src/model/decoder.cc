@@ -50,25 +50,34 @@ uint64_t cache_bytes(const ModelConfig& cfg, int capacity, size_t es) {
 uint64_t decoder_device_bytes(const ModelConfig& cfg, int capacity, size_t es) {
   DecoderBuffers b{};
   uint64_t n = make_gpt_layout(cfg).total * es + cache_bytes(cfg, capacity, es);
-  for_each_decoder_buffer(cfg, chunk_rows(capacity), b, [&](auto*& p, size_t k, const char*) { n += bytes_of(p, k, es); });
+  for_each_decoder_buffer(cfg, chunk_rows(capacity), b,
+                          [&](auto*& p, size_t k, const char*) { n += bytes_of(p, k, es); });
   return n + sizeof(int32_t) * chunk_rows(capacity);
 }
 
 GptDecoder::GptDecoder(const ModelConfig& cfg, Backend& backend, int capacity)
-    : cfg_(cfg), be_(backend), capacity_(capacity), es_(backend.storage_bytes()), layout_(make_gpt_layout(cfg)),
+    : cfg_(cfg),
+      be_(backend),
+      capacity_(capacity),
+      es_(backend.storage_bytes()),
+      layout_(make_gpt_layout(cfg)),
       family_(model_family(cfg)) {
-  if (capacity < 1) throw Error(str("decoder: capacity ", capacity, " positions; at least 1 is needed"));
+  if (capacity < 1)
+    throw Error(str("decoder: capacity ", capacity, " positions; at least 1 is needed"));
   const int pos_rows = position_rows(cfg) - (family_ == Family::kOpt ? kOptPositionOffset : 0);
   if (family_ != Family::kLlama && capacity > pos_rows)
-    throw Error(str("decoder: ", capacity, " positions, but the model's position table has ", pos_rows));
+    throw Error(
+        str("decoder: ", capacity, " positions, but the model's position table has ", pos_rows));
   const MemoryStats mem = be_.memory();
   const uint64_t need = decoder_device_bytes(cfg, capacity, es_);
   if (mem.capacity != 0 && mem.used + need > mem.capacity)
     throw Error(str("generation needs ", format_size(need), " of device memory (weights ",
-                    format_size(layout_.total * es_), ", key/value cache of ", capacity, " positions ",
-                    format_size(cache_bytes(cfg, capacity, es_)), ") but backend ", be_.name(), " has ",
-                    format_size(mem.capacity - mem.used), " free: generating with a model larger than the device "
-                    "(streaming its layers) is not supported yet; use a shorter --max-tokens, bf16 weights, or the "
+                    format_size(layout_.total * es_), ", key/value cache of ", capacity,
+                    " positions ", format_size(cache_bytes(cfg, capacity, es_)), ") but backend ",
+                    be_.name(), " has ", format_size(mem.capacity - mem.used),
+                    " free: generating with a model larger than the device "
+                    "(streaming its layers) is not supported yet; use a shorter --max-tokens, bf16 "
+                    "weights, or the "
                     "cpu backend"));
   auto alloc = [&](size_t bytes, const std::string& what) {
     void* p = be_.alloc(bytes, what);
@@ -123,7 +132,8 @@ void GptDecoder::run_chunk(const int32_t* tokens, int n) {
   const int H = cfg_.n_head, Hkv = cfg_.kv_heads(), D = cfg_.head_size(), QKV = C + 2 * Hkv * D;
   for (int i = 0; i < n; ++i)
     if (tokens[i] < 0 || tokens[i] >= V)
-      throw Error(str("token id ", tokens[i], " at position ", pos_ + i, " is outside the vocabulary (", V, ")"));
+      throw Error(str("token id ", tokens[i], " at position ", pos_ + i,
+                      " is outside the vocabulary (", V, ")"));
   be_.copy_to_device(tokens_, tokens, sizeof(int32_t) * n);
   GlobalTensors g = global_tensors(layout_, params_, es_);
   const void* wpe = nullptr;
@@ -169,8 +179,8 @@ void GptDecoder::run_chunk(const int32_t* tokens, int n) {
 const std::vector<float>& GptDecoder::step(const int32_t* tokens, int n) {
   if (n < 1) throw Error("decoder: a step needs at least one token");
   if (pos_ + n > capacity_)
-    throw Error(str("decoder: ", pos_, " cached + ", n, " new tokens exceed its capacity of ", capacity_,
-                    " positions"));
+    throw Error(str("decoder: ", pos_, " cached + ", n, " new tokens exceed its capacity of ",
+                    capacity_, " positions"));
   for (int done = 0; done < n;) {
     const int k = std::min(n - done, chunk_rows(capacity_));
     run_chunk(tokens + done, k);
@@ -194,7 +204,8 @@ int32_t sample_token(const std::vector<float>& logits, const SamplingOptions& op
   std::vector<int32_t> order(p.size());
   std::iota(order.begin(), order.end(), 0);
   // Most likely first; ties by id, so a seed gives the same draw everywhere.
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+  std::sort(order.begin(), order.end(),
+            [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
   size_t keep = 0;
   double mass = 0;
   while (keep < order.size() && (keep == 0 || mass < opts.top_p * sum)) mass += p[order[keep++]];

@@ -61,8 +61,8 @@ uint64_t train_tokens(const DataConfig& d) {
   for (const auto& t : d.text) {
     if (fs::is_regular_file(t, ec)) n += fs::file_size(t, ec);
     if (fs::is_directory(t, ec))
-      for (auto it = fs::recursive_directory_iterator(t, ec); !ec && it != fs::recursive_directory_iterator();
-           it.increment(ec))
+      for (auto it = fs::recursive_directory_iterator(t, ec);
+           !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
         if (it->is_regular_file(ec)) n += it->file_size(ec);
   }
   if (!d.text.empty()) n = static_cast<uint64_t>(static_cast<double>(n) * (1 - d.val_fraction));
@@ -71,7 +71,8 @@ uint64_t train_tokens(const DataConfig& d) {
 
 std::string duration(double s) {
   if (!std::isfinite(s)) return "?";
-  if (s >= 86400) return str(std::round(s / 3600), " h (", std::round(s / 86400 * 10) / 10, " days)");
+  if (s >= 86400)
+    return str(std::round(s / 3600), " h (", std::round(s / 86400 * 10) / 10, " days)");
   if (s >= 3600) return str(std::round(s / 360) / 10, " h");
   if (s >= 60) return str(std::round(s / 6) / 10, " min");
   return str(std::round(s * 10) / 10, " s");
@@ -93,9 +94,10 @@ DryRun dry_run(const Config& cfg, const std::string& run_dir) {
   const ParamLayout layout = make_gpt_layout(m);
   const double params = static_cast<double>(layout.num_params());
   r.lines.push_back(str("model: ", m.family, ", ", m.n_layer, " layers, d_model ", m.d_model, ", ",
-                        params >= 1e9 ? str(std::round(params / 1e7) / 100, "B") : str(std::round(params / 1e4) / 100, "M"),
-                        " parameters; micro-batch ", cfg.schedule.micro_batch, " x ", m.seq_len, " tokens, grad_accum ",
-                        cfg.schedule.grad_accum));
+                        params >= 1e9 ? str(std::round(params / 1e7) / 100, "B")
+                                      : str(std::round(params / 1e4) / 100, "M"),
+                        " parameters; micro-batch ", cfg.schedule.micro_batch, " x ", m.seq_len,
+                        " tokens, grad_accum ", cfg.schedule.grad_accum));
   r.lines.push_back(why);
   const bool device_in_host = be->device_is_host_memory();
   const uint64_t device_cap = device_in_host ? 0 : be->memory().capacity;
@@ -103,19 +105,23 @@ DryRun dry_run(const Config& cfg, const std::string& run_dir) {
   Plan plan;
   bool have_plan = false;
   if (!wants_offload(cfg) &&
-      (device_in_host || in_memory_device_bytes(m, cfg.schedule.micro_batch, be->storage_bytes()) <= device_cap)) {
-    r.lines.push_back("engine: in memory (the model, its gradients and activations fit the device)");
+      (device_in_host ||
+       in_memory_device_bytes(m, cfg.schedule.micro_batch, be->storage_bytes()) <= device_cap)) {
+    r.lines.push_back(
+        "engine: in memory (the model, its gradients and activations fit the device)");
     const uint64_t dev = in_memory_device_bytes(m, cfg.schedule.micro_batch, be->storage_bytes());
     if (!device_in_host) checks.push_back({"device memory", dev, device_cap, ""});
-    checks.push_back({"host memory", in_memory_host_bytes(m, cfg.schedule.micro_batch, device_in_host,
-                                                          be->storage_bytes(), sums_grads_in_fp32(cfg)),
+    checks.push_back({"host memory",
+                      in_memory_host_bytes(m, cfg.schedule.micro_batch, device_in_host,
+                                           be->storage_bytes(), sums_grads_in_fp32(cfg)),
                       mem_available(), "MemAvailable"});
   } else {
     r.lines.push_back("engine: offloaded (the scheduler's plan)");
     try {
       plan = train_plan(cfg, *be);
       have_plan = true;
-      if (!device_in_host) checks.push_back({"device memory", plan.memory.device_bytes, device_cap, ""});
+      if (!device_in_host)
+        checks.push_back({"device memory", plan.memory.device_bytes, device_cap, ""});
       checks.push_back({"host memory", plan.memory.host_bytes, mem_available(), "MemAvailable"});
       if (plan.memory.ssd_bytes) {
         std::set<uint64_t> seen;
@@ -134,20 +140,24 @@ DryRun dry_run(const Config& cfg, const std::string& run_dir) {
   }
   const int keep = cfg.checkpoint.keep + (cfg.checkpoint.keep_best ? 1 : 0);
   const uint64_t ckpt = checkpoint_bytes(m);
-  checks.push_back({str("run directory ", run_dir.empty() ? std::string("runs/") : run_dir), ckpt / 3 + (keep + 1) * ckpt,
+  checks.push_back({str("run directory ", run_dir.empty() ? std::string("runs/") : run_dir),
+                    ckpt / 3 + (keep + 1) * ckpt,
                     free_bytes_at(run_dir.empty() ? fs::path("runs") : fs::path(run_dir), nullptr),
                     str("final weights + ", keep + 1, " checkpoints")});
   for (const Line& c : checks) {
     const bool ok = c.have == 0 || c.need <= c.have;
     if (!ok) r.fits = false;
-    r.lines.push_back(str(c.what, ": needs ", format_size(c.need), c.note.empty() || c.note == "MemAvailable" ? "" : " (" + c.note + ")",
+    r.lines.push_back(str(c.what, ": needs ", format_size(c.need),
+                          c.note.empty() || c.note == "MemAvailable" ? "" : " (" + c.note + ")",
                           ", has ", c.have ? format_size(c.have) : std::string("?"),
-                          c.note == "MemAvailable" ? " available" : "", ok ? ": fits" : ": DOES NOT FIT"));
+                          c.note == "MemAvailable" ? " available" : "",
+                          ok ? ": fits" : ": DOES NOT FIT"));
   }
   // Time: the simulator's steady-state step of the plan on offload.hardware.
   if (cfg.offload.hardware.empty()) {
-    r.lines.push_back("time: no prediction without a hardware profile: set offload.hardware (this machine's: "
-                      "fuyou-bench profile --dir DIR --out FILE)");
+    r.lines.push_back(
+        "time: no prediction without a hardware profile: set offload.hardware (this machine's: "
+        "fuyou-bench profile --dir DIR --out FILE)");
   } else {
     const HardwareProfile hw = load_hardware_profile(cfg.offload.hardware);
     if (!have_plan) plan = train_plan(cfg, *be);
@@ -157,11 +167,12 @@ DryRun dry_run(const Config& cfg, const std::string& run_dir) {
         static_cast<double>(cfg.schedule.micro_batch) * m.seq_len * cfg.schedule.grad_accum;
     const uint64_t tokens = train_tokens(cfg.data);
     r.epoch_s = tokens ? tokens / tokens_per_step * sim.period_s : 0;
-    r.lines.push_back(str("time: a step ", std::round(sim.period_s * 1000) / 1000, " s on ", hw.name, " (simulated, ",
-                          cfg.offload.hardware, "); ", cfg.schedule.steps, " steps ",
-                          duration(sim.period_s * cfg.schedule.steps),
-                          tokens ? str("; an epoch (", tokens, " training tokens) ", duration(r.epoch_s))
-                                 : std::string("; no training data to size an epoch")));
+    r.lines.push_back(
+        str("time: a step ", std::round(sim.period_s * 1000) / 1000, " s on ", hw.name,
+            " (simulated, ", cfg.offload.hardware, "); ", cfg.schedule.steps, " steps ",
+            duration(sim.period_s * cfg.schedule.steps),
+            tokens ? str("; an epoch (", tokens, " training tokens) ", duration(r.epoch_s))
+                   : std::string("; no training data to size an epoch")));
   }
   r.lines.push_back(r.fits ? "verdict: fits this machine" : "verdict: DOES NOT FIT this machine");
   return r;

@@ -56,7 +56,8 @@ std::string token_text(const json& tc, const char* key, const std::string& fallb
   if (!tc.is_object() || !tc.contains(key)) return fallback;
   const json& v = tc[key];
   if (v.is_string()) return v.get<std::string>();
-  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string())
+    return v["content"].get<std::string>();
   return "";
 }
 
@@ -73,7 +74,9 @@ bool template_specials(const json& pp, const Tokenizer& tok, std::vector<int32_t
   }
   auto id_of = [&](const std::string& t) {
     std::optional<int32_t> id = tok.token_to_id(t);
-    if (!id) throw ConfigError(str(tok.source(), ": post_processor names token '", t, "', which is not in the vocabulary"));
+    if (!id)
+      throw ConfigError(str(tok.source(), ": post_processor names token '", t,
+                            "', which is not in the vocabulary"));
     return *id;
   };
   if (type == "RobertaProcessing" || type == "BertProcessing") {
@@ -83,7 +86,8 @@ bool template_specials(const json& pp, const Tokenizer& tok, std::vector<int32_t
         (std::string(k) == "cls" ? prefix : suffix)->push_back(pp[k][1].get<int32_t>());
     return true;
   }
-  if (type != "TemplateProcessing" || !pp.contains("single") || !pp["single"].is_array()) return false;
+  if (type != "TemplateProcessing" || !pp.contains("single") || !pp["single"].is_array())
+    return false;
   bool after = false;
   for (const auto& item : pp["single"]) {
     if (item.contains("Sequence")) {
@@ -105,13 +109,14 @@ bool template_specials(const json& pp, const Tokenizer& tok, std::vector<int32_t
 // transformers' clean_up_tokenization (PreTrainedTokenizerBase), in its order.
 std::string clean_up_spaces(std::string s) {
   static const std::pair<const char*, const char*> rules[] = {
-      {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"}, {" n't", "n't"},
-      {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+      {" .", "."},     {" ?", "?"},   {" !", "!"},   {" ,", ","},     {" ' ", "'"},
+      {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
   for (const auto& [from, to] : rules) {
     const std::string f = from, t = to;
     std::string out;
     size_t i = 0;
-    for (size_t k; (k = s.find(f, i)) != std::string::npos; i = k + f.size()) out += s.substr(i, k - i) + t;
+    for (size_t k; (k = s.find(f, i)) != std::string::npos; i = k + f.size())
+      out += s.substr(i, k - i) + t;
     s = out + s.substr(i);
   }
   return s;
@@ -164,7 +169,8 @@ GenerationModel load_generation_model(const std::string& path) {
         p = resolve_checkpoint(path);
         g.kind = "the newest checkpoint of a run without final weights, " + p.string();
       } else {
-        g.kind = fs::is_regular_file(p / kManifestFile, ec) ? "training checkpoint" : "engine checkpoint";
+        g.kind = fs::is_regular_file(p / kManifestFile, ec) ? "training checkpoint"
+                                                            : "engine checkpoint";
       }
       LoadedCheckpoint c = load_engine_checkpoint(p.string());
       g.model = c.model;
@@ -175,13 +181,16 @@ GenerationModel load_generation_model(const std::string& path) {
       g.params = std::move(c.params);
       g.kind = "Hugging Face directory";
     } else {
-      throw ConfigError(str(path, ": neither config.yaml (a fuyou-train run directory or an engine checkpoint) nor "
-                              "config.json (a Hugging Face model directory)"));
+      throw ConfigError(
+          str(path,
+              ": neither config.yaml (a fuyou-train run directory or an engine checkpoint) nor "
+              "config.json (a Hugging Face model directory)"));
     }
     g.files = find_model_files(p.string(), g.model);
     return g;
   }
-  if (!fs::is_regular_file(p, ec)) throw IoError(str(path, ": no such model directory or safetensors file"));
+  if (!fs::is_regular_file(p, ec))
+    throw IoError(str(path, ": no such model directory or safetensors file"));
   LoadedCheckpoint c = load_engine_checkpoint(path);
   g.model = c.model;
   g.params = std::move(c.params);
@@ -194,16 +203,20 @@ TextCodec TextCodec::for_model(const ModelFiles& files, const ModelConfig& model
                                const std::string& tokenizer_json) {
   TextCodec c;
   const fs::path dir(files.dir);
-  const std::string tok_path = tokenizer_json.empty() ? (dir / "tokenizer.json").string() : tokenizer_json;
+  const std::string tok_path =
+      tokenizer_json.empty() ? (dir / "tokenizer.json").string() : tokenizer_json;
   std::error_code ec;
-  const json cfg = files.hf_config.empty() ? json(nullptr) : json::parse(files.hf_config, nullptr, false);
+  const json cfg =
+      files.hf_config.empty() ? json(nullptr) : json::parse(files.hf_config, nullptr, false);
   const json gen = read_json_or_null(dir / kGenerationConfigFile);
-  for (int32_t id : ids_of(gen.is_object() && gen.contains("eos_token_id") ? gen : cfg, "eos_token_id"))
+  for (int32_t id :
+       ids_of(gen.is_object() && gen.contains("eos_token_id") ? gen : cfg, "eos_token_id"))
     c.stop_.insert(id);
   if (!fs::is_regular_file(tok_path, ec)) {
     if (model.vocab_size != static_cast<int>(kByteVocab))
-      throw ConfigError(str("no tokenizer.json in ", files.dir, " and the model's vocabulary (", model.vocab_size,
-                            ") is not byte-level (", kByteVocab, "): give the model's tokenizer with --tokenizer"));
+      throw ConfigError(str("no tokenizer.json in ", files.dir, " and the model's vocabulary (",
+                            model.vocab_size, ") is not byte-level (", kByteVocab,
+                            "): give the model's tokenizer with --tokenizer"));
     c.description_ = "byte-level (no tokenizer.json; vocabulary 256)";
     return c;
   }
@@ -212,16 +225,19 @@ TextCodec TextCodec::for_model(const ModelFiles& files, const ModelConfig& model
   const json tj = json::parse(read_text(tok_path), nullptr, false);
   if (tj.is_object() && tj.contains("added_tokens") && tj["added_tokens"].is_array())
     for (const auto& a : tj["added_tokens"])
-      if (a.is_object() && a.value("special", false) && a.contains("id") && a["id"].is_number_integer())
+      if (a.is_object() && a.value("special", false) && a.contains("id") &&
+          a["id"].is_number_integer())
         c.special_.insert(a["id"].get<int32_t>());
   const std::string cls = tc.is_object() ? tc.value("tokenizer_class", std::string()) : "";
-  const bool llama_cls = cls.rfind("LlamaTokenizer", 0) == 0 || cls.rfind("CodeLlamaTokenizer", 0) == 0 ||
+  const bool llama_cls = cls.rfind("LlamaTokenizer", 0) == 0 ||
+                         cls.rfind("CodeLlamaTokenizer", 0) == 0 ||
                          (cls.empty() && files.model_type == "llama");
   std::string how;
   if (llama_cls) {
     // LlamaTokenizerFast rebuilds its post-processor from these two flags.
     auto flag = [&](const char* key, bool fallback) {
-      return tc.is_object() && tc.contains(key) && tc[key].is_boolean() ? tc[key].get<bool>() : fallback;
+      return tc.is_object() && tc.contains(key) && tc[key].is_boolean() ? tc[key].get<bool>()
+                                                                        : fallback;
     };
     auto add = [&](bool on, const std::string& text, std::vector<int32_t>* to) {
       if (!on || text.empty()) return;
@@ -247,8 +263,10 @@ TextCodec TextCodec::for_model(const ModelFiles& files, const ModelConfig& model
 
 std::vector<int32_t> TextCodec::encode_prompt(const std::string& text) const {
   std::vector<int32_t> ids = prefix_;
-  if (tok_) tok_->encode_append(text, &ids);
-  else for (int32_t b : byte_encode(text)) ids.push_back(b);
+  if (tok_)
+    tok_->encode_append(text, &ids);
+  else
+    for (int32_t b : byte_encode(text)) ids.push_back(b);
   ids.insert(ids.end(), suffix_.begin(), suffix_.end());
   return ids;
 }
@@ -265,16 +283,18 @@ std::string TextCodec::decode(const std::vector<int32_t>& ids) const {
 std::string TextCodec::describe() const {
   std::string stop;
   for (int32_t id : stop_) stop += (stop.empty() ? "" : ", ") + std::to_string(id);
-  return str(description_, "; stops at ", stop.empty() ? std::string("no token (no eos_token_id)") : "id " + stop);
+  return str(description_, "; stops at ",
+             stop.empty() ? std::string("no token (no eos_token_id)") : "id " + stop);
 }
 
 GenerateResult generate_tokens(GptDecoder& decoder, const std::vector<int32_t>& prompt,
                                const std::set<int32_t>& stop_ids, const GenerateOptions& opts) {
   using clock = std::chrono::steady_clock;
-  if (prompt.empty()) throw Error("the prompt encodes to no tokens (an empty prompt and no BOS token)");
+  if (prompt.empty())
+    throw Error("the prompt encodes to no tokens (an empty prompt and no BOS token)");
   if (static_cast<int>(prompt.size()) >= decoder.capacity())
-    throw Error(str("the prompt has ", prompt.size(), " tokens, but the decoder holds ", decoder.capacity(),
-                    " positions: nothing is left to generate"));
+    throw Error(str("the prompt has ", prompt.size(), " tokens, but the decoder holds ",
+                    decoder.capacity(), " positions: nothing is left to generate"));
   GenerateResult r;
   r.prompt_ids = prompt;
   Rng rng(opts.seed);
@@ -291,7 +311,9 @@ GenerateResult generate_tokens(GptDecoder& decoder, const std::vector<int32_t>& 
       r.stopped = true;
       break;
     }
-    if (static_cast<int>(r.ids.size()) == opts.max_new_tokens || decoder.position() == decoder.capacity()) break;
+    if (static_cast<int>(r.ids.size()) == opts.max_new_tokens ||
+        decoder.position() == decoder.capacity())
+      break;
     logits = &decoder.step(&id, 1);
   }
   r.generate_s = std::chrono::duration<double>(clock::now() - t0).count();
