@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
 
   auto* from_hf = app.add_subcommand(
       "from-hf", "Convert a Hugging Face model directory into an engine checkpoint");
-  std::string src, max_shard = "5GB", dtype = "f32";
+  std::string src, max_shard = "5GB", dtype;
   from_hf
       ->add_option("hf_dir", src,
                    "Directory with config.json and model.safetensors (or shards + index)")
@@ -192,7 +192,10 @@ int main(int argc, char** argv) {
                    "Engine checkpoint directory, run directory or model.safetensors")
       ->required();
   to_hf->add_option("--out", out_dir, "New Hugging Face model directory")->required();
-  to_hf->add_option("--dtype", dtype, "Tensor dtype written: f32, bf16 or f16")
+  to_hf
+      ->add_option("--dtype", dtype,
+                   "Tensor dtype written: f32, bf16 or f16 (default: the base model's torch_dtype, "
+                   "f32 without one)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   to_hf->add_option("--max-shard-size", max_shard,
                     "Largest output file before sharding (e.g. 2GB)");
@@ -228,8 +231,11 @@ int main(int argc, char** argv) {
       if (*from_hf) {
         report(fuyou::convert_hf_to_engine(src, out_dir, opts), out_dir);
       } else {
-        opts.dtype = parse_dtype(dtype);
-        report(fuyou::convert_engine_to_hf(src, out_dir, opts), out_dir);
+        if (!dtype.empty()) opts.dtype = parse_dtype(dtype);
+        fuyou::ConvertResult r = fuyou::convert_engine_to_hf(src, out_dir, opts);
+        report(r, out_dir);
+        spdlog::info("dtype {} ({})", fuyou::st_dtype_name(r.dtype), r.dtype_origin);
+        for (const auto& f : r.written) spdlog::info("written from config.json's token ids: {}", f);
       }
     }
   } catch (...) {

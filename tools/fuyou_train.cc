@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
   CLI::App app{"fuyou-train: train a GPT on the CPU or GPU backend"};
   std::string config_path, run_dir, resume;
   std::vector<std::string> sets;
-  bool print_config = false, verbose = false;
+  bool print_config = false, verbose = false, resume_or_start = false, eval_only = false, dry = false;
   app.add_option("--config", config_path, "YAML config file (default: the embedded default)");
   app.add_option("--set", sets, "Override a key: section.key=value (repeatable)");
   app.add_option("--run-dir", run_dir,
@@ -26,6 +26,15 @@ int main(int argc, char** argv) {
   app.add_option("--resume", resume,
                  "Continue from a checkpoint: RUN_DIR (its latest) or RUN_DIR/checkpoints/step-N; "
                  "the config is the checkpoint's unless --config is given");
+  app.add_flag("--resume-or-start", resume_or_start,
+               "With --run-dir: resume from its latest checkpoint when it has one, else start a new run "
+               "there (a job scheduler can rerun the same command)");
+  app.add_flag("--eval-only", eval_only,
+               "Report the validation loss of the model the config starts from (model.checkpoint) or of "
+               "the --resume checkpoint, and exit; writes nothing");
+  app.add_flag("--dry-run", dry,
+               "Say whether the run fits this machine (device and host memory, disk space) and the "
+               "simulator's time per step and epoch (with offload.hardware), and exit: 0 fits, 3 does not");
   app.add_flag("--print-config", print_config, "Print the resolved config and exit");
   app.add_flag("-v,--verbose", verbose, "Debug logging");
   CLI11_PARSE(app, argc, argv);
@@ -37,6 +46,16 @@ int main(int argc, char** argv) {
   try {
     fuyou::TrainOptions opts;
     fuyou::Config cfg;
+    if (resume_or_start) {
+      if (run_dir.empty() || !resume.empty())
+        throw fuyou::ConfigError("--resume-or-start takes --run-dir DIR (and no --resume)");
+      if (!fuyou::list_checkpoints(run_dir).empty()) {
+        resume = run_dir;
+        spdlog::info("--resume-or-start: {} has a checkpoint; resuming", run_dir);
+      } else {
+        spdlog::info("--resume-or-start: {} has no checkpoint; starting a new run", run_dir);
+      }
+    }
     if (!resume.empty()) {
       opts.resume = fuyou::resolve_checkpoint(resume);
       cfg = fuyou::resume_config(opts.resume, config_path, sets);
@@ -48,7 +67,13 @@ int main(int argc, char** argv) {
       std::fputs(fuyou::config_to_yaml(cfg).c_str(), stdout);
       return 0;
     }
+    if (dry) {
+      const fuyou::DryRun d = fuyou::dry_run(cfg, run_dir);
+      for (const auto& line : d.lines) std::puts(line.c_str());
+      return d.fits ? 0 : 3;
+    }
     opts.run_dir = run_dir;
+    opts.eval_only = eval_only;
     opts.progress_line = ::isatty(STDERR_FILENO);
     opts.stop = &stop;
     fuyou::TrainSummary s = fuyou::run_training(cfg, opts);

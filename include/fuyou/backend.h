@@ -234,6 +234,20 @@ class Backend {
   // din = dout * (in > 0); din may alias dout.
   virtual void relu_backward(void* din, const void* in, const void* dout, size_t n) = 0;
 
+  // ---- decoding with a key/value cache (GptDecoder, fuyou-generate) ----------------------
+  // Forward only, N new rows of one sequence after the pos0 rows already cached. The CPU and
+  // CUDA backends implement them; any other refuses (an Error naming itself and the op).
+  // Rotary embeddings as rope_forward, on qkvc(N,(Hq+2Hkv)D) whose row n is at position
+  // pos0 + n.
+  virtual void rope_forward_at(void* qkvc, int N, int pos0, int Hq, int Hkv, int D, float theta);
+  // Causal attention of the new rows over the cache. k_cache and v_cache hold (capacity,
+  // Hkv D) each, rows 0 .. pos0-1 filled. The k and v parts of qkvc(N,(Hq+2Hkv)D) (after RoPE)
+  // are first stored at rows pos0 .. pos0+N-1; then out(N, Hq D): row i, query head h attends
+  // to cache rows 0 .. pos0+i of key/value head h / (Hq / Hkv), scores scaled by 1/sqrt(D),
+  // softmax and sums in fp32 (gpt2/opt: Hkv = Hq, and qkvc is their packed qkv).
+  virtual void attention_decode(void* out, void* k_cache, void* v_cache, const void* qkvc, int N,
+                                int pos0, int Hq, int Hkv, int D);
+
   // ---- the optimizer on the device ------------------------------------------------------
   // For a model whose whole optimizer state fits the device (the in-memory step with
   // optimizer.placement device): the gradient's sum of squares, its fp32 sums over

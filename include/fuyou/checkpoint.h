@@ -33,6 +33,8 @@ class TrainEngine;
 inline constexpr int kCheckpointVersion = 1;
 inline constexpr const char* kCheckpointsDir = "checkpoints";
 inline constexpr const char* kLatestFile = "latest";
+// checkpoint.keep_best: "step-N\n", the checkpoint of lowest validation loss, kept by pruning.
+inline constexpr const char* kBestFile = "best";
 inline constexpr const char* kManifestFile = "manifest.json";
 inline constexpr const char* kOptimizerFile = "optimizer.safetensors";
 

@@ -93,7 +93,10 @@ struct ScheduleConfig {
   // Record data: train this many epochs (every record once per epoch, in a seeded order); the
   // run's steps follow from the records and schedule.steps is not used. 0: schedule.steps.
   int64_t epochs = 0;
-  int64_t warmup_steps = 20;
+  int64_t warmup_steps = 20;  // at most steps; a fine-tune's default: 3% of steps, at least 1
+  // The learning rate after warmup: cosine (to optimizer.min_lr at `steps`), linear (the
+  // same ends, a straight line) or constant (optimizer.lr throughout).
+  std::string lr_decay = "cosine";
   int micro_batch = 8;
   int grad_accum = 1;
   // What gradients are summed in over micro-batches with 16-bit device tensors: auto or fp32
@@ -103,6 +106,11 @@ struct ScheduleConfig {
   int64_t eval_every = 50;  // 0 disables periodic validation (the last step is still evaluated)
   int eval_batches = 8;
   int64_t log_every = 1;
+  // Samples: every sample_every steps (0: never) each prompt is continued greedily by
+  // sample_tokens tokens with the current weights, logged and written to samples.jsonl.
+  int64_t sample_every = 0;
+  std::vector<std::string> sample_prompts;
+  int sample_tokens = 32;
 };
 
 enum class ActivationPolicy { kAuto, kKeep, kSwap, kRecompute };
@@ -157,6 +165,9 @@ struct CheckpointConfig {
   int64_t every_steps = 0;     // 0: not by step count
   double every_minutes = 30;   // wall-clock minutes of training between checkpoints; 0: not by time
   int keep = 2;                // complete checkpoints kept (the newest ones), at least 1
+  // Also keep the checkpoint with the lowest validation loss (validation runs at every
+  // checkpoint then), named by checkpoints/best.
+  bool keep_best = false;
 };
 
 struct Config {
@@ -186,5 +197,9 @@ std::string config_to_yaml(const Config& c);
 std::string config_to_self_contained_yaml(const Config& c);
 
 const char* activation_policy_name(ActivationPolicy p);
+
+// The optimizer's defaults for a fine-tune (model.checkpoint set): lr 2e-5, min_lr 2e-6
+// (a tenth of a given lr), weight_decay 0; the rest as OptimizerConfig's.
+OptimizerConfig fine_tune_optimizer_defaults();
 
 }  // namespace fuyou

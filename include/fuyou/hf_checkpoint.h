@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,8 @@
 #include "fuyou/safetensors.h"
 
 namespace fuyou {
+
+class Tokenizer;
 
 // File names shared by both layouts.
 inline constexpr const char* kSingleWeightsFile = "model.safetensors";
@@ -28,9 +31,24 @@ inline constexpr const char* kEngineConfigFile = "config.yaml";
 // config.json of the source model, kept in an engine checkpoint so that to-hf can give
 // back the fields the engine does not model (token ids, dropout, task settings).
 inline constexpr const char* kKeptHfConfigFile = "hf_config.json";
+// Hugging Face's generation defaults (eos ids among them), copied through when present.
+inline constexpr const char* kGenerationConfigFile = "generation_config.json";
 
 // Tokenizer files copied through in both directions when present.
 const std::vector<std::string>& tokenizer_file_names();
+
+// The files that travel with a model's weights from `from-hf` through fuyou-train's run
+// directory and its training checkpoints to `to-hf` and fuyou-generate: the source's
+// config.json (kept as hf_config.json: token ids, context length, rope settings, dtype), its
+// generation_config.json and the tokenizer files.
+const std::vector<std::string>& carried_file_names();
+// Copies each carried file that from_dir holds into to_dir (each written to a temporary name,
+// fsynced and renamed; one already in to_dir is replaced). Returns the names copied.
+std::vector<std::string> copy_carried_files(const std::string& from_dir, const std::string& to_dir);
+// Where the carried files of an engine checkpoint directory are: the directory itself when it
+// holds any, else, for a training checkpoint RUN_DIR/checkpoints/step-N written before
+// checkpoints carried them, its run directory when that holds any; else `dir`.
+std::string carried_files_dir(const std::string& dir);
 
 // Parses a config.json into the engine's model section. Everything the engine would compute
 // differently is refused with a ConfigError naming `source` and the field.
@@ -48,6 +66,15 @@ ModelConfig load_hf_config(const std::string& path);
 // not own; the architecture fields, model_type, architectures and torch_dtype are set from
 // `cfg` and `dtype`.
 std::string hf_config_json(const ModelConfig& cfg, StDtype dtype, const std::string& base_json);
+
+// torch_dtype of a config.json ("bfloat16", "float16", "float32"); nullopt when absent or other.
+std::optional<StDtype> hf_torch_dtype(const std::string& config_json);
+
+// tokenizer_config.json for an export whose source had tokenizer.json without one: the
+// special tokens config.json's bos/eos/pad ids name in `tok` (unk: "<unk>" when the vocabulary
+// has it; gpt2/opt: the end-of-text token for bos and unk, as GPT-2's), llama's add_bos_token,
+// model_max_length from the context length, clean_up_tokenization_spaces false.
+std::string hf_tokenizer_config_json(const std::string& config_json, const Tokenizer& tok);
 
 // The model section as config.yaml text, which parse_config accepts.
 std::string engine_config_yaml(const ModelConfig& cfg);
@@ -69,7 +96,9 @@ struct ConvertOptions {
   // Output shards are filled in order up to this many bytes (a larger tensor gets a shard of
   // its own); one shard is written as model.safetensors without an index.
   uint64_t max_shard_bytes = 5'000'000'000ull;
-  StDtype dtype = StDtype::kF32;  // to-hf only: F32, BF16 or F16
+  // to-hf only: F32, BF16 or F16; unset: the base model's torch_dtype (hf_config.json, so a
+  // bf16 base is exported in bf16), F32 when there is none.
+  std::optional<StDtype> dtype;
   // Called before each tensor is converted (index from 0).
   std::function<void(size_t index, size_t count, const std::string& name)> progress;
 };
@@ -80,6 +109,9 @@ struct ConvertResult {
   uint64_t bytes = 0;               // tensor bytes written
   std::vector<std::string> files;   // weight files and index, names relative to the output
   std::vector<std::string> copied;  // tokenizer and config files copied through
+  StDtype dtype = StDtype::kF32;    // to-hf: the tensors' dtype
+  std::string dtype_origin;         // to-hf: why that dtype ("--dtype", "the base model's ...")
+  std::vector<std::string> written;  // to-hf: files it made (tokenizer_config.json when absent)
 };
 
 // HF_DIR -> engine checkpoint directory. `out_dir` must not exist or be empty; the output is
@@ -101,6 +133,9 @@ struct LoadedCheckpoint {
   std::vector<float> params;
 };
 LoadedCheckpoint load_engine_checkpoint(const std::string& checkpoint);
+// A Hugging Face model directory (config.json, safetensors) read into the same array, with
+// the checks from-hf makes; nothing is written.
+LoadedCheckpoint load_hf_checkpoint(const std::string& hf_dir);
 
 // An engine checkpoint read one parameter group at a time (model.checkpoint: fine-tuning
 // starts from it without holding the whole model twice). Every tensor's presence, dtype and

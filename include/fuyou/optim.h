@@ -69,8 +69,9 @@ GradStats grad_stats(const void* grad, ElemType type, size_t n, SimdPath path = 
 // Bytes the update moves per parameter: read master, m, v, grad; write master, m, v, lowp.
 size_t adamw_bytes_per_param(ElemType grad_type, bool with_lowp, ElemType lowp_type);
 
-// Warmup then cosine decay: lr(s) = max_lr (s+1)/warmup for s < warmup, then
-// min_lr + (max_lr - min_lr) (1 + cos(pi (s - warmup) / (steps - warmup))) / 2.
+// Warmup, then schedule.lr_decay: lr(s) = max_lr (s+1)/warmup for s < warmup, then with
+// p = (s - warmup) / (steps - warmup): cosine min_lr + (max_lr - min_lr) (1 + cos(pi p)) / 2,
+// linear max_lr + (min_lr - max_lr) p, constant max_lr.
 double learning_rate(const OptimizerConfig& o, const ScheduleConfig& s, int64_t step);
 
 }  // namespace fuyou

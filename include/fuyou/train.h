@@ -162,6 +162,9 @@ struct TrainOptions {
   StopSignals* stop = nullptr;
   // Test seam for the checkpoint files' writes; null: write(2).
   const CheckpointIo* checkpoint_io = nullptr;
+  // Only the validation loss of the starting model (model.checkpoint, or `resume`'s
+  // checkpoint) on the config's validation data; no run directory is written.
+  bool eval_only = false;
 };
 
 struct TrainSummary {
@@ -175,6 +178,16 @@ struct TrainSummary {
   int stop_signal = 0;            // the signal that stopped the run early, else 0
   std::string last_checkpoint;    // the newest checkpoint written by this process, if any
 };
+
+// fuyou-train --dry-run: whether the run fits this machine (device memory, MemAvailable, the
+// run directory's and the SSD store's free space) and, with offload.hardware, the simulator's
+// step, run and epoch times. Nothing is trained or written.
+struct DryRun {
+  bool fits = true;
+  std::vector<std::string> lines;  // the report, one finding per line
+  double step_s = 0, epoch_s = 0;  // 0: no prediction
+};
+DryRun dry_run(const Config& cfg, const std::string& run_dir);
 
 // Trains (or, with opts.resume, continues) a run: data, engine, loop with periodic
 // checkpoints, validation, metrics.jsonl (flushed line by line), final weights and

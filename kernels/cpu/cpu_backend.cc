@@ -133,6 +133,16 @@ void Backend::set_attention_impl(AttentionImpl impl) {
                     " has no cuDNN attention (it runs on the CUDA backend with 16-bit tensors)"));
 }
 
+void Backend::rope_forward_at(void*, int, int, int, int, int, float) {
+  throw Error(str("backend ", name(), " has no rope_forward_at (decoding with a key/value cache runs on the cpu "
+                  "and cuda backends)"));
+}
+
+void Backend::attention_decode(void*, void*, void*, const void*, int, int, int, int, int) {
+  throw Error(str("backend ", name(), " has no attention_decode (decoding with a key/value cache runs on the cpu "
+                  "and cuda backends)"));
+}
+
 // make_backend (runtime.backend cpu | cuda | auto) is in src/runtime/backend_select.cc.
 
 }  // namespace fuyou

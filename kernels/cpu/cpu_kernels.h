@@ -51,6 +51,8 @@ class CpuKernels {
                     const int32_t* pos);
   void rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta,
                      const int32_t* pos);
+  // Rows at positions pos0 .. pos0 + N - 1 (a decode step).
+  void rope_forward_at(float* qkvc, int N, int pos0, int Hq, int Hkv, int D, float theta);
   void repeat_kv_forward(float* qkv, const float* qkvc, int N, int Hq, int Hkv, int D);
   void repeat_kv_backward(float* dqkvc, const float* dqkv, int N, int Hq, int Hkv,
                           int D);

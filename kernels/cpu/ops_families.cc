@@ -62,8 +62,9 @@ void CpuKernels::rmsnorm_backward(float* din, float* dw, const float* dout, cons
 namespace {
 
 // Rotates the q and k heads of every row by +angle (sign 1) or -angle (sign -1).
+// Row n is at position positions[n] (packed records), else pos0 + n % T.
 void rope_apply(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta, float sign,
-                const int32_t* positions) {
+                const int32_t* positions, int pos0 = 0) {
   const int half = D / 2;
   const size_t row = static_cast<size_t>(Hq + 2 * Hkv) * D;
   const int N = B * T;
@@ -72,7 +73,7 @@ void rope_apply(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta, 
     std::vector<float> cs(static_cast<size_t>(D));  // cos[0..half) | sin[0..half)
 #pragma omp for schedule(static)
     for (int n = 0; n < N; ++n) {
-      const int pos = positions ? positions[n] : n % T;
+      const int pos = positions ? positions[n] : pos0 + n % T;
       for (int i = 0; i < half; ++i) {
         float a = math::rope_angle(pos, i, D, theta);
         cs[i] = cosf(a);
@@ -93,6 +94,10 @@ void rope_apply(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta, 
 void CpuKernels::rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta,
                               const int32_t* pos) {
   rope_apply(qkvc, B, T, Hq, Hkv, D, theta, 1.0f, pos);
+}
+
+void CpuKernels::rope_forward_at(float* qkvc, int N, int pos0, int Hq, int Hkv, int D, float theta) {
+  rope_apply(qkvc, 1, N, Hq, Hkv, D, theta, 1.0f, nullptr, pos0);
 }
 
 void CpuKernels::rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D,

@@ -145,6 +145,13 @@ void StreamBackend::rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int 
                                  const int32_t* pos) {
   kernel([=, this] { inner_->rope_forward(qkvc, B, T, Hq, Hkv, D, theta, pos); });
 }
+void StreamBackend::rope_forward_at(void* qkvc, int N, int pos0, int Hq, int Hkv, int D, float theta) {
+  kernel([=, this] { inner_->rope_forward_at(qkvc, N, pos0, Hq, Hkv, D, theta); });
+}
+void StreamBackend::attention_decode(void* out, void* k_cache, void* v_cache, const void* qkvc, int N, int pos0,
+                                     int Hq, int Hkv, int D) {
+  kernel([=, this] { inner_->attention_decode(out, k_cache, v_cache, qkvc, N, pos0, Hq, Hkv, D); });
+}
 void StreamBackend::rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta,
                                   const int32_t* pos) {
   kernel([=, this] { inner_->rope_backward(dqkvc, B, T, Hq, Hkv, D, theta, pos); });

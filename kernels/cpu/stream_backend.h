@@ -85,6 +85,9 @@ class StreamBackend final : public Backend {
   void swiglu_backward(void* dgu, const void* gu, const void* dout, int N, int F) override;
   void relu_forward(void* out, const void* in, size_t n) override;
   void relu_backward(void* din, const void* in, const void* dout, size_t n) override;
+  void rope_forward_at(void* qkvc, int N, int pos0, int Hq, int Hkv, int D, float theta) override;
+  void attention_decode(void* out, void* k_cache, void* v_cache, const void* qkvc, int N, int pos0, int Hq,
+                        int Hkv, int D) override;
 
   bool supports_device_optimizer() const override { return inner_->supports_device_optimizer(); }
   void accumulate_fp32(float* sum, const void* g, ElemType type, size_t n, bool first) override;

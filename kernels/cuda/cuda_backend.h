@@ -104,6 +104,10 @@ class CudaBackend final : public Backend {
   void swiglu_backward(void* dgu, const void* gu, const void* dout, int N, int F) override;
   void relu_forward(void* out, const void* in, size_t n) override;
   void relu_backward(void* din, const void* in, const void* dout, size_t n) override;
+  // kernels/cuda/decode.cu
+  void rope_forward_at(void* qkvc, int N, int pos0, int Hq, int Hkv, int D, float theta) override;
+  void attention_decode(void* out, void* k_cache, void* v_cache, const void* qkvc, int N, int pos0, int Hq,
+                        int Hkv, int D) override;
 
   // The optimizer on the device (optimizer.cu).
   bool supports_device_optimizer() const override { return true; }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "fuyou/error.h"
@@ -24,12 +25,20 @@ std::string join(const std::vector<std::string>& items) {
   return out;
 }
 
+// Where a config's values come from: the text (a file, or "<default config>") and the
+// command line's --set overrides ("section.key" -> the assignment as given), so that an error
+// names the --set that caused it rather than the file.
+struct Origin {
+  std::string source;
+  std::map<std::string, std::string> sets;
+};
+
 // Reads one YAML section. Every get() records the key as known, so finish() can reject the
 // keys nobody asked for and list the ones that exist.
 class Section {
  public:
-  Section(const YAML::Node& node, std::string name, std::string source)
-      : node_(node), name_(std::move(name)), source_(std::move(source)) {
+  Section(const YAML::Node& node, std::string name, const Origin& origin)
+      : node_(node), name_(std::move(name)), source_(origin.source), origin_(origin) {
     if (node_ && !node_.IsNull() && !node_.IsMap())
       throw ConfigError(str(source_, ": section '", name_, "' must be a mapping of keys to values"));
   }
@@ -76,13 +85,23 @@ class Section {
     for (const auto& kv : node_) {
       const std::string& key = kv.first.Scalar();  // load_yaml_checked: keys are scalars
       if (std::find(known_.begin(), known_.end(), key) == known_.end())
-        throw ConfigError(str(source_, ": unknown key '", path(key), "' (allowed in ", name_,
+        throw ConfigError(str(where(key), ": unknown key '", path(key), "' (allowed in ", name_,
                               ": ", join(known_), ")"));
     }
   }
 
+  // A value's error names where it came from; a rule that mentions another key set on the
+  // command line says so too (`--set schedule.steps=10` makes warmup_steps 20 too long).
   [[noreturn]] void fail(const std::string& key, const std::string& why) const {
-    throw ConfigError(str(source_, ": ", path(key), ": ", why));
+    std::string note;
+    for (const auto& [k, assignment] : origin_.sets)
+      if (k != path(key) && why.find(k) != std::string::npos)
+        note += str(" (", k, " is from --set '", assignment, "')");
+    throw ConfigError(str(where(key), ": ", path(key), ": ", why, note));
+  }
+  std::string where(const std::string& key) const {
+    auto it = origin_.sets.find(path(key));
+    return it == origin_.sets.end() ? source_ : str("--set '", it->second, "'");
   }
   std::string path(const std::string& key) const { return name_ + "." + key; }
   // Whether the text sets `key` (to anything but null).
@@ -102,6 +121,7 @@ class Section {
   YAML::Node node_;
   std::string name_;
   std::string source_;
+  const Origin& origin_;
   std::vector<std::string> known_;
 };
 
@@ -199,7 +219,8 @@ ModelConfig model_from_checkpoint(const ModelConfig& given, const Section& s,
   return m;
 }
 
-void apply_override(YAML::Node& root, const std::string& assignment, const std::string& source) {
+// Returns the overridden key's path, "section.key".
+std::string apply_override(YAML::Node& root, const std::string& assignment, const std::string& source) {
   size_t eq = assignment.find('=');
   size_t dot = assignment.find('.');
   if (eq == std::string::npos || dot == std::string::npos || dot > eq)
@@ -221,6 +242,7 @@ void apply_override(YAML::Node& root, const std::string& assignment, const std::
   if (!root[section] || root[section].IsNull()) root[section] = YAML::Node(YAML::NodeType::Map);
   root[section][key] = parsed;
   (void)source;
+  return section + "." + key;
 }
 
 ActivationPolicy parse_activations(const std::string& s, const Section& sec) {
@@ -232,6 +254,14 @@ ActivationPolicy parse_activations(const std::string& s, const Section& sec) {
 }
 
 }  // namespace
+
+OptimizerConfig fine_tune_optimizer_defaults() {
+  OptimizerConfig o;
+  o.lr = 2e-5;
+  o.min_lr = 2e-6;
+  o.weight_decay = 0.0;
+  return o;
+}
 
 const char* activation_policy_name(ActivationPolicy p) {
   switch (p) {
@@ -245,7 +275,7 @@ const char* activation_policy_name(ActivationPolicy p) {
 
 namespace {
 
-ModelConfig parse_model(const YAML::Node& node, const std::string& source, CheckpointChain& chain) {
+ModelConfig parse_model(const YAML::Node& node, const Origin& source, CheckpointChain& chain) {
   Section s(node, "model", source);
   ModelConfig m;
   s.get("family", m.family);
@@ -310,7 +340,7 @@ ModelConfig parse_model(const YAML::Node& node, const std::string& source, Check
   return m;
 }
 
-DataConfig parse_data(const YAML::Node& node, const std::string& source) {
+DataConfig parse_data(const YAML::Node& node, const Origin& source) {
   Section s(node, "data", source);
   DataConfig d;
   s.get_list("text", d.text);
@@ -330,9 +360,9 @@ DataConfig parse_data(const YAML::Node& node, const std::string& source) {
   return d;
 }
 
-OptimizerConfig parse_optimizer(const YAML::Node& node, const std::string& source) {
+OptimizerConfig parse_optimizer(const YAML::Node& node, const Origin& source, bool fine_tune) {
   Section s(node, "optimizer", source);
-  OptimizerConfig o;
+  OptimizerConfig o = fine_tune ? fine_tune_optimizer_defaults() : OptimizerConfig{};
   s.get("lr", o.lr);
   s.get("min_lr", o.min_lr);
   s.get("beta1", o.beta1);
@@ -343,6 +373,8 @@ OptimizerConfig parse_optimizer(const YAML::Node& node, const std::string& sourc
   s.get("initial_loss_scale", o.initial_loss_scale);
   s.get("placement", o.placement);
   s.finish();
+  // A fine-tune's floor follows its peak: a tenth of the lr given.
+  if (fine_tune && s.given("lr") && !s.given("min_lr")) o.min_lr = o.lr / 10;
   // Infinity passes a one-sided test (eps > 0) and silently stops training, so every bound
   // here is two-sided.
   require(o.lr > 0 && o.lr < 10, s, "lr", o.lr, "must be in (0, 10)");
@@ -361,19 +393,34 @@ OptimizerConfig parse_optimizer(const YAML::Node& node, const std::string& sourc
   return o;
 }
 
-ScheduleConfig parse_schedule(const YAML::Node& node, const std::string& source, int seq_len) {
+ScheduleConfig parse_schedule(const YAML::Node& node, const Origin& source, int seq_len, bool fine_tune) {
   Section s(node, "schedule", source);
   ScheduleConfig t;
   s.get("steps", t.steps);
   s.get("epochs", t.epochs);
   s.get("warmup_steps", t.warmup_steps);
+  s.get("lr_decay", t.lr_decay);
   s.get("micro_batch", t.micro_batch);
   s.get("grad_accum", t.grad_accum);
   s.get("grad_accum_type", t.grad_accum_type);
   s.get("eval_every", t.eval_every);
   s.get("eval_batches", t.eval_batches);
   s.get("log_every", t.log_every);
+  s.get("sample_every", t.sample_every);
+  s.get_list("sample_prompts", t.sample_prompts);
+  s.get("sample_tokens", t.sample_tokens);
   s.finish();
+  // Unless given: a fine-tune warms up over 3% of its steps (at least one); any run's warmup
+  // is at most its length.
+  if (!s.given("warmup_steps"))
+    t.warmup_steps = std::min(t.steps, fine_tune ? std::max<int64_t>(1, (3 * t.steps + 99) / 100) : t.warmup_steps);
+  if (t.lr_decay != "cosine" && t.lr_decay != "linear" && t.lr_decay != "constant")
+    s.fail("lr_decay", str("'", t.lr_decay, "' is not one of cosine, linear, constant"));
+  require(t.sample_every >= 0 && t.sample_every <= kMaxSteps, s, "sample_every", t.sample_every,
+          str("must be in 0..", kMaxSteps, " (0: no samples)"));
+  require(t.sample_tokens >= 1 && t.sample_tokens <= 4096, s, "sample_tokens", t.sample_tokens, "must be in 1..4096");
+  if (t.sample_every > 0 && t.sample_prompts.empty())
+    s.fail("sample_every", "is set but schedule.sample_prompts is empty: give the prompts to continue");
   require(t.steps >= 1 && t.steps <= kMaxSteps, s, "steps", t.steps,
           str("must be in 1..", kMaxSteps));
   require(t.epochs >= 0 && t.epochs <= 1000000, s, "epochs", t.epochs, "must be in 0..1000000 (0: schedule.steps)");
@@ -398,7 +445,7 @@ ScheduleConfig parse_schedule(const YAML::Node& node, const std::string& source,
   return t;
 }
 
-OffloadConfig parse_offload(const YAML::Node& node, const std::string& source, int n_layer) {
+OffloadConfig parse_offload(const YAML::Node& node, const Origin& source, int n_layer) {
   Section s(node, "offload", source);
   OffloadConfig o;
   std::string activations = "auto";
@@ -438,7 +485,7 @@ OffloadConfig parse_offload(const YAML::Node& node, const std::string& source, i
   return o;
 }
 
-RuntimeConfig parse_runtime(const YAML::Node& node, const std::string& source, const OffloadConfig& offload) {
+RuntimeConfig parse_runtime(const YAML::Node& node, const Origin& source, const OffloadConfig& offload) {
   Section s(node, "runtime", source);
   RuntimeConfig r;
   s.get("backend", r.backend);
@@ -487,12 +534,13 @@ RuntimeConfig parse_runtime(const YAML::Node& node, const std::string& source, c
   return r;
 }
 
-CheckpointConfig parse_checkpoint(const YAML::Node& node, const std::string& source) {
+CheckpointConfig parse_checkpoint(const YAML::Node& node, const Origin& source) {
   Section s(node, "checkpoint", source);
   CheckpointConfig k;
   s.get("every_steps", k.every_steps);
   s.get("every_minutes", k.every_minutes);
   s.get("keep", k.keep);
+  s.get("keep_best", k.keep_best);
   s.finish();
   require(k.every_steps >= 0 && k.every_steps <= 1000000000, s, "every_steps", k.every_steps,
           "must be in 0..1e9 (0: not by step count)");
@@ -507,7 +555,8 @@ Config parse_config_in_chain(const std::string& yaml_text, const std::string& so
   YAML::Node root = load_yaml_checked(yaml_text, source);
   if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   if (!root.IsMap()) throw ConfigError(str(source, ": the top level must be a mapping of sections"));
-  for (const auto& o : overrides) apply_override(root, o, source);
+  Origin origin{source, {}};
+  for (const auto& o : overrides) origin.sets[apply_override(root, o, source)] = o;
 
   static const std::vector<std::string> sections = {"model",   "data",    "optimizer", "schedule",
                                                     "offload", "runtime", "checkpoint"};
@@ -519,13 +568,16 @@ Config parse_config_in_chain(const std::string& yaml_text, const std::string& so
   Config c;
   // Lookups on a const node: a missing section reads as absent instead of being inserted.
   const YAML::Node& r = root;
-  c.model = parse_model(r["model"], source, chain);
-  c.data = parse_data(r["data"], source);
-  c.optimizer = parse_optimizer(r["optimizer"], source);
-  c.schedule = parse_schedule(r["schedule"], source, c.model.seq_len);
-  c.offload = parse_offload(r["offload"], source, c.model.n_layer);
-  c.runtime = parse_runtime(r["runtime"], source, c.offload);
-  c.checkpoint = parse_checkpoint(r["checkpoint"], source);
+  c.model = parse_model(r["model"], origin, chain);
+  c.data = parse_data(r["data"], origin);
+  // A fine-tune (weights from model.checkpoint) gets fine-tuning defaults for the keys the
+  // text leaves out (fine_tune_optimizer_defaults, docs/config.md).
+  const bool fine_tune = !c.model.checkpoint.empty();
+  c.optimizer = parse_optimizer(r["optimizer"], origin, fine_tune);
+  c.schedule = parse_schedule(r["schedule"], origin, c.model.seq_len, fine_tune);
+  c.offload = parse_offload(r["offload"], origin, c.model.n_layer);
+  c.runtime = parse_runtime(r["runtime"], origin, c.offload);
+  c.checkpoint = parse_checkpoint(r["checkpoint"], origin);
   c.model.seed = c.runtime.seed;
   return c;
 }
@@ -607,12 +659,17 @@ std::string config_to_yaml(const Config& c) {
   e << YAML::Key << "steps" << YAML::Value << c.schedule.steps;
   e << YAML::Key << "epochs" << YAML::Value << c.schedule.epochs;
   e << YAML::Key << "warmup_steps" << YAML::Value << c.schedule.warmup_steps;
+  e << YAML::Key << "lr_decay" << YAML::Value << c.schedule.lr_decay;
   e << YAML::Key << "micro_batch" << YAML::Value << c.schedule.micro_batch;
   e << YAML::Key << "grad_accum" << YAML::Value << c.schedule.grad_accum;
   e << YAML::Key << "grad_accum_type" << YAML::Value << c.schedule.grad_accum_type;
   e << YAML::Key << "eval_every" << YAML::Value << c.schedule.eval_every;
   e << YAML::Key << "eval_batches" << YAML::Value << c.schedule.eval_batches;
   e << YAML::Key << "log_every" << YAML::Value << c.schedule.log_every;
+  e << YAML::Key << "sample_every" << YAML::Value << c.schedule.sample_every;
+  e << YAML::Key << "sample_prompts" << YAML::Value;
+  list(c.schedule.sample_prompts);
+  e << YAML::Key << "sample_tokens" << YAML::Value << c.schedule.sample_tokens;
   e << YAML::EndMap;
   e << YAML::Key << "offload" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "device_memory" << YAML::Value << size(c.offload.device_memory);
@@ -642,6 +699,7 @@ std::string config_to_yaml(const Config& c) {
   e << YAML::Key << "every_steps" << YAML::Value << c.checkpoint.every_steps;
   e << YAML::Key << "every_minutes" << YAML::Value << c.checkpoint.every_minutes;
   e << YAML::Key << "keep" << YAML::Value << c.checkpoint.keep;
+  e << YAML::Key << "keep_best" << YAML::Value << c.checkpoint.keep_best;
   e << YAML::EndMap;
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";

@@ -19,6 +19,8 @@
 
 #include "fuyou/error.h"
 #include "fuyou/model.h"
+#include "fuyou/safetensors.h"
+#include "fuyou/tokenizer.h"
 #include "src/formats/safetensors_stream.h"
 
 namespace fs = std::filesystem;
@@ -148,8 +150,11 @@ struct Buffers {
   std::vector<char> out;
 };
 
-void copy_tensor(const TensorSet& set, const Job& job, StDtype out_dtype,
-                 ShardedSafetensorsWriter& w, Buffers& b) {
+// Where converted bytes go: a safetensors writer, or an array in memory.
+using Append = std::function<void(const void* data, size_t bytes)>;
+
+void copy_tensor(const TensorSet& set, const Job& job, StDtype out_dtype, const Append& append,
+                 Buffers& b) {
   const StTensorInfo& t = set.info(job.src);
   const RangedTensorFile& file = set.file(job.src);
   const size_t in_size = st_dtype_size(t.dtype), out_size = st_dtype_size(out_dtype);
@@ -162,7 +167,7 @@ void copy_tensor(const TensorSet& set, const Job& job, StDtype out_dtype,
       b.out.resize(std::max(b.out.size(), k * out_size));
       file.read(t, (job.src_offset + done) * in_size, b.raw.data(), k * in_size);
       convert_float_elements(b.raw.data(), t.dtype, b.out.data(), out_dtype, k);
-      w.append(b.out.data(), k * out_size);
+      append(b.out.data(), k * out_size);
     }
     return;
   }
@@ -189,7 +194,7 @@ void copy_tensor(const TensorSet& set, const Job& job, StDtype out_dtype,
     for (size_t i = 0; i < R; ++i)
       for (size_t j = 0; j < nb; ++j) b.t32[j * R + i] = b.f32[i * nb + j];
     convert_float_elements(b.t32.data(), StDtype::kF32, b.out.data(), out_dtype, n);
-    w.append(b.out.data(), n * out_size);
+    append(b.out.data(), n * out_size);
   }
 }
 
@@ -219,7 +224,7 @@ std::vector<std::string> write_tensors(const TensorSet& set, const std::vector<J
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (opts.progress) opts.progress(i, jobs.size(), jobs[i].dst);
     if (i == 0 || jobs[i - 1].dst != jobs[i].dst) w.begin_tensor(jobs[i].dst);
-    copy_tensor(set, jobs[i], out_dtype, w, buffers);
+    copy_tensor(set, jobs[i], out_dtype, [&](const void* p, size_t n) { w.append(p, n); }, buffers);
   }
   return w.finish();
 }
@@ -282,7 +287,15 @@ void copy_through(const fs::path& from_dir, const fs::path& to_dir,
 std::vector<std::pair<std::string, std::string>> tokenizer_copies() {
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& n : tokenizer_file_names()) out.emplace_back(n, n);
+  out.emplace_back(kGenerationConfigFile, kGenerationConfigFile);
   return out;
+}
+
+bool holds_carried_files(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& n : carried_file_names())
+    if (fs::is_regular_file(dir / n, ec)) return true;
+  return false;
 }
 
 void write_text(const fs::path& p, const std::string& text) {
@@ -334,7 +347,82 @@ EngineSource open_engine_source(const std::string& checkpoint) {
   return {m, std::move(set), p.parent_path()};
 }
 
+// The jobs that read a Hugging Face checkpoint into the engine's tensors, each source checked
+// (present, float dtype, shape) and unknown tensors refused.
+std::vector<Job> hf_source_jobs(const TensorSet& set, const ModelConfig& model, const std::string& config_path) {
+  // GPT-2 checkpoints saved from GPT2LMHeadModel name tensors "transformer.*"; those saved
+  // from GPT2Model (the original OpenAI upload among them) have no prefix.
+  std::string prefix, strip;
+  auto map = hf_tensor_map(model);
+  if (model.family == "gpt2") {
+    if (set.has("transformer.wte.weight"))
+      prefix = "transformer.";
+    else if (set.has("wte.weight"))
+      strip = "transformer.";
+    else
+      throw IoError(str(set.source(),
+                        ": no tensor 'transformer.wte.weight' or 'wte.weight': not a "
+                        "GPT-2 checkpoint"));
+  } else if (!set.has(map.front().hf)) {
+    throw IoError(str(set.source(), ": no tensor '", map.front().hf, "': not a ",
+                      model.family, " checkpoint as ", config_path, " says"));
+  }
+  std::vector<Job> jobs;
+  const ParamLayout layout = make_gpt_layout(model);
+  size_t next = 0;  // engine tensors must come in layout order
+  for (const HfTensorMap& m : map) {
+    std::string hf = strip.empty() ? m.hf : m.hf.substr(strip.size());
+    if (jobs.empty() || jobs.back().dst != m.engine) {
+      FY_CHECK(next < layout.tensors.size() && layout.tensors[next].name == m.engine,
+               "tensor map order: ", m.engine);
+      ++next;
+    }
+    jobs.push_back({hf, m.engine, m.transpose, m.hf_shape, m.engine_shape, 0, numel_of(m.hf_shape)});
+  }
+  FY_CHECK(next == layout.tensors.size(), "tensor map and layout disagree");
+  validate_sources(set, jobs);
+  refuse_unknown(set, jobs, prefix, model, true);
+  return jobs;
+}
+
+// The dtype to-hf writes: --dtype, else the base model's, else fp32.
+StDtype export_dtype(const ConvertOptions& opts, const std::string& base, std::string* origin) {
+  if (opts.dtype) {
+    *origin = "--dtype";
+    return *opts.dtype;
+  }
+  if (std::optional<StDtype> d = base.empty() ? std::nullopt : hf_torch_dtype(base)) {
+    *origin = "the base model's torch_dtype";
+    return *d;
+  }
+  *origin = base.empty() ? "no base model config (hf_config.json): fp32" : "the base model's torch_dtype is not "
+                                                                           "bfloat16, float16 or float32: fp32";
+  return StDtype::kF32;
+}
+
 }  // namespace
+
+std::vector<std::string> copy_carried_files(const std::string& from_dir, const std::string& to_dir) {
+  std::vector<std::string> copied;
+  for (const auto& n : carried_file_names()) {
+    const fs::path src = fs::path(from_dir) / n;
+    std::error_code ec;
+    if (!fs::is_regular_file(src, ec)) continue;
+    const std::string text = read_text(src);
+    write_file_atomic((fs::path(to_dir) / n).string(), text.data(), text.size());
+    copied.push_back(n);
+  }
+  return copied;
+}
+
+std::string carried_files_dir(const std::string& dir) {
+  const fs::path p(dir);
+  if (holds_carried_files(p)) return dir;
+  const fs::path parent = p.lexically_normal().parent_path();
+  if (parent.filename() == "checkpoints" && holds_carried_files(parent.parent_path()))
+    return parent.parent_path().string();
+  return dir;
+}
 
 ConvertResult convert_hf_to_engine(const std::string& hf_dir, const std::string& out_dir,
                                    const ConvertOptions& opts) {
@@ -350,38 +438,7 @@ ConvertResult convert_hf_to_engine(const std::string& hf_dir, const std::string&
   r.model = validated(load_hf_config(config_path), config_path);
   TensorSet set = TensorSet::open_dir(hf_dir);
 
-  // GPT-2 checkpoints saved from GPT2LMHeadModel name tensors "transformer.*"; those saved
-  // from GPT2Model (the original OpenAI upload among them) have no prefix.
-  std::string prefix, strip;
-  auto map = hf_tensor_map(r.model);
-  if (r.model.family == "gpt2") {
-    if (set.has("transformer.wte.weight"))
-      prefix = "transformer.";
-    else if (set.has("wte.weight"))
-      strip = "transformer.";
-    else
-      throw IoError(str(set.source(),
-                        ": no tensor 'transformer.wte.weight' or 'wte.weight': not a "
-                        "GPT-2 checkpoint"));
-  } else if (!set.has(map.front().hf)) {
-    throw IoError(str(set.source(), ": no tensor '", map.front().hf, "': not a ",
-                      r.model.family, " checkpoint as ", config_path, " says"));
-  }
-  std::vector<Job> jobs;
-  const ParamLayout layout = make_gpt_layout(r.model);
-  size_t next = 0;  // engine tensors must come in layout order
-  for (const HfTensorMap& m : map) {
-    std::string hf = strip.empty() ? m.hf : m.hf.substr(strip.size());
-    if (jobs.empty() || jobs.back().dst != m.engine) {
-      FY_CHECK(next < layout.tensors.size() && layout.tensors[next].name == m.engine,
-               "tensor map order: ", m.engine);
-      ++next;
-    }
-    jobs.push_back({hf, m.engine, m.transpose, m.hf_shape, m.engine_shape, 0, numel_of(m.hf_shape)});
-  }
-  FY_CHECK(next == layout.tensors.size(), "tensor map and layout disagree");
-  validate_sources(set, jobs);
-  refuse_unknown(set, jobs, prefix, r.model, true);
+  std::vector<Job> jobs = hf_source_jobs(set, r.model, config_path);
 
   StagingDir stage(out);
   const std::string yaml = engine_config_yaml(r.model);
@@ -390,7 +447,7 @@ ConvertResult convert_hf_to_engine(const std::string& hf_dir, const std::string&
   r.tensors = jobs.size();
   write_text(stage.path() / kEngineConfigFile, yaml);
   r.files.push_back(kEngineConfigFile);
-  auto copies = tokenizer_copies();
+  auto copies = tokenizer_copies();  // with generation_config.json
   copies.emplace_back(kHfConfigFile, kKeptHfConfigFile);
   copy_through(src, stage.path(), copies, &r.copied);
   stage.commit();
@@ -401,8 +458,6 @@ ConvertResult convert_engine_to_hf(const std::string& checkpoint, const std::str
                                    const ConvertOptions& opts) {
   const fs::path out = normalized_out(out_dir);
   check_output_dir(out);
-  if (!is_float_dtype(opts.dtype))
-    throw Error(str("--dtype ", st_dtype_name(opts.dtype), ": expected f32, bf16 or f16"));
   EngineSource src = open_engine_source(checkpoint);
   ConvertResult r;
   r.model = validated(src.model, checkpoint);
@@ -413,19 +468,33 @@ ConvertResult convert_engine_to_hf(const std::string& checkpoint, const std::str
   validate_sources(src.set, jobs);
   refuse_unknown(src.set, jobs, "", r.model, false);
 
+  // The base model's config.json and tokenizer: beside the weights, or in the run directory
+  // of a training checkpoint written before checkpoints carried them.
+  const fs::path carried = carried_files_dir(src.dir.string());
   std::string base;
   std::error_code ec;
-  if (fs::is_regular_file(src.dir / kKeptHfConfigFile, ec))
-    base = read_text(src.dir / kKeptHfConfigFile);
+  if (fs::is_regular_file(carried / kKeptHfConfigFile, ec)) base = read_text(carried / kKeptHfConfigFile);
+  r.dtype = export_dtype(opts, base, &r.dtype_origin);
+  if (!is_float_dtype(r.dtype))
+    throw Error(str("--dtype ", st_dtype_name(r.dtype), ": expected f32, bf16 or f16"));
 
   StagingDir stage(out);
   // transformers refuses safetensors files whose metadata lacks format "pt".
   r.files =
-      write_tensors(src.set, jobs, opts.dtype, stage.path(), opts, {{"format", "pt"}}, &r.bytes);
+      write_tensors(src.set, jobs, r.dtype, stage.path(), opts, {{"format", "pt"}}, &r.bytes);
   r.tensors = jobs.size();
-  write_text(stage.path() / kHfConfigFile, hf_config_json(r.model, opts.dtype, base));
+  const std::string config = hf_config_json(r.model, r.dtype, base);
+  write_text(stage.path() / kHfConfigFile, config);
   r.files.push_back(kHfConfigFile);
-  copy_through(src.dir, stage.path(), tokenizer_copies(), &r.copied);
+  copy_through(carried, stage.path(), tokenizer_copies(), &r.copied);
+  // AutoTokenizer takes its special tokens from tokenizer_config.json; a source that had only
+  // tokenizer.json gets one naming the tokens config.json's ids point at.
+  if (fs::is_regular_file(stage.path() / "tokenizer.json", ec) &&
+      !fs::is_regular_file(stage.path() / "tokenizer_config.json", ec)) {
+    const Tokenizer tok = Tokenizer::from_file((stage.path() / "tokenizer.json").string());
+    write_text(stage.path() / "tokenizer_config.json", hf_tokenizer_config_json(config, tok));
+    r.written.push_back("tokenizer_config.json");
+  }
   stage.commit();
   return r;
 }
@@ -450,6 +519,27 @@ LoadedCheckpoint load_engine_checkpoint(const std::string& checkpoint) {
   for (const TensorSpec& t : layout.tensors)
     src.set.file(t.name).read(src.set.info(t.name), 0, out.params.data() + t.offset,
                               t.numel * sizeof(float));
+  return out;
+}
+
+LoadedCheckpoint load_hf_checkpoint(const std::string& hf_dir) {
+  const std::string config_path = (fs::path(hf_dir) / kHfConfigFile).string();
+  LoadedCheckpoint out;
+  out.model = validated(load_hf_config(config_path), config_path);
+  TensorSet set = TensorSet::open_dir(hf_dir);
+  const std::vector<Job> jobs = hf_source_jobs(set, out.model, config_path);
+  const ParamLayout layout = make_gpt_layout(out.model);
+  out.params.assign(layout.total, 0.0f);
+  Buffers buffers;
+  std::string last;
+  float* dst = nullptr;
+  for (const Job& j : jobs) {
+    if (j.dst != last) dst = out.params.data() + layout.tensor(j.dst).offset, last = j.dst;
+    copy_tensor(set, j, StDtype::kF32, [&](const void* p, size_t n) {
+      std::memcpy(dst, p, n);
+      dst += n / sizeof(float);
+    }, buffers);
+  }
   return out;
 }
 

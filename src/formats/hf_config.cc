@@ -11,6 +11,7 @@
 #include "fuyou/error.h"
 #include "fuyou/hf_checkpoint.h"
 #include "fuyou/read_file.h"
+#include "fuyou/tokenizer.h"
 
 namespace fuyou {
 namespace {
@@ -97,9 +98,18 @@ constexpr int kMaxDim = kMaxModelDim;
 }  // namespace
 
 const std::vector<std::string>& tokenizer_file_names() {
-  static const std::vector<std::string> names = {"tokenizer.json", "tokenizer_config.json",
-                                                 "vocab.json", "merges.txt",
-                                                 "special_tokens_map.json"};
+  static const std::vector<std::string> names = {
+      "tokenizer.json",          "tokenizer_config.json", "vocab.json", "merges.txt",
+      "special_tokens_map.json", "tokenizer.model",       "added_tokens.json"};
+  return names;
+}
+
+const std::vector<std::string>& carried_file_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n = {kKeptHfConfigFile, kGenerationConfigFile};
+    for (const auto& t : tokenizer_file_names()) n.push_back(t);
+    return n;
+  }();
   return names;
 }
 
@@ -358,6 +368,59 @@ std::string hf_config_json(const ModelConfig& cfg, StDtype dtype, const std::str
   }
   j["torch_dtype"] = torch_dtype;
   return j.dump(2) + "\n";
+}
+
+std::optional<StDtype> hf_torch_dtype(const std::string& config_json) {
+  nlohmann::json j = nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("torch_dtype") || !j["torch_dtype"].is_string()) return std::nullopt;
+  const std::string t = j["torch_dtype"].get<std::string>();
+  if (t == "bfloat16") return StDtype::kBF16;
+  if (t == "float16") return StDtype::kF16;
+  if (t == "float32") return StDtype::kF32;
+  return std::nullopt;
+}
+
+std::string hf_tokenizer_config_json(const std::string& config_json, const Tokenizer& tok) {
+  nlohmann::json cfg = nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (!cfg.is_object()) throw ConfigError("config.json: not a JSON object");
+  // The token of an id field (an integer, or a list whose first entry is one) when the
+  // vocabulary has it.
+  auto token_of = [&](const char* key) -> std::string {
+    if (!cfg.contains(key)) return "";
+    nlohmann::json v = cfg[key];
+    if (v.is_array() && !v.empty()) v = v[0];
+    if (!v.is_number_integer()) return "";
+    const int64_t id = v.get<int64_t>();
+    if (id < 0 || id >= static_cast<int64_t>(tok.vocab_size())) return "";
+    return tok.id_to_token(static_cast<int32_t>(id));
+  };
+  const std::string type = cfg.value("model_type", std::string());
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  std::string bos = token_of("bos_token_id"), eos = token_of("eos_token_id"), pad = token_of("pad_token_id");
+  std::string unk = tok.token_to_id("<unk>") ? "<unk>" : "";
+  // GPT-2's tokenizer uses its end-of-text token for all three; the class's default
+  // ("<|endoftext|>") would otherwise be added to a vocabulary that lacks it.
+  if (type != "llama") {
+    if (bos.empty()) bos = eos;
+    if (unk.empty()) unk = eos;
+  }
+  if (type == "llama") {
+    // LlamaTokenizerFast's own defaults, written out: a prompt starts with BOS.
+    out["add_bos_token"] = true;
+    out["add_eos_token"] = false;
+  }
+  if (!bos.empty()) out["bos_token"] = bos;
+  if (!eos.empty()) out["eos_token"] = eos;
+  if (!unk.empty()) out["unk_token"] = unk;
+  out["pad_token"] = pad.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(pad);
+  for (const char* key : {"max_position_embeddings", "n_positions"})
+    if (cfg.contains(key) && cfg[key].is_number_integer()) {
+      out["model_max_length"] = cfg[key];
+      break;
+    }
+  // Decoded text as the tokenizer's decoder gives it (fuyou-generate prints the same).
+  out["clean_up_tokenization_spaces"] = false;
+  return out.dump(2) + "\n";
 }
 
 std::string engine_config_yaml(const ModelConfig& cfg) {

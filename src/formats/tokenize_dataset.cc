@@ -301,6 +301,27 @@ LossMask parse_loss_mask(std::string_view bytes, const std::string& path) {
   return m;
 }
 
+namespace {
+
+// A .jsonl input without a field option would be tokenized as raw JSON text: refused, with the
+// options and the fields of its first record.
+[[noreturn]] void refuse_jsonl_as_text(const fs::path& f) {
+  std::ifstream in(f);
+  std::string line, fields;
+  while (std::getline(in, line) && line.find_first_not_of(" \t\r") == std::string::npos) {
+  }
+  nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object())
+    for (const auto& [k, v] : j.items())
+      if (v.is_string()) fields += (fields.empty() ? "" : ", ") + k;
+  throw ConfigError(str(f.string(), ": JSON Lines need a field option, else every line is tokenized as raw JSON "
+                        "text: --jsonl-field F (one text field per record) or --prompt-field P --completion-field C "
+                        "(prompt/completion pairs with a loss mask)",
+                        fields.empty() ? std::string() : str("; the first record's string fields: ", fields)));
+}
+
+}  // namespace
+
 DatasetResult build_tokenized_dataset(const Tokenizer& tok, const std::vector<std::string>& inputs,
                                       const std::string& out_dir, const DatasetOptions& opts) {
   const bool chat = !opts.chat_field.empty();
@@ -328,6 +349,9 @@ DatasetResult build_tokenized_dataset(const Tokenizer& tok, const std::vector<st
   DatasetResult r;
   r.vocab_size = tok.vocab_size();
   std::vector<fs::path> files = list_input_files(inputs, &r.skipped);
+  if (!jsonl)
+    for (const auto& f : files)
+      if (f.extension() == ".jsonl") refuse_jsonl_as_text(f);
   std::error_code ec;
   if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec)))
     throw IoError(str(out_dir, ": exists and is not an empty directory; refusing to overwrite"));

@@ -10,6 +10,8 @@ double learning_rate(const OptimizerConfig& o, const ScheduleConfig& s, int64_t 
   if (span <= 0) return o.lr;
   double progress = static_cast<double>(step - s.warmup_steps) / span;
   if (progress > 1) progress = 1;
+  if (s.lr_decay == "constant") return o.lr;
+  if (s.lr_decay == "linear") return o.lr + (o.min_lr - o.lr) * progress;
   return o.min_lr + 0.5 * (o.lr - o.min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 

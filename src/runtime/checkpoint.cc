@@ -161,6 +161,8 @@ SavedCheckpoint save_checkpoint(const std::string& run_dir, const Config& cfg, T
   try {
     CheckpointManifest m = write_files(staging, cfg, engine, progress, data, io);
     for (const auto& f : m.files) out.bytes += f.bytes;
+    // The base model's config.json and tokenizer, for to-hf and fuyou-generate.
+    copy_carried_files(run_dir, staging.string());
     fsync_dir(staging.string());
     out.dir = commit_staging(root.string(), staging.string(), name);
   } catch (...) {

@@ -38,11 +38,11 @@ bool is_complete(const fs::path& dir) {
   return fs::is_regular_file(dir / kManifestFile, ec);
 }
 
-// The name `latest` holds, or "" when there is none.
-std::string read_latest(const fs::path& root) {
+// The name `latest` (or `best`) holds, or "" when there is none.
+std::string read_latest(const fs::path& root, const char* file = kLatestFile) {
   std::error_code ec;
-  if (!fs::exists(root / kLatestFile, ec)) return "";
-  std::string s = read_text_file((root / kLatestFile).string());
+  if (!fs::exists(root / file, ec)) return "";
+  std::string s = read_text_file((root / file).string());
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
   return s;
 }
@@ -115,13 +115,13 @@ std::vector<std::string> list_checkpoints(const std::string& run_dir) {
 
 int prune_checkpoints(const std::string& run_dir, int keep) {
   const fs::path root = fs::path(run_dir) / kCheckpointsDir;
-  const std::string latest = read_latest(root);
+  const std::string latest = read_latest(root), best = read_latest(root, kBestFile);
   std::vector<std::string> all = list_checkpoints(run_dir);
   int removed = 0;
   std::error_code ec;
   for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {
     const fs::path p(all[i]);
-    if (p.filename().string() == latest) continue;
+    if (p.filename().string() == latest || p.filename().string() == best) continue;
     const fs::path aside = root / str(".deleting-", p.filename().string(), "-", ::getpid());
     if (::rename(p.c_str(), aside.c_str()) != 0) {
       spdlog::warn("checkpoints: could not remove {}: {}", p.string(), std::strerror(errno));

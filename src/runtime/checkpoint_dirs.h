@@ -17,7 +17,8 @@ void fsync_dir(const std::string& dir);
 std::string commit_staging(const std::string& root, const std::string& staging, const std::string& name);
 // Points root/latest at `name` (write latest.tmp, fsync, rename, fsync root).
 void write_latest(const std::string& root, const std::string& name);
-// Removes the oldest complete checkpoints beyond `keep` (never the one `latest` names);
+// Removes the oldest complete checkpoints beyond `keep` (never the ones `latest` and `best`
+// name);
 // each is renamed to a hidden name first, so a crash half-way through leaves a leftover
 // the next start removes, never a step directory with files missing. Returns how many.
 int prune_checkpoints(const std::string& run_dir, int keep);

@@ -39,6 +39,7 @@ const std::vector<std::string>& resume_changeable_keys() {
   // the directory the run was initialised from (the checkpoint holds the weights now).
   static const std::vector<std::string> keys = {
       "schedule.steps",    "schedule.epochs",     "schedule.eval_every", "schedule.eval_batches", "schedule.log_every",
+      "schedule.sample_every", "schedule.sample_prompts", "schedule.sample_tokens",
       "offload.*",         "runtime.threads",     "runtime.backend",       "checkpoint.*",
       "data.text",         "data.train_shards",   "data.val_shards",       "model.checkpoint",
       "optimizer.placement"};

@@ -3,9 +3,11 @@
 // directory, the data, the engine, preflight, the starting state (initialised or restored),
 // the loop (steps, metrics, validation, checkpoints, stop requests), the final weights.
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -17,6 +19,7 @@
 #include "fuyou/data.h"
 #include "fuyou/engine.h"
 #include "fuyou/error.h"
+#include "fuyou/hf_checkpoint.h"
 #include "fuyou/log.h"
 #include "fuyou/safetensors.h"
 #include "fuyou/sizes.h"
@@ -24,6 +27,7 @@
 #include "fuyou/tokenizer.h"
 #include "fuyou/train.h"
 #include "src/runtime/checkpoint_dirs.h"
+#include "src/runtime/train_samples.h"
 #include "src/storage/dir_lock.h"
 
 namespace fs = std::filesystem;
@@ -50,6 +54,13 @@ std::string format_duration(double s) {
   return buf;
 }
 
+std::string utc_now() {
+  std::time_t now = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return buf;
+}
+
 double seconds_since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
 
 // Token shards concatenated, and their loss masks: a shard X.tok with X.mask beside it
@@ -57,7 +68,11 @@ double seconds_since(clock_type::time_point t) { return std::chrono::duration<do
 // without contributes all ones (every target counts). When no shard has a mask, *mask stays
 // empty and training runs exactly as without masks. Record indexes (X.rec, JSON Lines data)
 // go into *records, offset to the concatenation: every shard of the list has one, or none.
+// `tokenizer` is the run's tokenizer.json (carried from the base model), or empty: a shard
+// must have been tokenized with it, so its vocabulary size is the tokenizer's (a model may pad
+// its vocabulary beyond that); without one, the model's.
 std::vector<int32_t> load_shards(const std::vector<std::string>& paths, int vocab_size,
+                                 const std::string& tokenizer, uint32_t tokenizer_vocab,
                                  std::vector<uint8_t>* mask, std::vector<uint64_t>* records) {
   std::vector<int32_t> all;
   mask->clear();
@@ -69,6 +84,12 @@ std::vector<int32_t> load_shards(const std::vector<std::string>& paths, int voca
     if (s.vocab_size > static_cast<uint32_t>(vocab_size))
       throw ConfigError(str(p, ": shard vocab size ", s.vocab_size, " exceeds model.vocab_size ",
                             vocab_size));
+    if (s.vocab_size != (tokenizer.empty() ? static_cast<uint32_t>(vocab_size) : tokenizer_vocab))
+      throw ConfigError(str(p, ": the shard was tokenized with a vocabulary of ", s.vocab_size, " tokens, but ",
+                            tokenizer.empty() ? str("the model has ", vocab_size, " (model.vocab_size)")
+                                              : str("the model's tokenizer ", tokenizer, " has ", tokenizer_vocab),
+                            ": tokenize the data with the model's tokenizer (fuyou-convert tokenize --tokenizer ",
+                            tokenizer.empty() ? std::string("TOKENIZER.json") : tokenizer, ")"));
     const std::string mask_path = fs::path(p).replace_extension(".mask").string();
     std::vector<uint8_t> m;
     if (mask_path != p && fs::exists(mask_path)) {
@@ -129,9 +150,14 @@ class TrainingRun {
  public:
   TrainingRun(const Config& cfg, const TrainOptions& opts) : cfg_(cfg), opts_(opts) {}
   TrainSummary run();
+  // --eval-only: the validation loss of the model the config starts from (model.checkpoint,
+  // or the --resume checkpoint), nothing written.
+  TrainSummary evaluate_only();
 
  private:
+  std::string eval_model_dir() const;
   void open_run_dir();
+  void carry_model_files(bool same_run);
   void load_data();
   void load_records();
   void write_config();
@@ -145,7 +171,13 @@ class TrainingRun {
   bool checkpoint_due(int64_t step) const;
   void checkpoint(int64_t step);
   void finish(clock_type::time_point start);
-  void metrics_line(const nlohmann::json& j) {
+  void keep_if_best(int64_t step);
+  void restore_best();
+  // Every line says what it is ("train", "val") and when it was written (UTC).
+  void metrics_line(nlohmann::json j, const char* type) {
+    if (!metrics_.is_open()) return;  // --eval-only writes no run directory
+    j["type"] = type;
+    j["time"] = utc_now();
     metrics_ << j.dump() << "\n";
     metrics_.flush();  // a killed run keeps every line it logged
   }
@@ -178,6 +210,10 @@ class TrainingRun {
   clock_type::time_point last_checkpoint_time_ = clock_type::now();
   double train_time_ = 0;  // this process's steps
   std::vector<double> step_times_;
+  std::unique_ptr<RunSamples> samples_;  // schedule.sample_every
+  int64_t last_eval_step_ = -1;          // the step of progress_.last_val_loss
+  std::string best_;                     // checkpoint.keep_best: the best checkpoint's name
+  double best_loss_ = 0;
 };
 
 void TrainingRun::open_run_dir() {
@@ -197,11 +233,32 @@ void TrainingRun::open_run_dir() {
   fs::create_directories(dir_, ec);
   if (ec) throw IoError(str(sum_.run_dir, ": cannot create run directory: ", ec.message()));
   lock_ = std::make_unique<DirLock>(dir_.string(), "run directory");
+  carry_model_files(same_run);
   if (opts_.resume.empty()) return;
   remove_checkpoint_leftovers(dir_.string());
   const fs::path from = fs::path(checkpoint_run_dir(opts_.resume)) / "metrics.jsonl";
   if (!same_run && fs::exists(from, ec)) fs::copy_file(from, dir_ / "metrics.jsonl", ec);
   truncate_metrics(dir_ / "metrics.jsonl", resumed_.step);
+  truncate_metrics(dir_ / "samples.jsonl", resumed_.step);
+}
+
+// The base model's config.json and tokenizer files travel with the run (its directory, then
+// each checkpoint), so that to-hf and fuyou-generate find them without the base directory.
+void TrainingRun::carry_model_files(bool same_run) {
+  std::string from;
+  if (!opts_.resume.empty() && !same_run) from = carried_files_dir(opts_.resume);
+  else if (opts_.resume.empty() && !cfg_.model.checkpoint.empty()) {
+    std::error_code ec;
+    fs::path base(cfg_.model.checkpoint);
+    from = carried_files_dir((fs::is_directory(base, ec) ? base : base.parent_path()).string());
+  }
+  if (from.empty()) return;
+  std::vector<std::string> copied = copy_carried_files(from, dir_.string());
+  if (!copied.empty()) {
+    std::string names;
+    for (const auto& n : copied) names += (names.empty() ? "" : ", ") + n;
+    spdlog::info("model files from {}: {}", from, names);
+  }
 }
 
 // The config as it runs (schedule.steps resolved from schedule.epochs), after the data.
@@ -292,23 +349,36 @@ void TrainingRun::load_data() {
     val_tokens_ = read_token_shard(r.val_path).tokens;
     train_paths = {r.train_path};
     val_paths = {r.val_path};
-  } else if (!cfg_.data.train_shards.empty()) {
-    train_tokens_ = load_shards(cfg_.data.train_shards, cfg_.model.vocab_size, &train_mask_, &train_starts_);
-    val_tokens_ = load_shards(cfg_.data.val_shards, cfg_.model.vocab_size, &val_mask_, &val_starts_);
+  } else if (!cfg_.data.train_shards.empty() || (opts_.eval_only && !cfg_.data.val_shards.empty())) {
+    // The run's tokenizer: the base model's, carried into the run directory (or, evaluating
+    // only, beside the model the config names).
+    std::string tok;
+    uint32_t tok_vocab = 0;
+    std::error_code ec;
+    const fs::path where = opts_.eval_only ? fs::path(eval_model_dir()) : dir_;
+    if (!where.empty() && fs::is_regular_file(where / "tokenizer.json", ec)) {
+      tok = (where / "tokenizer.json").string();
+      tok_vocab = Tokenizer::from_file(tok).vocab_size();
+    }
+    if (!opts_.eval_only)
+      train_tokens_ = load_shards(cfg_.data.train_shards, cfg_.model.vocab_size, tok, tok_vocab, &train_mask_,
+                                  &train_starts_);
+    val_tokens_ = load_shards(cfg_.data.val_shards, cfg_.model.vocab_size, tok, tok_vocab, &val_mask_, &val_starts_);
   } else {
     throw ConfigError("data: give data.text (plain-text files or directories) or data.train_shards");
   }
   data_id_.train = split_identity(train_tokens_, train_mask_, train_paths, train_starts_);
   data_id_.val = split_identity(val_tokens_, val_mask_, val_paths, val_starts_);
-  if (!opts_.resume.empty()) check_resume_data(resumed_.data, data_id_);
+  if (!opts_.resume.empty() && !opts_.eval_only) check_resume_data(resumed_.data, data_id_);
   if (!train_starts_.empty()) return load_records();
   if (cfg_.schedule.epochs > 0)
     throw ConfigError(str("schedule.epochs is ", cfg_.schedule.epochs, " but the training data is a token stream "
                           "without records (data.text, or shards without a .rec index); epochs need records "
                           "(fuyou-convert tokenize with JSON Lines): set schedule.steps instead"));
   const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len;
-  train_sampler_ = std::make_unique<BatchSampler>(&train_tokens_, train_mask_.empty() ? nullptr : &train_mask_, B, T,
-                                                  cfg_.runtime.seed);
+  if (!opts_.eval_only)
+    train_sampler_ = std::make_unique<BatchSampler>(&train_tokens_, train_mask_.empty() ? nullptr : &train_mask_, B,
+                                                    T, cfg_.runtime.seed);
   have_val_ = val_tokens_.size() >= static_cast<size_t>(T + 1);
   if (!have_val_) spdlog::warn("data: no validation split with at least {} tokens; validation is off", T + 1);
   if (have_val_ && !val_mask_.empty() && std::count(val_mask_.begin() + 1, val_mask_.end(), uint8_t{1}) == 0) {
@@ -330,7 +400,7 @@ void TrainingRun::make_engine() {
   // A second stop signal ends the process at once; it can still unlink the store's files.
   if (opts_.stop) {
     std::vector<std::string> paths = engine_->store_cleanup_paths();
-    paths.push_back(lock_->path());
+    if (lock_) paths.push_back(lock_->path());
     opts_.stop->set_cleanup_paths(paths);
   }
   const ParamLayout layout = make_gpt_layout(cfg_.model);
@@ -352,7 +422,7 @@ void TrainingRun::make_engine() {
 void TrainingRun::preflight() {
   const uint64_t ckpt = checkpoint_bytes(cfg_.model);
   const uint64_t weights = ckpt / 3;
-  const int keep = checkpoints_on(cfg_.checkpoint) ? cfg_.checkpoint.keep : 1;
+  const int keep = checkpoints_on(cfg_.checkpoint) ? cfg_.checkpoint.keep + (cfg_.checkpoint.keep_best ? 1 : 0) : 1;
   const int existing = std::min<int>(keep, static_cast<int>(list_checkpoints(dir_.string()).size()));
   const uint64_t need = weights + static_cast<uint64_t>(keep + 1 - existing) * ckpt;
   const uint64_t have = free_bytes(dir_.string());
@@ -372,7 +442,7 @@ void TrainingRun::start_state() {
   restore_checkpoint(opts_.resume, resumed_, cfg_.model, *engine_);
   progress_ = resumed_.progress;
   if (train_records_) train_records_->set_position(progress_.sampler_position);
-  else train_sampler_->set_position(progress_.sampler_position);
+  else if (train_sampler_) train_sampler_->set_position(progress_.sampler_position);
   last_checkpoint_step_ = resumed_.step;
   sum_.first_val_loss = progress_.first_val_loss;
   sum_.final_val_loss = progress_.last_val_loss;
@@ -419,7 +489,7 @@ double TrainingRun::evaluate(int64_t step) {
       means.push_back(counts.back() ? engine_->eval_loss(batch.data(), counted.data(), positions.data()) : 0.0f);
     }
     const double loss = mean_over_counted(means, counts);
-    metrics_line({{"step", step}, {"val_loss", loss}});
+    metrics_line({{"step", step}, {"val_loss", loss}}, "val");
     progress_.last_val_loss = loss;
     return loss;
   }
@@ -433,8 +503,9 @@ double TrainingRun::evaluate(int64_t step) {
     means.push_back(counts.back() ? engine_->eval_loss(batch.data(), cp) : 0.0f);
   }
   double loss = mean_over_counted(means, counts);
-  metrics_line({{"step", step}, {"val_loss", loss}});
+  metrics_line({{"step", step}, {"val_loss", loss}}, "val");
   progress_.last_val_loss = loss;
+  last_eval_step_ = step;
   return loss;
 }
 
@@ -493,7 +564,7 @@ void TrainingRun::log_step(int64_t step, const StepResult& r, double dt) {
       line["busy_s"][resource_name(static_cast<Resource>(k))] = r.busy_s[k];
     line["busy_s"]["disk"] = r.disk_busy_s;
   }
-  metrics_line(line);
+  metrics_line(line, "train");
   if (opts_.progress_line) {
     std::fprintf(stderr, "\rstep %lld/%lld | loss %.4f | lr %.2e | %.0f tok/s | ETA %s   ",
                  static_cast<long long>(step), static_cast<long long>(cfg_.schedule.steps), r.loss, r.lr, tps,
@@ -515,6 +586,11 @@ bool TrainingRun::checkpoint_due(int64_t step) const {
 
 void TrainingRun::checkpoint(int64_t step) {
   if (step == last_checkpoint_step_) return;  // this state is on disk already
+  // keep_best compares checkpoints by their own validation loss: each gets one.
+  if (cfg_.checkpoint.keep_best && have_val_ && last_eval_step_ != step) {
+    sum_.final_val_loss = evaluate(step);
+    log(str("step ", step, ": validation loss ", sum_.final_val_loss));
+  }
   static const CheckpointIo no_faults;
   try {
     SavedCheckpoint c = save_checkpoint(dir_.string(), cfg_, *engine_, progress_, data_id_,
@@ -533,6 +609,36 @@ void TrainingRun::checkpoint(int64_t step) {
   }
   last_checkpoint_step_ = step;
   last_checkpoint_time_ = clock_type::now();
+  if (cfg_.checkpoint.keep_best && have_val_ && last_eval_step_ == step) keep_if_best(step);
+}
+
+// checkpoints/best names the checkpoint of lowest validation loss ("step-N", as `latest`);
+// pruning keeps it beside the newest ones.
+void TrainingRun::keep_if_best(int64_t step) {
+  if (!best_.empty() && progress_.last_val_loss >= best_loss_) return;
+  const fs::path root = dir_ / kCheckpointsDir;
+  best_ = step_dir_name(step);
+  best_loss_ = progress_.last_val_loss;
+  const std::string text = best_ + "\n";
+  write_file_atomic((root / kBestFile).string(), text.data(), text.size());
+  fsync_dir(root.string());
+  const int pruned = prune_checkpoints(dir_.string(), cfg_.checkpoint.keep);
+  log(str("checkpoint: ", best_, " is the best so far (validation loss ", best_loss_, ")",
+          pruned ? str("; removed ", pruned, " older") : std::string()));
+}
+
+// A resumed run continues comparing against the best checkpoint it has, by that
+// checkpoint's own validation loss (its manifest's).
+void TrainingRun::restore_best() {
+  std::error_code ec;
+  const fs::path file = dir_ / kCheckpointsDir / kBestFile;
+  if (!cfg_.checkpoint.keep_best || !fs::exists(file, ec)) return;
+  std::string name = read_text_file(file.string());
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  const fs::path dir = dir_ / kCheckpointsDir / name;
+  if (!fs::is_regular_file(dir / kManifestFile, ec)) return;
+  best_ = name;
+  best_loss_ = read_checkpoint_manifest(dir.string()).progress.last_val_loss;
 }
 
 void TrainingRun::finish(clock_type::time_point start) {
@@ -570,8 +676,55 @@ void TrainingRun::finish(clock_type::time_point start) {
             "; weights in ", weights, "; continue with: fuyou-train --resume ", dir_.string()));
     return;
   }
-  spdlog::info("done: {} steps in {}, {:.0f} tokens/s; validation loss {:.4f} -> {:.4f}; weights in {}", sum_.steps,
-               format_duration(wall), sum_.tokens_per_s, sum_.first_val_loss, sum_.final_val_loss, weights);
+  const std::string val = have_val_ ? fmt::format("validation loss {:.4f} -> {:.4f}", sum_.first_val_loss,
+                                                   sum_.final_val_loss)
+                                     : std::string("no validation (no validation split)");
+  spdlog::info("done: {} steps in {}, {:.0f} tokens/s; {}; weights in {}", sum_.steps, format_duration(wall),
+               sum_.tokens_per_s, val, weights);
+}
+
+// The directory of the model an evaluation reads: the --resume checkpoint, or model.checkpoint.
+std::string TrainingRun::eval_model_dir() const {
+  if (!opts_.resume.empty()) return opts_.resume;
+  if (cfg_.model.checkpoint.empty()) return "";
+  std::error_code ec;
+  const fs::path p(cfg_.model.checkpoint);
+  return carried_files_dir((fs::is_directory(p, ec) ? p : p.parent_path()).string());
+}
+
+TrainSummary TrainingRun::evaluate_only() {
+  if (!opts_.resume.empty()) resumed_ = read_checkpoint_manifest(opts_.resume);
+  // data.text is tokenized into a directory of its own, removed afterwards.
+  std::string tmp = (fs::temp_directory_path() / "fuyou-eval-XXXXXX").string();
+  if (!::mkdtemp(tmp.data())) throw IoError(str(tmp, ": mkdtemp: ", std::strerror(errno)));
+  struct Remove {
+    std::string path;
+    ~Remove() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  } remove{tmp};
+  dir_ = tmp;
+  load_data();
+  if (!have_val_)
+    throw ConfigError("--eval-only: no validation data: give data.val_shards, or data.text with data.val_fraction > 0");
+  make_engine();
+  if (opts_.resume.empty() && cfg_.model.checkpoint.empty())
+    spdlog::warn("--eval-only: no model.checkpoint and no --resume: evaluating a randomly initialised model");
+  start_state();
+  setup_validation();
+  if (!have_val_) throw ConfigError("--eval-only: the validation windows hold no counted target");
+  auto t0 = clock_type::now();
+  sum_.final_val_loss = sum_.first_val_loss = evaluate(progress_.step);
+  const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len;
+  spdlog::info("validation loss {:.4f} of {} ({} windows of {} tokens, schedule.eval_batches {} x micro_batch {}) in "
+               "{:.1f} s", sum_.final_val_loss,
+               !opts_.resume.empty() ? opts_.resume
+               : cfg_.model.checkpoint.empty() ? std::string("a random initialisation")
+                                               : cfg_.model.checkpoint,
+               cfg_.schedule.eval_batches * B, T, cfg_.schedule.eval_batches, B, seconds_since(t0));
+  sum_.steps = sum_.start_step = progress_.step;
+  return sum_;
 }
 
 TrainSummary TrainingRun::run() {
@@ -584,10 +737,15 @@ TrainSummary TrainingRun::run() {
   metrics_.open(dir_ / "metrics.jsonl", std::ios::app);
   if (!metrics_) throw IoError(str((dir_ / "metrics.jsonl").string(), ": cannot open for writing"));
   setup_validation();
+  restore_best();
   sum_.start_step = progress_.step;
   if (have_val_ && opts_.resume.empty()) {
     sum_.first_val_loss = progress_.first_val_loss = evaluate(0);
     spdlog::info("step 0: validation loss {:.4f}", sum_.first_val_loss);
+  }
+  if (cfg_.schedule.sample_every > 0) {
+    samples_ = std::make_unique<RunSamples>(cfg_, dir_.string());
+    if (opts_.resume.empty()) samples_->write(0, *engine_);
   }
   // A run killed after its last checkpoint but before its final weights: finishing it is
   // writing them.
@@ -605,6 +763,7 @@ TrainSummary TrainingRun::run() {
       sum_.final_val_loss = evaluate(step);
       log(str("step ", step, ": validation loss ", sum_.final_val_loss));
     }
+    if (samples_ && (last || step % cfg_.schedule.sample_every == 0)) samples_->write(step, *engine_);
     if (checkpoint_due(step)) checkpoint(step);
   }
   sum_.steps = progress_.step;
@@ -624,7 +783,7 @@ TrainSummary run_training(const Config& cfg, const TrainOptions& opts) {
     throw ConfigError("runtime.backend is emulated: the emulated device does no arithmetic (its losses are NaN), so "
                       "there is nothing to train; it times the engine with `fuyou-bench train`");
   TrainingRun run(cfg, opts);
-  return run.run();
+  return opts.eval_only ? run.evaluate_only() : run.run();
 }
 
 }  // namespace fuyou

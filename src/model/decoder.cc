@@ -1,0 +1,220 @@
+#include "fuyou/decoder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <type_traits>
+
+#include "fuyou/error.h"
+#include "fuyou/sizes.h"
+
+namespace fuyou {
+namespace {
+
+// The one list of a decoder's workspace: the constructor allocates from it and
+// decoder_device_bytes sums it. Sizes in elements of the storage type (float: fp32).
+struct DecoderBuffers {
+  void *x, *ln, *qkvc, *atty, *res, *fch, *fcg, *logits;
+  float *mean, *rstd;
+};
+template <typename Fn>
+void for_each_decoder_buffer(const ModelConfig& cfg, int rows, DecoderBuffers& b, Fn&& fn) {
+  const size_t C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size, R = rows;
+  const size_t KV = static_cast<size_t>(cfg.kv_heads()) * cfg.head_size();
+  const size_t fc = model_family(cfg) == Family::kLlama ? 2 * F : F;
+  fn(b.x, R * C, "decoder residual stream");
+  fn(b.ln, R * C, "decoder norm output");
+  fn(b.qkvc, R * (C + 2 * KV), "decoder q|k|v");
+  fn(b.atty, R * C, "decoder attention output");
+  fn(b.res, R * C, "decoder residual after attention");
+  fn(b.fch, R * fc, "decoder MLP pre-activation");
+  fn(b.fcg, R * F, "decoder MLP activation");
+  fn(b.logits, V, "decoder logits");
+  fn(b.mean, R, "decoder norm statistics");
+  fn(b.rstd, R, "decoder norm statistics");
+}
+
+template <typename P>
+size_t bytes_of(P*, size_t n, size_t es) {
+  return n * (std::is_same_v<P, float> ? sizeof(float) : es);
+}
+
+int chunk_rows(int capacity) { return std::min(capacity, kDecoderChunkRows); }
+
+uint64_t cache_bytes(const ModelConfig& cfg, int capacity, size_t es) {
+  return 2ull * cfg.n_layer * capacity * cfg.kv_heads() * cfg.head_size() * es;
+}
+
+}  // namespace
+
+uint64_t decoder_device_bytes(const ModelConfig& cfg, int capacity, size_t es) {
+  DecoderBuffers b{};
+  uint64_t n = make_gpt_layout(cfg).total * es + cache_bytes(cfg, capacity, es);
+  for_each_decoder_buffer(cfg, chunk_rows(capacity), b,
+                          [&](auto*& p, size_t k, const char*) { n += bytes_of(p, k, es); });
+  return n + sizeof(int32_t) * chunk_rows(capacity);
+}
+
+GptDecoder::GptDecoder(const ModelConfig& cfg, Backend& backend, int capacity)
+    : cfg_(cfg),
+      be_(backend),
+      capacity_(capacity),
+      es_(backend.storage_bytes()),
+      layout_(make_gpt_layout(cfg)),
+      family_(model_family(cfg)) {
+  if (capacity < 1)
+    throw Error(str("decoder: capacity ", capacity, " positions; at least 1 is needed"));
+  const int pos_rows = position_rows(cfg) - (family_ == Family::kOpt ? kOptPositionOffset : 0);
+  if (family_ != Family::kLlama && capacity > pos_rows)
+    throw Error(
+        str("decoder: ", capacity, " positions, but the model's position table has ", pos_rows));
+  const MemoryStats mem = be_.memory();
+  const uint64_t need = decoder_device_bytes(cfg, capacity, es_);
+  if (mem.capacity != 0 && mem.used + need > mem.capacity)
+    throw Error(str("generation needs ", format_size(need), " of device memory (weights ",
+                    format_size(layout_.total * es_), ", key/value cache of ", capacity,
+                    " positions ", format_size(cache_bytes(cfg, capacity, es_)), ") but backend ",
+                    be_.name(), " has ", format_size(mem.capacity - mem.used),
+                    " free: generating with a model larger than the device "
+                    "(streaming its layers) is not supported yet; use a shorter --max-tokens, bf16 "
+                    "weights, or the "
+                    "cpu backend"));
+  auto alloc = [&](size_t bytes, const std::string& what) {
+    void* p = be_.alloc(bytes, what);
+    owned_.push_back(p);
+    return p;
+  };
+  params_ = alloc(layout_.total * es_, "decoder weights");
+  const size_t kv_row = static_cast<size_t>(cfg.kv_heads()) * cfg.head_size();
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    k_cache_.push_back(alloc(capacity * kv_row * es_, str("layer ", l, " key cache")));
+    v_cache_.push_back(alloc(capacity * kv_row * es_, str("layer ", l, " value cache")));
+  }
+  const int rows = chunk_rows(capacity);
+  tokens_ = static_cast<int32_t*>(alloc(sizeof(int32_t) * rows, "decoder tokens"));
+  DecoderBuffers b{};
+  for_each_decoder_buffer(cfg, rows, b, [&](auto*& p, size_t n, const char* what) {
+    p = static_cast<std::remove_reference_t<decltype(p)>>(alloc(bytes_of(p, n, es_), what));
+  });
+  x_ = b.x, ln_ = b.ln, qkvc_ = b.qkvc, atty_ = b.atty, res_ = b.res, fch_ = b.fch, fcg_ = b.fcg;
+  logits_ = b.logits, mean_ = b.mean, rstd_ = b.rstd;
+  host_logits_raw_.resize(static_cast<size_t>(cfg.vocab_size) * es_);
+  host_logits_.resize(cfg.vocab_size);
+}
+
+GptDecoder::~GptDecoder() {
+  for (void* p : owned_) be_.free(p);
+}
+
+void GptDecoder::set_params(const float* host_params) {
+  if (be_.storage_type() == ElemType::kF32) {
+    be_.copy_to_device(params_, host_params, layout_.total * sizeof(float));
+  } else {
+    std::vector<uint16_t> low(layout_.total);
+    round_to(be_.storage_type(), low.data(), host_params, layout_.total);
+    be_.copy_to_device(params_, low.data(), low.size() * sizeof(uint16_t));
+  }
+  be_.synchronize();
+  pos_ = 0;
+}
+
+void GptDecoder::norm(void* out, const void* in, const void* w, const void* b, int n) {
+  if (family_ == Family::kLlama)
+    be_.rmsnorm_forward(out, rstd_, in, w, cfg_.norm_eps, n, cfg_.d_model);
+  else
+    be_.layernorm_forward(out, mean_, rstd_, in, w, b, n, cfg_.d_model);
+}
+
+// The forward of n tokens at pos_ .. pos_+n-1 (block_forward's order of operations, with the
+// cache's attention), leaving the last row's logits in logits_.
+void GptDecoder::run_chunk(const int32_t* tokens, int n) {
+  const int C = cfg_.d_model, F = cfg_.d_ff, V = cfg_.vocab_size;
+  const int H = cfg_.n_head, Hkv = cfg_.kv_heads(), D = cfg_.head_size(), QKV = C + 2 * Hkv * D;
+  for (int i = 0; i < n; ++i)
+    if (tokens[i] < 0 || tokens[i] >= V)
+      throw Error(str("token id ", tokens[i], " at position ", pos_ + i,
+                      " is outside the vocabulary (", V, ")"));
+  be_.copy_to_device(tokens_, tokens, sizeof(int32_t) * n);
+  GlobalTensors g = global_tensors(layout_, params_, es_);
+  const void* wpe = nullptr;
+  if (g.wpe) {  // row pos_ (+ OPT's offset) is the first new row's position
+    const int row0 = pos_ + (family_ == Family::kOpt ? kOptPositionOffset : 0);
+    wpe = static_cast<const char*>(g.wpe) + static_cast<size_t>(row0) * C * es_;
+  }
+  be_.embedding_forward(x_, tokens_, g.wte, wpe, 1, n, C);
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    const LayerTensors w = layer_tensors(layout_, l, params_, es_);
+    norm(ln_, x_, w.ln1_w, w.ln1_b, n);
+    be_.matmul_forward(qkvc_, ln_, w.qkv_w, w.qkv_b, n, C, QKV);
+    if (family_ == Family::kLlama) be_.rope_forward_at(qkvc_, n, pos_, H, Hkv, D, cfg_.rope_theta);
+    be_.attention_decode(atty_, k_cache_[l], v_cache_[l], qkvc_, n, pos_, H, Hkv, D);
+    be_.matmul_forward(res_, atty_, w.proj_w, w.proj_b, n, C, C);
+    be_.add(res_, res_, x_, static_cast<size_t>(n) * C);
+    norm(ln_, res_, w.ln2_w, w.ln2_b, n);
+    switch (family_) {
+      case Family::kGpt2:
+        be_.matmul_forward(fch_, ln_, w.fc_w, w.fc_b, n, C, F);
+        be_.gelu_forward(fcg_, fch_, static_cast<size_t>(n) * F);
+        break;
+      case Family::kOpt:
+        be_.matmul_forward(fch_, ln_, w.fc_w, w.fc_b, n, C, F);
+        be_.relu_forward(fcg_, fch_, static_cast<size_t>(n) * F);
+        break;
+      case Family::kLlama:
+        be_.matmul_forward(fch_, ln_, w.fc_w, nullptr, n, C, 2 * F);
+        be_.swiglu_forward(fcg_, fch_, n, F);
+        break;
+    }
+    // The block's input is not needed any more (res_ holds it plus attention): its buffer
+    // takes the block's output.
+    be_.matmul_forward(x_, fcg_, w.fcproj_w, w.fcproj_b, n, F, C);
+    be_.add(x_, x_, res_, static_cast<size_t>(n) * C);
+  }
+  const void* last = static_cast<const char*>(x_) + static_cast<size_t>(n - 1) * C * es_;
+  norm(ln_, last, g.lnf_w, g.lnf_b, 1);
+  be_.matmul_forward(logits_, ln_, g.lm_head, nullptr, 1, C, V);
+  pos_ += n;
+}
+
+const std::vector<float>& GptDecoder::step(const int32_t* tokens, int n) {
+  if (n < 1) throw Error("decoder: a step needs at least one token");
+  if (pos_ + n > capacity_)
+    throw Error(str("decoder: ", pos_, " cached + ", n, " new tokens exceed its capacity of ",
+                    capacity_, " positions"));
+  for (int done = 0; done < n;) {
+    const int k = std::min(n - done, chunk_rows(capacity_));
+    run_chunk(tokens + done, k);
+    done += k;
+  }
+  be_.finish_compute();
+  be_.copy_to_host(host_logits_raw_.data(), logits_, host_logits_raw_.size());
+  be_.synchronize();
+  widen_from(be_.storage_type(), host_logits_.data(), host_logits_raw_.data(), host_logits_.size());
+  return host_logits_;
+}
+
+int32_t sample_token(const std::vector<float>& logits, const SamplingOptions& opts, Rng& rng) {
+  FY_CHECK(!logits.empty(), "sample_token: no logits");
+  if (opts.temperature <= 0)
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  const double m = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> p(logits.size());
+  double sum = 0;
+  for (size_t i = 0; i < p.size(); ++i) sum += p[i] = std::exp((logits[i] - m) / opts.temperature);
+  std::vector<int32_t> order(p.size());
+  std::iota(order.begin(), order.end(), 0);
+  // Most likely first; ties by id, so a seed gives the same draw everywhere.
+  std::sort(order.begin(), order.end(),
+            [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+  size_t keep = 0;
+  double mass = 0;
+  while (keep < order.size() && (keep == 0 || mass < opts.top_p * sum)) mass += p[order[keep++]];
+  double u = rng.uniform() * mass;
+  for (size_t i = 0; i < keep; ++i) {
+    u -= p[order[i]];
+    if (u < 0) return order[i];
+  }
+  return order[keep - 1];
+}
+
+}  // namespace fuyou

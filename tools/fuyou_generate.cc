@@ -1,0 +1,144 @@
+// fuyou-generate: text from a model with a key/value cache, greedy or sampled, on the CPU or
+// CUDA backend. The model is a fuyou-train run directory, a training or engine checkpoint, or a
+// Hugging Face model directory; its tokenizer comes with it (docs/generate.md).
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "fuyou/config.h"
+#include "fuyou/decoder.h"
+#include "fuyou/error.h"
+#include "fuyou/generate.h"
+#include "fuyou/log.h"
+#include "fuyou/sizes.h"
+#include "tools/tool_errors.h"
+
+namespace {
+
+// Prints the text of the tokens generated so far as it grows. A token may end inside a
+// character (byte fallback, byte-level pieces): the decoder then shows U+FFFD, which is held
+// back until a later token completes the character.
+class TextStream {
+ public:
+  explicit TextStream(const fuyou::TextCodec& codec) : codec_(codec) {}
+  void add(int32_t id) {
+    ids_.push_back(id);
+    std::string text = codec_.decode(ids_);
+    size_t end = text.size();
+    static const std::string kReplacement = "\xEF\xBF\xBD";
+    while (end >= 3 && text.compare(end - 3, 3, kReplacement) == 0) end -= 3;
+    if (end > printed_ && text.compare(0, printed_, shown_, 0, printed_) == 0) {
+      std::fwrite(text.data() + printed_, 1, end - printed_, stdout);
+      std::fflush(stdout);
+      shown_ = text.substr(0, end);
+      printed_ = end;
+    }
+  }
+  void finish() {
+    std::string text = codec_.decode(ids_);
+    if (text.size() > printed_ && text.compare(0, printed_, shown_, 0, printed_) == 0)
+      std::fwrite(text.data() + printed_, 1, text.size() - printed_, stdout);
+    std::fputc('\n', stdout);
+  }
+
+ private:
+  const fuyou::TextCodec& codec_;
+  std::vector<int32_t> ids_;
+  std::string shown_;
+  size_t printed_ = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fuyou-generate: text from a run, a checkpoint or a Hugging Face model"};
+  std::string model_path, prompt, tokenizer;
+  std::vector<std::string> sets;
+  fuyou::GenerateOptions g;
+  std::string backend = "auto", device_tensors = "fp32", precision = "fp32";
+  bool chat = false, ignore_eos = false, json_out = false, verbose = false;
+  app.add_option("--model", model_path,
+                 "fuyou-train run directory, training or engine checkpoint, or Hugging Face model "
+                 "directory")
+      ->required();
+  app.add_option("--prompt", prompt, "The text to continue")->required();
+  app.add_option("--max-new-tokens", g.max_new_tokens, "Tokens to generate at most")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--temperature", g.sampling.temperature, "0: greedy (default); above 0: sample")
+      ->check(CLI::Range(0.0, 100.0));
+  app.add_option("--top-p", g.sampling.top_p,
+                 "Nucleus sampling: keep the most likely tokens up to this mass")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--seed", g.seed, "Seed of the sampling");
+  app.add_flag("--ignore-eos", ignore_eos, "Do not stop at the model's end-of-sequence token");
+  app.add_flag("--chat", chat, "Wrap the prompt in the model's chat template (not available yet)");
+  app.add_option("--tokenizer", tokenizer, "tokenizer.json to use instead of the model's");
+  app.add_option("--backend", backend, "cpu, cuda or auto")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app.add_option("--device-tensors", device_tensors,
+                 "Weights and activations on the device: fp32 or bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--precision", precision, "GEMM inputs: fp32 (default), bf16 or auto")
+      ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
+  app.add_option("--set", sets,
+                 "Other runtime keys: runtime.threads=N, offload.device_memory=SIZE");
+  app.add_flag("--json", json_out,
+               "Print one JSON object (ids, text, timings) instead of the text");
+  app.add_flag("-v,--verbose", verbose, "Debug logging");
+  CLI11_PARSE(app, argc, argv);
+  fuyou::init_logging(verbose);
+  try {
+    if (chat)
+      throw fuyou::ConfigError(
+          "--chat: chat templates are not supported by fuyou-generate yet; write the prompt in the "
+          "model's chat "
+          "format instead");
+    std::vector<std::string> overrides = {"runtime.backend=" + backend,
+                                          "runtime.device_tensors=" + device_tensors,
+                                          "runtime.precision=" + precision};
+    overrides.insert(overrides.end(), sets.begin(), sets.end());
+    const fuyou::Config cfg = fuyou::parse_config("", "fuyou-generate", overrides);
+    g.stop_at_eos = !ignore_eos;
+
+    fuyou::GenerationModel m = fuyou::load_generation_model(model_path);
+    const fuyou::TextCodec codec = fuyou::TextCodec::for_model(m.files, m.model, tokenizer);
+    spdlog::info("model: {} ({}), {} {} layers, d_model {}, vocab {}, context {}", model_path,
+                 m.kind, m.model.family, m.model.n_layer, m.model.d_model, m.model.vocab_size,
+                 m.files.context);
+    spdlog::info("tokenizer: {}", codec.describe());
+    const std::vector<int32_t> ids = codec.encode_prompt(prompt);
+    const int capacity =
+        std::min<int64_t>(m.files.context, static_cast<int64_t>(ids.size()) + g.max_new_tokens);
+    std::string why;
+    std::unique_ptr<fuyou::Backend> be = fuyou::make_backend(cfg, &why);
+    spdlog::info("{}", why);
+    fuyou::GptDecoder decoder(m.model, *be, capacity);
+    decoder.set_params(m.params.data());
+    m.params = {};
+
+    TextStream stream(codec);
+    if (!json_out) g.on_token = [&](int32_t id) { stream.add(id); };
+    fuyou::GenerateResult r = fuyou::generate_tokens(decoder, ids, codec.stop_ids(), g);
+    if (!json_out) stream.finish();
+    const double tps = r.generate_s > 0 ? r.ids.size() / r.generate_s : 0;
+    spdlog::info("prompt {} tokens in {:.3f} s; {} new tokens in {:.3f} s ({:.1f} tokens/s){}",
+                 ids.size(), r.prompt_s, r.ids.size(), r.generate_s, tps,
+                 r.stopped ? "; stopped at the end-of-sequence token"
+                 : static_cast<int>(ids.size() + r.ids.size()) >= m.files.context
+                     ? "; the context is full"
+                     : "");
+    if (json_out) {
+      nlohmann::json j{{"prompt_ids", r.prompt_ids},  {"ids", r.ids},
+                       {"text", codec.decode(r.ids)}, {"stopped", r.stopped},
+                       {"prompt_s", r.prompt_s},      {"generate_s", r.generate_s},
+                       {"tokens_per_s", tps},         {"backend", be->name()}};
+      // Text that ends inside a character is not UTF-8: those bytes become U+FFFD.
+      std::puts(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    }
+  } catch (...) {
+    return fuyou::tools::report_failure();
+  }
+  return 0;
+}
