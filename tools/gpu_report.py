@@ -17,11 +17,21 @@ SPEC_PEAK_TFLOPS = {
 
 
 def read_json(path):
+    """A bench's JSON: the file's last line that is a JSON object (log lines may precede it)."""
     try:
         with open(path) as f:
-            return json.load(f)
+            lines = [l for l in f if l.startswith("{")]
+        return json.loads(lines[-1]) if lines else None
     except (OSError, ValueError):
         return None
+
+
+def read_json_lines(path):
+    try:
+        with open(path) as f:
+            return [json.loads(l) for l in f if l.startswith("{")]
+    except (OSError, ValueError):
+        return []
 
 
 def read_steps(path):
@@ -112,6 +122,28 @@ def main():
                 f["spec_peak_tflops"] = peak[prec]
                 f["fraction_of_spec_peak"] = b["tflops"] / peak[prec]
             figures[f"gpt2-124m-{name}"] = f
+    # The PyTorch peer on the same shapes, and the engine over its best mode (the two engine
+    # runs around it, bench-bf16-tensors and bench-bf16-tensors-2, averaged).
+    peer = [p for p in read_json_lines(os.path.join(a.work, "torch-peer-gpt2.jsonl")) if p.get("step_s")]
+    engine = [b for b in (read_json(os.path.join(a.work, f)) for f in ("bench-bf16-tensors.json",
+                                                                        "bench-bf16-tensors-2.json")) if b]
+    if peer:
+        best = min(peer, key=lambda p: p["step_s"])
+        f = {"modes": {p["mode"]: {"step_s": p["step_s"], "tokens_per_s": p["tokens_per_s"], "tflops": p["tflops"]}
+                       for p in peer},
+             "best_mode": best["mode"], "torch": best.get("torch")}
+        if engine:
+            e = sum(b["step_s"] for b in engine) / len(engine)
+            f["engine_step_s"] = e
+            f["engine_over_best"] = best["step_s"] / e
+        figures["gpt2-124m-pytorch-peer"] = f
+    for name, file in (("gpt2-124m-bf16-tensors-host-adamw", "bench-bf16-tensors-host.json"),
+                       ("gpt3-2.7b-device-24g", "bench-2.7b-24g.json")):
+        b = read_json(os.path.join(a.work, file))
+        if b:
+            figures[name] = {k: b.get(k) for k in ("step_s", "step_s_all", "tokens_per_s", "tflops", "busy_s",
+                                                  "iteration_over_busiest", "iteration_over_predicted",
+                                                  "device_peak_bytes", "breakdown") if k in b}
     prof = profile_figures(os.path.join(a.out, "this-gpu.yaml"))
     if prof:
         if peak:

@@ -355,7 +355,7 @@ void CudaBackend::add_column_sums(void* out, const void* x, int N, int C) {
     } else {
       FY_LAUNCH((column_slices<E, 1>), dim3(cols, slices), kEltThreads, part, static_cast<const E*>(x), N, C);
     }
-    FY_LAUNCH(column_slices_add<E>, cols, kEltThreads, static_cast<E*>(out), part, slices, C);
+    FY_LAUNCH(column_slices_add<E>, slices_add_grid(C), slices_add_block(), static_cast<E*>(out), part, slices, C);
   });
 }
 

@@ -195,16 +195,29 @@ __device__ T block_reduce(T v, Op op, T identity) {
   return v;
 }
 
-// out(c) += part(0, c) + part(1, c) + ... + part(slices - 1, c), in that order: the second
-// pass of every column reduction; out of the storage type, the partial sums fp32. Static:
-// each .cu file that launches it has its own copy.
+// out(c) += the sum of part(r, c) over the slices r: the second pass of every column
+// reduction; out of the storage type, the partial sums fp32. A block of (32, 32) threads
+// takes 32 columns: thread (x, y) adds slices y, y + 32, ... of its column in order (the
+// warps read rows of 32 adjacent columns), then thread (x, 0) adds the 32 sums in y order.
+// A fixed order, so the same bits every run. Launch with slices_add_grid(C) and
+// slices_add_block(). Static: each .cu file that launches it has its own copy.
+constexpr int kSlicesAddRows = 32;
+inline dim3 slices_add_block() { return dim3(kWarp, kSlicesAddRows); }
+inline unsigned slices_add_grid(int C) { return static_cast<unsigned>((C + kWarp - 1) / kWarp); }
+
 template <typename T>
 static __global__ void column_slices_add(T* out, const float* part, int slices, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+  __shared__ float sums[kSlicesAddRows][kWarp + 1];
+  const int c = blockIdx.x * kWarp + threadIdx.x;
   float s = 0.0f;
-  for (int r = 0; r < slices; ++r) s += part[size_t(r) * C + c];
-  out[c] = st<T>(ld(out[c]) + s);
+  if (c < C)
+    for (int r = threadIdx.y; r < slices; r += kSlicesAddRows) s += part[size_t(r) * C + c];
+  sums[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C) return;
+  float total = 0.0f;
+  for (int y = 0; y < kSlicesAddRows; ++y) total += sums[y][threadIdx.x];
+  out[c] = st<T>(ld(out[c]) + total);
 }
 
 }  // namespace fuyou::cuda

@@ -348,8 +348,8 @@ void CudaBackend::layernorm_backward(void* din, void* dw, void* db, const void* 
     FY_LAUNCH(layernorm_backward_dx_k<E>, N, kRowThreads, static_cast<E*>(din), dy, x,
               static_cast<const E*>(w), mean, rstd, C);
     FY_LAUNCH(layernorm_dweights_k<E>, dim3(cols, slices), kEltThreads, part_w, part_b, dy, x, mean, rstd, N, C);
-    FY_LAUNCH(column_slices_add<E>, cols, kEltThreads, static_cast<E*>(dw), part_w, slices, C);
-    FY_LAUNCH(column_slices_add<E>, cols, kEltThreads, static_cast<E*>(db), part_b, slices, C);
+    FY_LAUNCH(column_slices_add<E>, slices_add_grid(C), slices_add_block(), static_cast<E*>(dw), part_w, slices, C);
+    FY_LAUNCH(column_slices_add<E>, slices_add_grid(C), slices_add_block(), static_cast<E*>(db), part_b, slices, C);
   });
 }
 

@@ -175,7 +175,7 @@ void CudaBackend::rmsnorm_backward(void* din, void* dw, const void* dout, const 
     FY_LAUNCH(rmsnorm_backward_dx_k<E>, N, kRowThreads, static_cast<E*>(din), dy, x, static_cast<const E*>(w),
               rstd, C);
     FY_LAUNCH(rmsnorm_dweight_k<E>, dim3(cols, slices), kEltThreads, part, dy, x, rstd, N, C);
-    FY_LAUNCH(column_slices_add<E>, cols, kEltThreads, static_cast<E*>(dw), part, slices, C);
+    FY_LAUNCH(column_slices_add<E>, slices_add_grid(C), slices_add_block(), static_cast<E*>(dw), part, slices, C);
   });
 }
 

@@ -233,14 +233,16 @@ HardwareProfile measure_cpu_profile(const ProfileOptions& o, std::string* log) {
 HardwareProfile measure_cuda_profile(const ProfileOptions& o, std::string* log) {
   if (o.dirs.empty()) throw ConfigError("fuyou-bench profile: --dir (a store directory on the SSD) is required");
   auto backend = make_cuda_backend(0, 0);
-  RuntimeConfig rt;  // precision auto: what the engine runs on this GPU
+  // What large models train with on this GPU: bf16 GEMMs on bf16 device tensors, so the layer
+  // GEMMs below read and write the storage type training uses.
+  RuntimeConfig rt;
+  rt.device_tensors = "bf16";
   apply_precision(*backend, rt);
   Say say = [&](const std::string& s) { if (log) *log += s + "\n"; };
   HardwareProfile p;
   p.name = "this-gpu";
   p.backend = "cuda";
-  // The CUDA backend stores fp32 tensors on the device (its GEMMs read bf16-rounded inputs).
-  p.element_bytes = 4;
+  p.element_bytes = 2;
   p.shared_cpu = false;
   say(str("device: ", backend->name()));
   p.device_memory = backend->memory().capacity;
