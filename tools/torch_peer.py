@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "reference"))
-from gpt_ref import GPT, GPTConfig, SelfAttention  # noqa: E402
+from gpt_ref import GPT, GPTConfig, SelfAttention, sdpa_forward  # noqa: E402
 
 
 def forward_flops_per_token(n_layer, d_model, d_ff, vocab, seq):
@@ -41,15 +41,6 @@ def forward_flops_per_token(n_layer, d_model, d_ff, vocab, seq):
     c, f, t = d_model, d_ff, seq
     per_layer = 2 * c * 3 * c + 2 * t * c + 2 * t * c + 2 * c * c + 2 * c * f + 2 * f * c
     return n_layer * per_layer + 2 * c * vocab
-
-
-def sdpa_forward(self, x):
-    """SelfAttention.forward of gpt_ref.py with the attention in one fused call."""
-    B, T, C = x.shape
-    q, k, v = self.c_attn(x).split(C, dim=2)
-    q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
 def sync():

@@ -106,8 +106,13 @@ class StepRunner {
   void upload_params(size_t begin, size_t n);
   bool choose_device_optimizer() const;  // optimizer.placement for this backend and model
   void place_on_device();                // allocates the device optimizer's state
-  StepResult update_on_host(StepResult r, bool sums);
-  StepResult update_on_device(StepResult r, bool sums);
+  // The step's gradient as the optimizer reads it (host or device memory).
+  struct StepGradient {
+    const void* data = nullptr;
+    ElemType type = ElemType::kF32;
+  };
+  void update_on_host(const StepGradient& g, float grad_scale, float lr);
+  void update_on_device(const StepGradient& g, float grad_scale, float lr);
   float* device_state(StateKind kind) const;
   // A timing mark of the optimizer's phase (Backend: step timing; only while timing).
   void mark(OpClass c) {

@@ -34,6 +34,26 @@ FY_HD double combine_lanes(const double* lane) {
 FY_HD size_t sum_blocks(size_t n) { return (n + kSumBlock - 1) / kSumBlock; }
 
 #if !defined(__CUDACC__)
+// Element i of an array stored as t, widened to fp32 / x rounded once to t and stored there
+// (nearest even): what the host optimizer and the CPU backend's device optimizer read and
+// write.
+inline float load_elem(const void* p, ElemType t, size_t i) {
+  switch (t) {
+    case ElemType::kF32: return static_cast<const float*>(p)[i];
+    case ElemType::kBF16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case ElemType::kF16: return fp16_to_float(static_cast<const uint16_t*>(p)[i]);
+  }
+  return 0.0f;
+}
+
+inline void store_elem(void* p, ElemType t, size_t i, float x) {
+  switch (t) {
+    case ElemType::kF32: static_cast<float*>(p)[i] = x; break;
+    case ElemType::kBF16: static_cast<uint16_t*>(p)[i] = float_to_bf16(x); break;
+    case ElemType::kF16: static_cast<uint16_t*>(p)[i] = float_to_fp16(x); break;
+  }
+}
+
 // The host's form: one block [lo, hi), then a group of n elements, blocks in parallel
 // (OpenMP) and added in order. Host code is compiled without fused multiply-adds (x86-64's
 // baseline has none), so each lane's x * x is rounded before it is added, as the CUDA

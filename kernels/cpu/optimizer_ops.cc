@@ -25,26 +25,6 @@ void Backend::adamw(const DeviceAdamW&) {
 
 namespace cpu {
 
-namespace {
-
-float load(const void* p, ElemType t, size_t i) {
-  switch (t) {
-    case ElemType::kF32: return static_cast<const float*>(p)[i];
-    case ElemType::kBF16: return math::bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case ElemType::kF16: return math::fp16_to_float(static_cast<const uint16_t*>(p)[i]);
-  }
-  return 0.0f;
-}
-
-void store(void* p, ElemType t, size_t i, float x) {
-  switch (t) {
-    case ElemType::kF32: static_cast<float*>(p)[i] = x; break;
-    case ElemType::kBF16: static_cast<uint16_t*>(p)[i] = math::float_to_bf16(x); break;
-    case ElemType::kF16: static_cast<uint16_t*>(p)[i] = math::float_to_fp16(x); break;
-  }
-}
-
-}  // namespace
 
 void CpuBackend::accumulate_fp32(float* sum, const void* g, ElemType type, size_t n, bool first) {
   math::accumulate_fp32(sum, g, type, n, first);
@@ -70,11 +50,11 @@ void CpuBackend::adamw(const DeviceAdamW& a) {
     const math::AdamWConsts& k = piece.decay ? on : off;
     for (size_t i = piece.begin; i < piece.begin + piece.n; ++i) {
       float w = a.master[i], m = a.m[i], v = a.v[i];
-      math::adamw_element(w, m, v, load(a.grad, a.grad_type, i), k);
+      math::adamw_element(w, m, v, math::load_elem(a.grad, a.grad_type, i), k);
       a.master[i] = w;
       a.m[i] = m;
       a.v[i] = v;
-      if (a.lowp) store(a.lowp, a.lowp_type, i, w);
+      if (a.lowp) math::store_elem(a.lowp, a.lowp_type, i, w);
     }
   }
 }

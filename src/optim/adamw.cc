@@ -11,6 +11,7 @@
 #include "fuyou/error.h"
 #include "fuyou/optim.h"
 #include "kernels/common/element_math.h"
+#include "kernels/common/grad_math.h"
 #include "src/optim/adamw_kernels.h"
 
 namespace fuyou {
@@ -52,22 +53,9 @@ SimdPath best_simd_path() {
 
 namespace optim_detail {
 
-float load_grad(const void* g, ElemType t, size_t i) {
-  switch (t) {
-    case ElemType::kF32: return static_cast<const float*>(g)[i];
-    case ElemType::kBF16: return math::bf16_to_float(static_cast<const uint16_t*>(g)[i]);
-    case ElemType::kF16: return math::fp16_to_float(static_cast<const uint16_t*>(g)[i]);
-  }
-  return 0;
-}
+float load_grad(const void* g, ElemType t, size_t i) { return math::load_elem(g, t, i); }
 
-void store_lowp(void* out, ElemType t, size_t i, float x) {
-  switch (t) {
-    case ElemType::kF32: static_cast<float*>(out)[i] = x; break;
-    case ElemType::kBF16: static_cast<uint16_t*>(out)[i] = math::float_to_bf16(x); break;
-    case ElemType::kF16: static_cast<uint16_t*>(out)[i] = math::float_to_fp16(x); break;
-  }
-}
+void store_lowp(void* out, ElemType t, size_t i, float x) { math::store_elem(out, t, i, x); }
 
 void adamw_scalar(const AdamWArgs& a, const math::AdamWConsts& k, size_t begin, size_t end) {
   for (size_t i = begin; i < end; ++i) {

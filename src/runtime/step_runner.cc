@@ -260,22 +260,30 @@ StepResult StepRunner::step(int64_t step_index, const std::vector<const int32_t*
   }
   r.loss = static_cast<float>(mean_over_counted(means, counts));
   r.lr = learning_rate(cfg_.optimizer, cfg_.schedule, step_index);
-  if (on_device_) return update_on_device(r, sums);
-  return update_on_host(r, sums);
-}
-
-StepResult StepRunner::update_on_host(StepResult r, bool sums) {
-  mark(OpClass::kCopyToHost);
-  if (!sums) be_.copy_to_host(grad_.data(), model_.grads(), grad_.size());
-  const ElemType gtype = sums ? ElemType::kF32 : store_;
-  const char* gbase = sums ? reinterpret_cast<const char*>(sum_.data()) : grad_.data();
-  const size_t es = elem_type_size(gtype);
-  // Per parameter group in order, each group summed in double by group_sum_squares: the same
-  // reduction the offloading scheduler and the device perform, so all clip identically.
-  // Padding between tensors holds zero gradient.
-  mark(OpClass::kHostNorm);
+  // The step's gradient where the optimizer is: its fp32 sums, or the device's gradients (on
+  // the host, copied down first).
+  StepGradient g;
+  g.type = sums ? ElemType::kF32 : store_;
+  if (on_device_) {
+    g.data = sums ? static_cast<const void*>(d_sum_) : model_.grads();
+  } else {
+    mark(OpClass::kCopyToHost);
+    if (!sums) be_.copy_to_host(grad_.data(), model_.grads(), grad_.size());
+    g.data = sums ? static_cast<const void*>(sum_.data()) : grad_.data();
+  }
+  // Per parameter group in order, each group summed in double: the reduction the offloading
+  // scheduler performs too (kernels/common/grad_math.h), on the host or on the device, so all
+  // clip identically. Padding between tensors holds zero gradient.
+  mark(on_device_ ? OpClass::kDeviceOptimizer : OpClass::kHostNorm);
   double sq = 0;
-  for (const auto& [offset, n] : square_groups_) sq += group_sum_squares(gbase + es * offset, gtype, n);
+  if (on_device_) {
+    sq = be_.sum_squares(g.data, g.type, square_groups_);
+  } else {
+    const size_t es = elem_type_size(g.type);
+    for (const auto& [offset, n] : square_groups_)
+      sq += group_sum_squares(static_cast<const char*>(g.data) + es * offset, g.type, n);
+  }
+  mark(OpClass::kHost);
   const StepDecision d = decide_step(sq, r.loss_scale, cfg_.optimizer.grad_clip, scaler_.get());
   r.grad_norm = d.grad_norm;
   // An fp16 overflow skips the whole update, Adam's step count included (as GradScaler).
@@ -284,63 +292,54 @@ StepResult StepRunner::update_on_host(StepResult r, bool sums) {
     return r;
   }
   ++t_;
-  // Every group's update; the new working weights come back into master_ (fp32 tensors) or
-  // lowp_ (16-bit, rounded in the update's pass) and go to the device. With 16-bit tensors
-  // the fp32 master stays in the optimizer until master() asks for it.
+  if (on_device_) update_on_device(g, static_cast<float>(d.grad_scale), static_cast<float>(r.lr));
+  else update_on_host(g, static_cast<float>(d.grad_scale), static_cast<float>(r.lr));
+  return r;
+}
+
+// Every group's update; the new working weights come back into master_ (fp32 tensors) or
+// lowp_ (16-bit, rounded in the update's pass) and go to the device. With 16-bit tensors the
+// fp32 master stays in the optimizer until master() asks for it.
+void StepRunner::update_on_host(const StepGradient& g, float grad_scale, float lr) {
   const ParamLayout& layout = model_.layout();
+  const size_t es = elem_type_size(g.type);
   mark(OpClass::kHostAdamW);
-  for (size_t g = 0; g < layout.groups.size(); ++g) {
+  for (size_t i = 0; i < layout.groups.size(); ++i) {
     OocAdamW::Update u;
-    u.group = static_cast<int>(g);
-    u.grad = gbase + es * layout.groups[g].offset;
-    u.grad_type = gtype;
-    u.lowp = store_ == ElemType::kF32 ? static_cast<void*>(master_.data() + layout.groups[g].offset)
-                                      : lowp_.data() + layout.groups[g].offset;
+    u.group = static_cast<int>(i);
+    u.grad = static_cast<const char*>(g.data) + es * layout.groups[i].offset;
+    u.grad_type = g.type;
+    u.lowp = store_ == ElemType::kF32 ? static_cast<void*>(master_.data() + layout.groups[i].offset)
+                                      : lowp_.data() + layout.groups[i].offset;
     u.lowp_type = store_;
-    u.grad_scale = d.grad_scale;
-    u.lr = static_cast<float>(r.lr);
+    u.grad_scale = grad_scale;
+    u.lr = lr;
     u.t = t_;
     opt_->wait(opt_->submit(u));
   }
   master_stale_ = store_ != ElemType::kF32;
   mark(OpClass::kCopyToDevice);
   upload_params(0, master_.size());
-  return r;
 }
 
-// The same decisions on the device: the sum of squares comes back to the host (the one
-// synchronisation the step needs beyond the losses), the update is queued behind the
-// backward and ahead of the next forward, and nothing else crosses the bus.
-StepResult StepRunner::update_on_device(StepResult r, bool sums) {
-  const void* grad = sums ? static_cast<const void*>(d_sum_) : model_.grads();
-  const ElemType gtype = sums ? ElemType::kF32 : store_;
-  mark(OpClass::kDeviceOptimizer);
-  const double sq = be_.sum_squares(grad, gtype, square_groups_);
-  mark(OpClass::kHost);
-  const StepDecision d = decide_step(sq, r.loss_scale, cfg_.optimizer.grad_clip, scaler_.get());
-  r.grad_norm = d.grad_norm;
-  if (!d.apply) {
-    r.skipped = true;
-    return r;
-  }
-  ++t_;
+// The same update on the device, queued behind the backward and ahead of the next forward:
+// nothing crosses the bus.
+void StepRunner::update_on_device(const StepGradient& g, float grad_scale, float lr) {
   DeviceAdamW a;
   a.master = d_master_;
   a.m = d_m_;
   a.v = d_v_;
-  a.grad = grad;
-  a.grad_type = gtype;
+  a.grad = g.data;
+  a.grad_type = g.type;
   a.lowp = store_ == ElemType::kF32 ? nullptr : model_.params();
   a.lowp_type = store_;
   a.pieces = d_pieces_;
   a.count = n_pieces_;
   const OocAdamWOptions o = optimizer_options(cfg_.optimizer);
-  set_adamw_constants(&a, AdamWStep{static_cast<float>(r.lr), o.beta1, o.beta2, o.eps, 0.0f, t_}, o.weight_decay,
-                      static_cast<float>(d.grad_scale));
+  set_adamw_constants(&a, AdamWStep{lr, o.beta1, o.beta2, o.eps, 0.0f, t_}, o.weight_decay, grad_scale);
   mark(OpClass::kDeviceOptimizer);
   be_.adamw(a);
   master_stale_ = true;
-  return r;
 }
 
 const std::vector<float>& StepRunner::master() {

@@ -53,16 +53,7 @@ import time  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpt_ref import GPT, GPTConfig, SelfAttention, adamw_param_groups, init_weights  # noqa: E402
-
-
-def sdpa_attention_forward(self, x):
-    """SelfAttention.forward of gpt_ref.py with the attention itself in one fused call."""
-    B, T, C = x.shape
-    q, k, v = self.c_attn(x).split(C, dim=2)
-    q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-    y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+from gpt_ref import GPT, GPTConfig, SelfAttention, adamw_param_groups, init_weights, sdpa_forward  # noqa: E402
 
 
 def blas_summary():
@@ -121,7 +112,7 @@ def main():
     if (args.sdpa or args.compile) and int(torch.__version__.split(".")[0]) < 2:
         sys.exit(f"bench_torch.py: --sdpa and --compile need torch >= 2.0; this is {torch.__version__}")
     if args.sdpa:
-        SelfAttention.forward = sdpa_attention_forward
+        SelfAttention.forward = sdpa_forward
     cfg = GPTConfig(n_layer=args.n_layer, n_head=args.n_head, d_model=args.d_model,
                     d_ff=args.d_ff, vocab_size=args.vocab, seq_len=args.seq)
     gen = torch.Generator().manual_seed(args.seed)
