@@ -231,8 +231,11 @@ TEST_CASE("a fine-tune gets fine-tuning defaults, and schedules beside cosine", 
   CHECK(c.optimizer.lr == 2e-5);
   CHECK(c.optimizer.min_lr == 2e-6);
   CHECK(c.optimizer.weight_decay == 0.0);
-  CHECK(c.schedule.warmup_steps == 30);  // 3% of the steps
-  CHECK(parse_config(ft + "schedule: {steps: 10}\n", "<test>").schedule.warmup_steps == 1);
+  CHECK(c.schedule.warmup_steps == kFineTuneWarmupSteps);
+  CHECK(parse_config(ft + "schedule: {steps: 4}\n", "<test>").schedule.warmup_steps == 4);
+  // A resume that trains longer keeps the fine-tune's warmup.
+  CHECK(parse_config(ft + "schedule: {steps: 5000}\n", "<test>").schedule.warmup_steps ==
+        c.schedule.warmup_steps);
   Config given = parse_config(
       ft + "optimizer: {lr: 1.0e-4, weight_decay: 0.05}\nschedule: {warmup_steps: 7}\n", "<test>");
   CHECK(given.optimizer.lr == 1e-4);

@@ -93,7 +93,7 @@ struct ScheduleConfig {
   // Record data: train this many epochs (every record once per epoch, in a seeded order); the
   // run's steps follow from the records and schedule.steps is not used. 0: schedule.steps.
   int64_t epochs = 0;
-  int64_t warmup_steps = 20;  // at most steps; a fine-tune's default: 3% of steps, at least 1
+  int64_t warmup_steps = 20;  // at most steps; a fine-tune's default: kFineTuneWarmupSteps
   // The learning rate after warmup: cosine (to optimizer.min_lr at `steps`), linear (the
   // same ends, a straight line) or constant (optimizer.lr throughout).
   std::string lr_decay = "cosine";
@@ -199,7 +199,9 @@ std::string config_to_self_contained_yaml(const Config& c);
 const char* activation_policy_name(ActivationPolicy p);
 
 // The optimizer's defaults for a fine-tune (model.checkpoint set): lr 2e-5, min_lr 2e-6
-// (a tenth of a given lr), weight_decay 0; the rest as OptimizerConfig's.
+// (a tenth of a given lr), weight_decay 0; the rest as OptimizerConfig's. Its warmup:
+// kFineTuneWarmupSteps (at most schedule.steps).
 OptimizerConfig fine_tune_optimizer_defaults();
+inline constexpr int64_t kFineTuneWarmupSteps = 10;
 
 }  // namespace fuyou

@@ -34,7 +34,8 @@ __global__ void rope_at_k(T* qkvc, int pos0, int Hq, int Hkv, int D, float theta
 
 // The new rows' k and v into cache rows pos0 ...
 template <typename T>
-__global__ void store_kv_k(T* kc, T* vc, const T* qkvc, int pos0, size_t C, size_t KV, size_t total) {
+__global__ void store_kv_k(T* kc, T* vc, const T* qkvc, int pos0, size_t C, size_t KV,
+                           size_t total) {
   FY_GRID_LOOP(idx, total) {
     const size_t n = idx / KV, e = idx % KV, row = C + 2 * KV;
     kc[(pos0 + n) * KV + e] = qkvc[n * row + C + e];
@@ -47,8 +48,8 @@ __global__ void store_kv_k(T* kc, T* vc, const T* qkvc, int pos0, size_t C, size
 // values' columns spread over its lanes); the warps' partial results are then combined. No
 // score is stored, so any context length fits.
 template <typename T>
-__global__ void attention_decode_k(T* out, const T* kc, const T* vc, const T* qkvc, int pos0, int Hq, int Hkv,
-                                   int D, float scale) {
+__global__ void attention_decode_k(T* out, const T* kc, const T* vc, const T* qkvc, int pos0,
+                                   int Hq, int Hkv, int D, float scale) {
   extern __shared__ float sh[];  // q (D) | warp maxima | warp sums | warp accumulators (warps x D)
   const int i = blockIdx.x / Hq, h = blockIdx.x % Hq, g = h / (Hq / Hkv), last = pos0 + i;
   const size_t C = static_cast<size_t>(Hq) * D, KV = static_cast<size_t>(Hkv) * D, row = C + 2 * KV;
@@ -57,7 +58,8 @@ __global__ void attention_decode_k(T* out, const T* kc, const T* vc, const T* qk
   float* wm = q + D;
   float* ws = wm + warps;
   float* wacc = ws + warps;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) q[d] = ld(qkvc[i * row + static_cast<size_t>(h) * D + d]);
+  for (int d = threadIdx.x; d < D; d += blockDim.x)
+    q[d] = ld(qkvc[i * row + static_cast<size_t>(h) * D + d]);
   __syncthreads();
   float m = -INFINITY, s = 0.0f, acc[kMaxHeadSize / kWarp];
   for (int t = 0; t < kMaxHeadSize / kWarp; ++t) acc[t] = 0.0f;
@@ -91,25 +93,28 @@ __global__ void attention_decode_k(T* out, const T* kc, const T* vc, const T* qk
 
 }  // namespace
 
-void CudaBackend::rope_forward_at(void* qkvc, int N, int pos0, int Hq, int Hkv, int D, float theta) {
+void CudaBackend::rope_forward_at(void* qkvc, int N, int pos0, int Hq, int Hkv, int D,
+                                  float theta) {
   const size_t total = static_cast<size_t>(N) * (Hq + Hkv) * (D / 2);
   if (!total) return;
-  FY_TYPED(E, FY_LAUNCH(rope_at_k<E>, elt_blocks(total), kEltThreads, static_cast<E*>(qkvc), pos0, Hq, Hkv, D,
-                        theta, total));
+  FY_TYPED(E, FY_LAUNCH(rope_at_k<E>, elt_blocks(total), kEltThreads, static_cast<E*>(qkvc), pos0,
+                        Hq, Hkv, D, theta, total));
 }
 
-void CudaBackend::attention_decode(void* out, void* k_cache, void* v_cache, const void* qkvc, int N, int pos0,
-                                   int Hq, int Hkv, int D) {
-  FY_CHECK(pos0 >= 0 && N >= 1 && Hkv >= 1 && Hq % Hkv == 0, "attention_decode: ", N, " rows at ", pos0, ", ", Hq,
-           " query heads, ", Hkv, " key/value heads");
+void CudaBackend::attention_decode(void* out, void* k_cache, void* v_cache, const void* qkvc, int N,
+                                   int pos0, int Hq, int Hkv, int D) {
+  FY_CHECK(pos0 >= 0 && N >= 1 && Hkv >= 1 && Hq % Hkv == 0, "attention_decode: ", N, " rows at ",
+           pos0, ", ", Hq, " query heads, ", Hkv, " key/value heads");
   if (D > kMaxHeadSize)
-    throw Error(str("attention_decode on CUDA: head size ", D, " is above the kernel's ", kMaxHeadSize));
+    throw Error(
+        str("attention_decode on CUDA: head size ", D, " is above the kernel's ", kMaxHeadSize));
   const size_t C = static_cast<size_t>(Hq) * D, KV = static_cast<size_t>(Hkv) * D;
-  const size_t shared = sizeof(float) * (D + 2 * (kDecodeThreads / kWarp) + (kDecodeThreads / kWarp) * D);
+  const size_t shared =
+      sizeof(float) * (D + 2 * (kDecodeThreads / kWarp) + (kDecodeThreads / kWarp) * D);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   FY_TYPED(E, {
-    FY_LAUNCH(store_kv_k<E>, elt_blocks(N * KV), kEltThreads, static_cast<E*>(k_cache), static_cast<E*>(v_cache),
-              static_cast<const E*>(qkvc), pos0, C, KV, N * KV);
+    FY_LAUNCH(store_kv_k<E>, elt_blocks(N * KV), kEltThreads, static_cast<E*>(k_cache),
+              static_cast<E*>(v_cache), static_cast<const E*>(qkvc), pos0, C, KV, N * KV);
     bind();
     attention_decode_k<E><<<N * Hq, kDecodeThreads, shared, compute_>>>(
         static_cast<E*>(out), static_cast<const E*>(k_cache), static_cast<const E*>(v_cache),

@@ -410,10 +410,10 @@ ScheduleConfig parse_schedule(const YAML::Node& node, const Origin& source, int 
   s.get_list("sample_prompts", t.sample_prompts);
   s.get("sample_tokens", t.sample_tokens);
   s.finish();
-  // Unless given: a fine-tune warms up over 3% of its steps (at least one); any run's warmup
-  // is at most its length.
+  // Unless given: a fine-tune warms up over kFineTuneWarmupSteps; any run's warmup is at most
+  // its length. Not a share of the steps: a resume that trains longer must keep its warmup.
   if (!s.given("warmup_steps"))
-    t.warmup_steps = std::min(t.steps, fine_tune ? std::max<int64_t>(1, (3 * t.steps + 99) / 100) : t.warmup_steps);
+    t.warmup_steps = std::min(t.steps, fine_tune ? kFineTuneWarmupSteps : t.warmup_steps);
   if (t.lr_decay != "cosine" && t.lr_decay != "linear" && t.lr_decay != "constant")
     s.fail("lr_decay", str("'", t.lr_decay, "' is not one of cosine, linear, constant"));
   require(t.sample_every >= 0 && t.sample_every <= kMaxSteps, s, "sample_every", t.sample_every,

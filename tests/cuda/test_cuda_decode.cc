@@ -57,7 +57,8 @@ TEST_CASE("cuda rope_forward_at and attention_decode match the CPU", "[cuda][dec
   auto gpu = make_cuda_backend(0, kArena);
   for (int Hkv : {4, 2}) {
     INFO("key/value heads " << Hkv);
-    const int T = 37, Hq = 4, D = 32, C = Hq * D, KV = Hkv * D, row = C + 2 * KV, pos0 = 29, N = T - pos0;
+    const int T = 37, Hq = 4, D = 32, C = Hq * D, KV = Hkv * D, row = C + 2 * KV, pos0 = 29,
+              N = T - pos0;
     auto qkvc = random_normal(static_cast<size_t>(T) * row, 40 + Hkv);
     // RoPE of the rows at pos0 .. T-1.
     std::vector<float> part(qkvc.begin() + pos0 * row, qkvc.end());
@@ -67,10 +68,14 @@ TEST_CASE("cuda rope_forward_at and attention_decode match the CPU", "[cuda][dec
     check_within("rope_forward_at", gpart.host(), part, 8 * kU * max_abs(qkvc));
     // Attention: the first pos0 rows in one step, the rest one at a time, on both.
     std::vector<float> kc(T * KV), vc(T * KV), out(T * C);
-    DeviceVec<float> gq(*gpu, qkvc), gkc(*gpu, kc.size()), gvc(*gpu, vc.size()), gout(*gpu, out.size());
-    for (auto [pos, n] : std::vector<std::pair<int, int>>{{0, pos0}, {pos0, 1}, {pos0 + 1, N - 1}}) {
-      cpu->attention_decode(out.data() + pos * C, kc.data(), vc.data(), qkvc.data() + pos * row, n, pos, Hq, Hkv, D);
-      gpu->attention_decode(gout.get() + pos * C, gkc.get(), gvc.get(), gq.get() + pos * row, n, pos, Hq, Hkv, D);
+    DeviceVec<float> gq(*gpu, qkvc), gkc(*gpu, kc.size()), gvc(*gpu, vc.size()),
+        gout(*gpu, out.size());
+    for (auto [pos, n] :
+         std::vector<std::pair<int, int>>{{0, pos0}, {pos0, 1}, {pos0 + 1, N - 1}}) {
+      cpu->attention_decode(out.data() + pos * C, kc.data(), vc.data(), qkvc.data() + pos * row, n,
+                            pos, Hq, Hkv, D);
+      gpu->attention_decode(gout.get() + pos * C, gkc.get(), gvc.get(), gq.get() + pos * row, n,
+                            pos, Hq, Hkv, D);
     }
     const double m = max_abs(qkvc);
     const double score_err = 2 * (D + 1) * kU * D * m * m / std::sqrt(double(D));
@@ -81,7 +86,8 @@ TEST_CASE("cuda rope_forward_at and attention_decode match the CPU", "[cuda][dec
 }
 
 TEST_CASE("cuda decoder: greedy tokens equal the CPU's for every family", "[cuda][decode]") {
-  for (const auto& [family, kv] : std::vector<std::pair<std::string, int>>{{"gpt2", 0}, {"opt", 0}, {"llama", 2}}) {
+  for (const auto& [family, kv] :
+       std::vector<std::pair<std::string, int>>{{"gpt2", 0}, {"opt", 0}, {"llama", 2}}) {
     INFO(family);
     const ModelConfig m = tiny(family, kv);
     const ParamLayout layout = make_gpt_layout(m);
