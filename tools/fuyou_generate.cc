@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
   std::string model_path, prompt, tokenizer;
   std::vector<std::string> sets;
   fuyou::GenerateOptions g;
-  std::string backend = "auto", device_tensors = "fp32", precision = "fp32";
+  std::string backend = "auto", device_tensors = "fp32", precision = "fp32", stream = "auto";
   bool chat = false, ignore_eos = false, json_out = false, verbose = false;
   app.add_option("--model", model_path,
                  "fuyou-train run directory, training or engine checkpoint, or Hugging Face model "
@@ -73,7 +73,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--seed", g.seed, "Seed of the sampling");
   app.add_flag("--ignore-eos", ignore_eos, "Do not stop at the model's end-of-sequence token");
-  app.add_flag("--chat", chat, "Wrap the prompt in the model's chat template (not available yet)");
+  app.add_flag("--chat", chat,
+               "The prompt is a user message: render it with the model's chat template "
+               "(tokenizer_config.json's chat_template) and the generation prompt");
+  app.add_option("--stream-layers", stream,
+                 "auto: stream the layers through the device when the model does not fit it; "
+                 "always; never")
+      ->check(CLI::IsMember({"auto", "always", "never"}));
   app.add_option("--tokenizer", tokenizer, "tokenizer.json to use instead of the model's");
   app.add_option("--backend", backend, "cpu, cuda or auto")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
@@ -90,11 +96,6 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   fuyou::init_logging(verbose);
   try {
-    if (chat)
-      throw fuyou::ConfigError(
-          "--chat: chat templates are not supported by fuyou-generate yet; write the prompt in the "
-          "model's chat "
-          "format instead");
     std::vector<std::string> overrides = {"runtime.backend=" + backend,
                                           "runtime.device_tensors=" + device_tensors,
                                           "runtime.precision=" + precision};
@@ -108,21 +109,40 @@ int main(int argc, char** argv) {
                  m.kind, m.model.family, m.model.n_layer, m.model.d_model, m.model.vocab_size,
                  m.files.context);
     spdlog::info("tokenizer: {}", codec.describe());
-    const std::vector<int32_t> ids = codec.encode_prompt(prompt);
+    const std::vector<int32_t> ids =
+        chat ? codec.encode_chat_prompt(prompt) : codec.encode_prompt(prompt);
     const int capacity =
         std::min<int64_t>(m.files.context, static_cast<int64_t>(ids.size()) + g.max_new_tokens);
     std::string why;
     std::unique_ptr<fuyou::Backend> be = fuyou::make_backend(cfg, &why);
     spdlog::info("{}", why);
-    fuyou::GptDecoder decoder(m.model, *be, capacity);
+    const fuyou::LayerStreaming streaming = stream == "always"  ? fuyou::LayerStreaming::kAlways
+                                            : stream == "never" ? fuyou::LayerStreaming::kNever
+                                                                : fuyou::LayerStreaming::kAuto;
+    fuyou::GptDecoder decoder(m.model, *be, capacity, streaming);
     decoder.set_params(m.params.data());
     m.params = {};
+    if (decoder.streaming())
+      spdlog::info(
+          "layers streamed from host memory ({}): {} copied per step (the prompt's chunk or one "
+          "generated token)",
+          streaming == fuyou::LayerStreaming::kAlways
+              ? "--stream-layers always"
+              : "the model does not fit the device beside its key/value cache",
+          fuyou::format_size(decoder.streamed_bytes_per_step()));
 
     TextStream stream(codec);
     if (!json_out) g.on_token = [&](int32_t id) { stream.add(id); };
     fuyou::GenerateResult r = fuyou::generate_tokens(decoder, ids, codec.stop_ids(), g);
     if (!json_out) stream.finish();
     const double tps = r.generate_s > 0 ? r.ids.size() / r.generate_s : 0;
+    const fuyou::DecoderStreamStats& ss = decoder.stream_stats();
+    if (decoder.streaming())
+      spdlog::info(
+          "streaming: {} copied in {:.3f} s ({:.2f} GB/s while copying); compute waited {:.3f} s "
+          "for weights",
+          fuyou::format_size(ss.bytes), ss.copy_s, ss.copy_s > 0 ? ss.bytes / ss.copy_s / 1e9 : 0,
+          ss.wait_s);
     spdlog::info("prompt {} tokens in {:.3f} s; {} new tokens in {:.3f} s ({:.1f} tokens/s){}",
                  ids.size(), r.prompt_s, r.ids.size(), r.generate_s, tps,
                  r.stopped ? "; stopped at the end-of-sequence token"
@@ -133,7 +153,9 @@ int main(int argc, char** argv) {
       nlohmann::json j{{"prompt_ids", r.prompt_ids},  {"ids", r.ids},
                        {"text", codec.decode(r.ids)}, {"stopped", r.stopped},
                        {"prompt_s", r.prompt_s},      {"generate_s", r.generate_s},
-                       {"tokens_per_s", tps},         {"backend", be->name()}};
+                       {"tokens_per_s", tps},         {"backend", be->name()},
+                       {"streamed", decoder.streaming()}, {"streamed_bytes", ss.bytes},
+                       {"stream_copy_s", ss.copy_s},  {"stream_wait_s", ss.wait_s}};
       // Text that ends inside a character is not UTF-8: those bytes become U+FFFD.
       std::puts(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     }

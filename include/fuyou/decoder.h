@@ -7,6 +7,13 @@
 // every layer with the backend's ordinary kernels (norms, GEMMs, MLP) and the two decoding
 // kernels (Backend::rope_forward_at, attention_decode), and returns the last token's logits.
 // A prompt runs in chunks of up to kDecoderChunkRows tokens; each generated token is one step.
+//
+// A model whose weights do not fit the device beside the caches streams its layers: the
+// embedding and final groups stay on the device, every layer's weights are kept in (page-locked)
+// host memory, and each step copies layer l+1 into one of two device slots while layer l
+// computes from the other. Every step then moves all layer weights across the host link, so a
+// step costs at least (layer bytes) / (host-to-device bandwidth), whatever its number of tokens:
+// a long prompt is cheap per token, each generated token pays the whole transfer.
 #pragma once
 
 #include <cstdint>
@@ -27,13 +34,27 @@ inline constexpr int kDecoderChunkRows = 256;
 
 // Device bytes a decoder of `capacity` positions needs: weights, caches, workspace.
 uint64_t decoder_device_bytes(const ModelConfig& cfg, int capacity, size_t elem_bytes);
+// The same with the layers streamed: the embedding and final groups, two layer slots, caches
+// and workspace.
+uint64_t decoder_streaming_device_bytes(const ModelConfig& cfg, int capacity, size_t elem_bytes);
+
+// Where the layer weights live: kAuto streams them only when the whole model does not fit.
+enum class LayerStreaming { kAuto, kAlways, kNever };
+
+// What streaming cost so far (zero when the weights are resident).
+struct DecoderStreamStats {
+  uint64_t bytes = 0;      // copied to the device
+  double copy_s = 0;       // time spent copying (on the copy thread)
+  double wait_s = 0;       // time compute waited for a layer's weights
+};
 
 class GptDecoder {
  public:
-  // Allocates everything up front; throws Error, naming the sizes, when the weights and
-  // caches do not fit the backend's device memory (a model larger than the device would need
-  // its layers streamed, which generation does not do).
-  GptDecoder(const ModelConfig& cfg, Backend& backend, int capacity);
+  // Allocates everything up front; throws Error, naming the sizes, when even the streaming
+  // form (the globals, two layer slots, the caches and the workspace) does not fit the
+  // backend's device memory, or when kNever is asked and the whole model does not fit.
+  GptDecoder(const ModelConfig& cfg, Backend& backend, int capacity,
+             LayerStreaming streaming = LayerStreaming::kAuto);
   ~GptDecoder();
   GptDecoder(const GptDecoder&) = delete;
   GptDecoder& operator=(const GptDecoder&) = delete;
@@ -45,6 +66,10 @@ class GptDecoder {
   void reset() { pos_ = 0; }
   int position() const { return pos_; }
   int capacity() const { return capacity_; }
+  bool streaming() const { return streaming_; }
+  const DecoderStreamStats& stream_stats() const { return stats_; }
+  // Bytes of the layer weights that every streamed step copies.
+  uint64_t streamed_bytes_per_step() const;
 
   // Runs `n` tokens at positions position() .. position()+n-1 and returns the fp32 logits (V)
   // after the last of them. Throws Error when they would pass capacity().
@@ -52,7 +77,9 @@ class GptDecoder {
 
  private:
   void run_chunk(const int32_t* tokens, int n);
+  void run_layer(const LayerTensors& w, int l, int n);
   void norm(void* out, const void* in, const void* w, const void* b, int n);
+  void load_layer(int l);  // streaming: layer l's weights into slot_[l % 2]
 
   ModelConfig cfg_;
   Backend& be_;
@@ -61,7 +88,13 @@ class GptDecoder {
   size_t es_;
   ParamLayout layout_;
   Family family_;
-  void* params_ = nullptr;
+  bool streaming_ = false;
+  void* params_ = nullptr;  // resident: every group; streaming: null
+  void *embed_ = nullptr, *final_ = nullptr;  // streaming: the first and last groups
+  void* slot_[2] = {nullptr, nullptr};        // streaming: two layer slots
+  std::vector<char> host_layers_;             // streaming: the flat parameters, storage type
+  bool host_registered_ = false;
+  DecoderStreamStats stats_;
   std::vector<void*> k_cache_, v_cache_;  // per layer (capacity, Hkv D)
   int32_t* tokens_ = nullptr;             // (rows)
   void *x_ = nullptr, *ln_ = nullptr, *qkvc_ = nullptr, *atty_ = nullptr, *res_ = nullptr;

@@ -54,6 +54,11 @@ class TextCodec {
   static TextCodec for_model(const ModelFiles& files, const ModelConfig& model,
                              const std::string& tokenizer_json = "");
   std::vector<int32_t> encode_prompt(const std::string& text) const;
+  // `text` as one user message through tokenizer_config.json's chat_template, with the
+  // generation prompt: apply_chat_template([{"role": "user", "content": text}],
+  // add_generation_prompt=True) (the template places any BOS itself). ConfigError when the
+  // model has no chat template.
+  std::vector<int32_t> encode_chat_prompt(const std::string& text) const;
   std::string decode(const std::vector<int32_t>& ids) const;
   // The tokens that end generation: config.json's and generation_config.json's eos_token_id.
   const std::set<int32_t>& stop_ids() const { return stop_; }
@@ -63,6 +68,7 @@ class TextCodec {
   std::shared_ptr<const Tokenizer> tok_;  // null: byte-level
   std::vector<int32_t> prefix_, suffix_;
   std::set<int32_t> special_, stop_;
+  DatasetOptions chat_;  // chat_template (empty: none) and the tokens it may name
   bool clean_up_ = false;
   std::string description_;
 };

@@ -119,6 +119,12 @@ void encode_pair(const Tokenizer& tok, std::string_view prompt, std::string_view
 void encode_chat(const Tokenizer& tok, const DatasetOptions& opts, const std::string& messages_json,
                  const std::string& where, std::vector<int32_t>* ids, std::vector<uint8_t>* mask);
 
+// The conversation with the generation prompt (what the model's turn follows), encoded as
+// apply_chat_template(messages, add_generation_prompt=True, tokenize=True) encodes it.
+std::vector<int32_t> encode_chat_prompt(const Tokenizer& tok, const DatasetOptions& opts,
+                                        const std::string& messages_json,
+                                        const std::string& where);
+
 struct DatasetResult {
   std::string train_path, val_path;            // train.tok, val.tok
   std::string train_mask_path, val_mask_path;  // train.mask, val.mask (prompt/completion)

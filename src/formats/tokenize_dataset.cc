@@ -163,49 +163,83 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
 
 }  // namespace
 
+namespace {
+
+// A conversation checked and ready to render through the chat template, whole or in part.
+class ChatRender {
+ public:
+  ChatRender(const DatasetOptions& o, const std::string& messages_json, const std::string& where)
+      : where_(where) {
+    if (o.chat_template.empty())
+      throw ConfigError(str(where, ": conversations need the model's chat_template "
+                                   "(tokenizer_config.json beside tokenizer.json)"));
+    tpl_ = &parsed_template(o);
+    messages_ = nlohmann::json::parse(messages_json);
+    if (!messages_.is_array() || messages_.empty())
+      throw IoError(str(where, ": field '", o.chat_field, "' must be a non-empty list of messages"));
+    for (size_t k = 0; k < messages_.size(); ++k) {
+      const auto& m = messages_[k];
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
+          !m.contains("content") || !m["content"].is_string())
+        throw IoError(str(where, ": message ", k,
+                          " must be an object with string fields 'role' and 'content'"));
+    }
+    vars_ = {{"bos_token", o.template_bos},
+             {"eos_token", o.template_eos},
+             {"pad_token", o.template_pad},
+             {"unk_token", o.template_unk}};
+  }
+  const nlohmann::json& messages() const { return messages_; }
+  // The first n messages, with the generation prompt (the assistant's turn follows) or not.
+  std::string render(size_t n, bool generation) {
+    vars_["messages"] =
+        nlohmann::json(messages_.begin(), messages_.begin() + static_cast<ptrdiff_t>(n));
+    vars_["add_generation_prompt"] = generation;
+    try {
+      return tpl_->render(vars_);
+    } catch (const Error& e) {
+      throw IoError(str(where_, ": ", e.what()));
+    }
+  }
+
+ private:
+  std::string where_;
+  const jinja::Template* tpl_ = nullptr;
+  nlohmann::json messages_, vars_;
+};
+
+}  // namespace
+
 void encode_chat(const Tokenizer& tok, const DatasetOptions& o, const std::string& messages_json,
                  const std::string& where, std::vector<int32_t>* ids, std::vector<uint8_t>* mask) {
-  if (o.chat_template.empty())
-    throw ConfigError(str(where, ": conversations need the model's chat_template (tokenizer_config.json beside "
-                             "tokenizer.json)"));
-  const jinja::Template& tpl = parsed_template(o);
-  const nlohmann::json messages = nlohmann::json::parse(messages_json);
-  if (!messages.is_array() || messages.empty())
-    throw IoError(str(where, ": field '", o.chat_field, "' must be a non-empty list of messages"));
-  for (size_t k = 0; k < messages.size(); ++k) {
-    const auto& m = messages[k];
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
-        !m["content"].is_string())
-      throw IoError(str(where, ": message ", k, " must be an object with string fields 'role' and 'content'"));
-  }
-  nlohmann::json vars = {{"bos_token", o.template_bos}, {"eos_token", o.template_eos},
-                         {"pad_token", o.template_pad}, {"unk_token", o.template_unk}};
-  auto render = [&](size_t n, bool generation) {
-    vars["messages"] = nlohmann::json(messages.begin(), messages.begin() + static_cast<ptrdiff_t>(n));
-    vars["add_generation_prompt"] = generation;
-    try {
-      return tpl.render(vars);
-    } catch (const Error& e) {
-      throw IoError(str(where, ": ", e.what()));
-    }
-  };
-  const std::string full = render(messages.size(), false);
+  ChatRender chat(o, messages_json, where);
+  const nlohmann::json& messages = chat.messages();
+  const std::string full = chat.render(messages.size(), false);
   const std::vector<int32_t> all = tok.encode(full);
   std::vector<uint8_t> m(all.size(), 0);
   for (size_t k = 0; k < messages.size(); ++k) {
     if (messages[k]["role"] != "assistant") continue;
-    const std::string before = render(k, true), upto = render(k + 1, false);
+    const std::string before = chat.render(k, true), upto = chat.render(k + 1, false);
     if (upto.compare(0, before.size(), before) != 0 || full.compare(0, upto.size(), upto) != 0)
       throw IoError(str(where, ": the chat template does not render assistant message ", k,
-                        " as an extension of the conversation before it, so its tokens cannot be told apart"));
+                        " as an extension of the conversation before it, so its tokens cannot be "
+                        "told apart"));
     // The turn's tokens: from where the conversation before it (with the generation prompt)
     // stops sharing tokens with the whole, to where the conversation up to it does.
-    const size_t a = common_prefix(tok.encode(before), all), b = common_prefix(tok.encode(upto), all);
+    const size_t a = common_prefix(tok.encode(before), all),
+                 b = common_prefix(tok.encode(upto), all);
     for (size_t i = a; i < b; ++i) m[i] = 1;
   }
   ids->insert(ids->end(), all.begin(), all.end());
   mask->resize(ids->size() - all.size(), 0);
   mask->insert(mask->end(), m.begin(), m.end());
+}
+
+std::vector<int32_t> encode_chat_prompt(const Tokenizer& tok, const DatasetOptions& o,
+                                        const std::string& messages_json,
+                                        const std::string& where) {
+  ChatRender chat(o, messages_json, where);
+  return tok.encode(chat.render(chat.messages().size(), true));
 }
 
 SpecialTokens read_special_tokens(const std::string& path) {

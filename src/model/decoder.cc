@@ -1,6 +1,9 @@
 #include "fuyou/decoder.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <future>
 #include <cmath>
 #include <numeric>
 #include <type_traits>
@@ -45,17 +48,44 @@ uint64_t cache_bytes(const ModelConfig& cfg, int capacity, size_t es) {
   return 2ull * cfg.n_layer * capacity * cfg.kv_heads() * cfg.head_size() * es;
 }
 
+uint64_t workspace_bytes(const ModelConfig& cfg, int capacity, size_t es) {
+  DecoderBuffers b{};
+  uint64_t n = sizeof(int32_t) * chunk_rows(capacity);
+  for_each_decoder_buffer(cfg, chunk_rows(capacity), b,
+                          [&](auto*& p, size_t k, const char*) { n += bytes_of(p, k, es); });
+  return n;
+}
+
+// Elements of the largest layer group (every layer's is the same size; max for safety).
+size_t layer_slot_numel(const ParamLayout& layout) {
+  size_t n = 0;
+  for (size_t g = 1; g + 1 < layout.groups.size(); ++g) n = std::max(n, layout.groups[g].numel);
+  return n;
+}
+
+uint64_t streaming_weight_bytes(const ParamLayout& layout, size_t es) {
+  return (layout.groups.front().numel + layout.groups.back().numel + 2 * layer_slot_numel(layout)) *
+         es;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 }  // namespace
 
 uint64_t decoder_device_bytes(const ModelConfig& cfg, int capacity, size_t es) {
-  DecoderBuffers b{};
-  uint64_t n = make_gpt_layout(cfg).total * es + cache_bytes(cfg, capacity, es);
-  for_each_decoder_buffer(cfg, chunk_rows(capacity), b,
-                          [&](auto*& p, size_t k, const char*) { n += bytes_of(p, k, es); });
-  return n + sizeof(int32_t) * chunk_rows(capacity);
+  return make_gpt_layout(cfg).total * es + cache_bytes(cfg, capacity, es) +
+         workspace_bytes(cfg, capacity, es);
 }
 
-GptDecoder::GptDecoder(const ModelConfig& cfg, Backend& backend, int capacity)
+uint64_t decoder_streaming_device_bytes(const ModelConfig& cfg, int capacity, size_t es) {
+  return streaming_weight_bytes(make_gpt_layout(cfg), es) + cache_bytes(cfg, capacity, es) +
+         workspace_bytes(cfg, capacity, es);
+}
+
+GptDecoder::GptDecoder(const ModelConfig& cfg, Backend& backend, int capacity,
+                       LayerStreaming streaming)
     : cfg_(cfg),
       be_(backend),
       capacity_(capacity),
@@ -69,22 +99,39 @@ GptDecoder::GptDecoder(const ModelConfig& cfg, Backend& backend, int capacity)
     throw Error(
         str("decoder: ", capacity, " positions, but the model's position table has ", pos_rows));
   const MemoryStats mem = be_.memory();
-  const uint64_t need = decoder_device_bytes(cfg, capacity, es_);
-  if (mem.capacity != 0 && mem.used + need > mem.capacity)
-    throw Error(str("generation needs ", format_size(need), " of device memory (weights ",
-                    format_size(layout_.total * es_), ", key/value cache of ", capacity,
-                    " positions ", format_size(cache_bytes(cfg, capacity, es_)), ") but backend ",
-                    be_.name(), " has ", format_size(mem.capacity - mem.used),
-                    " free: generating with a model larger than the device "
-                    "(streaming its layers) is not supported yet; use a shorter --max-tokens, bf16 "
-                    "weights, or the "
-                    "cpu backend"));
+  const uint64_t free = mem.capacity == 0 ? UINT64_MAX : mem.capacity - mem.used;
+  const uint64_t whole = decoder_device_bytes(cfg, capacity, es_);
+  const uint64_t streamed = decoder_streaming_device_bytes(cfg, capacity, es_);
+  streaming_ = streaming == LayerStreaming::kAlways ||
+               (streaming == LayerStreaming::kAuto && whole > free);
+  const uint64_t need = streaming_ ? streamed : whole;
+  if (need > free)
+    throw Error(str(
+        "generation needs ", format_size(need), " of device memory (",
+        streaming_ ? "with its layers streamed: the embedding and final weights and two layers "
+                   : "weights ",
+        format_size(streaming_ ? streaming_weight_bytes(layout_, es_) : layout_.total * es_),
+        ", key/value cache of ", capacity, " positions ",
+        format_size(cache_bytes(cfg, capacity, es_)), ", workspace ",
+        format_size(workspace_bytes(cfg, capacity, es_)), ") but backend ", be_.name(), " has ",
+        format_size(free), " free",
+        streaming == LayerStreaming::kNever
+            ? str("; streaming the layers would need ", format_size(streamed))
+            : std::string(),
+        ": use a shorter --max-tokens, bf16 weights, or the cpu backend"));
   auto alloc = [&](size_t bytes, const std::string& what) {
     void* p = be_.alloc(bytes, what);
     owned_.push_back(p);
     return p;
   };
-  params_ = alloc(layout_.total * es_, "decoder weights");
+  if (streaming_) {
+    embed_ = alloc(layout_.groups.front().numel * es_, "decoder embedding weights");
+    final_ = alloc(layout_.groups.back().numel * es_, "decoder final weights");
+    for (int s = 0; s < 2; ++s)
+      slot_[s] = alloc(layer_slot_numel(layout_) * es_, str("decoder layer slot ", s));
+  } else {
+    params_ = alloc(layout_.total * es_, "decoder weights");
+  }
   const size_t kv_row = static_cast<size_t>(cfg.kv_heads()) * cfg.head_size();
   for (int l = 0; l < cfg.n_layer; ++l) {
     k_cache_.push_back(alloc(capacity * kv_row * es_, str("layer ", l, " key cache")));
@@ -103,19 +150,47 @@ GptDecoder::GptDecoder(const ModelConfig& cfg, Backend& backend, int capacity)
 }
 
 GptDecoder::~GptDecoder() {
+  if (host_registered_) be_.unregister_host(host_layers_.data());
   for (void* p : owned_) be_.free(p);
 }
 
+uint64_t GptDecoder::streamed_bytes_per_step() const {
+  if (!streaming_) return 0;
+  uint64_t n = 0;
+  for (int l = 0; l < cfg_.n_layer; ++l) n += layout_.groups[1 + l].numel * es_;
+  return n;
+}
+
 void GptDecoder::set_params(const float* host_params) {
-  if (be_.storage_type() == ElemType::kF32) {
-    be_.copy_to_device(params_, host_params, layout_.total * sizeof(float));
+  std::vector<char> stored(layout_.total * es_);
+  if (be_.storage_type() == ElemType::kF32)
+    std::memcpy(stored.data(), host_params, stored.size());
+  else
+    round_to(be_.storage_type(), reinterpret_cast<uint16_t*>(stored.data()), host_params,
+             layout_.total);
+  if (!streaming_) {
+    be_.copy_to_device(params_, stored.data(), stored.size());
   } else {
-    std::vector<uint16_t> low(layout_.total);
-    round_to(be_.storage_type(), low.data(), host_params, layout_.total);
-    be_.copy_to_device(params_, low.data(), low.size() * sizeof(uint16_t));
+    const ParamGroup &ge = layout_.groups.front(), &gf = layout_.groups.back();
+    be_.copy_to_device(embed_, stored.data() + ge.offset * es_, ge.numel * es_);
+    be_.copy_to_device(final_, stored.data() + gf.offset * es_, gf.numel * es_);
+    be_.synchronize();
+    if (host_registered_) be_.unregister_host(host_layers_.data());
+    host_layers_ = std::move(stored);
+    // Page-locked, the copies run at the link's speed and beside compute; refused (the
+    // locked-memory limit), they still work, slower.
+    host_registered_ = be_.register_host(host_layers_.data(), host_layers_.size());
   }
   be_.synchronize();
   pos_ = 0;
+}
+
+void GptDecoder::load_layer(int l) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const ParamGroup& g = layout_.groups[1 + l];
+  be_.copy_to_device(slot_[l % 2], host_layers_.data() + g.offset * es_, g.numel * es_);
+  stats_.copy_s += seconds_since(t0);
+  stats_.bytes += g.numel * es_;
 }
 
 void GptDecoder::norm(void* out, const void* in, const void* w, const void* b, int n) {
@@ -125,50 +200,78 @@ void GptDecoder::norm(void* out, const void* in, const void* w, const void* b, i
     be_.layernorm_forward(out, mean_, rstd_, in, w, b, n, cfg_.d_model);
 }
 
-// The forward of n tokens at pos_ .. pos_+n-1 (block_forward's order of operations, with the
-// cache's attention), leaving the last row's logits in logits_.
-void GptDecoder::run_chunk(const int32_t* tokens, int n) {
-  const int C = cfg_.d_model, F = cfg_.d_ff, V = cfg_.vocab_size;
+// One layer's forward of n rows at pos_ .. pos_+n-1 (block_forward's order of operations, with
+// the cache's attention), x_ in and out.
+void GptDecoder::run_layer(const LayerTensors& w, int l, int n) {
+  const int C = cfg_.d_model, F = cfg_.d_ff;
   const int H = cfg_.n_head, Hkv = cfg_.kv_heads(), D = cfg_.head_size(), QKV = C + 2 * Hkv * D;
+  norm(ln_, x_, w.ln1_w, w.ln1_b, n);
+  be_.matmul_forward(qkvc_, ln_, w.qkv_w, w.qkv_b, n, C, QKV);
+  if (family_ == Family::kLlama) be_.rope_forward_at(qkvc_, n, pos_, H, Hkv, D, cfg_.rope_theta);
+  be_.attention_decode(atty_, k_cache_[l], v_cache_[l], qkvc_, n, pos_, H, Hkv, D);
+  be_.matmul_forward(res_, atty_, w.proj_w, w.proj_b, n, C, C);
+  be_.add(res_, res_, x_, static_cast<size_t>(n) * C);
+  norm(ln_, res_, w.ln2_w, w.ln2_b, n);
+  switch (family_) {
+    case Family::kGpt2:
+      be_.matmul_forward(fch_, ln_, w.fc_w, w.fc_b, n, C, F);
+      be_.gelu_forward(fcg_, fch_, static_cast<size_t>(n) * F);
+      break;
+    case Family::kOpt:
+      be_.matmul_forward(fch_, ln_, w.fc_w, w.fc_b, n, C, F);
+      be_.relu_forward(fcg_, fch_, static_cast<size_t>(n) * F);
+      break;
+    case Family::kLlama:
+      be_.matmul_forward(fch_, ln_, w.fc_w, nullptr, n, C, 2 * F);
+      be_.swiglu_forward(fcg_, fch_, n, F);
+      break;
+  }
+  // The block's input is not needed any more (res_ holds it plus attention): its buffer
+  // takes the block's output.
+  be_.matmul_forward(x_, fcg_, w.fcproj_w, w.fcproj_b, n, F, C);
+  be_.add(x_, x_, res_, static_cast<size_t>(n) * C);
+}
+
+// The forward of n tokens at pos_ .. pos_+n-1, leaving the last row's logits in logits_.
+void GptDecoder::run_chunk(const int32_t* tokens, int n) {
+  const int C = cfg_.d_model, V = cfg_.vocab_size;
   for (int i = 0; i < n; ++i)
     if (tokens[i] < 0 || tokens[i] >= V)
       throw Error(str("token id ", tokens[i], " at position ", pos_ + i,
                       " is outside the vocabulary (", V, ")"));
   be_.copy_to_device(tokens_, tokens, sizeof(int32_t) * n);
-  GlobalTensors g = global_tensors(layout_, params_, es_);
+  GlobalTensors g = streaming_ ? global_tensors(layout_, embed_, final_, es_)
+                               : global_tensors(layout_, params_, es_);
   const void* wpe = nullptr;
   if (g.wpe) {  // row pos_ (+ OPT's offset) is the first new row's position
     const int row0 = pos_ + (family_ == Family::kOpt ? kOptPositionOffset : 0);
     wpe = static_cast<const char*>(g.wpe) + static_cast<size_t>(row0) * C * es_;
   }
-  be_.embedding_forward(x_, tokens_, g.wte, wpe, 1, n, C);
-  for (int l = 0; l < cfg_.n_layer; ++l) {
-    const LayerTensors w = layer_tensors(layout_, l, params_, es_);
-    norm(ln_, x_, w.ln1_w, w.ln1_b, n);
-    be_.matmul_forward(qkvc_, ln_, w.qkv_w, w.qkv_b, n, C, QKV);
-    if (family_ == Family::kLlama) be_.rope_forward_at(qkvc_, n, pos_, H, Hkv, D, cfg_.rope_theta);
-    be_.attention_decode(atty_, k_cache_[l], v_cache_[l], qkvc_, n, pos_, H, Hkv, D);
-    be_.matmul_forward(res_, atty_, w.proj_w, w.proj_b, n, C, C);
-    be_.add(res_, res_, x_, static_cast<size_t>(n) * C);
-    norm(ln_, res_, w.ln2_w, w.ln2_b, n);
-    switch (family_) {
-      case Family::kGpt2:
-        be_.matmul_forward(fch_, ln_, w.fc_w, w.fc_b, n, C, F);
-        be_.gelu_forward(fcg_, fch_, static_cast<size_t>(n) * F);
-        break;
-      case Family::kOpt:
-        be_.matmul_forward(fch_, ln_, w.fc_w, w.fc_b, n, C, F);
-        be_.relu_forward(fcg_, fch_, static_cast<size_t>(n) * F);
-        break;
-      case Family::kLlama:
-        be_.matmul_forward(fch_, ln_, w.fc_w, nullptr, n, C, 2 * F);
-        be_.swiglu_forward(fcg_, fch_, n, F);
-        break;
+  if (!streaming_) {
+    be_.embedding_forward(x_, tokens_, g.wte, wpe, 1, n, C);
+    for (int l = 0; l < cfg_.n_layer; ++l) run_layer(layer_tensors(layout_, l, params_, es_), l, n);
+  } else {
+    // Layer l+1 is copied into the other slot on a thread of its own while layer l computes
+    // (layer 0 beside the embedding); a slot is refilled only after the layer that read it has
+    // finished (finish_compute), so the copies wait for nothing but themselves
+    // (caller-ordered).
+    be_.finish_compute();
+    be_.set_caller_ordered(true);
+    struct Restore {
+      Backend& be;
+      ~Restore() { be.set_caller_ordered(false); }
+    } restore{be_};
+    std::future<void> next = std::async(std::launch::async, [this] { load_layer(0); });
+    be_.embedding_forward(x_, tokens_, g.wte, wpe, 1, n, C);
+    for (int l = 0; l < cfg_.n_layer; ++l) {
+      const auto t0 = std::chrono::steady_clock::now();
+      next.get();
+      stats_.wait_s += seconds_since(t0);
+      if (l + 1 < cfg_.n_layer)
+        next = std::async(std::launch::async, [this, l] { load_layer(l + 1); });
+      run_layer(layer_group_tensors(layout_, l, slot_[l % 2], es_), l, n);
+      be_.finish_compute();
     }
-    // The block's input is not needed any more (res_ holds it plus attention): its buffer
-    // takes the block's output.
-    be_.matmul_forward(x_, fcg_, w.fcproj_w, w.fcproj_b, n, F, C);
-    be_.add(x_, x_, res_, static_cast<size_t>(n) * C);
   }
   const void* last = static_cast<const char*>(x_) + static_cast<size_t>(n - 1) * C * es_;
   norm(ln_, last, g.lnf_w, g.lnf_b, 1);

@@ -250,12 +250,24 @@ TextCodec TextCodec::for_model(const ModelFiles& files, const ModelConfig& model
              template_specials(tj["post_processor"], *tok, &c.prefix_, &c.suffix_)) {
     how = "tokenizer.json's post-processor";
   }
+  const fs::path tc_path = fs::path(tok_path).parent_path() / "tokenizer_config.json";
+  if (tc.is_object() && tc.contains("chat_template")) {
+    const SpecialTokens st = read_special_tokens(tc_path.string());
+    c.chat_.chat_field = "messages";
+    c.chat_.chat_template = st.chat_template;
+    c.chat_.template_source = tc_path.string();
+    c.chat_.template_bos = st.bos;
+    c.chat_.template_eos = st.eos;
+    c.chat_.template_pad = st.pad;
+    c.chat_.template_unk = st.unk;
+  }
   c.clean_up_ = tc.is_object() && tc.contains("clean_up_tokenization_spaces") &&
                         tc["clean_up_tokenization_spaces"].is_boolean()
                     ? tc["clean_up_tokenization_spaces"].get<bool>()
                     : !llama_cls;
   c.description_ = str(tok->describe(), "; prompt ", c.prefix_.size(), " special token(s) before, ",
                        c.suffix_.size(), " after", how.empty() ? "" : " (" + how + ")",
+                       c.chat_.chat_template.empty() ? "" : "; chat template",
                        c.clean_up_ ? "; spaces cleaned up on decoding" : "");
   c.tok_ = std::move(tok);
   return c;
@@ -269,6 +281,16 @@ std::vector<int32_t> TextCodec::encode_prompt(const std::string& text) const {
     for (int32_t b : byte_encode(text)) ids.push_back(b);
   ids.insert(ids.end(), suffix_.begin(), suffix_.end());
   return ids;
+}
+
+std::vector<int32_t> TextCodec::encode_chat_prompt(const std::string& text) const {
+  if (!tok_ || chat_.chat_template.empty())
+    throw ConfigError(str("--chat: the model's tokenizer has no chat_template (",
+                          tok_ ? "none in tokenizer_config.json beside tokenizer.json"
+                               : "a byte-level model without tokenizer.json",
+                          "); write the prompt in the model's chat format instead"));
+  const json messages = json::array({json{{"role", "user"}, {"content", text}}});
+  return fuyou::encode_chat_prompt(*tok_, chat_, messages.dump(), chat_.template_source);
 }
 
 std::string TextCodec::decode(const std::vector<int32_t>& ids) const {

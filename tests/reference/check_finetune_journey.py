@@ -9,7 +9,9 @@ for a Llama with a Llama-2-style tokenizer (SentencePiece-style BPE with byte fa
 added to prompts, bf16 weights, context 128 fine-tuned at 32) and a GPT-2 with a byte-level
 tokenizer (fp32). The export must load with AutoTokenizer and AutoModelForCausalLM with the
 base model's special-token ids, context length and dtype, and fuyou-generate's greedy tokens
-and text must equal transformers' generate() on the export (and on the base model).
+and text must equal transformers' generate() on the export (and on the base model); so must
+its --chat prompts (the model's chat template, carried through the run into the export) and
+its generation with the layers streamed through the device (--stream-layers always).
 
     /usr/bin/python3 tests/reference/check_finetune_journey.py BUILD_DIR
 
@@ -23,6 +25,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import chat_templates  # noqa: E402
 
 try:
     import torch
@@ -63,6 +68,7 @@ def make_llama(d):
     torch.manual_seed(5)
     tok = transformers.LlamaTokenizerFast(tokenizer_file=os.path.join(FIXTURES, "tok_llama2.json"),
                                           legacy=True, add_bos_token=True, add_eos_token=False)
+    tok.chat_template = chat_templates.LLAMA2
     cfg = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=48,
                                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                    max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=10000.0,
@@ -78,6 +84,10 @@ def make_gpt2(d):
     tok = transformers.GPT2TokenizerFast(tokenizer_file=os.path.join(FIXTURES, "tok_bytelevel.json"),
                                          bos_token="<|endoftext|>", eos_token="<|endoftext|>",
                                          unk_token="<|endoftext|>")
+    # ChatML's markers spell out in bytes here (no added tokens): a short template keeps the
+    # chat prompt within the 64 positions.
+    tok.chat_template = ("{% for m in messages %}{{ m['role'][0] + ': ' + m['content'] + '\\n' }}"
+                         "{% endfor %}{% if add_generation_prompt %}{{ 'a:' }}{% endif %}")
     cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=len(tok), n_positions=64,
                                   activation_function="gelu_new", layer_norm_epsilon=1e-5,
                                   bos_token_id=0, eos_token_id=0)
@@ -105,27 +115,33 @@ def greedy_ref(model, ids):
 
 
 def check_generation(build, model_dir, label, ref_dir=None):
-    """fuyou-generate on model_dir against transformers on ref_dir (default: the same)."""
+    """fuyou-generate on model_dir against transformers on ref_dir (default: the same): plain
+    prompts, one prompt as a chat (--chat) and one with the layers streamed."""
     tok = transformers.AutoTokenizer.from_pretrained(ref_dir or model_dir)
     model = transformers.AutoModelForCausalLM.from_pretrained(ref_dir or model_dir, torch_dtype=torch.float32).eval()
-    for prompt in PROMPTS:
+    cases = [(p, [], tok(p)["input_ids"]) for p in PROMPTS]
+    cases.append((PROMPTS[0], ["--chat"],
+                  tok.apply_chat_template([{"role": "user", "content": PROMPTS[0]}], add_generation_prompt=True)))
+    cases.append((PROMPTS[1], ["--stream-layers", "always"], tok(PROMPTS[1])["input_ids"]))
+    for prompt, flags, ids in cases:
         got = json.loads(run([os.path.join(build, "fuyou-generate"), "--model", model_dir, "--prompt", prompt,
-                              "--max-new-tokens", str(NEW_TOKENS), "--backend", "cpu", "--json"],
+                              "--max-new-tokens", str(NEW_TOKENS), "--backend", "cpu", "--json"] + flags,
                              stdout=subprocess.PIPE, text=True).stdout)
-        ids = tok(prompt)["input_ids"]
+        what = "%s: prompt %r %s" % (label, prompt, " ".join(flags))
         if got["prompt_ids"] != ids:
-            raise SystemExit("%s: prompt %r: fuyou-generate encodes %s, AutoTokenizer %s"
-                             % (label, prompt, got["prompt_ids"], ids))
+            raise SystemExit("%s: fuyou-generate encodes %s, transformers %s" % (what, got["prompt_ids"], ids))
+        if got["streamed"] != ("--stream-layers" in flags):
+            raise SystemExit("%s: streamed %s" % (what, got["streamed"]))
         ref, margin = greedy_ref(model, ids)
         if margin < MIN_MARGIN:
-            raise SystemExit("%s: prompt %r: transformers' greedy path has a near tie (margin %.3g): "
-                             "choose another prompt or seed" % (label, prompt, margin))
+            raise SystemExit("%s: transformers' greedy path has a near tie (margin %.3g): "
+                             "choose another prompt or seed" % (what, margin))
         text = tok.decode(ref, skip_special_tokens=True)
-        print("%s: %r -> %s %r (smallest top-2 gap %.3g)" % (label, prompt, ref, text, margin))
+        print("%s -> %s %r (smallest top-2 gap %.3g)" % (what, ref, text, margin))
         if got["ids"] != ref:
-            raise SystemExit("%s: prompt %r: fuyou-generate gave %s, transformers %s" % (label, prompt, got["ids"], ref))
+            raise SystemExit("%s: fuyou-generate gave %s, transformers %s" % (what, got["ids"], ref))
         if got["text"] != text:
-            raise SystemExit("%s: prompt %r: fuyou-generate's text %r, transformers' %r" % (label, prompt, got["text"], text))
+            raise SystemExit("%s: fuyou-generate's text %r, transformers' %r" % (what, got["text"], text))
 
 
 def check_export(base_dir, export_dir, expect):
