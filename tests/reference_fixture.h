@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "fuyou/backend_select.h"
 #include "fuyou/error.h"
 #include "fuyou/model.h"
 #include "fuyou/safetensors.h"

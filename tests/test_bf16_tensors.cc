@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "fuyou/backend.h"
+#include "fuyou/backend_select.h"
 #include "fuyou/config.h"
 #include "fuyou/cuda.h"
 #include "fuyou/engine.h"

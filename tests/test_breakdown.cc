@@ -7,6 +7,7 @@
 #include <string>
 
 #include "fuyou/backend.h"
+#include "fuyou/backend_select.h"
 #include "fuyou/breakdown.h"
 #include "fuyou/config.h"
 #include "fuyou/error.h"

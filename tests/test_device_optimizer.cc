@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "fuyou/backend.h"
+#include "fuyou/backend_select.h"
 #include "fuyou/config.h"
 #include "fuyou/engine.h"
 #include "fuyou/error.h"

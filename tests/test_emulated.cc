@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "fuyou/backend.h"
+#include "fuyou/backend_select.h"
 #include "fuyou/config.h"
 #include "fuyou/engine.h"
 #include "fuyou/error.h"

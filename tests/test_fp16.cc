@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <unistd.h>
 
+#include "fuyou/backend_select.h"
 #include "fuyou/error.h"
 #include "fuyou/rng.h"
 #include "fuyou/scheduler.h"

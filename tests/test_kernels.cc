@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "fuyou/backend.h"
+#include "fuyou/backend_select.h"
 #include "fuyou/config.h"
 #include "fuyou/model.h"
 #include "fuyou/train.h"

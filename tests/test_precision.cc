@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "fuyou/backend_select.h"
 #include "fuyou/config.h"
 #include "fuyou/error.h"
 #include "fuyou/model.h"

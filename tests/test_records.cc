@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <random>
 
+#include "fuyou/backend_select.h"
 #include "fuyou/data.h"
 #include "fuyou/error.h"
 #include "fuyou/model.h"

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fuyou/backend.h"
+#include "fuyou/backend_select.h"
 #include "fuyou/config.h"
 #include "fuyou/train.h"
 

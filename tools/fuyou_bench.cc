@@ -12,6 +12,7 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 
+#include "fuyou/backend_select.h"
 #include "fuyou/breakdown.h"
 #include "fuyou/config.h"
 #include "fuyou/engine.h"
@@ -22,12 +23,10 @@
 #include "fuyou/hardware.h"
 #include "fuyou/simulator.h"
 #include "fuyou/train.h"
-#include "src/runtime/checkpoint_bench.h"
-#include "kernels/cpu/fma_peak.h"
-#include "kernels/cpu/gemm.h"
-#include "src/optim/adam_bench.h"
-#include "src/runtime/sim_bench.h"
-#include "src/storage/io_bench.h"
+#include "fuyou/checkpoint_bench.h"
+#include "fuyou/adam_bench.h"
+#include "fuyou/sim_bench.h"
+#include "fuyou/io_bench.h"
 #include "tools/tool_errors.h"
 
 namespace {
@@ -257,42 +256,15 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
 }
 
 int bench_gemm(const fuyou::Config& cfg, int threads, bool json) {
-  auto backend = fuyou::make_cpu_backend(threads, 0);
-  threads = backend->threads();
-  auto peak = fuyou::cpu::measure_fma_peak(threads);
-  const int N = cfg.schedule.micro_batch * cfg.model.seq_len;
-  const int C = cfg.model.d_model, F = cfg.model.d_ff, V = cfg.model.vocab_size;
-  struct Shape { const char* name; bool ta, tb; int M, Nn, K; };
-  std::vector<Shape> shapes = {
-      {"qkv fwd", false, true, N, 3 * C, C},   {"fc fwd", false, true, N, F, C},
-      {"fcproj fwd", false, true, N, C, F},    {"fc dX", false, false, N, C, F},
-      {"fc dW", true, false, F, C, N},         {"lm_head fwd", false, true, N, V, C},
-  };
-  nlohmann::json rows = nlohmann::json::array();
-  for (const auto& s : shapes) {
-    size_t a_elems = static_cast<size_t>(s.M) * s.K, b_elems = static_cast<size_t>(s.K) * s.Nn;
-    std::vector<float> A(a_elems, 0.01f), Bm(b_elems, 0.02f), Cm(static_cast<size_t>(s.M) * s.Nn);
-    int lda = s.ta ? s.M : s.K, ldb = s.tb ? s.K : s.Nn;
-    std::vector<double> t;
-    for (int r = 0; r < 6; ++r) {
-      auto t0 = clock_type::now();
-      fuyou::cpu::gemm_f32(s.ta, s.tb, s.M, s.Nn, s.K, 1.0f, A.data(), lda, Bm.data(), ldb, 0.0f,
-                           Cm.data(), s.Nn);
-      if (r > 0) t.push_back(seconds_since(t0));
-    }
-    double gflops = 2.0 * s.M * s.Nn * s.K / median(t) / 1e9;
-    rows.push_back({{"shape", s.name}, {"M", s.M}, {"N", s.Nn}, {"K", s.K}, {"gflops", gflops},
-                    {"fraction_of_peak", gflops / peak.gflops_all}});
-  }
-  nlohmann::json j{{"library", fuyou::cpu::gemm_library_name()}, {"threads", threads},
-                   {"fma_isa", peak.isa}, {"fma_peak_gflops_1thread", peak.gflops_per_thread},
-                   {"fma_peak_gflops", peak.gflops_all}, {"shapes", rows}};
+  const nlohmann::json j = fuyou::run_cpu_gemm_bench(cfg, threads);
+  const nlohmann::json& rows = j["shapes"];
   if (json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("%s, %d threads; FMA peak (%s) %.1f GFLOP/s (%.1f per thread)\n",
-                fuyou::cpu::gemm_library_name(), threads, peak.isa, peak.gflops_all,
-                peak.gflops_per_thread);
+                j["library"].get<std::string>().c_str(), j["threads"].get<int>(),
+                j["fma_isa"].get<std::string>().c_str(), j["fma_peak_gflops"].get<double>(),
+                j["fma_peak_gflops_1thread"].get<double>());
     std::printf("%-12s %6s %6s %6s %9s %7s\n", "shape", "M", "N", "K", "GFLOP/s", "peak");
     for (const auto& r : rows)
       std::printf("%-12s %6d %6d %6d %9.1f %6.0f%%\n", r["shape"].get<std::string>().c_str(),

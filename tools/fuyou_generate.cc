@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "fuyou/backend_select.h"
 #include "fuyou/config.h"
 #include "fuyou/decoder.h"
 #include "fuyou/error.h"

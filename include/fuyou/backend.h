@@ -27,8 +27,6 @@
 
 namespace fuyou {
 
-struct Config;
-struct RuntimeConfig;
 struct DeviceAdamW;
 
 // kEmulated: a GPU that does no arithmetic but takes a hardware profile's time
@@ -322,11 +320,6 @@ struct DeviceAdamW {
         bc2_sqrt = 1, eps = 0, neg_step = 0;
 };
 
-// Picks and creates the backend for runtime.backend (cpu | cuda | auto | cpu-streams | emulated), its
-// device memory offload.device_memory. `reason` receives a sentence saying which backend was
-// chosen and why (for the first log line).
-std::unique_ptr<Backend> make_backend(const Config& cfg, std::string* reason);
-
 std::unique_ptr<Backend> make_cpu_backend(int threads, uint64_t device_memory);
 
 // The CPU backend with the CUDA backend's ordering rules (runtime.backend: cpu-streams; see
@@ -339,22 +332,11 @@ struct StreamOptions {
 };
 std::unique_ptr<Backend> make_cpu_stream_backend(int threads, uint64_t device_memory, const StreamOptions& opts);
 
-// The emulated device of runtime.backend: emulated, emulating the GPU of offload.hardware at
-// runtime.emulated_scale (kernels/emulated/emulated_backend.h).
-std::unique_ptr<Backend> make_emulated_backend(const Config& cfg);
-
 // Page-locks each (pointer, bytes) host buffer through be.register_host (CUDA: full-speed
 // asynchronous copies), appending those it locked to *locked for unregister_host later; what
 // it could not lock (the locked-memory limit) is logged once, naming `whose` buffers: copies
 // from them run through the driver's staging, slower.
 void page_lock_host(Backend& be, const std::vector<std::pair<void*, size_t>>& buffers, std::vector<void*>* locked,
                     const char* whose);
-
-// runtime.device_tensors as an element type.
-ElemType device_tensor_type(const RuntimeConfig& runtime);
-
-// Sets the backend's GEMM precision from runtime.precision (auto: bf16 on CUDA, fp32 on CPU),
-// its storage type from runtime.device_tensors and its attention from runtime.attention.
-void apply_precision(Backend& be, const RuntimeConfig& runtime);
 
 }  // namespace fuyou

@@ -11,6 +11,8 @@
 
 namespace fuyou {
 
+struct ModelConfig;
+
 struct HardwareProfile {
   std::string name;
   std::string backend = "cpu";  // cpu | cuda: which engine backend the figures describe
@@ -79,6 +81,10 @@ HardwareProfile emulated_machine(const HardwareProfile& gpu, double scale, const
 // The scale that gives an emulated run `gpu`'s ratio of compute and PCIe time to SSD read
 // time on `host`'s disks: host's aggregate SSD read bandwidth over gpu's.
 double emulation_scale_for(const HardwareProfile& gpu, const HardwareProfile& host);
+
+// The size of a layer's work, which a profile's GEMM efficiency is looked up by:
+// cbrt(tokens * d_model * d_ff) of a micro-batch.
+double gemm_work_size(const ModelConfig& m, int micro_batch);
 
 HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::string& source);
 HardwareProfile load_hardware_profile(const std::string& path);

@@ -41,10 +41,6 @@ struct SimResult {
   nlohmann::json to_json() const;  // iteration_s, tflops, busy_s (fuyou-bench train's keys), memory
 };
 
-// The size of a layer's work, which a profile's GEMM efficiency is looked up by:
-// cbrt(tokens * d_model * d_ff) of a micro-batch.
-double gemm_work_size(const ModelConfig& m, int micro_batch);
-
 // The bytes the simulator charges `op` (OpTraffic, plan.h): what the executor moves for it.
 OpTraffic op_traffic(const Plan& plan, const PlanOp& op);
 

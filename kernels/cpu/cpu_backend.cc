@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "fuyou/config.h"
 #include "fuyou/error.h"
 #include "fuyou/sizes.h"
 #include "fuyou/threads.h"
@@ -105,26 +104,6 @@ const char* matmul_precision_name(MatmulPrecision p) {
     case MatmulPrecision::kFp16: return "fp16";
   }
   return "?";
-}
-
-ElemType device_tensor_type(const RuntimeConfig& runtime) {
-  if (runtime.device_tensors == "bf16") return ElemType::kBF16;
-  if (runtime.device_tensors == "fp16") return ElemType::kF16;
-  return ElemType::kF32;
-}
-
-// runtime.precision for a backend: auto is bf16 on a GPU, emulated or not (tensor cores), and
-// fp32 on the CPU (the precision the PyTorch fixtures check).
-void apply_precision(Backend& be, const RuntimeConfig& runtime) {
-  MatmulPrecision p = be.kind() != BackendKind::kCpu ? MatmulPrecision::kBf16 : MatmulPrecision::kFp32;
-  if (runtime.precision == "fp32") p = MatmulPrecision::kFp32;
-  if (runtime.precision == "bf16") p = MatmulPrecision::kBf16;
-  if (runtime.precision == "fp16") p = MatmulPrecision::kFp16;
-  be.set_matmul_precision(p);
-  be.set_storage_type(device_tensor_type(runtime));
-  be.set_attention_impl(runtime.attention == "cudnn"     ? AttentionImpl::kCudnn
-                        : runtime.attention == "kernels" ? AttentionImpl::kKernels
-                                                         : AttentionImpl::kAuto);
 }
 
 void Backend::set_attention_impl(AttentionImpl impl) {

@@ -7,9 +7,7 @@
 #include <limits>
 #include <thread>
 
-#include "fuyou/config.h"
 #include "fuyou/error.h"
-#include "fuyou/simulator.h"
 #include "fuyou/sizes.h"
 
 namespace fuyou::emulated {
@@ -181,21 +179,3 @@ void EmulatedBackend::attention_backward(void*, float*, const void*, const void*
 }
 
 }  // namespace fuyou::emulated
-
-namespace fuyou {
-
-std::unique_ptr<Backend> make_emulated_backend(const Config& cfg) {
-  if (cfg.offload.hardware.empty())
-    throw ConfigError("runtime.backend is emulated but offload.hardware names no profile: set it to the GPU to "
-                      "emulate (e.g. configs/hardware/rtx4090.yaml)");
-  emulated::EmulatedOptions o;
-  o.gpu = load_hardware_profile(cfg.offload.hardware);
-  o.scale = cfg.runtime.emulated_scale;
-  o.gemm_size = gemm_work_size(cfg.model, cfg.schedule.micro_batch);
-  // The device holds the tensors the run stores (fp32), as a GPU of that memory would.
-  o.capacity = cfg.offload.device_memory ? cfg.offload.device_memory : o.gpu.device_memory;
-  o.threads = cfg.runtime.threads > 0 ? cfg.runtime.threads : static_cast<int>(std::thread::hardware_concurrency());
-  return std::make_unique<emulated::EmulatedBackend>(o);
-}
-
-}  // namespace fuyou

@@ -1,4 +1,4 @@
-#include "src/optim/adam_bench.h"
+#include "fuyou/adam_bench.h"
 
 #include <omp.h>
 
@@ -11,7 +11,7 @@
 #include "kernels/common/element_math.h"
 #include "fuyou/rng.h"
 #include "src/optim/mem_bandwidth.h"
-#include "src/storage/io_bench.h"
+#include "fuyou/io_bench.h"
 
 namespace fuyou {
 namespace {

@@ -1,12 +1,17 @@
 // runtime.backend: which backend runs, and the sentence the first log line says about why.
 // auto takes the GPU when this build has the CUDA backend and a device is usable, else the
 // CPU; cuda without a usable device is an error naming the CUDA call that said no.
-#include "fuyou/backend.h"
+#include "fuyou/backend_select.h"
+
+#include <thread>
+
 #include "fuyou/config.h"
 #include "fuyou/cuda.h"
 #include "fuyou/error.h"
+#include "fuyou/hardware.h"
 #include "fuyou/log.h"
 #include "fuyou/sizes.h"
+#include "kernels/emulated/emulated_backend.h"
 
 namespace fuyou {
 
@@ -76,6 +81,40 @@ std::unique_ptr<Backend> make_backend(const Config& cfg, std::string* reason) {
   apply_precision(*backend, runtime);
   if (reason) *reason = str("backend ", backend->name(), ": ", why);
   return backend;
+}
+
+ElemType device_tensor_type(const RuntimeConfig& runtime) {
+  if (runtime.device_tensors == "bf16") return ElemType::kBF16;
+  if (runtime.device_tensors == "fp16") return ElemType::kF16;
+  return ElemType::kF32;
+}
+
+// runtime.precision for a backend: auto is bf16 on a GPU, emulated or not (tensor cores), and
+// fp32 on the CPU (the precision the PyTorch fixtures check).
+void apply_precision(Backend& be, const RuntimeConfig& runtime) {
+  MatmulPrecision p = be.kind() != BackendKind::kCpu ? MatmulPrecision::kBf16 : MatmulPrecision::kFp32;
+  if (runtime.precision == "fp32") p = MatmulPrecision::kFp32;
+  if (runtime.precision == "bf16") p = MatmulPrecision::kBf16;
+  if (runtime.precision == "fp16") p = MatmulPrecision::kFp16;
+  be.set_matmul_precision(p);
+  be.set_storage_type(device_tensor_type(runtime));
+  be.set_attention_impl(runtime.attention == "cudnn"     ? AttentionImpl::kCudnn
+                        : runtime.attention == "kernels" ? AttentionImpl::kKernels
+                                                         : AttentionImpl::kAuto);
+}
+
+std::unique_ptr<Backend> make_emulated_backend(const Config& cfg) {
+  if (cfg.offload.hardware.empty())
+    throw ConfigError("runtime.backend is emulated but offload.hardware names no profile: set it to the GPU to "
+                      "emulate (e.g. configs/hardware/rtx4090.yaml)");
+  emulated::EmulatedOptions o;
+  o.gpu = load_hardware_profile(cfg.offload.hardware);
+  o.scale = cfg.runtime.emulated_scale;
+  o.gemm_size = gemm_work_size(cfg.model, cfg.schedule.micro_batch);
+  // The device holds the tensors the run stores (fp32), as a GPU of that memory would.
+  o.capacity = cfg.offload.device_memory ? cfg.offload.device_memory : o.gpu.device_memory;
+  o.threads = cfg.runtime.threads > 0 ? cfg.runtime.threads : static_cast<int>(std::thread::hardware_concurrency());
+  return std::make_unique<emulated::EmulatedBackend>(o);
 }
 
 }  // namespace fuyou

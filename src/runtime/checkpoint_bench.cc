@@ -1,4 +1,4 @@
-#include "src/runtime/checkpoint_bench.h"
+#include "fuyou/checkpoint_bench.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "fuyou/backend_select.h"
 #include "fuyou/checkpoint.h"
 #include "fuyou/engine.h"
 #include "fuyou/error.h"

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <set>
 
+#include "fuyou/backend_select.h"
 #include "fuyou/checkpoint.h"
 #include "fuyou/data.h"
 #include "fuyou/engine.h"

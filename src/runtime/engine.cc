@@ -1,3 +1,4 @@
+#include "fuyou/backend_select.h"
 #include "fuyou/engine.h"
 
 #include "fuyou/error.h"

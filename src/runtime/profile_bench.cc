@@ -14,15 +14,16 @@
 #include <nlohmann/json.hpp>
 
 #include "fuyou/backend.h"
+#include "fuyou/backend_select.h"
 #include "fuyou/config.h"
 #include "fuyou/cuda.h"
 #include "fuyou/error.h"
+#include "fuyou/io_bench.h"
 #include "fuyou/ooc_adamw.h"
+#include "fuyou/sim_bench.h"
 #include "kernels/cpu/fma_peak.h"
 #include "kernels/cpu/gemm.h"
 #include "src/optim/mem_bandwidth.h"
-#include "src/runtime/sim_bench.h"
-#include "src/storage/io_bench.h"
 
 namespace fuyou {
 
@@ -30,6 +31,11 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 // A layer's GEMMs at d_model C, N tokens, d_ff 4C: the four forward projections and the MLP
 // up-projection's two backward GEMMs. Returns their FLOPs; `run` does them once.
@@ -286,6 +292,40 @@ HardwareProfile measure_cuda_profile(const ProfileOptions& o, std::string* log) 
   OptimizerProbe probe;
   measure_optimizer(p, probe, say);
   return p;
+}
+
+nlohmann::json run_cpu_gemm_bench(const Config& cfg, int threads) {
+  auto backend = make_cpu_backend(threads, 0);
+  threads = backend->threads();
+  auto peak = cpu::measure_fma_peak(threads);
+  const int N = cfg.schedule.micro_batch * cfg.model.seq_len;
+  const int C = cfg.model.d_model, F = cfg.model.d_ff, V = cfg.model.vocab_size;
+  struct Shape { const char* name; bool ta, tb; int M, Nn, K; };
+  std::vector<Shape> shapes = {
+      {"qkv fwd", false, true, N, 3 * C, C},   {"fc fwd", false, true, N, F, C},
+      {"fcproj fwd", false, true, N, C, F},    {"fc dX", false, false, N, C, F},
+      {"fc dW", true, false, F, C, N},         {"lm_head fwd", false, true, N, V, C},
+  };
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& s : shapes) {
+    size_t a_elems = static_cast<size_t>(s.M) * s.K, b_elems = static_cast<size_t>(s.K) * s.Nn;
+    std::vector<float> A(a_elems, 0.01f), Bm(b_elems, 0.02f), Cm(static_cast<size_t>(s.M) * s.Nn);
+    int lda = s.ta ? s.M : s.K, ldb = s.tb ? s.K : s.Nn;
+    std::vector<double> t;
+    for (int r = 0; r < 6; ++r) {
+      auto t0 = clock_type::now();
+      cpu::gemm_f32(s.ta, s.tb, s.M, s.Nn, s.K, 1.0f, A.data(), lda, Bm.data(), ldb, 0.0f,
+                    Cm.data(), s.Nn);
+      if (r > 0) t.push_back(since(t0));
+    }
+    double gflops = 2.0 * s.M * s.Nn * s.K / median(t) / 1e9;
+    rows.push_back({{"shape", s.name}, {"M", s.M}, {"N", s.Nn}, {"K", s.K}, {"gflops", gflops},
+                    {"fraction_of_peak", gflops / peak.gflops_all}});
+  }
+  nlohmann::json j{{"library", cpu::gemm_library_name()}, {"threads", threads},
+                   {"fma_isa", peak.isa}, {"fma_peak_gflops_1thread", peak.gflops_per_thread},
+                   {"fma_peak_gflops", peak.gflops_all}, {"shapes", rows}};
+  return j;
 }
 
 }  // namespace fuyou

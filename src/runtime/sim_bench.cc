@@ -1,6 +1,6 @@
 // `fuyou-bench simulate`: a config's plan on a hardware profile, with the automatic
 // placement search, sweeps over micro-batch and SSD count. (`profile` is profile_bench.cc.)
-#include "src/runtime/sim_bench.h"
+#include "fuyou/sim_bench.h"
 
 #include <algorithm>
 #include <chrono>

@@ -27,11 +27,6 @@ double gemm_size_of(const Plan& plan) { return gemm_work_size(plan.model, plan.m
 
 }  // namespace
 
-double gemm_work_size(const ModelConfig& m, int micro_batch) {
-  const double N = static_cast<double>(micro_batch) * m.seq_len, C = m.d_model, F = m.d_ff ? m.d_ff : 4.0 * m.d_model;
-  return std::cbrt(N * C * F);
-}
-
 OpTraffic op_traffic(const Plan& plan, const PlanOp& op) {
   OpTraffic t;
   switch (op.kind) {

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "fuyou/backend_select.h"
 #include "fuyou/checkpoint.h"
 #include "fuyou/data.h"
 #include "fuyou/engine.h"

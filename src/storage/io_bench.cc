@@ -1,4 +1,4 @@
-#include "src/storage/io_bench.h"
+#include "fuyou/io_bench.h"
 
 #include <algorithm>
 #include <chrono>

@@ -10,6 +10,7 @@
 
 #include "../test_support.h"
 #include "cuda_test_support.h"
+#include "fuyou/backend_select.h"
 #include "fuyou/config.h"
 #include "fuyou/cuda.h"
 #include "fuyou/error.h"

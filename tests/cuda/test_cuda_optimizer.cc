@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cuda_test_support.h"
+#include "fuyou/backend_select.h"
 #include "fuyou/config.h"
 #include "fuyou/cuda.h"
 #include "fuyou/error.h"

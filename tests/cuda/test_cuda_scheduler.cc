@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <unistd.h>
 
+#include "fuyou/backend_select.h"
 #include "fuyou/config.h"
 #include "fuyou/cuda.h"
 #include "fuyou/engine.h"

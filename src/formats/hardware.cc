@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "fuyou/config.h"
 #include "fuyou/error.h"
 #include "fuyou/sizes.h"
 #include "src/formats/yaml_checks.h"
@@ -224,6 +225,12 @@ HardwareProfile parse_profile_tree(const YAML::Node& root, const std::string& so
 }
 
 }  // namespace
+
+double gemm_work_size(const ModelConfig& m, int micro_batch) {
+  const double N = static_cast<double>(micro_batch) * m.seq_len, C = m.d_model,
+               F = m.d_ff ? m.d_ff : 4.0 * m.d_model;
+  return std::cbrt(N * C * F);
+}
 
 HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::string& source) {
   YAML::Node root = load_yaml_checked(yaml_text, source);

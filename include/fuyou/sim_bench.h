@@ -5,6 +5,9 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "fuyou/config.h"
 #include "fuyou/hardware.h"
 
 namespace fuyou {
@@ -21,6 +24,11 @@ HardwareProfile measure_cpu_profile(const ProfileOptions& opts, std::string* log
 // The same for the CUDA backend on device 0: a layer's GEMMs by size at the engine's GPU
 // precision, host<->device copies from page-locked memory, and the host side as above.
 HardwareProfile measure_cuda_profile(const ProfileOptions& opts, std::string* log);
+
+// fuyou-bench gemm: the CPU backend's GEMM library on a config's layer shapes (fp32), each
+// against this CPU's FMA peak measured in the same run: library, threads, fma_isa,
+// fma_peak_gflops(_1thread), shapes [{shape, M, N, K, gflops, fraction_of_peak}].
+nlohmann::json run_cpu_gemm_bench(const Config& cfg, int threads);
 
 struct SimulateOptions {
   std::string config, hardware;
