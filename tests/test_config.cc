@@ -1,7 +1,12 @@
 // Config loading: the embedded default and every shipped config parse; bad input is
 // refused with a message naming the key and what is allowed.
+#include <yaml-cpp/yaml.h>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
 
 #include "fuyou/config.h"
 #include "fuyou/error.h"
@@ -69,6 +74,65 @@ TEST_CASE("config round-trips through YAML", "[config]") {
   Config a = parse_config(default_config_text(), "<default>");
   Config b = parse_config(config_to_yaml(a), "<roundtrip>");
   CHECK(config_to_yaml(a) == config_to_yaml(b));
+}
+
+namespace {
+
+std::string listed(const std::set<std::string>& keys) {
+  std::string out;
+  for (const auto& k : keys) out += " " + k;
+  return out.empty() ? " (none)" : out;
+}
+
+// a minus b.
+std::set<std::string> minus(const std::set<std::string>& a, const std::set<std::string>& b) {
+  std::set<std::string> d;
+  for (const auto& k : a)
+    if (!b.count(k)) d.insert(k);
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("every key parsed is emitted into a run's config.yaml and documented, and back",
+          "[config]") {
+  const std::vector<std::string> list = config_keys();
+  const std::set<std::string> parsed(list.begin(), list.end());
+  REQUIRE(parsed.size() == list.size());  // no key read twice
+  REQUIRE(parsed.count("model.n_layer"));
+  REQUIRE(parsed.count("checkpoint.keep_best"));
+  // What a run directory's config.yaml (and a resume's trajectory check) holds.
+  // Keys written only when set (model.checkpoint) are set here.
+  std::set<std::string> emitted;
+  Config c = parse_config(default_config_text(), "<default>");
+  c.model.checkpoint = "base";
+  const YAML::Node root = YAML::Load(config_to_yaml(c));
+  for (const auto& section : root)
+    for (const auto& key : section.second)
+      emitted.insert(section.first.Scalar() + "." + key.first.Scalar());
+  // docs/config.md: the `| key | type | ...` table under each `## section` heading.
+  std::set<std::string> documented;
+  std::ifstream doc(test::source_path("docs/config.md"));
+  REQUIRE(doc);
+  // A row may document several keys ("| beta1, beta2 | ...").
+  const std::regex heading("^## ([a-z]+)"), row("^\\| ([a-z_0-9]+(, [a-z_0-9]+)*) \\|"),
+      name("[a-z_0-9]+");
+  std::string line, section;
+  bool in_table = false;
+  for (std::smatch m; std::getline(doc, line);) {
+    if (std::regex_search(line, m, heading)) section = m[1], in_table = false;
+    else if (line.rfind("| key | type", 0) == 0) in_table = true;
+    else if (line.empty() || line[0] != '|') in_table = false;
+    else if (in_table && std::regex_search(line, m, row))
+      for (std::sregex_iterator k(m[1].first, m[1].second, name), end; k != end; ++k)
+        documented.insert(section + "." + k->str());
+  }
+  INFO("parsed, not emitted:" << listed(minus(parsed, emitted)));
+  INFO("emitted, not parsed:" << listed(minus(emitted, parsed)));
+  INFO("parsed, not in docs/config.md:" << listed(minus(parsed, documented)));
+  INFO("in docs/config.md, not parsed:" << listed(minus(documented, parsed)));
+  CHECK(emitted == parsed);
+  CHECK(documented == parsed);
 }
 
 TEST_CASE("sizes parse in binary and decimal units", "[config]") {

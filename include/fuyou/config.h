@@ -191,6 +191,9 @@ const std::string& default_config_text();
 
 // The config as YAML, every key written out, so a run directory records what ran.
 std::string config_to_yaml(const Config& c);
+// Every key parse_config reads, as "section.key", in the order it reads them (a test holds
+// config_to_yaml and docs/config.md to this list).
+std::vector<std::string> config_keys();
 // The same for a run directory or a checkpoint: the model section is already resolved, so
 // model.checkpoint (the directory the run started from) is left out and the text loads
 // without that directory; the origin is kept as a comment.

@@ -31,6 +31,7 @@ std::string join(const std::vector<std::string>& items) {
 struct Origin {
   std::string source;
   std::map<std::string, std::string> sets;
+  std::vector<std::string>* keys = nullptr;  // config_keys(): every key read, "section.key"
 };
 
 // Reads one YAML section. Every get() records the key as known, so finish() can reject the
@@ -81,6 +82,8 @@ class Section {
   }
 
   void finish() {
+    if (origin_.keys)
+      for (const auto& k : known_) origin_.keys->push_back(path(k));
     if (!node_ || node_.IsNull()) return;
     for (const auto& kv : node_) {
       const std::string& key = kv.first.Scalar();  // load_yaml_checked: keys are scalars
@@ -138,7 +141,8 @@ using CheckpointChain = std::vector<std::string>;
 constexpr size_t kMaxCheckpointChain = 16;
 
 Config parse_config_in_chain(const std::string& yaml_text, const std::string& source,
-                             const std::vector<std::string>& overrides, CheckpointChain& chain);
+                             const std::vector<std::string>& overrides, CheckpointChain& chain,
+                             std::vector<std::string>* keys = nullptr);
 
 std::string chain_text(const CheckpointChain& chain, const std::string& last) {
   std::string out;
@@ -551,11 +555,12 @@ CheckpointConfig parse_checkpoint(const YAML::Node& node, const Origin& source) 
 }
 
 Config parse_config_in_chain(const std::string& yaml_text, const std::string& source,
-                             const std::vector<std::string>& overrides, CheckpointChain& chain) {
+                             const std::vector<std::string>& overrides, CheckpointChain& chain,
+                             std::vector<std::string>* keys) {
   YAML::Node root = load_yaml_checked(yaml_text, source);
   if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   if (!root.IsMap()) throw ConfigError(str(source, ": the top level must be a mapping of sections"));
-  Origin origin{source, {}};
+  Origin origin{source, {}, keys};
   for (const auto& o : overrides) origin.sets[apply_override(root, o, source)] = o;
 
   static const std::vector<std::string> sections = {"model",   "data",    "optimizer", "schedule",
@@ -594,6 +599,13 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
     // ConfigError naming the file rather than an uncaught exception.
     throw ConfigError(str(source, ": ", yaml_position(e.mark), ": ", e.msg));
   }
+}
+
+std::vector<std::string> config_keys() {
+  std::vector<std::string> keys;
+  CheckpointChain chain;
+  parse_config_in_chain("", "<config keys>", {}, chain, &keys);
+  return keys;
 }
 
 Config load_config_file(const std::string& path, const std::vector<std::string>& overrides) {
