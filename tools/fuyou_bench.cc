@@ -255,6 +255,34 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
   return 0;
 }
 
+// --backend cuda: the engine's layer GEMMs beside plain cuBLASLt GEMMs of the same shapes.
+int bench_cuda_gemm(const fuyou::Config& cfg, int reps, bool json) {
+  const nlohmann::json j = fuyou::run_cuda_gemm_bench(cfg, reps);
+  if (json) {
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("%s; bf16 tensors and GEMMs, median of %d calls\n", j["backend"].get<std::string>().c_str(),
+              j["reps"].get<int>());
+  std::printf("%-8s %6s %6s %7s  %-24s %-24s\n", "part", "in", "out", "tokens", "forward TFLOP/s (ratio)",
+              "backward TFLOP/s (ratio)");
+  for (const auto& r : j["shapes"]) {
+    auto cell = [](const nlohmann::json& d) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.1f / %.1f (%.2f)", d["engine_tflops"].get<double>(),
+                    d["cublaslt_tflops"].get<double>(), d["engine_over_cublaslt"].get<double>());
+      return std::string(buf);
+    };
+    std::printf("%-8s %6d %6d %7d  %-24s %-24s\n", r["part"].get<std::string>().c_str(), r["in"].get<int>(),
+                r["out"].get<int>(), r["tokens"].get<int>(), cell(r["forward"]).c_str(),
+                cell(r["backward"]).c_str());
+  }
+  std::printf("layer GEMMs: engine %.1f TFLOP/s, cuBLASLt %.1f TFLOP/s: %.2f of the ceiling\n",
+              j["layer_engine_tflops"].get<double>(), j["layer_cublaslt_tflops"].get<double>(),
+              j["layer_engine_over_cublaslt"].get<double>());
+  return 0;
+}
+
 int bench_gemm(const fuyou::Config& cfg, int threads, bool json) {
   const nlohmann::json j = fuyou::run_cpu_gemm_bench(cfg, threads);
   const nlohmann::json& rows = j["shapes"];
@@ -384,7 +412,12 @@ int main(int argc, char** argv) {
   plan->add_option("--set", sets, "Override a key: section.key=value");
   plan->add_flag("--json", json, "The plan as JSON (Plan::to_json)");
 
-  auto* gemm = app.add_subcommand("gemm", "Time the CPU GEMMs of a config's shapes against the FMA peak");
+  auto* gemm = app.add_subcommand(
+      "gemm", "Time a config's GEMMs: on the CPU against the FMA peak; on CUDA against plain cuBLASLt");
+  std::string gemm_backend = "cpu";
+  int gemm_reps = 20;
+  gemm->add_option("--backend", gemm_backend, "cpu (default) or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  gemm->add_option("--reps", gemm_reps, "cuda: calls per timed batch")->check(CLI::Range(1, 10000));
   gemm->add_option("--config", config_path, "YAML config (default: the embedded default)");
   gemm->add_option("--set", sets, "Override a key: section.key=value");
   gemm->add_option("--threads", threads, "Threads (0: all)");
@@ -450,6 +483,7 @@ int main(int argc, char** argv) {
       else std::printf("%s%s", p.table().c_str(), p.listing().c_str());
       return 0;
     }
+    if (*gemm && gemm_backend == "cuda") return bench_cuda_gemm(cfg, gemm_reps, json);
     if (*gemm) return bench_gemm(cfg, threads ? threads : cfg.runtime.threads, json);
     if (*ckpt) {
       nlohmann::json r = fuyou::run_checkpoint_bench(cfg, ckpt_opts);

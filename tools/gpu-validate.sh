@@ -354,6 +354,11 @@ run_perf() {
     --tokens 8192
   step gemm-ceiling-175b 90 torch_peer "$work/gemm-175b.jsonl" gemm --d-model 12288 --d-ff 49152 \
     --vocab 50257 --tokens 16384
+  # The engine's layer GEMMs beside plain cuBLASLt GEMMs of the same shapes (the ceiling).
+  step gemm-cublaslt-gpt2 90 bash -c '"$0" gemm --backend cuda "$@" --json > "'"$work"'/gemm-lt-gpt2.json" && cat "'"$work"'/gemm-lt-gpt2.json"' \
+    "$bin/fuyou-bench" "${gpt2_16[@]}"
+  step gemm-cublaslt-175b 120 bash -c '"$0" gemm --backend cuda "$@" --json > "'"$work"'/gemm-lt-175b.json" && cat "'"$work"'/gemm-lt-175b.json"' \
+    "$bin/fuyou-bench" --config "$root/configs/gpt3-175b-seq1024.yaml" --set schedule.micro_batch=16 --reps 10
   step kernels-gpt2 180 kernel_profile "$out/kernels-gpt2.csv" "$work/bench-bf16-tensors.json" 2 \
     "${gpt2_16[@]}" --steps 1 --warmup 1
   # The published setting scaled to this machine: GPT-3 2.7B (its state fits this machine's

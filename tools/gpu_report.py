@@ -144,6 +144,12 @@ def main():
             figures[name] = {k: b.get(k) for k in ("step_s", "step_s_all", "tokens_per_s", "tflops", "busy_s",
                                                   "iteration_over_busiest", "iteration_over_predicted",
                                                   "device_peak_bytes", "breakdown") if k in b}
+    # The engine's layer GEMMs over plain cuBLASLt GEMMs of the same shapes (fuyou-bench gemm).
+    for name, file in (("gemm-vs-cublaslt-gpt2", "gemm-lt-gpt2.json"), ("gemm-vs-cublaslt-175b", "gemm-lt-175b.json")):
+        g = read_json(os.path.join(a.work, file))
+        if g:
+            figures[name] = {k: g.get(k) for k in ("layer_engine_tflops", "layer_cublaslt_tflops",
+                                                  "layer_engine_over_cublaslt", "shapes")}
     prof = profile_figures(os.path.join(a.out, "this-gpu.yaml"))
     if prof:
         if peak:

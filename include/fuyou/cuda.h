@@ -32,4 +32,19 @@ std::unique_ptr<Backend> make_cuda_backend(int device, uint64_t device_memory);
 // in this build, cuDNN not on the library path, or the first descriptor cuDNN refused).
 std::string cudnn_attention_graph_check(ElemType t, int B, int T, int C, int H);
 
+// A plain cuBLASLt GEMM, the ceiling the engine's GEMMs are judged against (fuyou-bench gemm
+// --backend cuda): C(m, n) = op(A) op(B) in column-major terms, bf16 A, B and C, fp32
+// accumulation, the heuristic's first algorithm with a 32 MiB workspace, on device 0. Times
+// `reps` calls after three warm-up calls with CUDA events. Throws fuyou::Error on a CUDA or
+// cuBLASLt failure, or without the CUDA backend in this build.
+struct LtGemmShape {
+  bool trans_a = false, trans_b = false;
+  int m = 0, n = 0, k = 0;
+};
+struct LtGemmTiming {
+  double median_s = 0, best_s = 0;
+  size_t workspace = 0;  // what the chosen algorithm uses
+};
+LtGemmTiming cublaslt_gemm_time(const LtGemmShape& shape, int reps);
+
 }  // namespace fuyou

@@ -30,6 +30,14 @@ HardwareProfile measure_cuda_profile(const ProfileOptions& opts, std::string* lo
 // fma_peak_gflops(_1thread), shapes [{shape, M, N, K, gflops, fraction_of_peak}].
 nlohmann::json run_cpu_gemm_bench(const Config& cfg, int threads);
 
+// fuyou-bench gemm --backend cuda: a config's layer GEMMs (qkv, proj, fc, fcproj, lm_head at
+// micro_batch x seq_len tokens) through the CUDA backend's matmul_forward / matmul_backward on
+// bf16 tensors with bf16 GEMMs, beside the same products as plain cuBLASLt GEMMs
+// (cublaslt_gemm_time): TFLOP/s of each and their ratio per shape and direction, and over the
+// four layer GEMMs (the engine's weight gradient adds into its buffer, beta 1; cuBLASLt's
+// writes, beta 0). Needs a GPU.
+nlohmann::json run_cuda_gemm_bench(const Config& cfg, int reps);
+
 struct SimulateOptions {
   std::string config, hardware;
   std::vector<std::string> sets;

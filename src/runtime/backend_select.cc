@@ -33,6 +33,10 @@ std::unique_ptr<Backend> make_cuda_backend(int, uint64_t) {
 std::string cudnn_attention_graph_check(ElemType, int, int, int, int) {
   return "this build has no CUDA backend (configured without the CUDA toolkit)";
 }
+
+LtGemmTiming cublaslt_gemm_time(const LtGemmShape&, int) {
+  throw Error("this build has no CUDA backend (configured without the CUDA toolkit)");
+}
 #endif
 
 void page_lock_host(Backend& be, const std::vector<std::pair<void*, size_t>>& buffers, std::vector<void*>* locked,

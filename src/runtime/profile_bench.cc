@@ -19,6 +19,7 @@
 #include "fuyou/cuda.h"
 #include "fuyou/error.h"
 #include "fuyou/io_bench.h"
+#include "fuyou/model.h"
 #include "fuyou/ooc_adamw.h"
 #include "fuyou/sim_bench.h"
 #include "kernels/cpu/fma_peak.h"
@@ -326,6 +327,98 @@ nlohmann::json run_cpu_gemm_bench(const Config& cfg, int threads) {
                    {"fma_isa", peak.isa}, {"fma_peak_gflops_1thread", peak.gflops_per_thread},
                    {"fma_peak_gflops", peak.gflops_all}, {"shapes", rows}};
   return j;
+}
+
+namespace {
+
+// One GEMM of a layer as the engine calls it (out(N, out) = in(N, in) W(out, in)^T and its
+// backward) and as the same products in cuBLASLt's column-major terms.
+struct LayerGemm {
+  const char* part;
+  int in, out;
+};
+
+// Seconds per call of `f` (queued work waited for with finish_compute), the median of five
+// batches of `reps` calls after a warm-up batch.
+template <typename Fn>
+double engine_seconds(Backend& be, int reps, Fn&& f) {
+  std::vector<double> t;
+  for (int batch = 0; batch < 6; ++batch) {
+    const auto t0 = clock_type::now();
+    for (int i = 0; i < reps; ++i) f();
+    be.finish_compute();
+    be.synchronize();
+    if (batch > 0) t.push_back(since(t0) / reps);
+  }
+  return median(t);
+}
+
+}  // namespace
+
+nlohmann::json run_cuda_gemm_bench(const Config& cfg, int reps) {
+  const ModelConfig& m = cfg.model;
+  const int N = cfg.schedule.micro_batch * m.seq_len, C = m.d_model;
+  const int KV = m.kv_heads() * m.head_size(), F = m.d_ff;
+  const int fc_out = m.family == "llama" ? 2 * F : F;
+  const int V = padded_vocab(m);
+  const std::vector<LayerGemm> gemms = {
+      {"qkv", C, C + 2 * KV}, {"proj", C, C}, {"fc", C, fc_out}, {"fcproj", F, C}, {"lm_head", C, V}};
+  auto be = make_cuda_backend(0, 0);
+  be->set_storage_type(ElemType::kBF16);
+  be->set_matmul_precision(MatmulPrecision::kBf16);
+  size_t act = 0, wts = 0;
+  for (const auto& g : gemms) {
+    act = std::max(act, static_cast<size_t>(N) * std::max(g.in, g.out));
+    wts = std::max(wts, static_cast<size_t>(g.in) * g.out);
+  }
+  struct Buffers {
+    Backend& be;
+    void *x, *y, *dx, *dy, *w, *dw;
+    ~Buffers() {
+      for (void* p : {x, y, dx, dy, w, dw}) be.free(p);
+    }
+  } b{*be,
+      be->alloc(2 * act, "gemm bench x"),
+      be->alloc(2 * act, "gemm bench y"),
+      be->alloc(2 * act, "gemm bench dx"),
+      be->alloc(2 * act, "gemm bench dy"),
+      be->alloc(2 * wts, "gemm bench w"),
+      be->alloc(2 * wts, "gemm bench dw")};
+  nlohmann::json rows = nlohmann::json::array();
+  double layer_flops = 0, layer_engine_s = 0, layer_lt_s = 0;
+  for (const auto& g : gemms) {
+    const double flops = 2.0 * N * g.in * g.out;
+    // Forward: out^T (out x N) = W (col-major in x out, transposed) x^T (col-major in x N).
+    const LtGemmTiming fwd = cublaslt_gemm_time({true, false, g.out, N, g.in}, reps);
+    // Backward: dX^T (in x N) = W (in x out) dY^T (out x N); dW^T (in x out) = x^T (in x N) dY.
+    const LtGemmTiming dxt = cublaslt_gemm_time({false, false, g.in, N, g.out}, reps);
+    const LtGemmTiming dwt = cublaslt_gemm_time({false, true, g.in, g.out, N}, reps);
+    const double e_fwd = engine_seconds(*be, reps, [&] {
+      be->matmul_forward(b.y, b.x, b.w, nullptr, N, g.in, g.out);
+    });
+    const double e_bwd = engine_seconds(*be, reps, [&] {
+      be->matmul_backward(b.dx, b.dw, nullptr, b.dy, b.x, b.w, N, g.in, g.out);
+    });
+    const double lt_bwd = dxt.median_s + dwt.median_s;
+    rows.push_back({{"part", g.part}, {"in", g.in}, {"out", g.out}, {"tokens", N},
+                    {"forward", {{"cublaslt_tflops", flops / fwd.median_s / 1e12},
+                                 {"engine_tflops", flops / e_fwd / 1e12},
+                                 {"engine_over_cublaslt", fwd.median_s / e_fwd}}},
+                    {"backward", {{"cublaslt_tflops", 2 * flops / lt_bwd / 1e12},
+                                  {"engine_tflops", 2 * flops / e_bwd / 1e12},
+                                  {"engine_over_cublaslt", lt_bwd / e_bwd}}}});
+    if (std::string(g.part) != "lm_head") {
+      layer_flops += 3 * flops;
+      layer_engine_s += e_fwd + e_bwd;
+      layer_lt_s += fwd.median_s + lt_bwd;
+    }
+  }
+  return {{"backend", be->name()},
+          {"shapes", rows},
+          {"reps", reps},
+          {"layer_engine_tflops", layer_flops / layer_engine_s / 1e12},
+          {"layer_cublaslt_tflops", layer_flops / layer_lt_s / 1e12},
+          {"layer_engine_over_cublaslt", layer_lt_s / layer_engine_s}};
 }
 
 }  // namespace fuyou
