@@ -58,6 +58,80 @@ void set_adamw_constants(DeviceAdamW* a, const AdamWStep& s, float weight_decay,
 void adamw_update(float* param, float* m, float* v, const float* grad, size_t n,
                   const AdamWStep& s);
 
+// ---- Optimizer state in fewer bytes (optimizer.state, optimizer.master) ----------------------
+// docs/precision.md, "Optimizer state in fewer bytes", says what each format keeps and costs.
+
+// Adam's moments: fp32; bf16 with stochastic rounding; or int8 codes in blocks of
+// math::kStateBlock elements with one fp32 scale each (m signed, v as sqrt(v)).
+enum class MomentFormat { kF32, kBF16, kInt8 };
+// The master weights: fp32, or split: the bf16 working weight (the weights the forward reads)
+// and a 16-bit remainder that together are the fp32 master exactly (math::split_hi/lo).
+enum class MasterFormat { kF32, kSplit };
+struct OptimFormat {
+  MomentFormat moments = MomentFormat::kF32;
+  MasterFormat master = MasterFormat::kF32;
+  // Anything but fp32 master and fp32 moments (the reference, adamw_update's).
+  bool packed() const { return moments != MomentFormat::kF32 || master != MasterFormat::kF32; }
+  bool operator==(const OptimFormat& o) const { return moments == o.moments && master == o.master; }
+  bool operator!=(const OptimFormat& o) const { return !(*this == o); }
+};
+const char* moment_format_name(MomentFormat f);  // "fp32", "bf16", "int8"
+const char* master_format_name(MasterFormat f);  // "fp32", "split"
+// Bytes per element of the moments' values or codes, and of the master (split: the remainder;
+// the working weight is the engine's).
+size_t moment_elem_bytes(MomentFormat f);
+size_t master_elem_bytes(MasterFormat f);
+// Elements per int8 block (one scale each): small enough that one large value costs its
+// neighbours little precision, large enough that the scales add 1/64 byte per element.
+constexpr uint64_t kStateBlock = 256;
+// Scales of an int8 moment over n elements (one per block, the last one partial).
+inline uint64_t state_blocks(uint64_t n) { return (n + kStateBlock - 1) / kStateBlock; }
+// Bytes one moment of n elements takes in host memory: values or codes, then (int8) scales.
+uint64_t moment_bytes(MomentFormat f, uint64_t n);
+// Bytes the optimizer's state of n parameters takes in host memory: master (or remainder),
+// m and v.
+uint64_t optim_state_bytes(const OptimFormat& f, uint64_t n);
+
+// The tensors of an update's element range, relative to its first element: elements inside
+// one are updated (with weight decay where `decay`), the others (padding) keep their state.
+struct DecayRange {
+  size_t begin = 0, end = 0;
+  bool decay = false;
+};
+
+// One fused pass over n elements in a packed format: decodes the master and moments, updates
+// them as math::adamw_element does, and re-encodes them, writing the working weights in the
+// same pass. Every path gives the scalar reference's bits (src/optim/adamw_packed.cc).
+struct PackedAdamWArgs {
+  OptimFormat format;
+  void* master = nullptr;  // n floats (fp32) or n int16 remainders (split)
+  void* m = nullptr;       // n values or codes in format.moments
+  float* m_scale = nullptr;  // int8: one per block of [0, n)
+  void* v = nullptr;
+  float* v_scale = nullptr;
+  const void* grad = nullptr;
+  ElemType grad_type = ElemType::kF32;
+  // The working weights: with a split master the bf16 halves of the master, read and written
+  // (required); with an fp32 master the updated weights in lowp_type, written when set.
+  void* lowp = nullptr;
+  ElemType lowp_type = ElemType::kBF16;
+  size_t n = 0;
+  // Index of element 0 within its parameter group: a multiple of the block (int8 blocks are
+  // counted from the group's start), and the rounding bits' counter.
+  uint64_t first = 0;
+  float grad_scale = 1.0f;
+  uint32_t key = 0;  // math::round_key(group, t)
+  const DecayRange* ranges = nullptr;  // sorted, disjoint, within [0, n)
+  size_t nranges = 0;
+};
+void adamw_update_packed(const PackedAdamWArgs& a, const AdamWStep& s, SimdPath path = SimdPath::kAuto);
+
+// A moment's n elements (from a block boundary) to fp32, and back with rounding to nearest
+// (checkpoint conversions between formats). For an int8 v the values are v (its stored root
+// squared, as the update reads it).
+void decode_moment(MomentFormat f, bool second, const void* data, const float* scales, float* out, size_t n);
+void encode_moment(MomentFormat f, bool second, const float* in, void* data, float* scales, size_t n);
+
 // Sum of squares (in double) and count of non-finite values of a gradient: the fused pass
 // that global-norm clipping and fp16 overflow checks need before any update.
 struct GradStats {

@@ -201,4 +201,106 @@ FY_HD void adamw_element(float& p, float& m, float& v, float g, const AdamWConst
   p = fmaf(k.neg_step, m / denom, p);
 }
 
+// The same update, also giving sqrt(v) (the denominator's root), which int8 state stores:
+// one square root serves both.
+FY_HD void adamw_element_w(float& p, float& m, float& v, float& w, float g, const AdamWConsts& k) {
+  g = g * k.grad_scale;
+  p = p * k.decay;
+  m = fmaf(k.one_minus_b1, g - m, m);
+  v = fmaf(k.one_minus_b2, g * g, v * k.b2);
+  w = sqrtf(v);
+  float denom = w / k.bc2_sqrt + k.eps;
+  p = fmaf(k.neg_step, m / denom, p);
+}
+
+// ---- Optimizer state in fewer bytes (optimizer.state, optimizer.master; docs/precision.md) ----
+//
+// These functions are the contract that the SIMD paths (src/optim/adamw_packed_simd.cc) and
+// the Python reference (tests/reference/optim_state_ref.py) reproduce bit for bit.
+
+FY_HD uint32_t f32_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+FY_HD float f32_from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Split master: an fp32 master x is kept as hi, the bf16 working weight, and lo, a 16-bit
+// remainder, with bits(x) = (hi << 16) + lo exactly (two's complement, modulo 2^32). hi is x
+// rounded to the nearest bf16 with ties away from zero (adding half a bf16 ulp to the
+// magnitude bits), which puts the remainder in [-2^15, 2^15): nearest-even would need one
+// value more. NaN: hi is the quiet NaN float_to_bf16 gives and lo 0 (the payload's low bits
+// are not kept).
+FY_HD bool is_nan_bits(uint32_t u) { return (u & 0x7fffffffu) > 0x7f800000u; }
+FY_HD uint16_t split_hi(float x) {
+  const uint32_t u = f32_bits(x);
+  if (is_nan_bits(u)) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + 0x8000u) >> 16);
+}
+FY_HD int16_t split_lo(float x) {
+  const uint32_t u = f32_bits(x);
+  if (is_nan_bits(u)) return 0;
+  return static_cast<int16_t>(static_cast<uint16_t>(u - (static_cast<uint32_t>(split_hi(x)) << 16)));
+}
+FY_HD float split_join(uint16_t hi, int16_t lo) {
+  return f32_from_bits((static_cast<uint32_t>(hi) << 16) + static_cast<uint32_t>(static_cast<int32_t>(lo)));
+}
+
+// Rounding bits: a counter-based hash (Wellons' lowbias32) of the element's index within its
+// parameter group and a key per update and moment, so the bits depend on nothing but the
+// state's place and the step: in memory, offloaded, on any thread count and after a resume
+// alike.
+FY_HD uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+// The key of group g's update at Adam step t; the moments' streams differ by a constant.
+FY_HD uint32_t round_key(uint32_t group, int64_t t) {
+  return mix32(mix32(static_cast<uint32_t>(t)) + group * 0x9e3779b9u);
+}
+constexpr uint32_t kKeyM = 0x68e31da4u, kKeyV = 0xb5297a4du;
+FY_HD uint32_t round_bits(uint32_t key, uint32_t i) { return mix32(i ^ key); }
+// A uniform variate in [0, 1) from the top 24 bits; 0.5 rounds to nearest.
+FY_HD float round_uniform(uint32_t bits) { return static_cast<float>(bits >> 8) * 5.9604644775390625e-8f; }
+
+// bf16 state with stochastic rounding: the 16 bits below the bf16 are rounded up with
+// probability equal to their value (bits' low 16 bits added to the magnitude); unbiased, so a
+// moment whose change is below half a bf16 ulp still moves on average. NaN stays NaN (quiet).
+FY_HD uint16_t bf16_round_stochastic(float x, uint32_t bits) {
+  const uint32_t u = f32_bits(x);
+  if (is_nan_bits(u)) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + (bits & 0xffffu)) >> 16);
+}
+
+// int8 state: blocks of kStateBlock elements, each with one fp32 scale s (the block's largest
+// magnitude) and one code per element on a square-law grid: m = s q|q| / 127^2 (q in
+// [-127, 127]), and sqrt(v) = s q^2 / 255^2 (q in [0, 255]: v is stored as its square root,
+// whose range is half v's in octaves, and the update uses the root anyway). The grid is finer
+// near zero than a linear one (the smallest step is s / 127^2 rather than s / 127), where most
+// moments are. A code is rounded stochastically between the two grid points around the value,
+// with probabilities that make the decoded value unbiased (u = 0.5: to the nearer one).
+constexpr int kStateBlock = 256;
+constexpr float kQm = 127.0f, kQv = 255.0f;
+FY_HD float code_decode(int32_t q_abs_sq, float scale, float inv_q2) {
+  return scale * (static_cast<float>(q_abs_sq) * inv_q2);
+}
+// The code magnitude of a >= 0 in a block of scale s (finite, > 0, a <= s) on the grid of Q.
+FY_HD int32_t code_encode(float a, float s, float Q, float u) {
+  const float y = (a / s) * (Q * Q);
+  float q0 = floorf(sqrtf(y));
+  if (q0 * q0 > y) q0 = q0 - 1.0f;  // sqrt rounded up to an integer just above the root
+  const float frac = y - q0 * q0, width = 2.0f * q0 + 1.0f;
+  float q = u * width < frac ? q0 + 1.0f : q0;
+  q = q > Q ? Q : q;
+  return static_cast<int32_t>(q);
+}
+
 }  // namespace fuyou::math

@@ -79,15 +79,11 @@ void grad_stats_scalar(const void* g, ElemType t, size_t begin, size_t end, Grad
   }
 }
 
-}  // namespace optim_detail
-
-using namespace optim_detail;
-
-namespace {
-
 // The constants of step s that every piece shares (grad_scale and decay are per piece).
 math::AdamWConsts step_consts(const AdamWStep& s) {
   math::AdamWConsts k;
+  k.grad_scale = 1.0f;
+  k.decay = 1.0f;
   k.one_minus_b1 = 1.0f - s.beta1;
   k.b2 = s.beta2;
   k.one_minus_b2 = 1.0f - s.beta2;
@@ -98,7 +94,9 @@ math::AdamWConsts step_consts(const AdamWStep& s) {
   return k;
 }
 
-}  // namespace
+}  // namespace optim_detail
+
+using namespace optim_detail;
 
 void set_adamw_constants(DeviceAdamW* a, const AdamWStep& s, float weight_decay, float grad_scale) {
   FY_CHECK(s.t >= 1, "AdamW step count starts at 1, got ", s.t);

@@ -10,6 +10,9 @@ namespace fuyou::optim_detail {
 
 constexpr size_t kBlock = 4096;  // elements per work item; a multiple of every vector width
 
+// The constants of step s that every piece shares (grad_scale and decay are per piece: 1 here).
+math::AdamWConsts step_consts(const AdamWStep& s);
+
 float load_grad(const void* g, ElemType t, size_t i);
 void store_lowp(void* out, ElemType t, size_t i, float x);
 
