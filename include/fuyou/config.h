@@ -86,6 +86,11 @@ struct OptimizerConfig {
   // else the host), host, or device (an error where it does not fit or the backend has no
   // device optimizer). Offloaded runs keep the state on host and SSD (offload.optimizer_state).
   std::string placement = "auto";
+  // How the optimizer stores Adam's moments (fp32; bf16 with stochastic rounding; int8 codes
+  // in blocks of 256 with one scale each) and the master weights (fp32; split: the bf16
+  // working weight plus a 16-bit remainder, exactly the fp32 master). docs/precision.md.
+  std::string state = "fp32";
+  std::string master = "fp32";
 };
 
 struct ScheduleConfig {

@@ -47,6 +47,12 @@ class TrainEngine {
   // reset the moments).
   virtual void read_state(int group, StateKind kind, const StateSink& sink) = 0;
   virtual void write_state(int group, StateKind kind, const StateSource& source) = 0;
+  // How the optimizer stores its state (optimizer.state, optimizer.master), and packed moments
+  // (kAdamM, kAdamV) as stored, which a checkpoint of the same format keeps exactly
+  // (OocAdamW::read_packed); read_state / write_state convert them to and from fp32.
+  virtual OptimFormat optim_format() const = 0;
+  virtual void read_packed(int group, StateKind kind, const PackedSink& sink) = 0;
+  virtual void write_packed(int group, StateKind kind, const PackedSource& source) = 0;
   virtual OptimizerCounters counters() = 0;
   virtual void set_counters(const OptimizerCounters& c) = 0;
   // What closing this engine's SSD store removes (SsdStore::cleanup_paths); empty without one.

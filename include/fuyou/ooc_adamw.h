@@ -9,11 +9,15 @@
 // a group lives on.
 //
 // Extents: "<group>/master", "<group>/adam_m", "<group>/adam_v", each one contiguous
-// extent of the store, so each chunk moves as three sequential requests.
+// extent of the store, so each chunk moves as three sequential requests. In a packed format
+// (OocAdamWOptions::format) each holds its kind as the format stores it: the master's
+// remainders (split), the moments' bf16 values or int8 codes, and after the codes, from the
+// next 4 KiB boundary, their scales (one request more per int8 moment and chunk).
 #pragma once
 
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -42,20 +46,37 @@ enum class StateTier { kHost, kSsd };
 
 struct OocAdamWOptions {
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
-  size_t chunk_elems = 1 << 20;  // per streamed chunk; a multiple of 1024 (4 KiB of fp32)
+  // Per streamed chunk; a multiple of 1024 (4 KiB of fp32), and with int8 moments of 262144
+  // (so that a chunk's scales start on a 4 KiB boundary of their region).
+  size_t chunk_elems = 1 << 20;
   SimdPath simd = SimdPath::kAuto;
+  // How the state is stored (optimizer.state, optimizer.master). A split master's working
+  // halves are the updates' `lowp` (bf16), read and written; the optimizer keeps the rest.
+  OptimFormat format;
 };
+
+// Bytes of the store extents of a group of `numel` parameters (its three kinds, each rounded
+// to 4 KiB), and the bytes a whole-group update reads (and writes) streaming them in chunks.
+uint64_t ooc_state_extent_bytes(const OptimFormat& f, uint64_t numel);
+uint64_t ooc_update_io_bytes(const OptimFormat& f, uint64_t numel, size_t chunk_elems = size_t{1} << 20);
 
 // The pinned chunk slots an optimizer with groups on SSD holds: three slot sets (read ahead,
 // update, write behind) of master, m and v chunks.
 constexpr uint32_t kOocChunkSlots = 9;
 constexpr uint64_t ooc_chunk_pool_bytes(const OocAdamWOptions& o = {}) { return kOocChunkSlots * 4ull * o.chunk_elems; }
 
-// Decides where each group's state lives: host memory for groups while their 12 bytes per
-// parameter fit `host_state_budget`, in order, the rest on SSD. With no store every group
-// must fit in host memory (else Error with the numbers).
+// Decides where each group's state lives: host memory for groups while their state
+// (optim_state_bytes: 12 bytes per parameter in fp32) fits `host_state_budget`, in order, the
+// rest on SSD. With no store every group must fit in host memory (else Error with the numbers).
 std::vector<StateTier> place_optimizer_state(const std::vector<OptimGroup>& groups,
-                                             uint64_t host_state_budget, bool have_store);
+                                             uint64_t host_state_budget, bool have_store,
+                                             const OptimFormat& format = {});
+
+// One kind's packed state in pieces (checkpoints): plane 0 holds the values or codes
+// (`n` elements from element `begin`, moment_elem_bytes or master_elem_bytes each), plane 1 an
+// int8 moment's scales (`n` floats from block `begin`); plane 0 in order, then plane 1.
+using PackedSink = std::function<void(int plane, size_t begin, const void* data, size_t n)>;
+using PackedSource = std::function<void(int plane, size_t begin, void* data, size_t n)>;
 
 class OocAdamW {
  public:
@@ -74,23 +95,35 @@ class OocAdamW {
   // Host bytes this optimizer holds: resident state plus the chunk slots.
   uint64_t host_bytes() const;
 
-  // Sets a group's master weights (m and v to zero). Synchronous.
+  const OptimFormat& format() const;
+
+  // Sets a group's master weights (m and v to zero). Synchronous. With a split master the
+  // optimizer keeps the remainders; the caller stores the working halves (math::split_hi).
   void init_group(int g, const float* master);
   // Reads a group's master weights into dst (numel floats). Synchronous; waits for any
-  // pending update of the group first.
-  void read_master(int g, float* dst);
+  // pending update of the group first. A split master needs the group's working halves
+  // (`hi`, numel bf16).
+  void read_master(int g, float* dst, const uint16_t* hi = nullptr);
   // One kind of a group's state in pieces (checkpoints): a host group in one piece from its
   // arrays, an SSD group chunk by chunk through the optimizer's own pinned slots, reading or
   // writing that kind's extent only. Synchronous, after any pending update. write_state does
   // not touch the other kinds (init_group first for a master that goes with zero moments).
+  // In a packed format the values are decoded (v: as the update reads it) and encoded with
+  // rounding to nearest; a split master's kMaster is written (its remainders; the caller
+  // stores the working halves) but read only through read_master.
   void read_state(int g, StateKind kind, const StateSink& sink);
   void write_state(int g, StateKind kind, const StateSource& source);
+  // The same kind as stored, without conversion (exact checkpoints of a packed format).
+  void read_packed(int g, StateKind kind, const PackedSink& sink);
+  void write_packed(int g, StateKind kind, const PackedSource& source);
 
   struct Update {
     int group = 0;
     const void* grad = nullptr;  // numel gradient values, host memory, valid until done
     ElemType grad_type = ElemType::kF32;
-    void* lowp = nullptr;        // optional: numel updated weights for the next forward
+    // Optional: numel updated weights for the next forward (a split master: required, bf16,
+    // holding the current working weights, which the update reads).
+    void* lowp = nullptr;
     ElemType lowp_type = ElemType::kF32;
     float grad_scale = 1.0f;
     float lr = 0;

@@ -48,7 +48,7 @@ struct LayerDecision {
 // What an op does. Its buffers, and which of them it reads or writes, are its uses
 // (PlanOp::uses): the executor, the hazard analysis and the simulator read those.
 enum class OpKind {
-  kReadWeights,       // ssd_read: a layer's weights extent -> host read slot
+  kReadWeights,       // ssd_read: a layer's weights extent -> host read slot (split master: -> the update's weights-out slot)
   kLoadWeights,       // h2d: host weights, a read slot or a weights-out slot -> device weight slot
   kEmbedForward,      // compute: the micro-batch's tokens to the device, embedding forward
   kForward,           // compute: block forward of `layer`
@@ -211,6 +211,7 @@ struct Plan {
   double attention_keys = 0;          // PlanRequest::attention_keys
   bool exact = false;  // global-norm clipping: every update waits for the norm
   int grad_accum = 1;  // micro-batches per step; gradients accumulate on the device
+  OptimFormat optim_format;  // PlanRequest::optim_format
   // grad_accum > 1 with 16-bit tensors (PlanRequest::accum_fp32): each micro-batch's gradient
   // is made afresh on the device, saved, and added on the host (kAccumulateGrads) into an fp32
   // sum held per group (layers: host buffer or SSD extent by LayerDecision::grads; the
@@ -269,6 +270,12 @@ struct PlanRequest {
   ElemType tensors = ElemType::kF32;
   bool exact = false;
   int grad_accum = 1;
+  // How the optimizer stores its state (optimizer.state, optimizer.master): the bytes per
+  // parameter of its host buffers, extents and streaming. A split master's working halves are
+  // the layer's weights, which its update reads: for a layer whose weights are on SSD the
+  // update's weights-out slot is first filled from the layer's extent (kReadWeights), unless
+  // the slot still holds them. int8 blocks do not follow token rows: no embed_rows_first.
+  OptimFormat optim_format;
   // Plan::accum_fp32, where grad_accum > 1 and the tensors are 16-bit (schedule.grad_accum_type).
   bool accum_fp32 = false;
   uint64_t device_budget = 0;  // 0: unlimited

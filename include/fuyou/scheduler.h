@@ -55,6 +55,9 @@ class OffloadTrainer {
   // (weights on every tier, moments zero); kAdamM / kAdamV then stream into the optimizer.
   void read_group_state(int group, StateKind kind, const StateSink& sink);
   void write_group_state(int group, StateKind kind, const StateSource& source);
+  // Packed moments as the optimizer stores them (OocAdamW::read_packed).
+  void read_group_packed(int group, StateKind kind, const PackedSink& sink);
+  void write_group_packed(int group, StateKind kind, const PackedSource& source);
   OptimizerCounters counters();
   void set_counters(const OptimizerCounters& c);
 

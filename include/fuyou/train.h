@@ -50,6 +50,10 @@ void add_to_fp32_sum(float* sum, const void* g, ElemType type, size_t n, bool fi
 // range and decay flag) and its options from the config: what both engines give OocAdamW.
 std::vector<OptimGroup> optimizer_groups(const ParamLayout& layout);
 OocAdamWOptions optimizer_options(const OptimizerConfig& o);
+// optimizer.state and optimizer.master as the optimizer's format.
+OptimFormat optim_format(const OptimizerConfig& o);
+// ConfigError for a format this run cannot use: a split master needs bf16 device tensors.
+void check_optim_format(const OptimizerConfig& o, ElemType tensors);
 
 // The in-memory step: the model on a backend, and the fp32 master weights and AdamW moments
 // either on the host (an OocAdamW with every group in host memory, the driver the offloading
@@ -78,6 +82,10 @@ class StepRunner {
   // written sets the group's weights on the device too.
   void read_state(int group, StateKind kind, const StateSink& sink);
   void write_state(int group, StateKind kind, const StateSource& source);
+  // Packed moments as the optimizer stores them (OocAdamW::read_packed).
+  const OptimFormat& optim_format() const { return format_; }
+  void read_packed(int group, StateKind kind, const PackedSink& sink);
+  void write_packed(int group, StateKind kind, const PackedSource& source);
   OptimizerCounters counters() const;
   void set_counters(const OptimizerCounters& c);
 
@@ -120,6 +128,10 @@ class StepRunner {
   }
 
   ElemType store_;  // the device's tensors (Backend::storage_type)
+  OptimFormat format_;  // optimizer.state / optimizer.master
+  // 16-bit working weights from fp32 master values: rounded to nearest even, or a split
+  // master's working halves (math::split_hi).
+  void working_weights(uint16_t* dst, const float* src, size_t n) const;
   std::vector<float> master_;  // the optimizer's master weights (see master())
   bool master_stale_ = false;  // 16-bit tensors: the optimizer's master changed since master_ was copied
   std::vector<char> grad_;     // the device's gradients, as stored (store_)

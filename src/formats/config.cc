@@ -376,6 +376,8 @@ OptimizerConfig parse_optimizer(const YAML::Node& node, const Origin& source, bo
   s.get("grad_clip", o.grad_clip);
   s.get("initial_loss_scale", o.initial_loss_scale);
   s.get("placement", o.placement);
+  s.get("state", o.state);
+  s.get("master", o.master);
   s.finish();
   // A fine-tune's floor follows its peak: a tenth of the lr given.
   if (fine_tune && s.given("lr") && !s.given("min_lr")) o.min_lr = o.lr / 10;
@@ -394,6 +396,9 @@ OptimizerConfig parse_optimizer(const YAML::Node& node, const Origin& source, bo
           o.initial_loss_scale, "must be in [1, 2^24]");
   if (o.placement != "auto" && o.placement != "host" && o.placement != "device")
     s.fail("placement", str("'", o.placement, "' is not one of auto, host, device"));
+  if (o.state != "fp32" && o.state != "bf16" && o.state != "int8")
+    s.fail("state", str("'", o.state, "' is not one of fp32, bf16, int8"));
+  if (o.master != "fp32" && o.master != "split") s.fail("master", str("'", o.master, "' is not one of fp32, split"));
   return o;
 }
 
@@ -666,6 +671,8 @@ std::string config_to_yaml(const Config& c) {
   e << YAML::Key << "grad_clip" << YAML::Value << c.optimizer.grad_clip;
   e << YAML::Key << "initial_loss_scale" << YAML::Value << c.optimizer.initial_loss_scale;
   e << YAML::Key << "placement" << YAML::Value << c.optimizer.placement;
+  e << YAML::Key << "state" << YAML::Value << c.optimizer.state;
+  e << YAML::Key << "master" << YAML::Value << c.optimizer.master;
   e << YAML::EndMap;
   e << YAML::Key << "schedule" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "steps" << YAML::Value << c.schedule.steps;

@@ -157,7 +157,8 @@ using namespace optim_detail;
 
 void adamw_update_packed(const PackedAdamWArgs& a, const AdamWStep& s, SimdPath path) {
   FY_CHECK(s.t >= 1, "AdamW step count starts at 1, got ", s.t);
-  FY_CHECK(a.first % B == 0, "a packed update starts at a multiple of ", B, " elements, not ", a.first);
+  FY_CHECK(a.format.moments != MomentFormat::kInt8 || a.first % B == 0, "an int8 update starts at a multiple of ", B,
+           " elements, not ", a.first);
   FY_CHECK(a.first + a.n <= (uint64_t{1} << 32), "a parameter group of more than 2^32 elements");
   FY_CHECK(a.master && a.m && a.v && a.grad, "packed AdamW needs master, moments and gradient");
   FY_CHECK(a.format.moments != MomentFormat::kInt8 || (a.m_scale && a.v_scale), "int8 moments need their scales");

@@ -75,6 +75,11 @@ class InMemoryEngine final : public TrainEngine {
   }
   void read_state(int g, StateKind kind, const StateSink& sink) override { runner_.read_state(g, kind, sink); }
   void write_state(int g, StateKind kind, const StateSource& source) override { runner_.write_state(g, kind, source); }
+  OptimFormat optim_format() const override { return runner_.optim_format(); }
+  void read_packed(int g, StateKind kind, const PackedSink& sink) override { runner_.read_packed(g, kind, sink); }
+  void write_packed(int g, StateKind kind, const PackedSource& source) override {
+    runner_.write_packed(g, kind, source);
+  }
   OptimizerCounters counters() override { return runner_.counters(); }
   void set_counters(const OptimizerCounters& c) override { runner_.set_counters(c); }
   void write_trace(const std::string& path) const override {
@@ -92,7 +97,7 @@ class OffloadEngine final : public TrainEngine {
  public:
   OffloadEngine(const Config& cfg, Backend& be, std::unique_ptr<SsdStore> store, Plan plan)
       : cfg_(cfg), store_(std::move(store)), layout_(make_gpt_layout(cfg.model)),
-        trainer_(cfg, be, std::move(plan), store_.get()) {}
+        trainer_(cfg, be, std::move(plan), store_.get()), optim_format_(fuyou::optim_format(cfg.optimizer)) {}
   bool offloaded() const override { return true; }
   std::string describe() const override { return trainer_.plan().table(); }
   void init_params() override {
@@ -129,6 +134,11 @@ class OffloadEngine final : public TrainEngine {
   void write_state(int g, StateKind kind, const StateSource& source) override {
     trainer_.write_group_state(g, kind, source);
   }
+  OptimFormat optim_format() const override { return optim_format_; }
+  void read_packed(int g, StateKind kind, const PackedSink& sink) override { trainer_.read_group_packed(g, kind, sink); }
+  void write_packed(int g, StateKind kind, const PackedSource& source) override {
+    trainer_.write_group_packed(g, kind, source);
+  }
   OptimizerCounters counters() override { return trainer_.counters(); }
   void set_counters(const OptimizerCounters& c) override { trainer_.set_counters(c); }
   std::vector<std::string> store_cleanup_paths() const override {
@@ -143,6 +153,7 @@ class OffloadEngine final : public TrainEngine {
   std::unique_ptr<SsdStore> store_;
   ParamLayout layout_;
   OffloadTrainer trainer_;
+  OptimFormat optim_format_;
 };
 
 }  // namespace
@@ -176,6 +187,7 @@ PlanRequest plan_request(const Config& cfg) {
   req.exact = cfg.optimizer.grad_clip > 0 || cfg.runtime.precision == "fp16";
   req.grad_accum = cfg.schedule.grad_accum;
   req.accum_fp32 = sums_grads_in_fp32(cfg);
+  req.optim_format = optim_format(cfg.optimizer);
   req.device_budget = cfg.offload.device_memory;
   req.host_budget = cfg.offload.host_memory;
   req.have_ssd = !cfg.offload.ssd_paths.empty();

@@ -38,6 +38,8 @@ class OffloadTrainer::Impl {
   float* group_staging();
   void read_group_state(int g, StateKind kind, const StateSink& sink);
   void write_group_state(int g, StateKind kind, const StateSource& source);
+  void read_group_packed(int g, StateKind kind, const PackedSink& sink);
+  void write_group_packed(int g, StateKind kind, const PackedSource& source);
   OptimizerCounters counters();
   void set_counters(const OptimizerCounters& c);
   StepResult step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
@@ -114,8 +116,12 @@ class OffloadTrainer::Impl {
   // The use's bytes: its buffer's memory from its offset.
   float* at(const BufferUse& u) const { return reinterpret_cast<float*>(static_cast<char*>(ptr_[u.buffer]) + u.offset); }
   void* group_host_weights(int g) const;
-  // The group's weights from fp32 (master) values into `dst`, as the device holds them.
+  // The group's weights from fp32 (master) values into `dst`, as the device holds them (a
+  // split master's working halves: math::split_hi).
   void put_weights(void* dst, const float* src, size_t n) const;
+  // Group g's current working weights in host memory (a split master's halves): its host
+  // buffer, or for a layer on SSD its extent read into a read-staging slot (between steps).
+  const uint16_t* group_working_weights(int g);
 
   // ---- executor_ops.cc ----
   void run_op(Iter& it, const PlanOp& op);

@@ -9,6 +9,7 @@
 #include "fuyou/error.h"
 #include "fuyou/sizes.h"
 #include "fuyou/train.h"
+#include "kernels/common/element_math.h"
 #include "src/runtime/executor.h"
 
 namespace fuyou {
@@ -40,6 +41,11 @@ std::string extent_name(const PlanBuffer& b) {
 }  // namespace
 
 void OffloadTrainer::Impl::check_plan() {
+  check_optim_format(cfg_.optimizer, be_.storage_type());
+  if (plan_.optim_format != optim_format(cfg_.optimizer))
+    throw Error(str("the plan is for optimizer state ", moment_format_name(plan_.optim_format.moments), " / master ",
+                    master_format_name(plan_.optim_format.master), " but the config asks for ",
+                    cfg_.optimizer.state, " / ", cfg_.optimizer.master, " (optimizer.state, optimizer.master)"));
   if (be_.storage_type() != plan_.tensors)
     throw Error(str("the plan is for ", elem_type_name(plan_.tensors), " device tensors but the backend stores ",
                     elem_type_name(be_.storage_type()), " (runtime.device_tensors)"));
@@ -132,7 +138,18 @@ void OffloadTrainer::Impl::register_host_buffers() {
 }
 
 void OffloadTrainer::Impl::put_weights(void* dst, const float* src, size_t n) const {
-  round_to(tensors_, dst, src, n);
+  if (plan_.optim_format.master != MasterFormat::kSplit) return round_to(tensors_, dst, src, n);
+  uint16_t* hi = static_cast<uint16_t*>(dst);
+  for (size_t i = 0; i < n; ++i) hi[i] = math::split_hi(src[i]);
+}
+
+const uint16_t* OffloadTrainer::Impl::group_working_weights(int g) {
+  const int L = cfg_.model.n_layer;
+  if (g == 0 || g == L + 1 || plan_.layers[g - 1].weights == StateTier::kHost)
+    return static_cast<const uint16_t*>(group_host_weights(g));
+  const int slot = plan_.buffer(BufferKind::kReadSlot, 0), ext = plan_.buffer(BufferKind::kSsdWeights, g - 1);
+  store_->read_sync(ext_[ext], 0, ptr(slot), round_up(plan_.buffers[ext].bytes, kIoAlign));
+  return static_cast<const uint16_t*>(ptr_[slot]);
 }
 
 void* OffloadTrainer::Impl::group_host_weights(int g) const {
@@ -180,7 +197,8 @@ void OffloadTrainer::Impl::set_params(const float* params) {
 
 void OffloadTrainer::Impl::read_group_params(int g, float* dst) {
   drain();
-  opt_->read_master(g, dst);
+  const bool split = plan_.optim_format.master == MasterFormat::kSplit;
+  opt_->read_master(g, dst, split ? group_working_weights(g) : nullptr);
 }
 
 // A group's fp32 state between the optimizer and a checkpoint: a gradient slot (free between
@@ -192,7 +210,22 @@ float* OffloadTrainer::Impl::group_staging() {
 
 void OffloadTrainer::Impl::read_group_state(int g, StateKind kind, const StateSink& sink) {
   drain();
+  if (kind == StateKind::kMaster && plan_.optim_format.master == MasterFormat::kSplit) {
+    float* staging = group_staging();  // joined from the working halves and the remainders
+    read_group_params(g, staging);
+    return sink(0, staging, layout_.groups.at(g).numel);
+  }
   opt_->read_state(g, kind, sink);
+}
+
+void OffloadTrainer::Impl::read_group_packed(int g, StateKind kind, const PackedSink& sink) {
+  drain();
+  opt_->read_packed(g, kind, sink);
+}
+
+void OffloadTrainer::Impl::write_group_packed(int g, StateKind kind, const PackedSource& source) {
+  drain();
+  opt_->write_packed(g, kind, source);
 }
 
 // kMaster goes through the host gradient staging slot into the optimizer's master and the
@@ -229,7 +262,7 @@ void OffloadTrainer::Impl::set_counters(const OptimizerCounters& c) {
 void OffloadTrainer::Impl::read_params(float* params) {
   drain();
   std::fill(params, params + layout_.total, 0.0f);
-  for (size_t g = 0; g < layout_.groups.size(); ++g) opt_->read_master(static_cast<int>(g), params + layout_.groups[g].offset);
+  for (size_t g = 0; g < layout_.groups.size(); ++g) read_group_params(static_cast<int>(g), params + layout_.groups[g].offset);
 }
 
 }  // namespace fuyou

@@ -52,6 +52,7 @@ class Placer {
     plan_.tensors = req_.tensors;
     plan_.attention_keys = req_.attention_keys;
     plan_.exact = req_.exact;
+    plan_.optim_format = req_.optim_format;
     if (req_.grad_accum < 1) throw ConfigError(str("schedule.grad_accum is ", req_.grad_accum, "; it must be at least 1"));
     plan_.grad_accum = req_.grad_accum;
     plan_.accum_fp32 = accum_fp32_;
@@ -74,7 +75,8 @@ class Placer {
                         : req_.embed_parts > 0                              ? req_.embed_parts
                         : sz_.embed >= (16ull << 20)                        ? kEmbedParts
                                                                             : 1;
-    plan_.embed_rows_first = req_.embed_rows_first && plan_.embed_parts > 1;
+    plan_.embed_rows_first =
+        req_.embed_rows_first && plan_.embed_parts > 1 && req_.optim_format.moments != MomentFormat::kInt8;
     return plan_;
   }
 
@@ -106,6 +108,9 @@ class Placer {
     }
     return acts;
   }
+
+  // Host bytes of the optimizer state of `tensor_bytes` of device tensors (one group).
+  uint64_t state_bytes(uint64_t tensor_bytes) const { return optim_state_bytes(req_.optim_format, tensor_bytes / sz_.es); }
 
   uint64_t device_need(const std::vector<ActPlacement>& acts, int dw, int dc, int dg) const {
     return device_bytes(device_buffers(req_.model, req_.micro_batch, req_.tensors, acts, dw, dc, dg));
@@ -210,7 +215,7 @@ class Placer {
   // optimizer state takes host memory before any layer's weights, when it fits beside the
   // SSD staging that the layers would then need.
   void place_weights() {
-    for (uint64_t state : {12 * (sz_.embed / sz_.es), 12 * (sz_.weights / sz_.es), 12 * (sz_.weights / sz_.es)}) {
+    for (uint64_t state : {state_bytes(sz_.embed), state_bytes(sz_.weights), state_bytes(sz_.weights)}) {
       if (!req_.have_ssd || req_.optim_on_ssd ||
           host_used_ + state + 4 * sz_.weights + ooc_chunk_pool_bytes() + (hold_ ? 2 * held_ : 0) > host_budget_)
         break;
@@ -275,12 +280,12 @@ class Placer {
       tiers.assign(groups.size(), StateTier::kHost);
     } else {
       tiers = fuyou::place_optimizer_state(std::vector<OptimGroup>(groups.begin() + tail_groups_, groups.end()),
-                                           optim_budget, true);
+                                           optim_budget, true, req_.optim_format);
       tiers.insert(tiers.begin(), tail_groups_, StateTier::kHost);
       if (req_.spread_host_state) spread_host_layers(tiers);
     }
     for (size_t g = tail_groups_; g < groups.size(); ++g)
-      if (tiers[g] == StateTier::kHost) host_used_ += 12ull * groups[g].numel;
+      if (tiers[g] == StateTier::kHost) host_used_ += optim_state_bytes(req_.optim_format, groups[g].numel);
     plan_.embed_optim = tiers.front();
     plan_.final_optim = tiers.back();
     for (int l = 0; l < L_; ++l) plan_.layers[l].optim = tiers[1 + l];

@@ -223,14 +223,15 @@ std::vector<PlanBuffer> buffer_table(const Plan& plan, bool have_ssd, bool devic
   const ParamLayout layout = make_gpt_layout(m);
   for (int g = 0; g <= L + 1; ++g)
     if (plan.optim_tier(g) == StateTier::kHost)
-      t.add(BufferKind::kHostOptim, g, H, 12ull * layout.groups[g].numel, "optimizer state");
+      t.add(BufferKind::kHostOptim, g, H, optim_state_bytes(plan.optim_format, layout.groups[g].numel), "optimizer state");
   if (have_ssd) t.add(BufferKind::kOptimChunks, 0, H, ooc_chunk_pool_bytes(), "optimizer chunk slots");
 
   for (int l = 0; l < L; ++l)
     if (plan.layers[l].weights == StateTier::kSsd) t.add(BufferKind::kSsdWeights, l, S, sz.weights, "weights");
   for (int g = 0; g <= L + 1; ++g)
     if (plan.optim_tier(g) == StateTier::kSsd)
-      t.add(BufferKind::kSsdOptim, g, S, 12ull * layout.groups[g].numel, "optimizer state");
+      t.add(BufferKind::kSsdOptim, g, S, ooc_state_extent_bytes(plan.optim_format, layout.groups[g].numel),
+            "optimizer state");
   for (int l = 0; l < L; ++l)
     if (acts[l] == ActPlacement::kSsd) t.add(BufferKind::kSsdCkpt, l, S, sz.ckpt, "checkpoints");
   for (int l = 0; l < L && plan.holds_grads(); ++l)

@@ -110,8 +110,19 @@ class IterationBuilder {
   uint64_t group_params(int g) const { return group_bytes(g) / sz_.es; }
   // Group g's held gradient: in the tensors' type, or its fp32 sum (Plan::accum_fp32).
   uint64_t held_bytes(int g) const { return held_grad_bytes(plan_, group_bytes(g)); }
-  // The optimizer state's bytes (fp32 master, m and v) of `tensor_bytes` of device tensors.
-  uint64_t state_bytes(uint64_t tensor_bytes) const { return 12 * (tensor_bytes / sz_.es); }
+  // An update's use of group g's optimizer state for device-tensor bytes [offset, offset +
+  // bytes) of the group: in host memory the proportional range of its buffer (master, m and v
+  // in Plan::optim_format), on SSD the whole extent set (updates there are whole-group).
+  void use_state(PlanOp& u, int g, uint64_t offset, uint64_t bytes) {
+    const int state = optim_state_of_group(g);
+    if (plan_.buffers[state].tier == Tier::kSsd) return use(u, state, Access::kAccumulate, Role::kState);
+    auto at = [&](uint64_t b) { return optim_state_bytes(plan_.optim_format, b / sz_.es); };
+    use(u, state, Access::kAccumulate, Role::kState, at(offset), at(offset + bytes) - at(offset));
+  }
+  // A split master's update reads the working weights it rewrites.
+  Access weights_access() const {
+    return plan_.optim_format.master == MasterFormat::kSplit ? Access::kAccumulate : Access::kWrite;
+  }
   // The byte range of part `part` of group g (part -1: the rows first, sized for the
   // largest micro-batch; the executor copies the rows it fixes at run time).
   std::pair<uint64_t, uint64_t> part_bytes(int g, int part, int parts) const {
@@ -466,6 +477,17 @@ class IterationBuilder {
       FY_CHECK(plan_.layers[l].retained < 0 || plan_.layers[l].retained == wout, "layer ", l,
                " retained in weights-out slot ", plan_.layers[l].retained, " but updated into slot ", wout);
       deps.push_back(host_wout_writer_[wout]);
+      if (plan_.optim_format.master == MasterFormat::kSplit && wout_holds_[wout] != l) {
+        // The update reads the layer's current weights (a split master's working halves) from
+        // the slot it writes: from the layer's extent, once the slot's last write is done.
+        PlanOp& r = add(OpKind::kReadWeights, Resource::kSsdRead, {host_wout_writer_[wout]});
+        r.micro = K_ - 1;
+        r.layer = l;
+        r.group = p.group;
+        r.bytes = sz_.weights;
+        copy(r, buf(BufferKind::kSsdWeights, l), buf(BufferKind::kWoutSlot, wout));
+        deps.push_back(r.id);
+      }
       wout_holds_[wout] = -1;
     }
     PlanOp& u = add(OpKind::kUpdate, Resource::kOptimizer, deps);
@@ -479,13 +501,13 @@ class IterationBuilder {
     const int dst = wout >= 0 ? buf(BufferKind::kWoutSlot, wout) : host_weights_of_group(p.group);
     if (plan_.accum_fp32) {  // the fp32 sum (one part)
       use(u, grad, Access::kRead, Role::kSource, 0, held_bytes(p.group));
-      use(u, dst, Access::kWrite, Role::kDest, offset, bytes);
     } else {
-      copy(u, grad, dst, offset, bytes);
+      use(u, grad, Access::kRead, Role::kSource, offset, bytes);
     }
-    // The state streams through the store for a group on SSD (master, m and v: 12 bytes per
-    // parameter read and written back), in host memory otherwise.
-    use(u, optim_state_of_group(p.group), Access::kAccumulate, Role::kState, state_bytes(offset), state_bytes(bytes));
+    use(u, dst, weights_access(), Role::kDest, offset, bytes);
+    // The state streams through the store for a group on SSD (master, m and v read and
+    // written back), in host memory otherwise.
+    use_state(u, p.group, offset, bytes);
     const int uid = u.id;
     consumed(grad, uid);
     if (wout >= 0) {
@@ -544,8 +566,9 @@ class IterationBuilder {
       rows.parts = parts;
       const auto [offset, bytes] = part_bytes(0, -1, parts);
       rows.params = bytes / sz_.es;
-      copy(rows, where, buf(BufferKind::kHostEmbed), offset, bytes);
-      use(rows, optim_state_of_group(0), Access::kAccumulate, Role::kState, state_bytes(offset), state_bytes(bytes));
+      use(rows, where, Access::kRead, Role::kSource, offset, bytes);
+      use(rows, buf(BufferKind::kHostEmbed), weights_access(), Role::kDest, offset, bytes);
+      use_state(rows, 0, offset, bytes);
       rows_id = rows.id;
       emit_refresh(0, rows_id, -1, parts);
       save_layer0_grads();

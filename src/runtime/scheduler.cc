@@ -391,6 +391,12 @@ void OffloadTrainer::read_group_state(int g, StateKind k, const StateSink& sink)
 void OffloadTrainer::write_group_state(int g, StateKind k, const StateSource& source) {
   impl_->write_group_state(g, k, source);
 }
+void OffloadTrainer::read_group_packed(int g, StateKind k, const PackedSink& sink) {
+  impl_->read_group_packed(g, k, sink);
+}
+void OffloadTrainer::write_group_packed(int g, StateKind k, const PackedSource& source) {
+  impl_->write_group_packed(g, k, source);
+}
 OptimizerCounters OffloadTrainer::counters() { return impl_->counters(); }
 void OffloadTrainer::set_counters(const OptimizerCounters& c) { impl_->set_counters(c); }
 float OffloadTrainer::eval_loss(const int32_t* batch, const uint8_t* mask, const int32_t* positions) {

@@ -51,10 +51,11 @@ OpTraffic op_traffic(const Plan& plan, const PlanOp& op) {
       t.d2h = op.use(Role::kSource).bytes;
       break;
     case OpKind::kUpdate: {
-      // Out of core: master, m and v (a third of the state use each) read and written back,
-      // each kind's extent in whole 4 KiB blocks (ooc_adamw.h).
+      // Out of core: master, m and v read and written back chunk by chunk, each request in
+      // whole 4 KiB blocks, in the plan's state format (ooc_update_io_bytes).
       const BufferUse& state = op.use(Role::kState);
-      if (plan.buffers[state.buffer].tier == Tier::kSsd) t.ssd_read = t.ssd_write = 3 * round_up(state.bytes / 3, kIoAlign);
+      if (plan.buffers[state.buffer].tier == Tier::kSsd)
+        t.ssd_read = t.ssd_write = ooc_update_io_bytes(plan.optim_format, op.params);
       break;
     }
     default: break;

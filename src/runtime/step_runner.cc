@@ -14,6 +14,7 @@
 #include "fuyou/optim.h"
 #include "fuyou/sizes.h"
 #include "fuyou/train.h"
+#include "kernels/common/element_math.h"
 
 namespace fuyou {
 
@@ -46,6 +47,8 @@ std::vector<AdamWPiece> adamw_pieces(const ParamLayout& layout) {
 StepRunner::StepRunner(const Config& cfg, Backend& backend)
     : cfg_(cfg), be_(backend), model_(cfg.model, backend, cfg.schedule.micro_batch) {
   store_ = be_.storage_type();
+  check_optim_format(cfg.optimizer, store_);
+  format_ = fuyou::optim_format(cfg.optimizer);
   const size_t n = model_.layout().total;
   master_.assign(n, 0.0f);
   fp32_sums_ = store_ != ElemType::kF32 && cfg.schedule.grad_accum_type != "tensors";
@@ -84,6 +87,14 @@ StepRunner::~StepRunner() {
 bool StepRunner::choose_device_optimizer() const {
   const std::string& want = cfg_.optimizer.placement;
   if (want == "host") return false;
+  // The device's optimizer keeps fp32 state only; packed state is the host optimizer's.
+  if (format_.packed()) {
+    if (want == "device")
+      throw ConfigError(str("optimizer.placement is device, but optimizer.state ", cfg_.optimizer.state,
+                            " and optimizer.master ", cfg_.optimizer.master,
+                            " are kept by the host optimizer only (use auto or host, or fp32 state)"));
+    return false;
+  }
   const size_t n = model_.layout().total;
   const uint64_t need = device_optimizer_bytes(n, store_ == ElemType::kF32, fp32_sums_ && cfg_.schedule.grad_accum > 1,
                                                adamw_pieces(model_.layout()).size());
@@ -144,8 +155,13 @@ void StepRunner::set_params(const float* host_params) {
     for (size_t g = 0; g < layout.groups.size(); ++g)
       opt_->init_group(static_cast<int>(g), master_.data() + layout.groups[g].offset);
   }
-  if (store_ != ElemType::kF32) round_to(store_, lowp_.data(), master_.data(), lowp_.size());
+  if (store_ != ElemType::kF32) working_weights(lowp_.data(), master_.data(), lowp_.size());
   upload_params(0, master_.size());
+}
+
+void StepRunner::working_weights(uint16_t* dst, const float* src, size_t n) const {
+  if (format_.master != MasterFormat::kSplit) return round_to(store_, dst, src, n);
+  for (size_t i = 0; i < n; ++i) dst[i] = math::split_hi(src[i]);
 }
 
 void StepRunner::upload_params(size_t begin, size_t n) {
@@ -164,6 +180,10 @@ float* StepRunner::device_state(StateKind kind) const {
 }
 
 void StepRunner::read_state(int group, StateKind kind, const StateSink& sink) {
+  if (kind == StateKind::kMaster && format_.master == MasterFormat::kSplit) {
+    const ParamGroup& g = model_.layout().groups.at(group);
+    return sink(0, master().data() + g.offset, g.numel);  // joined from the working halves
+  }
   if (!on_device_) return opt_->read_state(group, kind, sink);
   const ParamGroup& g = model_.layout().groups.at(group);
   std::vector<float> host(g.numel);
@@ -188,8 +208,18 @@ void StepRunner::write_state(int group, StateKind kind, const StateSource& sourc
     opt_->write_state(group, kind,
                       [&](size_t begin, float* data, size_t n) { std::copy(master + begin, master + begin + n, data); });
   }
-  if (store_ != ElemType::kF32) round_to(store_, lowp_.data() + g.offset, master, g.numel);
+  if (store_ != ElemType::kF32) working_weights(lowp_.data() + g.offset, master, g.numel);
   upload_params(g.offset, g.numel);
+}
+
+void StepRunner::read_packed(int group, StateKind kind, const PackedSink& sink) {
+  FY_CHECK(!on_device_ && kind != StateKind::kMaster, "packed state is the host optimizer's moments");
+  opt_->read_packed(group, kind, sink);
+}
+
+void StepRunner::write_packed(int group, StateKind kind, const PackedSource& source) {
+  FY_CHECK(!on_device_ && kind != StateKind::kMaster, "packed state is the host optimizer's moments");
+  opt_->write_packed(group, kind, source);
 }
 
 OptimizerCounters StepRunner::counters() const {
@@ -348,8 +378,10 @@ const std::vector<float>& StepRunner::master() {
     be_.copy_to_host(master_.data(), d_master_, 4 * master_.size());
   } else {
     const ParamLayout& layout = model_.layout();
+    const bool split = format_.master == MasterFormat::kSplit;
     for (size_t g = 0; g < layout.groups.size(); ++g)
-      opt_->read_master(static_cast<int>(g), master_.data() + layout.groups[g].offset);
+      opt_->read_master(static_cast<int>(g), master_.data() + layout.groups[g].offset,
+                        split ? lowp_.data() + layout.groups[g].offset : nullptr);
   }
   master_stale_ = false;
   return master_;

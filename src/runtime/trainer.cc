@@ -73,8 +73,23 @@ std::vector<OptimGroup> optimizer_groups(const ParamLayout& layout) {
   return groups;
 }
 
+OptimFormat optim_format(const OptimizerConfig& o) {
+  OptimFormat f;
+  f.moments = o.state == "int8" ? MomentFormat::kInt8 : o.state == "bf16" ? MomentFormat::kBF16 : MomentFormat::kF32;
+  f.master = o.master == "split" ? MasterFormat::kSplit : MasterFormat::kF32;
+  return f;
+}
+
+void check_optim_format(const OptimizerConfig& o, ElemType tensors) {
+  if (optim_format(o).master == MasterFormat::kSplit && tensors != ElemType::kBF16)
+    throw ConfigError(str("optimizer.master is split: the master is kept as the bf16 working weight plus a 16-bit ",
+                          "remainder, which needs runtime.device_tensors: bf16 (this run's tensors are ",
+                          elem_type_name(tensors), "); use optimizer.master: fp32"));
+}
+
 OocAdamWOptions optimizer_options(const OptimizerConfig& o) {
   OocAdamWOptions oo;
+  oo.format = optim_format(o);
   oo.beta1 = static_cast<float>(o.beta1);
   oo.beta2 = static_cast<float>(o.beta2);
   oo.eps = static_cast<float>(o.eps);
