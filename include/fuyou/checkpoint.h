@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "fuyou/optim.h"
+
 #include "fuyou/config.h"
 #include "fuyou/train_state.h"
 
@@ -83,6 +85,9 @@ struct CheckpointManifest {
   // Per state kind (master, adam_m, adam_v), per parameter group: XXH3-64 of the group's
   // tensor bytes in file order, checked while restoring.
   std::vector<std::vector<std::string>> group_xxh3;
+  // How the moments are stored in optimizer.safetensors (manifest "optimizer_state"; absent:
+  // fp32) and the master format of the run that wrote it (the master is fp32 in the file).
+  OptimFormat optim_format;
 };
 
 // Test seam: replaces pwrite(2) for the bytes of the checkpoint's tensor files (ENOSPC, EIO,

@@ -18,6 +18,7 @@
 #include "fuyou/model.h"
 #include "fuyou/safetensors.h"
 #include "src/runtime/checkpoint_dirs.h"
+#include "src/runtime/checkpoint_packed.h"
 #include "src/runtime/checkpoint_tensors.h"
 
 namespace fs = std::filesystem;
@@ -72,7 +73,10 @@ nlohmann::json manifest_json(const CheckpointManifest& m) {
                    {"data", {{"train", split_json(m.data.train)}, {"val", split_json(m.data.val)}}},
                    {"created", m.created},
                    {"files", files},
-                   {"group_xxh3", {{"master", m.group_xxh3[0]}, {"adam_m", m.group_xxh3[1]}, {"adam_v", m.group_xxh3[2]}}}};
+                   {"group_xxh3", {{"master", m.group_xxh3[0]}, {"adam_m", m.group_xxh3[1]}, {"adam_v", m.group_xxh3[2]}}},
+                   {"optimizer_state", {{"moments", moment_format_name(m.optim_format.moments)},
+                                        {"master", master_format_name(m.optim_format.master)},
+                                        {"block", kStateBlock}}}};
   j["loss_scale"] = nullptr;
   if (m.counters.has_loss_scale)
     j["loss_scale"] = {{"scale", m.counters.loss_scale.scale},
@@ -109,6 +113,8 @@ CheckpointManifest write_files(const fs::path& dir, const Config& cfg, TrainEngi
   m.data = data;
   m.created = utc_now();
   m.group_xxh3.resize(3);
+  m.optim_format = engine.optim_format();
+  const bool packed = m.optim_format.moments != MomentFormat::kF32;
   write_file_atomic((dir / kEngineConfigFile).string(), yaml.data(), yaml.size());
   {
     // The master weights with the metadata of a run's model.safetensors, so that the
@@ -120,14 +126,20 @@ CheckpointManifest write_files(const fs::path& dir, const Config& cfg, TrainEngi
     w.finish();
   }
   {
-    std::vector<StEntry> e = entries(layout, kind_prefix(StateKind::kAdamM));
-    std::vector<StEntry> v = entries(layout, kind_prefix(StateKind::kAdamV));
+    // fp32 moments per tensor; packed ones per group, as the optimizer stores them
+    // (checkpoint_packed.h).
+    std::vector<StEntry> e = packed ? packed_moment_entries(layout, m.optim_format.moments, StateKind::kAdamM)
+                                    : entries(layout, kind_prefix(StateKind::kAdamM));
+    std::vector<StEntry> v = packed ? packed_moment_entries(layout, m.optim_format.moments, StateKind::kAdamV)
+                                    : entries(layout, kind_prefix(StateKind::kAdamV));
     e.insert(e.end(), v.begin(), v.end());
     SafetensorsStreamWriter w((dir / kOptimizerFile).string(), e,
-                              {{"format", "fuyou-optimizer"}, {"step", std::to_string(progress.step)}});
+                              {{"format", "fuyou-optimizer"}, {"step", std::to_string(progress.step)},
+                               {"moments", moment_format_name(m.optim_format.moments)}});
     if (io.write) w.set_write_function(io.write);
-    m.group_xxh3[1] = write_kind(engine, layout, w, StateKind::kAdamM, kind_prefix(StateKind::kAdamM));
-    m.group_xxh3[2] = write_kind(engine, layout, w, StateKind::kAdamV, kind_prefix(StateKind::kAdamV));
+    for (StateKind k : {StateKind::kAdamM, StateKind::kAdamV})
+      m.group_xxh3[k == StateKind::kAdamM ? 1 : 2] =
+          packed ? write_packed_moments(engine, layout, w, k) : write_kind(engine, layout, w, k, kind_prefix(k));
     w.finish();
   }
   for (const char* name : {kEngineConfigFile, "model.safetensors", kOptimizerFile})
@@ -210,6 +222,14 @@ CheckpointManifest read_checkpoint_manifest(const std::string& dir) {
     for (const auto& f : j.at("files")) m.files.push_back({f.at("name").get<std::string>(), f.at("bytes").get<uint64_t>()});
     for (const char* k : {"master", "adam_m", "adam_v"})
       m.group_xxh3.push_back(j.at("group_xxh3").at(k).get<std::vector<std::string>>());
+    // Written since the optimizer's state could be packed; absent: fp32.
+    if (j.contains("optimizer_state")) {
+      const auto& os = j.at("optimizer_state");
+      m.optim_format = optim_format_from_names(os.at("moments").get<std::string>(), os.at("master").get<std::string>());
+      if (os.at("block").get<uint64_t>() != kStateBlock)
+        throw IoError(str(path.string(), ": optimizer_state.block is ", os.at("block").get<uint64_t>(),
+                          "; this build's int8 blocks are ", kStateBlock, " elements"));
+    }
   } catch (const nlohmann::json::exception& e) {
     throw IoError(str(path.string(), ": ", e.what()));
   }
@@ -238,13 +258,25 @@ void restore_checkpoint(const std::string& dir, const CheckpointManifest& m, con
                         layout.groups.size(), " parameter groups"));
   RangedTensorFile weights((fs::path(dir) / "model.safetensors").string());
   RangedTensorFile optim((fs::path(dir) / kOptimizerFile).string());
-  GroupTensorReader readers[3] = {{weights, layout, ""},
-                                  {optim, layout, kind_prefix(StateKind::kAdamM)},
-                                  {optim, layout, kind_prefix(StateKind::kAdamV)}};
+  // Moments in the engine's format are restored as stored; in another they are converted
+  // (fp32 to packed: the engine encodes; packed to anything else: decoded here first).
+  const MomentFormat file_moments = m.optim_format.moments;
+  const bool packed = file_moments != MomentFormat::kF32;
+  std::vector<GroupTensorReader> readers;
+  readers.emplace_back(weights, layout, "");
+  if (!packed) {
+    readers.emplace_back(optim, layout, kind_prefix(StateKind::kAdamM));
+    readers.emplace_back(optim, layout, kind_prefix(StateKind::kAdamV));
+  }
   for (size_t g = 0; g < layout.groups.size(); ++g) {
     for (int k = 0; k < 3; ++k) {  // master, then both moments: each written once
-      engine.write_state(static_cast<int>(g), kKinds[k], readers[k].group_source(static_cast<int>(g)));
-      const std::string sum = readers[k].finish_group();
+      std::string sum;
+      if (k > 0 && packed) {
+        sum = restore_packed_moment(engine, optim, layout, static_cast<int>(g), kKinds[k], file_moments);
+      } else {
+        engine.write_state(static_cast<int>(g), kKinds[k], readers[k].group_source(static_cast<int>(g)));
+        sum = readers[k].finish_group();
+      }
       if (sum != m.group_xxh3[k][g])
         throw IoError(str(dir, ": ", state_kind_name(kKinds[k]), " of parameter group ", layout.groups[g].name,
                           " has checksum ", sum, " but the manifest says ", m.group_xxh3[k][g],

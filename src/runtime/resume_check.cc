@@ -36,13 +36,15 @@ const std::vector<std::string>& resume_changeable_keys() {
   // Length of the run and what is only reported (validation, logging), where state lives and
   // how many threads run (both engines and every placement give the same bits for one thread
   // count), checkpointing itself, data paths (the data is compared by content instead), and
-  // the directory the run was initialised from (the checkpoint holds the weights now).
+  // the directory the run was initialised from (the checkpoint holds the weights now), and the
+  // optimizer's state format (a resume in another format converts the state:
+  // docs/checkpoints.md).
   static const std::vector<std::string> keys = {
       "schedule.steps",    "schedule.epochs",     "schedule.eval_every", "schedule.eval_batches", "schedule.log_every",
       "schedule.sample_every", "schedule.sample_prompts", "schedule.sample_tokens",
       "offload.*",         "runtime.threads",     "runtime.backend",       "checkpoint.*",
       "data.text",         "data.train_shards",   "data.val_shards",       "model.checkpoint",
-      "optimizer.placement"};
+      "optimizer.placement", "optimizer.state",   "optimizer.master"};
   return keys;
 }
 

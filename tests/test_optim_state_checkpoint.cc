@@ -1,0 +1,170 @@
+// Checkpoints of packed optimizer state: a resume in the same format continues bit for bit, in
+// memory and offloaded (the checkpoint keeps the moments as stored, per group); a resume in
+// another format converts them (fp32 -> int8 and int8 -> fp32), and the files say what they hold.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "fuyou/checkpoint.h"
+#include "fuyou/config.h"
+#include "fuyou/error.h"
+#include "fuyou/model.h"
+#include "fuyou/safetensors.h"
+#include "fuyou/train.h"
+#include "test_support.h"
+
+namespace fs = std::filesystem;
+using namespace fuyou;
+
+namespace {
+
+struct Scratch {
+  fs::path root;
+  explicit Scratch(const std::string& name)
+      : root(fs::path(FUYOU_BINARY_DIR) / "test-data" / ("optstate-ckpt-" + name + "-" + std::to_string(::getpid()))) {
+    fs::remove_all(root);
+    fs::create_directories(root / "ssd0");
+    std::ofstream f(root / "corpus.txt");
+    const char* lines[] = {"the quick brown fox jumps over the lazy dog.\n", "all that glitters is not gold.\n",
+                           "a journey of a thousand miles begins with a single step.\n"};
+    for (int i = 0; i < 200; ++i) f << lines[i % 3];
+  }
+  ~Scratch() {
+    std::error_code ec;
+    fs::remove_all(root, ec);
+  }
+  std::string run(const std::string& name) const { return (root / name).string(); }
+};
+
+Config config(const Scratch& s, const std::string& state, const std::string& master) {
+  return parse_config(str("model: {n_layer: 3, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 256, seq_len: 16}\n"
+                          "data: {text: [", (s.root / "corpus.txt").string(), "], val_fraction: 0.1}\n"
+                          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, state: ", state, ", master: ", master, "}\n"
+                          "schedule: {steps: 6, warmup_steps: 2, micro_batch: 2, eval_every: 3, eval_batches: 2}\n"
+                          "runtime: {backend: cpu, threads: 2, seed: 11, device_tensors: bf16}\n"
+                          "checkpoint: {every_steps: 3, keep: 10}\n"),
+                      "<test>");
+}
+
+void offload_everything(Config* c, const Scratch& s) {
+  c->offload.ssd_paths = {(s.root / "ssd0").string()};
+  c->offload.weights = "ssd";
+  c->offload.optimizer_state = "ssd";
+  c->offload.activations = ActivationPolicy::kSwap;
+}
+
+std::map<int64_t, double> losses(const std::string& run_dir) {
+  std::map<int64_t, double> out;
+  std::ifstream in(fs::path(run_dir) / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return out;
+}
+
+std::map<std::string, std::string> tensors(const std::string& path) {
+  SafetensorsReader r(path);
+  std::map<std::string, std::string> out;
+  for (const auto& t : r.tensors()) {
+    std::string bytes(t.end - t.begin, '\0');
+    r.read_raw(t.name, bytes.data());
+    out[t.name] = bytes;
+  }
+  return out;
+}
+
+std::map<std::string, std::string> state_at(const std::string& run_dir, int64_t step) {
+  const fs::path d = fs::path(run_dir) / "checkpoints" / str("step-", step);
+  auto out = tensors((d / "model.safetensors").string());
+  for (auto& [k, v] : tensors((d / kOptimizerFile).string())) out[k] = v;
+  return out;
+}
+
+TrainSummary train(const Config& cfg, const std::string& run_dir) {
+  TrainOptions o;
+  o.run_dir = run_dir;
+  return run_training(cfg, o);
+}
+
+TrainSummary resume(const std::string& ckpt, const std::string& run_dir, const std::vector<std::string>& sets = {}) {
+  TrainOptions o;
+  o.resume = resolve_checkpoint(ckpt);
+  o.run_dir = run_dir;
+  return run_training(resume_config(o.resume, "", sets), o);
+}
+
+void check_resumed_equals(const std::string& full, const std::string& resumed, int64_t from, int64_t steps) {
+  auto a = losses(full), b = losses(resumed);
+  for (int64_t s = from + 1; s <= steps; ++s) {
+    INFO("step " << s);
+    REQUIRE(b.count(s));
+    CHECK(std::memcmp(&a[s], &b[s], sizeof(double)) == 0);
+  }
+  CHECK(tensors(full + "/model.safetensors") == tensors(resumed + "/model.safetensors"));
+  CHECK(state_at(full, steps) == state_at(resumed, steps));
+}
+
+}  // namespace
+
+TEST_CASE("packed optimizer state resumes bit for bit, in memory and offloaded", "[optim_state][checkpoint]") {
+  const auto [state, master] = GENERATE(std::pair<std::string, std::string>{"int8", "split"},
+                                        std::pair<std::string, std::string>{"bf16", "fp32"});
+  INFO("state " << state << ", master " << master);
+  Scratch s("resume");
+  const Config cfg = config(s, state, master);
+  train(cfg, s.run("mem"));
+  // The checkpoint says its format and keeps the moments as stored, per group.
+  const std::string ck3 = s.run("mem") + "/checkpoints/step-3";
+  const CheckpointManifest m = read_checkpoint_manifest(ck3);
+  CHECK(m.optim_format == optim_format(cfg.optimizer));
+  SafetensorsReader opt(ck3 + "/" + kOptimizerFile);
+  REQUIRE(opt.has("adam_m.layer.0"));
+  CHECK(opt.info("adam_m.layer.0").dtype == (state == "int8" ? StDtype::kU8 : StDtype::kBF16));
+  CHECK(opt.has("adam_v.layer.0.scale") == (state == "int8"));
+  resume(ck3, s.run("mem-r3"));
+  check_resumed_equals(s.run("mem"), s.run("mem-r3"), 3, 6);
+  // Offloaded with weights, state and checkpoints on SSD: the same weights, and its resume too.
+  Config off = cfg;
+  offload_everything(&off, s);
+  train(off, s.run("off"));
+  CHECK(tensors(s.run("mem") + "/model.safetensors") == tensors(s.run("off") + "/model.safetensors"));
+  resume(s.run("off") + "/checkpoints/step-3", s.run("off-r3"));
+  check_resumed_equals(s.run("off"), s.run("off-r3"), 3, 6);
+  // A damaged group is refused naming it (the packed entries are checksummed like the others).
+  {
+    const std::string path = ck3 + "/" + kOptimizerFile;
+    SafetensorsReader r(path);
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t header = 0;  // the data follows the 8-byte length and the JSON header
+    f.read(reinterpret_cast<char*>(&header), 8);
+    const uint64_t at = 8 + header + r.info("adam_v.layer.1").begin + 3;
+    f.seekp(static_cast<std::streamoff>(at));
+    char c = 0x5a;
+    f.write(&c, 1);
+  }
+  CHECK_THROWS_WITH(resume(ck3, s.run("damaged")), Catch::Matchers::Contains("layer.1"));
+}
+
+TEST_CASE("a resume in another state format converts the moments", "[optim_state][checkpoint]") {
+  Scratch s("convert");
+  const Config f32 = config(s, "fp32", "fp32");
+  train(f32, s.run("fp32"));
+  // fp32 -> int8 with a split master: the master exactly (hi + remainder), the moments
+  // rounded to nearest; training goes on.
+  const TrainSummary a = resume(s.run("fp32") + "/checkpoints/step-3", s.run("to-int8"),
+                                {"optimizer.state=int8", "optimizer.master=split"});
+  CHECK(std::isfinite(a.final_val_loss));
+  const auto st = state_at(s.run("to-int8"), 6);
+  CHECK(st.count("adam_m.layer.0"));
+  CHECK(st.count("adam_m.layer.0.scale"));
+  // int8 -> fp32: decoded; the run's moments are fp32 tensors again.
+  const TrainSummary b = resume(s.run("to-int8") + "/checkpoints/step-6", s.run("back"),
+                                {"optimizer.state=fp32", "optimizer.master=fp32", "schedule.steps=8"});
+  CHECK(std::isfinite(b.final_val_loss));
+  CHECK(state_at(s.run("back"), 8).count("adam_m." + make_gpt_layout(f32.model).tensors[0].name));
+}
