@@ -4,8 +4,12 @@
 # the final weights and every logged loss to equal an uninterrupted run's bit for bit, every
 # step logged exactly once, and the SSD directories empty.
 #
-#   tools/crash-torture.sh BUILD_DIR WORK_DIR [KILLS_PER_ENGINE [STEPS]]   # ctest: 6 per engine
+#   tools/crash-torture.sh BUILD_DIR WORK_DIR [KILLS_PER_ENGINE [STEPS [STATE MASTER]]]
 #   tools/crash-torture.sh BUILD_DIR WORK_DIR signals                      # SIGINT/SIGTERM/2x SIGINT
+#
+# ctest runs 6 kills per engine, and 4 per engine with the optimizer's state packed (STATE
+# int8, MASTER split: optimizer.state / optimizer.master, with the bf16 device tensors a split
+# master needs).
 #
 # The soak (docs/performance.md) is the first form with 25+ kills per engine. It prints one
 # line per kill (the step it reached, whether a checkpoint was being written) and a summary.
@@ -15,6 +19,10 @@ build=$(cd "$1" && pwd)
 work=$2
 mode=${3:-6}
 steps=${4:-60}
+state=${5:-fp32}
+master=${6:-fp32}
+tensors=fp32
+[ "$master" == split ] && tensors=bf16
 train=$build/fuyou-train
 rm -rf "$work"
 mkdir -p "$work/ssd0" "$work/ssd1"
@@ -26,9 +34,9 @@ done > "$work/corpus.txt"
 cat > "$work/config.yaml" <<EOF
 model: {n_layer: 3, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 256, seq_len: 32}
 data: {text: [$work/corpus.txt], val_fraction: 0.1}
-optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: 1.0}
+optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: 1.0, state: $state, master: $master}
 schedule: {steps: $steps, warmup_steps: 5, micro_batch: 4, grad_accum: 2, eval_every: 20, eval_batches: 2, log_every: 1}
-runtime: {backend: cpu, threads: 2, seed: 3}
+runtime: {backend: cpu, threads: 2, seed: 3, device_tensors: $tensors}
 checkpoint: {every_steps: 1, keep: 2}
 EOF
 offload=(--set "offload.ssd_paths=[$work/ssd0, $work/ssd1]" --set offload.weights=ssd
