@@ -406,6 +406,9 @@ int main(int argc, char** argv) {
   adam->add_option("--grad", adam_grad, "Gradient type: f32, bf16, f16");
   adam->add_option("--steps", adam_opts.steps, "Timed updates (median)")->check(CLI::PositiveNumber);
   adam->add_flag("--json", adam_json, "One JSON object on stdout");
+  std::string adam_state = "fp32", adam_master = "fp32";
+  adam->add_option("--state", adam_state, "Adam moments: fp32, bf16, int8 (optimizer.state)");
+  adam->add_option("--master", adam_master, "Master weights: fp32, split (optimizer.master)");
 
   auto* plan = app.add_subcommand("plan", "Print the plan a config trains with: placement, memory, buffers, ops");
   plan->add_option("--config", config_path, "YAML config (default: the embedded default)");
@@ -465,6 +468,14 @@ int main(int argc, char** argv) {
       if (adam_grad == "f32") adam_opts.grad_type = fuyou::ElemType::kF32;
       else if (adam_grad == "f16") adam_opts.grad_type = fuyou::ElemType::kF16;
       else if (adam_grad != "bf16") throw fuyou::ConfigError("--grad: expected f32, bf16 or f16, got '" + adam_grad + "'");
+      fuyou::OptimizerConfig oc;
+      oc.state = adam_state;
+      oc.master = adam_master;
+      if (adam_state != "fp32" && adam_state != "bf16" && adam_state != "int8")
+        throw fuyou::ConfigError("--state: expected fp32, bf16 or int8, got '" + adam_state + "'");
+      if (adam_master != "fp32" && adam_master != "split")
+        throw fuyou::ConfigError("--master: expected fp32 or split, got '" + adam_master + "'");
+      adam_opts.format = fuyou::optim_format(oc);
       nlohmann::json r = fuyou::run_adam_bench(adam_opts);
       if (adam_json) std::printf("%s\n", r.dump().c_str());
       else fuyou::print_adam_bench(r);

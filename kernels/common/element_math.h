@@ -292,11 +292,25 @@ constexpr float kQm = 127.0f, kQv = 255.0f;
 FY_HD float code_decode(int32_t q_abs_sq, float scale, float inv_q2) {
   return scale * (static_cast<float>(q_abs_sq) * inv_q2);
 }
-// The code magnitude of a >= 0 in a block of scale s (finite, > 0, a <= s) on the grid of Q.
-FY_HD int32_t code_encode(float a, float s, float Q, float u) {
-  const float y = (a / s) * (Q * Q);
+// The largest integer k >= 0 with k^2 <= y (y >= 0, at most Q^2): the grid point at or below
+// y. Any estimate within one of it gives it after the two corrections (the SIMD paths start
+// from a reciprocal square root); this one from the correctly rounded square root.
+FY_HD float grid_floor(float y) {
   float q0 = floorf(sqrtf(y));
-  if (q0 * q0 > y) q0 = q0 - 1.0f;  // sqrt rounded up to an integer just above the root
+  if (q0 * q0 > y) q0 = q0 - 1.0f;
+  if ((q0 + 1.0f) * (q0 + 1.0f) <= y) q0 = q0 + 1.0f;
+  return q0;
+}
+// y = a's place on the grid of Q in a block of scale s (finite, > 0, a <= s): a (Q^2 / s), with
+// inv = Q^2 / s computed once per block; where that overflows (s below about 1e-34), (a / s) Q^2.
+// Clamped to Q^2 (the block's largest value may land a rounding above it).
+FY_HD float grid_position(float a, float s, float inv, float Q) {
+  const float y = inv <= 3.4028234663852886e38f ? a * inv : (a / s) * (Q * Q);
+  return y > Q * Q ? Q * Q : y;
+}
+// The code magnitude for grid position y with variate u (math::round_uniform).
+FY_HD int32_t code_encode(float y, float Q, float u) {
+  const float q0 = grid_floor(y);
   const float frac = y - q0 * q0, width = 2.0f * q0 + 1.0f;
   float q = u * width < frac ? q0 + 1.0f : q0;
   q = q > Q ? Q : q;

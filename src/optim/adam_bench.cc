@@ -39,13 +39,22 @@ std::vector<uint16_t> random_grad16(size_t n) {
 nlohmann::json run_adam_bench(const AdamBenchOptions& o) {
   nlohmann::json r;
   const size_t n = o.params;
-  const size_t bpp = adamw_bytes_per_param(o.grad_type, o.with_lowp, o.lowp_type);
+  const OptimFormat& f = o.format;
+  const bool split = f.master == MasterFormat::kSplit;
+  // Bytes the update reads and writes per parameter in memory (a split master reads its
+  // working halves too; int8 scales: 4 bytes per 256 per moment each way).
+  const double bpp = !f.packed() ? static_cast<double>(adamw_bytes_per_param(o.grad_type, o.with_lowp, o.lowp_type))
+                                 : elem_type_size(o.grad_type) + 2.0 * master_elem_bytes(f.master) +
+                                       4.0 * moment_elem_bytes(f.moments) + (split ? 4.0 : o.with_lowp ? 2.0 : 0.0) +
+                                       (f.moments == MomentFormat::kInt8 ? 16.0 / kStateBlock : 0.0);
   r["params"] = n;
   r["threads"] = omp_get_max_threads();
   r["simd"] = simd_path_name(best_simd_path());
   r["grad_type"] = elem_type_name(o.grad_type);
   r["lowp_type"] = o.with_lowp ? elem_type_name(o.lowp_type) : "none";
   r["bytes_per_param"] = bpp;
+  r["state"] = moment_format_name(f.moments);
+  r["master"] = master_format_name(f.master);
 
   MemBandwidth bw = measure_mem_bandwidth(512ull << 20);
   r["mem_bw_GBps"] = bw.triad_GBps;
@@ -61,7 +70,41 @@ nlohmann::json run_adam_bench(const AdamBenchOptions& o) {
   }
   const void* grad = o.grad_type == ElemType::kF32 ? static_cast<const void*>(g32.data()) : g16.data();
 
-  {
+  if (f.packed()) {
+    // The packed kernel over one group of n parameters, state in memory.
+    std::vector<float> master32(split ? 0 : n, 0.01f), ms(state_blocks(n), 0.0f), vs(state_blocks(n), 0.0f);
+    std::vector<int16_t> lo(split ? n : 0, 0);
+    std::vector<uint8_t> m(moment_elem_bytes(f.moments) * n, 0), v(moment_elem_bytes(f.moments) * n, 0);
+    std::vector<uint16_t> hi(n, math::split_hi(0.01f));
+    const DecayRange all{0, n, true};
+    PackedAdamWArgs a;
+    a.format = f;
+    a.master = split ? static_cast<void*>(lo.data()) : master32.data();
+    a.m = m.data();
+    a.v = v.data();
+    a.m_scale = ms.data();
+    a.v_scale = vs.data();
+    a.grad = grad;
+    a.grad_type = o.grad_type;
+    a.lowp = split || o.with_lowp ? hi.data() : nullptr;
+    a.lowp_type = ElemType::kBF16;
+    a.n = n;
+    a.ranges = &all;
+    a.nranges = 1;
+    std::vector<double> times;
+    for (int s = 0; s <= o.steps; ++s) {
+      a.key = math::round_key(0, s + 1);
+      auto t0 = clock_type::now();
+      adamw_update_packed(a, {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s + 1});
+      double dt = std::chrono::duration<double>(clock_type::now() - t0).count();
+      if (s > 0) times.push_back(dt);
+    }
+    double t = median(times);
+    r["inmem_s"] = t;
+    r["inmem_params_per_s"] = n / t;
+    r["inmem_roofline_params_per_s"] = bw.triad_GBps * 1e9 / bpp;
+    r["inmem_fraction_of_roofline"] = (n / t) / (bw.triad_GBps * 1e9 / bpp);
+  } else {
     std::vector<float> master(n), m(n), v(n);
     std::vector<uint16_t> lowp16(o.with_lowp ? n : 0);
 #pragma omp parallel for schedule(static)
@@ -104,8 +147,11 @@ nlohmann::json run_adam_bench(const AdamBenchOptions& o) {
     double rd = disk["read_MBps"].get<double>() * 1e6, wr = disk["write_MBps"].get<double>() * 1e6;
     r["ssd_read_MBps"] = rd / 1e6;
     r["ssd_write_MBps"] = wr / 1e6;
-    // One disk serves both directions: 12 bytes read and 12 written per parameter.
-    double ssd_bound = 1.0 / (12.0 / rd + 12.0 / wr);
+    // One disk serves both directions: the state's bytes read and written per parameter
+    // (fp32: 12 each way).
+    const double state_bpp = static_cast<double>(ooc_update_io_bytes(f, n)) / n;
+    r["ooc_state_bytes_per_param_each_way"] = state_bpp;
+    double ssd_bound = 1.0 / (state_bpp / rd + state_bpp / wr);
     double mem_bound = bw.triad_GBps * 1e9 / bpp;
     r["ooc_ssd_bound_params_per_s"] = ssd_bound;
 
@@ -122,10 +168,12 @@ nlohmann::json run_adam_bench(const AdamBenchOptions& o) {
       g.tensors.push_back({0, g.numel, true});
       groups.push_back(g);
     }
-    OocAdamW opt(groups, std::vector<StateTier>(groups.size(), StateTier::kSsd), store.get(), {});
+    OocAdamWOptions oo;
+    oo.format = f;
+    OocAdamW opt(groups, std::vector<StateTier>(groups.size(), StateTier::kSsd), store.get(), oo);
     std::vector<float> init(o.group_params, 0.01f);
     for (size_t g = 0; g < groups.size(); ++g) opt.init_group(static_cast<int>(g), init.data());
-    std::vector<uint16_t> lowp(o.with_lowp ? n : 0);
+    std::vector<uint16_t> lowp(o.with_lowp || split ? n : 0, math::split_hi(0.01f));
     std::vector<double> times;
     for (int s = 1; s <= o.steps; ++s) {
       auto t0 = clock_type::now();
@@ -135,8 +183,8 @@ nlohmann::json run_adam_bench(const AdamBenchOptions& o) {
         u.group = static_cast<int>(g);
         u.grad = static_cast<const char*>(grad) + begin * elem_type_size(o.grad_type);
         u.grad_type = o.grad_type;
-        u.lowp = o.with_lowp ? lowp.data() + begin : nullptr;
-        u.lowp_type = o.lowp_type == ElemType::kF32 ? ElemType::kBF16 : o.lowp_type;
+        u.lowp = o.with_lowp || split ? lowp.data() + begin : nullptr;
+        u.lowp_type = split || o.lowp_type == ElemType::kF32 ? ElemType::kBF16 : o.lowp_type;
         u.lr = 1e-4f;
         u.t = s;
         opt.submit(u);
@@ -158,10 +206,11 @@ nlohmann::json run_adam_bench(const AdamBenchOptions& o) {
 }
 
 void print_adam_bench(const nlohmann::json& r) {
-  std::printf("AdamW over %.0fM parameters, %d threads, %s, grad %s, weights out %s, %d bytes/param\n",
+  std::printf("AdamW over %.0fM parameters, %d threads, %s, grad %s, weights out %s, state %s, master %s, %.2f bytes/param\n",
               r["params"].get<double>() / 1e6, r["threads"].get<int>(), r["simd"].get<std::string>().c_str(),
               r["grad_type"].get<std::string>().c_str(), r["lowp_type"].get<std::string>().c_str(),
-              r["bytes_per_param"].get<int>());
+              r["state"].get<std::string>().c_str(), r["master"].get<std::string>().c_str(),
+              r["bytes_per_param"].get<double>());
   std::printf("  memory bandwidth (triad)   %8.1f GB/s\n", r["mem_bw_GBps"].get<double>());
   std::printf("  in memory                  %8.1f M params/s  (%.0f%% of the %.1f M/s roofline)\n",
               r["inmem_params_per_s"].get<double>() / 1e6, 100 * r["inmem_fraction_of_roofline"].get<double>(),

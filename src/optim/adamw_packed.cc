@@ -103,12 +103,12 @@ void store_moments(MomentFormat f, bool second, const float* x, void* data, floa
       }
       const float s = bad ? std::numeric_limits<float>::quiet_NaN() : smax;
       scales[b0 / B] = s;
-      const float Q = second ? math::kQv : math::kQm;
+      const float Q = second ? math::kQv : math::kQm, inv = (Q * Q) / s;
       for (size_t j = 0; j < nb; ++j) {
         int32_t q = 0;
         if (!bad && smax > 0.0f) {
           const float u = nearest ? 0.5f : math::round_uniform(math::round_bits(key, static_cast<uint32_t>(first + b0 + j)));
-          q = math::code_encode(std::fabs(x[j]), s, Q, u);
+          q = math::code_encode(math::grid_position(std::fabs(x[j]), s, inv, Q), Q, u);
         }
         if (second) static_cast<uint8_t*>(data)[b0 + j] = static_cast<uint8_t>(q);
         else static_cast<int8_t*>(data)[b0 + j] = static_cast<int8_t>(x[j] < 0.0f ? -q : q);

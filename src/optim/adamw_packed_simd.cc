@@ -60,17 +60,12 @@ FY_AVX512 inline __m512 load_moment_512(const void* data, size_t i, bool second,
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(data) + i));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   } else {
+    // q |q| as a float product: exact (at most 255^2), the integer's value.
     const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(data) + i));
-    __m512i qq;
-    if (second) {
-      const __m512i q = _mm512_cvtepu8_epi32(c);
-      qq = _mm512_mullo_epi32(q, q);
-    } else {
-      const __m512i q = _mm512_cvtepi8_epi32(c);
-      qq = _mm512_mullo_epi32(q, _mm512_abs_epi32(q));
-    }
+    const __m512 q = _mm512_cvtepi32_ps(second ? _mm512_cvtepu8_epi32(c) : _mm512_cvtepi8_epi32(c));
+    const __m512 qq = _mm512_mul_ps(q, second ? q : _mm512_abs_ps(q));
     const __m512 inv = _mm512_set1_ps(second ? kInvQv2 : kInvQm2);
-    return _mm512_mul_ps(scale, _mm512_mul_ps(_mm512_cvtepi32_ps(qq), inv));
+    return _mm512_mul_ps(scale, _mm512_mul_ps(qq, inv));
   }
 }
 
@@ -85,15 +80,22 @@ FY_AVX512 void encode_int8_512(const float* x, bool second, void* data, float* s
     std::memset(out, 0, B);
     return;
   }
-  const float Qf = second ? math::kQv : math::kQm;
-  const __m512 vs = _mm512_set1_ps(s), Q2 = _mm512_set1_ps(Qf * Qf), Q = _mm512_set1_ps(Qf);
+  const float Qf = second ? math::kQv : math::kQm, inv_s = (Qf * Qf) / s;
+  const bool by_inverse = inv_s <= std::numeric_limits<float>::max();
+  const __m512 vs = _mm512_set1_ps(s), Q2 = _mm512_set1_ps(Qf * Qf), Q = _mm512_set1_ps(Qf), vinv = _mm512_set1_ps(inv_s);
   const __m512 one = _mm512_set1_ps(1.0f), two = _mm512_set1_ps(2.0f), zero = _mm512_setzero_ps();
   for (size_t j = 0; j < B; j += 16) {
     const __m512 v = _mm512_loadu_ps(x + j);
-    const __m512 y = _mm512_mul_ps(_mm512_div_ps(_mm512_abs_ps(v), vs), Q2);
-    __m512 q0 = _mm512_roundscale_ps(_mm512_sqrt_ps(y), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    const __m512 q0sq = _mm512_mul_ps(q0, q0);
-    q0 = _mm512_mask_sub_ps(q0, _mm512_cmp_ps_mask(q0sq, y, _CMP_GT_OQ), q0, one);
+    const __m512 a = _mm512_abs_ps(v);
+    // math::grid_position, then math::grid_floor from a reciprocal square root estimate
+    // (within one of the answer for y >= 1; 0 below), corrected both ways.
+    __m512 y = by_inverse ? _mm512_mul_ps(a, vinv) : _mm512_mul_ps(_mm512_div_ps(a, vs), Q2);
+    y = _mm512_min_ps(y, Q2);
+    __m512 q0 = _mm512_roundscale_ps(_mm512_mul_ps(y, _mm512_rsqrt14_ps(y)), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    q0 = _mm512_mask_mov_ps(q0, _mm512_cmp_ps_mask(y, one, _CMP_LT_OQ), zero);
+    q0 = _mm512_mask_sub_ps(q0, _mm512_cmp_ps_mask(_mm512_mul_ps(q0, q0), y, _CMP_GT_OQ), q0, one);
+    const __m512 q1 = _mm512_add_ps(q0, one);
+    q0 = _mm512_mask_mov_ps(q0, _mm512_cmp_ps_mask(_mm512_mul_ps(q1, q1), y, _CMP_LE_OQ), q1);
     const __m512 frac = _mm512_sub_ps(y, _mm512_mul_ps(q0, q0));
     const __m512 width = _mm512_add_ps(_mm512_mul_ps(two, q0), one);
     const __m512 u = round_uniform_512(round_bits_512(key, static_cast<uint32_t>(first + b0 + j)));
@@ -223,16 +225,11 @@ FY_AVX2 inline __m256 load_moment_256(const void* data, size_t i, bool second, _
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   } else {
     const __m128i c = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(data) + i));
-    __m256i qq;
-    if (second) {
-      const __m256i q = _mm256_cvtepu8_epi32(c);
-      qq = _mm256_mullo_epi32(q, q);
-    } else {
-      const __m256i q = _mm256_cvtepi8_epi32(c);
-      qq = _mm256_mullo_epi32(q, _mm256_abs_epi32(q));
-    }
+    const __m256 q = _mm256_cvtepi32_ps(second ? _mm256_cvtepu8_epi32(c) : _mm256_cvtepi8_epi32(c));
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 qq = _mm256_mul_ps(q, second ? q : _mm256_and_ps(q, absmask));
     const __m256 inv = _mm256_set1_ps(second ? kInvQv2 : kInvQm2);
-    return _mm256_mul_ps(scale, _mm256_mul_ps(_mm256_cvtepi32_ps(qq), inv));
+    return _mm256_mul_ps(scale, _mm256_mul_ps(qq, inv));
   }
 }
 
@@ -254,15 +251,21 @@ FY_AVX2 void encode_int8_256(const float* x, bool second, void* data, float* sca
     std::memset(out, 0, B);
     return;
   }
-  const float Qf = second ? math::kQv : math::kQm;
-  const __m256 vs = _mm256_set1_ps(s), Q2 = _mm256_set1_ps(Qf * Qf), Q = _mm256_set1_ps(Qf);
+  const float Qf = second ? math::kQv : math::kQm, inv_s = (Qf * Qf) / s;
+  const bool by_inverse = inv_s <= std::numeric_limits<float>::max();
+  const __m256 vs = _mm256_set1_ps(s), Q2 = _mm256_set1_ps(Qf * Qf), Q = _mm256_set1_ps(Qf), vinv = _mm256_set1_ps(inv_s);
   const __m256 one = _mm256_set1_ps(1.0f), two = _mm256_set1_ps(2.0f), zero = _mm256_setzero_ps();
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   for (size_t j = 0; j < B; j += 8) {
     const __m256 v = _mm256_loadu_ps(x + j);
-    const __m256 y = _mm256_mul_ps(_mm256_div_ps(_mm256_and_ps(v, absmask), vs), Q2);
-    __m256 q0 = _mm256_floor_ps(_mm256_sqrt_ps(y));
+    const __m256 a = _mm256_and_ps(v, absmask);
+    __m256 y = by_inverse ? _mm256_mul_ps(a, vinv) : _mm256_mul_ps(_mm256_div_ps(a, vs), Q2);
+    y = _mm256_min_ps(y, Q2);
+    __m256 q0 = _mm256_floor_ps(_mm256_mul_ps(y, _mm256_rsqrt_ps(y)));
+    q0 = _mm256_blendv_ps(q0, zero, _mm256_cmp_ps(y, one, _CMP_LT_OQ));
     q0 = _mm256_sub_ps(q0, _mm256_and_ps(_mm256_cmp_ps(_mm256_mul_ps(q0, q0), y, _CMP_GT_OQ), one));
+    const __m256 q1 = _mm256_add_ps(q0, one);
+    q0 = _mm256_blendv_ps(q0, q1, _mm256_cmp_ps(_mm256_mul_ps(q1, q1), y, _CMP_LE_OQ));
     const __m256 frac = _mm256_sub_ps(y, _mm256_mul_ps(q0, q0));
     const __m256 width = _mm256_add_ps(_mm256_mul_ps(two, q0), one);
     const __m256 u = round_uniform_256(round_bits_256(key, static_cast<uint32_t>(first + b0 + j)));

@@ -131,11 +131,29 @@ def code_decode(qq, scale, inv):
     return (scale * (qq.astype(F32) * inv)).astype(F32)
 
 
-def code_encode(a, s, Q, u):
+def grid_floor(y):
+    """The largest integer k >= 0 with k * k <= y (float32 products, exact below 2^24)."""
+    y = np.asarray(y, F32)
     with np.errstate(all="ignore"):
-        y = (a / s) * F32(Q * Q)
-        q0 = np.floor(np.sqrt(y))
+        q0 = np.floor(np.sqrt(y.astype(np.float64))).astype(F32)
         q0 = np.where(q0 * q0 > y, q0 - F32(1), q0).astype(F32)
+        q1 = q0 + F32(1)
+        return np.where(q1 * q1 <= y, q1, q0).astype(F32)
+
+
+def grid_position(a, s, Q):
+    with np.errstate(all="ignore"):
+        inv = F32(Q * Q) / F32(s)
+        if np.isfinite(inv):
+            y = a * inv
+        else:
+            y = (a / F32(s)) * F32(Q * Q)
+        return np.minimum(y, F32(Q * Q)).astype(F32)
+
+
+def code_encode(y, Q, u):
+    with np.errstate(all="ignore"):
+        q0 = grid_floor(y)
         frac = y - q0 * q0
         width = F32(2) * q0 + F32(1)
         q = np.where(u * width < frac, q0 + F32(1), q0)
@@ -208,7 +226,7 @@ class State:
                 scales[b] = F32(np.nan) if bad else smax
                 if bad or not smax > 0:
                     continue
-                q = code_encode(a, smax, Q, u[sl])
+                q = code_encode(grid_position(a, smax, Q), Q, u[sl])
                 codes[sl] = q if second else np.where(x[sl] < 0, -q, q)
             if second:
                 self.v, self.vs = codes.astype(np.uint8), scales
@@ -339,6 +357,8 @@ def main():
             grads = [wide(rng, n, -12, 12) for _ in range(4)]
             grads[1][1100] = 1e30  # one large value in a block
             grads[2][1700] = np.inf  # a non-finite gradient: its block's moments become NaN
+            # A block of tiny gradients: scales below 1e-34, where Q^2 / s overflows.
+            grads[0][256:512] = (wide(rng, 256, -2, 1) * F32(1e-37)).astype(F32)
             for path in paths:
                 cases = [("plain", n, 0, ranges, grads, init, {})]
                 if moments == "int8":
