@@ -190,6 +190,49 @@ TEST_CASE("packed AdamW: every SIMD path gives the scalar reference's bits", "[o
   }
 }
 
+TEST_CASE("int8 encode: the SIMD paths' grid floor near every grid point gives the scalar's codes", "[optim_state]") {
+  // The SIMD paths find the grid point below y from a reciprocal square root estimate, which
+  // lands one below or above the answer for some y just above or below a square; only the two
+  // corrections make them the scalar's. With beta1 = beta2 = 0 from zero state, m = g and
+  // sqrt(v) = |g| exactly, and a block whose largest value is Q^2 puts g on the grid as is
+  // (Q^2 / s = 1): every other element sits at k^2 + d for each grid point k, with d on both
+  // sides over the estimates' error (up to about 0.2 k + 2e-4 k^2). Many rounding keys, since a
+  // wrong grid point changes a code only when its variate falls in the gap (a few percent).
+  std::vector<float> g;
+  for (const float Q : {math::kQv, math::kQm}) {
+    std::vector<float> vals;
+    for (int k = 1; k <= static_cast<int>(Q); ++k) {
+      const float z = (0.2f * k + 2e-4f * k * k) / 8, k2 = static_cast<float>(k * k);
+      for (int j = -8; j <= 8; ++j) vals.push_back(std::min(k2 + j * z, Q * Q));
+      vals.push_back(std::nextafter(k2, 0.0f));
+    }
+    for (size_t i = 0; i < vals.size(); i += 255) {
+      g.push_back(Q * Q);  // the block's scale: Q^2
+      for (size_t j = i; j < std::min(vals.size(), i + 255); ++j) g.push_back(g.size() % 2 ? vals[j] : -vals[j]);
+      while (g.size() % 256) g.push_back(1.0f);
+    }
+  }
+  const size_t n = g.size();
+  const DecayRange all{0, n, false};
+  const OptimFormat f{MomentFormat::kInt8, MasterFormat::kF32};
+  for (uint32_t key = 1; key <= 64; ++key) {
+    std::vector<PackedState> results;
+    for (SimdPath path : paths()) {
+      PackedState st(f, n, std::vector<float>(n, 0.5f));
+      PackedAdamWArgs a = st.args(g.data(), ElemType::kF32);
+      a.ranges = &all;
+      a.nranges = 1;
+      a.key = math::round_key(0, key);
+      adamw_update_packed(a, AdamWStep{1e-3f, 0.0f, 0.0f, 1e-8f, 0.0f, 1}, path);
+      results.push_back(std::move(st));
+    }
+    for (size_t p = 1; p < results.size(); ++p) {
+      INFO("path " << simd_path_name(paths()[p]) << ", key " << key);
+      REQUIRE(results[p].same_bits(results[0]));
+    }
+  }
+}
+
 TEST_CASE("packed AdamW: a non-finite gradient makes its int8 block NaN and leaves the others", "[optim_state]") {
   const size_t n = 4 * 256;
   const DecayRange all{0, n, false};
