@@ -39,9 +39,11 @@ class InMemoryEngine final : public TrainEngine {
       return str("in-memory training: parameters, gradients, activations, fp32 master weights and Adam moments "
                  "on the device (",
                  format_size(be_.memory().used), "), AdamW on the device (optimizer.placement)");
+    const OptimFormat& f = runner_.optim_format();
     return str("in-memory training: parameters, gradients and activations on the device (",
-               format_size(be_.memory().used), "), fp32 master weights and Adam moments in host memory (",
-               format_size(16ull * runner_.num_params()), "), AdamW on the host");
+               format_size(be_.memory().used), "), ", master_format_name(f.master), " master weights and ",
+               moment_format_name(f.moments), " Adam moments in host memory (",
+               format_size(optim_state_bytes(f, runner_.num_params())), "), AdamW on the host");
   }
   void init_params() override {
     if (cfg_.model.checkpoint.empty()) return runner_.init_params();
