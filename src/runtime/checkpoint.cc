@@ -261,6 +261,11 @@ void restore_checkpoint(const std::string& dir, const CheckpointManifest& m, con
   // Moments in the engine's format are restored as stored; in another they are converted
   // (fp32 to packed: the engine encodes; packed to anything else: decoded here first).
   const MomentFormat file_moments = m.optim_format.moments;
+  if (m.optim_format != engine.optim_format())
+    spdlog::info("resume: {} holds {} moments and a {} master; converting to this run's {} / {} "
+                 "(optimizer.state / optimizer.master)",
+                 dir, moment_format_name(file_moments), master_format_name(m.optim_format.master),
+                 moment_format_name(engine.optim_format().moments), master_format_name(engine.optim_format().master));
   const bool packed = file_moments != MomentFormat::kF32;
   std::vector<GroupTensorReader> readers;
   readers.emplace_back(weights, layout, "");
