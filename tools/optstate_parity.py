@@ -2,11 +2,11 @@
 """Fine-tuning parity of the optimizer's state formats (optimizer.state, optimizer.master).
 
     tools/optstate_parity.py --bin BUILD_DIR --work DIR [--steps 2000] [--seeds 1,2,3]
-                             [--modes fp32,bf16,int8,int8-split] [--pretrain-steps 500]
+                             [--modes fp32,bf16,int8,int8-split] [--pretrain-steps 400]
                              [--svg docs/optim_state_parity.svg] [--report-only]
 
-A 22M-parameter GPT-2-style model (7 layers, d_model 512, byte-level tokens, bf16 device
-tensors and GEMMs) is pretrained once on Debian's fortunes (fp32 state), then fine-tuned on
+A 22M-parameter GPT-2-style model (7 layers, d_model 512, context 64 bytes, byte-level
+tokens, bf16 device tensors and GEMMs) is pretrained once on Debian's fortunes (fp32 state), then fine-tuned on
 another text (Python's reference manual topics, pydoc_data/topics.py) for --steps steps in
 each state format and seed (the seed draws the data order). Every run is a plain fuyou-train
 run directory under --work; a run with summary.json is not run again, so the script resumes
@@ -32,7 +32,7 @@ MODES = {
 }
 
 MODEL = ("model: {family: gpt2, n_layer: 7, n_head: 8, d_model: 512, d_ff: 2048, vocab_size: 256, "
-         "seq_len: 128, init_std: 0.02}\n")
+         "seq_len: 64, init_std: 0.02}\n")
 RUNTIME = "runtime: {device_tensors: bf16, precision: bf16, seed: 1}\n"
 PRETRAIN_TEXT = "/usr/share/games/fortunes"
 FINETUNE_TEXT = "/usr/lib/python3.11/pydoc_data/topics.py"
@@ -119,7 +119,7 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--pretrain-steps", type=int, default=500)
+    ap.add_argument("--pretrain-steps", type=int, default=400)
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--modes", default="fp32,bf16,int8,int8-split")
     ap.add_argument("--svg", default="")
@@ -143,7 +143,7 @@ def main():
                       RUNTIME + f"model: {{checkpoint: {base}}}\n"
                       f"data: {{text: [{FINETUNE_TEXT}], val_fraction: 0.05, tokenizer: byte}}\n"
                       "optimizer: {lr: 3.0e-4, min_lr: 3.0e-5, weight_decay: 0.0, grad_clip: 1.0}\n"
-                      f"schedule: {{steps: {args.steps}, warmup_steps: 60, micro_batch: 1, eval_every: 100, "
+                      f"schedule: {{steps: {args.steps}, warmup_steps: 60, micro_batch: 1, eval_every: 200, "
                       "eval_batches: 32, log_every: 100}\n"
                       "checkpoint: {every_steps: 500}\n",
                       [f"runtime.seed={seed}", f"optimizer.state={state}", f"optimizer.master={master}"])
