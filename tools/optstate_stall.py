@@ -12,13 +12,14 @@ keeps each stored value's expectation equal to the exact update; this script mea
 often the stored value does not move at all, and what round-to-nearest would have done.
 
 For fp32 moments (an fp32-state run's checkpoints) it recovers each step's gradient from the
-exact moments (g = (m' - b1 m) / (1 - b1)) and asks, per element: starting from m (and v)
-rounded to nearest on the int8 grid (block scale = the block's largest magnitude, blocks of
-256 elements over each tensor) or to bf16, would the nearest-rounded update give back the same
-stored value (and code)? That is the fraction of elements that a round-to-nearest int8 (bf16)
-state would freeze at this step; and it runs a round-to-nearest int8 state along those
-gradients over all the checkpoints, counting the codes that never move. For int8 or bf16 moments (a compressed run's checkpoints) it counts
-the elements whose stored value (code and scale) did not change, per step and over all steps.
+exact moments (g = (m' - b1 m) / (1 - b1)) and asks, per element and step: would an int8
+state (the engine's grid, v through its root; blocks of 256 over each tensor) or a bf16 state
+rounded to nearest from the exact moments give back the same code (value)? Then it runs int8
+moments along those gradients over all the checkpoints, once rounded to nearest and once
+stochastically: the codes that never moved, and how far the moments end from the exact ones
+(a stalled v stays too large: its sum ratio - 1). For int8 or bf16 moments (a compressed
+run's checkpoints) it counts the elements whose stored value (int8: code, and code and scale)
+did not change, per step and over all steps.
 Prints one JSON object.
 """
 import json
@@ -73,72 +74,95 @@ def blocks(x):
     return np.concatenate([x, np.zeros(pad)]).reshape(-1, BLOCK), len(x)
 
 
-def int8_nearest(x, Q):
-    """x (float64, one tensor) rounded to nearest on the int8 grid: value s q|q| / Q^2 (m:
-    signed, Q 127; v: q >= 0, Q 255), s the block's largest magnitude."""
+def int8_round(x, Q, u=None):
+    """x (float64, one tensor) on the int8 grid: value s q|q| / Q^2 (Q 127 signed for m; Q 255
+    for v's root), s the block's largest magnitude; rounded to nearest (u None) or
+    stochastically with variates u, as the engine does. Returns (values, signed codes)."""
     xb, n = blocks(x)
     s = np.abs(xb).max(axis=1, keepdims=True)
     with np.errstate(all="ignore"):
         y = np.where(s > 0, np.abs(xb) / s * Q * Q, 0.0)
     y = np.minimum(y, Q * Q)
     q0 = np.floor(np.sqrt(y))
-    q = np.where(y - q0 * q0 > 0.5 * (2 * q0 + 1), q0 + 1, q0)
+    uu = 0.5 if u is None else blocks(u)[0]
+    q = np.minimum(np.where(uu * (2 * q0 + 1) < y - q0 * q0, q0 + 1, q0), Q)
     val = np.sign(xb) * s * q * q / (Q * Q)
     return val.reshape(-1)[:n], (np.sign(xb) * q).reshape(-1)[:n]
 
 
+class Int8Moments:
+    """One tensor's m and v in the engine's int8 form (v through its root), updated from
+    gradients with either rounding."""
+
+    def __init__(self, m, v, rng):
+        self.rng = rng
+        self.m, self.cm = self.enc(m, QM)
+        w, self.cv = self.enc(np.sqrt(v), QV)
+        self.v = w * w
+
+    def enc(self, x, Q):
+        return int8_round(x, Q, None if self.rng is None else self.rng.random(len(x)))
+
+    def step(self, g, b1, b2):
+        m, cm = self.enc(b1 * self.m + (1 - b1) * g, QM)
+        w, cv = self.enc(np.sqrt(b2 * self.v + (1 - b2) * g * g), QV)
+        moved = (cm != self.cm, cv != self.cv)
+        self.m, self.cm, self.v, self.cv = m, cm, w * w, cv
+        return moved
+
+
 def fp32_counterfactual(states, b1, b2):
-    """Per transition: fractions of elements whose nearest-rounded int8 / bf16 m and v would
-    not move."""
+    """Per transition, from the exact moments: fractions of elements whose round-to-nearest
+    int8 / bf16 m and v (from the exact ones) would not move (int8: the code; the value moves
+    with the block's scale too)."""
     res = []
-    for (m0, v0), (m1, v1) in zip(states, states[1:]):
-        counts = {"elements": 0, "int8_m": 0, "int8_v": 0, "int8_m_code": 0, "int8_v_code": 0, "bf16_m": 0,
-                  "bf16_v": 0, "exact_m": 0, "exact_v": 0}
+    for (m0, v0), (m1, _) in zip(states, states[1:]):
+        c = {"int8_m_code": 0, "int8_v_code": 0, "bf16_m": 0, "bf16_v": 0}
+        e = 0
         for name in m0:
-            a, b = m0[name].astype(np.float64), m1[name].astype(np.float64)
-            va, vb = v0[name].astype(np.float64), v1[name].astype(np.float64)
+            a, b, va = m0[name].astype(np.float64), m1[name].astype(np.float64), v0[name].astype(np.float64)
             g = (b - b1 * a) / (1 - b1)
-            counts["elements"] += len(a)
-            counts["exact_m"] += int(np.count_nonzero(a == b))
-            counts["exact_v"] += int(np.count_nonzero(va == vb))
-            qm, cm = int8_nearest(a, QM)
-            qm1, cm1 = int8_nearest(b1 * qm + (1 - b1) * g, QM)
-            counts["int8_m"] += int(np.count_nonzero(qm1 == qm))
-            counts["int8_m_code"] += int(np.count_nonzero(cm1 == cm))
-            qv, cv = int8_nearest(va, QV)
-            qv1, cv1 = int8_nearest(b2 * qv + (1 - b2) * g * g, QV)
-            counts["int8_v"] += int(np.count_nonzero(qv1 == qv))
-            counts["int8_v_code"] += int(np.count_nonzero(cv1 == cv))
+            st = Int8Moments(a, va, None)
+            moved_m, moved_v = st.step(g, b1, b2)
+            c["int8_m_code"] += int(np.count_nonzero(~moved_m))
+            c["int8_v_code"] += int(np.count_nonzero(~moved_v))
             hm, hv = bf16_nearest(a), bf16_nearest(va)
-            counts["bf16_m"] += int(np.count_nonzero(bf16_nearest(b1 * hm + (1 - b1) * g) == hm))
-            counts["bf16_v"] += int(np.count_nonzero(bf16_nearest(b2 * hv + (1 - b2) * g * g) == hv))
-        e = counts.pop("elements")
-        res.append({k: v / e for k, v in counts.items()})
+            c["bf16_m"] += int(np.count_nonzero(bf16_nearest(b1 * hm + (1 - b1) * g) == hm))
+            c["bf16_v"] += int(np.count_nonzero(bf16_nearest(b2 * hv + (1 - b2) * g * g) == hv))
+            e += len(a)
+        res.append({k: v / e for k, v in c.items()})
     return res
 
 
-def fp32_nearest_run(states, b1, b2):
-    """A round-to-nearest int8 state run along the fp32 run's gradients from the first
-    checkpoint: fractions of elements whose m / v code never changed over all the steps."""
-    still = {"int8_m_code": 0, "int8_v_code": 0}
-    elements = 0
-    for name in states[0][0]:
-        qm, cm = int8_nearest(states[0][0][name].astype(np.float64), QM)
-        qv, cv = int8_nearest(states[0][1][name].astype(np.float64), QV)
-        same_m = np.ones(len(qm), bool)
-        same_v = np.ones(len(qv), bool)
-        for (m0, _), (m1, _) in zip(states, states[1:]):
-            a, b = m0[name].astype(np.float64), m1[name].astype(np.float64)
-            g = (b - b1 * a) / (1 - b1)
-            qm, cm1 = int8_nearest(b1 * qm + (1 - b1) * g, QM)
-            qv, cv1 = int8_nearest(b2 * qv + (1 - b2) * g * g, QV)
-            same_m &= cm1 == cm
-            same_v &= cv1 == cv
-            cm, cv = cm1, cv1
-        still["int8_m_code"] += int(same_m.sum())
-        still["int8_v_code"] += int(same_v.sum())
-        elements += len(same_m)
-    return dict({k: v / elements for k, v in still.items()}, elements=elements)
+def fp32_simulated_runs(states, b1, b2):
+    """int8 moments run along the fp32 run's gradients from the first checkpoint, with
+    round-to-nearest and with stochastic rounding: the codes that never moved, and how far the
+    int8 moments end from the exact ones (v: sum ratio - 1, the bias a stalled v leaves; m:
+    relative L1 error)."""
+    out = {}
+    for mode, rng in (("nearest", None), ("stochastic", np.random.default_rng(1))):
+        still_m = still_v = e = 0
+        vs = ve = md = me = 0.0
+        for name in states[0][0]:
+            st = Int8Moments(states[0][0][name].astype(np.float64), states[0][1][name].astype(np.float64), rng)
+            sm = np.ones(len(st.m), bool)
+            sv = np.ones(len(st.m), bool)
+            for (m0, _), (m1, _) in zip(states, states[1:]):
+                a, b = m0[name].astype(np.float64), m1[name].astype(np.float64)
+                moved_m, moved_v = st.step((b - b1 * a) / (1 - b1), b1, b2)
+                sm &= ~moved_m
+                sv &= ~moved_v
+            exact_m, exact_v = states[-1][0][name].astype(np.float64), states[-1][1][name].astype(np.float64)
+            still_m += int(sm.sum())
+            still_v += int(sv.sum())
+            e += len(sm)
+            vs += st.v.sum()
+            ve += exact_v.sum()
+            md += np.abs(st.m - exact_m).sum()
+            me += np.abs(exact_m).sum()
+        out[mode] = {"m_code_never_moved": still_m / e, "v_code_never_moved": still_v / e,
+                     "v_sum_ratio_minus_1": vs / ve - 1, "m_rel_l1_error": md / me}
+    return out
 
 
 def stored_unchanged(states, fmt):
@@ -182,7 +206,7 @@ def main():
         per = fp32_counterfactual(states, b1, b2)
         out["per_step_unchanged_if_nearest"] = per
         out["mean_unchanged_if_nearest"] = {k: float(np.mean([p[k] for p in per])) for k in per[0]}
-        out["unchanged_over_all_steps_if_nearest"] = fp32_nearest_run(states, b1, b2)
+        out["int8_runs_along_these_gradients"] = fp32_simulated_runs(states, b1, b2)
     else:
         per, still = stored_unchanged(states, fmt)
         out["per_step_stored_unchanged"] = per
