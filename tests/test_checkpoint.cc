@@ -273,19 +273,23 @@ TEST_CASE("a graceful stop writes a resumable checkpoint and removes the store f
   cfg.schedule.steps = 40;
   offload_everything(&cfg, s);
   train(cfg, s.run("full"));
-  StopSignals stop;
+  StopSignals& stop = test::stop_signals();
+  stop.clear();
+  stop.set_graceful("stopping after this step");
   TrainOptions o;
   o.run_dir = s.run("stopped");
   o.stop = &stop;
-  // A real SIGINT to this process once the run has started: the handler only asks, and the
-  // run finishes its step.
+  // A real SIGINT to this process once the run has trained a step: StopSignals' thread only
+  // asks, and the run finishes its step.
   std::thread sender([&] {
-    while (!fs::exists(fs::path(o.run_dir) / "metrics.jsonl")) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    while (test::read_all(fs::path(o.run_dir) / "metrics.jsonl").find("\"loss\"") == std::string::npos)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
     ::kill(::getpid(), SIGINT);
   });
   TrainSummary r = run_training(cfg, o);
   sender.join();
+  stop.clear();
+  stop.set_at_once();
   CHECK(r.stop_signal == SIGINT);
   REQUIRE(r.steps < 40);
   CHECK(s.ssd_empty());

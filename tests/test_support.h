@@ -12,7 +12,15 @@
 #include <string>
 #include <vector>
 
+namespace fuyou {
+class StopSignals;
+}
+
 namespace fuyou::test {
+
+// The process's StopSignals, created first in main() (tests/main.cc). A test that uses it
+// resets it when done: StopSignals::clear().
+StopSignals& stop_signals();
 
 // The source tree's files (fixtures). The environment variable FUYOU_SOURCE_DIR, where set,
 // overrides the tree the binary was built from: prebuilt test binaries run elsewhere (the GPU

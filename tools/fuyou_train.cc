@@ -14,6 +14,9 @@
 #include "tools/tool_errors.h"
 
 int main(int argc, char** argv) {
+  // First, before any thread exists: every thread the process starts inherits the blocked
+  // stop signals, and only StopSignals' own thread receives them.
+  fuyou::StopSignals stop;
   CLI::App app{"fuyou-train: train a GPT on the CPU or GPU backend"};
   std::string config_path, run_dir, resume;
   std::vector<std::string> sets;
@@ -40,9 +43,6 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   fuyou::init_logging(verbose);
-  // Installed before anything slow (data, engine): a stop asked during start-up is honoured
-  // at the first step boundary.
-  fuyou::StopSignals stop;
   try {
     fuyou::TrainOptions opts;
     fuyou::Config cfg;
@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
     opts.eval_only = eval_only;
     opts.progress_line = ::isatty(STDERR_FILENO);
     opts.stop = &stop;
+    stop.set_graceful("stopping after this step (a checkpoint follows)");
     fuyou::TrainSummary s = fuyou::run_training(cfg, opts);
     if (s.stop_signal) return 128 + s.stop_signal;
   } catch (...) {
