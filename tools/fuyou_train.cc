@@ -1,6 +1,7 @@
 // fuyou-train: trains a model from a YAML config (or the embedded default), or continues a
 // run from a checkpoint (--resume). SIGINT / SIGTERM stop it gracefully (include/fuyou/stop.h):
-// exit status 130 / 143 after a checkpoint; a second signal exits at once.
+// exit status 130 / 143 after a checkpoint (before training begins, without one: there is
+// nothing to keep); a second signal exits at once.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -57,8 +58,9 @@ int main(int argc, char** argv) {
       }
     }
     if (!resume.empty()) {
-      opts.resume = fuyou::resolve_checkpoint(resume);
-      cfg = fuyou::resume_config(opts.resume, config_path, sets);
+      opts.resume_source = fuyou::open_resume_checkpoint(resume);
+      opts.resume = opts.resume_source->dir();
+      cfg = fuyou::resume_config(*opts.resume_source, config_path, sets);
     } else {
       cfg = config_path.empty() ? fuyou::parse_config(fuyou::default_config_text(), "<default config>", sets)
                                 : fuyou::load_config_file(config_path, sets);
@@ -76,7 +78,6 @@ int main(int argc, char** argv) {
     opts.eval_only = eval_only;
     opts.progress_line = ::isatty(STDERR_FILENO);
     opts.stop = &stop;
-    stop.set_graceful("stopping after this step (a checkpoint follows)");
     fuyou::TrainSummary s = fuyou::run_training(cfg, opts);
     if (s.stop_signal) return 128 + s.stop_signal;
   } catch (...) {
