@@ -23,10 +23,12 @@
 #include "fuyou/checkpoint.h"
 #include "fuyou/config.h"
 #include "fuyou/data.h"
+#include "fuyou/engine.h"
 #include "fuyou/error.h"
 #include "fuyou/hardware.h"
 #include "fuyou/hf_checkpoint.h"
 #include "fuyou/safetensors.h"
+#include "fuyou/sizes.h"
 #include "fuyou/stop.h"
 #include "fuyou/tokenizer.h"
 #include "fuyou/train.h"
@@ -480,10 +482,20 @@ TEST_CASE("a safetensors header that names a key twice is refused", "[durable][f
 
 TEST_CASE("data and thread counts that cannot work are refused before anything starts", "[durable][budgets]") {
   Work w("bounds");
-  size_t skipped = 0;
   CHECK_THROWS_WITH(build_text_shards({"/dev/zero"}, w.path("out"), 0.1), Contains("/dev/zero: not a regular file"));
-  (void)skipped;
   Config cfg = small_config(w);
   cfg.runtime.threads = 4096;
   CHECK_THROWS_WITH(make_backend(cfg, nullptr), Contains("runtime.threads is 4096") && Contains("per CPU"));
+  // A micro-batch whose activations (the CPU backend's arena, in host memory) exceed this
+  // machine's physical memory, with no offload.host_memory set: refused with the figures before
+  // the arena is allocated, and the run directory is not left behind.
+  Config big = small_config(w, {"model.seq_len=256", "model.n_layer=8", "model.n_head=4", "schedule.micro_batch=65536"});
+  const uint64_t physical = uint64_t(::sysconf(_SC_PHYS_PAGES)) * uint64_t(::sysconf(_SC_PAGE_SIZE));
+  REQUIRE(in_memory_host_bytes(big.model, 65536, true, 4) > physical);
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(train(big, w.path("big")), Contains("in-memory training needs") &&
+                                                   Contains(str("this machine has ", format_size(physical))) &&
+                                                   Contains("schedule.micro_batch (65536)"));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
+  CHECK_FALSE(fs::exists(w.path("big")));
 }
