@@ -370,6 +370,12 @@ TEST_CASE("latest: a directory is refused; a damaged latest checkpoint names the
   const fs::path root = fs::path(run) / "checkpoints";
   flip_byte(root / "step-8" / "manifest.json", 40);
   CHECK_THROWS_WITH(resume(run), Contains("step-8/manifest.json") && Contains("--resume " + (root / "step-6").string()));
+  // Text in latest that names no checkpoint is said with its control bytes escaped, so an
+  // escape sequence in the file does not reach the terminal.
+  test::write_all(root / "latest", "\x1b[31mstep-9\a\n");
+  const std::string said = test::captured_log([&] { CHECK(resolve_checkpoint(run) == (root / "step-8").string()); });
+  CHECK_THAT(said, Contains("names '\\x1B[31mstep-9\\x07'"));
+  CHECK(said.find('\x1b') == std::string::npos);
   fs::remove(root / "latest");
   fs::create_directory(root / "latest");
   CHECK_THROWS_WITH(resolve_checkpoint(run), Contains("latest is not a regular file (a directory)"));

@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
 namespace fuyou {
 class StopSignals;
 }
@@ -70,6 +73,24 @@ inline std::string read_all(const std::filesystem::path& p) {
 
 inline void write_all(const std::filesystem::path& p, const std::string& s) {
   std::ofstream(p, std::ios::binary).write(s.data(), static_cast<std::streamsize>(s.size()));
+}
+
+// The log lines a call writes (the default logger pointed at a string for its duration).
+template <typename F>
+std::string captured_log(F&& f) {
+  auto previous = spdlog::default_logger();
+  std::ostringstream text;
+  auto logger = std::make_shared<spdlog::logger>(
+      "capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(text));
+  spdlog::set_default_logger(logger);
+  try {
+    f();
+  } catch (...) {
+    spdlog::set_default_logger(previous);
+    throw;
+  }
+  spdlog::set_default_logger(previous);
+  return text.str();
 }
 
 }  // namespace fuyou::test
