@@ -69,6 +69,7 @@ phase_of() {
     *"once this checkpoint is written"*) echo checkpoint ;;
     *"once the final weights are written"*) echo final-write ;;
     *"after this step"*) echo step ;;
+    *": stopped") echo at-once ;;  # before the run could stop gracefully (arguments, config)
     *) echo after-exit ;;
   esac
 }
@@ -186,7 +187,7 @@ storm() {  # $1: engine name, $2: signals, rest: --set options
   cmp -s "$ref/model.safetensors" "$run/model.safetensors" || fail "$name: final weights differ from the uninterrupted run's"
   [ -z "$(leftovers "$run")" ] || fail "$name: leftovers: $(leftovers "$run")"
   local summary=""
-  for p in start-up step validation checkpoint final-write after-exit; do summary="$summary $p ${by_phase[$p]:-0}"; done
+  for p in at-once start-up step validation checkpoint final-write after-exit; do summary="$summary $p ${by_phase[$p]:-0}"; done
   echo "signal-storm: $name: $sent signals ($summary; $finished chains finished): every exit 130/143 (0 when finished), every stop resumable, final weights equal the uninterrupted run's"
 }
 
