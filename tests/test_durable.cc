@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "fuyou/backend.h"
+#include "fuyou/backend_select.h"
 #include "fuyou/checkpoint.h"
 #include "fuyou/config.h"
 #include "fuyou/data.h"
