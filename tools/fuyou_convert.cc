@@ -75,12 +75,7 @@ void resolve_special_tokens(const std::string& tokenizer, bool bos_given, bool e
     if (!bos_given && st.add_bos && !chat) o->bos_token = st.bos;
     if (!eos_given && records) o->eos_token = st.eos;
     if (chat) {
-      o->chat_template = st.chat_template;
-      o->template_source = config;
-      o->template_bos = st.bos;
-      o->template_eos = st.eos;
-      o->template_pad = st.pad;
-      o->template_unk = st.unk;
+      fuyou::use_chat_template(st, config, o);
       spdlog::info("chat template: {} ({} characters)", config, st.chat_template.size());
     }
   }
