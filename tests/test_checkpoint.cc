@@ -273,19 +273,21 @@ TEST_CASE("a graceful stop writes a resumable checkpoint and removes the store f
   cfg.schedule.steps = 40;
   offload_everything(&cfg, s);
   train(cfg, s.run("full"));
-  StopSignals stop;
+  StopSignals& stop = test::stop_signals();
+  stop.clear();
   TrainOptions o;
   o.run_dir = s.run("stopped");
   o.stop = &stop;
-  // A real SIGINT to this process once the run has started: the handler only asks, and the
-  // run finishes its step.
+  // A real SIGINT to this process once the run has trained a step: StopSignals' thread only
+  // asks, and the run finishes its step.
   std::thread sender([&] {
-    while (!fs::exists(fs::path(o.run_dir) / "metrics.jsonl")) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    while (test::read_all(fs::path(o.run_dir) / "metrics.jsonl").find("\"loss\"") == std::string::npos)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
     ::kill(::getpid(), SIGINT);
   });
   TrainSummary r = run_training(cfg, o);
   sender.join();
+  stop.clear();
   CHECK(r.stop_signal == SIGINT);
   REQUIRE(r.steps < 40);
   CHECK(s.ssd_empty());
@@ -366,11 +368,15 @@ TEST_CASE("an SSD read error while checkpointing names the file; the previous ch
   rig.step(0);
   TrainProgress p;
   p.step = 1;
+  // As a run's sampler would have drawn: micro_batch x grad_accum windows per step.
+  const uint64_t per_step = static_cast<uint64_t>(cfg.schedule.micro_batch) * cfg.schedule.grad_accum;
+  p.sampler_position = per_step;
   const std::string run = s.run("run");
   fs::create_directories(run);
   save_checkpoint(run, cfg, *engine, p, {});
   rig.step(1);
   p.step = 2;
+  p.sampler_position = 2 * per_step;
   faults->fail_reads = true;
   CHECK_THROWS_WITH(save_checkpoint(run, cfg, *engine, p, {}),
                     Contains("SSD store") && Contains("fuyou.store") && Contains("Input/output error"));
@@ -443,7 +449,7 @@ TEST_CASE("a damaged checkpoint is refused naming the file and the group", "[che
                     Contains("has checksum") && Contains("the checkpoint is damaged"));
   // A truncated file: caught by the manifest's sizes before anything is read.
   fs::resize_file(ck / "model.safetensors", 1000);
-  CHECK_THROWS_WITH(read_checkpoint_manifest(ck.string()), Contains("model.safetensors") && Contains("1000 bytes"));
+  CHECK_THROWS_WITH(read_checkpoint_manifest(ck.string()), Contains("model.safetensors") && Contains("1000-byte"));
   // A half-written staging directory is removed at the next start, with a log line.
   fs::create_directories(fs::path(s.run("a")) / "checkpoints" / ".staging-step-9-1");
   CHECK(remove_checkpoint_leftovers(s.run("a")) == 1);

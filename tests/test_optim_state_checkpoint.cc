@@ -112,8 +112,12 @@ void check_resumed_equals(const std::string& full, const std::string& resumed, i
 }  // namespace
 
 TEST_CASE("packed optimizer state resumes bit for bit, in memory and offloaded", "[optim_state][checkpoint]") {
+  // Every packed format (fp32 / fp32, the reference: tests/test_checkpoint.cc).
   const auto [state, master] = GENERATE(std::pair<std::string, std::string>{"int8", "split"},
-                                        std::pair<std::string, std::string>{"bf16", "fp32"});
+                                        std::pair<std::string, std::string>{"int8", "fp32"},
+                                        std::pair<std::string, std::string>{"bf16", "split"},
+                                        std::pair<std::string, std::string>{"bf16", "fp32"},
+                                        std::pair<std::string, std::string>{"fp32", "split"});
   INFO("state " << state << ", master " << master);
   Scratch s("resume");
   const Config cfg = config(s, state, master);
@@ -123,9 +127,13 @@ TEST_CASE("packed optimizer state resumes bit for bit, in memory and offloaded",
   const CheckpointManifest m = read_checkpoint_manifest(ck3);
   CHECK(m.optim_format == optim_format(cfg.optimizer));
   SafetensorsReader opt(ck3 + "/" + kOptimizerFile);
-  REQUIRE(opt.has("adam_m.layer.0"));
-  CHECK(opt.info("adam_m.layer.0").dtype == (state == "int8" ? StDtype::kU8 : StDtype::kBF16));
-  CHECK(opt.has("adam_v.layer.0.scale") == (state == "int8"));
+  if (state == "fp32") {  // fp32 moments stay per tensor (a split master changes only the master)
+    CHECK_FALSE(opt.has("adam_m.layer.0"));
+  } else {
+    REQUIRE(opt.has("adam_m.layer.0"));
+    CHECK(opt.info("adam_m.layer.0").dtype == (state == "int8" ? StDtype::kU8 : StDtype::kBF16));
+    CHECK(opt.has("adam_v.layer.0.scale") == (state == "int8"));
+  }
   resume(ck3, s.run("mem-r3"));
   check_resumed_equals(s.run("mem"), s.run("mem-r3"), 3, 6);
   // Offloaded with weights, state and checkpoints on SSD: the same weights, and its resume too.
@@ -142,7 +150,17 @@ TEST_CASE("packed optimizer state resumes bit for bit, in memory and offloaded",
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
     uint64_t header = 0;  // the data follows the 8-byte length and the JSON header
     f.read(reinterpret_cast<char*>(&header), 8);
-    const uint64_t at = 8 + header + r.info("adam_v.layer.1").begin + 3;
+    // Packed moments are one entry per group; fp32 ones one per tensor (layer 1's first).
+    std::string entry = "adam_v.layer.1";
+    if (state == "fp32") {
+      const ParamLayout layout = make_gpt_layout(cfg.model);
+      for (const auto& t : layout.tensors)
+        if (layout.groups[t.group].name == "layer.1") {
+          entry = "adam_v." + t.name;
+          break;
+        }
+    }
+    const uint64_t at = 8 + header + r.info(entry).begin + 3;
     f.seekp(static_cast<std::streamoff>(at));
     char c = 0x5a;
     f.write(&c, 1);
@@ -167,4 +185,24 @@ TEST_CASE("a resume in another state format converts the moments", "[optim_state
                                 {"optimizer.state=fp32", "optimizer.master=fp32", "schedule.steps=8"});
   CHECK(std::isfinite(b.final_val_loss));
   CHECK(state_at(s.run("back"), 8).count("adam_m." + make_gpt_layout(f32.model).tensors[0].name));
+  // The preflight's and --dry-run's estimates follow the format: each covers what was written
+  // (within its header slack), and the estimates differ by what the written checkpoints differ by.
+  auto dir_bytes = [](const fs::path& d) {
+    uint64_t n = 0;
+    for (const auto& e : fs::directory_iterator(d)) n += fs::file_size(e.path());
+    return n;
+  };
+  const Config i8 = config(s, "int8", "split");
+  const uint64_t w32 = dir_bytes(fs::path(s.run("fp32")) / "checkpoints" / "step-3");
+  const uint64_t w8 = dir_bytes(fs::path(s.run("to-int8")) / "checkpoints" / "step-6");
+  const uint64_t e32 = checkpoint_bytes(f32.model, optim_format(f32.optimizer));
+  const uint64_t e8 = checkpoint_bytes(i8.model, optim_format(i8.optimizer));
+  INFO("written " << w32 << " / " << w8 << ", estimated " << e32 << " / " << e8);
+  CHECK(w32 <= e32);
+  CHECK(w8 <= e8);
+  REQUIRE(w32 > w8);
+  const double ratio = static_cast<double>(e32 - e8) / static_cast<double>(w32 - w8);
+  CHECK(ratio > 0.9);
+  CHECK(ratio < 1.1);
+  CHECK(fs::file_size(fs::path(s.run("fp32")) / "model.safetensors") <= weights_file_bytes(f32.model));
 }

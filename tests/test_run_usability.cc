@@ -2,7 +2,6 @@
 // another vocabulary, JSON Lines without a field option, typed and timestamped metrics, the
 // final line without validation, --set errors that name the --set, fine-tuning defaults and
 // learning-rate schedules, samples during training, --eval-only and checkpoint.keep_best.
-#include <spdlog/sinks/ostream_sink.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -59,24 +58,6 @@ std::vector<nlohmann::json> jsonl(const fs::path& p) {
   std::ifstream in(p);
   for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
   return out;
-}
-
-// The log lines a call writes (the default logger pointed at a string for its duration).
-template <typename F>
-std::string captured_log(F&& f) {
-  auto previous = spdlog::default_logger();
-  std::ostringstream text;
-  auto logger = std::make_shared<spdlog::logger>(
-      "capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(text));
-  spdlog::set_default_logger(logger);
-  try {
-    f();
-  } catch (...) {
-    spdlog::set_default_logger(previous);
-    throw;
-  }
-  spdlog::set_default_logger(previous);
-  return text.str();
 }
 
 }  // namespace

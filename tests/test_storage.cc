@@ -333,15 +333,15 @@ TEST_CASE("storage: bad configs and requests are refused with the reason", "[sto
                     Contains("/nope' is not a directory"));
 
   auto store = SsdStore::open(config(t.dirs, 64 * KiB, 64 * KiB, 4));
-  // A second store on the same directories: refused by the directory lock, naming the pid,
-  // whether or not it may overwrite, and whatever its file name.
-  const std::string pid = std::to_string(::getpid());
+  // A second store on the same directories: refused by the directory lock, whether or not it
+  // may overwrite, and whatever its file name; in one process the lock says so, rather than
+  // naming its own pid as another process's.
   CHECK_THROWS_WITH(SsdStore::open(config(t.dirs, 64 * KiB, 64 * KiB, 4)),
-                    Contains("is in use by another fuyou process (pid " + pid));
+                    Contains("is already in use by this process"));
   StoreConfig over = config(t.dirs, 64 * KiB, 64 * KiB, 4);
   over.overwrite = true;
   over.file_name = "other.store";
-  CHECK_THROWS_WITH(SsdStore::open(over), Contains("two runs cannot share one"));
+  CHECK_THROWS_WITH(SsdStore::open(over), Contains("each needs a directory of its own"));
 
   // A file no fuyou process is known to have left (no lock beside it) is refused with a hint
   // that names no configuration key; it may be overwritten when asked, and is then the store's.

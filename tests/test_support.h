@@ -12,7 +12,18 @@
 #include <string>
 #include <vector>
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+namespace fuyou {
+class StopSignals;
+}
+
 namespace fuyou::test {
+
+// The process's StopSignals, created first in main() (tests/main.cc). A test that uses it
+// resets it when done: StopSignals::clear().
+StopSignals& stop_signals();
 
 // The source tree's files (fixtures). The environment variable FUYOU_SOURCE_DIR, where set,
 // overrides the tree the binary was built from: prebuilt test binaries run elsewhere (the GPU
@@ -62,6 +73,24 @@ inline std::string read_all(const std::filesystem::path& p) {
 
 inline void write_all(const std::filesystem::path& p, const std::string& s) {
   std::ofstream(p, std::ios::binary).write(s.data(), static_cast<std::streamsize>(s.size()));
+}
+
+// The log lines a call writes (the default logger pointed at a string for its duration).
+template <typename F>
+std::string captured_log(F&& f) {
+  auto previous = spdlog::default_logger();
+  std::ostringstream text;
+  auto logger = std::make_shared<spdlog::logger>(
+      "capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(text));
+  spdlog::set_default_logger(logger);
+  try {
+    f();
+  } catch (...) {
+    spdlog::set_default_logger(previous);
+    throw;
+  }
+  spdlog::set_default_logger(previous);
+  return text.str();
 }
 
 }  // namespace fuyou::test

@@ -22,6 +22,7 @@
 #include "fuyou/sizes.h"
 #include "fuyou/hardware.h"
 #include "fuyou/simulator.h"
+#include "fuyou/stop.h"
 #include "fuyou/train.h"
 #include "fuyou/checkpoint_bench.h"
 #include "fuyou/adam_bench.h"
@@ -372,6 +373,8 @@ int bench_profile(fuyou::ProfileOptions& o, const std::string& backend, const st
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First, before any thread exists (include/fuyou/stop.h): a signal ends a measurement at once.
+  fuyou::StopSignals stop;
   CLI::App app{"fuyou-bench: measure the engine"};
   app.require_subcommand(1);
   std::string config_path;

@@ -15,16 +15,20 @@
 #include "fuyou/hf_checkpoint.h"
 #include "fuyou/log.h"
 #include "fuyou/sizes.h"
+#include "fuyou/stop.h"
 #include "fuyou/tokenizer.h"
 #include "tools/tool_errors.h"
 
 namespace {
 
 // "tensor 12/148 transformer.h.5.mlp.c_fc.weight" on stderr: one line that rewrites itself
-// on a terminal, one line per tensor otherwise (logs stay readable).
-std::function<void(size_t, size_t, const std::string&)> progress_printer() {
+// on a terminal, one line per tensor otherwise (logs stay readable). A stop asked meanwhile
+// ends the conversion here, between tensors: its staging directory is removed on the way out.
+std::function<void(size_t, size_t, const std::string&)> progress_printer(
+    const fuyou::StopSignals& stop) {
   const bool tty = ::isatty(2);
-  return [tty](size_t i, size_t n, const std::string& name) {
+  return [tty, &stop](size_t i, size_t n, const std::string& name) {
+    stop.check("before converting every tensor (nothing was written)");
     if (tty) {
       std::fprintf(stderr, "\rtensor %zu/%zu %-60s", i + 1, n, name.c_str());
       if (i + 1 == n) std::fprintf(stderr, "\n");
@@ -71,12 +75,7 @@ void resolve_special_tokens(const std::string& tokenizer, bool bos_given, bool e
     if (!bos_given && st.add_bos && !chat) o->bos_token = st.bos;
     if (!eos_given && records) o->eos_token = st.eos;
     if (chat) {
-      o->chat_template = st.chat_template;
-      o->template_source = config;
-      o->template_bos = st.bos;
-      o->template_eos = st.eos;
-      o->template_pad = st.pad;
-      o->template_unk = st.unk;
+      fuyou::use_chat_template(st, config, o);
       spdlog::info("chat template: {} ({} characters)", config, st.chat_template.size());
     }
   }
@@ -120,6 +119,9 @@ void decode_shard(const std::string& tokenizer, const std::string& shard, int64_
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First, before any thread exists (include/fuyou/stop.h). A signal ends the process at once
+  // except during from-hf and to-hf, which stop between tensors and leave nothing behind.
+  fuyou::StopSignals stop;
   CLI::App app{"fuyou-convert: token shards and Hugging Face checkpoints in and out"};
   app.require_subcommand(1);
 
@@ -227,7 +229,8 @@ int main(int argc, char** argv) {
       fuyou::ConvertOptions opts;
       opts.max_shard_bytes = fuyou::parse_size(max_shard, "--max-shard-size");
       if (opts.max_shard_bytes == 0) throw fuyou::ConfigError("--max-shard-size must be positive");
-      opts.progress = progress_printer();
+      opts.progress = progress_printer(stop);
+      stop.set_graceful("stopping before the next tensor; nothing is written");
       if (*from_hf) {
         report(fuyou::convert_hf_to_engine(src, out_dir, opts), out_dir);
       } else {
@@ -239,7 +242,9 @@ int main(int argc, char** argv) {
       }
     }
   } catch (...) {
-    return fuyou::tools::report_failure();
+    return fuyou::tools::report_failure("convert on a machine with more memory, or report the file that "
+                                        "needed it");
   }
+  if (stop.requested()) return 128 + stop.requested();  // it arrived after the last tensor
   return 0;
 }

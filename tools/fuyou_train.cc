@@ -1,6 +1,7 @@
 // fuyou-train: trains a model from a YAML config (or the embedded default), or continues a
 // run from a checkpoint (--resume). SIGINT / SIGTERM stop it gracefully (include/fuyou/stop.h):
-// exit status 130 / 143 after a checkpoint; a second signal exits at once.
+// exit status 130 / 143 after a checkpoint (before training begins, without one: there is
+// nothing to keep); a second signal exits at once.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -14,6 +15,9 @@
 #include "tools/tool_errors.h"
 
 int main(int argc, char** argv) {
+  // First, before any thread exists: every thread the process starts inherits the blocked
+  // stop signals, and only StopSignals' own thread receives them.
+  fuyou::StopSignals stop;
   CLI::App app{"fuyou-train: train a GPT on the CPU or GPU backend"};
   std::string config_path, run_dir, resume;
   std::vector<std::string> sets;
@@ -40,9 +44,6 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   fuyou::init_logging(verbose);
-  // Installed before anything slow (data, engine): a stop asked during start-up is honoured
-  // at the first step boundary.
-  fuyou::StopSignals stop;
   try {
     fuyou::TrainOptions opts;
     fuyou::Config cfg;
@@ -57,8 +58,9 @@ int main(int argc, char** argv) {
       }
     }
     if (!resume.empty()) {
-      opts.resume = fuyou::resolve_checkpoint(resume);
-      cfg = fuyou::resume_config(opts.resume, config_path, sets);
+      opts.resume_source = fuyou::open_resume_checkpoint(resume);
+      opts.resume = opts.resume_source->dir();
+      cfg = fuyou::resume_config(*opts.resume_source, config_path, sets);
     } else {
       cfg = config_path.empty() ? fuyou::parse_config(fuyou::default_config_text(), "<default config>", sets)
                                 : fuyou::load_config_file(config_path, sets);

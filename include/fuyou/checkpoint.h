@@ -6,7 +6,9 @@
 //                                 model.safetensors    fp32 master weights (engine names)
 //                                 optimizer.safetensors  AdamW moments: adam_m.NAME, adam_v.NAME
 //                                 manifest.json        version, step, counters, sampler, data
-//                                                      identity, checksums; written last
+//                                                      identity, checksums (its own and those
+//                                                      of config.yaml and of every tensor
+//                                                      group); written last
 //   RUN_DIR/checkpoints/latest    "step-N\n": the newest complete checkpoint
 //
 // A checkpoint is assembled in checkpoints/.staging-step-N-PID, each file fsynced, the
@@ -20,6 +22,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,7 +35,7 @@ namespace fuyou {
 
 class TrainEngine;
 
-inline constexpr int kCheckpointVersion = 1;
+inline constexpr int kCheckpointVersion = 2;
 inline constexpr const char* kCheckpointsDir = "checkpoints";
 inline constexpr const char* kLatestFile = "latest";
 // checkpoint.keep_best: "step-N\n", the checkpoint of lowest validation loss, kept by pruning.
@@ -118,18 +121,59 @@ std::string resolve_checkpoint(const std::string& path);
 // The run directory a step directory belongs to (RUN_DIR of RUN_DIR/checkpoints/step-N).
 std::string checkpoint_run_dir(const std::string& checkpoint_dir);
 
-// Reads and validates manifest.json (format, version, files present with their sizes).
-CheckpointManifest read_checkpoint_manifest(const std::string& dir);
-// The config the checkpoint was written with (its config.yaml).
-Config read_checkpoint_config(const std::string& dir);
+// A checkpoint opened for reading: manifest.json and config.yaml read and verified (their
+// checksums, every field's type and range, the step against the directory's name and the
+// config) and the tensor files opened, so that a run pruning its checkpoints meanwhile (another
+// process) cannot take them away. The tensors are verified group by group by restore().
+// IoError naming the file and the field; a damaged checkpoint's error names the run's
+// earlier complete checkpoint, when there is one, to resume from instead.
+class CheckpointSource {
+ public:
+  explicit CheckpointSource(const std::string& dir);
+  ~CheckpointSource();
+  CheckpointSource(const CheckpointSource&) = delete;
+  CheckpointSource& operator=(const CheckpointSource&) = delete;
 
-// Sets the engine's state from the checkpoint, group by group, checking every group's
-// checksum; the engine may place its state differently from the run that wrote it.
+  const std::string& dir() const;
+  const CheckpointManifest& manifest() const;
+  const Config& config() const;            // config.yaml, parsed from the bytes verified
+  const std::string& config_text() const;  // those bytes
+  // Sets the engine's state from the checkpoint, group by group, checking every group's
+  // checksum; the engine may place its state differently from the run that wrote it.
+  // `between_groups`, if given, runs before each group (a stop check: a restore may be long).
+  void restore(const ModelConfig& model, TrainEngine& engine,
+               const std::function<void()>& between_groups = {}) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// resolve_checkpoint and CheckpointSource together, for --resume: when the checkpoint that
+// `latest` named was removed before its files could be opened (the run it belongs to is still
+// training and pruned it), `latest` is read again.
+std::shared_ptr<const CheckpointSource> open_resume_checkpoint(const std::string& path);
+
+// "; an earlier complete checkpoint of the run: DIR (resume from it with ...)", or "" when the
+// run has none older than `checkpoint_dir`: what an error about a damaged checkpoint adds.
+std::string earlier_checkpoint_hint(const std::string& checkpoint_dir);
+
+// The manifest's sampler position against step x micro_batch x grad_accum of `cfg`, for data
+// that is a token stream (BatchSampler): exactly that many draws without a loss mask, up to
+// BatchSampler::kMaxRedraws more per window with one. IoError naming `path` when it does not
+// fit. (Record data is checked by the run against the rows its records pack into.)
+void check_sampler_position(const CheckpointManifest& m, const Config& cfg, bool masked, const std::string& path);
+
+// CheckpointSource(dir).manifest(), .config(), .restore(): for callers that open once.
+CheckpointManifest read_checkpoint_manifest(const std::string& dir);
+Config read_checkpoint_config(const std::string& dir);
 void restore_checkpoint(const std::string& dir, const CheckpointManifest& m, const ModelConfig& model,
                         TrainEngine& engine);
 
 // The config of a resume: `config_path` (may be empty: the checkpoint's own config.yaml)
 // with `overrides`, checked against the checkpoint's by check_resume_config.
+Config resume_config(const CheckpointSource& checkpoint, const std::string& config_path,
+                     const std::vector<std::string>& overrides);
 Config resume_config(const std::string& checkpoint_dir, const std::string& config_path,
                      const std::vector<std::string>& overrides);
 
@@ -147,7 +191,11 @@ int remove_checkpoint_leftovers(const std::string& run_dir);
 // Complete checkpoints of a run (step directories with a manifest), oldest first.
 std::vector<std::string> list_checkpoints(const std::string& run_dir);
 
-// Bytes one checkpoint of this model takes (three fp32 copies plus headers), for preflight.
-uint64_t checkpoint_bytes(const ModelConfig& model);
+// Bytes the weights file of this model takes (fp32 tensors plus headers): a run's final
+// weights, and a checkpoint's model.safetensors.
+uint64_t weights_file_bytes(const ModelConfig& model);
+// Bytes one checkpoint of this model takes with the optimizer's state in `format` (the fp32
+// weights, both moments as stored, headers), for preflight and --dry-run.
+uint64_t checkpoint_bytes(const ModelConfig& model, const OptimFormat& format = {});
 
 }  // namespace fuyou

@@ -76,8 +76,13 @@ bool wants_offload(const Config& cfg);
 // tensors, its kernels' fp32 scratch (cpu_kernel_scratch_bytes). An in-memory run with
 // offload.host_memory set is refused at start when this exceeds it.
 // `fp32_sums` (sums_grads_in_fp32) adds the fp32 gradient sum, 4 bytes per parameter.
+// `format`: the optimizer's state format (optim_state_bytes: 12 bytes per parameter in fp32,
+// 4.03 with int8 moments and a split master).
 uint64_t in_memory_host_bytes(const ModelConfig& m, int micro_batch, bool device_in_host, size_t elem_bytes,
-                              bool fp32_sums = false);
+                              bool fp32_sums = false, const OptimFormat& format = {});
+// The part of in_memory_host_bytes that is the master, the moments and the gradients (and
+// their fp32 sums).
+uint64_t in_memory_state_bytes(const ModelConfig& m, bool fp32_sums, const OptimFormat& format);
 // Whether a step's micro-batch gradients are summed in fp32 on the host rather than in the
 // device's 16-bit gradients (schedule.grad_accum_type; PlanRequest::accum_fp32): grad_accum > 1
 // with 16-bit tensors, unless grad_accum_type is `tensors`.

@@ -27,6 +27,11 @@ struct StTensorInfo {
   size_t numel() const;
 };
 
+// The metadata key under which the engine's writers record each tensor's XXH3-64: 16
+// lower-case hex digits per tensor, in data order, separated by spaces. Readers of a file that
+// has it verify what they read (RangedTensorFile::verify).
+inline constexpr const char* kTensorChecksumsKey = "fuyou_xxh3";
+
 // A header larger than this is refused, as the reference implementation refuses it: no
 // real checkpoint comes close, and a corrupt length must not make us allocate gigabytes.
 constexpr uint64_t kMaxStHeader = 100ull << 20;
@@ -75,7 +80,8 @@ class SafetensorsReader {
 };
 
 // Collects tensors, then writes the file atomically (temporary file, fsync, rename), so a
-// crash never leaves a half-written file under the final name.
+// crash never leaves a half-written file under the final name. Records the tensors'
+// checksums (kTensorChecksumsKey) as SafetensorsStreamWriter does: both make the same bytes.
 class SafetensorsWriter {
  public:
   void set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }

@@ -101,6 +101,9 @@ struct SpecialTokens {
 };
 // Reads `path` (tokenizer_config.json); ConfigError naming the file and field when malformed.
 SpecialTokens read_special_tokens(const std::string& path);
+// Conversations through `st`'s chat_template and the tokens it may name; `source` (the
+// tokenizer_config.json it came from) names the template in errors.
+void use_chat_template(const SpecialTokens& st, const std::string& source, DatasetOptions* o);
 
 // A prompt/completion pair as transformers encodes the concatenated text: ids of
 // tok.encode(prompt + completion) appended to *ids, and to *mask 0 for the tokens the prompt's

@@ -2,7 +2,10 @@
 // fuyou-train performs (run_training): data, loop, validation, metrics, final weights.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -166,7 +169,15 @@ class StepRunner {
 };
 
 class StopSignals;
+class CheckpointSource;
 struct CheckpointIo;
+
+// Test seam for metrics.jsonl: replaces write(2) for its appends, and how long a write that
+// fails with an error that may pass (ENOSPC, EIO) is retried before the run stops.
+struct MetricsIo {
+  std::function<ssize_t(int fd, const void* data, size_t bytes)> write;
+  double retry_seconds = 30;
+};
 
 struct TrainOptions {
   std::string run_dir;          // empty: runs/<date-time>; with `resume`: the checkpoint's run
@@ -175,10 +186,15 @@ struct TrainOptions {
   // A checkpoint directory (resolve_checkpoint) to continue from; empty: a new run. The
   // config must pass check_resume_config against the checkpoint's (resume_config builds one).
   std::string resume;
-  // Graceful stop requests (fuyou-train installs one); null: none.
+  // The same checkpoint already opened (open_resume_checkpoint); null: `resume` is opened.
+  std::shared_ptr<const CheckpointSource> resume_source;
+  // Stop signals (fuyou-train creates one first in main): the run sets what the first signal
+  // does as it goes (graceful from start-up on), checks for stops at its safe points, and
+  // leaves it in its at-once default when it returns; null: none.
   StopSignals* stop = nullptr;
-  // Test seam for the checkpoint files' writes; null: write(2).
+  // Test seams for the checkpoint files' writes and metrics.jsonl's; null: write(2).
   const CheckpointIo* checkpoint_io = nullptr;
+  const MetricsIo* metrics_io = nullptr;
   // Only the validation loss of the starting model (model.checkpoint, or `resume`'s
   // checkpoint) on the config's validation data; no run directory is written.
   bool eval_only = false;

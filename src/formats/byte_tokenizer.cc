@@ -47,6 +47,9 @@ std::vector<fs::path> list_input_files(const std::vector<std::string>& inputs, s
       files.insert(files.end(), found.begin(), found.end());
     } else if (fs::is_regular_file(p, ec)) {
       files.push_back(p);
+    } else if (fs::exists(p, ec)) {
+      // A device (/dev/zero), a FIFO or a socket: reading it may never end.
+      throw IoError(str(in, ": not a regular file or a directory; text data is read from files"));
     } else {
       throw IoError(str(in, ": no such file or directory"));
     }

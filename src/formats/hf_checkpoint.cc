@@ -150,6 +150,27 @@ struct Buffers {
   std::vector<char> out;
 };
 
+// A weight that is NaN or infinite makes every loss NaN from the first step (and an export a
+// broken model): refused, naming the tensor and the element, before the file is complete.
+void check_finite(const void* data, StDtype dtype, size_t n, const Job& job, size_t first) {
+  for (size_t i = 0; i < n; ++i) {
+    bool finite;
+    if (dtype == StDtype::kF32) {
+      uint32_t u;
+      std::memcpy(&u, static_cast<const char*>(data) + 4 * i, 4);
+      finite = (u & 0x7f800000u) != 0x7f800000u;
+    } else {
+      uint16_t h;
+      std::memcpy(&h, static_cast<const char*>(data) + 2 * i, 2);
+      finite = dtype == StDtype::kBF16 ? (h & 0x7f80u) != 0x7f80u : (h & 0x7c00u) != 0x7c00u;
+    }
+    if (!finite)
+      throw IoError(str("tensor '", job.src, "' (written as '", job.dst, "'): element ", first + i,
+                        " is NaN or infinite", dtype == StDtype::kF32 ? "" : str(" as ", st_dtype_name(dtype)),
+                        "; refusing to write a model with it"));
+  }
+}
+
 // Where converted bytes go: a safetensors writer, or an array in memory.
 using Append = std::function<void(const void* data, size_t bytes)>;
 
@@ -167,6 +188,7 @@ void copy_tensor(const TensorSet& set, const Job& job, StDtype out_dtype, const 
       b.out.resize(std::max(b.out.size(), k * out_size));
       file.read(t, (job.src_offset + done) * in_size, b.raw.data(), k * in_size);
       convert_float_elements(b.raw.data(), t.dtype, b.out.data(), out_dtype, k);
+      check_finite(b.out.data(), out_dtype, k, job, job.src_offset + done);
       append(b.out.data(), k * out_size);
     }
     return;
@@ -194,8 +216,18 @@ void copy_tensor(const TensorSet& set, const Job& job, StDtype out_dtype, const 
     for (size_t i = 0; i < R; ++i)
       for (size_t j = 0; j < nb; ++j) b.t32[j * R + i] = b.f32[i * nb + j];
     convert_float_elements(b.t32.data(), StDtype::kF32, b.out.data(), out_dtype, n);
+    check_finite(b.out.data(), out_dtype, n, job, c0 * R);
     append(b.out.data(), n * out_size);
   }
+}
+
+// Every source tensor against the checksum its file records (files the engine wrote record
+// them), before anything is written: a damaged checkpoint is refused, not converted. Each
+// tensor is read once more for this; it is then in the page cache for the conversion.
+void verify_sources(const TensorSet& set, const std::vector<Job>& jobs) {
+  std::set<std::string> done;
+  for (const Job& j : jobs)
+    if (done.insert(j.src).second) set.verify(j.src);
 }
 
 // Writes every job's tensor into `dir`, returning the files written.
@@ -382,6 +414,7 @@ std::vector<Job> hf_source_jobs(const TensorSet& set, const ModelConfig& model, 
   FY_CHECK(next == layout.tensors.size(), "tensor map and layout disagree");
   validate_sources(set, jobs);
   refuse_unknown(set, jobs, prefix, model, true);
+  verify_sources(set, jobs);
   return jobs;
 }
 
@@ -467,6 +500,7 @@ ConvertResult convert_engine_to_hf(const std::string& checkpoint, const std::str
                     static_cast<size_t>(t.engine_offset), numel_of(t.hf_shape)});
   validate_sources(src.set, jobs);
   refuse_unknown(src.set, jobs, "", r.model, false);
+  verify_sources(src.set, jobs);
 
   // The base model's config.json and tokenizer: beside the weights, or in the run directory
   // of a training checkpoint written before checkpoints carried them.
@@ -516,9 +550,11 @@ LoadedCheckpoint load_engine_checkpoint(const std::string& checkpoint) {
                         "; the engine needs F32 ", shape_str(t.shape)));
   }
   out.params.assign(layout.total, 0.0f);
-  for (const TensorSpec& t : layout.tensors)
+  for (const TensorSpec& t : layout.tensors) {
     src.set.file(t.name).read(src.set.info(t.name), 0, out.params.data() + t.offset,
                               t.numel * sizeof(float));
+    src.set.check(t.name, out.params.data() + t.offset);
+  }
   return out;
 }
 
@@ -576,8 +612,9 @@ void CheckpointGroupReader::read_group(int g, float* dst) const {
   std::fill(dst, dst + pg.numel, 0.0f);
   for (size_t i = pg.first_tensor; i < pg.first_tensor + pg.num_tensors; ++i) {
     const TensorSpec& t = layout.tensors[i];
-    impl_->src.set.file(t.name).read(impl_->src.set.info(t.name), 0, dst + (t.offset - pg.offset),
-                                     t.numel * sizeof(float));
+    float* p = dst + (t.offset - pg.offset);
+    impl_->src.set.file(t.name).read(impl_->src.set.info(t.name), 0, p, t.numel * sizeof(float));
+    impl_->src.set.check(t.name, p);
   }
 }
 

@@ -244,19 +244,36 @@ const std::string& byte_to_char(uint8_t b) { return byte_table().to_char[b]; }
 int char_to_byte(uint32_t cp) { return cp < 512 ? byte_table().from_char[cp] : -1; }
 
 std::string normalize(const std::vector<NormalizerStep>& steps, std::string s) {
+  const size_t input = s.size(), limit = kNormalizedGrowth * input + kNormalizedSlack;
+  auto bound = [&](const NormalizerStep& st, size_t bytes) {
+    if (bytes <= limit) return;
+    const char* names[] = {"Prepend", "Replace", "NFC", "NFD", "Strip"};
+    throw ConfigError(str(st.where, " (", names[st.kind], st.kind == NormalizerStep::kReplace
+                          ? str(" of '", printable(st.a, 20), "' by ", st.b.size(), " bytes") : std::string(),
+                          "): the text grows from ", input, " to ", bytes, " bytes, beyond the limit of ",
+                          kNormalizedGrowth, " x the input + ", kNormalizedSlack,
+                          " bytes (the normalizer multiplies its input; is this the right tokenizer.json?)"));
+  };
   for (const auto& st : steps) {
     switch (st.kind) {
       case NormalizerStep::kPrepend:
+        bound(st, s.size() + st.a.size());
         if (!s.empty()) s = st.a + s;
         break;
-      case NormalizerStep::kReplace:
+      case NormalizerStep::kReplace: {
+        size_t count = 0;
+        for (size_t i = s.find(st.a); i != std::string::npos; i = s.find(st.a, i + st.a.size())) ++count;
+        bound(st, s.size() - count * st.a.size() + count * st.b.size());
         s = replace_all(std::move(s), st.a, st.b);
         break;
+      }
       case NormalizerStep::kNfc:
         s = unicode::nfc(s);
+        bound(st, s.size());
         break;
       case NormalizerStep::kNfd:
         s = unicode::nfd(s);
+        bound(st, s.size());
         break;
       case NormalizerStep::kStrip: {
         Cps t(s);

@@ -9,8 +9,10 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "fuyou/error.h"
+#include "src/common/xxh3.h"
 
 namespace fuyou {
 namespace {
@@ -145,11 +147,26 @@ StHeader parse_st_header(std::string_view header, uint64_t file_size, const std:
   if (header.empty() || header[0] != '{')
     throw IoError(str(path, ": the header at offset 8 does not start with '{'"));
   nlohmann::json j;
+  // JSON lets a key repeat and the parser keeps the last: two entries for one tensor name (or
+  // two metadata values for one key) would leave the file meaning whichever a reader keeps.
+  std::vector<std::set<std::string>> keys;
+  std::string repeated;
+  auto no_repeats = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+    using ev_t = nlohmann::json::parse_event_t;
+    if (ev == ev_t::object_start) keys.emplace_back();
+    if (ev == ev_t::object_end && !keys.empty()) keys.pop_back();
+    if (ev == ev_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
+        repeated.empty())
+      repeated = parsed.get<std::string>();
+    return true;
+  };
   try {
-    j = nlohmann::json::parse(header);  // rejects ill-formed UTF-8 in names
+    j = nlohmann::json::parse(header, no_repeats);  // rejects ill-formed UTF-8 in names
   } catch (const nlohmann::json::exception& e) {
     throw IoError(str(path, ": header is not valid JSON: ", e.what()));
   }
+  if (!repeated.empty())
+    throw IoError(str(path, ": the header names '", printable(repeated), "' twice; each key may appear once"));
   if (!j.is_object()) throw IoError(str(path, ": header must be a JSON object"));
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& name = it.key();
@@ -296,9 +313,13 @@ void SafetensorsWriter::add(const std::string& name, StDtype dtype,
 
 void SafetensorsWriter::write(const std::string& path) const {
   nlohmann::ordered_json header;
-  if (!metadata_.empty()) {
+  if (!metadata_.empty() || !entries_.empty()) {
     nlohmann::ordered_json m = nlohmann::ordered_json::object();
     for (const auto& [k, v] : metadata_) m[k] = v;
+    // Each tensor's XXH3-64, in data order, as SafetensorsStreamWriter records them.
+    std::string sums;
+    for (const auto& e : entries_) sums += (sums.empty() ? "" : " ") + hex64(xxh3_64(e.bytes.data(), e.bytes.size()));
+    if (!entries_.empty()) m[kTensorChecksumsKey] = sums;
     header["__metadata__"] = m;
   }
   uint64_t offset = 0;

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -33,9 +34,13 @@ SafetensorsStreamWriter::SafetensorsStreamWriter(std::string path, std::vector<S
   // The header is built with the same rules as SafetensorsWriter (metadata first, tensors in
   // the given order, padded with spaces to 8 bytes) so both writers produce the same files.
   nlohmann::ordered_json header;
-  if (!metadata.empty()) {
+  // The checksums' placeholder: as long as the text that replaces it in finish().
+  const std::string placeholder =
+      entries_.empty() ? std::string() : std::string(17 * entries_.size() - 1, '0');
+  if (!metadata.empty() || !entries_.empty()) {
     nlohmann::ordered_json m = nlohmann::ordered_json::object();
     for (const auto& [k, v] : metadata) m[k] = v;
+    if (!entries_.empty()) m[kTensorChecksumsKey] = placeholder;
     header["__metadata__"] = m;
   }
   std::set<std::string> seen;
@@ -52,6 +57,13 @@ SafetensorsStreamWriter::SafetensorsStreamWriter(std::string path, std::vector<S
   std::string h = header.dump();
   while (h.size() % 8) h += ' ';
   header_bytes_ = 8 + h.size();
+  sums_.assign(entries_.size(), xxh3_64(nullptr, 0));
+  if (!entries_.empty()) {
+    const std::string key = str("\"", kTensorChecksumsKey, "\":\"", placeholder, "\"");
+    const size_t at = h.find(key);
+    FY_CHECK(at != std::string::npos && h.find(key, at + 1) == std::string::npos, path_, ": checksum placeholder");
+    sums_offset_ = 8 + at + key.size() - 1 - placeholder.size();
+  }
 
   const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
   fd_ = ::open(tmp_.c_str(), flags | O_DIRECT, 0644);
@@ -153,9 +165,13 @@ void SafetensorsStreamWriter::begin_tensor(const std::string& name) {
   if (next >= entries_.size() || entries_[next].name != name)
     throw Error(str(path_, ": tensor '", name, "' is not the next one in the header (expected '",
                     next < entries_.size() ? entries_[next].name : std::string("<end>"), "')"));
+  if (current_ != static_cast<size_t>(-1)) finish_tensor_sum();
   current_ = next;
   current_done_ = 0;
+  XXH3_64bits_reset(hash_.get());
 }
+
+void SafetensorsStreamWriter::finish_tensor_sum() { sums_[current_] = XXH3_64bits_digest(hash_.get()); }
 
 void SafetensorsStreamWriter::append(const void* data, size_t bytes) {
   if (current_ == static_cast<size_t>(-1) || current_ >= entries_.size())
@@ -164,6 +180,7 @@ void SafetensorsStreamWriter::append(const void* data, size_t bytes) {
   if (current_done_ + bytes > e.bytes())
     throw Error(str(path_, ": tensor '", e.name, "' takes ", e.bytes(), " bytes; ",
                     current_done_ + bytes, " were appended"));
+  xxh3_64_update(hash_.get(), data, bytes);
   put(data, bytes);
   current_done_ += bytes;
 }
@@ -192,6 +209,14 @@ void SafetensorsStreamWriter::finish() {
   wait_writes();
   if (queued_ != size && ::ftruncate(fd_, static_cast<off_t>(size)) != 0)
     throw IoError(str(tmp_, ": cannot truncate to ", size, " bytes: ", std::strerror(errno)));
+  if (!entries_.empty()) {
+    // The checksums over their placeholder, in place (not 4 KiB aligned: write_at goes on
+    // without O_DIRECT). The fsync below covers them.
+    if (current_ != static_cast<size_t>(-1)) finish_tensor_sum();
+    std::string text;
+    for (uint64_t v : sums_) text += (text.empty() ? "" : " ") + hex64(v);
+    write_at(text.data(), text.size(), sums_offset_);
+  }
   if (::fsync(fd_) != 0 || ::close(fd_) != 0) {
     int err = errno;
     fd_ = -1;
@@ -228,6 +253,53 @@ RangedTensorFile::RangedTensorFile(const std::string& path)
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = n << 8 | len[i];
   data_start_ = 8 + n;
+  size_ = data_start_;
+  for (const StTensorInfo& t : reader_->tensors()) size_ = std::max(size_, data_start_ + t.end);
+  auto it = reader_->metadata().find(kTensorChecksumsKey);
+  if (it == reader_->metadata().end()) return;
+  // One checksum per tensor, in data order (the order the writer wrote them).
+  std::vector<const StTensorInfo*> order;
+  for (const StTensorInfo& t : reader_->tensors()) order.push_back(&t);
+  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
+  const std::string& text = it->second;
+  const bool well_formed = text.size() == (order.empty() ? 0 : 17 * order.size() - 1);
+  for (size_t i = 0; well_formed && i < order.size(); ++i) {
+    const std::string hex = text.substr(17 * i, 16);
+    if (hex.find_first_not_of("0123456789abcdef") != std::string::npos || (i > 0 && text[17 * i - 1] != ' '))
+      break;
+    sums_[order[i]->name] = std::stoull(hex, nullptr, 16);
+  }
+  if (sums_.size() != order.size()) {
+    ::close(fd_);
+    throw IoError(str(path, ": metadata ", kTensorChecksumsKey, " is not ", order.size(),
+                      " checksums (16 hex digits each, separated by spaces) for its ", order.size(),
+                      " tensors (the file is damaged)"));
+  }
+}
+
+void RangedTensorFile::compare(const StTensorInfo& t, uint64_t sum) const {
+  const uint64_t want = sums_.at(t.name);
+  if (sum != want)
+    throw IoError(str(path(), ": tensor '", t.name, "' has checksum ", hex64(sum), " but the file records ",
+                      hex64(want), " (its bytes changed after it was written: a damaged disk, copy or edit)"));
+}
+
+void RangedTensorFile::verify(const StTensorInfo& t) const {
+  if (sums_.empty()) return;
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> h(XXH3_createState(), &XXH3_freeState);
+  XXH3_64bits_reset(h.get());
+  std::vector<char> buf(std::min<uint64_t>(t.end - t.begin, 8u << 20));
+  for (uint64_t done = 0; done < t.end - t.begin;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), t.end - t.begin - done));
+    read(t, done, buf.data(), n);
+    xxh3_64_update(h.get(), buf.data(), n);
+    done += n;
+  }
+  compare(t, XXH3_64bits_digest(h.get()));
+}
+
+void RangedTensorFile::check(const StTensorInfo& t, const void* data) const {
+  if (!sums_.empty()) compare(t, xxh3_64(data, t.end - t.begin));
 }
 
 RangedTensorFile::~RangedTensorFile() {

@@ -13,8 +13,14 @@
 // padded to 4 KiB and the file truncated to its size. Where the filesystem (or a short write)
 // refuses O_DIRECT, the writer goes on with buffered writes.
 //
+// Every file the writer makes records the XXH3-64 of each tensor's bytes in its metadata
+// (kTensorChecksumsKey: one 16-hex-digit checksum per tensor, in data order, separated by
+// spaces). The header is written first with a placeholder of the same length, and the
+// checksums, computed as the bytes stream through, replace it when the file is finished.
+//
 // RangedTensorFile reads any byte range of a tensor in a file that SafetensorsReader has
-// already validated, for the chunked reads on the input side.
+// already validated, for the chunked reads on the input side, and verifies tensors against the
+// checksums the file records: each reader of a file the engine wrote checks what it reads.
 #pragma once
 
 #include <sys/types.h>
@@ -31,6 +37,7 @@
 #include <vector>
 
 #include "fuyou/safetensors.h"
+#include "src/common/xxh3.h"
 
 namespace fuyou {
 
@@ -78,6 +85,7 @@ class SafetensorsStreamWriter {
   void submit_chunk();                       // hands the full chunk to a background write
   void wait_writes();                        // for every write in flight, oldest first; rethrows
   void write_at(const char* data, size_t bytes, uint64_t offset);
+  void finish_tensor_sum();  // the checksum of the tensor being written, into sums_
 
   std::string path_;
   std::string tmp_;
@@ -98,6 +106,9 @@ class SafetensorsStreamWriter {
   int filling_ = 0;                                      // the chunk put() fills
   size_t fill_ = 0;                                      // its bytes so far
   uint64_t queued_ = 0;                                  // file bytes handed to writes so far
+  std::vector<uint64_t> sums_;                           // per entry: XXH3-64 of its bytes
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash_{XXH3_createState(), &XXH3_freeState};
+  uint64_t sums_offset_ = 0;                             // file offset of the placeholder
 };
 
 // A validated safetensors file opened for ranged reads. Owns the reader (for the header)
@@ -111,8 +122,18 @@ class RangedTensorFile {
 
   const SafetensorsReader& reader() const { return *reader_; }
   const std::string& path() const { return reader_->path(); }
+  // The file's size as validated when it was opened (the tensors tile it to its end).
+  uint64_t size() const { return size_; }
   // Reads `bytes` bytes starting `offset` bytes into tensor `t` of this file.
   void read(const StTensorInfo& t, uint64_t offset, void* dst, size_t bytes) const;
+
+  // Whether the file records its tensors' checksums (one the engine wrote does).
+  bool checksummed() const { return !sums_.empty(); }
+  // Reads tensor `t` whole and compares it with its recorded checksum; IoError naming the
+  // file and the tensor on a mismatch. Nothing to do in a file without checksums.
+  void verify(const StTensorInfo& t) const;
+  // The same for a tensor already read whole into `data` (t.end - t.begin bytes).
+  void check(const StTensorInfo& t, const void* data) const;
 
  private:
   // Asked of the kernel beyond a read, once the read comes within half of it of what was
@@ -122,7 +143,10 @@ class RangedTensorFile {
   std::unique_ptr<SafetensorsReader> reader_;
   int fd_ = -1;
   uint64_t data_start_ = 0;
+  uint64_t size_ = 0;
   mutable std::atomic<uint64_t> advised_{0};  // file offset the read-ahead reaches
+  std::map<std::string, uint64_t> sums_;      // tensor name -> recorded checksum
+  void compare(const StTensorInfo& t, uint64_t sum) const;
 };
 
 // The tensors of one checkpoint, stored in a single file or in shards named by an index
@@ -149,6 +173,9 @@ class TensorSet {
   const RangedTensorFile& file(const std::string& name) const;
   // The index file, or the single file: what errors name.
   const std::string& source() const { return source_; }
+  // RangedTensorFile::verify / check of the file holding the tensor.
+  void verify(const std::string& name) const { file(name).verify(info(name)); }
+  void check(const std::string& name, const void* data) const { file(name).check(info(name), data); }
   // Metadata of the first file (the engine writes the same into every shard).
   const std::map<std::string, std::string>& metadata() const;
 

@@ -242,6 +242,15 @@ std::vector<int32_t> encode_chat_prompt(const Tokenizer& tok, const DatasetOptio
   return tok.encode(chat.render(chat.messages().size(), true));
 }
 
+void use_chat_template(const SpecialTokens& st, const std::string& source, DatasetOptions* o) {
+  o->chat_template = st.chat_template;
+  o->template_source = source;
+  o->template_bos = st.bos;
+  o->template_eos = st.eos;
+  o->template_pad = st.pad;
+  o->template_unk = st.unk;
+}
+
 SpecialTokens read_special_tokens(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(str(path, ": cannot open"));

@@ -38,6 +38,7 @@ class Node {
   }
   const json& raw() const { return j_; }
   const std::string& path() const { return path_; }
+  std::string where() const { return str(source_, ": ", path_.empty() ? "top level" : path_); }
   bool is_null() const { return j_.is_null(); }
   bool has(const std::string& k) const {
     return j_.is_object() && j_.contains(k) && !j_[k].is_null();
@@ -120,7 +121,9 @@ void parse_normalizer(const Node& n, std::vector<NormalizerStep>* out, int depth
     Node list = n.at("normalizers");
     for (size_t i = 0; i < list.array_size(); ++i)
       parse_normalizer(sequence_item(list, i, depth), out, depth + 1);
-  } else if (t == "Prepend") {
+    return;
+  }
+  if (t == "Prepend") {
     out->push_back({NormalizerStep::kPrepend, n.at("prepend").string(), ""});
   } else if (t == "Replace") {
     std::string from = string_pattern(n.at("pattern"));
@@ -139,6 +142,7 @@ void parse_normalizer(const Node& n, std::vector<NormalizerStep>* out, int depth
     n.fail(str("unsupported normalizer ", t,
                " (supported: Sequence, Prepend, Replace, NFC, NFD, Strip)"));
   }
+  out->back().where = n.where();
 }
 
 tok::SplitBehavior parse_behavior(const Node& n) {
@@ -274,6 +278,7 @@ void parse_model(const Node& n, uint64_t id_limit, tok::BpeModel* m) {
   m->ignore_merges = n.bool_or("ignore_merges", false);
   Node vocab = n.at("vocab");
   if (!vocab.raw().is_object()) vocab.fail("expected an object of token: id");
+  std::vector<bool> used;
   for (auto it = vocab.raw().begin(); it != vocab.raw().end(); ++it) {
     if (!it.value().is_number_unsigned() || it.value().get<uint64_t>() >= id_limit)
       vocab.fail(str("token '", it.key(), "' has id ", it.value().dump(),
@@ -281,7 +286,15 @@ void parse_model(const Node& n, uint64_t id_limit, tok::BpeModel* m) {
                      " vocabulary entries and added tokens together)"));
     int32_t v = static_cast<int32_t>(it.value().get<uint64_t>());
     m->vocab[it.key()] = v;
-    if (static_cast<size_t>(v) >= m->id_to_token.size()) m->id_to_token.resize(v + 1);
+    if (static_cast<size_t>(v) >= m->id_to_token.size()) {
+      m->id_to_token.resize(v + 1);
+      used.resize(v + 1, false);
+    }
+    // Two tokens with one id would decode that id as whichever came last.
+    if (used[v])
+      vocab.fail(str("tokens '", printable(m->id_to_token[v], 60), "' and '", printable(it.key(), 60),
+                     "' both have id ", v, "; each id names one token"));
+    used[v] = true;
     m->id_to_token[v] = it.key();
   }
   std::fill(std::begin(m->byte_ids), std::end(m->byte_ids), -1);
@@ -294,7 +307,10 @@ void parse_model(const Node& n, uint64_t id_limit, tok::BpeModel* m) {
   if (n.has("unk_token")) {
     m->unk_token = n.at("unk_token").string();
     auto it = m->vocab.find(m->unk_token);
-    if (it != m->vocab.end()) m->unk_id = it->second;
+    // The library refuses to encode an unknown piece with an unk_token outside the vocabulary.
+    if (it == m->vocab.end())
+      n.at("unk_token").fail(str("'", printable(m->unk_token, 60), "' is not in the vocabulary"));
+    m->unk_id = it->second;
   }
   Node merges = n.at("merges");
   const size_t count = merges.array_size();

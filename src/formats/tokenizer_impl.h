@@ -19,7 +19,14 @@ struct NormalizerStep {
   std::string a;                     // Prepend: prefix; Replace: pattern
   std::string b;                     // Replace: content
   bool left = false, right = false;  // Strip
+  std::string where;                 // "FILE: normalizer.normalizers[2]", for errors
 };
+// The normalized text of one input. Replace and Prepend can make it longer, and a Sequence of
+// Replaces multiplies (x60 per step for a one-byte pattern and a 60-byte content): each step's
+// output is bounded by kNormalizedGrowth x the input's bytes + kNormalizedSlack, checked
+// before it is built; ConfigError naming the step otherwise.
+inline constexpr size_t kNormalizedGrowth = 64;
+inline constexpr size_t kNormalizedSlack = 4096;
 std::string normalize(const std::vector<NormalizerStep>& steps, std::string s);
 
 // ---- pre-tokenizers -------------------------------------------------------------------

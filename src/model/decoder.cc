@@ -162,21 +162,28 @@ uint64_t GptDecoder::streamed_bytes_per_step() const {
 }
 
 void GptDecoder::set_params(const float* host_params) {
-  std::vector<char> stored(layout_.total * es_);
-  if (be_.storage_type() == ElemType::kF32)
-    std::memcpy(stored.data(), host_params, stored.size());
-  else
-    round_to(be_.storage_type(), reinterpret_cast<uint16_t*>(stored.data()), host_params,
-             layout_.total);
+  // The weights in the storage type: the caller's fp32 values as they are, unless they must
+  // be rounded or the decoder keeps its own copy to stream from.
+  const char* stored = reinterpret_cast<const char*>(host_params);
+  std::vector<char> rounded;
+  if (be_.storage_type() != ElemType::kF32 || streaming_) {
+    rounded.resize(layout_.total * es_);
+    if (be_.storage_type() == ElemType::kF32)
+      std::memcpy(rounded.data(), host_params, rounded.size());
+    else
+      round_to(be_.storage_type(), reinterpret_cast<uint16_t*>(rounded.data()), host_params,
+               layout_.total);
+    stored = rounded.data();
+  }
   if (!streaming_) {
-    be_.copy_to_device(params_, stored.data(), stored.size());
+    be_.copy_to_device(params_, stored, layout_.total * es_);
   } else {
     const ParamGroup &ge = layout_.groups.front(), &gf = layout_.groups.back();
-    be_.copy_to_device(embed_, stored.data() + ge.offset * es_, ge.numel * es_);
-    be_.copy_to_device(final_, stored.data() + gf.offset * es_, gf.numel * es_);
+    be_.copy_to_device(embed_, stored + ge.offset * es_, ge.numel * es_);
+    be_.copy_to_device(final_, stored + gf.offset * es_, gf.numel * es_);
     be_.synchronize();
     if (host_registered_) be_.unregister_host(host_layers_.data());
-    host_layers_ = std::move(stored);
+    host_layers_ = std::move(rounded);
     // Page-locked, the copies run at the link's speed and beside compute; refused (the
     // locked-memory limit), they still work, slower.
     host_registered_ = be_.register_host(host_layers_.data(), host_layers_.size());

@@ -3,6 +3,8 @@
 // CPU; cuda without a usable device is an error naming the CUDA call that said no.
 #include "fuyou/backend_select.h"
 
+#include <omp.h>
+
 #include <thread>
 
 #include "fuyou/config.h"
@@ -14,6 +16,12 @@
 #include "kernels/emulated/emulated_backend.h"
 
 namespace fuyou {
+namespace {
+
+// runtime.threads beyond this many per CPU the process may use is refused.
+constexpr int kMaxThreadsPerCpu = 4;
+
+}  // namespace
 
 #if !defined(FUYOU_WITH_CUDA)
 // Built without the CUDA toolkit: the entry points of include/fuyou/cuda.h say so.
@@ -54,6 +62,13 @@ void page_lock_host(Backend& be, const std::vector<std::pair<void*, size_t>>& bu
 
 std::unique_ptr<Backend> make_backend(const Config& cfg, std::string* reason) {
   const RuntimeConfig& runtime = cfg.runtime;
+  // Refused before any thread starts: thousands of threads on a few CPUs only contend for them,
+  // and the OpenMP runtime may fail to create them at all.
+  const int procs = omp_get_num_procs();
+  if (runtime.threads > kMaxThreadsPerCpu * procs)
+    throw ConfigError(str("runtime.threads is ", runtime.threads, " but this process may run on ", procs,
+                          " CPU(s); at most ", kMaxThreadsPerCpu, " threads per CPU (", kMaxThreadsPerCpu * procs,
+                          ") are accepted (0 uses one per CPU)"));
   const uint64_t device_memory = cfg.offload.device_memory;
   std::unique_ptr<Backend> backend;
   std::string why;

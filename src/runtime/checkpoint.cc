@@ -9,7 +9,6 @@
 #include <chrono>
 #include <ctime>
 #include <filesystem>
-#include <nlohmann/json.hpp>
 
 #include "fuyou/engine.h"
 #include "fuyou/error.h"
@@ -17,7 +16,10 @@
 #include "fuyou/log.h"
 #include "fuyou/model.h"
 #include "fuyou/safetensors.h"
+#include "fuyou/read_file.h"
+#include "src/common/xxh3.h"
 #include "src/runtime/checkpoint_dirs.h"
+#include "src/runtime/checkpoint_manifest.h"
 #include "src/runtime/checkpoint_packed.h"
 #include "src/runtime/checkpoint_tensors.h"
 
@@ -27,6 +29,9 @@ namespace fuyou {
 namespace {
 
 constexpr StateKind kKinds[] = {StateKind::kMaster, StateKind::kAdamM, StateKind::kAdamV};
+
+// manifest.json and config.yaml are a few KiB; anything near this is not a checkpoint's.
+constexpr uint64_t kMaxManifestBytes = 16ull << 20;
 
 std::string utc_now() {
   std::time_t now = std::time(nullptr);
@@ -39,50 +44,6 @@ std::vector<StEntry> entries(const ParamLayout& layout, const std::string& prefi
   std::vector<StEntry> out;
   for (const TensorSpec& t : layout.tensors) out.push_back({prefix + t.name, StDtype::kF32, t.shape});
   return out;
-}
-
-nlohmann::json split_json(const DataSplitIdentity& s) {
-  nlohmann::json shards = nlohmann::json::array();
-  for (const auto& sh : s.shards) shards.push_back({{"path", sh.path}, {"bytes", sh.bytes}, {"head_xxh3", sh.head_xxh3}});
-  return {{"tokens", s.tokens}, {"xxh3", s.xxh3}, {"shards", shards}};
-}
-
-DataSplitIdentity split_from_json(const nlohmann::json& j) {
-  DataSplitIdentity s;
-  s.tokens = j.at("tokens").get<uint64_t>();
-  s.xxh3 = j.at("xxh3").get<std::string>();
-  for (const auto& sh : j.at("shards"))
-    s.shards.push_back({sh.at("path").get<std::string>(), sh.at("bytes").get<uint64_t>(),
-                        sh.at("head_xxh3").get<std::string>()});
-  return s;
-}
-
-nlohmann::json manifest_json(const CheckpointManifest& m) {
-  nlohmann::json files = nlohmann::json::array();
-  for (const auto& f : m.files) files.push_back({{"name", f.name}, {"bytes", f.bytes}});
-  nlohmann::json j{{"format", "fuyou-checkpoint"},
-                   {"version", m.version},
-                   {"step", m.step},
-                   {"micro_batch_in_step", m.micro_batch_in_step},
-                   {"engine", m.engine},
-                   {"adam_step", m.counters.adam_step},
-                   {"sampler_position", m.progress.sampler_position},
-                   {"first_val_loss", m.progress.first_val_loss},
-                   {"last_val_loss", m.progress.last_val_loss},
-                   {"train_seconds", m.progress.train_seconds},
-                   {"data", {{"train", split_json(m.data.train)}, {"val", split_json(m.data.val)}}},
-                   {"created", m.created},
-                   {"files", files},
-                   {"group_xxh3", {{"master", m.group_xxh3[0]}, {"adam_m", m.group_xxh3[1]}, {"adam_v", m.group_xxh3[2]}}},
-                   {"optimizer_state", {{"moments", moment_format_name(m.optim_format.moments)},
-                                        {"master", master_format_name(m.optim_format.master)},
-                                        {"block", kStateBlock}}}};
-  j["loss_scale"] = nullptr;
-  if (m.counters.has_loss_scale)
-    j["loss_scale"] = {{"scale", m.counters.loss_scale.scale},
-                       {"clean_steps", m.counters.loss_scale.clean},
-                       {"skipped_steps", m.counters.loss_scale.skipped}};
-  return j;
 }
 
 // Streams every group of one kind into `w` (entries `prefix` + name) and returns the
@@ -144,17 +105,34 @@ CheckpointManifest write_files(const fs::path& dir, const Config& cfg, TrainEngi
   }
   for (const char* name : {kEngineConfigFile, "model.safetensors", kOptimizerFile})
     m.files.push_back({name, fs::file_size(dir / name)});
-  const std::string text = manifest_json(m).dump(2) + "\n";
+  const std::string text = manifest_text(m, hex64(xxh3_64(yaml.data(), yaml.size())));
   write_file_atomic((dir / kManifestFile).string(), text.data(), text.size());
   return m;
 }
 
 }  // namespace
 
-uint64_t checkpoint_bytes(const ModelConfig& model) {
+namespace {
+constexpr uint64_t kHeaderEntryBytes = 256;
+}  // namespace
+
+uint64_t weights_file_bytes(const ModelConfig& model) {
   const ParamLayout layout = make_gpt_layout(model);
-  // Three fp32 copies, and headers: a few hundred bytes per tensor name and shape.
-  return 12ull * layout.num_params() + 512ull * 3 * layout.tensors.size() + (1u << 16);
+  // fp32 tensors and a header entry per tensor (name, shape, offsets and checksum: 100-150
+  // bytes in practice; 256 counted).
+  return 4ull * layout.num_params() + kHeaderEntryBytes * layout.tensors.size() + (1u << 16);
+}
+
+uint64_t checkpoint_bytes(const ModelConfig& model, const OptimFormat& format) {
+  const ParamLayout layout = make_gpt_layout(model);
+  // The moments as stored (fp32 per tensor; packed per group, int8 with a scale entry each),
+  // with headers of the same few hundred bytes per entry.
+  const uint64_t entries = format.moments == MomentFormat::kF32 ? 2 * layout.tensors.size()
+                           : format.moments == MomentFormat::kInt8 ? 4 * layout.groups.size()
+                                                                   : 2 * layout.groups.size();
+  uint64_t moments = 0;
+  for (const auto& g : layout.groups) moments += 2 * moment_bytes(format.moments, g.numel);
+  return weights_file_bytes(model) + moments + kHeaderEntryBytes * entries + (1u << 16);
 }
 
 SavedCheckpoint save_checkpoint(const std::string& run_dir, const Config& cfg, TrainEngine& engine,
@@ -187,108 +165,132 @@ SavedCheckpoint save_checkpoint(const std::string& run_dir, const Config& cfg, T
   return out;
 }
 
-CheckpointManifest read_checkpoint_manifest(const std::string& dir) {
-  const fs::path path = fs::path(dir) / kManifestFile;
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_text_file(path.string()));
-  } catch (const nlohmann::json::exception& e) {
-    throw IoError(str(path.string(), ": not valid JSON: ", e.what()));
+struct CheckpointSource::Impl {
+  std::string dir;
+  CheckpointManifest manifest;
+  std::string config_text;
+  Config config;
+  std::unique_ptr<RangedTensorFile> weights, optimizer;
+};
+
+CheckpointSource::CheckpointSource(const std::string& dir) : impl_(std::make_unique<Impl>()) {
+  Impl& c = *impl_;
+  c.dir = dir;
+  const fs::path d(dir);
+  // Everything is opened before anything is checked: once open, the files stay readable
+  // even if the directory is pruned (renamed, its files unlinked) under us.
+  const std::string manifest_path = (d / kManifestFile).string();
+  const std::string config_path = (d / kEngineConfigFile).string();
+  const std::string manifest = read_file_bounded(manifest_path, kMaxManifestBytes, "checkpoint manifest");
+  c.config_text = read_file_bounded(config_path, kMaxManifestBytes, "checkpoint config");
+  c.weights = std::make_unique<RangedTensorFile>((d / "model.safetensors").string());
+  c.optimizer = std::make_unique<RangedTensorFile>((d / kOptimizerFile).string());
+  ParsedManifest p = parse_manifest(manifest, manifest_path);
+  c.manifest = std::move(p.manifest);
+  const std::string config_sum = hex64(xxh3_64(c.config_text.data(), c.config_text.size()));
+  if (!p.config_xxh3.empty() && config_sum != p.config_xxh3)
+    throw IoError(str(config_path, ": checksum ", config_sum, " but the manifest records ", p.config_xxh3,
+                      " (config.yaml was edited or damaged; a resume changes what it may change with --set or "
+                      "--config, never by editing a checkpoint)"));
+  for (const CheckpointFile& f : c.manifest.files) {
+    const uint64_t size = f.name == kEngineConfigFile ? c.config_text.size()
+                          : f.name == kOptimizerFile  ? c.optimizer->size()
+                                                      : c.weights->size();
+    if (size != f.bytes)
+      throw IoError(str(dir, "/", f.name, ": ", size, " bytes; the manifest says ", f.bytes,
+                        " bytes (the checkpoint was damaged or copied incompletely)"));
   }
-  CheckpointManifest m;
-  try {
-    if (j.at("format").get<std::string>() != "fuyou-checkpoint")
-      throw IoError(str(path.string(), ": format '", j.at("format").get<std::string>(), "' is not fuyou-checkpoint"));
-    m.version = j.at("version").get<int>();
-    if (m.version != kCheckpointVersion)
-      throw IoError(str(path.string(), ": version ", m.version, "; this build reads version ", kCheckpointVersion));
-    m.step = j.at("step").get<int64_t>();
-    m.micro_batch_in_step = j.at("micro_batch_in_step").get<int>();
-    m.engine = j.at("engine").get<std::string>();
-    m.counters.adam_step = j.at("adam_step").get<int64_t>();
-    if (!j.at("loss_scale").is_null()) {
-      m.counters.has_loss_scale = true;
-      m.counters.loss_scale = {j["loss_scale"].at("scale").get<double>(), j["loss_scale"].at("clean_steps").get<int64_t>(),
-                               j["loss_scale"].at("skipped_steps").get<int64_t>()};
-    }
-    m.progress.step = m.step;
-    m.progress.sampler_position = j.at("sampler_position").get<uint64_t>();
-    m.progress.first_val_loss = j.at("first_val_loss").get<double>();
-    m.progress.last_val_loss = j.at("last_val_loss").get<double>();
-    m.progress.train_seconds = j.at("train_seconds").get<double>();
-    m.data.train = split_from_json(j.at("data").at("train"));
-    m.data.val = split_from_json(j.at("data").at("val"));
-    m.created = j.at("created").get<std::string>();
-    for (const auto& f : j.at("files")) m.files.push_back({f.at("name").get<std::string>(), f.at("bytes").get<uint64_t>()});
-    for (const char* k : {"master", "adam_m", "adam_v"})
-      m.group_xxh3.push_back(j.at("group_xxh3").at(k).get<std::vector<std::string>>());
-    // Written since the optimizer's state could be packed; absent: fp32.
-    if (j.contains("optimizer_state")) {
-      const auto& os = j.at("optimizer_state");
-      m.optim_format = optim_format_from_names(os.at("moments").get<std::string>(), os.at("master").get<std::string>());
-      if (os.at("block").get<uint64_t>() != kStateBlock)
-        throw IoError(str(path.string(), ": optimizer_state.block is ", os.at("block").get<uint64_t>(),
-                          "; this build's int8 blocks are ", kStateBlock, " elements"));
-    }
-  } catch (const nlohmann::json::exception& e) {
-    throw IoError(str(path.string(), ": ", e.what()));
-  }
-  if (m.step < 0 || m.micro_batch_in_step != 0)
-    throw IoError(str(path.string(), ": step ", m.step, ", micro-batch ", m.micro_batch_in_step, " cannot be resumed"));
-  for (const auto& f : m.files) {
-    std::error_code ec;
-    const uint64_t size = fs::file_size(fs::path(dir) / f.name, ec);
-    if (ec || size != f.bytes)
-      throw IoError(str(dir, "/", f.name, ": ", ec ? ec.message() : str(size, " bytes"), "; the manifest says ",
-                        f.bytes, " bytes (the checkpoint was damaged or copied incompletely)"));
-  }
-  return m;
+  c.config = parse_config(c.config_text, config_path);
+  check_manifest_against(c.manifest, dir, c.config);
 }
 
-Config read_checkpoint_config(const std::string& dir) {
-  return load_config_file((fs::path(dir) / kEngineConfigFile).string());
-}
+CheckpointSource::~CheckpointSource() = default;
+const std::string& CheckpointSource::dir() const { return impl_->dir; }
+const CheckpointManifest& CheckpointSource::manifest() const { return impl_->manifest; }
+const Config& CheckpointSource::config() const { return impl_->config; }
+const std::string& CheckpointSource::config_text() const { return impl_->config_text; }
 
-void restore_checkpoint(const std::string& dir, const CheckpointManifest& m, const ModelConfig& model,
-                        TrainEngine& engine) {
+void CheckpointSource::restore(const ModelConfig& model, TrainEngine& engine,
+                               const std::function<void()>& between_groups) const {
+  const Impl& c = *impl_;
+  const CheckpointManifest& m = c.manifest;
   const ParamLayout layout = make_gpt_layout(model);
   for (const auto& sums : m.group_xxh3)
     if (sums.size() != layout.groups.size())
-      throw IoError(str(dir, "/", kManifestFile, ": ", sums.size(), " group checksums for a model of ",
+      throw IoError(str(c.dir, "/", kManifestFile, ": ", sums.size(), " group checksums for a model of ",
                         layout.groups.size(), " parameter groups"));
-  RangedTensorFile weights((fs::path(dir) / "model.safetensors").string());
-  RangedTensorFile optim((fs::path(dir) / kOptimizerFile).string());
   // Moments in the engine's format are restored as stored; in another they are converted
   // (fp32 to packed: the engine encodes; packed to anything else: decoded here first).
   const MomentFormat file_moments = m.optim_format.moments;
   if (m.optim_format != engine.optim_format())
     spdlog::info("resume: {} holds {} moments and a {} master; converting to this run's {} / {} "
                  "(optimizer.state / optimizer.master)",
-                 dir, moment_format_name(file_moments), master_format_name(m.optim_format.master),
+                 c.dir, moment_format_name(file_moments), master_format_name(m.optim_format.master),
                  moment_format_name(engine.optim_format().moments), master_format_name(engine.optim_format().master));
   const bool packed = file_moments != MomentFormat::kF32;
   std::vector<GroupTensorReader> readers;
-  readers.emplace_back(weights, layout, "");
+  readers.emplace_back(*c.weights, layout, "");
   if (!packed) {
-    readers.emplace_back(optim, layout, kind_prefix(StateKind::kAdamM));
-    readers.emplace_back(optim, layout, kind_prefix(StateKind::kAdamV));
+    readers.emplace_back(*c.optimizer, layout, kind_prefix(StateKind::kAdamM));
+    readers.emplace_back(*c.optimizer, layout, kind_prefix(StateKind::kAdamV));
   }
   for (size_t g = 0; g < layout.groups.size(); ++g) {
+    if (between_groups) between_groups();
     for (int k = 0; k < 3; ++k) {  // master, then both moments: each written once
       std::string sum;
       if (k > 0 && packed) {
-        sum = restore_packed_moment(engine, optim, layout, static_cast<int>(g), kKinds[k], file_moments);
+        sum = restore_packed_moment(engine, *c.optimizer, layout, static_cast<int>(g), kKinds[k], file_moments);
       } else {
         engine.write_state(static_cast<int>(g), kKinds[k], readers[k].group_source(static_cast<int>(g)));
         sum = readers[k].finish_group();
       }
       if (sum != m.group_xxh3[k][g])
-        throw IoError(str(dir, ": ", state_kind_name(kKinds[k]), " of parameter group ", layout.groups[g].name,
+        throw IoError(str(c.dir, ": ", state_kind_name(kKinds[k]), " of parameter group ", layout.groups[g].name,
                           " has checksum ", sum, " but the manifest says ", m.group_xxh3[k][g],
                           " (the checkpoint is damaged)"));
     }
   }
   engine.set_counters(m.counters);
+}
+
+std::shared_ptr<const CheckpointSource> open_resume_checkpoint(const std::string& path) {
+  for (int attempt = 1;; ++attempt) {
+    const std::string dir = resolve_checkpoint(path);
+    try {
+      return std::make_shared<const CheckpointSource>(dir);
+    } catch (const Error& e) {
+      std::error_code ec;
+      // Gone since `latest` named it: its run pruned it after writing a newer one.
+      if (!fs::exists(dir, ec) && attempt < 10 && dir != fs::path(path).lexically_normal().string()) {
+        spdlog::info("checkpoints: {} was removed while being opened (its run is pruning); reading latest again", dir);
+        continue;
+      }
+      throw IoError(str(e.what(), earlier_checkpoint_hint(dir)));
+    }
+  }
+}
+
+std::string earlier_checkpoint_hint(const std::string& checkpoint_dir) {
+  fs::path p = fs::path(checkpoint_dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  const int64_t step = step_of(p.filename().string());
+  std::string earlier;
+  for (const std::string& c : list_checkpoints(checkpoint_run_dir(checkpoint_dir)))
+    if (step < 0 || step_of(fs::path(c).filename().string()) < step) earlier = c;
+  if (earlier.empty()) return "";
+  return str("; an earlier complete checkpoint of the run: ", earlier, " (resume from it with fuyou-train --resume ",
+             earlier, ")");
+}
+
+CheckpointManifest read_checkpoint_manifest(const std::string& dir) { return CheckpointSource(dir).manifest(); }
+
+Config read_checkpoint_config(const std::string& dir) { return CheckpointSource(dir).config(); }
+
+void restore_checkpoint(const std::string& dir, const CheckpointManifest& m, const ModelConfig& model,
+                        TrainEngine& engine) {
+  CheckpointSource src(dir);
+  (void)m;  // the source's own, read from the same files
+  src.restore(model, engine);
 }
 
 }  // namespace fuyou

@@ -1,9 +1,14 @@
 #include "fuyou/checkpoint_bench.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <vector>
@@ -37,14 +42,53 @@ void drop_cache(const fs::path& dir) {
   }
 }
 
+// `cmd` through sh, its output. The child starts with no signal blocked: the tools block the
+// stop signals in every thread of their own (include/fuyou/stop.h), and a child that inherited
+// that mask would not stop on Ctrl-C.
 std::string run_command(const std::string& cmd) {
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) throw Error(str("cannot run: ", cmd));
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw Error(str("cannot run: ", cmd, ": pipe: ", std::strerror(errno)));
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  const char* argv[] = {"sh", "-c", cmd.c_str(), nullptr};
+  pid_t pid = 0;
+  const int err = ::posix_spawn(&pid, "/bin/sh", &actions, &attr, const_cast<char* const*>(argv), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  ::close(fds[1]);
+  if (err != 0) {
+    ::close(fds[0]);
+    throw Error(str("cannot run: ", cmd, ": ", std::strerror(err)));
+  }
   std::string out;
   char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  if (::pclose(p) != 0) throw Error(str("failed: ", cmd, "\n", out));
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) throw Error(str("failed: ", cmd, "\n", out));
   return out;
+}
+
+bool fio_installed() {
+  try {
+    run_command("command -v fio > /dev/null 2>&1");
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
 }
 
 // The fio jobs the checkpoint is measured against, over the same bytes in the same directory:
@@ -103,7 +147,7 @@ nlohmann::json run_checkpoint_bench(const Config& cfg, const CheckpointBenchOpti
                    {"restore_MBps", saved.bytes / restore_s / 1e6}};
   fs::remove_all(run);
   r["fio"] = nullptr;
-  if (o.fio && std::system("command -v fio > /dev/null 2>&1") == 0) {
+  if (o.fio && fio_installed()) {
     const double w = fio_bandwidth(dir, "write", saved.bytes), rd = fio_bandwidth(dir, "read", saved.bytes);
     fs::remove(dir / "fio.dat");
     r["fio"] = str("write: fio ", kFioWrite, "; read: fio ", kFioRead, " (same directory, same bytes)");

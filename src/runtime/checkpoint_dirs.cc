@@ -15,14 +15,13 @@
 #include "fuyou/checkpoint.h"
 #include "fuyou/error.h"
 #include "fuyou/log.h"
+#include "fuyou/read_file.h"
 #include "fuyou/safetensors.h"
 
 namespace fs = std::filesystem;
 
 namespace fuyou {
-namespace {
 
-// "step-N" -> N; -1 for any other name.
 int64_t step_of(const std::string& name) {
   if (name.rfind("step-", 0) != 0 || name.size() == 5) return -1;
   int64_t n = 0;
@@ -33,16 +32,25 @@ int64_t step_of(const std::string& name) {
   return n;
 }
 
+namespace {
+
 bool is_complete(const fs::path& dir) {
   std::error_code ec;
   return fs::is_regular_file(dir / kManifestFile, ec);
 }
 
-// The name `latest` (or `best`) holds, or "" when there is none.
+// The name `latest` (or `best`) holds, or "" when there is none. One that is not a regular
+// file (a directory, a FIFO) is refused: the engine could not replace it, and would fail at
+// the first checkpoint after a resume.
 std::string read_latest(const fs::path& root, const char* file = kLatestFile) {
   std::error_code ec;
-  if (!fs::exists(root / file, ec)) return "";
-  std::string s = read_text_file((root / file).string());
+  const fs::path path = root / file;
+  const fs::file_status st = fs::symlink_status(path, ec);
+  if (!fs::exists(st)) return "";
+  if (!fs::is_regular_file(st))
+    throw IoError(str(path.string(), " is not a regular file (", fs::is_directory(st) ? "a directory" : "a special file",
+                      "); the engine writes a one-line file there naming a checkpoint: move it away"));
+  std::string s = read_file_bounded(path.string(), 4096, "checkpoint pointer");
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
   return s;
 }
@@ -50,14 +58,6 @@ std::string read_latest(const fs::path& root, const char* file = kLatestFile) {
 }  // namespace
 
 std::string step_dir_name(int64_t step) { return str("step-", step); }
-
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(str(path, ": cannot open"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 void fsync_dir(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -177,7 +177,7 @@ std::string resolve_checkpoint(const std::string& path) {
     throw Error(str("--resume ", path, ": no complete checkpoint in ", root.string(),
                     " (the run stopped before its first one; start it again without --resume)"));
   spdlog::warn("checkpoints: {} {}; resuming from the newest complete checkpoint, {}", (root / kLatestFile).string(),
-               latest.empty() ? "is missing" : "names '" + latest + "', which is not a complete checkpoint",
+               latest.empty() ? "is missing" : "names '" + printable(latest, 80) + "', which is not a complete checkpoint",
                all.back());
   return all.back();
 }

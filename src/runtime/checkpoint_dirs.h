@@ -9,6 +9,7 @@
 namespace fuyou {
 
 std::string step_dir_name(int64_t step);  // "step-N"
+int64_t step_of(const std::string& name);  // "step-N" -> N; -1 for any other name
 // fsync of a directory (after a rename or a new entry in it); IoError naming it.
 void fsync_dir(const std::string& dir);
 // Renames the complete, fsynced staging directory to root/name and fsyncs root. A step
@@ -22,6 +23,5 @@ void write_latest(const std::string& root, const std::string& name);
 // each is renamed to a hidden name first, so a crash half-way through leaves a leftover
 // the next start removes, never a step directory with files missing. Returns how many.
 int prune_checkpoints(const std::string& run_dir, int keep);
-std::string read_text_file(const std::string& path);
 
 }  // namespace fuyou

@@ -93,14 +93,4 @@ std::string restore_packed_moment(TrainEngine& engine, const RangedTensorFile& f
   return hex64(XXH3_64bits_digest(hash.get()));
 }
 
-OptimFormat optim_format_from_names(const std::string& moments, const std::string& master) {
-  OptimFormat f;
-  if (moments == "bf16") f.moments = MomentFormat::kBF16;
-  else if (moments == "int8") f.moments = MomentFormat::kInt8;
-  else if (moments != "fp32") throw IoError(str("optimizer_state.moments '", moments, "' is not one of fp32, bf16, int8"));
-  if (master == "split") f.master = MasterFormat::kSplit;
-  else if (master != "fp32") throw IoError(str("optimizer_state.master '", master, "' is not one of fp32, split"));
-  return f;
-}
-
 }  // namespace fuyou

@@ -30,7 +30,4 @@ std::vector<std::string> write_packed_moments(TrainEngine& engine, const ParamLa
 std::string restore_packed_moment(TrainEngine& engine, const RangedTensorFile& f, const ParamLayout& layout, int g,
                                   StateKind kind, MomentFormat file);
 
-// The manifest's "optimizer_state" names back as a format (IoError for others).
-OptimFormat optim_format_from_names(const std::string& moments, const std::string& master);
-
 }  // namespace fuyou

@@ -114,7 +114,7 @@ DryRun dry_run(const Config& cfg, const std::string& run_dir) {
     if (!device_in_host) checks.push_back({"device memory", dev, device_cap, ""});
     checks.push_back({"host memory",
                       in_memory_host_bytes(m, cfg.schedule.micro_batch, device_in_host,
-                                           be->storage_bytes(), sums_grads_in_fp32(cfg)),
+                                           be->storage_bytes(), sums_grads_in_fp32(cfg), optim_format(cfg.optimizer)),
                       mem_available(), "MemAvailable"});
   } else {
     r.lines.push_back("engine: offloaded (the scheduler's plan)");
@@ -140,9 +140,9 @@ DryRun dry_run(const Config& cfg, const std::string& run_dir) {
     }
   }
   const int keep = cfg.checkpoint.keep + (cfg.checkpoint.keep_best ? 1 : 0);
-  const uint64_t ckpt = checkpoint_bytes(m);
+  const uint64_t ckpt = checkpoint_bytes(m, optim_format(cfg.optimizer));
   checks.push_back({str("run directory ", run_dir.empty() ? std::string("runs/") : run_dir),
-                    ckpt / 3 + (keep + 1) * ckpt,
+                    weights_file_bytes(m) + (keep + 1) * ckpt,
                     free_bytes_at(run_dir.empty() ? fs::path("runs") : fs::path(run_dir), nullptr),
                     str("final weights + ", keep + 1, " checkpoints")});
   for (const Line& c : checks) {

@@ -1,6 +1,8 @@
 #include "fuyou/backend_select.h"
 #include "fuyou/engine.h"
 
+#include <unistd.h>
+
 #include "fuyou/error.h"
 #include "fuyou/hf_checkpoint.h"
 #include "fuyou/log.h"
@@ -212,12 +214,16 @@ PlanRequest plan_request(const Config& cfg) {
   return req;
 }
 
-uint64_t in_memory_host_bytes(const ModelConfig& m, int micro_batch, bool device_in_host, size_t elem_bytes,
-                              bool fp32_sums) {
+uint64_t in_memory_state_bytes(const ModelConfig& m, bool fp32_sums, const OptimFormat& format) {
   const uint64_t params = make_gpt_layout(m).total;
+  return (fp32_sums ? 8 : 4) * params + optim_state_bytes(format, params);
+}
+
+uint64_t in_memory_host_bytes(const ModelConfig& m, int micro_batch, bool device_in_host, size_t elem_bytes,
+                              bool fp32_sums, const OptimFormat& format) {
   uint64_t arena = device_in_host ? in_memory_device_bytes(m, micro_batch, elem_bytes) : 0;
   if (device_in_host && elem_bytes < 4) arena += cpu_kernel_scratch_bytes(m, micro_batch);
-  return kProcessBaseline + (fp32_sums ? 20 : 16) * params + arena;
+  return kProcessBaseline + in_memory_state_bytes(m, fp32_sums, format) + arena;
 }
 
 bool sums_grads_in_fp32(const Config& cfg) {
@@ -226,25 +232,43 @@ bool sums_grads_in_fp32(const Config& cfg) {
 
 namespace {
 
+// The machine's physical memory in bytes; 0 when unknown.
+uint64_t physical_memory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
 // offload.host_memory binds in-memory runs too: the offloading planner checks its plans
 // against it, and in memory the same budget is checked here, before anything is allocated.
+// Without a budget the machine's physical memory is the bound where the device arena is host
+// memory: an arena that can never fit (a micro-batch of 65,536 sequences) is refused here
+// instead of being allocated and touched until the kernel kills the process.
 void check_in_memory_host_budget(const Config& cfg, bool device_in_host) {
-  const uint64_t budget = cfg.offload.host_memory;
+  const bool set = cfg.offload.host_memory != 0;
+  const uint64_t budget = set ? cfg.offload.host_memory : device_in_host ? physical_memory() : 0;
   const bool sums = sums_grads_in_fp32(cfg);
+  const OptimFormat format = optim_format(cfg.optimizer);
   const uint64_t need = in_memory_host_bytes(cfg.model, cfg.schedule.micro_batch, device_in_host,
-                                             device_tensor_bytes(cfg.runtime), sums);
+                                             device_tensor_bytes(cfg.runtime), sums, format);
   if (budget == 0 || need <= budget) return;
-  const uint64_t state = (sums ? 20 : 16) * make_gpt_layout(cfg.model).total;
+  const uint64_t state = in_memory_state_bytes(cfg.model, sums, format);
   throw Error(str(
-      "host memory: in-memory training needs ", format_size(need), " but offload.host_memory is ",
-      format_size(budget), " (", format_size(kProcessBaseline), " process, ", format_size(state),
-      " fp32 master weights, gradients", sums ? " (and their fp32 sums over micro-batches)" : "", " and Adam moments",
+      "host memory: in-memory training needs ", format_size(need), " but ",
+      set ? str("offload.host_memory is ", format_size(budget))
+          : str("this machine has ", format_size(budget), " of physical memory"),
+      " (", format_size(kProcessBaseline), " process, ", format_size(state),
+      " master weights, gradients", sums ? " (and their fp32 sums over micro-batches)" : "", " and Adam moments (",
+      format.packed() ? str("optimizer.state ", moment_format_name(format.moments), ", optimizer.master ",
+                            master_format_name(format.master))
+                      : std::string("fp32"),
+      ")",
       device_in_host ? str(", ", format_size(need - kProcessBaseline - state),
                                       " device arena (and its kernels' scratch with bf16 tensors), which the CPU "
-                                      "backend keeps in host memory")
+                                      "backend keeps in host memory; the arena's activations grow with "
+                                      "schedule.micro_batch (", cfg.schedule.micro_batch, ")")
                                 : std::string(),
-      "); raise offload.host_memory, or set offload.ssd_paths to train offloaded with "
-      "optimizer state on SSD"));
+      "); ", set ? "raise offload.host_memory, lower schedule.micro_batch" : "lower schedule.micro_batch",
+      ", or set offload.ssd_paths to train offloaded with optimizer state on SSD"));
 }
 
 }  // namespace

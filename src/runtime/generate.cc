@@ -252,14 +252,8 @@ TextCodec TextCodec::for_model(const ModelFiles& files, const ModelConfig& model
   }
   const fs::path tc_path = fs::path(tok_path).parent_path() / "tokenizer_config.json";
   if (tc.is_object() && tc.contains("chat_template")) {
-    const SpecialTokens st = read_special_tokens(tc_path.string());
     c.chat_.chat_field = "messages";
-    c.chat_.chat_template = st.chat_template;
-    c.chat_.template_source = tc_path.string();
-    c.chat_.template_bos = st.bos;
-    c.chat_.template_eos = st.eos;
-    c.chat_.template_pad = st.pad;
-    c.chat_.template_unk = st.unk;
+    use_chat_template(read_special_tokens(tc_path.string()), tc_path.string(), &c.chat_);
   }
   c.clean_up_ = tc.is_object() && tc.contains("clean_up_tokenization_spaces") &&
                         tc["clean_up_tokenization_spaces"].is_boolean()

@@ -69,13 +69,18 @@ void check_resume_config(const Config& saved, const Config& now) {
   }
 }
 
+Config resume_config(const CheckpointSource& checkpoint, const std::string& config_path,
+                     const std::vector<std::string>& overrides) {
+  Config cfg = config_path.empty()
+                   ? parse_config(checkpoint.config_text(), checkpoint.dir() + "/config.yaml", overrides)
+                   : load_config_file(config_path, overrides);
+  check_resume_config(checkpoint.config(), cfg);
+  return cfg;
+}
+
 Config resume_config(const std::string& checkpoint_dir, const std::string& config_path,
                      const std::vector<std::string>& overrides) {
-  const std::string own = checkpoint_dir + "/config.yaml";
-  const Config saved = load_config_file(own);
-  Config cfg = load_config_file(config_path.empty() ? own : config_path, overrides);
-  check_resume_config(saved, cfg);
-  return cfg;
+  return resume_config(CheckpointSource(checkpoint_dir), config_path, overrides);
 }
 
 DataSplitIdentity split_identity(const std::vector<int32_t>& tokens, const std::vector<uint8_t>& mask,

@@ -2,6 +2,11 @@
 // share (run directory, data, engine, metrics, progress); each phase is a method: the run
 // directory, the data, the engine, preflight, the starting state (initialised or restored),
 // the loop (steps, metrics, validation, checkpoints, stop requests), the final weights.
+//
+// Start-up checks everything before it changes anything in the run directory: a resume that
+// is refused (its config, its data, the disk space, a damaged checkpoint) leaves the directory
+// as it was, and a new run that fails or is stopped before training begins leaves it as it
+// found it (empty, or not there), so the same command can be given again.
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -27,7 +32,9 @@
 #include "fuyou/stop.h"
 #include "fuyou/tokenizer.h"
 #include "fuyou/train.h"
+#include "fuyou/read_file.h"
 #include "src/runtime/checkpoint_dirs.h"
+#include "src/runtime/metrics_log.h"
 #include "src/runtime/train_samples.h"
 #include "src/storage/dir_lock.h"
 
@@ -64,6 +71,13 @@ std::string utc_now() {
 
 double seconds_since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
 
+constexpr const char* kStartingUp = "while starting, before training began (nothing was trained, so there is no "
+                                    "checkpoint)";
+// What the first stop signal says it will do, by phase (StopSignals::set_graceful).
+constexpr const char* kStartingMessage = "stopping before training begins (nothing is trained yet, so no checkpoint "
+                                         "is written)";
+constexpr const char* kTrainingMessage = "stopping after this step; a checkpoint and the weights follow";
+
 // Token shards concatenated, and their loss masks: a shard X.tok with X.mask beside it
 // (fuyou-convert tokenize with --prompt-field/--completion-field) contributes its mask, one
 // without contributes all ones (every target counts). When no shard has a mask, *mask stays
@@ -74,13 +88,18 @@ double seconds_since(clock_type::time_point t) { return std::chrono::duration<do
 // its vocabulary beyond that); without one, the model's.
 std::vector<int32_t> load_shards(const std::vector<std::string>& paths, int vocab_size,
                                  const std::string& tokenizer, uint32_t tokenizer_vocab,
-                                 std::vector<uint8_t>* mask, std::vector<uint64_t>* records) {
+                                 std::vector<uint8_t>* mask, std::vector<uint64_t>* records,
+                                 const StopSignals* stop) {
   std::vector<int32_t> all;
   mask->clear();
   records->clear();
   bool any_mask = false;
   size_t with_records = 0;
   for (const auto& p : paths) {
+    if (stop) stop->check(kStartingUp);
+    std::error_code ec;
+    if (!fs::is_regular_file(p, ec))  // a FIFO or a device could block or never end
+      throw IoError(str(p, fs::exists(p, ec) ? ": not a regular file; token shards are files" : ": no such file"));
     TokenShard s = read_token_shard(p);
     if (s.vocab_size > static_cast<uint32_t>(vocab_size))
       throw ConfigError(str(p, ": shard vocab size ", s.vocab_size, " exceeds model.vocab_size ",
@@ -147,6 +166,30 @@ uint64_t free_bytes(const std::string& dir) {
 
 bool checkpoints_on(const CheckpointConfig& c) { return c.every_steps > 0 || c.every_minutes > 0; }
 
+// What the first stop signal does in each phase of a run (StopSignals::set_graceful), and, when
+// the run returns however it returns, back to the default: a signal ends the process at once,
+// and no path of this run is removed by it.
+class StopPhase {
+ public:
+  explicit StopPhase(StopSignals* stop) : stop_(stop) {}
+  ~StopPhase() {
+    if (!stop_) return;
+    stop_->set_at_once();
+    stop_->set_cleanup_paths({});
+  }
+  void set(const std::string& message) {
+    if (stop_) stop_->set_graceful(message);
+  }
+
+ private:
+  StopSignals* stop_;
+};
+
+// The files a run writes through NAME.tmp (write_file_atomic, SafetensorsStreamWriter); a
+// process killed while writing one leaves it, and the next start in the directory removes it.
+const char* const kRunTempFiles[] = {"model.safetensors.tmp", "summary.json.tmp", "config.yaml.tmp",
+                                     "metrics.jsonl.tmp", "samples.jsonl.tmp"};
+
 class TrainingRun {
  public:
   TrainingRun(const Config& cfg, const TrainOptions& opts) : cfg_(cfg), opts_(opts) {}
@@ -157,16 +200,25 @@ class TrainingRun {
 
  private:
   std::string eval_model_dir() const;
-  void open_run_dir();
-  void carry_model_files(bool same_run);
+  void start();
+  void open_resume();
+  void claim_run_dir();
+  void commit_run_dir();
+  void abandon();
+  void remove_start_debris();
+  void set_cleanup(bool finishing = false);
+  void check_stop() const {
+    if (opts_.stop) opts_.stop->check(kStartingUp);
+  }
+  void carry_model_files();
   void load_data();
   void load_records();
-  void write_config();
+  void check_resumed_position() const;
   void make_engine();
   void preflight();
   void start_state();
   void setup_validation();
-  double evaluate(int64_t step);
+  bool evaluate(int64_t step, double* loss);
   StepResult train_step(int64_t s);
   void log_step(int64_t step, const StepResult& r, double dt);
   bool checkpoint_due(int64_t step) const;
@@ -175,13 +227,7 @@ class TrainingRun {
   void keep_if_best(int64_t step);
   void restore_best();
   // Every line says what it is ("train", "val") and when it was written (UTC).
-  void metrics_line(nlohmann::json j, const char* type) {
-    if (!metrics_.is_open()) return;  // --eval-only writes no run directory
-    j["type"] = type;
-    j["time"] = utc_now();
-    metrics_ << j.dump() << "\n";
-    metrics_.flush();  // a killed run keeps every line it logged
-  }
+  void metrics_line(nlohmann::json j, const char* type);
   void log(const std::string& line) {
     if (opts_.progress_line) std::fprintf(stderr, "\n");
     spdlog::info("{}", line);
@@ -189,10 +235,18 @@ class TrainingRun {
 
   Config cfg_;
   TrainOptions opts_;
+  StopPhase phase_{opts_.stop};
   TrainSummary sum_;
   fs::path dir_;
+  bool created_dir_ = false;  // this process created dir_
+  bool fresh_ = false;        // dir_ was new or empty: everything in it is this run's
+  bool committed_ = false;    // the run directory has been changed (commit_run_dir)
+  bool trained_ = false;      // dir_ holds progress: a step completed, or a checkpoint is written
   std::unique_ptr<DirLock> lock_;
+  std::shared_ptr<const CheckpointSource> source_;  // the checkpoint resumed from
   CheckpointManifest resumed_;
+  std::string carry_from_;  // where the base model's files come from (carry_model_files)
+  fs::path data_staging_;   // text data tokenized before the run directory is committed to
   std::unique_ptr<Backend> backend_;
   std::vector<int32_t> train_tokens_, val_tokens_;
   std::vector<uint8_t> train_mask_, val_mask_;  // empty: every target counts
@@ -202,10 +256,11 @@ class TrainingRun {
   // Record data (docs/data.md, "Records"): whole records packed into rows.
   std::unique_ptr<RecordSampler> train_records_, val_records_;
   int64_t val_micro_batches_ = 0;  // micro-batches of one validation pass over records
+  uint64_t records_limit_ = 0;     // where the training record stream ends (schedule.epochs)
   double attention_keys_ = 0;      // PlanRequest::attention_keys of the training records
   bool have_val_ = false;
   std::unique_ptr<TrainEngine> engine_;
-  std::ofstream metrics_;
+  std::unique_ptr<MetricsLog> metrics_;
   TrainProgress progress_;
   int64_t last_checkpoint_step_ = -1;
   clock_type::time_point last_checkpoint_time_ = clock_type::now();
@@ -217,55 +272,173 @@ class TrainingRun {
   double best_loss_ = 0;
 };
 
-void TrainingRun::open_run_dir() {
+// The checkpoint a resume continues from, opened and verified before anything else.
+void TrainingRun::open_resume() {
+  if (opts_.resume.empty() && !opts_.resume_source) return;
+  source_ = opts_.resume_source ? opts_.resume_source : std::make_shared<const CheckpointSource>(opts_.resume);
+  opts_.resume = source_->dir();
+  resumed_ = source_->manifest();
+  check_resume_config(source_->config(), cfg_);
+  if (opts_.run_dir.empty()) opts_.run_dir = checkpoint_run_dir(opts_.resume);
+}
+
+// Refuses a directory that holds another run's files, creates it if needed and locks it;
+// nothing else is written here.
+void TrainingRun::claim_run_dir() {
   std::error_code ec;
-  if (!opts_.resume.empty()) {
-    resumed_ = read_checkpoint_manifest(opts_.resume);
-    check_resume_config(read_checkpoint_config(opts_.resume), cfg_);
-    if (opts_.run_dir.empty()) opts_.run_dir = checkpoint_run_dir(opts_.resume);
-  }
   sum_.run_dir = opts_.run_dir.empty() ? timestamp_dir() : opts_.run_dir;
   dir_ = sum_.run_dir;
   const bool same_run = !opts_.resume.empty() && fs::equivalent(checkpoint_run_dir(opts_.resume), dir_, ec);
-  if (!same_run && fs::exists(dir_, ec) && !fs::is_empty(dir_, ec))
-    throw Error(str("run directory '", sum_.run_dir, "' already holds files; refusing to overwrite "
-                    "them (choose another --run-dir", opts_.resume.empty() ? "" : ", or leave it out to continue in the checkpoint's run",
-                    ")"));
+  const std::string choose = str("choose another --run-dir",
+                                 opts_.resume.empty() ? "" : ", or leave it out to continue in the checkpoint's run");
+  // What a start killed before it could clean up leaves (SIGKILL, a second stop signal): its
+  // lock, which DirLock takes over once its holder is gone, and its data staging directory.
+  const auto start_debris = [](const fs::path& p) {
+    const std::string n = p.filename().string();
+    return n == kDirLockName || n.rfind(".data-staging-", 0) == 0;
+  };
+  const auto holds_files = [&] {
+    for (const auto& e : fs::directory_iterator(dir_, ec))
+      if (!start_debris(e.path())) return true;
+    return false;
+  };
+  if (!same_run && fs::exists(dir_, ec) && holds_files())
+    throw Error(str("run directory '", sum_.run_dir, "' already holds files; refusing to overwrite them (", choose, ")"));
+  for (size_t i = 0; i < cfg_.offload.ssd_paths.size(); ++i)
+    if (fs::weakly_canonical(cfg_.offload.ssd_paths[i], ec) == fs::weakly_canonical(dir_, ec))
+      throw ConfigError(str("offload.ssd_paths[", i, "] is ", cfg_.offload.ssd_paths[i],
+                            ", the run directory: the SSD store needs a directory of its own (one per SSD)"));
+  created_dir_ = !fs::exists(dir_, ec);
   fs::create_directories(dir_, ec);
   if (ec) throw IoError(str(sum_.run_dir, ": cannot create run directory: ", ec.message()));
   lock_ = std::make_unique<DirLock>(dir_.string(), "run directory");
-  carry_model_files(same_run);
-  if (opts_.resume.empty()) return;
-  remove_checkpoint_leftovers(dir_.string());
-  const fs::path from = fs::path(checkpoint_run_dir(opts_.resume)) / "metrics.jsonl";
-  if (!same_run && fs::exists(from, ec)) fs::copy_file(from, dir_ / "metrics.jsonl", ec);
-  truncate_metrics(dir_ / "metrics.jsonl", resumed_.step);
-  truncate_metrics(dir_ / "samples.jsonl", resumed_.step);
+  if (!same_run) {
+    // Checked again under the lock: another run may have started here since.
+    if (holds_files()) {
+      lock_.reset();
+      throw Error(str("run directory '", sum_.run_dir, "' already holds files; refusing to overwrite them (", choose,
+                      ")"));
+    }
+    remove_start_debris();
+    fresh_ = true;
+  }
+  // The base model's files come from the checkpoint's run (a new run directory branching
+  // from it) or from model.checkpoint (a new run); a run continuing in its directory has them.
+  std::error_code e2;
+  if (!opts_.resume.empty() && !same_run) {
+    carry_from_ = carried_files_dir(opts_.resume);
+  } else if (opts_.resume.empty() && !cfg_.model.checkpoint.empty()) {
+    const fs::path base(cfg_.model.checkpoint);
+    carry_from_ = carried_files_dir((fs::is_directory(base, e2) ? base : base.parent_path()).string());
+  }
+  set_cleanup();
+}
+
+// Everything checked: from here the run directory changes. Leftovers of a run killed while
+// writing go; the config, the data, and metrics.jsonl (up to the checkpoint's step) take
+// their places.
+void TrainingRun::commit_run_dir() {
+  std::error_code ec;
+  for (const char* name : kRunTempFiles)
+    if (fs::remove(dir_ / name, ec))
+      spdlog::warn("{}: removed, left half-written by a run that stopped while writing it", (dir_ / name).string());
+  if (!opts_.resume.empty()) remove_checkpoint_leftovers(dir_.string());
+  remove_start_debris();
+  committed_ = true;
+  carry_model_files();
+  // The config as it runs (schedule.steps resolved from schedule.epochs).
+  const std::string yaml = config_to_self_contained_yaml(cfg_);
+  write_file_atomic((dir_ / "config.yaml").string(), yaml.data(), yaml.size());
+  if (!data_staging_.empty()) {
+    // The same run's data/ holds the same tokens (check_resume_data): it stays.
+    if (!fs::exists(dir_ / "data", ec)) {
+      if (::rename(data_staging_.c_str(), (dir_ / "data").c_str()) != 0)
+        throw IoError(str((dir_ / "data").string(), ": rename from ", data_staging_.string(),
+                          " failed: ", std::strerror(errno)));
+      fsync_dir(dir_.string());
+    }
+    fs::remove_all(data_staging_, ec);
+    data_staging_.clear();
+  }
+  if (!opts_.resume.empty()) {
+    const fs::path from = fs::path(checkpoint_run_dir(opts_.resume)) / "metrics.jsonl";
+    const fs::path to = dir_ / "metrics.jsonl";
+    if (fresh_ && fs::exists(from, ec)) {
+      fs::copy_file(from, to, ec);
+      if (ec) throw IoError(str(to.string(), ": cannot copy from ", from.string(), ": ", ec.message()));
+    }
+    truncate_metrics(to, resumed_.step);
+    truncate_metrics(dir_ / "samples.jsonl", resumed_.step);
+  }
+  const MetricsIo no_faults;
+  const MetricsIo& mio = opts_.metrics_io ? *opts_.metrics_io : no_faults;
+  metrics_ = std::make_unique<MetricsLog>((dir_ / "metrics.jsonl").string(), mio.retry_seconds, mio.write);
+  set_cleanup();
+}
+
+// The data staging directories of starts that were killed (ours, data_staging_, is kept).
+void TrainingRun::remove_start_debris() {
+  std::error_code ec;
+  std::vector<fs::path> found;
+  for (const auto& e : fs::directory_iterator(dir_, ec))
+    if (e.path().filename().string().rfind(".data-staging-", 0) == 0 && e.path() != data_staging_)
+      found.push_back(e.path());
+  for (const fs::path& p : found) {
+    fs::remove_all(p, ec);
+    spdlog::warn("{}: removed, left by a start that was killed", p.string());
+  }
+}
+
+// Start-up failed or was stopped: nothing of it stays. A resumed run's directory was not
+// changed before commit_run_dir, and a new run's held nothing before it, so what is removed
+// is this process's own.
+void TrainingRun::abandon() {
+  std::error_code ec;
+  engine_.reset();  // the SSD store's files go with it
+  metrics_.reset();
+  if (!data_staging_.empty()) fs::remove_all(data_staging_, ec);
+  if (fresh_ && lock_) {
+    for (const auto& e : fs::directory_iterator(dir_, ec))
+      if (e.path().filename() != kDirLockName) fs::remove_all(e.path(), ec);
+  }
+  lock_.reset();
+  if (created_dir_) fs::remove(dir_, ec);  // only if empty
+}
+
+// What a second stop signal (or a first one while a signal ends the process at once) removes
+// before the process ends: the SSD store's files and the lock; before training, everything a
+// new run has created; while the final weights are written, their temporary file.
+void TrainingRun::set_cleanup(bool finishing) {
+  if (!opts_.stop) return;
+  std::vector<std::string> paths;
+  if (engine_) paths = engine_->store_cleanup_paths();
+  const bool only_ours = fresh_ && !trained_ && !finishing;  // nothing in dir_ is worth keeping
+  if (only_ours) {
+    for (const fs::path& d : {data_staging_, committed_ ? dir_ / "data" : fs::path()}) {
+      if (d.empty()) continue;
+      for (const char* f : {"train.tok", "val.tok", "train.tok.tmp", "val.tok.tmp"}) paths.push_back((d / f).string());
+      paths.push_back(d.string() + "/");
+    }
+    if (committed_)
+      for (const char* f : {"config.yaml", "metrics.jsonl", "samples.jsonl"}) paths.push_back((dir_ / f).string());
+  }
+  if (finishing)
+    for (const char* f : kRunTempFiles) paths.push_back((dir_ / f).string());
+  if (lock_) paths.push_back(lock_->path());
+  if (created_dir_ && only_ours) paths.push_back(dir_.string() + "/");
+  opts_.stop->set_cleanup_paths(paths);
 }
 
 // The base model's config.json and tokenizer files travel with the run (its directory, then
 // each checkpoint), so that to-hf and fuyou-generate find them without the base directory.
-void TrainingRun::carry_model_files(bool same_run) {
-  std::string from;
-  if (!opts_.resume.empty() && !same_run) from = carried_files_dir(opts_.resume);
-  else if (opts_.resume.empty() && !cfg_.model.checkpoint.empty()) {
-    std::error_code ec;
-    fs::path base(cfg_.model.checkpoint);
-    from = carried_files_dir((fs::is_directory(base, ec) ? base : base.parent_path()).string());
-  }
-  if (from.empty()) return;
-  std::vector<std::string> copied = copy_carried_files(from, dir_.string());
+void TrainingRun::carry_model_files() {
+  if (carry_from_.empty()) return;
+  std::vector<std::string> copied = copy_carried_files(carry_from_, dir_.string());
   if (!copied.empty()) {
     std::string names;
     for (const auto& n : copied) names += (names.empty() ? "" : ", ") + n;
-    spdlog::info("model files from {}: {}", from, names);
+    spdlog::info("model files from {}: {}", carry_from_, names);
   }
-}
-
-// The config as it runs (schedule.steps resolved from schedule.epochs), after the data.
-void TrainingRun::write_config() {
-  const std::string yaml = config_to_self_contained_yaml(cfg_);
-  write_file_atomic((dir_ / "config.yaml").string(), yaml.data(), yaml.size());
 }
 
 // Record data: the truncate policy applied and reported, the samplers, and the steps of
@@ -298,6 +471,7 @@ void TrainingRun::load_records() {
   for (const Record& r : train.records) sq += static_cast<double>(r.length) * r.length;
   attention_keys_ = sq / static_cast<double>(train.kept_tokens);
   const uint64_t limit = cfg_.schedule.epochs > 0 ? n * static_cast<uint64_t>(cfg_.schedule.epochs) : UINT64_MAX;
+  records_limit_ = limit;
   train_records_ = std::make_unique<RecordSampler>(&train_tokens_, train_mask_.empty() ? nullptr : &train_mask_,
                                                    std::move(train.records), B, T, cfg_.runtime.seed, true, limit);
   const uint64_t epoch_rows = train_records_->rows_between(0, n);
@@ -340,7 +514,13 @@ void TrainingRun::load_data() {
   std::vector<std::string> train_paths = cfg_.data.train_shards, val_paths = cfg_.data.val_shards;
   if (!cfg_.data.text.empty()) {
     auto t0 = clock_type::now();
-    TextShardResult r = build_text_shards(cfg_.data.text, (dir_ / "data").string(), cfg_.data.val_fraction);
+    // Into a staging directory: the run directory's data/ is replaced only once everything
+    // has been checked (commit_run_dir).
+    data_staging_ = dir_ / str(".data-staging-", ::getpid());
+    std::error_code ec;
+    fs::remove_all(data_staging_, ec);
+    set_cleanup();
+    TextShardResult r = build_text_shards(cfg_.data.text, data_staging_.string(), cfg_.data.val_fraction);
     spdlog::info("data: tokenized {} text files ({} skipped) into {} train + {} validation byte tokens in {:.1f}s",
                  r.files, r.skipped, r.train_tokens, r.val_tokens, seconds_since(t0));
     if (kByteVocab > static_cast<uint32_t>(cfg_.model.vocab_size))
@@ -356,22 +536,32 @@ void TrainingRun::load_data() {
     std::string tok;
     uint32_t tok_vocab = 0;
     std::error_code ec;
-    const fs::path where = opts_.eval_only ? fs::path(eval_model_dir()) : dir_;
+    fs::path where = opts_.eval_only ? fs::path(eval_model_dir()) : dir_;
+    // A new run has not carried the base model's files yet (commit_run_dir does).
+    if (!opts_.eval_only && !fs::exists(where / "tokenizer.json", ec) && !carry_from_.empty()) where = carry_from_;
     if (!where.empty() && fs::is_regular_file(where / "tokenizer.json", ec)) {
       tok = (where / "tokenizer.json").string();
       tok_vocab = Tokenizer::from_file(tok).vocab_size();
     }
     if (!opts_.eval_only)
       train_tokens_ = load_shards(cfg_.data.train_shards, cfg_.model.vocab_size, tok, tok_vocab, &train_mask_,
-                                  &train_starts_);
-    val_tokens_ = load_shards(cfg_.data.val_shards, cfg_.model.vocab_size, tok, tok_vocab, &val_mask_, &val_starts_);
+                                  &train_starts_, opts_.stop);
+    val_tokens_ = load_shards(cfg_.data.val_shards, cfg_.model.vocab_size, tok, tok_vocab, &val_mask_, &val_starts_,
+                              opts_.stop);
   } else {
     throw ConfigError("data: give data.text (plain-text files or directories) or data.train_shards");
   }
   data_id_.train = split_identity(train_tokens_, train_mask_, train_paths, train_starts_);
   data_id_.val = split_identity(val_tokens_, val_mask_, val_paths, val_starts_);
+  if (!data_staging_.empty()) {  // the paths the shards will have
+    data_id_.train.shards[0].path = (dir_ / "data" / "train.tok").string();
+    data_id_.val.shards[0].path = (dir_ / "data" / "val.tok").string();
+  }
   if (!opts_.resume.empty() && !opts_.eval_only) check_resume_data(resumed_.data, data_id_);
-  if (!train_starts_.empty()) return load_records();
+  if (!train_starts_.empty()) {
+    load_records();
+    return check_resumed_position();
+  }
   if (cfg_.schedule.epochs > 0)
     throw ConfigError(str("schedule.epochs is ", cfg_.schedule.epochs, " but the training data is a token stream "
                           "without records (data.text, or shards without a .rec index); epochs need records "
@@ -389,6 +579,24 @@ void TrainingRun::load_data() {
   if (have_val_)
     val_sampler_ = std::make_unique<BatchSampler>(&val_tokens_, val_mask_.empty() ? nullptr : &val_mask_, B, T,
                                                   cfg_.runtime.seed);
+  check_resumed_position();
+}
+
+// The manifest's sampler position against the steps it claims: what step x micro_batch x
+// grad_accum rows draw from this data (check_sampler_position for token streams; for records,
+// the rows the records before it pack into).
+void TrainingRun::check_resumed_position() const {
+  if (!source_ || opts_.eval_only) return;
+  const std::string path = (fs::path(opts_.resume) / kManifestFile).string();
+  if (!train_records_) return check_sampler_position(resumed_, source_->config(), train_sampler_->has_mask(), path);
+  const uint64_t pos = resumed_.progress.sampler_position;
+  const uint64_t rows = static_cast<uint64_t>(resumed_.step) * cfg_.schedule.micro_batch * cfg_.schedule.grad_accum;
+  // The stream stops at its limit (schedule.epochs), and the rows after it are padding.
+  const uint64_t packed = pos <= records_limit_ ? train_records_->rows_between(0, pos) : 0;
+  if (pos > records_limit_ || (pos < records_limit_ ? packed != rows : packed > rows))
+    throw IoError(str(path, ": sampler_position ", pos, " (records) does not fit step ", resumed_.step,
+                      ": the records before it pack into ", packed, " rows, the steps drew ", rows,
+                      " (the checkpoint is damaged or was edited)"));
 }
 
 void TrainingRun::make_engine() {
@@ -398,12 +606,7 @@ void TrainingRun::make_engine() {
   EngineOptions eo;
   eo.attention_keys = attention_keys_;
   engine_ = make_train_engine(cfg_, *backend_, eo);
-  // A second stop signal ends the process at once; it can still unlink the store's files.
-  if (opts_.stop) {
-    std::vector<std::string> paths = engine_->store_cleanup_paths();
-    if (lock_) paths.push_back(lock_->path());
-    opts_.stop->set_cleanup_paths(paths);
-  }
+  set_cleanup();  // a second stop signal can still unlink the store's files
   const ParamLayout layout = make_gpt_layout(cfg_.model);
   spdlog::info("model: {}{}, {} layers, d_model {}, {} heads, d_ff {}, vocab {}, seq {}: {:.2f}M parameters",
                cfg_.model.family, cfg_.model.checkpoint.empty() ? std::string() : " from " + cfg_.model.checkpoint,
@@ -421,8 +624,8 @@ void TrainingRun::make_engine() {
 // the run keeps (plus the one being written before the oldest goes), beyond those already
 // there. A graceful stop writes one even with checkpoints off.
 void TrainingRun::preflight() {
-  const uint64_t ckpt = checkpoint_bytes(cfg_.model);
-  const uint64_t weights = ckpt / 3;
+  const uint64_t ckpt = checkpoint_bytes(cfg_.model, optim_format(cfg_.optimizer));
+  const uint64_t weights = weights_file_bytes(cfg_.model);
   const int keep = checkpoints_on(cfg_.checkpoint) ? cfg_.checkpoint.keep + (cfg_.checkpoint.keep_best ? 1 : 0) : 1;
   const int existing = std::min<int>(keep, static_cast<int>(list_checkpoints(dir_.string()).size()));
   const uint64_t need = weights + static_cast<uint64_t>(keep + 1 - existing) * ckpt;
@@ -440,7 +643,11 @@ void TrainingRun::start_state() {
     return;
   }
   auto t0 = clock_type::now();
-  restore_checkpoint(opts_.resume, resumed_, cfg_.model, *engine_);
+  try {
+    source_->restore(cfg_.model, *engine_, [this] { check_stop(); });
+  } catch (const Error& e) {
+    throw IoError(str(e.what(), earlier_checkpoint_hint(opts_.resume)));
+  }
   progress_ = resumed_.progress;
   if (train_records_) train_records_->set_position(progress_.sampler_position);
   else if (train_sampler_) train_sampler_->set_position(progress_.sampler_position);
@@ -472,42 +679,66 @@ void TrainingRun::setup_validation() {
   }
 }
 
-double TrainingRun::evaluate(int64_t step) {
+// False, with nothing logged, when a stop was asked during the pass: a long validation does
+// not hold up a stop.
+bool TrainingRun::evaluate(int64_t step, double* loss_out) {
   const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len;
   std::vector<int32_t> batch(static_cast<size_t>(B) * (T + 1));
+  const auto stopped = [&](int64_t i, int64_t of) {
+    if (!opts_.stop || !opts_.stop->requested()) return false;
+    log(str("step ", step, ": validation stopped after ", i, " of ", of, " batches"));
+    return true;
+  };
+  if (step > 0) phase_.set("stopping now: this validation pass is cut short; a checkpoint and the weights follow");
+  std::vector<float> means;
+  std::vector<int64_t> counts;
   if (val_records_) {
     // Every validation record once (or those of the first eval_batches micro-batches), each
     // alone in its segment: the mean over their counted targets, what transformers gives run
     // on each record by itself with the losses summed over the records' counted tokens.
     std::vector<uint8_t> counted(static_cast<size_t>(B) * T);
     std::vector<int32_t> positions(static_cast<size_t>(B) * T);
-    std::vector<float> means;
-    std::vector<int64_t> counts;
     val_records_->set_position(0);
     for (int64_t i = 0; i < val_micro_batches_; ++i) {
+      if (stopped(i, val_micro_batches_)) return false;
       val_records_->next(batch.data(), counted.data(), positions.data());
       counts.push_back(count_targets(counted.data(), B, T));
       means.push_back(counts.back() ? engine_->eval_loss(batch.data(), counted.data(), positions.data()) : 0.0f);
     }
-    const double loss = mean_over_counted(means, counts);
-    metrics_line({{"step", step}, {"val_loss", loss}}, "val");
-    progress_.last_val_loss = loss;
-    return loss;
+  } else {
+    std::vector<uint8_t> counted(val_sampler_->has_mask() ? static_cast<size_t>(B) * T : 0);
+    uint8_t* cp = counted.empty() ? nullptr : counted.data();
+    for (int i = 0; i < cfg_.schedule.eval_batches; ++i) {
+      if (stopped(i, cfg_.schedule.eval_batches)) return false;
+      val_sampler_->fixed(i, cfg_.schedule.eval_batches, batch.data(), cp);
+      counts.push_back(count_targets(cp, B, T));
+      means.push_back(counts.back() ? engine_->eval_loss(batch.data(), cp) : 0.0f);
+    }
   }
-  std::vector<uint8_t> counted(val_sampler_->has_mask() ? static_cast<size_t>(B) * T : 0);
-  uint8_t* cp = counted.empty() ? nullptr : counted.data();
-  std::vector<float> means;
-  std::vector<int64_t> counts;
-  for (int i = 0; i < cfg_.schedule.eval_batches; ++i) {
-    val_sampler_->fixed(i, cfg_.schedule.eval_batches, batch.data(), cp);
-    counts.push_back(count_targets(cp, B, T));
-    means.push_back(counts.back() ? engine_->eval_loss(batch.data(), cp) : 0.0f);
-  }
-  double loss = mean_over_counted(means, counts);
+  if (step > 0) phase_.set(kTrainingMessage);
+  const double loss = mean_over_counted(means, counts);
   metrics_line({{"step", step}, {"val_loss", loss}}, "val");
   progress_.last_val_loss = loss;
   last_eval_step_ = step;
-  return loss;
+  *loss_out = loss;
+  return true;
+}
+
+void TrainingRun::metrics_line(nlohmann::json j, const char* type) {
+  if (!metrics_) return;  // --eval-only writes no run directory
+  j["type"] = type;
+  j["time"] = utc_now();
+  try {
+    metrics_->append(j.dump());  // written at once: a killed run keeps every line it logged
+  } catch (const IoError& e) {
+    std::vector<std::string> have = list_checkpoints(dir_.string());
+    throw IoError(str(e.what(), "; the run stops here (a line of step ", j.value("step", int64_t{-1}),
+                      " could not be logged), ",
+                      have.empty() ? std::string("and it has no checkpoint yet")
+                                   : str("its last checkpoint, ", have.back(),
+                                         ", is intact: fix the cause and resume with fuyou-train --resume ",
+                                         dir_.string())));
+  }
 }
 
 StepResult TrainingRun::train_step(int64_t s) {
@@ -588,11 +819,12 @@ bool TrainingRun::checkpoint_due(int64_t step) const {
 void TrainingRun::checkpoint(int64_t step) {
   if (step == last_checkpoint_step_) return;  // this state is on disk already
   // keep_best compares checkpoints by their own validation loss: each gets one.
-  if (cfg_.checkpoint.keep_best && have_val_ && last_eval_step_ != step) {
-    sum_.final_val_loss = evaluate(step);
+  if (cfg_.checkpoint.keep_best && have_val_ && last_eval_step_ != step &&
+      evaluate(step, &sum_.final_val_loss))
     log(str("step ", step, ": validation loss ", sum_.final_val_loss));
-  }
   static const CheckpointIo no_faults;
+  const bool stopping = opts_.stop && opts_.stop->requested();
+  if (!stopping) phase_.set("stopping once this checkpoint is written; the weights follow");
   try {
     SavedCheckpoint c = save_checkpoint(dir_.string(), cfg_, *engine_, progress_, data_id_,
                                         opts_.checkpoint_io ? *opts_.checkpoint_io : no_faults);
@@ -611,6 +843,7 @@ void TrainingRun::checkpoint(int64_t step) {
   last_checkpoint_step_ = step;
   last_checkpoint_time_ = clock_type::now();
   if (cfg_.checkpoint.keep_best && have_val_ && last_eval_step_ == step) keep_if_best(step);
+  if (!stopping) phase_.set(kTrainingMessage);
 }
 
 // checkpoints/best names the checkpoint of lowest validation loss ("step-N", as `latest`);
@@ -634,7 +867,7 @@ void TrainingRun::restore_best() {
   std::error_code ec;
   const fs::path file = dir_ / kCheckpointsDir / kBestFile;
   if (!cfg_.checkpoint.keep_best || !fs::exists(file, ec)) return;
-  std::string name = read_text_file(file.string());
+  std::string name = read_file_bounded(file.string(), 4096, "checkpoint pointer");
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
   const fs::path dir = dir_ / kCheckpointsDir / name;
   if (!fs::is_regular_file(dir / kManifestFile, ec)) return;
@@ -672,7 +905,7 @@ void TrainingRun::finish(clock_type::time_point start) {
   if (sum_.stop_signal) summary["stopped_by"] = signal_name(sum_.stop_signal);
   const std::string text = summary.dump(2) + "\n";
   write_file_atomic((dir_ / "summary.json").string(), text.data(), text.size());
-  if (sum_.stop_signal) {
+  if (sum_.stop_signal && sum_.steps < cfg_.schedule.steps) {
     log(str("stopped by ", signal_name(sum_.stop_signal), " at step ", sum_.steps, "/", cfg_.schedule.steps,
             "; weights in ", weights, "; continue with: fuyou-train --resume ", dir_.string()));
     return;
@@ -680,8 +913,10 @@ void TrainingRun::finish(clock_type::time_point start) {
   const std::string val = have_val_ ? fmt::format("validation loss {:.4f} -> {:.4f}", sum_.first_val_loss,
                                                    sum_.final_val_loss)
                                      : std::string("no validation (no validation split)");
-  spdlog::info("done: {} steps in {}, {:.0f} tokens/s; {}; weights in {}", sum_.steps, format_duration(wall),
-               sum_.tokens_per_s, val, weights);
+  spdlog::info("done: {} steps in {}, {:.0f} tokens/s; {}; weights in {}{}", sum_.steps, format_duration(wall),
+               sum_.tokens_per_s, val, weights,
+               sum_.stop_signal ? str(" (", signal_name(sum_.stop_signal), " arrived at the end; the run is complete)")
+                                : std::string());
 }
 
 // The directory of the model an evaluation reads: the --resume checkpoint, or model.checkpoint.
@@ -694,7 +929,11 @@ std::string TrainingRun::eval_model_dir() const {
 }
 
 TrainSummary TrainingRun::evaluate_only() {
-  if (!opts_.resume.empty()) resumed_ = read_checkpoint_manifest(opts_.resume);
+  if (!opts_.resume.empty() || opts_.resume_source) {
+    source_ = opts_.resume_source ? opts_.resume_source : std::make_shared<const CheckpointSource>(opts_.resume);
+    opts_.resume = source_->dir();
+    resumed_ = source_->manifest();
+  }
   // data.text is tokenized into a directory of its own, removed afterwards.
   std::string tmp = (fs::temp_directory_path() / "fuyou-eval-XXXXXX").string();
   if (!::mkdtemp(tmp.data())) throw IoError(str(tmp, ": mkdtemp: ", std::strerror(errno)));
@@ -716,7 +955,8 @@ TrainSummary TrainingRun::evaluate_only() {
   setup_validation();
   if (!have_val_) throw ConfigError("--eval-only: the validation windows hold no counted target");
   auto t0 = clock_type::now();
-  sum_.final_val_loss = sum_.first_val_loss = evaluate(progress_.step);
+  if (!evaluate(progress_.step, &sum_.final_val_loss)) check_stop();
+  sum_.first_val_loss = sum_.final_val_loss;
   const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len;
   spdlog::info("validation loss {:.4f} of {} ({} windows of {} tokens, schedule.eval_batches {} x micro_batch {}) in "
                "{:.1f} s", sum_.final_val_loss,
@@ -728,26 +968,44 @@ TrainSummary TrainingRun::evaluate_only() {
   return sum_;
 }
 
-TrainSummary TrainingRun::run() {
-  open_run_dir();
+// Everything before the first step. Nothing in the run directory changes before
+// commit_run_dir, and everything before it is checked: the checkpoint and the config, the
+// directory, the data, the disk space, the engine, the restored state.
+void TrainingRun::start() {
+  open_resume();
+  claim_run_dir();
+  check_stop();
   load_data();
-  write_config();
+  check_stop();
   preflight();
   make_engine();
+  check_stop();
   start_state();
-  metrics_.open(dir_ / "metrics.jsonl", std::ios::app);
-  if (!metrics_) throw IoError(str((dir_ / "metrics.jsonl").string(), ": cannot open for writing"));
+  check_stop();
   setup_validation();
+  commit_run_dir();
   restore_best();
   sum_.start_step = progress_.step;
   if (have_val_ && opts_.resume.empty()) {
-    sum_.first_val_loss = progress_.first_val_loss = evaluate(0);
+    if (!evaluate(0, &sum_.first_val_loss)) check_stop();
+    progress_.first_val_loss = sum_.first_val_loss;
     spdlog::info("step 0: validation loss {:.4f}", sum_.first_val_loss);
   }
   if (cfg_.schedule.sample_every > 0) {
     samples_ = std::make_unique<RunSamples>(cfg_, dir_.string());
     if (opts_.resume.empty()) samples_->write(0, *engine_);
   }
+}
+
+TrainSummary TrainingRun::run() {
+  phase_.set(kStartingMessage);
+  try {
+    start();
+  } catch (...) {
+    abandon();
+    throw;
+  }
+  phase_.set(kTrainingMessage);
   // A run killed after its last checkpoint but before its final weights: finishing it is
   // writing them.
   if (sum_.start_step >= cfg_.schedule.steps)
@@ -758,21 +1016,34 @@ TrainSummary TrainingRun::run() {
   const auto stop_asked = [&] { return opts_.stop && opts_.stop->requested(); };
   for (int64_t s = sum_.start_step; s < cfg_.schedule.steps && !stop_asked(); ++s) {
     train_step(s);
+    if (!trained_) {  // from now on a second signal leaves the run directory's files alone
+      trained_ = true;
+      set_cleanup();
+    }
     const int64_t step = s + 1;
     const bool last = step == cfg_.schedule.steps;
     if (have_val_ && (last || (cfg_.schedule.eval_every && step % cfg_.schedule.eval_every == 0))) {
-      sum_.final_val_loss = evaluate(step);
+      if (!evaluate(step, &sum_.final_val_loss)) break;  // stopped: the checkpoint follows
       log(str("step ", step, ": validation loss ", sum_.final_val_loss));
     }
     if (samples_ && (last || step % cfg_.schedule.sample_every == 0)) samples_->write(step, *engine_);
     if (checkpoint_due(step)) checkpoint(step);
   }
   sum_.steps = progress_.step;
-  if (stop_asked() && sum_.steps < cfg_.schedule.steps) {
+  if (stop_asked()) {
     sum_.stop_signal = opts_.stop->requested();
-    checkpoint(progress_.step);
+    if (!trained_) {  // a stop before the first step still leaves a checkpoint: keep it
+      trained_ = true;
+      set_cleanup();
+    }
+    if (sum_.steps < cfg_.schedule.steps || checkpoints_on(cfg_.checkpoint)) checkpoint(progress_.step);
   }
+  phase_.set("stopping once the final weights are written");
+  set_cleanup(/*finishing=*/true);
   finish(start);
+  // A signal that arrived while the final weights were written: the run is complete, and
+  // its status says it was signalled.
+  if (stop_asked()) sum_.stop_signal = opts_.stop->requested();
   return sum_;
 }
 

@@ -39,6 +39,10 @@ DirLock::DirLock(const std::string& dir, const std::string& what)
       const int err = errno;
       std::string pid = holder_pid(fd);
       ::close(fd);
+      if (err == EWOULDBLOCK && pid == std::to_string(::getpid()))
+        throw IoError(str(what, " ", dir, " is already in use by this process (", path_,
+                          "): one directory is named twice, as the run directory and in offload.ssd_paths, or "
+                          "twice in offload.ssd_paths; each needs a directory of its own"));
       if (err == EWOULDBLOCK)
         throw IoError(str(what, " ", dir, " is in use by another fuyou process (pid ", pid, " holds ", path_,
                           "); two runs cannot share one"));
