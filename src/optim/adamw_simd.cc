@@ -1,9 +1,8 @@
-// AVX2 and AVX-512 paths of the AdamW kernel. Each mirrors math::adamw_element operation for
-// operation (multiplies, explicit FMAs, IEEE sqrt and divide, all correctly rounded), which
-// is what makes the fp32 results bit-identical to the scalar path. Conversions to bf16 use
-// integer round-to-nearest-even like math::float_to_bf16 (the avx512_bf16 instruction
-// flushes subnormals, so it would not match); fp16 uses vcvtps2ph with round-to-nearest,
-// which math::float_to_fp16 reproduces.
+// AVX2 and AVX-512 paths of the AdamW kernel: one loop (adamw_simd_loop.inc) compiled for each
+// instruction set, and the AVX-512 gradient statistics. Conversions to bf16 use integer
+// round-to-nearest-even like math::float_to_bf16 (the avx512_bf16 instruction flushes
+// subnormals, so it would not match); fp16 uses vcvtps2ph with round-to-nearest, which
+// math::float_to_fp16 reproduces (simd_io.h).
 // GCC 12's AVX-512 conversion intrinsics start from _mm512_undefined_*, which its
 // -Wmaybe-uninitialized reports at every inlined call site; the lanes are all written.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -12,32 +11,30 @@
 
 #include "src/optim/adamw_kernels.h"
 #include "src/optim/simd_io.h"
+#include "src/optim/simd_vec.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,fma,f16c")
+namespace fuyou::optim_detail::avx512 {
+#include "src/optim/adamw_simd_loop.inc"
+}  // namespace fuyou::optim_detail::avx512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace fuyou::optim_detail::avx2 {
+#include "src/optim/adamw_simd_loop.inc"
+}  // namespace fuyou::optim_detail::avx2
+#pragma GCC pop_options
 
 namespace fuyou::optim_detail {
 
-// ---- AVX-512 ---------------------------------------------------------------------------
+void adamw_avx512(const AdamWArgs& a, const math::AdamWConsts& k, size_t begin, size_t end) {
+  avx512::adamw_vectors(a, k, begin, end);
+}
 
-FY_AVX512 void adamw_avx512(const AdamWArgs& a, const math::AdamWConsts& k, size_t begin, size_t end) {
-  const __m512 gs = _mm512_set1_ps(k.grad_scale), decay = _mm512_set1_ps(k.decay);
-  const __m512 omb1 = _mm512_set1_ps(k.one_minus_b1), b2 = _mm512_set1_ps(k.b2);
-  const __m512 omb2 = _mm512_set1_ps(k.one_minus_b2), bc2 = _mm512_set1_ps(k.bc2_sqrt);
-  const __m512 eps = _mm512_set1_ps(k.eps), neg_step = _mm512_set1_ps(k.neg_step);
-  size_t i = begin;
-  for (; i + 16 <= end; i += 16) {
-    __m512 g = _mm512_mul_ps(load16(a.grad, a.grad_type, i), gs);
-    __m512 p = _mm512_mul_ps(_mm512_loadu_ps(a.master + i), decay);
-    __m512 m = _mm512_loadu_ps(a.m + i);
-    __m512 v = _mm512_loadu_ps(a.v + i);
-    m = _mm512_fmadd_ps(omb1, _mm512_sub_ps(g, m), m);
-    v = _mm512_fmadd_ps(omb2, _mm512_mul_ps(g, g), _mm512_mul_ps(v, b2));
-    __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v), bc2), eps);
-    p = _mm512_fmadd_ps(neg_step, _mm512_div_ps(m, denom), p);
-    _mm512_storeu_ps(a.master + i, p);
-    _mm512_storeu_ps(a.m + i, m);
-    _mm512_storeu_ps(a.v + i, v);
-    if (a.lowp) store16(a.lowp, a.lowp_type, i, p);
-  }
-  adamw_scalar(a, k, i, end);
+void adamw_avx2(const AdamWArgs& a, const math::AdamWConsts& k, size_t begin, size_t end) {
+  avx2::adamw_vectors(a, k, begin, end);
 }
 
 FY_AVX512 void grad_stats_avx512(const void* g, ElemType t, size_t begin, size_t end, GradStats* out) {
@@ -58,31 +55,6 @@ FY_AVX512 void grad_stats_avx512(const void* g, ElemType t, size_t begin, size_t
   out->sum_squares += _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
   out->nonfinite += bad;
   grad_stats_scalar(g, t, i, end, out);
-}
-
-// ---- AVX2 ------------------------------------------------------------------------------
-
-FY_AVX2 void adamw_avx2(const AdamWArgs& a, const math::AdamWConsts& k, size_t begin, size_t end) {
-  const __m256 gs = _mm256_set1_ps(k.grad_scale), decay = _mm256_set1_ps(k.decay);
-  const __m256 omb1 = _mm256_set1_ps(k.one_minus_b1), b2 = _mm256_set1_ps(k.b2);
-  const __m256 omb2 = _mm256_set1_ps(k.one_minus_b2), bc2 = _mm256_set1_ps(k.bc2_sqrt);
-  const __m256 eps = _mm256_set1_ps(k.eps), neg_step = _mm256_set1_ps(k.neg_step);
-  size_t i = begin;
-  for (; i + 8 <= end; i += 8) {
-    __m256 g = _mm256_mul_ps(load8(a.grad, a.grad_type, i), gs);
-    __m256 p = _mm256_mul_ps(_mm256_loadu_ps(a.master + i), decay);
-    __m256 m = _mm256_loadu_ps(a.m + i);
-    __m256 v = _mm256_loadu_ps(a.v + i);
-    m = _mm256_fmadd_ps(omb1, _mm256_sub_ps(g, m), m);
-    v = _mm256_fmadd_ps(omb2, _mm256_mul_ps(g, g), _mm256_mul_ps(v, b2));
-    __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v), bc2), eps);
-    p = _mm256_fmadd_ps(neg_step, _mm256_div_ps(m, denom), p);
-    _mm256_storeu_ps(a.master + i, p);
-    _mm256_storeu_ps(a.m + i, m);
-    _mm256_storeu_ps(a.v + i, v);
-    if (a.lowp) store8(a.lowp, a.lowp_type, i, p);
-  }
-  adamw_scalar(a, k, i, end);
 }
 
 }  // namespace fuyou::optim_detail
