@@ -13,6 +13,7 @@
 #include <thread>
 #include <unistd.h>
 
+#include "fuyou/timing.h"
 #include "fuyou/backend.h"
 #include "fuyou/backend_select.h"
 #include "fuyou/config.h"
@@ -57,8 +58,6 @@ emulated::EmulatedOptions slow_device(const Config& cfg, double scale = 1.0) {
   return o;
 }
 
-double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
-
 std::string store_dir(const std::string& tag) {
   fs::path p = fs::path(FUYOU_BINARY_DIR) / "test-data" / ("emulated-" + tag + "-" + std::to_string(::getpid()));
   fs::remove_all(p);
@@ -80,9 +79,9 @@ TEST_CASE("emulated device: the model's kernels count its FLOPs and take the pro
   const auto t0 = clock_type::now();
   const float loss = model.forward(tokens.data(), tokens.data());
   model.backward(1.0f / N);
-  const double queued = since(t0);
+  const double queued = seconds_since(t0);
   be.finish_compute();
-  const double elapsed = since(t0);
+  const double elapsed = seconds_since(t0);
   // forward + backward = 3 forwards (model.h's count, which the planner's op FLOPs use too).
   const double flops = 3.0 * N * forward_flops_per_token(cfg.model);
   CHECK(be.flops_queued() == Approx(flops).epsilon(1e-12));
@@ -105,10 +104,10 @@ TEST_CASE("emulated device: copies take the PCIe time and follow CUDA's ordering
   be.finish_compute();
   auto t0 = clock_type::now();
   be.copy_to_device(dev, host.data(), bytes);
-  const double up = since(t0);
+  const double up = seconds_since(t0);
   t0 = clock_type::now();
   be.copy_to_host(host.data(), dev, bytes);
-  const double down = since(t0);
+  const double down = seconds_since(t0);
   INFO("h2d " << up << " s (profile " << hw.h2d_seconds(bytes) << "), d2h " << down << " s (profile "
               << hw.d2h_seconds(bytes) << ")");
   CHECK(up >= hw.h2d_seconds(bytes) * 0.999);
@@ -129,7 +128,7 @@ TEST_CASE("emulated device: copies take the PCIe time and follow CUDA's ordering
   const double rows_time = rows * hw.h2d_seconds(row);  // 82 ms
   t0 = clock_type::now();
   for (size_t r = 0; r < rows; ++r) be.copy_to_device(dev, host.data(), row);
-  const double rows_took = since(t0);
+  const double rows_took = seconds_since(t0);
   INFO(rows << " copies of " << row << " bytes: " << rows_took << " s, profile " << rows_time << " s");
   CHECK(rows_took >= rows_time * 0.9);
   CHECK(rows_took <= rows_time * 2 + 0.05);
@@ -142,10 +141,10 @@ TEST_CASE("emulated device: copies take the PCIe time and follow CUDA's ordering
   be.set_caller_ordered(true);
   t0 = clock_type::now();
   be.copy_to_device(dev, host.data(), 4096);
-  CHECK(since(t0) < gemm / 2);
+  CHECK(seconds_since(t0) < gemm / 2);
   be.set_caller_ordered(false);
   be.copy_to_device(dev, host.data(), 4096);
-  CHECK(since(t0) >= gemm * 0.99);
+  CHECK(seconds_since(t0) >= gemm * 0.99);
   be.free(dev);
   CHECK(be.memory().used == 0);
 }

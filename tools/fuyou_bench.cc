@@ -12,6 +12,7 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 
+#include "fuyou/timing.h"
 #include "fuyou/backend_select.h"
 #include "fuyou/breakdown.h"
 #include "fuyou/config.h"
@@ -46,16 +47,8 @@ uint64_t parse_count(const std::string& text) {
 }
 
 using clock_type = std::chrono::steady_clock;
-
-double seconds_since(clock_type::time_point t0) {
-  return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using fuyou::median;
+using fuyou::seconds_since;
 
 fuyou::Config load(const std::string& path, const std::vector<std::string>& sets) {
   return path.empty() ? fuyou::parse_config(fuyou::default_config_text(), "<default config>", sets)

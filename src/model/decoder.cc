@@ -1,3 +1,4 @@
+#include "fuyou/timing.h"
 #include "fuyou/decoder.h"
 
 #include <algorithm>
@@ -66,10 +67,6 @@ size_t layer_slot_numel(const ParamLayout& layout) {
 uint64_t streaming_weight_bytes(const ParamLayout& layout, size_t es) {
   return (layout.groups.front().numel + layout.groups.back().numel + 2 * layer_slot_numel(layout)) *
          es;
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace

@@ -1,3 +1,4 @@
+#include "fuyou/timing.h"
 #include "fuyou/adam_bench.h"
 
 #include <omp.h>
@@ -17,11 +18,6 @@ namespace fuyou {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 std::vector<uint16_t> random_grad16(size_t n) {
   std::vector<uint16_t> g(n);
@@ -96,7 +92,7 @@ nlohmann::json run_adam_bench(const AdamBenchOptions& o) {
       a.key = math::round_key(0, s + 1);
       auto t0 = clock_type::now();
       adamw_update_packed(a, {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s + 1});
-      double dt = std::chrono::duration<double>(clock_type::now() - t0).count();
+      double dt = seconds_since(t0);
       if (s > 0) times.push_back(dt);
     }
     double t = median(times);
@@ -127,7 +123,7 @@ nlohmann::json run_adam_bench(const AdamBenchOptions& o) {
     for (int s = 0; s <= o.steps; ++s) {
       auto t0 = clock_type::now();
       adamw_update(a, {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s + 1});
-      double dt = std::chrono::duration<double>(clock_type::now() - t0).count();
+      double dt = seconds_since(t0);
       if (s > 0) times.push_back(dt);  // the first pass warms up page tables and threads
     }
     double t = median(times);
@@ -191,7 +187,7 @@ nlohmann::json run_adam_bench(const AdamBenchOptions& o) {
         begin += groups[g].numel;
       }
       opt.wait_all();
-      times.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+      times.push_back(seconds_since(t0));
     }
     double t = median(times);
     double rate = n / t;

@@ -1,3 +1,4 @@
+#include "fuyou/timing.h"
 #include "src/optim/mem_bandwidth.h"
 
 #include <omp.h>
@@ -30,11 +31,11 @@ MemBandwidth measure_mem_bandwidth(size_t bytes_per_array, int reps) {
     auto t0 = clock::now();
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; ++i) pa[i] = pb[i] + 0.5f * pc[i];
-    best_triad = std::min(best_triad, std::chrono::duration<double>(clock::now() - t0).count());
+    best_triad = std::min(best_triad, seconds_since(t0));
     t0 = clock::now();
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; ++i) pc[i] = pa[i];
-    best_copy = std::min(best_copy, std::chrono::duration<double>(clock::now() - t0).count());
+    best_copy = std::min(best_copy, seconds_since(t0));
   }
   r.triad_GBps = 3.0 * n * sizeof(float) / best_triad / 1e9;
   r.copy_GBps = 2.0 * n * sizeof(float) / best_copy / 1e9;

@@ -1,6 +1,7 @@
 // Writing and reading training-state checkpoints (include/fuyou/checkpoint.h). The directory
 // handling (staging, latest, pruning, leftovers) is in checkpoint_dirs.cc; the comparison of
 // a resume's config and data with the checkpoint's in resume_check.cc.
+#include "fuyou/timing.h"
 #include "fuyou/checkpoint.h"
 
 #include <fcntl.h>
@@ -161,7 +162,7 @@ SavedCheckpoint save_checkpoint(const std::string& run_dir, const Config& cfg, T
   }
   write_latest(root.string(), name);
   out.pruned = prune_checkpoints(run_dir, cfg.checkpoint.keep);
-  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out.seconds = seconds_since(t0);
   return out;
 }
 

@@ -1,3 +1,4 @@
+#include "fuyou/timing.h"
 #include "fuyou/checkpoint_bench.h"
 
 #include <fcntl.h>
@@ -24,10 +25,6 @@ namespace fs = std::filesystem;
 
 namespace fuyou {
 namespace {
-
-double since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 // Drops a directory's files from the page cache (they are fsynced, so their pages are
 // clean), so that the restore reads the disk as a restart would.
@@ -137,7 +134,7 @@ nlohmann::json run_checkpoint_bench(const Config& cfg, const CheckpointBenchOpti
   auto t0 = std::chrono::steady_clock::now();
   CheckpointManifest m = read_checkpoint_manifest(saved.dir);
   restore_checkpoint(saved.dir, m, cfg.model, *engine);
-  const double restore_s = since(t0);
+  const double restore_s = seconds_since(t0);
   nlohmann::json r{{"engine", engine->offloaded() ? "offloaded" : "in-memory"},
                    {"dir", dir.string()},
                    {"bytes", saved.bytes},

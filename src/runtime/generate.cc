@@ -1,3 +1,4 @@
+#include "fuyou/timing.h"
 #include "fuyou/generate.h"
 
 #include <chrono>
@@ -317,7 +318,7 @@ GenerateResult generate_tokens(GptDecoder& decoder, const std::vector<int32_t>& 
   decoder.reset();
   auto t0 = clock::now();
   const std::vector<float>* logits = &decoder.step(prompt.data(), static_cast<int>(prompt.size()));
-  r.prompt_s = std::chrono::duration<double>(clock::now() - t0).count();
+  r.prompt_s = seconds_since(t0);
   t0 = clock::now();
   while (static_cast<int>(r.ids.size()) < opts.max_new_tokens) {
     const int32_t id = sample_token(*logits, opts.sampling, rng);
@@ -332,7 +333,7 @@ GenerateResult generate_tokens(GptDecoder& decoder, const std::vector<int32_t>& 
       break;
     logits = &decoder.step(&id, 1);
   }
-  r.generate_s = std::chrono::duration<double>(clock::now() - t0).count();
+  r.generate_s = seconds_since(t0);
   return r;
 }
 

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fuyou/timing.h"
 #include "fuyou/backend.h"
 #include "fuyou/backend_select.h"
 #include "fuyou/config.h"
@@ -31,13 +32,6 @@ namespace fuyou {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // A layer's GEMMs at d_model C, N tokens, d_ff 4C: the four forward projections and the MLP
 // up-projection's two backward GEMMs. Returns their FLOPs; `run` does them once.
 struct LayerGemms {
@@ -103,13 +97,13 @@ double rate_for(double seconds, Fn&& f, const std::atomic<bool>* stop = nullptr,
   auto t0 = clock_type::now();
   int n = 0;
   double best = 1e30;
-  while (since(t0) < seconds && !(stop && stop->load())) {
+  while (seconds_since(t0) < seconds && !(stop && stop->load())) {
     auto t1 = clock_type::now();
     f();
-    best = std::min(best, since(t1));
+    best = std::min(best, seconds_since(t1));
     ++n;
   }
-  return fastest ? 1.0 / best : n / since(t0);
+  return fastest ? 1.0 / best : n / seconds_since(t0);
 }
 
 
@@ -208,7 +202,7 @@ HardwareProfile measure_cpu_profile(const ProfileOptions& o, std::string* log) {
     for (int r = 0; r < 5; ++r) {
       auto t0 = clock_type::now();
       backend->copy_to_device(b.data(), a.data(), bytes);
-      best = std::min(best, since(t0));
+      best = std::min(best, seconds_since(t0));
     }
     p.h2d_Bps = p.d2h_Bps = bytes / best;
     say(str("memcpy (host<->device on the CPU backend): ", p.h2d_Bps / 1e9, " GB/s"));
@@ -278,7 +272,7 @@ HardwareProfile measure_cuda_profile(const ProfileOptions& o, std::string* log) 
       for (int r = 0; r < 5; ++r) {
         auto t0 = clock_type::now();
         copy();
-        best = std::min(best, since(t0));
+        best = std::min(best, seconds_since(t0));
       }
       return bytes / best;
     };
@@ -317,7 +311,7 @@ nlohmann::json run_cpu_gemm_bench(const Config& cfg, int threads) {
       auto t0 = clock_type::now();
       cpu::gemm_f32(s.ta, s.tb, s.M, s.Nn, s.K, 1.0f, A.data(), lda, Bm.data(), ldb, 0.0f,
                     Cm.data(), s.Nn);
-      if (r > 0) t.push_back(since(t0));
+      if (r > 0) t.push_back(seconds_since(t0));
     }
     double gflops = 2.0 * s.M * s.Nn * s.K / median(t) / 1e9;
     rows.push_back({{"shape", s.name}, {"M", s.M}, {"N", s.Nn}, {"K", s.K}, {"gflops", gflops},
@@ -348,7 +342,7 @@ double engine_seconds(Backend& be, int reps, Fn&& f) {
     for (int i = 0; i < reps; ++i) f();
     be.finish_compute();
     be.synchronize();
-    if (batch > 0) t.push_back(since(t0) / reps);
+    if (batch > 0) t.push_back(seconds_since(t0) / reps);
   }
   return median(t);
 }

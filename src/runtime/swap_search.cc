@@ -11,6 +11,7 @@
 // are kept. Moves: shift 1, 2, 4, ... layers from one option to another. Ties (within 0.1%)
 // go to the candidate with less recomputation, then fewer bytes stored on the device, so
 // the ratio rule also decides between equally fast placements.
+#include "fuyou/timing.h"
 #include "fuyou/swap_search.h"
 
 #include <algorithm>
@@ -265,7 +266,7 @@ SwapSearchResult search_swap(const PlanRequest& req, const HardwareProfile& hw, 
   out.plan = std::move(best.plan);
   out.sim = std::move(best.sim);
   out.plans_evaluated = search.evaluated();
-  out.search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out.search_s = seconds_since(t0);
   return out;
 }
 

@@ -20,6 +20,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "fuyou/timing.h"
 #include "fuyou/backend_select.h"
 #include "fuyou/checkpoint.h"
 #include "fuyou/data.h"
@@ -68,8 +69,6 @@ std::string utc_now() {
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   return buf;
 }
-
-double seconds_since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
 
 constexpr const char* kStartingUp = "while starting, before training began (nothing was trained, so there is no "
                                     "checkpoint)";

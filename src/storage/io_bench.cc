@@ -1,3 +1,4 @@
+#include "fuyou/timing.h"
 #include "fuyou/io_bench.h"
 
 #include <algorithm>
@@ -19,10 +20,6 @@ namespace fuyou {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-
-double seconds_since(clock_type::time_point t0) {
-  return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
 
 constexpr uint64_t kStampMagic = 0x66757930696f6265ull;
 
