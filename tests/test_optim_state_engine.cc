@@ -16,6 +16,7 @@
 #include "fuyou/simulator.h"
 #include "fuyou/sizes.h"
 #include "fuyou/train.h"
+#include "engine_run_support.h"
 #include "plan_support.h"
 #include "test_support.h"
 
@@ -41,20 +42,8 @@ std::string store_dir(const std::string& tag) {
   return p.string();
 }
 
-std::vector<std::vector<int32_t>> batches(const Config& cfg, int steps) {
-  std::vector<std::vector<int32_t>> out;
-  for (int s = 0; s < steps; ++s) {
-    Rng rng(91, s);
-    std::vector<int32_t> b(static_cast<size_t>(cfg.schedule.micro_batch) * (cfg.model.seq_len + 1));
-    for (auto& t : b) t = static_cast<int32_t>(rng.below(cfg.model.vocab_size));
-    out.push_back(b);
-  }
-  return out;
-}
-
-struct Run {
-  std::vector<float> losses, params;
-};
+using Run = test::EngineRun;
+using test::require_bitwise;
 
 Run in_memory(const Config& cfg, const std::vector<std::vector<int32_t>>& data) {
   auto be = make_cpu_backend(2, 0);
@@ -82,16 +71,6 @@ Run offloaded(const Config& cfg, const PlanRequest& req, const std::vector<std::
   return out;
 }
 
-void require_bitwise(const Run& a, const Run& b) {
-  REQUIRE(a.losses.size() == b.losses.size());
-  for (size_t s = 0; s < a.losses.size(); ++s) {
-    INFO("step " << s << ": offloaded " << a.losses[s] << ", in memory " << b.losses[s]);
-    CHECK(std::memcmp(&a.losses[s], &b.losses[s], 4) == 0);
-  }
-  REQUIRE(a.params.size() == b.params.size());
-  CHECK(std::memcmp(a.params.data(), b.params.data(), 4 * a.params.size()) == 0);
-}
-
 int count_ops(const Plan& p, OpKind k, BufferKind dest) {
   int n = 0;
   for (const PlanOp& o : p.ops)
@@ -108,7 +87,7 @@ TEST_CASE("packed optimizer state: offloaded training equals in-memory training 
   for (double clip : {0.0, 0.5}) {
     INFO("state " << state << ", master " << master << ", clip " << clip);
     Config cfg = packed_config(state, master, clip);
-    auto data = batches(cfg, 5);
+    auto data = test::random_batches(cfg, 5, 91);
     const Run ref = in_memory(cfg, data);
     // The format moves the weights: the last step's differ from the first's.
     PlanRequest req = plan_request(cfg);
@@ -157,7 +136,7 @@ TEST_CASE("packed optimizer state: the simulator charges the bytes the executor 
   std::vector<float> init(layout.total);
   init_gpt_params(cfg.model, layout, init.data());
   tr.set_params(init.data());
-  auto data = batches(cfg, 2);
+  auto data = test::random_batches(cfg, 2, 91);
   std::mutex mu;
   std::vector<std::vector<OpTraffic>> moved(2, std::vector<OpTraffic>(plan.ops.size()));
   std::vector<std::vector<int>> ran(2, std::vector<int>(plan.ops.size(), 0));

@@ -23,6 +23,7 @@
 #include "fuyou/scheduler.h"
 #include "fuyou/simulator.h"
 #include "fuyou/train.h"
+#include "engine_run_support.h"
 #include "plan_support.h"
 #include "test_support.h"
 
@@ -49,17 +50,6 @@ std::string store_dir(const std::string& tag) {
   return p.string();
 }
 
-std::vector<std::vector<int32_t>> batches(const Config& cfg, int steps) {
-  std::vector<std::vector<int32_t>> out;
-  for (int s = 0; s < steps; ++s) {
-    Rng rng(77, s);
-    std::vector<int32_t> b(static_cast<size_t>(cfg.schedule.micro_batch) * (cfg.model.seq_len + 1));
-    for (auto& t : b) t = static_cast<int32_t>(rng.below(cfg.model.vocab_size));
-    out.push_back(b);
-  }
-  return out;
-}
-
 // The backend an executor test runs on: the plain CPU backend, or the same kernels under the
 // CUDA backend's ordering rules with random delays of up to 300 us before every queued
 // operation (a few times a small kernel's duration here: an operation nobody waited for has
@@ -83,10 +73,8 @@ std::unique_ptr<Backend> twin_backend(Twin twin, uint64_t device_budget, ElemTyp
 
 const char* twin_name(Twin t) { return t == Twin::kCpu ? "cpu" : "cpu-streams"; }
 
-struct Run {
-  std::vector<float> losses;
-  std::vector<float> params;
-};
+using Run = test::EngineRun;
+using test::require_bitwise;
 
 Run in_memory(const Config& cfg, const std::vector<std::vector<int32_t>>& data) {
   auto be = make_cpu_backend(2, 0);
@@ -167,16 +155,6 @@ struct HoldUntil {
   }
 };
 
-void require_bitwise(const Run& a, const Run& b) {
-  REQUIRE(a.losses.size() == b.losses.size());
-  for (size_t s = 0; s < a.losses.size(); ++s) {
-    INFO("step " << s << ": offloaded " << a.losses[s] << ", in memory " << b.losses[s]);
-    CHECK(std::memcmp(&a.losses[s], &b.losses[s], 4) == 0);
-  }
-  REQUIRE(a.params.size() == b.params.size());
-  CHECK(std::memcmp(a.params.data(), b.params.data(), 4 * a.params.size()) == 0);
-}
-
 }  // namespace
 
 TEST_CASE("a chunked LM head: in memory close to the whole head, offloaded equal to in memory bit for bit",
@@ -195,7 +173,7 @@ TEST_CASE("a chunked LM head: in memory close to the whole head, offloaded equal
                           "<test>");
     };
     const Config whole = cfg_with(0), chunked = cfg_with(13);
-    auto data = batches(whole, 8);
+    auto data = test::random_batches(whole, 8, 77);
     // grad_accum 2: two micro-batches a step, from consecutive batches.
     auto run = [&](const Config& cfg) {
       auto be = make_cpu_backend(2, 0);
@@ -290,7 +268,7 @@ TEST_CASE("offloaded training is bitwise equal to in-memory training", "[schedul
   INFO("backend " << twin_name(twin) << ", device tensors " << tensors);
   for (double clip : {0.0, 0.5}) {
     Config cfg = tiny_config(clip, tensors);
-    auto data = batches(cfg, 6);
+    auto data = test::random_batches(cfg, 6, 77);
     Run ref = in_memory(cfg, data);
 
     StoreConfig sc;
@@ -397,7 +375,7 @@ TEST_CASE("no stale weights: each forward sees the weights of the previous updat
     INFO("clip " << clip);
     Config cfg = tiny_config(clip);
     const int steps = 4, L = cfg.model.n_layer;
-    auto data = batches(cfg, steps);
+    auto data = test::random_batches(cfg, steps, 77);
     ParamLayout layout = make_gpt_layout(cfg.model);
     std::vector<std::vector<float>> expected;  // weights before step s
     {
@@ -446,7 +424,7 @@ TEST_CASE("steps overlap: the next step starts while the previous one's updates 
     INFO("clip " << clip);
     Config cfg = tiny_config(clip);
     const int L = cfg.model.n_layer;
-    auto data = batches(cfg, 3);
+    auto data = test::random_batches(cfg, 3, 77);
     Run ref = in_memory(cfg, data);
     auto store = SsdStore::open({{store_dir("overlap")}});
     auto be = twin_backend(twin, 0);
@@ -470,7 +448,7 @@ TEST_CASE("steps overlap: the next step starts while the previous one's updates 
 TEST_CASE("the top layers' updates are deferred beside the next forward, results bitwise", "[scheduler]") {
   Config cfg = tiny_config(0);
   const int L = cfg.model.n_layer;
-  auto data = batches(cfg, 4);
+  auto data = test::random_batches(cfg, 4, 77);
   Run ref = in_memory(cfg, data);
   PlanRequest req;
   req.model = cfg.model;
@@ -566,7 +544,7 @@ TEST_CASE("the simulator charges every op the bytes the executor moves for it", 
   const int K = mode == "bf16-accum" ? 3 : 1;
   Config cfg = tiny_config(0.0, mode == "fp32" ? "fp32" : "bf16");
   cfg.schedule.grad_accum = K;
-  const auto mbs = batches(cfg, 2 * K);
+  const auto mbs = test::random_batches(cfg, 2 * K, 77);
   std::vector<std::vector<const int32_t*>> data(2);
   for (int s = 0; s < 2; ++s)
     for (int k = 0; k < K; ++k) data[s].push_back(mbs[s * K + k].data());
@@ -643,7 +621,7 @@ TEST_CASE("busy times count an iteration that finishes within a later step's win
   // finished iteration's times.
   using clock = std::chrono::steady_clock;
   Config cfg = tiny_config(0.0);
-  auto data = batches(cfg, 3);
+  auto data = test::random_batches(cfg, 3, 77);
   auto store = SsdStore::open({{store_dir("busy")}});
   auto be = make_cpu_backend(2, 0);
   auto trainer = all_on_ssd(cfg, *be, store.get());
@@ -674,7 +652,7 @@ TEST_CASE("SSD reads reorder: a read whose write is done passes one still waitin
   // no step-1 read could start, the wait would time out and the check fail. The run must
   // still be bitwise equal to in-memory training.
   Config cfg = tiny_config(0.0);
-  auto data = batches(cfg, 3);
+  auto data = test::random_batches(cfg, 3, 77);
   Run ref = in_memory(cfg, data);
   auto store = SsdStore::open({{store_dir("reorder")}});
   auto be = make_cpu_backend(2, 0);
@@ -703,7 +681,7 @@ TEST_CASE("embedding rows first: the next forward starts before the embedding's 
   // check fail. Step 2 is queued only after step 1's rows-first update has run (so it could
   // not use step 2's rows): step 2's lookup must then wait for every part. Both bitwise.
   Config cfg = tiny_config(0.0);
-  auto data = batches(cfg, 4);
+  auto data = test::random_batches(cfg, 4, 77);
   Run ref = in_memory(cfg, data);
   PlanRequest req;
   req.model = cfg.model;

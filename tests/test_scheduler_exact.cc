@@ -15,6 +15,7 @@
 #include "fuyou/rng.h"
 #include "fuyou/scheduler.h"
 #include "fuyou/train.h"
+#include "engine_run_support.h"
 
 namespace fs = std::filesystem;
 using namespace fuyou;
@@ -73,11 +74,8 @@ std::vector<const int32_t*> ptrs(const std::vector<std::vector<int32_t>>& mbs) {
   return p;
 }
 
-struct Run {
-  std::vector<float> losses;
-  std::vector<double> norms;
-  std::vector<float> params;
-};
+using Run = test::EngineRun;
+using test::require_bitwise;
 
 Run in_memory(const Config& cfg, const std::vector<std::vector<std::vector<int32_t>>>& data) {
   auto be = make_cpu_backend(2, 0);
@@ -127,18 +125,6 @@ Run offloaded(const Config& cfg, const Plan& plan, const std::vector<std::vector
   out.params.resize(layout.total);
   tr.read_params(out.params.data());
   return out;
-}
-
-void require_bitwise(const Run& a, const Run& ref, bool exact) {
-  REQUIRE(a.losses.size() == ref.losses.size());
-  for (size_t s = 0; s < a.losses.size(); ++s) {
-    INFO("step " << s << ": offloaded loss " << a.losses[s] << ", in memory " << ref.losses[s]);
-    CHECK(std::memcmp(&a.losses[s], &ref.losses[s], 4) == 0);
-    // The offloaded trainer reports the norm only in exact mode (it computes it only there).
-    if (exact) CHECK(std::memcmp(&a.norms[s], &ref.norms[s], 8) == 0);
-  }
-  REQUIRE(a.params.size() == ref.params.size());
-  CHECK(std::memcmp(a.params.data(), ref.params.data(), 4 * a.params.size()) == 0);
 }
 
 PlanRequest ssd_request(const Config& cfg) {

@@ -19,6 +19,7 @@
 #include "fuyou/scheduler.h"
 #include "fuyou/storage.h"
 #include "fuyou/train.h"
+#include "../engine_run_support.h"
 
 namespace fs = std::filesystem;
 using namespace fuyou;
@@ -48,20 +49,8 @@ std::string store_dir(const std::string& tag) {
   return p.string();
 }
 
-struct Run {
-  std::vector<float> losses, params;
-};
-
-std::vector<std::vector<int32_t>> batches(const Config& cfg, int steps) {
-  std::vector<std::vector<int32_t>> out;
-  for (int s = 0; s < steps; ++s) {
-    Rng rng(77, s);
-    std::vector<int32_t> b(size_t(cfg.schedule.micro_batch) * (cfg.model.seq_len + 1));
-    for (auto& t : b) t = static_cast<int32_t>(rng.below(cfg.model.vocab_size));
-    out.push_back(b);
-  }
-  return out;
-}
+using Run = test::EngineRun;
+using test::require_bitwise;
 
 std::unique_ptr<Backend> cuda_backend(const Config& cfg, uint64_t device_budget) {
   auto be = make_cuda_backend(0, device_budget);
@@ -103,20 +92,6 @@ Run offloaded(const Config& cfg, const PlanRequest& req, const std::vector<std::
   return out;
 }
 
-void require_bitwise(const Run& a, const Run& b) {
-  REQUIRE(a.losses.size() == b.losses.size());
-  for (size_t s = 0; s < a.losses.size(); ++s) {
-    INFO("step " << s << ": offloaded " << a.losses[s] << ", in memory " << b.losses[s]);
-    CHECK(std::memcmp(&a.losses[s], &b.losses[s], 4) == 0);
-  }
-  REQUIRE(a.params.size() == b.params.size());
-  size_t differ = 0;
-  for (size_t i = 0; i < a.params.size(); ++i)
-    differ += std::memcmp(&a.params[i], &b.params[i], 4) != 0;
-  INFO(differ << " of " << a.params.size() << " weights differ");
-  CHECK(differ == 0);
-}
-
 }  // namespace
 
 TEST_CASE("cuda: offloaded training is bitwise equal to in-memory training", "[cuda][scheduler]") {
@@ -133,7 +108,7 @@ TEST_CASE("cuda: offloaded training is bitwise equal to in-memory training", "[c
       INFO("precision " << m.precision << ", device tensors " << m.device_tensors << ", head chunk " << m.head_chunk
                         << ", grad_accum " << m.grad_accum << ", clip " << clip);
       Config cfg = tiny_config(clip, m.precision, m.device_tensors, m.head_chunk, m.grad_accum);
-      auto data = batches(cfg, 5 * m.grad_accum);
+      auto data = test::random_batches(cfg, 5 * m.grad_accum, 77);
       Run ref = in_memory(cfg, data);
 
       // Everything on SSD: weights, optimizer state, and every kind of activation placement

@@ -1,0 +1,56 @@
+// Helpers shared by the tests that compare training runs bit for bit (the scheduler, exact
+// mode, packed optimizer state, the CUDA scheduler): what a run records, their comparison,
+// and the random token batches they train on.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "fuyou/config.h"
+#include "fuyou/rng.h"
+
+namespace fuyou::test {
+
+// One training run: every step's loss (and gradient norm, where the run records it) and
+// every parameter after the last step.
+struct EngineRun {
+  std::vector<float> losses;
+  std::vector<double> norms;
+  std::vector<float> params;
+};
+
+// Bit-for-bit equality of run `a` with the reference: every step's loss, every parameter, and
+// with `norms` every step's gradient norm. A failure names the step, or counts the
+// parameters that differ.
+inline void require_bitwise(const EngineRun& a, const EngineRun& ref, bool norms = false) {
+  REQUIRE(a.losses.size() == ref.losses.size());
+  if (norms) REQUIRE((a.norms.size() == a.losses.size() && ref.norms.size() == ref.losses.size()));
+  for (size_t s = 0; s < a.losses.size(); ++s) {
+    INFO("step " << s << ": loss " << a.losses[s] << ", reference " << ref.losses[s]);
+    CHECK(std::memcmp(&a.losses[s], &ref.losses[s], sizeof(float)) == 0);
+    if (norms) CHECK(std::memcmp(&a.norms[s], &ref.norms[s], sizeof(double)) == 0);
+  }
+  REQUIRE(a.params.size() == ref.params.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < a.params.size(); ++i) differ += std::memcmp(&a.params[i], &ref.params[i], sizeof(float)) != 0;
+  INFO(differ << " of " << a.params.size() << " parameters differ");
+  CHECK(differ == 0);
+}
+
+// `count` micro-batches of micro_batch x (seq_len + 1) random token ids; batch s draws from
+// Rng(seed, s).
+inline std::vector<std::vector<int32_t>> random_batches(const Config& cfg, int count, uint64_t seed) {
+  std::vector<std::vector<int32_t>> out;
+  for (int s = 0; s < count; ++s) {
+    Rng rng(seed, s);
+    std::vector<int32_t> b(static_cast<size_t>(cfg.schedule.micro_batch) * (cfg.model.seq_len + 1));
+    for (auto& t : b) t = static_cast<int32_t>(rng.below(cfg.model.vocab_size));
+    out.push_back(b);
+  }
+  return out;
+}
+
+}  // namespace fuyou::test
