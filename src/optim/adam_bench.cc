@@ -138,7 +138,7 @@ nlohmann::json run_adam_bench(const AdamBenchOptions& o) {
     // as many bytes as one update moves each way.
     IoBenchOptions io;
     io.dirs = o.dirs;
-    io.size = std::max<uint64_t>(12ull * n / (1 << 20) * (1 << 20), 256ull << 20);
+    io.size = std::max<uint64_t>(optim_state_bytes(OptimFormat{}, n) / (1 << 20) * (1 << 20), 256ull << 20);
     nlohmann::json disk = run_io_bench(io);
     double rd = disk["read_MBps"].get<double>() * 1e6, wr = disk["write_MBps"].get<double>() * 1e6;
     r["ssd_read_MBps"] = rd / 1e6;

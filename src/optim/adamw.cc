@@ -179,7 +179,8 @@ GradStats grad_stats(const void* grad, ElemType type, size_t n, SimdPath path) {
 }
 
 size_t adamw_bytes_per_param(ElemType grad_type, bool with_lowp, ElemType lowp_type) {
-  return 3 * 4 + elem_type_size(grad_type) + 3 * 4 + (with_lowp ? elem_type_size(lowp_type) : 0);
+  // fp32 state read and written back, the gradient read, the working weight written.
+  return 2 * optim_state_bytes(OptimFormat{}, 1) + elem_type_size(grad_type) + (with_lowp ? elem_type_size(lowp_type) : 0);
 }
 
 }  // namespace fuyou

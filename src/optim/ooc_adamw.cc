@@ -84,8 +84,9 @@ std::vector<StateTier> place_optimizer_state(const std::vector<OptimGroup>& grou
     }
   }
   if (!have_store && used < total)
-    throw Error(str("optimizer state needs ", format_size(total), " (", format.packed() ? "packed" : "12 bytes per parameter",
-                    ") but only ",
+    throw Error(str("optimizer state needs ", format_size(total), " (", optim_state_bytes(format, 1000) / 1000.0,
+                    " bytes per parameter: optimizer.state ", moment_format_name(format.moments), ", optimizer.master ",
+                    master_format_name(format.master), ") but only ",
                     format_size(host_state_budget), " of host memory is available for it and no SSD ",
                     "paths are configured (offload.ssd_paths)"));
   return tiers;
