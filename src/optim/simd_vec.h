@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "src/optim/simd_io.h"
 
@@ -32,6 +33,56 @@ struct Vec {
   static F div(F a, F b) { return _mm512_div_ps(a, b); }
   static F sqrt(F a) { return _mm512_sqrt_ps(a); }
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }  // a b + c, one rounding
+  static F zero() { return _mm512_setzero_ps(); }
+  static F min(F a, F b) { return _mm512_min_ps(a, b); }
+  static F max(F a, F b) { return _mm512_max_ps(a, b); }
+  static F abs(F a) { return _mm512_abs_ps(a); }
+  static F floor(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+  // 1 / sqrt(a) to about 14 bits: an estimate, which the callers correct exactly.
+  static F rsqrt_estimate(F a) { return _mm512_rsqrt14_ps(a); }
+  static float reduce_max(F a) { return _mm512_reduce_max_ps(a); }
+
+  // Lane masks from ordered comparisons (false with a NaN) and NaN tests.
+  using M = __mmask16;
+  static M lt(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+  static M le(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_LE_OQ); }
+  static M gt(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
+  static M not_below(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_NLT_UQ); }  // a >= b or NaN
+  static M is_nan(F a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
+  static M no_lanes() { return 0; }
+  static M either(M a, M b) { return static_cast<M>(a | b); }
+  static bool any(M m) { return m != 0; }
+  static F select(M m, F if_set, F otherwise) { return _mm512_mask_mov_ps(otherwise, m, if_set); }
+
+  // 32-bit integer lanes.
+  using I = __m512i;
+  static I set1_i(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
+  static I zero_i() { return _mm512_setzero_si512(); }
+  static I lanes() { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
+  static I add_i(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I sub_i(I a, I b) { return _mm512_sub_epi32(a, b); }
+  static I mul_i(I a, I b) { return _mm512_mullo_epi32(a, b); }  // the low 32 bits
+  static I xor_i(I a, I b) { return _mm512_xor_si512(a, b); }
+  static I or_i(I a, I b) { return _mm512_or_si512(a, b); }
+  static I and_i(I a, I b) { return _mm512_and_si512(a, b); }
+  template <int N>
+  static I shr(I a) { return _mm512_srli_epi32(a, N); }
+  template <int N>
+  static I shl(I a) { return _mm512_slli_epi32(a, N); }
+  static I select_i(M m, I if_set, I otherwise) { return _mm512_mask_mov_epi32(otherwise, m, if_set); }
+  static F to_float(I a) { return _mm512_cvtepi32_ps(a); }  // the value
+  static I truncate(F a) { return _mm512_cvttps_epi32(a); }  // the value toward zero
+  static F bits_float(I a) { return _mm512_castsi512_ps(a); }  // the same bits
+  static I bits_int(F a) { return _mm512_castps_si512(a); }
+
+  // kWidth narrow integers widened to 32-bit lanes, and 32-bit lanes stored narrow (each lane
+  // already within the narrow type's range).
+  static I load_u16(const void* p) { return _mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i*>(p))); }
+  static I load_i16(const void* p) { return _mm512_cvtepi16_epi32(_mm256_loadu_si256(static_cast<const __m256i*>(p))); }
+  static I load_u8(const void* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p))); }
+  static I load_i8(const void* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p))); }
+  static void store_16(void* p, I a) { _mm256_storeu_si256(static_cast<__m256i*>(p), _mm512_cvtepi32_epi16(a)); }
+  static void store_8(void* p, I a) { _mm_storeu_si128(static_cast<__m128i*>(p), _mm512_cvtepi32_epi8(a)); }
 };
 
 }  // namespace fuyou::optim_detail::avx512
@@ -55,6 +106,75 @@ struct Vec {
   static F div(F a, F b) { return _mm256_div_ps(a, b); }
   static F sqrt(F a) { return _mm256_sqrt_ps(a); }
   static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F zero() { return _mm256_setzero_ps(); }
+  static F min(F a, F b) { return _mm256_min_ps(a, b); }
+  static F max(F a, F b) { return _mm256_max_ps(a, b); }
+  static F abs(F a) { return _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff))); }
+  static F floor(F a) { return _mm256_floor_ps(a); }
+  // 1 / sqrt(a) to about 12 bits: an estimate, which the callers correct exactly.
+  static F rsqrt_estimate(F a) { return _mm256_rsqrt_ps(a); }
+  static float reduce_max(F a) {
+    alignas(32) float t[8];
+    _mm256_store_ps(t, a);
+    float r = t[0];
+    for (int i = 1; i < 8; ++i) r = t[i] > r ? t[i] : r;
+    return r;
+  }
+
+  // Lane masks: all ones in a lane where the comparison holds.
+  using M = __m256;
+  static M lt(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+  static M le(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_LE_OQ); }
+  static M gt(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }
+  static M not_below(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_NLT_UQ); }
+  static M is_nan(F a) { return _mm256_cmp_ps(a, a, _CMP_UNORD_Q); }
+  static M no_lanes() { return _mm256_setzero_ps(); }
+  static M either(M a, M b) { return _mm256_or_ps(a, b); }
+  static bool any(M m) { return _mm256_movemask_ps(m) != 0; }
+  static F select(M m, F if_set, F otherwise) { return _mm256_blendv_ps(otherwise, if_set, m); }
+
+  using I = __m256i;
+  static I set1_i(uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
+  static I zero_i() { return _mm256_setzero_si256(); }
+  static I lanes() { return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); }
+  static I add_i(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I sub_i(I a, I b) { return _mm256_sub_epi32(a, b); }
+  static I mul_i(I a, I b) { return _mm256_mullo_epi32(a, b); }
+  static I xor_i(I a, I b) { return _mm256_xor_si256(a, b); }
+  static I or_i(I a, I b) { return _mm256_or_si256(a, b); }
+  static I and_i(I a, I b) { return _mm256_and_si256(a, b); }
+  template <int N>
+  static I shr(I a) { return _mm256_srli_epi32(a, N); }
+  template <int N>
+  static I shl(I a) { return _mm256_slli_epi32(a, N); }
+  static I select_i(M m, I if_set, I otherwise) {
+    return _mm256_blendv_epi8(otherwise, if_set, _mm256_castps_si256(m));
+  }
+  static F to_float(I a) { return _mm256_cvtepi32_ps(a); }
+  static I truncate(F a) { return _mm256_cvttps_epi32(a); }
+  static F bits_float(I a) { return _mm256_castsi256_ps(a); }
+  static I bits_int(F a) { return _mm256_castps_si256(a); }
+
+  static I load_u16(const void* p) { return _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p))); }
+  static I load_i16(const void* p) { return _mm256_cvtepi16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p))); }
+  static I load_u8(const void* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(p))); }
+  static I load_i8(const void* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(p))); }
+  // The low 16 or 8 bits of each lane, as the AVX-512 path's truncating vpmovdw / vpmovdb.
+  static void store_16(void* p, I a) {
+    const __m128i lo = _mm256_castsi256_si128(a), hi = _mm256_extracti128_si256(a, 1);
+    _mm_storeu_si128(static_cast<__m128i*>(p), narrow_16(lo, hi));
+  }
+  static void store_8(void* p, I a) {
+    const __m128i lo = _mm256_castsi256_si128(a), hi = _mm256_extracti128_si256(a, 1);
+    const __m128i w = narrow_16(lo, hi);  // eight 16-bit values
+    _mm_storel_epi64(static_cast<__m128i*>(p), _mm_shuffle_epi8(w, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1,
+                                                                                   -1, -1, -1, -1, -1, -1)));
+  }
+  // Eight 32-bit lanes (four in each half) to eight 16-bit values: the low 16 bits of each.
+  static __m128i narrow_16(__m128i lo, __m128i hi) {
+    const __m128i pick = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+    return _mm_unpacklo_epi64(_mm_shuffle_epi8(lo, pick), _mm_shuffle_epi8(hi, pick));
+  }
 };
 
 }  // namespace fuyou::optim_detail::avx2
