@@ -28,6 +28,7 @@
 #include "fuyou/tokenizer.h"
 #include "fuyou/train.h"
 #include "src/storage/file_layer.h"
+#include "run_dir_support.h"
 #include "test_support.h"
 
 namespace fs = std::filesystem;
@@ -36,27 +37,17 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// A fresh directory under the build tree (O_DIRECT works there), removed at the end.
-struct Scratch {
-  fs::path root;
-  explicit Scratch(const std::string& name)
-      : root(fs::path(FUYOU_BINARY_DIR) / "test-data" / ("ckpt-" + name + "-" + std::to_string(::getpid()))) {
-    fs::remove_all(root);
-    fs::create_directories(root / "ssd0");
-    fs::create_directories(root / "ssd1");
-    std::ofstream f(root / "corpus.txt");
-    const char* lines[] = {"the quick brown fox jumps over the lazy dog.\n", "all that glitters is not gold.\n",
-                           "a journey of a thousand miles begins with a single step.\n"};
-    for (int i = 0; i < 200; ++i) f << lines[i % 3];
-  }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(root, ec);
-  }
-  std::string run(const std::string& name) const { return (root / name).string(); }
-  std::string ssd_list() const { return str("[", (root / "ssd0").string(), ", ", (root / "ssd1").string(), "]"); }
-  bool ssd_empty() const { return fs::is_empty(root / "ssd0") && fs::is_empty(root / "ssd1"); }
+// Scratch directories with two SSD folders (tests/run_dir_support.h).
+struct Scratch : test::RunScratch {
+  explicit Scratch(const std::string& name) : RunScratch("ckpt", name, 2) {}
 };
+using test::check_resumed_equals;
+using test::losses;
+using test::offload_everything;
+using test::resume;
+using test::state_at;
+using test::tensors;
+using test::train;
 
 Config base_config(const Scratch& s, const std::string& extra = "") {
   return parse_config(str("model: {n_layer: 3, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 256, seq_len: 16}\n"
@@ -67,13 +58,6 @@ Config base_config(const Scratch& s, const std::string& extra = "") {
                           "runtime: {backend: cpu, threads: 2, seed: 11}\n"
                           "checkpoint: {every_steps: 3, keep: 10}\n"),
                       "<test>", extra.empty() ? std::vector<std::string>{} : std::vector<std::string>{extra});
-}
-
-void offload_everything(Config* c, const Scratch& s) {
-  c->offload.ssd_paths = {(s.root / "ssd0").string(), (s.root / "ssd1").string()};
-  c->offload.weights = "ssd";
-  c->offload.optimizer_state = "ssd";
-  c->offload.activations = ActivationPolicy::kSwap;
 }
 
 // An engine for `cfg` on the CPU backend whose SSD store goes through `files`, its
@@ -92,65 +76,6 @@ struct OffloadedRig {
   }
   StepResult step(int64_t i) { return engine->step(i, {batch.data(), batch.data()}); }
 };
-
-// step -> loss (training lines) and step -> val_loss, as the run logged them.
-std::map<int64_t, double> losses(const std::string& run_dir, const char* key = "loss") {
-  std::map<int64_t, double> out;
-  std::ifstream in(fs::path(run_dir) / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains(key)) out[j["step"].get<int64_t>()] = j[key].get<double>();
-  }
-  return out;
-}
-
-// Every tensor of the file, by name.
-std::map<std::string, std::string> tensors(const std::string& path) {
-  SafetensorsReader r(path);
-  std::map<std::string, std::string> out;
-  for (const auto& t : r.tensors()) {
-    std::string bytes(t.end - t.begin, '\0');
-    r.read_raw(t.name, bytes.data());
-    out[t.name] = bytes;
-  }
-  return out;
-}
-
-// The weights and both moments of a run's checkpoint at `step`.
-std::map<std::string, std::string> state_at(const std::string& run_dir, int64_t step) {
-  const fs::path d = fs::path(run_dir) / "checkpoints" / str("step-", step);
-  auto out = tensors((d / "model.safetensors").string());
-  for (auto& [k, v] : tensors((d / kOptimizerFile).string())) out[k] = v;
-  return out;
-}
-
-// The run resumed from `ckpt` into `dir` equals `full` from the checkpoint's step on: every
-// later training loss and validation loss, the final weights, and the final checkpoint's
-// weights and moments, bit for bit.
-void check_resumed_equals(const std::string& full, const std::string& resumed, int64_t from, int64_t steps) {
-  auto a = losses(full), b = losses(resumed);
-  for (int64_t s = from + 1; s <= steps; ++s) {
-    INFO("step " << s);
-    REQUIRE(b.count(s));
-    CHECK(std::memcmp(&a[s], &b[s], sizeof(double)) == 0);
-  }
-  CHECK(losses(full, "val_loss") == losses(resumed, "val_loss"));
-  CHECK(tensors(full + "/model.safetensors") == tensors(resumed + "/model.safetensors"));
-  CHECK(state_at(full, steps) == state_at(resumed, steps));
-}
-
-TrainSummary resume(const std::string& ckpt, const std::string& run_dir, const std::vector<std::string>& sets = {}) {
-  TrainOptions o;
-  o.resume = resolve_checkpoint(ckpt);
-  o.run_dir = run_dir;
-  return run_training(resume_config(o.resume, "", sets), o);
-}
-
-TrainSummary train(const Config& cfg, const std::string& run_dir) {
-  TrainOptions o;
-  o.run_dir = run_dir;
-  return run_training(cfg, o);
-}
 
 }  // namespace
 

@@ -1,0 +1,139 @@
+// Helpers shared by the tests that train through fuyou-train's run (run_training) and compare
+// run directories: a scratch directory with a small corpus and SSD folders, training and
+// resuming, and reading back what a run wrote (its metrics, tensors and checkpoints).
+#pragma once
+
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "fuyou/checkpoint.h"
+#include "fuyou/error.h"
+#include "fuyou/safetensors.h"
+#include "fuyou/train.h"
+
+namespace fuyou::test {
+
+// A fresh directory under the build tree (O_DIRECT works there) holding corpus.txt (200
+// lines of three proverbs) and `ssd_dirs` empty folders ssd0, ssd1, ...; removed at the end.
+struct RunScratch {
+  std::filesystem::path root;
+  int ssd_dirs;
+  RunScratch(const std::string& prefix, const std::string& name, int ssd_dirs_ = 1)
+      : root(std::filesystem::path(FUYOU_BINARY_DIR) / "test-data" /
+             (prefix + "-" + name + "-" + std::to_string(::getpid()))),
+        ssd_dirs(ssd_dirs_) {
+    std::filesystem::remove_all(root);
+    for (int i = 0; i < ssd_dirs; ++i) std::filesystem::create_directories(ssd(i));
+    std::filesystem::create_directories(root);
+    std::ofstream f(root / "corpus.txt");
+    const char* lines[] = {"the quick brown fox jumps over the lazy dog.\n", "all that glitters is not gold.\n",
+                           "a journey of a thousand miles begins with a single step.\n"};
+    for (int i = 0; i < 200; ++i) f << lines[i % 3];
+  }
+  ~RunScratch() {
+    std::error_code ec;
+    std::filesystem::remove_all(root, ec);
+  }
+  RunScratch(const RunScratch&) = delete;
+  RunScratch& operator=(const RunScratch&) = delete;
+  std::string run(const std::string& name) const { return (root / name).string(); }
+  std::string corpus() const { return (root / "corpus.txt").string(); }
+  std::filesystem::path ssd(int i) const { return root / ("ssd" + std::to_string(i)); }
+  std::vector<std::string> ssd_paths() const {
+    std::vector<std::string> out;
+    for (int i = 0; i < ssd_dirs; ++i) out.push_back(ssd(i).string());
+    return out;
+  }
+  // The SSD folders as a YAML list, for --set offload.ssd_paths=...
+  std::string ssd_list() const {
+    std::string out = "[";
+    for (int i = 0; i < ssd_dirs; ++i) out += (i ? ", " : "") + ssd(i).string();
+    return out + "]";
+  }
+  bool ssd_empty() const {
+    for (int i = 0; i < ssd_dirs; ++i)
+      if (!std::filesystem::is_empty(ssd(i))) return false;
+    return true;
+  }
+};
+
+// Weights, optimizer state and checkpoints on the scratch's SSD folders, activations swapped.
+inline void offload_everything(Config* c, const RunScratch& s) {
+  c->offload.ssd_paths = s.ssd_paths();
+  c->offload.weights = "ssd";
+  c->offload.optimizer_state = "ssd";
+  c->offload.activations = ActivationPolicy::kSwap;
+}
+
+inline TrainSummary train(const Config& cfg, const std::string& run_dir) {
+  TrainOptions o;
+  o.run_dir = run_dir;
+  return run_training(cfg, o);
+}
+
+// Resumes the checkpoint `ckpt` (a checkpoint or a run directory) into run_dir, the
+// checkpoint's config changed by `sets`.
+inline TrainSummary resume(const std::string& ckpt, const std::string& run_dir,
+                           const std::vector<std::string>& sets = {}) {
+  TrainOptions o;
+  o.resume = resolve_checkpoint(ckpt);
+  o.run_dir = run_dir;
+  return run_training(resume_config(o.resume, "", sets), o);
+}
+
+// step -> loss (training lines) and step -> val_loss, as the run logged them.
+inline std::map<int64_t, double> losses(const std::string& run_dir, const char* key = "loss") {
+  std::map<int64_t, double> out;
+  std::ifstream in(std::filesystem::path(run_dir) / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains(key)) out[j["step"].get<int64_t>()] = j[key].get<double>();
+  }
+  return out;
+}
+
+// Every tensor of the file, by name.
+inline std::map<std::string, std::string> tensors(const std::string& path) {
+  SafetensorsReader r(path);
+  std::map<std::string, std::string> out;
+  for (const auto& t : r.tensors()) {
+    std::string bytes(t.end - t.begin, '\0');
+    r.read_raw(t.name, bytes.data());
+    out[t.name] = bytes;
+  }
+  return out;
+}
+
+// The weights and both moments of a run's checkpoint at `step`.
+inline std::map<std::string, std::string> state_at(const std::string& run_dir, int64_t step) {
+  const std::filesystem::path d = std::filesystem::path(run_dir) / "checkpoints" / str("step-", step);
+  auto out = tensors((d / "model.safetensors").string());
+  for (auto& [k, v] : tensors((d / kOptimizerFile).string())) out[k] = v;
+  return out;
+}
+
+// The run resumed from a checkpoint at step `from` into `resumed` equals `full` from there on:
+// every later training loss and validation loss, the final weights, and the final
+// checkpoint's weights and moments, bit for bit.
+inline void check_resumed_equals(const std::string& full, const std::string& resumed, int64_t from, int64_t steps) {
+  auto a = losses(full), b = losses(resumed);
+  for (int64_t s = from + 1; s <= steps; ++s) {
+    INFO("step " << s);
+    REQUIRE(b.count(s));
+    CHECK(std::memcmp(&a[s], &b[s], sizeof(double)) == 0);
+  }
+  CHECK(losses(full, "val_loss") == losses(resumed, "val_loss"));
+  CHECK(tensors(full + "/model.safetensors") == tensors(resumed + "/model.safetensors"));
+  CHECK(state_at(full, steps) == state_at(resumed, steps));
+}
+
+}  // namespace fuyou::test
