@@ -9,8 +9,12 @@
 #include <cstring>
 #include <vector>
 
+#include "fuyou/backend.h"
 #include "fuyou/config.h"
+#include "fuyou/model.h"
 #include "fuyou/rng.h"
+#include "fuyou/scheduler.h"
+#include "fuyou/train.h"
 
 namespace fuyou::test {
 
@@ -51,6 +55,37 @@ inline std::vector<std::vector<int32_t>> random_batches(const Config& cfg, int c
     out.push_back(b);
   }
   return out;
+}
+
+// The in-memory step (the reference) over `data`, one micro-batch a step, on the CPU backend
+// storing tensors as `storage`.
+inline EngineRun in_memory_run(const Config& cfg, const std::vector<std::vector<int32_t>>& data, ElemType storage) {
+  auto be = make_cpu_backend(2, 0);
+  be->set_storage_type(storage);
+  StepRunner r(cfg, *be);
+  r.init_params();
+  EngineRun out;
+  for (size_t s = 0; s < data.size(); ++s) out.losses.push_back(r.step(static_cast<int64_t>(s), {data[s].data()}).loss);
+  out.params = r.master();
+  return out;
+}
+
+// Steps the executor `tr` over `data`, one micro-batch a step, from the parameters it holds.
+inline EngineRun run_steps(OffloadTrainer& tr, const std::vector<std::vector<int32_t>>& data) {
+  EngineRun out;
+  for (size_t s = 0; s < data.size(); ++s) out.losses.push_back(tr.step(static_cast<int64_t>(s), data[s].data()).loss);
+  out.params.resize(make_gpt_layout(tr.plan().model).total);
+  tr.read_params(out.params.data());
+  return out;
+}
+
+// The executor `tr` from the model's initial parameters over `data`.
+inline EngineRun offloaded_run(OffloadTrainer& tr, const std::vector<std::vector<int32_t>>& data) {
+  const ParamLayout layout = make_gpt_layout(tr.plan().model);
+  std::vector<float> init(layout.total);
+  init_gpt_params(tr.plan().model, layout, init.data());
+  tr.set_params(init.data());
+  return run_steps(tr, data);
 }
 
 }  // namespace fuyou::test

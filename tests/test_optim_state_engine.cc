@@ -46,29 +46,14 @@ using Run = test::EngineRun;
 using test::require_bitwise;
 
 Run in_memory(const Config& cfg, const std::vector<std::vector<int32_t>>& data) {
-  auto be = make_cpu_backend(2, 0);
-  be->set_storage_type(ElemType::kBF16);
-  StepRunner r(cfg, *be);
-  r.init_params();
-  Run out;
-  for (size_t s = 0; s < data.size(); ++s) out.losses.push_back(r.step(static_cast<int64_t>(s), {data[s].data()}).loss);
-  out.params = r.master();
-  return out;
+  return test::in_memory_run(cfg, data, ElemType::kBF16);
 }
 
 Run offloaded(const Config& cfg, const PlanRequest& req, const std::vector<std::vector<int32_t>>& data, SsdStore* store) {
   auto be = make_cpu_backend(2, req.device_budget);
   be->set_storage_type(req.tensors);
   OffloadTrainer tr(cfg, *be, make_plan(req), store);
-  ParamLayout layout = make_gpt_layout(cfg.model);
-  std::vector<float> init(layout.total);
-  init_gpt_params(cfg.model, layout, init.data());
-  tr.set_params(init.data());
-  Run out;
-  for (size_t s = 0; s < data.size(); ++s) out.losses.push_back(tr.step(static_cast<int64_t>(s), data[s].data()).loss);
-  out.params.resize(layout.total);
-  tr.read_params(out.params.data());
-  return out;
+  return test::offloaded_run(tr, data);
 }
 
 int count_ops(const Plan& p, OpKind k, BufferKind dest) {

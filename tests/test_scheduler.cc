@@ -75,36 +75,17 @@ const char* twin_name(Twin t) { return t == Twin::kCpu ? "cpu" : "cpu-streams"; 
 
 using Run = test::EngineRun;
 using test::require_bitwise;
+using test::run_steps;
 
 Run in_memory(const Config& cfg, const std::vector<std::vector<int32_t>>& data) {
-  auto be = make_cpu_backend(2, 0);
-  be->set_storage_type(tensors_of(cfg));
-  StepRunner r(cfg, *be);
-  r.init_params();
-  Run out;
-  for (size_t s = 0; s < data.size(); ++s) out.losses.push_back(r.step(static_cast<int64_t>(s), {data[s].data()}).loss);
-  out.params = r.master();
-  return out;
-}
-
-// Steps `tr` over every batch of `data` and reads its parameters back.
-Run run_steps(OffloadTrainer& tr, const std::vector<std::vector<int32_t>>& data) {
-  Run out;
-  for (size_t s = 0; s < data.size(); ++s) out.losses.push_back(tr.step(static_cast<int64_t>(s), data[s].data()).loss);
-  out.params.resize(make_gpt_layout(tr.plan().model).total);
-  tr.read_params(out.params.data());
-  return out;
+  return test::in_memory_run(cfg, data, tensors_of(cfg));
 }
 
 Run offloaded(const Config& cfg, const PlanRequest& req, const std::vector<std::vector<int32_t>>& data,
               SsdStore* store, Twin twin = Twin::kCpu) {
   auto be = twin_backend(twin, req.device_budget, req.tensors);
   OffloadTrainer tr(cfg, *be, make_plan(req), store);
-  ParamLayout layout = make_gpt_layout(cfg.model);
-  std::vector<float> init(layout.total);
-  init_gpt_params(cfg.model, layout, init.data());
-  tr.set_params(init.data());
-  return run_steps(tr, data);
+  return test::offloaded_run(tr, data);
 }
 
 // A trainer with every layer's checkpoint, weights and optimizer state on SSD (exact mode
