@@ -436,7 +436,7 @@ TEST_CASE("plans for packed records count attention over the records' keys; byte
   int compute = 0;
   for (size_t i = 0; i < dense.ops.size(); ++i) {
     const PlanOp &d = dense.ops[i], &p = packed.ops[i];
-    CHECK(d.bytes == p.bytes);
+    CHECK(op_bytes(d) == op_bytes(p));
     if (d.kind != OpKind::kForward && d.kind != OpKind::kBackward) continue;
     ++compute;
     // The attention's two products cost 4 keys C FLOPs a token; the backward twice the forward.

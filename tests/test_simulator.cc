@@ -71,11 +71,11 @@ struct Builder {
       const bool ssd = r == Resource::kSsdRead || r == Resource::kSsdWrite;
       op.kind = r == Resource::kH2D ? OpKind::kLoadWeights : r == Resource::kD2H ? OpKind::kSaveCheckpoint
                 : r == Resource::kSsdRead ? OpKind::kReadWeights : OpKind::kWriteWeights;
-      op.bytes = static_cast<uint64_t>(seconds * (ssd ? kSsdBps : 1e9));
-      const int host = buffer(Tier::kHost, op.bytes), other = buffer(ssd ? Tier::kSsd : Tier::kDevice, op.bytes);
+      const uint64_t bytes = static_cast<uint64_t>(seconds * (ssd ? kSsdBps : 1e9));
+      const int host = buffer(Tier::kHost, bytes), other = buffer(ssd ? Tier::kSsd : Tier::kDevice, bytes);
       const bool up = r == Resource::kH2D || r == Resource::kSsdWrite;
-      op.uses.push_back({up ? host : other, Access::kRead, Role::kSource, 0, op.bytes});
-      op.uses.push_back({up ? other : host, Access::kWrite, Role::kDest, 0, op.bytes});
+      op.uses.push_back({up ? host : other, Access::kRead, Role::kSource, 0, bytes});
+      op.uses.push_back({up ? other : host, Access::kWrite, Role::kDest, 0, bytes});
     }
     plan.ops.push_back(op);
     return op.id;

@@ -45,38 +45,6 @@ struct LayerDecision {
   int retained = -1;
 };
 
-// What an op does. Its buffers, and which of them it reads or writes, are its uses
-// (PlanOp::uses): the executor, the hazard analysis and the simulator read those.
-enum class OpKind {
-  kReadWeights,       // ssd_read: a layer's weights extent -> host read slot (split master: -> the update's weights-out slot)
-  kLoadWeights,       // h2d: host weights, a read slot or a weights-out slot -> device weight slot
-  kEmbedForward,      // compute: the micro-batch's tokens to the device, embedding forward
-  kForward,           // compute: block forward of `layer`
-  kSaveCheckpoint,    // d2h: block input of `layer` -> host (resident or staging)
-  kWriteCheckpoint,   // ssd_write: staging -> checkpoint extent
-  kReadCheckpoint,    // ssd_read: checkpoint extent -> staging
-  kLoadCheckpoint,    // h2d: host -> device checkpoint slot
-  kZeroGrads,         // compute: the step's first micro-batch zeroes the embedding and final gradients
-  kHead,              // compute: final norm, logits, loss and their backward
-  kRecomputeInput,    // compute: forward of layer-1 to rebuild `layer`'s input
-  kRecompute,         // compute: block forward of `layer` to rebuild its internals
-  kBackward,          // compute: block backward of `layer` into a device gradient slot
-  kEmbedBackward,     // compute
-  kSaveGrads,         // d2h: gradients of `group` -> host gradient buffer
-  kGradNorm,          // optimizer: global norm over all staged gradients (exact mode)
-  kUpdate,            // optimizer: AdamW of `group`, new weights to host
-  kWriteWeights,      // ssd_write: new weights of `group` -> its weights extent
-  kLoadResident,      // h2d: new embedding / final-norm weights -> resident device copy
-  // Held gradients (exact mode, gradient accumulation):
-  kWriteGrads,        // ssd_write: gradient staging slot -> gradient extent of `group`
-  kReadGrads,         // ssd_read: gradient extent -> staging slot
-  kLoadGrads,         // h2d: held gradient -> device gradient slot, the next micro-batch adds to it
-  kGradSumSq,         // optimizer: sum of squares of one group's gradient (exact mode)
-  kAccumulateGrads,   // optimizer: a micro-batch's 16-bit gradient added into the group's fp32 sum (Plan::accum_fp32)
-  // Forward-only plans (validation):
-  kHeadLoss,          // compute: final norm, logits and the loss, no backward
-};
-const char* op_kind_name(OpKind k);
 
 // ---- the buffer table ---------------------------------------------------------------------
 
@@ -157,11 +125,108 @@ struct BufferUse {
 
 // ---- operations ---------------------------------------------------------------------------
 
+// What an op does. Its buffers, and which of them it reads or writes, are its uses
+// (PlanOp::uses): the executor, the hazard analysis and the simulator read those. Its queue,
+// name and traffic are its row of op_kind_info.
+enum class OpKind {
+  kReadWeights,       // a layer's weights extent -> host read slot (split master: -> the update's weights-out slot)
+  kLoadWeights,       // host weights, a read slot or a weights-out slot -> device weight slot
+  kEmbedForward,      // the micro-batch's tokens to the device, embedding forward
+  kForward,           // block forward of `layer`
+  kSaveCheckpoint,    // block input of `layer` -> host (resident or staging)
+  kWriteCheckpoint,   // staging -> checkpoint extent
+  kReadCheckpoint,    // checkpoint extent -> staging
+  kLoadCheckpoint,    // host -> device checkpoint slot
+  kZeroGrads,         // the step's first micro-batch zeroes the embedding and final gradients
+  kHead,              // final norm, logits, loss and their backward
+  kRecomputeInput,    // forward of layer-1 to rebuild `layer`'s input
+  kRecompute,         // block forward of `layer` to rebuild its internals
+  kBackward,          // block backward of `layer` into a device gradient slot
+  kEmbedBackward,     // the embedding's backward from the residual gradient
+  kSaveGrads,         // gradients of `group` -> host gradient buffer
+  kGradNorm,          // global norm over all staged gradients (exact mode)
+  kUpdate,            // AdamW of `group`, new weights to host
+  kWriteWeights,      // new weights of `group` -> its weights extent
+  kLoadResident,      // new embedding / final-norm weights -> resident device copy
+  // Held gradients (exact mode, gradient accumulation):
+  kWriteGrads,        // gradient staging slot -> gradient extent of `group`
+  kReadGrads,         // gradient extent -> staging slot
+  kLoadGrads,         // held gradient -> device gradient slot, the next micro-batch adds to it
+  kGradSumSq,         // sum of squares of one group's gradient (exact mode)
+  kAccumulateGrads,   // a micro-batch's 16-bit gradient added into the group's fp32 sum (Plan::accum_fp32)
+  // Forward-only plans (validation):
+  kHeadLoss,          // final norm, logits and the loss, no backward
+};
+// Kinds are numbered 0 .. kNumOpKinds-1 (the last one's + 1).
+constexpr int kNumOpKinds = static_cast<int>(OpKind::kHeadLoss) + 1;
+
+// Where the bytes of an op of a kind go, and how they derive from its uses (op_traffic,
+// op_bytes, the simulator's durations).
+enum class Traffic {
+  kNone,        // compute, the norm: no bytes of its own
+  kH2D,         // its `role` use, host -> device
+  kD2H,         // its `role` use, device -> host
+  kSsdRead,     // its `role` use from the store, in whole 4 KiB blocks
+  kSsdWrite,    // its `role` use to the store, in whole 4 KiB blocks
+  kHostRead,    // its `role` use streamed once from host memory by the optimizer's threads
+  kHostSum,     // every use streamed through host memory, an accumulated one twice (read, written)
+  kState,       // an update: where its `role` use (the state) is on SSD, master and moments read
+                // and written back in the plan's state format (ooc_update_io_bytes)
+};
+
+// One row per op kind: everything the plan's readers know of a kind other than what it does
+// (the executor's run_op) and where the planner emits it.
+struct OpKindInfo {
+  const char* name = nullptr;              // listings, JSON, traces, messages
+  Resource resource = Resource::kCompute;  // the queue that runs it
+  Traffic traffic = Traffic::kNone;
+  Role role = Role::kSource;               // the use its traffic counts, where it names one
+};
+
+// The table. A kind without a row does not compile (-Wswitch as an error); a test walks
+// every kind up to kNumOpKinds.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wswitch"
+constexpr OpKindInfo op_kind_info(OpKind k) {
+  using R = Resource;
+  using T = Traffic;
+  switch (k) {
+    case OpKind::kReadWeights: return {"read_weights", R::kSsdRead, T::kSsdRead, Role::kDest};
+    case OpKind::kLoadWeights: return {"load_weights", R::kH2D, T::kH2D, Role::kDest};
+    case OpKind::kEmbedForward: return {"embed_forward", R::kCompute, T::kNone};
+    case OpKind::kForward: return {"forward", R::kCompute, T::kNone};
+    case OpKind::kSaveCheckpoint: return {"save_checkpoint", R::kD2H, T::kD2H, Role::kSource};
+    case OpKind::kWriteCheckpoint: return {"write_checkpoint", R::kSsdWrite, T::kSsdWrite, Role::kSource};
+    case OpKind::kReadCheckpoint: return {"read_checkpoint", R::kSsdRead, T::kSsdRead, Role::kDest};
+    case OpKind::kLoadCheckpoint: return {"load_checkpoint", R::kH2D, T::kH2D, Role::kDest};
+    case OpKind::kZeroGrads: return {"zero_grads", R::kCompute, T::kNone};
+    case OpKind::kHead: return {"head", R::kCompute, T::kNone};
+    case OpKind::kRecomputeInput: return {"recompute_input", R::kCompute, T::kNone};
+    case OpKind::kRecompute: return {"recompute", R::kCompute, T::kNone};
+    case OpKind::kBackward: return {"backward", R::kCompute, T::kNone};
+    case OpKind::kEmbedBackward: return {"embed_backward", R::kCompute, T::kNone};
+    case OpKind::kSaveGrads: return {"save_grads", R::kD2H, T::kD2H, Role::kSource};
+    case OpKind::kGradNorm: return {"grad_norm", R::kOptimizer, T::kNone};
+    case OpKind::kUpdate: return {"update", R::kOptimizer, T::kState, Role::kState};
+    case OpKind::kWriteWeights: return {"write_weights", R::kSsdWrite, T::kSsdWrite, Role::kSource};
+    case OpKind::kLoadResident: return {"load_resident", R::kH2D, T::kH2D, Role::kDest};
+    case OpKind::kWriteGrads: return {"write_grads", R::kSsdWrite, T::kSsdWrite, Role::kSource};
+    case OpKind::kReadGrads: return {"read_grads", R::kSsdRead, T::kSsdRead, Role::kDest};
+    case OpKind::kLoadGrads: return {"load_grads", R::kH2D, T::kH2D, Role::kDest};
+    case OpKind::kGradSumSq: return {"grad_sum_sq", R::kOptimizer, T::kHostRead, Role::kSource};
+    case OpKind::kAccumulateGrads: return {"accumulate_grads", R::kOptimizer, T::kHostSum};
+    case OpKind::kHeadLoss: return {"head_loss", R::kCompute, T::kNone};
+  }
+  return {};  // not a kind
+}
+#pragma GCC diagnostic pop
+inline const char* op_kind_name(OpKind k) { return op_kind_info(k).name; }
+
 // Parameter groups are numbered as in ParamLayout: 0 = embed, 1..L = layers, L+1 = final.
 struct PlanOp {
   int id = 0;
   OpKind kind = OpKind::kForward;
-  Resource resource = Resource::kCompute;
+  Resource resource = Resource::kCompute;  // op_kind_info(kind).resource
   int layer = -1;  // transformer layer of a compute, weight or checkpoint op; -1: none
   int group = -1;  // parameter group of a gradient or optimizer op (a layer's: layer + 1); -1: none
   int micro = 0;   // micro-batch of the step (0 .. grad_accum-1)
@@ -171,7 +236,6 @@ struct PlanOp {
   int part = 0, parts = 1;
   std::vector<BufferUse> uses;
   std::vector<int> deps;  // ops of the same iteration that must finish first
-  uint64_t bytes = 0;     // bytes moved (transfers)
   double flops = 0;       // useful model FLOPs (compute)
   double recompute_flops = 0;
   uint64_t params = 0;    // parameters an update or a sum of squares reads
@@ -180,6 +244,11 @@ struct PlanOp {
   const BufferUse& use(Role role) const;
   const BufferUse* find(Role role) const;
 };
+
+// The bytes of an op whose kind's traffic counts one use (transfers, a sum of squares): that
+// use's, before the store's rounding to whole blocks; 0 for the others (op_traffic and the
+// simulator read all of an accumulation's or an update's uses).
+uint64_t op_bytes(const PlanOp& op);
 
 struct PlanPools {
   int device_weight_slots = 0;  // one layer's weights each

@@ -112,6 +112,23 @@ const BufferUse& PlanOp::use(Role role) const {
   return *u;
 }
 
+uint64_t op_bytes(const PlanOp& op) {
+  const OpKindInfo k = op_kind_info(op.kind);
+  switch (k.traffic) {
+    case Traffic::kH2D:
+    case Traffic::kD2H:
+    case Traffic::kSsdRead:
+    case Traffic::kSsdWrite:
+    case Traffic::kHostRead:
+      return op.use(k.role).bytes;
+    case Traffic::kNone:
+    case Traffic::kHostSum:
+    case Traffic::kState:
+      return 0;
+  }
+  return 0;
+}
+
 MemoryPlan sum_buffers(const std::vector<PlanBuffer>& buffers) {
   MemoryPlan m;
   for (const PlanBuffer& b : buffers) {

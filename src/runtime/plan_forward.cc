@@ -15,11 +15,11 @@ Plan make_forward_plan(const Plan& train) {
   p.ops.clear();
   const int L = p.model.n_layer;
   const plan_detail::Sizes sz = compute_sizes(p.model, p.micro_batch, p.tensors, p.attention_keys);
-  auto add = [&](OpKind kind, Resource res, std::vector<int> deps) -> PlanOp& {
+  auto add = [&](OpKind kind, std::vector<int> deps) -> PlanOp& {
     PlanOp op;
     op.id = static_cast<int>(p.ops.size());
     op.kind = kind;
-    op.resource = res;
+    op.resource = op_kind_info(kind).resource;
     deps.erase(std::remove(deps.begin(), deps.end(), -1), deps.end());
     op.deps = std::move(deps);
     p.ops.push_back(std::move(op));
@@ -33,7 +33,7 @@ Plan make_forward_plan(const Plan& train) {
   // rotate, each reuse waiting for the slot's last reader.
   const int dw = p.pools.device_weight_slots, hw = p.pools.host_weight_slots;
   std::vector<int> wslot_user(dw, -1), hslot_user(hw, -1);
-  PlanOp& e = add(OpKind::kEmbedForward, Resource::kCompute, {});
+  PlanOp& e = add(OpKind::kEmbedForward, {});
   use(e, p.buffer(BufferKind::kEmbedWeights), Access::kRead, Role::kWeights);
   use(e, p.buffer(BufferKind::kStream, 0), Access::kWrite, Role::kOutput);
   int prev = e.id;
@@ -42,18 +42,16 @@ Plan make_forward_plan(const Plan& train) {
     int read = -1, staging = -1;
     if (p.layers[l].weights == StateTier::kSsd) {
       staging = l % hw;
-      PlanOp& r = add(OpKind::kReadWeights, Resource::kSsdRead, {hslot_user[staging]});
+      PlanOp& r = add(OpKind::kReadWeights, {hslot_user[staging]});
       r.layer = l;
       r.group = l + 1;
-      r.bytes = sz.weights;
       use(r, p.buffer(BufferKind::kSsdWeights, l), Access::kRead, Role::kSource);
       use(r, p.buffer(BufferKind::kReadSlot, staging), Access::kWrite, Role::kDest);
       read = r.id;
     }
-    PlanOp& ld = add(OpKind::kLoadWeights, Resource::kH2D, {read, wslot_user[s]});
+    PlanOp& ld = add(OpKind::kLoadWeights, {read, wslot_user[s]});
     ld.layer = l;
     ld.group = l + 1;
-    ld.bytes = sz.weights;
     use(ld, staging >= 0 ? p.buffer(BufferKind::kReadSlot, staging) : p.buffer(BufferKind::kHostWeights, l),
         Access::kRead, Role::kSource);
     use(ld, p.buffer(BufferKind::kWeightSlot, s), Access::kWrite, Role::kDest);
@@ -61,7 +59,7 @@ Plan make_forward_plan(const Plan& train) {
     const int load = ld.id;
     // The forward of l writes the stream buffer the forward of l-1 read: compute runs in
     // order, so the dependency on the previous forward covers it.
-    PlanOp& f = add(OpKind::kForward, Resource::kCompute, {load, prev});
+    PlanOp& f = add(OpKind::kForward, {load, prev});
     f.layer = l;
     f.flops = sz.layer_flops;
     use(f, p.buffer(BufferKind::kWeightSlot, s), Access::kRead, Role::kWeights);
@@ -71,7 +69,7 @@ Plan make_forward_plan(const Plan& train) {
     wslot_user[s] = f.id;
     prev = f.id;
   }
-  PlanOp& h = add(OpKind::kHeadLoss, Resource::kCompute, {prev});
+  PlanOp& h = add(OpKind::kHeadLoss, {prev});
   h.flops = sz.head_flops;
   use(h, p.buffer(BufferKind::kStream, L % 2), Access::kRead, Role::kInput);
   use(h, p.buffer(BufferKind::kEmbedWeights), Access::kRead, Role::kWeights);

@@ -84,13 +84,13 @@ class IterationBuilder {
   }
   BufferKind kind_of(int buffer) const { return plan_.buffers[buffer].kind; }
 
-  // Appends an op with the next id, of the current micro-batch; -1 in deps means "no such
-  // op" and is dropped, as is a repeated dependency.
-  PlanOp& add(OpKind kind, Resource res, std::vector<int> deps) {
+  // Appends an op with the next id, of the current micro-batch, on its kind's queue; -1 in
+  // deps means "no such op" and is dropped, as is a repeated dependency.
+  PlanOp& add(OpKind kind, std::vector<int> deps) {
     PlanOp op;
     op.id = static_cast<int>(plan_.ops.size());
     op.kind = kind;
-    op.resource = res;
+    op.resource = op_kind_info(kind).resource;
     op.micro = micro_;
     for (int d : deps)
       if (d >= 0 && std::find(op.deps.begin(), op.deps.end(), d) == op.deps.end()) op.deps.push_back(d);
@@ -151,10 +151,9 @@ class IterationBuilder {
   }
 
   PlanOp& load_weights(int l, int slot, std::vector<int> deps, int src) {
-    PlanOp& ld = add(OpKind::kLoadWeights, Resource::kH2D, std::move(deps));
+    PlanOp& ld = add(OpKind::kLoadWeights, std::move(deps));
     ld.layer = l;
     ld.group = l + 1;
-    ld.bytes = sz_.weights;
     copy(ld, src, buf(BufferKind::kWeightSlot, slot));
     return ld;
   }
@@ -182,10 +181,9 @@ class IterationBuilder {
         if (host_read_holds_[h] == l) staging = h, read = host_read_fill_[h];
       if (staging < 0) {
         staging = host_read_rr_++ % plan_.pools.host_weight_slots;
-        PlanOp& r = add(OpKind::kReadWeights, Resource::kSsdRead, {host_read_consumer_[staging]});
+        PlanOp& r = add(OpKind::kReadWeights, {host_read_consumer_[staging]});
         r.layer = l;
         r.group = l + 1;
-        r.bytes = sz_.weights;
         copy(r, buf(BufferKind::kSsdWeights, l), buf(BufferKind::kReadSlot, staging));
         read = r.id;
         host_read_holds_[staging] = l;
@@ -230,17 +228,15 @@ class IterationBuilder {
       staging = host_ckpt_rr_++ % plan_.pools.host_ckpt_slots;
       deps.push_back(host_ckpt_consumer_[staging]);
     }
-    PlanOp& s = add(OpKind::kSaveCheckpoint, Resource::kD2H, deps);
+    PlanOp& s = add(OpKind::kSaveCheckpoint, deps);
     s.layer = l;
-    s.bytes = sz_.ckpt;
     copy(s, fwd_loc_[l], staging >= 0 ? buf(BufferKind::kCkptStage, staging) : buf(BufferKind::kHostCkpt, l));
     if (kind_of(fwd_loc_[l]) == BufferKind::kStream) stream_readers(fwd_loc_[l]).push_back(s.id);
     ckpt_saved_[l] = s.id;
     if (staging >= 0) {
       const int sid = s.id;
-      PlanOp& w = add(OpKind::kWriteCheckpoint, Resource::kSsdWrite, {sid});
+      PlanOp& w = add(OpKind::kWriteCheckpoint, {sid});
       w.layer = l;
-      w.bytes = sz_.ckpt;
       copy(w, buf(BufferKind::kCkptStage, staging), buf(BufferKind::kSsdCkpt, l));
       host_ckpt_consumer_[staging] = w.id;
       ckpt_saved_[l] = w.id;
@@ -254,7 +250,7 @@ class IterationBuilder {
     fwd_loc_[0] = input_location(0);
     std::vector<int> edeps;
     take_stream_readers(fwd_loc_[0], edeps);
-    PlanOp& e = add(OpKind::kEmbedForward, Resource::kCompute, edeps);
+    PlanOp& e = add(OpKind::kEmbedForward, edeps);
     // With rows first the first micro-batch looks up only the rows refreshed first.
     use(e, buf(plan_.embed_rows_first && micro_ == 0 ? BufferKind::kEmbedRows : BufferKind::kEmbedWeights),
         Access::kRead, Role::kWeights);
@@ -266,7 +262,7 @@ class IterationBuilder {
       fwd_loc_[l + 1] = input_location(l + 1);
       std::vector<int> deps = {wslots_[s].load_op, ckpt_producer_[l]};
       take_stream_readers(fwd_loc_[l + 1], deps);
-      PlanOp& f = add(OpKind::kForward, Resource::kCompute, deps);
+      PlanOp& f = add(OpKind::kForward, deps);
       f.layer = l;
       f.flops = sz_.layer_flops;
       use(f, buf(BufferKind::kWeightSlot, s), Access::kRead, Role::kWeights);
@@ -282,11 +278,11 @@ class IterationBuilder {
       // The step's embedding and final gradients accumulate on the device from the first
       // head on; the previous step's saves of them must be done first (the uses say so).
       // fp32 sums: each micro-batch's start afresh, after the previous one's saves.
-      PlanOp& z = add(OpKind::kZeroGrads, Resource::kCompute, {resident_save_[0], resident_save_[1]});
+      PlanOp& z = add(OpKind::kZeroGrads, {resident_save_[0], resident_save_[1]});
       use(z, buf(BufferKind::kEmbedGrads), Access::kWrite, Role::kGrads);
       use(z, buf(BufferKind::kFinalGrads), Access::kWrite, Role::kGrads);
     }
-    PlanOp& head = add(OpKind::kHead, Resource::kCompute, {ckpt_producer_[L_]});
+    PlanOp& head = add(OpKind::kHead, {ckpt_producer_[L_]});
     // Forward + backward of the LM head, and a chunked head's logits computed again.
     head.flops = sz_.head_flops * (head_chunk_rows(req_.model, req_.micro_batch) <
                                            req_.micro_batch * req_.model.seq_len ? 4 : 3);
@@ -325,15 +321,13 @@ class IterationBuilder {
     int read = -1, staging = -1;
     if (a == ActPlacement::kSsd) {
       staging = host_ckpt_rr_++ % plan_.pools.host_ckpt_slots;
-      PlanOp& rd = add(OpKind::kReadCheckpoint, Resource::kSsdRead, {ckpt_saved_[l], host_ckpt_consumer_[staging]});
+      PlanOp& rd = add(OpKind::kReadCheckpoint, {ckpt_saved_[l], host_ckpt_consumer_[staging]});
       rd.layer = l;
-      rd.bytes = sz_.ckpt;
       copy(rd, buf(BufferKind::kSsdCkpt, l), buf(BufferKind::kCkptStage, staging));
       read = rd.id;
     }
-    PlanOp& ld = add(OpKind::kLoadCheckpoint, Resource::kH2D, {read, ckpt_saved_[l], cslots_[s].last_use});
+    PlanOp& ld = add(OpKind::kLoadCheckpoint, {read, ckpt_saved_[l], cslots_[s].last_use});
     ld.layer = l;
-    ld.bytes = sz_.ckpt;
     copy(ld, staging >= 0 ? buf(BufferKind::kCkptStage, staging) : buf(BufferKind::kHostCkpt, l),
          buf(BufferKind::kCkptSlot, s));
     if (staging >= 0) host_ckpt_consumer_[staging] = ld.id;
@@ -346,7 +340,7 @@ class IterationBuilder {
     const int prev = need_checkpoint(l - 1, l);
     const int ws = need_weights(l - 1, -1);
     const int s = pick_slot(cslots_, l - 1, also);
-    PlanOp& r = add(OpKind::kRecomputeInput, Resource::kCompute,
+    PlanOp& r = add(OpKind::kRecomputeInput,
                     {cslots_[s].last_use, ckpt_load_op(prev), wslots_[ws].load_op});
     r.layer = l;
     r.recompute_flops = sz_.layer_flops;
@@ -368,7 +362,7 @@ class IterationBuilder {
       const bool kept = acts(l) == ActPlacement::kKeep;
       int prev = -1;
       if (!kept) {
-        PlanOp& r = add(OpKind::kRecompute, Resource::kCompute, {wslots_[ws].load_op, ckpt_dep});
+        PlanOp& r = add(OpKind::kRecompute, {wslots_[ws].load_op, ckpt_dep});
         r.layer = l;
         r.recompute_flops = sz_.layer_flops;
         use(r, buf(BufferKind::kWeightSlot, ws), Access::kRead, Role::kWeights);
@@ -385,7 +379,7 @@ class IterationBuilder {
       // by term as in-memory training forms it.
       const bool fresh = micro_ == 0 || plan_.accum_fp32;
       const int acc = fresh ? -1 : load_grads(1 + l, gs);
-      PlanOp& b = add(OpKind::kBackward, Resource::kCompute, {wslots_[ws].load_op, ckpt_dep, prev, dev_grad_consumer_[gs], acc});
+      PlanOp& b = add(OpKind::kBackward, {wslots_[ws].load_op, ckpt_dep, prev, dev_grad_consumer_[gs], acc});
       b.layer = l;
       b.group = l + 1;
       b.flops = 2 * sz_.layer_flops;
@@ -403,7 +397,7 @@ class IterationBuilder {
       if (l == 0 && micro_ == K_ - 1 && req_.embed_rows_first && !req_.exact) layer0_save_ = {b.id, gs};
       else save_grads(1 + l, b.id, gs);
     }
-    PlanOp& eb = add(OpKind::kEmbedBackward, Resource::kCompute, {});
+    PlanOp& eb = add(OpKind::kEmbedBackward, {});
     use(eb, buf(BufferKind::kEmbedWeights), Access::kRead, Role::kWeights);
     use(eb, buf(BufferKind::kEmbedGrads), Access::kAccumulate, Role::kGrads);
     use(eb, buf(BufferKind::kResidualGrad), Access::kRead, Role::kResidual);
@@ -439,12 +433,11 @@ class IterationBuilder {
 
   // A device refresh of group 0 or L+1 from its host weights after `update`.
   void emit_refresh(int group, int update, int part, int parts) {
-    PlanOp& r = add(OpKind::kLoadResident, Resource::kH2D, {update});
+    PlanOp& r = add(OpKind::kLoadResident, {update});
     r.micro = K_ - 1;
     r.group = group;
     r.part = part;
     r.parts = parts;
-    r.bytes = part < 0 ? sz_.es * embed_rows_first_params(plan_) : group_bytes(group) / parts;
     const auto [offset, bytes] = part_bytes(group, part, parts);
     const bool embed = group == 0;
     copy(r, buf(embed ? BufferKind::kHostEmbed : BufferKind::kHostFinal),
@@ -462,11 +455,10 @@ class IterationBuilder {
       // has been reused since).
       std::vector<int> rdeps = {p.ready};
       const int s = take_stage(rdeps);
-      PlanOp& r = add(OpKind::kReadGrads, Resource::kSsdRead, rdeps);
+      PlanOp& r = add(OpKind::kReadGrads, rdeps);
       r.micro = K_ - 1;
       r.group = p.group;
       r.layer = l;
-      r.bytes = held_bytes(p.group);
       copy(r, buf(BufferKind::kSsdGrads, l), buf(BufferKind::kGradStage, s));
       grad = buf(BufferKind::kGradStage, s);
       deps.push_back(r.id);
@@ -480,17 +472,16 @@ class IterationBuilder {
       if (plan_.optim_format.master == MasterFormat::kSplit && wout_holds_[wout] != l) {
         // The update reads the layer's current weights (a split master's working halves) from
         // the slot it writes: from the layer's extent, once the slot's last write is done.
-        PlanOp& r = add(OpKind::kReadWeights, Resource::kSsdRead, {host_wout_writer_[wout]});
+        PlanOp& r = add(OpKind::kReadWeights, {host_wout_writer_[wout]});
         r.micro = K_ - 1;
         r.layer = l;
         r.group = p.group;
-        r.bytes = sz_.weights;
         copy(r, buf(BufferKind::kSsdWeights, l), buf(BufferKind::kWoutSlot, wout));
         deps.push_back(r.id);
       }
       wout_holds_[wout] = -1;
     }
-    PlanOp& u = add(OpKind::kUpdate, Resource::kOptimizer, deps);
+    PlanOp& u = add(OpKind::kUpdate, deps);
     u.micro = K_ - 1;
     u.group = p.group;
     u.layer = is_layer ? l : -1;
@@ -511,11 +502,10 @@ class IterationBuilder {
     const int uid = u.id;
     consumed(grad, uid);
     if (wout >= 0) {
-      PlanOp& w = add(OpKind::kWriteWeights, Resource::kSsdWrite, {uid});
+      PlanOp& w = add(OpKind::kWriteWeights, {uid});
       w.micro = K_ - 1;
       w.group = p.group;
       w.layer = l;
-      w.bytes = sz_.weights;
       copy(w, buf(BufferKind::kWoutSlot, wout), buf(BufferKind::kSsdWeights, l));
       host_wout_writer_[wout] = w.id;
     }
@@ -531,7 +521,7 @@ class IterationBuilder {
   }
 
   PlanOp& save_op(int group, std::vector<int> deps, int src, int dst, int part = 0, int parts = 1) {
-    PlanOp& s = add(OpKind::kSaveGrads, Resource::kD2H, std::move(deps));
+    PlanOp& s = add(OpKind::kSaveGrads, std::move(deps));
     s.group = group;
     s.layer = group >= 1 && group <= L_ ? group - 1 : -1;
     s.part = part;
@@ -558,9 +548,8 @@ class IterationBuilder {
     int rows_id = -1;
     if (plan_.embed_rows_first) {
       PlanOp& sr = save_op(0, deps, src, where, -1, parts);
-      sr.bytes = sz_.es * embed_rows_first_params(plan_);
       const int save_rows = sr.id;
-      PlanOp& rows = add(OpKind::kUpdate, Resource::kOptimizer, {save_rows});
+      PlanOp& rows = add(OpKind::kUpdate, {save_rows});
       rows.group = 0;
       rows.part = -1;
       rows.parts = parts;
@@ -575,7 +564,6 @@ class IterationBuilder {
     }
     for (int part = 0; part < parts; ++part) {
       PlanOp& sp = save_op(0, deps, src, where, part, parts);
-      sp.bytes = sz_.embed / parts;
       // Updating part p needs only its own gradient; the rows update read none of it.
       emit_update({0, sp.id, where, part, parts}, rows_id);
     }
@@ -613,15 +601,13 @@ class IterationBuilder {
       const int st = take_stage(deps);
       where = buf(BufferKind::kGradStage, st);
       save_id = save_op(group, deps, src, where).id;
-      PlanOp& w = add(OpKind::kWriteGrads, Resource::kSsdWrite, {save_id});
+      PlanOp& w = add(OpKind::kWriteGrads, {save_id});
       w.group = group;
       w.layer = group - 1;
-      w.bytes = sz_.weights;
       copy(w, where, buf(BufferKind::kSsdGrads, group - 1));
       stage_users_[st] = {w.id};
       ready = w.id;
     }
-    plan_.ops[save_id].bytes = group_bytes(group);
     if (dev_slot >= 0) dev_grad_consumer_[dev_slot] = save_id;
     if (is_layer) held_[group] = ready;
     if (!last) return;
@@ -633,12 +619,12 @@ class IterationBuilder {
   // Exact mode: group `group`'s share of the norm, read from `grad` in host memory after op
   // `after`; its update waits for the norm and for op `ready`.
   void sum_sq_then_pend(int group, int after, int grad, int ready) {
-    PlanOp& q = add(OpKind::kGradSumSq, Resource::kOptimizer, {after});
+    PlanOp& q = add(OpKind::kGradSumSq, {after});
     q.group = group;
     q.layer = group >= 1 && group <= L_ ? group - 1 : -1;
-    q.bytes = held_bytes(group);
     q.params = group_params(group);
-    use(q, grad, Access::kRead, Role::kSource);
+    // The group's gradient: all of its buffer but in a host gradient slot (the largest group's).
+    use(q, grad, Access::kRead, Role::kSource, 0, held_bytes(group));
     sum_sq_ops_.push_back(q.id);
     consumed(grad, q.id, /*add_user=*/true);
     pending_.push_back({group, ready, grad});
@@ -654,7 +640,6 @@ class IterationBuilder {
     const int hs = host_grad_rr_++ % plan_.pools.host_grad_slots;
     const int slot = buf(BufferKind::kHostGradSlot, hs);
     PlanOp& s = save_op(group, {producer, host_grad_consumer_[hs]}, grads_on_device(group, dev_slot), slot);
-    s.bytes = group_bytes(group);
     const int save_id = s.id;
     if (dev_slot >= 0) dev_grad_consumer_[dev_slot] = save_id;
     if (!is_layer) resident_save_[group == 0 ? 0 : 1] = save_id;
@@ -671,15 +656,14 @@ class IterationBuilder {
       if (first) {
         deps.insert(deps.end(), rdeps.begin(), rdeps.end());
       } else {  // the sum so far back from its extent
-        PlanOp& r = add(OpKind::kReadGrads, Resource::kSsdRead, rdeps);
+        PlanOp& r = add(OpKind::kReadGrads, rdeps);
         r.group = group;
         r.layer = group - 1;
-        r.bytes = held_bytes(group);
         copy(r, buf(BufferKind::kSsdGrads, group - 1), sum);
         deps.push_back(r.id);
       }
     }
-    PlanOp& a = add(OpKind::kAccumulateGrads, Resource::kOptimizer, deps);
+    PlanOp& a = add(OpKind::kAccumulateGrads, deps);
     a.group = group;
     a.layer = is_layer ? group - 1 : -1;
     a.params = group_params(group);
@@ -692,10 +676,9 @@ class IterationBuilder {
       stage_users_[stage] = {acc};
       // To its extent, unless the update reads it from the staging slot right away.
       if (!last || req_.exact) {
-        PlanOp& w = add(OpKind::kWriteGrads, Resource::kSsdWrite, {acc});
+        PlanOp& w = add(OpKind::kWriteGrads, {acc});
         w.group = group;
         w.layer = group - 1;
-        w.bytes = held_bytes(group);
         copy(w, sum, buf(BufferKind::kSsdGrads, group - 1));
         stage_users_[stage] = {w.id};
         ready = w.id;
@@ -717,18 +700,16 @@ class IterationBuilder {
     } else {
       std::vector<int> rdeps = {held_[group]};
       const int st = take_stage(rdeps);
-      PlanOp& r = add(OpKind::kReadGrads, Resource::kSsdRead, rdeps);
+      PlanOp& r = add(OpKind::kReadGrads, rdeps);
       r.group = group;
       r.layer = group - 1;
-      r.bytes = sz_.weights;
       src = buf(BufferKind::kGradStage, st);
       copy(r, buf(BufferKind::kSsdGrads, group - 1), src);
       deps.push_back(r.id);
     }
-    PlanOp& ld = add(OpKind::kLoadGrads, Resource::kH2D, deps);
+    PlanOp& ld = add(OpKind::kLoadGrads, deps);
     ld.group = group;
     ld.layer = group - 1;
-    ld.bytes = sz_.weights;
     copy(ld, src, buf(BufferKind::kGradSlot, dev_slot));
     if (kind_of(src) == BufferKind::kGradStage) stage_users_[plan_.buffers[src].index] = {ld.id};
     return ld.id;
@@ -743,7 +724,7 @@ class IterationBuilder {
       // them: the resident groups first (embedding, final: their device copies are refreshed
       // on the h2d queue, which must not hold the next weight loads behind the last update),
       // then layers 0 .. L-1.
-      const int norm = add(OpKind::kGradNorm, Resource::kOptimizer, sum_sq_ops_).id;
+      const int norm = add(OpKind::kGradNorm, sum_sq_ops_).id;
       auto rank = [&](const PendingUpdate& p) { return p.group == 0 ? 0 : p.group == L_ + 1 ? 1 : p.group + 1; };
       std::sort(pending_.begin(), pending_.end(),
                 [&](const PendingUpdate& a, const PendingUpdate& b) { return rank(a) < rank(b); });

@@ -1,4 +1,4 @@
-// Plan inspection: names of resources, placements and op kinds, a human table and a JSON dump.
+// Plan inspection: names of resources and placements, a human table and a JSON dump.
 #include <map>
 
 #include "fuyou/error.h"
@@ -26,37 +26,6 @@ const char* act_placement_name(ActPlacement a) {
     case ActPlacement::kHost: return "host";
     case ActPlacement::kSsd: return "ssd";
     case ActPlacement::kRecompute: return "recompute";
-  }
-  return "?";
-}
-
-const char* op_kind_name(OpKind k) {
-  switch (k) {
-    case OpKind::kReadWeights: return "read_weights";
-    case OpKind::kLoadWeights: return "load_weights";
-    case OpKind::kEmbedForward: return "embed_forward";
-    case OpKind::kForward: return "forward";
-    case OpKind::kSaveCheckpoint: return "save_checkpoint";
-    case OpKind::kWriteCheckpoint: return "write_checkpoint";
-    case OpKind::kReadCheckpoint: return "read_checkpoint";
-    case OpKind::kLoadCheckpoint: return "load_checkpoint";
-    case OpKind::kZeroGrads: return "zero_grads";
-    case OpKind::kHead: return "head";
-    case OpKind::kRecomputeInput: return "recompute_input";
-    case OpKind::kRecompute: return "recompute";
-    case OpKind::kBackward: return "backward";
-    case OpKind::kEmbedBackward: return "embed_backward";
-    case OpKind::kSaveGrads: return "save_grads";
-    case OpKind::kGradNorm: return "grad_norm";
-    case OpKind::kUpdate: return "update";
-    case OpKind::kWriteWeights: return "write_weights";
-    case OpKind::kLoadResident: return "load_resident";
-    case OpKind::kWriteGrads: return "write_grads";
-    case OpKind::kReadGrads: return "read_grads";
-    case OpKind::kLoadGrads: return "load_grads";
-    case OpKind::kGradSumSq: return "grad_sum_sq";
-    case OpKind::kAccumulateGrads: return "accumulate_grads";
-    case OpKind::kHeadLoss: return "head_loss";
   }
   return "?";
 }
@@ -211,7 +180,7 @@ nlohmann::json Plan::to_json() const {
     for (const BufferUse& u : op.uses)
       o["uses"].push_back({{"buffer", u.buffer}, {"access", access_name(u.access)}, {"role", role_name(u.role)},
                            {"offset", u.offset}, {"bytes", u.bytes}});
-    if (op.bytes) o["bytes"] = op.bytes;
+    if (const uint64_t bytes = op_bytes(op)) o["bytes"] = bytes;
     if (op.flops) o["flops"] = op.flops;
     if (op.recompute_flops) o["recompute_flops"] = op.recompute_flops;
     if (op.params) o["params"] = op.params;

@@ -362,7 +362,7 @@ void OffloadTrainer::Impl::write_trace(const std::string& path) {
       name += str(" (step ", x.step, ")");
       events.push_back({{"name", name}, {"ph", "X"}, {"pid", 0}, {"tid", static_cast<int>(op.resource)},
                         {"ts", (x.start[op.id] - t0) * 1e6}, {"dur", (x.end[op.id] - x.start[op.id]) * 1e6},
-                        {"args", {{"op", op.id}, {"step", x.step}, {"micro", op.micro}, {"bytes", op.bytes}}}});
+                        {"args", {{"op", op.id}, {"step", x.step}, {"micro", op.micro}, {"bytes", op_bytes(op)}}}});
     }
   }
   std::ofstream out(path);

@@ -28,37 +28,23 @@ double gemm_size_of(const Plan& plan) { return gemm_work_size(plan.model, plan.m
 }  // namespace
 
 OpTraffic op_traffic(const Plan& plan, const PlanOp& op) {
+  const OpKindInfo k = op_kind_info(op.kind);
   OpTraffic t;
-  switch (op.kind) {
-    case OpKind::kReadWeights:
-    case OpKind::kReadCheckpoint:
-    case OpKind::kReadGrads:
-      t.ssd_read = round_up(op.use(Role::kDest).bytes, kIoAlign);
-      break;
-    case OpKind::kWriteWeights:
-    case OpKind::kWriteCheckpoint:
-    case OpKind::kWriteGrads:
-      t.ssd_write = round_up(op.use(Role::kSource).bytes, kIoAlign);
-      break;
-    case OpKind::kLoadWeights:
-    case OpKind::kLoadCheckpoint:
-    case OpKind::kLoadGrads:
-      t.h2d = op.use(Role::kDest).bytes;
-      break;
-    case OpKind::kLoadResident: t.h2d = op.use(Role::kDest).bytes; break;
-    case OpKind::kSaveCheckpoint:
-    case OpKind::kSaveGrads:
-      t.d2h = op.use(Role::kSource).bytes;
-      break;
-    case OpKind::kUpdate: {
+  switch (k.traffic) {
+    case Traffic::kH2D: t.h2d = op.use(k.role).bytes; break;
+    case Traffic::kD2H: t.d2h = op.use(k.role).bytes; break;
+    case Traffic::kSsdRead: t.ssd_read = round_up(op.use(k.role).bytes, kIoAlign); break;
+    case Traffic::kSsdWrite: t.ssd_write = round_up(op.use(k.role).bytes, kIoAlign); break;
+    case Traffic::kState:
       // Out of core: master, m and v read and written back chunk by chunk, each request in
       // whole 4 KiB blocks, in the plan's state format (ooc_update_io_bytes).
-      const BufferUse& state = op.use(Role::kState);
-      if (plan.buffers[state.buffer].tier == Tier::kSsd)
+      if (plan.buffers[op.use(k.role).buffer].tier == Tier::kSsd)
         t.ssd_read = t.ssd_write = ooc_update_io_bytes(plan.optim_format, op.params);
       break;
-    }
-    default: break;
+    case Traffic::kNone:
+    case Traffic::kHostRead:
+    case Traffic::kHostSum:
+      break;  // no channel of OpTraffic: host memory, the simulator's demand()
   }
   return t;
 }
@@ -88,23 +74,26 @@ Demand demand(const Plan& plan, const PlanOp& op, const HardwareProfile& hw, dou
   d.reads = t.ssd_read > 0;
   d.writes = t.ssd_write > 0;
   if (d.reads && d.writes) d.cap = hw.ssd_mixed;
-  switch (op.resource) {
-    case Resource::kCompute: d.other = hw.compute_seconds(op.flops + op.recompute_flops, gemm_size); break;
-    case Resource::kH2D: d.other = hw.h2d_seconds(static_cast<double>(t.h2d)); break;
-    case Resource::kD2H: d.other = hw.d2h_seconds(static_cast<double>(t.d2h)); break;
-    case Resource::kSsdRead:
-    case Resource::kSsdWrite: break;
-    case Resource::kOptimizer:
+  switch (op_kind_info(op.kind).traffic) {
+    case Traffic::kNone:
+    case Traffic::kSsdRead:
+    case Traffic::kSsdWrite:
+      break;  // compute below; the disks above
+    case Traffic::kH2D: d.other = hw.h2d_seconds(static_cast<double>(t.h2d)); break;
+    case Traffic::kD2H: d.other = hw.d2h_seconds(static_cast<double>(t.d2h)); break;
+    case Traffic::kHostRead:
       // Exact mode: each group's sum of squares streams its held gradient once from host
-      // memory (op.bytes: the tensors' type, or the fp32 sum), over the optimizer's threads;
-      // the norm itself only adds the groups' sums.
-      if (op.kind == OpKind::kGradSumSq) d.other = static_cast<double>(op.bytes) / hw.host_mem_Bps;
-      if (op.kind == OpKind::kUpdate) d.cpu = op.params / hw.optimizer_params_per_s;
-      // An fp32 sum's accumulation: the 16-bit gradient read, the sum written (and read).
-      if (op.kind == OpKind::kAccumulateGrads)
-        for (const BufferUse& u : op.uses) d.other += (u.access == Access::kAccumulate ? 2.0 : 1.0) * u.bytes / hw.host_mem_Bps;
+      // memory (the tensors' type, or the fp32 sum), over the optimizer's threads; the norm
+      // itself only adds the groups' sums.
+      d.other = static_cast<double>(op_bytes(op)) / hw.host_mem_Bps;
       break;
+    case Traffic::kHostSum:
+      // An fp32 sum's accumulation: the 16-bit gradient read, the sum written (and read).
+      for (const BufferUse& u : op.uses) d.other += (u.access == Access::kAccumulate ? 2.0 : 1.0) * u.bytes / hw.host_mem_Bps;
+      break;
+    case Traffic::kState: d.cpu = op.params / hw.optimizer_params_per_s; break;
   }
+  if (op.resource == Resource::kCompute) d.other = hw.compute_seconds(op.flops + op.recompute_flops, gemm_size);
   return d;
 }
 

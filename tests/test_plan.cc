@@ -1,0 +1,119 @@
+// The plan's lists: one row per op kind (its name, queue and traffic), and the planned ops'
+// queues and bytes read from those rows and their uses.
+#include <set>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include "fuyou/model.h"
+#include "fuyou/plan.h"
+#include "fuyou/simulator.h"
+#include "fuyou/sizes.h"
+#include "fuyou/storage.h"
+#include "fuyou/train.h"
+
+using namespace fuyou;
+
+namespace {
+
+// The traffic an op on queue `r` may have: a transfer queue's own, and only there.
+bool traffic_fits_queue(Traffic t, Resource r) {
+  switch (r) {
+    case Resource::kCompute: return t == Traffic::kNone;
+    case Resource::kH2D: return t == Traffic::kH2D;
+    case Resource::kD2H: return t == Traffic::kD2H;
+    case Resource::kSsdRead: return t == Traffic::kSsdRead;
+    case Resource::kSsdWrite: return t == Traffic::kSsdWrite;
+    case Resource::kOptimizer:
+      return t == Traffic::kNone || t == Traffic::kHostRead || t == Traffic::kHostSum || t == Traffic::kState;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("every op kind has a row: a name, a queue and that queue's traffic", "[plan]") {
+  std::set<std::string> names;
+  for (int i = 0; i < kNumOpKinds; ++i) {
+    const OpKindInfo k = op_kind_info(static_cast<OpKind>(i));
+    INFO("op kind " << i);
+    REQUIRE(k.name != nullptr);
+    CHECK(std::string(k.name) != "");
+    CHECK(names.insert(k.name).second);
+    REQUIRE(static_cast<int>(k.resource) >= 0);
+    REQUIRE(static_cast<int>(k.resource) < kNumResources);
+    INFO(k.name << " on " << resource_name(k.resource));
+    // A kind on a transfer queue is charged that queue's bytes: never nothing.
+    CHECK(traffic_fits_queue(k.traffic, k.resource));
+    // What the executor copies: a load's or read's destination, a save's or write's source.
+    if (k.traffic == Traffic::kH2D || k.traffic == Traffic::kSsdRead) CHECK(k.role == Role::kDest);
+    if (k.traffic == Traffic::kD2H || k.traffic == Traffic::kSsdWrite) CHECK(k.role == Role::kSource);
+    if (k.traffic == Traffic::kState) CHECK(k.role == Role::kState);
+  }
+  // kNumOpKinds reaches the last kind: the value after it has no row.
+  CHECK(op_kind_info(static_cast<OpKind>(kNumOpKinds)).name == nullptr);
+}
+
+TEST_CASE("planned ops run on their kind's queue and move their uses' bytes", "[plan]") {
+  PlanRequest req;
+  req.model = ModelConfig{};
+  req.model.n_layer = 4;
+  req.model.d_ff = 4 * req.model.d_model;
+  req.model.vocab_size = 2000;  // an embedding large enough for parts, not a multiple of 1024 elements
+  req.micro_batch = 2;
+  req.have_ssd = true;
+  req.acts = {ActPlacement::kKeep, ActPlacement::kRecompute, ActPlacement::kSsd, ActPlacement::kHost};
+  req.weights_on_ssd = true;
+  req.optim_on_ssd = GENERATE(false, true);
+  req.exact = GENERATE(false, true);
+  req.grad_accum = GENERATE(1, 2);
+  req.tensors = GENERATE(ElemType::kF32, ElemType::kBF16);
+  req.accum_fp32 = true;
+  req.grads_on_ssd = GENERATE(false, true);
+  req.embed_parts = 3;
+  OptimizerConfig oc;
+  oc.master = GENERATE("fp32", "split");
+  req.optim_format = optim_format(oc);
+  const Plan train = make_plan(req);
+  INFO("optim on SSD " << req.optim_on_ssd << ", exact " << req.exact << ", grad_accum " << req.grad_accum
+                       << ", tensors " << elem_type_name(req.tensors) << ", grads on SSD " << req.grads_on_ssd
+                       << ", master " << oc.master << ", embed parts " << train.embed_parts);
+  const uint64_t embed_bytes = elem_type_size(req.tensors) * make_gpt_layout(req.model).groups.front().numel;
+  const Plan forward = make_forward_plan(train);
+  for (const Plan* p : {&train, &forward}) {
+    uint64_t embed_saved = 0, embed_refreshed = 0;
+    for (const PlanOp& op : p->ops) {
+      const OpKindInfo k = op_kind_info(op.kind);
+      INFO("op " << op.id << " " << k.name);
+      CHECK(op.resource == k.resource);
+      const OpTraffic t = op_traffic(*p, op);
+      switch (k.traffic) {
+        case Traffic::kH2D: CHECK(t.h2d == op.use(k.role).bytes); break;
+        case Traffic::kD2H: CHECK(t.d2h == op.use(k.role).bytes); break;
+        case Traffic::kSsdRead: CHECK(t.ssd_read == round_up(op.use(k.role).bytes, kIoAlign)); break;
+        case Traffic::kSsdWrite: CHECK(t.ssd_write == round_up(op.use(k.role).bytes, kIoAlign)); break;
+        case Traffic::kHostRead:
+          // A sum of squares reads its group's gradient: the parameters in the held type.
+          CHECK(op_bytes(op) == op.params * (p->accum_fp32 ? 4 : elem_type_size(p->tensors)));
+          break;
+        case Traffic::kNone:
+        case Traffic::kHostSum:
+        case Traffic::kState:
+          CHECK(op_bytes(op) == 0);
+          break;
+      }
+      if (k.traffic == Traffic::kH2D || k.traffic == Traffic::kD2H || k.traffic == Traffic::kSsdRead ||
+          k.traffic == Traffic::kSsdWrite)
+        CHECK(op_bytes(op) > 0);
+      if (op.kind == OpKind::kSaveGrads && op.group == 0 && op.part >= 0) embed_saved += op_bytes(op);
+      if (op.kind == OpKind::kLoadResident && op.group == 0 && op.part >= 0) embed_refreshed += op_bytes(op);
+    }
+    // The embedding's save and refresh parts, in whole 1024-element blocks, cover it once
+    // (per micro-batch whose gradient is saved).
+    if (!p->forward_only) {
+      const uint64_t saves = p->accum_fp32 ? static_cast<uint64_t>(p->grad_accum) : 1;
+      CHECK(embed_saved == saves * embed_bytes);
+      CHECK(embed_refreshed == embed_bytes);
+    }
+  }
+}
