@@ -11,6 +11,9 @@
 
 namespace fuyou {
 
+// Every kind has a case (an op kind the executor cannot run does not compile).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wswitch"
 void OffloadTrainer::Impl::run_op(Iter& it, const PlanOp& op) {
   switch (op.kind) {
     case OpKind::kReadWeights:
@@ -79,6 +82,7 @@ void OffloadTrainer::Impl::run_op(Iter& it, const PlanOp& op) {
     case OpKind::kUpdate: return update(it, op);
   }
 }
+#pragma GCC diagnostic pop
 
 void OffloadTrainer::Impl::to_device(const PlanOp& op, void* dst, const void* src, size_t bytes) {
   be_.copy_to_device(dst, src, bytes);
