@@ -1,10 +1,12 @@
 // The plan's lists: one row per op kind (its name, queue and traffic), and the planned ops'
 // queues and bytes read from those rows and their uses.
+#include <algorithm>
 #include <set>
 #include <string>
 
 #include <catch2/catch.hpp>
 
+#include "fuyou/error.h"
 #include "fuyou/model.h"
 #include "fuyou/plan.h"
 #include "fuyou/simulator.h"
@@ -116,4 +118,107 @@ TEST_CASE("planned ops run on their kind's queue and move their uses' bytes", "[
       CHECK(embed_refreshed == embed_bytes);
     }
   }
+}
+
+TEST_CASE("the buffer table is the plan's memory: its sums, its slots, its placement", "[plan]") {
+  PlanRequest req;
+  req.model = ModelConfig{};
+  req.model.n_layer = 6;
+  req.model.d_ff = 4 * req.model.d_model;
+  req.micro_batch = 2;
+  req.have_ssd = true;
+  req.acts = {ActPlacement::kKeep,      ActPlacement::kRecompute, ActPlacement::kSsd,
+              ActPlacement::kHost,      ActPlacement::kRecompute, ActPlacement::kDevice};
+  req.exact = GENERATE(false, true);
+  req.grad_accum = GENERATE(1, 2);
+  req.tensors = GENERATE(ElemType::kF32, ElemType::kBF16);
+  req.accum_fp32 = true;
+  req.device_in_host = GENERATE(true, false);
+  OptimizerConfig oc;
+  oc.state = GENERATE("fp32", "int8");
+  req.optim_format = optim_format(oc);
+  // Unlimited, then host budgets two and four layers' weights and state short, which move
+  // state to SSD (and add its staging).
+  const uint64_t roomy = make_plan(req).memory.host_bytes;
+  const uint64_t numel = make_gpt_layout(req.model).groups[1].numel;
+  const uint64_t layer = elem_type_size(req.tensors) * numel + optim_state_bytes(req.optim_format, numel);
+  const int short_by = GENERATE(0, 2, 4);
+  req.host_budget = short_by ? roomy - short_by * layer : 0;
+  const Plan p = make_plan(req);
+  INFO("exact " << req.exact << ", grad_accum " << req.grad_accum << ", tensors " << elem_type_name(req.tensors)
+                << ", device in host " << req.device_in_host << ", state " << oc.state << ", host budget "
+                << req.host_budget << " (" << short_by << " layers short)");
+
+  uint64_t tier[3] = {};
+  for (const PlanBuffer& b : p.buffers) tier[static_cast<int>(b.tier)] += b.bytes;
+  CHECK(p.memory.device_bytes == tier[static_cast<int>(Tier::kDevice)]);
+  CHECK(p.memory.host_bytes == tier[static_cast<int>(Tier::kHost)]);
+  CHECK(p.memory.ssd_bytes == tier[static_cast<int>(Tier::kSsd)]);
+  if (req.host_budget) CHECK(p.memory.host_bytes <= req.host_budget);
+  uint64_t parts = 0;
+  for (const auto& [line, bytes] : p.memory.host_parts) parts += bytes;
+  CHECK(parts == p.memory.host_bytes);
+
+  auto count = [&](BufferKind k) {
+    return static_cast<int>(std::count_if(p.buffers.begin(), p.buffers.end(), [&](const PlanBuffer& b) { return b.kind == k; }));
+  };
+  auto has = [&](BufferKind k, int index) {
+    return std::any_of(p.buffers.begin(), p.buffers.end(),
+                       [&](const PlanBuffer& b) { return b.kind == k && b.index == index; });
+  };
+  // A short budget moved state to SSD.
+  if (short_by) CHECK(count(BufferKind::kSsdWeights) + count(BufferKind::kSsdOptim) + count(BufferKind::kSsdGrads) > 0);
+  // The pools are the table's slots, and the table names each slot once.
+  CHECK(count(BufferKind::kWeightSlot) == p.pools.device_weight_slots);
+  CHECK(count(BufferKind::kCkptSlot) == p.pools.device_ckpt_slots);
+  CHECK(count(BufferKind::kGradSlot) == p.pools.device_grad_slots);
+  CHECK(count(BufferKind::kReadSlot) == p.pools.host_weight_slots);
+  CHECK(count(BufferKind::kWoutSlot) == p.pools.host_wout_slots);
+  CHECK(count(BufferKind::kCkptStage) == p.pools.host_ckpt_slots);
+  CHECK(count(BufferKind::kHostGradSlot) == p.pools.host_grad_slots);
+  CHECK(count(BufferKind::kGradStage) == p.pools.host_grad_stage_slots);
+  std::set<std::string> names;
+  for (const PlanBuffer& b : p.buffers) CHECK(names.insert(b.name()).second);
+  // Every placement decision is a row in the tier it names.
+  const int L = p.model.n_layer;
+  for (int l = 0; l < L; ++l) {
+    INFO("layer " << l);
+    CHECK(has(BufferKind::kHostWeights, l) == (p.layers[l].weights == StateTier::kHost));
+    CHECK(has(BufferKind::kSsdWeights, l) == (p.layers[l].weights == StateTier::kSsd));
+    CHECK(has(BufferKind::kHostCkpt, l) == (p.layers[l].act == ActPlacement::kHost));
+    CHECK(has(BufferKind::kSsdCkpt, l) == (p.layers[l].act == ActPlacement::kSsd));
+    CHECK(has(BufferKind::kGradHold, l) == (p.holds_grads() && p.layers[l].grads == StateTier::kHost));
+    CHECK(has(BufferKind::kSsdGrads, l) == (p.holds_grads() && p.layers[l].grads == StateTier::kSsd));
+  }
+  for (int g = 0; g <= L + 1; ++g) {
+    INFO("group " << g);
+    CHECK(has(BufferKind::kHostOptim, g) == (p.optim_tier(g) == StateTier::kHost));
+    CHECK(has(BufferKind::kSsdOptim, g) == (p.optim_tier(g) == StateTier::kSsd));
+  }
+  CHECK(has(BufferKind::kDeviceArena, 0) == req.device_in_host);
+  if (req.device_in_host) CHECK(p.buffers[p.buffer(BufferKind::kDeviceArena)].bytes == p.memory.device_bytes);
+  // Listed by tier (device, host, SSD), the host's and the SSD's by kind.
+  for (size_t i = 1; i < p.buffers.size(); ++i) {
+    const PlanBuffer &a = p.buffers[i - 1], &b = p.buffers[i];
+    CHECK(a.tier <= b.tier);
+    if (a.tier == b.tier && a.tier != Tier::kDevice) CHECK(a.kind <= b.kind);
+  }
+}
+
+TEST_CASE("a refused host budget names the table's total", "[plan]") {
+  // Without SSD every placement is in host memory whatever the budget: the refusal's total is
+  // the unlimited plan's table.
+  PlanRequest req;
+  req.model = ModelConfig{};
+  req.model.n_layer = 4;
+  req.model.d_ff = 4 * req.model.d_model;
+  req.micro_batch = 2;
+  req.acts = {ActPlacement::kKeep, ActPlacement::kHost, ActPlacement::kRecompute, ActPlacement::kHost};
+  req.exact = GENERATE(false, true);
+  const Plan p = make_plan(req);
+  req.host_budget = p.memory.host_bytes - 1;
+  CHECK_THROWS_WITH(make_plan(req), Catch::Matchers::Contains(str("the plan needs ", format_size(p.memory.host_bytes),
+                                                                  " but offload.host_memory is ")));
+  req.host_budget = p.memory.host_bytes;
+  CHECK(make_plan(req).memory.host_bytes == p.memory.host_bytes);
 }

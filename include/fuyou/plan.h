@@ -68,28 +68,28 @@ enum class BufferKind {
   kScratch,                      // recomputation's unused block output
   kResidualGrad,                 // the gradient flowing down the residual stream
   kModelWorkspace,               // the model's own (logits, head, backward scratch)
-  // Host.
-  kReadSlot,                     // index: slot; staging of weights read from SSD
-  kWoutSlot,                     // index: slot; new weights on their way to SSD
-  kCkptStage,                    // index: slot; staging of checkpoints to and from SSD
-  kHostGradSlot,                 // index: slot; a group's gradient between its save and update
-  kGradStage,                    // index: slot; held gradients to and from SSD, or a deferred update's
-  kGradHold,                     // index: layer; its held gradient in host memory
-  kEmbedGradHold, kFinalGradHold,  // Plan::accum_fp32: the resident groups' fp32 gradient sums
-  kHostWeights,                  // index: layer; its weights while they wait in host memory
-  kHostCkpt,                     // index: layer; its block input in host memory
-  kHostEmbed, kHostFinal,        // host copies of the resident groups' weights
-  kHostOptim,                    // index: group; fp32 master and Adam moments (the optimizer's)
-  kStateStage,                   // 16-bit tensors only: one group's fp32 state on its way to or from a checkpoint
-  kOptimChunks,                  // the out-of-core optimizer's chunk slots
+  // Host, in the order the table lists them (in_table_order).
+  kProcess,                      // code, libraries, allocator, thread stacks
   kDeviceArena,                  // the device's memory where it is host memory (CPU backend)
   kKernelScratch,                // the CPU backend's fp32 views of 16-bit tensors (cpu_kernel_scratch_bytes)
-  kProcess,                      // code, libraries, allocator, thread stacks
-  // SSD.
+  kHostCkpt,                     // index: layer; its block input in host memory
+  kHostGradSlot,                 // index: slot; a group's gradient between its save and update
+  kGradHold,                     // index: layer; its held gradient in host memory
+  kEmbedGradHold, kFinalGradHold,  // Plan::accum_fp32: the resident groups' fp32 gradient sums
+  kGradStage,                    // index: slot; held gradients to and from SSD, or a deferred update's
+  kCkptStage,                    // index: slot; staging of checkpoints to and from SSD
+  kStateStage,                   // 16-bit tensors only: one group's fp32 state on its way to or from a checkpoint
+  kHostEmbed, kHostFinal,        // host copies of the resident groups' weights
+  kHostWeights,                  // index: layer; its weights while they wait in host memory
+  kReadSlot,                     // index: slot; staging of weights read from SSD
+  kWoutSlot,                     // index: slot; new weights on their way to SSD
+  kHostOptim,                    // index: group; fp32 master and Adam moments (the optimizer's)
+  kOptimChunks,                  // the out-of-core optimizer's chunk slots
+  // SSD, likewise.
   kSsdWeights,                   // index: layer
+  kSsdOptim,                     // index: group; master and moments (the optimizer's extents)
   kSsdCkpt,                      // index: layer
   kSsdGrads,                     // index: layer; held gradients
-  kSsdOptim,                     // index: group; master and moments (the optimizer's extents)
 };
 const char* buffer_kind_name(BufferKind k);
 

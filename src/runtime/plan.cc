@@ -34,13 +34,13 @@ namespace {
 uint64_t device_bytes(const std::vector<PlanBuffer>& device) { return sum_buffers(device).device_bytes; }
 
 // Places one plan's state in the memory tiers within the budgets and sizes its slot pools,
-// for a given number of deferred updates: everything of a Plan but its buffer table and ops.
-// `host_used` counts the host memory placed so far, as the buffer table will sum it.
+// for a given number of deferred updates: everything of a Plan but its ops. Each buffer goes
+// into the table as it is placed; what is placed so far is the table's sum (host_used()).
 class Placer {
  public:
   Placer(const PlanRequest& req, int deferred)
       : req_(req), L_(req.model.n_layer), sz_(compute_sizes(req.model, req.micro_batch, req.tensors, req.attention_keys)), D_(deferred),
-        hold_(req.exact || req.grad_accum > 1),
+        layout_(make_gpt_layout(req.model)), hold_(req.exact || req.grad_accum > 1),
         accum_fp32_(req.accum_fp32 && req.grad_accum > 1 && req.tensors != ElemType::kF32),
         held_(held_grad_bytes(accum_fp32_, sz_.es, sz_.weights)),
         dev_budget_(req.device_budget ? req.device_budget : UINT64_MAX),
@@ -60,7 +60,7 @@ class Placer {
     const std::vector<ActPlacement> acts = decide_activations();
     for (int l = 0; l < L_; ++l) plan_.layers[l].act = acts[l];
     size_device_pools(acts);
-    count_fixed_host(acts);
+    place_fixed_host(acts);
     place_weights();
     place_held_grads();
     place_optimizer_state();
@@ -77,12 +77,16 @@ class Placer {
                                                                             : 1;
     plan_.embed_rows_first =
         req_.embed_rows_first && plan_.embed_parts > 1 && req_.optim_format.moments != MomentFormat::kInt8;
+    plan_.buffers = in_table_order(std::move(table_.rows));
     return plan_;
   }
 
-  uint64_t host_used() const { return host_used_; }
-
  private:
+  static constexpr Tier H = Tier::kHost, S = Tier::kSsd;
+
+  // Host memory placed so far: the table's.
+  uint64_t host_used() const { return table_.bytes(H); }
+
   // Per-layer activation placement: the request's, or (auto) kept layers demoted, last first
   // (they are needed first in the backward), until the minimal pools fit the device budget;
   // checkpoints then move to the host, then to SSD.
@@ -109,8 +113,15 @@ class Placer {
     return acts;
   }
 
-  // Host bytes of the optimizer state of `tensor_bytes` of device tensors (one group).
-  uint64_t state_bytes(uint64_t tensor_bytes) const { return optim_state_bytes(req_.optim_format, tensor_bytes / sz_.es); }
+  // Host bytes of group g's optimizer state.
+  uint64_t state_bytes(int g) const { return optim_state_bytes(req_.optim_format, layout_.groups[g].numel); }
+  uint64_t max_group_bytes() const { return std::max(sz_.weights, std::max(sz_.embed, sz_.final)); }
+  // The memory line held gradients are counted under.
+  std::string held_part() const {
+    return accum_fp32_ ? "held gradients (fp32 sums over micro-batches)"
+           : req_.exact ? "held gradients (exact mode)"
+                        : "held gradients (gradient accumulation)";
+  }
 
   uint64_t device_need(const std::vector<ActPlacement>& acts, int dw, int dc, int dg) const {
     return device_bytes(device_buffers(req_.model, req_.micro_batch, req_.tensors, acts, dw, dc, dg));
@@ -149,23 +160,27 @@ class Placer {
     plan_.pools.device_weight_slots = dw;
     plan_.pools.device_ckpt_slots = dc;
     plan_.pools.device_grad_slots = dg;
-    device_total_ = device_need(acts, dw, dc, dg);
+    table_.rows = device_buffers(req_.model, req_.micro_batch, req_.tensors, acts, dw, dc, dg);
   }
 
   // What the host holds whatever the tiers: the process, the device arena where it is host
-  // memory (PlanRequest::device_in_host: the CPU backend), host checkpoints, gradient slots,
-  // checkpoint staging, the deferred updates' gradient slots and the resident groups' host
-  // weights.
-  void count_fixed_host(const std::vector<ActPlacement>& acts) {
-    host_fixed_ = kProcessBaseline + (req_.device_in_host ? device_total_ : 0);
-    // 16-bit tensors: the checkpoint state staging, and on the CPU backend its kernels' fp32
-    // views (plan_buffers.cc).
-    if (sz_.es < 4) host_fixed_ += 4 * std::max(sz_.weights, std::max(sz_.embed, sz_.final)) / sz_.es;
-    if (sz_.es < 4 && req_.device_in_host) host_fixed_ += cpu_kernel_scratch_bytes(req_.model, req_.micro_batch);
+  // memory (PlanRequest::device_in_host: the CPU backend), host checkpoints (and the SSD
+  // checkpoints' extents), gradient slots, checkpoint staging, the deferred updates' gradient
+  // slots and the resident groups' host weights.
+  void place_fixed_host(const std::vector<ActPlacement>& acts) {
+    table_.add(BufferKind::kProcess, 0, H, kProcessBaseline, "process baseline");
+    if (req_.device_in_host)
+      table_.add(BufferKind::kDeviceArena, 0, H, table_.bytes(Tier::kDevice), "device arena (CPU backend: host memory)");
+    if (sz_.es < 4 && req_.device_in_host)
+      table_.add(BufferKind::kKernelScratch, 0, H, cpu_kernel_scratch_bytes(req_.model, req_.micro_batch),
+                 "kernel scratch (CPU backend: fp32 views of bf16 tensors)");
     uint64_t ssd_ckpt_layers = 0;
-    for (ActPlacement x : acts) {
-      if (x == ActPlacement::kHost) host_ckpt_ += sz_.ckpt;
-      if (x == ActPlacement::kSsd) ++ssd_ckpt_layers;
+    for (int l = 0; l < L_; ++l) {
+      if (acts[l] == ActPlacement::kHost) table_.add(BufferKind::kHostCkpt, l, H, sz_.ckpt, "host checkpoints");
+      if (acts[l] == ActPlacement::kSsd) {
+        table_.add(BufferKind::kSsdCkpt, l, S, sz_.ckpt, "checkpoints");
+        ++ssd_ckpt_layers;
+      }
     }
     // Staging for checkpoints on SSD: a forward's save waits for the write of the checkpoint
     // that last used its slot, and writes queue behind whatever else the disk writes (a
@@ -175,11 +190,12 @@ class Placer {
       const uint64_t want = ssd_ckpt_layers * static_cast<uint64_t>(req_.grad_accum);
       const uint64_t fit = host_budget_ / 16 / std::max<uint64_t>(sz_.ckpt, 1);
       plan_.pools.host_ckpt_slots = static_cast<int>(std::clamp<uint64_t>(std::min(want, fit), 2, 1024));
+      table_.slots(BufferKind::kCkptStage, plan_.pools.host_ckpt_slots, H, sz_.ckpt, "checkpoint staging");
     }
     // Two host gradient slots of the largest group: rotated between a layer's gradients and
     // its update, or (exact mode) holding the embedding's and the final group's until theirs.
     plan_.pools.host_grad_slots = 2;
-    grad_slots_bytes_ = 2 * std::max(sz_.weights, std::max(sz_.embed, sz_.final));
+    table_.slots(BufferKind::kHostGradSlot, 2, H, max_group_bytes(), "gradient slots");
     // Deferring the top layers' updates (Plan::deferred_updates) holds each one's gradient
     // through the next forward in a host slot of its own.
     if (D_ && hold_)
@@ -192,12 +208,17 @@ class Placer {
                             " (layer 0's update must precede the next forward)"));
     plan_.deferred_updates = D_;
     plan_.pools.host_grad_stage_slots = D_;
-    host_used_ = host_fixed_ + host_ckpt_ + plan_.pools.host_ckpt_slots * sz_.ckpt + grad_slots_bytes_ +
-                 plan_.pools.host_grad_stage_slots * sz_.weights + sz_.embed + sz_.final;
+    table_.slots(BufferKind::kGradStage, D_, H, held_, "top layers' gradients (deferred updates)");
+    // 16-bit tensors: checkpoints move a group's fp32 state through host memory; with fp32
+    // tensors a gradient slot holds it, with 16-bit ones (half its size) this buffer does.
+    if (sz_.es < 4)
+      table_.add(BufferKind::kStateStage, 0, H, 4 * max_group_bytes() / sz_.es, "checkpoint state staging");
+    table_.add(BufferKind::kHostEmbed, 0, H, sz_.embed, "weights");
+    table_.add(BufferKind::kHostFinal, 0, H, sz_.final, "weights");
     // fp32 sums: the embedding's and final group's are held in host memory.
     if (accum_fp32_) {
-      host_grad_hold_ = held_grad_bytes(true, sz_.es, sz_.embed) + held_grad_bytes(true, sz_.es, sz_.final);
-      host_used_ += host_grad_hold_;
+      table_.add(BufferKind::kEmbedGradHold, 0, H, held_grad_bytes(true, sz_.es, sz_.embed), held_part());
+      table_.add(BufferKind::kFinalGradHold, 0, H, held_grad_bytes(true, sz_.es, sz_.final), held_part());
     }
   }
 
@@ -215,29 +236,32 @@ class Placer {
   // optimizer state takes host memory before any layer's weights, when it fits beside the
   // SSD staging that the layers would then need.
   void place_weights() {
-    for (uint64_t state : {state_bytes(sz_.embed), state_bytes(sz_.weights), state_bytes(sz_.weights)}) {
+    for (int g = 0; g < 3 && g <= L_ + 1; ++g) {
+      const uint64_t state = state_bytes(g);
       if (!req_.have_ssd || req_.optim_on_ssd ||
-          host_used_ + state + 4 * sz_.weights + ooc_chunk_pool_bytes() + (hold_ ? 2 * held_ : 0) > host_budget_)
+          host_used() + state + 4 * sz_.weights + ooc_chunk_pool_bytes() + (hold_ ? 2 * held_ : 0) > host_budget_)
         break;
-      host_used_ += state;
+      table_.add(BufferKind::kHostOptim, g, H, state, "optimizer state");
       ++tail_groups_;
     }
     for (int l = 0; l < L_; ++l) {
       const bool fits = !req_.weights_on_ssd &&
-                        host_used_ + sz_.weights + ssd_overhead(4) + (hold_ && req_.have_ssd ? 2 * held_ : 0) <=
+                        host_used() + sz_.weights + ssd_overhead(4) + (hold_ && req_.have_ssd ? 2 * held_ : 0) <=
                             host_budget_;
       if (fits || !req_.have_ssd) {
         plan_.layers[l].weights = StateTier::kHost;
-        host_used_ += sz_.weights;
+        table_.add(BufferKind::kHostWeights, l, H, sz_.weights, "weights");
       } else {
         plan_.layers[l].weights = StateTier::kSsd;
+        table_.add(BufferKind::kSsdWeights, l, S, sz_.weights, "weights");
         ++ssd_weight_layers_;
       }
     }
     if (ssd_weight_layers_) {
       plan_.pools.host_weight_slots = 2;
       plan_.pools.host_wout_slots = 2;
-      host_used_ += 4 * sz_.weights;
+      table_.slots(BufferKind::kReadSlot, 2, H, sz_.weights, "weight staging");
+      table_.slots(BufferKind::kWoutSlot, 2, H, sz_.weights, "weight staging");
     }
   }
 
@@ -249,20 +273,20 @@ class Placer {
     if (req_.grads_on_ssd && !req_.have_ssd) throw ConfigError("gradients on SSD need offload.ssd_paths");
     int ssd_grad_layers = 0;
     for (int l = 0; hold_ && l < L_; ++l) {
-      const bool fits = !req_.grads_on_ssd && host_used_ + held_ + (req_.have_ssd ? 2 * held_ : 0) +
+      const bool fits = !req_.grads_on_ssd && host_used() + held_ + (req_.have_ssd ? 2 * held_ : 0) +
                                                   ssd_overhead(0) <= host_budget_;
       if (fits || !req_.have_ssd) {
         plan_.layers[l].grads = StateTier::kHost;
-        host_used_ += held_;
-        host_grad_hold_ += held_;
+        table_.add(BufferKind::kGradHold, l, H, held_, held_part());
       } else {
         plan_.layers[l].grads = StateTier::kSsd;
+        table_.add(BufferKind::kSsdGrads, l, S, held_, "held gradients");
         ++ssd_grad_layers;
       }
     }
     if (ssd_grad_layers) {
       plan_.pools.host_grad_stage_slots = 2;
-      host_used_ += 2 * held_;
+      table_.slots(BufferKind::kGradStage, 2, H, held_, "held gradient staging");
     }
   }
 
@@ -270,10 +294,10 @@ class Placer {
   // every group stays on the host (check_host_budget then reports the total).
   void place_optimizer_state() {
     std::vector<OptimGroup> groups;
-    for (const ParamGroup& g : make_gpt_layout(req_.model).groups) groups.push_back({g.name, g.numel, {}});
+    for (const ParamGroup& g : layout_.groups) groups.push_back({g.name, g.numel, {}});
     uint64_t optim_budget = 0;
-    if (req_.have_ssd) host_used_ += ooc_chunk_pool_bytes();
-    if (!req_.optim_on_ssd && host_used_ < host_budget_) optim_budget = host_budget_ - host_used_;
+    if (req_.have_ssd) table_.add(BufferKind::kOptimChunks, 0, H, ooc_chunk_pool_bytes(), "optimizer chunk slots");
+    if (!req_.optim_on_ssd && host_used() < host_budget_) optim_budget = host_budget_ - host_used();
     if (req_.optim_on_ssd && !req_.have_ssd) throw ConfigError("optimizer state on SSD needs offload.ssd_paths");
     std::vector<StateTier> tiers;
     if (!req_.have_ssd) {
@@ -284,8 +308,14 @@ class Placer {
       tiers.insert(tiers.begin(), tail_groups_, StateTier::kHost);
       if (req_.spread_host_state) spread_host_layers(tiers);
     }
-    for (size_t g = tail_groups_; g < groups.size(); ++g)
-      if (tiers[g] == StateTier::kHost) host_used_ += optim_state_bytes(req_.optim_format, groups[g].numel);
+    for (size_t g = tail_groups_; g < groups.size(); ++g) {
+      const int gi = static_cast<int>(g);
+      if (tiers[g] == StateTier::kHost)
+        table_.add(BufferKind::kHostOptim, gi, H, state_bytes(gi), "optimizer state");
+      else
+        table_.add(BufferKind::kSsdOptim, gi, S, ooc_state_extent_bytes(req_.optim_format, groups[g].numel),
+                   "optimizer state");
+    }
     plan_.embed_optim = tiers.front();
     plan_.final_optim = tiers.back();
     for (int l = 0; l < L_; ++l) plan_.layers[l].optim = tiers[1 + l];
@@ -311,11 +341,13 @@ class Placer {
   // run further ahead of their layers, and a read whose write is done can pass one still
   // waiting for its write: the SSD queues reorder, reorders()).
   void buy_weight_slots() {
-    for (int* slots : {&plan_.pools.host_wout_slots, &plan_.pools.host_weight_slots}) {
-      if (ssd_weight_layers_ <= 2 || host_used_ >= host_budget_) break;
-      const uint64_t extra = std::min<uint64_t>((host_budget_ - host_used_) / sz_.weights, ssd_weight_layers_ - 2);
+    const std::pair<int*, BufferKind> pools[] = {{&plan_.pools.host_wout_slots, BufferKind::kWoutSlot},
+                                                 {&plan_.pools.host_weight_slots, BufferKind::kReadSlot}};
+    for (const auto& [slots, kind] : pools) {
+      if (ssd_weight_layers_ <= 2 || host_used() >= host_budget_) break;
+      const uint64_t extra = std::min<uint64_t>((host_budget_ - host_used()) / sz_.weights, ssd_weight_layers_ - 2);
       *slots += static_cast<int>(extra);
-      host_used_ += extra * sz_.weights;
+      table_.slots(kind, static_cast<int>(extra), H, sz_.weights, "weight staging");
     }
   }
 
@@ -334,18 +366,24 @@ class Placer {
     for (int i = std::max(0, n - w); i < n; ++i) plan_.layers[order[i]].retained = i % w;
   }
 
+  // The host rows summed into the lines of the refusal, which names the largest ones.
   void check_host_budget() const {
-    if (host_used_ <= host_budget_) return;
-    const uint64_t rest = host_used_ - host_fixed_ - grad_slots_bytes_ - host_grad_hold_ - host_ckpt_ - sz_.embed - sz_.final;
-    throw Error(str("host memory: the plan needs ", format_size(host_used_), " but offload.host_memory is ",
-                    format_size(host_budget_), " (", format_size(host_fixed_), " process and device arena, ",
-                    format_size(grad_slots_bytes_), " gradient slots, ",
-                    hold_ ? str(format_size(host_grad_hold_), " held gradients (",
+    const uint64_t used = host_used();
+    if (used <= host_budget_) return;
+    using K = BufferKind;
+    const uint64_t fixed = table_.bytes({K::kProcess, K::kDeviceArena, K::kKernelScratch, K::kStateStage});
+    const uint64_t grad_slots = table_.bytes({K::kHostGradSlot});
+    const uint64_t held = table_.bytes({K::kGradHold, K::kEmbedGradHold, K::kFinalGradHold});
+    const uint64_t ckpts = table_.bytes({K::kHostCkpt}), copies = table_.bytes({K::kHostEmbed, K::kHostFinal});
+    const uint64_t rest = used - fixed - grad_slots - held - ckpts - copies;
+    throw Error(str("host memory: the plan needs ", format_size(used), " but offload.host_memory is ",
+                    format_size(host_budget_), " (", format_size(fixed), " process and device arena, ",
+                    format_size(grad_slots), " gradient slots, ",
+                    hold_ ? str(format_size(held), " held gradients (",
                                 accum_fp32_ ? "fp32 sums over micro-batches" : req_.exact ? "exact mode" : "gradient accumulation",
                                 "), ")
                           : std::string(),
-                    format_size(host_ckpt_), " host checkpoints, ", format_size(sz_.embed + sz_.final),
-                    " embedding copy, ", format_size(rest), " weights, optimizer state and staging)",
+                    format_size(ckpts), " host checkpoints, ", format_size(copies), " embedding copy, ", format_size(rest), " weights, optimizer state and staging)",
                     req_.have_ssd ? "" : "; configure offload.ssd_paths to move weights and optimizer state to SSD"));
   }
 
@@ -353,27 +391,23 @@ class Placer {
   const int L_;
   const Sizes sz_;
   const int D_;
+  const ParamLayout layout_;
   const bool hold_;
   const bool accum_fp32_;  // Plan::accum_fp32
   const uint64_t held_;    // one layer's held gradient (held_grad_bytes)
   const uint64_t dev_budget_, host_budget_;
   Plan plan_;
+  BufferRows table_;  // the plan's buffer table as placed so far
   int min_dw_ = 2;
-  uint64_t device_total_ = 0;
-  uint64_t host_used_ = 0, host_fixed_ = 0, host_ckpt_ = 0, grad_slots_bytes_ = 0, host_grad_hold_ = 0;
   int tail_groups_ = 0;  // groups 0 .. tail_groups_-1 have their optimizer state on the host
   int ssd_weight_layers_ = 0;
 };
 
 // A plan for `deferred` deferred updates: placement, buffer table, ops.
 Plan plan_with(const PlanRequest& req, int deferred) {
-  Placer placer(req, deferred);
-  Plan plan = placer.place();
-  plan.buffers = buffer_table(plan, req.have_ssd, req.device_in_host);
+  Plan plan = Placer(req, deferred).place();
   plan.memory = sum_buffers(plan.buffers);
   plan.memory.device_in_host = req.device_in_host;
-  FY_CHECK(plan.memory.host_bytes == placer.host_used(), "the buffer table counts ", plan.memory.host_bytes,
-           " host bytes, the placement ", placer.host_used());
   lay_out_iteration(req, plan);
   return plan;
 }

@@ -1,5 +1,6 @@
 // The plan's buffer table: every buffer an iteration uses, on the device, in host memory and
-// on SSD, with its size, for the placement and pools the planner chose. The plan's memory
+// on SSD, with its size. The device's part for given pools is device_buffers (here); the
+// placement (plan.cc) adds the host's and the SSD's as it places them. The plan's memory
 // figures are this table summed (sum_buffers); the executor allocates from it; ops name its
 // entries in their uses.
 #include <algorithm>
@@ -144,26 +145,12 @@ MemoryPlan sum_buffers(const std::vector<PlanBuffer>& buffers) {
 
 namespace plan_detail {
 
-namespace {
-
-struct TableWriter {
-  std::vector<PlanBuffer> out;
-  void add(BufferKind kind, int index, Tier tier, uint64_t bytes, const std::string& part) {
-    out.push_back({kind, index, tier, bytes, part});
-  }
-  void slots(BufferKind kind, int count, Tier tier, uint64_t bytes, const std::string& part) {
-    for (int s = 0; s < count; ++s) add(kind, s, tier, bytes, part);
-  }
-};
-
-}  // namespace
-
 std::vector<PlanBuffer> device_buffers(const ModelConfig& m, int micro_batch, ElemType tensors,
                                        const std::vector<ActPlacement>& acts, int weight_slots, int ckpt_slots,
                                        int grad_slots) {
   const Sizes sz = compute_sizes(m, micro_batch, tensors);
   const Tier D = Tier::kDevice;
-  TableWriter t;
+  BufferRows t;
   const std::string globals = "embedding + final norm: weights and gradients";
   t.add(BufferKind::kEmbedWeights, 0, D, sz.embed, globals);
   t.add(BufferKind::kEmbedRows, 0, D, 0, globals);  // a view of the embedding: no memory of its own
@@ -186,74 +173,16 @@ std::vector<PlanBuffer> device_buffers(const ModelConfig& m, int micro_batch, El
   t.slots(BufferKind::kWeightSlot, weight_slots, D, sz.weights, str("weight slots (", weight_slots, ")"));
   t.slots(BufferKind::kCkptSlot, ckpt_slots, D, sz.ckpt, str("checkpoint slots (", ckpt_slots, ")"));
   t.slots(BufferKind::kGradSlot, grad_slots, D, sz.weights, str("gradient slots (", grad_slots, ")"));
-  return t.out;
+  return t.rows;
 }
 
-std::vector<PlanBuffer> buffer_table(const Plan& plan, bool have_ssd, bool device_is_host_memory) {
-  const ModelConfig& m = plan.model;
-  const int L = m.n_layer;
-  const Sizes sz = compute_sizes(m, plan.micro_batch, plan.tensors);
-  const PlanPools& pp = plan.pools;
-  std::vector<ActPlacement> acts;
-  for (const LayerDecision& d : plan.layers) acts.push_back(d.act);
-  TableWriter t;
-  t.out = device_buffers(m, plan.micro_batch, plan.tensors, acts, pp.device_weight_slots, pp.device_ckpt_slots,
-                         pp.device_grad_slots);
-  uint64_t device_total = 0;
-  for (const PlanBuffer& b : t.out) device_total += b.bytes;
-
-  const Tier H = Tier::kHost, S = Tier::kSsd;
-  t.add(BufferKind::kProcess, 0, H, kProcessBaseline, "process baseline");
-  if (device_is_host_memory) t.add(BufferKind::kDeviceArena, 0, H, device_total, "device arena (CPU backend: host memory)");
-  if (device_is_host_memory && sz.es < 4)
-    t.add(BufferKind::kKernelScratch, 0, H, cpu_kernel_scratch_bytes(m, plan.micro_batch),
-          "kernel scratch (CPU backend: fp32 views of bf16 tensors)");
-  for (int l = 0; l < L; ++l)
-    if (acts[l] == ActPlacement::kHost) t.add(BufferKind::kHostCkpt, l, H, sz.ckpt, "host checkpoints");
-  t.slots(BufferKind::kHostGradSlot, pp.host_grad_slots, H, std::max(sz.weights, std::max(sz.embed, sz.final)),
-          "gradient slots");
-  // Held gradients: in the tensors' type, or (accum_fp32) fp32 sums, the resident groups' too.
-  const uint64_t held = held_grad_bytes(plan, sz.weights);
-  const std::string held_part = plan.accum_fp32 ? "held gradients (fp32 sums over micro-batches)"
-                                : plan.exact    ? "held gradients (exact mode)"
-                                                : "held gradients (gradient accumulation)";
-  for (int l = 0; l < L && plan.holds_grads(); ++l)
-    if (plan.layers[l].grads == StateTier::kHost) t.add(BufferKind::kGradHold, l, H, held, held_part);
-  if (plan.accum_fp32) {
-    t.add(BufferKind::kEmbedGradHold, 0, H, held_grad_bytes(plan, sz.embed), held_part);
-    t.add(BufferKind::kFinalGradHold, 0, H, held_grad_bytes(plan, sz.final), held_part);
-  }
-  t.slots(BufferKind::kGradStage, pp.host_grad_stage_slots, H, held,
-          plan.deferred_updates ? "top layers' gradients (deferred updates)" : "held gradient staging");
-  t.slots(BufferKind::kCkptStage, pp.host_ckpt_slots, H, sz.ckpt, "checkpoint staging");
-  // Checkpoints move a group's fp32 state through host memory; with fp32 tensors a gradient
-  // slot holds it, with 16-bit ones (half its size) this buffer does.
-  if (sz.es < 4)
-    t.add(BufferKind::kStateStage, 0, H, 4 * std::max(sz.weights, std::max(sz.embed, sz.final)) / sz.es,
-          "checkpoint state staging");
-  t.add(BufferKind::kHostEmbed, 0, H, sz.embed, "weights");
-  t.add(BufferKind::kHostFinal, 0, H, sz.final, "weights");
-  for (int l = 0; l < L; ++l)
-    if (plan.layers[l].weights == StateTier::kHost) t.add(BufferKind::kHostWeights, l, H, sz.weights, "weights");
-  t.slots(BufferKind::kReadSlot, pp.host_weight_slots, H, sz.weights, "weight staging");
-  t.slots(BufferKind::kWoutSlot, pp.host_wout_slots, H, sz.weights, "weight staging");
-  const ParamLayout layout = make_gpt_layout(m);
-  for (int g = 0; g <= L + 1; ++g)
-    if (plan.optim_tier(g) == StateTier::kHost)
-      t.add(BufferKind::kHostOptim, g, H, optim_state_bytes(plan.optim_format, layout.groups[g].numel), "optimizer state");
-  if (have_ssd) t.add(BufferKind::kOptimChunks, 0, H, ooc_chunk_pool_bytes(), "optimizer chunk slots");
-
-  for (int l = 0; l < L; ++l)
-    if (plan.layers[l].weights == StateTier::kSsd) t.add(BufferKind::kSsdWeights, l, S, sz.weights, "weights");
-  for (int g = 0; g <= L + 1; ++g)
-    if (plan.optim_tier(g) == StateTier::kSsd)
-      t.add(BufferKind::kSsdOptim, g, S, ooc_state_extent_bytes(plan.optim_format, layout.groups[g].numel),
-            "optimizer state");
-  for (int l = 0; l < L; ++l)
-    if (acts[l] == ActPlacement::kSsd) t.add(BufferKind::kSsdCkpt, l, S, sz.ckpt, "checkpoints");
-  for (int l = 0; l < L && plan.holds_grads(); ++l)
-    if (plan.layers[l].grads == StateTier::kSsd) t.add(BufferKind::kSsdGrads, l, S, held, "held gradients");
-  return t.out;
+std::vector<PlanBuffer> in_table_order(std::vector<PlanBuffer> rows) {
+  std::stable_sort(rows.begin(), rows.end(), [](const PlanBuffer& a, const PlanBuffer& b) {
+    if (a.tier != b.tier) return a.tier < b.tier;
+    if (a.tier == Tier::kDevice) return false;
+    return a.kind != b.kind ? a.kind < b.kind : a.index < b.index;
+  });
+  return rows;
 }
 
 }  // namespace plan_detail

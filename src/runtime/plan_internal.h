@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
+#include <string>
 #include <vector>
 
 #include "fuyou/model.h"
@@ -57,14 +59,40 @@ inline uint64_t held_grad_bytes(const Plan& plan, uint64_t tensor_bytes) {
 constexpr int kEmbedParts = 4;
 
 
+// The buffer table as the planner writes it: the placement adds each buffer as it places it
+// and reads what it has placed back from here, so the plan's memory figures are the table's
+// sums (sum_buffers) and no other count.
+struct BufferRows {
+  std::vector<PlanBuffer> rows;
+  void add(BufferKind kind, int index, Tier tier, uint64_t bytes, const std::string& part) {
+    rows.push_back({kind, index, tier, bytes, part});
+  }
+  // `count` more buffers of `kind`, indexed after those already in the table.
+  void slots(BufferKind kind, int count, Tier tier, uint64_t bytes, const std::string& part) {
+    const int first = static_cast<int>(
+        std::count_if(rows.begin(), rows.end(), [&](const PlanBuffer& b) { return b.kind == kind; }));
+    for (int s = 0; s < count; ++s) add(kind, first + s, tier, bytes, part);
+  }
+  uint64_t bytes(Tier tier) const {
+    uint64_t n = 0;
+    for (const PlanBuffer& b : rows) n += b.tier == tier ? b.bytes : 0;
+    return n;
+  }
+  uint64_t bytes(std::initializer_list<BufferKind> kinds) const {
+    uint64_t n = 0;
+    for (const PlanBuffer& b : rows) n += std::find(kinds.begin(), kinds.end(), b.kind) != kinds.end() ? b.bytes : 0;
+    return n;
+  }
+};
+
 // The device part of the buffer table for these activation decisions and pool sizes (the
 // planner sizes pools with it).
 std::vector<PlanBuffer> device_buffers(const ModelConfig& m, int micro_batch, ElemType tensors,
                                        const std::vector<ActPlacement>& acts, int weight_slots, int ckpt_slots,
                                        int grad_slots);
-// The whole table for a placed plan. The device's memory counts against the host budget too
-// where it is host memory (`device_is_host_memory`: the CPU backend).
-std::vector<PlanBuffer> buffer_table(const Plan& plan, bool have_ssd, bool device_is_host_memory);
+// The rows in the order the table lists them: the device's as device_buffers gives them, then
+// the host's and the SSD's by kind (BufferKind's order) and index.
+std::vector<PlanBuffer> in_table_order(std::vector<PlanBuffer> rows);
 
 // Lays out the iteration's operations into plan.ops for the placement, pools and buffer table
 // already in `plan`.
