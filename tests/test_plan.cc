@@ -222,3 +222,20 @@ TEST_CASE("a refused host budget names the table's total", "[plan]") {
   req.host_budget = p.memory.host_bytes;
   CHECK(make_plan(req).memory.host_bytes == p.memory.host_bytes);
 }
+
+TEST_CASE("a one-layer model's optimizer state is counted at each group's size", "[plan]") {
+  // With SSD the embedding's, layer 0's and the next group's state take host memory first;
+  // with one layer the next group is the final one, smaller than a layer.
+  PlanRequest req;
+  req.model = ModelConfig{};
+  req.model.n_layer = 1;
+  req.model.d_ff = 4 * req.model.d_model;
+  req.have_ssd = true;
+  const Plan p = make_plan(req);
+  const ParamLayout layout = make_gpt_layout(req.model);
+  for (int g = 0; g < 3; ++g) {
+    INFO("group " << g);
+    REQUIRE(p.optim_tier(g) == StateTier::kHost);
+    CHECK(p.buffers[p.buffer(BufferKind::kHostOptim, g)].bytes == optim_state_bytes(p.optim_format, layout.groups[g].numel));
+  }
+}
