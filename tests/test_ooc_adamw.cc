@@ -44,7 +44,7 @@ struct Result {
   std::vector<std::vector<uint16_t>> lowp;
 };
 
-Result run(std::vector<StateTier> tiers, SsdStore* store, ElemType grad_type) {
+Result run(std::vector<Tier> tiers, SsdStore* store, ElemType grad_type) {
   auto groups = make_groups();
   OocAdamWOptions opts;
   opts.chunk_elems = 1024;
@@ -105,14 +105,14 @@ Result run(std::vector<StateTier> tiers, SsdStore* store, ElemType grad_type) {
 TEST_CASE("out-of-core AdamW is bit-identical to in-memory AdamW", "[optim][storage]") {
   for (ElemType gt : {ElemType::kF32, ElemType::kBF16}) {
     INFO("gradient type " << elem_type_name(gt));
-    std::vector<StateTier> host(4, StateTier::kHost);
+    std::vector<Tier> host(4, Tier::kHost);
     Result ref = run(host, nullptr, gt);
 
     StoreConfig sc;
     sc.dirs = {store_dir("a"), store_dir("b")};
     sc.stripe_unit = 64 * 1024;
     auto store = SsdStore::open(sc);
-    Result ssd = run(std::vector<StateTier>(4, StateTier::kSsd), store.get(), gt);
+    Result ssd = run(std::vector<Tier>(4, Tier::kSsd), store.get(), gt);
 
     auto store2 = SsdStore::open({{store_dir("c")}});
     Result mixed = run(place_optimizer_state(make_groups(), 12 * 6000, true), store2.get(), gt);
@@ -131,7 +131,7 @@ TEST_CASE("out-of-core AdamW is bit-identical to in-memory AdamW", "[optim][stor
 TEST_CASE("optimizer placement follows the host budget", "[optim]") {
   auto groups = make_groups();  // 5000, 3072, 7777, 1 parameters
   auto tiers = place_optimizer_state(groups, 12 * 8100, true);
-  CHECK(tiers == std::vector<StateTier>{StateTier::kHost, StateTier::kHost, StateTier::kSsd, StateTier::kHost});
+  CHECK(tiers == std::vector<Tier>{Tier::kHost, Tier::kHost, Tier::kSsd, Tier::kHost});
   CHECK_THROWS_WITH(place_optimizer_state(groups, 1000, false),
                     Catch::Matchers::Contains("offload.ssd_paths") && Catch::Matchers::Contains("12 bytes per parameter"));
 }

@@ -183,17 +183,17 @@ TEST_CASE("the buffer table is the plan's memory: its sums, its slots, its place
   const int L = p.model.n_layer;
   for (int l = 0; l < L; ++l) {
     INFO("layer " << l);
-    CHECK(has(BufferKind::kHostWeights, l) == (p.layers[l].weights == StateTier::kHost));
-    CHECK(has(BufferKind::kSsdWeights, l) == (p.layers[l].weights == StateTier::kSsd));
+    CHECK(has(BufferKind::kHostWeights, l) == (p.layers[l].weights == Tier::kHost));
+    CHECK(has(BufferKind::kSsdWeights, l) == (p.layers[l].weights == Tier::kSsd));
     CHECK(has(BufferKind::kHostCkpt, l) == (p.layers[l].act == ActPlacement::kHost));
     CHECK(has(BufferKind::kSsdCkpt, l) == (p.layers[l].act == ActPlacement::kSsd));
-    CHECK(has(BufferKind::kGradHold, l) == (p.holds_grads() && p.layers[l].grads == StateTier::kHost));
-    CHECK(has(BufferKind::kSsdGrads, l) == (p.holds_grads() && p.layers[l].grads == StateTier::kSsd));
+    CHECK(has(BufferKind::kGradHold, l) == (p.holds_grads() && p.layers[l].grads == Tier::kHost));
+    CHECK(has(BufferKind::kSsdGrads, l) == (p.holds_grads() && p.layers[l].grads == Tier::kSsd));
   }
   for (int g = 0; g <= L + 1; ++g) {
     INFO("group " << g);
-    CHECK(has(BufferKind::kHostOptim, g) == (p.optim_tier(g) == StateTier::kHost));
-    CHECK(has(BufferKind::kSsdOptim, g) == (p.optim_tier(g) == StateTier::kSsd));
+    CHECK(has(BufferKind::kHostOptim, g) == (p.optim_tier(g) == Tier::kHost));
+    CHECK(has(BufferKind::kSsdOptim, g) == (p.optim_tier(g) == Tier::kSsd));
   }
   CHECK(has(BufferKind::kDeviceArena, 0) == req.device_in_host);
   if (req.device_in_host) CHECK(p.buffers[p.buffer(BufferKind::kDeviceArena)].bytes == p.memory.device_bytes);
@@ -235,7 +235,7 @@ TEST_CASE("a one-layer model's optimizer state is counted at each group's size",
   const ParamLayout layout = make_gpt_layout(req.model);
   for (int g = 0; g < 3; ++g) {
     INFO("group " << g);
-    REQUIRE(p.optim_tier(g) == StateTier::kHost);
+    REQUIRE(p.optim_tier(g) == Tier::kHost);
     CHECK(p.buffers[p.buffer(BufferKind::kHostOptim, g)].bytes == optim_state_bytes(p.optim_format, layout.groups[g].numel));
   }
 }

@@ -639,7 +639,7 @@ TEST_CASE("SSD reads reorder: a read whose write is done passes one still waitin
   auto be = make_cpu_backend(2, 0);
   auto trainer = all_on_ssd(cfg, *be, store.get());
   OffloadTrainer& tr = *trainer;
-  REQUIRE(tr.plan().layers[2].weights == StateTier::kSsd);
+  REQUIRE(tr.plan().layers[2].weights == Tier::kSsd);
   REQUIRE(tr.plan().layers[2].retained < 0);
   HoldUntil h;
   h.hold = [](int64_t step, const PlanOp& op) {

@@ -173,7 +173,7 @@ TEST_CASE("offloaded validation loss is bitwise the in-memory one", "[scheduler]
   std::vector<float> init(layout.total);
   init_gpt_params(cfg.model, layout, init.data());
   tr.set_params(init.data());
-  REQUIRE(tr.plan().layers[2].weights == StateTier::kSsd);
+  REQUIRE(tr.plan().layers[2].weights == Tier::kSsd);
 
   // Before training, between steps (the forward-only plan must not disturb the training
   // plan's buffers) and after.
@@ -226,7 +226,7 @@ TEST_CASE("offloaded gradient accumulation is bitwise in-memory training", "[sch
       Plan plan = make_plan(req);
       CHECK(plan.grad_accum == K);
       CHECK(plan.accum_fp32 == (tensors == "bf16" || tensors == "fp16"));
-      CHECK(plan.layers[0].grads == (grads_ssd ? StateTier::kSsd : StateTier::kHost));
+      CHECK(plan.layers[0].grads == (grads_ssd ? Tier::kSsd : Tier::kHost));
       if (plan.accum_fp32) {
         // Every micro-batch's gradient of every group is saved and added on the host; none
         // goes back to the device. A sum on SSD is read back before each addition but the
@@ -264,13 +264,13 @@ TEST_CASE("exact mode stages gradients on SSD when host memory cannot hold them"
   // slots beyond two each that an unlimited budget buys), less one layer's gradient, so the
   // planner must move some to SSD.
   Plan all_host = make_plan(req);
-  for (const auto& d : all_host.layers) REQUIRE(d.grads == StateTier::kHost);
+  for (const auto& d : all_host.layers) REQUIRE(d.grads == Tier::kHost);
   const uint64_t layer_bytes = 4 * make_gpt_layout(cfg.model).groups[1].numel;
   const int extra_slots = all_host.pools.host_weight_slots - 2 + all_host.pools.host_wout_slots - 2;
   req.host_budget = all_host.memory.host_bytes - (extra_slots + 1) * layer_bytes;
   Plan mixed = make_plan(req);
   int on_ssd = 0;
-  for (const auto& d : mixed.layers) on_ssd += d.grads == StateTier::kSsd;
+  for (const auto& d : mixed.layers) on_ssd += d.grads == Tier::kSsd;
   CHECK(on_ssd > 0);
   CHECK(on_ssd < cfg.model.n_layer);  // the rest still fit in host memory
   CHECK(mixed.memory.host_bytes <= req.host_budget);

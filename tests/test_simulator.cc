@@ -439,7 +439,7 @@ TEST_CASE("planner: host optimizer state above the tail is spread among the SSD 
   auto host_layers = [&](const Plan& p) {
     std::vector<int> h;
     for (int l = 0; l < L; ++l)
-      if (p.layers[l].optim == StateTier::kHost) h.push_back(l);
+      if (p.layers[l].optim == Tier::kHost) h.push_back(l);
     return h;
   };
   // The smallest host budget that leaves the tail (layers 0, 1) and 3 more layers' state in
@@ -469,7 +469,7 @@ TEST_CASE("planner: host optimizer state above the tail is spread among the SSD 
   CHECK(h[2] == 2);
   CHECK(h.back() < L - 1);
   for (size_t i = 3; i < h.size(); ++i) CHECK(h[i] - h[i - 1] >= 2);
-  CHECK(spread.embed_optim == StateTier::kHost);
+  CHECK(spread.embed_optim == Tier::kHost);
 }
 
 TEST_CASE("simulator: overlapping iterations hide the update tail", "[simulator]") {

@@ -26,6 +26,7 @@
 #include "fuyou/optim.h"
 #include "fuyou/storage.h"
 #include "fuyou/train_state.h"
+#include "fuyou/tier.h"
 
 namespace fuyou {
 
@@ -42,7 +43,6 @@ struct OptimGroup {
   std::vector<OptimTensor> tensors;  // must cover only [0, numel)
 };
 
-enum class StateTier { kHost, kSsd };
 
 struct OocAdamWOptions {
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
@@ -68,7 +68,7 @@ constexpr uint64_t ooc_chunk_pool_bytes(const OocAdamWOptions& o = {}) { return 
 // Decides where each group's state lives: host memory for groups while their state
 // (optim_state_bytes: 12 bytes per parameter in fp32) fits `host_state_budget`, in order, the
 // rest on SSD. With no store every group must fit in host memory (else Error with the numbers).
-std::vector<StateTier> place_optimizer_state(const std::vector<OptimGroup>& groups,
+std::vector<Tier> place_optimizer_state(const std::vector<OptimGroup>& groups,
                                              uint64_t host_state_budget, bool have_store,
                                              const OptimFormat& format = {});
 
@@ -83,7 +83,7 @@ class OocAdamW {
   // `store` may be null when every group is on the host. Allocates host state for host
   // groups, defines the store extents and the pinned chunk slots for SSD groups: nothing is
   // allocated after construction.
-  OocAdamW(std::vector<OptimGroup> groups, std::vector<StateTier> tiers, SsdStore* store,
+  OocAdamW(std::vector<OptimGroup> groups, std::vector<Tier> tiers, SsdStore* store,
            OocAdamWOptions opts);
   ~OocAdamW();
   OocAdamW(const OocAdamW&) = delete;
@@ -91,7 +91,7 @@ class OocAdamW {
 
   size_t num_groups() const;
   const OptimGroup& group(int g) const;
-  StateTier tier(int g) const;
+  Tier tier(int g) const;
   // Host bytes this optimizer holds: resident state plus the chunk slots.
   uint64_t host_bytes() const;
 

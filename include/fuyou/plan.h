@@ -13,6 +13,7 @@
 #include "fuyou/elem_type.h"
 #include "fuyou/ooc_adamw.h"
 #include "fuyou/resource.h"
+#include "fuyou/tier.h"
 
 namespace fuyou {
 
@@ -31,12 +32,12 @@ const char* act_placement_name(ActPlacement a);
 
 struct LayerDecision {
   ActPlacement act = ActPlacement::kKeep;
-  StateTier weights = StateTier::kHost;  // where the layer's weights wait between uses
-  StateTier optim = StateTier::kHost;    // where its fp32 master and Adam moments live
+  Tier weights = Tier::kHost;  // where the layer's weights wait between uses
+  Tier optim = Tier::kHost;    // where its fp32 master and Adam moments live
   // Where its gradient is held while the step needs it later (Plan::holds_grads: between
   // micro-batches, or until the global norm is known): a host buffer, or an SSD extent
   // written and read back through host staging slots.
-  StateTier grads = StateTier::kHost;
+  Tier grads = Tier::kHost;
   // SSD-weight layers updated last in a step (the lowest) keep their new weights in the
   // host slot the update wrote them to (this index into the weights-out slots, -1: not
   // retained) until the next step's forward loads them from there: that forward neither
@@ -48,8 +49,6 @@ struct LayerDecision {
 
 // ---- the buffer table ---------------------------------------------------------------------
 
-enum class Tier { kDevice, kHost, kSsd };
-const char* tier_name(Tier t);
 
 // What a buffer holds. With PlanBuffer::index (a slot, a layer or a parameter group, as noted)
 // it names one buffer of the plan.
@@ -289,8 +288,8 @@ struct Plan {
   bool accum_fp32 = false;
   bool forward_only = false;  // a validation plan (make_forward_plan)
   std::vector<LayerDecision> layers;
-  StateTier embed_optim = StateTier::kHost;
-  StateTier final_optim = StateTier::kHost;
+  Tier embed_optim = Tier::kHost;
+  Tier final_optim = Tier::kHost;
   // The embedding's update in parts (host-memory state, not exact mode) starts with part -1:
   // the token rows the next step's first micro-batch looks up and the position table, then
   // refreshed on the device; parts 0 .. parts-1 then update the rest while the next forward
@@ -313,7 +312,7 @@ struct Plan {
   // The buffer of `kind` and `index`; FY_CHECKs that the table has it.
   int buffer(BufferKind kind, int index = 0) const;
   // Where group g's optimizer state lives.
-  StateTier optim_tier(int group) const;
+  Tier optim_tier(int group) const;
 
   // Layer gradients outlive their backward: held (LayerDecision::grads) until the norm is
   // known (exact) or the next micro-batch adds to them (grad_accum > 1).

@@ -166,7 +166,7 @@ nlohmann::json run_adam_bench(const AdamBenchOptions& o) {
     }
     OocAdamWOptions oo;
     oo.format = f;
-    OocAdamW opt(groups, std::vector<StateTier>(groups.size(), StateTier::kSsd), store.get(), oo);
+    OocAdamW opt(groups, std::vector<Tier>(groups.size(), Tier::kSsd), store.get(), oo);
     std::vector<float> init(o.group_params, 0.01f);
     for (size_t g = 0; g < groups.size(); ++g) opt.init_group(static_cast<int>(g), init.data());
     std::vector<uint16_t> lowp(o.with_lowp || split ? n : 0, math::split_hi(0.01f));

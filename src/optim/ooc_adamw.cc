@@ -69,18 +69,18 @@ uint64_t ooc_update_io_bytes(const OptimFormat& f, uint64_t numel, size_t chunk_
   return b;
 }
 
-std::vector<StateTier> place_optimizer_state(const std::vector<OptimGroup>& groups,
+std::vector<Tier> place_optimizer_state(const std::vector<OptimGroup>& groups,
                                              uint64_t host_state_budget, bool have_store, const OptimFormat& format) {
-  std::vector<StateTier> tiers;
+  std::vector<Tier> tiers;
   uint64_t used = 0, total = 0;
   for (const auto& g : groups) {
     uint64_t bytes = optim_state_bytes(format, g.numel);
     total += bytes;
     if (used + bytes <= host_state_budget) {
       used += bytes;
-      tiers.push_back(StateTier::kHost);
+      tiers.push_back(Tier::kHost);
     } else {
-      tiers.push_back(StateTier::kSsd);
+      tiers.push_back(Tier::kSsd);
     }
   }
   if (!have_store && used < total)
@@ -94,10 +94,11 @@ std::vector<StateTier> place_optimizer_state(const std::vector<OptimGroup>& grou
 
 class OocAdamW::Impl {
  public:
-  Impl(std::vector<OptimGroup> groups, std::vector<StateTier> tiers, SsdStore* store,
+  Impl(std::vector<OptimGroup> groups, std::vector<Tier> tiers, SsdStore* store,
        OocAdamWOptions opts)
       : groups_(std::move(groups)), tiers_(std::move(tiers)), store_(store), opts_(opts) {
     FY_CHECK(groups_.size() == tiers_.size(), "one tier per group");
+    for (Tier t : tiers_) FY_CHECK(t != Tier::kDevice, "the out-of-core optimizer keeps state in host memory or on SSD");
     FY_CHECK(opts_.chunk_elems > 0 && opts_.chunk_elems % (kIoAlign / 4) == 0,
              "chunk_elems ", opts_.chunk_elems, " must be a positive multiple of 1024");
     FY_CHECK(opts_.format.moments != MomentFormat::kInt8 || opts_.chunk_elems % (kStateBlock * kIoAlign / 4) == 0,
@@ -110,7 +111,7 @@ class OocAdamW::Impl {
       for (const auto& t : groups_[g].tensors)
         FY_CHECK(t.offset + t.numel <= groups_[g].numel, "tensor outside group ", groups_[g].name);
       const uint64_t n = groups_[g].numel;
-      if (tiers_[g] == StateTier::kHost) {
+      if (tiers_[g] == Tier::kHost) {
         for (int k = 0; k < 3; ++k) {
           host_[g].data[k].assign((layout_[k].eb * n + 3) / 4, 0.0f);
           if (layout_[k].scales) host_[g].scales[k].assign(state_blocks(n), 0.0f);
@@ -245,7 +246,7 @@ class OocAdamW::Impl {
                "update range [", ranges[i].first, ", ", ranges[i].second, ") of group ", grp.name,
                " is not on int8 blocks of ", kStateBlock, " elements");
     }
-    if (tiers_[u.group] == StateTier::kHost) {
+    if (tiers_[u.group] == Tier::kHost) {
       for (size_t i = 0; i < nranges; ++i) {
         const auto [a, b] = ranges[i];
         KindView s[3];
@@ -333,7 +334,7 @@ class OocAdamW::Impl {
         if (layout_[k].scales) std::fill(s[k].scales, s[k].scales + state_blocks(n), 0.0f);
       }
     };
-    if (tiers_[g] == StateTier::kHost) {
+    if (tiers_[g] == Tier::kHost) {
       KindView s[3];
       for (int k = 0; k < 3; ++k) s[k] = host_view(g, k, 0);
       return fill(0, numel, s);
@@ -362,7 +363,7 @@ class OocAdamW::Impl {
       const int16_t* lo = reinterpret_cast<const int16_t*>(data);
       for (size_t i = 0; i < n; ++i) dst[begin + i] = math::split_join(hi[begin + i], lo[i]);
     };
-    if (tiers_[g] == StateTier::kHost) return take(0, host_view(g, 0, 0).data, groups_[g].numel);
+    if (tiers_[g] == Tier::kHost) return take(0, host_view(g, 0, 0).data, groups_[g].numel);
     stream_plane(g, 0, 0, /*write=*/false, [&](size_t begin, size_t n, char* slot) { take(begin, slot, n); });
   }
 
@@ -371,7 +372,7 @@ class OocAdamW::Impl {
     FY_CHECK(!(kind == StateKind::kMaster && opts_.format.master == MasterFormat::kSplit), "group ", groups_[g].name,
              ": a split master is read through read_master");
     if (kind == StateKind::kMaster || opts_.format.moments == MomentFormat::kF32) {
-      if (tiers_[g] == StateTier::kHost) return sink(0, reinterpret_cast<const float*>(host_view(g, k, 0).data), groups_[g].numel);
+      if (tiers_[g] == Tier::kHost) return sink(0, reinterpret_cast<const float*>(host_view(g, k, 0).data), groups_[g].numel);
       return stream_plane(g, k, 0, false, [&](size_t begin, size_t n, char* slot) {
         sink(begin, reinterpret_cast<const float*>(slot), n);
       });
@@ -379,7 +380,7 @@ class OocAdamW::Impl {
     // Decoded: the values through a scratch of fp32 (host groups: whole; SSD: per chunk, in
     // the second slot set, idle between updates; int8 chunks read with their scales).
     const MomentFormat mf = opts_.format.moments;
-    if (tiers_[g] == StateTier::kHost) {
+    if (tiers_[g] == Tier::kHost) {
       std::vector<float> out(groups_[g].numel);
       const KindView v = host_view(g, k, 0);
       decode_moment(mf, kind == StateKind::kAdamV, v.data, v.scales, out.data(), out.size());
@@ -400,7 +401,7 @@ class OocAdamW::Impl {
     const int k = static_cast<int>(kind);
     const bool split = kind == StateKind::kMaster && opts_.format.master == MasterFormat::kSplit;
     if (!split && (kind == StateKind::kMaster || opts_.format.moments == MomentFormat::kF32)) {
-      if (tiers_[g] == StateTier::kHost) return source(0, reinterpret_cast<float*>(host_view(g, k, 0).data), groups_[g].numel);
+      if (tiers_[g] == Tier::kHost) return source(0, reinterpret_cast<float*>(host_view(g, k, 0).data), groups_[g].numel);
       return stream_plane(g, k, 0, true, [&](size_t begin, size_t n, char* slot) {
         source(begin, reinterpret_cast<float*>(slot), n);
       });
@@ -412,7 +413,7 @@ class OocAdamW::Impl {
       for (size_t i = 0; i < n; ++i) lo[i] = math::split_lo(in[i]);
     };
     const size_t C = opts_.chunk_elems, numel = groups_[g].numel;
-    if (tiers_[g] == StateTier::kHost) {
+    if (tiers_[g] == Tier::kHost) {
       std::vector<float> in(numel);
       source(0, in.data(), numel);
       return encode(in.data(), numel, host_view(g, k, 0));
@@ -431,7 +432,7 @@ class OocAdamW::Impl {
   void read_packed(int g, StateKind kind, const PackedSink& sink) {
     const int k = static_cast<int>(kind);
     const uint64_t numel = groups_[g].numel;
-    if (tiers_[g] == StateTier::kHost) {
+    if (tiers_[g] == Tier::kHost) {
       const KindView v = host_view(g, k, 0);
       sink(0, 0, v.data, numel);
       if (layout_[k].scales) sink(1, 0, v.scales, state_blocks(numel));
@@ -444,7 +445,7 @@ class OocAdamW::Impl {
   void write_packed(int g, StateKind kind, const PackedSource& source) {
     const int k = static_cast<int>(kind);
     const uint64_t numel = groups_[g].numel;
-    if (tiers_[g] == StateTier::kHost) {
+    if (tiers_[g] == Tier::kHost) {
       const KindView v = host_view(g, k, 0);
       source(0, 0, v.data, numel);
       if (layout_[k].scales) source(1, 0, v.scales, state_blocks(numel));
@@ -456,7 +457,7 @@ class OocAdamW::Impl {
 
   const OptimFormat& format() const { return opts_.format; }
   const OptimGroup& group(int g) const { return groups_.at(g); }
-  StateTier tier(int g) const { return tiers_.at(g); }
+  Tier tier(int g) const { return tiers_.at(g); }
   size_t num_groups() const { return groups_.size(); }
   uint64_t host_bytes() const {
     uint64_t b = pool_ ? pool_->bytes() : 0;
@@ -595,7 +596,7 @@ class OocAdamW::Impl {
   }
 
   std::vector<OptimGroup> groups_;
-  std::vector<StateTier> tiers_;
+  std::vector<Tier> tiers_;
   SsdStore* store_;
   OocAdamWOptions opts_;
   KindLayout layout_[3];
@@ -616,14 +617,14 @@ class OocAdamW::Impl {
   int default_threads_ = 1;  // OpenMP threads of an update that names none
 };
 
-OocAdamW::OocAdamW(std::vector<OptimGroup> groups, std::vector<StateTier> tiers, SsdStore* store,
+OocAdamW::OocAdamW(std::vector<OptimGroup> groups, std::vector<Tier> tiers, SsdStore* store,
                    OocAdamWOptions opts)
     : impl_(std::make_unique<Impl>(std::move(groups), std::move(tiers), store, opts)) {}
 OocAdamW::~OocAdamW() = default;
 
 size_t OocAdamW::num_groups() const { return impl_->num_groups(); }
 const OptimGroup& OocAdamW::group(int g) const { return impl_->group(g); }
-StateTier OocAdamW::tier(int g) const { return impl_->tier(g); }
+Tier OocAdamW::tier(int g) const { return impl_->tier(g); }
 uint64_t OocAdamW::host_bytes() const { return impl_->host_bytes(); }
 const OptimFormat& OocAdamW::format() const { return impl_->format(); }
 

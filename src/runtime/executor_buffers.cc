@@ -122,7 +122,7 @@ void OffloadTrainer::Impl::allocate_buffers() {
 }
 
 void OffloadTrainer::Impl::make_optimizer() {
-  std::vector<StateTier> tiers;
+  std::vector<Tier> tiers;
   for (size_t g = 0; g < layout_.groups.size(); ++g) tiers.push_back(plan_.optim_tier(static_cast<int>(g)));
   opt_ = std::make_unique<OocAdamW>(optimizer_groups(layout_), tiers, store_, optimizer_options(cfg_.optimizer));
 }
@@ -145,7 +145,7 @@ void OffloadTrainer::Impl::put_weights(void* dst, const float* src, size_t n) co
 
 const uint16_t* OffloadTrainer::Impl::group_working_weights(int g) {
   const int L = cfg_.model.n_layer;
-  if (g == 0 || g == L + 1 || plan_.layers[g - 1].weights == StateTier::kHost)
+  if (g == 0 || g == L + 1 || plan_.layers[g - 1].weights == Tier::kHost)
     return static_cast<const uint16_t*>(group_host_weights(g));
   const int slot = plan_.buffer(BufferKind::kReadSlot, 0), ext = plan_.buffer(BufferKind::kSsdWeights, g - 1);
   store_->read_sync(ext_[ext], 0, ptr(slot), round_up(plan_.buffers[ext].bytes, kIoAlign));
@@ -171,7 +171,7 @@ void OffloadTrainer::Impl::set_group_weights(int g, const float* src) {
   const int L = cfg_.model.n_layer;
   const ParamGroup& pg = layout_.groups.at(g);
   const size_t bytes = es_ * pg.numel;
-  if (g == 0 || g == L + 1 || plan_.layers[g - 1].weights == StateTier::kHost) {
+  if (g == 0 || g == L + 1 || plan_.layers[g - 1].weights == Tier::kHost) {
     void* host = group_host_weights(g);
     put_weights(host, src, pg.numel);
     if (g == 0) be_.copy_to_device(embed_w_, host, bytes);

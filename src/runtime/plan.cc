@@ -71,7 +71,7 @@ class Placer {
     // embedding) and where the optimizer can update a range (state in host memory).
     // Not with fp32 sums: the update reads the whole sum after the last micro-batch's
     // accumulation, which goes as one op.
-    plan_.embed_parts = req_.exact || accum_fp32_ || plan_.embed_optim != StateTier::kHost ? 1
+    plan_.embed_parts = req_.exact || accum_fp32_ || plan_.embed_optim != Tier::kHost ? 1
                         : req_.embed_parts > 0                              ? req_.embed_parts
                         : sz_.embed >= (16ull << 20)                        ? kEmbedParts
                                                                             : 1;
@@ -249,10 +249,10 @@ class Placer {
                         host_used() + sz_.weights + ssd_overhead(4) + (hold_ && req_.have_ssd ? 2 * held_ : 0) <=
                             host_budget_;
       if (fits || !req_.have_ssd) {
-        plan_.layers[l].weights = StateTier::kHost;
+        plan_.layers[l].weights = Tier::kHost;
         table_.add(BufferKind::kHostWeights, l, H, sz_.weights, "weights");
       } else {
-        plan_.layers[l].weights = StateTier::kSsd;
+        plan_.layers[l].weights = Tier::kSsd;
         table_.add(BufferKind::kSsdWeights, l, S, sz_.weights, "weights");
         ++ssd_weight_layers_;
       }
@@ -276,10 +276,10 @@ class Placer {
       const bool fits = !req_.grads_on_ssd && host_used() + held_ + (req_.have_ssd ? 2 * held_ : 0) +
                                                   ssd_overhead(0) <= host_budget_;
       if (fits || !req_.have_ssd) {
-        plan_.layers[l].grads = StateTier::kHost;
+        plan_.layers[l].grads = Tier::kHost;
         table_.add(BufferKind::kGradHold, l, H, held_, held_part());
       } else {
-        plan_.layers[l].grads = StateTier::kSsd;
+        plan_.layers[l].grads = Tier::kSsd;
         table_.add(BufferKind::kSsdGrads, l, S, held_, "held gradients");
         ++ssd_grad_layers;
       }
@@ -299,18 +299,18 @@ class Placer {
     if (req_.have_ssd) table_.add(BufferKind::kOptimChunks, 0, H, ooc_chunk_pool_bytes(), "optimizer chunk slots");
     if (!req_.optim_on_ssd && host_used() < host_budget_) optim_budget = host_budget_ - host_used();
     if (req_.optim_on_ssd && !req_.have_ssd) throw ConfigError("optimizer state on SSD needs offload.ssd_paths");
-    std::vector<StateTier> tiers;
+    std::vector<Tier> tiers;
     if (!req_.have_ssd) {
-      tiers.assign(groups.size(), StateTier::kHost);
+      tiers.assign(groups.size(), Tier::kHost);
     } else {
       tiers = fuyou::place_optimizer_state(std::vector<OptimGroup>(groups.begin() + tail_groups_, groups.end()),
                                            optim_budget, true, req_.optim_format);
-      tiers.insert(tiers.begin(), tail_groups_, StateTier::kHost);
+      tiers.insert(tiers.begin(), tail_groups_, Tier::kHost);
       if (req_.spread_host_state) spread_host_layers(tiers);
     }
     for (size_t g = tail_groups_; g < groups.size(); ++g) {
       const int gi = static_cast<int>(g);
-      if (tiers[g] == StateTier::kHost)
+      if (tiers[g] == Tier::kHost)
         table_.add(BufferKind::kHostOptim, gi, H, state_bytes(gi), "optimizer state");
       else
         table_.add(BufferKind::kSsdOptim, gi, S, ooc_state_extent_bytes(req_.optim_format, groups[g].numel),
@@ -325,13 +325,13 @@ class Placer {
   // bytes), spread evenly from the top: layer j-th from the top is on the host where
   // floor((j + 1) k / n) > floor(j k / n), so the lowest is on the host and no two SSD
   // layers are adjacent while k >= n - k.
-  void spread_host_layers(std::vector<StateTier>& tiers) const {
+  void spread_host_layers(std::vector<Tier>& tiers) const {
     const int first = std::max(0, tail_groups_ - 1), n = L_ - first;  // layers first .. L-1
     int k = 0;
-    for (int l = first; l < L_; ++l) k += tiers[1 + l] == StateTier::kHost;
+    for (int l = first; l < L_; ++l) k += tiers[1 + l] == Tier::kHost;
     for (int j = 0; j < n; ++j)
-      tiers[L_ - j] = (static_cast<int64_t>(j + 1) * k / n > static_cast<int64_t>(j) * k / n) ? StateTier::kHost
-                                                                                             : StateTier::kSsd;
+      tiers[L_ - j] = (static_cast<int64_t>(j + 1) * k / n > static_cast<int64_t>(j) * k / n) ? Tier::kHost
+                                                                                             : Tier::kSsd;
   }
 
   // Host memory left after the optimizer state buys more weight slots, up to one per
@@ -359,9 +359,9 @@ class Placer {
     if (!ssd_weight_layers_ || req_.exact) return;
     std::vector<int> order;  // SSD-weight layers in update order
     for (int l = L_ - 1 - D_; l >= 0; --l)
-      if (plan_.layers[l].weights == StateTier::kSsd) order.push_back(l);
+      if (plan_.layers[l].weights == Tier::kSsd) order.push_back(l);
     for (int l = L_ - D_; l < L_; ++l)  // the deferred ones, in forward order (emitted so)
-      if (plan_.layers[l].weights == StateTier::kSsd) order.push_back(l);
+      if (plan_.layers[l].weights == Tier::kSsd) order.push_back(l);
     const int n = static_cast<int>(order.size()), w = plan_.pools.host_wout_slots;
     for (int i = std::max(0, n - w); i < n; ++i) plan_.layers[order[i]].retained = i % w;
   }
@@ -413,8 +413,8 @@ Plan plan_with(const PlanRequest& req, int deferred) {
 }
 
 int state_groups_on_ssd(const Plan& p) {
-  int n = (p.embed_optim == StateTier::kSsd) + (p.final_optim == StateTier::kSsd);
-  for (const LayerDecision& d : p.layers) n += d.optim == StateTier::kSsd;
+  int n = (p.embed_optim == Tier::kSsd) + (p.final_optim == Tier::kSsd);
+  for (const LayerDecision& d : p.layers) n += d.optim == Tier::kSsd;
   return n;
 }
 
@@ -432,7 +432,7 @@ Plan make_plan(const PlanRequest& req) {
   // update and the next forward's reads share the disk, and the forward waits; measured in
   // docs/performance.md), and the slot its gradient waits in moves no optimizer state to SSD.
   Plan plain = plan_with(req, 0);
-  if (plain.holds_grads() || plain.model.n_layer < 2 || plain.layers.back().optim != StateTier::kSsd) return plain;
+  if (plain.holds_grads() || plain.model.n_layer < 2 || plain.layers.back().optim != Tier::kSsd) return plain;
   for (const PlanOp& op : plain.ops)
     if (op.kind == OpKind::kReadWeights) return plain;
   Plan deferred;

@@ -11,15 +11,6 @@
 
 namespace fuyou {
 
-const char* tier_name(Tier t) {
-  switch (t) {
-    case Tier::kDevice: return "device";
-    case Tier::kHost: return "host";
-    case Tier::kSsd: return "ssd";
-  }
-  return "?";
-}
-
 const char* buffer_kind_name(BufferKind k) {
   switch (k) {
     case BufferKind::kEmbedWeights: return "embedding";
@@ -88,7 +79,7 @@ std::string PlanBuffer::name() const {
   return indexed(kind) ? str(n, ".", index) : n;
 }
 
-StateTier Plan::optim_tier(int group) const {
+Tier Plan::optim_tier(int group) const {
   if (group == 0) return embed_optim;
   if (group == model.n_layer + 1) return final_optim;
   return layers.at(group - 1).optim;

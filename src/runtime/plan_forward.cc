@@ -40,7 +40,7 @@ Plan make_forward_plan(const Plan& train) {
   for (int l = 0; l < L; ++l) {
     const int s = l % dw;
     int read = -1, staging = -1;
-    if (p.layers[l].weights == StateTier::kSsd) {
+    if (p.layers[l].weights == Tier::kSsd) {
       staging = l % hw;
       PlanOp& r = add(OpKind::kReadWeights, {hslot_user[staging]});
       r.layer = l;

@@ -134,7 +134,7 @@ class IterationBuilder {
     return g == 0 ? buf(BufferKind::kHostEmbed) : g == L_ + 1 ? buf(BufferKind::kHostFinal) : buf(BufferKind::kHostWeights, g - 1);
   }
   int optim_state_of_group(int g) const {
-    return plan_.optim_tier(g) == StateTier::kHost ? buf(BufferKind::kHostOptim, g) : buf(BufferKind::kSsdOptim, g);
+    return plan_.optim_tier(g) == Tier::kHost ? buf(BufferKind::kHostOptim, g) : buf(BufferKind::kSsdOptim, g);
   }
   int work_of(int layer, bool kept) const { return kept ? buf(BufferKind::kLayerActs, layer) : buf(BufferKind::kWorkActs); }
 
@@ -173,7 +173,7 @@ class IterationBuilder {
       return s;
     }
     int read = -1, staging = -1;
-    if (plan_.layers[l].weights == StateTier::kSsd) {
+    if (plan_.layers[l].weights == Tier::kSsd) {
       // A layer read earlier in this step whose staging slot has not been reused since (the
       // backward's second use, or the next micro-batch) loads from there again: a layer's
       // weights do not change within a step.
@@ -450,7 +450,7 @@ class IterationBuilder {
     const bool is_layer = p.group >= 1 && p.group <= L_;
     std::vector<int> deps = {p.ready, norm_op};
     int grad = p.grad;
-    if (req_.exact && is_layer && plan_.layers[l].grads == StateTier::kSsd) {
+    if (req_.exact && is_layer && plan_.layers[l].grads == Tier::kSsd) {
       // Exact mode: the held gradient comes back from SSD for the update (its staging slot
       // has been reused since).
       std::vector<int> rdeps = {p.ready};
@@ -464,7 +464,7 @@ class IterationBuilder {
       deps.push_back(r.id);
     }
     int wout = -1;
-    if (is_layer && plan_.layers[l].weights == StateTier::kSsd) {
+    if (is_layer && plan_.layers[l].weights == Tier::kSsd) {
       wout = host_wout_rr_++ % plan_.pools.host_wout_slots;
       FY_CHECK(plan_.layers[l].retained < 0 || plan_.layers[l].retained == wout, "layer ", l,
                " retained in weights-out slot ", plan_.layers[l].retained, " but updated into slot ", wout);
@@ -592,7 +592,7 @@ class IterationBuilder {
       deps.push_back(host_grad_consumer_[hs]);
       where = buf(BufferKind::kHostGradSlot, hs);
       save_id = ready = save_op(group, deps, src, where).id;
-    } else if (plan_.layers[group - 1].grads == StateTier::kHost) {
+    } else if (plan_.layers[group - 1].grads == Tier::kHost) {
       // Held in the layer's host buffer; the previous content was read by this micro-batch's
       // load_grads, which the producing backward waited for.
       where = buf(BufferKind::kGradHold, group - 1);
@@ -643,7 +643,7 @@ class IterationBuilder {
     const int save_id = s.id;
     if (dev_slot >= 0) dev_grad_consumer_[dev_slot] = save_id;
     if (!is_layer) resident_save_[group == 0 ? 0 : 1] = save_id;
-    const bool on_ssd = is_layer && plan_.layers[group - 1].grads == StateTier::kSsd;
+    const bool on_ssd = is_layer && plan_.layers[group - 1].grads == Tier::kSsd;
     std::vector<int> deps = {save_id, held_[group]};
     int sum = -1, stage = -1;
     if (!on_ssd) {
@@ -695,7 +695,7 @@ class IterationBuilder {
   int load_grads(int group, int dev_slot) {
     std::vector<int> deps = {held_[group], dev_grad_consumer_[dev_slot]};
     int src = -1;
-    if (plan_.layers[group - 1].grads == StateTier::kHost) {
+    if (plan_.layers[group - 1].grads == Tier::kHost) {
       src = buf(BufferKind::kGradHold, group - 1);
     } else {
       std::vector<int> rdeps = {held_[group]};

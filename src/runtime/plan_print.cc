@@ -32,7 +32,6 @@ const char* act_placement_name(ActPlacement a) {
 
 namespace {
 
-const char* tier_name(StateTier t) { return t == StateTier::kHost ? "host" : "ssd"; }
 
 const char* access_name(Access a) {
   switch (a) {
@@ -103,9 +102,9 @@ std::string Plan::table() const {
     out += str(l < 10 ? "    " : l < 100 ? "   " : "  ", l, "  ", act_placement_name(layers[l].act),
                std::string(13 - std::string(act_placement_name(layers[l].act)).size(), ' '),
                tier_name(layers[l].weights),
-               layers[l].retained >= 0 ? "+     " : layers[l].weights == StateTier::kHost ? "     " : "      ",
+               layers[l].retained >= 0 ? "+     " : layers[l].weights == Tier::kHost ? "     " : "      ",
                tier_name(layers[l].optim),
-               holds_grads() ? str(layers[l].optim == StateTier::kHost ? "       " : "        ",
+               holds_grads() ? str(layers[l].optim == Tier::kHost ? "       " : "        ",
                                    tier_name(layers[l].grads))
                              : std::string(),
                "\n");

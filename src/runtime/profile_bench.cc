@@ -138,7 +138,7 @@ void measure_host_side(const ProfileOptions& o, HardwareProfile& p, const Say& s
 struct OptimizerProbe {
   static constexpr size_t n = 16u << 20;
   std::vector<OptimGroup> groups{{"g", n, {{0, n, true}}}};
-  OocAdamW opt{groups, {StateTier::kHost}, nullptr, {}};
+  OocAdamW opt{groups, {Tier::kHost}, nullptr, {}};
   std::vector<float> init = std::vector<float>(n, 0.01f), grad = std::vector<float>(n, 1e-3f),
                      lowp = std::vector<float>(n);
   int64_t t = 1;

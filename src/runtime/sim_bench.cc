@@ -79,8 +79,8 @@ nlohmann::json prediction_json(const Prediction& p, const Config& cfg, const Har
   j["decisions"] = p.decisions;
   int wssd = 0, ossd = 0;
   for (const auto& d : p.plan.layers) {
-    wssd += d.weights == StateTier::kSsd;
-    ossd += d.optim == StateTier::kSsd;
+    wssd += d.weights == Tier::kSsd;
+    ossd += d.optim == Tier::kSsd;
   }
   j["layers_weights_on_ssd"] = wssd;
   j["layers_optimizer_on_ssd"] = ossd;

@@ -66,7 +66,7 @@ StepRunner::StepRunner(const Config& cfg, Backend& backend)
     return;
   }
   opt_ = std::make_unique<OocAdamW>(optimizer_groups(model_.layout()),
-                                    std::vector<StateTier>(model_.layout().groups.size(), StateTier::kHost),
+                                    std::vector<Tier>(model_.layout().groups.size(), Tier::kHost),
                                     nullptr, optimizer_options(cfg.optimizer));
   grad_.assign(n * elem_type_size(store_), 0);
   // The step's two whole-model copies (gradients out, weights in) page-locked where the
