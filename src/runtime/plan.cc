@@ -39,10 +39,10 @@ uint64_t device_bytes(const std::vector<PlanBuffer>& device) { return sum_buffer
 class Placer {
  public:
   Placer(const PlanRequest& req, int deferred)
-      : req_(req), L_(req.model.n_layer), sz_(compute_sizes(req.model, req.micro_batch, req.tensors, req.attention_keys)), D_(deferred),
+      : req_(req), n_layer_(req.model.n_layer), sizes_(compute_sizes(req.model, req.micro_batch, req.tensors, req.attention_keys)), deferred_(deferred),
         layout_(make_gpt_layout(req.model)), hold_(req.exact || req.grad_accum > 1),
         accum_fp32_(req.accum_fp32 && req.grad_accum > 1 && req.tensors != ElemType::kF32),
-        held_(held_grad_bytes(accum_fp32_, sz_.es, sz_.weights)),
+        held_(held_grad_bytes(accum_fp32_, sizes_.elem_bytes, sizes_.weights)),
         dev_budget_(req.device_budget ? req.device_budget : UINT64_MAX),
         host_budget_(req.host_budget ? req.host_budget : UINT64_MAX) {}
 
@@ -56,9 +56,9 @@ class Placer {
     if (req_.grad_accum < 1) throw ConfigError(str("schedule.grad_accum is ", req_.grad_accum, "; it must be at least 1"));
     plan_.grad_accum = req_.grad_accum;
     plan_.accum_fp32 = accum_fp32_;
-    plan_.layers.resize(L_);
+    plan_.layers.resize(n_layer_);
     const std::vector<ActPlacement> acts = decide_activations();
-    for (int l = 0; l < L_; ++l) plan_.layers[l].act = acts[l];
+    for (int l = 0; l < n_layer_; ++l) plan_.layers[l].act = acts[l];
     size_device_pools(acts);
     place_fixed_host(acts);
     place_weights();
@@ -73,7 +73,7 @@ class Placer {
     // accumulation, which goes as one op.
     plan_.embed_parts = req_.exact || accum_fp32_ || plan_.embed_optim != Tier::kHost ? 1
                         : req_.embed_parts > 0                              ? req_.embed_parts
-                        : sz_.embed >= (16ull << 20)                        ? kEmbedParts
+                        : sizes_.embed >= (16ull << 20)                        ? kEmbedParts
                                                                             : 1;
     plan_.embed_rows_first =
         req_.embed_rows_first && plan_.embed_parts > 1 && req_.optim_format.moments != MomentFormat::kInt8;
@@ -92,11 +92,11 @@ class Placer {
   // checkpoints then move to the host, then to SSD.
   std::vector<ActPlacement> decide_activations() {
     std::vector<ActPlacement> acts = req_.acts;
-    if (!acts.empty() && static_cast<int>(acts.size()) != L_)
-      throw Error(str("plan: ", acts.size(), " activation decisions for ", L_, " layers"));
+    if (!acts.empty() && static_cast<int>(acts.size()) != n_layer_)
+      throw Error(str("plan: ", acts.size(), " activation decisions for ", n_layer_, " layers"));
     const bool auto_acts = acts.empty();
-    if (auto_acts) acts.assign(L_, req_.default_act);
-    for (int l = 0; l < L_; ++l) {
+    if (auto_acts) acts.assign(n_layer_, req_.default_act);
+    for (int l = 0; l < n_layer_; ++l) {
       if (acts[l] == ActPlacement::kSsd && !req_.have_ssd)
         throw ConfigError(str("layer ", l, ": activations to SSD need offload.ssd_paths"));
       if (acts[l] == ActPlacement::kRecompute && (l == 0 || acts[l - 1] == ActPlacement::kRecompute))
@@ -107,7 +107,7 @@ class Placer {
     if (!auto_acts) return acts;
     for (ActPlacement next : {ActPlacement::kDevice, ActPlacement::kHost, ActPlacement::kSsd}) {
       if (next == ActPlacement::kSsd && !req_.have_ssd) break;
-      for (int l = L_ - 1; l >= 0 && device_need(acts, min_dw_, 2, 1) > dev_budget_; --l)
+      for (int l = n_layer_ - 1; l >= 0 && device_need(acts, min_dw_, 2, 1) > dev_budget_; --l)
         if (static_cast<int>(acts[l]) < static_cast<int>(next)) acts[l] = next;
     }
     return acts;
@@ -115,7 +115,7 @@ class Placer {
 
   // Host bytes of group g's optimizer state.
   uint64_t state_bytes(int g) const { return optim_state_bytes(req_.optim_format, layout_.groups[g].numel); }
-  uint64_t max_group_bytes() const { return std::max(sz_.weights, std::max(sz_.embed, sz_.final)); }
+  uint64_t max_group_bytes() const { return std::max(sizes_.weights, std::max(sizes_.embed, sizes_.final)); }
   // The memory line held gradients are counted under.
   std::string held_part() const {
     return accum_fp32_ ? "held gradients (fp32 sums over micro-batches)"
@@ -132,7 +132,7 @@ class Placer {
   void size_device_pools(const std::vector<ActPlacement>& acts) {
     const uint64_t minimal = device_need(acts, min_dw_, 2, 1);
     if (minimal > dev_budget_) {
-      std::vector<ActPlacement> leanest(L_, req_.have_ssd ? ActPlacement::kSsd : ActPlacement::kHost);
+      std::vector<ActPlacement> leanest(n_layer_, req_.have_ssd ? ActPlacement::kSsd : ActPlacement::kHost);
       std::string detail;
       for (auto& [n, b] : sum_buffers(device_buffers(req_.model, req_.micro_batch, req_.tensors, acts, min_dw_, 2, 1)).device_parts)
         detail += str("\n  ", n, ": ", format_size(b));
@@ -171,14 +171,14 @@ class Placer {
     table_.add(BufferKind::kProcess, 0, H, kProcessBaseline, "process baseline");
     if (req_.device_in_host)
       table_.add(BufferKind::kDeviceArena, 0, H, table_.bytes(Tier::kDevice), "device arena (CPU backend: host memory)");
-    if (sz_.es < 4 && req_.device_in_host)
+    if (sizes_.elem_bytes < 4 && req_.device_in_host)
       table_.add(BufferKind::kKernelScratch, 0, H, cpu_kernel_scratch_bytes(req_.model, req_.micro_batch),
                  "kernel scratch (CPU backend: fp32 views of bf16 tensors)");
     uint64_t ssd_ckpt_layers = 0;
-    for (int l = 0; l < L_; ++l) {
-      if (acts[l] == ActPlacement::kHost) table_.add(BufferKind::kHostCkpt, l, H, sz_.ckpt, "host checkpoints");
+    for (int l = 0; l < n_layer_; ++l) {
+      if (acts[l] == ActPlacement::kHost) table_.add(BufferKind::kHostCkpt, l, H, sizes_.ckpt, "host checkpoints");
       if (acts[l] == ActPlacement::kSsd) {
-        table_.add(BufferKind::kSsdCkpt, l, S, sz_.ckpt, "checkpoints");
+        table_.add(BufferKind::kSsdCkpt, l, S, sizes_.ckpt, "checkpoints");
         ++ssd_ckpt_layers;
       }
     }
@@ -188,9 +188,9 @@ class Placer {
     // on while the writes drain, when they take at most 1/16 of the host budget; else 2.
     if (ssd_ckpt_layers) {
       const uint64_t want = ssd_ckpt_layers * static_cast<uint64_t>(req_.grad_accum);
-      const uint64_t fit = host_budget_ / 16 / std::max<uint64_t>(sz_.ckpt, 1);
+      const uint64_t fit = host_budget_ / 16 / std::max<uint64_t>(sizes_.ckpt, 1);
       plan_.pools.host_ckpt_slots = static_cast<int>(std::clamp<uint64_t>(std::min(want, fit), 2, 1024));
-      table_.slots(BufferKind::kCkptStage, plan_.pools.host_ckpt_slots, H, sz_.ckpt, "checkpoint staging");
+      table_.slots(BufferKind::kCkptStage, plan_.pools.host_ckpt_slots, H, sizes_.ckpt, "checkpoint staging");
     }
     // Two host gradient slots of the largest group: rotated between a layer's gradients and
     // its update, or (exact mode) holding the embedding's and the final group's until theirs.
@@ -198,34 +198,34 @@ class Placer {
     table_.slots(BufferKind::kHostGradSlot, 2, H, max_group_bytes(), "gradient slots");
     // Deferring the top layers' updates (Plan::deferred_updates) holds each one's gradient
     // through the next forward in a host slot of its own.
-    if (D_ && hold_)
-      throw ConfigError(str("offload.deferred_updates is ", D_, ", but this step holds its gradients until ",
+    if (deferred_ && hold_)
+      throw ConfigError(str("offload.deferred_updates is ", deferred_, ", but this step holds its gradients until ",
                             req_.exact ? "the global norm is known (exact mode: optimizer.grad_clip > 0 or fp16)"
                                        : str("all ", req_.grad_accum, " micro-batches are done (schedule.grad_accum)"),
                             "; use auto or 0"));
-    if (D_ >= L_)
-      throw ConfigError(str("offload.deferred_updates is ", D_, " but the model has ", L_, " layers: at most ", L_ - 1,
+    if (deferred_ >= n_layer_)
+      throw ConfigError(str("offload.deferred_updates is ", deferred_, " but the model has ", n_layer_, " layers: at most ", n_layer_ - 1,
                             " (layer 0's update must precede the next forward)"));
-    plan_.deferred_updates = D_;
-    plan_.pools.host_grad_stage_slots = D_;
-    table_.slots(BufferKind::kGradStage, D_, H, held_, "top layers' gradients (deferred updates)");
+    plan_.deferred_updates = deferred_;
+    plan_.pools.host_grad_stage_slots = deferred_;
+    table_.slots(BufferKind::kGradStage, deferred_, H, held_, "top layers' gradients (deferred updates)");
     // 16-bit tensors: checkpoints move a group's fp32 state through host memory; with fp32
     // tensors a gradient slot holds it, with 16-bit ones (half its size) this buffer does.
-    if (sz_.es < 4)
-      table_.add(BufferKind::kStateStage, 0, H, 4 * max_group_bytes() / sz_.es, "checkpoint state staging");
-    table_.add(BufferKind::kHostEmbed, 0, H, sz_.embed, "weights");
-    table_.add(BufferKind::kHostFinal, 0, H, sz_.final, "weights");
+    if (sizes_.elem_bytes < 4)
+      table_.add(BufferKind::kStateStage, 0, H, 4 * max_group_bytes() / sizes_.elem_bytes, "checkpoint state staging");
+    table_.add(BufferKind::kHostEmbed, 0, H, sizes_.embed, "weights");
+    table_.add(BufferKind::kHostFinal, 0, H, sizes_.final, "weights");
     // fp32 sums: the embedding's and final group's are held in host memory.
     if (accum_fp32_) {
-      table_.add(BufferKind::kEmbedGradHold, 0, H, held_grad_bytes(true, sz_.es, sz_.embed), held_part());
-      table_.add(BufferKind::kFinalGradHold, 0, H, held_grad_bytes(true, sz_.es, sz_.final), held_part());
+      table_.add(BufferKind::kEmbedGradHold, 0, H, held_grad_bytes(true, sizes_.elem_bytes, sizes_.embed), held_part());
+      table_.add(BufferKind::kFinalGradHold, 0, H, held_grad_bytes(true, sizes_.elem_bytes, sizes_.final), held_part());
     }
   }
 
   // Host memory that choosing SSD for anything adds: weight staging (4 layers' worth), the
   // optimizer's chunk slots and, with held gradients, their staging.
   uint64_t ssd_overhead(uint64_t staging_layers) const {
-    return req_.have_ssd ? staging_layers * sz_.weights + ooc_chunk_pool_bytes() : 0;
+    return req_.have_ssd ? staging_layers * sizes_.weights + ooc_chunk_pool_bytes() : 0;
   }
 
   // Layer weights on the host while they fit, else on SSD. First,
@@ -236,32 +236,32 @@ class Placer {
   // optimizer state takes host memory before any layer's weights, when it fits beside the
   // SSD staging that the layers would then need.
   void place_weights() {
-    for (int g = 0; g < 3 && g <= L_ + 1; ++g) {
+    for (int g = 0; g < 3 && g <= n_layer_ + 1; ++g) {
       const uint64_t state = state_bytes(g);
       if (!req_.have_ssd || req_.optim_on_ssd ||
-          host_used() + state + 4 * sz_.weights + ooc_chunk_pool_bytes() + (hold_ ? 2 * held_ : 0) > host_budget_)
+          host_used() + state + 4 * sizes_.weights + ooc_chunk_pool_bytes() + (hold_ ? 2 * held_ : 0) > host_budget_)
         break;
       table_.add(BufferKind::kHostOptim, g, H, state, "optimizer state");
       ++tail_groups_;
     }
-    for (int l = 0; l < L_; ++l) {
+    for (int l = 0; l < n_layer_; ++l) {
       const bool fits = !req_.weights_on_ssd &&
-                        host_used() + sz_.weights + ssd_overhead(4) + (hold_ && req_.have_ssd ? 2 * held_ : 0) <=
+                        host_used() + sizes_.weights + ssd_overhead(4) + (hold_ && req_.have_ssd ? 2 * held_ : 0) <=
                             host_budget_;
       if (fits || !req_.have_ssd) {
         plan_.layers[l].weights = Tier::kHost;
-        table_.add(BufferKind::kHostWeights, l, H, sz_.weights, "weights");
+        table_.add(BufferKind::kHostWeights, l, H, sizes_.weights, "weights");
       } else {
         plan_.layers[l].weights = Tier::kSsd;
-        table_.add(BufferKind::kSsdWeights, l, S, sz_.weights, "weights");
+        table_.add(BufferKind::kSsdWeights, l, S, sizes_.weights, "weights");
         ++ssd_weight_layers_;
       }
     }
     if (ssd_weight_layers_) {
       plan_.pools.host_weight_slots = 2;
       plan_.pools.host_wout_slots = 2;
-      table_.slots(BufferKind::kReadSlot, 2, H, sz_.weights, "weight staging");
-      table_.slots(BufferKind::kWoutSlot, 2, H, sz_.weights, "weight staging");
+      table_.slots(BufferKind::kReadSlot, 2, H, sizes_.weights, "weight staging");
+      table_.slots(BufferKind::kWoutSlot, 2, H, sizes_.weights, "weight staging");
     }
   }
 
@@ -272,7 +272,7 @@ class Placer {
   void place_held_grads() {
     if (req_.grads_on_ssd && !req_.have_ssd) throw ConfigError("gradients on SSD need offload.ssd_paths");
     int ssd_grad_layers = 0;
-    for (int l = 0; hold_ && l < L_; ++l) {
+    for (int l = 0; hold_ && l < n_layer_; ++l) {
       const bool fits = !req_.grads_on_ssd && host_used() + held_ + (req_.have_ssd ? 2 * held_ : 0) +
                                                   ssd_overhead(0) <= host_budget_;
       if (fits || !req_.have_ssd) {
@@ -318,7 +318,7 @@ class Placer {
     }
     plan_.embed_optim = tiers.front();
     plan_.final_optim = tiers.back();
-    for (int l = 0; l < L_; ++l) plan_.layers[l].optim = tiers[1 + l];
+    for (int l = 0; l < n_layer_; ++l) plan_.layers[l].optim = tiers[1 + l];
   }
 
   // The same number of host-state layers above the tail (layers are equal in size: the same
@@ -326,11 +326,11 @@ class Placer {
   // floor((j + 1) k / n) > floor(j k / n), so the lowest is on the host and no two SSD
   // layers are adjacent while k >= n - k.
   void spread_host_layers(std::vector<Tier>& tiers) const {
-    const int first = std::max(0, tail_groups_ - 1), n = L_ - first;  // layers first .. L-1
+    const int first = std::max(0, tail_groups_ - 1), n = n_layer_ - first;  // layers first .. L-1
     int k = 0;
-    for (int l = first; l < L_; ++l) k += tiers[1 + l] == Tier::kHost;
+    for (int l = first; l < n_layer_; ++l) k += tiers[1 + l] == Tier::kHost;
     for (int j = 0; j < n; ++j)
-      tiers[L_ - j] = (static_cast<int64_t>(j + 1) * k / n > static_cast<int64_t>(j) * k / n) ? Tier::kHost
+      tiers[n_layer_ - j] = (static_cast<int64_t>(j + 1) * k / n > static_cast<int64_t>(j) * k / n) ? Tier::kHost
                                                                                              : Tier::kSsd;
   }
 
@@ -345,9 +345,9 @@ class Placer {
                                                  {&plan_.pools.host_weight_slots, BufferKind::kReadSlot}};
     for (const auto& [slots, kind] : pools) {
       if (ssd_weight_layers_ <= 2 || host_used() >= host_budget_) break;
-      const uint64_t extra = std::min<uint64_t>((host_budget_ - host_used()) / sz_.weights, ssd_weight_layers_ - 2);
+      const uint64_t extra = std::min<uint64_t>((host_budget_ - host_used()) / sizes_.weights, ssd_weight_layers_ - 2);
       *slots += static_cast<int>(extra);
-      table_.slots(kind, static_cast<int>(extra), H, sz_.weights, "weight staging");
+      table_.slots(kind, static_cast<int>(extra), H, sizes_.weights, "weight staging");
     }
   }
 
@@ -358,9 +358,9 @@ class Placer {
   void retain_weights() {
     if (!ssd_weight_layers_ || req_.exact) return;
     std::vector<int> order;  // SSD-weight layers in update order
-    for (int l = L_ - 1 - D_; l >= 0; --l)
+    for (int l = n_layer_ - 1 - deferred_; l >= 0; --l)
       if (plan_.layers[l].weights == Tier::kSsd) order.push_back(l);
-    for (int l = L_ - D_; l < L_; ++l)  // the deferred ones, in forward order (emitted so)
+    for (int l = n_layer_ - deferred_; l < n_layer_; ++l)  // the deferred ones, in forward order (emitted so)
       if (plan_.layers[l].weights == Tier::kSsd) order.push_back(l);
     const int n = static_cast<int>(order.size()), w = plan_.pools.host_wout_slots;
     for (int i = std::max(0, n - w); i < n; ++i) plan_.layers[order[i]].retained = i % w;
@@ -388,9 +388,9 @@ class Placer {
   }
 
   const PlanRequest& req_;
-  const int L_;
-  const Sizes sz_;
-  const int D_;
+  const int n_layer_;
+  const Sizes sizes_;
+  const int deferred_;
   const ParamLayout layout_;
   const bool hold_;
   const bool accum_fp32_;  // Plan::accum_fp32

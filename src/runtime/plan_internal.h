@@ -15,7 +15,7 @@
 namespace fuyou::plan_detail {
 
 struct Sizes {
-  uint64_t es = 4;          // bytes per element of the device's tensors (PlanRequest::tensors)
+  uint64_t elem_bytes = 4;          // bytes per element of the device's tensors (PlanRequest::tensors)
   uint64_t weights = 0;     // one layer's parameters (padded group), as the device holds them
   uint64_t ckpt = 0;        // one block input (N x C)
   uint64_t acts = 0;        // one layer's full saved activations
@@ -30,14 +30,14 @@ inline Sizes compute_sizes(const ModelConfig& m, int B, ElemType tensors, double
   ParamLayout layout = make_gpt_layout(m);
   const uint64_t N = static_cast<uint64_t>(B) * m.seq_len, C = m.d_model, V = m.vocab_size;
   Sizes s;
-  s.es = elem_type_size(tensors);
-  s.weights = s.es * layout.groups[1].numel;
-  s.embed = s.es * layout.groups.front().numel;
-  s.final = s.es * layout.groups.back().numel;
-  s.ckpt = s.es * N * C;
+  s.elem_bytes = elem_type_size(tensors);
+  s.weights = s.elem_bytes * layout.groups[1].numel;
+  s.embed = s.elem_bytes * layout.groups.front().numel;
+  s.final = s.elem_bytes * layout.groups.back().numel;
+  s.ckpt = s.elem_bytes * N * C;
   // The model's own allocation lists and FLOP count, per family (src/model/gpt.cc).
-  s.acts = layer_activation_bytes(m, B, s.es);
-  s.workspace = model_workspace_bytes(m, B, s.es);
+  s.acts = layer_activation_bytes(m, B, s.elem_bytes);
+  s.workspace = model_workspace_bytes(m, B, s.elem_bytes);
   // The attention's two T x T products (4 T C FLOPs a token) over the keys a query covers.
   const double keys = attention_keys > 0 ? std::min<double>(attention_keys, m.seq_len) : m.seq_len;
   s.layer_flops = (layer_forward_flops_per_token(m) - 4.0 * (m.seq_len - keys) * C) * N;
@@ -47,8 +47,8 @@ inline Sizes compute_sizes(const ModelConfig& m, int B, ElemType tensors, double
 
 // The bytes a held gradient of `tensor_bytes` of device tensors takes in host memory or on
 // SSD: the same in the tensors' type, twice or more as an fp32 sum (Plan::accum_fp32).
-inline uint64_t held_grad_bytes(bool accum_fp32, uint64_t es, uint64_t tensor_bytes) {
-  return accum_fp32 ? 4 * (tensor_bytes / es) : tensor_bytes;
+inline uint64_t held_grad_bytes(bool accum_fp32, uint64_t elem_bytes, uint64_t tensor_bytes) {
+  return accum_fp32 ? 4 * (tensor_bytes / elem_bytes) : tensor_bytes;
 }
 inline uint64_t held_grad_bytes(const Plan& plan, uint64_t tensor_bytes) {
   return held_grad_bytes(plan.accum_fp32, elem_type_size(plan.tensors), tensor_bytes);

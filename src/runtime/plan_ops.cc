@@ -42,35 +42,35 @@ struct PendingUpdate {
 class IterationBuilder {
  public:
   IterationBuilder(const PlanRequest& req, Plan& plan)
-      : req_(req), plan_(plan), L_(plan.model.n_layer), K_(plan.grad_accum), D_(plan.deferred_updates),
-        sz_(compute_sizes(plan.model, plan.micro_batch, plan.tensors, plan.attention_keys)) {
+      : req_(req), plan_(plan), n_layer_(plan.model.n_layer), grad_accum_(plan.grad_accum), deferred_(plan.deferred_updates),
+        sizes_(compute_sizes(plan.model, plan.micro_batch, plan.tensors, plan.attention_keys)) {
     for (size_t i = 0; i < plan.buffers.size(); ++i) index_[{plan.buffers[i].kind, plan.buffers[i].index}] = static_cast<int>(i);
     const PlanPools& pp = plan.pools;
-    wslots_.resize(pp.device_weight_slots);
+    weight_slots_.resize(pp.device_weight_slots);
     cslots_.resize(pp.device_ckpt_slots);
     host_read_consumer_.assign(pp.host_weight_slots, -1);
     host_read_holds_.assign(pp.host_weight_slots, -1);
     host_read_fill_.assign(pp.host_weight_slots, -1);
     host_wout_writer_.assign(pp.host_wout_slots, -1);
     wout_holds_.assign(pp.host_wout_slots, -1);
-    for (int l = 0; l < L_; ++l)
+    for (int l = 0; l < n_layer_; ++l)
       if (plan.layers[l].retained >= 0) wout_holds_[plan.layers[l].retained] = l;
     host_ckpt_consumer_.assign(pp.host_ckpt_slots, -1);
-    ckpt_producer_.assign(L_ + 1, -1);
-    ckpt_saved_.assign(L_, -1);
-    fwd_loc_.assign(L_ + 1, -1);
+    ckpt_producer_.assign(n_layer_ + 1, -1);
+    ckpt_saved_.assign(n_layer_, -1);
+    fwd_loc_.assign(n_layer_ + 1, -1);
     dev_grad_consumer_.assign(pp.device_grad_slots, -1);
     host_grad_consumer_.assign(pp.host_grad_slots, -1);
     stage_users_.resize(pp.host_grad_stage_slots);
-    held_.assign(L_ + 2, -1);
+    held_.assign(n_layer_ + 2, -1);
   }
 
   void build() {
-    for (micro_ = 0; micro_ < K_; ++micro_) {
+    for (micro_ = 0; micro_ < grad_accum_; ++micro_) {
       forward();
       backward();
     }
-    micro_ = K_ - 1;
+    micro_ = grad_accum_ - 1;
     finish_step();
   }
 
@@ -106,8 +106,8 @@ class IterationBuilder {
     use(op, dst, Access::kWrite, Role::kDest, offset, bytes);
   }
 
-  uint64_t group_bytes(int g) const { return g == 0 ? sz_.embed : g == L_ + 1 ? sz_.final : sz_.weights; }
-  uint64_t group_params(int g) const { return group_bytes(g) / sz_.es; }
+  uint64_t group_bytes(int g) const { return g == 0 ? sizes_.embed : g == n_layer_ + 1 ? sizes_.final : sizes_.weights; }
+  uint64_t group_params(int g) const { return group_bytes(g) / sizes_.elem_bytes; }
   // Group g's held gradient: in the tensors' type, or its fp32 sum (Plan::accum_fp32).
   uint64_t held_bytes(int g) const { return held_grad_bytes(plan_, group_bytes(g)); }
   // An update's use of group g's optimizer state for device-tensor bytes [offset, offset +
@@ -116,7 +116,7 @@ class IterationBuilder {
   void use_state(PlanOp& u, int g, uint64_t offset, uint64_t bytes) {
     const int state = optim_state_of_group(g);
     if (plan_.buffers[state].tier == Tier::kSsd) return use(u, state, Access::kAccumulate, Role::kState);
-    auto at = [&](uint64_t b) { return optim_state_bytes(plan_.optim_format, b / sz_.es); };
+    auto at = [&](uint64_t b) { return optim_state_bytes(plan_.optim_format, b / sizes_.elem_bytes); };
     use(u, state, Access::kAccumulate, Role::kState, at(offset), at(offset + bytes) - at(offset));
   }
   // A split master's update reads the working weights it rewrites.
@@ -126,12 +126,12 @@ class IterationBuilder {
   // The byte range of part `part` of group g (part -1: the rows first, sized for the
   // largest micro-batch; the executor copies the rows it fixes at run time).
   std::pair<uint64_t, uint64_t> part_bytes(int g, int part, int parts) const {
-    if (part < 0) return {0, sz_.es * embed_rows_first_params(plan_)};
+    if (part < 0) return {0, sizes_.elem_bytes * embed_rows_first_params(plan_)};
     const ParamRange r = part_range(group_params(g), part, parts);
-    return {sz_.es * r.begin, sz_.es * (r.end - r.begin)};
+    return {sizes_.elem_bytes * r.begin, sizes_.elem_bytes * (r.end - r.begin)};
   }
   int host_weights_of_group(int g) const {
-    return g == 0 ? buf(BufferKind::kHostEmbed) : g == L_ + 1 ? buf(BufferKind::kHostFinal) : buf(BufferKind::kHostWeights, g - 1);
+    return g == 0 ? buf(BufferKind::kHostEmbed) : g == n_layer_ + 1 ? buf(BufferKind::kHostFinal) : buf(BufferKind::kHostWeights, g - 1);
   }
   int optim_state_of_group(int g) const {
     return plan_.optim_tier(g) == Tier::kHost ? buf(BufferKind::kHostOptim, g) : buf(BufferKind::kSsdOptim, g);
@@ -162,14 +162,14 @@ class IterationBuilder {
   // loads from its weights-out slot while that holds it (the previous step's update wrote
   // it; no update of this step has yet).
   int need_weights(int l, int also_needed) {
-    for (int s = 0; s < static_cast<int>(wslots_.size()); ++s)
-      if (wslots_[s].layer == l) return s;
-    const int s = pick_slot(wslots_, also_needed, -1);
+    for (int s = 0; s < static_cast<int>(weight_slots_.size()); ++s)
+      if (weight_slots_[s].layer == l) return s;
+    const int s = pick_slot(weight_slots_, also_needed, -1);
     const int w = plan_.layers[l].retained;
     if (w >= 0 && wout_holds_[w] == l) {
-      const int ld = load_weights(l, s, {wslots_[s].last_use, host_wout_writer_[w]}, buf(BufferKind::kWoutSlot, w)).id;
+      const int ld = load_weights(l, s, {weight_slots_[s].last_use, host_wout_writer_[w]}, buf(BufferKind::kWoutSlot, w)).id;
       host_wout_writer_[w] = ld;  // this step's first update into the slot waits for the load
-      wslots_[s] = {l, ld, -1, use_seq_++};
+      weight_slots_[s] = {l, ld, -1, use_seq_++};
       return s;
     }
     int read = -1, staging = -1;
@@ -191,14 +191,14 @@ class IterationBuilder {
       }
     }
     const int src = staging >= 0 ? buf(BufferKind::kReadSlot, staging) : buf(BufferKind::kHostWeights, l);
-    const int ld = load_weights(l, s, {read, wslots_[s].last_use}, src).id;
+    const int ld = load_weights(l, s, {read, weight_slots_[s].last_use}, src).id;
     if (staging >= 0) host_read_consumer_[staging] = ld;
-    wslots_[s] = {l, ld, -1, use_seq_++};
+    weight_slots_[s] = {l, ld, -1, use_seq_++};
     return s;
   }
   void use_weights(int s, int op) {
-    wslots_[s].last_use = op;
-    wslots_[s].last_use_seq = use_seq_++;
+    weight_slots_[s].last_use = op;
+    weight_slots_[s].last_use_seq = use_seq_++;
   }
 
   // ---- forward -----------------------------------------------------------------------------
@@ -206,7 +206,7 @@ class IterationBuilder {
   // Where layer l's block input lives during the forward: its own checkpoint buffer (keep,
   // device), else one of the two stream buffers.
   int input_location(int l) const {
-    if (l < L_ && (acts(l) == ActPlacement::kKeep || acts(l) == ActPlacement::kDevice)) return buf(BufferKind::kLayerCkpt, l);
+    if (l < n_layer_ && (acts(l) == ActPlacement::kKeep || acts(l) == ActPlacement::kDevice)) return buf(BufferKind::kLayerCkpt, l);
     return buf(BufferKind::kStream, l % 2);
   }
   ActPlacement acts(int l) const { return plan_.layers[l].act; }
@@ -257,14 +257,14 @@ class IterationBuilder {
     use(e, fwd_loc_[0], Access::kWrite, Role::kOutput);
     ckpt_producer_[0] = e.id;
     save_checkpoint(0);
-    for (int l = 0; l < L_; ++l) {
+    for (int l = 0; l < n_layer_; ++l) {
       const int s = need_weights(l, -1);
       fwd_loc_[l + 1] = input_location(l + 1);
-      std::vector<int> deps = {wslots_[s].load_op, ckpt_producer_[l]};
+      std::vector<int> deps = {weight_slots_[s].load_op, ckpt_producer_[l]};
       take_stream_readers(fwd_loc_[l + 1], deps);
       PlanOp& f = add(OpKind::kForward, deps);
       f.layer = l;
-      f.flops = sz_.layer_flops;
+      f.flops = sizes_.layer_flops;
       use(f, buf(BufferKind::kWeightSlot, s), Access::kRead, Role::kWeights);
       use(f, fwd_loc_[l], Access::kRead, Role::kInput);
       use(f, fwd_loc_[l + 1], Access::kWrite, Role::kOutput);
@@ -272,7 +272,7 @@ class IterationBuilder {
       use_weights(s, f.id);
       if (kind_of(fwd_loc_[l]) == BufferKind::kStream) stream_readers(fwd_loc_[l]).push_back(f.id);
       ckpt_producer_[l + 1] = f.id;
-      if (l + 1 < L_) save_checkpoint(l + 1);
+      if (l + 1 < n_layer_) save_checkpoint(l + 1);
     }
     if (micro_ == 0 || plan_.accum_fp32) {
       // The step's embedding and final gradients accumulate on the device from the first
@@ -282,17 +282,17 @@ class IterationBuilder {
       use(z, buf(BufferKind::kEmbedGrads), Access::kWrite, Role::kGrads);
       use(z, buf(BufferKind::kFinalGrads), Access::kWrite, Role::kGrads);
     }
-    PlanOp& head = add(OpKind::kHead, {ckpt_producer_[L_]});
+    PlanOp& head = add(OpKind::kHead, {ckpt_producer_[n_layer_]});
     // Forward + backward of the LM head, and a chunked head's logits computed again.
-    head.flops = sz_.head_flops * (head_chunk_rows(req_.model, req_.micro_batch) <
+    head.flops = sizes_.head_flops * (head_chunk_rows(req_.model, req_.micro_batch) <
                                            req_.micro_batch * req_.model.seq_len ? 4 : 3);
-    use(head, fwd_loc_[L_], Access::kRead, Role::kInput);
+    use(head, fwd_loc_[n_layer_], Access::kRead, Role::kInput);
     use(head, buf(BufferKind::kEmbedWeights), Access::kRead, Role::kWeights);
     use(head, buf(BufferKind::kFinalWeights), Access::kRead, Role::kWeights);
     use(head, buf(BufferKind::kEmbedGrads), Access::kAccumulate, Role::kGrads);
     use(head, buf(BufferKind::kFinalGrads), Access::kAccumulate, Role::kGrads);
     use(head, buf(BufferKind::kResidualGrad), Access::kWrite, Role::kResidual);
-    if (micro_ == K_ - 1 || plan_.accum_fp32) save_grads(L_ + 1, head.id, -1);
+    if (micro_ == grad_accum_ - 1 || plan_.accum_fp32) save_grads(n_layer_ + 1, head.id, -1);
   }
 
   // ---- backward ----------------------------------------------------------------------------
@@ -341,9 +341,9 @@ class IterationBuilder {
     const int ws = need_weights(l - 1, -1);
     const int s = pick_slot(cslots_, l - 1, also);
     PlanOp& r = add(OpKind::kRecomputeInput,
-                    {cslots_[s].last_use, ckpt_load_op(prev), wslots_[ws].load_op});
+                    {cslots_[s].last_use, ckpt_load_op(prev), weight_slots_[ws].load_op});
     r.layer = l;
-    r.recompute_flops = sz_.layer_flops;
+    r.recompute_flops = sizes_.layer_flops;
     use(r, buf(BufferKind::kWeightSlot, ws), Access::kRead, Role::kWeights);  // layer l-1's
     use(r, prev, Access::kRead, Role::kInput);
     use(r, buf(BufferKind::kCkptSlot, s), Access::kWrite, Role::kOutput);
@@ -355,16 +355,16 @@ class IterationBuilder {
   }
 
   void backward() {
-    for (int l = L_ - 1; l >= 0; --l) {
+    for (int l = n_layer_ - 1; l >= 0; --l) {
       const int in = need_checkpoint(l, -1);
       const int ws = need_weights(l, -1);
       const int ckpt_dep = ckpt_load_op(in);
       const bool kept = acts(l) == ActPlacement::kKeep;
       int prev = -1;
       if (!kept) {
-        PlanOp& r = add(OpKind::kRecompute, {wslots_[ws].load_op, ckpt_dep});
+        PlanOp& r = add(OpKind::kRecompute, {weight_slots_[ws].load_op, ckpt_dep});
         r.layer = l;
-        r.recompute_flops = sz_.layer_flops;
+        r.recompute_flops = sizes_.layer_flops;
         use(r, buf(BufferKind::kWeightSlot, ws), Access::kRead, Role::kWeights);
         use(r, in, Access::kRead, Role::kInput);
         use(r, buf(BufferKind::kScratch), Access::kWrite, Role::kOutput);
@@ -379,10 +379,10 @@ class IterationBuilder {
       // by term as in-memory training forms it.
       const bool fresh = micro_ == 0 || plan_.accum_fp32;
       const int acc = fresh ? -1 : load_grads(1 + l, gs);
-      PlanOp& b = add(OpKind::kBackward, {wslots_[ws].load_op, ckpt_dep, prev, dev_grad_consumer_[gs], acc});
+      PlanOp& b = add(OpKind::kBackward, {weight_slots_[ws].load_op, ckpt_dep, prev, dev_grad_consumer_[gs], acc});
       b.layer = l;
       b.group = l + 1;
-      b.flops = 2 * sz_.layer_flops;
+      b.flops = 2 * sizes_.layer_flops;
       use(b, buf(BufferKind::kWeightSlot, ws), Access::kRead, Role::kWeights);
       use(b, in, Access::kRead, Role::kInput);
       // Reads the layer's activations and overwrites one of them with its gradient
@@ -394,14 +394,14 @@ class IterationBuilder {
       touch_ckpt(in, b.id);
       // Layer 0's gradient save (and update) goes after the embedding's rows-first ones,
       // where those exist; otherwise after the embedding's save.
-      if (l == 0 && micro_ == K_ - 1 && req_.embed_rows_first && !req_.exact) layer0_save_ = {b.id, gs};
+      if (l == 0 && micro_ == grad_accum_ - 1 && req_.embed_rows_first && !req_.exact) layer0_save_ = {b.id, gs};
       else save_grads(1 + l, b.id, gs);
     }
     PlanOp& eb = add(OpKind::kEmbedBackward, {});
     use(eb, buf(BufferKind::kEmbedWeights), Access::kRead, Role::kWeights);
     use(eb, buf(BufferKind::kEmbedGrads), Access::kAccumulate, Role::kGrads);
     use(eb, buf(BufferKind::kResidualGrad), Access::kRead, Role::kResidual);
-    if (micro_ == K_ - 1 || plan_.accum_fp32) save_grads(0, eb.id, -1);
+    if (micro_ == grad_accum_ - 1 || plan_.accum_fp32) save_grads(0, eb.id, -1);
     save_layer0_grads();  // when the embedding had no rows-first part
   }
 
@@ -434,7 +434,7 @@ class IterationBuilder {
   // A device refresh of group 0 or L+1 from its host weights after `update`.
   void emit_refresh(int group, int update, int part, int parts) {
     PlanOp& r = add(OpKind::kLoadResident, {update});
-    r.micro = K_ - 1;
+    r.micro = grad_accum_ - 1;
     r.group = group;
     r.part = part;
     r.parts = parts;
@@ -447,7 +447,7 @@ class IterationBuilder {
 
   void emit_update(const PendingUpdate& p, int norm_op) {
     const int l = p.group - 1;
-    const bool is_layer = p.group >= 1 && p.group <= L_;
+    const bool is_layer = p.group >= 1 && p.group <= n_layer_;
     std::vector<int> deps = {p.ready, norm_op};
     int grad = p.grad;
     if (req_.exact && is_layer && plan_.layers[l].grads == Tier::kSsd) {
@@ -456,7 +456,7 @@ class IterationBuilder {
       std::vector<int> rdeps = {p.ready};
       const int s = take_stage(rdeps);
       PlanOp& r = add(OpKind::kReadGrads, rdeps);
-      r.micro = K_ - 1;
+      r.micro = grad_accum_ - 1;
       r.group = p.group;
       r.layer = l;
       copy(r, buf(BufferKind::kSsdGrads, l), buf(BufferKind::kGradStage, s));
@@ -473,7 +473,7 @@ class IterationBuilder {
         // The update reads the layer's current weights (a split master's working halves) from
         // the slot it writes: from the layer's extent, once the slot's last write is done.
         PlanOp& r = add(OpKind::kReadWeights, {host_wout_writer_[wout]});
-        r.micro = K_ - 1;
+        r.micro = grad_accum_ - 1;
         r.layer = l;
         r.group = p.group;
         copy(r, buf(BufferKind::kSsdWeights, l), buf(BufferKind::kWoutSlot, wout));
@@ -482,13 +482,13 @@ class IterationBuilder {
       wout_holds_[wout] = -1;
     }
     PlanOp& u = add(OpKind::kUpdate, deps);
-    u.micro = K_ - 1;
+    u.micro = grad_accum_ - 1;
     u.group = p.group;
     u.layer = is_layer ? l : -1;
     u.part = p.part;
     u.parts = p.parts;
     const auto [offset, bytes] = part_bytes(p.group, p.part, p.parts);
-    u.params = bytes / sz_.es;
+    u.params = bytes / sizes_.elem_bytes;
     const int dst = wout >= 0 ? buf(BufferKind::kWoutSlot, wout) : host_weights_of_group(p.group);
     if (plan_.accum_fp32) {  // the fp32 sum (one part)
       use(u, grad, Access::kRead, Role::kSource, 0, held_bytes(p.group));
@@ -503,13 +503,13 @@ class IterationBuilder {
     consumed(grad, uid);
     if (wout >= 0) {
       PlanOp& w = add(OpKind::kWriteWeights, {uid});
-      w.micro = K_ - 1;
+      w.micro = grad_accum_ - 1;
       w.group = p.group;
       w.layer = l;
       copy(w, buf(BufferKind::kWoutSlot, wout), buf(BufferKind::kSsdWeights, l));
       host_wout_writer_[wout] = w.id;
     }
-    if (p.group == L_ + 1 && !req_.exact) {
+    if (p.group == n_layer_ + 1 && !req_.exact) {
       // The final group is updated right after the head, but only the next step's head reads
       // its device copy: refreshed at the end of the step, its copy does not hold the
       // in-order h2d queue, and with it the backward's checkpoint and weight loads (and the
@@ -523,7 +523,7 @@ class IterationBuilder {
   PlanOp& save_op(int group, std::vector<int> deps, int src, int dst, int part = 0, int parts = 1) {
     PlanOp& s = add(OpKind::kSaveGrads, std::move(deps));
     s.group = group;
-    s.layer = group >= 1 && group <= L_ ? group - 1 : -1;
+    s.layer = group >= 1 && group <= n_layer_ ? group - 1 : -1;
     s.part = part;
     s.parts = parts;
     const auto [offset, bytes] = part_bytes(group, part, parts);
@@ -531,7 +531,7 @@ class IterationBuilder {
     return s;
   }
   int grads_on_device(int group, int dev_slot) const {
-    return group == 0 ? buf(BufferKind::kEmbedGrads) : group == L_ + 1 ? buf(BufferKind::kFinalGrads)
+    return group == 0 ? buf(BufferKind::kEmbedGrads) : group == n_layer_ + 1 ? buf(BufferKind::kFinalGrads)
                                                                        : buf(BufferKind::kGradSlot, dev_slot);
   }
 
@@ -554,7 +554,7 @@ class IterationBuilder {
       rows.part = -1;
       rows.parts = parts;
       const auto [offset, bytes] = part_bytes(0, -1, parts);
-      rows.params = bytes / sz_.es;
+      rows.params = bytes / sizes_.elem_bytes;
       use(rows, where, Access::kRead, Role::kSource, offset, bytes);
       use(rows, buf(BufferKind::kHostEmbed), weights_access(), Role::kDest, offset, bytes);
       use_state(rows, 0, offset, bytes);
@@ -576,15 +576,15 @@ class IterationBuilder {
   // last; a layer's after every micro-batch.
   void save_grads(int group, int producer, int dev_slot) {
     if (plan_.accum_fp32) return save_and_sum(group, producer, dev_slot);
-    const bool is_layer = group >= 1 && group <= L_, last = micro_ == K_ - 1;
+    const bool is_layer = group >= 1 && group <= n_layer_, last = micro_ == grad_accum_ - 1;
     if (group == 0 && !req_.exact && plan_.embed_parts > 1) return save_embed_grads_in_parts(producer);
     std::vector<int> deps = {producer};
     const int src = grads_on_device(group, dev_slot);
     int where = -1, ready = -1, save_id = -1;
-    const bool deferred = is_layer && group > L_ - D_;
+    const bool deferred = is_layer && group > n_layer_ - deferred_;
     if (deferred) {
       // A top layer's gradient waits in its own slot for its update, among the step's last.
-      where = buf(BufferKind::kGradStage, L_ - group);
+      where = buf(BufferKind::kGradStage, n_layer_ - group);
       save_id = ready = save_op(group, deps, src, where).id;
     } else if (!is_layer || (last && !req_.exact)) {
       // To a host gradient slot, for the update.
@@ -621,7 +621,7 @@ class IterationBuilder {
   void sum_sq_then_pend(int group, int after, int grad, int ready) {
     PlanOp& q = add(OpKind::kGradSumSq, {after});
     q.group = group;
-    q.layer = group >= 1 && group <= L_ ? group - 1 : -1;
+    q.layer = group >= 1 && group <= n_layer_ ? group - 1 : -1;
     q.params = group_params(group);
     // The group's gradient: all of its buffer but in a host gradient slot (the largest group's).
     use(q, grad, Access::kRead, Role::kSource, 0, held_bytes(group));
@@ -636,7 +636,7 @@ class IterationBuilder {
   // and writes of its SSD extent. After the last micro-batch the sum is the update's
   // gradient (exact mode: its sum of squares first; a sum on SSD is read back for the update).
   void save_and_sum(int group, int producer, int dev_slot) {
-    const bool is_layer = group >= 1 && group <= L_, first = micro_ == 0, last = micro_ == K_ - 1;
+    const bool is_layer = group >= 1 && group <= n_layer_, first = micro_ == 0, last = micro_ == grad_accum_ - 1;
     const int hs = host_grad_rr_++ % plan_.pools.host_grad_slots;
     const int slot = buf(BufferKind::kHostGradSlot, hs);
     PlanOp& s = save_op(group, {producer, host_grad_consumer_[hs]}, grads_on_device(group, dev_slot), slot);
@@ -648,7 +648,7 @@ class IterationBuilder {
     int sum = -1, stage = -1;
     if (!on_ssd) {
       sum = group == 0 ? buf(BufferKind::kEmbedGradHold)
-            : group == L_ + 1 ? buf(BufferKind::kFinalGradHold) : buf(BufferKind::kGradHold, group - 1);
+            : group == n_layer_ + 1 ? buf(BufferKind::kFinalGradHold) : buf(BufferKind::kGradHold, group - 1);
     } else {
       std::vector<int> rdeps = {held_[group]};
       stage = take_stage(rdeps);
@@ -725,26 +725,26 @@ class IterationBuilder {
       // on the h2d queue, which must not hold the next weight loads behind the last update),
       // then layers 0 .. L-1.
       const int norm = add(OpKind::kGradNorm, sum_sq_ops_).id;
-      auto rank = [&](const PendingUpdate& p) { return p.group == 0 ? 0 : p.group == L_ + 1 ? 1 : p.group + 1; };
+      auto rank = [&](const PendingUpdate& p) { return p.group == 0 ? 0 : p.group == n_layer_ + 1 ? 1 : p.group + 1; };
       std::sort(pending_.begin(), pending_.end(),
                 [&](const PendingUpdate& a, const PendingUpdate& b) { return rank(a) < rank(b); });
       for (const auto& p : pending_) emit_update(p, norm);
     }
-    if (final_update_ >= 0) emit_refresh(L_ + 1, final_update_, 0, 1);
+    if (final_update_ >= 0) emit_refresh(n_layer_ + 1, final_update_, 0, 1);
     // The deferred updates in the order the next forward needs them (lowest layer first).
     for (auto it = deferred_updates_.rbegin(); it != deferred_updates_.rend(); ++it) emit_update(*it, -1);
   }
 
   const PlanRequest& req_;
   Plan& plan_;
-  const int L_, K_, D_;
-  const Sizes sz_;
+  const int n_layer_, grad_accum_, deferred_;
+  const Sizes sizes_;
   std::map<std::pair<BufferKind, int>, int> index_;  // (kind, index) -> buffer id
   int micro_ = 0;  // the micro-batch whose ops are being laid out
   int use_seq_ = 0;
 
   // Weights: device slots, host read staging and weights-out slots.
-  std::vector<SlotState> wslots_, cslots_;
+  std::vector<SlotState> weight_slots_, cslots_;
   int host_read_rr_ = 0, host_wout_rr_ = 0, host_ckpt_rr_ = 0;
   std::vector<int> host_read_consumer_;
   // The layer each read slot holds this step (-1: none yet) and the read that filled it.
