@@ -4,7 +4,6 @@
 #pragma once
 
 #include <catch2/catch.hpp>
-
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -39,14 +38,16 @@ inline void require_bitwise(const EngineRun& a, const EngineRun& ref, bool norms
   }
   REQUIRE(a.params.size() == ref.params.size());
   size_t differ = 0;
-  for (size_t i = 0; i < a.params.size(); ++i) differ += std::memcmp(&a.params[i], &ref.params[i], sizeof(float)) != 0;
+  for (size_t i = 0; i < a.params.size(); ++i)
+    differ += std::memcmp(&a.params[i], &ref.params[i], sizeof(float)) != 0;
   INFO(differ << " of " << a.params.size() << " parameters differ");
   CHECK(differ == 0);
 }
 
 // `count` micro-batches of micro_batch x (seq_len + 1) random token ids; batch s draws from
 // Rng(seed, s).
-inline std::vector<std::vector<int32_t>> random_batches(const Config& cfg, int count, uint64_t seed) {
+inline std::vector<std::vector<int32_t>> random_batches(const Config& cfg, int count,
+                                                        uint64_t seed) {
   std::vector<std::vector<int32_t>> out;
   for (int s = 0; s < count; ++s) {
     Rng rng(seed, s);
@@ -59,13 +60,15 @@ inline std::vector<std::vector<int32_t>> random_batches(const Config& cfg, int c
 
 // The in-memory step (the reference) over `data`, one micro-batch a step, on the CPU backend
 // storing tensors as `storage`.
-inline EngineRun in_memory_run(const Config& cfg, const std::vector<std::vector<int32_t>>& data, ElemType storage) {
+inline EngineRun in_memory_run(const Config& cfg, const std::vector<std::vector<int32_t>>& data,
+                               ElemType storage) {
   auto be = make_cpu_backend(2, 0);
   be->set_storage_type(storage);
   StepRunner r(cfg, *be);
   r.init_params();
   EngineRun out;
-  for (size_t s = 0; s < data.size(); ++s) out.losses.push_back(r.step(static_cast<int64_t>(s), {data[s].data()}).loss);
+  for (size_t s = 0; s < data.size(); ++s)
+    out.losses.push_back(r.step(static_cast<int64_t>(s), {data[s].data()}).loss);
   out.params = r.master();
   return out;
 }
@@ -73,7 +76,8 @@ inline EngineRun in_memory_run(const Config& cfg, const std::vector<std::vector<
 // Steps the executor `tr` over `data`, one micro-batch a step, from the parameters it holds.
 inline EngineRun run_steps(OffloadTrainer& tr, const std::vector<std::vector<int32_t>>& data) {
   EngineRun out;
-  for (size_t s = 0; s < data.size(); ++s) out.losses.push_back(tr.step(static_cast<int64_t>(s), data[s].data()).loss);
+  for (size_t s = 0; s < data.size(); ++s)
+    out.losses.push_back(tr.step(static_cast<int64_t>(s), data[s].data()).loss);
   out.params.resize(make_gpt_layout(tr.plan().model).total);
   tr.read_params(out.params.data());
   return out;

@@ -6,8 +6,8 @@
 // relative to the largest gradient element; a missing or wrong term is off by far more.
 #pragma once
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cfloat>
 #include <cmath>
 #include <functional>

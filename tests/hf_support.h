@@ -43,7 +43,8 @@ inline double engine_logits_error(const std::string& ckpt, const std::string& lo
 }
 
 // Tensor name -> (header entry, raw bytes), over a single file or an index with shards.
-inline std::map<std::string, std::pair<StTensorInfo, std::string>> all_tensors(const std::string& dir) {
+inline std::map<std::string, std::pair<StTensorInfo, std::string>> all_tensors(
+    const std::string& dir) {
   TensorSet set = TensorSet::open_dir(dir);
   std::map<std::string, std::pair<StTensorInfo, std::string>> out;
   for (const auto& n : set.names()) {

@@ -31,14 +31,16 @@ std::vector<T> read_raw(const std::string& path, size_t n, bool optional = false
     throw std::runtime_error(path + ": cannot open");
   }
   f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(T)));
-  if (static_cast<size_t>(f.gcount()) != n * sizeof(T)) throw std::runtime_error(path + ": short file");
+  if (static_cast<size_t>(f.gcount()) != n * sizeof(T))
+    throw std::runtime_error(path + ": short file");
   return v;
 }
 
 template <class T>
 void write_raw(const std::string& path, const std::vector<T>& v) {
   std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
+  f.write(reinterpret_cast<const char*>(v.data()),
+          static_cast<std::streamsize>(v.size() * sizeof(T)));
   if (!f) throw std::runtime_error(path + ": cannot write");
 }
 
@@ -60,12 +62,15 @@ SimdPath path_of(const std::string& s) {
 int run(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "--paths") {
     std::cout << "scalar";
-    if (static_cast<int>(best_simd_path()) >= static_cast<int>(SimdPath::kAvx2)) std::cout << " avx2";
+    if (static_cast<int>(best_simd_path()) >= static_cast<int>(SimdPath::kAvx2))
+      std::cout << " avx2";
     if (best_simd_path() == SimdPath::kAvx512) std::cout << " avx512";
     std::cout << "\n";
     return 0;
   }
-  if (argc != 14) throw std::runtime_error("usage: DIR MOMENTS MASTER PATH STEPS GROUP FIRST LR BETA1 BETA2 EPS WD GRAD_SCALE");
+  if (argc != 14)
+    throw std::runtime_error(
+        "usage: DIR MOMENTS MASTER PATH STEPS GROUP FIRST LR BETA1 BETA2 EPS WD GRAD_SCALE");
   const std::string dir = argv[1];
   OptimFormat f;
   f.moments = moments_of(argv[2]);
@@ -96,10 +101,12 @@ int run(int argc, char** argv) {
     lo[i] = math::split_lo(init[i]);
   }
   const size_t eb = moment_elem_bytes(f.moments), nb = state_blocks(n);
-  std::vector<uint8_t> m = read_raw<uint8_t>(dir + "/m.in", eb * n, true), v = read_raw<uint8_t>(dir + "/v.in", eb * n, true);
+  std::vector<uint8_t> m = read_raw<uint8_t>(dir + "/m.in", eb * n, true),
+                       v = read_raw<uint8_t>(dir + "/v.in", eb * n, true);
   if (m.empty()) m.assign(eb * n, 0);
   if (v.empty()) v.assign(eb * n, 0);
-  std::vector<float> ms = read_raw<float>(dir + "/m_scale.in", nb, true), vs = read_raw<float>(dir + "/v_scale.in", nb, true);
+  std::vector<float> ms = read_raw<float>(dir + "/m_scale.in", nb, true),
+                     vs = read_raw<float>(dir + "/v_scale.in", nb, true);
   if (ms.empty()) ms.assign(nb, 0.0f);
   if (vs.empty()) vs.assign(nb, 0.0f);
   for (int t = 1; t <= steps; ++t) {
@@ -124,8 +131,10 @@ int run(int argc, char** argv) {
     adamw_update_packed(a, AdamWStep{lr, b1, b2, eps, wd, t}, path);
   }
   write_raw(dir + "/hi.u16", hi);
-  if (f.master == MasterFormat::kSplit) write_raw(dir + "/master.out", lo);
-  else write_raw(dir + "/master.out", master);
+  if (f.master == MasterFormat::kSplit)
+    write_raw(dir + "/master.out", lo);
+  else
+    write_raw(dir + "/master.out", master);
   write_raw(dir + "/m.out", m);
   write_raw(dir + "/v.out", v);
   write_raw(dir + "/m_scale.out", ms);

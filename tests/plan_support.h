@@ -2,7 +2,6 @@
 #pragma once
 
 #include <catch2/catch.hpp>
-
 #include <cstdint>
 
 #include "fuyou/model.h"
@@ -16,7 +15,8 @@ namespace fuyou::test {
 inline PlanRequest with_wout_slots(PlanRequest req, int slots) {
   const Plan roomy = make_plan(req);
   const uint64_t wb = elem_type_size(req.tensors) * make_gpt_layout(req.model).groups[1].numel;
-  for (uint64_t cut = 0; cut < roomy.memory.host_bytes && cut <= 4 * req.model.n_layer * wb; cut += wb) {
+  for (uint64_t cut = 0; cut < roomy.memory.host_bytes && cut <= 4 * req.model.n_layer * wb;
+       cut += wb) {
     req.host_budget = roomy.memory.host_bytes - cut;
     if (make_plan(req).pools.host_wout_slots == slots) return req;
   }

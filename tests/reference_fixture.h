@@ -4,8 +4,8 @@
 // PyTorch's bf16 recipe (fixtures/bf16, make_bf16_fixture.py).
 #pragma once
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -23,15 +23,15 @@ namespace fuyou::test {
 // The fixture's model, optimizer and schedule, on `backend` with fp32 GEMMs.
 inline Config reference_fixture_config(const SafetensorsReader& f, const std::string& backend) {
   auto md = [&](const char* k) { return f.metadata().at(k); };
-  std::string yaml = str(
-      "model: {n_layer: ", md("n_layer"), ", n_head: ", md("n_head"), ", d_model: ", md("d_model"),
-      ", d_ff: ", md("d_ff"), ", vocab_size: ", md("vocab_size"), ", seq_len: ", md("seq_len"), "}\n",
-      "optimizer: {lr: ", md("lr"), ", min_lr: ", md("min_lr"), ", beta1: ", md("beta1"),
-      ", beta2: ", md("beta2"), ", eps: ", md("eps"), ", weight_decay: ", md("weight_decay"),
-      ", grad_clip: ", md("clip"), "}\n",
-      "schedule: {steps: ", md("steps"), ", warmup_steps: ", md("warmup"), ", micro_batch: ",
-      md("batch"), ", grad_accum: ", md("grad_accum"), "}\n",
-      "runtime: {backend: ", backend, ", precision: fp32, threads: 2}\n");
+  std::string yaml =
+      str("model: {n_layer: ", md("n_layer"), ", n_head: ", md("n_head"),
+          ", d_model: ", md("d_model"), ", d_ff: ", md("d_ff"), ", vocab_size: ", md("vocab_size"),
+          ", seq_len: ", md("seq_len"), "}\n", "optimizer: {lr: ", md("lr"),
+          ", min_lr: ", md("min_lr"), ", beta1: ", md("beta1"), ", beta2: ", md("beta2"),
+          ", eps: ", md("eps"), ", weight_decay: ", md("weight_decay"), ", grad_clip: ", md("clip"),
+          "}\n", "schedule: {steps: ", md("steps"), ", warmup_steps: ", md("warmup"),
+          ", micro_batch: ", md("batch"), ", grad_accum: ", md("grad_accum"), "}\n",
+          "runtime: {backend: ", backend, ", precision: fp32, threads: 2}\n");
   return parse_config(yaml, f.path());
 }
 
@@ -44,7 +44,8 @@ inline std::vector<std::string> reference_fixtures() {
 }
 
 // Sets the runner's weights from the fixture tensors named prefix + engine name.
-inline void load_fixture_params(const SafetensorsReader& f, StepRunner& runner, const char* prefix) {
+inline void load_fixture_params(const SafetensorsReader& f, StepRunner& runner,
+                                const char* prefix) {
   const ParamLayout& layout = runner.model().layout();
   std::vector<float> params(layout.total, 0.0f);
   for (const TensorSpec& t : layout.tensors) {
@@ -58,7 +59,8 @@ inline void load_fixture_params(const SafetensorsReader& f, StepRunner& runner, 
 // relative of PyTorch's, and the final weights within 1% of how far training moved them
 // (Adam divides by sqrt(v), so a gradient element near zero turns a 1e-5 difference into a
 // visible one; the distance moved is the scale that matters).
-inline void check_fixture_training(const SafetensorsReader& f, StepRunner& runner, const Config& cfg) {
+inline void check_fixture_training(const SafetensorsReader& f, StepRunner& runner,
+                                   const Config& cfg) {
   const ParamLayout& layout = runner.model().layout();
   load_fixture_params(f, runner, "param.");
   auto train_tokens = f.read_i32("train.tokens");
@@ -103,7 +105,8 @@ inline const double kBf16Bound = 48;
 // PyTorch's, the loss within what the logits' difference allows; then ten training steps
 // whose losses stay within the bound those imply.
 template <class MakeBackend>
-void check_bf16_recipe(const SafetensorsReader& f, const std::string& backend_name, MakeBackend make_backend) {
+void check_bf16_recipe(const SafetensorsReader& f, const std::string& backend_name,
+                       MakeBackend make_backend) {
   Config cfg = reference_fixture_config(f, backend_name);
   cfg.runtime.device_tensors = "bf16";
   auto be = make_backend();
@@ -131,14 +134,16 @@ void check_bf16_recipe(const SafetensorsReader& f, const std::string& backend_na
   const std::vector<float> ref_logits = f.read_f32("logits", {B, T, V});
   const double e_logits = rel_error(logits.data(), ref_logits.data(), N * V);
   double logit_diff = 0;
-  for (size_t i = 0; i < N * V; ++i) logit_diff = std::max(logit_diff, std::fabs(double(logits[i]) - ref_logits[i]));
+  for (size_t i = 0; i < N * V; ++i)
+    logit_diff = std::max(logit_diff, std::fabs(double(logits[i]) - ref_logits[i]));
   INFO("logits rel error " << e_logits / kBf16U << "u, loss " << loss << " vs " << ref_loss);
   CHECK(e_logits <= kBf16Bound * kBf16U);
   // Each token's loss, logsumexp(z) - z_target, moves by at most 2 max|dz| when the logits
   // move by dz (its gradient has L1 norm 2), and so does their mean; plus fp32 rounding.
   CHECK(std::fabs(loss - ref_loss) <= 2 * logit_diff + 1e-6 * ref_loss);
   for (const TensorSpec& t : layout.tensors) {
-    const double err = rel_error(grads.data() + t.offset, f.read_f32("grad." + t.name, t.shape).data(), t.numel);
+    const double err =
+        rel_error(grads.data() + t.offset, f.read_f32("grad." + t.name, t.shape).data(), t.numel);
     INFO("gradient " << t.name << " rel error " << err / kBf16U << "u");
     CHECK(err <= kBf16Bound * kBf16U);
   }

@@ -35,7 +35,8 @@ struct RunScratch {
     for (int i = 0; i < ssd_dirs; ++i) std::filesystem::create_directories(ssd(i));
     std::filesystem::create_directories(root);
     std::ofstream f(root / "corpus.txt");
-    const char* lines[] = {"the quick brown fox jumps over the lazy dog.\n", "all that glitters is not gold.\n",
+    const char* lines[] = {"the quick brown fox jumps over the lazy dog.\n",
+                           "all that glitters is not gold.\n",
                            "a journey of a thousand miles begins with a single step.\n"};
     for (int i = 0; i < 200; ++i) f << lines[i % 3];
   }
@@ -115,7 +116,8 @@ inline std::map<std::string, std::string> tensors(const std::string& path) {
 
 // The weights and both moments of a run's checkpoint at `step`.
 inline std::map<std::string, std::string> state_at(const std::string& run_dir, int64_t step) {
-  const std::filesystem::path d = std::filesystem::path(run_dir) / "checkpoints" / str("step-", step);
+  const std::filesystem::path d =
+      std::filesystem::path(run_dir) / "checkpoints" / str("step-", step);
   auto out = tensors((d / "model.safetensors").string());
   for (auto& [k, v] : tensors((d / kOptimizerFile).string())) out[k] = v;
   return out;
@@ -124,7 +126,8 @@ inline std::map<std::string, std::string> state_at(const std::string& run_dir, i
 // The run resumed from a checkpoint at step `from` into `resumed` equals `full` from there on:
 // every later training loss and validation loss, the final weights, and the final
 // checkpoint's weights and moments, bit for bit.
-inline void check_resumed_equals(const std::string& full, const std::string& resumed, int64_t from, int64_t steps) {
+inline void check_resumed_equals(const std::string& full, const std::string& resumed, int64_t from,
+                                 int64_t steps) {
   auto a = losses(full), b = losses(resumed);
   for (int64_t s = from + 1; s <= steps; ++s) {
     INFO("step " << s);

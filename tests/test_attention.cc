@@ -13,13 +13,15 @@ using namespace fuyou;
 namespace {
 
 // out(B,T,C), and with dout the gradient dqkv(B,T,3C), of softmax(q k^T / sqrt(hd)) v, causal.
-void reference_attention(const std::vector<float>& qkv, const std::vector<float>& dout, int B, int T,
-                         int C, int H, std::vector<double>* out, std::vector<double>* dqkv) {
+void reference_attention(const std::vector<float>& qkv, const std::vector<float>& dout, int B,
+                         int T, int C, int H, std::vector<double>* out, std::vector<double>* dqkv) {
   const int hd = C / H, ld = 3 * C;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   out->assign(static_cast<size_t>(B) * T * C, 0.0);
   dqkv->assign(qkv.size(), 0.0);
-  auto at = [&](int b, int t, int part, int h, int d) { return static_cast<size_t>(b * T + t) * ld + part * C + h * hd + d; };
+  auto at = [&](int b, int t, int part, int h, int d) {
+    return static_cast<size_t>(b * T + t) * ld + part * C + h * hd + d;
+  };
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h)
       for (int t = 0; t < T; ++t) {
@@ -27,7 +29,8 @@ void reference_attention(const std::vector<float>& qkv, const std::vector<float>
         double mx = -1e300, sum = 0;
         for (int j = 0; j <= t; ++j) {
           double x = 0;
-          for (int d = 0; d < hd; ++d) x += static_cast<double>(qkv[at(b, t, 0, h, d)]) * qkv[at(b, j, 1, h, d)];
+          for (int d = 0; d < hd; ++d)
+            x += static_cast<double>(qkv[at(b, t, 0, h, d)]) * qkv[at(b, j, 1, h, d)];
           s[j] = x * scale;
           mx = std::max(mx, s[j]);
         }
@@ -36,7 +39,8 @@ void reference_attention(const std::vector<float>& qkv, const std::vector<float>
         const size_t o = static_cast<size_t>(b * T + t) * C + h * hd;
         for (int d = 0; d < hd; ++d)
           for (int j = 0; j <= t; ++j) (*out)[o + d] += s[j] * qkv[at(b, j, 2, h, d)];
-        // Backward of row t: dP_j = dO . v_j; dS_j = P_j (dP_j - sum P dP); dq += dS k, dk_j += dS q.
+        // Backward of row t: dP_j = dO . v_j; dS_j = P_j (dP_j - sum P dP); dq += dS k, dk_j += dS
+        // q.
         double dot = 0;
         for (int j = 0; j <= t; ++j) {
           dp[j] = 0;
@@ -63,7 +67,8 @@ TEST_CASE("blocked causal attention equals plain causal attention", "[kernels][a
   for (int T : {200, 256, 40}) {
     std::mt19937 rng(T);
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> qkv(static_cast<size_t>(B) * T * 3 * C), dout(static_cast<size_t>(B) * T * C);
+    std::vector<float> qkv(static_cast<size_t>(B) * T * 3 * C),
+        dout(static_cast<size_t>(B) * T * C);
     for (float& x : qkv) x = nd(rng);
     for (float& x : dout) x = nd(rng);
     auto be = make_cpu_backend(2, 0);
@@ -72,7 +77,8 @@ TEST_CASE("blocked causal attention equals plain causal attention", "[kernels][a
     std::vector<float> out(dout.size(), 7.0f), lse(static_cast<size_t>(B) * H * T, 7.0f),
         scratch(2 * static_cast<size_t>(T) * T, 7.0f), dqkv(qkv.size(), 7.0f);
     be->attention_forward(out.data(), lse.data(), scratch.data(), qkv.data(), B, T, C, H, nullptr);
-    be->attention_backward(dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T, C, H, nullptr);
+    be->attention_backward(dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(),
+                           lse.data(), B, T, C, H, nullptr);
     std::vector<double> ref_out, ref_dqkv;
     reference_attention(qkv, dout, B, T, C, H, &ref_out, &ref_dqkv);
     std::vector<float> ro(ref_out.begin(), ref_out.end()), rd(ref_dqkv.begin(), ref_dqkv.end());
@@ -99,7 +105,8 @@ TEST_CASE("blocked causal attention equals plain causal attention", "[kernels][a
           }
           double s = 0;
           for (double x : sc) s += std::exp(x - mx);
-          worst = std::max(worst, std::fabs(lse[(static_cast<size_t>(b) * H + h) * T + t] - (mx + std::log(s))));
+          worst = std::max(
+              worst, std::fabs(lse[(static_cast<size_t>(b) * H + h) * T + t] - (mx + std::log(s))));
         }
     CHECK(worst <= tol * 16);  // |lse| is O(1) here: an absolute bound of the same size
   }

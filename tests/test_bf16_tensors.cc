@@ -2,10 +2,11 @@
 // bf16, computes as the fp32 kernel does and rounds each stored result once; a model with
 // bf16 tensors stays within bf16 rounding of the fp32 model; training keeps fp32 master
 // weights and writes the device's bf16 weights in the update's own pass.
-#include <catch2/catch.hpp>
 #include <omp.h>
+
 #include <algorithm>
 #include <array>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -20,8 +21,8 @@
 #include "fuyou/engine.h"
 #include "fuyou/error.h"
 #include "fuyou/hardware.h"
-#include "fuyou/plan.h"
 #include "fuyou/model.h"
+#include "fuyou/plan.h"
 #include "fuyou/rng.h"
 #include "fuyou/safetensors.h"
 #include "fuyou/scheduler.h"
@@ -42,8 +43,12 @@ using test::kBf16U;  // bf16's unit roundoff, 2^-8 (reference_fixture.h)
 
 // The 16-bit type the kernel checks below store (each test case sets it).
 ElemType g_type = ElemType::kBF16;
-uint16_t rnd16(float f) { return g_type == ElemType::kBF16 ? math::float_to_bf16(f) : math::float_to_fp16(f); }
-float wid16(uint16_t h) { return g_type == ElemType::kBF16 ? math::bf16_to_float(h) : math::fp16_to_float(h); }
+uint16_t rnd16(float f) {
+  return g_type == ElemType::kBF16 ? math::float_to_bf16(f) : math::float_to_fp16(f);
+}
+float wid16(uint16_t h) {
+  return g_type == ElemType::kBF16 ? math::bf16_to_float(h) : math::fp16_to_float(h);
+}
 // The unit roundoff of a 16-bit type, 2^-p for p significant bits: 2^-8 for bf16, 2^-11 for
 // fp16.
 double unit16(ElemType t) { return std::ldexp(1.0, t == ElemType::kBF16 ? -8 : -11); }
@@ -96,65 +101,84 @@ TEST_CASE("every CPU kernel on 16-bit tensors is the fp32 kernel rounded once", 
   g_type = GENERATE(ElemType::kBF16, ElemType::kF16);
   INFO("device tensors " << elem_type_name(g_type));
   Rng rng(41);
-  // T spans two attention row blocks (64 rows each); N * F passes the conversions' parallel threshold.
+  // T spans two attention row blocks (64 rows each); N * F passes the conversions' parallel
+  // threshold.
   const int B = 2, T = 80, C = 32, H = 4, F = 256, V = 40, N = B * T;
   const size_t NC = static_cast<size_t>(N) * C;
   std::vector<float> mean(N), rstd(N), mean2(N), rstd2(N), losses(N), lse(N);
   std::vector<int32_t> targets(N);
-  for (int n = 0; n < N; ++n) targets[n] = n % 7 == 3 ? kIgnoreTarget : static_cast<int32_t>(rng.below(V));
+  for (int n = 0; n < N; ++n)
+    targets[n] = n % 7 == 3 ? kIgnoreTarget : static_cast<int32_t>(rng.below(V));
   {
     Pair out(NC, rng), in(NC, rng), w(C, rng), b(C, rng);
     check_kernel("layernorm_forward", {&out, &in, &w, &b}, [&](Backend& be, std::vector<void*>& p) {
       be.layernorm_forward(p[0], mean.data(), rstd.data(), p[1], p[2], p[3], N, C);
     });
     Pair din(NC, rng), dw(C, rng), db(C, rng), dout(NC, rng);
-    check_kernel("layernorm_backward", {&din, &dw, &db, &dout, &in, &w}, [&](Backend& be, std::vector<void*>& p) {
-      be.layernorm_backward(p[0], p[1], p[2], p[3], p[4], p[5], mean.data(), rstd.data(), N, C);
-    });
+    check_kernel("layernorm_backward", {&din, &dw, &db, &dout, &in, &w},
+                 [&](Backend& be, std::vector<void*>& p) {
+                   be.layernorm_backward(p[0], p[1], p[2], p[3], p[4], p[5], mean.data(),
+                                         rstd.data(), N, C);
+                 });
     check_kernel("rmsnorm_forward", {&out, &in, &w}, [&](Backend& be, std::vector<void*>& p) {
       be.rmsnorm_forward(p[0], rstd2.data(), p[1], p[2], 1e-5f, N, C);
     });
-    check_kernel("rmsnorm_backward", {&din, &dw, &dout, &in, &w}, [&](Backend& be, std::vector<void*>& p) {
-      be.rmsnorm_backward(p[0], p[1], p[2], p[3], p[4], rstd2.data(), N, C);
-    });
+    check_kernel("rmsnorm_backward", {&din, &dw, &dout, &in, &w},
+                 [&](Backend& be, std::vector<void*>& p) {
+                   be.rmsnorm_backward(p[0], p[1], p[2], p[3], p[4], rstd2.data(), N, C);
+                 });
   }
   {
-    Pair out(static_cast<size_t>(N) * F, rng), in(NC, rng), w(static_cast<size_t>(F) * C, rng, 0.2f), bias(F, rng);
+    Pair out(static_cast<size_t>(N) * F, rng), in(NC, rng),
+        w(static_cast<size_t>(F) * C, rng, 0.2f), bias(F, rng);
     check_kernel("matmul_forward", {&out, &in, &w, &bias}, [&](Backend& be, std::vector<void*>& p) {
       be.matmul_forward(p[0], p[1], p[2], p[3], N, C, F);
     });
     Pair din(NC, rng), dw(static_cast<size_t>(F) * C, rng), dbias(F, rng);
-    check_kernel("matmul_backward", {&din, &dw, &dbias, &out, &in, &w}, [&](Backend& be, std::vector<void*>& p) {
-      be.matmul_backward(p[0], p[1], p[2], p[3], p[4], p[5], N, C, F);
-    });
+    check_kernel("matmul_backward", {&din, &dw, &dbias, &out, &in, &w},
+                 [&](Backend& be, std::vector<void*>& p) {
+                   be.matmul_backward(p[0], p[1], p[2], p[3], p[4], p[5], N, C, F);
+                 });
     // bf16 GEMM inputs too: with bf16 tensors oneDNN multiplies the stored operands directly
     // (on AVX-512 CPUs; elsewhere the fp32 GEMM on the same values), the same bits.
-    if (!cpu::bf16_gemm_native()) WARN("no oneDNN bf16 matmul on this CPU: only the fp32 fallback path runs here");
+    if (!cpu::bf16_gemm_native())
+      WARN("no oneDNN bf16 matmul on this CPU: only the fp32 fallback path runs here");
     for (bool fallback : {false, true}) {
       if (g_type != ElemType::kBF16) break;  // bf16 GEMM inputs on bf16 tensors only
       cpu::set_bf16_gemm_fallback(fallback);
       INFO("fp32 fallback forced " << fallback);
-      check_kernel("matmul_forward", {&out, &in, &w, &bias}, [&](Backend& be, std::vector<void*>& p) {
-        be.matmul_forward(p[0], p[1], p[2], p[3], N, C, F);
-      }, MatmulPrecision::kBf16);
-      check_kernel("matmul_backward", {&din, &dw, &dbias, &out, &in, &w}, [&](Backend& be, std::vector<void*>& p) {
-        be.matmul_backward(p[0], p[1], p[2], p[3], p[4], p[5], N, C, F);
-      }, MatmulPrecision::kBf16);
-      check_kernel("matmul_backward (no din, no bias)", {&dw, &out, &in, &w}, [&](Backend& be, std::vector<void*>& p) {
-        be.matmul_backward(nullptr, p[0], nullptr, p[1], p[2], p[3], N, C, F);
-      }, MatmulPrecision::kBf16);
+      check_kernel(
+          "matmul_forward", {&out, &in, &w, &bias},
+          [&](Backend& be, std::vector<void*>& p) {
+            be.matmul_forward(p[0], p[1], p[2], p[3], N, C, F);
+          },
+          MatmulPrecision::kBf16);
+      check_kernel(
+          "matmul_backward", {&din, &dw, &dbias, &out, &in, &w},
+          [&](Backend& be, std::vector<void*>& p) {
+            be.matmul_backward(p[0], p[1], p[2], p[3], p[4], p[5], N, C, F);
+          },
+          MatmulPrecision::kBf16);
+      check_kernel(
+          "matmul_backward (no din, no bias)", {&dw, &out, &in, &w},
+          [&](Backend& be, std::vector<void*>& p) {
+            be.matmul_backward(nullptr, p[0], nullptr, p[1], p[2], p[3], N, C, F);
+          },
+          MatmulPrecision::kBf16);
     }
     cpu::set_bf16_gemm_fallback(false);
     Pair o2(static_cast<size_t>(N) * F, rng), o3(static_cast<size_t>(N) * F, rng);
     const size_t NF = static_cast<size_t>(N) * F;
-    check_kernel("gelu_forward", {&o2, &out}, [&](Backend& be, std::vector<void*>& p) { be.gelu_forward(p[0], p[1], NF); });
+    check_kernel("gelu_forward", {&o2, &out},
+                 [&](Backend& be, std::vector<void*>& p) { be.gelu_forward(p[0], p[1], NF); });
     check_kernel("gelu_backward", {&o3, &out, &o2}, [&](Backend& be, std::vector<void*>& p) {
       be.gelu_backward(p[0], p[1], p[2], NF);
     });
     check_kernel("gelu_backward (aliased)", {&o3, &out}, [&](Backend& be, std::vector<void*>& p) {
       be.gelu_backward(p[0], p[1], p[0], NF);
     });
-    check_kernel("relu_forward", {&o2, &out}, [&](Backend& be, std::vector<void*>& p) { be.relu_forward(p[0], p[1], NF); });
+    check_kernel("relu_forward", {&o2, &out},
+                 [&](Backend& be, std::vector<void*>& p) { be.relu_forward(p[0], p[1], NF); });
     check_kernel("relu_backward", {&o3, &out, &o2}, [&](Backend& be, std::vector<void*>& p) {
       be.relu_backward(p[0], p[1], p[2], NF);
     });
@@ -170,9 +194,11 @@ TEST_CASE("every CPU kernel on 16-bit tensors is the fp32 kernel rounded once", 
       be.attention_forward(p[0], lse.data(), scratch.data(), p[1], B, T, C, H, nullptr);
     });
     Pair dqkv(NC * 3, rng), dout(NC, rng);
-    check_kernel("attention_backward", {&dqkv, &dout, &qkv}, [&](Backend& be, std::vector<void*>& p) {
-      be.attention_backward(p[0], scratch.data(), p[1], nullptr, p[2], lse.data(), B, T, C, H, nullptr);
-    });
+    check_kernel("attention_backward", {&dqkv, &dout, &qkv},
+                 [&](Backend& be, std::vector<void*>& p) {
+                   be.attention_backward(p[0], scratch.data(), p[1], nullptr, p[2], lse.data(), B,
+                                         T, C, H, nullptr);
+                 });
   }
   {
     Pair logits(static_cast<size_t>(N) * V, rng, 3.0f);
@@ -198,8 +224,10 @@ TEST_CASE("every CPU kernel on 16-bit tensors is the fp32 kernel rounded once", 
     check_kernel("rope_backward", {&dqkvc}, [&](Backend& be, std::vector<void*>& p) {
       be.rope_backward(p[0], B, T, Hq, Hkv, D, 10000.0f, nullptr);
     });
-    Pair gu(static_cast<size_t>(N) * 2 * F, rng), out(static_cast<size_t>(N) * F, rng), dgu(static_cast<size_t>(N) * 2 * F, rng);
-    check_kernel("swiglu_forward", {&out, &gu}, [&](Backend& be, std::vector<void*>& p) { be.swiglu_forward(p[0], p[1], N, F); });
+    Pair gu(static_cast<size_t>(N) * 2 * F, rng), out(static_cast<size_t>(N) * F, rng),
+        dgu(static_cast<size_t>(N) * 2 * F, rng);
+    check_kernel("swiglu_forward", {&out, &gu},
+                 [&](Backend& be, std::vector<void*>& p) { be.swiglu_forward(p[0], p[1], N, F); });
     check_kernel("swiglu_backward", {&dgu, &gu, &out}, [&](Backend& be, std::vector<void*>& p) {
       be.swiglu_backward(p[0], p[1], p[2], N, F);
     });
@@ -214,7 +242,8 @@ TEST_CASE("every CPU kernel on 16-bit tensors is the fp32 kernel rounded once", 
     check_kernel("embedding_forward", {&out, &wte, &wpe}, [&](Backend& be, std::vector<void*>& p) {
       be.embedding_forward(p[0], tokens.data(), p[1], p[2], B, T, C);
     });
-    Pair dwte(static_cast<size_t>(V) * C, rng), dwpe(static_cast<size_t>(T) * C, rng), dout(NC, rng);
+    Pair dwte(static_cast<size_t>(V) * C, rng), dwpe(static_cast<size_t>(T) * C, rng),
+        dout(NC, rng);
     std::vector<double> ref_te(dwte.f.begin(), dwte.f.end()), ref_pe(dwpe.f.begin(), dwpe.f.end());
     for (int n = 0; n < N; ++n)
       for (int c = 0; c < C; ++c) {
@@ -237,7 +266,8 @@ TEST_CASE("every CPU kernel on 16-bit tensors is the fp32 kernel rounded once", 
   }
 }
 
-TEST_CASE("a model with 16-bit device tensors stays within their rounding of the fp32 model", "[bf16]") {
+TEST_CASE("a model with 16-bit device tensors stays within their rounding of the fp32 model",
+          "[bf16]") {
   const ElemType t16 = GENERATE(ElemType::kBF16, ElemType::kF16);
   const double u = unit16(t16);
   for (const char* family : {"gpt2", "llama"}) {
@@ -265,7 +295,8 @@ TEST_CASE("a model with 16-bit device tensors stays within their rounding of the
       be->set_storage_type(t);
       GptModel m(mc, *be, B);
       CHECK(m.elem_bytes() == elem_type_size(t));
-      const size_t P = m.layout().total, nl = static_cast<size_t>(m.tokens_per_batch()) * mc.vocab_size;
+      const size_t P = m.layout().total,
+                   nl = static_cast<size_t>(m.tokens_per_batch()) * mc.vocab_size;
       std::vector<float> host(P);
       init_gpt_params(mc, m.layout(), host.data());
       if (mode) {  // both models compute from the same (16-bit-representable) weights
@@ -300,7 +331,8 @@ TEST_CASE("a model with 16-bit device tensors stays within their rounding of the
     // add: 24u bounds the relative error of logits and gradients, with margin.
     const double e_logits = test::rel_error(logits[1].data(), logits[0].data(), logits[0].size());
     const double e_grads = test::rel_error(grads[1].data(), grads[0].data(), grads[0].size());
-    INFO("logits rel error " << e_logits / u << "u, grads rel error " << e_grads / u << "u, u " << u);
+    INFO("logits rel error " << e_logits / u << "u, grads rel error " << e_grads / u << "u, u "
+                             << u);
     CHECK(e_logits <= 24 * u);
     CHECK(e_grads <= 24 * u);
     // The loss is fp32 over 16-bit logits: within the logits' error.
@@ -309,13 +341,16 @@ TEST_CASE("a model with 16-bit device tensors stays within their rounding of the
   }
 }
 
-TEST_CASE("training with bf16 device tensors: fp32 master, bf16 weights written by the update", "[bf16]") {
+TEST_CASE("training with bf16 device tensors: fp32 master, bf16 weights written by the update",
+          "[bf16]") {
   auto config = [](const char* tensors) {
-    return parse_config(str("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
-                            "optimizer: {lr: 1.0e-2, min_lr: 1.0e-3, grad_clip: 1.0}\n"
-                            "schedule: {steps: 20, warmup_steps: 2, micro_batch: 4, grad_accum: 2}\n"
-                            "runtime: {backend: cpu, threads: 2, seed: 5, device_tensors: ", tensors, "}\n"),
-                        "<test>");
+    return parse_config(
+        str("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
+            "optimizer: {lr: 1.0e-2, min_lr: 1.0e-3, grad_clip: 1.0}\n"
+            "schedule: {steps: 20, warmup_steps: 2, micro_batch: 4, grad_accum: 2}\n"
+            "runtime: {backend: cpu, threads: 2, seed: 5, device_tensors: ",
+            tensors, "}\n"),
+        "<test>");
   };
   const int kSteps = 20;
   std::vector<std::vector<int32_t>> data(2 * kSteps);
@@ -346,13 +381,14 @@ TEST_CASE("training with bf16 device tensors: fp32 master, bf16 weights written 
       size_t first = P;
       for (size_t i = P; i-- > 0;)
         if (dev[i] != want[i]) first = i;
-      INFO("step " << s << ": first differing element " << first << ": device " << (first < P ? dev[first] : 0)
-                   << ", rounded master " << (first < P ? want[first] : 0));
+      INFO("step " << s << ": first differing element " << first << ": device "
+                   << (first < P ? dev[first] : 0) << ", rounded master "
+                   << (first < P ? want[first] : 0));
       CHECK(first == P);
     }
   }
-  INFO("fp32 " << losses[0].front() << " -> " << losses[0].back() << ", bf16 " << losses[1].front() << " -> "
-               << losses[1].back());
+  INFO("fp32 " << losses[0].front() << " -> " << losses[0].back() << ", bf16 " << losses[1].front()
+               << " -> " << losses[1].back());
   CHECK(losses[1].back() < 0.5 * losses[1].front());  // it learns
   // The first step's loss comes from the same weights rounded once: within bf16 rounding.
   CHECK(std::fabs(losses[1][0] - losses[0][0]) <= 24 * kBf16U * losses[0][0]);
@@ -360,16 +396,20 @@ TEST_CASE("training with bf16 device tensors: fp32 master, bf16 weights written 
   CHECK(std::fabs(losses[1].back() - losses[0].back()) <= 0.1 * losses[0].front());
 }
 
-TEST_CASE("the CPU backend's kernel scratch with bf16 tensors stays within what the budgets count", "[bf16]") {
+TEST_CASE("the CPU backend's kernel scratch with bf16 tensors stays within what the budgets count",
+          "[bf16]") {
   // A training step and a validation pass run every kernel on this thread (in memory);
   // the fp32 views they took must fit the bound the host budget and the planner count.
   for (const char* family : {"gpt2", "llama"}) {
     INFO("family " << family);
-    Config cfg = parse_config(str("model: {family: ", family, ", n_layer: 2, n_head: 4, d_model: 64, d_ff: 160, "
-                                  "vocab_size: 300, seq_len: 32", std::string(family) == "llama" ? ", n_kv_head: 2" : "",
-                                  "}\nschedule: {micro_batch: 3}\n"
-                                  "runtime: {backend: cpu, threads: 2, device_tensors: bf16, precision: bf16}\n"),
-                              "<test>");
+    Config cfg = parse_config(
+        str("model: {family: ", family,
+            ", n_layer: 2, n_head: 4, d_model: 64, d_ff: 160, "
+            "vocab_size: 300, seq_len: 32",
+            std::string(family) == "llama" ? ", n_kv_head: 2" : "",
+            "}\nschedule: {micro_batch: 3}\n"
+            "runtime: {backend: cpu, threads: 2, device_tensors: bf16, precision: bf16}\n"),
+        "<test>");
     auto be = make_cpu_backend(2, 0);
     apply_precision(*be, cfg.runtime);
     StepRunner r(cfg, *be);
@@ -394,43 +434,53 @@ TEST_CASE("the CPU backend's kernel scratch with bf16 tensors stays within what 
     req.device_in_host = false;
     const Plan gpu_plan = make_plan(req);
     auto scratch_in = [](const Plan& p) {
-      return std::count_if(p.buffers.begin(), p.buffers.end(),
-                           [](const PlanBuffer& b) { return b.kind == BufferKind::kKernelScratch; });
+      return std::count_if(p.buffers.begin(), p.buffers.end(), [](const PlanBuffer& b) {
+        return b.kind == BufferKind::kKernelScratch;
+      });
     };
     CHECK(scratch_in(cpu_plan) == 1);
     CHECK(scratch_in(gpu_plan) == 0);
   }
 }
 
-TEST_CASE("runtime.attention is validated, and a backend without cuDNN refuses cudnn by name", "[bf16]") {
+TEST_CASE("runtime.attention is validated, and a backend without cuDNN refuses cudnn by name",
+          "[bf16]") {
   using Catch::Matchers::Contains;
   CHECK(parse_config("", "<t>").runtime.attention == "auto");
-  CHECK_THROWS_WITH(parse_config("runtime: {attention: flash}\n", "<t>"),
-                    Contains("runtime.attention") && Contains("'flash' is not one of auto, kernels, cudnn"));
+  CHECK_THROWS_WITH(
+      parse_config("runtime: {attention: flash}\n", "<t>"),
+      Contains("runtime.attention") && Contains("'flash' is not one of auto, kernels, cudnn"));
   // cuDNN's fused attention takes 16-bit tensors and runs on the CUDA backend only.
-  CHECK_THROWS_WITH(parse_config("runtime: {attention: cudnn}\n", "<t>"),
-                    Contains("runtime.attention") && Contains("16-bit tensors") && Contains("fp32"));
-  CHECK_THROWS_WITH(parse_config("runtime: {attention: cudnn, device_tensors: bf16, backend: cpu}\n", "<t>"),
-                    Contains("runtime.attention") && Contains("CUDA backend") && Contains("'cpu'"));
-  const Config ok = parse_config("runtime: {attention: cudnn, device_tensors: bf16, backend: auto}\n", "<t>");
+  CHECK_THROWS_WITH(
+      parse_config("runtime: {attention: cudnn}\n", "<t>"),
+      Contains("runtime.attention") && Contains("16-bit tensors") && Contains("fp32"));
+  CHECK_THROWS_WITH(
+      parse_config("runtime: {attention: cudnn, device_tensors: bf16, backend: cpu}\n", "<t>"),
+      Contains("runtime.attention") && Contains("CUDA backend") && Contains("'cpu'"));
+  const Config ok =
+      parse_config("runtime: {attention: cudnn, device_tensors: bf16, backend: auto}\n", "<t>");
   CHECK(ok.runtime.attention == "cudnn");
   // backend auto on a machine without a GPU is the CPU: it refuses the request rather than run
   // its own kernels under the name of cuDNN's (the CUDA backend loads cuDNN or throws).
   if (cuda_usable_devices(nullptr) == 0)
-    CHECK_THROWS_WITH(make_backend(ok, nullptr), Contains("runtime.attention is cudnn") && Contains("cpu"));
+    CHECK_THROWS_WITH(make_backend(ok, nullptr),
+                      Contains("runtime.attention is cudnn") && Contains("cpu"));
   // auto and kernels are every backend's.
   for (const char* a : {"auto", "kernels"})
     for (const char* b : {"cpu", "cpu-streams"}) {
       INFO(a << " on " << b);
-      auto be = make_backend(parse_config(str("runtime: {attention: ", a, ", device_tensors: bf16, backend: ", b,
-                                              "}\n"), "<t>"), nullptr);
+      auto be = make_backend(parse_config(str("runtime: {attention: ", a,
+                                              ", device_tensors: bf16, backend: ", b, "}\n"),
+                                          "<t>"),
+                             nullptr);
       CHECK(be->storage_type() == ElemType::kBF16);
     }
   // The key survives a written config.
   CHECK(parse_config(config_to_yaml(ok), "<t>").runtime.attention == "cudnn");
 }
 
-TEST_CASE("cuDNN's attention graphs: every descriptor finalizes, no device needed", "[bf16][cudnn]") {
+TEST_CASE("cuDNN's attention graphs: every descriptor finalizes, no device needed",
+          "[bf16][cudnn]") {
   using Catch::Matchers::Contains;
   // The graphs of kernels/cuda/cudnn_attention.cc, built here as far as cuDNN goes without a
   // GPU: every tensor and operation descriptor set and finalized (a wrong attribute type,
@@ -441,13 +491,15 @@ TEST_CASE("cuDNN's attention graphs: every descriptor finalizes, no device neede
     CHECK_THAT(probe, Contains("no CUDA backend"));
     return;
   }
-  if (probe.find("library path") != std::string::npos || probe.find("no cuDNN headers") != std::string::npos) {
+  if (probe.find("library path") != std::string::npos ||
+      probe.find("no cuDNN headers") != std::string::npos) {
     WARN("cuDNN is not on this machine: " << probe);  // the kernels run every attention here
     CHECK_THAT(probe, Contains("cuDNN"));
     return;
   }
   for (ElemType t : {ElemType::kBF16, ElemType::kF16})
-    for (auto [B, T, C, H] : {std::array{2, 256, 256, 4}, std::array{1, 200, 512, 4}, std::array{16, 1024, 12288, 96}}) {
+    for (auto [B, T, C, H] : {std::array{2, 256, 256, 4}, std::array{1, 200, 512, 4},
+                              std::array{16, 1024, 12288, 96}}) {
       INFO(elem_type_name(t) << " B " << B << " T " << T << " C " << C << " H " << H);
       CHECK(cudnn_attention_graph_check(t, B, T, C, H).empty());
     }
@@ -460,7 +512,8 @@ TEST_CASE("runtime.device_tensors is validated, reaches the backend and the plan
   // fp16 tensors come with fp16's loss scaling.
   CHECK_THROWS_WITH(parse_config("runtime: {device_tensors: fp16, precision: bf16}\n", "<t>"),
                     Contains("device_tensors") && Contains("precision: fp16"));
-  CHECK(parse_config("runtime: {device_tensors: fp16, precision: fp16}\n", "<t>").runtime.device_tensors == "fp16");
+  CHECK(parse_config("runtime: {device_tensors: fp16, precision: fp16}\n", "<t>")
+            .runtime.device_tensors == "fp16");
   // fp16 GEMMs on bf16 tensors are no mode (the backends would differ on them).
   CHECK_THROWS_WITH(parse_config("runtime: {device_tensors: bf16, precision: fp16}\n", "<t>"),
                     Contains("precision") && Contains("fp16 GEMMs on bf16 tensors"));
@@ -469,28 +522,36 @@ TEST_CASE("runtime.device_tensors is validated, reaches the backend and the plan
                     Contains("model.head_chunk_tokens") && Contains("-1"));
   // What micro-batches sum in: named, and in fp32 only where there is something to sum in
   // 16 bits (several micro-batches, 16-bit tensors) and it is not turned off.
-  CHECK_THROWS_WITH(parse_config("schedule: {grad_accum_type: bf16}\n", "<t>"),
-                    Contains("schedule.grad_accum_type") && Contains("'bf16' is not one of auto, fp32, tensors"));
-  CHECK(sums_grads_in_fp32(parse_config("schedule: {grad_accum: 2}\nruntime: {device_tensors: bf16}\n", "<t>")));
-  CHECK(sums_grads_in_fp32(parse_config("schedule: {grad_accum: 2, grad_accum_type: fp32}\n"
-                                        "runtime: {device_tensors: fp16, precision: fp16}\n", "<t>")));
-  CHECK_FALSE(sums_grads_in_fp32(parse_config("schedule: {grad_accum: 1}\nruntime: {device_tensors: bf16}\n", "<t>")));
-  CHECK_FALSE(sums_grads_in_fp32(parse_config("schedule: {grad_accum: 2}\n", "<t>")));
+  CHECK_THROWS_WITH(
+      parse_config("schedule: {grad_accum_type: bf16}\n", "<t>"),
+      Contains("schedule.grad_accum_type") && Contains("'bf16' is not one of auto, fp32, tensors"));
+  CHECK(sums_grads_in_fp32(
+      parse_config("schedule: {grad_accum: 2}\nruntime: {device_tensors: bf16}\n", "<t>")));
+  CHECK(
+      sums_grads_in_fp32(parse_config("schedule: {grad_accum: 2, grad_accum_type: fp32}\n"
+                                      "runtime: {device_tensors: fp16, precision: fp16}\n",
+                                      "<t>")));
   CHECK_FALSE(sums_grads_in_fp32(
-      parse_config("schedule: {grad_accum: 2, grad_accum_type: tensors}\nruntime: {device_tensors: bf16}\n", "<t>")));
+      parse_config("schedule: {grad_accum: 1}\nruntime: {device_tensors: bf16}\n", "<t>")));
+  CHECK_FALSE(sums_grads_in_fp32(parse_config("schedule: {grad_accum: 2}\n", "<t>")));
+  CHECK_FALSE(sums_grads_in_fp32(parse_config(
+      "schedule: {grad_accum: 2, grad_accum_type: tensors}\nruntime: {device_tensors: bf16}\n",
+      "<t>")));
   auto be = make_cpu_backend(1, 0);
   void* p = be->alloc(64, "x");
-  CHECK_THROWS_WITH(be->set_storage_type(ElemType::kBF16), Contains("before anything is allocated"));
+  CHECK_THROWS_WITH(be->set_storage_type(ElemType::kBF16),
+                    Contains("before anything is allocated"));
   be->free(p);
   // In memory, the device bytes halve with the tensors (statistics stay fp32).
   ModelConfig mc;
   const uint64_t f32 = in_memory_device_bytes(mc, 2, 4), bf16 = in_memory_device_bytes(mc, 2, 2);
   CHECK(bf16 < f32);
   CHECK(bf16 > f32 / 2);
-  Config cfg = parse_config("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
-                            "offload: {activations: swap}\n"
-                            "runtime: {backend: cpu, device_tensors: bf16}\n",
-                            "<t>");
+  Config cfg = parse_config(
+      "model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
+      "offload: {activations: swap}\n"
+      "runtime: {backend: cpu, device_tensors: bf16}\n",
+      "<t>");
   auto b2 = make_cpu_backend(1, 0);
   apply_precision(*b2, cfg.runtime);
   CHECK(b2->storage_type() == ElemType::kBF16);
@@ -512,7 +573,8 @@ TEST_CASE("runtime.device_tensors is validated, reaches the backend and the plan
   CHECK(t16.d2h * 2 == t32.d2h);
   // An executor refuses a plan whose tensors are not the backend's.
   auto b3 = make_cpu_backend(1, 0);
-  CHECK_THROWS_WITH(OffloadTrainer(cfg, *b3, make_plan(req), nullptr), Contains("bf16") && Contains("f32"));
+  CHECK_THROWS_WITH(OffloadTrainer(cfg, *b3, make_plan(req), nullptr),
+                    Contains("bf16") && Contains("f32"));
 }
 
 TEST_CASE("GPT-3 175B plans within one 24 GB GPU with bf16 tensors, not with fp32", "[bf16]") {
@@ -520,10 +582,12 @@ TEST_CASE("GPT-3 175B plans within one 24 GB GPU with bf16 tensors, not with fp3
   // The planning path fuyou-train takes for configs/gpt3-175b.yaml on a GPU (device memory
   // not in the host budget) with the RTX 4090 profile's budgets: 24 GiB device, 128 GiB host,
   // SSDs for the rest.
-  const HardwareProfile hw = load_hardware_profile(test::source_path("configs/hardware/rtx4090.yaml"));
+  const HardwareProfile hw =
+      load_hardware_profile(test::source_path("configs/hardware/rtx4090.yaml"));
   for (int seq : {2048, 1024}) {
     INFO("sequence " << seq);
-    Config cfg = load_config_file(test::source_path("configs/gpt3-175b.yaml"), {str("model.seq_len=", seq)});
+    Config cfg =
+        load_config_file(test::source_path("configs/gpt3-175b.yaml"), {str("model.seq_len=", seq)});
     PlanRequest req = plan_request(cfg);
     req.device_in_host = false;
     req.device_budget = hw.device_memory;
@@ -540,8 +604,9 @@ TEST_CASE("GPT-3 175B plans within one 24 GB GPU with bf16 tensors, not with fp3
   // LM head and the MLP's gradient written over its activation), and 8 at sequence 2048.
   for (auto [seq, batch] : {std::pair<int, int>{1024, 16}, {2048, 8}}) {
     INFO("sequence " << seq << ", micro-batch " << batch);
-    Config cfg = load_config_file(test::source_path("configs/gpt3-175b.yaml"),
-                                  {str("model.seq_len=", seq), str("schedule.micro_batch=", batch)});
+    Config cfg =
+        load_config_file(test::source_path("configs/gpt3-175b.yaml"),
+                         {str("model.seq_len=", seq), str("schedule.micro_batch=", batch)});
     REQUIRE(cfg.model.head_chunk_tokens == 1024);
     PlanRequest req = plan_request(cfg);
     req.device_in_host = false;
@@ -554,20 +619,24 @@ TEST_CASE("GPT-3 175B plans within one 24 GB GPU with bf16 tensors, not with fp3
     // Without the chunked head it does not fit: the chunking is what makes room, and the
     // refusal says what it would take with chunks.
     req.model.head_chunk_tokens = 0;
-    CHECK_THROWS_WITH(make_plan(req), Contains("device memory") && Contains("model.head_chunk_tokens: 1024"));
+    CHECK_THROWS_WITH(make_plan(req),
+                      Contains("device memory") && Contains("model.head_chunk_tokens: 1024"));
   }
 }
 
-TEST_CASE("PyTorch's bf16 recipe: logits, loss, gradients and 10 steps with bf16 tensors", "[bf16][reference]") {
+TEST_CASE("PyTorch's bf16 recipe: logits, loss, gradients and 10 steps with bf16 tensors",
+          "[bf16][reference]") {
   for (const char* name : {"tiny_a", "tiny_b"}) {
-    SafetensorsReader f(test::source_path(str("tests/reference/fixtures/bf16/", name, ".safetensors")));
+    SafetensorsReader f(
+        test::source_path(str("tests/reference/fixtures/bf16/", name, ".safetensors")));
     INFO("fixture " << name);
     test::check_bf16_recipe(f, "cpu", [] { return make_cpu_backend(2, 0); });
   }
 }
 
-TEST_CASE("the gradient's sum of squares: the same bits on any thread count, near exact, non-finite kept",
-          "[bf16]") {
+TEST_CASE(
+    "the gradient's sum of squares: the same bits on any thread count, near exact, non-finite kept",
+    "[bf16]") {
   // Blocks of 2^16 summed in parallel, eight lanes each: a length that ends mid-block and
   // mid-lane, in every gradient type.
   const size_t n = 3 * (size_t(1) << 16) + 12345;
@@ -577,7 +646,8 @@ TEST_CASE("the gradient's sum of squares: the same bits on any thread count, nea
   std::vector<uint16_t> b(n), h(n);
   round_to(ElemType::kBF16, b.data(), f.data(), n);
   round_to(ElemType::kF16, h.data(), f.data(), n);
-  for (auto [t, data] : {std::pair<ElemType, const void*>{ElemType::kF32, f.data()}, {ElemType::kBF16, b.data()},
+  for (auto [t, data] : {std::pair<ElemType, const void*>{ElemType::kF32, f.data()},
+                         {ElemType::kBF16, b.data()},
                          {ElemType::kF16, h.data()}}) {
     INFO(elem_type_name(t));
     std::vector<float> w(n);
@@ -592,32 +662,38 @@ TEST_CASE("the gradient's sum of squares: the same bits on any thread count, nea
     set_thread_team(team);
     CHECK(std::memcmp(&one, &three, sizeof one) == 0);
     // Each product is exact in double; n additions of positive terms err by at most n u64.
-    CHECK(std::fabs(one - static_cast<double>(exact)) <= n * std::ldexp(1.0, -53) * static_cast<double>(exact));
+    CHECK(std::fabs(one - static_cast<double>(exact)) <=
+          n * std::ldexp(1.0, -53) * static_cast<double>(exact));
     // The first block alone, and an empty group.
     CHECK(group_sum_squares(data, t, 0) == 0.0);
     CHECK(group_sum_squares(data, t, 1) == static_cast<double>(w[0]) * w[0]);
   }
   // A NaN or an infinity anywhere reaches the sum (the non-finite check of fp16's loss scaling).
-  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+  for (float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     std::vector<float> g = f;
     g[n - 7] = bad;
     CHECK(!std::isfinite(group_sum_squares(g.data(), ElemType::kF32, n)));
   }
 }
 
-TEST_CASE("gradient accumulation with bf16 tensors: fp32 sums on the host, not K bf16 roundings", "[bf16]") {
+TEST_CASE("gradient accumulation with bf16 tensors: fp32 sums on the host, not K bf16 roundings",
+          "[bf16]") {
   // One step of K micro-batches. Summed in fp32 on the host (grad_accum_type auto), its
   // gradient is exactly the fp32 sum, in order, of the K micro-batches' own bf16 gradients;
   // summed in the device's bf16 (grad_accum_type: tensors), every micro-batch after the first
   // adds a rounding at the running sum's magnitude.
   const int K = 32;
   auto config = [&](int micro_batches, const char* tensors, const char* type) {
-    return parse_config(str("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
-                            "optimizer: {lr: 1.0e-2, min_lr: 1.0e-3, grad_clip: 1.0}\n"
-                            "schedule: {steps: 2, warmup_steps: 0, micro_batch: 1, grad_accum: ", micro_batches,
-                            ", grad_accum_type: ", type, "}\n"
-                            "runtime: {backend: cpu, threads: 2, seed: 5, device_tensors: ", tensors, "}\n"),
-                        "<test>");
+    return parse_config(
+        str("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
+            "optimizer: {lr: 1.0e-2, min_lr: 1.0e-3, grad_clip: 1.0}\n"
+            "schedule: {steps: 2, warmup_steps: 0, micro_batch: 1, grad_accum: ",
+            micro_batches, ", grad_accum_type: ", type,
+            "}\n"
+            "runtime: {backend: cpu, threads: 2, seed: 5, device_tensors: ",
+            tensors, "}\n"),
+        "<test>");
   };
   std::vector<std::vector<int32_t>> data(K, std::vector<int32_t>(17));
   for (int k = 0; k < K; ++k) {
@@ -652,7 +728,8 @@ TEST_CASE("gradient accumulation with bf16 tensors: fp32 sums on the host, not K
     if (k == 0) sum.assign(g.size(), 0.0f);
     for (size_t i = 0; i < g.size(); ++i) sum[i] = k == 0 ? g[i] / K : sum[i] + g[i] / K;
   }
-  const std::vector<float> g32 = gradient("bf16", "auto", 0, K), g16 = gradient("bf16", "tensors", 0, K);
+  const std::vector<float> g32 = gradient("bf16", "auto", 0, K),
+                           g16 = gradient("bf16", "tensors", 0, K);
   REQUIRE(g32.size() == sum.size());
   size_t differ = 0;
   for (size_t i = 0; i < sum.size(); ++i) differ += std::memcmp(&g32[i], &sum[i], 4) != 0;
@@ -663,8 +740,9 @@ TEST_CASE("gradient accumulation with bf16 tensors: fp32 sums on the host, not K
   const double e32 = rel_error(g32, ref), e16 = rel_error(g16, ref);
   const double e1 = rel_error(gradient("bf16", "auto", 0, 1), gradient("fp32", "auto", 0, 1));
   const double acc16 = rel_error(g16, sum);
-  INFO("relative error of the step's gradient against the fp32 model's, " << K << " micro-batches: fp32 sums "
-       << e32 / kBf16U << "u, bf16 sums " << e16 / kBf16U << "u (one micro-batch: " << e1 / kBf16U
+  INFO("relative error of the step's gradient against the fp32 model's, "
+       << K << " micro-batches: fp32 sums " << e32 / kBf16U << "u, bf16 sums " << e16 / kBf16U
+       << "u (one micro-batch: " << e1 / kBf16U
        << "u); the bf16 sums against the exact fp32 sum: " << acc16 / kBf16U << "u");
   CHECK(e32 > 0);
   CHECK(e32 <= 24 * kBf16U);  // the model's bound for one bf16 gradient (test above)

@@ -18,11 +18,13 @@ using namespace fuyou;
 TEST_CASE("a step's timing marks tile its timeline, op class by op class", "[breakdown]") {
   for (const char* backend : {"cpu", "cpu-streams"}) {
     INFO(backend);
-    Config cfg = parse_config(str("model: {n_layer: 3, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 61, seq_len: 16}\n"
-                                  "schedule: {micro_batch: 2}\nruntime: {backend: ", backend, ", threads: 1}\n"),
-                              "<test>");
-    std::unique_ptr<Backend> be = std::string(backend) == "cpu" ? make_cpu_backend(1, 0)
-                                                                : make_cpu_stream_backend(1, 0, {});
+    Config cfg = parse_config(
+        str("model: {n_layer: 3, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 61, seq_len: 16}\n"
+            "schedule: {micro_batch: 2}\nruntime: {backend: ",
+            backend, ", threads: 1}\n"),
+        "<test>");
+    std::unique_ptr<Backend> be =
+        std::string(backend) == "cpu" ? make_cpu_backend(1, 0) : make_cpu_stream_backend(1, 0, {});
     apply_precision(*be, cfg.runtime);
     StepRunner r(cfg, *be);
     r.init_params();
@@ -39,12 +41,15 @@ TEST_CASE("a step's timing marks tile its timeline, op class by op class", "[bre
     REQUIRE(marks.size() > 10);
     for (size_t i = 1; i < marks.size(); ++i) CHECK(marks[i].t >= marks[i - 1].t);  // queue order
     std::map<std::pair<int, int>, int> count;  // (phase, class) -> marks
-    for (const auto& m : marks) ++count[{static_cast<int>(tag_phase(m.tag)), static_cast<int>(tag_class(m.tag))}];
-    auto n = [&](StepPhase p, OpClass c) { return count[{static_cast<int>(p), static_cast<int>(c)}]; };
+    for (const auto& m : marks)
+      ++count[{static_cast<int>(tag_phase(m.tag)), static_cast<int>(tag_class(m.tag))}];
+    auto n = [&](StepPhase p, OpClass c) {
+      return count[{static_cast<int>(p), static_cast<int>(c)}];
+    };
     // gpt2: per layer and direction one qkv, projection, MLP up and MLP down GEMM, one
     // attention, one activation; two norms (and the final norm), two residual adds forward.
-    for (OpClass c : {OpClass::kGemmQkv, OpClass::kGemmAttnProj, OpClass::kGemmMlpUp, OpClass::kGemmMlpDown,
-                      OpClass::kAttention, OpClass::kActivation}) {
+    for (OpClass c : {OpClass::kGemmQkv, OpClass::kGemmAttnProj, OpClass::kGemmMlpUp,
+                      OpClass::kGemmMlpDown, OpClass::kAttention, OpClass::kActivation}) {
       INFO(op_class_name(c));
       CHECK(n(StepPhase::kForward, c) == 3);
       CHECK(n(StepPhase::kBackward, c) == 3);

@@ -1,11 +1,11 @@
 // Budgets and threads per backend: the device arena counts against the host budget only where
 // it is host memory (the CPU backend), and runtime.threads reaches every executor thread that
 // computes or updates (OpenMP's thread count is a per-thread setting).
-#include <catch2/catch.hpp>
 #include <omp.h>
 
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <mutex>
 #include <set>
 
@@ -24,12 +24,13 @@ using Catch::Matchers::Contains;
 namespace {
 
 Config small_config(int threads) {
-  return parse_config(str("model: {n_layer: 4, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
-                          "optimizer: {grad_clip: 0}\n"
-                          "schedule: {steps: 2, warmup_steps: 1, micro_batch: 2}\n"
-                          "runtime: {backend: cpu, threads: ",
-                          threads, ", seed: 3}\n"),
-                      "<test>");
+  return parse_config(
+      str("model: {n_layer: 4, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
+          "optimizer: {grad_clip: 0}\n"
+          "schedule: {steps: 2, warmup_steps: 1, micro_batch: 2}\n"
+          "runtime: {backend: cpu, threads: ",
+          threads, ", seed: 3}\n"),
+      "<test>");
 }
 
 uint64_t part(const MemoryPlan& m, const std::string& name) {
@@ -40,12 +41,14 @@ uint64_t part(const MemoryPlan& m, const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("the device arena counts against the host budget only where it is host memory", "[budgets]") {
+TEST_CASE("the device arena counts against the host budget only where it is host memory",
+          "[budgets]") {
   Config cfg = small_config(2);
   PlanRequest req;
   req.model = cfg.model;
   req.micro_batch = cfg.schedule.micro_batch;
-  req.acts.assign(cfg.model.n_layer, ActPlacement::kHost);  // every state in host memory: no choice left
+  req.acts.assign(cfg.model.n_layer,
+                  ActPlacement::kHost);  // every state in host memory: no choice left
   PlanRequest cpu = req, gpu = req;
   cpu.device_in_host = true;
   gpu.device_in_host = false;
@@ -53,7 +56,8 @@ TEST_CASE("the device arena counts against the host budget only where it is host
   REQUIRE(pc.memory.device_bytes == pg.memory.device_bytes);
   REQUIRE(pc.memory.device_bytes > 0);
   const uint64_t arena = pc.memory.device_bytes;
-  INFO("device " << arena << ", host: cpu " << pc.memory.host_bytes << ", gpu " << pg.memory.host_bytes);
+  INFO("device " << arena << ", host: cpu " << pc.memory.host_bytes << ", gpu "
+                 << pg.memory.host_bytes);
   CHECK(pc.memory.host_bytes == pg.memory.host_bytes + arena);
   CHECK(part(pc.memory, "device arena") == arena);
   CHECK(part(pg.memory, "device arena") == 0);
@@ -62,7 +66,8 @@ TEST_CASE("the device arena counts against the host budget only where it is host
   // refused with the numbers.
   cpu.host_budget = gpu.host_budget = pg.memory.host_bytes;
   CHECK(make_plan(gpu).memory.host_bytes == pg.memory.host_bytes);
-  CHECK_THROWS_WITH(make_plan(cpu), Contains("host memory: the plan needs") && Contains("process and device arena"));
+  CHECK_THROWS_WITH(make_plan(cpu), Contains("host memory: the plan needs") &&
+                                        Contains("process and device arena"));
 
   // The simulator's figures for either plan on either kind of profile: the arena is in host
   // memory exactly on a CPU profile.
@@ -101,10 +106,12 @@ TEST_CASE("runtime.threads governs the executor's compute and optimizer threads"
     if (op.resource == Resource::kCompute) compute.insert(n);
     if (op.resource == Resource::kOptimizer) optimizer.insert(n);
   };
-  std::vector<int32_t> batch(static_cast<size_t>(cfg.schedule.micro_batch) * (cfg.model.seq_len + 1), 1);
+  std::vector<int32_t> batch(
+      static_cast<size_t>(cfg.schedule.micro_batch) * (cfg.model.seq_len + 1), 1);
   for (int s = 0; s < 2; ++s) tr.step(s, batch.data());
   INFO("runtime.threads " << want << "; OpenMP threads seen: compute " << *compute.begin() << ".."
-                          << *compute.rbegin() << ", optimizer " << *optimizer.begin() << ".." << *optimizer.rbegin());
+                          << *compute.rbegin() << ", optimizer " << *optimizer.begin() << ".."
+                          << *optimizer.rbegin());
   CHECK(compute == std::set<int>{want});
   CHECK(optimizer == std::set<int>{want});
 }

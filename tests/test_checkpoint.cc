@@ -27,8 +27,8 @@
 #include "fuyou/stop.h"
 #include "fuyou/tokenizer.h"
 #include "fuyou/train.h"
-#include "src/storage/file_layer.h"
 #include "run_dir_support.h"
+#include "src/storage/file_layer.h"
 #include "test_support.h"
 
 namespace fs = std::filesystem;
@@ -50,14 +50,17 @@ using test::tensors;
 using test::train;
 
 Config base_config(const Scratch& s, const std::string& extra = "") {
-  return parse_config(str("model: {n_layer: 3, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 256, seq_len: 16}\n"
-                          "data: {text: [", (s.root / "corpus.txt").string(), "], val_fraction: 0.1}\n"
-                          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4}\n"
-                          "schedule: {steps: 8, warmup_steps: 2, micro_batch: 2, grad_accum: 2, eval_every: 4, "
-                          "eval_batches: 2}\n"
-                          "runtime: {backend: cpu, threads: 2, seed: 11}\n"
-                          "checkpoint: {every_steps: 3, keep: 10}\n"),
-                      "<test>", extra.empty() ? std::vector<std::string>{} : std::vector<std::string>{extra});
+  return parse_config(
+      str("model: {n_layer: 3, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 256, seq_len: 16}\n"
+          "data: {text: [",
+          (s.root / "corpus.txt").string(),
+          "], val_fraction: 0.1}\n"
+          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4}\n"
+          "schedule: {steps: 8, warmup_steps: 2, micro_batch: 2, grad_accum: 2, eval_every: 4, "
+          "eval_batches: 2}\n"
+          "runtime: {backend: cpu, threads: 2, seed: 11}\n"
+          "checkpoint: {every_steps: 3, keep: 10}\n"),
+      "<test>", extra.empty() ? std::vector<std::string>{} : std::vector<std::string>{extra});
 }
 
 // An engine for `cfg` on the CPU backend whose SSD store goes through `files`, its
@@ -79,7 +82,8 @@ struct OffloadedRig {
 
 }  // namespace
 
-TEST_CASE("resume continues bit for bit: in memory, offloaded, and across placements", "[checkpoint]") {
+TEST_CASE("resume continues bit for bit: in memory, offloaded, and across placements",
+          "[checkpoint]") {
   Scratch s("resume");
   Config mem = base_config(s);  // grad_accum 2, grad_clip 1 (offloaded: exact mode)
   train(mem, s.run("mem"));
@@ -95,7 +99,8 @@ TEST_CASE("resume continues bit for bit: in memory, offloaded, and across placem
     Config off = mem;
     offload_everything(&off, s);
     train(off, s.run("off"));
-    CHECK(tensors(s.run("mem") + "/model.safetensors") == tensors(s.run("off") + "/model.safetensors"));
+    CHECK(tensors(s.run("mem") + "/model.safetensors") ==
+          tensors(s.run("off") + "/model.safetensors"));
     resume(s.run("off") + "/checkpoints/step-3", s.run("off-r3"));
     check_resumed_equals(s.run("off"), s.run("off-r3"), 3, 8);
     // Placement may change on a resume: offloaded checkpoint in memory, and the reverse.
@@ -115,7 +120,8 @@ namespace {
 // `cfg` trained in memory into run `mem` already: resumed from step `mem_step` it continues
 // bit for bit; trained offloaded with everything on SSD it ends with the same weights, and
 // resumed from step `off_step` continues bit for bit too.
-void check_resumes_both_ways(Scratch& s, const Config& cfg, const std::string& mem, int mem_step, int off_step) {
+void check_resumes_both_ways(Scratch& s, const Config& cfg, const std::string& mem, int mem_step,
+                             int off_step) {
   const std::string r = str(mem, "-r", mem_step), off_r = str("off-r", off_step);
   resume(s.run(mem) + str("/checkpoints/step-", mem_step), s.run(r));
   check_resumed_equals(s.run(mem), s.run(r), mem_step, 8);
@@ -129,7 +135,8 @@ void check_resumes_both_ways(Scratch& s, const Config& cfg, const std::string& m
 
 }  // namespace
 
-TEST_CASE("resume with fp16 loss scaling keeps the scale and the skipped steps", "[checkpoint][fp16]") {
+TEST_CASE("resume with fp16 loss scaling keeps the scale and the skipped steps",
+          "[checkpoint][fp16]") {
   Scratch s("fp16");
   // A start scale of 2^24 overflows, so the first steps are skipped and the scale halves:
   // the checkpoint must carry the scale, the clean-step count and Adam's step.
@@ -144,7 +151,8 @@ TEST_CASE("resume with fp16 loss scaling keeps the scale and the skipped steps",
   check_resumes_both_ways(s, cfg, "full", 2, 4);
 }
 
-TEST_CASE("resume with bf16 device tensors continues bit for bit, in memory and offloaded", "[checkpoint][bf16]") {
+TEST_CASE("resume with bf16 device tensors continues bit for bit, in memory and offloaded",
+          "[checkpoint][bf16]") {
   // The checkpoint holds the fp32 master and moments; the device's bf16 weights are rounded
   // from the master on restore, as the update rounds them every step.
   Scratch s("bf16");
@@ -152,26 +160,32 @@ TEST_CASE("resume with bf16 device tensors continues bit for bit, in memory and 
   train(cfg, s.run("mem"));
   check_resumes_both_ways(s, cfg, "mem", 3, 6);
   // The tensor type is part of the trajectory: a resume keeps it.
-  CHECK_THROWS_WITH(resume_config(resolve_checkpoint(s.run("mem")), "", {"runtime.device_tensors=fp32"}),
-                    Contains("runtime.device_tensors"));
+  CHECK_THROWS_WITH(
+      resume_config(resolve_checkpoint(s.run("mem")), "", {"runtime.device_tensors=fp32"}),
+      Contains("runtime.device_tensors"));
 }
 
-TEST_CASE("a resume refuses changed trajectory keys and data, and allows the documented ones", "[checkpoint]") {
+TEST_CASE("a resume refuses changed trajectory keys and data, and allows the documented ones",
+          "[checkpoint]") {
   Scratch s("refuse");
   train(base_config(s), s.run("a"));
   const std::string ck = resolve_checkpoint(s.run("a"));
   CHECK(fs::path(ck).filename() == "step-8");  // `latest`
-  CHECK_THROWS_WITH(resume_config(ck, "", {"optimizer.lr=0.002"}),
-                    Contains("optimizer.lr is 0.002") && Contains("changes the training trajectory"));
+  CHECK_THROWS_WITH(
+      resume_config(ck, "", {"optimizer.lr=0.002"}),
+      Contains("optimizer.lr is 0.002") && Contains("changes the training trajectory"));
   CHECK_THROWS_WITH(resume_config(ck, "", {"model.n_layer=4"}), Contains("model.n_layer"));
-  CHECK_THROWS_WITH(resume_config(ck, "", {"schedule.grad_accum=1"}), Contains("schedule.grad_accum"));
+  CHECK_THROWS_WITH(resume_config(ck, "", {"schedule.grad_accum=1"}),
+                    Contains("schedule.grad_accum"));
   CHECK_THROWS_WITH(resume_config(ck, "", {"runtime.seed=12"}), Contains("runtime.seed"));
-  CHECK_NOTHROW(resume_config(ck, "", {"schedule.steps=12", "runtime.threads=1", "checkpoint.keep=1"}));
+  CHECK_NOTHROW(
+      resume_config(ck, "", {"schedule.steps=12", "runtime.threads=1", "checkpoint.keep=1"}));
   // A run killed after its last checkpoint but before its final weights: the resume only
   // writes them.
   fs::remove(fs::path(s.run("a")) / "model.safetensors");
   CHECK(resume(s.run("a"), "").steps == 8);
-  CHECK(tensors(s.run("a") + "/model.safetensors") == tensors(s.run("a") + "/checkpoints/step-8/model.safetensors"));
+  CHECK(tensors(s.run("a") + "/model.safetensors") ==
+        tensors(s.run("a") + "/checkpoints/step-8/model.safetensors"));
   // Different training tokens under the same path: refused by content.
   std::ofstream(s.root / "corpus.txt", std::ios::app) << "one more line\n";
   CHECK_THROWS_WITH(resume(s.run("a") + "/checkpoints/step-3", s.run("c")),
@@ -190,7 +204,8 @@ TEST_CASE("training longer from the last checkpoint of a finished run", "[checkp
   CHECK(l.size() == 10);  // one line per step: none repeated, none lost
 }
 
-TEST_CASE("a graceful stop writes a resumable checkpoint and removes the store files", "[checkpoint][signals]") {
+TEST_CASE("a graceful stop writes a resumable checkpoint and removes the store files",
+          "[checkpoint][signals]") {
   Scratch s("stop");
   Config cfg = base_config(s);
   cfg.checkpoint.every_steps = 0;  // none before the stop, which writes one anyway
@@ -206,7 +221,8 @@ TEST_CASE("a graceful stop writes a resumable checkpoint and removes the store f
   // A real SIGINT to this process once the run has trained a step: StopSignals' thread only
   // asks, and the run finishes its step.
   std::thread sender([&] {
-    while (test::read_all(fs::path(o.run_dir) / "metrics.jsonl").find("\"loss\"") == std::string::npos)
+    while (test::read_all(fs::path(o.run_dir) / "metrics.jsonl").find("\"loss\"") ==
+           std::string::npos)
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     ::kill(::getpid(), SIGINT);
   });
@@ -226,7 +242,8 @@ TEST_CASE("a graceful stop writes a resumable checkpoint and removes the store f
   CHECK(s.ssd_empty());
 }
 
-TEST_CASE("faults while writing a checkpoint leave the previous one intact and resumable", "[checkpoint]") {
+TEST_CASE("faults while writing a checkpoint leave the previous one intact and resumable",
+          "[checkpoint]") {
   Scratch s("faults");
   Config cfg = base_config(s);
   cfg.checkpoint.every_steps = 2;
@@ -236,7 +253,8 @@ TEST_CASE("faults while writing a checkpoint leave the previous one intact and r
     int err;          // errno of the failing write; 0: short writes only, no failure
     uint64_t budget;  // bytes of the second checkpoint written before the fault
   };
-  for (Fault f : {Fault{"ENOSPC", ENOSPC, 70000}, Fault{"EIO", EIO, 1000}, Fault{"short writes", 0, 0}}) {
+  for (Fault f :
+       {Fault{"ENOSPC", ENOSPC, 70000}, Fault{"EIO", EIO, 1000}, Fault{"short writes", 0, 0}}) {
     DYNAMIC_SECTION(f.what) {
       const std::string dir = s.run(str("run-", f.err));
       std::atomic<uint64_t> written{0};
@@ -260,12 +278,13 @@ TEST_CASE("faults while writing a checkpoint leave the previous one intact and r
         CHECK(state_at(dir, 8) == state_at(s.run("full"), 8));
         continue;
       }
-      CHECK_THROWS_WITH(run_training(cfg, o), Contains("checkpoint at step 4 failed") &&
-                                                  Contains(std::strerror(f.err)) && Contains("step-2 is intact") &&
-                                                  Contains("--resume"));
+      CHECK_THROWS_WITH(run_training(cfg, o),
+                        Contains("checkpoint at step 4 failed") && Contains(std::strerror(f.err)) &&
+                            Contains("step-2 is intact") && Contains("--resume"));
       // Only the complete checkpoint, no staging directory, `latest` on it.
       std::vector<std::string> left;
-      for (const auto& e : fs::directory_iterator(fs::path(dir) / "checkpoints")) left.push_back(e.path().filename());
+      for (const auto& e : fs::directory_iterator(fs::path(dir) / "checkpoints"))
+        left.push_back(e.path().filename());
       std::sort(left.begin(), left.end());
       CHECK(left == std::vector<std::string>{"latest", "step-2"});
       TrainOptions again;
@@ -276,7 +295,8 @@ TEST_CASE("faults while writing a checkpoint leave the previous one intact and r
   }
 }
 
-TEST_CASE("an SSD read error while checkpointing names the file; the previous checkpoint restores", "[checkpoint]") {
+TEST_CASE("an SSD read error while checkpointing names the file; the previous checkpoint restores",
+          "[checkpoint]") {
   Scratch s("storeio");
   Config cfg = base_config(s);
   offload_everything(&cfg, s);
@@ -294,7 +314,8 @@ TEST_CASE("an SSD read error while checkpointing names the file; the previous ch
   TrainProgress p;
   p.step = 1;
   // As a run's sampler would have drawn: micro_batch x grad_accum windows per step.
-  const uint64_t per_step = static_cast<uint64_t>(cfg.schedule.micro_batch) * cfg.schedule.grad_accum;
+  const uint64_t per_step =
+      static_cast<uint64_t>(cfg.schedule.micro_batch) * cfg.schedule.grad_accum;
   p.sampler_position = per_step;
   const std::string run = s.run("run");
   fs::create_directories(run);
@@ -303,8 +324,9 @@ TEST_CASE("an SSD read error while checkpointing names the file; the previous ch
   p.step = 2;
   p.sampler_position = 2 * per_step;
   faults->fail_reads = true;
-  CHECK_THROWS_WITH(save_checkpoint(run, cfg, *engine, p, {}),
-                    Contains("SSD store") && Contains("fuyou.store") && Contains("Input/output error"));
+  CHECK_THROWS_WITH(save_checkpoint(run, cfg, *engine, p, {}), Contains("SSD store") &&
+                                                                   Contains("fuyou.store") &&
+                                                                   Contains("Input/output error"));
   faults->fail_reads = false;
   CHECK(list_checkpoints(run).size() == 1);
   CHECK(fs::path(resolve_checkpoint(run)).filename() == "step-1");
@@ -317,8 +339,9 @@ TEST_CASE("an SSD read error while checkpointing names the file; the previous ch
   CHECK(fresh->counters().adam_step == 1);
 }
 
-TEST_CASE("bytes changed in an SSD store file mid-run are reported as corruption, naming step and extent",
-          "[checkpoint]") {
+TEST_CASE(
+    "bytes changed in an SSD store file mid-run are reported as corruption, naming step and extent",
+    "[checkpoint]") {
   Scratch s("storeflip");
   Config cfg = base_config(s);
   offload_everything(&cfg, s);
@@ -346,9 +369,10 @@ TEST_CASE("bytes changed in an SSD store file mid-run are reported as corruption
   CHECK_THROWS_WITH(rig.step(1),
                     // The step the damaged read served: this one, or the last one's update that
                     // runs beside this one's forward.
-                    Catch::Matchers::Matches("step [12], [a-z ]+[0-9]*: SSD store: checksum mismatch reading extent "
-                                             "'[^']+': [0-9]+ bytes at extent offset [0-9]+ \\(.*fuyou\\.store offset "
-                                             "[0-9]+\\) .*changed after they were written.*"));
+                    Catch::Matchers::Matches(
+                        "step [12], [a-z ]+[0-9]*: SSD store: checksum mismatch reading extent "
+                        "'[^']+': [0-9]+ bytes at extent offset [0-9]+ \\(.*fuyou\\.store offset "
+                        "[0-9]+\\) .*changed after they were written.*"));
   CHECK(!flip->path.empty());
   CHECK_FALSE(flip->armed);
 }
@@ -370,11 +394,13 @@ TEST_CASE("a damaged checkpoint is refused naming the file and the group", "[che
     f.write(&c, 1);
   }
   auto engine = make_train_engine(cfg, *be);
-  CHECK_THROWS_WITH(restore_checkpoint(ck.string(), read_checkpoint_manifest(ck.string()), cfg.model, *engine),
-                    Contains("has checksum") && Contains("the checkpoint is damaged"));
+  CHECK_THROWS_WITH(
+      restore_checkpoint(ck.string(), read_checkpoint_manifest(ck.string()), cfg.model, *engine),
+      Contains("has checksum") && Contains("the checkpoint is damaged"));
   // A truncated file: caught by the manifest's sizes before anything is read.
   fs::resize_file(ck / "model.safetensors", 1000);
-  CHECK_THROWS_WITH(read_checkpoint_manifest(ck.string()), Contains("model.safetensors") && Contains("1000-byte"));
+  CHECK_THROWS_WITH(read_checkpoint_manifest(ck.string()),
+                    Contains("model.safetensors") && Contains("1000-byte"));
   // A half-written staging directory is removed at the next start, with a log line.
   fs::create_directories(fs::path(s.run("a")) / "checkpoints" / ".staging-step-9-1");
   CHECK(remove_checkpoint_leftovers(s.run("a")) == 1);
@@ -383,7 +409,8 @@ TEST_CASE("a damaged checkpoint is refused naming the file and the group", "[che
   CHECK(fs::path(resolve_checkpoint(s.run("a"))).filename() == "step-8");
 }
 
-TEST_CASE("a run directory too small for the weights and checkpoints is refused before step 1", "[checkpoint]") {
+TEST_CASE("a run directory too small for the weights and checkpoints is refused before step 1",
+          "[checkpoint]") {
   Scratch s("preflight");
   // 2.4B parameters: 29 GB per checkpoint, 5 of them (keep 4, plus the one being written),
   // far more than the build filesystem holds. Refused from the config alone, before the
@@ -392,7 +419,8 @@ TEST_CASE("a run directory too small for the weights and checkpoints is refused 
   cfg.model.n_layer = 48;
   cfg.model.d_model = 2048;
   cfg.model.d_ff = 8192;
-  CHECK_THROWS_WITH(train(cfg, s.run("a")), Contains("run directory") && Contains("checkpoint(s) of") &&
+  CHECK_THROWS_WITH(train(cfg, s.run("a")), Contains("run directory") &&
+                                                Contains("checkpoint(s) of") &&
                                                 Contains("checkpoint.keep 4") && Contains("free"));
   CHECK_FALSE(fs::exists(fs::path(s.run("a")) / "metrics.jsonl"));
 }
@@ -407,22 +435,27 @@ TEST_CASE("record data with schedule.epochs resumes mid-epoch bit for bit, in me
     Rng rng(2, 0);
     for (int r = 0; r < 60; ++r) {
       std::string p = "q";
-      for (uint64_t k = 0, n = 2 + rng.below(10); k < n; ++k) p += static_cast<char>('a' + rng.below(26));
+      for (uint64_t k = 0, n = 2 + rng.below(10); k < n; ++k)
+        p += static_cast<char>('a' + rng.below(26));
       f << "{\"prompt\": \"" << p << "\", \"completion\": \" " << p.substr(1, 3) << "\"}\n";
     }
   }
-  Tokenizer tok = Tokenizer::from_file(test::source_path("tests/reference/fixtures/hf/tok_bytelevel.json"));
+  Tokenizer tok =
+      Tokenizer::from_file(test::source_path("tests/reference/fixtures/hf/tok_bytelevel.json"));
   DatasetOptions d;
   d.prompt_field = "prompt";
   d.completion_field = "completion";
   d.eos_token = "<|endoftext|>";
   d.val_fraction = 0.2;
-  DatasetResult data = build_tokenized_dataset(tok, {(s.root / "pairs.jsonl").string()}, s.run("data"), d);
+  DatasetResult data =
+      build_tokenized_dataset(tok, {(s.root / "pairs.jsonl").string()}, s.run("data"), d);
   Config cfg = parse_config(
-      str("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 64, vocab_size: ", tok.vocab_size(), ", seq_len: 32}\n",
-          "data: {train_shards: [", data.train_path, "], val_shards: [", data.val_path, "]}\n",
+      str("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 64, vocab_size: ", tok.vocab_size(),
+          ", seq_len: 32}\n", "data: {train_shards: [", data.train_path, "], val_shards: [",
+          data.val_path, "]}\n",
           "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4}\n"
-          "schedule: {epochs: 2, warmup_steps: 1, micro_batch: 2, grad_accum: 2, eval_every: 3, eval_batches: 4}\n"
+          "schedule: {epochs: 2, warmup_steps: 1, micro_batch: 2, grad_accum: 2, eval_every: 3, "
+          "eval_batches: 4}\n"
           "runtime: {backend: cpu, threads: 2, seed: 5}\n"
           "checkpoint: {every_steps: 3, keep: 10}\n"),
       "<test>");
@@ -435,7 +468,8 @@ TEST_CASE("record data with schedule.epochs resumes mid-epoch bit for bit, in me
   Config off = cfg;
   offload_everything(&off, s);
   train(off, s.run("off"));
-  CHECK(tensors(s.run("mem") + "/model.safetensors") == tensors(s.run("off") + "/model.safetensors"));
+  CHECK(tensors(s.run("mem") + "/model.safetensors") ==
+        tensors(s.run("off") + "/model.safetensors"));
   resume(s.run("off") + "/checkpoints/step-3", s.run("off-r3"));
   check_resumed_equals(s.run("off"), s.run("off-r3"), 3, full.steps);
 }

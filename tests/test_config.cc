@@ -38,20 +38,24 @@ TEST_CASE("config errors name the key and the allowed values", "[config]") {
                     Contains("model.n_layer") && Contains("expected an integer"));
   CHECK_THROWS_WITH(parse_config("model: {d_model: 100, n_head: 3}", "x.yaml"),
                     Contains("model.d_model") && Contains("multiple of model.n_head"));
-  CHECK_THROWS_WITH(parse_config("runtime: {backend: tpu}", "x.yaml"),
-                    Contains("runtime.backend") && Contains("cpu, cuda, auto, cpu-streams, emulated"));
+  CHECK_THROWS_WITH(
+      parse_config("runtime: {backend: tpu}", "x.yaml"),
+      Contains("runtime.backend") && Contains("cpu, cuda, auto, cpu-streams, emulated"));
   CHECK_THROWS_WITH(parse_config("offload: {activations: sometimes}", "x.yaml"),
                     Contains("offload.activations") && Contains("auto, keep, swap, recompute"));
   CHECK_THROWS_WITH(parse_config("offload: {host_memory: 8 parsecs}", "x.yaml"),
                     Contains("offload.host_memory") && Contains("unknown unit"));
   CHECK_THROWS_WITH(parse_config("model: {n_layer: 4}\noffload: {deferred_updates: 4}", "x.yaml"),
                     Contains("offload.deferred_updates") && Contains("[0, model.n_layer - 1 = 3]"));
-  CHECK_THROWS_WITH(parse_config("offload: {deferred_updates: some}", "x.yaml"),
-                    Contains("offload.deferred_updates") && Contains("neither auto nor a layer count"));
-  CHECK(parse_config("model: {n_layer: 4}\noffload: {deferred_updates: 2}", "x.yaml").offload.deferred_updates == 2);
+  CHECK_THROWS_WITH(
+      parse_config("offload: {deferred_updates: some}", "x.yaml"),
+      Contains("offload.deferred_updates") && Contains("neither auto nor a layer count"));
+  CHECK(parse_config("model: {n_layer: 4}\noffload: {deferred_updates: 2}", "x.yaml")
+            .offload.deferred_updates == 2);
   CHECK(parse_config("", "x.yaml").offload.deferred_updates == -1);
   CHECK_THROWS_WITH(parse_config("optimizer: {lr: -1}", "x.yaml"), Contains("optimizer.lr"));
-  CHECK_THROWS_WITH(parse_config("model: [1, 2]", "x.yaml"), Contains("section 'model' must be a mapping"));
+  CHECK_THROWS_WITH(parse_config("model: [1, 2]", "x.yaml"),
+                    Contains("section 'model' must be a mapping"));
   // Found by fuzz_config: the llama rules divided by n_head before it was checked.
   CHECK_THROWS_WITH(parse_config("model: {family: llama, n_head: 0, d_ff: 64}", "x.yaml"),
                     Contains("model.n_head: value 0 is not allowed: must be in 1..1048576"));
@@ -60,14 +64,16 @@ TEST_CASE("config errors name the key and the allowed values", "[config]") {
 }
 
 TEST_CASE("config overrides from --set apply before validation", "[config]") {
-  Config c = parse_config("model: {n_layer: 2}", "x", {"model.n_layer=5", "offload.host_memory=2GiB",
-                                                       "data.text=[a, b]"});
+  Config c = parse_config("model: {n_layer: 2}", "x",
+                          {"model.n_layer=5", "offload.host_memory=2GiB", "data.text=[a, b]"});
   CHECK(c.model.n_layer == 5);
   CHECK(c.offload.host_memory == (2ull << 30));
   CHECK(c.data.text == std::vector<std::string>{"a", "b"});
   CHECK_THROWS_WITH(parse_config("", "x", {"model.n_layer"}), Contains("section.key=value"));
-  CHECK_THROWS_WITH(parse_config("", "x", {"modell.n_layer=3"}), Contains("unknown section 'modell'"));
-  CHECK_THROWS_WITH(parse_config("", "x", {"model.depth=3"}), Contains("unknown key 'model.depth'"));
+  CHECK_THROWS_WITH(parse_config("", "x", {"modell.n_layer=3"}),
+                    Contains("unknown section 'modell'"));
+  CHECK_THROWS_WITH(parse_config("", "x", {"model.depth=3"}),
+                    Contains("unknown key 'model.depth'"));
 }
 
 TEST_CASE("config round-trips through YAML", "[config]") {
@@ -120,9 +126,12 @@ TEST_CASE("every key parsed is emitted into a run's config.yaml and documented, 
   std::string line, section;
   bool in_table = false;
   for (std::smatch m; std::getline(doc, line);) {
-    if (std::regex_search(line, m, heading)) section = m[1], in_table = false;
-    else if (line.rfind("| key | type", 0) == 0) in_table = true;
-    else if (line.empty() || line[0] != '|') in_table = false;
+    if (std::regex_search(line, m, heading))
+      section = m[1], in_table = false;
+    else if (line.rfind("| key | type", 0) == 0)
+      in_table = true;
+    else if (line.empty() || line[0] != '|')
+      in_table = false;
     else if (in_table && std::regex_search(line, m, row))
       for (std::sregex_iterator k(m[1].first, m[1].second, name), end; k != end; ++k)
         documented.insert(section + "." + k->str());

@@ -25,16 +25,23 @@ struct Run {
   bool on_device = false;
 };
 
-Run train(const std::string& backend, const char* tensors, int accum, const char* placement, int steps) {
+Run train(const std::string& backend, const char* tensors, int accum, const char* placement,
+          int steps) {
   const bool lowp = std::string(tensors) != "fp32";
   Config cfg = parse_config(
       str("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 61, seq_len: 16}\n"
-          "optimizer: {lr: 1.0e-2, min_lr: 1.0e-3, grad_clip: 0.5, placement: ", placement, "}\n"
-          "schedule: {steps: 20, warmup_steps: 2, micro_batch: 3, grad_accum: ", accum, "}\n"
-          "runtime: {backend: ", backend, ", threads: 2, seed: 5, device_tensors: ", tensors,
+          "optimizer: {lr: 1.0e-2, min_lr: 1.0e-3, grad_clip: 0.5, placement: ",
+          placement,
+          "}\n"
+          "schedule: {steps: 20, warmup_steps: 2, micro_batch: 3, grad_accum: ",
+          accum,
+          "}\n"
+          "runtime: {backend: ",
+          backend, ", threads: 2, seed: 5, device_tensors: ", tensors,
           lowp ? ", precision: bf16" : "", "}\n"),
       "<test>");
-  std::unique_ptr<Backend> be = backend == "cpu" ? make_cpu_backend(2, 0) : make_cpu_stream_backend(2, 0, {0, 20, 7});
+  std::unique_ptr<Backend> be =
+      backend == "cpu" ? make_cpu_backend(2, 0) : make_cpu_stream_backend(2, 0, {0, 20, 7});
   apply_precision(*be, cfg.runtime);
   StepRunner r(cfg, *be);
   r.init_params();
@@ -59,10 +66,12 @@ Run train(const std::string& backend, const char* tensors, int accum, const char
   out.v.assign(layout.total, 0.0f);
   for (size_t g = 0; g < layout.groups.size(); ++g) {
     const size_t off = layout.groups[g].offset;
-    r.read_state(static_cast<int>(g), StateKind::kAdamM,
-                 [&](size_t b, const float* d, size_t n) { std::copy(d, d + n, out.m.begin() + off + b); });
-    r.read_state(static_cast<int>(g), StateKind::kAdamV,
-                 [&](size_t b, const float* d, size_t n) { std::copy(d, d + n, out.v.begin() + off + b); });
+    r.read_state(static_cast<int>(g), StateKind::kAdamM, [&](size_t b, const float* d, size_t n) {
+      std::copy(d, d + n, out.m.begin() + off + b);
+    });
+    r.read_state(static_cast<int>(g), StateKind::kAdamV, [&](size_t b, const float* d, size_t n) {
+      std::copy(d, d + n, out.v.begin() + off + b);
+    });
   }
   return out;
 }
@@ -101,10 +110,12 @@ TEST_CASE("optimizer.placement: auto keeps the host optimizer where the device i
   CHECK_FALSE(a.on_device);
 }
 
-TEST_CASE("optimizer.placement: device is refused where the state does not fit", "[device_optimizer]") {
+TEST_CASE("optimizer.placement: device is refused where the state does not fit",
+          "[device_optimizer]") {
   Config cfg = parse_config(
       "model: {n_layer: 2, n_head: 2, d_model: 64, d_ff: 256, vocab_size: 300, seq_len: 16}\n"
-      "optimizer: {placement: device}\nschedule: {micro_batch: 2}\nruntime: {backend: cpu, threads: 1}\n",
+      "optimizer: {placement: device}\nschedule: {micro_batch: 2}\nruntime: {backend: cpu, "
+      "threads: 1}\n",
       "<test>");
   // Room for the model (parameters, gradients, activations) but not for 8 more bytes per
   // parameter of moments.
@@ -123,7 +134,8 @@ TEST_CASE("optimizer.placement: device is refused where the state does not fit",
   CHECK_THROWS_AS(parse_config("optimizer: {placement: gpu}\n", "<test>"), ConfigError);
 }
 
-TEST_CASE("AdamW on the device: the pieces' decay and the constants are the host's", "[device_optimizer]") {
+TEST_CASE("AdamW on the device: the pieces' decay and the constants are the host's",
+          "[device_optimizer]") {
   // One tensor with decay and one without, through Backend::adamw, against adamw_update.
   const size_t n = 1000;
   std::vector<float> p(2 * n), m(2 * n), v(2 * n), g(2 * n);

@@ -33,9 +33,9 @@
 #include "fuyou/stop.h"
 #include "fuyou/tokenizer.h"
 #include "fuyou/train.h"
+#include "hf_support.h"
 #include "src/formats/safetensors_stream.h"
 #include "src/storage/dir_lock.h"
-#include "hf_support.h"
 #include "test_support.h"
 
 namespace fs = std::filesystem;
@@ -48,11 +48,13 @@ namespace {
 struct Work {
   fs::path root;
   explicit Work(const std::string& name)
-      : root(fs::path(FUYOU_BINARY_DIR) / "test-data" / ("durable-" + name + "-" + std::to_string(::getpid()))) {
+      : root(fs::path(FUYOU_BINARY_DIR) / "test-data" /
+             ("durable-" + name + "-" + std::to_string(::getpid()))) {
     fs::remove_all(root);
     fs::create_directories(root / "ssd");
     std::ofstream f(root / "corpus.txt");
-    for (int i = 0; i < 300; ++i) f << "line " << i << ": the quick brown fox jumps over the lazy dog.\n";
+    for (int i = 0; i < 300; ++i)
+      f << "line " << i << ": the quick brown fox jumps over the lazy dog.\n";
   }
   ~Work() {
     std::error_code ec;
@@ -62,14 +64,17 @@ struct Work {
 };
 
 Config small_config(const Work& w, const std::vector<std::string>& sets = {}) {
-  return parse_config(str("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 256, seq_len: 16}\n"
-                          "data: {text: [", w.path("corpus.txt"), "], val_fraction: 0.1}\n"
-                          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4}\n"
-                          "schedule: {steps: 8, warmup_steps: 2, micro_batch: 2, eval_every: 4, eval_batches: 2, "
-                          "log_every: 1}\n"
-                          "runtime: {backend: cpu, threads: 2, seed: 5}\n"
-                          "checkpoint: {every_steps: 3, keep: 10}\n"),
-                      "<test>", sets);
+  return parse_config(
+      str("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 256, seq_len: 16}\n"
+          "data: {text: [",
+          w.path("corpus.txt"),
+          "], val_fraction: 0.1}\n"
+          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4}\n"
+          "schedule: {steps: 8, warmup_steps: 2, micro_batch: 2, eval_every: 4, eval_batches: 2, "
+          "log_every: 1}\n"
+          "runtime: {backend: cpu, threads: 2, seed: 5}\n"
+          "checkpoint: {every_steps: 3, keep: 10}\n"),
+      "<test>", sets);
 }
 
 TrainSummary train(const Config& cfg, const std::string& run_dir, StopSignals* stop = nullptr,
@@ -95,7 +100,8 @@ TrainSummary resume(const std::string& path, const std::string& run_dir = "",
 std::map<std::string, std::string> snapshot(const fs::path& dir) {
   std::map<std::string, std::string> out;
   for (const auto& e : fs::recursive_directory_iterator(dir))
-    out[fs::relative(e.path(), dir).string()] = e.is_regular_file() ? test::read_all(e.path()) : "<dir>";
+    out[fs::relative(e.path(), dir).string()] =
+        e.is_regular_file() ? test::read_all(e.path()) : "<dir>";
   return out;
 }
 
@@ -140,7 +146,8 @@ void reseal_manifest(const fs::path& dir, const std::function<void(nlohmann::jso
   edit(j);
   const std::string text = j.dump();
   char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits(text.data(), text.size())));
+  std::snprintf(hex, sizeof hex, "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(text.data(), text.size())));
   j["xxh3"] = hex;
   test::write_all(dir / "manifest.json", j.dump(2));
 }
@@ -159,7 +166,8 @@ MetricsIo stop_at_step(StopSignals& stop, int64_t step, int signal) {
 
 }  // namespace
 
-TEST_CASE("every thread blocks the stop signals while training, in memory and offloaded", "[durable][signals]") {
+TEST_CASE("every thread blocks the stop signals while training, in memory and offloaded",
+          "[durable][signals]") {
   Work w("threads");
   for (bool offloaded : {false, true}) {
     INFO((offloaded ? "offloaded" : "in memory"));
@@ -190,7 +198,8 @@ TEST_CASE("every thread blocks the stop signals while training, in memory and of
   }
 }
 
-TEST_CASE("a stop before training leaves a new run directory as it was found", "[durable][signals]") {
+TEST_CASE("a stop before training leaves a new run directory as it was found",
+          "[durable][signals]") {
   Work w("early");
   StopSignals& stop = test::stop_signals();
   stop.clear();
@@ -221,21 +230,24 @@ TEST_CASE("a run that fails before training leaves its directory reusable", "[du
   CHECK_THROWS_WITH(train(small_config(w, {"model.vocab_size=100"}), run), Contains("vocab_size"));
   CHECK_FALSE(fs::exists(run));
   // The disk-space preflight, after the data was loaded.
-  CHECK_THROWS_WITH(train(small_config(w, {"checkpoint.keep=1000", "model.n_layer=60", "model.d_model=2048",
-                                           "model.n_head=16", "model.d_ff=8192"}),
-                          run),
-                    Contains("free"));
+  CHECK_THROWS_WITH(
+      train(small_config(w, {"checkpoint.keep=1000", "model.n_layer=60", "model.d_model=2048",
+                             "model.n_head=16", "model.d_ff=8192"}),
+            run),
+      Contains("free"));
   CHECK_FALSE(fs::exists(run));
   CHECK(train(small_config(w), run).steps == 8);
 }
 
-TEST_CASE("a stop during validation ends it at once; the step's checkpoint follows", "[durable][signals]") {
+TEST_CASE("a stop during validation ends it at once; the step's checkpoint follows",
+          "[durable][signals]") {
   Work w("valstop");
   StopSignals& stop = test::stop_signals();
   stop.clear();
   // Validation after step 2 over 10,000 batches would take seconds; the stop is asked as it
   // begins.
-  Config cfg = small_config(w, {"schedule.eval_every=2", "schedule.eval_batches=10000", "checkpoint.every_steps=0"});
+  Config cfg = small_config(
+      w, {"schedule.eval_every=2", "schedule.eval_batches=10000", "checkpoint.every_steps=0"});
   const std::string run = w.path("run");
   const MetricsIo io = stop_at_step(stop, 2, SIGINT);
   TrainSummary r = train(cfg, run, &stop, &io);
@@ -246,11 +258,13 @@ TEST_CASE("a stop during validation ends it at once; the step's checkpoint follo
   CHECK(fs::path(resolve_checkpoint(run)).filename() == "step-2");
 }
 
-TEST_CASE("a stop that arrives in the last step's validation: the run completes and reports it", "[durable][signals]") {
+TEST_CASE("a stop that arrives in the last step's validation: the run completes and reports it",
+          "[durable][signals]") {
   Work w("laststop");
   StopSignals& stop = test::stop_signals();
   stop.clear();
-  Config cfg = small_config(w, {"schedule.steps=4", "schedule.eval_every=0", "schedule.eval_batches=10000"});
+  Config cfg =
+      small_config(w, {"schedule.steps=4", "schedule.eval_every=0", "schedule.eval_batches=10000"});
   const std::string run = w.path("run");
   const MetricsIo io = stop_at_step(stop, 4, SIGTERM);
   TrainSummary r = train(cfg, run, &stop, &io);
@@ -273,11 +287,13 @@ TEST_CASE("an edited or damaged checkpoint is refused, and the refusal changes n
     fs::remove_all(ck);
     fs::copy(saved, ck, fs::copy_options::recursive);
   };
-  auto refused = [&](const std::string& why, const std::vector<std::string>& sets = {"schedule.steps=60"}) {
+  auto refused = [&](const std::string& why,
+                     const std::vector<std::string>& sets = {"schedule.steps=60"}) {
     INFO(why);
     const auto before = snapshot(run);
     CHECK_THROWS_WITH(resume(run, "", sets), Contains(why));
-    CHECK(snapshot(run) == before);  // config.yaml, metrics.jsonl, data/, every checkpoint as they were
+    CHECK(snapshot(run) ==
+          before);  // config.yaml, metrics.jsonl, data/, every checkpoint as they were
     restore();
   };
   auto edit_text = [&](const char* file, const std::string& from, const std::string& to) {
@@ -292,7 +308,10 @@ TEST_CASE("an edited or damaged checkpoint is refused, and the refusal changes n
   refused("config.yaml: checksum");
   reseal_manifest(ck, [](nlohmann::json& j) { j["sampler_position"] = 999; });
   refused("sampler_position 999 does not fit step 8");
-  reseal_manifest(ck, [](nlohmann::json& j) { j["step"] = 6; j["adam_step"] = 6; });
+  reseal_manifest(ck, [](nlohmann::json& j) {
+    j["step"] = 6;
+    j["adam_step"] = 6;
+  });
   refused("step 6 but the directory is step-8");
   reseal_manifest(ck, [](nlohmann::json& j) { j["step"] = 1e30; });
   refused("field 'step' is 1e+30; expected an integer");
@@ -303,13 +322,15 @@ TEST_CASE("an edited or damaged checkpoint is refused, and the refusal changes n
   // A byte of the moments: found while restoring, after the data and the engine were set up;
   // the error offers the run's earlier checkpoint.
   flip_tensor_byte(ck / "optimizer.safetensors", "adam_v.wte.weight");
-  refused("(resume from it with fuyou-train --resume " + (fs::path(run) / "checkpoints" / "step-6").string());
+  refused("(resume from it with fuyou-train --resume " +
+          (fs::path(run) / "checkpoints" / "step-6").string());
   // Different training data: refused after tokenizing it, before anything is replaced.
   test::write_all(w.root / "corpus.txt", "other text entirely, over and over.\n");
   refused("the training data differs");
 }
 
-TEST_CASE("every reader of a checkpoint the engine wrote verifies it", "[durable][checkpoint][hf]") {
+TEST_CASE("every reader of a checkpoint the engine wrote verifies it",
+          "[durable][checkpoint][hf]") {
   Work w("readers");
   const std::string run = w.path("run");
   train(small_config(w), run);
@@ -324,13 +345,16 @@ TEST_CASE("every reader of a checkpoint the engine wrote verifies it", "[durable
   CHECK_FALSE(fs::exists(w.path("hf")));
   CHECK_THROWS_WITH(load_engine_checkpoint(step.string()), Contains("checksum"));
   Config from = small_config(w, {str("model.checkpoint=", step.string())});
-  CHECK_THROWS_WITH(train(from, w.path("finetune")), Contains("h.1.mlp.c_fc.weight") && Contains("checksum"));
+  CHECK_THROWS_WITH(train(from, w.path("finetune")),
+                    Contains("h.1.mlp.c_fc.weight") && Contains("checksum"));
   flip_tensor_byte(fs::path(run) / "model.safetensors", "ln_f.weight");
-  CHECK_THROWS_WITH(convert_engine_to_hf(run, w.path("hf2"), {}), Contains("ln_f.weight") && Contains("checksum"));
+  CHECK_THROWS_WITH(convert_engine_to_hf(run, w.path("hf2"), {}),
+                    Contains("ln_f.weight") && Contains("checksum"));
 }
 
-TEST_CASE("metrics.jsonl: a failed write is retried and no line is lost; a lasting failure stops the run",
-          "[durable]") {
+TEST_CASE(
+    "metrics.jsonl: a failed write is retried and no line is lost; a lasting failure stops the run",
+    "[durable]") {
   Work w("metrics");
   std::atomic<int> calls{0};
   MetricsIo flaky;
@@ -364,68 +388,83 @@ TEST_CASE("metrics.jsonl: a failed write is retried and no line is lost; a lasti
                     Contains("metrics.jsonl") && Contains("File too large") && Contains("step-3"));
 }
 
-TEST_CASE("latest: a directory is refused; a damaged latest checkpoint names the earlier one", "[durable][checkpoint]") {
+TEST_CASE("latest: a directory is refused; a damaged latest checkpoint names the earlier one",
+          "[durable][checkpoint]") {
   Work w("latest");
   const std::string run = w.path("run");
   train(small_config(w), run);
   const fs::path root = fs::path(run) / "checkpoints";
   flip_byte(root / "step-8" / "manifest.json", 40);
-  CHECK_THROWS_WITH(resume(run), Contains("step-8/manifest.json") && Contains("--resume " + (root / "step-6").string()));
+  CHECK_THROWS_WITH(resume(run), Contains("step-8/manifest.json") &&
+                                     Contains("--resume " + (root / "step-6").string()));
   // Text in latest that names no checkpoint is said with its control bytes escaped, so an
   // escape sequence in the file does not reach the terminal.
   test::write_all(root / "latest", "\x1b[31mstep-9\a\n");
-  const std::string said = test::captured_log([&] { CHECK(resolve_checkpoint(run) == (root / "step-8").string()); });
+  const std::string said =
+      test::captured_log([&] { CHECK(resolve_checkpoint(run) == (root / "step-8").string()); });
   CHECK_THAT(said, Contains("names '\\x1B[31mstep-9\\x07'"));
   CHECK(said.find('\x1b') == std::string::npos);
   fs::remove(root / "latest");
   fs::create_directory(root / "latest");
-  CHECK_THROWS_WITH(resolve_checkpoint(run), Contains("latest is not a regular file (a directory)"));
+  CHECK_THROWS_WITH(resolve_checkpoint(run),
+                    Contains("latest is not a regular file (a directory)"));
 }
 
-TEST_CASE("the checkpoint being resumed stays readable while its run prunes it", "[durable][checkpoint]") {
+TEST_CASE("the checkpoint being resumed stays readable while its run prunes it",
+          "[durable][checkpoint]") {
   Work w("pruned");
   const std::string run = w.path("run");
   train(small_config(w), run);
   auto src = open_resume_checkpoint(run + "/checkpoints/step-3");
   // The live run removes it as pruning does: renamed aside, then its files unlinked.
-  fs::rename(fs::path(run) / "checkpoints" / "step-3", fs::path(run) / "checkpoints" / ".deleting-step-3-1");
+  fs::rename(fs::path(run) / "checkpoints" / "step-3",
+             fs::path(run) / "checkpoints" / ".deleting-step-3-1");
   fs::remove_all(fs::path(run) / "checkpoints" / ".deleting-step-3-1");
   TrainOptions o;
   o.resume_source = src;
   o.resume = src->dir();
   o.run_dir = w.path("branch");
   run_training(resume_config(*src, "", {}), o);
-  CHECK(test::read_all(w.path("branch") + "/model.safetensors") == test::read_all(run + "/model.safetensors"));
+  CHECK(test::read_all(w.path("branch") + "/model.safetensors") ==
+        test::read_all(run + "/model.safetensors"));
 }
 
-TEST_CASE("a start removes what a run killed while writing its final files left", "[durable][checkpoint]") {
+TEST_CASE("a start removes what a run killed while writing its final files left",
+          "[durable][checkpoint]") {
   Work w("tmp");
   const std::string run = w.path("run");
   train(small_config(w), run);
-  for (const char* f : {"model.safetensors.tmp", "summary.json.tmp"}) test::write_all(fs::path(run) / f, "half");
+  for (const char* f : {"model.safetensors.tmp", "summary.json.tmp"})
+    test::write_all(fs::path(run) / f, "half");
   resume(run, "", {"schedule.steps=9"});
   CHECK_FALSE(fs::exists(fs::path(run) / "model.safetensors.tmp"));
   CHECK_FALSE(fs::exists(fs::path(run) / "summary.json.tmp"));
 }
 
-TEST_CASE("one directory named twice is refused as such, not as another process's", "[durable][storage]") {
+TEST_CASE("one directory named twice is refused as such, not as another process's",
+          "[durable][storage]") {
   Work w("twice");
   Config cfg = small_config(w);
   cfg.offload.ssd_paths = {w.path("run")};
-  CHECK_THROWS_WITH(train(cfg, w.path("run")), Contains("offload.ssd_paths[0]") && Contains("the run directory"));
+  CHECK_THROWS_WITH(train(cfg, w.path("run")),
+                    Contains("offload.ssd_paths[0]") && Contains("the run directory"));
   DirLock a(w.path("ssd"), "SSD store: directory");
-  CHECK_THROWS_WITH(DirLock(w.path("ssd"), "SSD store: directory"), Contains("already in use by this process"));
+  CHECK_THROWS_WITH(DirLock(w.path("ssd"), "SSD store: directory"),
+                    Contains("already in use by this process"));
 }
 
-TEST_CASE("from-hf refuses NaN and infinite weights, naming the tensor and the element", "[durable][hf]") {
+TEST_CASE("from-hf refuses NaN and infinite weights, naming the tensor and the element",
+          "[durable][hf]") {
   Work w("nan");
   const fs::path src = w.root / "gpt2";
   fs::copy(test::hf_fixture("gpt2_f32"), src, fs::copy_options::recursive);
-  for (auto& e : fs::directory_iterator(src)) fs::permissions(e.path(), fs::perms::owner_all, fs::perm_options::add);
+  for (auto& e : fs::directory_iterator(src))
+    fs::permissions(e.path(), fs::perms::owner_all, fs::perm_options::add);
   SafetensorsReader r((src / "model.safetensors").string());
   const StTensorInfo& t = r.info("transformer.h.0.attn.c_proj.weight");
   unsigned char len[8];
-  std::ifstream((src / "model.safetensors"), std::ios::binary).read(reinterpret_cast<char*>(len), 8);
+  std::ifstream((src / "model.safetensors"), std::ios::binary)
+      .read(reinterpret_cast<char*>(len), 8);
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = n << 8 | len[i];
   std::fstream f(src / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
@@ -447,8 +486,10 @@ TEST_CASE("YAML aliases are bounded before the tree is walked", "[durable][confi
     bomb += "]\n";
   }
   const auto t0 = std::chrono::steady_clock::now();
-  CHECK_THROWS_WITH(parse_config(bomb, "bomb.yaml"), Contains("bomb.yaml: line") && Contains("aliases"));
-  CHECK_THROWS_WITH(parse_hardware_profile(bomb, "hw.yaml"), Contains("hw.yaml: line") && Contains("aliases"));
+  CHECK_THROWS_WITH(parse_config(bomb, "bomb.yaml"),
+                    Contains("bomb.yaml: line") && Contains("aliases"));
+  CHECK_THROWS_WITH(parse_hardware_profile(bomb, "hw.yaml"),
+                    Contains("hw.yaml: line") && Contains("aliases"));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
   CHECK_THROWS_WITH(parse_config("a: &a [*a]\n", "self.yaml"), Contains("contains it"));
   // Aliases that stay small are still fine.
@@ -456,24 +497,32 @@ TEST_CASE("YAML aliases are bounded before the tree is walked", "[durable][confi
   CHECK(c.model.n_layer == 2);
 }
 
-TEST_CASE("a tokenizer's normalizer cannot multiply its input beyond a bound", "[durable][tokenizer]") {
+TEST_CASE("a tokenizer's normalizer cannot multiply its input beyond a bound",
+          "[durable][tokenizer]") {
   const std::string vocab = R"("vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"])";
   const std::string sixty(60, 'a');
   std::string replaces;
   for (int i = 0; i < 4; ++i)
-    replaces += str(i ? ", " : "", R"({"type": "Replace", "pattern": {"String": "a"}, "content": ")", sixty, "\"}");
+    replaces +=
+        str(i ? ", " : "", R"({"type": "Replace", "pattern": {"String": "a"}, "content": ")", sixty,
+            "\"}");
   Tokenizer t = Tokenizer::from_json(
-      str(R"({"model": {"type": "BPE", )", vocab, R"(}, "normalizer": {"type": "Sequence", "normalizers": [)", replaces,
-          "]}}"),
+      str(R"({"model": {"type": "BPE", )", vocab,
+          R"(}, "normalizer": {"type": "Sequence", "normalizers": [)", replaces, "]}}"),
       "bomb.json");
   CHECK_THROWS_WITH(t.encode(std::string(57, 'a')),
-                    Contains("bomb.json: normalizer.normalizers[1]") && Contains("Replace") && Contains("beyond"));
+                    Contains("bomb.json: normalizer.normalizers[1]") && Contains("Replace") &&
+                        Contains("beyond"));
   CHECK(t.encode("b").size() == 1);  // what does not grow still encodes
-  CHECK_THROWS_WITH(Tokenizer::from_json(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 0}, "merges": []}})", "dup.json"),
-                    Contains("both have id 0"));
-  CHECK_THROWS_WITH(Tokenizer::from_json(
-                        R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [], "unk_token": "<unk>"}})", "unk.json"),
-                    Contains("unk_token") && Contains("not in the vocabulary"));
+  CHECK_THROWS_WITH(
+      Tokenizer::from_json(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 0}, "merges": []}})",
+                           "dup.json"),
+      Contains("both have id 0"));
+  CHECK_THROWS_WITH(
+      Tokenizer::from_json(
+          R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [], "unk_token": "<unk>"}})",
+          "unk.json"),
+      Contains("unk_token") && Contains("not in the vocabulary"));
 }
 
 TEST_CASE("a safetensors header that names a key twice is refused", "[durable][formats]") {
@@ -487,22 +536,28 @@ TEST_CASE("a safetensors header that names a key twice is refused", "[durable][f
   CHECK_THROWS_WITH(SafetensorsReader(w.path("dup.safetensors")), Contains("names 'a' twice"));
 }
 
-TEST_CASE("data and thread counts that cannot work are refused before anything starts", "[durable][budgets]") {
+TEST_CASE("data and thread counts that cannot work are refused before anything starts",
+          "[durable][budgets]") {
   Work w("bounds");
-  CHECK_THROWS_WITH(build_text_shards({"/dev/zero"}, w.path("out"), 0.1), Contains("/dev/zero: not a regular file"));
+  CHECK_THROWS_WITH(build_text_shards({"/dev/zero"}, w.path("out"), 0.1),
+                    Contains("/dev/zero: not a regular file"));
   Config cfg = small_config(w);
   cfg.runtime.threads = 4096;
-  CHECK_THROWS_WITH(make_backend(cfg, nullptr), Contains("runtime.threads is 4096") && Contains("per CPU"));
+  CHECK_THROWS_WITH(make_backend(cfg, nullptr),
+                    Contains("runtime.threads is 4096") && Contains("per CPU"));
   // A micro-batch whose activations (the CPU backend's arena, in host memory) exceed this
   // machine's physical memory, with no offload.host_memory set: refused with the figures before
   // the arena is allocated, and the run directory is not left behind.
-  Config big = small_config(w, {"model.seq_len=256", "model.n_layer=8", "model.n_head=4", "schedule.micro_batch=65536"});
-  const uint64_t physical = uint64_t(::sysconf(_SC_PHYS_PAGES)) * uint64_t(::sysconf(_SC_PAGE_SIZE));
+  Config big = small_config(
+      w, {"model.seq_len=256", "model.n_layer=8", "model.n_head=4", "schedule.micro_batch=65536"});
+  const uint64_t physical =
+      uint64_t(::sysconf(_SC_PHYS_PAGES)) * uint64_t(::sysconf(_SC_PAGE_SIZE));
   REQUIRE(in_memory_host_bytes(big.model, 65536, true, 4) > physical);
   const auto t0 = std::chrono::steady_clock::now();
-  CHECK_THROWS_WITH(train(big, w.path("big")), Contains("in-memory training needs") &&
-                                                   Contains(str("this machine has ", format_size(physical))) &&
-                                                   Contains("schedule.micro_batch (65536)"));
+  CHECK_THROWS_WITH(train(big, w.path("big")),
+                    Contains("in-memory training needs") &&
+                        Contains(str("this machine has ", format_size(physical))) &&
+                        Contains("schedule.micro_batch (65536)"));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
   CHECK_FALSE(fs::exists(w.path("big")));
 }

@@ -2,18 +2,17 @@
 // count the model's FLOPs and take the profile's time, copies take the PCIe time and follow
 // CUDA's ordering rules, the host reads back NaN, and an offloaded run's compute and copy busy
 // times are what the simulator gives the same plan.
-#include <catch2/catch.hpp>
+#include <unistd.h>
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
-#include <unistd.h>
 
-#include "fuyou/timing.h"
 #include "fuyou/backend.h"
 #include "fuyou/backend_select.h"
 #include "fuyou/config.h"
@@ -23,6 +22,7 @@
 #include "fuyou/model.h"
 #include "fuyou/scheduler.h"
 #include "fuyou/simulator.h"
+#include "fuyou/timing.h"
 #include "fuyou/train.h"
 #include "kernels/emulated/emulated_backend.h"
 
@@ -36,16 +36,18 @@ namespace {
 // A slow device, so that its times are long beside this machine's scheduling noise: one
 // layer's forward of tiny_config() takes about 20 ms.
 const char* kSlowGpu =
-    "name: slow-gpu\nbackend: cuda\ncompute: {peak_tflops: 0.000036, element_bytes: 2, gemm_efficiency: [[64, 1.0]]}\n"
+    "name: slow-gpu\nbackend: cuda\ncompute: {peak_tflops: 0.000036, element_bytes: 2, "
+    "gemm_efficiency: [[64, 1.0]]}\n"
     "pcie: {h2d_GBps: 0.5, d2h_GBps: 0.25}\nssd: {read_GBps: 2.0, write_GBps: 1.0}\n"
     "optimizer: {params_per_s: 1.0e9}\nmemory: {device: 64MiB, host_bandwidth_GBps: 10}\n";
 
 Config tiny_config() {
-  return parse_config("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
-                      "optimizer: {grad_clip: 0}\n"
-                      "schedule: {steps: 3, warmup_steps: 1, micro_batch: 2}\n"
-                      "runtime: {threads: 2, seed: 3}\n",
-                      "<test>");
+  return parse_config(
+      "model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
+      "optimizer: {grad_clip: 0}\n"
+      "schedule: {steps: 3, warmup_steps: 1, micro_batch: 2}\n"
+      "runtime: {threads: 2, seed: 3}\n",
+      "<test>");
 }
 
 emulated::EmulatedOptions slow_device(const Config& cfg, double scale = 1.0) {
@@ -59,7 +61,8 @@ emulated::EmulatedOptions slow_device(const Config& cfg, double scale = 1.0) {
 }
 
 std::string store_dir(const std::string& tag) {
-  fs::path p = fs::path(FUYOU_BINARY_DIR) / "test-data" / ("emulated-" + tag + "-" + std::to_string(::getpid()));
+  fs::path p = fs::path(FUYOU_BINARY_DIR) / "test-data" /
+               ("emulated-" + tag + "-" + std::to_string(::getpid()));
   fs::remove_all(p);
   fs::create_directories(p);
   return p.string();
@@ -67,7 +70,8 @@ std::string store_dir(const std::string& tag) {
 
 }  // namespace
 
-TEST_CASE("emulated device: the model's kernels count its FLOPs and take the profile's time", "[emulated]") {
+TEST_CASE("emulated device: the model's kernels count its FLOPs and take the profile's time",
+          "[emulated]") {
   Config cfg = tiny_config();
   emulated::EmulatedBackend be(slow_device(cfg, 2.0));
   CHECK_THAT(be.name(), Contains("emulated slow-gpu") && Contains("NaN"));
@@ -87,14 +91,17 @@ TEST_CASE("emulated device: the model's kernels count its FLOPs and take the pro
   CHECK(be.flops_queued() == Approx(flops).epsilon(1e-12));
   // The profile's time at twice its throughput (scale 2); sleeping never ends early.
   const HardwareProfile hw = parse_hardware_profile(kSlowGpu, "<slow-gpu>");
-  const double want = hw.compute_seconds(flops, gemm_work_size(cfg.model, cfg.schedule.micro_batch)) / 2.0;
-  INFO("predicted " << want << " s, elapsed " << elapsed << " s (calls returned after " << queued << " s)");
+  const double want =
+      hw.compute_seconds(flops, gemm_work_size(cfg.model, cfg.schedule.micro_batch)) / 2.0;
+  INFO("predicted " << want << " s, elapsed " << elapsed << " s (calls returned after " << queued
+                    << " s)");
   CHECK(elapsed >= want * 0.999);
   CHECK(elapsed <= want * 1.5 + 0.05);
   CHECK(std::isnan(loss));  // read back from a device that holds no data
 }
 
-TEST_CASE("emulated device: copies take the PCIe time and follow CUDA's ordering rules", "[emulated]") {
+TEST_CASE("emulated device: copies take the PCIe time and follow CUDA's ordering rules",
+          "[emulated]") {
   Config cfg = tiny_config();
   emulated::EmulatedBackend be(slow_device(cfg));
   const HardwareProfile hw = parse_hardware_profile(kSlowGpu, "<slow-gpu>");
@@ -108,8 +115,8 @@ TEST_CASE("emulated device: copies take the PCIe time and follow CUDA's ordering
   t0 = clock_type::now();
   be.copy_to_host(host.data(), dev, bytes);
   const double down = seconds_since(t0);
-  INFO("h2d " << up << " s (profile " << hw.h2d_seconds(bytes) << "), d2h " << down << " s (profile "
-              << hw.d2h_seconds(bytes) << ")");
+  INFO("h2d " << up << " s (profile " << hw.h2d_seconds(bytes) << "), d2h " << down
+              << " s (profile " << hw.d2h_seconds(bytes) << ")");
   CHECK(up >= hw.h2d_seconds(bytes) * 0.999);
   CHECK(up <= hw.h2d_seconds(bytes) * 1.5 + 0.05);
   CHECK(down >= hw.d2h_seconds(bytes) * 0.999);
@@ -129,7 +136,8 @@ TEST_CASE("emulated device: copies take the PCIe time and follow CUDA's ordering
   t0 = clock_type::now();
   for (size_t r = 0; r < rows; ++r) be.copy_to_device(dev, host.data(), row);
   const double rows_took = seconds_since(t0);
-  INFO(rows << " copies of " << row << " bytes: " << rows_took << " s, profile " << rows_time << " s");
+  INFO(rows << " copies of " << row << " bytes: " << rows_took << " s, profile " << rows_time
+            << " s");
   CHECK(rows_took >= rows_time * 0.9);
   CHECK(rows_took <= rows_time * 2 + 0.05);
 
@@ -149,7 +157,9 @@ TEST_CASE("emulated device: copies take the PCIe time and follow CUDA's ordering
   CHECK(be.memory().used == 0);
 }
 
-TEST_CASE("an emulated offloaded run: real SSD and optimizer, the simulator's compute and copy times", "[emulated]") {
+TEST_CASE(
+    "an emulated offloaded run: real SSD and optimizer, the simulator's compute and copy times",
+    "[emulated]") {
   Config cfg = tiny_config();
   cfg.offload.ssd_paths = {store_dir("run")};
   cfg.offload.weights = cfg.offload.optimizer_state = "ssd";
@@ -174,8 +184,10 @@ TEST_CASE("an emulated offloaded run: real SSD and optimizer, the simulator's co
   for (Resource r : {Resource::kCompute, Resource::kH2D, Resource::kD2H}) {
     const double got = last.busy_s[static_cast<int>(r)], want = sim.busy_s[static_cast<int>(r)];
     // An op may end up to the device's sleep slack (100 us) early.
-    const auto ops = std::count_if(plan.ops.begin(), plan.ops.end(), [&](const PlanOp& op) { return op.resource == r; });
-    INFO(resource_name(r) << ": measured busy " << got << " s, simulated " << want << " s, " << ops << " ops");
+    const auto ops = std::count_if(plan.ops.begin(), plan.ops.end(),
+                                   [&](const PlanOp& op) { return op.resource == r; });
+    INFO(resource_name(r) << ": measured busy " << got << " s, simulated " << want << " s, " << ops
+                          << " ops");
     CHECK(got >= want * 0.99 - 100e-6 * ops);
     CHECK(got <= want * 1.3 + 0.03);
   }
@@ -189,7 +201,8 @@ TEST_CASE("an emulated offloaded run: real SSD and optimizer, the simulator's co
   CHECK(train_plan(cfg, *cpu).memory.device_in_host);
 }
 
-TEST_CASE("an emulated run's automatic placement plans on the machine as emulated where given", "[emulated]") {
+TEST_CASE("an emulated run's automatic placement plans on the machine as emulated where given",
+          "[emulated]") {
   // offload.hardware names the GPU; the machine the run is on has this machine's disks and
   // optimizer (here: a disk 5000x slower than the GPU profile's). The search runs on the
   // profile it is given: its predicted step is that profile's period for the plan it chose.
@@ -212,17 +225,18 @@ TEST_CASE("an emulated run's automatic placement plans on the machine as emulate
   const Plan b = train_plan(cfg, be, &on_here, &here);
   CHECK(on_gpu == simulate(a, gpu).period_s);
   CHECK(on_here == simulate(b, here).period_s);
-  INFO("predicted step on the GPU profile " << on_gpu << " s, on the machine as emulated " << on_here << " s");
+  INFO("predicted step on the GPU profile " << on_gpu << " s, on the machine as emulated "
+                                            << on_here << " s");
   CHECK(on_here > 2 * on_gpu);  // the slow disk binds
 }
 
 TEST_CASE("the emulated backend is selected by config, and never trains", "[emulated]") {
-  CHECK_THROWS_WITH(parse_config("runtime: {backend: emulated}\n", "<test>"), Contains("offload.hardware"));
+  CHECK_THROWS_WITH(parse_config("runtime: {backend: emulated}\n", "<test>"),
+                    Contains("offload.hardware"));
   std::string dir = store_dir("cfg");
-  {
-    std::ofstream(dir + "/gpu.yaml") << kSlowGpu;
-  }
-  Config cfg = parse_config(str("offload: {hardware: ", dir, "/gpu.yaml}\nruntime: {backend: emulated, emulated_scale: 0.5}\n"),
+  { std::ofstream(dir + "/gpu.yaml") << kSlowGpu; }
+  Config cfg = parse_config(str("offload: {hardware: ", dir,
+                                "/gpu.yaml}\nruntime: {backend: emulated, emulated_scale: 0.5}\n"),
                             "<test>");
   std::string why;
   auto be = make_backend(cfg, &why);

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "fd_check.h"
 #include "fuyou/backend.h"
 #include "fuyou/data.h"
 #include "fuyou/error.h"
@@ -28,10 +29,9 @@
 #include "fuyou/safetensors.h"
 #include "fuyou/scheduler.h"
 #include "fuyou/train.h"
+#include "hf_support.h"
 #include "kernels/common/element_math.h"
 #include "src/formats/safetensors_stream.h"
-#include "fd_check.h"
-#include "hf_support.h"
 #include "test_support.h"
 
 namespace fs = std::filesystem;
@@ -65,7 +65,8 @@ TEST_CASE("rmsnorm backward matches finite differences", "[families]") {
     for (int c = 0; c < C; ++c) ss += double(x[n * C + c]) * x[n * C + c];
     double r = 1.0 / std::sqrt(ss / C + 1e-5);
     for (int c = 0; c < C; ++c)
-      CHECK(out[n * C + c] == Approx(x[n * C + c] * r * w[c]).epsilon(C * FLT_EPSILON).margin(1e-6));
+      CHECK(out[n * C + c] ==
+            Approx(x[n * C + c] * r * w[c]).epsilon(C * FLT_EPSILON).margin(1e-6));
   }
   std::vector<float> dx(N * C, 0.0f), dw(C, 0.0f);
   be->rmsnorm_backward(dx.data(), dw.data(), R.data(), x.data(), w.data(), rstd.data(), N, C);
@@ -159,7 +160,8 @@ TEST_CASE("element math of the new families", "[families]") {
   for (float x : {-30.0f, -3.0f, -0.5f, 0.0f, 0.7f, 4.0f, 30.0f}) {
     double s = 1 / (1 + std::exp(-double(x)));
     CHECK(math::silu(x) == Approx(x * s).epsilon(8 * FLT_EPSILON).margin(1e-30));
-    CHECK(math::silu_grad(x) == Approx(s * (1 + x * (1 - s))).epsilon(8 * FLT_EPSILON).margin(1e-7));
+    CHECK(math::silu_grad(x) ==
+          Approx(s * (1 + x * (1 - s))).epsilon(8 * FLT_EPSILON).margin(1e-7));
   }
   CHECK(math::relu(-1.0f) == 0.0f);
   CHECK(math::relu_grad(0.0f) == 0.0f);
@@ -177,7 +179,9 @@ namespace {
 Config family_config(const std::string& model, double clip = 0.0, int layers = 3) {
   return parse_config(str("model: {", model, ", n_layer: ", layers,
                           ", vocab_size: 64, seq_len: 8}\n"
-                          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ", clip, "}\n"
+                          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ",
+                          clip,
+                          "}\n"
                           "schedule: {steps: 4, warmup_steps: 1, micro_batch: 2}\n"
                           "runtime: {backend: cpu, threads: 2, seed: 5}\n"),
                       "<test>");
@@ -209,7 +213,8 @@ TEST_CASE("llama gradients match finite differences of the loss", "[families]") 
     for (const TensorSpec& t : layout.tensors)
       for (size_t i = 0; i < t.numel; ++i) p[t.offset + i] += 0.3f * rng.normal();
     std::vector<int32_t> in(B * T), tg(B * T);
-    for (int i = 0; i < B * T; ++i) in[i] = static_cast<int32_t>(rng.below(64)), tg[i] = static_cast<int32_t>(rng.below(64));
+    for (int i = 0; i < B * T; ++i)
+      in[i] = static_cast<int32_t>(rng.below(64)), tg[i] = static_cast<int32_t>(rng.below(64));
     be->copy_to_device(model.params(), p.data(), 4 * p.size());
     const float L0 = model.forward(in.data(), tg.data());
     model.zero_grads();
@@ -231,7 +236,8 @@ TEST_CASE("llama gradients match finite differences of the loss", "[families]") 
       REQUIRE(norm > 0);
       auto loss_at = [&](double s) {
         std::vector<float> q = p;
-        for (size_t i = 0; i < t.numel; ++i) q[t.offset + i] += static_cast<float>(s * g[t.offset + i] / norm);
+        for (size_t i = 0; i < t.numel; ++i)
+          q[t.offset + i] += static_cast<float>(s * g[t.offset + i] / norm);
         be->copy_to_device(model.params(), q.data(), 4 * q.size());
         return double(model.forward(in.data(), tg.data()));
       };
@@ -274,14 +280,16 @@ TEST_CASE("opt gradients equal PyTorch's for a converted checkpoint", "[hf][fami
     auto want = ref.read_f32("grad." + m.hf, m.hf_shape);
     const float* got = g.data() + model.layout().tensor(m.engine).offset + m.engine_offset;
     double diff = 0;
-    for (size_t i = 0; i < want.size(); ++i) diff = std::max(diff, std::fabs(double(got[i]) - want[i]));
+    for (size_t i = 0; i < want.size(); ++i)
+      diff = std::max(diff, std::fabs(double(got[i]) - want[i]));
     INFO("relative error " << diff / scale[m.engine]);
     // fp32 on both sides, different summation orders: the issue's 1e-4 relative bound.
     CHECK(diff < 1e-4 * scale[m.engine]);
   }
 }
 
-TEST_CASE("offloaded training of every family is bitwise equal to in-memory training", "[families]") {
+TEST_CASE("offloaded training of every family is bitwise equal to in-memory training",
+          "[families]") {
   for (const char* fam : kFamilies) {
     for (double clip : {0.0, 0.5}) {
       INFO(fam << ", clip " << clip);
@@ -297,7 +305,8 @@ TEST_CASE("offloaded training of every family is bitwise equal to in-memory trai
       StepRunner r(cfg, *be);
       r.init_params();
       std::vector<float> ref_losses;
-      for (size_t s = 0; s < data.size(); ++s) ref_losses.push_back(r.step(static_cast<int64_t>(s), {data[s].data()}).loss);
+      for (size_t s = 0; s < data.size(); ++s)
+        ref_losses.push_back(r.step(static_cast<int64_t>(s), {data[s].data()}).loss);
 
       PlanRequest req;
       req.model = cfg.model;
@@ -329,7 +338,8 @@ TEST_CASE("FLOPs and sizes per family", "[families]") {
   CHECK(layer_forward_flops_per_token(m) == layer);
   CHECK(forward_flops_per_token(m) == 2 * layer + 2 * C * V);
   Config opt = family_config(kFamilies[0], 0.0, 2);
-  CHECK(layer_forward_flops_per_token(opt.model) == 2 * C * 3 * C + 4 * T * C + 2 * C * C + 2 * 2 * C * F);
+  CHECK(layer_forward_flops_per_token(opt.model) ==
+        2 * C * 3 * C + 4 * T * C + 2 * C * C + 2 * 2 * C * F);
   // The untied head is in the final group; llama has no position table or biases.
   ParamLayout lay = make_gpt_layout(m);
   CHECK(lay.tensors.back().name == "lm_head.weight");
@@ -354,7 +364,8 @@ TEST_CASE("FLOPs and sizes per family", "[families]") {
 
 // ---- Hugging Face checkpoints ----------------------------------------------------------
 
-TEST_CASE("converted opt, llama and qwen2 checkpoints give transformers' logits", "[hf][families]") {
+TEST_CASE("converted opt, llama and qwen2 checkpoints give transformers' logits",
+          "[hf][families]") {
   TempDir tmp("logits");
   for (const char* v : kFamilyFixtures) {
     INFO("variant " << v);
@@ -381,7 +392,8 @@ TEST_CASE("opt and llama: HF -> engine -> HF gives bit-identical tensors", "[hf]
                {"qwen2_gqa_f32", StDtype::kF32, 5'000'000'000ull}};
   for (const auto& c : cases) {
     INFO("variant " << c.variant);
-    std::string ckpt = tmp.path + "/" + c.variant + "_engine", out = tmp.path + "/" + c.variant + "_hf";
+    std::string ckpt = tmp.path + "/" + c.variant + "_engine",
+                out = tmp.path + "/" + c.variant + "_hf";
     convert_hf_to_engine(fixture(c.variant), ckpt, {});
     ConvertOptions opts;
     opts.dtype = c.dtype;
@@ -399,7 +411,8 @@ TEST_CASE("opt and llama: HF -> engine -> HF gives bit-identical tensors", "[hf]
   }
 }
 
-TEST_CASE("opt and llama configs the engine cannot compute are refused by field", "[hf][families]") {
+TEST_CASE("opt and llama configs the engine cannot compute are refused by field",
+          "[hf][families]") {
   auto refuse = [](const std::string& variant, const std::function<void(nlohmann::json&)>& edit,
                    const std::string& field, const std::string& why) {
     auto j = nlohmann::json::parse(read_all(fixture(variant + "/config.json")));
@@ -408,22 +421,46 @@ TEST_CASE("opt and llama configs the engine cannot compute are refused by field"
     CHECK_THROWS_WITH(parse_hf_config(j.dump(), "x/config.json"),
                       Contains("x/config.json") && Contains("'" + field + "'") && Contains(why));
   };
-  refuse("opt_f32", [](auto& j) { j["do_layer_norm_before"] = false; }, "do_layer_norm_before", "post-LN");
+  refuse(
+      "opt_f32", [](auto& j) { j["do_layer_norm_before"] = false; }, "do_layer_norm_before",
+      "post-LN");
   // Positive in a double, 0 in the engine's 32-bit float (a fuzzer's find): refused here, not
   // later by the config it would have written.
-  refuse("llama_gqa_f32", [](auto& j) { j["rms_norm_eps"] = 1e-46; }, "rms_norm_eps", "32-bit float");
-  refuse("llama_gqa_f32", [](auto& j) { j["rope_theta"] = 1.00000001; }, "rope_theta", "32-bit float");
-  refuse("opt_f32", [](auto& j) { j["word_embed_proj_dim"] = 16; }, "word_embed_proj_dim", "project_in");
-  refuse("opt_f32", [](auto& j) { j["activation_function"] = "gelu"; }, "activation_function", "relu");
-  refuse("opt_f32", [](auto& j) { j.erase("ffn_dim"); }, "ffn_dim", "missing");
-  refuse("llama_gqa_f32", [](auto& j) { j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; },
-         "rope_scaling", "'linear'");
-  refuse("llama_gqa_f32", [](auto& j) { j["rope_scaling"] = {{"rope_type", "llama3"}}; }, "rope_scaling", "'llama3'");
-  refuse("llama_gqa_f32", [](auto& j) { j["num_key_value_heads"] = 3; }, "num_key_value_heads", "does not divide");
-  refuse("llama_gqa_f32", [](auto& j) { j["hidden_act"] = "gelu"; }, "hidden_act", "silu");
-  refuse("llama_gqa_f32", [](auto& j) { j["attention_bias"] = true; }, "attention_bias", "o_proj");
-  refuse("llama_gqa_f32", [](auto& j) { j["num_attention_heads"] = "4"; }, "num_attention_heads", "integer");
-  refuse("llama_gqa_f32", [](auto& j) { j["model_type"] = "mistral"; }, "model_type", "not supported");
+  refuse(
+      "llama_gqa_f32", [](auto& j) { j["rms_norm_eps"] = 1e-46; }, "rms_norm_eps", "32-bit float");
+  refuse(
+      "llama_gqa_f32", [](auto& j) { j["rope_theta"] = 1.00000001; }, "rope_theta", "32-bit float");
+  refuse(
+      "opt_f32", [](auto& j) { j["word_embed_proj_dim"] = 16; }, "word_embed_proj_dim",
+      "project_in");
+  refuse(
+      "opt_f32", [](auto& j) { j["activation_function"] = "gelu"; }, "activation_function", "relu");
+  refuse(
+      "opt_f32", [](auto& j) { j.erase("ffn_dim"); }, "ffn_dim", "missing");
+  refuse(
+      "llama_gqa_f32",
+      [](auto& j) {
+        j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+      },
+      "rope_scaling", "'linear'");
+  refuse(
+      "llama_gqa_f32",
+      [](auto& j) {
+        j["rope_scaling"] = {{"rope_type", "llama3"}};
+      },
+      "rope_scaling", "'llama3'");
+  refuse(
+      "llama_gqa_f32", [](auto& j) { j["num_key_value_heads"] = 3; }, "num_key_value_heads",
+      "does not divide");
+  refuse(
+      "llama_gqa_f32", [](auto& j) { j["hidden_act"] = "gelu"; }, "hidden_act", "silu");
+  refuse(
+      "llama_gqa_f32", [](auto& j) { j["attention_bias"] = true; }, "attention_bias", "o_proj");
+  refuse(
+      "llama_gqa_f32", [](auto& j) { j["num_attention_heads"] = "4"; }, "num_attention_heads",
+      "integer");
+  refuse(
+      "llama_gqa_f32", [](auto& j) { j["model_type"] = "mistral"; }, "model_type", "not supported");
 
   // An untied checkpoint without its LM head, and a tied one given the wrong head shape.
   TempDir tmp("refuse");
@@ -439,7 +476,8 @@ TEST_CASE("opt and llama configs the engine cannot compute are refused by field"
 
 // ---- fine-tuning from a converted checkpoint -------------------------------------------
 
-TEST_CASE("fuyou-train fine-tunes a converted llama: the first loss is transformers' loss", "[families]") {
+TEST_CASE("fuyou-train fine-tunes a converted llama: the first loss is transformers' loss",
+          "[families]") {
   TempDir tmp("finetune");
   const std::string ckpt = tmp.path + "/llama";
   convert_hf_to_engine(fixture("llama_gqa_f32"), ckpt, {});
@@ -453,12 +491,12 @@ TEST_CASE("fuyou-train fine-tunes a converted llama: the first loss is transform
   for (const char* offload : {"", "offload: {activations: swap}\n"}) {
     INFO("engine: " << (*offload ? "offloaded" : "in memory"));
     std::string run = tmp.path + (*offload ? "/run-offload" : "/run-memory");
-    Config cfg = parse_config(str("model: {checkpoint: ", ckpt, "}\n",
-                                  "data: {train_shards: [", shard, "]}\n",
-                                  "optimizer: {lr: 1.0e-3, grad_clip: 1.0}\n",
-                                  "schedule: {steps: 2, warmup_steps: 1, micro_batch: 1, eval_every: 0}\n",
-                                  "runtime: {backend: cpu, threads: 2}\n", offload),
-                              "<test>");
+    Config cfg =
+        parse_config(str("model: {checkpoint: ", ckpt, "}\n", "data: {train_shards: [", shard,
+                         "]}\n", "optimizer: {lr: 1.0e-3, grad_clip: 1.0}\n",
+                         "schedule: {steps: 2, warmup_steps: 1, micro_batch: 1, eval_every: 0}\n",
+                         "runtime: {backend: cpu, threads: 2}\n", offload),
+                     "<test>");
     CHECK(cfg.model.family == "llama");
     CHECK(cfg.model.n_kv_head == 2);
     CHECK_FALSE(cfg.model.tie_embeddings);

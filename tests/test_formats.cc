@@ -23,14 +23,16 @@ using Catch::Matchers::Contains;
 namespace {
 
 std::string temp_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("fuyou-test-" + name + "-" + std::to_string(::getpid()));
+  fs::path p =
+      fs::temp_directory_path() / ("fuyou-test-" + name + "-" + std::to_string(::getpid()));
   fs::remove_all(p);
   fs::create_directories(p);
   return p.string();
 }
 
 void write_raw(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 std::string st_file(const std::string& header, size_t data_bytes) {
@@ -61,11 +63,14 @@ TEST_CASE("safetensors round trip", "[formats]") {
   CHECK_THROWS_WITH(r.info("c"), Contains("no tensor named 'c'"));
 }
 
-TEST_CASE("the streaming writer's O_DIRECT chunks make the same file as the in-memory writer", "[formats]") {
+TEST_CASE("the streaming writer's O_DIRECT chunks make the same file as the in-memory writer",
+          "[formats]") {
   // 16 MiB chunks: tensors that cross chunk boundaries at odd offsets, appended in odd
   // pieces, and a tail that is not a whole 4 KiB block; under the build tree (O_DIRECT), and
   // with writes whose short counts force the buffered fallback part-way.
-  const std::string dir = (fs::path(FUYOU_BINARY_DIR) / "test-data" / ("st-direct-" + std::to_string(::getpid()))).string();
+  const std::string dir =
+      (fs::path(FUYOU_BINARY_DIR) / "test-data" / ("st-direct-" + std::to_string(::getpid())))
+          .string();
   fs::remove_all(dir);
   fs::create_directories(dir);
   std::vector<float> big(5'000'003), odd(777);
@@ -83,7 +88,8 @@ TEST_CASE("the streaming writer's O_DIRECT chunks make the same file as the in-m
     INFO("short writes " << short_writes);
     const std::string path = dir + (short_writes ? "/short.safetensors" : "/direct.safetensors");
     SafetensorsStreamWriter w(path,
-                              {{"big", StDtype::kF32, {5'000'003}}, {"odd", StDtype::kF32, {7, 111}},
+                              {{"big", StDtype::kF32, {5'000'003}},
+                               {"odd", StDtype::kF32, {7, 111}},
                                {"big2", StDtype::kF32, {5'000'003}}},
                               {{"k", "v"}});
     std::atomic<int> calls{0};
@@ -118,12 +124,17 @@ TEST_CASE("malformed safetensors files are refused with the file and the field",
   std::string huge(8, '\xff');
   refuse(huge, "runs past the end");
   refuse(st_file("{not json", 0), "not valid JSON");
-  refuse(st_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", 8), "outside the 8-byte data section");
+  refuse(st_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", 8),
+         "outside the 8-byte data section");
   refuse(st_file(R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8), "need 12");
-  refuse(st_file(R"({"t":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", 8), "unsupported dtype 'Q7'");
+  refuse(st_file(R"({"t":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", 8),
+         "unsupported dtype 'Q7'");
   refuse(st_file(R"({"t":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8), "non-negative");
-  refuse(st_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 16),
-         "overlap");
+  refuse(
+      st_file(
+          R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+          16),
+      "overlap");
   refuse(st_file(R"({"t":{"dtype":"F32","shape":[2]}})", 8), "data_offsets");
   // The tensors must tile the data section: no gap before, between or after them.
   refuse(st_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
@@ -253,7 +264,8 @@ TEST_CASE("token shards round trip and reject corruption", "[formats]") {
   write_token_shard(dir + "/b.tok", big, 100000);
   CHECK(read_token_shard(dir + "/b.tok").tokens == big);
   CHECK(fs::file_size(dir + "/b.tok") == 32 + 2 * 4);
-  CHECK_THROWS_WITH(write_token_shard(dir + "/c.tok", {300}, 256), Contains("outside vocab size 256"));
+  CHECK_THROWS_WITH(write_token_shard(dir + "/c.tok", {300}, 256),
+                    Contains("outside vocab size 256"));
 
   write_raw(dir + "/bad.tok", "NOTATOKENSHARD..................");
   CHECK_THROWS_WITH(read_token_shard(dir + "/bad.tok"), Contains("bad magic"));
@@ -296,7 +308,8 @@ TEST_CASE("text files become byte-level train and validation shards", "[formats]
   CHECK(r.val_tokens == 10 + 5);
   auto val = read_token_shard(r.val_path).tokens;
   CHECK(byte_decode(val) == std::string(10, 'a') + std::string(5, 'b'));
-  CHECK_THROWS_WITH(build_text_shards({dir + "/missing"}, dir + "/out2", 0.1), Contains("no such file"));
+  CHECK_THROWS_WITH(build_text_shards({dir + "/missing"}, dir + "/out2", 0.1),
+                    Contains("no such file"));
   CHECK(byte_encode("h\xc3\xa9") == std::vector<int32_t>{'h', 0xc3, 0xa9});
 }
 

@@ -2,11 +2,12 @@
 // against an exact product of fp16-rounded inputs, overflow skipping steps (weights, Adam
 // state and step count untouched) and backing the scale off, and the offloading scheduler's
 // exact mode making the same decisions bit for bit.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <unistd.h>
 
 #include "fuyou/backend_select.h"
 #include "fuyou/error.h"
@@ -24,11 +25,14 @@ namespace {
 float round_fp16(float x) { return math::fp16_to_float(math::float_to_fp16(x)); }
 
 Config fp16_config(double initial_scale, double clip, const char* device_tensors = "fp32") {
-  return parse_config(str(
-      "model: {n_layer: 3, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
-      "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ", clip, ", initial_loss_scale: ", initial_scale, "}\n"
-      "schedule: {steps: 12, warmup_steps: 2, micro_batch: 4}\n"
-      "runtime: {backend: cpu, threads: 2, seed: 5, precision: fp16, device_tensors: ", device_tensors, "}\n"),
+  return parse_config(
+      str("model: {n_layer: 3, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
+          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ",
+          clip, ", initial_loss_scale: ", initial_scale,
+          "}\n"
+          "schedule: {steps: 12, warmup_steps: 2, micro_batch: 4}\n"
+          "runtime: {backend: cpu, threads: 2, seed: 5, precision: fp16, device_tensors: ",
+          device_tensors, "}\n"),
       "<test>");
 }
 
@@ -53,7 +57,8 @@ struct Trace {
 
 }  // namespace
 
-TEST_CASE("gemm_fp16 is the exact product of the fp16-rounded inputs up to fp32 accumulation", "[fp16]") {
+TEST_CASE("gemm_fp16 is the exact product of the fp16-rounded inputs up to fp32 accumulation",
+          "[fp16]") {
   Rng rng(3);
   const int M = 19, N = 23, K = 157;
   std::vector<float> A(M * K), B(K * N), C(M * N);
@@ -80,7 +85,8 @@ TEST_CASE("gemm_fp16 is the exact product of the fp16-rounded inputs up to fp32 
   CHECK(worst <= 1.0);
 }
 
-TEST_CASE("fp16 overflow skips the step, backs the loss scale off, and training goes on", "[fp16]") {
+TEST_CASE("fp16 overflow skips the step, backs the loss scale off, and training goes on",
+          "[fp16]") {
   // 2^24 overflows the fp16 rounding of the backward's dlogits (about scale / 64 per element
   // for 64 counted targets): steps are skipped and the scale halves until it fits.
   Config cfg = fp16_config(16777216.0, 0.0);
@@ -115,7 +121,7 @@ TEST_CASE("fp16 overflow skips the step, backs the loss scale off, and training 
     prev_scale = res.loss_scale;
   }
   INFO("skipped " << skipped << ", applied " << applied << ", final scale " << prev_scale
-       << ", loss " << losses.front() << " -> " << losses.back());
+                  << ", loss " << losses.front() << " -> " << losses.back());
   CHECK(skipped >= 2);
   CHECK(applied >= kSteps / 2);
   CHECK(losses.back() < losses.front() - 0.5f);  // it learns once the scale fits
@@ -143,7 +149,8 @@ TEST_CASE("offloaded fp16 training skips and scales exactly as in memory", "[fp1
     ref.params = r.master();
   }
   {
-    fs::path dir = fs::path(FUYOU_BINARY_DIR) / "test-data" / ("fp16-" + std::to_string(::getpid()));
+    fs::path dir =
+        fs::path(FUYOU_BINARY_DIR) / "test-data" / ("fp16-" + std::to_string(::getpid()));
     fs::remove_all(dir);
     fs::create_directories(dir);
     StoreConfig sc;
@@ -195,5 +202,6 @@ TEST_CASE("an offloaded fp16 plan without exact mode is refused", "[fp16][schedu
   req.exact = false;
   auto be = make_cpu_backend(2, 0);
   apply_precision(*be, cfg.runtime);
-  CHECK_THROWS_WITH(OffloadTrainer(cfg, *be, make_plan(req), nullptr), Catch::Matchers::Contains("exact"));
+  CHECK_THROWS_WITH(OffloadTrainer(cfg, *be, make_plan(req), nullptr),
+                    Catch::Matchers::Contains("exact"));
 }

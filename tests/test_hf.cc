@@ -18,8 +18,8 @@
 #include "fuyou/model.h"
 #include "fuyou/rng.h"
 #include "fuyou/safetensors.h"
-#include "src/formats/safetensors_stream.h"
 #include "hf_support.h"
+#include "src/formats/safetensors_stream.h"
 #include "test_support.h"
 
 namespace fs = std::filesystem;

@@ -1,20 +1,20 @@
 // Every CPU kernel's backward against central finite differences of its forward, and the
 // shared element math against direct formulas.
 // The finite-difference tolerance and its derivation are in fd_check.h.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cfloat>
 #include <cmath>
-#include <algorithm>
 #include <functional>
 
+#include "fd_check.h"
 #include "fuyou/backend.h"
 #include "fuyou/backend_select.h"
 #include "fuyou/config.h"
 #include "fuyou/model.h"
-#include "fuyou/train.h"
 #include "fuyou/rng.h"
+#include "fuyou/train.h"
 #include "kernels/common/element_math.h"
-#include "fd_check.h"
 #include "test_support.h"
 
 using namespace fuyou;
@@ -74,13 +74,15 @@ TEST_CASE("causal attention backward matches finite differences", "[kernels]") {
         for (int j = 0; j <= t; ++j) {
           double dotqk = 0;
           for (int d = 0; d < hd; ++d)
-            dotqk += double(qkv[(b * T + t) * 3 * C + h * hd + d]) * qkv[(b * T + j) * 3 * C + C + h * hd + d];
+            dotqk += double(qkv[(b * T + t) * 3 * C + h * hd + d]) *
+                     qkv[(b * T + j) * 3 * C + C + h * hd + d];
           s += std::exp(dotqk / std::sqrt(double(hd)));
         }
         CHECK(lse[(b * H + h) * T + t] == Approx(std::log(s)).epsilon(1e-5));
       }
   std::vector<float> dqkv(qkv.size());
-  be->attention_backward(dqkv.data(), scratch.data(), R.data(), out.data(), qkv.data(), lse.data(), B, T, C, H, nullptr);
+  be->attention_backward(dqkv.data(), scratch.data(), R.data(), out.data(), qkv.data(), lse.data(),
+                         B, T, C, H, nullptr);
   check_grad("attention dqkv", qkv, dqkv, loss);
 }
 
@@ -124,7 +126,8 @@ TEST_CASE("cross-entropy backward matches finite differences", "[kernels]") {
   check_grad("cross-entropy dlogits", logits, d, loss);
 }
 
-TEST_CASE("cross-entropy over a padded vocabulary: the padding ignored, its gradient zero", "[kernels]") {
+TEST_CASE("cross-entropy over a padded vocabulary: the padding ignored, its gradient zero",
+          "[kernels]") {
   // Rows ld = 16 apart, V = 11 real columns, the padding columns holding what the head's GEMM
   // leaves there (garbage here, to show they are not read): the same losses, lse and real
   // gradients as the unpadded rows, bit for bit, and zero gradient in the padding.
@@ -144,16 +147,19 @@ TEST_CASE("cross-entropy over a padded vocabulary: the padding ignored, its grad
   for (int n = 0; n < N; ++n) {
     INFO("row " << n);
     CHECK(std::equal(&logits[n * V], &logits[n * V] + V, &padded[n * ld]));
-    CHECK(std::all_of(&padded[n * ld + V], &padded[n * ld + ld], [](float x) { return x == 0.0f; }));
+    CHECK(
+        std::all_of(&padded[n * ld + V], &padded[n * ld + ld], [](float x) { return x == 0.0f; }));
   }
 }
 
-TEST_CASE("a padded vocabulary's rows stay zero through training and out of checkpoints", "[kernels]") {
+TEST_CASE("a padded vocabulary's rows stay zero through training and out of checkpoints",
+          "[kernels]") {
   // vocab 61 computes over 64 rows; the 3 padding rows of the tied table get no gradient and
   // no update, and the layout's tensors (what checkpoints and exports write) have 61 rows.
-  Config cfg = parse_config("model: {n_layer: 1, n_head: 2, d_model: 16, d_ff: 32, vocab_size: 61, seq_len: 8}\n"
-                            "schedule: {micro_batch: 2}\nruntime: {backend: cpu, threads: 1, seed: 3}\n",
-                            "<test>");
+  Config cfg = parse_config(
+      "model: {n_layer: 1, n_head: 2, d_model: 16, d_ff: 32, vocab_size: 61, seq_len: 8}\n"
+      "schedule: {micro_batch: 2}\nruntime: {backend: cpu, threads: 1, seed: 3}\n",
+      "<test>");
   REQUIRE(padded_vocab(cfg.model) == 64);
   auto be = make_cpu_backend(1, 0);
   apply_precision(*be, cfg.runtime);
@@ -174,7 +180,8 @@ TEST_CASE("a padded vocabulary's rows stay zero through training and out of chec
   CHECK(std::all_of(pad, pad + 3 * 16, [](float x) { return x == 0.0f; }));
   CHECK(std::all_of(gpad, gpad + 3 * 16, [](float x) { return x == 0.0f; }));
   // The real rows did train (the last real row's token occurs in the batch).
-  CHECK(std::any_of(grads.data() + wte.offset, grads.data() + wte.offset + wte.numel, [](float x) { return x != 0; }));
+  CHECK(std::any_of(grads.data() + wte.offset, grads.data() + wte.offset + wte.numel,
+                    [](float x) { return x != 0; }));
 }
 
 TEST_CASE("embedding backward matches finite differences", "[kernels]") {
@@ -200,7 +207,9 @@ TEST_CASE("shared element math", "[kernels]") {
     double ref = 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
     CHECK(math::gelu(float(x)) == Approx(ref).margin(1e-6).epsilon(1e-5));
     double h = 1e-5;
-    auto g = [](double v) { return 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))); };
+    auto g = [](double v) {
+      return 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+    };
     double fd = (g(x + h) - g(x - h)) / (2 * h);
     CHECK(math::gelu_grad(float(x)) == Approx(fd).margin(1e-5).epsilon(1e-5));
   }

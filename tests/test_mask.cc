@@ -3,11 +3,12 @@
 // cross_entropy(ignore_index=-1) (tests/reference/make_mask_fixture.py), the offloading
 // scheduler bit for bit equal to in-memory training with masks, and a JSONL prompt/completion
 // dataset tokenized and trained, whose reported loss covers the completions only.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 #include "fuyou/data.h"
 #include "fuyou/error.h"
@@ -25,7 +26,8 @@ using Catch::Matchers::Contains;
 namespace {
 
 std::string temp_dir(const std::string& tag) {
-  fs::path p = fs::path(FUYOU_BINARY_DIR) / "test-data" / ("mask-" + tag + "-" + std::to_string(::getpid()));
+  fs::path p =
+      fs::path(FUYOU_BINARY_DIR) / "test-data" / ("mask-" + tag + "-" + std::to_string(::getpid()));
   fs::remove_all(p);
   fs::create_directories(p);
   return p.string();
@@ -35,7 +37,8 @@ std::vector<uint8_t> to_mask(const std::vector<int32_t>& v) { return {v.begin(),
 
 }  // namespace
 
-TEST_CASE("crossentropy: an ignored target gives no loss and no gradient, other rows unchanged", "[mask]") {
+TEST_CASE("crossentropy: an ignored target gives no loss and no gradient, other rows unchanged",
+          "[mask]") {
   const int N = 6, V = 11;
   auto be = make_cpu_backend(2, 0);
   std::vector<float> logits(N * V);
@@ -43,7 +46,8 @@ TEST_CASE("crossentropy: an ignored target gives no loss and no gradient, other 
   for (auto& x : logits) x = static_cast<float>(rng.below(1000)) / 100.0f - 5.0f;
   std::vector<int32_t> all = {3, 0, 10, 7, 7, 1}, some = all;
   some[1] = some[4] = kIgnoreTarget;
-  auto run = [&](const std::vector<int32_t>& tg, std::vector<float>* losses, std::vector<float>* grad) {
+  auto run = [&](const std::vector<int32_t>& tg, std::vector<float>* losses,
+                 std::vector<float>* grad) {
     std::vector<float> lse(N);
     losses->assign(N, -1.0f);
     *grad = logits;
@@ -91,7 +95,8 @@ TEST_CASE("split_batch and the sampler: mask windows line up with the target tok
     }
     int64_t c = split_batch(batch.data(), counted.data(), B, T, in.data(), tg.data());
     CHECK(c == count_targets(counted.data(), B, T));
-    for (int i = 0; i < B * T; ++i) CHECK(tg[i] == (counted[i] ? batch[i / T * (T + 1) + i % T + 1] : kIgnoreTarget));
+    for (int i = 0; i < B * T; ++i)
+      CHECK(tg[i] == (counted[i] ? batch[i / T * (T + 1) + i % T + 1] : kIgnoreTarget));
   }
   s.fixed(1, 4, batch.data(), counted.data());
   for (int b = 0; b < B; ++b)
@@ -111,22 +116,25 @@ TEST_CASE("split_batch and the sampler: mask windows line up with the target tok
   CHECK(mean_over_counted({1.0f, 2.0f}, {5, 5}) == 1.5);
 
   std::vector<uint8_t> short_mask(10, 1), empty_mask(tokens.size(), 0);
-  CHECK_THROWS_WITH(BatchSampler(&pos, &short_mask, B, T, 1), Contains("10 entries for 200 tokens"));
+  CHECK_THROWS_WITH(BatchSampler(&pos, &short_mask, B, T, 1),
+                    Contains("10 entries for 200 tokens"));
   CHECK_THROWS_WITH(BatchSampler(&pos, &empty_mask, B, T, 1), Contains("counts none"));
 }
 
-TEST_CASE("masked loss, gradients and a 10-step run match PyTorch's cross_entropy(ignore_index)", "[mask][reference]") {
+TEST_CASE("masked loss, gradients and a 10-step run match PyTorch's cross_entropy(ignore_index)",
+          "[mask][reference]") {
   SafetensorsReader f(test::source_path("tests/reference/fixtures/tiny_b.safetensors"));
   SafetensorsReader m(test::source_path("tests/reference/fixtures/mask/tiny_b_mask.safetensors"));
   auto md = [&](const char* k) { return f.metadata().at(k); };
   Config cfg = parse_config(
-      str("model: {n_layer: ", md("n_layer"), ", n_head: ", md("n_head"), ", d_model: ", md("d_model"),
-          ", d_ff: ", md("d_ff"), ", vocab_size: ", md("vocab_size"), ", seq_len: ", md("seq_len"), "}\n",
-          "optimizer: {lr: ", md("lr"), ", min_lr: ", md("min_lr"), ", beta1: ", md("beta1"),
-          ", beta2: ", md("beta2"), ", eps: ", md("eps"), ", weight_decay: ", md("weight_decay"),
-          ", grad_clip: ", md("clip"), "}\n",
-          "schedule: {steps: ", md("steps"), ", warmup_steps: ", md("warmup"), ", micro_batch: ",
-          md("batch"), ", grad_accum: ", md("grad_accum"), "}\n", "runtime: {backend: cpu, threads: 2}\n"),
+      str("model: {n_layer: ", md("n_layer"), ", n_head: ", md("n_head"),
+          ", d_model: ", md("d_model"), ", d_ff: ", md("d_ff"), ", vocab_size: ", md("vocab_size"),
+          ", seq_len: ", md("seq_len"), "}\n", "optimizer: {lr: ", md("lr"),
+          ", min_lr: ", md("min_lr"), ", beta1: ", md("beta1"), ", beta2: ", md("beta2"),
+          ", eps: ", md("eps"), ", weight_decay: ", md("weight_decay"), ", grad_clip: ", md("clip"),
+          "}\n", "schedule: {steps: ", md("steps"), ", warmup_steps: ", md("warmup"),
+          ", micro_batch: ", md("batch"), ", grad_accum: ", md("grad_accum"), "}\n",
+          "runtime: {backend: cpu, threads: 2}\n"),
       f.path());
   auto be = make_cpu_backend(2, 0);
   StepRunner runner(cfg, *be);
@@ -192,11 +200,13 @@ TEST_CASE("masked loss, gradients and a 10-step run match PyTorch's cross_entrop
 namespace {
 
 Config sched_config(int accum) {
-  return parse_config(str(
-      "model: {n_layer: 3, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 64, seq_len: 16}\n"
-      "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: 0.5}\n"
-      "schedule: {steps: 5, warmup_steps: 2, micro_batch: 2, grad_accum: ", accum, "}\n"
-      "runtime: {backend: cpu, threads: 2, seed: 11}\n"),
+  return parse_config(
+      str("model: {n_layer: 3, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 64, seq_len: 16}\n"
+          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: 0.5}\n"
+          "schedule: {steps: 5, warmup_steps: 2, micro_batch: 2, grad_accum: ",
+          accum,
+          "}\n"
+          "runtime: {backend: cpu, threads: 2, seed: 11}\n"),
       "<test>");
 }
 
@@ -207,7 +217,8 @@ struct MaskedRun {
 
 }  // namespace
 
-TEST_CASE("offloaded training with loss masks is bitwise equal to in-memory training", "[mask][scheduler]") {
+TEST_CASE("offloaded training with loss masks is bitwise equal to in-memory training",
+          "[mask][scheduler]") {
   for (int accum : {1, 2}) {
     INFO("grad_accum " << accum);
     Config cfg = sched_config(accum);
@@ -282,8 +293,10 @@ TEST_CASE("offloaded training with loss masks is bitwise equal to in-memory trai
       req.grad_accum = accum;
       req.exact = true;
       req.have_ssd = ssd;
-      req.acts = ssd ? std::vector<ActPlacement>{ActPlacement::kSsd, ActPlacement::kRecompute, ActPlacement::kKeep}
-                     : std::vector<ActPlacement>{ActPlacement::kHost, ActPlacement::kRecompute, ActPlacement::kDevice};
+      req.acts = ssd ? std::vector<ActPlacement>{ActPlacement::kSsd, ActPlacement::kRecompute,
+                                                 ActPlacement::kKeep}
+                     : std::vector<ActPlacement>{ActPlacement::kHost, ActPlacement::kRecompute,
+                                                 ActPlacement::kDevice};
       req.weights_on_ssd = req.optim_on_ssd = ssd;
       std::unique_ptr<SsdStore> store;
       if (ssd) store = SsdStore::open({{temp_dir("store")}});
@@ -305,12 +318,14 @@ TEST_CASE("offloaded training with loss masks is bitwise equal to in-memory trai
       // Validation on the same weights: the forward-only plan, bitwise the in-memory one.
       StepRunner r(cfg, *be);
       r.set_params(off.params.data());
-      CHECK(tr.eval_loss(data[0].data(), masks[0].data()) == r.eval_loss(data[0].data(), masks[0].data()));
+      CHECK(tr.eval_loss(data[0].data(), masks[0].data()) ==
+            r.eval_loss(data[0].data(), masks[0].data()));
     }
   }
 }
 
-TEST_CASE("prompt/completion JSONL: tokenized, trained, and the loss covers completions only", "[mask][train]") {
+TEST_CASE("prompt/completion JSONL: tokenized, trained, and the loss covers completions only",
+          "[mask][train]") {
   // Prompts are random letters (unpredictable: at least ln 26 nats per letter for any model);
   // every completion is the same answer. Trained on completions only, the loss must fall near
   // zero; had the prompts counted, it could not go below their share of that entropy.
@@ -327,7 +342,8 @@ TEST_CASE("prompt/completion JSONL: tokenized, trained, and the loss covers comp
       f << "{\"prompt\": \"" << prompt << " A:\", \"completion\": \" yes\"}\n";
     }
   }
-  Tokenizer tok = Tokenizer::from_file(test::source_path("tests/reference/fixtures/hf/tok_bytelevel.json"));
+  Tokenizer tok =
+      Tokenizer::from_file(test::source_path("tests/reference/fixtures/hf/tok_bytelevel.json"));
   DatasetOptions opts;
   opts.prompt_field = "prompt";
   opts.completion_field = "completion";
@@ -337,16 +353,20 @@ TEST_CASE("prompt/completion JSONL: tokenized, trained, and the loss covers comp
   auto shard = read_token_shard(d.train_path).tokens;
   auto mask = read_loss_mask(d.train_mask_path).mask;
   const double counted_share =
-      static_cast<double>(std::count(mask.begin(), mask.end(), uint8_t{1})) / static_cast<double>(mask.size());
+      static_cast<double>(std::count(mask.begin(), mask.end(), uint8_t{1})) /
+      static_cast<double>(mask.size());
   INFO("train tokens " << shard.size() << ", counted share " << counted_share);
   REQUIRE(counted_share < 0.5);
 
   Config cfg = parse_config(
       str("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 64, vocab_size: ", tok.vocab_size(),
           ", seq_len: 32}\n"
-          "data: {train_shards: [", d.train_path, "], val_shards: [", d.val_path, "]}\n"
+          "data: {train_shards: [",
+          d.train_path, "], val_shards: [", d.val_path,
+          "]}\n"
           "optimizer: {lr: 1.0e-2, min_lr: 1.0e-3}\n"
-          "schedule: {steps: 60, warmup_steps: 5, micro_batch: 8, grad_accum: 2, eval_every: 60, eval_batches: 4, log_every: 10}\n"
+          "schedule: {steps: 60, warmup_steps: 5, micro_batch: 8, grad_accum: 2, eval_every: 60, "
+          "eval_batches: 4, log_every: 10}\n"
           "runtime: {backend: cpu, threads: 2, seed: 3}\n"),
       "<test>");
   TrainOptions to;
@@ -378,12 +398,14 @@ TEST_CASE("prompt/completion JSONL: tokenized, trained, and the loss covers comp
   auto val_mask = read_loss_mask(d.val_mask_path).mask;
   const int B = cfg.schedule.micro_batch, T = cfg.model.seq_len;
   const auto starts = read_record_index(d.val_records_path, val.size());
-  RecordSelection sel = select_records(starts, val.size(), &val_mask, T + 1, TruncatePolicy::kRefuse, "validation");
+  RecordSelection sel =
+      select_records(starts, val.size(), &val_mask, T + 1, TruncatePolicy::kRefuse, "validation");
   const uint64_t n = sel.records.size();
   RecordSampler vs(&val, &val_mask, sel.records, B, T, cfg.runtime.seed, false, n);
   RecordSampler all(&val, nullptr, sel.records, B, T, cfg.runtime.seed, false, n);
   // The first eval_batches micro-batches of records (all of them when fewer), as the run does.
-  const int64_t E = std::min<int64_t>(static_cast<int64_t>((vs.rows_between(0, n) + B - 1) / B), cfg.schedule.eval_batches);
+  const int64_t E = std::min<int64_t>(static_cast<int64_t>((vs.rows_between(0, n) + B - 1) / B),
+                                      cfg.schedule.eval_batches);
   std::vector<int32_t> batch(static_cast<size_t>(B) * (T + 1));
   std::vector<uint8_t> counted(static_cast<size_t>(B) * T);
   std::vector<int32_t> positions(static_cast<size_t>(B) * T);
@@ -392,7 +414,8 @@ TEST_CASE("prompt/completion JSONL: tokenized, trained, and the loss covers comp
   for (int64_t i = 0; i < E; ++i) {
     vs.next(batch.data(), counted.data(), positions.data());
     counts.push_back(count_targets(counted.data(), B, T));
-    masked.push_back(counts.back() ? r.eval_loss(batch.data(), counted.data(), positions.data()) : 0.0f);
+    masked.push_back(counts.back() ? r.eval_loss(batch.data(), counted.data(), positions.data())
+                                   : 0.0f);
     all.next(batch.data(), counted.data(), positions.data());
     full.push_back(count_targets(counted.data(), B, T));
     unmasked.push_back(r.eval_loss(batch.data(), counted.data(), positions.data()));

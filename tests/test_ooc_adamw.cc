@@ -1,10 +1,11 @@
 // The out-of-core optimizer: state streamed through the SSD store gives bit-identical
 // results to state in host memory, across chunk boundaries, tensor boundaries, placements
 // and gradient / weight types; updates overlap and complete in order.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
-#include <unistd.h>
 
 #include "fuyou/ooc_adamw.h"
 #include "fuyou/rng.h"
@@ -17,7 +18,8 @@ namespace {
 
 std::string store_dir(const std::string& tag) {
   // O_DIRECT needs a real filesystem; the build directory is on one.
-  fs::path p = fs::path(FUYOU_BINARY_DIR) / "test-data" / ("ooc-" + tag + "-" + std::to_string(::getpid()));
+  fs::path p =
+      fs::path(FUYOU_BINARY_DIR) / "test-data" / ("ooc-" + tag + "-" + std::to_string(::getpid()));
   fs::remove_all(p);
   fs::create_directories(p);
   return p.string();
@@ -73,7 +75,8 @@ Result run(std::vector<Tier> tiers, SsdStore* store, ElemType grad_type) {
       }
       OocAdamW::Update u;
       u.group = g;
-      u.grad = grad_type == ElemType::kF32 ? static_cast<const void*>(g32[g].data()) : g16[g].data();
+      u.grad =
+          grad_type == ElemType::kF32 ? static_cast<const void*>(g32[g].data()) : g16[g].data();
       u.grad_type = grad_type;
       u.lowp = r.lowp[g].data();
       u.lowp_type = ElemType::kBF16;
@@ -133,5 +136,6 @@ TEST_CASE("optimizer placement follows the host budget", "[optim]") {
   auto tiers = place_optimizer_state(groups, 12 * 8100, true);
   CHECK(tiers == std::vector<Tier>{Tier::kHost, Tier::kHost, Tier::kSsd, Tier::kHost});
   CHECK_THROWS_WITH(place_optimizer_state(groups, 1000, false),
-                    Catch::Matchers::Contains("offload.ssd_paths") && Catch::Matchers::Contains("12 bytes per parameter"));
+                    Catch::Matchers::Contains("offload.ssd_paths") &&
+                        Catch::Matchers::Contains("12 bytes per parameter"));
 }

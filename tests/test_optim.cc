@@ -18,7 +18,8 @@ namespace {
 
 std::vector<SimdPath> supported_paths() {
   std::vector<SimdPath> out = {SimdPath::kScalar};
-  if (static_cast<int>(best_simd_path()) >= static_cast<int>(SimdPath::kAvx2)) out.push_back(SimdPath::kAvx2);
+  if (static_cast<int>(best_simd_path()) >= static_cast<int>(SimdPath::kAvx2))
+    out.push_back(SimdPath::kAvx2);
   if (best_simd_path() == SimdPath::kAvx512) out.push_back(SimdPath::kAvx512);
   return out;
 }
@@ -55,7 +56,8 @@ TEST_CASE("AdamW SIMD paths are bit-identical to the scalar reference", "[optim]
           auto g32 = wide_values(n, 10 + t);
           std::vector<uint16_t> g16(n);
           for (size_t i = 0; i < n; ++i)
-            g16[i] = gt == ElemType::kBF16 ? math::float_to_bf16(g32[i]) : math::float_to_fp16(g32[i]);
+            g16[i] =
+                gt == ElemType::kBF16 ? math::float_to_bf16(g32[i]) : math::float_to_fp16(g32[i]);
           AdamWArgs a;
           a.master = p.data();
           a.m = m.data();
@@ -164,11 +166,13 @@ TEST_CASE("fp16 rounding matches the F16C hardware conversion bit for bit", "[op
     std::memcpy(&f, &bits, 4);
     uint16_t sw = math::float_to_fp16(f), hw = hw_fp16(f);
     ++checked;
-    if (sw != hw && ++mismatches <= 5) FAIL_CHECK("bits 0x" << std::hex << bits << ": software 0x" << sw << ", hardware 0x" << hw);
+    if (sw != hw && ++mismatches <= 5)
+      FAIL_CHECK("bits 0x" << std::hex << bits << ": software 0x" << sw << ", hardware 0x" << hw);
   };
   for (uint32_t sign : {0u, 0x80000000u})
     for (uint32_t e = 0; e < 256; ++e)
-      for (uint32_t mant : {0u, 1u, 0xfffu, 0x1000u, 0x1001u, 0x2000u, 0x3000u, 0x7fffffu, 0x400000u, 0x401000u})
+      for (uint32_t mant :
+           {0u, 1u, 0xfffu, 0x1000u, 0x1001u, 0x2000u, 0x3000u, 0x7fffffu, 0x400000u, 0x401000u})
         check(sign | e << 23 | mant);
   Rng rng(5);
   for (int i = 0; i < 2000000; ++i) check(static_cast<uint32_t>(rng.next()));
@@ -178,7 +182,8 @@ TEST_CASE("fp16 rounding matches the F16C hardware conversion bit for bit", "[op
   // And the way back is exact for every half.
   for (uint32_t h = 0; h < 65536; ++h) {
     if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu)) continue;  // NaN payloads
-    if (math::float_to_fp16(math::fp16_to_float(static_cast<uint16_t>(h))) != h) FAIL("fp16 round trip of 0x" << std::hex << h);
+    if (math::float_to_fp16(math::fp16_to_float(static_cast<uint16_t>(h))) != h)
+      FAIL("fp16 round trip of 0x" << std::hex << h);
   }
   INFO(checked << " conversions checked");
 }
@@ -211,8 +216,10 @@ TEST_CASE("AdamW matches torch.optim.AdamW to 1e-6 relative", "[optim][reference
   std::vector<float> md(nd), vd(nd), mp(np), vp(np);
   for (size_t s = 0; s < lrs.size(); ++s) {
     const float* g = grads.data() + s * n;
-    adamw_update(pd.data(), md.data(), vd.data(), g, nd, {lrs[s], 0.9f, 0.95f, 1e-8f, 0.1f, int64_t(s + 1)});
-    adamw_update(pp.data(), mp.data(), vp.data(), g + nd, np, {lrs[s], 0.9f, 0.95f, 1e-8f, 0.0f, int64_t(s + 1)});
+    adamw_update(pd.data(), md.data(), vd.data(), g, nd,
+                 {lrs[s], 0.9f, 0.95f, 1e-8f, 0.1f, int64_t(s + 1)});
+    adamw_update(pp.data(), mp.data(), vp.data(), g + nd, np,
+                 {lrs[s], 0.9f, 0.95f, 1e-8f, 0.0f, int64_t(s + 1)});
   }
   CHECK(test::rel_error(pd.data(), f.read_f32("final.decay").data(), nd) < 1e-6);
   CHECK(test::rel_error(pp.data(), f.read_f32("final.plain").data(), np) < 1e-6);

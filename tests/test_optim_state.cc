@@ -19,7 +19,8 @@ namespace {
 
 std::vector<SimdPath> paths() {
   std::vector<SimdPath> out = {SimdPath::kScalar};
-  if (static_cast<int>(best_simd_path()) >= static_cast<int>(SimdPath::kAvx2)) out.push_back(SimdPath::kAvx2);
+  if (static_cast<int>(best_simd_path()) >= static_cast<int>(SimdPath::kAvx2))
+    out.push_back(SimdPath::kAvx2);
   if (best_simd_path() == SimdPath::kAvx512) out.push_back(SimdPath::kAvx512);
   return out;
 }
@@ -33,7 +34,9 @@ std::vector<float> wide(size_t n, uint64_t seed, double lo = -9, double span = 1
   for (auto& x : v) {
     const uint64_t r = rng.below(40);
     const double mag = std::pow(10.0, lo + span * rng.uniform());
-    x = r == 0 ? 0.0f : r == 1 ? 1e-40f * static_cast<float>(1 + rng.below(100)) : static_cast<float>(mag);
+    x = r == 0   ? 0.0f
+        : r == 1 ? 1e-40f * static_cast<float>(1 + rng.below(100))
+                 : static_cast<float>(mag);
     if (rng.below(2)) x = -x;
   }
   return v;
@@ -83,13 +86,13 @@ struct PackedState {
     auto eq = [](const auto& x, const auto& y) {
       return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0;
     };
-    return eq(master32, o.master32) && eq(lo, o.lo) && eq(hi, o.hi) && eq(m, o.m) && eq(v, o.v) && eq(ms, o.ms) &&
-           eq(vs, o.vs);
+    return eq(master32, o.master32) && eq(lo, o.lo) && eq(hi, o.hi) && eq(m, o.m) && eq(v, o.v) &&
+           eq(ms, o.ms) && eq(vs, o.vs);
   }
 };
 
 const OptimFormat kFormats[] = {
-    {MomentFormat::kF32, MasterFormat::kSplit}, {MomentFormat::kBF16, MasterFormat::kF32},
+    {MomentFormat::kF32, MasterFormat::kSplit},  {MomentFormat::kBF16, MasterFormat::kF32},
     {MomentFormat::kBF16, MasterFormat::kSplit}, {MomentFormat::kInt8, MasterFormat::kF32},
     {MomentFormat::kInt8, MasterFormat::kSplit},
 };
@@ -98,8 +101,9 @@ const OptimFormat kFormats[] = {
 
 TEST_CASE("split master: hi and lo give back the fp32 master exactly", "[optim_state]") {
   Rng rng(7);
-  std::vector<uint32_t> cases = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x7f7fffffu, 0xff7fffffu,
-                                 0x7f800000u, 0xff800000u, 0x3f808000u, 0x3f818000u, 0xbf808000u, 0x3f807fffu};
+  std::vector<uint32_t> cases = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu,
+                                 0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u,
+                                 0x3f808000u, 0x3f818000u, 0xbf808000u, 0x3f807fffu};
   for (int i = 0; i < 200000; ++i) cases.push_back(static_cast<uint32_t>(rng.next()));
   for (uint32_t u : cases) {
     const float x = math::f32_from_bits(u);
@@ -114,13 +118,16 @@ TEST_CASE("split master: hi and lo give back the fp32 master exactly", "[optim_s
     // The working weight is the nearest bf16 (ties away from zero): within half a bf16 ulp,
     // and equal to nearest-even except on exact ties.
     const uint16_t rne = math::float_to_bf16(x);
-    if ((u & 0xffffu) != 0x8000u) REQUIRE(hi == rne);
-    else REQUIRE((hi & 0x7fffu) == (((u & 0x7fffffffu) + 0x8000u) >> 16));
+    if ((u & 0xffffu) != 0x8000u)
+      REQUIRE(hi == rne);
+    else
+      REQUIRE((hi & 0x7fffu) == (((u & 0x7fffffffu) + 0x8000u) >> 16));
   }
 }
 
-TEST_CASE("int8 codes: decoded within one grid step, nearest within half, zero and the maximum exact",
-          "[optim_state]") {
+TEST_CASE(
+    "int8 codes: decoded within one grid step, nearest within half, zero and the maximum exact",
+    "[optim_state]") {
   for (bool second : {false, true}) {
     const size_t n = 4 * 256 + 77;
     std::vector<float> x = wide(n, second ? 3 : 4, -12, 12);
@@ -146,7 +153,8 @@ TEST_CASE("int8 codes: decoded within one grid step, nearest within half, zero a
       INFO("element " << i << " value " << x[i] << " scale " << s);
       REQUIRE(std::fabs(static_cast<double>(got) - a) <= bound);
       if (x[i] == 0.0f) REQUIRE(back[i] == 0.0f);
-      if (!second && x[i] != 0.0f && back[i] != 0.0f) REQUIRE(std::signbit(back[i]) == std::signbit(x[i]));
+      if (!second && x[i] != 0.0f && back[i] != 0.0f)
+        REQUIRE(std::signbit(back[i]) == std::signbit(x[i]));
     }
     // The block's largest magnitude is its scale, and decodes to it within 2 u.
     REQUIRE(scales[1] == (second ? std::sqrt(1e30f) : 1e30f));
@@ -156,7 +164,8 @@ TEST_CASE("int8 codes: decoded within one grid step, nearest within half, zero a
 TEST_CASE("packed AdamW: every SIMD path gives the scalar reference's bits", "[optim_state]") {
   // Tensors with boundaries inside blocks, a padding gap, a ragged last block; decay on some.
   const size_t n = 9 * 256 + 77;
-  const std::vector<DecayRange> ranges = {{0, 600, true}, {600, 1000, false}, {1024, 2048, true}, {2060, n, true}};
+  const std::vector<DecayRange> ranges = {
+      {0, 600, true}, {600, 1000, false}, {1024, 2048, true}, {2060, n, true}};
   for (const OptimFormat& f : kFormats) {
     for (ElemType gt : {ElemType::kF32, ElemType::kBF16, ElemType::kF16}) {
       std::vector<PackedState> results;
@@ -164,11 +173,15 @@ TEST_CASE("packed AdamW: every SIMD path gives the scalar reference's bits", "[o
         PackedState st(f, n, wide(n, 1, -4, 4));
         for (int t = 1; t <= 4; ++t) {
           std::vector<float> g = wide(n, 100 + t, -10, 9);
-          if (t == 3) g[2100] = gt == ElemType::kF16 ? 6e4f : 3e37f;  // a block with one large value (finite in fp16)
+          if (t == 3)
+            g[2100] = gt == ElemType::kF16
+                          ? 6e4f
+                          : 3e37f;  // a block with one large value (finite in fp16)
           std::vector<uint16_t> g16(n);
           for (size_t i = 0; i < n; ++i)
             g16[i] = gt == ElemType::kBF16 ? math::float_to_bf16(g[i]) : math::float_to_fp16(g[i]);
-          PackedAdamWArgs a = st.args(gt == ElemType::kF32 ? static_cast<const void*>(g.data()) : g16.data(), gt);
+          PackedAdamWArgs a =
+              st.args(gt == ElemType::kF32 ? static_cast<const void*>(g.data()) : g16.data(), gt);
           a.ranges = ranges.data();
           a.nranges = ranges.size();
           a.key = math::round_key(3, t);
@@ -177,8 +190,8 @@ TEST_CASE("packed AdamW: every SIMD path gives the scalar reference's bits", "[o
         }
         results.push_back(std::move(st));
       }
-      INFO("moments " << moment_format_name(f.moments) << ", master " << master_format_name(f.master)
-                      << ", gradient " << elem_type_name(gt));
+      INFO("moments " << moment_format_name(f.moments) << ", master "
+                      << master_format_name(f.master) << ", gradient " << elem_type_name(gt));
       for (size_t p = 1; p < results.size(); ++p) REQUIRE(results[p].same_bits(results[0]));
       // Padding (elements 1000 .. 1023 and 2048 .. 2059) kept its state: zero moments.
       const PackedState& r = results[0];
@@ -190,7 +203,8 @@ TEST_CASE("packed AdamW: every SIMD path gives the scalar reference's bits", "[o
   }
 }
 
-TEST_CASE("int8 encode: the SIMD paths' grid floor near every grid point gives the scalar's codes", "[optim_state]") {
+TEST_CASE("int8 encode: the SIMD paths' grid floor near every grid point gives the scalar's codes",
+          "[optim_state]") {
   // The SIMD paths find the grid point below y from a reciprocal square root estimate, which
   // lands one below or above the answer for some y just above or below a square; only the two
   // corrections make them the scalar's. With beta1 = beta2 = 0 from zero state, m = g and
@@ -208,7 +222,8 @@ TEST_CASE("int8 encode: the SIMD paths' grid floor near every grid point gives t
     }
     for (size_t i = 0; i < vals.size(); i += 255) {
       g.push_back(Q * Q);  // the block's scale: Q^2
-      for (size_t j = i; j < std::min(vals.size(), i + 255); ++j) g.push_back(g.size() % 2 ? vals[j] : -vals[j]);
+      for (size_t j = i; j < std::min(vals.size(), i + 255); ++j)
+        g.push_back(g.size() % 2 ? vals[j] : -vals[j]);
       while (g.size() % 256) g.push_back(1.0f);
     }
   }
@@ -233,7 +248,8 @@ TEST_CASE("int8 encode: the SIMD paths' grid floor near every grid point gives t
   }
 }
 
-TEST_CASE("packed AdamW: a non-finite gradient makes its int8 block NaN and leaves the others", "[optim_state]") {
+TEST_CASE("packed AdamW: a non-finite gradient makes its int8 block NaN and leaves the others",
+          "[optim_state]") {
   const size_t n = 4 * 256;
   const DecayRange all{0, n, false};
   for (SimdPath path : paths()) {
@@ -257,8 +273,9 @@ TEST_CASE("packed AdamW: a non-finite gradient makes its int8 block NaN and leav
   }
 }
 
-TEST_CASE("packed AdamW with fp32 moments and a split master equals fp32 AdamW on the joined master",
-          "[optim_state]") {
+TEST_CASE(
+    "packed AdamW with fp32 moments and a split master equals fp32 AdamW on the joined master",
+    "[optim_state]") {
   // Same arithmetic, the master stored in two halves: the results must agree exactly.
   const size_t n = 3 * 4096 + 17;
   std::vector<float> init = wide(n, 9, -3, 3);

@@ -1,13 +1,14 @@
 // Checkpoints of packed optimizer state: a resume in the same format continues bit for bit, in
 // memory and offloaded (the checkpoint keeps the moments as stored, per group); a resume in
 // another format converts them (fp32 -> int8 and int8 -> fp32), and the files say what they hold.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include "fuyou/checkpoint.h"
 #include "fuyou/config.h"
@@ -34,18 +35,24 @@ using test::tensors;
 using test::train;
 
 Config config(const Scratch& s, const std::string& state, const std::string& master) {
-  return parse_config(str("model: {n_layer: 3, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 256, seq_len: 16}\n"
-                          "data: {text: [", (s.root / "corpus.txt").string(), "], val_fraction: 0.1}\n"
-                          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, state: ", state, ", master: ", master, "}\n"
-                          "schedule: {steps: 6, warmup_steps: 2, micro_batch: 2, eval_every: 3, eval_batches: 2}\n"
-                          "runtime: {backend: cpu, threads: 2, seed: 11, device_tensors: bf16}\n"
-                          "checkpoint: {every_steps: 3, keep: 10}\n"),
-                      "<test>");
+  return parse_config(
+      str("model: {n_layer: 3, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 256, seq_len: 16}\n"
+          "data: {text: [",
+          (s.root / "corpus.txt").string(),
+          "], val_fraction: 0.1}\n"
+          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, state: ",
+          state, ", master: ", master,
+          "}\n"
+          "schedule: {steps: 6, warmup_steps: 2, micro_batch: 2, eval_every: 3, eval_batches: 2}\n"
+          "runtime: {backend: cpu, threads: 2, seed: 11, device_tensors: bf16}\n"
+          "checkpoint: {every_steps: 3, keep: 10}\n"),
+      "<test>");
 }
 
 }  // namespace
 
-TEST_CASE("packed optimizer state resumes bit for bit, in memory and offloaded", "[optim_state][checkpoint]") {
+TEST_CASE("packed optimizer state resumes bit for bit, in memory and offloaded",
+          "[optim_state][checkpoint]") {
   // Every packed format (fp32 / fp32, the reference: tests/test_checkpoint.cc).
   const auto [state, master] = GENERATE(std::pair<std::string, std::string>{"int8", "split"},
                                         std::pair<std::string, std::string>{"int8", "fp32"},
@@ -74,7 +81,8 @@ TEST_CASE("packed optimizer state resumes bit for bit, in memory and offloaded",
   Config off = cfg;
   offload_everything(&off, s);
   train(off, s.run("off"));
-  CHECK(tensors(s.run("mem") + "/model.safetensors") == tensors(s.run("off") + "/model.safetensors"));
+  CHECK(tensors(s.run("mem") + "/model.safetensors") ==
+        tensors(s.run("off") + "/model.safetensors"));
   resume(s.run("off") + "/checkpoints/step-3", s.run("off-r3"));
   check_resumed_equals(s.run("off"), s.run("off-r3"), 3, 6);
   // A damaged group is refused naming it (the packed entries are checksummed like the others).
@@ -115,8 +123,9 @@ TEST_CASE("a resume in another state format converts the moments", "[optim_state
   CHECK(st.count("adam_m.layer.0"));
   CHECK(st.count("adam_m.layer.0.scale"));
   // int8 -> fp32: decoded; the run's moments are fp32 tensors again.
-  const TrainSummary b = resume(s.run("to-int8") + "/checkpoints/step-6", s.run("back"),
-                                {"optimizer.state=fp32", "optimizer.master=fp32", "schedule.steps=8"});
+  const TrainSummary b =
+      resume(s.run("to-int8") + "/checkpoints/step-6", s.run("back"),
+             {"optimizer.state=fp32", "optimizer.master=fp32", "schedule.steps=8"});
   CHECK(std::isfinite(b.final_val_loss));
   CHECK(state_at(s.run("back"), 8).count("adam_m." + make_gpt_layout(f32.model).tensors[0].name));
   // The preflight's and --dry-run's estimates follow the format: each covers what was written
@@ -138,5 +147,6 @@ TEST_CASE("a resume in another state format converts the moments", "[optim_state
   const double ratio = static_cast<double>(e32 - e8) / static_cast<double>(w32 - w8);
   CHECK(ratio > 0.9);
   CHECK(ratio < 1.1);
-  CHECK(fs::file_size(fs::path(s.run("fp32")) / "model.safetensors") <= weights_file_bytes(f32.model));
+  CHECK(fs::file_size(fs::path(s.run("fp32")) / "model.safetensors") <=
+        weights_file_bytes(f32.model));
 }

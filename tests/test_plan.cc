@@ -1,10 +1,9 @@
 // The plan's lists: one row per op kind (its name, queue and traffic), and the planned ops'
 // queues and bytes read from those rows and their uses.
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <set>
 #include <string>
-
-#include <catch2/catch.hpp>
 
 #include "fuyou/error.h"
 #include "fuyou/model.h"
@@ -21,13 +20,19 @@ namespace {
 // The traffic an op on queue `r` may have: a transfer queue's own, and only there.
 bool traffic_fits_queue(Traffic t, Resource r) {
   switch (r) {
-    case Resource::kCompute: return t == Traffic::kNone;
-    case Resource::kH2D: return t == Traffic::kH2D;
-    case Resource::kD2H: return t == Traffic::kD2H;
-    case Resource::kSsdRead: return t == Traffic::kSsdRead;
-    case Resource::kSsdWrite: return t == Traffic::kSsdWrite;
+    case Resource::kCompute:
+      return t == Traffic::kNone;
+    case Resource::kH2D:
+      return t == Traffic::kH2D;
+    case Resource::kD2H:
+      return t == Traffic::kD2H;
+    case Resource::kSsdRead:
+      return t == Traffic::kSsdRead;
+    case Resource::kSsdWrite:
+      return t == Traffic::kSsdWrite;
     case Resource::kOptimizer:
-      return t == Traffic::kNone || t == Traffic::kHostRead || t == Traffic::kHostSum || t == Traffic::kState;
+      return t == Traffic::kNone || t == Traffic::kHostRead || t == Traffic::kHostSum ||
+             t == Traffic::kState;
   }
   return false;
 }
@@ -49,7 +54,8 @@ TEST_CASE("every op kind has a row: a name, a queue and that queue's traffic", "
     CHECK(traffic_fits_queue(k.traffic, k.resource));
     // What the executor copies: a load's or read's destination, a save's or write's source.
     if (k.traffic == Traffic::kH2D || k.traffic == Traffic::kSsdRead) CHECK(k.role == Role::kDest);
-    if (k.traffic == Traffic::kD2H || k.traffic == Traffic::kSsdWrite) CHECK(k.role == Role::kSource);
+    if (k.traffic == Traffic::kD2H || k.traffic == Traffic::kSsdWrite)
+      CHECK(k.role == Role::kSource);
     if (k.traffic == Traffic::kState) CHECK(k.role == Role::kState);
   }
   // kNumOpKinds reaches the last kind: the value after it has no row.
@@ -61,10 +67,12 @@ TEST_CASE("planned ops run on their kind's queue and move their uses' bytes", "[
   req.model = ModelConfig{};
   req.model.n_layer = 4;
   req.model.d_ff = 4 * req.model.d_model;
-  req.model.vocab_size = 2000;  // an embedding large enough for parts, not a multiple of 1024 elements
+  req.model.vocab_size =
+      2000;  // an embedding large enough for parts, not a multiple of 1024 elements
   req.micro_batch = 2;
   req.have_ssd = true;
-  req.acts = {ActPlacement::kKeep, ActPlacement::kRecompute, ActPlacement::kSsd, ActPlacement::kHost};
+  req.acts = {ActPlacement::kKeep, ActPlacement::kRecompute, ActPlacement::kSsd,
+              ActPlacement::kHost};
   req.weights_on_ssd = true;
   req.optim_on_ssd = GENERATE(false, true);
   req.exact = GENERATE(false, true);
@@ -77,10 +85,12 @@ TEST_CASE("planned ops run on their kind's queue and move their uses' bytes", "[
   oc.master = GENERATE("fp32", "split");
   req.optim_format = optim_format(oc);
   const Plan train = make_plan(req);
-  INFO("optim on SSD " << req.optim_on_ssd << ", exact " << req.exact << ", grad_accum " << req.grad_accum
-                       << ", tensors " << elem_type_name(req.tensors) << ", grads on SSD " << req.grads_on_ssd
-                       << ", master " << oc.master << ", embed parts " << train.embed_parts);
-  const uint64_t embed_bytes = elem_type_size(req.tensors) * make_gpt_layout(req.model).groups.front().numel;
+  INFO("optim on SSD " << req.optim_on_ssd << ", exact " << req.exact << ", grad_accum "
+                       << req.grad_accum << ", tensors " << elem_type_name(req.tensors)
+                       << ", grads on SSD " << req.grads_on_ssd << ", master " << oc.master
+                       << ", embed parts " << train.embed_parts);
+  const uint64_t embed_bytes =
+      elem_type_size(req.tensors) * make_gpt_layout(req.model).groups.front().numel;
   const Plan forward = make_forward_plan(train);
   for (const Plan* p : {&train, &forward}) {
     uint64_t embed_saved = 0, embed_refreshed = 0;
@@ -90,10 +100,18 @@ TEST_CASE("planned ops run on their kind's queue and move their uses' bytes", "[
       CHECK(op.resource == k.resource);
       const OpTraffic t = op_traffic(*p, op);
       switch (k.traffic) {
-        case Traffic::kH2D: CHECK(t.h2d == op.use(k.role).bytes); break;
-        case Traffic::kD2H: CHECK(t.d2h == op.use(k.role).bytes); break;
-        case Traffic::kSsdRead: CHECK(t.ssd_read == round_up(op.use(k.role).bytes, kIoAlign)); break;
-        case Traffic::kSsdWrite: CHECK(t.ssd_write == round_up(op.use(k.role).bytes, kIoAlign)); break;
+        case Traffic::kH2D:
+          CHECK(t.h2d == op.use(k.role).bytes);
+          break;
+        case Traffic::kD2H:
+          CHECK(t.d2h == op.use(k.role).bytes);
+          break;
+        case Traffic::kSsdRead:
+          CHECK(t.ssd_read == round_up(op.use(k.role).bytes, kIoAlign));
+          break;
+        case Traffic::kSsdWrite:
+          CHECK(t.ssd_write == round_up(op.use(k.role).bytes, kIoAlign));
+          break;
         case Traffic::kHostRead:
           // A sum of squares reads its group's gradient: the parameters in the held type.
           CHECK(op_bytes(op) == op.params * (p->accum_fp32 ? 4 : elem_type_size(p->tensors)));
@@ -104,11 +122,13 @@ TEST_CASE("planned ops run on their kind's queue and move their uses' bytes", "[
           CHECK(op_bytes(op) == 0);
           break;
       }
-      if (k.traffic == Traffic::kH2D || k.traffic == Traffic::kD2H || k.traffic == Traffic::kSsdRead ||
-          k.traffic == Traffic::kSsdWrite)
+      if (k.traffic == Traffic::kH2D || k.traffic == Traffic::kD2H ||
+          k.traffic == Traffic::kSsdRead || k.traffic == Traffic::kSsdWrite)
         CHECK(op_bytes(op) > 0);
-      if (op.kind == OpKind::kSaveGrads && op.group == 0 && op.part >= 0) embed_saved += op_bytes(op);
-      if (op.kind == OpKind::kLoadResident && op.group == 0 && op.part >= 0) embed_refreshed += op_bytes(op);
+      if (op.kind == OpKind::kSaveGrads && op.group == 0 && op.part >= 0)
+        embed_saved += op_bytes(op);
+      if (op.kind == OpKind::kLoadResident && op.group == 0 && op.part >= 0)
+        embed_refreshed += op_bytes(op);
     }
     // The embedding's save and refresh parts, in whole 1024-element blocks, cover it once
     // (per micro-batch whose gradient is saved).
@@ -127,8 +147,8 @@ TEST_CASE("the buffer table is the plan's memory: its sums, its slots, its place
   req.model.d_ff = 4 * req.model.d_model;
   req.micro_batch = 2;
   req.have_ssd = true;
-  req.acts = {ActPlacement::kKeep,      ActPlacement::kRecompute, ActPlacement::kSsd,
-              ActPlacement::kHost,      ActPlacement::kRecompute, ActPlacement::kDevice};
+  req.acts = {ActPlacement::kKeep, ActPlacement::kRecompute, ActPlacement::kSsd,
+              ActPlacement::kHost, ActPlacement::kRecompute, ActPlacement::kDevice};
   req.exact = GENERATE(false, true);
   req.grad_accum = GENERATE(1, 2);
   req.tensors = GENERATE(ElemType::kF32, ElemType::kBF16);
@@ -141,13 +161,15 @@ TEST_CASE("the buffer table is the plan's memory: its sums, its slots, its place
   // state to SSD (and add its staging).
   const uint64_t roomy = make_plan(req).memory.host_bytes;
   const uint64_t numel = make_gpt_layout(req.model).groups[1].numel;
-  const uint64_t layer = elem_type_size(req.tensors) * numel + optim_state_bytes(req.optim_format, numel);
+  const uint64_t layer =
+      elem_type_size(req.tensors) * numel + optim_state_bytes(req.optim_format, numel);
   const int short_by = GENERATE(0, 2, 4);
   req.host_budget = short_by ? roomy - short_by * layer : 0;
   const Plan p = make_plan(req);
-  INFO("exact " << req.exact << ", grad_accum " << req.grad_accum << ", tensors " << elem_type_name(req.tensors)
-                << ", device in host " << req.device_in_host << ", state " << oc.state << ", host budget "
-                << req.host_budget << " (" << short_by << " layers short)");
+  INFO("exact " << req.exact << ", grad_accum " << req.grad_accum << ", tensors "
+                << elem_type_name(req.tensors) << ", device in host " << req.device_in_host
+                << ", state " << oc.state << ", host budget " << req.host_budget << " (" << short_by
+                << " layers short)");
 
   uint64_t tier[3] = {};
   for (const PlanBuffer& b : p.buffers) tier[static_cast<int>(b.tier)] += b.bytes;
@@ -160,14 +182,18 @@ TEST_CASE("the buffer table is the plan's memory: its sums, its slots, its place
   CHECK(parts == p.memory.host_bytes);
 
   auto count = [&](BufferKind k) {
-    return static_cast<int>(std::count_if(p.buffers.begin(), p.buffers.end(), [&](const PlanBuffer& b) { return b.kind == k; }));
+    return static_cast<int>(std::count_if(p.buffers.begin(), p.buffers.end(),
+                                          [&](const PlanBuffer& b) { return b.kind == k; }));
   };
   auto has = [&](BufferKind k, int index) {
     return std::any_of(p.buffers.begin(), p.buffers.end(),
                        [&](const PlanBuffer& b) { return b.kind == k && b.index == index; });
   };
   // A short budget moved state to SSD.
-  if (short_by) CHECK(count(BufferKind::kSsdWeights) + count(BufferKind::kSsdOptim) + count(BufferKind::kSsdGrads) > 0);
+  if (short_by)
+    CHECK(count(BufferKind::kSsdWeights) + count(BufferKind::kSsdOptim) +
+              count(BufferKind::kSsdGrads) >
+          0);
   // The pools are the table's slots, and the table names each slot once.
   CHECK(count(BufferKind::kWeightSlot) == p.pools.device_weight_slots);
   CHECK(count(BufferKind::kCkptSlot) == p.pools.device_ckpt_slots);
@@ -196,7 +222,8 @@ TEST_CASE("the buffer table is the plan's memory: its sums, its slots, its place
     CHECK(has(BufferKind::kSsdOptim, g) == (p.optim_tier(g) == Tier::kSsd));
   }
   CHECK(has(BufferKind::kDeviceArena, 0) == req.device_in_host);
-  if (req.device_in_host) CHECK(p.buffers[p.buffer(BufferKind::kDeviceArena)].bytes == p.memory.device_bytes);
+  if (req.device_in_host)
+    CHECK(p.buffers[p.buffer(BufferKind::kDeviceArena)].bytes == p.memory.device_bytes);
   // Listed by tier (device, host, SSD), the host's and the SSD's by kind.
   for (size_t i = 1; i < p.buffers.size(); ++i) {
     const PlanBuffer &a = p.buffers[i - 1], &b = p.buffers[i];
@@ -213,11 +240,13 @@ TEST_CASE("a refused host budget names the table's total", "[plan]") {
   req.model.n_layer = 4;
   req.model.d_ff = 4 * req.model.d_model;
   req.micro_batch = 2;
-  req.acts = {ActPlacement::kKeep, ActPlacement::kHost, ActPlacement::kRecompute, ActPlacement::kHost};
+  req.acts = {ActPlacement::kKeep, ActPlacement::kHost, ActPlacement::kRecompute,
+              ActPlacement::kHost};
   req.exact = GENERATE(false, true);
   const Plan p = make_plan(req);
   req.host_budget = p.memory.host_bytes - 1;
-  CHECK_THROWS_WITH(make_plan(req), Catch::Matchers::Contains(str("the plan needs ", format_size(p.memory.host_bytes),
+  CHECK_THROWS_WITH(make_plan(req), Catch::Matchers::Contains(str("the plan needs ",
+                                                                  format_size(p.memory.host_bytes),
                                                                   " but offload.host_memory is ")));
   req.host_budget = p.memory.host_bytes;
   CHECK(make_plan(req).memory.host_bytes == p.memory.host_bytes);
@@ -236,6 +265,7 @@ TEST_CASE("a one-layer model's optimizer state is counted at each group's size",
   for (int g = 0; g < 3; ++g) {
     INFO("group " << g);
     REQUIRE(p.optim_tier(g) == Tier::kHost);
-    CHECK(p.buffers[p.buffer(BufferKind::kHostOptim, g)].bytes == optim_state_bytes(p.optim_format, layout.groups[g].numel));
+    CHECK(p.buffers[p.buffer(BufferKind::kHostOptim, g)].bytes ==
+          optim_state_bytes(p.optim_format, layout.groups[g].numel));
   }
 }

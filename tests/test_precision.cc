@@ -25,7 +25,9 @@ struct Mat {
   std::vector<float> v;
   int ld;
   bool trans;
-  float at(int i, int k) const { return trans ? v[static_cast<size_t>(k) * ld + i] : v[static_cast<size_t>(i) * ld + k]; }
+  float at(int i, int k) const {
+    return trans ? v[static_cast<size_t>(k) * ld + i] : v[static_cast<size_t>(i) * ld + k];
+  }
 };
 
 Mat random_mat(int rows, int cols, bool trans, std::mt19937& rng) {
@@ -38,7 +40,8 @@ Mat random_mat(int rows, int cols, bool trans, std::mt19937& rng) {
 
 }  // namespace
 
-TEST_CASE("gemm_bf16 is the exact product of the bf16-rounded inputs up to fp32 accumulation", "[precision]") {
+TEST_CASE("gemm_bf16 is the exact product of the bf16-rounded inputs up to fp32 accumulation",
+          "[precision]") {
   // Both paths: oneDNN's bf16 matmul where the CPU has it, and the fp32 GEMM on rounded
   // operands (the only path on CPUs without AVX-512).
   const bool fallback = GENERATE(false, true);
@@ -52,7 +55,8 @@ TEST_CASE("gemm_bf16 is the exact product of the bf16-rounded inputs up to fp32 
         Mat A = random_mat(M, K, ta, rng), B = random_mat(K, N, tb, rng);
         const int ldc = N + 5;
         std::vector<float> C(static_cast<size_t>(M) * ldc, 0.5f), C0 = C;
-        cpu::gemm_bf16(ta, tb, M, N, K, 1.0f, A.v.data(), A.ld, B.v.data(), B.ld, beta, C.data(), ldc);
+        cpu::gemm_bf16(ta, tb, M, N, K, 1.0f, A.v.data(), A.ld, B.v.data(), B.ld, beta, C.data(),
+                       ldc);
         double worst = 0, worst_unrounded = 0;
         for (int i = 0; i < M; ++i)
           for (int j = 0; j < N; ++j) {
@@ -82,7 +86,8 @@ TEST_CASE("gemm_bf16 is the exact product of the bf16-rounded inputs up to fp32 
   cpu::set_bf16_gemm_fallback(false);
 }
 
-TEST_CASE("a model with bf16 GEMM inputs stays within bf16 rounding of the fp32 model", "[precision]") {
+TEST_CASE("a model with bf16 GEMM inputs stays within bf16 rounding of the fp32 model",
+          "[precision]") {
   ModelConfig mc;
   mc.n_layer = 2;
   mc.n_head = 2;
@@ -131,7 +136,8 @@ TEST_CASE("a model with bf16 GEMM inputs stays within bf16 rounding of the fp32 
 
 TEST_CASE("runtime.precision is validated and applied", "[precision]") {
   using Catch::Matchers::Contains;
-  CHECK_THROWS_WITH(parse_config("runtime: {precision: fp8}\n", "<t>"), Contains("precision") && Contains("fp8"));
+  CHECK_THROWS_WITH(parse_config("runtime: {precision: fp8}\n", "<t>"),
+                    Contains("precision") && Contains("fp8"));
   Config c = parse_config("runtime: {precision: fp16}\n", "<t>");
   auto be = make_cpu_backend(1, 0);
   apply_precision(*be, c.runtime);

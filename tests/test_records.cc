@@ -4,12 +4,12 @@
 // positions, targets, epochs, resume, the truncate policy, the record index file).
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
-#include <numeric>
 #include <cstring>
 #include <filesystem>
+#include <numeric>
 #include <random>
 
 #include "fuyou/backend_select.h"
@@ -40,7 +40,8 @@ std::vector<int32_t> row_positions(const std::vector<int>& lengths, int T) {
 
 }  // namespace
 
-TEST_CASE("packed attention equals each record alone, forward and backward", "[records][attention]") {
+TEST_CASE("packed attention equals each record alone, forward and backward",
+          "[records][attention]") {
   // Records of several lengths in rows of T = 200: the CPU kernel's row blocks (64) start
   // inside records and span their boundaries; one record of a single token.
   const int T = 200, C = 48, H = 3, B = 2;
@@ -56,22 +57,24 @@ TEST_CASE("packed attention equals each record alone, forward and backward", "[r
     pos.insert(pos.end(), p.begin(), p.end());
   }
   auto be = make_cpu_backend(2, 0);
-  std::vector<float> out(dout.size(), 7.0f), lse(static_cast<size_t>(B) * H * T, 7.0f), dqkv(qkv.size(), 7.0f),
-      scratch(2 * static_cast<size_t>(T) * T);
+  std::vector<float> out(dout.size(), 7.0f), lse(static_cast<size_t>(B) * H * T, 7.0f),
+      dqkv(qkv.size(), 7.0f), scratch(2 * static_cast<size_t>(T) * T);
   be->attention_forward(out.data(), lse.data(), scratch.data(), qkv.data(), B, T, C, H, pos.data());
-  be->attention_backward(dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T, C, H,
-                         pos.data());
+  be->attention_backward(dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(),
+                         lse.data(), B, T, C, H, pos.data());
   // Each record alone (B 1, T its length, no positions), copied back into a packed layout.
   std::vector<float> a_out(out.size()), a_lse(lse.size()), a_dqkv(dqkv.size());
   for (int b = 0; b < B; ++b) {
     int o = 0;
     for (int len : rows[b]) {
-      const size_t q0 = (static_cast<size_t>(b) * T + o) * 3 * C, o0 = (static_cast<size_t>(b) * T + o) * C;
+      const size_t q0 = (static_cast<size_t>(b) * T + o) * 3 * C,
+                   o0 = (static_cast<size_t>(b) * T + o) * C;
       std::vector<float> q(qkv.begin() + q0, qkv.begin() + q0 + static_cast<size_t>(len) * 3 * C);
       std::vector<float> d(dout.begin() + o0, dout.begin() + o0 + static_cast<size_t>(len) * C);
       std::vector<float> ro(d.size()), rl(static_cast<size_t>(H) * len), rd(q.size());
       be->attention_forward(ro.data(), rl.data(), scratch.data(), q.data(), 1, len, C, H, nullptr);
-      be->attention_backward(rd.data(), scratch.data(), d.data(), ro.data(), q.data(), rl.data(), 1, len, C, H, nullptr);
+      be->attention_backward(rd.data(), scratch.data(), d.data(), ro.data(), q.data(), rl.data(), 1,
+                             len, C, H, nullptr);
       std::copy(ro.begin(), ro.end(), a_out.begin() + o0);
       std::copy(rd.begin(), rd.end(), a_dqkv.begin() + q0);
       for (int h = 0; h < H; ++h)
@@ -96,11 +99,13 @@ namespace {
 
 Config family_config(const std::string& family, const std::string& tensors) {
   const std::string extra = family == "llama" ? ", n_kv_head: 2, tie_embeddings: false" : "";
-  return parse_config(str("model: {family: ", family, ", n_layer: 2, n_head: 4, d_model: 32, d_ff: 48, vocab_size: 64, "
-                          "seq_len: 48", extra, "}\n",
-                          "runtime: {backend: cpu, threads: 2, device_tensors: ", tensors, "}\n",
-                          "schedule: {steps: 4, warmup_steps: 1, micro_batch: 2, grad_accum: 1}\n"),
-                      "<test>");
+  return parse_config(
+      str("model: {family: ", family,
+          ", n_layer: 2, n_head: 4, d_model: 32, d_ff: 48, vocab_size: 64, "
+          "seq_len: 48",
+          extra, "}\n", "runtime: {backend: cpu, threads: 2, device_tensors: ", tensors, "}\n",
+          "schedule: {steps: 4, warmup_steps: 1, micro_batch: 2, grad_accum: 1}\n"),
+      "<test>");
 }
 
 // Two packed rows (records of these lengths, then padding) of random tokens: inputs, targets
@@ -201,11 +206,14 @@ TEST_CASE("packed records give each record's own loss and gradient: every family
       // about N u32 relative each, through two layers and the head; 16 N u32 (N = 96 rows).
       // bf16: activations rounded to bf16 (u = 2^-8) at every kernel, so the two orders may
       // round a value differently: a few bf16 units relative to the tensor's scale; 4 u.
-      const double tol = tensors == "fp32" ? 16.0 * 96 * std::ldexp(1.0, -24) : 4.0 * std::ldexp(1.0, -8);
+      const double tol =
+          tensors == "fp32" ? 16.0 * 96 * std::ldexp(1.0, -24) : 4.0 * std::ldexp(1.0, -8);
       const double loss_err = std::fabs(packed.loss_sum - alone_sum) / alone_sum;
-      INFO("loss sums " << packed.loss_sum << " packed, " << alone_sum << " alone (rel " << loss_err << ")");
+      INFO("loss sums " << packed.loss_sum << " packed, " << alone_sum << " alone (rel " << loss_err
+                        << ")");
       CHECK(loss_err <= tol);
-      const double gerr = test::rel_error(packed.grad.data(), alone.grad.data(), packed.grad.size());
+      const double gerr =
+          test::rel_error(packed.grad.data(), alone.grad.data(), packed.grad.size());
       INFO("gradient relative error " << gerr);
       CHECK(gerr <= tol);
       // Without positions the same rows attend across records: another loss.
@@ -214,7 +222,8 @@ TEST_CASE("packed records give each record's own loss and gradient: every family
     }
 }
 
-TEST_CASE("offloaded training on packed records equals in-memory training bit for bit", "[records][scheduler]") {
+TEST_CASE("offloaded training on packed records equals in-memory training bit for bit",
+          "[records][scheduler]") {
   for (const std::string family : {"gpt2", "llama"}) {
     INFO(family);
     Config cfg = family_config(family, "fp32");
@@ -304,20 +313,23 @@ struct Split {
 
 }  // namespace
 
-TEST_CASE("the record sampler packs whole records with their positions and targets", "[records][data]") {
+TEST_CASE("the record sampler packs whole records with their positions and targets",
+          "[records][data]") {
   const int B = 2, T = 16;
   Rng rng(4, 0);
   std::vector<int> lengths;
-  for (int r = 0; r < 40; ++r) lengths.push_back(2 + static_cast<int>(rng.below(T)));  // 2 .. T+1 tokens
+  for (int r = 0; r < 40; ++r)
+    lengths.push_back(2 + static_cast<int>(rng.below(T)));  // 2 .. T+1 tokens
   const Split s(lengths);
-  RecordSelection sel = select_records(s.starts, s.tokens.size(), &s.mask, T + 1, TruncatePolicy::kRefuse, "test");
+  RecordSelection sel =
+      select_records(s.starts, s.tokens.size(), &s.mask, T + 1, TruncatePolicy::kRefuse, "test");
   REQUIRE(sel.records.size() == lengths.size());
   const uint64_t n = sel.records.size(), epochs = 3;
   RecordSampler rs(&s.tokens, &s.mask, sel.records, B, T, 7, true, n * epochs);
   std::vector<int32_t> batch(B * (T + 1)), pos(B * T);
   std::vector<uint8_t> counted(B * T);
-  std::vector<uint64_t> positions_at;          // sampler position before each micro-batch
-  std::vector<std::vector<int32_t>> micro;     // every micro-batch's tokens
+  std::vector<uint64_t> positions_at;       // sampler position before each micro-batch
+  std::vector<std::vector<int32_t>> micro;  // every micro-batch's tokens
   while (rs.position() < n * epochs) {
     positions_at.push_back(rs.position());
     rs.next(batch.data(), counted.data(), pos.data());
@@ -333,7 +345,8 @@ TEST_CASE("the record sampler packs whole records with their positions and targe
         const int r = (row[t] - 1) / 1000, i = (row[t] - 1) % 1000;
         if (t < T) {
           CHECK(pos[b * T + t] == i);  // position within the record
-          const bool next_same = t + 1 <= T && row[t + 1] == row[t] + 1 && (row[t + 1] - 1) / 1000 == r;
+          const bool next_same =
+              t + 1 <= T && row[t + 1] == row[t] + 1 && (row[t + 1] - 1) / 1000 == r;
           CHECK(counted[b * T + t] == (next_same && s.mask[s.starts[r] + i + 1]));
         }
         if (i == 0) {
@@ -380,19 +393,24 @@ TEST_CASE("the record sampler packs whole records with their positions and targe
   CHECK(rs.rows_between(0, n * epochs) > (micro.size() - 1) * B);
 }
 
-TEST_CASE("data.truncate: refuse names the records, right cuts, drop leaves out", "[records][data]") {
+TEST_CASE("data.truncate: refuse names the records, right cuts, drop leaves out",
+          "[records][data]") {
   const int T = 8;
   const Split s({5, 12, 9, 3, 20});  // 12, 20 longer than T + 1 = 9; 9 fits exactly
-  REQUIRE_THROWS_WITH(select_records(s.starts, s.tokens.size(), &s.mask, T + 1, TruncatePolicy::kRefuse, "training"),
-                      Contains("2 of 5 training records are longer than model.seq_len + 1 = 9 tokens") &&
-                          Contains("the longest has 20") && Contains("data.truncate"));
-  RecordSelection right = select_records(s.starts, s.tokens.size(), &s.mask, T + 1, TruncatePolicy::kRight, "t");
+  REQUIRE_THROWS_WITH(
+      select_records(s.starts, s.tokens.size(), &s.mask, T + 1, TruncatePolicy::kRefuse,
+                     "training"),
+      Contains("2 of 5 training records are longer than model.seq_len + 1 = 9 tokens") &&
+          Contains("the longest has 20") && Contains("data.truncate"));
+  RecordSelection right =
+      select_records(s.starts, s.tokens.size(), &s.mask, T + 1, TruncatePolicy::kRight, "t");
   // The 20-token record's counted half lies past its first 9 tokens: cut, it has no target left.
   REQUIRE(right.records.size() == 4);
   CHECK(right.records[1].length == 9);
   CHECK(right.cut_tokens == 3 + 11);
   CHECK(right.no_target == 1);
-  RecordSelection drop = select_records(s.starts, s.tokens.size(), &s.mask, T + 1, TruncatePolicy::kDrop, "t");
+  RecordSelection drop =
+      select_records(s.starts, s.tokens.size(), &s.mask, T + 1, TruncatePolicy::kDrop, "t");
   REQUIRE(drop.records.size() == 3);
   CHECK(drop.records[1].start == s.starts[2]);
   CHECK(drop.too_long == 2);
@@ -400,29 +418,34 @@ TEST_CASE("data.truncate: refuse names the records, right cuts, drop leaves out"
   std::vector<uint8_t> late(s.mask.size(), 0);
   for (size_t i = s.starts[4] + 15; i < s.starts[4] + 20; ++i) late[i] = 1;
   for (size_t i = 1; i < 5; ++i) late[i] = 1;
-  RecordSelection cut = select_records(s.starts, s.tokens.size(), &late, T + 1, TruncatePolicy::kRight, "t");
+  RecordSelection cut =
+      select_records(s.starts, s.tokens.size(), &late, T + 1, TruncatePolicy::kRight, "t");
   CHECK(cut.records.size() == 1);
   CHECK(cut.no_target == 4);
   CHECK_THROWS_WITH(truncate_policy("left"), Contains("refuse, right, drop"));
 }
 
-TEST_CASE("record index files: written, read, and refused with the file and offset", "[records][data]") {
+TEST_CASE("record index files: written, read, and refused with the file and offset",
+          "[records][data]") {
   test::TempDir dir("recidx");
   const std::string path = dir.path + "/x.rec";
   write_record_index(path, {0, 5, 9});
   CHECK(read_record_index(path, 12) == std::vector<uint64_t>{0, 5, 9});
-  CHECK_THROWS_WITH(read_record_index(path, 9), Contains("x.rec: record 2 starts at token 9 (offset 48)"));
+  CHECK_THROWS_WITH(read_record_index(path, 9),
+                    Contains("x.rec: record 2 starts at token 9 (offset 48)"));
   write_record_index(path, {0, 5, 5});
   CHECK_THROWS_WITH(read_record_index(path, 12), Contains("record 2 starts at token 5"));
   write_record_index(path, {1});
   CHECK_THROWS_WITH(read_record_index(path, 12), Contains("the first record starts at 0"));
   std::string bytes = test::read_all(path);
-  CHECK_THROWS_WITH(parse_record_index(bytes.substr(0, 36), path, 12), Contains("header says 1 records"));
+  CHECK_THROWS_WITH(parse_record_index(bytes.substr(0, 36), path, 12),
+                    Contains("header says 1 records"));
   bytes[0] = 'X';
   CHECK_THROWS_WITH(parse_record_index(bytes, path, 12), Contains("not a record index"));
 }
 
-TEST_CASE("plans for packed records count attention over the records' keys; bytes do not change", "[records][plan]") {
+TEST_CASE("plans for packed records count attention over the records' keys; bytes do not change",
+          "[records][plan]") {
   Config cfg = family_config("gpt2", "fp32");
   PlanRequest req;
   req.model = cfg.model;
@@ -440,7 +463,8 @@ TEST_CASE("plans for packed records count attention over the records' keys; byte
     if (d.kind != OpKind::kForward && d.kind != OpKind::kBackward) continue;
     ++compute;
     // The attention's two products cost 4 keys C FLOPs a token; the backward twice the forward.
-    const double per_layer = 4.0 * (cfg.model.seq_len - 12) * C * N * (d.kind == OpKind::kBackward ? 2 : 1);
+    const double per_layer =
+        4.0 * (cfg.model.seq_len - 12) * C * N * (d.kind == OpKind::kBackward ? 2 : 1);
     CHECK(d.flops - p.flops == Approx(per_layer).epsilon(1e-12));
   }
   CHECK(compute == 2 * cfg.model.n_layer);

@@ -13,7 +13,6 @@
 namespace fs = std::filesystem;
 using namespace fuyou;
 
-
 TEST_CASE("PyTorch fixtures: logits, loss, gradients and a 10-step AdamW run", "[reference]") {
   auto files = test::reference_fixtures();
   REQUIRE(files.size() >= 2);

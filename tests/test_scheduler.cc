@@ -5,25 +5,26 @@
 // on the CPU backend and on its CUDA-ordered twin (cpu-streams) with random delays, where a
 // wait missing in the executor or the model lets a copy or a reader overtake the compute it
 // needs, and the numbers differ.
+#include <unistd.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
-#include <thread>
 #include <condition_variable>
-#include <mutex>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <memory>
-#include <unistd.h>
+#include <mutex>
+#include <thread>
 
+#include "engine_run_support.h"
 #include "fuyou/engine.h"
 #include "fuyou/error.h"
 #include "fuyou/rng.h"
 #include "fuyou/scheduler.h"
 #include "fuyou/simulator.h"
 #include "fuyou/train.h"
-#include "engine_run_support.h"
 #include "plan_support.h"
 #include "test_support.h"
 
@@ -34,17 +35,22 @@ using Catch::Matchers::Contains;
 namespace {
 
 Config tiny_config(double clip, const char* device_tensors = "fp32") {
-  return parse_config(str(
-      "model: {n_layer: 5, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
-      "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ", clip, "}\n"
-      "schedule: {steps: 6, warmup_steps: 2, micro_batch: 2}\n"
-      "runtime: {backend: cpu, threads: 2, seed: 11, device_tensors: ", device_tensors, "}\n"), "<test>");
+  return parse_config(
+      str("model: {n_layer: 5, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
+          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ",
+          clip,
+          "}\n"
+          "schedule: {steps: 6, warmup_steps: 2, micro_batch: 2}\n"
+          "runtime: {backend: cpu, threads: 2, seed: 11, device_tensors: ",
+          device_tensors, "}\n"),
+      "<test>");
 }
 
 ElemType tensors_of(const Config& cfg) { return plan_request(cfg).tensors; }
 
 std::string store_dir(const std::string& tag) {
-  fs::path p = fs::path(FUYOU_BINARY_DIR) / "test-data" / ("sched-" + tag + "-" + std::to_string(::getpid()));
+  fs::path p = fs::path(FUYOU_BINARY_DIR) / "test-data" /
+               ("sched-" + tag + "-" + std::to_string(::getpid()));
   fs::remove_all(p);
   fs::create_directories(p);
   return p.string();
@@ -57,7 +63,8 @@ std::string store_dir(const std::string& tag) {
 enum class Twin { kCpu, kStreams };
 constexpr int kTwinDelayUs = 300;
 
-std::unique_ptr<Backend> twin_backend(Twin twin, uint64_t device_budget, ElemType tensors = ElemType::kF32) {
+std::unique_ptr<Backend> twin_backend(Twin twin, uint64_t device_budget,
+                                      ElemType tensors = ElemType::kF32) {
   std::unique_ptr<Backend> be;
   if (twin == Twin::kCpu) {
     be = make_cpu_backend(2, device_budget);
@@ -81,8 +88,9 @@ Run in_memory(const Config& cfg, const std::vector<std::vector<int32_t>>& data) 
   return test::in_memory_run(cfg, data, tensors_of(cfg));
 }
 
-Run offloaded(const Config& cfg, const PlanRequest& req, const std::vector<std::vector<int32_t>>& data,
-              SsdStore* store, Twin twin = Twin::kCpu) {
+Run offloaded(const Config& cfg, const PlanRequest& req,
+              const std::vector<std::vector<int32_t>>& data, SsdStore* store,
+              Twin twin = Twin::kCpu) {
   auto be = twin_backend(twin, req.device_budget, req.tensors);
   OffloadTrainer tr(cfg, *be, make_plan(req), store);
   return test::offloaded_run(tr, data);
@@ -92,7 +100,8 @@ Run offloaded(const Config& cfg, const PlanRequest& req, const std::vector<std::
 // when the config clips), its parameters the model's initial ones. With `retain_all` one
 // weights-out slot per layer; else two, so that the higher layers' weights are read back
 // from SSD.
-std::unique_ptr<OffloadTrainer> all_on_ssd(const Config& cfg, Backend& be, SsdStore* store, bool retain_all = false) {
+std::unique_ptr<OffloadTrainer> all_on_ssd(const Config& cfg, Backend& be, SsdStore* store,
+                                           bool retain_all = false) {
   PlanRequest req;
   req.model = cfg.model;
   req.micro_batch = cfg.schedule.micro_batch;
@@ -138,20 +147,26 @@ struct HoldUntil {
 
 }  // namespace
 
-TEST_CASE("a chunked LM head: in memory close to the whole head, offloaded equal to in memory bit for bit",
-          "[scheduler]") {
+TEST_CASE(
+    "a chunked LM head: in memory close to the whole head, offloaded equal to in memory bit for "
+    "bit",
+    "[scheduler]") {
   // model.head_chunk_tokens runs the head and its loss over 13 tokens at a time (the 32 of a
   // micro-batch: chunks of 13, 13 and 6), the backward computing each chunk's logits again.
   // Tied (gpt2) and untied (llama) heads; a masked target in the single pass.
   for (const char* model : {"family: gpt2", "family: llama, n_kv_head: 1, tie_embeddings: false"}) {
     INFO(model);
     auto cfg_with = [&](int chunk) {
-      return parse_config(str("model: {", model, ", n_layer: 3, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, "
-                              "seq_len: 16, head_chunk_tokens: ", chunk, "}\n"
-                              "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: 0.5}\n"
-                              "schedule: {steps: 4, warmup_steps: 1, micro_batch: 2, grad_accum: 2}\n"
-                              "runtime: {backend: cpu, threads: 2, seed: 11}\n"),
-                          "<test>");
+      return parse_config(
+          str("model: {", model,
+              ", n_layer: 3, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, "
+              "seq_len: 16, head_chunk_tokens: ",
+              chunk,
+              "}\n"
+              "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: 0.5}\n"
+              "schedule: {steps: 4, warmup_steps: 1, micro_batch: 2, grad_accum: 2}\n"
+              "runtime: {backend: cpu, threads: 2, seed: 11}\n"),
+          "<test>");
     };
     const Config whole = cfg_with(0), chunked = cfg_with(13);
     auto data = test::random_batches(whole, 8, 77);
@@ -163,7 +178,8 @@ TEST_CASE("a chunked LM head: in memory close to the whole head, offloaded equal
       CHECK(r.model().tokens_per_batch() == 32);
       Run out;
       for (size_t s = 0; s + 1 < data.size(); s += 2)
-        out.losses.push_back(r.step(static_cast<int64_t>(s / 2), {data[s].data(), data[s + 1].data()}).loss);
+        out.losses.push_back(
+            r.step(static_cast<int64_t>(s / 2), {data[s].data(), data[s + 1].data()}).loss);
       out.params = r.master();
       return out;
     };
@@ -173,7 +189,8 @@ TEST_CASE("a chunked LM head: in memory close to the whole head, offloaded equal
     // of a few hundred terms (N u = 32 x 6e-8 per sum, with margin), and the training losses
     // too (the weights are not compared: Adam divides by sqrt(v) and turns rounding noise in
     // a near-zero gradient into a visible step).
-    for (size_t s = 0; s < a.losses.size(); ++s) CHECK(std::fabs(a.losses[s] - b.losses[s]) <= 1e-5 * a.losses[s]);
+    for (size_t s = 0; s < a.losses.size(); ++s)
+      CHECK(std::fabs(a.losses[s] - b.losses[s]) <= 1e-5 * a.losses[s]);
     auto one_pass = [&](const Config& cfg, ElemType t, std::vector<float>& grads) {
       auto be = make_cpu_backend(2, 0);
       be->set_storage_type(t);
@@ -195,14 +212,16 @@ TEST_CASE("a chunked LM head: in memory close to the whole head, offloaded equal
       return loss;
     };
     std::vector<float> ga, gb;
-    const float la = one_pass(whole, ElemType::kF32, ga), lb = one_pass(chunked, ElemType::kF32, gb);
+    const float la = one_pass(whole, ElemType::kF32, ga),
+                lb = one_pass(chunked, ElemType::kF32, gb);
     CHECK(std::fabs(la - lb) <= 1e-6 * la);
     CHECK(test::rel_error(gb.data(), ga.data(), ga.size()) < 1e-5);
     // bf16 tensors: a chunked head adds each chunk's share of the head's weight gradient to the
     // stored bf16 gradient with a rounding (3 here, one without chunks), as accumulating
     // micro-batches does (docs/precision.md). Both runs are within 24u of the fp32 model
     // (tests/test_bf16_tensors.cc), so within 48u of each other, plus a u per extra rounding.
-    const float lc = one_pass(whole, ElemType::kBF16, ga), ld = one_pass(chunked, ElemType::kBF16, gb);
+    const float lc = one_pass(whole, ElemType::kBF16, ga),
+                ld = one_pass(chunked, ElemType::kBF16, gb);
     const double u = std::ldexp(1.0, -8), e = test::rel_error(gb.data(), ga.data(), ga.size());
     INFO("bf16: chunked head's gradients within " << e / u << "u of the whole head's");
     CHECK(e <= (48 + 3) * u);
@@ -229,7 +248,8 @@ TEST_CASE("a chunked LM head: in memory close to the whole head, offloaded equal
     tr.set_params(init.data());
     Run o;
     for (size_t s = 0; s + 1 < data.size(); s += 2)
-      o.losses.push_back(tr.step(static_cast<int64_t>(s / 2), {data[s].data(), data[s + 1].data()}).loss);
+      o.losses.push_back(
+          tr.step(static_cast<int64_t>(s / 2), {data[s].data(), data[s + 1].data()}).loss);
     o.params.resize(layout.total);
     tr.read_params(o.params.data());
     CHECK(std::memcmp(o.losses.data(), b.losses.data(), 4 * b.losses.size()) == 0);
@@ -263,8 +283,8 @@ TEST_CASE("offloaded training is bitwise equal to in-memory training", "[schedul
     req.exact = clip > 0;
     req.have_ssd = true;
     // Every path: keep, device checkpoint, host, SSD, recompute (from an SSD checkpoint).
-    req.acts = {ActPlacement::kKeep, ActPlacement::kSsd, ActPlacement::kRecompute, ActPlacement::kHost,
-                ActPlacement::kDevice};
+    req.acts = {ActPlacement::kKeep, ActPlacement::kSsd, ActPlacement::kRecompute,
+                ActPlacement::kHost, ActPlacement::kDevice};
     req.weights_on_ssd = true;
     req.optim_on_ssd = true;
     INFO("clip " << clip);
@@ -274,15 +294,19 @@ TEST_CASE("offloaded training is bitwise equal to in-memory training", "[schedul
     auto loads_from = [](const Plan& p, const PlanOp& o, BufferKind k) {
       return o.kind == OpKind::kLoadWeights && p.buffers[o.use(Role::kSource).buffer].kind == k;
     };
-    auto from_wout = [&](const Plan& p, const PlanOp& o) { return loads_from(p, o, BufferKind::kWoutSlot); };
+    auto from_wout = [&](const Plan& p, const PlanOp& o) {
+      return loads_from(p, o, BufferKind::kWoutSlot);
+    };
     auto ssd_read = [](const Plan&, const PlanOp& o) { return o.kind == OpKind::kReadWeights; };
     // Host memory for one weights-out slot per layer: without exact mode every layer's new
     // weights stay in their slot, the next forward loads them from there, and so does the
     // backward where the device dropped a layer (each layer's slot is rewritten only by its
     // own update, after its backward): no weights are read back from SSD.
     const Plan rp = make_plan(req);
-    if (clip == 0) CHECK(count(rp, from_wout) > cfg.model.n_layer);
-    else CHECK(count(rp, from_wout) == 0);
+    if (clip == 0)
+      CHECK(count(rp, from_wout) > cfg.model.n_layer);
+    else
+      CHECK(count(rp, from_wout) == 0);
     CHECK((count(rp, ssd_read) == 0) == (clip == 0));
     auto roomy_store = SsdStore::open({{store_dir("roomy")}});
     require_bitwise(offloaded(cfg, req, data, roomy_store.get(), twin), ref);
@@ -296,7 +320,8 @@ TEST_CASE("offloaded training is bitwise equal to in-memory training", "[schedul
     require_bitwise(offloaded(cfg, req, data, store.get(), twin), ref);
     // Every byte read back from the store was checked against the checksum of its write:
     // the executor and the optimizer read exactly the ranges they wrote.
-    INFO("verified " << store->stats().verified_bytes << ", unverified " << store->stats().unverified_bytes);
+    INFO("verified " << store->stats().verified_bytes << ", unverified "
+                     << store->stats().unverified_bytes);
     CHECK(store->stats().verified_bytes > 0);
     CHECK(store->stats().unverified_bytes == 0);
 
@@ -305,12 +330,14 @@ TEST_CASE("offloaded training is bitwise equal to in-memory training", "[schedul
     // mode (nothing retained) one read in the forward whose host staging slot was not reused
     // since loads from there again instead of being read a second time.
     PlanRequest tight = roomy;
-    tight.device_budget = rp.memory.device_bytes - elem_type_size(req.tensors) * make_gpt_layout(cfg.model).groups[1].numel;
+    tight.device_budget = rp.memory.device_bytes -
+                          elem_type_size(req.tensors) * make_gpt_layout(cfg.model).groups[1].numel;
     const Plan tp = make_plan(tight);
     REQUIRE(tp.pools.device_weight_slots == rp.pools.device_weight_slots - 1);
     const auto reads = count(tp, ssd_read);
-    const auto staged_loads =
-        count(tp, [&](const Plan& p, const PlanOp& o) { return loads_from(p, o, BufferKind::kReadSlot); });
+    const auto staged_loads = count(tp, [&](const Plan& p, const PlanOp& o) {
+      return loads_from(p, o, BufferKind::kReadSlot);
+    });
     INFO("reads " << reads << ", loads from staging " << staged_loads);
     if (clip == 0) {
       CHECK(reads == 0);
@@ -331,14 +358,16 @@ TEST_CASE("offloaded training is bitwise equal to in-memory training", "[schedul
       host.embed_parts = 3;
       host.embed_rows_first = rows_first;
       host.have_ssd = false;
-      host.acts = {ActPlacement::kHost, ActPlacement::kRecompute, ActPlacement::kHost, ActPlacement::kDevice,
-                   ActPlacement::kKeep};
+      host.acts = {ActPlacement::kHost, ActPlacement::kRecompute, ActPlacement::kHost,
+                   ActPlacement::kDevice, ActPlacement::kKeep};
       host.weights_on_ssd = host.optim_on_ssd = false;
       const Plan hp = make_plan(host);
-      const auto parted = std::count_if(hp.ops.begin(), hp.ops.end(), [](const PlanOp& o) { return o.parts == 3; });
+      const auto parted =
+          std::count_if(hp.ops.begin(), hp.ops.end(), [](const PlanOp& o) { return o.parts == 3; });
       // Save, update and refresh, three parts each, and the three rows-first ops.
       CHECK(parted == (clip > 0 ? 0 : rows_first ? 12 : 9));
-      const auto first = std::count_if(hp.ops.begin(), hp.ops.end(), [](const PlanOp& o) { return o.part < 0; });
+      const auto first =
+          std::count_if(hp.ops.begin(), hp.ops.end(), [](const PlanOp& o) { return o.part < 0; });
       CHECK(first == (clip == 0 && rows_first ? 3 : 0));
       CHECK(hp.embed_rows_first == (clip == 0 && rows_first));
       require_bitwise(offloaded(cfg, host, data, nullptr, twin), ref);
@@ -392,7 +421,8 @@ TEST_CASE("no stale weights: each forward sees the weights of the previous updat
   }
 }
 
-TEST_CASE("steps overlap: the next step starts while the previous one's updates run", "[scheduler]") {
+TEST_CASE("steps overlap: the next step starts while the previous one's updates run",
+          "[scheduler]") {
   // A step's last update is held back until the next step has visibly started: without
   // overlap it would wait until the timeout and the check would fail. Plain mode: the
   // embedding's update comes last, and the next step's first weight read (layer 2, whose
@@ -426,7 +456,8 @@ TEST_CASE("steps overlap: the next step starts while the previous one's updates 
   }
 }
 
-TEST_CASE("the top layers' updates are deferred beside the next forward, results bitwise", "[scheduler]") {
+TEST_CASE("the top layers' updates are deferred beside the next forward, results bitwise",
+          "[scheduler]") {
   Config cfg = tiny_config(0);
   const int L = cfg.model.n_layer;
   auto data = test::random_batches(cfg, 4, 77);
@@ -447,7 +478,8 @@ TEST_CASE("the top layers' updates are deferred beside the next forward, results
     // gradients wait in their slots.
     std::vector<int> updates;
     for (const PlanOp& op : p.ops) {
-      if (op.resource == Resource::kOptimizer) updates.push_back(op.kind == OpKind::kUpdate ? op.group : -1);
+      if (op.resource == Resource::kOptimizer)
+        updates.push_back(op.kind == OpKind::kUpdate ? op.group : -1);
       if (op.kind == OpKind::kSaveGrads && op.group > L - D && op.group <= L)
         CHECK(op.use(Role::kDest).buffer == p.buffer(BufferKind::kGradStage, L - op.group));
     }
@@ -506,7 +538,8 @@ TEST_CASE("the top layers' updates are deferred beside the next forward, results
   exact.exact = true;
   CHECK(make_plan(exact).deferred_updates == 0);
   exact.deferred_updates = 1;
-  CHECK_THROWS_WITH(make_plan(exact), Contains("offload.deferred_updates is 1, but this step holds its gradients"));
+  CHECK_THROWS_WITH(make_plan(exact),
+                    Contains("offload.deferred_updates is 1, but this step holds its gradients"));
   PlanRequest all = req;
   all.deferred_updates = L;
   CHECK_THROWS_WITH(make_plan(all), Contains("at most 4"));
@@ -515,7 +548,8 @@ TEST_CASE("the top layers' updates are deferred beside the next forward, results
   CHECK(make_plan(none).deferred_updates == 0);
 }
 
-TEST_CASE("the simulator charges every op the bytes the executor moves for it", "[scheduler][simulator]") {
+TEST_CASE("the simulator charges every op the bytes the executor moves for it",
+          "[scheduler][simulator]") {
   // Weights, checkpoints and optimizer state on SSD, two weights-out slots (weights read back):
   // every kind of transfer runs. Each op's bytes as the executor counts them at the backend's
   // copies, the store's requests and the optimizer's store traffic must equal op_traffic's.
@@ -561,25 +595,30 @@ TEST_CASE("the simulator charges every op the bytes the executor moves for it", 
     std::lock_guard<std::mutex> lock(mu);
     return std::all_of(ran.back().begin(), ran.back().end(), [](int n) { return n > 0; });
   };
-  for (int ms = 0; !all_ran() && ms < 20000; ++ms) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (int ms = 0; !all_ran() && ms < 20000; ++ms)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   const StoreStats after = store->stats();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   OpTraffic total;
   for (size_t s = 0; s < data.size(); ++s) {
     for (const PlanOp& op : plan.ops) {
       const OpTraffic want = op_traffic(plan, op), got = moved[s][op.id];
-      INFO("step " << s << ", op " << op.id << " (" << op_kind_name(op.kind) << " layer " << op.layer << "): simulator h2d "
-                   << want.h2d << " d2h " << want.d2h << " read " << want.ssd_read << " write " << want.ssd_write
-                   << "; executor " << got.h2d << " / " << got.d2h << " / " << got.ssd_read << " / " << got.ssd_write);
+      INFO("step " << s << ", op " << op.id << " (" << op_kind_name(op.kind) << " layer "
+                   << op.layer << "): simulator h2d " << want.h2d << " d2h " << want.d2h << " read "
+                   << want.ssd_read << " write " << want.ssd_write << "; executor " << got.h2d
+                   << " / " << got.d2h << " / " << got.ssd_read << " / " << got.ssd_write);
       REQUIRE(ran[s][op.id] == 1);
       CHECK(got == want);
       // And the time it charges is for those bytes, also on a profile that names 2-byte elements.
-      if (op.resource != Resource::kCompute && op.kind != OpKind::kGradSumSq && op.kind != OpKind::kAccumulateGrads)
+      if (op.resource != Resource::kCompute && op.kind != OpKind::kGradSumSq &&
+          op.kind != OpKind::kAccumulateGrads)
         CHECK(op_duration(plan, op, bf16_gpu) ==
-              Approx(std::max(got.ssd_read / bf16_gpu.ssd_read_Bps + got.ssd_write / bf16_gpu.ssd_write_Bps,
+              Approx(std::max(got.ssd_read / bf16_gpu.ssd_read_Bps +
+                                  got.ssd_write / bf16_gpu.ssd_write_Bps,
                               got.h2d / bf16_gpu.h2d_Bps + got.d2h / bf16_gpu.d2h_Bps))
                   .epsilon(1e-12));
-      total.h2d += got.h2d, total.d2h += got.d2h, total.ssd_read += got.ssd_read, total.ssd_write += got.ssd_write;
+      total.h2d += got.h2d, total.d2h += got.d2h, total.ssd_read += got.ssd_read,
+          total.ssd_write += got.ssd_write;
     }
   }
   // Every channel carried bytes, and the store saw what the ops moved.
@@ -594,7 +633,8 @@ TEST_CASE("the simulator charges every op the bytes the executor moves for it", 
   CHECK(after.busy_s - before.busy_s <= wall);
 }
 
-TEST_CASE("busy times count an iteration that finishes within a later step's window", "[scheduler]") {
+TEST_CASE("busy times count an iteration that finishes within a later step's window",
+          "[scheduler]") {
   // Step 0's last weight write is slowed (the hook's sleep counts as its busy time) so that
   // it runs on after step 1 has returned: step 2's window, which starts at that return,
   // holds the rest of it, and step 2's submission waits for it to finish before the slot is
@@ -620,7 +660,8 @@ TEST_CASE("busy times count an iteration that finishes within a later step's win
   const StepResult r2 = tr.step(2, data[2].data());
   const double after_return = std::chrono::duration<double>(write_end - returned).count();
   INFO("the slowed write ran " << after_return << " s after step 1 returned; step 2: iteration "
-                               << r2.iteration_s << " s, ssd_write busy " << r2.busy_s[static_cast<int>(Resource::kSsdWrite)]);
+                               << r2.iteration_s << " s, ssd_write busy "
+                               << r2.busy_s[static_cast<int>(Resource::kSsdWrite)]);
   REQUIRE(after_return > 0.3);
   CHECK(r2.busy_s[static_cast<int>(Resource::kSsdWrite)] >= after_return - 0.005);
   CHECK(r2.busy_s[static_cast<int>(Resource::kSsdWrite)] <= r2.iteration_s + 1e-9);
@@ -655,7 +696,8 @@ TEST_CASE("SSD reads reorder: a read whose write is done passes one still waitin
   require_bitwise(got, ref);
 }
 
-TEST_CASE("embedding rows first: the next forward starts before the embedding's update ends", "[scheduler]") {
+TEST_CASE("embedding rows first: the next forward starts before the embedding's update ends",
+          "[scheduler]") {
   // Rows first (PlanRequest::embed_rows_first): step 0's last embedding update part is held
   // until step 1's first layer forward has started; without the rows-first refresh that
   // forward's embedding lookup would wait for every part, the wait would time out and the
@@ -692,7 +734,8 @@ TEST_CASE("embedding rows first: the next forward starts before the embedding's 
       held = true;
       saw = cv.wait_for(lock, std::chrono::seconds(20), [&] { return forward_started; });
     }
-    if (step == 1 && op.kind == OpKind::kLoadResident && op.group == 0 && op.part < 0) {  // after its update
+    if (step == 1 && op.kind == OpKind::kLoadResident && op.group == 0 &&
+        op.part < 0) {  // after its update
       rows_done = true;
       cv.notify_all();
     }
@@ -722,7 +765,8 @@ TEST_CASE("budgets that cannot fit are refused with the numbers", "[scheduler]")
                                         Contains("smallest device budget"));
   req.device_budget = 0;
   req.host_budget = 1 << 20;
-  CHECK_THROWS_WITH(make_plan(req), Contains("host memory: the plan needs") && Contains("offload.host_memory is 1.00 MiB") &&
+  CHECK_THROWS_WITH(make_plan(req), Contains("host memory: the plan needs") &&
+                                        Contains("offload.host_memory is 1.00 MiB") &&
                                         Contains("offload.ssd_paths"));
   req.host_budget = 0;
   req.acts = std::vector<ActPlacement>(5, ActPlacement::kKeep);
@@ -738,8 +782,8 @@ TEST_CASE("plans print and dump", "[scheduler]") {
   req.model = cfg.model;
   req.micro_batch = 2;
   req.have_ssd = true;
-  req.acts = {ActPlacement::kKeep, ActPlacement::kSsd, ActPlacement::kRecompute, ActPlacement::kHost,
-              ActPlacement::kDevice};
+  req.acts = {ActPlacement::kKeep, ActPlacement::kSsd, ActPlacement::kRecompute,
+              ActPlacement::kHost, ActPlacement::kDevice};
   Plan p = make_plan(req);
   std::string t = p.table();
   CHECK_THAT(t, Contains("recompute") && Contains("peak device memory"));

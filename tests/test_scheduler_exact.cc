@@ -5,17 +5,18 @@
 // a scheduling bug (a stale buffer, a missed accumulation, a wrong slot). The validation and
 // accumulation tests run the executor on the CPU backend and on its CUDA-ordered twin
 // (cpu-streams, random delays), where a missing wait changes the numbers.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
-#include <unistd.h>
 
+#include "engine_run_support.h"
 #include "fuyou/engine.h"
 #include "fuyou/error.h"
 #include "fuyou/rng.h"
 #include "fuyou/scheduler.h"
 #include "fuyou/train.h"
-#include "engine_run_support.h"
 
 namespace fs = std::filesystem;
 using namespace fuyou;
@@ -29,18 +30,22 @@ namespace {
 Config accum_config(double clip, int accum, const std::string& tensors = "fp32") {
   const bool in_tensors = tensors == "bf16-tensors";
   const bool fp16 = tensors == "fp16";
-  return parse_config(str(
-      "model: {n_layer: 5, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
-      "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ", clip, "}\n"
-      "schedule: {steps: 4, warmup_steps: 2, micro_batch: 2, grad_accum: ", accum,
-      in_tensors ? ", grad_accum_type: tensors" : "", "}\n"
-      "runtime: {backend: cpu, threads: 2, seed: 5, device_tensors: ", in_tensors ? "bf16" : tensors,
-      fp16 ? ", precision: fp16" : "", "}\n"),
+  return parse_config(
+      str("model: {n_layer: 5, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
+          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ",
+          clip,
+          "}\n"
+          "schedule: {steps: 4, warmup_steps: 2, micro_batch: 2, grad_accum: ",
+          accum, in_tensors ? ", grad_accum_type: tensors" : "",
+          "}\n"
+          "runtime: {backend: cpu, threads: 2, seed: 5, device_tensors: ",
+          in_tensors ? "bf16" : tensors, fp16 ? ", precision: fp16" : "", "}\n"),
       "<test>");
 }
 
 std::string store_dir(const std::string& tag) {
-  fs::path p = fs::path(FUYOU_BINARY_DIR) / "test-data" / ("sched-x-" + tag + "-" + std::to_string(::getpid()));
+  fs::path p = fs::path(FUYOU_BINARY_DIR) / "test-data" /
+               ("sched-x-" + tag + "-" + std::to_string(::getpid()));
   fs::remove_all(p);
   fs::create_directories(p);
   return p.string();
@@ -108,8 +113,9 @@ std::unique_ptr<Backend> executor_backend(bool streams, ElemType tensors) {
   return be;
 }
 
-Run offloaded(const Config& cfg, const Plan& plan, const std::vector<std::vector<std::vector<int32_t>>>& data,
-              SsdStore* store, bool streams = false) {
+Run offloaded(const Config& cfg, const Plan& plan,
+              const std::vector<std::vector<std::vector<int32_t>>>& data, SsdStore* store,
+              bool streams = false) {
   auto be = executor_backend(streams, plan.tensors);
   OffloadTrainer tr(cfg, *be, plan, store);
   ParamLayout layout = make_gpt_layout(cfg.model);
@@ -137,8 +143,8 @@ PlanRequest ssd_request(const Config& cfg) {
   req.accum_fp32 = plan_request(cfg).accum_fp32;
   req.have_ssd = true;
   // Every activation path, as in test_scheduler.cc: keep, SSD, recompute, host, device.
-  req.acts = {ActPlacement::kKeep, ActPlacement::kSsd, ActPlacement::kRecompute, ActPlacement::kHost,
-              ActPlacement::kDevice};
+  req.acts = {ActPlacement::kKeep, ActPlacement::kSsd, ActPlacement::kRecompute,
+              ActPlacement::kHost, ActPlacement::kDevice};
   req.weights_on_ssd = true;
   req.optim_on_ssd = true;
   return req;
@@ -180,7 +186,8 @@ TEST_CASE("offloaded validation loss is bitwise the in-memory one", "[scheduler]
   for (size_t s = 0; s <= data.size(); ++s) {
     float a = tr.eval_loss(val.data()), b = ref.eval_loss(val.data());
     float am = tr.eval_loss(val.data(), mask.data()), bm = ref.eval_loss(val.data(), mask.data());
-    INFO("after " << s << " steps: offloaded " << a << " / " << am << ", in memory " << b << " / " << bm);
+    INFO("after " << s << " steps: offloaded " << a << " / " << am << ", in memory " << b << " / "
+                  << bm);
     CHECK(std::memcmp(&a, &b, 4) == 0);
     CHECK(std::memcmp(&am, &bm, 4) == 0);
     CHECK(a != am);  // the mask changes the value, so the masked comparison means something
@@ -199,7 +206,9 @@ TEST_CASE("offloaded validation loss is bitwise the in-memory one", "[scheduler]
   CHECK(count_kind(fp, OpKind::kForward) == cfg.model.n_layer);
   CHECK(count_kind(fp, OpKind::kHeadLoss) == 1);
   CHECK(count_kind(fp, OpKind::kReadWeights) == cfg.model.n_layer);
-  CHECK(count_kind(fp, OpKind::kBackward) + count_kind(fp, OpKind::kSaveCheckpoint) + count_kind(fp, OpKind::kUpdate) == 0);
+  CHECK(count_kind(fp, OpKind::kBackward) + count_kind(fp, OpKind::kSaveCheckpoint) +
+            count_kind(fp, OpKind::kUpdate) ==
+        0);
   for (const PlanOp& op : fp.ops)
     for (int d : op.deps) CHECK(d < op.id);
   CHECK_THAT(fp.table(), Contains("forward-only"));
@@ -234,16 +243,19 @@ TEST_CASE("offloaded gradient accumulation is bitwise in-memory training", "[sch
         CHECK(count_kind(plan, OpKind::kLoadGrads) == 0);
         CHECK(count_kind(plan, OpKind::kSaveGrads) == K * (L + 2));
         CHECK(count_kind(plan, OpKind::kAccumulateGrads) == K * (L + 2));
-        CHECK(count_kind(plan, OpKind::kReadGrads) == (grads_ssd ? L * (K - 1 + (plan.exact ? 1 : 0)) : 0));
+        CHECK(count_kind(plan, OpKind::kReadGrads) ==
+              (grads_ssd ? L * (K - 1 + (plan.exact ? 1 : 0)) : 0));
         const uint64_t layer_params = make_gpt_layout(cfg.model).groups[1].numel;
         for (const PlanBuffer& b : plan.buffers)
-          if (b.kind == BufferKind::kGradHold || b.kind == BufferKind::kSsdGrads || b.kind == BufferKind::kGradStage)
+          if (b.kind == BufferKind::kGradHold || b.kind == BufferKind::kSsdGrads ||
+              b.kind == BufferKind::kGradStage)
             CHECK(b.bytes == 4 * layer_params);
       } else {
         // Each micro-batch after the first brings every layer's gradient back before adding to it.
         CHECK(count_kind(plan, OpKind::kLoadGrads) == L * (K - 1));
         CHECK(count_kind(plan, OpKind::kAccumulateGrads) == 0);
-        CHECK(count_kind(plan, OpKind::kReadGrads) == (grads_ssd ? L * (K - 1 + (clip > 0 ? 1 : 0)) : 0));
+        CHECK(count_kind(plan, OpKind::kReadGrads) ==
+              (grads_ssd ? L * (K - 1 + (clip > 0 ? 1 : 0)) : 0));
       }
       CHECK(count_kind(plan, OpKind::kUpdate) == L + 2);
       require_bitwise(offloaded(cfg, plan, data, store.get(), streams), ref, plan.exact);
@@ -299,5 +311,6 @@ TEST_CASE("exact mode stages gradients on SSD when host memory cannot hold them"
   no_ssd.grads_on_ssd = no_ssd.weights_on_ssd = no_ssd.optim_on_ssd = false;
   no_ssd.acts = std::vector<ActPlacement>(cfg.model.n_layer, ActPlacement::kKeep);
   no_ssd.host_budget = make_plan(no_ssd).memory.host_bytes - layer_bytes;
-  CHECK_THROWS_WITH(make_plan(no_ssd), Contains("held gradients (exact mode)") && Contains("offload.ssd_paths"));
+  CHECK_THROWS_WITH(make_plan(no_ssd),
+                    Contains("held gradients (exact mode)") && Contains("offload.ssd_paths"));
 }

@@ -6,16 +6,15 @@
 // Durations are chosen as small integers or halves (flops / peak and bytes / bandwidth are
 // exact in binary), so the simulated times are exact and compared with ==.
 #include <algorithm>
-
 #include <catch2/catch.hpp>
 
+#include "fuyou/config.h"
+#include "fuyou/engine.h"
 #include "fuyou/error.h"
+#include "fuyou/hardware.h"
 #include "fuyou/model.h"
 #include "fuyou/simulator.h"
 #include "fuyou/swap_search.h"
-#include "fuyou/config.h"
-#include "fuyou/engine.h"
-#include "fuyou/hardware.h"
 #include "plan_support.h"
 #include "test_support.h"
 
@@ -54,7 +53,8 @@ struct Builder {
     plan.layers.resize(plan.model.n_layer);
   }
   int buffer(Tier tier, uint64_t bytes) {
-    plan.buffers.push_back({BufferKind::kProcess, static_cast<int>(plan.buffers.size()), tier, bytes, "test"});
+    plan.buffers.push_back(
+        {BufferKind::kProcess, static_cast<int>(plan.buffers.size()), tier, bytes, "test"});
     return static_cast<int>(plan.buffers.size()) - 1;
   }
   // A compute op of `seconds` on the unit profile, or a transfer of that many seconds between
@@ -69,10 +69,13 @@ struct Builder {
       op.flops = seconds * 1e9;
     } else {
       const bool ssd = r == Resource::kSsdRead || r == Resource::kSsdWrite;
-      op.kind = r == Resource::kH2D ? OpKind::kLoadWeights : r == Resource::kD2H ? OpKind::kSaveCheckpoint
-                : r == Resource::kSsdRead ? OpKind::kReadWeights : OpKind::kWriteWeights;
+      op.kind = r == Resource::kH2D       ? OpKind::kLoadWeights
+                : r == Resource::kD2H     ? OpKind::kSaveCheckpoint
+                : r == Resource::kSsdRead ? OpKind::kReadWeights
+                                          : OpKind::kWriteWeights;
       const uint64_t bytes = static_cast<uint64_t>(seconds * (ssd ? kSsdBps : 1e9));
-      const int host = buffer(Tier::kHost, bytes), other = buffer(ssd ? Tier::kSsd : Tier::kDevice, bytes);
+      const int host = buffer(Tier::kHost, bytes),
+                other = buffer(ssd ? Tier::kSsd : Tier::kDevice, bytes);
       const bool up = r == Resource::kH2D || r == Resource::kSsdWrite;
       op.uses.push_back({up ? host : other, Access::kRead, Role::kSource, 0, bytes});
       op.uses.push_back({up ? other : host, Access::kWrite, Role::kDest, 0, bytes});
@@ -163,7 +166,8 @@ TEST_CASE("simulator: compute and optimizer share the CPU on a shared_cpu profil
   u.group = 1;
   u.params = layout.groups[1].numel;
   // Its optimizer state in host memory.
-  b.plan.buffers.push_back({BufferKind::kHostOptim, 1, Tier::kHost, 12 * u.params, "optimizer state"});
+  b.plan.buffers.push_back(
+      {BufferKind::kHostOptim, 1, Tier::kHost, 12 * u.params, "optimizer state"});
   u.uses.push_back({0, Access::kAccumulate, Role::kState, 0, 12 * u.params});
   b.plan.ops.push_back(u);
   const double upd = layout.groups[1].numel / 1e6;
@@ -188,8 +192,8 @@ TEST_CASE("simulator: SSD bandwidth follows the store's striping", "[simulator]"
   HardwareProfile hw = unit_profile();
   hw.ssds = 2;
   hw.stripe_unit = 4ull << 20;
-  CHECK(hw.ssd_read_rate(8ull << 20) == 2 * kSsdBps);   // one stripe unit on each drive
-  CHECK(hw.ssd_read_rate(4ull << 20) == kSsdBps);       // one drive only
+  CHECK(hw.ssd_read_rate(8ull << 20) == 2 * kSsdBps);     // one stripe unit on each drive
+  CHECK(hw.ssd_read_rate(4ull << 20) == kSsdBps);         // one drive only
   CHECK(hw.ssd_read_rate(12ull << 20) == 1.5 * kSsdBps);  // drive 0 holds 8 of the 12 MiB
   hw.ssds = 1;
   CHECK(hw.ssd_write_rate(12ull << 20) == kSsdBps);
@@ -207,7 +211,8 @@ int add_ssd_update(Builder& b, uint64_t params, std::vector<int> deps = {}) {
   u.group = 1;
   u.params = params;
   u.deps = std::move(deps);
-  u.uses.push_back({b.buffer(Tier::kSsd, 12 * params), Access::kAccumulate, Role::kState, 0, 12 * params});
+  u.uses.push_back(
+      {b.buffer(Tier::kSsd, 12 * params), Access::kAccumulate, Role::kState, 0, 12 * params});
   b.plan.ops.push_back(u);
   return u.id;
 }
@@ -247,7 +252,8 @@ TEST_CASE("simulator: reads, writes and optimizer state share one disk", "[simul
     CHECK(s.end[u] == 2.0);
     CHECK(s.end[r] == 2.0);
   }
-  SECTION("disks that serve reads and writes at once in part: ssd_mixed, as a profile measures it") {
+  SECTION(
+      "disks that serve reads and writes at once in part: ssd_mixed, as a profile measures it") {
     // A read of 1 s and a write of 2 s at once on disks that give 1.5 directions' worth: each
     // at 0.75 until the read ends at 4/3 s, then the write's last 1 s alone. The profile's
     // measurement, solved back from those times, gives 1.5 again.
@@ -324,8 +330,9 @@ TEST_CASE("simulator: a planner's plan respects dependencies and queue order", "
   INFO("SSD ops that started ahead of earlier queued ones: " << passed);
   CHECK(r.iteration_s == max_end);
   for (int q = 0; q < kNumResources; ++q) CHECK(r.busy_s[q] == busy[q]);
-  CHECK(r.useful_flops == Approx(3.0 * forward_flops_per_token(req.model) * req.micro_batch * req.model.seq_len)
-                              .epsilon(1e-12));
+  CHECK(r.useful_flops ==
+        Approx(3.0 * forward_flops_per_token(req.model) * req.micro_batch * req.model.seq_len)
+            .epsilon(1e-12));
   CHECK(r.recompute_flops > 0);
   // Back to back, iterations overlap: a step takes no longer than an iteration alone, and
   // no less than any resource's own work per iteration (its ops at full rate, one at a
@@ -339,7 +346,8 @@ TEST_CASE("simulator: a planner's plan respects dependencies and queue order", "
   }
 }
 
-TEST_CASE("planner: every hazard within an iteration is ordered by dependencies or queue order", "[simulator]") {
+TEST_CASE("planner: every hazard within an iteration is ordered by dependencies or queue order",
+          "[simulator]") {
   // Two uses of overlapping bytes of one buffer, one of them a write, by ops of one
   // iteration: the later op must follow the earlier through dependencies and the order in
   // which a queue runs its ops (every op of an in-order queue; ops of a reordering queue that
@@ -355,8 +363,8 @@ TEST_CASE("planner: every hazard within an iteration is ordered by dependencies 
   // Every activation path; or every layer kept, where no checkpoint copy in the forward
   // orders the d2h queue behind the compute.
   const bool kept = GENERATE(false, true);
-  req.acts = {ActPlacement::kKeep, ActPlacement::kRecompute, ActPlacement::kSsd, ActPlacement::kHost,
-              ActPlacement::kDevice};
+  req.acts = {ActPlacement::kKeep, ActPlacement::kRecompute, ActPlacement::kSsd,
+              ActPlacement::kHost, ActPlacement::kDevice};
   if (kept) req.acts.assign(req.model.n_layer, ActPlacement::kKeep);
   req.weights_on_ssd = true;
   req.optim_on_ssd = GENERATE(false, true);
@@ -369,11 +377,12 @@ TEST_CASE("planner: every hazard within an iteration is ordered by dependencies 
   req.embed_parts = 3;
   req.device_in_host = !req.embed_rows_first;
   const Plan plan = make_plan(req);
-  INFO("all kept " << kept << ", optim on SSD " << req.optim_on_ssd << ", exact " << req.exact << ", grad_accum "
-                    << req.grad_accum << ", tensors " << elem_type_name(req.tensors) << ", fp32 sums "
-                    << plan.accum_fp32 << ", grads on SSD " << req.grads_on_ssd << ", rows first "
-                    << plan.embed_rows_first << ", embed parts " << plan.embed_parts << ", deferred "
-                    << plan.deferred_updates);
+  INFO("all kept " << kept << ", optim on SSD " << req.optim_on_ssd << ", exact " << req.exact
+                   << ", grad_accum " << req.grad_accum << ", tensors "
+                   << elem_type_name(req.tensors) << ", fp32 sums " << plan.accum_fp32
+                   << ", grads on SSD " << req.grads_on_ssd << ", rows first "
+                   << plan.embed_rows_first << ", embed parts " << plan.embed_parts << ", deferred "
+                   << plan.deferred_updates);
   const size_t n = plan.ops.size();
   const std::vector<OpBuffers> bufs = op_buffers(plan);
   // reach[b] holds every op that op b follows.
@@ -393,7 +402,8 @@ TEST_CASE("planner: every hazard within an iteration is ordered by dependencies 
       last_in_queue[q] = op.id;
     } else {
       for (int a = 0; a < op.id; ++a)
-        if (plan.ops[a].resource == op.resource && buffers_conflict(bufs[a], bufs[op.id])) follow(a);
+        if (plan.ops[a].resource == op.resource && buffers_conflict(bufs[a], bufs[op.id]))
+          follow(a);
     }
   }
   auto overlap = [](const BufferUse& x, const BufferUse& y) {
@@ -405,27 +415,30 @@ TEST_CASE("planner: every hazard within an iteration is ordered by dependencies 
     for (size_t a = 0; a < b; ++a) {
       bool hazard = false;
       for (const BufferUse& x : plan.ops[a].uses)
-        for (const BufferUse& y : plan.ops[b].uses) hazard |= (x.writes() || y.writes()) && overlap(x, y);
+        for (const BufferUse& y : plan.ops[b].uses)
+          hazard |= (x.writes() || y.writes()) && overlap(x, y);
       if (!hazard) continue;
       // Rows first: the rows part (-1) and the other parts of the embedding's save, update and
       // refresh declare overlapping ranges, but the other parts skip at run time the rows the
       // rows part fixed (rows_complement), so they touch disjoint elements.
       const PlanOp &pa = plan.ops[a], &pb = plan.ops[b];
-      if (plan.embed_rows_first && pa.group == 0 && pb.group == 0 && (pa.part < 0) != (pb.part < 0)) continue;
+      if (plan.embed_rows_first && pa.group == 0 && pb.group == 0 && (pa.part < 0) != (pb.part < 0))
+        continue;
       ++pairs;
       if (reach[b][a]) continue;
       if (++unordered <= 5)
-        first += str("op ", b, " (", op_kind_name(plan.ops[b].kind), " group ", plan.ops[b].group, " part ",
-                     plan.ops[b].part, " mb ", plan.ops[b].micro, ") does not follow op ", a, " (",
-                     op_kind_name(plan.ops[a].kind), " group ", plan.ops[a].group, " part ", plan.ops[a].part,
-                     " mb ", plan.ops[a].micro, "); ");
+        first += str("op ", b, " (", op_kind_name(plan.ops[b].kind), " group ", plan.ops[b].group,
+                     " part ", plan.ops[b].part, " mb ", plan.ops[b].micro, ") does not follow op ",
+                     a, " (", op_kind_name(plan.ops[a].kind), " group ", plan.ops[a].group,
+                     " part ", plan.ops[a].part, " mb ", plan.ops[a].micro, "); ");
     }
   INFO(first);
   CHECK(pairs > 0);
   CHECK(unordered == 0);
 }
 
-TEST_CASE("planner: host optimizer state above the tail is spread among the SSD layers", "[simulator]") {
+TEST_CASE("planner: host optimizer state above the tail is spread among the SSD layers",
+          "[simulator]") {
   PlanRequest req;
   req.model = ModelConfig{};
   req.model.n_layer = 10;
@@ -447,7 +460,8 @@ TEST_CASE("planner: host optimizer state above the tail is spread among the SSD 
   const uint64_t layer_state = 12ull * make_gpt_layout(req.model).groups[1].numel;
   req.device_in_host = false;
   Plan plain;
-  for (req.host_budget = layer_state; req.host_budget < 60 * layer_state; req.host_budget += layer_state / 8) {
+  for (req.host_budget = layer_state; req.host_budget < 60 * layer_state;
+       req.host_budget += layer_state / 8) {
     try {
       plain = make_plan(req);
     } catch (const Error&) {
@@ -488,7 +502,8 @@ TEST_CASE("simulator: overlapping iterations hide the update tail", "[simulator]
   req.weights_on_ssd = true;
   Plan plan = make_plan(test::with_wout_slots(req, 2));
   REQUIRE(plan.pools.host_wout_slots == 2);
-  REQUIRE(std::count_if(plan.ops.begin(), plan.ops.end(), [](const PlanOp& o) { return o.kind == OpKind::kReadWeights; }) > 0);
+  REQUIRE(std::count_if(plan.ops.begin(), plan.ops.end(),
+                        [](const PlanOp& o) { return o.kind == OpKind::kReadWeights; }) > 0);
   HardwareProfile hw = unit_profile();
   hw.optimizer_params_per_s = 1e9;
   hw.ssd_read_Bps = hw.ssd_write_Bps = 1e8;
@@ -501,14 +516,17 @@ TEST_CASE("simulator: a malformed plan is refused with the op", "[simulator]") {
   Builder b;
   b.add(Resource::kCompute, 1, {1});
   b.add(Resource::kCompute, 1);
-  CHECK_THROWS_WITH(simulate(b.plan, unit_profile()), Contains("op 0") && Contains("depends on op 1"));
+  CHECK_THROWS_WITH(simulate(b.plan, unit_profile()),
+                    Contains("op 0") && Contains("depends on op 1"));
 }
 
 TEST_CASE("hardware profile: parse, round trip and errors", "[simulator]") {
   const std::string text =
-      "name: t\nbackend: cuda\ncompute: {peak_tflops: 100, element_bytes: 2, gemm_efficiency: [[256, 0.5], [4096, 0.8]]}\n"
+      "name: t\nbackend: cuda\ncompute: {peak_tflops: 100, element_bytes: 2, gemm_efficiency: "
+      "[[256, 0.5], [4096, 0.8]]}\n"
       "pcie: {h2d_GBps: 25, d2h_GBps: 24}\nssd: {count: 3, read_GBps: 7, write_GBps: 6}\n"
-      "optimizer: {params_per_s: 2.0e9}\nmemory: {device: 24GiB, host: 128GiB, host_bandwidth_GBps: 80}\n";
+      "optimizer: {params_per_s: 2.0e9}\nmemory: {device: 24GiB, host: 128GiB, "
+      "host_bandwidth_GBps: 80}\n";
   HardwareProfile p = parse_hardware_profile(text, "<t>");
   CHECK(p.peak_flops == 100e12);
   CHECK(p.ssd_mixed == 1.0);  // without ssd.mixed: reads and writes take turns
@@ -516,16 +534,19 @@ TEST_CASE("hardware profile: parse, round trip and errors", "[simulator]") {
   CHECK(p.ssds == 3);
   CHECK(p.device_memory == 24ull << 30);
   p.ssd_mixed = 1.25;
-  HardwareProfile q = parse_hardware_profile(hardware_profile_to_yaml(p, "# header\n"), "<round trip>");
+  HardwareProfile q =
+      parse_hardware_profile(hardware_profile_to_yaml(p, "# header\n"), "<round trip>");
   CHECK(q.peak_flops == p.peak_flops);
   CHECK(q.ssd_mixed == 1.25);
   std::string mixed = text;
   mixed.replace(mixed.find("write_GBps: 6"), 13, "write_GBps: 6, mixed: 2.5");
-  CHECK_THROWS_WITH(parse_hardware_profile(mixed, "<t>"), Contains("ssd.mixed: 2.5 must be in [1, 2]"));
+  CHECK_THROWS_WITH(parse_hardware_profile(mixed, "<t>"),
+                    Contains("ssd.mixed: 2.5 must be in [1, 2]"));
   CHECK(q.ssd_write_Bps == p.ssd_write_Bps);
   CHECK(q.gemm_efficiency == p.gemm_efficiency);
   CHECK(q.stripe_unit == p.stripe_unit);
-  CHECK_THROWS_WITH(parse_hardware_profile(text + "extra: 1\n", "<t>"), Contains("unknown key 'extra'"));
+  CHECK_THROWS_WITH(parse_hardware_profile(text + "extra: 1\n", "<t>"),
+                    Contains("unknown key 'extra'"));
   CHECK_THROWS_WITH(parse_hardware_profile("name: x\n", "<t>"), Contains("compute.peak_tflops"));
   // Hostile input: complex and repeated keys, counts out of int's range (the conversion
   // from double was undefined), all ConfigErrors naming the source.
@@ -553,7 +574,8 @@ TEST_CASE("hardware profile: parse, round trip and errors", "[simulator]") {
 TEST_CASE("swap search: placements, budgets and the simulated optimum", "[simulator]") {
   CHECK(arrange_placements({1, 1, 1, 1, 2}, 6) ==
         std::vector<ActPlacement>{ActPlacement::kSsd, ActPlacement::kRecompute, ActPlacement::kHost,
-                                  ActPlacement::kRecompute, ActPlacement::kDevice, ActPlacement::kKeep});
+                                  ActPlacement::kRecompute, ActPlacement::kDevice,
+                                  ActPlacement::kKeep});
   CHECK_THROWS(arrange_placements({0, 0, 0, 0, 4}, 6));
   CHECK_THROWS(arrange_placements({1, 0, 0, 0, 0}, 6));
 
@@ -605,8 +627,10 @@ TEST_CASE("swap search: placements, budgets and the simulated optimum", "[simula
   CHECK(sb.sim.period_s / sb.micro_batch <= s.sim.period_s / s.micro_batch * 1.001);
 }
 
-TEST_CASE("swap search: the micro-batch search reaches the largest batch that fits, not only powers of two",
-          "[simulator]") {
+TEST_CASE(
+    "swap search: the micro-batch search reaches the largest batch that fits, not only powers of "
+    "two",
+    "[simulator]") {
   PlanRequest req;
   req.model.n_layer = 4;
   req.micro_batch = 1;
@@ -652,8 +676,9 @@ TEST_CASE("swap search: the micro-batch search reaches the largest batch that fi
   PlanRequest at = req;
   at.micro_batch = largest;
   SwapSearchResult sl = search_swap(at, hw);
-  INFO("searched: micro-batch " << sb.micro_batch << ", " << sb.sim.period_s / sb.micro_batch << " s per sequence; at "
-                                << largest << ": " << sl.sim.period_s / largest << " s");
+  INFO("searched: micro-batch " << sb.micro_batch << ", " << sb.sim.period_s / sb.micro_batch
+                                << " s per sequence; at " << largest << ": "
+                                << sl.sim.period_s / largest << " s");
   CHECK(sb.sim.period_s / sb.micro_batch <= sl.sim.period_s / largest * 1.001);
 }
 
@@ -662,7 +687,8 @@ TEST_CASE("swap search: the placement walk ends on GPT-3 175B at micro-batch 1",
   // not transitive: on this model the walk once went round a cycle of tied placements forever
   // (`fuyou-bench simulate --search-batch` on it never finished). It must end, and quickly.
   Config cfg = load_config_file(test::source_path("configs/gpt3-175b-seq1024.yaml"), {});
-  const HardwareProfile hw = load_hardware_profile(test::source_path("configs/hardware/rtx4090.yaml"));
+  const HardwareProfile hw =
+      load_hardware_profile(test::source_path("configs/hardware/rtx4090.yaml"));
   PlanRequest req = plan_request(cfg);
   req.micro_batch = 1;
   req.have_ssd = true;

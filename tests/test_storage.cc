@@ -605,7 +605,8 @@ TEST_CASE("storage: each directory is locked while open; closing leaves it empty
   for (const auto& d : t.dirs) CHECK(fs::is_empty(d));
 }
 
-TEST_CASE("storage: a store file left by a process that is gone is reclaimed at open", "[storage]") {
+TEST_CASE("storage: a store file left by a process that is gone is reclaimed at open",
+          "[storage]") {
   TempDirs t("reclaim", 2);
   // What a SIGKILLed run leaves: its lock files (no longer locked: the kernel dropped the
   // flock with the process) and its backing files.
@@ -625,7 +626,8 @@ TEST_CASE("storage: a store file left by a process that is gone is reclaimed at 
   CHECK(slurp(t2.dirs[0] + "/other.store") == "keep me");
 }
 
-TEST_CASE("storage: check_space refuses a plan larger than the free space, with the numbers", "[storage]") {
+TEST_CASE("storage: check_space refuses a plan larger than the free space, with the numbers",
+          "[storage]") {
   TempDirs t("space", 2);
   auto files = std::make_shared<FaultyFiles>();
   StoreConfig c = config(t.dirs, 64 * KiB, 64 * KiB, 4);
@@ -634,8 +636,8 @@ TEST_CASE("storage: check_space refuses a plan larger than the free space, with 
   files->free_override = 1 * MiB;  // both directories on one filesystem: 1 MiB in all
   store->check_space(1 * MiB - 128 * KiB, "the plan");
   CHECK_THROWS_WITH(store->check_space(3 * MiB, "the plan's extents"),
-                    Contains("the plan's extents (3145728 bytes in all") && Contains("needs 3145728 more bytes") &&
-                        Contains("has 1048576 free"));
+                    Contains("the plan's extents (3145728 bytes in all") &&
+                        Contains("needs 3145728 more bytes") && Contains("has 1048576 free"));
 }
 
 TEST_CASE("storage: host pool carves fixed slots from a few 2 MiB-aligned regions", "[storage]") {
@@ -744,10 +746,11 @@ TEST_CASE("storage: bytes changed on the disk after a write are reported as a ch
   } catch (const IoError& e) {
     uint64_t block_dir_off = 0;
     StripeLayout{2, stripe}.map(base + 2 * MiB, &dir, &block_dir_off, &run);
-    CHECK_THAT(e.what(), Contains("checksum mismatch reading extent 'layer.2/adam_m'") &&
-                             Contains(str(MiB, " bytes at extent offset ", 2 * MiB)) &&
-                             Contains(str(store->backing_paths()[dir], " offset ", block_dir_off)) &&
-                             Contains("changed after they were written"));
+    CHECK_THAT(e.what(),
+               Contains("checksum mismatch reading extent 'layer.2/adam_m'") &&
+                   Contains(str(MiB, " bytes at extent offset ", 2 * MiB)) &&
+                   Contains(str(store->backing_paths()[dir], " offset ", block_dir_off)) &&
+                   Contains("changed after they were written"));
   }
   CHECK(store->stats().checksum_failures == 1);
   // The blocks around it are intact and still read (and check) clean.
@@ -774,7 +777,8 @@ TEST_CASE("storage: bytes changed on the disk after a write are reported as a ch
   CHECK(plain->stats().verified_bytes == 0);
 }
 
-TEST_CASE("storage: checksums follow partial overwrites, sub-range reads and failed writes", "[storage]") {
+TEST_CASE("storage: checksums follow partial overwrites, sub-range reads and failed writes",
+          "[storage]") {
   TempDirs t("sums-partial", 1);
   auto files = std::make_shared<FaultyFiles>();
   StoreConfig cfg = config(t.dirs, 256 * KiB, 256 * KiB, 8);
@@ -809,7 +813,8 @@ TEST_CASE("storage: checksums follow partial overwrites, sub-range reads and fai
   CHECK_THROWS_WITH(store->read_sync(id, 2 * MiB, back.p, MiB), Contains("checksum mismatch"));
   // A write that failed leaves its bytes unknown: no sum, so no false alarm and no check.
   files->add({IoOp::kWrite, -1, EIO, 0, 1});
-  CHECK_THROWS_WITH(store->write_sync(id, 2 * MiB, src.p + 2 * MiB, MiB), Contains("Input/output error"));
+  CHECK_THROWS_WITH(store->write_sync(id, 2 * MiB, src.p + 2 * MiB, MiB),
+                    Contains("Input/output error"));
   before = store->stats();
   store->read_sync(id, 2 * MiB, back.p, MiB);
   CHECK(store->stats().unverified_bytes - before.unverified_bytes == MiB);

@@ -4,7 +4,6 @@
 // here would pass on the synchronous CPU backend only by accident of timing on the twin, so
 // the delays are fixed and long (compute queued behind several of them).
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -28,7 +27,8 @@ std::unique_ptr<Backend> slow_twin() {
 
 }  // namespace
 
-TEST_CASE("cpu-streams: copies wait for queued compute unless the caller orders the work", "[streams]") {
+TEST_CASE("cpu-streams: copies wait for queued compute unless the caller orders the work",
+          "[streams]") {
   auto be = slow_twin();
   CHECK_THAT(be->name(), Catch::Matchers::Contains("cpu-streams"));
   const size_t n = 1024;
@@ -37,13 +37,13 @@ TEST_CASE("cpu-streams: copies wait for queued compute unless the caller orders 
   be->copy_to_device(x, ones.data(), 4 * n);  // waits for the zeroing queued by alloc
   // Four kernels, each behind a delay: the last ends about 4 delays from now.
   for (int k = 0; k < 4; ++k) be->add(x, x, x, n);  // x *= 2
-  be->copy_to_host(back.data(), x, 4 * n);  // default ordering: after every kernel queued
+  be->copy_to_host(back.data(), x, 4 * n);          // default ordering: after every kernel queued
   CHECK(back[0] == 16.0f);
   CHECK(back[n - 1] == 16.0f);
 
   be->set_caller_ordered(true);
   for (int k = 0; k < 4; ++k) be->add(x, x, x, n);  // x *= 2
-  be->copy_to_host(back.data(), x, 4 * n);  // one delay: overtakes the queued kernels
+  be->copy_to_host(back.data(), x, 4 * n);          // one delay: overtakes the queued kernels
   INFO("caller-ordered copy read " << back[0]);
   CHECK(back[0] < 256.0f);
   be->finish_compute();
@@ -53,7 +53,8 @@ TEST_CASE("cpu-streams: copies wait for queued compute unless the caller orders 
   be->synchronize();
 }
 
-TEST_CASE("cpu-streams: a caller-ordered copy into new memory lands after its zeroing", "[streams]") {
+TEST_CASE("cpu-streams: a caller-ordered copy into new memory lands after its zeroing",
+          "[streams]") {
   // On the GPU, alloc queues the arena's zeroing on the compute stream and a caller-ordered
   // copy runs on the copy stream: unordered, the zeroing may land after the copy and erase it.
   auto be = slow_twin();
@@ -84,8 +85,10 @@ TEST_CASE("cpu-streams: in-memory training gives the CPU backend's bits", "[stre
   auto twin = make_backend(cfg, &why);
   CHECK_THAT(why, Catch::Matchers::Contains("cpu-streams"));
   auto cpu = make_cpu_backend(2, 0);
-  std::vector<int32_t> batch(static_cast<size_t>(cfg.schedule.micro_batch) * (cfg.model.seq_len + 1));
-  for (size_t i = 0; i < batch.size(); ++i) batch[i] = static_cast<int32_t>((i * 7 + 3) % cfg.model.vocab_size);
+  std::vector<int32_t> batch(static_cast<size_t>(cfg.schedule.micro_batch) *
+                             (cfg.model.seq_len + 1));
+  for (size_t i = 0; i < batch.size(); ++i)
+    batch[i] = static_cast<int32_t>((i * 7 + 3) % cfg.model.vocab_size);
   StepRunner a(cfg, *twin), b(cfg, *cpu);
   a.init_params();
   b.init_params();

@@ -25,10 +25,13 @@ namespace {
 Config small_config(const std::string& text_dir) {
   return parse_config(
       "model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 256, seq_len: 32}\n"
-      "data: {text: [" + text_dir + "], val_fraction: 0.1}\n"
-      "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4}\n"
-      "schedule: {steps: 60, warmup_steps: 5, micro_batch: 8, grad_accum: 2, eval_every: 30, eval_batches: 4, log_every: 10}\n"
-      "runtime: {backend: cpu, threads: 2, seed: 7}\n",
+      "data: {text: [" +
+          text_dir +
+          "], val_fraction: 0.1}\n"
+          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4}\n"
+          "schedule: {steps: 60, warmup_steps: 5, micro_batch: 8, grad_accum: 2, eval_every: 30, "
+          "eval_batches: 4, log_every: 10}\n"
+          "runtime: {backend: cpu, threads: 2, seed: 7}\n",
       "<test>");
 }
 
@@ -59,7 +62,8 @@ TEST_CASE("learning rate: linear warmup then cosine to min_lr", "[train]") {
   CHECK(learning_rate(o, s, 10) == Approx(0.1));
 }
 
-TEST_CASE("training is deterministic: same config, same losses and weights, bit for bit", "[train]") {
+TEST_CASE("training is deterministic: same config, same losses and weights, bit for bit",
+          "[train]") {
   std::string text = make_text_dir();
   Config cfg = small_config(text);
   cfg.schedule.steps = 4;
@@ -82,7 +86,8 @@ TEST_CASE("training is deterministic: same config, same losses and weights, bit 
 TEST_CASE("a short run learns, writes metrics and weights, and refuses to overwrite", "[train]") {
   std::string text = make_text_dir();
   Config cfg = small_config(text);
-  std::string run_dir = (fs::temp_directory_path() / ("fuyou-run-" + std::to_string(::getpid()))).string();
+  std::string run_dir =
+      (fs::temp_directory_path() / ("fuyou-run-" + std::to_string(::getpid()))).string();
   fs::remove_all(run_dir);
   TrainOptions opts;
   opts.run_dir = run_dir;
@@ -127,7 +132,8 @@ TEST_CASE("an in-memory run checks offload.host_memory before it starts", "[trai
   // the arena the CPU backend allocates in host memory.
   CHECK(need > 16 * make_gpt_layout(cfg.model).total +
                    in_memory_device_bytes(cfg.model, cfg.schedule.micro_batch, 4));
-  CHECK(in_memory_host_bytes(cfg.model, cfg.schedule.micro_batch, /*device_in_host=*/false, 4) < need);
+  CHECK(in_memory_host_bytes(cfg.model, cfg.schedule.micro_batch, /*device_in_host=*/false, 4) <
+        need);
   cfg.offload.host_memory = need - 1;
   CHECK_THROWS_WITH(make_train_engine(cfg, *be),
                     Contains("in-memory training needs " + format_size(need)) &&

@@ -9,26 +9,26 @@
 #include <cmath>
 #include <ctime>
 #include <fstream>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
-#include "fuyou/timing.h"
+#include "fuyou/adam_bench.h"
 #include "fuyou/backend_select.h"
 #include "fuyou/breakdown.h"
+#include "fuyou/checkpoint_bench.h"
 #include "fuyou/config.h"
 #include "fuyou/engine.h"
 #include "fuyou/error.h"
+#include "fuyou/hardware.h"
+#include "fuyou/io_bench.h"
 #include "fuyou/log.h"
 #include "fuyou/rng.h"
-#include "fuyou/sizes.h"
-#include "fuyou/hardware.h"
-#include "fuyou/simulator.h"
-#include "fuyou/stop.h"
-#include "fuyou/train.h"
-#include "fuyou/checkpoint_bench.h"
-#include "fuyou/adam_bench.h"
 #include "fuyou/sim_bench.h"
-#include "fuyou/io_bench.h"
+#include "fuyou/simulator.h"
+#include "fuyou/sizes.h"
+#include "fuyou/stop.h"
+#include "fuyou/timing.h"
+#include "fuyou/train.h"
 #include "tools/tool_errors.h"
 
 namespace {
@@ -38,7 +38,11 @@ uint64_t parse_count(const std::string& text) {
   char* end = nullptr;
   double v = std::strtod(text.c_str(), &end);
   std::string unit(end);
-  double mult = unit.empty() ? 1 : unit == "K" || unit == "k" ? 1e3 : unit == "M" ? 1e6 : unit == "G" || unit == "B" ? 1e9 : -1;
+  double mult = unit.empty()                 ? 1
+                : unit == "K" || unit == "k" ? 1e3
+                : unit == "M"                ? 1e6
+                : unit == "G" || unit == "B" ? 1e9
+                                             : -1;
   // The range check also keeps the conversion to uint64_t defined (NaN fails it too).
   if (end == text.c_str() || mult < 0 || !(v * mult >= 1 && v * mult < 1.8e19))
     throw fuyou::ConfigError("--params: '" + text +
@@ -59,7 +63,7 @@ struct TrainArgs {
   int steps = 5, warmup = 1;
   bool json = false;
   std::string trace;
-  double ssd_tbw = 600;  // drive endurance in TB written (see docs/performance.md)
+  double ssd_tbw = 600;    // drive endurance in TB written (see docs/performance.md)
   std::string predict_on;  // a hardware profile: the simulator's figures for the run's plan on it
   bool breakdown = false;  // one more step, timed op by op (include/fuyou/breakdown.h)
 };
@@ -68,7 +72,8 @@ struct TrainArgs {
 // is bracketed by marks of this thread (the step's); offloaded, the executor's compute thread
 // marks, and whatever lies outside its first and last mark is unaccounted.
 fuyou::StepBreakdown breakdown_step(fuyou::TrainEngine& engine, fuyou::Backend& be, int64_t s,
-                                    const std::vector<const int32_t*>& ptrs, std::vector<fuyou::Backend::TimingMark>* marks) {
+                                    const std::vector<const int32_t*>& ptrs,
+                                    std::vector<fuyou::Backend::TimingMark>* marks) {
   const int edge = fuyou::timing_tag(fuyou::StepPhase::kOther, fuyou::OpClass::kHost);
   const auto t0 = clock_type::now();
   be.timing_start();
@@ -85,12 +90,14 @@ fuyou::StepBreakdown breakdown_step(fuyou::TrainEngine& engine, fuyou::Backend& 
 fuyou::HardwareProfile run_machine(const fuyou::Config& cfg, const std::string& profile) {
   fuyou::HardwareProfile host = fuyou::load_hardware_profile(profile);
   return cfg.runtime.backend == "emulated"
-             ? fuyou::emulated_machine(fuyou::load_hardware_profile(cfg.offload.hardware), cfg.runtime.emulated_scale, host)
+             ? fuyou::emulated_machine(fuyou::load_hardware_profile(cfg.offload.hardware),
+                                       cfg.runtime.emulated_scale, host)
              : host;
 }
 
 // The simulator's prediction for the plan a run executes, on the machine the run is on.
-nlohmann::json predict_plan(const fuyou::Config& cfg, const fuyou::Plan& plan, const std::string& profile) {
+nlohmann::json predict_plan(const fuyou::Config& cfg, const fuyou::Plan& plan,
+                            const std::string& profile) {
   const fuyou::HardwareProfile hw = run_machine(cfg, profile);
   nlohmann::json j = fuyou::simulate(plan, hw).to_json();
   j["profile"] = hw.name;
@@ -99,8 +106,8 @@ nlohmann::json predict_plan(const fuyou::Config& cfg, const fuyou::Plan& plan, c
 
 // The figures of an offloaded step `d` into j: iteration and busy times, host<->device and
 // SSD bytes, drive life.
-void offload_figures(nlohmann::json& j, const fuyou::StepResult& d, const fuyou::Plan& plan, double tokens,
-                     double ssd_tbw) {
+void offload_figures(nlohmann::json& j, const fuyou::StepResult& d, const fuyou::Plan& plan,
+                     double tokens, double ssd_tbw) {
   j["iteration_s"] = d.iteration_s;
   double busiest = 0;
   for (int k = 0; k < fuyou::kNumResources; ++k) {
@@ -127,7 +134,8 @@ void offload_figures(nlohmann::json& j, const fuyou::StepResult& d, const fuyou:
   j["ssd_write_bytes_per_token"] = d.ssd_write_bytes / tokens;
   // Drive life: tokens one drive of `ssd_tbw` TB endurance can train before it is worn.
   j["ssd_tbw_assumed"] = ssd_tbw;
-  j["tokens_per_drive_life"] = d.ssd_write_bytes ? ssd_tbw * 1e12 / (d.ssd_write_bytes / tokens) : 0.0;
+  j["tokens_per_drive_life"] =
+      d.ssd_write_bytes ? ssd_tbw * 1e12 / (d.ssd_write_bytes / tokens) : 0.0;
 }
 
 int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
@@ -137,12 +145,14 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
   // An emulated run with this machine's profile plans its activations for the machine as
   // emulated, not for the GPU profile's own disks and CPU.
   fuyou::EngineOptions eo;
-  if (cfg.runtime.backend == "emulated" && !a.predict_on.empty()) eo.placement_profile = run_machine(cfg, a.predict_on);
+  if (cfg.runtime.backend == "emulated" && !a.predict_on.empty())
+    eo.placement_profile = run_machine(cfg, a.predict_on);
   auto engine = fuyou::make_train_engine(cfg, *backend, eo);
   if (!a.json) std::fputs(engine->describe().c_str(), stderr), std::fputs("\n", stderr);
   engine->init_params();
   const int B = cfg.schedule.micro_batch, T = cfg.model.seq_len, accum = cfg.schedule.grad_accum;
-  std::vector<std::vector<int32_t>> mbs(accum, std::vector<int32_t>(static_cast<size_t>(B) * (T + 1)));
+  std::vector<std::vector<int32_t>> mbs(accum,
+                                        std::vector<int32_t>(static_cast<size_t>(B) * (T + 1)));
   fuyou::Rng rng(cfg.runtime.seed);
   std::vector<const int32_t*> ptrs;
   for (auto& mb : mbs) {
@@ -163,8 +173,8 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
       results.push_back(r);
     }
     if (!a.json && emulated)
-      spdlog::info("step {}/{}: {:.3f}s (emulated device: no loss){}", s + 1, a.warmup + a.steps, dt,
-                   s < a.warmup ? " (warm-up)" : "");
+      spdlog::info("step {}/{}: {:.3f}s (emulated device: no loss){}", s + 1, a.warmup + a.steps,
+                   dt, s < a.warmup ? " (warm-up)" : "");
     else if (!a.json)
       spdlog::info("step {}/{}: {:.3f}s loss {:.4f}{}", s + 1, a.warmup + a.steps, dt, r.loss,
                    s < a.warmup ? " (warm-up)" : "");
@@ -177,7 +187,8 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
   if (!a.trace.empty() && engine->offloaded()) engine->write_trace(a.trace);
   if (!a.trace.empty() && !engine->offloaded()) {
     std::ofstream out(a.trace);
-    if (!(out << fuyou::marks_trace(marks).dump() << "\n")) throw fuyou::IoError(a.trace + ": cannot write trace");
+    if (!(out << fuyou::marks_trace(marks).dump() << "\n"))
+      throw fuyou::IoError(a.trace + ": cannot write trace");
   }
   // Offloaded steps overlap and each is timed from the previous step's loss to its own, so
   // the first step after an idle start covers only its forward: without a warm-up step it
@@ -224,26 +235,32 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
   if (a.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("%-16s %s\n%-16s %.2fM\n%-16s %.4f s (median of %d)%s\n%-16s %.1f\n%-16s %.4f%s\n",
-                "backend", backend->name().c_str(), "params", layout.num_params() / 1e6, "step", step_s,
-                a.steps, emulated ? " EMULATED" : "", "tokens/s", tps, "TFLOP/s", tflops,
-                emulated ? " (emulated: the profile's compute at runtime.emulated_scale, no GPU ran)" : "");
+    std::printf(
+        "%-16s %s\n%-16s %.2fM\n%-16s %.4f s (median of %d)%s\n%-16s %.1f\n%-16s %.4f%s\n",
+        "backend", backend->name().c_str(), "params", layout.num_params() / 1e6, "step", step_s,
+        a.steps, emulated ? " EMULATED" : "", "tokens/s", tps, "TFLOP/s", tflops,
+        emulated ? " (emulated: the profile's compute at runtime.emulated_scale, no GPU ran)" : "");
     if (bd) std::fputs(bd->table().c_str(), stdout);
     if (engine->offloaded()) {
-      std::printf("%-16s %.3f s (%.2fx the busiest resource)\n", "iteration", j["iteration_s"].get<double>(),
-                  j["iteration_over_busiest"].get<double>());
-      for (auto& [k, v] : j["busy_s"].items()) std::printf("  busy %-10s %.3f s\n", k.c_str(), v.get<double>());
+      std::printf("%-16s %.3f s (%.2fx the busiest resource)\n", "iteration",
+                  j["iteration_s"].get<double>(), j["iteration_over_busiest"].get<double>());
+      for (auto& [k, v] : j["busy_s"].items())
+        std::printf("  busy %-10s %.3f s\n", k.c_str(), v.get<double>());
       std::printf("%-16s %.2f GB to the device, %.2f GB back per step\n", "PCIe",
-                  j["h2d_bytes_per_step"].get<double>() / 1e9, j["d2h_bytes_per_step"].get<double>() / 1e9);
-      std::printf("%-16s %.2f GB read, %.2f GB written per step; %.0f bytes written per token\n", "SSD",
-                  j["ssd_read_bytes_per_step"].get<double>() / 1e9, j["ssd_write_bytes_per_step"].get<double>() / 1e9,
+                  j["h2d_bytes_per_step"].get<double>() / 1e9,
+                  j["d2h_bytes_per_step"].get<double>() / 1e9);
+      std::printf("%-16s %.2f GB read, %.2f GB written per step; %.0f bytes written per token\n",
+                  "SSD", j["ssd_read_bytes_per_step"].get<double>() / 1e9,
+                  j["ssd_write_bytes_per_step"].get<double>() / 1e9,
                   j["ssd_write_bytes_per_token"].get<double>());
       if (j.contains("predicted"))
-        std::printf("%-16s %.3f s on %s (measured iteration %.2fx that)\n", "predicted", j["predicted"]["period_s"].get<double>(),
-                    j["predicted"]["profile"].get<std::string>().c_str(), j["iteration_over_predicted"].get<double>());
+        std::printf("%-16s %.3f s on %s (measured iteration %.2fx that)\n", "predicted",
+                    j["predicted"]["period_s"].get<double>(),
+                    j["predicted"]["profile"].get<std::string>().c_str(),
+                    j["iteration_over_predicted"].get<double>());
       if (j["tokens_per_drive_life"].get<double>() > 0)
-        std::printf("%-16s %.3g tokens per %.0f TBW drive\n", "drive life", j["tokens_per_drive_life"].get<double>(),
-                    a.ssd_tbw);
+        std::printf("%-16s %.3g tokens per %.0f TBW drive\n", "drive life",
+                    j["tokens_per_drive_life"].get<double>(), a.ssd_tbw);
     }
   }
   return 0;
@@ -256,10 +273,10 @@ int bench_cuda_gemm(const fuyou::Config& cfg, int reps, bool json) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  std::printf("%s; bf16 tensors and GEMMs, median of %d calls\n", j["backend"].get<std::string>().c_str(),
-              j["reps"].get<int>());
-  std::printf("%-8s %6s %6s %7s  %-24s %-24s\n", "part", "in", "out", "tokens", "forward TFLOP/s (ratio)",
-              "backward TFLOP/s (ratio)");
+  std::printf("%s; bf16 tensors and GEMMs, median of %d calls\n",
+              j["backend"].get<std::string>().c_str(), j["reps"].get<int>());
+  std::printf("%-8s %6s %6s %7s  %-24s %-24s\n", "part", "in", "out", "tokens",
+              "forward TFLOP/s (ratio)", "backward TFLOP/s (ratio)");
   for (const auto& r : j["shapes"]) {
     auto cell = [](const nlohmann::json& d) {
       char buf[64];
@@ -267,9 +284,9 @@ int bench_cuda_gemm(const fuyou::Config& cfg, int reps, bool json) {
                     d["cublaslt_tflops"].get<double>(), d["engine_over_cublaslt"].get<double>());
       return std::string(buf);
     };
-    std::printf("%-8s %6d %6d %7d  %-24s %-24s\n", r["part"].get<std::string>().c_str(), r["in"].get<int>(),
-                r["out"].get<int>(), r["tokens"].get<int>(), cell(r["forward"]).c_str(),
-                cell(r["backward"]).c_str());
+    std::printf("%-8s %6d %6d %7d  %-24s %-24s\n", r["part"].get<std::string>().c_str(),
+                r["in"].get<int>(), r["out"].get<int>(), r["tokens"].get<int>(),
+                cell(r["forward"]).c_str(), cell(r["backward"]).c_str());
   }
   std::printf("layer GEMMs: engine %.1f TFLOP/s, cuBLASLt %.1f TFLOP/s: %.2f of the ceiling\n",
               j["layer_engine_tflops"].get<double>(), j["layer_cublaslt_tflops"].get<double>(),
@@ -290,8 +307,8 @@ int bench_gemm(const fuyou::Config& cfg, int threads, bool json) {
     std::printf("%-12s %6s %6s %6s %9s %7s\n", "shape", "M", "N", "K", "GFLOP/s", "peak");
     for (const auto& r : rows)
       std::printf("%-12s %6d %6d %6d %9.1f %6.0f%%\n", r["shape"].get<std::string>().c_str(),
-                  r["M"].get<int>(), r["N"].get<int>(), r["K"].get<int>(), r["gflops"].get<double>(),
-                  100 * r["fraction_of_peak"].get<double>());
+                  r["M"].get<int>(), r["N"].get<int>(), r["K"].get<int>(),
+                  r["gflops"].get<double>(), 100 * r["fraction_of_peak"].get<double>());
   }
   return 0;
 }
@@ -304,18 +321,23 @@ struct IoArgs {
 };
 
 CLI::App* add_io_command(CLI::App& app, IoArgs& a) {
-  auto* io = app.add_subcommand("io", "Sequential write then read through the SSD store (compare with fio)");
+  auto* io = app.add_subcommand(
+      "io", "Sequential write then read through the SSD store (compare with fio)");
   io->add_option("--dir", a.opts.dirs, "Directory (one per SSD); repeat to stripe")->required();
   io->add_option("--size", a.size, "Bytes written then read");
-  io->add_option("--queue-depth", a.opts.queue_depth, "io_uring requests in flight")->check(CLI::Range(1, 4096));
+  io->add_option("--queue-depth", a.opts.queue_depth, "io_uring requests in flight")
+      ->check(CLI::Range(1, 4096));
   io->add_option("--request-size", a.request, "Largest io_uring request");
   io->add_option("--stripe-unit", a.stripe, "Stripe unit across directories");
   io->add_option("--block", a.block, "Bytes per store request (0: queue depth x request size)");
-  io->add_option("--buffers", a.opts.buffers, "Store requests kept outstanding")->check(CLI::Range(2, 64));
+  io->add_option("--buffers", a.opts.buffers, "Store requests kept outstanding")
+      ->check(CLI::Range(2, 64));
   io->add_flag("--keep-files", a.opts.keep_files, "Leave the backing files");
-  io->add_flag("!--no-register", a.opts.register_buffers, "Do not register the buffers with io_uring");
+  io->add_flag("!--no-register", a.opts.register_buffers,
+               "Do not register the buffers with io_uring");
   io->add_flag("!--no-huge-pages", a.opts.huge_pages, "Do not ask for huge pages for the buffers");
-  io->add_flag("!--no-verify", a.opts.verify, "Without the store's block checksums (offload.verify_store: false)");
+  io->add_flag("!--no-verify", a.opts.verify,
+               "Without the store's block checksums (offload.verify_store: false)");
   io->add_flag("--json", a.json, "One JSON object on stdout");
   return io;
 }
@@ -326,8 +348,10 @@ int bench_io(IoArgs& a) {
   a.opts.stripe_unit = fuyou::parse_size(a.stripe, "--stripe-unit");
   a.opts.block = fuyou::parse_size(a.block, "--block");
   nlohmann::json r = fuyou::run_io_bench(a.opts);
-  if (a.json) std::printf("%s\n", r.dump().c_str());
-  else fuyou::print_io_bench(r);
+  if (a.json)
+    std::printf("%s\n", r.dump().c_str());
+  else
+    fuyou::print_io_bench(r);
   return 0;
 }
 
@@ -339,20 +363,28 @@ int bench_profile(fuyou::ProfileOptions& o, const std::string& backend, const st
     throw fuyou::ConfigError("--backend: expected cpu or cuda, got '" + backend + "'");
   const bool gpu = backend == "cuda";
   std::string log;
-  fuyou::HardwareProfile p = gpu ? fuyou::measure_cuda_profile(o, &log) : fuyou::measure_cpu_profile(o, &log);
+  fuyou::HardwareProfile p =
+      gpu ? fuyou::measure_cuda_profile(o, &log) : fuyou::measure_cpu_profile(o, &log);
   std::time_t now = std::time(nullptr);
   char date[64];
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
   std::string header =
-      gpu ? fuyou::str("# This machine's CUDA-backend profile, measured by `fuyou-bench profile --backend cuda` on ",
-                       date, ".\n# Every figure below was measured here:\n")
-          : fuyou::str("# This machine's CPU-backend profile, measured by `fuyou-bench profile` on ", date,
-                       ".\n# Every figure below was measured here (fp32: the CPU backend computes in fp32):\n");
+      gpu ? fuyou::str(
+                "# This machine's CUDA-backend profile, measured by `fuyou-bench profile --backend "
+                "cuda` on ",
+                date, ".\n# Every figure below was measured here:\n")
+          : fuyou::str(
+                "# This machine's CPU-backend profile, measured by `fuyou-bench profile` on ", date,
+                ".\n# Every figure below was measured here (fp32: the CPU backend computes in "
+                "fp32):\n");
   for (size_t b = 0, e; b < log.size(); b = e + 1) {
     e = log.find('\n', b);
     header += "#   " + log.substr(b, e - b) + "\n";
   }
-  if (!gpu) header += "# compute_share / optimizer_share: GEMMs and AdamW run together, as a fraction of each alone.\n";
+  if (!gpu)
+    header +=
+        "# compute_share / optimizer_share: GEMMs and AdamW run together, as a fraction of each "
+        "alone.\n";
   std::FILE* f = std::fopen(out.c_str(), "w");
   if (!f) throw fuyou::IoError(out + ": cannot write the profile");
   std::string text = fuyou::hardware_profile_to_yaml(p, header);
@@ -376,46 +408,59 @@ int main(int argc, char** argv) {
   int threads = 0;
   TrainArgs ta;
 
-  auto* train = app.add_subcommand("train", "Time training steps of a config's model on random tokens");
+  auto* train =
+      app.add_subcommand("train", "Time training steps of a config's model on random tokens");
   train->add_option("--config", config_path, "YAML config (default: the embedded default)");
   train->add_option("--set", sets, "Override a key: section.key=value");
-  train->add_option("--steps", ta.steps, "Timed steps (the median is reported)")->check(CLI::PositiveNumber);
+  train->add_option("--steps", ta.steps, "Timed steps (the median is reported)")
+      ->check(CLI::PositiveNumber);
   train->add_option("--warmup", ta.warmup, "Untimed warm-up steps")->check(CLI::NonNegativeNumber);
-  train->add_option("--trace", ta.trace,
-                    "Write a timeline (Chrome trace JSON): offloaded, the last iterations' ops; in memory, the "
-                    "breakdown step's op classes");
+  train->add_option(
+      "--trace", ta.trace,
+      "Write a timeline (Chrome trace JSON): offloaded, the last iterations' ops; in memory, the "
+      "breakdown step's op classes");
   train->add_flag("--breakdown", ta.breakdown,
-                  "Time one more step op class by op class: per phase, per class, and what is left unaccounted");
-  train->add_option("--ssd-tbw", ta.ssd_tbw, "Drive endurance in TB written, for the drive-life figure");
+                  "Time one more step op class by op class: per phase, per class, and what is left "
+                  "unaccounted");
+  train->add_option("--ssd-tbw", ta.ssd_tbw,
+                    "Drive endurance in TB written, for the drive-life figure");
   train->add_flag("--json", ta.json, "One JSON object on stdout");
-  train->add_option("--predict-on", ta.predict_on,
-                    "Hardware profile of this machine: add the simulator's figures for the run's plan (emulated: "
-                    "the emulated GPU's compute and PCIe with this profile's SSDs and optimizer, which the automatic "
-                    "activation placement then plans on too)");
+  train->add_option(
+      "--predict-on", ta.predict_on,
+      "Hardware profile of this machine: add the simulator's figures for the run's plan (emulated: "
+      "the emulated GPU's compute and PCIe with this profile's SSDs and optimizer, which the "
+      "automatic "
+      "activation placement then plans on too)");
 
   fuyou::AdamBenchOptions adam_opts;
   std::string adam_params = "100M", adam_grad = "bf16";
   bool adam_json = false;
-  auto* adam = app.add_subcommand("adam", "AdamW throughput in memory and out of core against its rooflines");
+  auto* adam = app.add_subcommand(
+      "adam", "AdamW throughput in memory and out of core against its rooflines");
   adam->add_option("--params", adam_params, "Parameters (e.g. 100M, 1.5G)");
-  adam->add_option("--dir", adam_opts.dirs, "Store directory for the out-of-core run (repeat to stripe)");
+  adam->add_option("--dir", adam_opts.dirs,
+                   "Store directory for the out-of-core run (repeat to stripe)");
   adam->add_option("--grad", adam_grad, "Gradient type: f32, bf16, f16");
-  adam->add_option("--steps", adam_opts.steps, "Timed updates (median)")->check(CLI::PositiveNumber);
+  adam->add_option("--steps", adam_opts.steps, "Timed updates (median)")
+      ->check(CLI::PositiveNumber);
   adam->add_flag("--json", adam_json, "One JSON object on stdout");
   std::string adam_state = "fp32", adam_master = "fp32";
   adam->add_option("--state", adam_state, "Adam moments: fp32, bf16, int8 (optimizer.state)");
   adam->add_option("--master", adam_master, "Master weights: fp32, split (optimizer.master)");
 
-  auto* plan = app.add_subcommand("plan", "Print the plan a config trains with: placement, memory, buffers, ops");
+  auto* plan = app.add_subcommand(
+      "plan", "Print the plan a config trains with: placement, memory, buffers, ops");
   plan->add_option("--config", config_path, "YAML config (default: the embedded default)");
   plan->add_option("--set", sets, "Override a key: section.key=value");
   plan->add_flag("--json", json, "The plan as JSON (Plan::to_json)");
 
   auto* gemm = app.add_subcommand(
-      "gemm", "Time a config's GEMMs: on the CPU against the FMA peak; on CUDA against plain cuBLASLt");
+      "gemm",
+      "Time a config's GEMMs: on the CPU against the FMA peak; on CUDA against plain cuBLASLt");
   std::string gemm_backend = "cpu";
   int gemm_reps = 20;
-  gemm->add_option("--backend", gemm_backend, "cpu (default) or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  gemm->add_option("--backend", gemm_backend, "cpu (default) or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   gemm->add_option("--reps", gemm_reps, "cuda: calls per timed batch")->check(CLI::Range(1, 10000));
   gemm->add_option("--config", config_path, "YAML config (default: the embedded default)");
   gemm->add_option("--set", sets, "Override a key: section.key=value");
@@ -426,30 +471,45 @@ int main(int argc, char** argv) {
 
   // `simulate` and `profile`: the plan simulator (docs/simulator.md).
   fuyou::SimulateOptions sim;
-  auto* simulate = app.add_subcommand("simulate", "Predict an iteration of a config's model on a hardware profile");
+  auto* simulate = app.add_subcommand(
+      "simulate", "Predict an iteration of a config's model on a hardware profile");
   simulate->add_option("--config", sim.config, "YAML config (default: the embedded default)");
   simulate->add_option("--set", sim.sets, "Override a key: section.key=value");
-  simulate->add_option("--hardware", sim.hardware, "Hardware profile (configs/hardware/*.yaml)")->required();
-  simulate->add_option("--batch", sim.batch, "Micro-batch (default: the config's)")->check(CLI::PositiveNumber);
-  simulate->add_option("--ssds", sim.ssds, "Number of SSDs (default: the profile's)")->check(CLI::Range(1, 64));
-  simulate->add_option("--activations", sim.acts, "auto, keep, swap or recompute (default: the config's)");
-  simulate->add_flag("--search-batch", sim.search_batch, "Let the automatic placement choose the micro-batch too");
+  simulate->add_option("--hardware", sim.hardware, "Hardware profile (configs/hardware/*.yaml)")
+      ->required();
+  simulate->add_option("--batch", sim.batch, "Micro-batch (default: the config's)")
+      ->check(CLI::PositiveNumber);
+  simulate->add_option("--ssds", sim.ssds, "Number of SSDs (default: the profile's)")
+      ->check(CLI::Range(1, 64));
+  simulate->add_option("--activations", sim.acts,
+                       "auto, keep, swap or recompute (default: the config's)");
+  simulate->add_flag("--search-batch", sim.search_batch,
+                     "Let the automatic placement choose the micro-batch too");
   simulate->add_option("--sweep", sim.sweep, "Table over micro-batch (batch) or SSD count (ssds)");
   simulate->add_flag("--json", sim.json, "One JSON object on stdout");
   fuyou::ProfileOptions prof;
   std::string prof_out, prof_size = "1GiB", prof_backend = "cpu";
-  auto* profile = app.add_subcommand("profile", "Measure this machine's hardware profile (CPU or CUDA backend)");
-  profile->add_option("--dir", prof.dirs, "Store directory on the SSD (repeat per SSD)")->required();
-  profile->add_option("--out", prof_out, "Write the profile here (e.g. configs/hardware/this-cpu.yaml)")->required();
+  auto* profile = app.add_subcommand(
+      "profile", "Measure this machine's hardware profile (CPU or CUDA backend)");
+  profile->add_option("--dir", prof.dirs, "Store directory on the SSD (repeat per SSD)")
+      ->required();
+  profile
+      ->add_option("--out", prof_out,
+                   "Write the profile here (e.g. configs/hardware/this-cpu.yaml)")
+      ->required();
   profile->add_option("--threads", prof.threads, "Threads (0: all)");
   profile->add_option("--io-size", prof_size, "Bytes written then read for the SSD figures");
-  profile->add_option("--backend", prof_backend, "cpu (default) or cuda: which backend's compute and copies");
+  profile->add_option("--backend", prof_backend,
+                      "cpu (default) or cuda: which backend's compute and copies");
   fuyou::CheckpointBenchOptions ckpt_opts;
   bool ckpt_json = false;
-  auto* ckpt = app.add_subcommand("checkpoint", "Save and restore a config's training state, beside fio");
+  auto* ckpt =
+      app.add_subcommand("checkpoint", "Save and restore a config's training state, beside fio");
   ckpt->add_option("--config", config_path, "YAML config (default: the embedded default)");
   ckpt->add_option("--set", sets, "Override a key: section.key=value");
-  ckpt->add_option("--dir", ckpt_opts.dir, "Directory for the checkpoint and fio's file (default: ./fuyou-bench-checkpoint-PID)");
+  ckpt->add_option(
+      "--dir", ckpt_opts.dir,
+      "Directory for the checkpoint and fio's file (default: ./fuyou-bench-checkpoint-PID)");
   ckpt->add_flag("!--no-fio", ckpt_opts.fio, "Do not run fio beside");
   ckpt->add_flag("--json", ckpt_json, "One JSON object on stdout");
   CLI11_PARSE(app, argc, argv);
@@ -461,9 +521,12 @@ int main(int argc, char** argv) {
     if (*profile) return bench_profile(prof, prof_backend, prof_size, prof_out);
     if (*adam) {
       adam_opts.params = parse_count(adam_params);
-      if (adam_grad == "f32") adam_opts.grad_type = fuyou::ElemType::kF32;
-      else if (adam_grad == "f16") adam_opts.grad_type = fuyou::ElemType::kF16;
-      else if (adam_grad != "bf16") throw fuyou::ConfigError("--grad: expected f32, bf16 or f16, got '" + adam_grad + "'");
+      if (adam_grad == "f32")
+        adam_opts.grad_type = fuyou::ElemType::kF32;
+      else if (adam_grad == "f16")
+        adam_opts.grad_type = fuyou::ElemType::kF16;
+      else if (adam_grad != "bf16")
+        throw fuyou::ConfigError("--grad: expected f32, bf16 or f16, got '" + adam_grad + "'");
       fuyou::OptimizerConfig oc;
       oc.state = adam_state;
       oc.master = adam_master;
@@ -473,8 +536,10 @@ int main(int argc, char** argv) {
         throw fuyou::ConfigError("--master: expected fp32 or split, got '" + adam_master + "'");
       adam_opts.format = fuyou::optim_format(oc);
       nlohmann::json r = fuyou::run_adam_bench(adam_opts);
-      if (adam_json) std::printf("%s\n", r.dump().c_str());
-      else fuyou::print_adam_bench(r);
+      if (adam_json)
+        std::printf("%s\n", r.dump().c_str());
+      else
+        fuyou::print_adam_bench(r);
       return 0;
     }
     fuyou::Config cfg = load(config_path, sets);
@@ -486,16 +551,20 @@ int main(int argc, char** argv) {
       auto backend = fuyou::make_backend(cfg, &why);
       if (!json) spdlog::info("{}", why);
       const fuyou::Plan p = fuyou::train_plan(cfg, *backend);
-      if (json) std::printf("%s\n", p.to_json().dump(1).c_str());
-      else std::printf("%s%s", p.table().c_str(), p.listing().c_str());
+      if (json)
+        std::printf("%s\n", p.to_json().dump(1).c_str());
+      else
+        std::printf("%s%s", p.table().c_str(), p.listing().c_str());
       return 0;
     }
     if (*gemm && gemm_backend == "cuda") return bench_cuda_gemm(cfg, gemm_reps, json);
     if (*gemm) return bench_gemm(cfg, threads ? threads : cfg.runtime.threads, json);
     if (*ckpt) {
       nlohmann::json r = fuyou::run_checkpoint_bench(cfg, ckpt_opts);
-      if (ckpt_json) std::printf("%s\n", r.dump().c_str());
-      else fuyou::print_checkpoint_bench(r);
+      if (ckpt_json)
+        std::printf("%s\n", r.dump().c_str());
+      else
+        fuyou::print_checkpoint_bench(r);
       return 0;
     }
   } catch (...) {

@@ -67,7 +67,8 @@ void report(const fuyou::ConvertResult& r, const std::string& out) {
 // BOS / EOS beyond what the template writes. Each choice is logged.
 void resolve_special_tokens(const std::string& tokenizer, bool bos_given, bool eos_given,
                             fuyou::DatasetOptions* o) {
-  const std::string config = (std::filesystem::path(tokenizer).parent_path() / "tokenizer_config.json").string();
+  const std::string config =
+      (std::filesystem::path(tokenizer).parent_path() / "tokenizer_config.json").string();
   const bool chat = !o->chat_field.empty();
   const bool records = !o->jsonl_field.empty() || !o->prompt_field.empty();
   if (std::filesystem::exists(config)) {
@@ -81,10 +82,12 @@ void resolve_special_tokens(const std::string& tokenizer, bool bos_given, bool e
   }
   if (o->bos_token == "none") o->bos_token.clear();
   if (o->eos_token == "none") o->eos_token.clear();
-  const char* from = std::filesystem::exists(config) ? "tokenizer_config.json" : "no tokenizer_config.json";
-  spdlog::info("bos: {} ({}); eos: {} ({})", o->bos_token.empty() ? "none" : "'" + o->bos_token + "'",
-               bos_given ? "--bos-token" : from, o->eos_token.empty() ? "none" : "'" + o->eos_token + "'",
-               eos_given ? "--eos-token" : from);
+  const char* from =
+      std::filesystem::exists(config) ? "tokenizer_config.json" : "no tokenizer_config.json";
+  spdlog::info(
+      "bos: {} ({}); eos: {} ({})", o->bos_token.empty() ? "none" : "'" + o->bos_token + "'",
+      bos_given ? "--bos-token" : from, o->eos_token.empty() ? "none" : "'" + o->eos_token + "'",
+      eos_given ? "--eos-token" : from);
 }
 
 void decode_shard(const std::string& tokenizer, const std::string& shard, int64_t offset,
@@ -150,20 +153,23 @@ int main(int argc, char** argv) {
                        "JSON Lines prompt field (no loss on it)");
   tokenize->add_option("--completion-field", dopts.completion_field,
                        "JSON Lines completion field (loss on it)");
-  tokenize->add_option("--chat-field", dopts.chat_field,
-                       "JSON Lines field holding a conversation (list of {role, content}), rendered "
-                       "with tokenizer_config.json's chat_template; loss on the assistant turns");
+  tokenize->add_option(
+      "--chat-field", dopts.chat_field,
+      "JSON Lines field holding a conversation (list of {role, content}), rendered "
+      "with tokenizer_config.json's chat_template; loss on the assistant turns");
   tokenize
       ->add_option("--val-fraction", dopts.val_fraction,
                    "Share held out: the end of each text file, "
                    "the last records of each JSONL file")
       ->check(CLI::Range(0.0, 0.99));
-  auto* bos_opt = tokenize->add_option("--bos-token", dopts.bos_token,
-                                       "Token put before every document/record, e.g. '<s>' ('none': no "
-                                       "BOS; default: tokenizer_config.json's when it adds one)");
-  auto* eos_opt = tokenize->add_option("--eos-token", dopts.eos_token,
-                                       "Token put after every JSON Lines record, e.g. '<|endoftext|>' "
-                                       "('none': no EOS; default: tokenizer_config.json's eos_token)");
+  auto* bos_opt =
+      tokenize->add_option("--bos-token", dopts.bos_token,
+                           "Token put before every document/record, e.g. '<s>' ('none': no "
+                           "BOS; default: tokenizer_config.json's when it adds one)");
+  auto* eos_opt =
+      tokenize->add_option("--eos-token", dopts.eos_token,
+                           "Token put after every JSON Lines record, e.g. '<|endoftext|>' "
+                           "('none': no EOS; default: tokenizer_config.json's eos_token)");
 
   auto* decode =
       app.add_subcommand("decode", "Print a token shard as text (or token by token with --ids)");
@@ -221,8 +227,8 @@ int main(int argc, char** argv) {
         spdlog::info("loss masks (1 = completion token): {}, {}", r.train_mask_path,
                      r.val_mask_path);
       if (!r.train_records_path.empty())
-        spdlog::info("record indexes (records stay whole in training): {}, {}", r.train_records_path,
-                     r.val_records_path);
+        spdlog::info("record indexes (records stay whole in training): {}, {}",
+                     r.train_records_path, r.val_records_path);
     } else if (*decode) {
       decode_shard(tokenizer, shard, offset, count, ids);
     } else {
@@ -242,8 +248,9 @@ int main(int argc, char** argv) {
       }
     }
   } catch (...) {
-    return fuyou::tools::report_failure("convert on a machine with more memory, or report the file that "
-                                        "needed it");
+    return fuyou::tools::report_failure(
+        "convert on a machine with more memory, or report the file that "
+        "needed it");
   }
   if (stop.requested()) return 128 + stop.requested();  // it arrived after the last tensor
   return 0;

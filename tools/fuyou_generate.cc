@@ -151,12 +151,18 @@ int main(int argc, char** argv) {
                      ? "; the context is full"
                      : "");
     if (json_out) {
-      nlohmann::json j{{"prompt_ids", r.prompt_ids},  {"ids", r.ids},
-                       {"text", codec.decode(r.ids)}, {"stopped", r.stopped},
-                       {"prompt_s", r.prompt_s},      {"generate_s", r.generate_s},
-                       {"tokens_per_s", tps},         {"backend", be->name()},
-                       {"streamed", decoder.streaming()}, {"streamed_bytes", ss.bytes},
-                       {"stream_copy_s", ss.copy_s},  {"stream_wait_s", ss.wait_s}};
+      nlohmann::json j{{"prompt_ids", r.prompt_ids},
+                       {"ids", r.ids},
+                       {"text", codec.decode(r.ids)},
+                       {"stopped", r.stopped},
+                       {"prompt_s", r.prompt_s},
+                       {"generate_s", r.generate_s},
+                       {"tokens_per_s", tps},
+                       {"backend", be->name()},
+                       {"streamed", decoder.streaming()},
+                       {"streamed_bytes", ss.bytes},
+                       {"stream_copy_s", ss.copy_s},
+                       {"stream_wait_s", ss.wait_s}};
       // Text that ends inside a character is not UTF-8: those bytes become U+FFFD.
       std::puts(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     }

@@ -21,7 +21,8 @@ int main(int argc, char** argv) {
   CLI::App app{"fuyou-train: train a GPT on the CPU or GPU backend"};
   std::string config_path, run_dir, resume;
   std::vector<std::string> sets;
-  bool print_config = false, verbose = false, resume_or_start = false, eval_only = false, dry = false;
+  bool print_config = false, verbose = false, resume_or_start = false, eval_only = false,
+       dry = false;
   app.add_option("--config", config_path, "YAML config file (default: the embedded default)");
   app.add_option("--set", sets, "Override a key: section.key=value (repeatable)");
   app.add_option("--run-dir", run_dir,
@@ -30,15 +31,18 @@ int main(int argc, char** argv) {
   app.add_option("--resume", resume,
                  "Continue from a checkpoint: RUN_DIR (its latest) or RUN_DIR/checkpoints/step-N; "
                  "the config is the checkpoint's unless --config is given");
-  app.add_flag("--resume-or-start", resume_or_start,
-               "With --run-dir: resume from its latest checkpoint when it has one, else start a new run "
-               "there (a job scheduler can rerun the same command)");
-  app.add_flag("--eval-only", eval_only,
-               "Report the validation loss of the model the config starts from (model.checkpoint) or of "
-               "the --resume checkpoint, and exit; writes nothing");
-  app.add_flag("--dry-run", dry,
-               "Say whether the run fits this machine (device and host memory, disk space) and the "
-               "simulator's time per step and epoch (with offload.hardware), and exit: 0 fits, 3 does not");
+  app.add_flag(
+      "--resume-or-start", resume_or_start,
+      "With --run-dir: resume from its latest checkpoint when it has one, else start a new run "
+      "there (a job scheduler can rerun the same command)");
+  app.add_flag(
+      "--eval-only", eval_only,
+      "Report the validation loss of the model the config starts from (model.checkpoint) or of "
+      "the --resume checkpoint, and exit; writes nothing");
+  app.add_flag(
+      "--dry-run", dry,
+      "Say whether the run fits this machine (device and host memory, disk space) and the "
+      "simulator's time per step and epoch (with offload.hardware), and exit: 0 fits, 3 does not");
   app.add_flag("--print-config", print_config, "Print the resolved config and exit");
   app.add_flag("-v,--verbose", verbose, "Debug logging");
   CLI11_PARSE(app, argc, argv);
@@ -62,8 +66,9 @@ int main(int argc, char** argv) {
       opts.resume = opts.resume_source->dir();
       cfg = fuyou::resume_config(*opts.resume_source, config_path, sets);
     } else {
-      cfg = config_path.empty() ? fuyou::parse_config(fuyou::default_config_text(), "<default config>", sets)
-                                : fuyou::load_config_file(config_path, sets);
+      cfg = config_path.empty()
+                ? fuyou::parse_config(fuyou::default_config_text(), "<default config>", sets)
+                : fuyou::load_config_file(config_path, sets);
     }
     if (print_config) {
       std::fputs(fuyou::config_to_yaml(cfg).c_str(), stdout);

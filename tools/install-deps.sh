@@ -12,6 +12,7 @@ packages=(
   python3-torch python3-pip          # tests: the transformers load check of exports (below)
   python3-jinja2                     # tests: transformers' apply_chat_template (chat data)
   clang libclang-rt-14-dev           # fuzz harnesses (libFuzzer), tools/fuzz.sh
+  clang-format                       # tests: sources formatted (tools/check-format.sh)
   fortunes                           # English text for the embedded default config
 )
 

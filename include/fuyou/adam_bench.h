@@ -18,9 +18,9 @@ struct AdamBenchOptions {
   ElemType grad_type = ElemType::kBF16;
   ElemType lowp_type = ElemType::kBF16;
   bool with_lowp = true;
-  int steps = 3;                    // timed updates (median)
+  int steps = 3;                     // timed updates (median)
   uint64_t group_params = 16 << 20;  // parameters per group (one "layer") out of core
-  OptimFormat format;                // optimizer.state / optimizer.master (a split master: bf16 weights)
+  OptimFormat format;  // optimizer.state / optimizer.master (a split master: bf16 weights)
 };
 
 nlohmann::json run_adam_bench(const AdamBenchOptions& opts);

@@ -117,29 +117,29 @@ class Backend {
   //
   // out(N,C) = wte[tokens[n]] + wpe[n % T]. wpe may be null (a family without a position
   // table, llama): then out = wte[tokens[n]].
-  virtual void embedding_forward(void* out, const int32_t* tokens, const void* wte,
-                                 const void* wpe, int B, int T, int C) = 0;
+  virtual void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe,
+                                 int B, int T, int C) = 0;
   // dwte(V,C) += scatter of dout rows by token; dwpe(T,C) += sum over batch (skipped when
   // dwpe is null).
-  virtual void embedding_backward(void* dwte, void* dwpe, const void* dout,
-                                  const int32_t* tokens, int B, int T, int C) = 0;
+  virtual void embedding_backward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
+                                  int B, int T, int C) = 0;
 
   // out(N,C) = (in - mean) * rstd * w + b; saves mean(N), rstd(N) for the backward.
-  virtual void layernorm_forward(void* out, float* mean, float* rstd, const void* in,
-                                 const void* w, const void* b, int N, int C) = 0;
+  virtual void layernorm_forward(void* out, float* mean, float* rstd, const void* in, const void* w,
+                                 const void* b, int N, int C) = 0;
   // din(N,C) += ...; dw(C), db(C) += ...
-  virtual void layernorm_backward(void* din, void* dw, void* db, const void* dout,
-                                  const void* in, const void* w, const float* mean,
-                                  const float* rstd, int N, int C) = 0;
+  virtual void layernorm_backward(void* din, void* dw, void* db, const void* dout, const void* in,
+                                  const void* w, const float* mean, const float* rstd, int N,
+                                  int C) = 0;
 
   // out(N,OC) = in(N,IC) * w(OC,IC)^T + bias(OC); bias may be null.
-  virtual void matmul_forward(void* out, const void* in, const void* w, const void* bias,
-                              int N, int IC, int OC) = 0;
+  virtual void matmul_forward(void* out, const void* in, const void* w, const void* bias, int N,
+                              int IC, int OC) = 0;
   // din(N,IC) = dout * w (overwritten; skipped when din is null); dw(OC,IC) += dout^T in;
   // dbias(OC) += column sums of dout (skipped when null). din may alias in: dw is computed
   // from in before din is written (the MLP's backward overwrites its input activation).
-  virtual void matmul_backward(void* din, void* dw, void* dbias, const void* dout,
-                               const void* in, const void* w, int N, int IC, int OC) = 0;
+  virtual void matmul_backward(void* din, void* dw, void* dbias, const void* dout, const void* in,
+                               const void* w, int N, int IC, int OC) = 0;
 
   // Packed records (segments). `pos` (device memory, B*T int32, or null) gives each token its
   // position within its record: pos[b*T + t] is 0 where a record starts and pos[b*T + t - 1] + 1
@@ -185,8 +185,7 @@ class Backend {
   virtual void crossentropy_forward(float* losses, float* lse, const void* logits,
                                     const int32_t* targets, int N, int V, int ld) = 0;
   virtual void crossentropy_backward(void* logits_to_dlogits, const float* lse,
-                                     const int32_t* targets, float scale, int N, int V,
-                                     int ld) = 0;
+                                     const int32_t* targets, float scale, int N, int V, int ld) = 0;
 
   // ---- kernels of the opt and llama families -----------------------------------------------
   // Hq = query heads, Hkv = key/value heads (Hkv divides Hq), D = head size, C = Hq * D.
@@ -196,8 +195,8 @@ class Backend {
 
   // RMSNorm: out(N,C) = in * rstd * w, with rstd(N) = 1 / sqrt(mean over C of in^2 + eps)
   // saved for the backward (statistics accumulated in math::StatAcc, as layernorm).
-  virtual void rmsnorm_forward(void* out, float* rstd, const void* in, const void* w,
-                               float eps, int N, int C) = 0;
+  virtual void rmsnorm_forward(void* out, float* rstd, const void* in, const void* w, float eps,
+                               int N, int C) = 0;
   // din(N,C) += ... (accumulates, like layernorm_backward); dw(C) += ...
   virtual void rmsnorm_backward(void* din, void* dw, const void* dout, const void* in,
                                 const void* w, const float* rstd, int N, int C) = 0;
@@ -218,8 +217,7 @@ class Backend {
   virtual void repeat_kv_forward(void* qkv, const void* qkvc, int N, int Hq, int Hkv, int D) = 0;
   // dqkvc(N,(Hq+2Hkv)D) overwritten: q part copied from dqkv(N,3C), each k/v head the sum of
   // the gradients of its G copies.
-  virtual void repeat_kv_backward(void* dqkvc, const void* dqkv, int N, int Hq, int Hkv,
-                                  int D) = 0;
+  virtual void repeat_kv_backward(void* dqkvc, const void* dqkv, int N, int Hq, int Hkv, int D) = 0;
 
   // SwiGLU on the packed gate|up projection gu(N,2F) (row n: gate[0..F) then up[0..F)):
   // out(N,F) = silu(gate) * up.
@@ -307,12 +305,12 @@ constexpr uint32_t kDeviceAdamWPiece = 1u << 16;
 // math::adamw_element(master, m, v, widen(grad) , consts with decay_on or decay_off), and the
 // new master rounded to lowp's type when lowp is set.
 struct DeviceAdamW {
-  float* master = nullptr;   // fp32, the flat layout; may be the device's weights (fp32 tensors)
+  float* master = nullptr;  // fp32, the flat layout; may be the device's weights (fp32 tensors)
   float* m = nullptr;
   float* v = nullptr;
   const void* grad = nullptr;
   ElemType grad_type = ElemType::kF32;
-  void* lowp = nullptr;      // the device's 16-bit weights, or null
+  void* lowp = nullptr;  // the device's 16-bit weights, or null
   ElemType lowp_type = ElemType::kBF16;
   const AdamWPiece* pieces = nullptr;  // device memory (alloc'd), `count` of them
   size_t count = 0;
@@ -330,13 +328,14 @@ struct StreamOptions {
   int min_delay_us = 0, max_delay_us = 0;
   uint64_t seed = 1;
 };
-std::unique_ptr<Backend> make_cpu_stream_backend(int threads, uint64_t device_memory, const StreamOptions& opts);
+std::unique_ptr<Backend> make_cpu_stream_backend(int threads, uint64_t device_memory,
+                                                 const StreamOptions& opts);
 
 // Page-locks each (pointer, bytes) host buffer through be.register_host (CUDA: full-speed
 // asynchronous copies), appending those it locked to *locked for unregister_host later; what
 // it could not lock (the locked-memory limit) is logged once, naming `whose` buffers: copies
 // from them run through the driver's staging, slower.
-void page_lock_host(Backend& be, const std::vector<std::pair<void*, size_t>>& buffers, std::vector<void*>* locked,
-                    const char* whose);
+void page_lock_host(Backend& be, const std::vector<std::pair<void*, size_t>>& buffers,
+                    std::vector<void*>* locked, const char* whose);
 
 }  // namespace fuyou

@@ -11,8 +11,8 @@
 
 namespace fuyou {
 
-// Picks and creates the backend for runtime.backend (cpu | cuda | auto | cpu-streams | emulated), its
-// device memory offload.device_memory. `reason` receives a sentence saying which backend was
+// Picks and creates the backend for runtime.backend (cpu | cuda | auto | cpu-streams | emulated),
+// its device memory offload.device_memory. `reason` receives a sentence saying which backend was
 // chosen and why (for the first log line).
 std::unique_ptr<Backend> make_backend(const Config& cfg, std::string* reason);
 

@@ -5,18 +5,17 @@
 #pragma once
 
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "fuyou/backend.h"
 
 namespace fuyou {
 
 struct StepBreakdown {
-  double wall_s = 0;      // the step as the host timed it, start to device finished
-  double timeline_s = 0;  // the device's timeline from the first mark to the last
+  double wall_s = 0;         // the step as the host timed it, start to device finished
+  double timeline_s = 0;     // the device's timeline from the first mark to the last
   double unaccounted_s = 0;  // wall_s - timeline_s: before the first mark and after the last
   size_t marks = 0;
   // Seconds per phase ("forward"), per class ("gemm.qkv") and per phase and class

@@ -26,9 +26,8 @@
 #include <string>
 #include <vector>
 
-#include "fuyou/optim.h"
-
 #include "fuyou/config.h"
+#include "fuyou/optim.h"
 #include "fuyou/train_state.h"
 
 namespace fuyou {
@@ -52,22 +51,26 @@ struct ShardIdentity {
 };
 struct DataSplitIdentity {
   uint64_t tokens = 0;
-  std::string xxh3;  // of the tokens (int32), the loss mask bytes and the record starts (u64), if any
+  std::string
+      xxh3;  // of the tokens (int32), the loss mask bytes and the record starts (u64), if any
   std::vector<ShardIdentity> shards;
 };
 struct DataIdentity {
   DataSplitIdentity train, val;
 };
-DataSplitIdentity split_identity(const std::vector<int32_t>& tokens, const std::vector<uint8_t>& mask,
-                                 const std::vector<std::string>& shard_paths, const std::vector<uint64_t>& records = {});
+DataSplitIdentity split_identity(const std::vector<int32_t>& tokens,
+                                 const std::vector<uint8_t>& mask,
+                                 const std::vector<std::string>& shard_paths,
+                                 const std::vector<uint64_t>& records = {});
 
 // The loop's position beside the engine state.
 struct TrainProgress {
-  int64_t step = 0;               // optimizer steps completed
-  uint64_t sampler_position = 0;  // position() of the training sampler (BatchSampler or RecordSampler)
-  double first_val_loss = 0;      // validation loss at step 0 (0: none)
-  double last_val_loss = 0;       // the most recent one (0: none)
-  double train_seconds = 0;       // time spent in steps so far
+  int64_t step = 0;  // optimizer steps completed
+  uint64_t sampler_position =
+      0;                      // position() of the training sampler (BatchSampler or RecordSampler)
+  double first_val_loss = 0;  // validation loss at step 0 (0: none)
+  double last_val_loss = 0;   // the most recent one (0: none)
+  double train_seconds = 0;   // time spent in steps so far
 };
 
 struct CheckpointFile {
@@ -162,13 +165,14 @@ std::string earlier_checkpoint_hint(const std::string& checkpoint_dir);
 // that is a token stream (BatchSampler): exactly that many draws without a loss mask, up to
 // BatchSampler::kMaxRedraws more per window with one. IoError naming `path` when it does not
 // fit. (Record data is checked by the run against the rows its records pack into.)
-void check_sampler_position(const CheckpointManifest& m, const Config& cfg, bool masked, const std::string& path);
+void check_sampler_position(const CheckpointManifest& m, const Config& cfg, bool masked,
+                            const std::string& path);
 
 // CheckpointSource(dir).manifest(), .config(), .restore(): for callers that open once.
 CheckpointManifest read_checkpoint_manifest(const std::string& dir);
 Config read_checkpoint_config(const std::string& dir);
-void restore_checkpoint(const std::string& dir, const CheckpointManifest& m, const ModelConfig& model,
-                        TrainEngine& engine);
+void restore_checkpoint(const std::string& dir, const CheckpointManifest& m,
+                        const ModelConfig& model, TrainEngine& engine);
 
 // The config of a resume: `config_path` (may be empty: the checkpoint's own config.yaml)
 // with `overrides`, checked against the checkpoint's by check_resume_config.

@@ -1,6 +1,6 @@
 // The training configuration: YAML sections model, data, optimizer, schedule, offload,
-// runtime, checkpoint. Every key is documented in docs/config.md. Loading validates everything before
-// any work starts: an unknown key, a wrong type or an impossible value is a ConfigError
+// runtime, checkpoint. Every key is documented in docs/config.md. Loading validates everything
+// before any work starts: an unknown key, a wrong type or an impossible value is a ConfigError
 // naming the key and what is allowed.
 #pragma once
 
@@ -39,11 +39,11 @@ struct ModelConfig {
   float init_std = 0.02f;
   uint64_t seed = 1234;  // initialisation seed; copied from runtime.seed
   // llama only (gpt2 and opt require the defaults):
-  int n_kv_head = 0;           // key/value heads of grouped-query attention; 0 means n_head
-  float norm_eps = 1e-5f;      // RMSNorm epsilon (gpt2/opt LayerNorm always use 1e-5)
-  float rope_theta = 10000.0f; // rotary base
-  bool tie_embeddings = true;  // false: a separate LM head (V, C) in the "final" group
-  bool qkv_bias = false;       // biases on the q/k/v projections (Qwen2 style)
+  int n_kv_head = 0;            // key/value heads of grouped-query attention; 0 means n_head
+  float norm_eps = 1e-5f;       // RMSNorm epsilon (gpt2/opt LayerNorm always use 1e-5)
+  float rope_theta = 10000.0f;  // rotary base
+  bool tie_embeddings = true;   // false: a separate LM head (V, C) in the "final" group
+  bool qkv_bias = false;        // biases on the q/k/v projections (Qwen2 style)
   // Tokens whose logits exist at once (0: the whole micro-batch). Smaller: the LM head and
   // its loss run in chunks of this many tokens, the backward recomputing each chunk's
   // logits (one more head GEMM), so the logits take chunk x vocab elements of device memory
@@ -79,7 +79,8 @@ struct OptimizerConfig {
   double eps = 1e-8;
   double weight_decay = 0.1;
   double grad_clip = 1.0;  // 0 disables global-norm clipping
-  // With runtime.precision fp16: the dynamic loss scale's starting value (include/fuyou/loss_scale.h).
+  // With runtime.precision fp16: the dynamic loss scale's starting value
+  // (include/fuyou/loss_scale.h).
   double initial_loss_scale = 65536.0;
   // Where AdamW and its state (fp32 master, moments) live when the model trains in memory:
   // auto (the device when it has a GPU's own memory and the state fits beside the model,
@@ -158,7 +159,7 @@ struct RuntimeConfig {
   // Attention kernels: auto (cuDNN's fused flash attention on the CUDA backend with 16-bit
   // tensors, else the backend's own), kernels (the backend's own: the CPU's arithmetic), cudnn.
   std::string attention = "auto";
-  int threads = 0;               // 0 means every core the process may use
+  int threads = 0;  // 0 means every core the process may use
   uint64_t seed = 1234;
 };
 
@@ -167,9 +168,9 @@ struct RuntimeConfig {
 // finished run can be extended with --resume. A graceful stop (SIGINT/SIGTERM) always
 // writes one.
 struct CheckpointConfig {
-  int64_t every_steps = 0;     // 0: not by step count
-  double every_minutes = 30;   // wall-clock minutes of training between checkpoints; 0: not by time
-  int keep = 2;                // complete checkpoints kept (the newest ones), at least 1
+  int64_t every_steps = 0;    // 0: not by step count
+  double every_minutes = 30;  // wall-clock minutes of training between checkpoints; 0: not by time
+  int keep = 2;               // complete checkpoints kept (the newest ones), at least 1
   // Also keep the checkpoint with the lowest validation loss (validation runs at every
   // checkpoint then), named by checkpoints/best.
   bool keep_best = false;

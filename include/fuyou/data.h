@@ -79,8 +79,8 @@ class BatchSampler {
   BatchSampler(const std::vector<int32_t>* tokens, int B, int T, uint64_t seed);
   // Same with a loss mask of tokens->size() entries (null: every target counts). Throws when
   // the sizes differ or no target in the data counts.
-  BatchSampler(const std::vector<int32_t>* tokens, const std::vector<uint8_t>* mask, int B,
-               int T, uint64_t seed);
+  BatchSampler(const std::vector<int32_t>* tokens, const std::vector<uint8_t>* mask, int B, int T,
+               uint64_t seed);
   bool has_mask() const { return mask_ != nullptr; }
   // Fills `batch` (B*(T+1)) with the next random windows and, when the sampler has a mask and
   // `counted` is not null, counted (B*T) with which targets count.
@@ -186,7 +186,7 @@ class RecordSampler {
   bool shuffle_;
   uint64_t limit_;
   uint64_t next_ = 0;
-  mutable int64_t order_epoch_ = -1;      // the epoch whose order order_ holds
+  mutable int64_t order_epoch_ = -1;     // the epoch whose order order_ holds
   mutable std::vector<uint32_t> order_;  // that epoch's order (indices into records_)
 };
 

@@ -43,9 +43,9 @@ enum class LayerStreaming { kAuto, kAlways, kNever };
 
 // What streaming cost so far (zero when the weights are resident).
 struct DecoderStreamStats {
-  uint64_t bytes = 0;      // copied to the device
-  double copy_s = 0;       // time spent copying (on the copy thread)
-  double wait_s = 0;       // time compute waited for a layer's weights
+  uint64_t bytes = 0;  // copied to the device
+  double copy_s = 0;   // time spent copying (on the copy thread)
+  double wait_s = 0;   // time compute waited for a layer's weights
 };
 
 class GptDecoder {
@@ -89,7 +89,7 @@ class GptDecoder {
   ParamLayout layout_;
   Family family_;
   bool streaming_ = false;
-  void* params_ = nullptr;  // resident: every group; streaming: null
+  void* params_ = nullptr;                    // resident: every group; streaming: null
   void *embed_ = nullptr, *final_ = nullptr;  // streaming: the first and last groups
   void* slot_[2] = {nullptr, nullptr};        // streaming: two layer slots
   std::vector<char> host_layers_;             // streaming: the flat parameters, storage type

@@ -37,7 +37,8 @@ class TrainEngine {
   virtual float eval_loss(const int32_t* batch, const uint8_t* mask = nullptr,
                           const int32_t* positions = nullptr) = 0;
   // Writes the fp32 master weights as safetensors (engine tensor names), group by group.
-  virtual void save_weights(const std::string& path, const std::map<std::string, std::string>& metadata) = 0;
+  virtual void save_weights(const std::string& path,
+                            const std::map<std::string, std::string>& metadata) = 0;
   virtual void write_trace(const std::string& path) const = 0;
 
   // Training-state checkpoints (include/fuyou/checkpoint.h), between steps. read_state
@@ -78,8 +79,9 @@ bool wants_offload(const Config& cfg);
 // `fp32_sums` (sums_grads_in_fp32) adds the fp32 gradient sum, 4 bytes per parameter.
 // `format`: the optimizer's state format (optim_state_bytes: 12 bytes per parameter in fp32,
 // 4.03 with int8 moments and a split master).
-uint64_t in_memory_host_bytes(const ModelConfig& m, int micro_batch, bool device_in_host, size_t elem_bytes,
-                              bool fp32_sums = false, const OptimFormat& format = {});
+uint64_t in_memory_host_bytes(const ModelConfig& m, int micro_batch, bool device_in_host,
+                              size_t elem_bytes, bool fp32_sums = false,
+                              const OptimFormat& format = {});
 // The part of in_memory_host_bytes that is the master, the moments and the gradients (and
 // their fp32 sums).
 uint64_t in_memory_state_bytes(const ModelConfig& m, bool fp32_sums, const OptimFormat& format);
@@ -119,6 +121,7 @@ struct EngineOptions {
 
 // Opens the SSD store if offload.ssd_paths is set and builds the plan within the budgets;
 // throws Error naming what does not fit.
-std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backend, const EngineOptions& opts = {});
+std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backend,
+                                               const EngineOptions& opts = {});
 
 }  // namespace fuyou

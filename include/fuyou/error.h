@@ -31,7 +31,8 @@ class IoError : public Error {
   explicit IoError(const std::string& what) : Error(what) {}
 };
 
-[[noreturn]] void check_failed(const char* file, int line, const char* cond, const std::string& msg);
+[[noreturn]] void check_failed(const char* file, int line, const char* cond,
+                               const std::string& msg);
 
 namespace detail {
 inline void append(std::ostringstream&) {}
@@ -57,7 +58,7 @@ std::string printable(std::string_view text, size_t max_bytes = 200);
 
 }  // namespace fuyou
 
-#define FY_CHECK(cond, ...)                                                             \
-  do {                                                                                  \
+#define FY_CHECK(cond, ...)                                                                   \
+  do {                                                                                        \
     if (!(cond)) ::fuyou::check_failed(__FILE__, __LINE__, #cond, ::fuyou::str(__VA_ARGS__)); \
   } while (0)

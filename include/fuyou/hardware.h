@@ -21,7 +21,7 @@ struct HardwareProfile {
   // Compute: dense throughput and its efficiency by GEMM size. The size of a layer's work
   // is the geometric mean of its MLP up-projection GEMM, cbrt(tokens * d_model * d_ff);
   // the efficiency is interpolated linearly in log2(size) and clamped at the ends.
-  double peak_flops = 0;  // FLOP/s
+  double peak_flops = 0;                                   // FLOP/s
   std::vector<std::pair<double, double>> gemm_efficiency;  // (size, fraction of peak), sorted
   // Bytes per activation / weight / gradient element a 16-bit storage mode would give this
   // device (4: fp32, 2: bf16). Not applied: plans count the bytes the run stores (fp32 on
@@ -76,7 +76,8 @@ double mixed_capacity_from(double read_s, double write_s, double mixed_s);
 // their throughputs multiplied by `scale` (runtime.emulated_scale), and `host`'s SSDs, CPU
 // optimizer and memory bandwidth (this machine's, e.g. from `fuyou-bench profile`), which the
 // run uses for real. The simulator's prediction for an emulated run is on this profile.
-HardwareProfile emulated_machine(const HardwareProfile& gpu, double scale, const HardwareProfile& host);
+HardwareProfile emulated_machine(const HardwareProfile& gpu, double scale,
+                                 const HardwareProfile& host);
 
 // The scale that gives an emulated run `gpu`'s ratio of compute and PCIe time to SSD read
 // time on `host`'s disks: host's aggregate SSD read bandwidth over gpu's.

@@ -106,11 +106,11 @@ struct ConvertOptions {
 struct ConvertResult {
   ModelConfig model;
   size_t tensors = 0;
-  uint64_t bytes = 0;               // tensor bytes written
-  std::vector<std::string> files;   // weight files and index, names relative to the output
-  std::vector<std::string> copied;  // tokenizer and config files copied through
-  StDtype dtype = StDtype::kF32;    // to-hf: the tensors' dtype
-  std::string dtype_origin;         // to-hf: why that dtype ("--dtype", "the base model's ...")
+  uint64_t bytes = 0;                // tensor bytes written
+  std::vector<std::string> files;    // weight files and index, names relative to the output
+  std::vector<std::string> copied;   // tokenizer and config files copied through
+  StDtype dtype = StDtype::kF32;     // to-hf: the tensors' dtype
+  std::string dtype_origin;          // to-hf: why that dtype ("--dtype", "the base model's ...")
   std::vector<std::string> written;  // to-hf: files it made (tokenizer_config.json when absent)
 };
 

@@ -72,9 +72,9 @@ inline float backward_scale(int64_t counted, double loss_scale) {
 }
 
 struct StepDecision {
-  bool apply = true;       // false: skip the update (fp16 overflow)
-  double grad_norm = 0;    // of the unscaled gradients (inf when they overflowed)
-  float grad_scale = 1.0f; // multiplies each gradient in the update: unscale x clip coefficient
+  bool apply = true;        // false: skip the update (fp16 overflow)
+  double grad_norm = 0;     // of the unscaled gradients (inf when they overflowed)
+  float grad_scale = 1.0f;  // multiplies each gradient in the update: unscale x clip coefficient
 };
 StepDecision decide_step(double scaled_sum_squares, double loss_scale, double grad_clip,
                          DynamicLossScaler* scaler);

@@ -33,14 +33,29 @@ struct TensorSpec {
   int group = 0;               // index into ParamLayout::groups
   size_t offset = 0;           // elements from the start of the flat array
   size_t numel = 0;
-  bool decay = false;          // weight decay applies (matrices and embeddings)
-  int role = 0;                // TensorRole: which pointer of Layer/GlobalTensors it fills
+  bool decay = false;  // weight decay applies (matrices and embeddings)
+  int role = 0;        // TensorRole: which pointer of Layer/GlobalTensors it fills
 };
 
 // What a tensor is to the model code, independent of its name.
 enum TensorRole : int {
-  kWte, kWpe, kLnfW, kLnfB, kLmHead,
-  kLn1W, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB,
+  kWte,
+  kWpe,
+  kLnfW,
+  kLnfB,
+  kLmHead,
+  kLn1W,
+  kLn1B,
+  kQkvW,
+  kQkvB,
+  kProjW,
+  kProjB,
+  kLn2W,
+  kLn2B,
+  kFcW,
+  kFcB,
+  kFcProjW,
+  kFcProjB,
 };
 
 enum class Family { kGpt2, kOpt, kLlama };
@@ -55,14 +70,16 @@ int position_rows(const ModelConfig& cfg);
 // and exports have vocab_size rows; the logits buffer is (rows, padded_vocab) and
 // logits_stride() says so.
 inline constexpr int kVocabPad = 64;
-inline int padded_vocab(const ModelConfig& cfg) { return (cfg.vocab_size + kVocabPad - 1) / kVocabPad * kVocabPad; }
+inline int padded_vocab(const ModelConfig& cfg) {
+  return (cfg.vocab_size + kVocabPad - 1) / kVocabPad * kVocabPad;
+}
 // OPT reads position t from row t + 2 of its table; 0 for the others.
 inline constexpr int kOptPositionOffset = 2;
 
 struct ParamGroup {
   std::string name;  // "embed", "layer.0", ..., "final"
   size_t offset = 0;
-  size_t numel = 0;  // including alignment padding at the end
+  size_t numel = 0;         // including alignment padding at the end
   size_t first_tensor = 0;  // the group's tensors are tensors[first_tensor, + num_tensors)
   size_t num_tensors = 0;
 };
@@ -73,7 +90,7 @@ struct ParamLayout {
   size_t total = 0;  // elements, with padding
 
   const TensorSpec& tensor(const std::string& name) const;  // throws if absent
-  size_t num_params() const;                                 // without padding
+  size_t num_params() const;                                // without padding
 };
 
 ParamLayout make_gpt_layout(const ModelConfig& cfg);
@@ -107,28 +124,30 @@ struct GlobalTensors {
 // `base` holds elements of `elem_bytes` bytes each (the device's storage type).
 LayerTensors layer_tensors(const ParamLayout& layout, int layer, void* base, size_t elem_bytes);
 // The same from a buffer holding only the layer's group (group-relative offsets).
-LayerTensors layer_group_tensors(const ParamLayout& layout, int layer, void* group, size_t elem_bytes);
+LayerTensors layer_group_tensors(const ParamLayout& layout, int layer, void* group,
+                                 size_t elem_bytes);
 GlobalTensors global_tensors(const ParamLayout& layout, void* base, size_t elem_bytes);
 // The same from separate buffers holding only the embed group and only the final group
 // (the offloading scheduler keeps them apart). `embed` and `final_` are group-relative.
-GlobalTensors global_tensors(const ParamLayout& layout, void* embed, void* final_, size_t elem_bytes);
+GlobalTensors global_tensors(const ParamLayout& layout, void* embed, void* final_,
+                             size_t elem_bytes);
 
 // What one layer's forward saves for its backward, in device memory: tensors of the storage
 // type (void*) and fp32 norm statistics (float*).
 struct LayerActivations {
-  void* ln1 = nullptr;       // (N, C)
+  void* ln1 = nullptr;        // (N, C)
   float* ln1_mean = nullptr;  // (N); null for llama (RMSNorm keeps only rstd)
   float* ln1_rstd = nullptr;  // (N)
-  void* qkv = nullptr;       // (N, 3C) after RoPE and with k/v heads repeated (llama)
-  float* lse = nullptr;      // (B, H, T) log-sum-exp of each query's scaled scores
-  void* atty = nullptr;      // (N, C) attention output before the projection
-  void* res2 = nullptr;      // (N, C) residual after attention
-  void* ln2 = nullptr;       // (N, C)
+  void* qkv = nullptr;        // (N, 3C) after RoPE and with k/v heads repeated (llama)
+  float* lse = nullptr;       // (B, H, T) log-sum-exp of each query's scaled scores
+  void* atty = nullptr;       // (N, C) attention output before the projection
+  void* res2 = nullptr;       // (N, C) residual after attention
+  void* ln2 = nullptr;        // (N, C)
   float* ln2_mean = nullptr;  // (N); null for llama
   float* ln2_rstd = nullptr;  // (N)
-  void* fch = nullptr;       // (N, F) MLP pre-activation; llama (N, 2F) gate | up
-  void* fcg = nullptr;       // (N, F) after GELU / ReLU / SwiGLU
-  void* out = nullptr;       // (N, C) block output = next block's input
+  void* fch = nullptr;        // (N, F) MLP pre-activation; llama (N, 2F) gate | up
+  void* fcg = nullptr;        // (N, F) after GELU / ReLU / SwiGLU
+  void* out = nullptr;        // (N, C) block output = next block's input
 };
 
 // Device bytes of one layer's saved activations, and of a kWorkspace model's own buffers, at
@@ -203,7 +222,8 @@ class GptModel {
   // Backend::attention_forward's pos, checked here). Each record then sees only itself:
   // learned positions and rotary phases restart, attention stops at its boundaries. Null: one
   // record per row, the unpacked arithmetic bit for bit.
-  void set_tokens(const int32_t* inputs, const int32_t* targets, const int32_t* positions = nullptr);
+  void set_tokens(const int32_t* inputs, const int32_t* targets,
+                  const int32_t* positions = nullptr);
   LayerActivations alloc_activations(const std::string& what);  // owned by the model
   // Targets of the last set_tokens() that count (not kIgnoreTarget): N without a mask.
   int64_t counted_targets() const { return counted_; }
@@ -217,7 +237,6 @@ class GptModel {
                       const LayerActivations& a, void* dx_out_in);
   void embed_backward(const GlobalTensors& dg, const void* dx);
 
-
  private:
   // A timing mark before the work of class c (Backend: step timing; only while timing).
   void mark(StepPhase p, OpClass c) {
@@ -230,8 +249,8 @@ class GptModel {
   P* alloc_entry(P* type_tag, size_t n, const std::string& what);  // by the entry's type
   void norm_forward(void* out, float* mean, float* rstd, const void* in, const void* w,
                     const void* b);
-  void norm_backward(void* din, void* dw, void* db, const void* dout, const void* in,
-                     const void* w, const float* mean, const float* rstd);
+  void norm_backward(void* din, void* dw, void* db, const void* dout, const void* in, const void* w,
+                     const float* mean, const float* rstd);
 
   ModelConfig cfg_;
   Backend& be_;
@@ -245,29 +264,29 @@ class GptModel {
   int32_t* targets_ = nullptr;
   int32_t* positions_ = nullptr;  // (N) device copy of the last set_tokens()'s positions
   const int32_t* pos_ = nullptr;  // positions_ when the last set_tokens() packed records, else null
-  void* x0_ = nullptr;  // (N, C) embedding output
+  void* x0_ = nullptr;            // (N, C) embedding output
   std::vector<LayerActivations> acts_;
-  void* lnf_ = nullptr;       // (N, C)
+  void* lnf_ = nullptr;        // (N, C)
   float* lnf_mean_ = nullptr;  // (N)
   float* lnf_rstd_ = nullptr;  // (N)
-  void* logits_ = nullptr;    // (head_rows_, V), overwritten by dlogits in backward
+  void* logits_ = nullptr;     // (head_rows_, V), overwritten by dlogits in backward
   int head_rows_ = 0;          // tokens of one chunk of the head (N: not chunked)
   // Row `row` of a (rows, width) tensor of the storage type.
   void* rows_at(void* p, int row, int width) const {
     return static_cast<char*>(p) + es_ * static_cast<size_t>(row) * width;
   }
-  float* losses_ = nullptr;    // (N)
-  float* lse_ = nullptr;       // (N)
+  float* losses_ = nullptr;  // (N)
+  float* lse_ = nullptr;     // (N)
   std::vector<float> host_losses_;
   int64_t counted_ = 0;  // targets of the last set_tokens() that count
   // Backward scratch
-  void* dres_ = nullptr;   // (N, C) gradient flowing along the residual stream
-  void* dtmp_ = nullptr;   // (N, C)
-  void* dqkv_ = nullptr;   // (N, 3C)
+  void* dres_ = nullptr;          // (N, C) gradient flowing along the residual stream
+  void* dtmp_ = nullptr;          // (N, C)
+  void* dqkv_ = nullptr;          // (N, 3C)
   float* att_scratch_ = nullptr;  // (2, T, T) the backend's attention scratch
-  void* qkvc_ = nullptr;   // (N, C + 2KV) compact q|k|v before the heads are repeated (GQA)
-  void* dqkvc_ = nullptr;  // (N, C + 2KV)
-  void* dgu_ = nullptr;    // (N, 2F) llama: gradient of gate | up
+  void* qkvc_ = nullptr;          // (N, C + 2KV) compact q|k|v before the heads are repeated (GQA)
+  void* dqkvc_ = nullptr;         // (N, C + 2KV)
+  void* dgu_ = nullptr;           // (N, 2F) llama: gradient of gate | up
   Family family_;
   std::vector<void*> owned_;
 };

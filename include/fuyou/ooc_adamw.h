@@ -25,8 +25,8 @@
 
 #include "fuyou/optim.h"
 #include "fuyou/storage.h"
-#include "fuyou/train_state.h"
 #include "fuyou/tier.h"
+#include "fuyou/train_state.h"
 
 namespace fuyou {
 
@@ -43,7 +43,6 @@ struct OptimGroup {
   std::vector<OptimTensor> tensors;  // must cover only [0, numel)
 };
 
-
 struct OocAdamWOptions {
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
   // Per streamed chunk; a multiple of 1024 (4 KiB of fp32), and with int8 moments of 262144
@@ -58,19 +57,22 @@ struct OocAdamWOptions {
 // Bytes of the store extents of a group of `numel` parameters (its three kinds, each rounded
 // to 4 KiB), and the bytes a whole-group update reads (and writes) streaming them in chunks.
 uint64_t ooc_state_extent_bytes(const OptimFormat& f, uint64_t numel);
-uint64_t ooc_update_io_bytes(const OptimFormat& f, uint64_t numel, size_t chunk_elems = size_t{1} << 20);
+uint64_t ooc_update_io_bytes(const OptimFormat& f, uint64_t numel,
+                             size_t chunk_elems = size_t{1} << 20);
 
 // The pinned chunk slots an optimizer with groups on SSD holds: three slot sets (read ahead,
 // update, write behind) of master, m and v chunks.
 constexpr uint32_t kOocChunkSlots = 9;
-constexpr uint64_t ooc_chunk_pool_bytes(const OocAdamWOptions& o = {}) { return kOocChunkSlots * 4ull * o.chunk_elems; }
+constexpr uint64_t ooc_chunk_pool_bytes(const OocAdamWOptions& o = {}) {
+  return kOocChunkSlots * 4ull * o.chunk_elems;
+}
 
 // Decides where each group's state lives: host memory for groups while their state
 // (optim_state_bytes: 12 bytes per parameter in fp32) fits `host_state_budget`, in order, the
 // rest on SSD. With no store every group must fit in host memory (else Error with the numbers).
 std::vector<Tier> place_optimizer_state(const std::vector<OptimGroup>& groups,
-                                             uint64_t host_state_budget, bool have_store,
-                                             const OptimFormat& format = {});
+                                        uint64_t host_state_budget, bool have_store,
+                                        const OptimFormat& format = {});
 
 // One kind's packed state in pieces (checkpoints): plane 0 holds the values or codes
 // (`n` elements from element `begin`, moment_elem_bytes or master_elem_bytes each), plane 1 an
@@ -127,9 +129,9 @@ class OocAdamW {
     ElemType lowp_type = ElemType::kF32;
     float grad_scale = 1.0f;
     float lr = 0;
-    int64_t t = 1;               // 1-based step for bias correction
-    // OpenMP threads of the kernel (0: those of the thread that built the optimizer). Any count gives the same bits:
-    // the update is element-wise.
+    int64_t t = 1;  // 1-based step for bias correction
+    // OpenMP threads of the kernel (0: those of the thread that built the optimizer). Any count
+    // gives the same bits: the update is element-wise.
     int threads = 0;
     // Elements [begin, end) of the group only (end 0: the whole group); `grad` and `lowp`
     // still point at the group's element 0. Groups whose state is in host memory only.

@@ -10,17 +10,17 @@ enum class StepPhase { kForward, kBackward, kOptimizer, kOther, kCount };
 
 enum class OpClass {
   kEmbedding,
-  kNorm,         // LayerNorm / RMSNorm, forward or backward
-  kGemmQkv,      // the q/k/v projection
-  kGemmAttnProj, // the attention's output projection
-  kGemmMlpUp,    // the MLP's first matrix (fc; gate|up)
-  kGemmMlpDown,  // the MLP's second matrix (fc projection; down)
+  kNorm,          // LayerNorm / RMSNorm, forward or backward
+  kGemmQkv,       // the q/k/v projection
+  kGemmAttnProj,  // the attention's output projection
+  kGemmMlpUp,     // the MLP's first matrix (fc; gate|up)
+  kGemmMlpDown,   // the MLP's second matrix (fc projection; down)
   kAttention,
-  kActivation,   // GELU, ReLU, SwiGLU
-  kResidual,     // the residual adds
-  kRope,         // rotary positions and grouped-query head copies
-  kHeadGemm,     // the LM head's GEMMs
-  kLoss,         // softmax cross-entropy
+  kActivation,  // GELU, ReLU, SwiGLU
+  kResidual,    // the residual adds
+  kRope,        // rotary positions and grouped-query head copies
+  kHeadGemm,    // the LM head's GEMMs
+  kLoss,        // softmax cross-entropy
   kCopyToDevice,
   kCopyToHost,
   kDeviceOptimizer,  // the gradient's fp32 sums, sum of squares and AdamW on the device
@@ -36,8 +36,12 @@ enum class OpClass {
 inline int timing_tag(StepPhase p, OpClass c) {
   return static_cast<int>(p) * static_cast<int>(OpClass::kCount) + static_cast<int>(c);
 }
-inline StepPhase tag_phase(int tag) { return static_cast<StepPhase>(tag / static_cast<int>(OpClass::kCount)); }
-inline OpClass tag_class(int tag) { return static_cast<OpClass>(tag % static_cast<int>(OpClass::kCount)); }
+inline StepPhase tag_phase(int tag) {
+  return static_cast<StepPhase>(tag / static_cast<int>(OpClass::kCount));
+}
+inline OpClass tag_class(int tag) {
+  return static_cast<OpClass>(tag % static_cast<int>(OpClass::kCount));
+}
 
 const char* step_phase_name(StepPhase p);  // "forward", "backward", "optimizer", "other"
 const char* op_class_name(OpClass c);      // "gemm.qkv", "attention", "copy.to_device", ...

@@ -104,8 +104,8 @@ struct DecayRange {
 // same pass. Every path gives the scalar reference's bits (src/optim/adamw_packed.cc).
 struct PackedAdamWArgs {
   OptimFormat format;
-  void* master = nullptr;  // n floats (fp32) or n int16 remainders (split)
-  void* m = nullptr;       // n values or codes in format.moments
+  void* master = nullptr;    // n floats (fp32) or n int16 remainders (split)
+  void* m = nullptr;         // n values or codes in format.moments
   float* m_scale = nullptr;  // int8: one per block of [0, n)
   void* v = nullptr;
   float* v_scale = nullptr;
@@ -120,17 +120,20 @@ struct PackedAdamWArgs {
   // counted from the group's start), and the rounding bits' counter.
   uint64_t first = 0;
   float grad_scale = 1.0f;
-  uint32_t key = 0;  // math::round_key(group, t)
+  uint32_t key = 0;                    // math::round_key(group, t)
   const DecayRange* ranges = nullptr;  // sorted, disjoint, within [0, n)
   size_t nranges = 0;
 };
-void adamw_update_packed(const PackedAdamWArgs& a, const AdamWStep& s, SimdPath path = SimdPath::kAuto);
+void adamw_update_packed(const PackedAdamWArgs& a, const AdamWStep& s,
+                         SimdPath path = SimdPath::kAuto);
 
 // A moment's n elements (from a block boundary) to fp32, and back with rounding to nearest
 // (checkpoint conversions between formats). For an int8 v the values are v (its stored root
 // squared, as the update reads it).
-void decode_moment(MomentFormat f, bool second, const void* data, const float* scales, float* out, size_t n);
-void encode_moment(MomentFormat f, bool second, const float* in, void* data, float* scales, size_t n);
+void decode_moment(MomentFormat f, bool second, const void* data, const float* scales, float* out,
+                   size_t n);
+void encode_moment(MomentFormat f, bool second, const float* in, void* data, float* scales,
+                   size_t n);
 
 // Sum of squares (in double) and count of non-finite values of a gradient: the fused pass
 // that global-norm clipping and fp16 overflow checks need before any update.

@@ -21,7 +21,6 @@ namespace fuyou {
 // thread stacks), measured as the RSS of a small run: about 150 MiB; rounded up.
 constexpr uint64_t kProcessBaseline = 256ull << 20;
 
-
 // Where a layer's input checkpoint (the block input) lives between forward and backward.
 // keep: on the device with every internal activation (no recompute); device: the
 // checkpoint on the device, internals recomputed; host / ssd: the checkpoint swapped out
@@ -46,49 +45,51 @@ struct LayerDecision {
   int retained = -1;
 };
 
-
 // ---- the buffer table ---------------------------------------------------------------------
-
 
 // What a buffer holds. With PlanBuffer::index (a slot, a layer or a parameter group, as noted)
 // it names one buffer of the plan.
 enum class BufferKind {
   // Device.
-  kEmbedWeights, kFinalWeights,  // the resident embedding and final-norm groups
-  kEmbedRows,                    // view of kEmbedWeights: the rows the first update part refreshes
-  kEmbedGrads, kFinalGrads,      // their gradients, accumulated over the step
-  kWeightSlot,                   // index: slot; one layer's weights
-  kGradSlot,                     // index: slot; one layer's gradients
-  kCkptSlot,                     // index: slot; a block input brought back for the backward
-  kStream,                       // index: 0 or 1; the forward's block inputs and outputs
-  kLayerCkpt,                    // index: layer; its block input kept on the device (keep, device)
-  kLayerActs,                    // index: layer; its internal activations (keep)
-  kWorkActs,                     // the activations every other layer's forward and backward use
-  kScratch,                      // recomputation's unused block output
-  kResidualGrad,                 // the gradient flowing down the residual stream
-  kModelWorkspace,               // the model's own (logits, head, backward scratch)
+  kEmbedWeights,
+  kFinalWeights,  // the resident embedding and final-norm groups
+  kEmbedRows,     // view of kEmbedWeights: the rows the first update part refreshes
+  kEmbedGrads,
+  kFinalGrads,      // their gradients, accumulated over the step
+  kWeightSlot,      // index: slot; one layer's weights
+  kGradSlot,        // index: slot; one layer's gradients
+  kCkptSlot,        // index: slot; a block input brought back for the backward
+  kStream,          // index: 0 or 1; the forward's block inputs and outputs
+  kLayerCkpt,       // index: layer; its block input kept on the device (keep, device)
+  kLayerActs,       // index: layer; its internal activations (keep)
+  kWorkActs,        // the activations every other layer's forward and backward use
+  kScratch,         // recomputation's unused block output
+  kResidualGrad,    // the gradient flowing down the residual stream
+  kModelWorkspace,  // the model's own (logits, head, backward scratch)
   // Host, in the order the table lists them (in_table_order).
-  kProcess,                      // code, libraries, allocator, thread stacks
-  kDeviceArena,                  // the device's memory where it is host memory (CPU backend)
-  kKernelScratch,                // the CPU backend's fp32 views of 16-bit tensors (cpu_kernel_scratch_bytes)
-  kHostCkpt,                     // index: layer; its block input in host memory
-  kHostGradSlot,                 // index: slot; a group's gradient between its save and update
-  kGradHold,                     // index: layer; its held gradient in host memory
-  kEmbedGradHold, kFinalGradHold,  // Plan::accum_fp32: the resident groups' fp32 gradient sums
-  kGradStage,                    // index: slot; held gradients to and from SSD, or a deferred update's
-  kCkptStage,                    // index: slot; staging of checkpoints to and from SSD
-  kStateStage,                   // 16-bit tensors only: one group's fp32 state on its way to or from a checkpoint
-  kHostEmbed, kHostFinal,        // host copies of the resident groups' weights
-  kHostWeights,                  // index: layer; its weights while they wait in host memory
-  kReadSlot,                     // index: slot; staging of weights read from SSD
-  kWoutSlot,                     // index: slot; new weights on their way to SSD
-  kHostOptim,                    // index: group; fp32 master and Adam moments (the optimizer's)
-  kOptimChunks,                  // the out-of-core optimizer's chunk slots
+  kProcess,        // code, libraries, allocator, thread stacks
+  kDeviceArena,    // the device's memory where it is host memory (CPU backend)
+  kKernelScratch,  // the CPU backend's fp32 views of 16-bit tensors (cpu_kernel_scratch_bytes)
+  kHostCkpt,       // index: layer; its block input in host memory
+  kHostGradSlot,   // index: slot; a group's gradient between its save and update
+  kGradHold,       // index: layer; its held gradient in host memory
+  kEmbedGradHold,
+  kFinalGradHold,  // Plan::accum_fp32: the resident groups' fp32 gradient sums
+  kGradStage,      // index: slot; held gradients to and from SSD, or a deferred update's
+  kCkptStage,      // index: slot; staging of checkpoints to and from SSD
+  kStateStage,     // 16-bit tensors only: one group's fp32 state on its way to or from a checkpoint
+  kHostEmbed,
+  kHostFinal,    // host copies of the resident groups' weights
+  kHostWeights,  // index: layer; its weights while they wait in host memory
+  kReadSlot,     // index: slot; staging of weights read from SSD
+  kWoutSlot,     // index: slot; new weights on their way to SSD
+  kHostOptim,    // index: group; fp32 master and Adam moments (the optimizer's)
+  kOptimChunks,  // the out-of-core optimizer's chunk slots
   // SSD, likewise.
-  kSsdWeights,                   // index: layer
-  kSsdOptim,                     // index: group; master and moments (the optimizer's extents)
-  kSsdCkpt,                      // index: layer
-  kSsdGrads,                     // index: layer; held gradients
+  kSsdWeights,  // index: layer
+  kSsdOptim,    // index: group; master and moments (the optimizer's extents)
+  kSsdCkpt,     // index: layer
+  kSsdGrads,    // index: layer; held gradients
 };
 const char* buffer_kind_name(BufferKind k);
 
@@ -106,12 +107,15 @@ struct PlanBuffer {
 enum class Access { kRead, kWrite, kAccumulate };
 // Which operand of its op a use is, where an op has several of one access.
 enum class Role {
-  kSource, kDest,                 // transfers: what is copied, where to
-  kWeights, kInput, kOutput,      // compute: the layer's weights, block input and output
-  kGrads,                         // compute: the gradients a backward writes or adds to
-  kResidual,                      // compute: the gradient flowing down the residual stream
-  kWork,                          // compute: the activations a block saves or reads back
-  kState,                         // optimizer: the group's fp32 master and Adam moments
+  kSource,
+  kDest,  // transfers: what is copied, where to
+  kWeights,
+  kInput,
+  kOutput,    // compute: the layer's weights, block input and output
+  kGrads,     // compute: the gradients a backward writes or adds to
+  kResidual,  // compute: the gradient flowing down the residual stream
+  kWork,      // compute: the activations a block saves or reads back
+  kState,     // optimizer: the group's fp32 master and Adam moments
 };
 
 struct BufferUse {
@@ -128,33 +132,35 @@ struct BufferUse {
 // (PlanOp::uses): the executor, the hazard analysis and the simulator read those. Its queue,
 // name and traffic are its row of op_kind_info.
 enum class OpKind {
-  kReadWeights,       // a layer's weights extent -> host read slot (split master: -> the update's weights-out slot)
-  kLoadWeights,       // host weights, a read slot or a weights-out slot -> device weight slot
-  kEmbedForward,      // the micro-batch's tokens to the device, embedding forward
-  kForward,           // block forward of `layer`
-  kSaveCheckpoint,    // block input of `layer` -> host (resident or staging)
-  kWriteCheckpoint,   // staging -> checkpoint extent
-  kReadCheckpoint,    // checkpoint extent -> staging
-  kLoadCheckpoint,    // host -> device checkpoint slot
-  kZeroGrads,         // the step's first micro-batch zeroes the embedding and final gradients
-  kHead,              // final norm, logits, loss and their backward
-  kRecomputeInput,    // forward of layer-1 to rebuild `layer`'s input
-  kRecompute,         // block forward of `layer` to rebuild its internals
-  kBackward,          // block backward of `layer` into a device gradient slot
-  kEmbedBackward,     // the embedding's backward from the residual gradient
-  kSaveGrads,         // gradients of `group` -> host gradient buffer
-  kGradNorm,          // global norm over all staged gradients (exact mode)
-  kUpdate,            // AdamW of `group`, new weights to host
-  kWriteWeights,      // new weights of `group` -> its weights extent
-  kLoadResident,      // new embedding / final-norm weights -> resident device copy
+  kReadWeights,      // a layer's weights extent -> host read slot (split master: -> the update's
+                     // weights-out slot)
+  kLoadWeights,      // host weights, a read slot or a weights-out slot -> device weight slot
+  kEmbedForward,     // the micro-batch's tokens to the device, embedding forward
+  kForward,          // block forward of `layer`
+  kSaveCheckpoint,   // block input of `layer` -> host (resident or staging)
+  kWriteCheckpoint,  // staging -> checkpoint extent
+  kReadCheckpoint,   // checkpoint extent -> staging
+  kLoadCheckpoint,   // host -> device checkpoint slot
+  kZeroGrads,        // the step's first micro-batch zeroes the embedding and final gradients
+  kHead,             // final norm, logits, loss and their backward
+  kRecomputeInput,   // forward of layer-1 to rebuild `layer`'s input
+  kRecompute,        // block forward of `layer` to rebuild its internals
+  kBackward,         // block backward of `layer` into a device gradient slot
+  kEmbedBackward,    // the embedding's backward from the residual gradient
+  kSaveGrads,        // gradients of `group` -> host gradient buffer
+  kGradNorm,         // global norm over all staged gradients (exact mode)
+  kUpdate,           // AdamW of `group`, new weights to host
+  kWriteWeights,     // new weights of `group` -> its weights extent
+  kLoadResident,     // new embedding / final-norm weights -> resident device copy
   // Held gradients (exact mode, gradient accumulation):
-  kWriteGrads,        // gradient staging slot -> gradient extent of `group`
-  kReadGrads,         // gradient extent -> staging slot
-  kLoadGrads,         // held gradient -> device gradient slot, the next micro-batch adds to it
-  kGradSumSq,         // sum of squares of one group's gradient (exact mode)
-  kAccumulateGrads,   // a micro-batch's 16-bit gradient added into the group's fp32 sum (Plan::accum_fp32)
+  kWriteGrads,       // gradient staging slot -> gradient extent of `group`
+  kReadGrads,        // gradient extent -> staging slot
+  kLoadGrads,        // held gradient -> device gradient slot, the next micro-batch adds to it
+  kGradSumSq,        // sum of squares of one group's gradient (exact mode)
+  kAccumulateGrads,  // a micro-batch's 16-bit gradient added into the group's fp32 sum
+                     // (Plan::accum_fp32)
   // Forward-only plans (validation):
-  kHeadLoss,          // final norm, logits and the loss, no backward
+  kHeadLoss,  // final norm, logits and the loss, no backward
 };
 // Kinds are numbered 0 .. kNumOpKinds-1 (the last one's + 1).
 constexpr int kNumOpKinds = static_cast<int>(OpKind::kHeadLoss) + 1;
@@ -162,15 +168,15 @@ constexpr int kNumOpKinds = static_cast<int>(OpKind::kHeadLoss) + 1;
 // Where the bytes of an op of a kind go, and how they derive from its uses (op_traffic,
 // op_bytes, the simulator's durations).
 enum class Traffic {
-  kNone,        // compute, the norm: no bytes of its own
-  kH2D,         // its `role` use, host -> device
-  kD2H,         // its `role` use, device -> host
-  kSsdRead,     // its `role` use from the store, in whole 4 KiB blocks
-  kSsdWrite,    // its `role` use to the store, in whole 4 KiB blocks
-  kHostRead,    // its `role` use streamed once from host memory by the optimizer's threads
-  kHostSum,     // every use streamed through host memory, an accumulated one twice (read, written)
-  kState,       // an update: where its `role` use (the state) is on SSD, master and moments read
-                // and written back in the plan's state format (ooc_update_io_bytes)
+  kNone,      // compute, the norm: no bytes of its own
+  kH2D,       // its `role` use, host -> device
+  kD2H,       // its `role` use, device -> host
+  kSsdRead,   // its `role` use from the store, in whole 4 KiB blocks
+  kSsdWrite,  // its `role` use to the store, in whole 4 KiB blocks
+  kHostRead,  // its `role` use streamed once from host memory by the optimizer's threads
+  kHostSum,   // every use streamed through host memory, an accumulated one twice (read, written)
+  kState,     // an update: where its `role` use (the state) is on SSD, master and moments read
+              // and written back in the plan's state format (ooc_update_io_bytes)
 };
 
 // One row per op kind: everything the plan's readers know of a kind other than what it does
@@ -179,7 +185,7 @@ struct OpKindInfo {
   const char* name = nullptr;              // listings, JSON, traces, messages
   Resource resource = Resource::kCompute;  // the queue that runs it
   Traffic traffic = Traffic::kNone;
-  Role role = Role::kSource;               // the use its traffic counts, where it names one
+  Role role = Role::kSource;  // the use its traffic counts, where it names one
 };
 
 // The table. A kind without a row does not compile (-Wswitch as an error); a test walks
@@ -190,31 +196,56 @@ constexpr OpKindInfo op_kind_info(OpKind k) {
   using R = Resource;
   using T = Traffic;
   switch (k) {
-    case OpKind::kReadWeights: return {"read_weights", R::kSsdRead, T::kSsdRead, Role::kDest};
-    case OpKind::kLoadWeights: return {"load_weights", R::kH2D, T::kH2D, Role::kDest};
-    case OpKind::kEmbedForward: return {"embed_forward", R::kCompute, T::kNone};
-    case OpKind::kForward: return {"forward", R::kCompute, T::kNone};
-    case OpKind::kSaveCheckpoint: return {"save_checkpoint", R::kD2H, T::kD2H, Role::kSource};
-    case OpKind::kWriteCheckpoint: return {"write_checkpoint", R::kSsdWrite, T::kSsdWrite, Role::kSource};
-    case OpKind::kReadCheckpoint: return {"read_checkpoint", R::kSsdRead, T::kSsdRead, Role::kDest};
-    case OpKind::kLoadCheckpoint: return {"load_checkpoint", R::kH2D, T::kH2D, Role::kDest};
-    case OpKind::kZeroGrads: return {"zero_grads", R::kCompute, T::kNone};
-    case OpKind::kHead: return {"head", R::kCompute, T::kNone};
-    case OpKind::kRecomputeInput: return {"recompute_input", R::kCompute, T::kNone};
-    case OpKind::kRecompute: return {"recompute", R::kCompute, T::kNone};
-    case OpKind::kBackward: return {"backward", R::kCompute, T::kNone};
-    case OpKind::kEmbedBackward: return {"embed_backward", R::kCompute, T::kNone};
-    case OpKind::kSaveGrads: return {"save_grads", R::kD2H, T::kD2H, Role::kSource};
-    case OpKind::kGradNorm: return {"grad_norm", R::kOptimizer, T::kNone};
-    case OpKind::kUpdate: return {"update", R::kOptimizer, T::kState, Role::kState};
-    case OpKind::kWriteWeights: return {"write_weights", R::kSsdWrite, T::kSsdWrite, Role::kSource};
-    case OpKind::kLoadResident: return {"load_resident", R::kH2D, T::kH2D, Role::kDest};
-    case OpKind::kWriteGrads: return {"write_grads", R::kSsdWrite, T::kSsdWrite, Role::kSource};
-    case OpKind::kReadGrads: return {"read_grads", R::kSsdRead, T::kSsdRead, Role::kDest};
-    case OpKind::kLoadGrads: return {"load_grads", R::kH2D, T::kH2D, Role::kDest};
-    case OpKind::kGradSumSq: return {"grad_sum_sq", R::kOptimizer, T::kHostRead, Role::kSource};
-    case OpKind::kAccumulateGrads: return {"accumulate_grads", R::kOptimizer, T::kHostSum};
-    case OpKind::kHeadLoss: return {"head_loss", R::kCompute, T::kNone};
+    case OpKind::kReadWeights:
+      return {"read_weights", R::kSsdRead, T::kSsdRead, Role::kDest};
+    case OpKind::kLoadWeights:
+      return {"load_weights", R::kH2D, T::kH2D, Role::kDest};
+    case OpKind::kEmbedForward:
+      return {"embed_forward", R::kCompute, T::kNone};
+    case OpKind::kForward:
+      return {"forward", R::kCompute, T::kNone};
+    case OpKind::kSaveCheckpoint:
+      return {"save_checkpoint", R::kD2H, T::kD2H, Role::kSource};
+    case OpKind::kWriteCheckpoint:
+      return {"write_checkpoint", R::kSsdWrite, T::kSsdWrite, Role::kSource};
+    case OpKind::kReadCheckpoint:
+      return {"read_checkpoint", R::kSsdRead, T::kSsdRead, Role::kDest};
+    case OpKind::kLoadCheckpoint:
+      return {"load_checkpoint", R::kH2D, T::kH2D, Role::kDest};
+    case OpKind::kZeroGrads:
+      return {"zero_grads", R::kCompute, T::kNone};
+    case OpKind::kHead:
+      return {"head", R::kCompute, T::kNone};
+    case OpKind::kRecomputeInput:
+      return {"recompute_input", R::kCompute, T::kNone};
+    case OpKind::kRecompute:
+      return {"recompute", R::kCompute, T::kNone};
+    case OpKind::kBackward:
+      return {"backward", R::kCompute, T::kNone};
+    case OpKind::kEmbedBackward:
+      return {"embed_backward", R::kCompute, T::kNone};
+    case OpKind::kSaveGrads:
+      return {"save_grads", R::kD2H, T::kD2H, Role::kSource};
+    case OpKind::kGradNorm:
+      return {"grad_norm", R::kOptimizer, T::kNone};
+    case OpKind::kUpdate:
+      return {"update", R::kOptimizer, T::kState, Role::kState};
+    case OpKind::kWriteWeights:
+      return {"write_weights", R::kSsdWrite, T::kSsdWrite, Role::kSource};
+    case OpKind::kLoadResident:
+      return {"load_resident", R::kH2D, T::kH2D, Role::kDest};
+    case OpKind::kWriteGrads:
+      return {"write_grads", R::kSsdWrite, T::kSsdWrite, Role::kSource};
+    case OpKind::kReadGrads:
+      return {"read_grads", R::kSsdRead, T::kSsdRead, Role::kDest};
+    case OpKind::kLoadGrads:
+      return {"load_grads", R::kH2D, T::kH2D, Role::kDest};
+    case OpKind::kGradSumSq:
+      return {"grad_sum_sq", R::kOptimizer, T::kHostRead, Role::kSource};
+    case OpKind::kAccumulateGrads:
+      return {"accumulate_grads", R::kOptimizer, T::kHostSum};
+    case OpKind::kHeadLoss:
+      return {"head_loss", R::kCompute, T::kNone};
   }
   return {};  // not a kind
 }
@@ -237,7 +268,7 @@ struct PlanOp {
   std::vector<int> deps;  // ops of the same iteration that must finish first
   double flops = 0;       // useful model FLOPs (compute)
   double recompute_flops = 0;
-  uint64_t params = 0;    // parameters an update or a sum of squares reads
+  uint64_t params = 0;  // parameters an update or a sum of squares reads
 
   // The use with `role` (the first, if several); FY_CHECKs that there is one.
   const BufferUse& use(Role role) const;
@@ -264,9 +295,9 @@ struct PlanPools {
 
 // The buffer table summed per tier, and per PlanBuffer::part in table order.
 struct MemoryPlan {
-  uint64_t device_bytes = 0;  // peak device memory the plan needs
-  uint64_t host_bytes = 0;    // host memory: pool slots, resident weights/checkpoints, optimizer
-  uint64_t ssd_bytes = 0;     // store extents
+  uint64_t device_bytes = 0;   // peak device memory the plan needs
+  uint64_t host_bytes = 0;     // host memory: pool slots, resident weights/checkpoints, optimizer
+  uint64_t ssd_bytes = 0;      // store extents
   bool device_in_host = true;  // host_bytes includes the device arena (PlanRequest::device_in_host)
   std::vector<std::pair<std::string, uint64_t>> device_parts, host_parts, ssd_parts;
 };
@@ -277,9 +308,9 @@ struct Plan {
   int micro_batch = 1;
   ElemType tensors = ElemType::kF32;  // PlanRequest::tensors
   double attention_keys = 0;          // PlanRequest::attention_keys
-  bool exact = false;  // global-norm clipping: every update waits for the norm
-  int grad_accum = 1;  // micro-batches per step; gradients accumulate on the device
-  OptimFormat optim_format;  // PlanRequest::optim_format
+  bool exact = false;                 // global-norm clipping: every update waits for the norm
+  int grad_accum = 1;                 // micro-batches per step; gradients accumulate on the device
+  OptimFormat optim_format;           // PlanRequest::optim_format
   // grad_accum > 1 with 16-bit tensors (PlanRequest::accum_fp32): each micro-batch's gradient
   // is made afresh on the device, saved, and added on the host (kAccumulateGrads) into an fp32
   // sum held per group (layers: host buffer or SSD extent by LayerDecision::grads; the
@@ -318,8 +349,8 @@ struct Plan {
   // known (exact) or the next micro-batch adds to them (grad_accum > 1).
   bool holds_grads() const { return exact || grad_accum > 1; }
 
-  std::string table() const;      // human-readable: decisions, pools, memory, op counts
-  std::string listing() const;    // every buffer, then every op with its deps and uses
+  std::string table() const;    // human-readable: decisions, pools, memory, op counts
+  std::string listing() const;  // every buffer, then every op with its deps and uses
 
   nlohmann::json to_json() const;
 };
@@ -383,7 +414,9 @@ struct PlanRequest {
 
 // Element range [begin, end) of part `part` of `parts` of a group of `numel` elements; part
 // boundaries fall on multiples of 1024 elements (4 KiB of fp32).
-struct ParamRange { size_t begin = 0, end = 0; };
+struct ParamRange {
+  size_t begin = 0, end = 0;
+};
 ParamRange part_range(size_t numel, int part, int parts);
 
 // Parameters the embedding's first update part (-1, Plan::embed_rows_first) covers at most:

@@ -74,7 +74,8 @@ class OffloadTrainer {
   // Validation: the mean loss over the counted targets of one B*(T+1) batch at the current
   // weights, by the plan's forward-only counterpart (make_forward_plan: weights streamed as
   // in the forward, nothing saved, no backward, no update). Bitwise StepRunner::eval_loss.
-  float eval_loss(const int32_t* batch, const uint8_t* mask = nullptr, const int32_t* positions = nullptr);
+  float eval_loss(const int32_t* batch, const uint8_t* mask = nullptr,
+                  const int32_t* positions = nullptr);
 
   // Chrome trace-event JSON of the last two training steps (they overlap), one row per
   // resource.

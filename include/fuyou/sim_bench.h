@@ -2,10 +2,9 @@
 // (predict an iteration from a config and a hardware profile) subcommands.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "fuyou/config.h"
 #include "fuyou/hardware.h"
@@ -41,11 +40,11 @@ nlohmann::json run_cuda_gemm_bench(const Config& cfg, int reps);
 struct SimulateOptions {
   std::string config, hardware;
   std::vector<std::string> sets;
-  int batch = 0;           // 0: the config's schedule.micro_batch
-  int ssds = 0;            // 0: the profile's count
+  int batch = 0;  // 0: the config's schedule.micro_batch
+  int ssds = 0;   // 0: the profile's count
   bool search_batch = false;
-  std::string sweep;       // "", "batch" or "ssds"
-  std::string acts;        // "" (the config's offload.activations) or auto/keep/swap/recompute
+  std::string sweep;  // "", "batch" or "ssds"
+  std::string acts;   // "" (the config's offload.activations) or auto/keep/swap/recompute
   bool json = false;
 };
 

@@ -9,10 +9,9 @@
 
 #include <array>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "fuyou/hardware.h"
 #include "fuyou/plan.h"
@@ -20,12 +19,12 @@
 namespace fuyou {
 
 struct SimResult {
-  double iteration_s = 0;      // one iteration alone, from an idle machine to its last op
+  double iteration_s = 0;  // one iteration alone, from an idle machine to its last op
   // Steady state: the time per step when iterations overlap as the executor runs them
   // (scheduler.h), from one step's return to the next's. This is the figure to compare with
   // a measured step time.
   double period_s = 0;
-  double useful_flops = 0;     // model FLOPs (forward + backward + head), as fuyou-bench train counts
+  double useful_flops = 0;  // model FLOPs (forward + backward + head), as fuyou-bench train counts
   double recompute_flops = 0;  // recomputation, not counted as useful
   double tflops = 0;           // useful_flops / period_s / 1e12
   std::array<double, kNumResources> busy_s{};
@@ -47,12 +46,13 @@ OpTraffic op_traffic(const Plan& plan, const PlanOp& op);
 // The duration of `op` alone on `hw` (no contention), seconds.
 double op_duration(const Plan& plan, const PlanOp& op, const HardwareProfile& hw);
 
-// Simulates one iteration alone and a few back to back (period_s). Throws Error if the plan is malformed (a dependency on a later op
-// or a missing op), naming the op.
+// Simulates one iteration alone and a few back to back (period_s). Throws Error if the plan is
+// malformed (a dependency on a later op or a missing op), naming the op.
 SimResult simulate(const Plan& plan, const HardwareProfile& hw);
 
 // Memory figures of `plan` as they would be on `hw` (on a GPU the device arena is not host
 // memory).
-void plan_memory_on(const Plan& plan, const HardwareProfile& hw, uint64_t* device, uint64_t* host, uint64_t* ssd);
+void plan_memory_on(const Plan& plan, const HardwareProfile& hw, uint64_t* device, uint64_t* host,
+                    uint64_t* ssd);
 
 }  // namespace fuyou

@@ -10,11 +10,11 @@
 namespace fuyou {
 
 struct StepResult {
-  float loss = 0;          // mean over the step's counted targets, before the update
-  double grad_norm = 0;    // global L2 norm before clipping (offloaded: exact mode only, else 0)
+  float loss = 0;        // mean over the step's counted targets, before the update
+  double grad_norm = 0;  // global L2 norm before clipping (offloaded: exact mode only, else 0)
   double lr = 0;
-  bool skipped = false;    // fp16 overflow: no update this step
-  double loss_scale = 1;   // the loss scale this step's backward used (fp16), else 1
+  bool skipped = false;   // fp16 overflow: no update this step
+  double loss_scale = 1;  // the loss scale this step's backward used (fp16), else 1
   // Offloaded steps: the window since the previous step returned (in steady state one
   // iteration), each resource's busy time within it and the bytes the store moved.
   bool offloaded = false;

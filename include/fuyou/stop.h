@@ -73,7 +73,7 @@ class StopSignals {
   void set_cleanup_paths(const std::vector<std::string>& paths);
 
  private:
-  void receive();             // the receiving thread
+  void receive();              // the receiving thread
   void on_signal(int signal);  // on that thread
   [[noreturn]] void end_process(int signal);
 

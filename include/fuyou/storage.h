@@ -106,7 +106,7 @@ struct StoreStats {
   // Seconds with at least one request in flight, whoever made it: the union of the times
   // the disks are busy (the executor's `disk` busy time).
   double busy_s = 0;
-  bool fixed_buffers = false;    // a pool is registered with the ring
+  bool fixed_buffers = false;  // a pool is registered with the ring
   // With StoreConfig::verify: bytes read whose block checksum matched, bytes read that no
   // whole written block covered (never written, or written in part since), and reads that
   // found a mismatch.
@@ -244,6 +244,5 @@ class HostPool {
   uint64_t bytes_ = 0;
   bool locked_ = false;
 };
-
 
 }  // namespace fuyou

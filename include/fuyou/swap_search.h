@@ -37,14 +37,15 @@ struct SwapSearchResult {
   Plan plan;
   SimResult sim;
   int plans_evaluated = 0;
-  double search_s = 0;  // wall time of the search
+  double search_s = 0;          // wall time of the search
   std::string summary() const;  // "keep 4, device 20, host 0, ssd 72, recompute 0"
 };
 
 // `req` gives the model, budgets, SSD availability and the starting micro-batch; its `acts`
 // are ignored. The budgets are those of the device the profile describes, in the bytes the run
 // stores (simulator.h). Throws Error, with make_plan's numbers, when no placement fits.
-SwapSearchResult search_swap(const PlanRequest& req, const HardwareProfile& hw, const SwapSearchOptions& opts = {});
+SwapSearchResult search_swap(const PlanRequest& req, const HardwareProfile& hw,
+                             const SwapSearchOptions& opts = {});
 
 // `req` for a device of `hw`'s kind: whether the arena is host memory, whether rows first applies.
 PlanRequest request_for_profile(PlanRequest req, const HardwareProfile& hw);

@@ -10,9 +10,12 @@ enum class Tier { kDevice, kHost, kSsd };
 // "device", "host", "ssd": as plans print them and the simulator's JSON writes them.
 inline const char* tier_name(Tier t) {
   switch (t) {
-    case Tier::kDevice: return "device";
-    case Tier::kHost: return "host";
-    case Tier::kSsd: return "ssd";
+    case Tier::kDevice:
+      return "device";
+    case Tier::kHost:
+      return "host";
+    case Tier::kSsd:
+      return "ssd";
   }
   return "?";
 }

@@ -125,12 +125,11 @@ void encode_chat(const Tokenizer& tok, const DatasetOptions& opts, const std::st
 // The conversation with the generation prompt (what the model's turn follows), encoded as
 // apply_chat_template(messages, add_generation_prompt=True, tokenize=True) encodes it.
 std::vector<int32_t> encode_chat_prompt(const Tokenizer& tok, const DatasetOptions& opts,
-                                        const std::string& messages_json,
-                                        const std::string& where);
+                                        const std::string& messages_json, const std::string& where);
 
 struct DatasetResult {
-  std::string train_path, val_path;            // train.tok, val.tok
-  std::string train_mask_path, val_mask_path;  // train.mask, val.mask (prompt/completion)
+  std::string train_path, val_path;                  // train.tok, val.tok
+  std::string train_mask_path, val_mask_path;        // train.mask, val.mask (prompt/completion)
   std::string train_records_path, val_records_path;  // train.rec, val.rec (JSON Lines records)
   uint64_t train_tokens = 0, val_tokens = 0;
   uint64_t documents = 0;  // files or records

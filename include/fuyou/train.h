@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "fuyou/backend.h"
-#include "fuyou/ooc_adamw.h"
-#include "fuyou/step_result.h"
 #include "fuyou/config.h"
 #include "fuyou/loss_scale.h"
 #include "fuyou/model.h"
+#include "fuyou/ooc_adamw.h"
+#include "fuyou/step_result.h"
 #include "fuyou/train_state.h"
 
 namespace fuyou {
@@ -77,7 +77,7 @@ class StepRunner {
   const std::vector<float>& master();
   size_t num_params() const { return master_.size(); }
 
-  void init_params();                       // init_gpt_params with model.seed
+  void init_params();  // init_gpt_params with model.seed
   // layout() order, layout().total elements; the moments start from zero.
   void set_params(const float* host_params);
 
@@ -102,7 +102,8 @@ class StepRunner {
                   const std::vector<const int32_t*>& positions = {});
   // Mean loss over the counted targets of one B*(T+1) batch (mask B*T or null; positions B*T
   // or null) at the current weights, no gradients; 0 when none counts.
-  float eval_loss(const int32_t* batch, const uint8_t* mask = nullptr, const int32_t* positions = nullptr);
+  float eval_loss(const int32_t* batch, const uint8_t* mask = nullptr,
+                  const int32_t* positions = nullptr);
   // The last step's gradient (the sum over its micro-batches, scaled by the loss scale, before
   // clipping) as its norm and updates read it, widened to fp32; layout() order.
   std::vector<float> step_gradient() const;
@@ -130,14 +131,15 @@ class StepRunner {
     if (be_.timing_on()) be_.timing_mark(timing_tag(StepPhase::kOptimizer, c));
   }
 
-  ElemType store_;  // the device's tensors (Backend::storage_type)
+  ElemType store_;      // the device's tensors (Backend::storage_type)
   OptimFormat format_;  // optimizer.state / optimizer.master
   // 16-bit working weights from fp32 master values: rounded to nearest even, or a split
   // master's working halves (math::split_hi).
   void working_weights(uint16_t* dst, const float* src, size_t n) const;
   std::vector<float> master_;  // the optimizer's master weights (see master())
-  bool master_stale_ = false;  // 16-bit tensors: the optimizer's master changed since master_ was copied
-  std::vector<char> grad_;     // the device's gradients, as stored (store_)
+  bool master_stale_ =
+      false;  // 16-bit tensors: the optimizer's master changed since master_ was copied
+  std::vector<char> grad_;  // the device's gradients, as stored (store_)
   // 16-bit tensors summed in fp32 over micro-batches (sums_grads_in_fp32): each micro-batch's
   // gradient, copied from the device, is added here; the norm and the updates read it.
   bool fp32_sums_ = false;
@@ -180,9 +182,9 @@ struct MetricsIo {
 };
 
 struct TrainOptions {
-  std::string run_dir;          // empty: runs/<date-time>; with `resume`: the checkpoint's run
-  bool progress_line = false;   // live \r progress line (stderr is a terminal)
-  std::string trace_path;       // Chrome trace of the last iteration (offloaded runs)
+  std::string run_dir;         // empty: runs/<date-time>; with `resume`: the checkpoint's run
+  bool progress_line = false;  // live \r progress line (stderr is a terminal)
+  std::string trace_path;      // Chrome trace of the last iteration (offloaded runs)
   // A checkpoint directory (resolve_checkpoint) to continue from; empty: a new run. The
   // config must pass check_resume_config against the checkpoint's (resume_config builds one).
   std::string resume;
@@ -202,14 +204,14 @@ struct TrainOptions {
 
 struct TrainSummary {
   std::string run_dir;
-  int64_t steps = 0;        // the step the run reached
-  int64_t start_step = 0;   // where this process began (the checkpoint's step on a resume)
+  int64_t steps = 0;       // the step the run reached
+  int64_t start_step = 0;  // where this process began (the checkpoint's step on a resume)
   double first_val_loss = 0;
   double final_val_loss = 0;
   double final_train_loss = 0;
   double tokens_per_s = 0;
-  int stop_signal = 0;            // the signal that stopped the run early, else 0
-  std::string last_checkpoint;    // the newest checkpoint written by this process, if any
+  int stop_signal = 0;          // the signal that stopped the run early, else 0
+  std::string last_checkpoint;  // the newest checkpoint written by this process, if any
 };
 
 // fuyou-train --dry-run: whether the run fits this machine (device memory, MemAvailable, the

@@ -20,7 +20,8 @@ namespace fuyou {
 
 class ArenaBlocks {
  public:
-  ArenaBlocks(uint64_t capacity, uint64_t align) : capacity_(capacity / align * align), align_(align) {
+  ArenaBlocks(uint64_t capacity, uint64_t align)
+      : capacity_(capacity / align * align), align_(align) {
     free_[0] = capacity_;
   }
 
@@ -30,15 +31,17 @@ class ArenaBlocks {
   // The offset of a block of at least `bytes` (rounded up to the alignment; `*rounded`
   // receives the size). Throws Error naming `what`, the request, what is free and the largest
   // free block, and `budget` (what the capacity is, for the message) when none fits.
-  uint64_t take(uint64_t bytes, const std::string& what, const std::string& budget, uint64_t* rounded = nullptr) {
+  uint64_t take(uint64_t bytes, const std::string& what, const std::string& budget,
+                uint64_t* rounded = nullptr) {
     const uint64_t size = std::max<uint64_t>(align_, (bytes + align_ - 1) / align_ * align_);
-    auto it = std::find_if(free_.begin(), free_.end(), [&](const auto& f) { return f.second >= size; });
+    auto it =
+        std::find_if(free_.begin(), free_.end(), [&](const auto& f) { return f.second >= size; });
     if (it == free_.end()) {
       uint64_t largest = 0;
       for (const auto& f : free_) largest = std::max(largest, f.second);
       throw Error(str("device memory: ", what, " needs ", format_size(size), " but only ",
-                      format_size(capacity_ - used_), " of the ", format_size(capacity_), " ", budget,
-                      " is free, the largest free block ", format_size(largest)));
+                      format_size(capacity_ - used_), " of the ", format_size(capacity_), " ",
+                      budget, " is free, the largest free block ", format_size(largest)));
     }
     const uint64_t offset = it->first, have = it->second;
     free_.erase(it);

@@ -139,7 +139,7 @@ FY_HD uint16_t float_to_fp16(float f) {
   uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
   if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds past 65504: inf
-  if (a >= 0x38800000u) {                                               // normal half
+  if (a >= 0x38800000u) {                                              // normal half
     uint32_t r = a + 0x0fffu + ((a >> 13) & 1u) - (112u << 23);
     return static_cast<uint16_t>(sign | (r >> 13));
   }
@@ -189,7 +189,7 @@ struct AdamWConsts {
   float one_minus_b2;  // 1 - beta2
   float bc2_sqrt;      // sqrt(1 - beta2^t)
   float eps;
-  float neg_step;      // -lr / (1 - beta1^t)
+  float neg_step;  // -lr / (1 - beta1^t)
 };
 
 FY_HD void adamw_element(float& p, float& m, float& v, float g, const AdamWConsts& k) {
@@ -244,10 +244,12 @@ FY_HD uint16_t split_hi(float x) {
 FY_HD int16_t split_lo(float x) {
   const uint32_t u = f32_bits(x);
   if (is_nan_bits(u)) return 0;
-  return static_cast<int16_t>(static_cast<uint16_t>(u - (static_cast<uint32_t>(split_hi(x)) << 16)));
+  return static_cast<int16_t>(
+      static_cast<uint16_t>(u - (static_cast<uint32_t>(split_hi(x)) << 16)));
 }
 FY_HD float split_join(uint16_t hi, int16_t lo) {
-  return f32_from_bits((static_cast<uint32_t>(hi) << 16) + static_cast<uint32_t>(static_cast<int32_t>(lo)));
+  return f32_from_bits((static_cast<uint32_t>(hi) << 16) +
+                       static_cast<uint32_t>(static_cast<int32_t>(lo)));
 }
 
 // Rounding bits: a counter-based hash (Wellons' lowbias32) of the element's index within its
@@ -269,7 +271,9 @@ FY_HD uint32_t round_key(uint32_t group, int64_t t) {
 constexpr uint32_t kKeyM = 0x68e31da4u, kKeyV = 0xb5297a4du;
 FY_HD uint32_t round_bits(uint32_t key, uint32_t i) { return mix32(i ^ key); }
 // A uniform variate in [0, 1) from the top 24 bits; 0.5 rounds to nearest.
-FY_HD float round_uniform(uint32_t bits) { return static_cast<float>(bits >> 8) * 5.9604644775390625e-8f; }
+FY_HD float round_uniform(uint32_t bits) {
+  return static_cast<float>(bits >> 8) * 5.9604644775390625e-8f;
+}
 
 // bf16 state with stochastic rounding: the 16 bits below the bf16 are rounded up with
 // probability equal to their value (bits' low 16 bits added to the magnitude); unbiased, so a

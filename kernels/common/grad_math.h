@@ -39,18 +39,27 @@ FY_HD size_t sum_blocks(size_t n) { return (n + kSumBlock - 1) / kSumBlock; }
 // write.
 inline float load_elem(const void* p, ElemType t, size_t i) {
   switch (t) {
-    case ElemType::kF32: return static_cast<const float*>(p)[i];
-    case ElemType::kBF16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case ElemType::kF16: return fp16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case ElemType::kF32:
+      return static_cast<const float*>(p)[i];
+    case ElemType::kBF16:
+      return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case ElemType::kF16:
+      return fp16_to_float(static_cast<const uint16_t*>(p)[i]);
   }
   return 0.0f;
 }
 
 inline void store_elem(void* p, ElemType t, size_t i, float x) {
   switch (t) {
-    case ElemType::kF32: static_cast<float*>(p)[i] = x; break;
-    case ElemType::kBF16: static_cast<uint16_t*>(p)[i] = float_to_bf16(x); break;
-    case ElemType::kF16: static_cast<uint16_t*>(p)[i] = float_to_fp16(x); break;
+    case ElemType::kF32:
+      static_cast<float*>(p)[i] = x;
+      break;
+    case ElemType::kBF16:
+      static_cast<uint16_t*>(p)[i] = float_to_bf16(x);
+      break;
+    case ElemType::kF16:
+      static_cast<uint16_t*>(p)[i] = float_to_fp16(x);
+      break;
   }
 }
 
@@ -96,7 +105,8 @@ inline double group_sum_squares(const void* g, ElemType type, size_t n) {
     return sum_squares(n, [f](size_t i) { return static_cast<double>(f[i]); });
   }
   const uint16_t* h = static_cast<const uint16_t*>(g);
-  if (type == ElemType::kBF16) return sum_squares(n, [h](size_t i) { return static_cast<double>(bf16_to_float(h[i])); });
+  if (type == ElemType::kBF16)
+    return sum_squares(n, [h](size_t i) { return static_cast<double>(bf16_to_float(h[i])); });
   return sum_squares(n, [h](size_t i) { return static_cast<double>(fp16_to_float(h[i])); });
 }
 

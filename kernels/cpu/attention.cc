@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "kernels/common/element_math.h"
-#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/clones.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/gemm.h"
 
 namespace fuyou::cpu {
@@ -58,8 +58,8 @@ FY_CLONES void softmax_causal_row_recompute(float* row, float lse, int lo, int h
 
 // The row's softmax backward with the score scale folded in:
 // dS = scale * P * (dP - sum_j P_j dP_j) over lo..hi, zero elsewhere in [0, width).
-FY_CLONES void softmax_causal_row_backward(const float* prow, float* drow, int lo, int hi, int width,
-                                           float scale) {
+FY_CLONES void softmax_causal_row_backward(const float* prow, float* drow, int lo, int hi,
+                                           int width, float scale) {
   float dot = 0;
 #pragma omp simd reduction(+ : dot)
   for (int j = lo; j <= hi; ++j) dot += prow[j] * drow[j];
@@ -112,9 +112,11 @@ void CpuKernels::attention_forward(float* out, float* lse, const float* qkv, int
         // to the block's diagonal; earlier records' keys are skipped, not only masked.
         const int r = std::min(bs, T - i0), k0 = record_start(p, i0), cols = i0 + r - k0;
         const float* kk = k + static_cast<size_t>(k0) * ld;
-        gemm_f32(false, true, r, cols, hd, scale, q + static_cast<size_t>(i0) * ld, ld, kk, ld, 0.0f, pi, T);
+        gemm_f32(false, true, r, cols, hd, scale, q + static_cast<size_t>(i0) * ld, ld, kk, ld,
+                 0.0f, pi, T);
         for (int t = i0; t < i0 + r; ++t)
-          l[t] = softmax_causal_row(pi + static_cast<size_t>(t - i0) * T, record_start(p, t) - k0, t - k0, cols);
+          l[t] = softmax_causal_row(pi + static_cast<size_t>(t - i0) * T, record_start(p, t) - k0,
+                                    t - k0, cols);
         gemm_f32(false, false, r, hd, cols, 1.0f, pi, T, v + static_cast<size_t>(k0) * ld, ld, 0.0f,
                  o + static_cast<size_t>(i0) * C, C);
       }
@@ -125,8 +127,9 @@ void CpuKernels::attention_forward(float* out, float* lse, const float* qkv, int
 // Per row block of queries: P from the scores and lse, dP = dO V^T, dS = softmax backward
 // (zero past the diagonal), dQ = dS K; the block's share of dV = P^T dO and dK = dS^T Q is
 // added to the keys it attends (0 .. the block's end), so dK and dV are sums over blocks.
-void CpuKernels::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                                    int B, int T, int C, int H, const int32_t* pos) {
+void CpuKernels::attention_backward(float* dqkv, const float* dout, const float* qkv,
+                                    const float* lse, int B, int T, int C, int H,
+                                    const int32_t* pos) {
   const int hd = C / H;
   const int ld = 3 * C;
   const int bs = row_block(T);
@@ -160,14 +163,16 @@ void CpuKernels::attention_backward(float* dqkv, const float* dout, const float*
         const float* dOi = dO + static_cast<size_t>(i0) * C;
         gemm_f32(false, true, r, cols, hd, scale, qi, ld, k + kofs, ld, 0.0f, pi, T);
         for (int t = i0; t < i0 + r; ++t)
-          softmax_causal_row_recompute(pi + static_cast<size_t>(t - i0) * T, l[t], record_start(p, t) - k0, t - k0,
-                                       cols);
+          softmax_causal_row_recompute(pi + static_cast<size_t>(t - i0) * T, l[t],
+                                       record_start(p, t) - k0, t - k0, cols);
         gemm_f32(true, false, cols, hd, r, 1.0f, pi, T, dOi, C, 1.0f, dv + kofs, ld);
         gemm_f32(false, true, r, cols, hd, 1.0f, dOi, C, v + kofs, ld, 0.0f, dpi, T);
         for (int t = i0; t < i0 + r; ++t)
-          softmax_causal_row_backward(pi + static_cast<size_t>(t - i0) * T, dpi + static_cast<size_t>(t - i0) * T,
+          softmax_causal_row_backward(pi + static_cast<size_t>(t - i0) * T,
+                                      dpi + static_cast<size_t>(t - i0) * T,
                                       record_start(p, t) - k0, t - k0, cols, scale);
-        gemm_f32(false, false, r, hd, cols, 1.0f, dpi, T, k + kofs, ld, 0.0f, dq + static_cast<size_t>(i0) * ld, ld);
+        gemm_f32(false, false, r, hd, cols, 1.0f, dpi, T, k + kofs, ld, 0.0f,
+                 dq + static_cast<size_t>(i0) * ld, ld);
         gemm_f32(true, false, cols, hd, r, 1.0f, dpi, T, qi, ld, 1.0f, dk + kofs, ld);
       }
     }

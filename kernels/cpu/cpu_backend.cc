@@ -28,13 +28,15 @@ CpuBackend::~CpuBackend() {
 
 std::string CpuBackend::name() const {
   const MatmulPrecision p = k_.matmul_precision();
-  return str("cpu (", threads_, " threads, ", gemm_library_name(),
-             storage_ == ElemType::kF32 ? "" : str(", ", elem_type_name(storage_), " tensors"),
-             p == MatmulPrecision::kBf16
-                 ? (bf16_gemm_native() ? ", bf16 GEMM inputs" : ", bf16 GEMM inputs (fp32 GEMM: no AVX-512 bf16 matmul here)")
-             : p == MatmulPrecision::kFp16 ? ", fp16 GEMM inputs (emulated)"
-                                                    : "",
-             ")");
+  return str(
+      "cpu (", threads_, " threads, ", gemm_library_name(),
+      storage_ == ElemType::kF32 ? "" : str(", ", elem_type_name(storage_), " tensors"),
+      p == MatmulPrecision::kBf16
+          ? (bf16_gemm_native() ? ", bf16 GEMM inputs"
+                                : ", bf16 GEMM inputs (fp32 GEMM: no AVX-512 bf16 matmul here)")
+      : p == MatmulPrecision::kFp16 ? ", fp16 GEMM inputs (emulated)"
+                                    : "",
+      ")");
 }
 
 // fp16 runs at fp32 speed (kernels/cpu/gemm_lowp.cc): it is here so fp16 training and its
@@ -61,8 +63,9 @@ void* CpuBackend::alloc(size_t bytes, const std::string& what) {
     peak_ = std::max(peak_, used_);
   }
   void* p = std::aligned_alloc(64, rounded);
-  if (!p) throw Error(str("device memory: out of host memory allocating ", format_size(rounded),
-                          " for ", what));
+  if (!p)
+    throw Error(
+        str("device memory: out of host memory allocating ", format_size(rounded), " for ", what));
   std::memset(p, 0, rounded);
   std::lock_guard<std::mutex> lock(mu_);
   sizes_[p] = rounded;
@@ -84,8 +87,12 @@ MemoryStats CpuBackend::memory() const {
   return {capacity_, used_, peak_};
 }
 
-void CpuBackend::copy_to_device(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
-void CpuBackend::copy_to_host(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+void CpuBackend::copy_to_device(void* dst, const void* src, size_t bytes) {
+  std::memcpy(dst, src, bytes);
+}
+void CpuBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
+  std::memcpy(dst, src, bytes);
+}
 void CpuBackend::zero(void* ptr, size_t bytes) { std::memset(ptr, 0, bytes); }
 
 }  // namespace fuyou::cpu
@@ -99,9 +106,12 @@ std::unique_ptr<Backend> make_cpu_backend(int threads, uint64_t device_memory) {
 
 const char* matmul_precision_name(MatmulPrecision p) {
   switch (p) {
-    case MatmulPrecision::kFp32: return "fp32";
-    case MatmulPrecision::kBf16: return "bf16";
-    case MatmulPrecision::kFp16: return "fp16";
+    case MatmulPrecision::kFp32:
+      return "fp32";
+    case MatmulPrecision::kBf16:
+      return "bf16";
+    case MatmulPrecision::kFp16:
+      return "fp16";
   }
   return "?";
 }
@@ -113,12 +123,14 @@ void Backend::set_attention_impl(AttentionImpl impl) {
 }
 
 void Backend::rope_forward_at(void*, int, int, int, int, int, float) {
-  throw Error(str("backend ", name(), " has no rope_forward_at (decoding with a key/value cache runs on the cpu "
+  throw Error(str("backend ", name(),
+                  " has no rope_forward_at (decoding with a key/value cache runs on the cpu "
                   "and cuda backends)"));
 }
 
 void Backend::attention_decode(void*, void*, void*, const void*, int, int, int, int, int) {
-  throw Error(str("backend ", name(), " has no attention_decode (decoding with a key/value cache runs on the cpu "
+  throw Error(str("backend ", name(),
+                  " has no attention_decode (decoding with a key/value cache runs on the cpu "
                   "and cuda backends)"));
 }
 

@@ -35,8 +35,7 @@ void embed_rows(uint16_t* out, const int32_t* tokens, const uint16_t* wte, const
     const uint16_t* te = wte + static_cast<size_t>(tokens[n]) * C;
     const uint16_t* pe = wpe ? wpe + static_cast<size_t>(n % T) * C : nullptr;
     uint16_t* o = out + static_cast<size_t>(n) * C;
-    for (int c = 0; c < C; ++c)
-      o[c] = E::store(E::load(te[c]) + (pe ? E::load(pe[c]) : 0.0f));
+    for (int c = 0; c < C; ++c) o[c] = E::store(E::load(te[c]) + (pe ? E::load(pe[c]) : 0.0f));
   }
 }
 
@@ -84,18 +83,18 @@ void CpuBackend::embedding_forward(void* out, const int32_t* tokens, const void*
     return k_.embedding_forward(static_cast<float*>(out), tokens, static_cast<const float*>(wte),
                                 static_cast<const float*>(wpe), B, T, C);
   auto rows = storage_ == ElemType::kBF16 ? embed_rows<Bf16> : embed_rows<Fp16>;
-  rows(static_cast<uint16_t*>(out), tokens, static_cast<const uint16_t*>(wte), static_cast<const uint16_t*>(wpe), B,
-       T, C);
+  rows(static_cast<uint16_t*>(out), tokens, static_cast<const uint16_t*>(wte),
+       static_cast<const uint16_t*>(wpe), B, T, C);
 }
 
-void CpuBackend::embedding_backward(void* dwte, void* dwpe, const void* dout,
-                                    const int32_t* tokens, int B, int T, int C) {
+void CpuBackend::embedding_backward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
+                                    int B, int T, int C) {
   if (storage_ == ElemType::kF32)
     return k_.embedding_backward(static_cast<float*>(dwte), static_cast<float*>(dwpe),
                                  static_cast<const float*>(dout), tokens, B, T, C);
   auto rows = storage_ == ElemType::kBF16 ? embed_rows_backward<Bf16> : embed_rows_backward<Fp16>;
-  rows(static_cast<uint16_t*>(dwte), static_cast<uint16_t*>(dwpe), static_cast<const uint16_t*>(dout), tokens, B,
-       T, C);
+  rows(static_cast<uint16_t*>(dwte), static_cast<uint16_t*>(dwpe),
+       static_cast<const uint16_t*>(dout), tokens, B, T, C);
 }
 
 void CpuBackend::layernorm_forward(void* out, float* mean, float* rstd, const void* in,
@@ -105,9 +104,9 @@ void CpuBackend::layernorm_forward(void* out, float* mean, float* rstd, const vo
   k_.layernorm_forward(s.out(out, NC), mean, rstd, s.in(in, NC), s.in(w, C), s.in(b, C), N, C);
 }
 
-void CpuBackend::layernorm_backward(void* din, void* dw, void* db, const void* dout,
-                                    const void* in, const void* w, const float* mean,
-                                    const float* rstd, int N, int C) {
+void CpuBackend::layernorm_backward(void* din, void* dw, void* db, const void* dout, const void* in,
+                                    const void* w, const float* mean, const float* rstd, int N,
+                                    int C) {
   const size_t NC = static_cast<size_t>(N) * C;
   Stage s(storage_);
   k_.layernorm_backward(s.acc(din, NC), s.acc(dw, C), s.acc(db, C), s.in(dout, NC), s.in(in, NC),
@@ -118,28 +117,30 @@ void CpuBackend::layernorm_backward(void* din, void* dw, void* db, const void* d
 // (widening them for the fp32 kernel, which rounds them back, would give the same bits at
 // three more passes over each).
 bool CpuBackend::bf16_operands() const {
-  return storage_ == ElemType::kBF16 && k_.matmul_precision() == MatmulPrecision::kBf16 && bf16_gemm_native();
+  return storage_ == ElemType::kBF16 && k_.matmul_precision() == MatmulPrecision::kBf16 &&
+         bf16_gemm_native();
 }
 
-void CpuBackend::matmul_forward(void* out, const void* in, const void* w, const void* bias,
-                                int N, int IC, int OC) {
+void CpuBackend::matmul_forward(void* out, const void* in, const void* w, const void* bias, int N,
+                                int IC, int OC) {
   Stage s(storage_);
   if (bf16_operands())
-    return matmul_forward_bf16_stored(s.out(out, static_cast<size_t>(N) * OC), static_cast<const uint16_t*>(in),
+    return matmul_forward_bf16_stored(s.out(out, static_cast<size_t>(N) * OC),
+                                      static_cast<const uint16_t*>(in),
                                       static_cast<const uint16_t*>(w), s.in(bias, OC), N, IC, OC);
   k_.matmul_forward(s.out(out, static_cast<size_t>(N) * OC), s.in(in, static_cast<size_t>(N) * IC),
                     s.in(w, static_cast<size_t>(OC) * IC), s.in(bias, OC), N, IC, OC);
 }
 
-void CpuBackend::matmul_backward(void* din, void* dw, void* dbias, const void* dout,
-                                 const void* in, const void* w, int N, int IC, int OC) {
+void CpuBackend::matmul_backward(void* din, void* dw, void* dbias, const void* dout, const void* in,
+                                 const void* w, int N, int IC, int OC) {
   const size_t NI = static_cast<size_t>(N) * IC, NO = static_cast<size_t>(N) * OC;
   const size_t W = static_cast<size_t>(OC) * IC;
   Stage s(storage_);
   if (bf16_operands())
-    return matmul_backward_bf16_stored(s.out(din, NI), s.acc(dw, W), s.acc(dbias, OC),
-                                       static_cast<const uint16_t*>(dout), static_cast<const uint16_t*>(in),
-                                       static_cast<const uint16_t*>(w), N, IC, OC);
+    return matmul_backward_bf16_stored(
+        s.out(din, NI), s.acc(dw, W), s.acc(dbias, OC), static_cast<const uint16_t*>(dout),
+        static_cast<const uint16_t*>(in), static_cast<const uint16_t*>(w), N, IC, OC);
   k_.matmul_backward(s.out(din, NI), s.acc(dw, W), s.acc(dbias, OC), s.in(dout, NO), s.in(in, NI),
                      s.in(w, W), N, IC, OC);
 }
@@ -152,13 +153,13 @@ void CpuBackend::attention_forward(void* out, float* lse, float*, const void* qk
   k_.attention_forward(s.out(out, BT * C), lse, s.in(qkv, BT * 3 * C), B, T, C, H, pos);
 }
 
-void CpuBackend::attention_backward(void* dqkv, float*, const void* dout, const void*, const void* qkv,
-                                    const float* lse, int B, int T, int C, int H,
+void CpuBackend::attention_backward(void* dqkv, float*, const void* dout, const void*,
+                                    const void* qkv, const float* lse, int B, int T, int C, int H,
                                     const int32_t* pos) {
   const size_t BT = static_cast<size_t>(B) * T;
   Stage s(storage_);
-  k_.attention_backward(s.out(dqkv, BT * 3 * C), s.in(dout, BT * C), s.in(qkv, BT * 3 * C), lse, B, T,
-                        C, H, pos);
+  k_.attention_backward(s.out(dqkv, BT * 3 * C), s.in(dout, BT * C), s.in(qkv, BT * 3 * C), lse, B,
+                        T, C, H, pos);
 }
 
 void CpuBackend::gelu_forward(void* out, const void* in, size_t n) {
@@ -179,7 +180,8 @@ void CpuBackend::add(void* out, const void* a, const void* b, size_t n) {
 void CpuBackend::crossentropy_forward(float* losses, float* lse, const void* logits,
                                       const int32_t* targets, int N, int V, int ld) {
   Stage s(storage_);
-  k_.crossentropy_forward(losses, lse, s.in(logits, static_cast<size_t>(N) * ld), targets, N, V, ld);
+  k_.crossentropy_forward(losses, lse, s.in(logits, static_cast<size_t>(N) * ld), targets, N, V,
+                          ld);
 }
 
 void CpuBackend::crossentropy_backward(void* logits_to_dlogits, const float* lse,
@@ -189,8 +191,8 @@ void CpuBackend::crossentropy_backward(void* logits_to_dlogits, const float* lse
                            scale, N, V, ld);
 }
 
-void CpuBackend::rmsnorm_forward(void* out, float* rstd, const void* in, const void* w,
-                                 float eps, int N, int C) {
+void CpuBackend::rmsnorm_forward(void* out, float* rstd, const void* in, const void* w, float eps,
+                                 int N, int C) {
   const size_t NC = static_cast<size_t>(N) * C;
   Stage s(storage_);
   k_.rmsnorm_forward(s.out(out, NC), rstd, s.in(in, NC), s.in(w, C), eps, N, C);
@@ -200,22 +202,22 @@ void CpuBackend::rmsnorm_backward(void* din, void* dw, const void* dout, const v
                                   const void* w, const float* rstd, int N, int C) {
   const size_t NC = static_cast<size_t>(N) * C;
   Stage s(storage_);
-  k_.rmsnorm_backward(s.acc(din, NC), s.acc(dw, C), s.in(dout, NC), s.in(in, NC), s.in(w, C),
-                      rstd, N, C);
+  k_.rmsnorm_backward(s.acc(din, NC), s.acc(dw, C), s.in(dout, NC), s.in(in, NC), s.in(w, C), rstd,
+                      N, C);
 }
 
 void CpuBackend::rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int D, float theta,
                               const int32_t* pos) {
   Stage s(storage_);
-  k_.rope_forward(s.acc(qkvc, static_cast<size_t>(B) * T * (Hq + 2 * Hkv) * D), B, T, Hq, Hkv,
-                  D, theta, pos);
+  k_.rope_forward(s.acc(qkvc, static_cast<size_t>(B) * T * (Hq + 2 * Hkv) * D), B, T, Hq, Hkv, D,
+                  theta, pos);
 }
 
 void CpuBackend::rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta,
                                const int32_t* pos) {
   Stage s(storage_);
-  k_.rope_backward(s.acc(dqkvc, static_cast<size_t>(B) * T * (Hq + 2 * Hkv) * D), B, T, Hq, Hkv,
-                   D, theta, pos);
+  k_.rope_backward(s.acc(dqkvc, static_cast<size_t>(B) * T * (Hq + 2 * Hkv) * D), B, T, Hq, Hkv, D,
+                   theta, pos);
 }
 
 void CpuBackend::repeat_kv_forward(void* qkv, const void* qkvc, int N, int Hq, int Hkv, int D) {

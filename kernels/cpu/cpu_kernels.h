@@ -19,15 +19,14 @@ class CpuKernels {
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                          int B, int T, int C);
-  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                          int B, int T, int C);
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                          int T, int C);
   void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* w,
                          const float* b, int N, int C);
   void layernorm_backward(float* din, float* dw, float* db, const float* dout, const float* in,
-                          const float* w, const float* mean, const float* rstd, int N,
-                          int C);
-  void matmul_forward(float* out, const float* in, const float* w, const float* bias, int N,
-                      int IC, int OC);
+                          const float* w, const float* mean, const float* rstd, int N, int C);
+  void matmul_forward(float* out, const float* in, const float* w, const float* bias, int N, int IC,
+                      int OC);
   void matmul_backward(float* din, float* dw, float* dbias, const float* dout, const float* in,
                        const float* w, int N, int IC, int OC);
   // Attention without the backend's scratch (each thread keeps its own block scratch).
@@ -38,15 +37,15 @@ class CpuKernels {
   void gelu_forward(float* out, const float* in, size_t n);
   void gelu_backward(float* din, const float* in, const float* dout, size_t n);
   void add(float* out, const float* a, const float* b, size_t n);
-  void crossentropy_forward(float* losses, float* lse, const float* logits,
-                            const int32_t* targets, int N, int V, int ld);
+  void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
+                            int N, int V, int ld);
   void crossentropy_backward(float* logits_to_dlogits, const float* lse, const int32_t* targets,
                              float scale, int N, int V, int ld);
   // ops_families.cc: what the opt and llama families add.
   void rmsnorm_forward(float* out, float* rstd, const float* in, const float* w, float eps, int N,
                        int C);
-  void rmsnorm_backward(float* din, float* dw, const float* dout, const float* in,
-                        const float* w, const float* rstd, int N, int C);
+  void rmsnorm_backward(float* din, float* dw, const float* dout, const float* in, const float* w,
+                        const float* rstd, int N, int C);
   void rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta,
                     const int32_t* pos);
   void rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta,
@@ -54,8 +53,7 @@ class CpuKernels {
   // Rows at positions pos0 .. pos0 + N - 1 (a decode step).
   void rope_forward_at(float* qkvc, int N, int pos0, int Hq, int Hkv, int D, float theta);
   void repeat_kv_forward(float* qkv, const float* qkvc, int N, int Hq, int Hkv, int D);
-  void repeat_kv_backward(float* dqkvc, const float* dqkv, int N, int Hq, int Hkv,
-                          int D);
+  void repeat_kv_backward(float* dqkvc, const float* dqkv, int N, int Hq, int Hkv, int D);
   void swiglu_forward(float* out, const float* gu, int N, int F);
   void swiglu_backward(float* dgu, const float* gu, const float* dout, int N, int F);
   void relu_forward(float* out, const float* in, size_t n);

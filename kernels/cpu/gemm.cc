@@ -10,15 +10,14 @@
 
 namespace fuyou::cpu {
 
-void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
-              int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+              const float* B, int ldb, float beta, float* C, int ldc) {
   if (M == 0 || N == 0) return;
-  dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda,
-                                B, ldb, beta, C, ldc);
+  dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B,
+                                ldb, beta, C, ldc);
   FY_CHECK(st == dnnl_success, "dnnl_sgemm failed with status ", static_cast<int>(st), " (M=", M,
            " N=", N, " K=", K, ")");
 }
-
 
 const char* gemm_library_name() {
   static std::string name = [] {

@@ -9,8 +9,8 @@ namespace fuyou::cpu {
 // C(M,N) = alpha * op(A) * op(B) + beta * C, all row-major; op(X) = X^T when trans_X.
 // lda/ldb/ldc are row strides in elements. Uses the calling thread's OpenMP team
 // (set_thread_team, include/fuyou/threads.h).
-void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
-              int lda, const float* B, int ldb, float beta, float* C, int ldc);
+void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+              const float* B, int ldb, float beta, float* C, int ldc);
 
 // The same product with A and B rounded to bf16 (nearest even) and fp32 accumulation: the
 // mixed precision a GPU runs by default, at about twice the fp32 rate on CPUs with
@@ -35,10 +35,10 @@ void matmul_backward_bf16(float* din, float* dw, float* dbias, const float* dout
 // The same on operands already stored as bf16 (bf16 device tensors, runtime.device_tensors):
 // nothing to round, the same products and sums as the fp32-operand versions given the same
 // values. Outputs stay fp32 (the caller rounds what it stores).
-void matmul_forward_bf16_stored(float* out, const uint16_t* in, const uint16_t* w, const float* bias, int N,
-                                int IC, int OC);
-void matmul_backward_bf16_stored(float* din, float* dw, float* dbias, const uint16_t* dout, const uint16_t* in,
-                                 const uint16_t* w, int N, int IC, int OC);
+void matmul_forward_bf16_stored(float* out, const uint16_t* in, const uint16_t* w,
+                                const float* bias, int N, int IC, int OC);
+void matmul_backward_bf16_stored(float* din, float* dw, float* dbias, const uint16_t* dout,
+                                 const uint16_t* in, const uint16_t* w, int N, int IC, int OC);
 
 // The same with A and B rounded to fp16 (fp32 accumulation); see gemm_lowp.cc for why it
 // runs at fp32 speed here.

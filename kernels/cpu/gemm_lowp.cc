@@ -1,7 +1,7 @@
-// Low-precision GEMM inputs on the CPU. bf16: the fp32 operands are rounded to bf16 into scratch buffers, then a
-// oneDNN matmul primitive (bf16 in, fp32 accumulate and out) multiplies them. oneDNN 2.6
-// has bf16 matmuls only on AVX-512 CPUs; elsewhere (AVX2) the operands are rounded to bf16
-// values held in fp32 and the fp32 GEMM multiplies them: a product of two bf16 values has at
+// Low-precision GEMM inputs on the CPU. bf16: the fp32 operands are rounded to bf16 into scratch
+// buffers, then a oneDNN matmul primitive (bf16 in, fp32 accumulate and out) multiplies them.
+// oneDNN 2.6 has bf16 matmuls only on AVX-512 CPUs; elsewhere (AVX2) the operands are rounded to
+// bf16 values held in fp32 and the fp32 GEMM multiplies them: a product of two bf16 values has at
 // most 16 significant bits, exact in fp32, so the result is the same product up to the
 // accumulation order, at fp32 speed (bf16_gemm_native() tells which path runs). oneDNN 2.6
 // ignores the fp32 "fpmath bf16" attribute on this CPU (measured: bit-identical to fp32), so
@@ -12,11 +12,11 @@
 // generic GEMM calls would: the bias is the primitive's bias argument (no copy of it into
 // the output first), and the backward rounds the output gradient once for both of its GEMMs
 // in the same pass that sums it into the bias gradient.
-#include <dnnl.hpp>
 #include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <dnnl.hpp>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -68,7 +68,8 @@ void for_column_ranges(int cols, bool with_sums, Body body) {
     const int nt = omp_get_num_threads(), id = omp_get_thread_num();
     const int blocks = (cols + 31) / 32;
     const int c0 = std::min(cols, 32 * static_cast<int>(static_cast<int64_t>(blocks) * id / nt));
-    const int c1 = std::min(cols, 32 * static_cast<int>(static_cast<int64_t>(blocks) * (id + 1) / nt));
+    const int c1 =
+        std::min(cols, 32 * static_cast<int>(static_cast<int64_t>(blocks) * (id + 1) / nt));
     if (c1 > c0) {
       static thread_local std::vector<float> sums;  // grows once, then is reused
       sums.assign(with_sums ? c1 - c0 : 0, 0.0f);
@@ -80,7 +81,8 @@ void for_column_ranges(int cols, bool with_sums, Body body) {
 // dst(rows, cols) dense bf16 <- src (row stride ld); with dbias, also dbias[c] += the column
 // sums of src. Threads own column ranges and stream the rows in order, so each column's sum
 // is the sequential one and one read of src serves both.
-void round_with_column_sums(uint16_t* dst, float* dbias, const float* src, int rows, int cols, int ld) {
+void round_with_column_sums(uint16_t* dst, float* dbias, const float* src, int rows, int cols,
+                            int ld) {
   for_column_ranges(cols, dbias != nullptr, [&](int c0, int c1, float* sums) {
     round_cols_sum(dst, sums, src, 0, rows, c0, c1, cols, ld);
     if (dbias)
@@ -110,7 +112,7 @@ struct Cache {
   dnnl::stream stream{eng};  // one for every call: calls are serialised by `mu`
   std::map<Key, dnnl::matmul> prims;
   std::vector<uint16_t> a, b, d;  // rounded operands; grow to the largest shape, then stay
-  std::vector<float> fa, fb;      // fp16- or bf16-rounded operands held as fp32 (gemm_fp16, fallback)
+  std::vector<float> fa, fb;  // fp16- or bf16-rounded operands held as fp32 (gemm_fp16, fallback)
 };
 
 Cache& cache() {
@@ -156,7 +158,8 @@ void run_matmul(Cache& c, dnnl::memory::data_type type, bool trans_a, bool trans
   dnnl::memory::desc b_md({K, N}, type, b_strides);
   dnnl::memory::desc c_md({M, N}, dt::f32, dims{ldc, 1});
   dnnl::memory::desc bias_md({1, N}, dt::f32, dims{N, 1});
-  Key key{static_cast<int>(type), trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, bias != nullptr};
+  Key key{static_cast<int>(type), trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate,
+          bias != nullptr};
   auto it = c.prims.find(key);
   if (it == c.prims.end()) {
     dnnl::primitive_attr attr;
@@ -165,13 +168,15 @@ void run_matmul(Cache& c, dnnl::memory::data_type type, bool trans_a, bool trans
       po.append_sum(1.0f);
       attr.set_post_ops(po);
     }
-    auto d = bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md) : dnnl::matmul::desc(a_md, b_md, c_md);
+    auto d =
+        bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md) : dnnl::matmul::desc(a_md, b_md, c_md);
     dnnl::matmul::primitive_desc pd(d, attr, c.eng);
     it = c.prims.emplace(key, dnnl::matmul(pd)).first;
   }
   dnnl::memory am(a_md, c.eng, const_cast<void*>(A)), bm(b_md, c.eng, const_cast<void*>(B)),
       cm(c_md, c.eng, C);
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
   if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(bias_md, c.eng, const_cast<float*>(bias)));
   it->second.execute(c.stream, args);
   c.stream.wait();
@@ -188,7 +193,8 @@ void run_bf16(Cache& c, bool trans_a, bool trans_b, int M, int N, int K, const u
 bool native_bf16(Cache& c) {
   if (c.native < 0) {
     using dt = dnnl::memory::data_type;
-    dnnl::memory::desc a({16, 16}, dt::bf16, dnnl::memory::dims{16, 1}), cd({16, 16}, dt::f32, dnnl::memory::dims{16, 1});
+    dnnl::memory::desc a({16, 16}, dt::bf16, dnnl::memory::dims{16, 1}),
+        cd({16, 16}, dt::f32, dnnl::memory::dims{16, 1});
     try {
       dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, cd), c.eng);
       c.native = 1;
@@ -201,7 +207,8 @@ bool native_bf16(Cache& c) {
 
 // The fallback's operands: op(X) of a GEMM rounded to bf16 values in fp32 scratch, dense
 // as stored (rows x cols with row stride ld), so the caller keeps its transposes.
-float* rounded_f32(std::vector<float>& v, const float* src, int rows, int cols, int ld, bool bf16 = true) {
+float* rounded_f32(std::vector<float>& v, const float* src, int rows, int cols, int ld,
+                   bool bf16 = true) {
   float* d = scratch(v, static_cast<size_t>(rows) * cols);
   round_rows_f32(d, src, rows, cols, ld, bf16);
   return d;
@@ -224,8 +231,8 @@ void set_bf16_gemm_fallback(bool on) {
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                int lda, const float* B, int ldb, float beta, float* C, int ldc) {
   if (M == 0 || N == 0) return;
-  FY_CHECK(alpha == 1.0f && (beta == 0.0f || beta == 1.0f), "gemm_bf16 supports alpha 1, beta 0|1; got ",
-           alpha, ", ", beta);
+  FY_CHECK(alpha == 1.0f && (beta == 0.0f || beta == 1.0f),
+           "gemm_bf16 supports alpha 1, beta 0|1; got ", alpha, ", ", beta);
   Cache& c = cache();
   // One caller at a time: the scratch is shared. The model calls GEMMs from one thread;
   // the parallelism is inside.
@@ -239,8 +246,14 @@ void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
   uint16_t* a = scratch(c.a, static_cast<size_t>(M) * K);
   uint16_t* b = scratch(c.b, static_cast<size_t>(K) * N);
   // Round the operands as stored: op(A) = A^T means A is (K, M) in memory.
-  if (trans_a) round_rows(a, A, K, M, lda); else round_rows(a, A, M, K, lda);
-  if (trans_b) round_rows(b, B, N, K, ldb); else round_rows(b, B, K, N, ldb);
+  if (trans_a)
+    round_rows(a, A, K, M, lda);
+  else
+    round_rows(a, A, M, K, lda);
+  if (trans_b)
+    round_rows(b, B, N, K, ldb);
+  else
+    round_rows(b, B, K, N, ldb);
   run_bf16(c, trans_a, trans_b, M, N, K, a, b, nullptr, beta != 0.0f, C, ldc);
 }
 
@@ -248,14 +261,15 @@ namespace {
 
 // The projections on bf16 operands (dense, row strides their widths). Caller holds c.mu and
 // has checked native_bf16.
-void forward_stored(Cache& c, float* out, const uint16_t* in, const uint16_t* w, const float* bias, int N, int IC,
-                    int OC) {
+void forward_stored(Cache& c, float* out, const uint16_t* in, const uint16_t* w, const float* bias,
+                    int N, int IC, int OC) {
   run_bf16(c, false, true, N, OC, IC, in, w, bias, false, out, OC);
 }
 
-void backward_stored(Cache& c, float* din, float* dw, const uint16_t* dout, const uint16_t* in, const uint16_t* w,
-                     int N, int IC, int OC) {
-  run_bf16(c, true, false, OC, IC, N, dout, in, nullptr, true, dw, IC);  // dw first: din may alias in
+void backward_stored(Cache& c, float* din, float* dw, const uint16_t* dout, const uint16_t* in,
+                     const uint16_t* w, int N, int IC, int OC) {
+  run_bf16(c, true, false, OC, IC, N, dout, in, nullptr, true, dw,
+           IC);  // dw first: din may alias in
   if (din) run_bf16(c, false, false, N, IC, OC, dout, w, nullptr, false, din, IC);
 }
 
@@ -294,16 +308,16 @@ void matmul_backward_bf16(float* din, float* dw, float* dbias, const float* dout
   backward_stored(c, din, dw, d, a, b, N, IC, OC);
 }
 
-void matmul_forward_bf16_stored(float* out, const uint16_t* in, const uint16_t* w, const float* bias, int N,
-                                int IC, int OC) {
+void matmul_forward_bf16_stored(float* out, const uint16_t* in, const uint16_t* w,
+                                const float* bias, int N, int IC, int OC) {
   if (N == 0 || OC == 0) return;
   Cache& c = cache();
   auto lock = lock_native(c, "matmul_forward_bf16_stored");
   forward_stored(c, out, in, w, bias, N, IC, OC);
 }
 
-void matmul_backward_bf16_stored(float* din, float* dw, float* dbias, const uint16_t* dout, const uint16_t* in,
-                                 const uint16_t* w, int N, int IC, int OC) {
+void matmul_backward_bf16_stored(float* din, float* dw, float* dbias, const uint16_t* dout,
+                                 const uint16_t* in, const uint16_t* w, int N, int IC, int OC) {
   if (N == 0 || OC == 0) return;
   Cache& c = cache();
   auto lock = lock_native(c, "matmul_backward_bf16_stored");

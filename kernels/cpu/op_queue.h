@@ -6,8 +6,6 @@
 
 #include <omp.h>
 
-#include "fuyou/threads.h"
-
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -19,6 +17,7 @@
 #include <utility>
 
 #include "fuyou/rng.h"
+#include "fuyou/threads.h"
 
 namespace fuyou::cpu {
 
@@ -30,7 +29,10 @@ class OpQueue {
   // caller that forgets to wait for it then reads or overwrites its memory early, and a test
   // fails.
   OpQueue(int omp_threads, int min_delay_us, int max_delay_us, uint64_t seed, uint64_t stream)
-      : omp_threads_(omp_threads), min_delay_us_(min_delay_us), max_delay_us_(max_delay_us), rng_(seed, stream),
+      : omp_threads_(omp_threads),
+        min_delay_us_(min_delay_us),
+        max_delay_us_(max_delay_us),
+        rng_(seed, stream),
         worker_([this] { run(); }) {}
 
   // Runs what is queued, then stops.

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "kernels/common/element_math.h"
-#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/clones.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/gemm.h"
 
 namespace fuyou::cpu {
@@ -36,12 +36,12 @@ void reduce_partials(float* dst, const std::vector<float*>& partials, int n) {
 }
 
 // The row loops of LayerNorm and of the bias gradient, compiled per instruction set
-// (FY_CLONES), with LayerNorm's double statistics as vector reductions. The plain loops ran scalar (the library is built for baseline x86-64);
-// measured at the default shape on one thread, LayerNorm forward 1.49 -> 0.31 ms and
-// backward 1.98 -> 0.44 ms per call.
+// (FY_CLONES), with LayerNorm's double statistics as vector reductions. The plain loops ran scalar
+// (the library is built for baseline x86-64); measured at the default shape on one thread,
+// LayerNorm forward 1.49 -> 0.31 ms and backward 1.98 -> 0.44 ms per call.
 
-FY_CLONES void layernorm_row(float* o, float* mean, float* rstd, const float* x,
-                                 const float* w, const float* b, int C) {
+FY_CLONES void layernorm_row(float* o, float* mean, float* rstd, const float* x, const float* w,
+                             const float* b, int C) {
   math::StatAcc s = 0;
 #pragma omp simd reduction(+ : s)
   for (int c = 0; c < C; ++c) s += x[c];
@@ -62,7 +62,7 @@ FY_CLONES void layernorm_row(float* o, float* mean, float* rstd, const float* x,
 // dL/dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w, added to dx; the
 // row's dw and db terms are added to the thread's partial sums.
 FY_CLONES void layernorm_row_backward(float* dx, float* dw_acc, float* db_acc, const float* dy,
-                                          const float* x, const float* w, float m, float r, int C) {
+                                      const float* x, const float* w, float m, float r, int C) {
   math::StatAcc g_mean = 0, gx_mean = 0;
 #pragma omp simd reduction(+ : g_mean, gx_mean)
   for (int c = 0; c < C; ++c) {
@@ -134,7 +134,8 @@ void CpuKernels::layernorm_forward(float* out, float* mean, float* rstd, const f
                                    const float* w, const float* b, int N, int C) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n)
-    layernorm_row(out + static_cast<size_t>(n) * C, mean + n, rstd + n, in + static_cast<size_t>(n) * C, w, b, C);
+    layernorm_row(out + static_cast<size_t>(n) * C, mean + n, rstd + n,
+                  in + static_cast<size_t>(n) * C, w, b, C);
 }
 
 void CpuKernels::layernorm_backward(float* din, float* dw, float* db, const float* dout,
@@ -147,8 +148,9 @@ void CpuKernels::layernorm_backward(float* din, float* dw, float* db, const floa
     partials[omp_get_thread_num()] = acc;
 #pragma omp for schedule(static)
     for (int n = 0; n < N; ++n)
-      layernorm_row_backward(din + static_cast<size_t>(n) * C, acc, acc + C, dout + static_cast<size_t>(n) * C,
-                             in + static_cast<size_t>(n) * C, w, mean[n], rstd[n], C);
+      layernorm_row_backward(din + static_cast<size_t>(n) * C, acc, acc + C,
+                             dout + static_cast<size_t>(n) * C, in + static_cast<size_t>(n) * C, w,
+                             mean[n], rstd[n], C);
   }
   partials.erase(std::remove(partials.begin(), partials.end(), nullptr), partials.end());
   std::vector<float*> dws, dbs;
@@ -169,7 +171,8 @@ void CpuKernels::matmul_forward(float* out, const float* in, const float* w, con
   float beta = 0.0f;
   if (bias) {
 #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; ++n) std::memcpy(out + static_cast<size_t>(n) * OC, bias, sizeof(float) * OC);
+    for (int n = 0; n < N; ++n)
+      std::memcpy(out + static_cast<size_t>(n) * OC, bias, sizeof(float) * OC);
     beta = 1.0f;
   }
   auto gemm = precision_ == MatmulPrecision::kFp16 ? gemm_fp16 : bf16 ? gemm_bf16 : gemm_f32;
@@ -179,7 +182,8 @@ void CpuKernels::matmul_forward(float* out, const float* in, const float* w, con
 void CpuKernels::matmul_backward(float* din, float* dw, float* dbias, const float* dout,
                                  const float* in, const float* w, int N, int IC, int OC) {
   const bool bf16 = precision_ == MatmulPrecision::kBf16;
-  if (bf16 && bf16_gemm_native()) return matmul_backward_bf16(din, dw, dbias, dout, in, w, N, IC, OC);
+  if (bf16 && bf16_gemm_native())
+    return matmul_backward_bf16(din, dw, dbias, dout, in, w, N, IC, OC);
   // Without oneDNN's bf16 matmul (no AVX-512), gemm_bf16 multiplies rounded operands in fp32.
   auto gemm = precision_ == MatmulPrecision::kFp16 ? gemm_fp16 : bf16 ? gemm_bf16 : gemm_f32;
   // dw first: din may alias in (backend.h).
@@ -189,7 +193,8 @@ void CpuKernels::matmul_backward(float* din, float* dw, float* dbias, const floa
     // Column sums: threads own column blocks, rows stream through in order.
     constexpr int kBlock = 256;
 #pragma omp parallel for schedule(static)
-    for (int o0 = 0; o0 < OC; o0 += kBlock) column_sums(dbias, dout, o0, std::min(OC, o0 + kBlock), N, OC);
+    for (int o0 = 0; o0 < OC; o0 += kBlock)
+      column_sums(dbias, dout, o0, std::min(OC, o0 + kBlock), N, OC);
   }
 }
 
@@ -232,7 +237,7 @@ FY_CLONES void crossentropy_backward_impl(float* logits, const float* lse, const
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     float* l = logits + static_cast<size_t>(n) * ld;
-    std::fill(l + V, l + ld, 0.0f);  // the padded vocabulary's columns: no gradient
+    std::fill(l + V, l + ld, 0.0f);     // the padded vocabulary's columns: no gradient
     if (targets[n] == kIgnoreTarget) {  // does not count: no gradient (backend.h)
       std::fill(l, l + V, 0.0f);
       continue;
@@ -246,7 +251,9 @@ FY_CLONES void crossentropy_backward_impl(float* logits, const float* lse, const
 
 }  // namespace
 
-void CpuKernels::gelu_forward(float* out, const float* in, size_t n) { gelu_forward_impl(out, in, n); }
+void CpuKernels::gelu_forward(float* out, const float* in, size_t n) {
+  gelu_forward_impl(out, in, n);
+}
 
 void CpuKernels::gelu_backward(float* din, const float* in, const float* dout, size_t n) {
   gelu_backward_impl(din, in, dout, n);

@@ -96,17 +96,17 @@ void CpuKernels::rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D,
   rope_apply(qkvc, B, T, Hq, Hkv, D, theta, 1.0f, pos);
 }
 
-void CpuKernels::rope_forward_at(float* qkvc, int N, int pos0, int Hq, int Hkv, int D, float theta) {
+void CpuKernels::rope_forward_at(float* qkvc, int N, int pos0, int Hq, int Hkv, int D,
+                                 float theta) {
   rope_apply(qkvc, 1, N, Hq, Hkv, D, theta, 1.0f, nullptr, pos0);
 }
 
-void CpuKernels::rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D,
-                               float theta, const int32_t* pos) {
+void CpuKernels::rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta,
+                               const int32_t* pos) {
   rope_apply(dqkvc, B, T, Hq, Hkv, D, theta, -1.0f, pos);
 }
 
-void CpuKernels::repeat_kv_forward(float* qkv, const float* qkvc, int N, int Hq, int Hkv,
-                                   int D) {
+void CpuKernels::repeat_kv_forward(float* qkv, const float* qkvc, int N, int Hq, int Hkv, int D) {
   const size_t C = static_cast<size_t>(Hq) * D, KV = static_cast<size_t>(Hkv) * D;
   const int G = Hq / Hkv;
 #pragma omp parallel for schedule(static)

@@ -14,17 +14,19 @@
 namespace fuyou {
 
 void Backend::accumulate_fp32(float*, const void*, ElemType, size_t, bool) {
-  throw Error(str("backend ", name(), " has no optimizer on the device (optimizer.placement: host)"));
+  throw Error(
+      str("backend ", name(), " has no optimizer on the device (optimizer.placement: host)"));
 }
 double Backend::sum_squares(const void*, ElemType, const std::vector<std::pair<size_t, size_t>>&) {
-  throw Error(str("backend ", name(), " has no optimizer on the device (optimizer.placement: host)"));
+  throw Error(
+      str("backend ", name(), " has no optimizer on the device (optimizer.placement: host)"));
 }
 void Backend::adamw(const DeviceAdamW&) {
-  throw Error(str("backend ", name(), " has no optimizer on the device (optimizer.placement: host)"));
+  throw Error(
+      str("backend ", name(), " has no optimizer on the device (optimizer.placement: host)"));
 }
 
 namespace cpu {
-
 
 void CpuBackend::accumulate_fp32(float* sum, const void* g, ElemType type, size_t n, bool first) {
   math::accumulate_fp32(sum, g, type, n, first);
@@ -40,8 +42,8 @@ double CpuBackend::sum_squares(const void* x, ElemType type,
 }
 
 void CpuBackend::adamw(const DeviceAdamW& a) {
-  math::AdamWConsts on{a.grad_scale, a.decay_on, a.one_minus_b1, a.b2, a.one_minus_b2, a.bc2_sqrt, a.eps,
-                       a.neg_step};
+  math::AdamWConsts on{a.grad_scale,   a.decay_on, a.one_minus_b1, a.b2,
+                       a.one_minus_b2, a.bc2_sqrt, a.eps,          a.neg_step};
   math::AdamWConsts off = on;
   off.decay = a.decay_off;
 #pragma omp parallel for schedule(static)
@@ -61,7 +63,8 @@ void CpuBackend::adamw(const DeviceAdamW& a) {
 
 // cpu-streams: queued on the compute queue like every kernel; the sum of squares returns a
 // value, so it waits for the queue first (the GPU's sum is read back the same way).
-void StreamBackend::accumulate_fp32(float* sum, const void* g, ElemType type, size_t n, bool first) {
+void StreamBackend::accumulate_fp32(float* sum, const void* g, ElemType type, size_t n,
+                                    bool first) {
   kernel([=, this] { inner_->accumulate_fp32(sum, g, type, n, first); });
 }
 

@@ -64,18 +64,26 @@ namespace fuyou {
 void round_to(ElemType t, void* dst, const float* src, size_t n) {
   uint16_t* h = static_cast<uint16_t*>(dst);
   switch (t) {
-    case ElemType::kF32: std::copy(src, src + n, static_cast<float*>(dst)); return;
-    case ElemType::kBF16: return cpu::chunked(n, [&](size_t b, size_t k) { cpu::round_range(h + b, src + b, k); });
-    case ElemType::kF16: return cpu::chunked(n, [&](size_t b, size_t k) { cpu::round_range_fp16(h + b, src + b, k); });
+    case ElemType::kF32:
+      std::copy(src, src + n, static_cast<float*>(dst));
+      return;
+    case ElemType::kBF16:
+      return cpu::chunked(n, [&](size_t b, size_t k) { cpu::round_range(h + b, src + b, k); });
+    case ElemType::kF16:
+      return cpu::chunked(n, [&](size_t b, size_t k) { cpu::round_range_fp16(h + b, src + b, k); });
   }
 }
 
 void widen_from(ElemType t, float* dst, const void* src, size_t n) {
   const uint16_t* h = static_cast<const uint16_t*>(src);
   switch (t) {
-    case ElemType::kF32: std::copy(static_cast<const float*>(src), static_cast<const float*>(src) + n, dst); return;
-    case ElemType::kBF16: return cpu::chunked(n, [&](size_t b, size_t k) { cpu::widen_range(dst + b, h + b, k); });
-    case ElemType::kF16: return cpu::chunked(n, [&](size_t b, size_t k) { cpu::widen_range_fp16(dst + b, h + b, k); });
+    case ElemType::kF32:
+      std::copy(static_cast<const float*>(src), static_cast<const float*>(src) + n, dst);
+      return;
+    case ElemType::kBF16:
+      return cpu::chunked(n, [&](size_t b, size_t k) { cpu::widen_range(dst + b, h + b, k); });
+    case ElemType::kF16:
+      return cpu::chunked(n, [&](size_t b, size_t k) { cpu::widen_range_fp16(dst + b, h + b, k); });
   }
 }
 

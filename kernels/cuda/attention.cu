@@ -41,7 +41,8 @@ __global__ void softmax_causal_k(float* s, float* lse, const int32_t* pos, int T
   }
   sum = block_reduce(sum, SumOp{}, 0.0f);
   const float inv = 1.0f / sum;
-  for (int j = threadIdx.x; j < T; j += blockDim.x) row[j] = j >= lo && j <= t ? row[j] * inv : 0.0f;
+  for (int j = threadIdx.x; j < T; j += blockDim.x)
+    row[j] = j >= lo && j <= t ? row[j] * inv : 0.0f;
   if (threadIdx.x == 0) lse[t] = mx + logf(sum);
 }
 
@@ -57,7 +58,8 @@ __global__ void softmax_recompute_k(float* s, const float* lse, const int32_t* p
 
 // One block per row: dS = scale * P * (dP - sum_j P_j dP_j) over lo..t, zero elsewhere (the
 // CPU's softmax_causal_row_backward). In place on dP.
-__global__ void softmax_causal_backward_k(const float* p, float* dp, const int32_t* pos, int T, float scale) {
+__global__ void softmax_causal_backward_k(const float* p, float* dp, const int32_t* pos, int T,
+                                          float scale) {
   const int t = blockIdx.x, lo = record_start(pos, t);
   const float* pr = p + static_cast<size_t>(t) * T;
   float* d = dp + static_cast<size_t>(t) * T;
@@ -84,7 +86,8 @@ __global__ void round_block_k(T* dst, const float* src, int cols, int stride, si
 // row stride ldo, the row log-sum-exps l(T), s a (T, T) scratch, pos the row's positions
 // within their records (null: one record).
 void head_forward(CudaBackend& be, float* o, int ldo, float* l, float* s, const float* q,
-                  const float* k, const float* v, int ld, int T, int hd, float scale, const int32_t* pos) {
+                  const float* k, const float* v, int ld, int T, int hd, float scale,
+                  const int32_t* pos) {
   be.gemm(false, true, T, T, hd, scale, q, ld, 0, k, ld, 0, 0.0f, s, T, 0, 1, false);
   softmax_causal_k<<<static_cast<unsigned>(T), kRowThreads, 0, be.compute_stream()>>>(s, l, pos, T);
   FY_CUDA_LAUNCHED();
@@ -98,11 +101,13 @@ void head_backward(CudaBackend& be, float* dq, float* dk, float* dv, int ldd, fl
                    const float* l, int T, int hd, float scale, const int32_t* pos) {
   // P from the scores and lse; dV = P^T dO; dP = dO V^T; dS; dQ = dS K; dK = dS^T Q.
   be.gemm(false, true, T, T, hd, scale, q, ld, 0, k, ld, 0, 0.0f, p, T, 0, 1, false);
-  softmax_recompute_k<<<static_cast<unsigned>(T), kRowThreads, 0, be.compute_stream()>>>(p, l, pos, T);
+  softmax_recompute_k<<<static_cast<unsigned>(T), kRowThreads, 0, be.compute_stream()>>>(p, l, pos,
+                                                                                         T);
   FY_CUDA_LAUNCHED();
   be.gemm(true, false, T, hd, T, 1.0f, p, T, 0, dO, ldo, 0, 0.0f, dv, ldd, 0, 1, false);
   be.gemm(false, true, T, T, hd, 1.0f, dO, ldo, 0, v, ld, 0, 0.0f, dp, T, 0, 1, false);
-  softmax_causal_backward_k<<<static_cast<unsigned>(T), kRowThreads, 0, be.compute_stream()>>>(p, dp, pos, T, scale);
+  softmax_causal_backward_k<<<static_cast<unsigned>(T), kRowThreads, 0, be.compute_stream()>>>(
+      p, dp, pos, T, scale);
   FY_CUDA_LAUNCHED();
   be.gemm(false, false, T, hd, T, 1.0f, dp, T, 0, k, ld, 0, 0.0f, dq, ldd, 0, 1, false);
   be.gemm(true, false, T, hd, T, 1.0f, dp, T, 0, q, ld, 0, 0.0f, dk, ldd, 0, 1, false);
@@ -115,15 +120,16 @@ constexpr const char* kPackedRefusal =
 }  // namespace
 
 // cuDNN's fused attention (cudnn_attention.cc), false when it refuses the shape (logged once).
-bool CudaBackend::cudnn_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int H) {
+bool CudaBackend::cudnn_forward(void* out, float* lse, const void* qkv, int B, int T, int C,
+                                int H) {
   std::string why;
   if (cudnn_->forward(storage_, out, lse, qkv, B, T, C, H, &why)) return true;
   refused("forward", why);
   return false;
 }
 
-bool CudaBackend::cudnn_backward(void* dqkv, const void* dout, const void* out, const void* qkv, const float* lse,
-                                 int B, int T, int C, int H) {
+bool CudaBackend::cudnn_backward(void* dqkv, const void* dout, const void* out, const void* qkv,
+                                 const float* lse, int B, int T, int C, int H) {
   std::string why;
   if (cudnn_->backward(storage_, dqkv, dout, out, qkv, lse, B, T, C, H, &why)) return true;
   refused("backward", why);
@@ -135,8 +141,8 @@ bool CudaBackend::cudnn_backward(void* dqkv, const void* dout, const void* out, 
 // blocks of the backend's scratch and the results rounded back once, so the arithmetic is
 // the fp32 path's (as the CPU backend's 16-bit attention is its fp32 kernel on widened
 // inputs).
-void CudaBackend::attention_forward(void* out_v, float* lse, float* scratch_tt, const void* qkv_v, int B,
-                                    int T, int C, int H, const int32_t* pos) {
+void CudaBackend::attention_forward(void* out_v, float* lse, float* scratch_tt, const void* qkv_v,
+                                    int B, int T, int C, int H, const int32_t* pos) {
   if (!B || !T) return;
   bind();
   // cuDNN's graphs here are causal over whole rows: packed records run on the kernels.
@@ -154,8 +160,8 @@ void CudaBackend::attention_forward(void* out_v, float* lse, float* scratch_tt, 
       for (int h = 0; h < H; ++h) {
         const float* q = qkv + static_cast<size_t>(b) * T * ld + h * hd;
         head_forward(*this, out + static_cast<size_t>(b) * T * C + h * hd, C,
-                     lse + (static_cast<size_t>(b) * H + h) * T, scratch_tt, q, q + C, q + 2 * C, ld, T, hd, scale,
-                     row_pos(b));
+                     lse + (static_cast<size_t>(b) * H + h) * T, scratch_tt, q, q + C, q + 2 * C,
+                     ld, T, hd, scale, row_pos(b));
       }
     return;
   }
@@ -170,17 +176,19 @@ void CudaBackend::attention_forward(void* out_v, float* lse, float* scratch_tt, 
       for (int h = 0; h < H; ++h) {
         const E* src = qkv + static_cast<size_t>(b) * T * ld + h * hd;
         for (int part = 0; part < 3; ++part)
-          FY_LAUNCH(widen_block_k<E>, elt_blocks(th), kEltThreads, q + part * th, src + part * C, hd, ld, th);
-        head_forward(*this, o, hd, lse + (static_cast<size_t>(b) * H + h) * T, scratch_tt, q, k, v, hd, T, hd,
-                     scale, row_pos(b));
-        FY_LAUNCH(round_block_k<E>, elt_blocks(th), kEltThreads, out + static_cast<size_t>(b) * T * C + h * hd, o,
-                  hd, C, th);
+          FY_LAUNCH(widen_block_k<E>, elt_blocks(th), kEltThreads, q + part * th, src + part * C,
+                    hd, ld, th);
+        head_forward(*this, o, hd, lse + (static_cast<size_t>(b) * H + h) * T, scratch_tt, q, k, v,
+                     hd, T, hd, scale, row_pos(b));
+        FY_LAUNCH(round_block_k<E>, elt_blocks(th), kEltThreads,
+                  out + static_cast<size_t>(b) * T * C + h * hd, o, hd, C, th);
       }
   });
 }
 
-void CudaBackend::attention_backward(void* dqkv_v, float* scratch_tt, const void* dout_v, const void* out_v, const void* qkv_v,
-                                     const float* lse, int B, int T, int C, int H, const int32_t* pos) {
+void CudaBackend::attention_backward(void* dqkv_v, float* scratch_tt, const void* dout_v,
+                                     const void* out_v, const void* qkv_v, const float* lse, int B,
+                                     int T, int C, int H, const int32_t* pos) {
   if (!B || !T) return;
   bind();
   // Without the forward's output (a caller that kept none) the kernels run the backward; packed
@@ -192,7 +200,7 @@ void CudaBackend::attention_backward(void* dqkv_v, float* scratch_tt, const void
   auto row_pos = [&](int b) { return pos ? pos + static_cast<size_t>(b) * T : nullptr; };
   const int hd = C / H, ld = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  float* p = scratch_tt;                               // (T, T) probabilities
+  float* p = scratch_tt;                                // (T, T) probabilities
   float* dp = scratch_tt + static_cast<size_t>(T) * T;  // (T, T) their gradient
   if (storage_ == ElemType::kF32) {
     float* dqkv = static_cast<float*>(dqkv_v);
@@ -203,8 +211,9 @@ void CudaBackend::attention_backward(void* dqkv_v, float* scratch_tt, const void
         const size_t row0 = static_cast<size_t>(b) * T * ld + h * hd;
         const float* q = qkv + row0;
         float* dq = dqkv + row0;
-        head_backward(*this, dq, dq + C, dq + 2 * C, ld, p, dp, dout + static_cast<size_t>(b) * T * C + h * hd, C,
-                      q, q + C, q + 2 * C, ld, lse + (static_cast<size_t>(b) * H + h) * T, T, hd, scale, row_pos(b));
+        head_backward(*this, dq, dq + C, dq + 2 * C, ld, p, dp,
+                      dout + static_cast<size_t>(b) * T * C + h * hd, C, q, q + C, q + 2 * C, ld,
+                      lse + (static_cast<size_t>(b) * H + h) * T, T, hd, scale, row_pos(b));
       }
     return;
   }
@@ -220,14 +229,15 @@ void CudaBackend::attention_backward(void* dqkv_v, float* scratch_tt, const void
       for (int h = 0; h < H; ++h) {
         const size_t row0 = static_cast<size_t>(b) * T * ld + h * hd;
         for (int part = 0; part < 3; ++part)
-          FY_LAUNCH(widen_block_k<E>, elt_blocks(th), kEltThreads, q + part * th, qkv + row0 + part * C, hd, ld, th);
-        FY_LAUNCH(widen_block_k<E>, elt_blocks(th), kEltThreads, dO, dout + static_cast<size_t>(b) * T * C + h * hd,
-                  hd, C, th);
+          FY_LAUNCH(widen_block_k<E>, elt_blocks(th), kEltThreads, q + part * th,
+                    qkv + row0 + part * C, hd, ld, th);
+        FY_LAUNCH(widen_block_k<E>, elt_blocks(th), kEltThreads, dO,
+                  dout + static_cast<size_t>(b) * T * C + h * hd, hd, C, th);
         head_backward(*this, dq, dq + th, dq + 2 * th, hd, p, dp, dO, hd, q, k, v, hd,
                       lse + (static_cast<size_t>(b) * H + h) * T, T, hd, scale, row_pos(b));
         for (int part = 0; part < 3; ++part)
-          FY_LAUNCH(round_block_k<E>, elt_blocks(th), kEltThreads, dqkv + row0 + part * C, dq + part * th, hd, ld,
-                    th);
+          FY_LAUNCH(round_block_k<E>, elt_blocks(th), kEltThreads, dqkv + row0 + part * C,
+                    dq + part * th, hd, ld, th);
       }
   });
 }

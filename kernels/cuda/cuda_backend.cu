@@ -122,7 +122,8 @@ std::vector<Backend::TimingMark> CudaBackend::timing_stop() {
 }
 
 std::string CudaBackend::name() const {
-  return str("cuda (", device_name_, ", cuBLAS, ", matmul_precision_name(precision_), " GEMM inputs",
+  return str("cuda (", device_name_, ", cuBLAS, ", matmul_precision_name(precision_),
+             " GEMM inputs",
              storage_ == ElemType::kF32 ? "" : str(", ", elem_type_name(storage_), " tensors"),
              fused_attention() ? str(", ", cudnn_->version(), " attention") : "", ")");
 }
@@ -130,7 +131,8 @@ std::string CudaBackend::name() const {
 void CudaBackend::set_attention_impl(AttentionImpl impl) {
   attention_ = impl;
   // auto with fp32 tensors runs no cuDNN: it is opened when 16-bit tensors first need it.
-  if (impl == AttentionImpl::kCudnn || (impl == AttentionImpl::kAuto && storage_ != ElemType::kF32)) load_cudnn();
+  if (impl == AttentionImpl::kCudnn || (impl == AttentionImpl::kAuto && storage_ != ElemType::kF32))
+    load_cudnn();
 }
 
 void CudaBackend::load_cudnn() {
@@ -138,20 +140,24 @@ void CudaBackend::load_cudnn() {
   bind();
   cudnn_ = std::make_unique<CudnnAttention>(compute_);
   if (cudnn_->available()) return;
-  if (attention_ == AttentionImpl::kCudnn) throw Error(str("runtime.attention is cudnn, but ", cudnn_->why()));
+  if (attention_ == AttentionImpl::kCudnn)
+    throw Error(str("runtime.attention is cudnn, but ", cudnn_->why()));
   spdlog::info("attention: the CUDA backend's own kernels ({})", cudnn_->why());
 }
 
 bool CudaBackend::fused_attention() const {
-  return attention_ != AttentionImpl::kKernels && storage_ != ElemType::kF32 && cudnn_ && cudnn_->available();
+  return attention_ != AttentionImpl::kKernels && storage_ != ElemType::kF32 && cudnn_ &&
+         cudnn_->available();
 }
 
 bool CudaBackend::use_cudnn() {
   if (attention_ == AttentionImpl::kKernels) return false;
   if (storage_ == ElemType::kF32) {
     if (attention_ == AttentionImpl::kCudnn)
-      throw Error("runtime.attention is cudnn, but the device's tensors are fp32: cuDNN's fused attention takes "
-                  "16-bit tensors (runtime.device_tensors: bf16 or fp16)");
+      throw Error(
+          "runtime.attention is cudnn, but the device's tensors are fp32: cuDNN's fused attention "
+          "takes "
+          "16-bit tensors (runtime.device_tensors: bf16 or fp16)");
     return false;
   }
   load_cudnn();  // the storage type may have turned 16-bit after set_attention_impl
@@ -162,7 +168,8 @@ void CudaBackend::refused(const char* direction, const std::string& why) {
   ++refusals_;
   std::lock_guard<std::mutex> lock(refused_mu_);
   if (refusals_logged_.insert(str(direction, why)).second)
-    spdlog::warn("cuDNN refuses the attention {} ({}); the CUDA backend's own kernels run it", direction, why);
+    spdlog::warn("cuDNN refuses the attention {} ({}); the CUDA backend's own kernels run it",
+                 direction, why);
 }
 
 // ---- arena -------------------------------------------------------------------------------
@@ -186,7 +193,8 @@ void* CudaBackend::alloc(size_t bytes, const std::string& what) {
 void CudaBackend::free(void* ptr) {
   if (!ptr) return;
   std::lock_guard<std::mutex> lock(mu_);
-  FY_CHECK(ptr >= base_ && ptr < base_ + arena_.capacity(), "free of a pointer outside the CUDA arena");
+  FY_CHECK(ptr >= base_ && ptr < base_ + arena_.capacity(),
+           "free of a pointer outside the CUDA arena");
   // Kernels still queued that use this block are ahead of any later user of it on the
   // compute stream, so no wait is needed.
   arena_.give_back(static_cast<char*>(ptr) - base_);
@@ -203,8 +211,8 @@ MemoryStats CudaBackend::memory() const {
 // or write src), or, where the caller orders the work itself, only for the zeroing of the
 // allocations made so far (the caller does not order the arena's memsets); copy; wait for the
 // copy.
-void CudaBackend::copy_on(cudaStream_t stream, cudaEvent_t ready, std::mutex& mu, void* dst, const void* src,
-                          size_t bytes, cudaMemcpyKind kind) {
+void CudaBackend::copy_on(cudaStream_t stream, cudaEvent_t ready, std::mutex& mu, void* dst,
+                          const void* src, size_t bytes, cudaMemcpyKind kind) {
   if (!bytes) return;
   std::lock_guard<std::mutex> lock(mu);
   bind();
@@ -263,25 +271,29 @@ void CudaBackend::synchronize() {
 
 void CudaBackend::gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void* A,
                        int lda, long long sa, const void* B, int ldb, long long sb, float beta,
-                       void* C, int ldc, long long sc, int batch, bool mixed, ElemType ab, ElemType c) {
+                       void* C, int ldc, long long sc, int batch, bool mixed, ElemType ab,
+                       ElemType c) {
   if (M == 0 || N == 0 || batch == 0) return;
   // cuBLAS is column-major; a row-major X with row stride ld is the column-major X^T with
   // the same ld. So row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap
   // the operands and the dimensions M and N, keep the transposes.
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;  // fp32 accumulation
-  if (ab == ElemType::kF32 && mixed && precision_ == MatmulPrecision::kBf16) compute = CUBLAS_COMPUTE_32F_FAST_16BF;
-  if (ab == ElemType::kF32 && mixed && precision_ == MatmulPrecision::kFp16) compute = CUBLAS_COMPUTE_32F_FAST_16F;
+  if (ab == ElemType::kF32 && mixed && precision_ == MatmulPrecision::kBf16)
+    compute = CUBLAS_COMPUTE_32F_FAST_16BF;
+  if (ab == ElemType::kF32 && mixed && precision_ == MatmulPrecision::kFp16)
+    compute = CUBLAS_COMPUTE_32F_FAST_16F;
   const cudaDataType_t tab = blas_type(ab), tc = blas_type(c);
   const cublasOperation_t opa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t opb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   std::lock_guard<std::mutex> lock(blas_mu_);
   bind();
   if (batch == 1) {
-    FY_CUBLAS(cublasGemmEx(blas_, opb, opa, N, M, K, &alpha, B, tab, ldb, A, tab, lda, &beta, C, tc, ldc, compute,
-                           CUBLAS_GEMM_DEFAULT));
+    FY_CUBLAS(cublasGemmEx(blas_, opb, opa, N, M, K, &alpha, B, tab, ldb, A, tab, lda, &beta, C, tc,
+                           ldc, compute, CUBLAS_GEMM_DEFAULT));
   } else {
-    FY_CUBLAS(cublasGemmStridedBatchedEx(blas_, opb, opa, N, M, K, &alpha, B, tab, ldb, sb, A, tab, lda, sa, &beta,
-                                         C, tc, ldc, sc, batch, compute, CUBLAS_GEMM_DEFAULT));
+    FY_CUBLAS(cublasGemmStridedBatchedEx(blas_, opb, opa, N, M, K, &alpha, B, tab, ldb, sb, A, tab,
+                                         lda, sa, &beta, C, tc, ldc, sc, batch, compute,
+                                         CUBLAS_GEMM_DEFAULT));
   }
 }
 
@@ -351,16 +363,19 @@ void CudaBackend::add_column_sums(void* out, const void* x, int N, int C) {
     constexpr int K = Vec16<E>::kN;
     if (C % K == 0 && aligned16(x)) {
       const unsigned vcols = (C / K + kEltThreads - 1) / kEltThreads;
-      FY_LAUNCH((column_slices<E, K>), dim3(vcols, slices), kEltThreads, part, static_cast<const E*>(x), N, C);
+      FY_LAUNCH((column_slices<E, K>), dim3(vcols, slices), kEltThreads, part,
+                static_cast<const E*>(x), N, C);
     } else {
-      FY_LAUNCH((column_slices<E, 1>), dim3(cols, slices), kEltThreads, part, static_cast<const E*>(x), N, C);
+      FY_LAUNCH((column_slices<E, 1>), dim3(cols, slices), kEltThreads, part,
+                static_cast<const E*>(x), N, C);
     }
-    FY_LAUNCH(column_slices_add<E>, slices_add_grid(C), slices_add_block(), static_cast<E*>(out), part, slices, C);
+    FY_LAUNCH(column_slices_add<E>, slices_add_grid(C), slices_add_block(), static_cast<E*>(out),
+              part, slices, C);
   });
 }
 
-void CudaBackend::matmul_forward(void* out, const void* in, const void* w, const void* bias, int N, int IC,
-                                 int OC) {
+void CudaBackend::matmul_forward(void* out, const void* in, const void* w, const void* bias, int N,
+                                 int IC, int OC) {
   bind();
   float beta = 0.0f;
   if (bias && N > 0 && OC > 0) {
@@ -368,21 +383,26 @@ void CudaBackend::matmul_forward(void* out, const void* in, const void* w, const
       constexpr int K = Vec16<E>::kN;
       const bool vec = OC % K == 0 && all_aligned16(out, bias);
       const int per_row = vec ? OC / K : OC;
-      const unsigned cols = static_cast<unsigned>(std::min(4, (per_row + kEltThreads - 1) / kEltThreads));
+      const unsigned cols =
+          static_cast<unsigned>(std::min(4, (per_row + kEltThreads - 1) / kEltThreads));
       const unsigned rows = static_cast<unsigned>(std::min(N, 4096));
-      FY_LAUNCH(broadcast_rows<E>, dim3(cols, rows), kEltThreads, static_cast<E*>(out), static_cast<const E*>(bias),
-                N, OC, vec);
+      FY_LAUNCH(broadcast_rows<E>, dim3(cols, rows), kEltThreads, static_cast<E*>(out),
+                static_cast<const E*>(bias), N, OC, vec);
     });
     beta = 1.0f;
   }
-  gemm(false, true, N, OC, IC, 1.0f, in, IC, 0, w, IC, 0, beta, out, OC, 0, 1, true, storage_, storage_);
+  gemm(false, true, N, OC, IC, 1.0f, in, IC, 0, w, IC, 0, beta, out, OC, 0, 1, true, storage_,
+       storage_);
 }
 
-void CudaBackend::matmul_backward(void* din, void* dw, void* dbias, const void* dout, const void* in,
-                                  const void* w, int N, int IC, int OC) {
+void CudaBackend::matmul_backward(void* din, void* dw, void* dbias, const void* dout,
+                                  const void* in, const void* w, int N, int IC, int OC) {
   // dw first: din may alias in (backend.h); both GEMMs are on the compute stream, in order.
-  gemm(true, false, OC, IC, N, 1.0f, dout, OC, 0, in, IC, 0, 1.0f, dw, IC, 0, 1, true, storage_, storage_);
-  if (din) gemm(false, false, N, IC, OC, 1.0f, dout, OC, 0, w, IC, 0, 0.0f, din, IC, 0, 1, true, storage_, storage_);
+  gemm(true, false, OC, IC, N, 1.0f, dout, OC, 0, in, IC, 0, 1.0f, dw, IC, 0, 1, true, storage_,
+       storage_);
+  if (din)
+    gemm(false, false, N, IC, OC, 1.0f, dout, OC, 0, w, IC, 0, 0.0f, din, IC, 0, 1, true, storage_,
+         storage_);
   if (dbias) add_column_sums(dbias, dout, N, OC);
 }
 

@@ -65,8 +65,8 @@ class CudaBackend final : public Backend {
   void zero(void* ptr, size_t bytes) override;
   void synchronize() override;
 
-  void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe,
-                         int B, int T, int C) override;
+  void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B,
+                         int T, int C) override;
   void embedding_backward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B,
                           int T, int C) override;
   void layernorm_forward(void* out, float* mean, float* rstd, const void* in, const void* w,
@@ -80,8 +80,8 @@ class CudaBackend final : public Backend {
                        const void* w, int N, int IC, int OC) override;
   void attention_forward(void* out, float* lse, float* scratch, const void* qkv, int B, int T,
                          int C, int H, const int32_t* pos) override;
-  void attention_backward(void* dqkv, float* scratch, const void* dout, const void* out, const void* qkv,
-                          const float* lse, int B, int T, int C, int H,
+  void attention_backward(void* dqkv, float* scratch, const void* dout, const void* out,
+                          const void* qkv, const float* lse, int B, int T, int C, int H,
                           const int32_t* pos) override;
   void gelu_forward(void* out, const void* in, size_t n) override;
   void gelu_backward(void* din, const void* in, const void* dout, size_t n) override;
@@ -106,8 +106,8 @@ class CudaBackend final : public Backend {
   void relu_backward(void* din, const void* in, const void* dout, size_t n) override;
   // kernels/cuda/decode.cu
   void rope_forward_at(void* qkvc, int N, int pos0, int Hq, int Hkv, int D, float theta) override;
-  void attention_decode(void* out, void* k_cache, void* v_cache, const void* qkvc, int N, int pos0, int Hq,
-                        int Hkv, int D) override;
+  void attention_decode(void* out, void* k_cache, void* v_cache, const void* qkvc, int N, int pos0,
+                        int Hq, int Hkv, int D) override;
 
   // The optimizer on the device (optimizer.cu).
   bool supports_device_optimizer() const override { return true; }
@@ -143,31 +143,30 @@ class CudaBackend final : public Backend {
             ElemType c = ElemType::kF32);
 
  private:
-  void copy_on(cudaStream_t stream, cudaEvent_t ready, std::mutex& mu, void* dst, const void* src, size_t bytes,
-               cudaMemcpyKind kind);
+  void copy_on(cudaStream_t stream, cudaEvent_t ready, std::mutex& mu, void* dst, const void* src,
+               size_t bytes, cudaMemcpyKind kind);
   // Column sums of x(N,C) added into out(C) (bias gradients), both of the storage type.
   void add_column_sums(void* out, const void* x, int N, int C);
 
  public:
   // Device scratch of at least `bytes`, outside the arena: the partial sums of the reductions
-  // (kReduceSlices x the widest reduced row, or 2 x 4 Mi floats for the wide ones), the embedding gradient's token ranks
-  // (8 B T bytes) and 16-bit attention's fp32 copies of one head (7 T head_size floats). The
-  // caller holds `scratch_mu()` from the call until its kernels are queued; kernels on the
-  // compute stream run one at a time, so one buffer serves them all. Growing it frees the old
-  // one, which waits for the whole device (cudaFree): it grows at the first call of each kind,
-  // in the first step.
+  // (kReduceSlices x the widest reduced row, or 2 x 4 Mi floats for the wide ones), the embedding
+  // gradient's token ranks (8 B T bytes) and 16-bit attention's fp32 copies of one head (7 T
+  // head_size floats). The caller holds `scratch_mu()` from the call until its kernels are queued;
+  // kernels on the compute stream run one at a time, so one buffer serves them all. Growing it
+  // frees the old one, which waits for the whole device (cudaFree): it grows at the first call of
+  // each kind, in the first step.
   void* scratch(size_t bytes);
   std::mutex& scratch_mu() { return scratch_mu_; }
 
  private:
-
   // Runs cuDNN's attention when fused_attention(); false (after logging the reason once) when
   // cuDNN refuses the shape.
-  bool use_cudnn();    // fused_attention(), opening cuDNN first if the tensors turned 16-bit
-  void load_cudnn();   // opens cuDNN once; logs (auto) or throws (cudnn) when it is missing
+  bool use_cudnn();   // fused_attention(), opening cuDNN first if the tensors turned 16-bit
+  void load_cudnn();  // opens cuDNN once; logs (auto) or throws (cudnn) when it is missing
   bool cudnn_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int H);
-  bool cudnn_backward(void* dqkv, const void* dout, const void* out, const void* qkv, const float* lse, int B,
-                      int T, int C, int H);
+  bool cudnn_backward(void* dqkv, const void* dout, const void* out, const void* qkv,
+                      const float* lse, int B, int T, int C, int H);
   void refused(const char* direction, const std::string& why);
 
   int device_;
@@ -184,7 +183,7 @@ class CudaBackend final : public Backend {
   cudaEvent_t h2d_ready_ = nullptr, d2h_ready_ = nullptr;
   cudaEvent_t zeroed_ = nullptr;  // recorded after each alloc's memset on the compute stream
   std::mutex zeroed_mu_;          // record and wait on zeroed_ one at a time
-  std::mutex h2d_mu_, d2h_mu_;  // one copy per direction at a time (event and stream reuse)
+  std::mutex h2d_mu_, d2h_mu_;    // one copy per direction at a time (event and stream reuse)
   std::atomic<bool> caller_ordered_{false};  // set_caller_ordered
   cublasHandle_t blas_ = nullptr;
   std::mutex blas_mu_;  // a cuBLAS handle must not be used by two threads at once

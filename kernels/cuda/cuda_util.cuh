@@ -103,8 +103,6 @@ bool all_aligned16(const P*... p) {
   return (aligned16(p) && ...);
 }
 
-
-
 // ---- storage types ------------------------------------------------------------------------
 // The device's tensors are fp32, bf16 or fp16 (Backend::storage_type). Kernels are templates
 // on the storage type T: every load widens to fp32 (ld), the arithmetic is fp32 as in the
@@ -119,11 +117,17 @@ __device__ __forceinline__ float ld(__half x) { return __half2float(x); }
 template <typename T>
 __device__ __forceinline__ T st(float v);
 template <>
-__device__ __forceinline__ float st<float>(float v) { return v; }
+__device__ __forceinline__ float st<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 st<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 st<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 template <>
-__device__ __forceinline__ __half st<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half st<__half>(float v) {
+  return __float2half_rn(v);
+}
 
 template <typename T>
 struct TypeTag {
@@ -135,18 +139,24 @@ struct TypeTag {
 template <typename F>
 void with_storage(ElemType t, F&& f) {
   switch (t) {
-    case ElemType::kF32: f(TypeTag<float>{}); return;
-    case ElemType::kBF16: f(TypeTag<__nv_bfloat16>{}); return;
-    case ElemType::kF16: f(TypeTag<__half>{}); return;
+    case ElemType::kF32:
+      f(TypeTag<float>{});
+      return;
+    case ElemType::kBF16:
+      f(TypeTag<__nv_bfloat16>{});
+      return;
+    case ElemType::kF16:
+      f(TypeTag<__half>{});
+      return;
   }
 }
 
 // Inside a CudaBackend member: runs the statements with E the device type of the backend's
 // storage type (`FY_TYPED(E, FY_LAUNCH(kernel<E>, ...))`).
-#define FY_TYPED(E, ...)                            \
+#define FY_TYPED(E, ...)                                    \
   ::fuyou::cuda::with_storage(storage_, [&](auto fy_tag_) { \
-    using E = typename decltype(fy_tag_)::type;     \
-    __VA_ARGS__;                                    \
+    using E = typename decltype(fy_tag_)::type;             \
+    __VA_ARGS__;                                            \
   })
 
 // cuBLAS's name for the storage type.

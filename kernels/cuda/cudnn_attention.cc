@@ -80,11 +80,14 @@ class Desc {
   Desc& operator=(const Desc&) = delete;
   cudnnBackendDescriptor_t get() const { return d_; }
 
-  Desc& set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t n, const void* v) {
+  Desc& set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t n,
+            const void* v) {
     check(g_api.set_attr(d_, name, type, n, v), what_);
     return *this;
   }
-  Desc& set_i64(cudnnBackendAttributeName_t name, int64_t v) { return set(name, CUDNN_TYPE_INT64, 1, &v); }
+  Desc& set_i64(cudnnBackendAttributeName_t name, int64_t v) {
+    return set(name, CUDNN_TYPE_INT64, 1, &v);
+  }
   Desc& set_type(cudnnBackendAttributeName_t name, cudnnDataType_t v) {
     return set(name, CUDNN_TYPE_DATA_TYPE, 1, &v);
   }
@@ -108,16 +111,26 @@ struct Form {
   bool k_view_16bit;
 };
 constexpr Form kForms[] = {
-    {CUDNN_DATA_INT32, CUDNN_DATA_BOOLEAN, false},
-    {CUDNN_DATA_FLOAT, CUDNN_DATA_BOOLEAN, false},
-    {CUDNN_DATA_INT32, CUDNN_DATA_BOOLEAN, true},
-    {CUDNN_DATA_FLOAT, CUDNN_DATA_BOOLEAN, true},
+    {CUDNN_DATA_INT32, CUDNN_DATA_BOOLEAN, false}, {CUDNN_DATA_FLOAT, CUDNN_DATA_BOOLEAN, false},
+    {CUDNN_DATA_INT32, CUDNN_DATA_BOOLEAN, true},  {CUDNN_DATA_FLOAT, CUDNN_DATA_BOOLEAN, true},
     {CUDNN_DATA_INT32, CUDNN_DATA_INT32, false},
 };
 
 // Tensor ids of the graphs' real (non-virtual) tensors; virtual ones are numbered from 100.
 enum Uid : int64_t {
-  kQ = 1, kK, kV, kO, kLse, kDO, kDQ, kDK, kDV, kDot, kScale, kNegInf, kOne,
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kLse,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
+  kDot,
+  kScale,
+  kNegInf,
+  kOne,
 };
 
 }  // namespace
@@ -130,9 +143,9 @@ struct CudnnAttention::Plan {
   }
   std::vector<DescPtr> descs;  // every descriptor of the graph, kept alive with the plan
   DescPtr graph, plan;
-  int64_t workspace = 0;       // bytes the plan asks for
-  int64_t dot_bytes = 0;       // the backward's fp32 row sums (B H T), placed before it
-  std::string form;            // which Form built, for the log
+  int64_t workspace = 0;  // bytes the plan asks for
+  int64_t dot_bytes = 0;  // the backward's fp32 row sums (B H T), placed before it
+  std::string form;       // which Form built, for the log
 };
 
 namespace {
@@ -140,18 +153,21 @@ namespace {
 // Builds the graph of one direction for shape (B, T, C, H) of 16-bit type t.
 class GraphBuilder {
  public:
-  GraphBuilder(CudnnAttention::Plan& p, cudnnDataType_t io, const Form& form, int B, int T, int C, int H)
+  GraphBuilder(CudnnAttention::Plan& p, cudnnDataType_t io, const Form& form, int B, int T, int C,
+               int H)
       : p_(p), io_(io), form_(form), B_(B), T_(T), H_(H), D_(C / H), C_(C) {}
 
   // A tensor of dims (B, H, rows, cols) and the given strides.
-  const Desc& tensor(int64_t uid, cudnnDataType_t type, std::vector<int64_t> dims, std::vector<int64_t> strides,
-                     bool is_virtual, bool by_value = false) {
+  const Desc& tensor(int64_t uid, cudnnDataType_t type, std::vector<int64_t> dims,
+                     std::vector<int64_t> strides, bool is_virtual, bool by_value = false) {
     auto d = std::make_unique<Desc>(CUDNN_BACKEND_TENSOR_DESCRIPTOR, "tensor descriptor");
     const int64_t align = 16;
     const bool v = is_virtual, bv = by_value;
     d->set_type(CUDNN_ATTR_TENSOR_DATA_TYPE, type)
-        .set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, static_cast<int64_t>(dims.size()), dims.data())
-        .set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, static_cast<int64_t>(strides.size()), strides.data())
+        .set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, static_cast<int64_t>(dims.size()),
+             dims.data())
+        .set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, static_cast<int64_t>(strides.size()),
+             strides.data())
         .set_i64(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid)
         .set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
     if (v) d->set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &v);
@@ -161,10 +177,12 @@ class GraphBuilder {
   }
   // Virtual fp32 (or `type`) intermediates, packed: (B,H,T,T) scores and (B,H,T,1) row values.
   const Desc& scores(cudnnDataType_t type = CUDNN_DATA_FLOAT) {
-    return tensor(next_++, type, {B_, H_, T_, T_}, {int64_t(H_) * T_ * T_, int64_t(T_) * T_, T_, 1}, true);
+    return tensor(next_++, type, {B_, H_, T_, T_}, {int64_t(H_) * T_ * T_, int64_t(T_) * T_, T_, 1},
+                  true);
   }
   const Desc& rows(cudnnDataType_t type = CUDNN_DATA_FLOAT, int64_t uid = 0) {
-    return tensor(uid ? uid : next_++, type, {B_, H_, T_, 1}, {int64_t(H_) * T_, T_, 1, 1}, uid == 0);
+    return tensor(uid ? uid : next_++, type, {B_, H_, T_, 1}, {int64_t(H_) * T_, T_, 1, 1},
+                  uid == 0);
   }
   const Desc& scalar(int64_t uid) {
     return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
@@ -181,13 +199,15 @@ class GraphBuilder {
     return tensor(uid, io_, {B_, H_, T_, D_}, {int64_t(T_) * C_, D_, C_, 1}, false);
   }
 
-  void pointwise(cudnnPointwiseMode_t mode, const Desc& x, const Desc* b, const Desc* t, const Desc& y,
-                 cudnnDataType_t prec = CUDNN_DATA_FLOAT, int64_t axis = -1) {
+  void pointwise(cudnnPointwiseMode_t mode, const Desc& x, const Desc* b, const Desc* t,
+                 const Desc& y, cudnnDataType_t prec = CUDNN_DATA_FLOAT, int64_t axis = -1) {
     auto pw = std::make_unique<Desc>(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, "pointwise descriptor");
-    pw->set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode).set_type(CUDNN_ATTR_POINTWISE_MATH_PREC, prec);
+    pw->set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode)
+        .set_type(CUDNN_ATTR_POINTWISE_MATH_PREC, prec);
     if (axis >= 0) pw->set_i64(CUDNN_ATTR_POINTWISE_AXIS, axis);
     pw->finalize();
-    auto op = std::make_unique<Desc>(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, "pointwise operation");
+    auto op =
+        std::make_unique<Desc>(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, "pointwise operation");
     const float one = 1.0f;
     op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, *pw)
         .set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x)
@@ -217,7 +237,8 @@ class GraphBuilder {
     r->set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode)
         .set_type(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_DATA_FLOAT)
         .finalize();
-    auto op = std::make_unique<Desc>(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, "reduction operation");
+    auto op =
+        std::make_unique<Desc>(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, "reduction operation");
     op->set_desc(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x)
         .set_desc(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y)
         .set_desc(CUDNN_ATTR_OPERATION_REDUCTION_DESC, *r)
@@ -226,8 +247,11 @@ class GraphBuilder {
     ops_.push_back(&keep(std::move(op)));
   }
   void reshape(const Desc& x, const Desc& y) {
-    auto op = std::make_unique<Desc>(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "reshape operation");
-    op->set_desc(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x).set_desc(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y).finalize();
+    auto op =
+        std::make_unique<Desc>(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, "reshape operation");
+    op->set_desc(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x)
+        .set_desc(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y)
+        .finalize();
     ops_.push_back(&keep(std::move(op)));
   }
   // s with every key past its query set to -inf: row index >= column index is kept.
@@ -328,7 +352,8 @@ class GraphBuilder {
                             {T_ * ld, D_, ld, 1}, true);
     reshape(kt, kr);
     matmul(ds, kr, dq);
-    p_.dot_bytes = (int64_t(B_) * H_ * T_ * 4 + 255) / 256 * 256;  // the workspace after it stays aligned
+    p_.dot_bytes =
+        (int64_t(B_) * H_ * T_ * 4 + 255) / 256 * 256;  // the workspace after it stays aligned
   }
 
   // Whether cuDNN notes the configuration's engine as nondeterministic (atomics). A query
@@ -336,11 +361,12 @@ class GraphBuilder {
   // test checks that two runs agree bit for bit.
   static bool nondeterministic(cudnnBackendDescriptor_t cfg) {
     cudnnBackendDescriptor_t engine = nullptr;
-    if (g_api.create_desc(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) != CUDNN_STATUS_SUCCESS) return false;
+    if (g_api.create_desc(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) != CUDNN_STATUS_SUCCESS)
+      return false;
     int64_t n = 0;
     bool found = false;
-    if (g_api.get_attr(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine) ==
-            CUDNN_STATUS_SUCCESS &&
+    if (g_api.get_attr(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
+                       &engine) == CUDNN_STATUS_SUCCESS &&
         n == 1) {
       cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
       int64_t count = 0;
@@ -360,8 +386,8 @@ class GraphBuilder {
     std::vector<cudnnBackendDescriptor_t> ops;
     for (const Desc* d : ops_) ops.push_back(d->get());
     p_.graph->set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle)
-        .set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops.size()),
-             ops.data())
+        .set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+             static_cast<int64_t>(ops.size()), ops.data())
         .finalize();
     Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "engine heuristics");
     const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
@@ -369,7 +395,8 @@ class GraphBuilder {
         .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode)
         .finalize();
     int64_t n = 0;
-    check(g_api.get_attr(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n, nullptr),
+    check(g_api.get_attr(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                         0, &n, nullptr),
           "engine heuristics (count)");
     if (n <= 0) throw Refused{"cuDNN's heuristics offer no engine for this graph"};
     std::vector<DescPtr> cfgs;
@@ -379,8 +406,8 @@ class GraphBuilder {
       raw.push_back(cfgs.back()->get());
     }
     int64_t got = 0;
-    check(g_api.get_attr(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n, &got,
-                         raw.data()),
+    check(g_api.get_attr(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                         n, &got, raw.data()),
           "engine heuristics (results)");
     // First the configurations not marked nondeterministic; if none of those builds, the
     // others, with a warning (the GPU test's two runs still have to agree bit for bit).
@@ -389,16 +416,18 @@ class GraphBuilder {
       for (int64_t i = 0; i < got; ++i) {
         if (nondeterministic(cfgs[i]->get()) != (pass == 1)) continue;
         try {
-          auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
+          auto plan =
+              std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
           plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle)
               .set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *cfgs[i])
               .finalize();
           int64_t ws = 0, cnt = 0;
-          check(g_api.get_attr(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt,
-                               &ws),
+          check(g_api.get_attr(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                               CUDNN_TYPE_INT64, 1, &cnt, &ws),
                 "execution plan (workspace size)");
           if (pass == 1)
-            spdlog::warn("cuDNN attention: the only engine that builds is marked nondeterministic by cuDNN");
+            spdlog::warn(
+                "cuDNN attention: the only engine that builds is marked nondeterministic by cuDNN");
           p_.plan = std::move(plan);
           p_.workspace = ws;
           for (auto& c : cfgs) p_.descs.push_back(std::move(c));
@@ -430,7 +459,8 @@ std::string form_name(const Form& f) {
   auto n = [](cudnnDataType_t t) {
     return t == CUDNN_DATA_INT32 ? "int32" : t == CUDNN_DATA_BOOLEAN ? "bool" : "float";
   };
-  return str("index ", n(f.index_prec), ", compare ", n(f.compare_prec), f.k_view_16bit ? ", 16-bit K view" : "");
+  return str("index ", n(f.index_prec), ", compare ", n(f.compare_prec),
+             f.k_view_16bit ? ", 16-bit K view" : "");
 }
 
 }  // namespace
@@ -451,7 +481,8 @@ static void* load_cudnn(std::string* lib_name, std::string* why) {
     }
     if (!lib) {
       const char* e = dlerror();
-      failure = str("cuDNN 9 is not installed or not on the library path (dlopen libcudnn.so.9: ", e ? e : "?", ")");
+      failure = str("cuDNN 9 is not installed or not on the library path (dlopen libcudnn.so.9: ",
+                    e ? e : "?", ")");
       return;
     }
     const char* missing = nullptr;
@@ -513,8 +544,10 @@ std::string CudnnAttention::check_graphs(ElemType t, int B, int T, int C, int H)
     Plan plan;
     try {
       GraphBuilder g(plan, io, kForms[0], B, T, C, H);
-      if (backward) g.build_backward();
-      else g.build_forward();
+      if (backward)
+        g.build_backward();
+      else
+        g.build_forward();
     } catch (const Refused& r) {
       return str(backward ? "backward" : "forward", ": ", r.what);
     }
@@ -536,8 +569,8 @@ std::string CudnnAttention::version() const {
   return str("cuDNN ", v / 10000, ".", (v / 100) % 100, ".", v % 100, " (", lib_name_, ")");
 }
 
-CudnnAttention::Plan* CudnnAttention::plan_for(bool backward, ElemType t, int B, int T, int C, int H,
-                                               std::string* why) {
+CudnnAttention::Plan* CudnnAttention::plan_for(bool backward, ElemType t, int B, int T, int C,
+                                               int H, std::string* why) {
   const Key key{backward, static_cast<int>(t), B, T, C, H};
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
   if (auto it = refused_.find(key); it != refused_.end()) {
@@ -554,7 +587,9 @@ CudnnAttention::Plan* CudnnAttention::plan_for(bool backward, ElemType t, int B,
   else if (T < 2)
     reason = "a sequence of one position";
   else if (backward && v < 91600 && T % 128)
-    reason = str("cuDNN ", v, " (before 9.16) needs the sequence length a multiple of 128 in the backward; it is ", T);
+    reason = str(
+        "cuDNN ", v,
+        " (before 9.16) needs the sequence length a multiple of 128 in the backward; it is ", T);
   if (reason.empty()) {
     const cudnnDataType_t io = t == ElemType::kBF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
     const auto t0 = std::chrono::steady_clock::now();
@@ -563,15 +598,18 @@ CudnnAttention::Plan* CudnnAttention::plan_for(bool backward, ElemType t, int B,
       auto plan = std::make_unique<Plan>();
       try {
         GraphBuilder g(*plan, io, f, B, T, C, H);
-        if (backward) g.build_backward();
-        else g.build_forward();
+        if (backward)
+          g.build_backward();
+        else
+          g.build_forward();
         g.finish(static_cast<cudnnHandle_t>(handle_));
         plan->form = form_name(f);
         // Once per shape and direction: the first step's compile time and the memory it takes.
-        spdlog::info("cuDNN attention {} for B {} T {} C {} H {}: built in {:.2f} s ({}), workspace {}",
-                     backward ? "backward" : "forward", B, T, C, H,
-                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), plan->form,
-                     format_size(static_cast<uint64_t>(plan->workspace + plan->dot_bytes)));
+        spdlog::info(
+            "cuDNN attention {} for B {} T {} C {} H {}: built in {:.2f} s ({}), workspace {}",
+            backward ? "backward" : "forward", B, T, C, H,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+            plan->form, format_size(static_cast<uint64_t>(plan->workspace + plan->dot_bytes)));
         return (plans_[key] = std::move(plan)).get();
       } catch (const Refused& r) {
         reason += str(reason.empty() ? "" : "; ", "[", form_name(f), "] ", r.what);
@@ -622,20 +660,22 @@ void CudnnAttention::run(Plan& plan, const std::map<int64_t, void*>& ptrs) {
   void* ws = static_cast<char*>(workspace_) + plan.dot_bytes;
   try {
     Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack");
-    pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<int64_t>(uids.size()), uids.data())
-        .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<int64_t>(data.size()),
-             data.data())
+    pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64,
+             static_cast<int64_t>(uids.size()), uids.data())
+        .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
+             static_cast<int64_t>(data.size()), data.data())
         .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws)
         .finalize();
-    check(g_api.execute(static_cast<cudnnHandle_t>(handle_), plan.plan->get(), pack.get()), "execute");
+    check(g_api.execute(static_cast<cudnnHandle_t>(handle_), plan.plan->get(), pack.get()),
+          "execute");
   } catch (const Refused& r) {
     // A plan that built but does not run is not a shape to fall back from quietly.
     throw Error(str("cuDNN attention: ", r.what));
   }
 }
 
-CudnnAttention::Plan* CudnnAttention::chunked_plan(bool backward, ElemType t, int B, int T, int C, int H,
-                                                   int* rows, std::string* why) {
+CudnnAttention::Plan* CudnnAttention::chunked_plan(bool backward, ElemType t, int B, int T, int C,
+                                                   int H, int* rows, std::string* why) {
   // The deterministic backward's workspace grows with B H T^2: when the whole batch's would
   // pass the cap, take the batch in equal chunks (divisors of B, largest first) until one
   // fits. One batch row over the cap runs if the device has that much free outside the
@@ -645,7 +685,8 @@ CudnnAttention::Plan* CudnnAttention::chunked_plan(bool backward, ElemType t, in
   int r = B;
   while (plan && need(plan) > static_cast<int64_t>(workspace_cap_) && r > 1) {
     // The estimate scales with the rows; the divisor below it is tried, then smaller ones.
-    int next = static_cast<int>(std::max<int64_t>(1, r * static_cast<int64_t>(workspace_cap_) / need(plan)));
+    int next = static_cast<int>(
+        std::max<int64_t>(1, r * static_cast<int64_t>(workspace_cap_) / need(plan)));
     next = std::min(next, r - 1);
     while (B % next) --next;
     r = next;
@@ -657,8 +698,8 @@ CudnnAttention::Plan* CudnnAttention::chunked_plan(bool backward, ElemType t, in
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) free_b = 0;
     const size_t margin = size_t(64) << 20;  // cuBLAS and the runtime allocate beside us
     if (static_cast<size_t>(need(plan)) + margin > free_b + workspace_bytes_) {
-      *why = str("cuDNN's workspace for one batch row is ", format_size(need(plan)), ", more than the ",
-                 format_size(free_b), " free outside the arena");
+      *why = str("cuDNN's workspace for one batch row is ", format_size(need(plan)),
+                 ", more than the ", format_size(free_b), " free outside the arena");
       return nullptr;
     }
   }
@@ -666,49 +707,62 @@ CudnnAttention::Plan* CudnnAttention::chunked_plan(bool backward, ElemType t, in
   return plan;
 }
 
-bool CudnnAttention::forward(ElemType t, void* out, float* lse, const void* qkv, int B, int T, int C, int H,
-                             std::string* why) {
+bool CudnnAttention::forward(ElemType t, void* out, float* lse, const void* qkv, int B, int T,
+                             int C, int H, std::string* why) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!available()) return *why = why_, false;
   int rows = 0;
   Plan* plan = chunked_plan(false, t, B, T, C, H, &rows, why);
   if (!plan) return false;
   const size_t e = elem_type_size(t), row_in = size_t(T) * 3 * C * e, row_out = size_t(T) * C * e;
-  if (!aligned({qkv, out, lse}, {row_in, row_out, size_t(H) * T * 4, C * e}, rows < B ? rows : 0, why) ||
+  if (!aligned({qkv, out, lse}, {row_in, row_out, size_t(H) * T * 4, C * e}, rows < B ? rows : 0,
+               why) ||
       !reserve(*plan, why))
     return false;
   float scale = 1.0f / std::sqrt(static_cast<float>(C / H)), neg_inf = -INFINITY;
   for (int b = 0; b < B; b += rows) {
     char* in = static_cast<char*>(const_cast<void*>(qkv)) + b * row_in;
-    run(*plan,
-        {{kQ, in}, {kK, in + C * e}, {kV, in + 2 * C * e}, {kO, static_cast<char*>(out) + b * row_out},
-         {kLse, lse + size_t(b) * H * T}, {kScale, &scale}, {kNegInf, &neg_inf}});
+    run(*plan, {{kQ, in},
+                {kK, in + C * e},
+                {kV, in + 2 * C * e},
+                {kO, static_cast<char*>(out) + b * row_out},
+                {kLse, lse + size_t(b) * H * T},
+                {kScale, &scale},
+                {kNegInf, &neg_inf}});
   }
   return true;
 }
 
-bool CudnnAttention::backward(ElemType t, void* dqkv, const void* dout, const void* out, const void* qkv,
-                              const float* lse, int B, int T, int C, int H, std::string* why) {
+bool CudnnAttention::backward(ElemType t, void* dqkv, const void* dout, const void* out,
+                              const void* qkv, const float* lse, int B, int T, int C, int H,
+                              std::string* why) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!available()) return *why = why_, false;
   int rows = 0;
   Plan* plan = chunked_plan(true, t, B, T, C, H, &rows, why);
   if (!plan) return false;
   const size_t e = elem_type_size(t), row_in = size_t(T) * 3 * C * e, row_out = size_t(T) * C * e;
-  if (!aligned({qkv, dqkv, out, dout, lse}, {row_in, row_in, row_out, row_out, size_t(H) * T * 4, C * e},
-               rows < B ? rows : 0, why) ||
+  if (!aligned({qkv, dqkv, out, dout, lse},
+               {row_in, row_in, row_out, row_out, size_t(H) * T * 4, C * e}, rows < B ? rows : 0,
+               why) ||
       !reserve(*plan, why))
     return false;
   float scale = 1.0f / std::sqrt(static_cast<float>(C / H)), neg_inf = -INFINITY, one = 1.0f;
   for (int b = 0; b < B; b += rows) {
     char* in = static_cast<char*>(const_cast<void*>(qkv)) + b * row_in;
     char* d = static_cast<char*>(dqkv) + b * row_in;
-    run(*plan,
-        {{kQ, in}, {kK, in + C * e}, {kV, in + 2 * C * e},
-         {kO, static_cast<char*>(const_cast<void*>(out)) + b * row_out},
-         {kDO, static_cast<char*>(const_cast<void*>(dout)) + b * row_out},
-         {kLse, const_cast<float*>(lse) + size_t(b) * H * T}, {kDQ, d}, {kDK, d + C * e}, {kDV, d + 2 * C * e},
-         {kScale, &scale}, {kNegInf, &neg_inf}, {kOne, &one}});
+    run(*plan, {{kQ, in},
+                {kK, in + C * e},
+                {kV, in + 2 * C * e},
+                {kO, static_cast<char*>(const_cast<void*>(out)) + b * row_out},
+                {kDO, static_cast<char*>(const_cast<void*>(dout)) + b * row_out},
+                {kLse, const_cast<float*>(lse) + size_t(b) * H * T},
+                {kDQ, d},
+                {kDK, d + C * e},
+                {kDV, d + 2 * C * e},
+                {kScale, &scale},
+                {kNegInf, &neg_inf},
+                {kOne, &one}});
   }
   return true;
 }
@@ -716,14 +770,16 @@ bool CudnnAttention::backward(ElemType t, void* dqkv, const void* dout, const vo
 // cuDNN's tensors are declared 16-byte aligned: every base, the k / v offsets within a row
 // (the last step) and, when the batch runs in chunks of `rows` (0: one chunk), every chunk's
 // offset (the other steps, one per base) must be.
-bool CudnnAttention::aligned(std::initializer_list<const void*> bases, std::initializer_list<size_t> steps, int rows,
-                             std::string* why) {
+bool CudnnAttention::aligned(std::initializer_list<const void*> bases,
+                             std::initializer_list<size_t> steps, int rows, std::string* why) {
   for (const void* p : bases)
     if (reinterpret_cast<uintptr_t>(p) % 16) return *why = "a tensor not 16-byte aligned", false;
   auto it = steps.begin();
   for (size_t i = 0; i + 1 < steps.size(); ++i, ++it)
-    if (rows && (*it * rows) % 16) return *why = "a batch chunk's offset not 16-byte aligned", false;
-  if (*it % 16) return *why = "k and v not 16-byte aligned within qkv (C * element size % 16)", false;
+    if (rows && (*it * rows) % 16)
+      return *why = "a batch chunk's offset not 16-byte aligned", false;
+  if (*it % 16)
+    return *why = "k and v not 16-byte aligned within qkv (C * element size % 16)", false;
   return true;
 }
 
@@ -738,15 +794,17 @@ namespace fuyou::cuda {
 struct CudnnAttention::Plan {};
 
 CudnnAttention::CudnnAttention(cudaStream_t stream)
-    : stream_(stream), why_("this build found no cuDNN headers (cudnn_graph.h) beside the CUDA toolkit") {}
+    : stream_(stream),
+      why_("this build found no cuDNN headers (cudnn_graph.h) beside the CUDA toolkit") {}
 CudnnAttention::~CudnnAttention() = default;
 std::string CudnnAttention::version() const { return "cuDNN (not built)"; }
 size_t CudnnAttention::version_number() const { return 0; }
-bool CudnnAttention::forward(ElemType, void*, float*, const void*, int, int, int, int, std::string* why) {
+bool CudnnAttention::forward(ElemType, void*, float*, const void*, int, int, int, int,
+                             std::string* why) {
   return *why = why_, false;
 }
-bool CudnnAttention::backward(ElemType, void*, const void*, const void*, const void*, const float*, int, int, int,
-                              int, std::string* why) {
+bool CudnnAttention::backward(ElemType, void*, const void*, const void*, const void*, const float*,
+                              int, int, int, int, std::string* why) {
   return *why = why_, false;
 }
 std::string CudnnAttention::check_graphs(ElemType, int, int, int, int) {

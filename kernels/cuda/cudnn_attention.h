@@ -35,7 +35,7 @@ class CudnnAttention {
 
   bool available() const { return lib_ != nullptr && handle_ != nullptr; }
   const std::string& why() const { return why_; }
-  std::string version() const;  // "cuDNN 9.19.0 (libcudnn.so.9)"
+  std::string version() const;    // "cuDNN 9.19.0 (libcudnn.so.9)"
   size_t version_number() const;  // cudnnGetVersion(): 91900 for 9.19.0; 0 when not loaded
 
   // Queue the forward on the stream: out(B,T,C) and lse(B,H,T) (fp32, the log-sum-exp of each
@@ -64,13 +64,15 @@ class CudnnAttention {
  private:
   using Key = std::tuple<bool, int, int, int, int, int>;  // backward?, type, B, T, C, H
   Plan* plan_for(bool backward, ElemType t, int B, int T, int C, int H, std::string* why);
-  Plan* chunked_plan(bool backward, ElemType t, int B, int T, int C, int H, int* rows, std::string* why);
-  static bool aligned(std::initializer_list<const void*> bases, std::initializer_list<size_t> steps, int rows,
-                      std::string* why);
+  Plan* chunked_plan(bool backward, ElemType t, int B, int T, int C, int H, int* rows,
+                     std::string* why);
+  static bool aligned(std::initializer_list<const void*> bases, std::initializer_list<size_t> steps,
+                      int rows, std::string* why);
   bool reserve(const Plan& plan, std::string* why);
-  void run(Plan& plan, const std::map<int64_t, void*>& ptrs);  // queues it; throws Error if cuDNN fails
+  void run(Plan& plan,
+           const std::map<int64_t, void*>& ptrs);  // queues it; throws Error if cuDNN fails
 
-  void* lib_ = nullptr;  // the library (process-wide, opened once); null when unavailable
+  void* lib_ = nullptr;     // the library (process-wide, opened once); null when unavailable
   void* handle_ = nullptr;  // cudnnHandle_t
   cudaStream_t stream_ = nullptr;
   std::string why_;

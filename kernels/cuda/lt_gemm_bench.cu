@@ -20,11 +20,13 @@ void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(str("cuBLASLt bench: ", what, ": ", cudaGetErrorString(e)));
 }
 void check_lt(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) throw Error(str("cuBLASLt bench: ", what, " failed (status ", int(s), ")"));
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw Error(str("cuBLASLt bench: ", what, " failed (status ", int(s), ")"));
 }
 
 __global__ void fill_bf16(__nv_bfloat16* p, size_t n, float v) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
     p[i] = __float2bfloat16(v * float(1 + (i % 7)) / 7.0f);
 }
 
@@ -58,11 +60,14 @@ LtGemmTiming cublaslt_gemm_time(const LtGemmShape& s, int reps) {
   FY_CHECK(s.m > 0 && s.n > 0 && s.k > 0 && reps > 0, "cuBLASLt bench: bad shape or reps");
   LtResources r;
   check_lt(cublasLtCreate(&r.lt), "cublasLtCreate");
-  check_lt(cublasLtMatmulDescCreate(&r.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  check_lt(cublasLtMatmulDescCreate(&r.op, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+           "cublasLtMatmulDescCreate");
   const cublasOperation_t ta = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t tb = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  check_lt(cublasLtMatmulDescSetAttribute(r.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "TRANSA");
-  check_lt(cublasLtMatmulDescSetAttribute(r.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "TRANSB");
+  check_lt(cublasLtMatmulDescSetAttribute(r.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+           "TRANSA");
+  check_lt(cublasLtMatmulDescSetAttribute(r.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+           "TRANSB");
   // Column-major: op(A) is m x k, op(B) k x n, C m x n; stored A is (trans_a ? k x m : m x k).
   const uint64_t a_rows = s.trans_a ? s.k : s.m, a_cols = s.trans_a ? s.m : s.k;
   const uint64_t b_rows = s.trans_b ? s.n : s.k, b_cols = s.trans_b ? s.k : s.n;
@@ -80,16 +85,19 @@ LtGemmTiming cublaslt_gemm_time(const LtGemmShape& s, int reps) {
   check_cuda(cudaGetLastError(), "fill");
   check_lt(cublasLtMatmulPreferenceCreate(&r.pref), "preference");
   const size_t ws = kWorkspace;
-  check_lt(cublasLtMatmulPreferenceSetAttribute(r.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
+  check_lt(cublasLtMatmulPreferenceSetAttribute(r.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                &ws, sizeof(ws)),
            "workspace preference");
   cublasLtMatmulHeuristicResult_t heur{};
   int found = 0;
-  check_lt(cublasLtMatmulAlgoGetHeuristic(r.lt, r.op, r.a, r.b, r.c, r.c, r.pref, 1, &heur, &found), "heuristic");
-  if (found < 1) throw Error(str("cuBLASLt bench: no algorithm for m ", s.m, " n ", s.n, " k ", s.k));
+  check_lt(cublasLtMatmulAlgoGetHeuristic(r.lt, r.op, r.a, r.b, r.c, r.c, r.pref, 1, &heur, &found),
+           "heuristic");
+  if (found < 1)
+    throw Error(str("cuBLASLt bench: no algorithm for m ", s.m, " n ", s.n, " k ", s.k));
   const float alpha = 1.0f, beta = 0.0f;
   auto run = [&] {
-    check_lt(cublasLtMatmul(r.lt, r.op, &alpha, r.da, r.a, r.db, r.b, &beta, r.dc, r.c, r.dc, r.c, &heur.algo,
-                            r.ws, kWorkspace, r.stream),
+    check_lt(cublasLtMatmul(r.lt, r.op, &alpha, r.da, r.a, r.db, r.b, &beta, r.dc, r.c, r.dc, r.c,
+                            &heur.algo, r.ws, kWorkspace, r.stream),
              "cublasLtMatmul");
   };
   for (int i = 0; i < 3; ++i) run();  // warm-up

@@ -209,7 +209,8 @@ __global__ void map2_k(T* out, const T* a, const T* b, size_t n, F f, bool vec) 
   if (vec) {
     const size_t nv = n / K;
     FY_GRID_LOOP(i, nv) {
-      const Vec16<T> x = reinterpret_cast<const Vec16<T>*>(a)[i], y = reinterpret_cast<const Vec16<T>*>(b)[i];
+      const Vec16<T> x = reinterpret_cast<const Vec16<T>*>(a)[i],
+                     y = reinterpret_cast<const Vec16<T>*>(b)[i];
       Vec16<T> o;
 #pragma unroll
       for (int k = 0; k < K; ++k) o.v[k] = st<T>(f(ld(x.v[k]), ld(y.v[k])));
@@ -291,7 +292,8 @@ __global__ void crossentropy_backward_k(T* logits, const float* lse, const int32
     for (int k = 0; k < K; ++k) x.v[k] = crossentropy_grad(x.v[k], j * K + k, V, t, z, scale);
     lv[j] = x;
   }
-  for (int v = vend + threadIdx.x; v < ldv; v += blockDim.x) l[v] = crossentropy_grad(l[v], v, V, t, z, scale);
+  for (int v = vend + threadIdx.x; v < ldv; v += blockDim.x)
+    l[v] = crossentropy_grad(l[v], v, V, t, z, scale);
 }
 
 }  // namespace
@@ -315,13 +317,14 @@ void CudaBackend::embedding_backward(void* dwte, void* dwpe, const void* dout,
   std::lock_guard<std::mutex> lock(scratch_mu());
   int32_t* order = static_cast<int32_t*>(scratch(2 * sizeof(int32_t) * size_t(N)));
   int32_t* sorted = order + N;
-  FY_LAUNCH(token_rank_k, (N + kEltThreads - 1) / kEltThreads, kEltThreads, order, sorted, tokens, N);
+  FY_LAUNCH(token_rank_k, (N + kEltThreads - 1) / kEltThreads, kEltThreads, order, sorted, tokens,
+            N);
   FY_TYPED(E, {
     FY_LAUNCH(embedding_backward_wte_k<E>, dim3(cols, runs), kEltThreads, static_cast<E*>(dwte),
               static_cast<const E*>(dout), order, sorted, N, C);
     if (dwpe)
-      FY_LAUNCH(embedding_backward_wpe_k<E>, elt_blocks(size_t(T) * C), kEltThreads, static_cast<E*>(dwpe),
-                static_cast<const E*>(dout), B, T, C);
+      FY_LAUNCH(embedding_backward_wpe_k<E>, elt_blocks(size_t(T) * C), kEltThreads,
+                static_cast<E*>(dwpe), static_cast<const E*>(dout), B, T, C);
   });
 }
 
@@ -347,9 +350,12 @@ void CudaBackend::layernorm_backward(void* din, void* dw, void* db, const void* 
     const E *dy = static_cast<const E*>(dout), *x = static_cast<const E*>(in);
     FY_LAUNCH(layernorm_backward_dx_k<E>, N, kRowThreads, static_cast<E*>(din), dy, x,
               static_cast<const E*>(w), mean, rstd, C);
-    FY_LAUNCH(layernorm_dweights_k<E>, dim3(cols, slices), kEltThreads, part_w, part_b, dy, x, mean, rstd, N, C);
-    FY_LAUNCH(column_slices_add<E>, slices_add_grid(C), slices_add_block(), static_cast<E*>(dw), part_w, slices, C);
-    FY_LAUNCH(column_slices_add<E>, slices_add_grid(C), slices_add_block(), static_cast<E*>(db), part_b, slices, C);
+    FY_LAUNCH(layernorm_dweights_k<E>, dim3(cols, slices), kEltThreads, part_w, part_b, dy, x, mean,
+              rstd, N, C);
+    FY_LAUNCH(column_slices_add<E>, slices_add_grid(C), slices_add_block(), static_cast<E*>(dw),
+              part_w, slices, C);
+    FY_LAUNCH(column_slices_add<E>, slices_add_grid(C), slices_add_block(), static_cast<E*>(db),
+              part_b, slices, C);
   });
 }
 
@@ -357,8 +363,8 @@ void CudaBackend::gelu_forward(void* out, const void* in, size_t n) {
   if (!n) return;
   const bool vec = all_aligned16(out, in);
   FY_TYPED(E, {
-    FY_LAUNCH((map1_k<E, GeluF>), elt_blocks(vec ? n / Vec16<E>::kN : n), kEltThreads, static_cast<E*>(out),
-              static_cast<const E*>(in), n, GeluF{}, vec);
+    FY_LAUNCH((map1_k<E, GeluF>), elt_blocks(vec ? n / Vec16<E>::kN : n), kEltThreads,
+              static_cast<E*>(out), static_cast<const E*>(in), n, GeluF{}, vec);
   });
 }
 
@@ -366,8 +372,9 @@ void CudaBackend::gelu_backward(void* din, const void* in, const void* dout, siz
   if (!n) return;
   const bool vec = all_aligned16(din, in, dout);
   FY_TYPED(E, {
-    FY_LAUNCH((map2_k<E, GeluGradF>), elt_blocks(vec ? n / Vec16<E>::kN : n), kEltThreads, static_cast<E*>(din),
-              static_cast<const E*>(in), static_cast<const E*>(dout), n, GeluGradF{}, vec);
+    FY_LAUNCH((map2_k<E, GeluGradF>), elt_blocks(vec ? n / Vec16<E>::kN : n), kEltThreads,
+              static_cast<E*>(din), static_cast<const E*>(in), static_cast<const E*>(dout), n,
+              GeluGradF{}, vec);
   });
 }
 
@@ -375,8 +382,9 @@ void CudaBackend::add(void* out, const void* a, const void* b, size_t n) {
   if (!n) return;
   const bool vec = all_aligned16(out, a, b);
   FY_TYPED(E, {
-    FY_LAUNCH((map2_k<E, AddF>), elt_blocks(vec ? n / Vec16<E>::kN : n), kEltThreads, static_cast<E*>(out),
-              static_cast<const E*>(a), static_cast<const E*>(b), n, AddF{}, vec);
+    FY_LAUNCH((map2_k<E, AddF>), elt_blocks(vec ? n / Vec16<E>::kN : n), kEltThreads,
+              static_cast<E*>(out), static_cast<const E*>(a), static_cast<const E*>(b), n, AddF{},
+              vec);
   });
 }
 
@@ -384,8 +392,8 @@ void CudaBackend::crossentropy_forward(float* losses, float* lse, const void* lo
                                        const int32_t* targets, int N, int V, int ld) {
   if (!N) return;
   FY_TYPED(E, {
-    FY_LAUNCH(crossentropy_forward_k<E>, N, kRowThreads, losses, lse, static_cast<const E*>(logits), targets, V,
-              ld);
+    FY_LAUNCH(crossentropy_forward_k<E>, N, kRowThreads, losses, lse, static_cast<const E*>(logits),
+              targets, V, ld);
   });
 }
 
@@ -393,7 +401,8 @@ void CudaBackend::crossentropy_backward(void* logits, const float* lse, const in
                                         float scale, int N, int V, int ld) {
   if (!N || !ld) return;
   FY_TYPED(E, {
-    FY_LAUNCH(crossentropy_backward_k<E>, N, kRowThreads, static_cast<E*>(logits), lse, targets, scale, V, ld);
+    FY_LAUNCH(crossentropy_backward_k<E>, N, kRowThreads, static_cast<E*>(logits), lse, targets,
+              scale, V, ld);
   });
 }
 

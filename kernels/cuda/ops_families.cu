@@ -24,14 +24,15 @@ __global__ void rmsnorm_forward_k(T* out, float* rstd, const T* in, const T* w, 
   ss = block_reduce(ss, SumOp{}, math::StatAcc(0));
   const float r = static_cast<float>(1.0 / sqrt(ss / C + eps));
   T* o = out + n * C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = st<T>(math::rmsnorm_apply(ld(x[c]), r, ld(w[c])));
+  for (int c = threadIdx.x; c < C; c += blockDim.x)
+    o[c] = st<T>(math::rmsnorm_apply(ld(x[c]), r, ld(w[c])));
   if (threadIdx.x == 0) rstd[n] = r;
 }
 
 // One block per row: din += rstd * (g - xhat * mean(g * xhat)), g = dy * w, xhat = x * rstd.
 template <typename T>
-__global__ void rmsnorm_backward_dx_k(T* din, const T* dout, const T* in, const T* w, const float* rstd,
-                                      int C) {
+__global__ void rmsnorm_backward_dx_k(T* din, const T* dout, const T* in, const T* w,
+                                      const float* rstd, int C) {
   const size_t n = blockIdx.x;
   const T* x = in + n * C;
   const T* dy = dout + n * C;
@@ -51,7 +52,8 @@ __global__ void rmsnorm_backward_dx_k(T* din, const T* dout, const T* in, const 
 // part(by, c) = sum of dy(n,c) x(n,c) rstd(n) over the rows n = by, by + gridDim.y, ...;
 // column_slices_add adds the slices into dw in order (no atomics: the same bits every run).
 template <typename T>
-__global__ void rmsnorm_dweight_k(float* part, const T* dout, const T* in, const float* rstd, int N, int C) {
+__global__ void rmsnorm_dweight_k(float* part, const T* dout, const T* in, const float* rstd, int N,
+                                  int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float s = 0.0f;
@@ -65,8 +67,8 @@ __global__ void rmsnorm_dweight_k(float* part, const T* dout, const T* in, const
 // One thread per (row n, head h of the Hq + Hkv rotated heads, pair i < D/2); row n at position
 // pos[n] (packed records), or n % T_ when pos is null.
 template <typename T>
-__global__ void rope_k(T* qkvc, int T_, int Hq, int Hkv, int D, float theta, float sign, const int32_t* pos,
-                       size_t total) {
+__global__ void rope_k(T* qkvc, int T_, int Hq, int Hkv, int D, float theta, float sign,
+                       const int32_t* pos, size_t total) {
   const int half = D / 2, heads = Hq + Hkv;
   const size_t row = static_cast<size_t>(Hq + 2 * Hkv) * D;
   FY_GRID_LOOP(idx, total) {
@@ -104,7 +106,8 @@ __global__ void repeat_kv_forward_k(T* qkv, const T* qkvc, int Hq, int Hkv, int 
 // One thread per element of dqkvc(N, C + 2 KV): q copied, each compact k/v element the sum
 // of its G copies in head order (the CPU's order), in fp32, rounded once.
 template <typename T>
-__global__ void repeat_kv_backward_k(T* dqkvc, const T* dqkv, int Hq, int Hkv, int D, size_t total) {
+__global__ void repeat_kv_backward_k(T* dqkvc, const T* dqkv, int Hq, int Hkv, int D,
+                                     size_t total) {
   const size_t C = static_cast<size_t>(Hq) * D, KV = static_cast<size_t>(Hkv) * D;
   const int G = Hq / Hkv;
   FY_GRID_LOOP(idx, total) {
@@ -156,15 +159,15 @@ __global__ void relu_backward_k(T* din, const T* in, const T* dout, size_t n) {
 
 }  // namespace
 
-void CudaBackend::rmsnorm_forward(void* out, float* rstd, const void* in, const void* w, float eps, int N,
-                                  int C) {
+void CudaBackend::rmsnorm_forward(void* out, float* rstd, const void* in, const void* w, float eps,
+                                  int N, int C) {
   if (!N) return;
   FY_TYPED(E, FY_LAUNCH(rmsnorm_forward_k<E>, N, kRowThreads, static_cast<E*>(out), rstd,
                         static_cast<const E*>(in), static_cast<const E*>(w), eps, C));
 }
 
-void CudaBackend::rmsnorm_backward(void* din, void* dw, const void* dout, const void* in, const void* w,
-                                   const float* rstd, int N, int C) {
+void CudaBackend::rmsnorm_backward(void* din, void* dw, const void* dout, const void* in,
+                                   const void* w, const float* rstd, int N, int C) {
   if (!N) return;
   const int slices = reduce_slices(N);
   const unsigned cols = (C + kEltThreads - 1) / kEltThreads;
@@ -172,10 +175,11 @@ void CudaBackend::rmsnorm_backward(void* din, void* dw, const void* dout, const 
   float* part = static_cast<float*>(scratch(sizeof(float) * slices * size_t(C)));
   FY_TYPED(E, {
     const E *dy = static_cast<const E*>(dout), *x = static_cast<const E*>(in);
-    FY_LAUNCH(rmsnorm_backward_dx_k<E>, N, kRowThreads, static_cast<E*>(din), dy, x, static_cast<const E*>(w),
-              rstd, C);
+    FY_LAUNCH(rmsnorm_backward_dx_k<E>, N, kRowThreads, static_cast<E*>(din), dy, x,
+              static_cast<const E*>(w), rstd, C);
     FY_LAUNCH(rmsnorm_dweight_k<E>, dim3(cols, slices), kEltThreads, part, dy, x, rstd, N, C);
-    FY_LAUNCH(column_slices_add<E>, slices_add_grid(C), slices_add_block(), static_cast<E*>(dw), part, slices, C);
+    FY_LAUNCH(column_slices_add<E>, slices_add_grid(C), slices_add_block(), static_cast<E*>(dw),
+              part, slices, C);
   });
 }
 
@@ -183,30 +187,30 @@ void CudaBackend::rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int D,
                                const int32_t* pos) {
   size_t total = static_cast<size_t>(B) * T * (Hq + Hkv) * (D / 2);
   if (!total) return;
-  FY_TYPED(E, FY_LAUNCH(rope_k<E>, elt_blocks(total), kEltThreads, static_cast<E*>(qkvc), T, Hq, Hkv, D, theta,
-                        1.0f, pos, total));
+  FY_TYPED(E, FY_LAUNCH(rope_k<E>, elt_blocks(total), kEltThreads, static_cast<E*>(qkvc), T, Hq,
+                        Hkv, D, theta, 1.0f, pos, total));
 }
 
 void CudaBackend::rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta,
                                 const int32_t* pos) {
   size_t total = static_cast<size_t>(B) * T * (Hq + Hkv) * (D / 2);
   if (!total) return;
-  FY_TYPED(E, FY_LAUNCH(rope_k<E>, elt_blocks(total), kEltThreads, static_cast<E*>(dqkvc), T, Hq, Hkv, D, theta,
-                        -1.0f, pos, total));
+  FY_TYPED(E, FY_LAUNCH(rope_k<E>, elt_blocks(total), kEltThreads, static_cast<E*>(dqkvc), T, Hq,
+                        Hkv, D, theta, -1.0f, pos, total));
 }
 
 void CudaBackend::repeat_kv_forward(void* qkv, const void* qkvc, int N, int Hq, int Hkv, int D) {
   size_t total = static_cast<size_t>(N) * 3 * Hq * D;
   if (!total) return;
-  FY_TYPED(E, FY_LAUNCH(repeat_kv_forward_k<E>, elt_blocks(total), kEltThreads, static_cast<E*>(qkv),
-                        static_cast<const E*>(qkvc), Hq, Hkv, D, total));
+  FY_TYPED(E, FY_LAUNCH(repeat_kv_forward_k<E>, elt_blocks(total), kEltThreads,
+                        static_cast<E*>(qkv), static_cast<const E*>(qkvc), Hq, Hkv, D, total));
 }
 
 void CudaBackend::repeat_kv_backward(void* dqkvc, const void* dqkv, int N, int Hq, int Hkv, int D) {
   size_t total = static_cast<size_t>(N) * (Hq + 2 * Hkv) * D;
   if (!total) return;
-  FY_TYPED(E, FY_LAUNCH(repeat_kv_backward_k<E>, elt_blocks(total), kEltThreads, static_cast<E*>(dqkvc),
-                        static_cast<const E*>(dqkv), Hq, Hkv, D, total));
+  FY_TYPED(E, FY_LAUNCH(repeat_kv_backward_k<E>, elt_blocks(total), kEltThreads,
+                        static_cast<E*>(dqkvc), static_cast<const E*>(dqkv), Hq, Hkv, D, total));
 }
 
 void CudaBackend::swiglu_forward(void* out, const void* gu, int N, int F) {

@@ -43,12 +43,15 @@ __global__ void square_lanes_k(double* lanes, const G* x, const SquareGroup* gro
   int lo_g = 0, hi_g = ngroups - 1;  // the last group whose first block is <= block
   while (lo_g < hi_g) {
     const int mid = (lo_g + hi_g + 1) / 2;
-    if (groups[mid].first_block <= block) lo_g = mid;
-    else hi_g = mid - 1;
+    if (groups[mid].first_block <= block)
+      lo_g = mid;
+    else
+      hi_g = mid - 1;
   }
   const SquareGroup g = groups[lo_g];
   const unsigned long long lo = g.offset + (block - g.first_block) * math::kSumBlock;
-  const unsigned long long end = g.offset + g.n, hi = lo + math::kSumBlock < end ? lo + math::kSumBlock : end;
+  const unsigned long long end = g.offset + g.n,
+                           hi = lo + math::kSumBlock < end ? lo + math::kSumBlock : end;
   double s = 0.0;
   for (unsigned long long i = lo + lane; i < hi; i += math::kSumLanes) {
     const double v = static_cast<double>(ld(x[i]));
@@ -82,8 +85,10 @@ __global__ void square_total_k(double* out, const double* group_sums, int ngroup
 template <typename G, typename L, bool kLowp>
 __global__ void adamw_k(DeviceAdamW a, const AdamWPiece* pieces) {
   const AdamWPiece piece = pieces[blockIdx.x];
-  math::AdamWConsts k{a.grad_scale, piece.decay ? a.decay_on : a.decay_off, a.one_minus_b1, a.b2,
-                      a.one_minus_b2, a.bc2_sqrt, a.eps, a.neg_step};
+  math::AdamWConsts k{a.grad_scale,   piece.decay ? a.decay_on : a.decay_off,
+                      a.one_minus_b1, a.b2,
+                      a.one_minus_b2, a.bc2_sqrt,
+                      a.eps,          a.neg_step};
   const G* grad = static_cast<const G*>(a.grad);
   L* lowp = static_cast<L*>(a.lowp);
   for (unsigned i = threadIdx.x; i < piece.n; i += blockDim.x) {
@@ -103,7 +108,8 @@ void CudaBackend::accumulate_fp32(float* sum, const void* g, ElemType type, size
   if (!n) return;
   with_storage(type, [&](auto tag) {
     using G = typename decltype(tag)::type;
-    FY_LAUNCH(accumulate_fp32_k<G>, elt_blocks(n), kEltThreads, sum, static_cast<const G*>(g), n, first);
+    FY_LAUNCH(accumulate_fp32_k<G>, elt_blocks(n), kEltThreads, sum, static_cast<const G*>(g), n,
+              first);
   });
 }
 
@@ -127,7 +133,8 @@ double CudaBackend::sum_squares(const void* x, ElemType type,
     const size_t bytes = sizeof(SquareGroup) * table.size() +
                          sizeof(double) * (blocks * math::kSumLanes + table.size() + 1);
     FY_CUDA(cudaMalloc(reinterpret_cast<void**>(&squares_buf_), bytes));
-    FY_CUDA(cudaMemcpy(squares_buf_, table.data(), sizeof(SquareGroup) * table.size(), cudaMemcpyHostToDevice));
+    FY_CUDA(cudaMemcpy(squares_buf_, table.data(), sizeof(SquareGroup) * table.size(),
+                       cudaMemcpyHostToDevice));
     square_groups_ = groups;
     square_blocks_ = blocks;
   }
@@ -141,12 +148,12 @@ double CudaBackend::sum_squares(const void* x, ElemType type,
     const unsigned grid = static_cast<unsigned>((threads + kEltThreads - 1) / kEltThreads);
     with_storage(type, [&](auto tag) {
       using G = typename decltype(tag)::type;
-      FY_LAUNCH(square_lanes_k<G>, grid, kEltThreads, lanes, static_cast<const G*>(x), table, ngroups,
-                square_blocks_);
+      FY_LAUNCH(square_lanes_k<G>, grid, kEltThreads, lanes, static_cast<const G*>(x), table,
+                ngroups, square_blocks_);
     });
   }
-  FY_LAUNCH(square_groups_k, (ngroups + kEltThreads - 1) / kEltThreads, kEltThreads, group_sums, lanes, table,
-            ngroups);
+  FY_LAUNCH(square_groups_k, (ngroups + kEltThreads - 1) / kEltThreads, kEltThreads, group_sums,
+            lanes, table, ngroups);
   FY_LAUNCH(square_total_k, 1, 1, total, group_sums, ngroups);
   double out = 0;
   FY_CUDA(cudaMemcpyAsync(&out, total, sizeof out, cudaMemcpyDeviceToHost, compute_));
@@ -160,7 +167,8 @@ void CudaBackend::adamw(const DeviceAdamW& a) {
   with_storage(a.grad_type, [&](auto gtag) {
     using G = typename decltype(gtag)::type;
     if (!a.lowp) {
-      FY_LAUNCH((adamw_k<G, float, false>), static_cast<unsigned>(a.count), kEltThreads, a, a.pieces);
+      FY_LAUNCH((adamw_k<G, float, false>), static_cast<unsigned>(a.count), kEltThreads, a,
+                a.pieces);
       return;
     }
     with_storage(a.lowp_type, [&](auto ltag) {

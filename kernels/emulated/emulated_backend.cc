@@ -29,17 +29,22 @@ void wait_until(std::chrono::steady_clock::time_point t) {
 }  // namespace
 
 EmulatedBackend::EmulatedBackend(const EmulatedOptions& o) : o_(o) {
-  if (!(o_.scale > 0)) throw ConfigError(str("runtime.emulated_scale is ", o_.scale, "; it must be > 0"));
+  if (!(o_.scale > 0))
+    throw ConfigError(str("runtime.emulated_scale is ", o_.scale, "; it must be > 0"));
   if (!(o_.gpu.peak_flops > 0) || !(o_.gpu.h2d_Bps > 0) || !(o_.gpu.d2h_Bps > 0))
-    throw ConfigError(str(o_.gpu.source, ": the emulated device needs compute.peak_tflops and the pcie rates"));
+    throw ConfigError(
+        str(o_.gpu.source, ": the emulated device needs compute.peak_tflops and the pcie rates"));
   o_.capacity = o_.capacity / kAlign * kAlign;
   if (o_.capacity == 0)
-    throw ConfigError(str("the emulated device needs a capacity: set offload.device_memory or memory.device in ",
-                          o_.gpu.source));
+    throw ConfigError(
+        str("the emulated device needs a capacity: set offload.device_memory or memory.device in ",
+            o_.gpu.source));
   // Address space only: nothing is committed, and any host access to it faults.
-  void* p = mmap(nullptr, o_.capacity, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* p =
+      mmap(nullptr, o_.capacity, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED)
-    throw Error(str("emulated device: cannot reserve ", format_size(o_.capacity), " of address space"));
+    throw Error(
+        str("emulated device: cannot reserve ", format_size(o_.capacity), " of address space"));
   base_ = static_cast<char*>(p);
 }
 
@@ -48,7 +53,8 @@ EmulatedBackend::~EmulatedBackend() {
 }
 
 std::string EmulatedBackend::name() const {
-  return str("emulated ", o_.gpu.name, " (", o_.gpu.source, "; no arithmetic: compute and PCIe take the profile's time ",
+  return str("emulated ", o_.gpu.name, " (", o_.gpu.source,
+             "; no arithmetic: compute and PCIe take the profile's time ",
              o_.scale == 1.0 ? std::string("unscaled") : str("at ", o_.scale, "x its throughput"),
              "; losses and gradients are NaN)");
 }
@@ -56,7 +62,8 @@ std::string EmulatedBackend::name() const {
 void EmulatedBackend::set_matmul_precision(MatmulPrecision p) {
   if (p == MatmulPrecision::kFp16)
     throw ConfigError(
-        "runtime.precision fp16 on the emulated device: its loss scaling skips steps by the gradients' values, "
+        "runtime.precision fp16 on the emulated device: its loss scaling skips steps by the "
+        "gradients' values, "
         "which the emulated device does not compute (they are NaN); use bf16 or fp32");
   precision_ = p;
 }
@@ -76,7 +83,8 @@ void* EmulatedBackend::alloc(size_t bytes, const std::string& what) {
 void EmulatedBackend::free(void* ptr) {
   if (!ptr) return;
   std::lock_guard<std::mutex> lock(mu_);
-  FY_CHECK(ptr >= base_ && ptr < base_ + o_.capacity, "free of a pointer outside the emulated arena");
+  FY_CHECK(ptr >= base_ && ptr < base_ + o_.capacity,
+           "free of a pointer outside the emulated arena");
   arena_.give_back(static_cast<char*>(ptr) - base_);
 }
 
@@ -135,7 +143,8 @@ void poison(void* dst, size_t bytes) {
 // Starts once the direction is free and the compute it must follow has ended; returns when
 // the transfer's time has passed (`move`, the host side of it, runs within that time).
 template <class Move>
-void EmulatedBackend::copy(std::mutex& dir_mu, clock::time_point& dir_free, double seconds, Move&& move) {
+void EmulatedBackend::copy(std::mutex& dir_mu, clock::time_point& dir_free, double seconds,
+                           Move&& move) {
   std::lock_guard<std::mutex> dir_lock(dir_mu);
   clock::time_point after;
   {
@@ -143,7 +152,8 @@ void EmulatedBackend::copy(std::mutex& dir_mu, clock::time_point& dir_free, doub
     after = caller_ordered_ ? zeroed_ : compute_free_;
   }
   const clock::time_point start = std::max({clock::now(), dir_free, after});
-  dir_free = start + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds / o_.scale));
+  dir_free = start + std::chrono::duration_cast<clock::duration>(
+                         std::chrono::duration<double>(seconds / o_.scale));
   wait_until(start);
   move();
   wait_until(dir_free);
@@ -154,27 +164,30 @@ void EmulatedBackend::copy_to_device(void*, const void*, size_t bytes) {
 }
 
 void EmulatedBackend::copy_to_host(void* dst, const void*, size_t bytes) {
-  if (bytes) copy(d2h_mu_, d2h_free_, o_.gpu.d2h_seconds(static_cast<double>(bytes)), [&] { poison(dst, bytes); });
+  if (bytes)
+    copy(d2h_mu_, d2h_free_, o_.gpu.d2h_seconds(static_cast<double>(bytes)),
+         [&] { poison(dst, bytes); });
 }
 
 // ---- the kernels that take time: forward_flops_per_token's terms -----------------------------
 
-void EmulatedBackend::matmul_forward(void*, const void*, const void*, const void*, int N, int IC, int OC) {
+void EmulatedBackend::matmul_forward(void*, const void*, const void*, const void*, int N, int IC,
+                                     int OC) {
   compute(2.0 * N * IC * OC);
 }
 
-void EmulatedBackend::matmul_backward(void* din, void*, void*, const void*, const void*, const void*, int N,
-                                      int IC, int OC) {
+void EmulatedBackend::matmul_backward(void* din, void*, void*, const void*, const void*,
+                                      const void*, int N, int IC, int OC) {
   compute((din ? 4.0 : 2.0) * N * IC * OC);
 }
 
-void EmulatedBackend::attention_forward(void*, float*, float*, const void*, int B, int T, int C, int,
-                                        const int32_t*) {
+void EmulatedBackend::attention_forward(void*, float*, float*, const void*, int B, int T, int C,
+                                        int, const int32_t*) {
   compute(4.0 * B * T * T * C);  // q k^T and att v
 }
 
-void EmulatedBackend::attention_backward(void*, float*, const void*, const void*, const void*, const float*, int B, int T,
-                                         int C, int, const int32_t*) {
+void EmulatedBackend::attention_backward(void*, float*, const void*, const void*, const void*,
+                                         const float*, int B, int T, int C, int, const int32_t*) {
   compute(8.0 * B * T * T * C);
 }
 

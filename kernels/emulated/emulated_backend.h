@@ -16,8 +16,8 @@
 // overshoot it by the timer slack); the timeline keeps the time.
 //
 // Data. The arena is address space only (a PROT_NONE reservation of the capacity, in the
-// bytes the run stores): the device holds no bytes, and host code that dereferences a device pointer
-// faults at once. Copies to the device move nothing; copies to the host write NaN into the
+// bytes the run stores): the device holds no bytes, and host code that dereferences a device
+// pointer faults at once. Copies to the device move nothing; copies to the host write NaN into the
 // destination (whole for up to 64 KiB, else one per 4 KiB), so every loss, gradient norm and
 // update an emulated run produces is NaN: its numbers are not training results, only its
 // times are.
@@ -27,8 +27,8 @@
 #include <mutex>
 
 #include "fuyou/backend.h"
-#include "kernels/common/arena.h"
 #include "fuyou/hardware.h"
+#include "kernels/common/arena.h"
 
 namespace fuyou::emulated {
 
@@ -36,8 +36,8 @@ struct EmulatedOptions {
   HardwareProfile gpu;   // the device emulated (offload.hardware)
   double scale = 1.0;    // compute and PCIe throughputs multiplied by this (runtime.emulated_scale)
   double gemm_size = 0;  // gemm_work_size of the model and micro-batch the device will run
-  uint64_t capacity = 0; // arena bytes
-  int threads = 1;       // runtime.threads (the CPU optimizer's; the device itself uses none)
+  uint64_t capacity = 0;  // arena bytes
+  int threads = 1;        // runtime.threads (the CPU optimizer's; the device itself uses none)
 };
 
 class EmulatedBackend final : public Backend {
@@ -67,24 +67,27 @@ class EmulatedBackend final : public Backend {
 
   void embedding_forward(void*, const int32_t*, const void*, const void*, int, int, int) override {}
   void embedding_backward(void*, void*, const void*, const int32_t*, int, int, int) override {}
-  void layernorm_forward(void*, float*, float*, const void*, const void*, const void*, int, int) override {}
+  void layernorm_forward(void*, float*, float*, const void*, const void*, const void*, int,
+                         int) override {}
   void layernorm_backward(void*, void*, void*, const void*, const void*, const void*, const float*,
                           const float*, int, int) override {}
   void matmul_forward(void*, const void*, const void*, const void*, int N, int IC, int OC) override;
-  void matmul_backward(void* din, void*, void*, const void*, const void*, const void*, int N, int IC,
-                       int OC) override;
+  void matmul_backward(void* din, void*, void*, const void*, const void*, const void*, int N,
+                       int IC, int OC) override;
   // Timed as dense causal attention whatever the records (the packed positions live in device
   // memory this device does not hold).
-  void attention_forward(void*, float*, float*, const void*, int B, int T, int C, int, const int32_t*) override;
-  void attention_backward(void*, float*, const void*, const void*, const void*, const float*, int B, int T, int C,
-                          int, const int32_t*) override;
+  void attention_forward(void*, float*, float*, const void*, int B, int T, int C, int,
+                         const int32_t*) override;
+  void attention_backward(void*, float*, const void*, const void*, const void*, const float*, int B,
+                          int T, int C, int, const int32_t*) override;
   void gelu_forward(void*, const void*, size_t) override {}
   void gelu_backward(void*, const void*, const void*, size_t) override {}
   void add(void*, const void*, const void*, size_t) override {}
   void crossentropy_forward(float*, float*, const void*, const int32_t*, int, int, int) override {}
   void crossentropy_backward(void*, const float*, const int32_t*, float, int, int, int) override {}
   void rmsnorm_forward(void*, float*, const void*, const void*, float, int, int) override {}
-  void rmsnorm_backward(void*, void*, const void*, const void*, const void*, const float*, int, int) override {}
+  void rmsnorm_backward(void*, void*, const void*, const void*, const void*, const float*, int,
+                        int) override {}
   void rope_forward(void*, int, int, int, int, int, float, const int32_t*) override {}
   void rope_backward(void*, int, int, int, int, int, float, const int32_t*) override {}
   void repeat_kv_forward(void*, const void*, int, int, int, int) override {}
@@ -106,9 +109,9 @@ class EmulatedBackend final : public Backend {
   EmulatedOptions o_;
   MatmulPrecision precision_ = MatmulPrecision::kBf16;
   ElemType storage_ = ElemType::kF32;  // what sizes the model asks for; no arithmetic reads it
-  bool caller_ordered_ = false;  // guarded by mu_
+  bool caller_ordered_ = false;        // guarded by mu_
 
-  mutable std::mutex mu_;  // the timelines and the arena
+  mutable std::mutex mu_;             // the timelines and the arena
   clock::time_point compute_free_{};  // when the compute queued so far ends
   clock::time_point zeroed_{};        // when the last allocation's zeroing ends
   double flops_ = 0;

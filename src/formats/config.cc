@@ -41,7 +41,8 @@ class Section {
   Section(const YAML::Node& node, std::string name, const Origin& origin)
       : node_(node), name_(std::move(name)), source_(origin.source), origin_(origin) {
     if (node_ && !node_.IsNull() && !node_.IsMap())
-      throw ConfigError(str(source_, ": section '", name_, "' must be a mapping of keys to values"));
+      throw ConfigError(
+          str(source_, ": section '", name_, "' must be a mapping of keys to values"));
   }
 
   template <typename T>
@@ -115,10 +116,14 @@ class Section {
  private:
   template <typename T>
   static const char* type_name() {
-    if constexpr (std::is_same_v<T, bool>) return "true or false";
-    else if constexpr (std::is_integral_v<T>) return "an integer";
-    else if constexpr (std::is_floating_point_v<T>) return "a number";
-    else return "a string";
+    if constexpr (std::is_same_v<T, bool>)
+      return "true or false";
+    else if constexpr (std::is_integral_v<T>)
+      return "an integer";
+    else if constexpr (std::is_floating_point_v<T>)
+      return "a number";
+    else
+      return "a string";
   }
 
   YAML::Node node_;
@@ -224,19 +229,22 @@ ModelConfig model_from_checkpoint(const ModelConfig& given, const Section& s,
 }
 
 // Returns the overridden key's path, "section.key".
-std::string apply_override(YAML::Node& root, const std::string& assignment, const std::string& source) {
+std::string apply_override(YAML::Node& root, const std::string& assignment,
+                           const std::string& source) {
   size_t eq = assignment.find('=');
   size_t dot = assignment.find('.');
   if (eq == std::string::npos || dot == std::string::npos || dot > eq)
-    throw ConfigError(str("--set '", assignment, "': expected section.key=value, e.g. model.n_layer=4"));
+    throw ConfigError(
+        str("--set '", assignment, "': expected section.key=value, e.g. model.n_layer=4"));
   std::string section = assignment.substr(0, dot);
   std::string key = assignment.substr(dot + 1, eq - dot - 1);
   std::string value = assignment.substr(eq + 1);
   static const std::set<std::string> sections = {"model",   "data",    "optimizer", "schedule",
                                                  "offload", "runtime", "checkpoint"};
   if (!sections.count(section))
-    throw ConfigError(str("--set '", assignment, "': unknown section '", section,
-                          "' (allowed: checkpoint, data, model, offload, optimizer, runtime, schedule)"));
+    throw ConfigError(
+        str("--set '", assignment, "': unknown section '", section,
+            "' (allowed: checkpoint, data, model, offload, optimizer, runtime, schedule)"));
   YAML::Node parsed;
   try {
     parsed = YAML::Load(value);
@@ -269,10 +277,14 @@ OptimizerConfig fine_tune_optimizer_defaults() {
 
 const char* activation_policy_name(ActivationPolicy p) {
   switch (p) {
-    case ActivationPolicy::kAuto: return "auto";
-    case ActivationPolicy::kKeep: return "keep";
-    case ActivationPolicy::kSwap: return "swap";
-    case ActivationPolicy::kRecompute: return "recompute";
+    case ActivationPolicy::kAuto:
+      return "auto";
+    case ActivationPolicy::kKeep:
+      return "keep";
+    case ActivationPolicy::kSwap:
+      return "swap";
+    case ActivationPolicy::kRecompute:
+      return "recompute";
   }
   return "?";
 }
@@ -398,11 +410,13 @@ OptimizerConfig parse_optimizer(const YAML::Node& node, const Origin& source, bo
     s.fail("placement", str("'", o.placement, "' is not one of auto, host, device"));
   if (o.state != "fp32" && o.state != "bf16" && o.state != "int8")
     s.fail("state", str("'", o.state, "' is not one of fp32, bf16, int8"));
-  if (o.master != "fp32" && o.master != "split") s.fail("master", str("'", o.master, "' is not one of fp32, split"));
+  if (o.master != "fp32" && o.master != "split")
+    s.fail("master", str("'", o.master, "' is not one of fp32, split"));
   return o;
 }
 
-ScheduleConfig parse_schedule(const YAML::Node& node, const Origin& source, int seq_len, bool fine_tune) {
+ScheduleConfig parse_schedule(const YAML::Node& node, const Origin& source, int seq_len,
+                              bool fine_tune) {
   Section s(node, "schedule", source);
   ScheduleConfig t;
   s.get("steps", t.steps);
@@ -427,15 +441,18 @@ ScheduleConfig parse_schedule(const YAML::Node& node, const Origin& source, int 
     s.fail("lr_decay", str("'", t.lr_decay, "' is not one of cosine, linear, constant"));
   require(t.sample_every >= 0 && t.sample_every <= kMaxSteps, s, "sample_every", t.sample_every,
           str("must be in 0..", kMaxSteps, " (0: no samples)"));
-  require(t.sample_tokens >= 1 && t.sample_tokens <= 4096, s, "sample_tokens", t.sample_tokens, "must be in 1..4096");
+  require(t.sample_tokens >= 1 && t.sample_tokens <= 4096, s, "sample_tokens", t.sample_tokens,
+          "must be in 1..4096");
   if (t.sample_every > 0 && t.sample_prompts.empty())
-    s.fail("sample_every", "is set but schedule.sample_prompts is empty: give the prompts to continue");
+    s.fail("sample_every",
+           "is set but schedule.sample_prompts is empty: give the prompts to continue");
   require(t.steps >= 1 && t.steps <= kMaxSteps, s, "steps", t.steps,
           str("must be in 1..", kMaxSteps));
-  require(t.epochs >= 0 && t.epochs <= 1000000, s, "epochs", t.epochs, "must be in 0..1000000 (0: schedule.steps)");
+  require(t.epochs >= 0 && t.epochs <= 1000000, s, "epochs", t.epochs,
+          "must be in 0..1000000 (0: schedule.steps)");
   // With epochs the steps come from the records; the run checks warmup_steps against them.
-  require(t.warmup_steps >= 0 && (t.epochs > 0 || t.warmup_steps <= t.steps), s, "warmup_steps", t.warmup_steps,
-          "must be in [0, schedule.steps]");
+  require(t.warmup_steps >= 0 && (t.epochs > 0 || t.warmup_steps <= t.steps), s, "warmup_steps",
+          t.warmup_steps, "must be in [0, schedule.steps]");
   require(t.micro_batch >= 1 && t.micro_batch <= kMaxBatch, s, "micro_batch", t.micro_batch,
           str("must be in 1..", kMaxBatch));
   require(int64_t{t.micro_batch} * seq_len <= kMaxBatchTokens, s, "micro_batch", t.micro_batch,
@@ -494,7 +511,8 @@ OffloadConfig parse_offload(const YAML::Node& node, const Origin& source, int n_
   return o;
 }
 
-RuntimeConfig parse_runtime(const YAML::Node& node, const Origin& source, const OffloadConfig& offload) {
+RuntimeConfig parse_runtime(const YAML::Node& node, const Origin& source,
+                            const OffloadConfig& offload) {
   Section s(node, "runtime", source);
   RuntimeConfig r;
   s.get("backend", r.backend);
@@ -506,17 +524,20 @@ RuntimeConfig parse_runtime(const YAML::Node& node, const Origin& source, const 
   s.get("stream_delay_us", r.stream_delay_us);
   s.get("emulated_scale", r.emulated_scale);
   s.finish();
-  if (r.backend != "cpu" && r.backend != "cuda" && r.backend != "auto" && r.backend != "cpu-streams" &&
-      r.backend != "emulated")
-    s.fail("backend", str("'", r.backend, "' is not one of cpu, cuda, auto, cpu-streams, emulated"));
+  if (r.backend != "cpu" && r.backend != "cuda" && r.backend != "auto" &&
+      r.backend != "cpu-streams" && r.backend != "emulated")
+    s.fail("backend",
+           str("'", r.backend, "' is not one of cpu, cuda, auto, cpu-streams, emulated"));
   require(r.emulated_scale > 0 && r.emulated_scale <= 1e6, s, "emulated_scale", r.emulated_scale,
           "must be in (0, 1e6]");
   if (r.backend == "emulated" && offload.hardware.empty())
     s.fail("backend", "emulated needs offload.hardware: the profile of the GPU to emulate");
-  require(r.stream_delay_us >= 0 && r.stream_delay_us <= 1000000, s, "stream_delay_us", r.stream_delay_us,
-          "must be in 0..1000000 microseconds");
+  require(r.stream_delay_us >= 0 && r.stream_delay_us <= 1000000, s, "stream_delay_us",
+          r.stream_delay_us, "must be in 0..1000000 microseconds");
   if (r.stream_delay_us && r.backend != "cpu-streams")
-    s.fail("stream_delay_us", str("delays are a mode of backend cpu-streams, but runtime.backend is '", r.backend, "'"));
+    s.fail(
+        "stream_delay_us",
+        str("delays are a mode of backend cpu-streams, but runtime.backend is '", r.backend, "'"));
   if (r.precision != "auto" && r.precision != "fp32" && r.precision != "bf16" &&
       r.precision != "fp16")
     s.fail("precision", str("'", r.precision, "' is not one of auto, fp32, bf16, fp16"));
@@ -524,20 +545,26 @@ RuntimeConfig parse_runtime(const YAML::Node& node, const Origin& source, const 
     s.fail("device_tensors", str("'", r.device_tensors, "' is not one of fp32, bf16, fp16"));
   // fp16 gradients underflow and overflow without a loss scale, which precision fp16 brings.
   if (r.device_tensors == "fp16" && r.precision != "fp16")
-    s.fail("device_tensors", str("fp16 tensors need runtime.precision: fp16 (its dynamic loss scaling keeps fp16 "
-                                 "gradients in range), but precision is '", r.precision, "'"));
+    s.fail("device_tensors",
+           str("fp16 tensors need runtime.precision: fp16 (its dynamic loss scaling keeps fp16 "
+               "gradients in range), but precision is '",
+               r.precision, "'"));
   // bf16 operands rounded to fp16 would lose range for nothing; the backends also differ on it
   // (the CPU rounds them, cuBLAS multiplies the stored bf16 as they are).
   if (r.device_tensors == "bf16" && r.precision == "fp16")
-    s.fail("precision", "fp16 GEMMs on bf16 tensors are not a mode: use precision bf16 (or auto) with bf16 tensors, "
-                        "or device_tensors fp16 with precision fp16");
+    s.fail("precision",
+           "fp16 GEMMs on bf16 tensors are not a mode: use precision bf16 (or auto) with bf16 "
+           "tensors, "
+           "or device_tensors fp16 with precision fp16");
   if (r.attention != "auto" && r.attention != "kernels" && r.attention != "cudnn")
     s.fail("attention", str("'", r.attention, "' is not one of auto, kernels, cudnn"));
   if (r.attention == "cudnn" && r.device_tensors == "fp32")
-    s.fail("attention", "cudnn's fused attention takes 16-bit tensors, but device_tensors is fp32 (set "
-                        "device_tensors: bf16, or attention: kernels)");
+    s.fail("attention",
+           "cudnn's fused attention takes 16-bit tensors, but device_tensors is fp32 (set "
+           "device_tensors: bf16, or attention: kernels)");
   if (r.attention == "cudnn" && r.backend != "cuda" && r.backend != "auto")
-    s.fail("attention", str("cudnn runs on the CUDA backend, but runtime.backend is '", r.backend, "'"));
+    s.fail("attention",
+           str("cudnn runs on the CUDA backend, but runtime.backend is '", r.backend, "'"));
   require(r.threads >= 0 && r.threads <= 4096, s, "threads", r.threads,
           "must be in 0..4096 (0 uses every core)");
   return r;
@@ -564,7 +591,8 @@ Config parse_config_in_chain(const std::string& yaml_text, const std::string& so
                              std::vector<std::string>* keys) {
   YAML::Node root = load_yaml_checked(yaml_text, source);
   if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
-  if (!root.IsMap()) throw ConfigError(str(source, ": the top level must be a mapping of sections"));
+  if (!root.IsMap())
+    throw ConfigError(str(source, ": the top level must be a mapping of sections"));
   Origin origin{source, {}, keys};
   for (const auto& o : overrides) origin.sets[apply_override(root, o, source)] = o;
 
@@ -573,7 +601,8 @@ Config parse_config_in_chain(const std::string& yaml_text, const std::string& so
   for (const auto& kv : root) {
     std::string name = kv.first.Scalar();
     if (std::find(sections.begin(), sections.end(), name) == sections.end())
-      throw ConfigError(str(source, ": unknown section '", name, "' (allowed: ", join(sections), ")"));
+      throw ConfigError(
+          str(source, ": unknown section '", name, "' (allowed: ", join(sections), ")"));
   }
   Config c;
   // Lookups on a const node: a missing section reads as absent instead of being inserted.
@@ -699,8 +728,10 @@ std::string config_to_yaml(const Config& c) {
   e << YAML::Key << "weights" << YAML::Value << c.offload.weights;
   e << YAML::Key << "optimizer_state" << YAML::Value << c.offload.optimizer_state;
   e << YAML::Key << "deferred_updates" << YAML::Value;
-  if (c.offload.deferred_updates < 0) e << "auto";
-  else e << c.offload.deferred_updates;
+  if (c.offload.deferred_updates < 0)
+    e << "auto";
+  else
+    e << c.offload.deferred_updates;
   e << YAML::Key << "hardware" << YAML::Value << c.offload.hardware;
   e << YAML::Key << "verify_store" << YAML::Value << c.offload.verify_store;
   e << YAML::EndMap;
@@ -731,8 +762,10 @@ std::string config_to_self_contained_yaml(const Config& c) {
   if (c.model.checkpoint.empty()) return text;
   // YAML comments cannot hold a line break; a path with one is cut there.
   std::string from = c.model.checkpoint.substr(0, c.model.checkpoint.find('\n'));
-  return "# model weights initialised from " + from + " (model.checkpoint); the model section below is\n"
-         "# complete, so this file does not need that directory.\n" + text;
+  return "# model weights initialised from " + from +
+         " (model.checkpoint); the model section below is\n"
+         "# complete, so this file does not need that directory.\n" +
+         text;
 }
 
 }  // namespace fuyou

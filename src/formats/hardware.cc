@@ -39,7 +39,8 @@ double HardwareProfile::compute_seconds(double flops, double size) const {
   return flops > 0 ? flops / (peak_flops * efficiency_at(size)) : 0.0;
 }
 
-HardwareProfile emulated_machine(const HardwareProfile& gpu, double scale, const HardwareProfile& host) {
+HardwareProfile emulated_machine(const HardwareProfile& gpu, double scale,
+                                 const HardwareProfile& host) {
   HardwareProfile m = gpu;
   m.name = str(gpu.name, " emulated on ", host.name, " (scale ", scale, ")");
   m.source = str(gpu.source, " + ", host.source);
@@ -83,16 +84,24 @@ double striped_rate(uint64_t bytes, int ssds, uint64_t unit, double per_drive) {
 
 }  // namespace
 
-double HardwareProfile::ssd_read_rate(uint64_t bytes) const { return striped_rate(bytes, ssds, stripe_unit, ssd_read_Bps); }
-double HardwareProfile::ssd_write_rate(uint64_t bytes) const { return striped_rate(bytes, ssds, stripe_unit, ssd_write_Bps); }
+double HardwareProfile::ssd_read_rate(uint64_t bytes) const {
+  return striped_rate(bytes, ssds, stripe_unit, ssd_read_Bps);
+}
+double HardwareProfile::ssd_write_rate(uint64_t bytes) const {
+  return striped_rate(bytes, ssds, stripe_unit, ssd_write_Bps);
+}
 
 namespace {
 
 class Reader {
  public:
   Reader(YAML::Node node, std::string section, std::string source, std::vector<std::string> known)
-      : node_(node), section_(std::move(section)), source_(std::move(source)), known_(std::move(known)) {
-    if (node_ && !node_.IsNull() && !node_.IsMap()) throw ConfigError(str(source_, ": ", section_, ": expected a mapping"));
+      : node_(node),
+        section_(std::move(section)),
+        source_(std::move(source)),
+        known_(std::move(known)) {
+    if (node_ && !node_.IsNull() && !node_.IsMap())
+      throw ConfigError(str(source_, ": ", section_, ": expected a mapping"));
     if (!node_ || node_.IsNull()) return;
     for (const auto& kv : node_) {
       const std::string& k = kv.first.Scalar();  // load_yaml_checked: keys are scalars
@@ -118,7 +127,8 @@ class Reader {
     } catch (const YAML::Exception&) {
       throw ConfigError(str(source_, ": ", path(k), ": expected a number, got '", v.Scalar(), "'"));
     }
-    if (!(x > 0) || !std::isfinite(x)) throw ConfigError(str(source_, ": ", path(k), ": value ", x, " must be > 0"));
+    if (!(x > 0) || !std::isfinite(x))
+      throw ConfigError(str(source_, ": ", path(k), ": value ", x, " must be > 0"));
     return x * scale;
   }
   uint64_t size(const std::string& k, uint64_t def) const {
@@ -158,13 +168,15 @@ int whole_number(double x, int lo, int hi, const std::string& source, const std:
 HardwareProfile parse_profile_tree(const YAML::Node& root, const std::string& source) {
   HardwareProfile p;
   p.source = source;
-  Reader top(root, "", source, {"name", "backend", "compute", "pcie", "ssd", "optimizer", "memory"});
+  Reader top(root, "", source,
+             {"name", "backend", "compute", "pcie", "ssd", "optimizer", "memory"});
   p.name = top.text("name", source);
   p.backend = top.text("backend", "cpu");
   if (p.backend != "cpu" && p.backend != "cuda")
     throw ConfigError(str(source, ": backend: '", p.backend, "' is not one of cpu, cuda"));
 
-  Reader c(top.at("compute"), "compute", source, {"peak_tflops", "element_bytes", "gemm_efficiency"});
+  Reader c(top.at("compute"), "compute", source,
+           {"peak_tflops", "element_bytes", "gemm_efficiency"});
   p.peak_flops = c.positive("peak_tflops", 1e12);
   p.element_bytes =
       whole_number(c.positive("element_bytes", 1, false, 4), 1, 8, source, "compute.element_bytes");
@@ -172,7 +184,8 @@ HardwareProfile parse_profile_tree(const YAML::Node& root, const std::string& so
     throw ConfigError(str(source, ": compute.element_bytes: ", p.element_bytes, " must be 2 or 4"));
   YAML::Node eff = c.at("gemm_efficiency");
   if (!eff || !eff.IsSequence() || eff.size() == 0)
-    throw ConfigError(str(source, ": compute.gemm_efficiency: expected a list of [size, fraction] pairs"));
+    throw ConfigError(
+        str(source, ": compute.gemm_efficiency: expected a list of [size, fraction] pairs"));
   for (size_t i = 0; i < eff.size(); ++i) {
     const YAML::Node& e = eff[i];
     double s = 0, f = 0;
@@ -181,14 +194,15 @@ HardwareProfile parse_profile_tree(const YAML::Node& root, const std::string& so
       s = e[0].as<double>();
       f = e[1].as<double>();
     } catch (const YAML::Exception&) {
-      throw ConfigError(str(source, ": compute.gemm_efficiency[", i, "]: expected [size, fraction]"));
+      throw ConfigError(
+          str(source, ": compute.gemm_efficiency[", i, "]: expected [size, fraction]"));
     }
     if (!(s > 0) || !(f > 0) || f > 1)
-      throw ConfigError(str(source, ": compute.gemm_efficiency[", i, "]: size ", s, " must be > 0 and fraction ", f,
-                            " in (0, 1]"));
+      throw ConfigError(str(source, ": compute.gemm_efficiency[", i, "]: size ", s,
+                            " must be > 0 and fraction ", f, " in (0, 1]"));
     if (!p.gemm_efficiency.empty() && s <= p.gemm_efficiency.back().first)
-      throw ConfigError(str(source, ": compute.gemm_efficiency[", i, "]: sizes must increase (", s, " after ",
-                            p.gemm_efficiency.back().first, ")"));
+      throw ConfigError(str(source, ": compute.gemm_efficiency[", i, "]: sizes must increase (", s,
+                            " after ", p.gemm_efficiency.back().first, ")"));
     p.gemm_efficiency.push_back({s, f});
   }
 
@@ -196,17 +210,20 @@ HardwareProfile parse_profile_tree(const YAML::Node& root, const std::string& so
   p.h2d_Bps = l.positive("h2d_GBps", 1e9);
   p.d2h_Bps = l.positive("d2h_GBps", 1e9);
 
-  Reader s(top.at("ssd"), "ssd", source, {"count", "read_GBps", "write_GBps", "mixed", "stripe_unit"});
+  Reader s(top.at("ssd"), "ssd", source,
+           {"count", "read_GBps", "write_GBps", "mixed", "stripe_unit"});
   p.ssds = whole_number(s.positive("count", 1, false, 1), 1, 1024, source, "ssd.count");
   p.ssd_read_Bps = s.positive("read_GBps", 1e9);
   p.ssd_write_Bps = s.positive("write_GBps", 1e9);
   p.ssd_mixed = s.positive("mixed", 1, false, 1);
   if (p.ssd_mixed < 1 || p.ssd_mixed > 2)
-    throw ConfigError(str(source, ": ssd.mixed: ", p.ssd_mixed, " must be in [1, 2] (1: reads and writes take turns, "
+    throw ConfigError(str(source, ": ssd.mixed: ", p.ssd_mixed,
+                          " must be in [1, 2] (1: reads and writes take turns, "
                           "2: full duplex)"));
   p.stripe_unit = s.size("stripe_unit", 4ull << 20);
   if (p.stripe_unit == 0 || p.stripe_unit % 4096)
-    throw ConfigError(str(source, ": ssd.stripe_unit: ", p.stripe_unit, " must be a positive multiple of 4096"));
+    throw ConfigError(
+        str(source, ": ssd.stripe_unit: ", p.stripe_unit, " must be a positive multiple of 4096"));
 
   Reader o(top.at("optimizer"), "optimizer", source,
            {"params_per_s", "shared_cpu", "compute_share", "optimizer_share"});
@@ -215,7 +232,8 @@ HardwareProfile parse_profile_tree(const YAML::Node& root, const std::string& so
   p.compute_share = o.positive("compute_share", 1, false, 0.5);
   p.optimizer_share = o.positive("optimizer_share", 1, false, 0.5);
   if (p.compute_share > 1 || p.optimizer_share > 1)
-    throw ConfigError(str(source, ": optimizer.compute_share and optimizer.optimizer_share must be in (0, 1]"));
+    throw ConfigError(
+        str(source, ": optimizer.compute_share and optimizer.optimizer_share must be in (0, 1]"));
 
   Reader m(top.at("memory"), "memory", source, {"device", "host", "host_bandwidth_GBps"});
   p.device_memory = m.size("device", 0);
@@ -287,8 +305,8 @@ std::string hardware_profile_to_yaml(const HardwareProfile& p, const std::string
   o << "pcie:\n  h2d_GBps: " << Num{p.h2d_Bps / 1e9} << "\n  d2h_GBps: " << Num{p.d2h_Bps / 1e9}
     << "\n";
   o << "ssd:\n  count: " << p.ssds << "\n  read_GBps: " << Num{p.ssd_read_Bps / 1e9}
-    << "\n  write_GBps: " << Num{p.ssd_write_Bps / 1e9} << "\n  mixed: " << Num{p.ssd_mixed} << "\n  stripe_unit: " << p.stripe_unit
-    << "\n";
+    << "\n  write_GBps: " << Num{p.ssd_write_Bps / 1e9} << "\n  mixed: " << Num{p.ssd_mixed}
+    << "\n  stripe_unit: " << p.stripe_unit << "\n";
   o << "optimizer:\n  params_per_s: " << Num{p.optimizer_params_per_s}
     << "\n  shared_cpu: " << (p.shared_cpu ? "true" : "false")
     << "\n  compute_share: " << Num{p.compute_share}

@@ -166,7 +166,8 @@ void check_finite(const void* data, StDtype dtype, size_t n, const Job& job, siz
     }
     if (!finite)
       throw IoError(str("tensor '", job.src, "' (written as '", job.dst, "'): element ", first + i,
-                        " is NaN or infinite", dtype == StDtype::kF32 ? "" : str(" as ", st_dtype_name(dtype)),
+                        " is NaN or infinite",
+                        dtype == StDtype::kF32 ? "" : str(" as ", st_dtype_name(dtype)),
                         "; refusing to write a model with it"));
   }
 }
@@ -247,8 +248,8 @@ std::vector<std::string> write_tensors(const TensorSet& set, const std::vector<J
     filled.back() += j.numel;
   }
   for (size_t e = 0; e < entries.size(); ++e)
-    FY_CHECK(filled[e] == numel_of(entries[e].shape), "tensor map: '", entries[e].name,
-             "' gets ", filled[e], " elements, needs ", numel_of(entries[e].shape));
+    FY_CHECK(filled[e] == numel_of(entries[e].shape), "tensor map: '", entries[e].name, "' gets ",
+             filled[e], " elements, needs ", numel_of(entries[e].shape));
   *bytes = 0;
   for (const auto& e : entries) *bytes += e.bytes();
   ShardedSafetensorsWriter w(dir.string(), entries, opts.max_shard_bytes, metadata);
@@ -256,7 +257,8 @@ std::vector<std::string> write_tensors(const TensorSet& set, const std::vector<J
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (opts.progress) opts.progress(i, jobs.size(), jobs[i].dst);
     if (i == 0 || jobs[i - 1].dst != jobs[i].dst) w.begin_tensor(jobs[i].dst);
-    copy_tensor(set, jobs[i], out_dtype, [&](const void* p, size_t n) { w.append(p, n); }, buffers);
+    copy_tensor(
+        set, jobs[i], out_dtype, [&](const void* p, size_t n) { w.append(p, n); }, buffers);
   }
   return w.finish();
 }
@@ -281,7 +283,8 @@ void refuse_unknown(const TensorSet& set, const std::vector<Job>& jobs, const st
     if (hf_side && is_layer_buffer(name, prefix)) continue;
     // Older Llama checkpoints saved the rotary frequencies, which the config determines.
     if (hf_side && name.ends_with(".self_attn.rotary_emb.inv_freq")) continue;
-    if (hf_side && m.tie_embeddings && (name == "lm_head.weight" || name == prefix + "lm_head.weight")) {
+    if (hf_side && m.tie_embeddings &&
+        (name == "lm_head.weight" || name == prefix + "lm_head.weight")) {
       // The LM head is tied to wte (config.json says so, or parse_hf_config refused it);
       // transformers overwrites it with wte on load, and so do we.
       const StTensorInfo& t = set.info(name);
@@ -292,8 +295,8 @@ void refuse_unknown(const TensorSet& set, const std::vector<Job>& jobs, const st
       continue;
     }
     const char* family = m.family == "gpt2" ? "GPT-2" : m.family == "opt" ? "OPT" : "Llama";
-    throw IoError(str(set.file(name).path(), ": tensor '", name, "' is not part of a ",
-                      family, " model with n_layer=", m.n_layer,
+    throw IoError(str(set.file(name).path(), ": tensor '", name, "' is not part of a ", family,
+                      " model with n_layer=", m.n_layer,
                       m.family == "opt" && name.find("project_") != std::string::npos
                           ? " (OPT's project_in/project_out are not supported)"
                           : "",
@@ -381,7 +384,8 @@ EngineSource open_engine_source(const std::string& checkpoint) {
 
 // The jobs that read a Hugging Face checkpoint into the engine's tensors, each source checked
 // (present, float dtype, shape) and unknown tensors refused.
-std::vector<Job> hf_source_jobs(const TensorSet& set, const ModelConfig& model, const std::string& config_path) {
+std::vector<Job> hf_source_jobs(const TensorSet& set, const ModelConfig& model,
+                                const std::string& config_path) {
   // GPT-2 checkpoints saved from GPT2LMHeadModel name tensors "transformer.*"; those saved
   // from GPT2Model (the original OpenAI upload among them) have no prefix.
   std::string prefix, strip;
@@ -396,8 +400,8 @@ std::vector<Job> hf_source_jobs(const TensorSet& set, const ModelConfig& model, 
                         ": no tensor 'transformer.wte.weight' or 'wte.weight': not a "
                         "GPT-2 checkpoint"));
   } else if (!set.has(map.front().hf)) {
-    throw IoError(str(set.source(), ": no tensor '", map.front().hf, "': not a ",
-                      model.family, " checkpoint as ", config_path, " says"));
+    throw IoError(str(set.source(), ": no tensor '", map.front().hf, "': not a ", model.family,
+                      " checkpoint as ", config_path, " says"));
   }
   std::vector<Job> jobs;
   const ParamLayout layout = make_gpt_layout(model);
@@ -409,7 +413,8 @@ std::vector<Job> hf_source_jobs(const TensorSet& set, const ModelConfig& model, 
                "tensor map order: ", m.engine);
       ++next;
     }
-    jobs.push_back({hf, m.engine, m.transpose, m.hf_shape, m.engine_shape, 0, numel_of(m.hf_shape)});
+    jobs.push_back(
+        {hf, m.engine, m.transpose, m.hf_shape, m.engine_shape, 0, numel_of(m.hf_shape)});
   }
   FY_CHECK(next == layout.tensors.size(), "tensor map and layout disagree");
   validate_sources(set, jobs);
@@ -428,14 +433,16 @@ StDtype export_dtype(const ConvertOptions& opts, const std::string& base, std::s
     *origin = "the base model's torch_dtype";
     return *d;
   }
-  *origin = base.empty() ? "no base model config (hf_config.json): fp32" : "the base model's torch_dtype is not "
-                                                                           "bfloat16, float16 or float32: fp32";
+  *origin = base.empty() ? "no base model config (hf_config.json): fp32"
+                         : "the base model's torch_dtype is not "
+                           "bfloat16, float16 or float32: fp32";
   return StDtype::kF32;
 }
 
 }  // namespace
 
-std::vector<std::string> copy_carried_files(const std::string& from_dir, const std::string& to_dir) {
+std::vector<std::string> copy_carried_files(const std::string& from_dir,
+                                            const std::string& to_dir) {
   std::vector<std::string> copied;
   for (const auto& n : carried_file_names()) {
     const fs::path src = fs::path(from_dir) / n;
@@ -507,15 +514,15 @@ ConvertResult convert_engine_to_hf(const std::string& checkpoint, const std::str
   const fs::path carried = carried_files_dir(src.dir.string());
   std::string base;
   std::error_code ec;
-  if (fs::is_regular_file(carried / kKeptHfConfigFile, ec)) base = read_text(carried / kKeptHfConfigFile);
+  if (fs::is_regular_file(carried / kKeptHfConfigFile, ec))
+    base = read_text(carried / kKeptHfConfigFile);
   r.dtype = export_dtype(opts, base, &r.dtype_origin);
   if (!is_float_dtype(r.dtype))
     throw Error(str("--dtype ", st_dtype_name(r.dtype), ": expected f32, bf16 or f16"));
 
   StagingDir stage(out);
   // transformers refuses safetensors files whose metadata lacks format "pt".
-  r.files =
-      write_tensors(src.set, jobs, r.dtype, stage.path(), opts, {{"format", "pt"}}, &r.bytes);
+  r.files = write_tensors(src.set, jobs, r.dtype, stage.path(), opts, {{"format", "pt"}}, &r.bytes);
   r.tensors = jobs.size();
   const std::string config = hf_config_json(r.model, r.dtype, base);
   write_text(stage.path() / kHfConfigFile, config);
@@ -571,10 +578,13 @@ LoadedCheckpoint load_hf_checkpoint(const std::string& hf_dir) {
   float* dst = nullptr;
   for (const Job& j : jobs) {
     if (j.dst != last) dst = out.params.data() + layout.tensor(j.dst).offset, last = j.dst;
-    copy_tensor(set, j, StDtype::kF32, [&](const void* p, size_t n) {
-      std::memcpy(dst, p, n);
-      dst += n / sizeof(float);
-    }, buffers);
+    copy_tensor(
+        set, j, StDtype::kF32,
+        [&](const void* p, size_t n) {
+          std::memcpy(dst, p, n);
+          dst += n / sizeof(float);
+        },
+        buffers);
   }
   return out;
 }
@@ -594,8 +604,8 @@ CheckpointGroupReader::CheckpointGroupReader(const std::string& checkpoint,
   const TensorSet& set = impl_->src.set;
   for (const TensorSpec& t : impl_->layout.tensors) {
     if (!set.has(t.name))
-      throw IoError(str(set.source(), ": missing tensor '", t.name, "' (model.checkpoint ",
-                        checkpoint, ")"));
+      throw IoError(
+          str(set.source(), ": missing tensor '", t.name, "' (model.checkpoint ", checkpoint, ")"));
     const StTensorInfo& info = set.info(t.name);
     if (info.dtype != StDtype::kF32 || info.shape != t.shape)
       throw IoError(str(set.file(t.name).path(), ": tensor '", t.name, "' is ",

@@ -99,7 +99,7 @@ constexpr int kMaxDim = kMaxModelDim;
 
 const std::vector<std::string>& tokenizer_file_names() {
   static const std::vector<std::string> names = {
-      "tokenizer.json",          "tokenizer_config.json", "vocab.json", "merges.txt",
+      "tokenizer.json",          "tokenizer_config.json", "vocab.json",       "merges.txt",
       "special_tokens_map.json", "tokenizer.model",       "added_tokens.json"};
   return names;
 }
@@ -160,8 +160,8 @@ ModelConfig parse_opt(const Fields& f) {
   m.n_head = f.integer("num_attention_heads", 1, kMaxDim);
   m.d_model = f.integer("hidden_size", 1, kMaxDim);
   if (m.d_model % m.n_head != 0)
-    f.fail("hidden_size", str("value ", m.d_model, " is not a multiple of num_attention_heads (",
-                              m.n_head, ")"));
+    f.fail("hidden_size",
+           str("value ", m.d_model, " is not a multiple of num_attention_heads (", m.n_head, ")"));
   m.d_ff = f.integer("ffn_dim", 1, kMaxFfDim);
   m.vocab_size = f.integer("vocab_size", 2, kMaxVocab);
   m.seq_len = f.integer("max_position_embeddings", 1, kMaxDim);
@@ -199,19 +199,20 @@ ModelConfig parse_llama(const Fields& f, bool qwen2) {
   m.n_head = f.integer("num_attention_heads", 1, kMaxDim);
   m.d_model = f.integer("hidden_size", 1, kMaxDim);
   if (m.d_model % m.n_head != 0)
-    f.fail("hidden_size", str("value ", m.d_model, " is not a multiple of num_attention_heads (",
-                              m.n_head, ")"));
+    f.fail("hidden_size",
+           str("value ", m.d_model, " is not a multiple of num_attention_heads (", m.n_head, ")"));
   if ((m.d_model / m.n_head) % 2 != 0)
-    f.fail("hidden_size", str("head size ", m.d_model / m.n_head,
-                              " is odd; rotary embeddings need an even one"));
+    f.fail("hidden_size",
+           str("head size ", m.d_model / m.n_head, " is odd; rotary embeddings need an even one"));
   if (f.present("head_dim") && f.integer("head_dim", 1, kMaxDim) != m.d_model / m.n_head)
     f.fail("head_dim", str("value ", f.integer("head_dim", 1, kMaxDim),
                            " is not supported: the engine's head size is hidden_size / "
-                           "num_attention_heads (", m.d_model / m.n_head, ")"));
+                           "num_attention_heads (",
+                           m.d_model / m.n_head, ")"));
   m.n_kv_head = f.integer_or("num_key_value_heads", m.n_head, 1, kMaxDim);
   if (m.n_head % m.n_kv_head != 0)
-    f.fail("num_key_value_heads", str("value ", m.n_kv_head, " does not divide num_attention_heads (",
-                                      m.n_head, ")"));
+    f.fail("num_key_value_heads",
+           str("value ", m.n_kv_head, " does not divide num_attention_heads (", m.n_head, ")"));
   m.d_ff = f.integer("intermediate_size", 1, kMaxFfDim);
   m.vocab_size = f.integer("vocab_size", 2, kMaxVocab);
   m.seq_len = f.integer_or("max_position_embeddings", 2048, 1, kMaxDim);
@@ -273,7 +274,8 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
   if (model_type == "opt") return parse_opt(f);
   if (model_type == "llama") return parse_llama(f, false);
   if (model_type == "qwen2") return parse_llama(f, true);
-  f.fail("model_type", str("'", model_type, "' is not supported (supported: gpt2, opt, llama, qwen2)"));
+  f.fail("model_type",
+         str("'", model_type, "' is not supported (supported: gpt2, opt, llama, qwen2)"));
 }
 
 ModelConfig load_hf_config(const std::string& path) {
@@ -372,7 +374,8 @@ std::string hf_config_json(const ModelConfig& cfg, StDtype dtype, const std::str
 
 std::optional<StDtype> hf_torch_dtype(const std::string& config_json) {
   nlohmann::json j = nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("torch_dtype") || !j["torch_dtype"].is_string()) return std::nullopt;
+  if (!j.is_object() || !j.contains("torch_dtype") || !j["torch_dtype"].is_string())
+    return std::nullopt;
   const std::string t = j["torch_dtype"].get<std::string>();
   if (t == "bfloat16") return StDtype::kBF16;
   if (t == "float16") return StDtype::kF16;
@@ -396,7 +399,8 @@ std::string hf_tokenizer_config_json(const std::string& config_json, const Token
   };
   const std::string type = cfg.value("model_type", std::string());
   nlohmann::ordered_json out = nlohmann::ordered_json::object();
-  std::string bos = token_of("bos_token_id"), eos = token_of("eos_token_id"), pad = token_of("pad_token_id");
+  std::string bos = token_of("bos_token_id"), eos = token_of("eos_token_id"),
+              pad = token_of("pad_token_id");
   std::string unk = tok.token_to_id("<unk>") ? "<unk>" : "";
   // GPT-2's tokenizer uses its end-of-text token for all three; the class's default
   // ("<|endoftext|>") would otherwise be added to a vocabulary that lacks it.

@@ -32,13 +32,41 @@ struct Value {
   std::shared_ptr<Dict> dict;
 
   static Value none() { return with(kNone); }
-  static Value boolean(bool v) { Value x = with(kBool); x.b = v; return x; }
-  static Value integer(int64_t v) { Value x = with(kInt); x.i = v; return x; }
-  static Value real(double v) { Value x = with(kFloat); x.f = v; return x; }
-  static Value string(std::string v) { Value x = with(kString); x.s = std::move(v); return x; }
-  static Value make_list(List v) { Value x = with(kList); x.list = std::make_shared<List>(std::move(v)); return x; }
-  static Value make_dict(Dict v) { Value x = with(kDict); x.dict = std::make_shared<Dict>(std::move(v)); return x; }
-  static Value with(Kind k) { Value x; x.kind = k; return x; }
+  static Value boolean(bool v) {
+    Value x = with(kBool);
+    x.b = v;
+    return x;
+  }
+  static Value integer(int64_t v) {
+    Value x = with(kInt);
+    x.i = v;
+    return x;
+  }
+  static Value real(double v) {
+    Value x = with(kFloat);
+    x.f = v;
+    return x;
+  }
+  static Value string(std::string v) {
+    Value x = with(kString);
+    x.s = std::move(v);
+    return x;
+  }
+  static Value make_list(List v) {
+    Value x = with(kList);
+    x.list = std::make_shared<List>(std::move(v));
+    return x;
+  }
+  static Value make_dict(Dict v) {
+    Value x = with(kDict);
+    x.dict = std::make_shared<Dict>(std::move(v));
+    return x;
+  }
+  static Value with(Kind k) {
+    Value x;
+    x.kind = k;
+    return x;
+  }
 
   bool numeric() const { return kind == kInt || kind == kFloat || kind == kBool; }
   double number() const { return kind == kFloat ? f : kind == kBool ? b : static_cast<double>(i); }
@@ -51,20 +79,28 @@ struct Value {
 };
 
 const char* kind_name(const Value& v) {
-  static const char* names[] = {"undefined", "none", "boolean", "integer", "float", "string", "list", "mapping"};
+  static const char* names[] = {"undefined", "none",   "boolean", "integer",
+                                "float",     "string", "list",    "mapping"};
   return names[v.kind];
 }
 
 bool truthy(const Value& v) {
   switch (v.kind) {
     case Value::kUndefined:
-    case Value::kNone: return false;
-    case Value::kBool: return v.b;
-    case Value::kInt: return v.i != 0;
-    case Value::kFloat: return v.f != 0;
-    case Value::kString: return !v.s.empty();
-    case Value::kList: return !v.list->empty();
-    case Value::kDict: return !v.dict->empty();
+    case Value::kNone:
+      return false;
+    case Value::kBool:
+      return v.b;
+    case Value::kInt:
+      return v.i != 0;
+    case Value::kFloat:
+      return v.f != 0;
+    case Value::kString:
+      return !v.s.empty();
+    case Value::kList:
+      return !v.list->empty();
+    case Value::kDict:
+      return !v.dict->empty();
   }
   return false;
 }
@@ -79,10 +115,14 @@ std::string repr(const Value& v) {
 // What {{ v }} prints: Python's str() of the value (None, True, [1, 'a'], {'k': 'v'}).
 std::string to_string(const Value& v) {
   switch (v.kind) {
-    case Value::kUndefined: return "";
-    case Value::kNone: return "None";
-    case Value::kBool: return v.b ? "True" : "False";
-    case Value::kInt: return std::to_string(v.i);
+    case Value::kUndefined:
+      return "";
+    case Value::kNone:
+      return "None";
+    case Value::kBool:
+      return v.b ? "True" : "False";
+    case Value::kInt:
+      return std::to_string(v.i);
     case Value::kFloat: {
       char buf[32];
       std::snprintf(buf, sizeof buf, "%.17g", v.f);
@@ -90,7 +130,8 @@ std::string to_string(const Value& v) {
       if (s.find_first_of(".e") == std::string::npos) s += ".0";
       return s;
     }
-    case Value::kString: return v.s;
+    case Value::kString:
+      return v.s;
     case Value::kList: {
       std::string s = "[";
       for (size_t k = 0; k < v.list->size(); ++k) s += (k ? ", " : "") + repr((*v.list)[k]);
@@ -108,10 +149,12 @@ std::string to_string(const Value& v) {
 
 bool equal(const Value& a, const Value& b) {
   if (a.numeric() && b.numeric()) return a.number() == b.number();
-  if (a.kind != b.kind) return (a.kind == Value::kNone || a.kind == Value::kUndefined) &&
-                               (b.kind == Value::kNone || b.kind == Value::kUndefined) && a.kind == b.kind;
+  if (a.kind != b.kind)
+    return (a.kind == Value::kNone || a.kind == Value::kUndefined) &&
+           (b.kind == Value::kNone || b.kind == Value::kUndefined) && a.kind == b.kind;
   switch (a.kind) {
-    case Value::kString: return a.s == b.s;
+    case Value::kString:
+      return a.s == b.s;
     case Value::kList:
       if (a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k)
@@ -124,7 +167,8 @@ bool equal(const Value& a, const Value& b) {
         if (!o || !equal(v, *o)) return false;
       }
       return true;
-    default: return true;  // none == none, undefined == undefined
+    default:
+      return true;  // none == none, undefined == undefined
   }
 }
 
@@ -150,11 +194,25 @@ struct Expr;
 using ExprP = std::unique_ptr<Expr>;
 
 struct Expr {
-  enum Kind { kLiteral, kName, kAttr, kIndex, kSlice, kCall, kFilter, kTest, kNot, kNeg, kBinary, kCond, kList } kind;
-  Value value;             // kLiteral
-  std::string name;        // kName, kAttr, kFilter, kTest, kBinary (operator), kCall of a name/method
+  enum Kind {
+    kLiteral,
+    kName,
+    kAttr,
+    kIndex,
+    kSlice,
+    kCall,
+    kFilter,
+    kTest,
+    kNot,
+    kNeg,
+    kBinary,
+    kCond,
+    kList
+  } kind;
+  Value value;       // kLiteral
+  std::string name;  // kName, kAttr, kFilter, kTest, kBinary (operator), kCall of a name/method
   std::vector<ExprP> args;  // operands; kCall: args[0] is the callee, the rest its arguments
-  bool negated = false;    // kTest: "is not"
+  bool negated = false;     // kTest: "is not"
   int line = 0;
 };
 
@@ -164,7 +222,8 @@ struct Tok {
 };
 
 // Splits a tag's inside into tokens.
-std::vector<Tok> lex_expr(const std::string& s, const std::function<void(const std::string&)>& fail) {
+std::vector<Tok> lex_expr(const std::string& s,
+                          const std::function<void(const std::string&)>& fail) {
   std::vector<Tok> out;
   size_t i = 0;
   while (i < s.size()) {
@@ -179,7 +238,8 @@ std::vector<Tok> lex_expr(const std::string& s, const std::function<void(const s
     } else if (std::isdigit(static_cast<unsigned char>(c))) {
       size_t j = i;
       while (j < s.size() && std::isdigit(static_cast<unsigned char>(s[j]))) ++j;
-      bool real = j + 1 < s.size() && s[j] == '.' && std::isdigit(static_cast<unsigned char>(s[j + 1]));
+      bool real =
+          j + 1 < s.size() && s[j] == '.' && std::isdigit(static_cast<unsigned char>(s[j + 1]));
       if (real) {
         ++j;
         while (j < s.size() && std::isdigit(static_cast<unsigned char>(s[j]))) ++j;
@@ -196,13 +256,27 @@ std::vector<Tok> lex_expr(const std::string& s, const std::function<void(const s
         }
         const char e = s[++j];
         switch (e) {
-          case 'n': v += '\n'; break;
-          case 't': v += '\t'; break;
-          case 'r': v += '\r'; break;
-          case '\\': v += '\\'; break;
-          case '\'': v += '\''; break;
-          case '"': v += '"'; break;
-          default: v += '\\'; v += e;  // Python keeps an unknown escape as written
+          case 'n':
+            v += '\n';
+            break;
+          case 't':
+            v += '\t';
+            break;
+          case 'r':
+            v += '\r';
+            break;
+          case '\\':
+            v += '\\';
+            break;
+          case '\'':
+            v += '\'';
+            break;
+          case '"':
+            v += '"';
+            break;
+          default:
+            v += '\\';
+            v += e;  // Python keeps an unknown escape as written
         }
       }
       if (j >= s.size()) fail("a string literal is not closed");
@@ -225,12 +299,14 @@ std::vector<Tok> lex_expr(const std::string& s, const std::function<void(const s
   return out;
 }
 
-const std::vector<std::string> kFilters = {"trim", "length", "count", "upper", "lower", "capitalize",
-                                           "first", "last", "string", "join", "default"};
-const std::vector<std::string> kTests = {"defined", "undefined", "none", "string", "number", "mapping",
-                                         "sequence", "true", "false"};
-const std::vector<std::string> kMethods = {"strip", "lstrip", "rstrip", "startswith", "endswith", "upper", "lower",
-                                           "replace", "split", "title", "get", "items", "keys", "values"};
+const std::vector<std::string> kFilters = {"trim",   "length",     "count",  "upper",
+                                           "lower",  "capitalize", "first",  "last",
+                                           "string", "join",       "default"};
+const std::vector<std::string> kTests = {"defined", "undefined", "none", "string", "number",
+                                         "mapping", "sequence",  "true", "false"};
+const std::vector<std::string> kMethods = {"strip", "lstrip", "rstrip",  "startswith", "endswith",
+                                           "upper", "lower",  "replace", "split",      "title",
+                                           "get",   "items",  "keys",    "values"};
 const std::vector<std::string> kFunctions = {"raise_exception"};
 
 std::string joined(const std::vector<std::string>& v) {
@@ -402,17 +478,23 @@ class ExprParser {
     if (t.kind == Tok::kInt || t.kind == Tok::kFloat) {
       ++p_;
       ExprP e = make(Expr::kLiteral);
-      if (t.kind == Tok::kInt && t.text.size() > 18) error(str("integer literal ", t.text, " is too large"));
-      e->value = t.kind == Tok::kInt ? Value::integer(std::stoll(t.text)) : Value::real(std::strtod(t.text.c_str(), nullptr));
+      if (t.kind == Tok::kInt && t.text.size() > 18)
+        error(str("integer literal ", t.text, " is too large"));
+      e->value = t.kind == Tok::kInt ? Value::integer(std::stoll(t.text))
+                                     : Value::real(std::strtod(t.text.c_str(), nullptr));
       return e;
     }
     if (t.kind == Tok::kName) {
       ++p_;
       ExprP e = make(Expr::kLiteral);
-      if (t.text == "true" || t.text == "True") e->value = Value::boolean(true);
-      else if (t.text == "false" || t.text == "False") e->value = Value::boolean(false);
-      else if (t.text == "none" || t.text == "None") e->value = Value::none();
-      else e = make(Expr::kName, t.text);
+      if (t.text == "true" || t.text == "True")
+        e->value = Value::boolean(true);
+      else if (t.text == "false" || t.text == "False")
+        e->value = Value::boolean(false);
+      else if (t.text == "none" || t.text == "None")
+        e->value = Value::none();
+      else
+        e = make(Expr::kName, t.text);
       return e;
     }
     if (at("(")) {
@@ -480,7 +562,8 @@ class ExprParser {
         const bool method = e->kind == Expr::kAttr;
         const std::string fn = e->kind == Expr::kName || method ? e->name : "";
         if (method ? !member(kMethods, fn) : !member(kFunctions, fn))
-          error(str("unsupported ", method ? "method" : "function", " '", fn.empty() ? "(expression)" : fn,
+          error(str("unsupported ", method ? "method" : "function", " '",
+                    fn.empty() ? "(expression)" : fn,
                     "' (supported: ", joined(method ? kMethods : kFunctions), ")"));
         ExprP c = make(Expr::kCall, fn);
         c->args.push_back(std::move(e));
@@ -489,7 +572,8 @@ class ExprParser {
       } else if (at("|")) {
         ++p_;
         const std::string f = name();
-        if (!member(kFilters, f)) error(str("unsupported filter '", f, "' (supported: ", joined(kFilters), ")"));
+        if (!member(kFilters, f))
+          error(str("unsupported filter '", f, "' (supported: ", joined(kFilters), ")"));
         ExprP c = make(Expr::kFilter, f);
         c->args.push_back(std::move(e));
         if (at("("))
@@ -502,8 +586,10 @@ class ExprParser {
           ++p_;
           negated = true;
         }
-        const std::string test = at_name("none") || at_name("true") || at_name("false") ? t_[p_++].text : name();
-        if (!member(kTests, test)) error(str("unsupported test '", test, "' (supported: ", joined(kTests), ")"));
+        const std::string test =
+            at_name("none") || at_name("true") || at_name("false") ? t_[p_++].text : name();
+        if (!member(kTests, test))
+          error(str("unsupported test '", test, "' (supported: ", joined(kTests), ")"));
         ExprP c = make(Expr::kTest, test);
         c->negated = negated;
         c->args.push_back(std::move(e));
@@ -519,7 +605,8 @@ class ExprParser {
   struct Nest {
     ExprParser* p;
     explicit Nest(ExprParser* parser) : p(parser) {
-      if (++p->depth_ > kMaxNesting) p->error(str("expressions nest more than ", kMaxNesting, " deep"));
+      if (++p->depth_ > kMaxNesting)
+        p->error(str("expressions nest more than ", kMaxNesting, " deep"));
     }
     ~Nest() { --p->depth_; }
   };
@@ -538,11 +625,11 @@ class ExprParser {
 
 struct Node {
   enum Kind { kText, kOutput, kIf, kFor, kSet } kind;
-  std::string text;                                           // kText
-  ExprP expr;                                                 // kOutput, kFor (iterable), kSet
+  std::string text;  // kText
+  ExprP expr;        // kOutput, kFor (iterable), kSet
   std::vector<std::pair<ExprP, std::vector<std::unique_ptr<Node>>>> branches;  // kIf (null: else)
-  std::vector<std::string> targets;                           // kFor: loop variables; kSet: name
-  std::vector<std::unique_ptr<Node>> body, otherwise;         // kFor
+  std::vector<std::string> targets;                    // kFor: loop variables; kSet: name
+  std::vector<std::unique_ptr<Node>> body, otherwise;  // kFor
   int line = 0;
 };
 
@@ -577,7 +664,8 @@ std::vector<Piece> split_template(std::string src, const std::string& name) {
   };
   while (i < src.size()) {
     size_t open = src.find('{', i);
-    while (open != std::string::npos && open + 1 < src.size() && std::string("{%#").find(src[open + 1]) == std::string::npos)
+    while (open != std::string::npos && open + 1 < src.size() &&
+           std::string("{%#").find(src[open + 1]) == std::string::npos)
       open = src.find('{', open + 1);
     if (open == std::string::npos || open + 1 >= src.size()) {
       add_text(src.substr(i));
@@ -602,11 +690,14 @@ std::vector<Piece> split_template(std::string src, const std::string& name) {
     const size_t body = open + 2 + (minus || plus ? 1 : 0);
     const size_t end = src.find(close, body);
     if (end == std::string::npos)
-      throw ConfigError(str(name, ": line ", line, ": '", src.substr(open, 2), "' is not closed by '", close, "'"));
+      throw ConfigError(str(name, ": line ", line, ": '", src.substr(open, 2),
+                            "' is not closed by '", close, "'"));
     size_t inner_end = end;
     bool close_minus = false, close_plus = false;
-    if (inner_end > body && src[inner_end - 1] == '-') close_minus = true, --inner_end;
-    else if (inner_end > body && src[inner_end - 1] == '+') close_plus = true, --inner_end;
+    if (inner_end > body && src[inner_end - 1] == '-')
+      close_minus = true, --inner_end;
+    else if (inner_end > body && src[inner_end - 1] == '+')
+      close_plus = true, --inner_end;
     const std::string inner = src.substr(body, inner_end - body);
     if (kind != '#') out.push_back({kind == '{' ? Piece::kExpr : Piece::kStmt, inner, line});
     for (char c : src.substr(open, end + 2 - open)) line += c == '\n';
@@ -619,7 +710,8 @@ std::vector<Piece> split_template(std::string src, const std::string& name) {
 
 class Parser {
  public:
-  Parser(std::vector<Piece> pieces, std::string name) : pieces_(std::move(pieces)), name_(std::move(name)) {}
+  Parser(std::vector<Piece> pieces, std::string name)
+      : pieces_(std::move(pieces)), name_(std::move(name)) {}
 
   std::vector<std::unique_ptr<Node>> parse() {
     auto body = block({});
@@ -629,7 +721,9 @@ class Parser {
 
  private:
   [[noreturn]] void fail(const std::string& why) const {
-    const int line = pos_ < pieces_.size() ? pieces_[pos_].line : pieces_.empty() ? 1 : pieces_.back().line;
+    const int line = pos_ < pieces_.size() ? pieces_[pos_].line
+                     : pieces_.empty()     ? 1
+                                           : pieces_.back().line;
     throw ConfigError(str(name_, ": line ", line, ": ", why));
   }
   static std::string first_word(const std::string& s) {
@@ -640,8 +734,9 @@ class Parser {
     return s.substr(b, std::max<size_t>(e - b, 1));
   }
   ExprParser expr_parser(const std::string& text, int line) {
-    return ExprParser(lex_expr(text, [&](const std::string& w) { fail(w); }), [this](const std::string& w) { fail(w); },
-                      line);
+    return ExprParser(
+        lex_expr(text, [&](const std::string& w) { fail(w); }),
+        [this](const std::string& w) { fail(w); }, line);
   }
 
   // Nodes up to one of the `stops` tags (left unconsumed) or the end.
@@ -674,13 +769,17 @@ class Parser {
       }
       const std::string word = first_word(p.text);
       if (member(stops, word)) return out;
-      if (word == "if") out.push_back(if_node());
-      else if (word == "for") out.push_back(for_node());
-      else if (word == "set") out.push_back(set_node());
+      if (word == "if")
+        out.push_back(if_node());
+      else if (word == "for")
+        out.push_back(for_node());
+      else if (word == "set")
+        out.push_back(set_node());
       else if (word == "endif" || word == "endfor" || word == "elif" || word == "else")
         fail(str("'", word, "' without its opening tag"));
       else
-        fail(str("unsupported tag '", word, "' (supported: if, elif, else, endif, for, endfor, set)"));
+        fail(str("unsupported tag '", word,
+                 "' (supported: if, elif, else, endif, for, endfor, set)"));
     }
     if (!stops.empty()) fail(str("missing '", stops.back(), "'"));
     return out;
@@ -777,18 +876,22 @@ class Renderer {
   Renderer(const std::string& name, const nlohmann::json& vars) : name_(name) {
     scopes_.emplace_back();
     if (vars.is_object())
-      for (auto it = vars.begin(); it != vars.end(); ++it) scopes_.back()[it.key()] = from_json(it.value());
+      for (auto it = vars.begin(); it != vars.end(); ++it)
+        scopes_.back()[it.key()] = from_json(it.value());
   }
   void run(const std::vector<std::unique_ptr<Node>>& nodes) {
     for (const auto& n : nodes) {
       exec(*n);
-      if (out.size() > kMaxText) fail(n->line, str("the rendered text is longer than ", kMaxText, " bytes"));
+      if (out.size() > kMaxText)
+        fail(n->line, str("the rendered text is longer than ", kMaxText, " bytes"));
     }
   }
   std::string out;
 
  private:
-  [[noreturn]] void fail(int line, const std::string& why) const { throw Error(str(name_, ": line ", line, ": ", why)); }
+  [[noreturn]] void fail(int line, const std::string& why) const {
+    throw Error(str(name_, ": line ", line, ": ", why));
+  }
 
   Value lookup(const std::string& n) const {
     for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
@@ -800,21 +903,29 @@ class Renderer {
 
   void exec(const Node& n) {
     switch (n.kind) {
-      case Node::kText: out += n.text; return;
-      case Node::kOutput: out += to_string(eval(*n.expr)); return;
-      case Node::kSet: scopes_.back()[n.targets[0]] = eval(*n.expr); return;
+      case Node::kText:
+        out += n.text;
+        return;
+      case Node::kOutput:
+        out += to_string(eval(*n.expr));
+        return;
+      case Node::kSet:
+        scopes_.back()[n.targets[0]] = eval(*n.expr);
+        return;
       case Node::kIf:
         for (const auto& [cond, body] : n.branches)
           if (!cond || truthy(eval(*cond))) return run(body);
         return;
-      case Node::kFor: return exec_for(n);
+      case Node::kFor:
+        return exec_for(n);
     }
   }
 
   void exec_for(const Node& n) {
     Value seq = eval(*n.expr);
     List items;
-    if (seq.kind == Value::kList) items = *seq.list;
+    if (seq.kind == Value::kList)
+      items = *seq.list;
     else if (seq.kind == Value::kDict)
       for (const auto& kv : *seq.dict) items.push_back(Value::string(kv.first));
     else if (seq.kind == Value::kString)
@@ -839,7 +950,8 @@ class Renderer {
         s[n.targets[0]] = item;
       } else {
         if (item.kind != Value::kList || item.list->size() != n.targets.size())
-          fail(n.line, str("cannot unpack a ", kind_name(item), " into ", n.targets.size(), " loop variables"));
+          fail(n.line, str("cannot unpack a ", kind_name(item), " into ", n.targets.size(),
+                           " loop variables"));
         for (size_t t = 0; t < n.targets.size(); ++t) s[n.targets[t]] = (*item.list)[t];
       }
       run(n.body);
@@ -849,8 +961,10 @@ class Renderer {
 
   Value eval(const Expr& e) {
     switch (e.kind) {
-      case Expr::kLiteral: return e.value;
-      case Expr::kName: return lookup(e.name);
+      case Expr::kLiteral:
+        return e.value;
+      case Expr::kName:
+        return lookup(e.name);
       case Expr::kList: {
         List l;
         for (const auto& a : e.args) l.push_back(eval(*a));
@@ -861,9 +975,12 @@ class Renderer {
         const Value* f = v.find(e.name);
         return f ? *f : Value();
       }
-      case Expr::kIndex: return index(e, eval(*e.args[0]), eval(*e.args[1]));
-      case Expr::kSlice: return slice(e, eval(*e.args[0]));
-      case Expr::kNot: return Value::boolean(!truthy(eval(*e.args[0])));
+      case Expr::kIndex:
+        return index(e, eval(*e.args[0]), eval(*e.args[1]));
+      case Expr::kSlice:
+        return slice(e, eval(*e.args[0]));
+      case Expr::kNot:
+        return Value::boolean(!truthy(eval(*e.args[0])));
       case Expr::kNeg: {
         Value v = eval(*e.args[0]);
         if (v.kind == Value::kInt) {
@@ -873,11 +990,16 @@ class Renderer {
         if (v.kind == Value::kFloat) return Value::real(-v.f);
         fail(e.line, str("cannot negate a ", kind_name(v)));
       }
-      case Expr::kCond: return truthy(eval(*e.args[0])) ? eval(*e.args[1]) : eval(*e.args[2]);
-      case Expr::kBinary: return binary(e);
-      case Expr::kTest: return Value::boolean(test(e, eval(*e.args[0])) != e.negated);
-      case Expr::kFilter: return filter(e);
-      case Expr::kCall: return call(e);
+      case Expr::kCond:
+        return truthy(eval(*e.args[0])) ? eval(*e.args[1]) : eval(*e.args[2]);
+      case Expr::kBinary:
+        return binary(e);
+      case Expr::kTest:
+        return Value::boolean(test(e, eval(*e.args[0])) != e.negated);
+      case Expr::kFilter:
+        return filter(e);
+      case Expr::kCall:
+        return call(e);
     }
     return Value();
   }
@@ -889,18 +1011,22 @@ class Renderer {
       return f ? *f : Value();
     }
     if ((v.kind == Value::kList || v.kind == Value::kString) && k.kind == Value::kInt) {
-      const int64_t n = v.kind == Value::kList ? static_cast<int64_t>(v.list->size()) : static_cast<int64_t>(v.s.size());
+      const int64_t n = v.kind == Value::kList ? static_cast<int64_t>(v.list->size())
+                                               : static_cast<int64_t>(v.s.size());
       const int64_t at = k.i < 0 ? k.i + n : k.i;
       if (at < 0 || at >= n) return Value();  // undefined, as Jinja's sandbox gives
       return v.kind == Value::kList ? (*v.list)[at] : Value::string(v.s.substr(at, 1));
     }
-    if (v.kind == Value::kUndefined) fail(e.line, str("cannot index an undefined value with ", repr(k)));
+    if (v.kind == Value::kUndefined)
+      fail(e.line, str("cannot index an undefined value with ", repr(k)));
     return Value();
   }
 
   Value slice(const Expr& e, const Value& v) {
-    if (v.kind != Value::kList && v.kind != Value::kString) fail(e.line, str("cannot slice a ", kind_name(v)));
-    const int64_t n = v.kind == Value::kList ? static_cast<int64_t>(v.list->size()) : static_cast<int64_t>(v.s.size());
+    if (v.kind != Value::kList && v.kind != Value::kString)
+      fail(e.line, str("cannot slice a ", kind_name(v)));
+    const int64_t n = v.kind == Value::kList ? static_cast<int64_t>(v.list->size())
+                                             : static_cast<int64_t>(v.s.size());
     auto bound = [&](const ExprP& x, int64_t dflt) {
       if (!x) return dflt;
       Value b = eval(*x);
@@ -924,7 +1050,9 @@ class Renderer {
       return truthy(a) ? a : eval(*e.args[1]);
     }
     Value a = eval(*e.args[0]), b = eval(*e.args[1]);
-    const auto size = [](const Value& v) { return v.kind == Value::kList ? v.list->size() : v.s.size(); };
+    const auto size = [](const Value& v) {
+      return v.kind == Value::kList ? v.list->size() : v.s.size();
+    };
     if ((op == "+" || op == "~") && size(a) + size(b) > kMaxText)
       fail(e.line, str("a value longer than ", kMaxText, " bytes or items"));
     if (op == "==") return Value::boolean(equal(a, b));
@@ -932,35 +1060,47 @@ class Renderer {
     if (op == "~") return Value::string(to_string(a) + to_string(b));
     if (op == "in" || op == "not in") {
       bool found = false;
-      if (b.kind == Value::kString && a.kind == Value::kString) found = b.s.find(a.s) != std::string::npos;
+      if (b.kind == Value::kString && a.kind == Value::kString)
+        found = b.s.find(a.s) != std::string::npos;
       else if (b.kind == Value::kList)
-        found = std::any_of(b.list->begin(), b.list->end(), [&](const Value& x) { return equal(x, a); });
-      else if (b.kind == Value::kDict) found = a.kind == Value::kString && b.find(a.s) != nullptr;
-      else fail(e.line, str("'in' needs a string, list or mapping on its right, not a ", kind_name(b)));
+        found = std::any_of(b.list->begin(), b.list->end(),
+                            [&](const Value& x) { return equal(x, a); });
+      else if (b.kind == Value::kDict)
+        found = a.kind == Value::kString && b.find(a.s) != nullptr;
+      else
+        fail(e.line,
+             str("'in' needs a string, list or mapping on its right, not a ", kind_name(b)));
       return Value::boolean(found == (op == "in"));
     }
-    if (op == "+" && a.kind == Value::kString && b.kind == Value::kString) return Value::string(a.s + b.s);
+    if (op == "+" && a.kind == Value::kString && b.kind == Value::kString)
+      return Value::string(a.s + b.s);
     if (op == "+" && a.kind == Value::kList && b.kind == Value::kList) {
       List l = *a.list;
       l.insert(l.end(), b.list->begin(), b.list->end());
       return Value::make_list(std::move(l));
     }
     if (op == "*" && a.kind == Value::kString && b.kind == Value::kInt) {
-      if (b.i > 0 && a.s.size() * static_cast<uint64_t>(std::min<int64_t>(b.i, kMaxText)) > kMaxText)
-        fail(e.line, str("a string of ", a.s.size(), " bytes repeated ", b.i, " times is more than ", kMaxText, " bytes"));
+      if (b.i > 0 &&
+          a.s.size() * static_cast<uint64_t>(std::min<int64_t>(b.i, kMaxText)) > kMaxText)
+        fail(e.line, str("a string of ", a.s.size(), " bytes repeated ", b.i,
+                         " times is more than ", kMaxText, " bytes"));
       std::string s;
       for (int64_t k = 0; k < b.i; ++k) s += a.s;
       return Value::string(s);
     }
     if (op == "<" || op == ">" || op == "<=" || op == ">=") {
       int c;
-      if (a.numeric() && b.numeric()) c = a.number() < b.number() ? -1 : a.number() > b.number();
-      else if (a.kind == Value::kString && b.kind == Value::kString) c = a.s.compare(b.s);
-      else fail(e.line, str("cannot compare a ", kind_name(a), " with a ", kind_name(b)));
+      if (a.numeric() && b.numeric())
+        c = a.number() < b.number() ? -1 : a.number() > b.number();
+      else if (a.kind == Value::kString && b.kind == Value::kString)
+        c = a.s.compare(b.s);
+      else
+        fail(e.line, str("cannot compare a ", kind_name(a), " with a ", kind_name(b)));
       return Value::boolean(op == "<" ? c < 0 : op == ">" ? c > 0 : op == "<=" ? c <= 0 : c >= 0);
     }
     if (!a.numeric() || !b.numeric())
-      fail(e.line, str("unsupported operand types for ", op, ": ", kind_name(a), " and ", kind_name(b)));
+      fail(e.line,
+           str("unsupported operand types for ", op, ": ", kind_name(a), " and ", kind_name(b)));
     const bool ints = a.kind != Value::kFloat && b.kind != Value::kFloat;
     const int64_t x = a.kind == Value::kBool ? a.b : a.i, y = b.kind == Value::kBool ? b.b : b.i;
     if (op == "/") {
@@ -980,13 +1120,15 @@ class Renderer {
     }
     if (ints) {
       int64_t r;
-      const bool over = op == "+" ? __builtin_add_overflow(x, y, &r)
+      const bool over = op == "+"   ? __builtin_add_overflow(x, y, &r)
                         : op == "-" ? __builtin_sub_overflow(x, y, &r)
                                     : __builtin_mul_overflow(x, y, &r);
       if (over) fail(e.line, str("integer overflow in ", x, " ", op, " ", y));
       return Value::integer(r);
     }
-    return Value::real(op == "+" ? a.number() + b.number() : op == "-" ? a.number() - b.number() : a.number() * b.number());
+    return Value::real(op == "+"   ? a.number() + b.number()
+                       : op == "-" ? a.number() - b.number()
+                                   : a.number() * b.number());
   }
 
   bool test(const Expr& e, const Value& v) {
@@ -997,19 +1139,24 @@ class Renderer {
     if (t == "string") return v.kind == Value::kString;
     if (t == "number") return v.kind == Value::kInt || v.kind == Value::kFloat;
     if (t == "mapping") return v.kind == Value::kDict;
-    if (t == "sequence") return v.kind == Value::kList || v.kind == Value::kString || v.kind == Value::kDict;
+    if (t == "sequence")
+      return v.kind == Value::kList || v.kind == Value::kString || v.kind == Value::kDict;
     if (t == "true") return v.kind == Value::kBool && v.b;
     return v.kind == Value::kBool && !v.b;  // false
   }
 
-  static std::string strip(const std::string& s, bool left, bool right, const std::string& chars = " \t\n\r\f\v") {
+  static std::string strip(const std::string& s, bool left, bool right,
+                           const std::string& chars = " \t\n\r\f\v") {
     size_t b = left ? s.find_first_not_of(chars) : 0;
     if (b == std::string::npos) return "";
     size_t e = right ? s.find_last_not_of(chars) + 1 : s.size();
     return s.substr(b, e - b);
   }
-  static std::string cased(std::string s, int how) {  // 1 upper, -1 lower (ASCII, as used in templates)
-    for (char& c : s) c = static_cast<char>(how > 0 ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
+  static std::string cased(std::string s,
+                           int how) {  // 1 upper, -1 lower (ASCII, as used in templates)
+    for (char& c : s)
+      c = static_cast<char>(how > 0 ? std::toupper(static_cast<unsigned char>(c))
+                                    : std::tolower(static_cast<unsigned char>(c)));
     return s;
   }
 
@@ -1017,7 +1164,8 @@ class Renderer {
     Value v = eval(*e.args[0]);
     const std::string& f = e.name;
     auto need_string = [&] {
-      if (v.kind != Value::kString) fail(e.line, str("filter ", f, " needs a string, not a ", kind_name(v)));
+      if (v.kind != Value::kString)
+        fail(e.line, str("filter ", f, " needs a string, not a ", kind_name(v)));
     };
     if (f == "trim") return need_string(), Value::string(strip(v.s, true, true));
     if (f == "upper") return need_string(), Value::string(cased(v.s, 1));
@@ -1029,7 +1177,10 @@ class Renderer {
       return Value::string(s);
     }
     if (f == "string") return Value::string(to_string(v));
-    if (f == "default") return v.kind == Value::kUndefined ? (e.args.size() > 1 ? eval(*e.args[1]) : Value::string("")) : v;
+    if (f == "default")
+      return v.kind == Value::kUndefined
+                 ? (e.args.size() > 1 ? eval(*e.args[1]) : Value::string(""))
+                 : v;
     if (f == "length" || f == "count") {
       if (v.kind == Value::kString) return Value::integer(static_cast<int64_t>(v.s.size()));
       if (v.kind == Value::kList) return Value::integer(static_cast<int64_t>(v.list->size()));
@@ -1037,7 +1188,8 @@ class Renderer {
       fail(e.line, str("filter ", f, " needs a string, list or mapping, not a ", kind_name(v)));
     }
     if (f == "first" || f == "last") {
-      if (v.kind != Value::kList) fail(e.line, str("filter ", f, " needs a list, not a ", kind_name(v)));
+      if (v.kind != Value::kList)
+        fail(e.line, str("filter ", f, " needs a list, not a ", kind_name(v)));
       if (v.list->empty()) return Value();
       return f == "first" ? v.list->front() : v.list->back();
     }
@@ -1054,18 +1206,21 @@ class Renderer {
     for (size_t k = 1; k < e.args.size(); ++k) args.push_back(eval(*e.args[k]));
     const Expr& callee = *e.args[0];
     if (callee.kind == Expr::kName) {  // raise_exception, the one function
-      throw Error(str(name_, ": the template raised: ", args.empty() ? std::string() : to_string(args[0])));
+      throw Error(
+          str(name_, ": the template raised: ", args.empty() ? std::string() : to_string(args[0])));
     }
     Value self = eval(*callee.args[0]);
     const std::string& m = e.name;
     auto arg_string = [&](size_t k) {
-      if (k >= args.size() || args[k].kind != Value::kString) fail(e.line, str(m, "() needs a string argument"));
+      if (k >= args.size() || args[k].kind != Value::kString)
+        fail(e.line, str(m, "() needs a string argument"));
       return args[k].s;
     };
     if (self.kind == Value::kString) {
       const std::string& s = self.s;
       if (m == "strip" || m == "lstrip" || m == "rstrip") {
-        const std::string chars = args.empty() || args[0].kind == Value::kNone ? " \t\n\r\f\v" : arg_string(0);
+        const std::string chars =
+            args.empty() || args[0].kind == Value::kNone ? " \t\n\r\f\v" : arg_string(0);
         return Value::string(strip(s, m != "rstrip", m != "lstrip", chars));
       }
       if (m == "startswith") {
@@ -1074,7 +1229,8 @@ class Renderer {
       }
       if (m == "endswith") {
         const std::string p = arg_string(0);
-        return Value::boolean(s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0);
+        return Value::boolean(s.size() >= p.size() &&
+                              s.compare(s.size() - p.size(), p.size(), p) == 0);
       }
       if (m == "upper") return Value::string(cased(s, 1));
       if (m == "lower") return Value::string(cased(s, -1));
@@ -1083,7 +1239,8 @@ class Renderer {
         bool start = true;
         for (char& c : t) {
           const bool alpha = std::isalpha(static_cast<unsigned char>(c)) != 0;
-          c = static_cast<char>(start && alpha ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
+          c = static_cast<char>(start && alpha ? std::toupper(static_cast<unsigned char>(c))
+                                               : std::tolower(static_cast<unsigned char>(c)));
           start = !alpha;
         }
         return Value::string(t);
@@ -1105,7 +1262,8 @@ class Renderer {
           size_t k = 0;
           while ((k = s.find_first_not_of(" \t\n\r\f\v", k)) != std::string::npos) {
             size_t end = s.find_first_of(" \t\n\r\f\v", k);
-            parts.push_back(Value::string(s.substr(k, end == std::string::npos ? std::string::npos : end - k)));
+            parts.push_back(
+                Value::string(s.substr(k, end == std::string::npos ? std::string::npos : end - k)));
             k = end;
           }
         } else {
@@ -1128,9 +1286,12 @@ class Renderer {
       }
       List l;
       for (const auto& [k, v] : *self.dict) {
-        if (m == "keys") l.push_back(Value::string(k));
-        else if (m == "values") l.push_back(v);
-        else if (m == "items") l.push_back(Value::make_list({Value::string(k), v}));
+        if (m == "keys")
+          l.push_back(Value::string(k));
+        else if (m == "values")
+          l.push_back(v);
+        else if (m == "items")
+          l.push_back(Value::make_list({Value::string(k), v}));
       }
       if (m == "keys" || m == "values" || m == "items") return Value::make_list(std::move(l));
     }

@@ -248,11 +248,14 @@ std::string normalize(const std::vector<NormalizerStep>& steps, std::string s) {
   auto bound = [&](const NormalizerStep& st, size_t bytes) {
     if (bytes <= limit) return;
     const char* names[] = {"Prepend", "Replace", "NFC", "NFD", "Strip"};
-    throw ConfigError(str(st.where, " (", names[st.kind], st.kind == NormalizerStep::kReplace
-                          ? str(" of '", printable(st.a, 20), "' by ", st.b.size(), " bytes") : std::string(),
-                          "): the text grows from ", input, " to ", bytes, " bytes, beyond the limit of ",
-                          kNormalizedGrowth, " x the input + ", kNormalizedSlack,
-                          " bytes (the normalizer multiplies its input; is this the right tokenizer.json?)"));
+    throw ConfigError(
+        str(st.where, " (", names[st.kind],
+            st.kind == NormalizerStep::kReplace
+                ? str(" of '", printable(st.a, 20), "' by ", st.b.size(), " bytes")
+                : std::string(),
+            "): the text grows from ", input, " to ", bytes, " bytes, beyond the limit of ",
+            kNormalizedGrowth, " x the input + ", kNormalizedSlack,
+            " bytes (the normalizer multiplies its input; is this the right tokenizer.json?)"));
   };
   for (const auto& st : steps) {
     switch (st.kind) {
@@ -262,7 +265,8 @@ std::string normalize(const std::vector<NormalizerStep>& steps, std::string s) {
         break;
       case NormalizerStep::kReplace: {
         size_t count = 0;
-        for (size_t i = s.find(st.a); i != std::string::npos; i = s.find(st.a, i + st.a.size())) ++count;
+        for (size_t i = s.find(st.a); i != std::string::npos; i = s.find(st.a, i + st.a.size()))
+          ++count;
         bound(st, s.size() - count * st.a.size() + count * st.b.size());
         s = replace_all(std::move(s), st.a, st.b);
         break;

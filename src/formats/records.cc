@@ -32,7 +32,8 @@ void write_record_index(const std::string& path, const std::vector<uint64_t>& st
   write_file_atomic(path, buf.data(), buf.size());
 }
 
-std::vector<uint64_t> parse_record_index(std::string_view bytes, const std::string& path, uint64_t shard_tokens) {
+std::vector<uint64_t> parse_record_index(std::string_view bytes, const std::string& path,
+                                         uint64_t shard_tokens) {
   if (bytes.size() < 32) throw IoError(str(path, ": shorter than the 32-byte record index header"));
   if (std::memcmp(bytes.data(), kRecordMagic, 8) != 0)
     throw IoError(str(path, ": not a record index (bad magic at offset 0)"));
@@ -45,16 +46,18 @@ std::vector<uint64_t> parse_record_index(std::string_view bytes, const std::stri
     throw IoError(str(path, ": record index version ", version, " at offset 8 is not supported"));
   if (width != 8) throw IoError(str(path, ": bytes per entry ", width, " at offset 12 must be 8"));
   if (count > (bytes.size() - 32) / 8 || bytes.size() != 32 + 8 * count)
-    throw IoError(str(path, ": header says ", count, " records but the file has ", bytes.size() - 32,
-                      " data bytes"));
+    throw IoError(str(path, ": header says ", count, " records but the file has ",
+                      bytes.size() - 32, " data bytes"));
   std::vector<uint64_t> starts(count);
   if (count) std::memcpy(starts.data(), bytes.data() + 32, 8 * count);
   for (uint64_t i = 0; i < count; ++i) {
     const uint64_t lo = i == 0 ? 0 : starts[i - 1] + 1;
     if ((i == 0 && starts[0] != 0) || starts[i] < lo || starts[i] >= shard_tokens)
-      throw IoError(str(path, ": record ", i, " starts at token ", starts[i], " (offset ", 32 + 8 * i, "); ",
-                        i == 0 ? "the first record starts at 0"
-                               : str("starts must increase, and stay below the shard's ", shard_tokens, " tokens")));
+      throw IoError(str(
+          path, ": record ", i, " starts at token ", starts[i], " (offset ", 32 + 8 * i, "); ",
+          i == 0
+              ? "the first record starts at 0"
+              : str("starts must increase, and stay below the shard's ", shard_tokens, " tokens")));
   }
   if (count == 0 && shard_tokens != 0)
     throw IoError(str(path, ": no records for a shard of ", shard_tokens, " tokens"));
@@ -75,8 +78,9 @@ TruncatePolicy truncate_policy(const std::string& name) {
   throw ConfigError(str("data.truncate: '", name, "' is not one of refuse, right, drop"));
 }
 
-RecordSelection select_records(const std::vector<uint64_t>& starts, uint64_t tokens, const std::vector<uint8_t>* mask,
-                               uint64_t max_tokens, TruncatePolicy policy, const std::string& split) {
+RecordSelection select_records(const std::vector<uint64_t>& starts, uint64_t tokens,
+                               const std::vector<uint8_t>* mask, uint64_t max_tokens,
+                               TruncatePolicy policy, const std::string& split) {
   RecordSelection sel;
   sel.total = starts.size();
   for (size_t i = 0; i < starts.size(); ++i) {
@@ -86,10 +90,13 @@ RecordSelection select_records(const std::vector<uint64_t>& starts, uint64_t tok
     if (len > max_tokens) ++sel.too_long;
   }
   if (sel.too_long && policy == TruncatePolicy::kRefuse)
-    throw ConfigError(str("data: ", sel.too_long, " of ", sel.total, " ", split, " records are longer than model.seq_len + 1 = ",
-                          max_tokens, " tokens (the longest has ", sel.longest,
-                          "); nothing is cut without being asked: raise model.seq_len, or set data.truncate to right "
-                          "(keep each record's first ", max_tokens, " tokens) or drop (leave those records out)"));
+    throw ConfigError(str(
+        "data: ", sel.too_long, " of ", sel.total, " ", split,
+        " records are longer than model.seq_len + 1 = ", max_tokens, " tokens (the longest has ",
+        sel.longest,
+        "); nothing is cut without being asked: raise model.seq_len, or set data.truncate to right "
+        "(keep each record's first ",
+        max_tokens, " tokens) or drop (leave those records out)"));
   for (size_t i = 0; i < starts.size(); ++i) {
     const uint64_t end = i + 1 < starts.size() ? starts[i + 1] : tokens;
     uint64_t len = end - starts[i];
@@ -102,9 +109,10 @@ RecordSelection select_records(const std::vector<uint64_t>& starts, uint64_t tok
       len = max_tokens;
     }
     // Targets are tokens 1 .. len-1 of the record.
-    const bool counts = len >= 2 && (!mask || std::any_of(mask->begin() + static_cast<ptrdiff_t>(starts[i] + 1),
-                                                          mask->begin() + static_cast<ptrdiff_t>(starts[i] + len),
-                                                          [](uint8_t m) { return m != 0; }));
+    const bool counts =
+        len >= 2 && (!mask || std::any_of(mask->begin() + static_cast<ptrdiff_t>(starts[i] + 1),
+                                          mask->begin() + static_cast<ptrdiff_t>(starts[i] + len),
+                                          [](uint8_t m) { return m != 0; }));
     if (!counts) {
       ++sel.no_target;
       continue;
@@ -116,13 +124,22 @@ RecordSelection select_records(const std::vector<uint64_t>& starts, uint64_t tok
 }
 
 RecordSampler::RecordSampler(const std::vector<int32_t>* tokens, const std::vector<uint8_t>* mask,
-                             std::vector<Record> records, int B, int T, uint64_t seed, bool shuffle, uint64_t limit)
-    : tokens_(tokens), mask_(mask), records_(std::move(records)), B_(B), T_(T), seed_(seed), shuffle_(shuffle),
+                             std::vector<Record> records, int B, int T, uint64_t seed, bool shuffle,
+                             uint64_t limit)
+    : tokens_(tokens),
+      mask_(mask),
+      records_(std::move(records)),
+      B_(B),
+      T_(T),
+      seed_(seed),
+      shuffle_(shuffle),
       limit_(limit) {
   if (records_.empty()) throw Error("data: no record to sample from");
-  FY_CHECK(!mask_ || mask_->size() == tokens_->size(), "mask of ", mask_->size(), " for ", tokens_->size(), " tokens");
+  FY_CHECK(!mask_ || mask_->size() == tokens_->size(), "mask of ", mask_->size(), " for ",
+           tokens_->size(), " tokens");
   for (const Record& r : records_)
-    FY_CHECK(r.length >= 1 && r.length <= static_cast<uint32_t>(T + 1) && r.start + r.length <= tokens_->size(),
+    FY_CHECK(r.length >= 1 && r.length <= static_cast<uint32_t>(T + 1) &&
+                 r.start + r.length <= tokens_->size(),
              "record at ", r.start, " of ", r.length, " tokens does not fit a row of ", T + 1);
 }
 

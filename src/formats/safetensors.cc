@@ -166,7 +166,8 @@ StHeader parse_st_header(std::string_view header, uint64_t file_size, const std:
     throw IoError(str(path, ": header is not valid JSON: ", e.what()));
   }
   if (!repeated.empty())
-    throw IoError(str(path, ": the header names '", printable(repeated), "' twice; each key may appear once"));
+    throw IoError(str(path, ": the header names '", printable(repeated),
+                      "' twice; each key may appear once"));
   if (!j.is_object()) throw IoError(str(path, ": header must be a JSON object"));
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& name = it.key();
@@ -204,23 +205,37 @@ void pread_exact(int fd, void* dst, size_t size, uint64_t offset, const std::str
 
 size_t st_dtype_size(StDtype d) {
   switch (d) {
-    case StDtype::kF32: case StDtype::kI32: return 4;
-    case StDtype::kF16: case StDtype::kBF16: case StDtype::kU16: return 2;
-    case StDtype::kI64: return 8;
-    case StDtype::kU8: return 1;
+    case StDtype::kF32:
+    case StDtype::kI32:
+      return 4;
+    case StDtype::kF16:
+    case StDtype::kBF16:
+    case StDtype::kU16:
+      return 2;
+    case StDtype::kI64:
+      return 8;
+    case StDtype::kU8:
+      return 1;
   }
   return 0;
 }
 
 const char* st_dtype_name(StDtype d) {
   switch (d) {
-    case StDtype::kF32: return "F32";
-    case StDtype::kF16: return "F16";
-    case StDtype::kBF16: return "BF16";
-    case StDtype::kI32: return "I32";
-    case StDtype::kI64: return "I64";
-    case StDtype::kU8: return "U8";
-    case StDtype::kU16: return "U16";
+    case StDtype::kF32:
+      return "F32";
+    case StDtype::kF16:
+      return "F16";
+    case StDtype::kBF16:
+      return "BF16";
+    case StDtype::kI32:
+      return "I32";
+    case StDtype::kI64:
+      return "I64";
+    case StDtype::kU8:
+      return "U8";
+    case StDtype::kU16:
+      return "U16";
   }
   return "?";
 }
@@ -278,7 +293,8 @@ std::vector<float> SafetensorsReader::read_f32(const std::string& name,
                                                const std::vector<int64_t>& expect_shape) const {
   const StTensorInfo& t = info(name);
   if (t.dtype != StDtype::kF32)
-    throw IoError(str(path_, ": tensor '", name, "' has dtype ", st_dtype_name(t.dtype), ", expected F32"));
+    throw IoError(
+        str(path_, ": tensor '", name, "' has dtype ", st_dtype_name(t.dtype), ", expected F32"));
   if (!expect_shape.empty() && t.shape != expect_shape) {
     auto fmt = [](const std::vector<int64_t>& s) {
       std::string o = "[";
@@ -296,7 +312,8 @@ std::vector<float> SafetensorsReader::read_f32(const std::string& name,
 std::vector<int32_t> SafetensorsReader::read_i32(const std::string& name) const {
   const StTensorInfo& t = info(name);
   if (t.dtype != StDtype::kI32)
-    throw IoError(str(path_, ": tensor '", name, "' has dtype ", st_dtype_name(t.dtype), ", expected I32"));
+    throw IoError(
+        str(path_, ": tensor '", name, "' has dtype ", st_dtype_name(t.dtype), ", expected I32"));
   std::vector<int32_t> out(t.numel());
   read_raw(name, out.data());
   return out;
@@ -318,7 +335,8 @@ void SafetensorsWriter::write(const std::string& path) const {
     for (const auto& [k, v] : metadata_) m[k] = v;
     // Each tensor's XXH3-64, in data order, as SafetensorsStreamWriter records them.
     std::string sums;
-    for (const auto& e : entries_) sums += (sums.empty() ? "" : " ") + hex64(xxh3_64(e.bytes.data(), e.bytes.size()));
+    for (const auto& e : entries_)
+      sums += (sums.empty() ? "" : " ") + hex64(xxh3_64(e.bytes.data(), e.bytes.size()));
     if (!entries_.empty()) m[kTensorChecksumsKey] = sums;
     header["__metadata__"] = m;
   }

@@ -61,14 +61,16 @@ SafetensorsStreamWriter::SafetensorsStreamWriter(std::string path, std::vector<S
   if (!entries_.empty()) {
     const std::string key = str("\"", kTensorChecksumsKey, "\":\"", placeholder, "\"");
     const size_t at = h.find(key);
-    FY_CHECK(at != std::string::npos && h.find(key, at + 1) == std::string::npos, path_, ": checksum placeholder");
+    FY_CHECK(at != std::string::npos && h.find(key, at + 1) == std::string::npos, path_,
+             ": checksum placeholder");
     sums_offset_ = 8 + at + key.size() - 1 - placeholder.size();
   }
 
   const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
   fd_ = ::open(tmp_.c_str(), flags | O_DIRECT, 0644);
   direct_ = fd_ >= 0;
-  if (fd_ < 0 && errno == EINVAL) fd_ = ::open(tmp_.c_str(), flags, 0644);  // no O_DIRECT here (tmpfs)
+  if (fd_ < 0 && errno == EINVAL)
+    fd_ = ::open(tmp_.c_str(), flags, 0644);  // no O_DIRECT here (tmpfs)
   if (fd_ < 0) throw IoError(str(tmp_, ": cannot create: ", std::strerror(errno)));
   for (auto& c : chunks_) {
     // 2 MiB aligned and on transparent huge pages where the kernel has them: fewer page
@@ -85,7 +87,8 @@ SafetensorsStreamWriter::SafetensorsStreamWriter(std::string path, std::vector<S
   uint64_t n = h.size();
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((n >> (8 * i)) & 0xff);
   put(len, 8);
-  put(h.data(), h.size());  // header chunks go out as they fill; the destructor cleans up after an error
+  put(h.data(),
+      h.size());  // header chunks go out as they fill; the destructor cleans up after an error
 }
 
 void SafetensorsStreamWriter::FreeAligned::operator()(char* p) const { std::free(p); }
@@ -117,9 +120,8 @@ void SafetensorsStreamWriter::put(const void* data, size_t bytes) {
 }
 
 void SafetensorsStreamWriter::submit_chunk() {
-  writing_[filling_] = std::async(std::launch::async, [this, c = chunks_[filling_].get(), n = fill_, at = queued_] {
-    write_at(c, n, at);
-  });
+  writing_[filling_] = std::async(std::launch::async, [this, c = chunks_[filling_].get(), n = fill_,
+                                                       at = queued_] { write_at(c, n, at); });
   queued_ += fill_;
   filling_ = (filling_ + 1) % kChunks;
   fill_ = 0;
@@ -171,7 +173,9 @@ void SafetensorsStreamWriter::begin_tensor(const std::string& name) {
   XXH3_64bits_reset(hash_.get());
 }
 
-void SafetensorsStreamWriter::finish_tensor_sum() { sums_[current_] = XXH3_64bits_digest(hash_.get()); }
+void SafetensorsStreamWriter::finish_tensor_sum() {
+  sums_[current_] = XXH3_64bits_digest(hash_.get());
+}
 
 void SafetensorsStreamWriter::append(const void* data, size_t bytes) {
   if (current_ == static_cast<size_t>(-1) || current_ >= entries_.size())
@@ -265,7 +269,8 @@ RangedTensorFile::RangedTensorFile(const std::string& path)
   const bool well_formed = text.size() == (order.empty() ? 0 : 17 * order.size() - 1);
   for (size_t i = 0; well_formed && i < order.size(); ++i) {
     const std::string hex = text.substr(17 * i, 16);
-    if (hex.find_first_not_of("0123456789abcdef") != std::string::npos || (i > 0 && text[17 * i - 1] != ' '))
+    if (hex.find_first_not_of("0123456789abcdef") != std::string::npos ||
+        (i > 0 && text[17 * i - 1] != ' '))
       break;
     sums_[order[i]->name] = std::stoull(hex, nullptr, 16);
   }
@@ -280,8 +285,9 @@ RangedTensorFile::RangedTensorFile(const std::string& path)
 void RangedTensorFile::compare(const StTensorInfo& t, uint64_t sum) const {
   const uint64_t want = sums_.at(t.name);
   if (sum != want)
-    throw IoError(str(path(), ": tensor '", t.name, "' has checksum ", hex64(sum), " but the file records ",
-                      hex64(want), " (its bytes changed after it was written: a damaged disk, copy or edit)"));
+    throw IoError(str(path(), ": tensor '", t.name, "' has checksum ", hex64(sum),
+                      " but the file records ", hex64(want),
+                      " (its bytes changed after it was written: a damaged disk, copy or edit)"));
 }
 
 void RangedTensorFile::verify(const StTensorInfo& t) const {
@@ -317,7 +323,8 @@ void RangedTensorFile::read(const StTensorInfo& t, uint64_t offset, void* dst, s
   const uint64_t end = at + bytes, advised = advised_.load(std::memory_order_relaxed);
   if (end + kReadAhead / 2 > advised || end < advised - kReadAhead) {  // near its end, or elsewhere
     const uint64_t from = end < advised && advised - end <= kReadAhead ? advised : end;
-    ::posix_fadvise(fd_, static_cast<off_t>(from), static_cast<off_t>(end + kReadAhead - from), POSIX_FADV_WILLNEED);
+    ::posix_fadvise(fd_, static_cast<off_t>(from), static_cast<off_t>(end + kReadAhead - from),
+                    POSIX_FADV_WILLNEED);
     advised_.store(end + kReadAhead, std::memory_order_relaxed);
   }
   pread_exact(fd_, dst, bytes, at, path());

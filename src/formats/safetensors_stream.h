@@ -103,12 +103,13 @@ class SafetensorsStreamWriter {
   };
   std::unique_ptr<char, FreeAligned> chunks_[kChunks];  // 4 KiB aligned, kChunk bytes each
   std::future<void> writing_[kChunks];                  // each chunk's write in flight, if any
-  int filling_ = 0;                                      // the chunk put() fills
-  size_t fill_ = 0;                                      // its bytes so far
-  uint64_t queued_ = 0;                                  // file bytes handed to writes so far
-  std::vector<uint64_t> sums_;                           // per entry: XXH3-64 of its bytes
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash_{XXH3_createState(), &XXH3_freeState};
-  uint64_t sums_offset_ = 0;                             // file offset of the placeholder
+  int filling_ = 0;                                     // the chunk put() fills
+  size_t fill_ = 0;                                     // its bytes so far
+  uint64_t queued_ = 0;                                 // file bytes handed to writes so far
+  std::vector<uint64_t> sums_;                          // per entry: XXH3-64 of its bytes
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash_{XXH3_createState(),
+                                                                 &XXH3_freeState};
+  uint64_t sums_offset_ = 0;  // file offset of the placeholder
 };
 
 // A validated safetensors file opened for ranged reads. Owns the reader (for the header)
@@ -175,7 +176,9 @@ class TensorSet {
   const std::string& source() const { return source_; }
   // RangedTensorFile::verify / check of the file holding the tensor.
   void verify(const std::string& name) const { file(name).verify(info(name)); }
-  void check(const std::string& name, const void* data) const { file(name).check(info(name), data); }
+  void check(const std::string& name, const void* data) const {
+    file(name).check(info(name), data);
+  }
   // Metadata of the first file (the engine writes the same into every shard).
   const std::map<std::string, std::string>& metadata() const;
 

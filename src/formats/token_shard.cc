@@ -13,8 +13,16 @@ namespace {
 
 void put32(char* p, uint32_t v) { std::memcpy(p, &v, 4); }
 void put64(char* p, uint64_t v) { std::memcpy(p, &v, 8); }
-uint32_t get32(const char* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
-uint64_t get64(const char* p) { uint64_t v; std::memcpy(&v, p, 8); return v; }
+uint32_t get32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+uint64_t get64(const char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
 
 }  // namespace
 
@@ -31,7 +39,8 @@ void write_token_shard(const std::string& path, const std::vector<int32_t>& toke
   char* p = buf.data() + 32;
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || static_cast<uint32_t>(tokens[i]) >= vocab_size)
-      throw Error(str(path, ": token ", tokens[i], " at index ", i, " is outside vocab size ", vocab_size));
+      throw Error(
+          str(path, ": token ", tokens[i], " at index ", i, " is outside vocab size ", vocab_size));
     if (width == 2) {
       uint16_t t = static_cast<uint16_t>(tokens[i]);
       std::memcpy(p + 2 * i, &t, 2);
@@ -53,8 +62,9 @@ struct ShardHeader {
 // Checks the 32-byte header `h` of a shard file of `file_size` bytes.
 ShardHeader check_shard_header(const char* h, uint64_t file_size, const std::string& path) {
   if (std::memcmp(h, kShardMagic, 8) != 0)
-    throw IoError(str(path, ": not a token shard (bad magic at offset 0; build shards with "
-                            "'fuyou-convert text')"));
+    throw IoError(str(path,
+                      ": not a token shard (bad magic at offset 0; build shards with "
+                      "'fuyou-convert text')"));
   const uint32_t version = get32(h + 8);
   ShardHeader sh;
   sh.width = get32(h + 12);
@@ -132,16 +142,18 @@ BatchSampler::BatchSampler(const std::vector<int32_t>* tokens, const std::vector
                            int B, int T, uint64_t seed)
     : tokens_(tokens), mask_(mask), B_(B), T_(T), seed_(seed) {
   if (tokens_->size() < static_cast<size_t>(T + 1))
-    throw Error(str("data: ", tokens_->size(), " tokens is fewer than one sequence of seq_len + 1 = ",
-                    T + 1, " tokens"));
+    throw Error(str("data: ", tokens_->size(),
+                    " tokens is fewer than one sequence of seq_len + 1 = ", T + 1, " tokens"));
   if (mask_) {
     if (mask_->size() != tokens_->size())
       throw Error(str("data: the loss mask has ", mask_->size(), " entries for ", tokens_->size(),
                       " tokens"));
     // Token 0 is never a target.
-    if (std::find_if(mask_->begin() + 1, mask_->end(), [](uint8_t m) { return m != 0; }) == mask_->end())
-      throw Error(str("data: the loss mask counts none of the ", tokens_->size(),
-                      " tokens as a target (every prompt/completion pair has an empty completion?)"));
+    if (std::find_if(mask_->begin() + 1, mask_->end(), [](uint8_t m) { return m != 0; }) ==
+        mask_->end())
+      throw Error(
+          str("data: the loss mask counts none of the ", tokens_->size(),
+              " tokens as a target (every prompt/completion pair has an empty completion?)"));
   }
 }
 
@@ -159,7 +171,9 @@ void BatchSampler::next(int32_t* batch, uint8_t* counted) {
     uint64_t start = rng.below(span);
     if (mask_) {
       const uint8_t* m = mask_->data() + 1;
-      auto none_counts = [&](uint64_t s) { return std::none_of(m + s, m + s + T_, [](uint8_t c) { return c; }); };
+      auto none_counts = [&](uint64_t s) {
+        return std::none_of(m + s, m + s + T_, [](uint8_t c) { return c; });
+      };
       for (int redraw = 0; redraw < kMaxRedraws && none_counts(start); ++redraw) {
         Rng again(seed_, draws_++);
         start = again.below(span);

@@ -10,12 +10,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
-
-#include <map>
-#include <mutex>
 
 #include "fuyou/data.h"
 #include "fuyou/error.h"
@@ -109,7 +108,6 @@ class ShardStream {
   std::vector<char> buf_;
 };
 
-
 bool blank(const std::string& line) {
   return line.find_first_not_of(" \t\r\n") == std::string::npos;
 }
@@ -134,7 +132,9 @@ void encode_pair(const Tokenizer& tok, std::string_view prompt, std::string_view
   const size_t first = ids->size();
   tok.encode_append(text, ids);
   size_t shared = 0;
-  while (shared < alone.size() && first + shared < ids->size() && (*ids)[first + shared] == alone[shared]) ++shared;
+  while (shared < alone.size() && first + shared < ids->size() &&
+         (*ids)[first + shared] == alone[shared])
+    ++shared;
   mask->resize(first, 0);
   mask->resize(first + shared, 0);
   mask->resize(ids->size(), 1);
@@ -149,8 +149,9 @@ const jinja::Template& parsed_template(const DatasetOptions& o) {
   std::lock_guard<std::mutex> lock(mu);
   auto& t = cache[o.chat_template];
   if (!t)
-    t = std::make_unique<jinja::Template>(o.chat_template,
-                                          o.template_source.empty() ? "chat_template" : o.template_source + ": chat_template");
+    t = std::make_unique<jinja::Template>(
+        o.chat_template,
+        o.template_source.empty() ? "chat_template" : o.template_source + ": chat_template");
   return *t;
 }
 
@@ -171,12 +172,14 @@ class ChatRender {
   ChatRender(const DatasetOptions& o, const std::string& messages_json, const std::string& where)
       : where_(where) {
     if (o.chat_template.empty())
-      throw ConfigError(str(where, ": conversations need the model's chat_template "
-                                   "(tokenizer_config.json beside tokenizer.json)"));
+      throw ConfigError(str(where,
+                            ": conversations need the model's chat_template "
+                            "(tokenizer_config.json beside tokenizer.json)"));
     tpl_ = &parsed_template(o);
     messages_ = nlohmann::json::parse(messages_json);
     if (!messages_.is_array() || messages_.empty())
-      throw IoError(str(where, ": field '", o.chat_field, "' must be a non-empty list of messages"));
+      throw IoError(
+          str(where, ": field '", o.chat_field, "' must be a non-empty list of messages"));
     for (size_t k = 0; k < messages_.size(); ++k) {
       const auto& m = messages_[k];
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
@@ -267,8 +270,10 @@ SpecialTokens read_special_tokens(const std::string& path) {
     if (!j.contains(key) || j[key].is_null()) return "";
     const auto& v = j[key];
     if (v.is_string()) return v.get<std::string>();
-    if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
-    throw ConfigError(str(path, ": ", key, ": expected a string or an object with a \"content\" string"));
+    if (v.is_object() && v.contains("content") && v["content"].is_string())
+      return v["content"].get<std::string>();
+    throw ConfigError(
+        str(path, ": ", key, ": expected a string or an object with a \"content\" string"));
   };
   SpecialTokens t;
   t.bos = token("bos_token");
@@ -276,13 +281,16 @@ SpecialTokens read_special_tokens(const std::string& path) {
   t.pad = token("pad_token");
   t.unk = token("unk_token");
   if (j.contains("add_bos_token") && !j["add_bos_token"].is_null()) {
-    if (!j["add_bos_token"].is_boolean()) throw ConfigError(str(path, ": add_bos_token: expected true or false"));
+    if (!j["add_bos_token"].is_boolean())
+      throw ConfigError(str(path, ": add_bos_token: expected true or false"));
     t.add_bos = j["add_bos_token"].get<bool>();
   }
   if (j.contains("chat_template") && !j["chat_template"].is_null()) {
     if (!j["chat_template"].is_string())
-      throw ConfigError(str(path, ": chat_template: only a single template string is supported (named templates "
-                            "are not)"));
+      throw ConfigError(
+          str(path,
+              ": chat_template: only a single template string is supported (named templates "
+              "are not)"));
     t.chat_template = j["chat_template"].get<std::string>();
   }
   return t;
@@ -357,10 +365,12 @@ namespace {
   if (j.is_object())
     for (const auto& [k, v] : j.items())
       if (v.is_string()) fields += (fields.empty() ? "" : ", ") + k;
-  throw ConfigError(str(f.string(), ": JSON Lines need a field option, else every line is tokenized as raw JSON "
-                        "text: --jsonl-field F (one text field per record) or --prompt-field P --completion-field C "
-                        "(prompt/completion pairs with a loss mask)",
-                        fields.empty() ? std::string() : str("; the first record's string fields: ", fields)));
+  throw ConfigError(str(
+      f.string(),
+      ": JSON Lines need a field option, else every line is tokenized as raw JSON "
+      "text: --jsonl-field F (one text field per record) or --prompt-field P --completion-field C "
+      "(prompt/completion pairs with a loss mask)",
+      fields.empty() ? std::string() : str("; the first record's string fields: ", fields)));
 }
 
 }  // namespace
@@ -372,9 +382,12 @@ DatasetResult build_tokenized_dataset(const Tokenizer& tok, const std::vector<st
   if (pairs && (opts.prompt_field.empty() || opts.completion_field.empty()))
     throw ConfigError("--prompt-field and --completion-field go together");
   if (int(pairs) + int(chat) + int(!opts.jsonl_field.empty()) > 1)
-    throw ConfigError("give one of --jsonl-field, --prompt-field/--completion-field and --chat-field");
+    throw ConfigError(
+        "give one of --jsonl-field, --prompt-field/--completion-field and --chat-field");
   if (chat && opts.chat_template.empty())
-    throw ConfigError("--chat-field: the model has no chat_template (tokenizer_config.json beside tokenizer.json)");
+    throw ConfigError(
+        "--chat-field: the model has no chat_template (tokenizer_config.json beside "
+        "tokenizer.json)");
   if (chat) parsed_template(opts);  // an unsupported template is refused before anything is written
   if (!(opts.val_fraction >= 0 && opts.val_fraction < 1))
     throw ConfigError(str("--val-fraction ", opts.val_fraction, " must be in [0, 1)"));
@@ -465,12 +478,13 @@ DatasetResult build_tokenized_dataset(const Tokenizer& tok, const std::vector<st
       mask.clear();
       if (bos) ids.push_back(*bos);
       if (pairs) {
-        encode_pair(tok, string_field(rec, opts.prompt_field, where), string_field(rec, opts.completion_field, where),
-                    &ids, &mask);
+        encode_pair(tok, string_field(rec, opts.prompt_field, where),
+                    string_field(rec, opts.completion_field, where), &ids, &mask);
         if (eos) ids.push_back(*eos);
         mask.resize(ids.size(), 1);
       } else if (chat) {
-        if (!rec.contains(opts.chat_field)) throw IoError(str(where, ": field '", opts.chat_field, "' is missing"));
+        if (!rec.contains(opts.chat_field))
+          throw IoError(str(where, ": field '", opts.chat_field, "' is missing"));
         mask.assign(ids.size(), 0);
         encode_chat(tok, opts, rec[opts.chat_field].dump(), where, &ids, &mask);
         if (eos) ids.push_back(*eos);

@@ -292,8 +292,8 @@ void parse_model(const Node& n, uint64_t id_limit, tok::BpeModel* m) {
     }
     // Two tokens with one id would decode that id as whichever came last.
     if (used[v])
-      vocab.fail(str("tokens '", printable(m->id_to_token[v], 60), "' and '", printable(it.key(), 60),
-                     "' both have id ", v, "; each id names one token"));
+      vocab.fail(str("tokens '", printable(m->id_to_token[v], 60), "' and '",
+                     printable(it.key(), 60), "' both have id ", v, "; each id names one token"));
     used[v] = true;
     m->id_to_token[v] = it.key();
   }

@@ -73,14 +73,16 @@ class AliasBound : public YAML::EventHandler {
   void OnDocumentStart(const YAML::Mark&) override {}
   void OnDocumentEnd() override {}
   void OnNull(const YAML::Mark& m, YAML::anchor_t anchor) override { leaf(m, anchor); }
-  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t anchor, const std::string&) override {
+  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t anchor,
+                const std::string&) override {
     leaf(m, anchor);
   }
   void OnAlias(const YAML::Mark& m, YAML::anchor_t anchor) override {
     auto it = sizes_.find(anchor);
     if (it == sizes_.end())
-      throw ConfigError(str(source_, ": ", yaml_position(m),
-                            ": an alias refers to a node that contains it (a node cannot include itself)"));
+      throw ConfigError(
+          str(source_, ": ", yaml_position(m),
+              ": an alias refers to a node that contains it (a node cannot include itself)"));
     add(m, it->second);
   }
   void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t anchor,
@@ -88,7 +90,8 @@ class AliasBound : public YAML::EventHandler {
     open(m, anchor);
   }
   void OnSequenceEnd() override { close(); }
-  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t anchor, YAML::EmitterStyle::value) override {
+  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t anchor,
+                  YAML::EmitterStyle::value) override {
     open(m, anchor);
   }
   void OnMapEnd() override { close(); }
@@ -116,9 +119,10 @@ class AliasBound : public YAML::EventHandler {
     total_ += n;
     if (!stack_.empty()) stack_.back().size += n;
     if (total_ > limit_)
-      throw ConfigError(str(source_, ": ", yaml_position(m), ": the document expands to more than ", limit_,
-                            " nodes once its aliases (*name) are replaced by what they name; aliases that repeat "
-                            "aliases multiply (an 'alias bomb'): write the values out instead"));
+      throw ConfigError(
+          str(source_, ": ", yaml_position(m), ": the document expands to more than ", limit_,
+              " nodes once its aliases (*name) are replaced by what they name; aliases that repeat "
+              "aliases multiply (an 'alias bomb'): write the values out instead"));
   }
 
   const std::string& source_;

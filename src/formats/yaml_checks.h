@@ -13,8 +13,9 @@
 namespace fuyou {
 
 // Parses `text` and checks every mapping in it: keys are plain scalars and each appears
-// once; the document, its aliases expanded, holds at most a million nodes. ConfigError naming `source` and the line (and, for a repeated key, both lines);
-// yaml-cpp's own syntax errors become ConfigErrors with the line and column too.
+// once; the document, its aliases expanded, holds at most a million nodes. ConfigError naming
+// `source` and the line (and, for a repeated key, both lines); yaml-cpp's own syntax errors become
+// ConfigErrors with the line and column too.
 YAML::Node load_yaml_checked(const std::string& text, const std::string& source);
 
 // "line 3, column 5" for a node that came from the text (yaml-cpp counts from 0).

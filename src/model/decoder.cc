@@ -1,16 +1,16 @@
-#include "fuyou/timing.h"
 #include "fuyou/decoder.h"
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <future>
-#include <cmath>
 #include <numeric>
 #include <type_traits>
 
 #include "fuyou/error.h"
 #include "fuyou/sizes.h"
+#include "fuyou/timing.h"
 
 namespace fuyou {
 namespace {
@@ -99,23 +99,23 @@ GptDecoder::GptDecoder(const ModelConfig& cfg, Backend& backend, int capacity,
   const uint64_t free = mem.capacity == 0 ? UINT64_MAX : mem.capacity - mem.used;
   const uint64_t whole = decoder_device_bytes(cfg, capacity, es_);
   const uint64_t streamed = decoder_streaming_device_bytes(cfg, capacity, es_);
-  streaming_ = streaming == LayerStreaming::kAlways ||
-               (streaming == LayerStreaming::kAuto && whole > free);
+  streaming_ =
+      streaming == LayerStreaming::kAlways || (streaming == LayerStreaming::kAuto && whole > free);
   const uint64_t need = streaming_ ? streamed : whole;
   if (need > free)
-    throw Error(str(
-        "generation needs ", format_size(need), " of device memory (",
-        streaming_ ? "with its layers streamed: the embedding and final weights and two layers "
-                   : "weights ",
-        format_size(streaming_ ? streaming_weight_bytes(layout_, es_) : layout_.total * es_),
-        ", key/value cache of ", capacity, " positions ",
-        format_size(cache_bytes(cfg, capacity, es_)), ", workspace ",
-        format_size(workspace_bytes(cfg, capacity, es_)), ") but backend ", be_.name(), " has ",
-        format_size(free), " free",
-        streaming == LayerStreaming::kNever
-            ? str("; streaming the layers would need ", format_size(streamed))
-            : std::string(),
-        ": use a shorter --max-tokens, bf16 weights, or the cpu backend"));
+    throw Error(
+        str("generation needs ", format_size(need), " of device memory (",
+            streaming_ ? "with its layers streamed: the embedding and final weights and two layers "
+                       : "weights ",
+            format_size(streaming_ ? streaming_weight_bytes(layout_, es_) : layout_.total * es_),
+            ", key/value cache of ", capacity, " positions ",
+            format_size(cache_bytes(cfg, capacity, es_)), ", workspace ",
+            format_size(workspace_bytes(cfg, capacity, es_)), ") but backend ", be_.name(), " has ",
+            format_size(free), " free",
+            streaming == LayerStreaming::kNever
+                ? str("; streaming the layers would need ", format_size(streamed))
+                : std::string(),
+            ": use a shorter --max-tokens, bf16 weights, or the cpu backend"));
   auto alloc = [&](size_t bytes, const std::string& what) {
     void* p = be_.alloc(bytes, what);
     owned_.push_back(p);

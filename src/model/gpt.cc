@@ -28,9 +28,12 @@ Family model_family(const ModelConfig& cfg) {
 
 int position_rows(const ModelConfig& cfg) {
   switch (model_family(cfg)) {
-    case Family::kGpt2: return cfg.seq_len;
-    case Family::kOpt: return cfg.seq_len + kOptPositionOffset;
-    case Family::kLlama: return 0;
+    case Family::kGpt2:
+      return cfg.seq_len;
+    case Family::kOpt:
+      return cfg.seq_len + kOptPositionOffset;
+    case Family::kLlama:
+      return 0;
   }
   return 0;
 }
@@ -65,7 +68,8 @@ ParamLayout make_gpt_layout(const ModelConfig& cfg) {
   };
   // rows: the rows reserved for a (V, C) table, padded_vocab(cfg) of them, the padding
   // rows past V left zero (no gradient reaches them: crossentropy_backward).
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, TensorRole role, int64_t rows = 0) {
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, TensorRole role,
+                 int64_t rows = 0) {
     TensorSpec t;
     t.name = name;
     t.numel = 1;
@@ -130,19 +134,44 @@ LayerTensors layer_group_tensors(const ParamLayout& layout, int layer, void* gro
     const TensorSpec& t = layout.tensors[i];
     void* p = advance(group, t.offset - g.offset, es);
     switch (t.role) {
-      case kLn1W: w.ln1_w = p; break;
-      case kLn1B: w.ln1_b = p; break;
-      case kQkvW: w.qkv_w = p; break;
-      case kQkvB: w.qkv_b = p; break;
-      case kProjW: w.proj_w = p; break;
-      case kProjB: w.proj_b = p; break;
-      case kLn2W: w.ln2_w = p; break;
-      case kLn2B: w.ln2_b = p; break;
-      case kFcW: w.fc_w = p; break;
-      case kFcB: w.fc_b = p; break;
-      case kFcProjW: w.fcproj_w = p; break;
-      case kFcProjB: w.fcproj_b = p; break;
-      default: FY_CHECK(false, "tensor ", t.name, " has no place in a layer");
+      case kLn1W:
+        w.ln1_w = p;
+        break;
+      case kLn1B:
+        w.ln1_b = p;
+        break;
+      case kQkvW:
+        w.qkv_w = p;
+        break;
+      case kQkvB:
+        w.qkv_b = p;
+        break;
+      case kProjW:
+        w.proj_w = p;
+        break;
+      case kProjB:
+        w.proj_b = p;
+        break;
+      case kLn2W:
+        w.ln2_w = p;
+        break;
+      case kLn2B:
+        w.ln2_b = p;
+        break;
+      case kFcW:
+        w.fc_w = p;
+        break;
+      case kFcB:
+        w.fc_b = p;
+        break;
+      case kFcProjW:
+        w.fcproj_w = p;
+        break;
+      case kFcProjB:
+        w.fcproj_b = p;
+        break;
+      default:
+        FY_CHECK(false, "tensor ", t.name, " has no place in a layer");
     }
   }
   return w;
@@ -164,12 +193,23 @@ GlobalTensors global_tensors(const ParamLayout& layout, void* embed, void* final
       const TensorSpec& t = layout.tensors[i];
       void* p = advance(group, t.offset - grp->offset, es);
       switch (t.role) {
-        case kWte: g.wte = p; break;
-        case kWpe: g.wpe = p; break;
-        case kLnfW: g.lnf_w = p; break;
-        case kLnfB: g.lnf_b = p; break;
-        case kLmHead: g.lm_head = p; break;
-        default: FY_CHECK(false, "tensor ", t.name, " has no place in the embed/final groups");
+        case kWte:
+          g.wte = p;
+          break;
+        case kWpe:
+          g.wpe = p;
+          break;
+        case kLnfW:
+          g.lnf_w = p;
+          break;
+        case kLnfB:
+          g.lnf_b = p;
+          break;
+        case kLmHead:
+          g.lm_head = p;
+          break;
+        default:
+          FY_CHECK(false, "tensor ", t.name, " has no place in the embed/final groups");
       }
     }
   }
@@ -202,7 +242,8 @@ void init_gpt_group(const ModelConfig& cfg, const ParamLayout& layout, int group
 #pragma omp parallel for schedule(static)
       for (size_t c = 0; c < chunks; ++c) {
         Rng rng(cfg.seed, (static_cast<uint64_t>(i) << 32) | c);
-        for (size_t k = c * kChunk; k < std::min(t.numel, (c + 1) * kChunk); ++k) p[k] = std * rng.normal();
+        for (size_t k = c * kChunk; k < std::min(t.numel, (c + 1) * kChunk); ++k)
+          p[k] = std * rng.normal();
       }
     }
   }
@@ -217,11 +258,11 @@ double layer_forward_flops_per_token(const ModelConfig& cfg) {
   const double C = cfg.d_model, F = cfg.d_ff, T = cfg.seq_len;
   const double KV = static_cast<double>(cfg.kv_heads()) * cfg.head_size();
   const double mlp_matrices = model_family(cfg) == Family::kLlama ? 3 : 2;
-  return 2 * C * (C + 2 * KV)        // q, k, v projections
-         + 2 * T * C                 // q k^T
-         + 2 * T * C                 // att v
-         + 2 * C * C                 // attention projection
-         + mlp_matrices * 2 * C * F; // fc, fc projection (llama: gate, up, down)
+  return 2 * C * (C + 2 * KV)         // q, k, v projections
+         + 2 * T * C                  // q k^T
+         + 2 * T * C                  // att v
+         + 2 * C * C                  // attention projection
+         + mlp_matrices * 2 * C * F;  // fc, fc projection (llama: gate, up, down)
 }
 
 double forward_flops_per_token(const ModelConfig& cfg) {
@@ -308,7 +349,8 @@ size_t layer_activation_bytes(const ModelConfig& cfg, int B, size_t es) {
 size_t model_workspace_bytes(const ModelConfig& cfg, int B, size_t es) {
   Workspace w{};
   size_t n = 0;
-  for_each_workspace(cfg, B, w, [&](auto*& p, size_t k, const char*) { n += entry_bytes(p, k, es); });
+  for_each_workspace(cfg, B, w,
+                     [&](auto*& p, size_t k, const char*) { n += entry_bytes(p, k, es); });
   // + the input and target token ids and the packed records' positions
   return n + 3 * sizeof(int32_t) * static_cast<size_t>(B) * cfg.seq_len;
 }
@@ -321,24 +363,32 @@ size_t cpu_kernel_scratch_bytes(const ModelConfig& cfg, int B) {
   // the attention backward's dqkv, dout and qkv (3C wide after repeating k/v heads); a norm
   // backward's din, dout, in and three weight vectors.
   auto matmul_bwd = [&](size_t IC, size_t OC) { return 2 * N * IC + 2 * OC * IC + OC + N * OC; };
-  const size_t most = std::max({matmul_bwd(C, V), matmul_bwd(C, QKV), matmul_bwd(C, F), matmul_bwd(cfg.d_ff, C),
-                                7 * N * C, 3 * N * C + 3 * C, 5 * N * cfg.d_ff});
+  const size_t most =
+      std::max({matmul_bwd(C, V), matmul_bwd(C, QKV), matmul_bwd(C, F), matmul_bwd(cfg.d_ff, C),
+                7 * N * C, 3 * N * C + 3 * C, 5 * N * cfg.d_ff});
   return sizeof(float) * most;
 }
 
 template <typename P>
 P* GptModel::alloc_entry(P*, size_t n, const std::string& what) {
-  if constexpr (std::is_same_v<P, float>) return alloc_floats(n, what);
-  else return alloc_tensor(n, what);
+  if constexpr (std::is_same_v<P, float>)
+    return alloc_floats(n, what);
+  else
+    return alloc_tensor(n, what);
 }
 
 GptModel::GptModel(const ModelConfig& cfg, Backend& backend, int micro_batch, ModelState state)
-    : cfg_(cfg), be_(backend), B_(micro_batch), N_(micro_batch * cfg.seq_len),
-      es_(backend.storage_bytes()), layout_(make_gpt_layout(cfg)), family_(model_family(cfg)) {
+    : cfg_(cfg),
+      be_(backend),
+      B_(micro_batch),
+      N_(micro_batch * cfg.seq_len),
+      es_(backend.storage_bytes()),
+      layout_(make_gpt_layout(cfg)),
+      family_(model_family(cfg)) {
   const size_t N = N_;
   if (family_ == Family::kLlama && cfg.n_head % cfg.kv_heads() != 0)
-    throw ConfigError(str("model.n_kv_head ", cfg.kv_heads(), " does not divide model.n_head ",
-                          cfg.n_head));
+    throw ConfigError(
+        str("model.n_kv_head ", cfg.kv_heads(), " does not divide model.n_head ", cfg.n_head));
   if (state == ModelState::kFull) {
     params_ = alloc_tensor(layout_.total, "parameters");
     grads_ = alloc_tensor(layout_.total, "gradients");
@@ -352,10 +402,12 @@ GptModel::GptModel(const ModelConfig& cfg, Backend& backend, int micro_batch, Mo
   if (state == ModelState::kFull) {
     x0_ = alloc_tensor(N * cfg.d_model, "embedding output");
     acts_.resize(cfg.n_layer);
-    for (int l = 0; l < cfg.n_layer; ++l) acts_[l] = alloc_activations(str("layer ", l, " activations"));
+    for (int l = 0; l < cfg.n_layer; ++l)
+      acts_[l] = alloc_activations(str("layer ", l, " activations"));
   }
   Workspace w{};
-  for_each_workspace(cfg, B_, w, [&](auto*& p, size_t n, const char* what) { p = alloc_entry(p, n, what); });
+  for_each_workspace(cfg, B_, w,
+                     [&](auto*& p, size_t n, const char* what) { p = alloc_entry(p, n, what); });
   lnf_ = w.lnf;
   lnf_mean_ = w.lnf_mean;
   lnf_rstd_ = w.lnf_rstd;
@@ -387,11 +439,14 @@ void GptModel::set_tokens(const int32_t* inputs, const int32_t* targets, const i
   for (size_t i = 0; positions && i < N; ++i) {
     const int32_t want = i % T == 0 ? 0 : positions[i - 1] + 1;
     if (positions[i] != 0 && positions[i] != want)
-      throw Error(str("packed records: position ", positions[i], " of token ", i % T, " in row ", i / T,
-                      " neither starts a record (0) nor follows the previous token's (", want, ")"));
+      throw Error(str("packed records: position ", positions[i], " of token ", i % T, " in row ",
+                      i / T, " neither starts a record (0) nor follows the previous token's (",
+                      want, ")"));
   }
   // A target of kIgnoreTarget is a masked-out position (loss mask): valid, not counted.
-  auto bad_target = [&](int32_t t) { return t != kIgnoreTarget && (t < 0 || t >= cfg_.vocab_size); };
+  auto bad_target = [&](int32_t t) {
+    return t != kIgnoreTarget && (t < 0 || t >= cfg_.vocab_size);
+  };
   for (size_t i = 0; i < N; ++i)
     if (inputs[i] < 0 || inputs[i] >= cfg_.vocab_size || (targets && bad_target(targets[i])))
       throw Error(str("token id out of range at position ", i, ": input ", inputs[i],
@@ -423,7 +478,6 @@ float* GptModel::alloc_floats(size_t n, const std::string& what) {
   return static_cast<float*>(p);
 }
 
-
 void GptModel::zero_grads() {
   mark(StepPhase::kOther, OpClass::kZeroGrads);
   be_.zero(grads_, layout_.total * es_);
@@ -431,9 +485,12 @@ void GptModel::zero_grads() {
 
 void GptModel::embed_forward(const void* wte, const void* wpe, void* x) {
   if (wpe && family_ == Family::kOpt)
-    wpe = static_cast<const char*>(wpe) + static_cast<size_t>(kOptPositionOffset) * cfg_.d_model * es_;
+    wpe = static_cast<const char*>(wpe) +
+          static_cast<size_t>(kOptPositionOffset) * cfg_.d_model * es_;
   mark(StepPhase::kForward, OpClass::kEmbedding);
-  if (!pos_ || !wpe) return be_.embedding_forward(x, inputs_, wte, pos_ ? nullptr : wpe, B_, cfg_.seq_len, cfg_.d_model);
+  if (!pos_ || !wpe)
+    return be_.embedding_forward(x, inputs_, wte, pos_ ? nullptr : wpe, B_, cfg_.seq_len,
+                                 cfg_.d_model);
   // Packed records: the position rows are looked up by each token's position, with the
   // embedding kernel reading the position table as a token table (dtmp_ is free until the
   // backward), then added: one rounding of the same fp32 sum the fused lookup makes.
@@ -443,17 +500,16 @@ void GptModel::embed_forward(const void* wte, const void* wpe, void* x) {
 }
 
 // Normalisation before attention, the MLP and the head: LayerNorm (gpt2, opt) or RMSNorm.
-void GptModel::norm_forward(void* out, float* mean, float* rstd, const void* in,
-                            const void* w, const void* b) {
+void GptModel::norm_forward(void* out, float* mean, float* rstd, const void* in, const void* w,
+                            const void* b) {
   if (family_ == Family::kLlama)
     be_.rmsnorm_forward(out, rstd, in, w, cfg_.norm_eps, N_, cfg_.d_model);
   else
     be_.layernorm_forward(out, mean, rstd, in, w, b, N_, cfg_.d_model);
 }
 
-void GptModel::norm_backward(void* din, void* dw, void* db, const void* dout,
-                             const void* in, const void* w, const float* mean,
-                             const float* rstd) {
+void GptModel::norm_backward(void* din, void* dw, void* db, const void* dout, const void* in,
+                             const void* w, const float* mean, const float* rstd) {
   if (family_ == Family::kLlama)
     be_.rmsnorm_backward(din, dw, dout, in, w, rstd, N_, cfg_.d_model);
   else
@@ -514,7 +570,8 @@ void GptModel::block_forward(const LayerTensors& w, const void* x_in, const Laye
 }
 
 const void* GptModel::logits() const {
-  FY_CHECK(head_rows_ == N_, "the logits are computed ", head_rows_, " tokens at a time (model.head_chunk_tokens); ",
+  FY_CHECK(head_rows_ == N_, "the logits are computed ", head_rows_,
+           " tokens at a time (model.head_chunk_tokens); ",
            "a whole micro-batch's logits need model.head_chunk_tokens: 0");
   return logits_;
 }
@@ -568,14 +625,15 @@ void GptModel::head_backward(const GlobalTensors& g, const GlobalTensors& dg, co
     const int rows = std::min(head_rows_, N - r0);
     // A chunked head's logits are gone (the next chunk overwrote them): computed again.
     mark(StepPhase::kBackward, OpClass::kHeadGemm);
-    if (head_rows_ < N) be_.matmul_forward(logits_, rows_at(lnf_, r0, C), g.lm_head, nullptr, rows, C, Vp);
+    if (head_rows_ < N)
+      be_.matmul_forward(logits_, rows_at(lnf_, r0, C), g.lm_head, nullptr, rows, C, Vp);
     mark(StepPhase::kBackward, OpClass::kLoss);
     be_.crossentropy_backward(logits_, lse_ + r0, targets_ + r0, loss_scale, rows, V, Vp);
     // Tied: dg.lm_head is dg.wte (embed group); untied: the final group's own gradient. The
     // padding columns' gradient is zero, so the padding rows' gradient stays zero.
     mark(StepPhase::kBackward, OpClass::kHeadGemm);
-    be_.matmul_backward(rows_at(dtmp_, r0, C), dg.lm_head, nullptr, logits_, rows_at(lnf_, r0, C), g.lm_head, rows,
-                        C, Vp);
+    be_.matmul_backward(rows_at(dtmp_, r0, C), dg.lm_head, nullptr, logits_, rows_at(lnf_, r0, C),
+                        g.lm_head, rows, C, Vp);
   }
   mark(StepPhase::kBackward, OpClass::kNorm);
   be_.zero(dx, es_ * static_cast<size_t>(N) * C);
@@ -640,7 +698,9 @@ void GptModel::embed_backward(const GlobalTensors& dg, const void* dx) {
   if (dwpe && family_ == Family::kOpt)
     dwpe = static_cast<char*>(dwpe) + static_cast<size_t>(kOptPositionOffset) * cfg_.d_model * es_;
   mark(StepPhase::kBackward, OpClass::kEmbedding);
-  if (!pos_ || !dwpe) return be_.embedding_backward(dg.wte, pos_ ? nullptr : dwpe, dx, inputs_, B_, cfg_.seq_len, cfg_.d_model);
+  if (!pos_ || !dwpe)
+    return be_.embedding_backward(dg.wte, pos_ ? nullptr : dwpe, dx, inputs_, B_, cfg_.seq_len,
+                                  cfg_.d_model);
   // Packed records: the position table's gradient is scattered by position, as the token
   // table's is by token.
   be_.embedding_backward(dg.wte, nullptr, dx, inputs_, B_, cfg_.seq_len, cfg_.d_model);
@@ -650,8 +710,9 @@ void GptModel::embed_backward(const GlobalTensors& dg, const void* dx) {
 float GptModel::forward(const int32_t* inputs, const int32_t* targets, const int32_t* positions) {
   FY_CHECK(params_, "forward() needs a model built with ModelState::kFull");
   if (!targets && head_rows_ < N_)  // before the whole forward, not after it
-    throw Error(str("a forward without targets returns the logits of all ", N_, " tokens, but this model ",
-                    "computes them ", head_rows_, " at a time (model.head_chunk_tokens); set it to 0"));
+    throw Error(str("a forward without targets returns the logits of all ", N_,
+                    " tokens, but this model ", "computes them ", head_rows_,
+                    " at a time (model.head_chunk_tokens); set it to 0"));
   set_tokens(inputs, targets, positions);
   GlobalTensors g = global_tensors(layout_, params_, es_);
   embed_forward(g.wte, g.wpe, x0_);
@@ -670,8 +731,8 @@ void GptModel::backward(float loss_scale) {
   head_backward(g, dg, x_last, loss_scale, dres_);
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
     const void* x_in = l ? acts_[l - 1].out : x0_;
-    block_backward(layer_tensors(layout_, l, params_, es_), layer_tensors(layout_, l, grads_, es_), x_in,
-                   acts_[l], dres_);
+    block_backward(layer_tensors(layout_, l, params_, es_), layer_tensors(layout_, l, grads_, es_),
+                   x_in, acts_[l], dres_);
   }
   embed_backward(dg, dres_);
 }

@@ -1,4 +1,3 @@
-#include "fuyou/timing.h"
 #include "fuyou/adam_bench.h"
 
 #include <omp.h>
@@ -7,12 +6,13 @@
 #include <chrono>
 #include <cstdio>
 
+#include "fuyou/io_bench.h"
 #include "fuyou/log.h"
 #include "fuyou/ooc_adamw.h"
-#include "kernels/common/element_math.h"
 #include "fuyou/rng.h"
+#include "fuyou/timing.h"
+#include "kernels/common/element_math.h"
 #include "src/optim/mem_bandwidth.h"
-#include "fuyou/io_bench.h"
 
 namespace fuyou {
 namespace {
@@ -39,10 +39,15 @@ nlohmann::json run_adam_bench(const AdamBenchOptions& o) {
   const bool split = f.master == MasterFormat::kSplit;
   // Bytes the update reads and writes per parameter in memory (a split master reads its
   // working halves too; int8 scales: 4 bytes per 256 per moment each way).
-  const double bpp = !f.packed() ? static_cast<double>(adamw_bytes_per_param(o.grad_type, o.with_lowp, o.lowp_type))
-                                 : elem_type_size(o.grad_type) + 2.0 * master_elem_bytes(f.master) +
-                                       4.0 * moment_elem_bytes(f.moments) + (split ? 4.0 : o.with_lowp ? 2.0 : 0.0) +
-                                       (f.moments == MomentFormat::kInt8 ? 16.0 / kStateBlock : 0.0);
+  const double bpp =
+      !f.packed()
+          ? static_cast<double>(adamw_bytes_per_param(o.grad_type, o.with_lowp, o.lowp_type))
+          : elem_type_size(o.grad_type) + 2.0 * master_elem_bytes(f.master) +
+                4.0 * moment_elem_bytes(f.moments) +
+                (split         ? 4.0
+                 : o.with_lowp ? 2.0
+                               : 0.0) +
+                (f.moments == MomentFormat::kInt8 ? 16.0 / kStateBlock : 0.0);
   r["params"] = n;
   r["threads"] = omp_get_max_threads();
   r["simd"] = simd_path_name(best_simd_path());
@@ -64,13 +69,16 @@ nlohmann::json run_adam_bench(const AdamBenchOptions& o) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; ++i) g32[i] = math::bf16_to_float(g16[i]);
   }
-  const void* grad = o.grad_type == ElemType::kF32 ? static_cast<const void*>(g32.data()) : g16.data();
+  const void* grad =
+      o.grad_type == ElemType::kF32 ? static_cast<const void*>(g32.data()) : g16.data();
 
   if (f.packed()) {
     // The packed kernel over one group of n parameters, state in memory.
-    std::vector<float> master32(split ? 0 : n, 0.01f), ms(state_blocks(n), 0.0f), vs(state_blocks(n), 0.0f);
+    std::vector<float> master32(split ? 0 : n, 0.01f), ms(state_blocks(n), 0.0f),
+        vs(state_blocks(n), 0.0f);
     std::vector<int16_t> lo(split ? n : 0, 0);
-    std::vector<uint8_t> m(moment_elem_bytes(f.moments) * n, 0), v(moment_elem_bytes(f.moments) * n, 0);
+    std::vector<uint8_t> m(moment_elem_bytes(f.moments) * n, 0),
+        v(moment_elem_bytes(f.moments) * n, 0);
     std::vector<uint16_t> hi(n, math::split_hi(0.01f));
     const DecayRange all{0, n, true};
     PackedAdamWArgs a;
@@ -116,7 +124,9 @@ nlohmann::json run_adam_bench(const AdamBenchOptions& o) {
     a.v = v.data();
     a.grad = grad;
     a.grad_type = o.grad_type;
-    a.lowp = !o.with_lowp ? nullptr : o.lowp_type == ElemType::kF32 ? static_cast<void*>(lowp32.data()) : lowp16.data();
+    a.lowp = !o.with_lowp                    ? nullptr
+             : o.lowp_type == ElemType::kF32 ? static_cast<void*>(lowp32.data())
+                                             : lowp16.data();
     a.lowp_type = o.lowp_type;
     a.n = n;
     std::vector<double> times;
@@ -138,7 +148,8 @@ nlohmann::json run_adam_bench(const AdamBenchOptions& o) {
     // as many bytes as one update moves each way.
     IoBenchOptions io;
     io.dirs = o.dirs;
-    io.size = std::max<uint64_t>(optim_state_bytes(OptimFormat{}, n) / (1 << 20) * (1 << 20), 256ull << 20);
+    io.size = std::max<uint64_t>(optim_state_bytes(OptimFormat{}, n) / (1 << 20) * (1 << 20),
+                                 256ull << 20);
     nlohmann::json disk = run_io_bench(io);
     double rd = disk["read_MBps"].get<double>() * 1e6, wr = disk["write_MBps"].get<double>() * 1e6;
     r["ssd_read_MBps"] = rd / 1e6;
@@ -202,20 +213,24 @@ nlohmann::json run_adam_bench(const AdamBenchOptions& o) {
 }
 
 void print_adam_bench(const nlohmann::json& r) {
-  std::printf("AdamW over %.0fM parameters, %d threads, %s, grad %s, weights out %s, state %s, master %s, %.2f bytes/param\n",
-              r["params"].get<double>() / 1e6, r["threads"].get<int>(), r["simd"].get<std::string>().c_str(),
-              r["grad_type"].get<std::string>().c_str(), r["lowp_type"].get<std::string>().c_str(),
-              r["state"].get<std::string>().c_str(), r["master"].get<std::string>().c_str(),
-              r["bytes_per_param"].get<double>());
+  std::printf(
+      "AdamW over %.0fM parameters, %d threads, %s, grad %s, weights out %s, state %s, master %s, "
+      "%.2f bytes/param\n",
+      r["params"].get<double>() / 1e6, r["threads"].get<int>(),
+      r["simd"].get<std::string>().c_str(), r["grad_type"].get<std::string>().c_str(),
+      r["lowp_type"].get<std::string>().c_str(), r["state"].get<std::string>().c_str(),
+      r["master"].get<std::string>().c_str(), r["bytes_per_param"].get<double>());
   std::printf("  memory bandwidth (triad)   %8.1f GB/s\n", r["mem_bw_GBps"].get<double>());
   std::printf("  in memory                  %8.1f M params/s  (%.0f%% of the %.1f M/s roofline)\n",
-              r["inmem_params_per_s"].get<double>() / 1e6, 100 * r["inmem_fraction_of_roofline"].get<double>(),
+              r["inmem_params_per_s"].get<double>() / 1e6,
+              100 * r["inmem_fraction_of_roofline"].get<double>(),
               r["inmem_roofline_params_per_s"].get<double>() / 1e6);
   if (r.contains("ooc_params_per_s")) {
-    std::printf("  SSD read / write           %8.0f / %.0f MB/s\n", r["ssd_read_MBps"].get<double>(),
-                r["ssd_write_MBps"].get<double>());
+    std::printf("  SSD read / write           %8.0f / %.0f MB/s\n",
+                r["ssd_read_MBps"].get<double>(), r["ssd_write_MBps"].get<double>());
     std::printf("  out of core                %8.1f M params/s  (%.0f%% of the %.1f M/s bound)\n",
-                r["ooc_params_per_s"].get<double>() / 1e6, 100 * r["ooc_fraction_of_bound"].get<double>(),
+                r["ooc_params_per_s"].get<double>() / 1e6,
+                100 * r["ooc_fraction_of_bound"].get<double>(),
                 r["ooc_bound_params_per_s"].get<double>() / 1e6);
   }
 }

@@ -18,9 +18,12 @@ namespace fuyou {
 
 const char* elem_type_name(ElemType t) {
   switch (t) {
-    case ElemType::kF32: return "f32";
-    case ElemType::kBF16: return "bf16";
-    case ElemType::kF16: return "f16";
+    case ElemType::kF32:
+      return "f32";
+    case ElemType::kBF16:
+      return "bf16";
+    case ElemType::kF16:
+      return "f16";
   }
   return "?";
 }
@@ -29,10 +32,14 @@ size_t elem_type_size(ElemType t) { return t == ElemType::kF32 ? 4 : 2; }
 
 const char* simd_path_name(SimdPath p) {
   switch (p) {
-    case SimdPath::kAuto: return "auto";
-    case SimdPath::kScalar: return "scalar";
-    case SimdPath::kAvx2: return "avx2";
-    case SimdPath::kAvx512: return "avx512";
+    case SimdPath::kAuto:
+      return "auto";
+    case SimdPath::kScalar:
+      return "scalar";
+    case SimdPath::kAvx2:
+      return "avx2";
+    case SimdPath::kAvx512:
+      return "avx512";
   }
   return "?";
 }
@@ -116,11 +123,13 @@ void adamw_update(const AdamWArgs& a, const AdamWStep& s, SimdPath path) {
   adamw_update(&a, &s.weight_decay, 1, s, path);
 }
 
-void adamw_update(const AdamWArgs* pieces, const float* decay, size_t count, const AdamWStep& s, SimdPath path) {
+void adamw_update(const AdamWArgs* pieces, const float* decay, size_t count, const AdamWStep& s,
+                  SimdPath path) {
   FY_CHECK(s.t >= 1, "AdamW step count starts at 1, got ", s.t);
   if (path == SimdPath::kAuto) path = best_simd_path();
-  FY_CHECK(path == SimdPath::kScalar || static_cast<int>(path) <= static_cast<int>(best_simd_path()),
-           "SIMD path ", simd_path_name(path), " is not supported by this CPU");
+  FY_CHECK(
+      path == SimdPath::kScalar || static_cast<int>(path) <= static_cast<int>(best_simd_path()),
+      "SIMD path ", simd_path_name(path), " is not supported by this CPU");
   const math::AdamWConsts base = step_consts(s);
   std::vector<math::AdamWConsts> k(count, base);
   // Work items of at most kBlock elements, each within one piece.
@@ -131,16 +140,23 @@ void adamw_update(const AdamWArgs* pieces, const float* decay, size_t count, con
   for (size_t i = 0; i < count; ++i) {
     k[i].grad_scale = pieces[i].grad_scale;
     k[i].decay = 1.0f - s.lr * decay[i];
-    for (size_t b = 0; b < pieces[i].n; b += kBlock) items.push_back({i, b, std::min(pieces[i].n, b + kBlock)});
+    for (size_t b = 0; b < pieces[i].n; b += kBlock)
+      items.push_back({i, b, std::min(pieces[i].n, b + kBlock)});
   }
 #pragma omp parallel for schedule(static)
   for (size_t w = 0; w < items.size(); ++w) {
     const Item& it = items[w];
     const AdamWArgs& a = pieces[it.piece];
     switch (path) {
-      case SimdPath::kAvx512: adamw_avx512(a, k[it.piece], it.begin, it.end); break;
-      case SimdPath::kAvx2: adamw_avx2(a, k[it.piece], it.begin, it.end); break;
-      default: adamw_scalar(a, k[it.piece], it.begin, it.end); break;
+      case SimdPath::kAvx512:
+        adamw_avx512(a, k[it.piece], it.begin, it.end);
+        break;
+      case SimdPath::kAvx2:
+        adamw_avx2(a, k[it.piece], it.begin, it.end);
+        break;
+      default:
+        adamw_scalar(a, k[it.piece], it.begin, it.end);
+        break;
     }
   }
 }
@@ -167,8 +183,10 @@ GradStats grad_stats(const void* grad, ElemType type, size_t n, SimdPath path) {
   {
     int t = omp_get_thread_num(), nt = omp_get_num_threads();
     size_t begin = n * t / nt, end = n * (t + 1) / nt;
-    if (path == SimdPath::kAvx512) grad_stats_avx512(grad, type, begin, end, &parts[t]);
-    else grad_stats_scalar(grad, type, begin, end, &parts[t]);
+    if (path == SimdPath::kAvx512)
+      grad_stats_avx512(grad, type, begin, end, &parts[t]);
+    else
+      grad_stats_scalar(grad, type, begin, end, &parts[t]);
   }
   GradStats total;
   for (const auto& p : parts) {
@@ -180,7 +198,8 @@ GradStats grad_stats(const void* grad, ElemType type, size_t n, SimdPath path) {
 
 size_t adamw_bytes_per_param(ElemType grad_type, bool with_lowp, ElemType lowp_type) {
   // fp32 state read and written back, the gradient read, the working weight written.
-  return 2 * optim_state_bytes(OptimFormat{}, 1) + elem_type_size(grad_type) + (with_lowp ? elem_type_size(lowp_type) : 0);
+  return 2 * optim_state_bytes(OptimFormat{}, 1) + elem_type_size(grad_type) +
+         (with_lowp ? elem_type_size(lowp_type) : 0);
 }
 
 }  // namespace fuyou

@@ -22,26 +22,34 @@ namespace fuyou {
 
 const char* moment_format_name(MomentFormat f) {
   switch (f) {
-    case MomentFormat::kF32: return "fp32";
-    case MomentFormat::kBF16: return "bf16";
-    case MomentFormat::kInt8: return "int8";
+    case MomentFormat::kF32:
+      return "fp32";
+    case MomentFormat::kBF16:
+      return "bf16";
+    case MomentFormat::kInt8:
+      return "int8";
   }
   return "?";
 }
 
 const char* master_format_name(MasterFormat f) {
   switch (f) {
-    case MasterFormat::kF32: return "fp32";
-    case MasterFormat::kSplit: return "split";
+    case MasterFormat::kF32:
+      return "fp32";
+    case MasterFormat::kSplit:
+      return "split";
   }
   return "?";
 }
 
 size_t moment_elem_bytes(MomentFormat f) {
   switch (f) {
-    case MomentFormat::kF32: return 4;
-    case MomentFormat::kBF16: return 2;
-    case MomentFormat::kInt8: return 1;
+    case MomentFormat::kF32:
+      return 4;
+    case MomentFormat::kBF16:
+      return 2;
+    case MomentFormat::kInt8:
+      return 1;
   }
   return 4;
 }
@@ -63,8 +71,10 @@ constexpr size_t B = kStateBlock;
 
 float load_moment(MomentFormat f, const void* data, const float* scales, size_t i, bool second) {
   switch (f) {
-    case MomentFormat::kF32: return static_cast<const float*>(data)[i];
-    case MomentFormat::kBF16: return math::bf16_to_float(static_cast<const uint16_t*>(data)[i]);
+    case MomentFormat::kF32:
+      return static_cast<const float*>(data)[i];
+    case MomentFormat::kBF16:
+      return math::bf16_to_float(static_cast<const uint16_t*>(data)[i]);
     case MomentFormat::kInt8: {
       const float s = scales[i / B];
       if (second) {  // sqrt(v)
@@ -80,15 +90,16 @@ float load_moment(MomentFormat f, const void* data, const float* scales, size_t 
 
 // Encodes values [0, nb) of one block into codes at element b0 (int8: and its scale), with
 // rounding variates from `key` (nullptr-free: u == 0.5 everywhere when `nearest`).
-void store_moments(MomentFormat f, bool second, const float* x, void* data, float* scales, size_t b0, size_t nb,
-                   uint64_t first, uint32_t key, bool nearest) {
+void store_moments(MomentFormat f, bool second, const float* x, void* data, float* scales,
+                   size_t b0, size_t nb, uint64_t first, uint32_t key, bool nearest) {
   switch (f) {
     case MomentFormat::kF32:
       std::copy(x, x + nb, static_cast<float*>(data) + b0);
       return;
     case MomentFormat::kBF16:
       for (size_t j = 0; j < nb; ++j) {
-        const uint32_t bits = nearest ? 0x8000u : math::round_bits(key, static_cast<uint32_t>(first + b0 + j));
+        const uint32_t bits =
+            nearest ? 0x8000u : math::round_bits(key, static_cast<uint32_t>(first + b0 + j));
         // Nearest with ties up in magnitude: adding half an ulp; the update uses the variates.
         static_cast<uint16_t*>(data)[b0 + j] = math::bf16_round_stochastic(x[j], bits);
       }
@@ -98,8 +109,10 @@ void store_moments(MomentFormat f, bool second, const float* x, void* data, floa
       bool bad = false;
       for (size_t j = 0; j < nb; ++j) {
         const float a = std::fabs(x[j]);
-        if (!(a < std::numeric_limits<float>::infinity())) bad = true;
-        else smax = a > smax ? a : smax;
+        if (!(a < std::numeric_limits<float>::infinity()))
+          bad = true;
+        else
+          smax = a > smax ? a : smax;
       }
       const float s = bad ? std::numeric_limits<float>::quiet_NaN() : smax;
       scales[b0 / B] = s;
@@ -107,11 +120,15 @@ void store_moments(MomentFormat f, bool second, const float* x, void* data, floa
       for (size_t j = 0; j < nb; ++j) {
         int32_t q = 0;
         if (!bad && smax > 0.0f) {
-          const float u = nearest ? 0.5f : math::round_uniform(math::round_bits(key, static_cast<uint32_t>(first + b0 + j)));
+          const float u = nearest ? 0.5f
+                                  : math::round_uniform(math::round_bits(
+                                        key, static_cast<uint32_t>(first + b0 + j)));
           q = math::code_encode(math::grid_position(std::fabs(x[j]), s, inv, Q), Q, u);
         }
-        if (second) static_cast<uint8_t*>(data)[b0 + j] = static_cast<uint8_t>(q);
-        else static_cast<int8_t*>(data)[b0 + j] = static_cast<int8_t>(x[j] < 0.0f ? -q : q);
+        if (second)
+          static_cast<uint8_t*>(data)[b0 + j] = static_cast<uint8_t>(q);
+        else
+          static_cast<int8_t*>(data)[b0 + j] = static_cast<int8_t>(x[j] < 0.0f ? -q : q);
       }
       return;
     }
@@ -120,7 +137,8 @@ void store_moments(MomentFormat f, bool second, const float* x, void* data, floa
 
 }  // namespace
 
-void packed_block_scalar(const PackedAdamWArgs& a, const PackedConsts& c, size_t b0, size_t nb, const uint8_t* upd) {
+void packed_block_scalar(const PackedAdamWArgs& a, const PackedConsts& c, size_t b0, size_t nb,
+                         const uint8_t* upd) {
   const OptimFormat f = a.format;
   const bool int8 = f.moments == MomentFormat::kInt8, split = f.master == MasterFormat::kSplit;
   float mv[B], wv[B];  // the block's new m, and v (int8: sqrt(v))
@@ -157,20 +175,23 @@ using namespace optim_detail;
 
 void adamw_update_packed(const PackedAdamWArgs& a, const AdamWStep& s, SimdPath path) {
   FY_CHECK(s.t >= 1, "AdamW step count starts at 1, got ", s.t);
-  FY_CHECK(a.format.moments != MomentFormat::kInt8 || a.first % B == 0, "an int8 update starts at a multiple of ", B,
-           " elements, not ", a.first);
+  FY_CHECK(a.format.moments != MomentFormat::kInt8 || a.first % B == 0,
+           "an int8 update starts at a multiple of ", B, " elements, not ", a.first);
   FY_CHECK(a.first + a.n <= (uint64_t{1} << 32), "a parameter group of more than 2^32 elements");
   FY_CHECK(a.master && a.m && a.v && a.grad, "packed AdamW needs master, moments and gradient");
-  FY_CHECK(a.format.moments != MomentFormat::kInt8 || (a.m_scale && a.v_scale), "int8 moments need their scales");
+  FY_CHECK(a.format.moments != MomentFormat::kInt8 || (a.m_scale && a.v_scale),
+           "int8 moments need their scales");
   FY_CHECK(a.format.master != MasterFormat::kSplit || (a.lowp && a.lowp_type == ElemType::kBF16),
            "a split master needs the bf16 working weights");
   for (size_t r = 0; r < a.nranges; ++r)
     FY_CHECK(a.ranges[r].begin <= a.ranges[r].end && a.ranges[r].end <= a.n &&
                  (r == 0 || a.ranges[r - 1].end <= a.ranges[r].begin),
-             "update range ", r, " [", a.ranges[r].begin, ", ", a.ranges[r].end, ") of ", a.n, " elements");
+             "update range ", r, " [", a.ranges[r].begin, ", ", a.ranges[r].end, ") of ", a.n,
+             " elements");
   if (path == SimdPath::kAuto) path = best_simd_path();
-  FY_CHECK(path == SimdPath::kScalar || static_cast<int>(path) <= static_cast<int>(best_simd_path()),
-           "SIMD path ", simd_path_name(path), " is not supported by this CPU");
+  FY_CHECK(
+      path == SimdPath::kScalar || static_cast<int>(path) <= static_cast<int>(best_simd_path()),
+      "SIMD path ", simd_path_name(path), " is not supported by this CPU");
   PackedConsts c;
   c.k = step_consts(s);
   c.k.grad_scale = a.grad_scale;
@@ -184,40 +205,48 @@ void adamw_update_packed(const PackedAdamWArgs& a, const AdamWStep& s, SimdPath 
   for (size_t w = 0; w < items; ++w) {
     uint8_t upd[B];
     // The first range that ends after this item's first element.
-    size_t r = std::partition_point(a.ranges, a.ranges + a.nranges,
-                                    [&](const DecayRange& x) { return x.end <= w * kItemBlocks * B; }) -
-               a.ranges;
+    size_t r =
+        std::partition_point(a.ranges, a.ranges + a.nranges,
+                             [&](const DecayRange& x) { return x.end <= w * kItemBlocks * B; }) -
+        a.ranges;
     for (size_t b = w * kItemBlocks; b < std::min(blocks, (w + 1) * kItemBlocks); ++b) {
       const size_t b0 = b * B, nb = std::min(B, a.n - b0);
       while (r < a.nranges && a.ranges[r].end <= b0) ++r;
-      const bool whole = nb == B && r < a.nranges && a.ranges[r].begin <= b0 && b0 + nb <= a.ranges[r].end;
+      const bool whole =
+          nb == B && r < a.nranges && a.ranges[r].begin <= b0 && b0 + nb <= a.ranges[r].end;
       if (whole && path != SimdPath::kScalar) {
         const float decay = a.ranges[r].decay ? c.decay_on : c.decay_off;
-        if (path == SimdPath::kAvx512) packed_block_avx512(a, c, b0, decay);
-        else packed_block_avx2(a, c, b0, decay);
+        if (path == SimdPath::kAvx512)
+          packed_block_avx512(a, c, b0, decay);
+        else
+          packed_block_avx2(a, c, b0, decay);
         continue;
       }
       std::fill(upd, upd + nb, 0);
       for (size_t q = r; q < a.nranges && a.ranges[q].begin < b0 + nb; ++q)
-        for (size_t i = std::max(b0, a.ranges[q].begin); i < std::min(b0 + nb, a.ranges[q].end); ++i)
+        for (size_t i = std::max(b0, a.ranges[q].begin); i < std::min(b0 + nb, a.ranges[q].end);
+             ++i)
           upd[i - b0] = a.ranges[q].decay ? 2 : 1;
       packed_block_scalar(a, c, b0, nb, upd);
     }
   }
 }
 
-void decode_moment(MomentFormat f, bool second, const void* data, const float* scales, float* out, size_t n) {
+void decode_moment(MomentFormat f, bool second, const void* data, const float* scales, float* out,
+                   size_t n) {
   for (size_t i = 0; i < n; ++i) {
     const float x = load_moment(f, data, scales, i, second);
     out[i] = f == MomentFormat::kInt8 && second ? x * x : x;
   }
 }
 
-void encode_moment(MomentFormat f, bool second, const float* in, void* data, float* scales, size_t n) {
+void encode_moment(MomentFormat f, bool second, const float* in, void* data, float* scales,
+                   size_t n) {
   float x[B];
   for (size_t b0 = 0; b0 < n; b0 += B) {
     const size_t nb = std::min(B, n - b0);
-    for (size_t j = 0; j < nb; ++j) x[j] = f == MomentFormat::kInt8 && second ? std::sqrt(in[b0 + j]) : in[b0 + j];
+    for (size_t j = 0; j < nb; ++j)
+      x[j] = f == MomentFormat::kInt8 && second ? std::sqrt(in[b0 + j]) : in[b0 + j];
     store_moments(f, second, x, data, scales, b0, nb, 0, 0, true);
   }
 }

@@ -22,7 +22,8 @@ struct PackedConsts {
 // Block elements [b0, b0 + nb) of the args' range (b0 a multiple of kStateBlock, nb at most
 // one block): upd[j] 0 keeps element b0 + j's state (padding), 1 updates it without weight
 // decay, 2 with.
-void packed_block_scalar(const PackedAdamWArgs& a, const PackedConsts& c, size_t b0, size_t nb, const uint8_t* upd);
+void packed_block_scalar(const PackedAdamWArgs& a, const PackedConsts& c, size_t b0, size_t nb,
+                         const uint8_t* upd);
 // A whole block every element of which is updated with decay factor `decay`.
 void packed_block_avx512(const PackedAdamWArgs& a, const PackedConsts& c, size_t b0, float decay);
 void packed_block_avx2(const PackedAdamWArgs& a, const PackedConsts& c, size_t b0, float decay);

@@ -37,7 +37,8 @@ void adamw_avx2(const AdamWArgs& a, const math::AdamWConsts& k, size_t begin, si
   avx2::adamw_vectors(a, k, begin, end);
 }
 
-FY_AVX512 void grad_stats_avx512(const void* g, ElemType t, size_t begin, size_t end, GradStats* out) {
+FY_AVX512 void grad_stats_avx512(const void* g, ElemType t, size_t begin, size_t end,
+                                 GradStats* out) {
   const __m512 inf = _mm512_set1_ps(__builtin_inff());
   __m512d acc0 = _mm512_setzero_pd(), acc1 = _mm512_setzero_pd();
   uint64_t bad = 0;

@@ -36,8 +36,8 @@ bool DynamicLossScaler::update(double scaled_grad_sum_squares) {
 
 void DynamicLossScaler::restore(const LossScaleState& s) {
   if (!(s.scale >= cfg_.min_scale && s.scale <= cfg_.max_scale) || s.clean < 0 || s.skipped < 0)
-    throw Error(str("loss scale state: scale ", s.scale, " (allowed ", cfg_.min_scale, " .. ", cfg_.max_scale,
-                    "), clean steps ", s.clean, ", skipped steps ", s.skipped));
+    throw Error(str("loss scale state: scale ", s.scale, " (allowed ", cfg_.min_scale, " .. ",
+                    cfg_.max_scale, "), clean steps ", s.clean, ", skipped steps ", s.skipped));
   scale_ = s.scale;
   clean_ = s.clean;
   skipped_ = s.skipped;

@@ -1,4 +1,3 @@
-#include "fuyou/timing.h"
 #include "src/optim/mem_bandwidth.h"
 
 #include <omp.h>
@@ -8,12 +7,17 @@
 #include <cstdlib>
 #include <memory>
 
+#include "fuyou/timing.h"
+
 namespace fuyou {
 
 MemBandwidth measure_mem_bandwidth(size_t bytes_per_array, int reps) {
   using clock = std::chrono::steady_clock;
   const size_t n = bytes_per_array / sizeof(float);
-  auto alloc = [&] { return std::unique_ptr<float, decltype(&std::free)>(static_cast<float*>(std::aligned_alloc(64, n * sizeof(float))), &std::free); };
+  auto alloc = [&] {
+    return std::unique_ptr<float, decltype(&std::free)>(
+        static_cast<float*>(std::aligned_alloc(64, n * sizeof(float))), &std::free);
+  };
   auto a = alloc(), b = alloc(), c = alloc();
   float *pa = a.get(), *pb = b.get(), *pc = c.get();
   // First touch by the threads that will use the pages.

@@ -1,5 +1,7 @@
 #include "fuyou/ooc_adamw.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -12,8 +14,6 @@
 #include <thread>
 #include <utility>
 
-#include <omp.h>
-
 #include "fuyou/error.h"
 #include "fuyou/sizes.h"
 #include "fuyou/threads.h"
@@ -23,9 +23,12 @@ namespace fuyou {
 
 const char* state_kind_name(StateKind k) {
   switch (k) {
-    case StateKind::kMaster: return "master";
-    case StateKind::kAdamM: return "adam_m";
-    case StateKind::kAdamV: return "adam_v";
+    case StateKind::kMaster:
+      return "master";
+    case StateKind::kAdamM:
+      return "adam_m";
+    case StateKind::kAdamV:
+      return "adam_v";
   }
   return "?";
 }
@@ -70,7 +73,8 @@ uint64_t ooc_update_io_bytes(const OptimFormat& f, uint64_t numel, size_t chunk_
 }
 
 std::vector<Tier> place_optimizer_state(const std::vector<OptimGroup>& groups,
-                                             uint64_t host_state_budget, bool have_store, const OptimFormat& format) {
+                                        uint64_t host_state_budget, bool have_store,
+                                        const OptimFormat& format) {
   std::vector<Tier> tiers;
   uint64_t used = 0, total = 0;
   for (const auto& g : groups) {
@@ -84,10 +88,12 @@ std::vector<Tier> place_optimizer_state(const std::vector<OptimGroup>& groups,
     }
   }
   if (!have_store && used < total)
-    throw Error(str("optimizer state needs ", format_size(total), " (", optim_state_bytes(format, 1000) / 1000.0,
-                    " bytes per parameter: optimizer.state ", moment_format_name(format.moments), ", optimizer.master ",
-                    master_format_name(format.master), ") but only ",
-                    format_size(host_state_budget), " of host memory is available for it and no SSD ",
+    throw Error(str("optimizer state needs ", format_size(total), " (",
+                    optim_state_bytes(format, 1000) / 1000.0,
+                    " bytes per parameter: optimizer.state ", moment_format_name(format.moments),
+                    ", optimizer.master ", master_format_name(format.master), ") but only ",
+                    format_size(host_state_budget),
+                    " of host memory is available for it and no SSD ",
                     "paths are configured (offload.ssd_paths)"));
   return tiers;
 }
@@ -98,11 +104,15 @@ class OocAdamW::Impl {
        OocAdamWOptions opts)
       : groups_(std::move(groups)), tiers_(std::move(tiers)), store_(store), opts_(opts) {
     FY_CHECK(groups_.size() == tiers_.size(), "one tier per group");
-    for (Tier t : tiers_) FY_CHECK(t != Tier::kDevice, "the out-of-core optimizer keeps state in host memory or on SSD");
-    FY_CHECK(opts_.chunk_elems > 0 && opts_.chunk_elems % (kIoAlign / 4) == 0,
-             "chunk_elems ", opts_.chunk_elems, " must be a positive multiple of 1024");
-    FY_CHECK(opts_.format.moments != MomentFormat::kInt8 || opts_.chunk_elems % (kStateBlock * kIoAlign / 4) == 0,
-             "with int8 moments chunk_elems ", opts_.chunk_elems, " must be a multiple of ", kStateBlock * kIoAlign / 4);
+    for (Tier t : tiers_)
+      FY_CHECK(t != Tier::kDevice,
+               "the out-of-core optimizer keeps state in host memory or on SSD");
+    FY_CHECK(opts_.chunk_elems > 0 && opts_.chunk_elems % (kIoAlign / 4) == 0, "chunk_elems ",
+             opts_.chunk_elems, " must be a positive multiple of 1024");
+    FY_CHECK(opts_.format.moments != MomentFormat::kInt8 ||
+                 opts_.chunk_elems % (kStateBlock * kIoAlign / 4) == 0,
+             "with int8 moments chunk_elems ", opts_.chunk_elems, " must be a multiple of ",
+             kStateBlock * kIoAlign / 4);
     for (int k = 0; k < 3; ++k) layout_[k] = kind_layout(opts_.format, kKinds[k]);
     bool any_ssd = false;
     host_.resize(groups_.size());
@@ -117,7 +127,9 @@ class OocAdamW::Impl {
           if (layout_[k].scales) host_[g].scales[k].assign(state_blocks(n), 0.0f);
         }
       } else {
-        if (!store_) throw Error(str("optimizer group ", groups_[g].name, " is placed on SSD but no store is open"));
+        if (!store_)
+          throw Error(
+              str("optimizer group ", groups_[g].name, " is placed on SSD but no store is open"));
         for (int k = 0; k < 3; ++k)
           ext_[g][k] = store_->define_extent(groups_[g].name + "/" + state_kind_name(kKinds[k]),
                                              kind_io_bytes(layout_[k], n));
@@ -132,7 +144,8 @@ class OocAdamW::Impl {
           std::vector<SlotSpec>{{"optim.chunk", 4ull * opts_.chunk_elems, kOocChunkSlots}});
       int cls = pool_->slot_class("optim.chunk");
       for (int s = 0; s < 3; ++s)
-        for (int a = 0; a < 3; ++a) slots_[s][a] = static_cast<char*>(pool_->slot(cls, s * 3 + a).ptr);
+        for (int a = 0; a < 3; ++a)
+          slots_[s][a] = static_cast<char*>(pool_->slot(cls, s * 3 + a).ptr);
       store_->register_pool(*pool_);
     }
     default_threads_ = omp_get_max_threads();
@@ -201,7 +214,8 @@ class OocAdamW::Impl {
     const OptimGroup& grp = groups_.at(u.group);
     set_thread_team(u.threads > 0 ? u.threads : default_threads_);
     const OptimFormat& f = opts_.format;
-    FY_CHECK(f.master != MasterFormat::kSplit || (u.lowp && u.lowp_type == ElemType::kBF16), "group ", grp.name,
+    FY_CHECK(f.master != MasterFormat::kSplit || (u.lowp && u.lowp_type == ElemType::kBF16),
+             "group ", grp.name,
              ": a split master needs the bf16 working weights as the update's lowp");
     AdamWStep step{u.lr, opts_.beta1, opts_.beta2, opts_.eps, 0.0f, u.t};
     // fp32 state: adamw_update's pieces for elements [begin, end) of the group, with state at
@@ -229,7 +243,8 @@ class OocAdamW::Impl {
       }
     };
     auto run_pieces = [&] {
-      if (!pieces.empty()) adamw_update(pieces.data(), decays.data(), pieces.size(), step, opts_.simd);
+      if (!pieces.empty())
+        adamw_update(pieces.data(), decays.data(), pieces.size(), step, opts_.simd);
       pieces.clear();
       decays.clear();
     };
@@ -238,8 +253,9 @@ class OocAdamW::Impl {
     const std::pair<size_t, size_t>* ranges = u.ranges ? u.ranges : &whole;
     const size_t nranges = u.ranges ? u.nranges : 1;
     for (size_t i = 0; i < nranges; ++i) {
-      FY_CHECK(ranges[i].first <= ranges[i].second && ranges[i].second <= grp.numel, "update range [",
-               ranges[i].first, ", ", ranges[i].second, ") of group ", grp.name, " with ", grp.numel, " elements");
+      FY_CHECK(ranges[i].first <= ranges[i].second && ranges[i].second <= grp.numel,
+               "update range [", ranges[i].first, ", ", ranges[i].second, ") of group ", grp.name,
+               " with ", grp.numel, " elements");
       FY_CHECK(f.moments != MomentFormat::kInt8 ||
                    (ranges[i].first % kStateBlock == 0 &&
                     (ranges[i].second % kStateBlock == 0 || ranges[i].second == grp.numel)),
@@ -298,7 +314,8 @@ class OocAdamW::Impl {
       size_t a = std::max(begin, t.offset), b = std::min(end, t.offset + t.numel);
       if (a < b) dr.push_back({a - begin, b - begin, t.decay});
     }
-    std::sort(dr.begin(), dr.end(), [](const DecayRange& x, const DecayRange& y) { return x.begin < y.begin; });
+    std::sort(dr.begin(), dr.end(),
+              [](const DecayRange& x, const DecayRange& y) { return x.begin < y.begin; });
     PackedAdamWArgs a;
     a.format = opts_.format;
     a.master = s[0].data;
@@ -316,7 +333,9 @@ class OocAdamW::Impl {
     a.key = math::round_key(static_cast<uint32_t>(u.group), u.t);
     a.ranges = dr.data();
     a.nranges = dr.size();
-    adamw_update_packed(a, AdamWStep{u.lr, opts_.beta1, opts_.beta2, opts_.eps, opts_.weight_decay, u.t}, opts_.simd);
+    adamw_update_packed(
+        a, AdamWStep{u.lr, opts_.beta1, opts_.beta2, opts_.eps, opts_.weight_decay, u.t},
+        opts_.simd);
   }
 
   void init_group(int g, const float* master) {
@@ -357,22 +376,25 @@ class OocAdamW::Impl {
 
   void read_master(int g, float* dst, const uint16_t* hi) {
     const bool split = opts_.format.master == MasterFormat::kSplit;
-    FY_CHECK(!split || hi, "group ", groups_[g].name, ": a split master is read with its working halves");
+    FY_CHECK(!split || hi, "group ", groups_[g].name,
+             ": a split master is read with its working halves");
     auto take = [&](size_t begin, const char* data, size_t n) {
       if (!split) return (void)std::memcpy(dst + begin, data, 4 * n);
       const int16_t* lo = reinterpret_cast<const int16_t*>(data);
       for (size_t i = 0; i < n; ++i) dst[begin + i] = math::split_join(hi[begin + i], lo[i]);
     };
     if (tiers_[g] == Tier::kHost) return take(0, host_view(g, 0, 0).data, groups_[g].numel);
-    stream_plane(g, 0, 0, /*write=*/false, [&](size_t begin, size_t n, char* slot) { take(begin, slot, n); });
+    stream_plane(g, 0, 0, /*write=*/false,
+                 [&](size_t begin, size_t n, char* slot) { take(begin, slot, n); });
   }
 
   void read_state(int g, StateKind kind, const StateSink& sink) {
     const int k = static_cast<int>(kind);
-    FY_CHECK(!(kind == StateKind::kMaster && opts_.format.master == MasterFormat::kSplit), "group ", groups_[g].name,
-             ": a split master is read through read_master");
+    FY_CHECK(!(kind == StateKind::kMaster && opts_.format.master == MasterFormat::kSplit), "group ",
+             groups_[g].name, ": a split master is read through read_master");
     if (kind == StateKind::kMaster || opts_.format.moments == MomentFormat::kF32) {
-      if (tiers_[g] == Tier::kHost) return sink(0, reinterpret_cast<const float*>(host_view(g, k, 0).data), groups_[g].numel);
+      if (tiers_[g] == Tier::kHost)
+        return sink(0, reinterpret_cast<const float*>(host_view(g, k, 0).data), groups_[g].numel);
       return stream_plane(g, k, 0, false, [&](size_t begin, size_t n, char* slot) {
         sink(begin, reinterpret_cast<const float*>(slot), n);
       });
@@ -401,14 +423,17 @@ class OocAdamW::Impl {
     const int k = static_cast<int>(kind);
     const bool split = kind == StateKind::kMaster && opts_.format.master == MasterFormat::kSplit;
     if (!split && (kind == StateKind::kMaster || opts_.format.moments == MomentFormat::kF32)) {
-      if (tiers_[g] == Tier::kHost) return source(0, reinterpret_cast<float*>(host_view(g, k, 0).data), groups_[g].numel);
+      if (tiers_[g] == Tier::kHost)
+        return source(0, reinterpret_cast<float*>(host_view(g, k, 0).data), groups_[g].numel);
       return stream_plane(g, k, 0, true, [&](size_t begin, size_t n, char* slot) {
         source(begin, reinterpret_cast<float*>(slot), n);
       });
     }
     // Encoded from fp32 values (a split master's remainders; moments rounded to nearest).
     auto encode = [&](const float* in, size_t n, const KindView& v) {
-      if (!split) return encode_moment(opts_.format.moments, kind == StateKind::kAdamV, in, v.data, v.scales, n);
+      if (!split)
+        return encode_moment(opts_.format.moments, kind == StateKind::kAdamV, in, v.data, v.scales,
+                             n);
       int16_t* lo = reinterpret_cast<int16_t*>(v.data);
       for (size_t i = 0; i < n; ++i) lo[i] = math::split_lo(in[i]);
     };
@@ -439,7 +464,8 @@ class OocAdamW::Impl {
       return;
     }
     for (int plane = 0; plane < (layout_[k].scales ? 2 : 1); ++plane)
-      stream_plane(g, k, plane, false, [&](size_t begin, size_t n, char* slot) { sink(plane, begin, slot, n); });
+      stream_plane(g, k, plane, false,
+                   [&](size_t begin, size_t n, char* slot) { sink(plane, begin, slot, n); });
   }
 
   void write_packed(int g, StateKind kind, const PackedSource& source) {
@@ -452,7 +478,8 @@ class OocAdamW::Impl {
       return;
     }
     for (int plane = 0; plane < (layout_[k].scales ? 2 : 1); ++plane)
-      stream_plane(g, k, plane, true, [&](size_t begin, size_t n, char* slot) { source(plane, begin, slot, n); });
+      stream_plane(g, k, plane, true,
+                   [&](size_t begin, size_t n, char* slot) { source(plane, begin, slot, n); });
   }
 
   const OptimFormat& format() const { return opts_.format; }
@@ -485,14 +512,17 @@ class OocAdamW::Impl {
   KindView slot_view(int set, int k) const {
     KindView v;
     v.data = slots_[set][k];
-    if (layout_[k].scales) v.scales = reinterpret_cast<float*>(slots_[set][k] + round_up(layout_[k].eb * opts_.chunk_elems, kIoAlign));
+    if (layout_[k].scales)
+      v.scales = reinterpret_cast<float*>(slots_[set][k] +
+                                          round_up(layout_[k].eb * opts_.chunk_elems, kIoAlign));
     return v;
   }
   // Where chunk c of kind k's plane (0: values, 1: scales) lies in its extent, and its bytes.
   std::pair<uint64_t, uint64_t> plane_range(int g, int k, int plane, size_t c) const {
     const size_t C = opts_.chunk_elems, numel = groups_[g].numel, n = std::min(C, numel - c * C);
     if (plane == 0) return {layout_[k].eb * c * C, round_up(layout_[k].eb * n, kIoAlign)};
-    return {round_up(layout_[k].eb * numel, kIoAlign) + 4 * (c * C / kStateBlock), round_up(4 * state_blocks(n), kIoAlign)};
+    return {round_up(layout_[k].eb * numel, kIoAlign) + 4 * (c * C / kStateBlock),
+            round_up(4 * state_blocks(n), kIoAlign)};
   }
   // Submits chunk c's requests of every kind (values, and scales where a kind has them),
   // reading into or writing from slot set `from_set` (default c % 3); tickets into t[0..5].
@@ -503,7 +533,8 @@ class OocAdamW::Impl {
       for (int plane = 0; plane < (layout_[k].scales ? 2 : 1); ++plane) {
         const auto [off, bytes] = plane_range(g, k, plane, c);
         char* buf = plane == 0 ? v.data : reinterpret_cast<char*>(v.scales);
-        t[2 * k + plane] = write ? store_->submit_write(ext_[g][k], off, buf, bytes) : store_->submit_read(ext_[g][k], off, buf, bytes);
+        t[2 * k + plane] = write ? store_->submit_write(ext_[g][k], off, buf, bytes)
+                                 : store_->submit_read(ext_[g][k], off, buf, bytes);
         (write ? bytes_written_ : bytes_read_) += bytes;
       }
     }
@@ -514,8 +545,10 @@ class OocAdamW::Impl {
     for (int plane = 0; plane < (layout_[k].scales ? 2 : 1); ++plane) {
       const auto [off, bytes] = plane_range(g, k, plane, c);
       char* buf = plane == 0 ? v.data : reinterpret_cast<char*>(v.scales);
-      if (write) store_->write_sync(ext_[g][k], off, buf, bytes);
-      else store_->read_sync(ext_[g][k], off, buf, bytes);
+      if (write)
+        store_->write_sync(ext_[g][k], off, buf, bytes);
+      else
+        store_->read_sync(ext_[g][k], off, buf, bytes);
     }
   }
 
@@ -523,7 +556,10 @@ class OocAdamW::Impl {
   // can be reused (the first error is the one the caller rethrows).
   void drain(const std::vector<Ticket>& tickets) {
     for (Ticket t : tickets)
-      if (t) try { store_->wait(t); } catch (...) {}
+      if (t) try {
+          store_->wait(t);
+        } catch (...) {
+        }
   }
 
   // One plane of one kind's extent of an SSD group (plane 0: values, 1: an int8 moment's
@@ -532,7 +568,8 @@ class OocAdamW::Impl {
   // while `fn` takes this one: reads run two chunks ahead, writes go out behind. `fn` gets the
   // chunk's first element (or block) and count. Writes zero the padding past the last element,
   // so the bytes on disk are defined.
-  void stream_plane(int g, int k, int plane, bool write, const std::function<void(size_t, size_t, char*)>& fn) {
+  void stream_plane(int g, int k, int plane, bool write,
+                    const std::function<void(size_t, size_t, char*)>& fn) {
     const ExtentId id = ext_[g][k];
     const size_t C = opts_.chunk_elems, numel = groups_[g].numel, chunks = (numel + C - 1) / C;
     char* const* slot = slots_[0];

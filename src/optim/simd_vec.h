@@ -58,7 +58,9 @@ struct Vec {
   using I = __m512i;
   static I set1_i(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
   static I zero_i() { return _mm512_setzero_si512(); }
-  static I lanes() { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
+  static I lanes() {
+    return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  }
   static I add_i(I a, I b) { return _mm512_add_epi32(a, b); }
   static I sub_i(I a, I b) { return _mm512_sub_epi32(a, b); }
   static I mul_i(I a, I b) { return _mm512_mullo_epi32(a, b); }  // the low 32 bits
@@ -66,23 +68,41 @@ struct Vec {
   static I or_i(I a, I b) { return _mm512_or_si512(a, b); }
   static I and_i(I a, I b) { return _mm512_and_si512(a, b); }
   template <int N>
-  static I shr(I a) { return _mm512_srli_epi32(a, N); }
+  static I shr(I a) {
+    return _mm512_srli_epi32(a, N);
+  }
   template <int N>
-  static I shl(I a) { return _mm512_slli_epi32(a, N); }
-  static I select_i(M m, I if_set, I otherwise) { return _mm512_mask_mov_epi32(otherwise, m, if_set); }
-  static F to_float(I a) { return _mm512_cvtepi32_ps(a); }  // the value
-  static I truncate(F a) { return _mm512_cvttps_epi32(a); }  // the value toward zero
+  static I shl(I a) {
+    return _mm512_slli_epi32(a, N);
+  }
+  static I select_i(M m, I if_set, I otherwise) {
+    return _mm512_mask_mov_epi32(otherwise, m, if_set);
+  }
+  static F to_float(I a) { return _mm512_cvtepi32_ps(a); }     // the value
+  static I truncate(F a) { return _mm512_cvttps_epi32(a); }    // the value toward zero
   static F bits_float(I a) { return _mm512_castsi512_ps(a); }  // the same bits
   static I bits_int(F a) { return _mm512_castps_si512(a); }
 
   // kWidth narrow integers widened to 32-bit lanes, and 32-bit lanes stored narrow (each lane
   // already within the narrow type's range).
-  static I load_u16(const void* p) { return _mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i*>(p))); }
-  static I load_i16(const void* p) { return _mm512_cvtepi16_epi32(_mm256_loadu_si256(static_cast<const __m256i*>(p))); }
-  static I load_u8(const void* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p))); }
-  static I load_i8(const void* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p))); }
-  static void store_16(void* p, I a) { _mm256_storeu_si256(static_cast<__m256i*>(p), _mm512_cvtepi32_epi16(a)); }
-  static void store_8(void* p, I a) { _mm_storeu_si128(static_cast<__m128i*>(p), _mm512_cvtepi32_epi8(a)); }
+  static I load_u16(const void* p) {
+    return _mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i*>(p)));
+  }
+  static I load_i16(const void* p) {
+    return _mm512_cvtepi16_epi32(_mm256_loadu_si256(static_cast<const __m256i*>(p)));
+  }
+  static I load_u8(const void* p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p)));
+  }
+  static I load_i8(const void* p) {
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p)));
+  }
+  static void store_16(void* p, I a) {
+    _mm256_storeu_si256(static_cast<__m256i*>(p), _mm512_cvtepi32_epi16(a));
+  }
+  static void store_8(void* p, I a) {
+    _mm_storeu_si128(static_cast<__m128i*>(p), _mm512_cvtepi32_epi8(a));
+  }
 };
 
 }  // namespace fuyou::optim_detail::avx512
@@ -144,9 +164,13 @@ struct Vec {
   static I or_i(I a, I b) { return _mm256_or_si256(a, b); }
   static I and_i(I a, I b) { return _mm256_and_si256(a, b); }
   template <int N>
-  static I shr(I a) { return _mm256_srli_epi32(a, N); }
+  static I shr(I a) {
+    return _mm256_srli_epi32(a, N);
+  }
   template <int N>
-  static I shl(I a) { return _mm256_slli_epi32(a, N); }
+  static I shl(I a) {
+    return _mm256_slli_epi32(a, N);
+  }
   static I select_i(M m, I if_set, I otherwise) {
     return _mm256_blendv_epi8(otherwise, if_set, _mm256_castps_si256(m));
   }
@@ -155,10 +179,18 @@ struct Vec {
   static F bits_float(I a) { return _mm256_castsi256_ps(a); }
   static I bits_int(F a) { return _mm256_castps_si256(a); }
 
-  static I load_u16(const void* p) { return _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p))); }
-  static I load_i16(const void* p) { return _mm256_cvtepi16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p))); }
-  static I load_u8(const void* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(p))); }
-  static I load_i8(const void* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(p))); }
+  static I load_u16(const void* p) {
+    return _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p)));
+  }
+  static I load_i16(const void* p) {
+    return _mm256_cvtepi16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p)));
+  }
+  static I load_u8(const void* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(p)));
+  }
+  static I load_i8(const void* p) {
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(p)));
+  }
   // The low 16 or 8 bits of each lane, as the AVX-512 path's truncating vpmovdw / vpmovdb.
   static void store_16(void* p, I a) {
     const __m128i lo = _mm256_castsi256_si128(a), hi = _mm256_extracti128_si256(a, 1);
@@ -167,8 +199,9 @@ struct Vec {
   static void store_8(void* p, I a) {
     const __m128i lo = _mm256_castsi256_si128(a), hi = _mm256_extracti128_si256(a, 1);
     const __m128i w = narrow_16(lo, hi);  // eight 16-bit values
-    _mm_storel_epi64(static_cast<__m128i*>(p), _mm_shuffle_epi8(w, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1,
-                                                                                   -1, -1, -1, -1, -1, -1)));
+    _mm_storel_epi64(static_cast<__m128i*>(p),
+                     _mm_shuffle_epi8(w, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1,
+                                                       -1, -1, -1, -1)));
   }
   // Eight 32-bit lanes (four in each half) to eight 16-bit values: the low 16 bits of each.
   static __m128i narrow_16(__m128i lo, __m128i hi) {

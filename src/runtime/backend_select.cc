@@ -47,17 +47,20 @@ LtGemmTiming cublaslt_gemm_time(const LtGemmShape&, int) {
 }
 #endif
 
-void page_lock_host(Backend& be, const std::vector<std::pair<void*, size_t>>& buffers, std::vector<void*>* locked,
-                    const char* whose) {
+void page_lock_host(Backend& be, const std::vector<std::pair<void*, size_t>>& buffers,
+                    std::vector<void*>* locked, const char* whose) {
   uint64_t refused = 0;
   for (auto [p, n] : buffers) {
     if (!p || !n) continue;
-    if (be.register_host(p, n)) locked->push_back(p);
-    else refused += n;
+    if (be.register_host(p, n))
+      locked->push_back(p);
+    else
+      refused += n;
   }
   if (refused)
-    spdlog::warn("{}: {} of {} could not be page-locked (locked-memory limit?); copies from them run slower",
-                 be.name(), format_size(refused), whose);
+    spdlog::warn(
+        "{}: {} of {} could not be page-locked (locked-memory limit?); copies from them run slower",
+        be.name(), format_size(refused), whose);
 }
 
 std::unique_ptr<Backend> make_backend(const Config& cfg, std::string* reason) {
@@ -66,9 +69,9 @@ std::unique_ptr<Backend> make_backend(const Config& cfg, std::string* reason) {
   // and the OpenMP runtime may fail to create them at all.
   const int procs = omp_get_num_procs();
   if (runtime.threads > kMaxThreadsPerCpu * procs)
-    throw ConfigError(str("runtime.threads is ", runtime.threads, " but this process may run on ", procs,
-                          " CPU(s); at most ", kMaxThreadsPerCpu, " threads per CPU (", kMaxThreadsPerCpu * procs,
-                          ") are accepted (0 uses one per CPU)"));
+    throw ConfigError(str("runtime.threads is ", runtime.threads, " but this process may run on ",
+                          procs, " CPU(s); at most ", kMaxThreadsPerCpu, " threads per CPU (",
+                          kMaxThreadsPerCpu * procs, ") are accepted (0 uses one per CPU)"));
   const uint64_t device_memory = cfg.offload.device_memory;
   std::unique_ptr<Backend> backend;
   std::string why;
@@ -91,8 +94,8 @@ std::unique_ptr<Backend> make_backend(const Config& cfg, std::string* reason) {
     why = "runtime.backend is cpu-streams (the CPU backend under CUDA's ordering rules, for tests)";
   } else if (runtime.backend == "emulated") {
     backend = make_emulated_backend(cfg);
-    why = str("runtime.backend is emulated: no arithmetic, the time of ", cfg.offload.hardware, " at ",
-              runtime.emulated_scale, "x its throughput; losses are NaN");
+    why = str("runtime.backend is emulated: no arithmetic, the time of ", cfg.offload.hardware,
+              " at ", runtime.emulated_scale, "x its throughput; losses are NaN");
   } else {
     why = "runtime.backend is cpu";
   }
@@ -111,7 +114,8 @@ ElemType device_tensor_type(const RuntimeConfig& runtime) {
 // runtime.precision for a backend: auto is bf16 on a GPU, emulated or not (tensor cores), and
 // fp32 on the CPU (the precision the PyTorch fixtures check).
 void apply_precision(Backend& be, const RuntimeConfig& runtime) {
-  MatmulPrecision p = be.kind() != BackendKind::kCpu ? MatmulPrecision::kBf16 : MatmulPrecision::kFp32;
+  MatmulPrecision p =
+      be.kind() != BackendKind::kCpu ? MatmulPrecision::kBf16 : MatmulPrecision::kFp32;
   if (runtime.precision == "fp32") p = MatmulPrecision::kFp32;
   if (runtime.precision == "bf16") p = MatmulPrecision::kBf16;
   if (runtime.precision == "fp16") p = MatmulPrecision::kFp16;
@@ -124,15 +128,17 @@ void apply_precision(Backend& be, const RuntimeConfig& runtime) {
 
 std::unique_ptr<Backend> make_emulated_backend(const Config& cfg) {
   if (cfg.offload.hardware.empty())
-    throw ConfigError("runtime.backend is emulated but offload.hardware names no profile: set it to the GPU to "
-                      "emulate (e.g. configs/hardware/rtx4090.yaml)");
+    throw ConfigError(
+        "runtime.backend is emulated but offload.hardware names no profile: set it to the GPU to "
+        "emulate (e.g. configs/hardware/rtx4090.yaml)");
   emulated::EmulatedOptions o;
   o.gpu = load_hardware_profile(cfg.offload.hardware);
   o.scale = cfg.runtime.emulated_scale;
   o.gemm_size = gemm_work_size(cfg.model, cfg.schedule.micro_batch);
   // The device holds the tensors the run stores (fp32), as a GPU of that memory would.
   o.capacity = cfg.offload.device_memory ? cfg.offload.device_memory : o.gpu.device_memory;
-  o.threads = cfg.runtime.threads > 0 ? cfg.runtime.threads : static_cast<int>(std::thread::hardware_concurrency());
+  o.threads = cfg.runtime.threads > 0 ? cfg.runtime.threads
+                                      : static_cast<int>(std::thread::hardware_concurrency());
   return std::make_unique<emulated::EmulatedBackend>(o);
 }
 

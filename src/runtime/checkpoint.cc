@@ -1,7 +1,6 @@
 // Writing and reading training-state checkpoints (include/fuyou/checkpoint.h). The directory
 // handling (staging, latest, pruning, leftovers) is in checkpoint_dirs.cc; the comparison of
 // a resume's config and data with the checkpoint's in resume_check.cc.
-#include "fuyou/timing.h"
 #include "fuyou/checkpoint.h"
 
 #include <fcntl.h>
@@ -16,8 +15,9 @@
 #include "fuyou/hf_checkpoint.h"
 #include "fuyou/log.h"
 #include "fuyou/model.h"
-#include "fuyou/safetensors.h"
 #include "fuyou/read_file.h"
+#include "fuyou/safetensors.h"
+#include "fuyou/timing.h"
 #include "src/common/xxh3.h"
 #include "src/runtime/checkpoint_dirs.h"
 #include "src/runtime/checkpoint_manifest.h"
@@ -43,14 +43,16 @@ std::string utc_now() {
 
 std::vector<StEntry> entries(const ParamLayout& layout, const std::string& prefix) {
   std::vector<StEntry> out;
-  for (const TensorSpec& t : layout.tensors) out.push_back({prefix + t.name, StDtype::kF32, t.shape});
+  for (const TensorSpec& t : layout.tensors)
+    out.push_back({prefix + t.name, StDtype::kF32, t.shape});
   return out;
 }
 
 // Streams every group of one kind into `w` (entries `prefix` + name) and returns the
 // groups' checksums.
-std::vector<std::string> write_kind(TrainEngine& engine, const ParamLayout& layout, SafetensorsStreamWriter& w,
-                                    StateKind kind, const std::string& prefix) {
+std::vector<std::string> write_kind(TrainEngine& engine, const ParamLayout& layout,
+                                    SafetensorsStreamWriter& w, StateKind kind,
+                                    const std::string& prefix) {
   GroupTensorWriter gw(w, layout, prefix);
   std::vector<std::string> sums;
   for (size_t g = 0; g < layout.groups.size(); ++g) {
@@ -60,11 +62,14 @@ std::vector<std::string> write_kind(TrainEngine& engine, const ParamLayout& layo
   return sums;
 }
 
-std::string kind_prefix(StateKind k) { return k == StateKind::kMaster ? "" : std::string(state_kind_name(k)) + "."; }
+std::string kind_prefix(StateKind k) {
+  return k == StateKind::kMaster ? "" : std::string(state_kind_name(k)) + ".";
+}
 
 // The files of one checkpoint, written into `dir` (the staging directory).
 CheckpointManifest write_files(const fs::path& dir, const Config& cfg, TrainEngine& engine,
-                               const TrainProgress& progress, const DataIdentity& data, const CheckpointIo& io) {
+                               const TrainProgress& progress, const DataIdentity& data,
+                               const CheckpointIo& io) {
   const ParamLayout layout = make_gpt_layout(cfg.model);
   const std::string yaml = config_to_self_contained_yaml(cfg);
   CheckpointManifest m;
@@ -81,8 +86,9 @@ CheckpointManifest write_files(const fs::path& dir, const Config& cfg, TrainEngi
   {
     // The master weights with the metadata of a run's model.safetensors, so that the
     // directory is also an engine checkpoint fuyou-convert to-hf and model.checkpoint take.
-    SafetensorsStreamWriter w((dir / "model.safetensors").string(), entries(layout, ""),
-                              {{"format", "fuyou"}, {"step", std::to_string(progress.step)}, {"config", yaml}});
+    SafetensorsStreamWriter w(
+        (dir / "model.safetensors").string(), entries(layout, ""),
+        {{"format", "fuyou"}, {"step", std::to_string(progress.step)}, {"config", yaml}});
     if (io.write) w.set_write_function(io.write);
     m.group_xxh3[0] = write_kind(engine, layout, w, StateKind::kMaster, "");
     w.finish();
@@ -90,18 +96,22 @@ CheckpointManifest write_files(const fs::path& dir, const Config& cfg, TrainEngi
   {
     // fp32 moments per tensor; packed ones per group, as the optimizer stores them
     // (checkpoint_packed.h).
-    std::vector<StEntry> e = packed ? packed_moment_entries(layout, m.optim_format.moments, StateKind::kAdamM)
-                                    : entries(layout, kind_prefix(StateKind::kAdamM));
-    std::vector<StEntry> v = packed ? packed_moment_entries(layout, m.optim_format.moments, StateKind::kAdamV)
-                                    : entries(layout, kind_prefix(StateKind::kAdamV));
+    std::vector<StEntry> e =
+        packed ? packed_moment_entries(layout, m.optim_format.moments, StateKind::kAdamM)
+               : entries(layout, kind_prefix(StateKind::kAdamM));
+    std::vector<StEntry> v =
+        packed ? packed_moment_entries(layout, m.optim_format.moments, StateKind::kAdamV)
+               : entries(layout, kind_prefix(StateKind::kAdamV));
     e.insert(e.end(), v.begin(), v.end());
     SafetensorsStreamWriter w((dir / kOptimizerFile).string(), e,
-                              {{"format", "fuyou-optimizer"}, {"step", std::to_string(progress.step)},
+                              {{"format", "fuyou-optimizer"},
+                               {"step", std::to_string(progress.step)},
                                {"moments", moment_format_name(m.optim_format.moments)}});
     if (io.write) w.set_write_function(io.write);
     for (StateKind k : {StateKind::kAdamM, StateKind::kAdamV})
       m.group_xxh3[k == StateKind::kAdamM ? 1 : 2] =
-          packed ? write_packed_moments(engine, layout, w, k) : write_kind(engine, layout, w, k, kind_prefix(k));
+          packed ? write_packed_moments(engine, layout, w, k)
+                 : write_kind(engine, layout, w, k, kind_prefix(k));
     w.finish();
   }
   for (const char* name : {kEngineConfigFile, "model.safetensors", kOptimizerFile})
@@ -128,7 +138,7 @@ uint64_t checkpoint_bytes(const ModelConfig& model, const OptimFormat& format) {
   const ParamLayout layout = make_gpt_layout(model);
   // The moments as stored (fp32 per tensor; packed per group, int8 with a scale entry each),
   // with headers of the same few hundred bytes per entry.
-  const uint64_t entries = format.moments == MomentFormat::kF32 ? 2 * layout.tensors.size()
+  const uint64_t entries = format.moments == MomentFormat::kF32    ? 2 * layout.tensors.size()
                            : format.moments == MomentFormat::kInt8 ? 4 * layout.groups.size()
                                                                    : 2 * layout.groups.size();
   uint64_t moments = 0;
@@ -137,13 +147,15 @@ uint64_t checkpoint_bytes(const ModelConfig& model, const OptimFormat& format) {
 }
 
 SavedCheckpoint save_checkpoint(const std::string& run_dir, const Config& cfg, TrainEngine& engine,
-                                const TrainProgress& progress, const DataIdentity& data, const CheckpointIo& io) {
+                                const TrainProgress& progress, const DataIdentity& data,
+                                const CheckpointIo& io) {
   const auto t0 = std::chrono::steady_clock::now();
   const fs::path root = fs::path(run_dir) / kCheckpointsDir;
   const std::string name = step_dir_name(progress.step);
   std::error_code ec;
   fs::create_directories(root, ec);
-  if (ec) throw IoError(str(root.string(), ": cannot create the checkpoints directory: ", ec.message()));
+  if (ec)
+    throw IoError(str(root.string(), ": cannot create the checkpoints directory: ", ec.message()));
   const fs::path staging = root / str(".staging-", name, "-", ::getpid());
   fs::remove_all(staging, ec);
   fs::create_directory(staging, ec);
@@ -182,7 +194,8 @@ CheckpointSource::CheckpointSource(const std::string& dir) : impl_(std::make_uni
   // even if the directory is pruned (renamed, its files unlinked) under us.
   const std::string manifest_path = (d / kManifestFile).string();
   const std::string config_path = (d / kEngineConfigFile).string();
-  const std::string manifest = read_file_bounded(manifest_path, kMaxManifestBytes, "checkpoint manifest");
+  const std::string manifest =
+      read_file_bounded(manifest_path, kMaxManifestBytes, "checkpoint manifest");
   c.config_text = read_file_bounded(config_path, kMaxManifestBytes, "checkpoint config");
   c.weights = std::make_unique<RangedTensorFile>((d / "model.safetensors").string());
   c.optimizer = std::make_unique<RangedTensorFile>((d / kOptimizerFile).string());
@@ -190,9 +203,10 @@ CheckpointSource::CheckpointSource(const std::string& dir) : impl_(std::make_uni
   c.manifest = std::move(p.manifest);
   const std::string config_sum = hex64(xxh3_64(c.config_text.data(), c.config_text.size()));
   if (!p.config_xxh3.empty() && config_sum != p.config_xxh3)
-    throw IoError(str(config_path, ": checksum ", config_sum, " but the manifest records ", p.config_xxh3,
-                      " (config.yaml was edited or damaged; a resume changes what it may change with --set or "
-                      "--config, never by editing a checkpoint)"));
+    throw IoError(str(
+        config_path, ": checksum ", config_sum, " but the manifest records ", p.config_xxh3,
+        " (config.yaml was edited or damaged; a resume changes what it may change with --set or "
+        "--config, never by editing a checkpoint)"));
   for (const CheckpointFile& f : c.manifest.files) {
     const uint64_t size = f.name == kEngineConfigFile ? c.config_text.size()
                           : f.name == kOptimizerFile  ? c.optimizer->size()
@@ -218,16 +232,19 @@ void CheckpointSource::restore(const ModelConfig& model, TrainEngine& engine,
   const ParamLayout layout = make_gpt_layout(model);
   for (const auto& sums : m.group_xxh3)
     if (sums.size() != layout.groups.size())
-      throw IoError(str(c.dir, "/", kManifestFile, ": ", sums.size(), " group checksums for a model of ",
-                        layout.groups.size(), " parameter groups"));
+      throw IoError(str(c.dir, "/", kManifestFile, ": ", sums.size(),
+                        " group checksums for a model of ", layout.groups.size(),
+                        " parameter groups"));
   // Moments in the engine's format are restored as stored; in another they are converted
   // (fp32 to packed: the engine encodes; packed to anything else: decoded here first).
   const MomentFormat file_moments = m.optim_format.moments;
   if (m.optim_format != engine.optim_format())
-    spdlog::info("resume: {} holds {} moments and a {} master; converting to this run's {} / {} "
-                 "(optimizer.state / optimizer.master)",
-                 c.dir, moment_format_name(file_moments), master_format_name(m.optim_format.master),
-                 moment_format_name(engine.optim_format().moments), master_format_name(engine.optim_format().master));
+    spdlog::info(
+        "resume: {} holds {} moments and a {} master; converting to this run's {} / {} "
+        "(optimizer.state / optimizer.master)",
+        c.dir, moment_format_name(file_moments), master_format_name(m.optim_format.master),
+        moment_format_name(engine.optim_format().moments),
+        master_format_name(engine.optim_format().master));
   const bool packed = file_moments != MomentFormat::kF32;
   std::vector<GroupTensorReader> readers;
   readers.emplace_back(*c.weights, layout, "");
@@ -240,15 +257,17 @@ void CheckpointSource::restore(const ModelConfig& model, TrainEngine& engine,
     for (int k = 0; k < 3; ++k) {  // master, then both moments: each written once
       std::string sum;
       if (k > 0 && packed) {
-        sum = restore_packed_moment(engine, *c.optimizer, layout, static_cast<int>(g), kKinds[k], file_moments);
+        sum = restore_packed_moment(engine, *c.optimizer, layout, static_cast<int>(g), kKinds[k],
+                                    file_moments);
       } else {
-        engine.write_state(static_cast<int>(g), kKinds[k], readers[k].group_source(static_cast<int>(g)));
+        engine.write_state(static_cast<int>(g), kKinds[k],
+                           readers[k].group_source(static_cast<int>(g)));
         sum = readers[k].finish_group();
       }
       if (sum != m.group_xxh3[k][g])
-        throw IoError(str(c.dir, ": ", state_kind_name(kKinds[k]), " of parameter group ", layout.groups[g].name,
-                          " has checksum ", sum, " but the manifest says ", m.group_xxh3[k][g],
-                          " (the checkpoint is damaged)"));
+        throw IoError(str(c.dir, ": ", state_kind_name(kKinds[k]), " of parameter group ",
+                          layout.groups[g].name, " has checksum ", sum, " but the manifest says ",
+                          m.group_xxh3[k][g], " (the checkpoint is damaged)"));
     }
   }
   engine.set_counters(m.counters);
@@ -262,8 +281,12 @@ std::shared_ptr<const CheckpointSource> open_resume_checkpoint(const std::string
     } catch (const Error& e) {
       std::error_code ec;
       // Gone since `latest` named it: its run pruned it after writing a newer one.
-      if (!fs::exists(dir, ec) && attempt < 10 && dir != fs::path(path).lexically_normal().string()) {
-        spdlog::info("checkpoints: {} was removed while being opened (its run is pruning); reading latest again", dir);
+      if (!fs::exists(dir, ec) && attempt < 10 &&
+          dir != fs::path(path).lexically_normal().string()) {
+        spdlog::info(
+            "checkpoints: {} was removed while being opened (its run is pruning); reading latest "
+            "again",
+            dir);
         continue;
       }
       throw IoError(str(e.what(), earlier_checkpoint_hint(dir)));
@@ -279,16 +302,18 @@ std::string earlier_checkpoint_hint(const std::string& checkpoint_dir) {
   for (const std::string& c : list_checkpoints(checkpoint_run_dir(checkpoint_dir)))
     if (step < 0 || step_of(fs::path(c).filename().string()) < step) earlier = c;
   if (earlier.empty()) return "";
-  return str("; an earlier complete checkpoint of the run: ", earlier, " (resume from it with fuyou-train --resume ",
-             earlier, ")");
+  return str("; an earlier complete checkpoint of the run: ", earlier,
+             " (resume from it with fuyou-train --resume ", earlier, ")");
 }
 
-CheckpointManifest read_checkpoint_manifest(const std::string& dir) { return CheckpointSource(dir).manifest(); }
+CheckpointManifest read_checkpoint_manifest(const std::string& dir) {
+  return CheckpointSource(dir).manifest();
+}
 
 Config read_checkpoint_config(const std::string& dir) { return CheckpointSource(dir).config(); }
 
-void restore_checkpoint(const std::string& dir, const CheckpointManifest& m, const ModelConfig& model,
-                        TrainEngine& engine) {
+void restore_checkpoint(const std::string& dir, const CheckpointManifest& m,
+                        const ModelConfig& model, TrainEngine& engine) {
   CheckpointSource src(dir);
   (void)m;  // the source's own, read from the same files
   src.restore(model, engine);

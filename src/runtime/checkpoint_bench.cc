@@ -1,4 +1,3 @@
-#include "fuyou/timing.h"
 #include "fuyou/checkpoint_bench.h"
 
 #include <fcntl.h>
@@ -9,8 +8,8 @@
 
 #include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <vector>
 
@@ -20,6 +19,7 @@
 #include "fuyou/error.h"
 #include "fuyou/rng.h"
 #include "fuyou/sizes.h"
+#include "fuyou/timing.h"
 
 namespace fs = std::filesystem;
 
@@ -44,7 +44,8 @@ void drop_cache(const fs::path& dir) {
 // that mask would not stop on Ctrl-C.
 std::string run_command(const std::string& cmd) {
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) throw Error(str("cannot run: ", cmd, ": pipe: ", std::strerror(errno)));
+  if (::pipe2(fds, O_CLOEXEC) != 0)
+    throw Error(str("cannot run: ", cmd, ": pipe: ", std::strerror(errno)));
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
@@ -56,7 +57,8 @@ std::string run_command(const std::string& cmd) {
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
   const char* argv[] = {"sh", "-c", cmd.c_str(), nullptr};
   pid_t pid = 0;
-  const int err = ::posix_spawn(&pid, "/bin/sh", &actions, &attr, const_cast<char* const*>(argv), environ);
+  const int err =
+      ::posix_spawn(&pid, "/bin/sh", &actions, &attr, const_cast<char* const*>(argv), environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   ::close(fds[1]);
@@ -92,13 +94,15 @@ bool fio_installed() {
 // the disk's sequential write bandwidth (direct 1 MiB writes, 16 in flight, an fsync at the
 // end: the checkpoint files are written with O_DIRECT), and buffered 1 MiB reads after fio
 // drops the file from the page cache (invalidate), as the files are read on restore.
-const char* const kFioWrite = "--rw=write --bs=1M --direct=1 --ioengine=libaio --iodepth=16 --end_fsync=1";
+const char* const kFioWrite =
+    "--rw=write --bs=1M --direct=1 --ioengine=libaio --iodepth=16 --end_fsync=1";
 const char* const kFioRead = "--rw=read --bs=1M --ioengine=psync --invalidate=1";
 
 // fio's bandwidth (bytes/s) of `rw` (write or read) over `bytes` in `dir`.
 double fio_bandwidth(const fs::path& dir, const std::string& rw, uint64_t bytes) {
-  const std::string cmd = str("fio --name=fuyou-ckpt --directory=", dir.string(), " --filename=fio.dat ",
-                              rw == "write" ? kFioWrite : kFioRead, " --size=", bytes, " --output-format=json 2>&1");
+  const std::string cmd =
+      str("fio --name=fuyou-ckpt --directory=", dir.string(), " --filename=fio.dat ",
+          rw == "write" ? kFioWrite : kFioRead, " --size=", bytes, " --output-format=json 2>&1");
   nlohmann::json j = nlohmann::json::parse(run_command(cmd));
   return j.at("jobs").at(0).at(rw).at("bw_bytes").get<double>();
 }
@@ -106,7 +110,9 @@ double fio_bandwidth(const fs::path& dir, const std::string& rw, uint64_t bytes)
 }  // namespace
 
 nlohmann::json run_checkpoint_bench(const Config& cfg, const CheckpointBenchOptions& o) {
-  const fs::path dir = o.dir.empty() ? fs::current_path() / str("fuyou-bench-checkpoint-", ::getpid()) : fs::path(o.dir);
+  const fs::path dir = o.dir.empty()
+                           ? fs::current_path() / str("fuyou-bench-checkpoint-", ::getpid())
+                           : fs::path(o.dir);
   fs::create_directories(dir);
   const fs::path run = dir / "run";
   std::string why;
@@ -115,7 +121,8 @@ nlohmann::json run_checkpoint_bench(const Config& cfg, const CheckpointBenchOpti
   engine->init_params();
   // One step on random tokens, so the moments hold values rather than zeros.
   const int B = cfg.schedule.micro_batch, T = cfg.model.seq_len;
-  std::vector<std::vector<int32_t>> mbs(cfg.schedule.grad_accum, std::vector<int32_t>(static_cast<size_t>(B) * (T + 1)));
+  std::vector<std::vector<int32_t>> mbs(cfg.schedule.grad_accum,
+                                        std::vector<int32_t>(static_cast<size_t>(B) * (T + 1)));
   Rng rng(cfg.runtime.seed);
   std::vector<const int32_t*> ptrs;
   for (auto& mb : mbs) {
@@ -145,9 +152,11 @@ nlohmann::json run_checkpoint_bench(const Config& cfg, const CheckpointBenchOpti
   fs::remove_all(run);
   r["fio"] = nullptr;
   if (o.fio && fio_installed()) {
-    const double w = fio_bandwidth(dir, "write", saved.bytes), rd = fio_bandwidth(dir, "read", saved.bytes);
+    const double w = fio_bandwidth(dir, "write", saved.bytes),
+                 rd = fio_bandwidth(dir, "read", saved.bytes);
     fs::remove(dir / "fio.dat");
-    r["fio"] = str("write: fio ", kFioWrite, "; read: fio ", kFioRead, " (same directory, same bytes)");
+    r["fio"] =
+        str("write: fio ", kFioWrite, "; read: fio ", kFioRead, " (same directory, same bytes)");
     r["fio_write_MBps"] = w / 1e6;
     r["fio_read_MBps"] = rd / 1e6;
     r["save_fraction_of_fio"] = r["save_MBps"].get<double>() / (w / 1e6);
@@ -162,11 +171,13 @@ nlohmann::json run_checkpoint_bench(const Config& cfg, const CheckpointBenchOpti
 void print_checkpoint_bench(const nlohmann::json& r) {
   std::printf("checkpoint (%s engine) of %s in %s\n", r["engine"].get<std::string>().c_str(),
               format_size(r["bytes"].get<uint64_t>()).c_str(), r["dir"].get<std::string>().c_str());
-  std::printf("  save    %.3f s  %8.1f MB/s", r["save_s"].get<double>(), r["save_MBps"].get<double>());
+  std::printf("  save    %.3f s  %8.1f MB/s", r["save_s"].get<double>(),
+              r["save_MBps"].get<double>());
   if (r.contains("fio_write_MBps"))
     std::printf("   fio write %8.1f MB/s  (%.0f%%)", r["fio_write_MBps"].get<double>(),
                 100 * r["save_fraction_of_fio"].get<double>());
-  std::printf("\n  restore %.3f s  %8.1f MB/s", r["restore_s"].get<double>(), r["restore_MBps"].get<double>());
+  std::printf("\n  restore %.3f s  %8.1f MB/s", r["restore_s"].get<double>(),
+              r["restore_MBps"].get<double>());
   if (r.contains("fio_read_MBps"))
     std::printf("   fio read  %8.1f MB/s  (%.0f%%)", r["fio_read_MBps"].get<double>(),
                 100 * r["restore_fraction_of_fio"].get<double>());

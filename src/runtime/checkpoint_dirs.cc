@@ -48,8 +48,10 @@ std::string read_latest(const fs::path& root, const char* file = kLatestFile) {
   const fs::file_status st = fs::symlink_status(path, ec);
   if (!fs::exists(st)) return "";
   if (!fs::is_regular_file(st))
-    throw IoError(str(path.string(), " is not a regular file (", fs::is_directory(st) ? "a directory" : "a special file",
-                      "); the engine writes a one-line file there naming a checkpoint: move it away"));
+    throw IoError(
+        str(path.string(), " is not a regular file (",
+            fs::is_directory(st) ? "a directory" : "a special file",
+            "); the engine writes a one-line file there naming a checkpoint: move it away"));
   std::string s = read_file_bounded(path.string(), 4096, "checkpoint pointer");
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
   return s;
@@ -61,26 +63,31 @@ std::string step_dir_name(int64_t step) { return str("step-", step); }
 
 void fsync_dir(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) throw IoError(str(dir, ": cannot open the directory to fsync it: ", std::strerror(errno)));
+  if (fd < 0)
+    throw IoError(str(dir, ": cannot open the directory to fsync it: ", std::strerror(errno)));
   int r = ::fsync(fd);
   int err = errno;
   ::close(fd);
   if (r != 0) throw IoError(str(dir, ": fsync of the directory failed: ", std::strerror(err)));
 }
 
-std::string commit_staging(const std::string& root, const std::string& staging, const std::string& name) {
+std::string commit_staging(const std::string& root, const std::string& staging,
+                           const std::string& name) {
   const fs::path target = fs::path(root) / name;
   std::error_code ec;
   if (!fs::exists(target, ec)) {
     if (::rename(staging.c_str(), target.c_str()) != 0)
-      throw IoError(str(target.string(), ": rename from ", staging, " failed: ", std::strerror(errno)));
+      throw IoError(
+          str(target.string(), ": rename from ", staging, " failed: ", std::strerror(errno)));
   } else {
     // The old step-N and the new one swap names in one step; the old one, now at the
     // staging name, is removed after (a crash before that leaves it as a leftover).
     if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) != 0) {
       const fs::path aside = fs::path(root) / str(".deleting-", name, "-", ::getpid());
-      if (::rename(target.c_str(), aside.c_str()) != 0 || ::rename(staging.c_str(), target.c_str()) != 0)
-        throw IoError(str(target.string(), ": replacing it with ", staging, " failed: ", std::strerror(errno)));
+      if (::rename(target.c_str(), aside.c_str()) != 0 ||
+          ::rename(staging.c_str(), target.c_str()) != 0)
+        throw IoError(str(target.string(), ": replacing it with ", staging,
+                          " failed: ", std::strerror(errno)));
       fsync_dir(root);
       fs::remove_all(aside, ec);
       return target.string();
@@ -105,7 +112,8 @@ std::vector<std::string> list_checkpoints(const std::string& run_dir) {
   if (!fs::is_directory(root, ec)) return {};
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const int64_t step = step_of(e.path().filename().string());
-    if (step >= 0 && e.is_directory(ec) && is_complete(e.path())) found.push_back({step, e.path().string()});
+    if (step >= 0 && e.is_directory(ec) && is_complete(e.path()))
+      found.push_back({step, e.path().string()});
   }
   std::sort(found.begin(), found.end());
   std::vector<std::string> out;
@@ -141,13 +149,16 @@ int remove_checkpoint_leftovers(const std::string& run_dir) {
   std::vector<fs::path> leftovers;
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string n = e.path().filename().string();
-    if (n.rfind(".staging-", 0) == 0 || n.rfind(".deleting-", 0) == 0 || n == std::string(kLatestFile) + ".tmp")
+    if (n.rfind(".staging-", 0) == 0 || n.rfind(".deleting-", 0) == 0 ||
+        n == std::string(kLatestFile) + ".tmp")
       leftovers.push_back(e.path());
   }
   for (const auto& p : leftovers) {
     const uintmax_t n = fs::remove_all(p, ec);
-    spdlog::warn("checkpoints: removed {} ({} files), left half-written or half-deleted by a run that stopped then",
-                 p.string(), n == static_cast<uintmax_t>(-1) ? 0 : n);
+    spdlog::warn(
+        "checkpoints: removed {} ({} files), left half-written or half-deleted by a run that "
+        "stopped then",
+        p.string(), n == static_cast<uintmax_t>(-1) ? 0 : n);
   }
   return static_cast<int>(leftovers.size());
 }
@@ -165,19 +176,24 @@ std::string resolve_checkpoint(const std::string& path) {
   if (!fs::is_directory(p, ec)) throw Error(str("--resume ", path, ": no such directory"));
   if (step_of(p.filename().string()) >= 0) {
     if (!is_complete(p))
-      throw Error(str("--resume ", path, ": no ", kManifestFile, " in it; it is not a complete checkpoint"));
+      throw Error(str("--resume ", path, ": no ", kManifestFile,
+                      " in it; it is not a complete checkpoint"));
     return p.string();
   }
   const fs::path run = p.filename() == kCheckpointsDir ? p.parent_path() : p;
   const fs::path root = run / kCheckpointsDir;
   const std::string latest = read_latest(root);
-  if (!latest.empty() && step_of(latest) >= 0 && is_complete(root / latest)) return (root / latest).string();
+  if (!latest.empty() && step_of(latest) >= 0 && is_complete(root / latest))
+    return (root / latest).string();
   std::vector<std::string> all = list_checkpoints(run.string());
   if (all.empty())
     throw Error(str("--resume ", path, ": no complete checkpoint in ", root.string(),
                     " (the run stopped before its first one; start it again without --resume)"));
-  spdlog::warn("checkpoints: {} {}; resuming from the newest complete checkpoint, {}", (root / kLatestFile).string(),
-               latest.empty() ? "is missing" : "names '" + printable(latest, 80) + "', which is not a complete checkpoint",
+  spdlog::warn("checkpoints: {} {}; resuming from the newest complete checkpoint, {}",
+               (root / kLatestFile).string(),
+               latest.empty()
+                   ? "is missing"
+                   : "names '" + printable(latest, 80) + "', which is not a complete checkpoint",
                all.back());
   return all.back();
 }

@@ -31,7 +31,8 @@ std::string canonical_xxh3(const json& j) {
 
 json split_json(const DataSplitIdentity& s) {
   json shards = json::array();
-  for (const auto& sh : s.shards) shards.push_back({{"path", sh.path}, {"bytes", sh.bytes}, {"head_xxh3", sh.head_xxh3}});
+  for (const auto& sh : s.shards)
+    shards.push_back({{"path", sh.path}, {"bytes", sh.bytes}, {"head_xxh3", sh.head_xxh3}});
   return {{"tokens", s.tokens}, {"xxh3", s.xxh3}, {"shards", shards}};
 }
 
@@ -43,15 +44,18 @@ class Fields {
   explicit Fields(const std::string& path) : path_(path) {}
 
   [[noreturn]] void fail(const std::string& field, const std::string& why) const {
-    throw IoError(str(path_, ": field '", field, "' ", why, " (the checkpoint is damaged or was edited)"));
+    throw IoError(
+        str(path_, ": field '", field, "' ", why, " (the checkpoint is damaged or was edited)"));
   }
   const json& at(const json& j, const std::string& key, const std::string& field) const {
     if (!j.is_object() || !j.contains(key)) fail(field, "is missing");
     return j.at(key);
   }
   int64_t integer(const json& v, const std::string& field, int64_t lo, int64_t hi) const {
-    if (!v.is_number_integer()) fail(field, str("is ", printable(v.dump(), 60), "; expected an integer"));
-    if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi) : v.get<int64_t>() > hi)
+    if (!v.is_number_integer())
+      fail(field, str("is ", printable(v.dump(), 60), "; expected an integer"));
+    if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi)
+                               : v.get<int64_t>() > hi)
       fail(field, str("is ", printable(v.dump(), 60), "; expected at most ", hi));
     if (!v.is_number_unsigned() && v.get<int64_t>() < lo)
       fail(field, str("is ", v.get<int64_t>(), "; expected at least ", lo));
@@ -65,7 +69,8 @@ class Fields {
   double number(const json& v, const std::string& field, double lo, double hi) const {
     if (!v.is_number()) fail(field, str("is ", printable(v.dump(), 60), "; expected a number"));
     const double d = v.get<double>();
-    if (!std::isfinite(d) || d < lo || d > hi) fail(field, str("is ", d, "; expected a number in [", lo, ", ", hi, "]"));
+    if (!std::isfinite(d) || d < lo || d > hi)
+      fail(field, str("is ", d, "; expected a number in [", lo, ", ", hi, "]"));
     return d;
   }
   std::string string(const json& v, const std::string& field) const {
@@ -109,16 +114,19 @@ void read_files(const Fields& f, const json& j, ParsedManifest* p, int version) 
     bool known = false;
     for (const char* k : kCheckpointFiles) known |= name == k;
     if (!known)
-      f.fail(at + ".name", str("is '", printable(name, 80), "'; a checkpoint's files are ", kCheckpointFiles[0], ", ",
-                               kCheckpointFiles[1], " and ", kCheckpointFiles[2]));
+      f.fail(at + ".name",
+             str("is '", printable(name, 80), "'; a checkpoint's files are ", kCheckpointFiles[0],
+                 ", ", kCheckpointFiles[1], " and ", kCheckpointFiles[2]));
     for (const auto& other : p->manifest.files)
       if (other.name == name) f.fail(at + ".name", str("lists '", name, "' a second time"));
-    p->manifest.files.push_back({name, f.count(f.at(files[i], "bytes", at + ".bytes"), at + ".bytes")});
+    p->manifest.files.push_back(
+        {name, f.count(f.at(files[i], "bytes", at + ".bytes"), at + ".bytes")});
     if (name == kEngineConfigFile && version >= 2)
       p->config_xxh3 = f.hex(f.at(files[i], "xxh3", at + ".xxh3"), at + ".xxh3");
   }
   if (p->manifest.files.size() != std::size(kCheckpointFiles))
-    f.fail("files", str("lists ", p->manifest.files.size(), " files; a checkpoint has ", std::size(kCheckpointFiles)));
+    f.fail("files", str("lists ", p->manifest.files.size(), " files; a checkpoint has ",
+                        std::size(kCheckpointFiles)));
 }
 
 }  // namespace
@@ -143,7 +151,8 @@ std::string manifest_text(const CheckpointManifest& m, const std::string& config
          {"data", {{"train", split_json(m.data.train)}, {"val", split_json(m.data.val)}}},
          {"created", m.created},
          {"files", files},
-         {"group_xxh3", {{"master", m.group_xxh3[0]}, {"adam_m", m.group_xxh3[1]}, {"adam_v", m.group_xxh3[2]}}},
+         {"group_xxh3",
+          {{"master", m.group_xxh3[0]}, {"adam_m", m.group_xxh3[1]}, {"adam_v", m.group_xxh3[2]}}},
          {"optimizer_state",
           {{"moments", moment_format_name(m.optim_format.moments)},
            {"master", master_format_name(m.optim_format.master)},
@@ -169,27 +178,33 @@ ParsedManifest parse_manifest(const std::string& text, const std::string& path) 
   const std::string format = f.string(f.at(j, "format", "format"), "format");
   if (format != "fuyou-checkpoint")
     throw IoError(str(path, ": format '", printable(format, 60), "' is not fuyou-checkpoint"));
-  const int version = static_cast<int>(f.integer(f.at(j, "version", "version"), "version", 0, INT32_MAX));
+  const int version =
+      static_cast<int>(f.integer(f.at(j, "version", "version"), "version", 0, INT32_MAX));
   if (version != kCheckpointVersion && version != 1)
-    throw IoError(str(path, ": version ", version, "; this build reads versions 1 and ", kCheckpointVersion));
+    throw IoError(
+        str(path, ": version ", version, "; this build reads versions 1 and ", kCheckpointVersion));
   if (version >= 2) {
     const std::string want = f.hex(f.at(j, "xxh3", "xxh3"), "xxh3");
     j.erase("xxh3");
     const std::string got = canonical_xxh3(j);
     if (got != want)
-      throw IoError(str(path, ": its content has checksum ", got, " but it records ", want,
-                        " (the manifest was edited or damaged; a checkpoint's files are not to be edited: change "
-                        "what a resume may change with --set or --config)"));
+      throw IoError(str(
+          path, ": its content has checksum ", got, " but it records ", want,
+          " (the manifest was edited or damaged; a checkpoint's files are not to be edited: change "
+          "what a resume may change with --set or --config)"));
   } else {
-    spdlog::warn("{}: version 1 (written by an older build): its manifest and config.yaml carry no checksums "
-                 "and are not verified (the tensors are)", path);
+    spdlog::warn(
+        "{}: version 1 (written by an older build): its manifest and config.yaml carry no "
+        "checksums "
+        "and are not verified (the tensors are)",
+        path);
   }
   ParsedManifest p;
   CheckpointManifest& m = p.manifest;
   m.version = version;
   m.step = f.integer(f.at(j, "step", "step"), "step", 0, kMaxSteps);
-  m.micro_batch_in_step = static_cast<int>(
-      f.integer(f.at(j, "micro_batch_in_step", "micro_batch_in_step"), "micro_batch_in_step", 0, 0));
+  m.micro_batch_in_step = static_cast<int>(f.integer(
+      f.at(j, "micro_batch_in_step", "micro_batch_in_step"), "micro_batch_in_step", 0, 0));
   m.engine = f.string(f.at(j, "engine", "engine"), "engine");
   if (m.engine != "in-memory" && m.engine != "offloaded")
     f.fail("engine", str("is '", printable(m.engine, 40), "'; expected in-memory or offloaded"));
@@ -197,17 +212,22 @@ ParsedManifest parse_manifest(const std::string& text, const std::string& path) 
   const json& ls = f.at(j, "loss_scale", "loss_scale");
   if (!ls.is_null()) {
     m.counters.has_loss_scale = true;
-    m.counters.loss_scale = {f.number(f.at(ls, "scale", "loss_scale.scale"), "loss_scale.scale", 1e-30, 1e30),
-                             f.integer(f.at(ls, "clean_steps", "loss_scale.clean_steps"), "loss_scale.clean_steps",
-                                       0, m.step),
-                             f.integer(f.at(ls, "skipped_steps", "loss_scale.skipped_steps"),
-                                       "loss_scale.skipped_steps", 0, m.step)};
+    m.counters.loss_scale = {
+        f.number(f.at(ls, "scale", "loss_scale.scale"), "loss_scale.scale", 1e-30, 1e30),
+        f.integer(f.at(ls, "clean_steps", "loss_scale.clean_steps"), "loss_scale.clean_steps", 0,
+                  m.step),
+        f.integer(f.at(ls, "skipped_steps", "loss_scale.skipped_steps"), "loss_scale.skipped_steps",
+                  0, m.step)};
   }
   m.progress.step = m.step;
-  m.progress.sampler_position = f.count(f.at(j, "sampler_position", "sampler_position"), "sampler_position");
-  m.progress.first_val_loss = f.number(f.at(j, "first_val_loss", "first_val_loss"), "first_val_loss", 0, 1e6);
-  m.progress.last_val_loss = f.number(f.at(j, "last_val_loss", "last_val_loss"), "last_val_loss", 0, 1e6);
-  m.progress.train_seconds = f.number(f.at(j, "train_seconds", "train_seconds"), "train_seconds", 0, 1e12);
+  m.progress.sampler_position =
+      f.count(f.at(j, "sampler_position", "sampler_position"), "sampler_position");
+  m.progress.first_val_loss =
+      f.number(f.at(j, "first_val_loss", "first_val_loss"), "first_val_loss", 0, 1e6);
+  m.progress.last_val_loss =
+      f.number(f.at(j, "last_val_loss", "last_val_loss"), "last_val_loss", 0, 1e6);
+  m.progress.train_seconds =
+      f.number(f.at(j, "train_seconds", "train_seconds"), "train_seconds", 0, 1e12);
   const json& data = f.at(j, "data", "data");
   m.data.train = split_from_json(f, f.at(data, "train", "data.train"), "data.train");
   m.data.val = split_from_json(f, f.at(data, "val", "data.val"), "data.val");
@@ -225,23 +245,33 @@ ParsedManifest parse_manifest(const std::string& text, const std::string& path) 
   // Written since the optimizer's state could be packed; absent (older checkpoints): fp32.
   if (j.contains("optimizer_state")) {
     const json& os = j.at("optimizer_state");
-    const std::string moments = f.string(f.at(os, "moments", "optimizer_state.moments"), "optimizer_state.moments");
-    const std::string master = f.string(f.at(os, "master", "optimizer_state.master"), "optimizer_state.master");
-    if (moments == "bf16") m.optim_format.moments = MomentFormat::kBF16;
-    else if (moments == "int8") m.optim_format.moments = MomentFormat::kInt8;
+    const std::string moments =
+        f.string(f.at(os, "moments", "optimizer_state.moments"), "optimizer_state.moments");
+    const std::string master =
+        f.string(f.at(os, "master", "optimizer_state.master"), "optimizer_state.master");
+    if (moments == "bf16")
+      m.optim_format.moments = MomentFormat::kBF16;
+    else if (moments == "int8")
+      m.optim_format.moments = MomentFormat::kInt8;
     else if (moments != "fp32")
-      f.fail("optimizer_state.moments", str("is '", printable(moments, 40), "'; expected fp32, bf16 or int8"));
-    if (master == "split") m.optim_format.master = MasterFormat::kSplit;
+      f.fail("optimizer_state.moments",
+             str("is '", printable(moments, 40), "'; expected fp32, bf16 or int8"));
+    if (master == "split")
+      m.optim_format.master = MasterFormat::kSplit;
     else if (master != "fp32")
-      f.fail("optimizer_state.master", str("is '", printable(master, 40), "'; expected fp32 or split"));
-    const uint64_t block = f.count(f.at(os, "block", "optimizer_state.block"), "optimizer_state.block");
+      f.fail("optimizer_state.master",
+             str("is '", printable(master, 40), "'; expected fp32 or split"));
+    const uint64_t block =
+        f.count(f.at(os, "block", "optimizer_state.block"), "optimizer_state.block");
     if (block != kStateBlock)
-      f.fail("optimizer_state.block", str("is ", block, "; this build's int8 blocks are ", kStateBlock, " elements"));
+      f.fail("optimizer_state.block",
+             str("is ", block, "; this build's int8 blocks are ", kStateBlock, " elements"));
   }
   return p;
 }
 
-void check_manifest_against(const CheckpointManifest& m, const std::string& dir, const Config& cfg) {
+void check_manifest_against(const CheckpointManifest& m, const std::string& dir,
+                            const Config& cfg) {
   const std::string path = (fs::path(dir) / kManifestFile).string();
   fs::path name = fs::path(dir).lexically_normal();
   if (name.filename().empty()) name = name.parent_path();
@@ -250,22 +280,27 @@ void check_manifest_against(const CheckpointManifest& m, const std::string& dir,
     throw IoError(str(path, ": step ", m.step, " but the directory is ", name.filename().string(),
                       " (the checkpoint was renamed, edited or damaged)"));
   if (m.step > cfg.schedule.steps)
-    throw IoError(str(path, ": step ", m.step, " is beyond the ", cfg.schedule.steps,
-                      " steps of the checkpoint's own config (schedule.steps); the checkpoint is damaged"));
+    throw IoError(
+        str(path, ": step ", m.step, " is beyond the ", cfg.schedule.steps,
+            " steps of the checkpoint's own config (schedule.steps); the checkpoint is damaged"));
 }
 
-void check_sampler_position(const CheckpointManifest& m, const Config& cfg, bool masked, const std::string& path) {
+void check_sampler_position(const CheckpointManifest& m, const Config& cfg, bool masked,
+                            const std::string& path) {
   // One draw per window without a loss mask; with one, a window may be redrawn up to
   // kMaxRedraws times when none of its targets counts.
-  const uint64_t windows = static_cast<uint64_t>(m.step) * static_cast<uint64_t>(cfg.schedule.micro_batch) *
+  const uint64_t windows = static_cast<uint64_t>(m.step) *
+                           static_cast<uint64_t>(cfg.schedule.micro_batch) *
                            static_cast<uint64_t>(cfg.schedule.grad_accum);
   const uint64_t most = masked ? windows * (1 + BatchSampler::kMaxRedraws) : windows;
   const uint64_t pos = m.progress.sampler_position;
   if (pos < windows || pos > most)
-    throw IoError(str(path, ": sampler_position ", pos, " does not fit step ", m.step, " x micro_batch ",
-                      cfg.schedule.micro_batch, " x grad_accum ", cfg.schedule.grad_accum, " = ", windows, " windows",
-                      masked ? str(" (at most ", most, " draws with loss-mask redraws)") : std::string(),
-                      " (the checkpoint is damaged or was edited)"));
+    throw IoError(
+        str(path, ": sampler_position ", pos, " does not fit step ", m.step, " x micro_batch ",
+            cfg.schedule.micro_batch, " x grad_accum ", cfg.schedule.grad_accum, " = ", windows,
+            " windows",
+            masked ? str(" (at most ", most, " draws with loss-mask redraws)") : std::string(),
+            " (the checkpoint is damaged or was edited)"));
 }
 
 }  // namespace fuyou

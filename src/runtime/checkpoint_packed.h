@@ -18,7 +18,8 @@
 
 namespace fuyou {
 
-std::vector<StEntry> packed_moment_entries(const ParamLayout& layout, MomentFormat f, StateKind kind);
+std::vector<StEntry> packed_moment_entries(const ParamLayout& layout, MomentFormat f,
+                                           StateKind kind);
 
 // Streams `kind` of every group from the engine (as stored) into `w`; the groups' checksums.
 std::vector<std::string> write_packed_moments(TrainEngine& engine, const ParamLayout& layout,
@@ -27,7 +28,8 @@ std::vector<std::string> write_packed_moments(TrainEngine& engine, const ParamLa
 // Sets group g's `kind` from a file written in format `file` (checked by its entries): as
 // stored when the engine's moments are in the same format, else decoded to fp32 and given to
 // the engine's write_state (which encodes for its own format). Returns the group's checksum.
-std::string restore_packed_moment(TrainEngine& engine, const RangedTensorFile& f, const ParamLayout& layout, int g,
-                                  StateKind kind, MomentFormat file);
+std::string restore_packed_moment(TrainEngine& engine, const RangedTensorFile& f,
+                                  const ParamLayout& layout, int g, StateKind kind,
+                                  MomentFormat file);
 
 }  // namespace fuyou

@@ -32,11 +32,14 @@ std::string GroupTensorWriter::finish_group() {
   return hex64(XXH3_64bits_digest(hash_.get()));
 }
 
-GroupTensorReader::GroupTensorReader(const RangedTensorFile& f, const ParamLayout& layout, std::string prefix)
+GroupTensorReader::GroupTensorReader(const RangedTensorFile& f, const ParamLayout& layout,
+                                     std::string prefix)
     : f_(f), layout_(layout), prefix_(std::move(prefix)) {
   for (const TensorSpec& t : layout_.tensors) {
     const std::string name = prefix_ + t.name;
-    if (!f_.reader().has(name)) throw IoError(str(f_.path(), ": no tensor '", name, "' (the checkpoint does not match this model)"));
+    if (!f_.reader().has(name))
+      throw IoError(
+          str(f_.path(), ": no tensor '", name, "' (the checkpoint does not match this model)"));
     const StTensorInfo& info = f_.reader().info(name);
     if (info.dtype != StDtype::kF32 || info.shape != t.shape)
       throw IoError(str(f_.path(), ": tensor '", name, "' is not F32 of the model's shape"));

@@ -3,14 +3,13 @@
 // group's XXH3-64 computed over the tensor bytes in file order on both sides.
 #pragma once
 
-#include "src/common/xxh3.h"
-
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "fuyou/model.h"
 #include "fuyou/train_state.h"
+#include "src/common/xxh3.h"
 #include "src/formats/safetensors_stream.h"
 
 namespace fuyou {
@@ -30,7 +29,8 @@ class GroupTensorWriter {
   const ParamLayout& layout_;
   std::string prefix_;
   int group_ = -1;
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash_{XXH3_createState(), &XXH3_freeState};
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash_{XXH3_createState(),
+                                                                 &XXH3_freeState};
 };
 
 // Fills pieces of group g from a validated file holding `prefix + name` tensors (fp32, the
@@ -47,7 +47,8 @@ class GroupTensorReader {
   std::string prefix_;
   int group_ = -1;
   size_t next_ = 0;  // the group-relative element the next piece must start at
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash_{XXH3_createState(), &XXH3_freeState};
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash_{XXH3_createState(),
+                                                                 &XXH3_freeState};
 };
 
 }  // namespace fuyou

@@ -112,10 +112,11 @@ DryRun dry_run(const Config& cfg, const std::string& run_dir) {
         "engine: in memory (the model, its gradients and activations fit the device)");
     const uint64_t dev = in_memory_device_bytes(m, cfg.schedule.micro_batch, be->storage_bytes());
     if (!device_in_host) checks.push_back({"device memory", dev, device_cap, ""});
-    checks.push_back({"host memory",
-                      in_memory_host_bytes(m, cfg.schedule.micro_batch, device_in_host,
-                                           be->storage_bytes(), sums_grads_in_fp32(cfg), optim_format(cfg.optimizer)),
-                      mem_available(), "MemAvailable"});
+    checks.push_back(
+        {"host memory",
+         in_memory_host_bytes(m, cfg.schedule.micro_batch, device_in_host, be->storage_bytes(),
+                              sums_grads_in_fp32(cfg), optim_format(cfg.optimizer)),
+         mem_available(), "MemAvailable"});
   } else {
     r.lines.push_back("engine: offloaded (the scheduler's plan)");
     try {

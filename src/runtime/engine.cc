@@ -1,8 +1,8 @@
-#include "fuyou/backend_select.h"
 #include "fuyou/engine.h"
 
 #include <unistd.h>
 
+#include "fuyou/backend_select.h"
 #include "fuyou/error.h"
 #include "fuyou/hf_checkpoint.h"
 #include "fuyou/log.h"
@@ -38,13 +38,16 @@ class InMemoryEngine final : public TrainEngine {
   bool offloaded() const override { return false; }
   std::string describe() const override {
     if (runner_.optimizer_on_device())
-      return str("in-memory training: parameters, gradients, activations, fp32 master weights and Adam moments "
-                 "on the device (",
-                 format_size(be_.memory().used), "), AdamW on the device (optimizer.placement)");
+      return str(
+          "in-memory training: parameters, gradients, activations, fp32 master weights and Adam "
+          "moments "
+          "on the device (",
+          format_size(be_.memory().used), "), AdamW on the device (optimizer.placement)");
     const OptimFormat& f = runner_.optim_format();
     return str("in-memory training: parameters, gradients and activations on the device (",
-               format_size(be_.memory().used), "), ", master_format_name(f.master), " master weights and ",
-               moment_format_name(f.moments), " Adam moments in host memory (",
+               format_size(be_.memory().used), "), ", master_format_name(f.master),
+               " master weights and ", moment_format_name(f.moments),
+               " Adam moments in host memory (",
                format_size(optim_state_bytes(f, runner_.num_params())), "), AdamW on the host");
   }
   void init_params() override {
@@ -57,14 +60,16 @@ class InMemoryEngine final : public TrainEngine {
       reader.read_group(static_cast<int>(g), params.data() + layout.groups[g].offset);
     runner_.set_params(params.data());
   }
-  StepResult step(int64_t s, const std::vector<const int32_t*>& mbs, const std::vector<const uint8_t*>& masks,
+  StepResult step(int64_t s, const std::vector<const int32_t*>& mbs,
+                  const std::vector<const uint8_t*>& masks,
                   const std::vector<const int32_t*>& positions) override {
     return runner_.step(s, mbs, masks, positions);
   }
   float eval_loss(const int32_t* batch, const uint8_t* mask, const int32_t* positions) override {
     return runner_.eval_loss(batch, mask, positions);
   }
-  void save_weights(const std::string& path, const std::map<std::string, std::string>& md) override {
+  void save_weights(const std::string& path,
+                    const std::map<std::string, std::string>& md) override {
     const ParamLayout& layout = runner_.model().layout();
     // In memory the master array already holds every group: write from it directly.
     float* base = const_cast<float*>(runner_.master().data());
@@ -77,17 +82,24 @@ class InMemoryEngine final : public TrainEngine {
     }
     w.finish();
   }
-  void read_state(int g, StateKind kind, const StateSink& sink) override { runner_.read_state(g, kind, sink); }
-  void write_state(int g, StateKind kind, const StateSource& source) override { runner_.write_state(g, kind, source); }
+  void read_state(int g, StateKind kind, const StateSink& sink) override {
+    runner_.read_state(g, kind, sink);
+  }
+  void write_state(int g, StateKind kind, const StateSource& source) override {
+    runner_.write_state(g, kind, source);
+  }
   OptimFormat optim_format() const override { return runner_.optim_format(); }
-  void read_packed(int g, StateKind kind, const PackedSink& sink) override { runner_.read_packed(g, kind, sink); }
+  void read_packed(int g, StateKind kind, const PackedSink& sink) override {
+    runner_.read_packed(g, kind, sink);
+  }
   void write_packed(int g, StateKind kind, const PackedSource& source) override {
     runner_.write_packed(g, kind, source);
   }
   OptimizerCounters counters() override { return runner_.counters(); }
   void set_counters(const OptimizerCounters& c) override { runner_.set_counters(c); }
   void write_trace(const std::string& path) const override {
-    throw Error(str("--trace ", path, ": traces come from the offloading scheduler; this run trains in memory "
+    throw Error(str("--trace ", path,
+                    ": traces come from the offloading scheduler; this run trains in memory "
                     "(set offload.ssd_paths or offload.activations: swap to use the scheduler)"));
   }
 
@@ -100,8 +112,11 @@ class InMemoryEngine final : public TrainEngine {
 class OffloadEngine final : public TrainEngine {
  public:
   OffloadEngine(const Config& cfg, Backend& be, std::unique_ptr<SsdStore> store, Plan plan)
-      : cfg_(cfg), store_(std::move(store)), layout_(make_gpt_layout(cfg.model)),
-        trainer_(cfg, be, std::move(plan), store_.get()), optim_format_(fuyou::optim_format(cfg.optimizer)) {}
+      : cfg_(cfg),
+        store_(std::move(store)),
+        layout_(make_gpt_layout(cfg.model)),
+        trainer_(cfg, be, std::move(plan), store_.get()),
+        optim_format_(fuyou::optim_format(cfg.optimizer)) {}
   bool offloaded() const override { return true; }
   std::string describe() const override { return trainer_.plan().table(); }
   void init_params() override {
@@ -121,7 +136,8 @@ class OffloadEngine final : public TrainEngine {
   }
   // The plan was built for schedule.grad_accum micro-batches (plan_request); the trainer
   // checks the count.
-  StepResult step(int64_t s, const std::vector<const int32_t*>& mbs, const std::vector<const uint8_t*>& masks,
+  StepResult step(int64_t s, const std::vector<const int32_t*>& mbs,
+                  const std::vector<const uint8_t*>& masks,
                   const std::vector<const int32_t*>& positions) override {
     return trainer_.step(s, mbs, masks, positions);
   }
@@ -129,17 +145,22 @@ class OffloadEngine final : public TrainEngine {
   float eval_loss(const int32_t* batch, const uint8_t* mask, const int32_t* positions) override {
     return trainer_.eval_loss(batch, mask, positions);
   }
-  void save_weights(const std::string& path, const std::map<std::string, std::string>& md) override {
+  void save_weights(const std::string& path,
+                    const std::map<std::string, std::string>& md) override {
     save_streaming(path, layout_, md, trainer_.group_staging(),
                    [&](int g, float* dst) { trainer_.read_group_params(g, dst); });
   }
   void write_trace(const std::string& path) const override { trainer_.write_trace(path); }
-  void read_state(int g, StateKind kind, const StateSink& sink) override { trainer_.read_group_state(g, kind, sink); }
+  void read_state(int g, StateKind kind, const StateSink& sink) override {
+    trainer_.read_group_state(g, kind, sink);
+  }
   void write_state(int g, StateKind kind, const StateSource& source) override {
     trainer_.write_group_state(g, kind, source);
   }
   OptimFormat optim_format() const override { return optim_format_; }
-  void read_packed(int g, StateKind kind, const PackedSink& sink) override { trainer_.read_group_packed(g, kind, sink); }
+  void read_packed(int g, StateKind kind, const PackedSink& sink) override {
+    trainer_.read_group_packed(g, kind, sink);
+  }
   void write_packed(int g, StateKind kind, const PackedSource& source) override {
     trainer_.write_group_packed(g, kind, source);
   }
@@ -162,14 +183,17 @@ class OffloadEngine final : public TrainEngine {
 
 }  // namespace
 
-size_t device_tensor_bytes(const RuntimeConfig& runtime) { return elem_type_size(device_tensor_type(runtime)); }
+size_t device_tensor_bytes(const RuntimeConfig& runtime) {
+  return elem_type_size(device_tensor_type(runtime));
+}
 
 uint64_t in_memory_device_bytes(const ModelConfig& m, int B, size_t elem_bytes) {
   ParamLayout layout = make_gpt_layout(m);
   const uint64_t N = static_cast<uint64_t>(B) * m.seq_len, C = m.d_model;
   // Parameters and gradients, every layer's activations, the embedding output, workspace:
   // the model's own allocation lists (src/model/gpt.cc).
-  return elem_bytes * (2 * layout.total + N * C) + m.n_layer * layer_activation_bytes(m, B, elem_bytes) +
+  return elem_bytes * (2 * layout.total + N * C) +
+         m.n_layer * layer_activation_bytes(m, B, elem_bytes) +
          model_workspace_bytes(m, B, elem_bytes);
 }
 
@@ -178,8 +202,8 @@ bool wants_offload(const Config& cfg) {
   ActivationPolicy a = cfg.offload.activations;
   if (a == ActivationPolicy::kSwap || a == ActivationPolicy::kRecompute) return true;
   return cfg.offload.device_memory &&
-         in_memory_device_bytes(cfg.model, cfg.schedule.micro_batch, device_tensor_bytes(cfg.runtime)) >
-             cfg.offload.device_memory;
+         in_memory_device_bytes(cfg.model, cfg.schedule.micro_batch,
+                                device_tensor_bytes(cfg.runtime)) > cfg.offload.device_memory;
 }
 
 PlanRequest plan_request(const Config& cfg) {
@@ -200,8 +224,12 @@ PlanRequest plan_request(const Config& cfg) {
   req.deferred_updates = cfg.offload.deferred_updates;
   const int L = cfg.model.n_layer;
   switch (cfg.offload.activations) {
-    case ActivationPolicy::kAuto: req.default_act = ActPlacement::kKeep; break;
-    case ActivationPolicy::kKeep: req.acts.assign(L, ActPlacement::kKeep); break;
+    case ActivationPolicy::kAuto:
+      req.default_act = ActPlacement::kKeep;
+      break;
+    case ActivationPolicy::kKeep:
+      req.acts.assign(L, ActPlacement::kKeep);
+      break;
     case ActivationPolicy::kSwap:
       req.acts.assign(L, req.have_ssd ? ActPlacement::kSsd : ActPlacement::kHost);
       break;
@@ -219,15 +247,16 @@ uint64_t in_memory_state_bytes(const ModelConfig& m, bool fp32_sums, const Optim
   return (fp32_sums ? 8 : 4) * params + optim_state_bytes(format, params);
 }
 
-uint64_t in_memory_host_bytes(const ModelConfig& m, int micro_batch, bool device_in_host, size_t elem_bytes,
-                              bool fp32_sums, const OptimFormat& format) {
+uint64_t in_memory_host_bytes(const ModelConfig& m, int micro_batch, bool device_in_host,
+                              size_t elem_bytes, bool fp32_sums, const OptimFormat& format) {
   uint64_t arena = device_in_host ? in_memory_device_bytes(m, micro_batch, elem_bytes) : 0;
   if (device_in_host && elem_bytes < 4) arena += cpu_kernel_scratch_bytes(m, micro_batch);
   return kProcessBaseline + in_memory_state_bytes(m, fp32_sums, format) + arena;
 }
 
 bool sums_grads_in_fp32(const Config& cfg) {
-  return cfg.schedule.grad_accum > 1 && device_tensor_bytes(cfg.runtime) < 4 && cfg.schedule.grad_accum_type != "tensors";
+  return cfg.schedule.grad_accum > 1 && device_tensor_bytes(cfg.runtime) < 4 &&
+         cfg.schedule.grad_accum_type != "tensors";
 }
 
 namespace {
@@ -257,24 +286,28 @@ void check_in_memory_host_budget(const Config& cfg, bool device_in_host) {
       set ? str("offload.host_memory is ", format_size(budget))
           : str("this machine has ", format_size(budget), " of physical memory"),
       " (", format_size(kProcessBaseline), " process, ", format_size(state),
-      " master weights, gradients", sums ? " (and their fp32 sums over micro-batches)" : "", " and Adam moments (",
-      format.packed() ? str("optimizer.state ", moment_format_name(format.moments), ", optimizer.master ",
-                            master_format_name(format.master))
+      " master weights, gradients", sums ? " (and their fp32 sums over micro-batches)" : "",
+      " and Adam moments (",
+      format.packed() ? str("optimizer.state ", moment_format_name(format.moments),
+                            ", optimizer.master ", master_format_name(format.master))
                       : std::string("fp32"),
       ")",
-      device_in_host ? str(", ", format_size(need - kProcessBaseline - state),
-                                      " device arena (and its kernels' scratch with bf16 tensors), which the CPU "
-                                      "backend keeps in host memory; the arena's activations grow with "
-                                      "schedule.micro_batch (", cfg.schedule.micro_batch, ")")
-                                : std::string(),
-      "); ", set ? "raise offload.host_memory, lower schedule.micro_batch" : "lower schedule.micro_batch",
+      device_in_host
+          ? str(", ", format_size(need - kProcessBaseline - state),
+                " device arena (and its kernels' scratch with bf16 tensors), which the CPU "
+                "backend keeps in host memory; the arena's activations grow with "
+                "schedule.micro_batch (",
+                cfg.schedule.micro_batch, ")")
+          : std::string(),
+      "); ",
+      set ? "raise offload.host_memory, lower schedule.micro_batch" : "lower schedule.micro_batch",
       ", or set offload.ssd_paths to train offloaded with optimizer state on SSD"));
 }
 
 }  // namespace
 
-Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s, const HardwareProfile* placement,
-                double attention_keys) {
+Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s,
+                const HardwareProfile* placement, double attention_keys) {
   PlanRequest req = plan_request(cfg);
   req.attention_keys = attention_keys;
   req.embed_rows_first = backend.kind() != BackendKind::kCpu;
@@ -285,20 +318,26 @@ Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s, const 
   const uint64_t capacity = req.device_in_host ? 0 : backend.memory().capacity;
   Plan plan;
   double predicted = 0;
-  if (cfg.offload.activations == ActivationPolicy::kAuto && (placement || !cfg.offload.hardware.empty())) {
+  if (cfg.offload.activations == ActivationPolicy::kAuto &&
+      (placement || !cfg.offload.hardware.empty())) {
     // Automatic activation placement: the simulator's best plan on this profile.
     const HardwareProfile hw = placement ? *placement : load_hardware_profile(cfg.offload.hardware);
     if (!req.device_budget) req.device_budget = capacity;
     SwapSearchResult s = search_swap(req, hw);
-    spdlog::info("automatic activation placement on {}: {} (micro-batch {}); predicted step {:.3f} s "
-                 "({} plans simulated in {:.2f} s)", placement ? hw.name : cfg.offload.hardware, s.summary(), s.micro_batch,
-                 s.sim.period_s, s.plans_evaluated, s.search_s);
+    spdlog::info(
+        "automatic activation placement on {}: {} (micro-batch {}); predicted step {:.3f} s "
+        "({} plans simulated in {:.2f} s)",
+        placement ? hw.name : cfg.offload.hardware, s.summary(), s.micro_batch, s.sim.period_s,
+        s.plans_evaluated, s.search_s);
     plan = std::move(s.plan);
     predicted = s.sim.period_s;
   } else {
     if (cfg.offload.activations == ActivationPolicy::kAuto)
-      spdlog::info("offload.activations auto without offload.hardware: activations placed by the memory rule "
-                   "(set offload.hardware to a profile, e.g. from fuyou-bench profile, for the cost-model search)");
+      spdlog::info(
+          "offload.activations auto without offload.hardware: activations placed by the memory "
+          "rule "
+          "(set offload.hardware to a profile, e.g. from fuyou-bench profile, for the cost-model "
+          "search)");
     if (!req.device_budget) req.device_budget = capacity;
     plan = make_plan(req);
   }
@@ -306,14 +345,16 @@ Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s, const 
   return plan;
 }
 
-std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backend, const EngineOptions& opts) {
+std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backend,
+                                               const EngineOptions& opts) {
   if (!wants_offload(cfg)) {
     check_in_memory_host_budget(cfg, backend.device_is_host_memory());
     return std::make_unique<InMemoryEngine>(cfg, backend);
   }
   double predicted = 0;
-  Plan plan = train_plan(cfg, backend, &predicted, opts.placement_profile ? &*opts.placement_profile : nullptr,
-                         opts.attention_keys);
+  Plan plan =
+      train_plan(cfg, backend, &predicted,
+                 opts.placement_profile ? &*opts.placement_profile : nullptr, opts.attention_keys);
   std::unique_ptr<SsdStore> store;
   if (!cfg.offload.ssd_paths.empty()) {
     StoreConfig sc;

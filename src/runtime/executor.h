@@ -43,7 +43,8 @@ class OffloadTrainer::Impl {
   OptimizerCounters counters();
   void set_counters(const OptimizerCounters& c);
   StepResult step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
-                  const std::vector<const uint8_t*>& masks, const std::vector<const int32_t*>& positions);
+                  const std::vector<const uint8_t*>& masks,
+                  const std::vector<const int32_t*>& positions);
   float eval_loss(const int32_t* batch, const uint8_t* mask, const int32_t* positions);
   void write_trace(const std::string& path);
 
@@ -67,17 +68,17 @@ class OffloadTrainer::Impl {
     bool prev = false;          // overlaps the other slot's iteration: waits on it by prev_deps_
     bool forward_only = false;  // the validation plan
     std::vector<std::vector<int32_t>> inputs, targets;  // per micro-batch
-    std::vector<std::vector<int32_t>> positions;  // per micro-batch of packed records (B*T)
-    bool packed = false;                          // positions hold this iteration's records
-    std::vector<float> losses;     // per micro-batch: mean over its counted targets
-    std::vector<int64_t> counts;   // per micro-batch: counted targets
-    std::vector<double> sum_sq;    // per group (exact mode)
-    float loss_scale = 0;          // head gradient scale: loss scale / counted targets
-    double step_loss_scale = 1;    // fp16 loss scale of this step (1 without fp16)
-    bool apply = true;             // false: this step's updates are skipped (fp16 overflow)
+    std::vector<std::vector<int32_t>> positions;        // per micro-batch of packed records (B*T)
+    bool packed = false;                                // positions hold this iteration's records
+    std::vector<float> losses;    // per micro-batch: mean over its counted targets
+    std::vector<int64_t> counts;  // per micro-batch: counted targets
+    std::vector<double> sum_sq;   // per group (exact mode)
+    float loss_scale = 0;         // head gradient scale: loss scale / counted targets
+    double step_loss_scale = 1;   // fp16 loss scale of this step (1 without fp16)
+    bool apply = true;            // false: this step's updates are skipped (fp16 overflow)
     double grad_norm = 0, lr = 0;
     float grad_scale = 1.0f;
-    int64_t t = 0;                 // Adam's step count
+    int64_t t = 0;  // Adam's step count
     float eval_loss = 0;
     // Progress, guarded by mu_: per op done flag and times (s since epoch_, -1: not yet).
     std::vector<char> done;
@@ -114,7 +115,9 @@ class OffloadTrainer::Impl {
   void register_host_buffers();
   float* ptr(int buffer) const { return static_cast<float*>(ptr_[buffer]); }
   // The use's bytes: its buffer's memory from its offset.
-  float* at(const BufferUse& u) const { return reinterpret_cast<float*>(static_cast<char*>(ptr_[u.buffer]) + u.offset); }
+  float* at(const BufferUse& u) const {
+    return reinterpret_cast<float*>(static_cast<char*>(ptr_[u.buffer]) + u.offset);
+  }
   void* group_host_weights(int g) const;
   // The group's weights from fp32 (master) values into `dst`, as the device holds them (a
   // split master's working halves: math::split_hi).
@@ -137,7 +140,8 @@ class OffloadTrainer::Impl {
   void load_resident(Iter& it, const PlanOp& op);
   void update(Iter& it, const PlanOp& op);
   void first_rows(Iter& it);
-  static void rows_complement(const Iter& it, size_t begin, size_t end, std::vector<std::pair<size_t, size_t>>& out);
+  static void rows_complement(const Iter& it, size_t begin, size_t end,
+                              std::vector<std::pair<size_t, size_t>>& out);
   LayerTensors layer_view(void* slot, int l) { return layer_group_tensors(layout_, l, slot, es_); }
   GlobalTensors globals(void* embed, void* fin) { return global_tensors(layout_, embed, fin, es_); }
   // Element ranges [a, b) of a group's buffer of device-tensor elements, as bytes.
@@ -175,36 +179,38 @@ class OffloadTrainer::Impl {
   // process owns it), and the SSD extents.
   std::vector<void*> ptr_;
   std::vector<ExtentId> ext_;
-  std::vector<LayerActivations> acts_;  // kWorkActs, kLayerActs: the model's allocations
-  std::vector<void*> owned_;            // device allocations, freed at the end
+  std::vector<LayerActivations> acts_;          // kWorkActs, kLayerActs: the model's allocations
+  std::vector<void*> owned_;                    // device allocations, freed at the end
   std::vector<std::vector<float>> host_owned_;  // resident host buffers
-  std::unique_ptr<HostPool> pool_;      // the host slot pools
+  std::unique_ptr<HostPool> pool_;              // the host slot pools
   void *embed_w_ = nullptr, *embed_g_ = nullptr, *final_w_ = nullptr, *final_g_ = nullptr;
   std::unique_ptr<OocAdamW> opt_;
 
   Plan eval_plan_;
   Run train_, eval_;
   std::vector<std::vector<int>> prev_deps_;  // previous_iteration_deps(plan_)
-  std::vector<int> embed_refresh_ops_;        // the embedding's refresh parts in plan_
-  std::vector<int32_t> row_tokens_;           // first_rows' scratch (d2h thread)
-  std::vector<std::pair<size_t, size_t>> opt_ranges_, h2d_ranges_, d2h_ranges_;  // rows_complement's, per thread
-  Iter iters_[2];      // the iterations that may be in flight; submissions alternate
+  std::vector<int> embed_refresh_ops_;       // the embedding's refresh parts in plan_
+  std::vector<int32_t> row_tokens_;          // first_rows' scratch (d2h thread)
+  std::vector<std::pair<size_t, size_t>> opt_ranges_, h2d_ranges_,
+      d2h_ranges_;  // rows_complement's, per thread
+  Iter iters_[2];   // the iterations that may be in flight; submissions alternate
   int next_slot_ = 0;
   Ring rings_[kNumResources];  // per resource: (iteration slot, op id) in submission order
   std::vector<std::thread> workers_;
   std::vector<void*> registered_;  // host buffers page-locked through the backend
-  std::mutex mu_;  // guards iters_' progress fields, rings_, failed_, error_, stop_
+  std::mutex mu_;                  // guards iters_' progress fields, rings_, failed_, error_, stop_
   std::condition_variable cv_;
   bool stop_ = false;
   bool failed_ = false;  // an op threw: nothing more runs, every later call rethrows
   std::exception_ptr error_;
   clock_type::time_point epoch_;
   double window_start_ = -1;  // when the current step window began (-1: at the next submission)
-  uint64_t window_read_ = 0, window_written_ = 0;  // store counters at that moment
+  uint64_t window_read_ = 0, window_written_ = 0;    // store counters at that moment
   std::array<double, kNumResources> window_busy_{};  // busy time of iterations retired within it
-  double window_disk_ = 0;    // the store's busy_s at that moment
-  std::array<OpTraffic, kNumResources> moved_{};  // per resource thread: the running op's bytes
-  int update_threads_ = 1;    // runtime.threads: every worker's, and an update's that has the cores to itself
+  double window_disk_ = 0;                           // the store's busy_s at that moment
+  std::array<OpTraffic, kNumResources> moved_{};     // per resource thread: the running op's bytes
+  int update_threads_ =
+      1;  // runtime.threads: every worker's, and an update's that has the cores to itself
   std::unique_ptr<DynamicLossScaler> scaler_;
   int64_t t_ = 0;  // Adam's step count of the last submitted step
 };

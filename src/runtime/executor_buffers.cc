@@ -2,9 +2,9 @@
 // step (device buffers from the backend's arena, host slots from one pinned pool, resident
 // host buffers, SSD extents), the optimizer over the plan's state tiers, and parameters in
 // and out.
-#include <cstring>
-
 #include <spdlog/spdlog.h>
+
+#include <cstring>
 
 #include "fuyou/error.h"
 #include "fuyou/sizes.h"
@@ -18,23 +18,34 @@ namespace {
 // The host pool's slot class of each kind of host slot (names for the pool's messages).
 const char* pool_class(BufferKind k) {
   switch (k) {
-    case BufferKind::kReadSlot: return "weights.read";
-    case BufferKind::kWoutSlot: return "weights.out";
-    case BufferKind::kCkptStage: return "checkpoint.staging";
-    case BufferKind::kHostGradSlot: return "gradients";
-    case BufferKind::kGradStage: return "gradients.staging";
-    case BufferKind::kStateStage: return "state.staging";
-    default: return nullptr;
+    case BufferKind::kReadSlot:
+      return "weights.read";
+    case BufferKind::kWoutSlot:
+      return "weights.out";
+    case BufferKind::kCkptStage:
+      return "checkpoint.staging";
+    case BufferKind::kHostGradSlot:
+      return "gradients";
+    case BufferKind::kGradStage:
+      return "gradients.staging";
+    case BufferKind::kStateStage:
+      return "state.staging";
+    default:
+      return nullptr;
   }
 }
 
 // The store extent of an SSD buffer the executor owns (the optimizer defines its own).
 std::string extent_name(const PlanBuffer& b) {
   switch (b.kind) {
-    case BufferKind::kSsdWeights: return str("layer.", b.index, "/weights");
-    case BufferKind::kSsdCkpt: return str("layer.", b.index, "/checkpoint");
-    case BufferKind::kSsdGrads: return str("layer.", b.index, "/gradients");
-    default: return "";
+    case BufferKind::kSsdWeights:
+      return str("layer.", b.index, "/weights");
+    case BufferKind::kSsdCkpt:
+      return str("layer.", b.index, "/checkpoint");
+    case BufferKind::kSsdGrads:
+      return str("layer.", b.index, "/gradients");
+    default:
+      return "";
   }
 }
 
@@ -43,31 +54,39 @@ std::string extent_name(const PlanBuffer& b) {
 void OffloadTrainer::Impl::check_plan() {
   check_optim_format(cfg_.optimizer, be_.storage_type());
   if (plan_.optim_format != optim_format(cfg_.optimizer))
-    throw Error(str("the plan is for optimizer state ", moment_format_name(plan_.optim_format.moments), " / master ",
+    throw Error(str("the plan is for optimizer state ",
+                    moment_format_name(plan_.optim_format.moments), " / master ",
                     master_format_name(plan_.optim_format.master), " but the config asks for ",
-                    cfg_.optimizer.state, " / ", cfg_.optimizer.master, " (optimizer.state, optimizer.master)"));
+                    cfg_.optimizer.state, " / ", cfg_.optimizer.master,
+                    " (optimizer.state, optimizer.master)"));
   if (be_.storage_type() != plan_.tensors)
-    throw Error(str("the plan is for ", elem_type_name(plan_.tensors), " device tensors but the backend stores ",
-                    elem_type_name(be_.storage_type()), " (runtime.device_tensors)"));
-  if (plan_.forward_only) throw Error("OffloadTrainer needs a training plan; it derives the forward-only one itself");
+    throw Error(str("the plan is for ", elem_type_name(plan_.tensors),
+                    " device tensors but the backend stores ", elem_type_name(be_.storage_type()),
+                    " (runtime.device_tensors)"));
+  if (plan_.forward_only)
+    throw Error("OffloadTrainer needs a training plan; it derives the forward-only one itself");
   if (be_.matmul_precision() == MatmulPrecision::kFp16) {
     // The overflow check needs every gradient before any update: only exact plans have it.
     if (!plan_.exact)
-      throw Error("fp16 GEMM inputs need an exact-mode plan (the loss-scale overflow check "
-                  "sees every gradient before any update)");
+      throw Error(
+          "fp16 GEMM inputs need an exact-mode plan (the loss-scale overflow check "
+          "sees every gradient before any update)");
     LossScaleConfig ls;
     ls.initial = cfg_.optimizer.initial_loss_scale;
     scaler_ = std::make_unique<DynamicLossScaler>(ls);
   }
   for (const PlanBuffer& b : plan_.buffers)
     if (b.tier == Tier::kSsd && !store_)
-      throw Error(str("the plan keeps state on SSD (", b.name(), ") but no store is open (offload.ssd_paths)"));
+      throw Error(str("the plan keeps state on SSD (", b.name(),
+                      ") but no store is open (offload.ssd_paths)"));
 }
 
 void OffloadTrainer::Impl::allocate_device(int id, const PlanBuffer& b) {
   switch (b.kind) {
-    case BufferKind::kModelWorkspace: return;  // the model's own
-    case BufferKind::kEmbedRows: return;       // a view, resolved after the embedding
+    case BufferKind::kModelWorkspace:
+      return;  // the model's own
+    case BufferKind::kEmbedRows:
+      return;  // a view, resolved after the embedding
     case BufferKind::kWorkActs:
       acts_[id] = model_.alloc_activations("working activations");
       return;
@@ -92,9 +111,12 @@ void OffloadTrainer::Impl::allocate_buffers() {
   for (const PlanBuffer& b : plan_.buffers) {
     const char* cls = pool_class(b.kind);
     if (!cls) continue;
-    auto it = std::find_if(specs.begin(), specs.end(), [&](const SlotSpec& s) { return s.name == cls; });
-    if (it == specs.end()) specs.push_back({cls, b.bytes, 1});
-    else ++it->count;
+    auto it =
+        std::find_if(specs.begin(), specs.end(), [&](const SlotSpec& s) { return s.name == cls; });
+    if (it == specs.end())
+      specs.push_back({cls, b.bytes, 1});
+    else
+      ++it->count;
   }
   pool_ = std::make_unique<HostPool>(specs);
   if (store_) store_->register_pool(*pool_);
@@ -104,10 +126,11 @@ void OffloadTrainer::Impl::allocate_buffers() {
       allocate_device(static_cast<int>(id), b);
     } else if (const char* cls = pool_class(b.kind)) {
       ptr_[id] = pool_->slot(pool_->slot_class(cls), static_cast<uint32_t>(b.index)).ptr;
-    } else if (b.tier == Tier::kHost && (b.kind == BufferKind::kHostWeights || b.kind == BufferKind::kHostCkpt ||
-                                         b.kind == BufferKind::kGradHold || b.kind == BufferKind::kEmbedGradHold ||
-                                         b.kind == BufferKind::kFinalGradHold || b.kind == BufferKind::kHostEmbed ||
-                                         b.kind == BufferKind::kHostFinal)) {
+    } else if (b.tier == Tier::kHost &&
+               (b.kind == BufferKind::kHostWeights || b.kind == BufferKind::kHostCkpt ||
+                b.kind == BufferKind::kGradHold || b.kind == BufferKind::kEmbedGradHold ||
+                b.kind == BufferKind::kFinalGradHold || b.kind == BufferKind::kHostEmbed ||
+                b.kind == BufferKind::kHostFinal)) {
       host_owned_.emplace_back((b.bytes + 3) / 4, 0.0f);
       ptr_[id] = host_owned_.back().data();
     } else if (b.tier == Tier::kSsd && !extent_name(b).empty()) {
@@ -123,8 +146,10 @@ void OffloadTrainer::Impl::allocate_buffers() {
 
 void OffloadTrainer::Impl::make_optimizer() {
   std::vector<Tier> tiers;
-  for (size_t g = 0; g < layout_.groups.size(); ++g) tiers.push_back(plan_.optim_tier(static_cast<int>(g)));
-  opt_ = std::make_unique<OocAdamW>(optimizer_groups(layout_), tiers, store_, optimizer_options(cfg_.optimizer));
+  for (size_t g = 0; g < layout_.groups.size(); ++g)
+    tiers.push_back(plan_.optim_tier(static_cast<int>(g)));
+  opt_ = std::make_unique<OocAdamW>(optimizer_groups(layout_), tiers, store_,
+                                    optimizer_options(cfg_.optimizer));
 }
 
 // Every host buffer a copy reads or writes is page-locked (CUDA: full-speed asynchronous
@@ -147,7 +172,8 @@ const uint16_t* OffloadTrainer::Impl::group_working_weights(int g) {
   const int L = cfg_.model.n_layer;
   if (g == 0 || g == L + 1 || plan_.layers[g - 1].weights == Tier::kHost)
     return static_cast<const uint16_t*>(group_host_weights(g));
-  const int slot = plan_.buffer(BufferKind::kReadSlot, 0), ext = plan_.buffer(BufferKind::kSsdWeights, g - 1);
+  const int slot = plan_.buffer(BufferKind::kReadSlot, 0),
+            ext = plan_.buffer(BufferKind::kSsdWeights, g - 1);
   store_->read_sync(ext_[ext], 0, ptr(slot), round_up(plan_.buffers[ext].bytes, kIoAlign));
   return static_cast<const uint16_t*>(ptr_[slot]);
 }
@@ -185,7 +211,8 @@ void OffloadTrainer::Impl::set_group_weights(int g, const float* src) {
   char* staging = reinterpret_cast<char*>(ptr(plan_.buffer(BufferKind::kReadSlot, 0)));
   put_weights(staging, src, pg.numel);
   std::memset(staging + bytes, 0, round_up(bytes, kIoAlign) - bytes);
-  store_->write_sync(ext_[plan_.buffer(BufferKind::kSsdWeights, l)], 0, staging, round_up(ssd.bytes, kIoAlign));
+  store_->write_sync(ext_[plan_.buffer(BufferKind::kSsdWeights, l)], 0, staging,
+                     round_up(ssd.bytes, kIoAlign));
   if (plan_.layers[l].retained >= 0)
     std::memcpy(ptr(plan_.buffer(BufferKind::kWoutSlot, plan_.layers[l].retained)), staging, bytes);
 }
@@ -205,7 +232,8 @@ void OffloadTrainer::Impl::read_group_params(int g, float* dst) {
 // steps) where gradients are fp32, the plan's state staging where they are 16-bit.
 float* OffloadTrainer::Impl::group_staging() {
   drain();
-  return ptr(plan_.buffer(tensors_ == ElemType::kF32 ? BufferKind::kHostGradSlot : BufferKind::kStateStage, 0));
+  return ptr(plan_.buffer(
+      tensors_ == ElemType::kF32 ? BufferKind::kHostGradSlot : BufferKind::kStateStage, 0));
 }
 
 void OffloadTrainer::Impl::read_group_state(int g, StateKind kind, const StateSink& sink) {
@@ -236,8 +264,9 @@ void OffloadTrainer::Impl::write_group_state(int g, StateKind kind, const StateS
   if (kind != StateKind::kMaster) return opt_->write_state(g, kind, source);
   float* staging = group_staging();
   source(0, staging, layout_.groups.at(g).numel);
-  opt_->write_state(g, StateKind::kMaster,
-                    [&](size_t begin, float* data, size_t n) { std::memcpy(data, staging + begin, 4 * n); });
+  opt_->write_state(g, StateKind::kMaster, [&](size_t begin, float* data, size_t n) {
+    std::memcpy(data, staging + begin, 4 * n);
+  });
   set_group_weights(g, staging);
 }
 
@@ -254,7 +283,8 @@ void OffloadTrainer::Impl::set_counters(const OptimizerCounters& c) {
   drain();
   if (c.has_loss_scale != (scaler_ != nullptr))
     throw Error(str("training state: the checkpoint ", c.has_loss_scale ? "has" : "has no",
-                    " fp16 loss-scale state but this run ", scaler_ ? "uses" : "does not use", " fp16"));
+                    " fp16 loss-scale state but this run ", scaler_ ? "uses" : "does not use",
+                    " fp16"));
   t_ = c.adam_step;
   if (scaler_) scaler_->restore(c.loss_scale);
 }
@@ -262,7 +292,8 @@ void OffloadTrainer::Impl::set_counters(const OptimizerCounters& c) {
 void OffloadTrainer::Impl::read_params(float* params) {
   drain();
   std::fill(params, params + layout_.total, 0.0f);
-  for (size_t g = 0; g < layout_.groups.size(); ++g) read_group_params(static_cast<int>(g), params + layout_.groups[g].offset);
+  for (size_t g = 0; g < layout_.groups.size(); ++g)
+    read_group_params(static_cast<int>(g), params + layout_.groups[g].offset);
 }
 
 }  // namespace fuyou

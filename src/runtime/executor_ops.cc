@@ -36,8 +36,10 @@ void OffloadTrainer::Impl::run_op(Iter& it, const PlanOp& op) {
       const BufferUse &src = op.use(Role::kSource), &dst = op.use(Role::kDest);
       return to_host(op, at(dst), at(src), src.bytes);
     }
-    case OpKind::kSaveGrads: return save_grads(it, op);
-    case OpKind::kLoadResident: return load_resident(it, op);
+    case OpKind::kSaveGrads:
+      return save_grads(it, op);
+    case OpKind::kLoadResident:
+      return load_resident(it, op);
     case OpKind::kEmbedForward: {
       // Each micro-batch's tokens go to the device here, on the compute queue: the previous
       // micro-batch's head and embedding backward, which read them, ran before.
@@ -56,7 +58,8 @@ void OffloadTrainer::Impl::run_op(Iter& it, const PlanOp& op) {
     case OpKind::kHead:
     case OpKind::kHeadLoss:
       return run_head(it, op);
-    case OpKind::kBackward: return run_backward(op);
+    case OpKind::kBackward:
+      return run_backward(op);
     case OpKind::kEmbedBackward:
       return model_.embed_backward(globals(embed_g_, final_g_), at(op.use(Role::kResidual)));
     case OpKind::kGradSumSq:
@@ -73,13 +76,15 @@ void OffloadTrainer::Impl::run_op(Iter& it, const PlanOp& op) {
       // reduction StepRunner uses.
       double sq = 0;
       for (double g : it.sum_sq) sq += g;
-      const StepDecision d = decide_step(sq, it.step_loss_scale, cfg_.optimizer.grad_clip, scaler_.get());
+      const StepDecision d =
+          decide_step(sq, it.step_loss_scale, cfg_.optimizer.grad_clip, scaler_.get());
       it.grad_norm = d.grad_norm;
       it.grad_scale = d.grad_scale;
       it.apply = d.apply;
       return;
     }
-    case OpKind::kUpdate: return update(it, op);
+    case OpKind::kUpdate:
+      return update(it, op);
   }
 }
 #pragma GCC diagnostic pop
@@ -117,7 +122,8 @@ void OffloadTrainer::Impl::run_forward(Iter& it, const PlanOp& op) {
   void* weights = at(op.use(Role::kWeights));
   LayerActivations a = acts_[op.use(Role::kWork).buffer];
   a.out = at(op.use(Role::kOutput));
-  if (op.kind == OpKind::kForward && owner_.on_forward) owner_.on_forward(l, weights, layout_.groups[1 + l].numel);
+  if (op.kind == OpKind::kForward && owner_.on_forward)
+    owner_.on_forward(l, weights, layout_.groups[1 + l].numel);
   model_.block_forward(layer_view(weights, l), at(op.use(Role::kInput)), a);
 }
 
@@ -127,8 +133,9 @@ void OffloadTrainer::Impl::run_backward(const PlanOp& op) {
   // adds to what load_grads put back, so each sum is formed term by term as in-memory
   // training forms it.
   if (grads.access == Access::kWrite) be_.zero(at(grads), grads.bytes);
-  model_.block_backward(layer_view(at(op.use(Role::kWeights)), op.layer), layer_view(at(grads), op.layer),
-                        at(op.use(Role::kInput)), acts_[op.use(Role::kWork).buffer], at(op.use(Role::kResidual)));
+  model_.block_backward(layer_view(at(op.use(Role::kWeights)), op.layer),
+                        layer_view(at(grads), op.layer), at(op.use(Role::kInput)),
+                        acts_[op.use(Role::kWork).buffer], at(op.use(Role::kResidual)));
 }
 
 void OffloadTrainer::Impl::run_head(Iter& it, const PlanOp& op) {
@@ -139,7 +146,8 @@ void OffloadTrainer::Impl::run_head(Iter& it, const PlanOp& op) {
     return;
   }
   it.losses[op.micro] = model_.head_forward(g, x, true);
-  model_.head_backward(g, globals(embed_g_, final_g_), x, it.loss_scale, at(op.use(Role::kResidual)));
+  model_.head_backward(g, globals(embed_g_, final_g_), x, it.loss_scale,
+                       at(op.use(Role::kResidual)));
 }
 
 void OffloadTrainer::Impl::save_grads(Iter& it, const PlanOp& op) {
@@ -147,10 +155,13 @@ void OffloadTrainer::Impl::save_grads(Iter& it, const PlanOp& op) {
   if (op.group == 0 && plan_.embed_rows_first) {
     // Rows first: part -1 fixes the rows (first_rows) and copies them; the parts copy the
     // rest of their ranges, never a range the rows update may be reading.
-    if (op.part < 0) first_rows(it);
-    else rows_complement(it, src.offset / es_, (src.offset + src.bytes) / es_, d2h_ranges_);
+    if (op.part < 0)
+      first_rows(it);
+    else
+      rows_complement(it, src.offset / es_, (src.offset + src.bytes) / es_, d2h_ranges_);
     void *from = ptr(src.buffer), *to = ptr(dst.buffer);
-    for (const auto& [a, b] : op.part < 0 ? it.first_rows : d2h_ranges_) to_host(op, elem(to, a), elem(from, a), es_ * (b - a));
+    for (const auto& [a, b] : op.part < 0 ? it.first_rows : d2h_ranges_)
+      to_host(op, elem(to, a), elem(from, a), es_ * (b - a));
     return;
   }
   to_host(op, at(dst), at(src), src.bytes);
@@ -159,9 +170,11 @@ void OffloadTrainer::Impl::save_grads(Iter& it, const PlanOp& op) {
 void OffloadTrainer::Impl::load_resident(Iter& it, const PlanOp& op) {
   const BufferUse &src = op.use(Role::kSource), &dst = op.use(Role::kDest);
   if (op.group == 0 && plan_.embed_rows_first) {
-    if (op.part >= 0) rows_complement(it, src.offset / es_, (src.offset + src.bytes) / es_, h2d_ranges_);
+    if (op.part >= 0)
+      rows_complement(it, src.offset / es_, (src.offset + src.bytes) / es_, h2d_ranges_);
     void *from = ptr(src.buffer), *to = ptr(dst.buffer);
-    for (const auto& [a, b] : op.part < 0 ? it.first_rows : h2d_ranges_) to_device(op, elem(to, a), elem(from, a), es_ * (b - a));
+    for (const auto& [a, b] : op.part < 0 ? it.first_rows : h2d_ranges_)
+      to_device(op, elem(to, a), elem(from, a), es_ * (b - a));
     return;
   }
   to_device(op, at(dst), at(src), src.bytes);
@@ -207,7 +220,8 @@ void OffloadTrainer::Impl::update(Iter& it, const PlanOp& op) {
 // (its tokens, sorted and without repeats) when that step is queued, and everything after
 // the token table (the position table), as element ranges in it.first_rows.
 void OffloadTrainer::Impl::first_rows(Iter& it) {
-  const size_t C = cfg_.model.d_model, table = C * cfg_.model.vocab_size, numel = layout_.groups[0].numel;
+  const size_t C = cfg_.model.d_model, table = C * cfg_.model.vocab_size,
+               numel = layout_.groups[0].numel;
   it.first_rows.clear();
   row_tokens_.clear();
   {
@@ -221,8 +235,10 @@ void OffloadTrainer::Impl::first_rows(Iter& it) {
   // Adjacent rows make one range: one copy and one update range instead of one per row
   // (tens of thousands per step at large micro-batches, each a cudaMemcpyAsync on a GPU).
   auto add = [&](size_t a, size_t b) {
-    if (!it.first_rows.empty() && it.first_rows.back().second == a) it.first_rows.back().second = b;
-    else it.first_rows.push_back({a, b});
+    if (!it.first_rows.empty() && it.first_rows.back().second == a)
+      it.first_rows.back().second = b;
+    else
+      it.first_rows.push_back({a, b});
   };
   for (int32_t tok : row_tokens_) add(tok * C, tok * C + C);
   if (table < numel) add(table, numel);

@@ -1,4 +1,3 @@
-#include "fuyou/timing.h"
 #include "fuyou/generate.h"
 
 #include <chrono>
@@ -11,6 +10,7 @@
 #include "fuyou/data.h"
 #include "fuyou/error.h"
 #include "fuyou/hf_checkpoint.h"
+#include "fuyou/timing.h"
 
 namespace fs = std::filesystem;
 

@@ -46,11 +46,12 @@ void MetricsLog::append(const std::string& line) {
     const int err = w < 0 ? errno : EIO;  // 0 bytes written for a non-empty write: no progress
     if (w < 0 && err == EINTR) continue;
     if (!may_pass(err) || waited >= retry_seconds_)
-      throw IoError(str(path_, ": cannot append ", text.size() - done, " of the ", text.size(), " bytes of a line: ",
-                        std::strerror(err), may_pass(err) ? str(" (retried for ", waited, " s)") : std::string()));
+      throw IoError(str(path_, ": cannot append ", text.size() - done, " of the ", text.size(),
+                        " bytes of a line: ", std::strerror(err),
+                        may_pass(err) ? str(" (retried for ", waited, " s)") : std::string()));
     if (!warned)
-      spdlog::warn("{}: write failed: {}; retrying for up to {} s (the line is kept)", path_, std::strerror(err),
-                   retry_seconds_);
+      spdlog::warn("{}: write failed: {}; retrying for up to {} s (the line is kept)", path_,
+                   std::strerror(err), retry_seconds_);
     warned = true;
     std::this_thread::sleep_for(std::chrono::duration<double>(pause));
     waited += pause;

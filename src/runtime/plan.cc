@@ -1,6 +1,8 @@
 // The planner: places state in the memory tiers within the budgets and sizes the slot pools
 // (here), then lays out one iteration's operations per resource with their dependencies
 // (plan_ops.cc).
+#include "fuyou/plan.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -8,7 +10,6 @@
 
 #include "fuyou/error.h"
 #include "fuyou/model.h"
-#include "fuyou/plan.h"
 #include "fuyou/sizes.h"
 #include "plan_internal.h"
 
@@ -31,7 +32,9 @@ ParamRange part_range(size_t numel, int part, int parts) {
 
 namespace {
 
-uint64_t device_bytes(const std::vector<PlanBuffer>& device) { return sum_buffers(device).device_bytes; }
+uint64_t device_bytes(const std::vector<PlanBuffer>& device) {
+  return sum_buffers(device).device_bytes;
+}
 
 // Places one plan's state in the memory tiers within the budgets and sizes its slot pools,
 // for a given number of deferred updates: everything of a Plan but its ops. Each buffer goes
@@ -39,8 +42,12 @@ uint64_t device_bytes(const std::vector<PlanBuffer>& device) { return sum_buffer
 class Placer {
  public:
   Placer(const PlanRequest& req, int deferred)
-      : req_(req), n_layer_(req.model.n_layer), sizes_(compute_sizes(req.model, req.micro_batch, req.tensors, req.attention_keys)), deferred_(deferred),
-        layout_(make_gpt_layout(req.model)), hold_(req.exact || req.grad_accum > 1),
+      : req_(req),
+        n_layer_(req.model.n_layer),
+        sizes_(compute_sizes(req.model, req.micro_batch, req.tensors, req.attention_keys)),
+        deferred_(deferred),
+        layout_(make_gpt_layout(req.model)),
+        hold_(req.exact || req.grad_accum > 1),
         accum_fp32_(req.accum_fp32 && req.grad_accum > 1 && req.tensors != ElemType::kF32),
         held_(held_grad_bytes(accum_fp32_, sizes_.elem_bytes, sizes_.weights)),
         dev_budget_(req.device_budget ? req.device_budget : UINT64_MAX),
@@ -53,7 +60,8 @@ class Placer {
     plan_.attention_keys = req_.attention_keys;
     plan_.exact = req_.exact;
     plan_.optim_format = req_.optim_format;
-    if (req_.grad_accum < 1) throw ConfigError(str("schedule.grad_accum is ", req_.grad_accum, "; it must be at least 1"));
+    if (req_.grad_accum < 1)
+      throw ConfigError(str("schedule.grad_accum is ", req_.grad_accum, "; it must be at least 1"));
     plan_.grad_accum = req_.grad_accum;
     plan_.accum_fp32 = accum_fp32_;
     plan_.layers.resize(n_layer_);
@@ -72,11 +80,11 @@ class Placer {
     // Not with fp32 sums: the update reads the whole sum after the last micro-batch's
     // accumulation, which goes as one op.
     plan_.embed_parts = req_.exact || accum_fp32_ || plan_.embed_optim != Tier::kHost ? 1
-                        : req_.embed_parts > 0                              ? req_.embed_parts
-                        : sizes_.embed >= (16ull << 20)                        ? kEmbedParts
-                                                                            : 1;
-    plan_.embed_rows_first =
-        req_.embed_rows_first && plan_.embed_parts > 1 && req_.optim_format.moments != MomentFormat::kInt8;
+                        : req_.embed_parts > 0          ? req_.embed_parts
+                        : sizes_.embed >= (16ull << 20) ? kEmbedParts
+                                                        : 1;
+    plan_.embed_rows_first = req_.embed_rows_first && plan_.embed_parts > 1 &&
+                             req_.optim_format.moments != MomentFormat::kInt8;
     plan_.buffers = in_table_order(std::move(table_.rows));
     return plan_;
   }
@@ -99,9 +107,11 @@ class Placer {
     for (int l = 0; l < n_layer_; ++l) {
       if (acts[l] == ActPlacement::kSsd && !req_.have_ssd)
         throw ConfigError(str("layer ", l, ": activations to SSD need offload.ssd_paths"));
-      if (acts[l] == ActPlacement::kRecompute && (l == 0 || acts[l - 1] == ActPlacement::kRecompute))
-        throw ConfigError(str("layer ", l, ": 'recompute' rebuilds the input from layer ", l - 1,
-                              "'s checkpoint, so layer 0 and two recomputed layers in a row are not allowed"));
+      if (acts[l] == ActPlacement::kRecompute &&
+          (l == 0 || acts[l - 1] == ActPlacement::kRecompute))
+        throw ConfigError(
+            str("layer ", l, ": 'recompute' rebuilds the input from layer ", l - 1,
+                "'s checkpoint, so layer 0 and two recomputed layers in a row are not allowed"));
     }
     min_dw_ = std::count(acts.begin(), acts.end(), ActPlacement::kRecompute) > 0 ? 3 : 2;
     if (!auto_acts) return acts;
@@ -114,17 +124,22 @@ class Placer {
   }
 
   // Host bytes of group g's optimizer state.
-  uint64_t state_bytes(int g) const { return optim_state_bytes(req_.optim_format, layout_.groups[g].numel); }
-  uint64_t max_group_bytes() const { return std::max(sizes_.weights, std::max(sizes_.embed, sizes_.final)); }
+  uint64_t state_bytes(int g) const {
+    return optim_state_bytes(req_.optim_format, layout_.groups[g].numel);
+  }
+  uint64_t max_group_bytes() const {
+    return std::max(sizes_.weights, std::max(sizes_.embed, sizes_.final));
+  }
   // The memory line held gradients are counted under.
   std::string held_part() const {
-    return accum_fp32_ ? "held gradients (fp32 sums over micro-batches)"
+    return accum_fp32_  ? "held gradients (fp32 sums over micro-batches)"
            : req_.exact ? "held gradients (exact mode)"
                         : "held gradients (gradient accumulation)";
   }
 
   uint64_t device_need(const std::vector<ActPlacement>& acts, int dw, int dc, int dg) const {
-    return device_bytes(device_buffers(req_.model, req_.micro_batch, req_.tensors, acts, dw, dc, dg));
+    return device_bytes(
+        device_buffers(req_.model, req_.micro_batch, req_.tensors, acts, dw, dc, dg));
   }
 
   // The device pools: weight, checkpoint and gradient slots, as many as fit (4, 3, 2 at
@@ -132,9 +147,12 @@ class Placer {
   void size_device_pools(const std::vector<ActPlacement>& acts) {
     const uint64_t minimal = device_need(acts, min_dw_, 2, 1);
     if (minimal > dev_budget_) {
-      std::vector<ActPlacement> leanest(n_layer_, req_.have_ssd ? ActPlacement::kSsd : ActPlacement::kHost);
+      std::vector<ActPlacement> leanest(n_layer_,
+                                        req_.have_ssd ? ActPlacement::kSsd : ActPlacement::kHost);
       std::string detail;
-      for (auto& [n, b] : sum_buffers(device_buffers(req_.model, req_.micro_batch, req_.tensors, acts, min_dw_, 2, 1)).device_parts)
+      for (auto& [n, b] : sum_buffers(device_buffers(req_.model, req_.micro_batch, req_.tensors,
+                                                     acts, min_dw_, 2, 1))
+                              .device_parts)
         detail += str("\n  ", n, ": ", format_size(b));
       // The whole micro-batch's logits are often the largest buffer: say what chunking them saves.
       std::string hint;
@@ -142,20 +160,26 @@ class Placer {
       if (head_chunk_rows(req_.model, req_.micro_batch) == N && N > chunk) {
         ModelConfig m = req_.model;
         m.head_chunk_tokens = chunk;
-        hint = str("\n  the same with model.head_chunk_tokens: ", chunk, " (the LM head in chunks, docs/config.md): ",
-                   format_size(device_bytes(device_buffers(m, req_.micro_batch, req_.tensors, leanest, 2, 2, 1))));
+        hint = str("\n  the same with model.head_chunk_tokens: ", chunk,
+                   " (the LM head in chunks, docs/config.md): ",
+                   format_size(device_bytes(
+                       device_buffers(m, req_.micro_batch, req_.tensors, leanest, 2, 2, 1))));
       }
       throw Error(str("device memory: the plan needs at least ", format_size(minimal),
                       " but offload.device_memory is ", format_size(dev_budget_), ":", detail,
-                      "\n  smallest device budget that runs this model at micro_batch ", req_.micro_batch, ": ",
-                      format_size(device_need(leanest, 2, 2, 1)), hint));
+                      "\n  smallest device budget that runs this model at micro_batch ",
+                      req_.micro_batch, ": ", format_size(device_need(leanest, 2, 2, 1)), hint));
     }
     int dw = 4, dc = 3, dg = 2;
     while (device_need(acts, dw, dc, dg) > dev_budget_) {
-      if (dw > min_dw_) --dw;
-      else if (dc > 2) --dc;
-      else if (dg > 1) --dg;
-      else break;
+      if (dw > min_dw_)
+        --dw;
+      else if (dc > 2)
+        --dc;
+      else if (dg > 1)
+        --dg;
+      else
+        break;
     }
     plan_.pools.device_weight_slots = dw;
     plan_.pools.device_ckpt_slots = dc;
@@ -170,13 +194,16 @@ class Placer {
   void place_fixed_host(const std::vector<ActPlacement>& acts) {
     table_.add(BufferKind::kProcess, 0, H, kProcessBaseline, "process baseline");
     if (req_.device_in_host)
-      table_.add(BufferKind::kDeviceArena, 0, H, table_.bytes(Tier::kDevice), "device arena (CPU backend: host memory)");
+      table_.add(BufferKind::kDeviceArena, 0, H, table_.bytes(Tier::kDevice),
+                 "device arena (CPU backend: host memory)");
     if (sizes_.elem_bytes < 4 && req_.device_in_host)
-      table_.add(BufferKind::kKernelScratch, 0, H, cpu_kernel_scratch_bytes(req_.model, req_.micro_batch),
+      table_.add(BufferKind::kKernelScratch, 0, H,
+                 cpu_kernel_scratch_bytes(req_.model, req_.micro_batch),
                  "kernel scratch (CPU backend: fp32 views of bf16 tensors)");
     uint64_t ssd_ckpt_layers = 0;
     for (int l = 0; l < n_layer_; ++l) {
-      if (acts[l] == ActPlacement::kHost) table_.add(BufferKind::kHostCkpt, l, H, sizes_.ckpt, "host checkpoints");
+      if (acts[l] == ActPlacement::kHost)
+        table_.add(BufferKind::kHostCkpt, l, H, sizes_.ckpt, "host checkpoints");
       if (acts[l] == ActPlacement::kSsd) {
         table_.add(BufferKind::kSsdCkpt, l, S, sizes_.ckpt, "checkpoints");
         ++ssd_ckpt_layers;
@@ -189,8 +216,10 @@ class Placer {
     if (ssd_ckpt_layers) {
       const uint64_t want = ssd_ckpt_layers * static_cast<uint64_t>(req_.grad_accum);
       const uint64_t fit = host_budget_ / 16 / std::max<uint64_t>(sizes_.ckpt, 1);
-      plan_.pools.host_ckpt_slots = static_cast<int>(std::clamp<uint64_t>(std::min(want, fit), 2, 1024));
-      table_.slots(BufferKind::kCkptStage, plan_.pools.host_ckpt_slots, H, sizes_.ckpt, "checkpoint staging");
+      plan_.pools.host_ckpt_slots =
+          static_cast<int>(std::clamp<uint64_t>(std::min(want, fit), 2, 1024));
+      table_.slots(BufferKind::kCkptStage, plan_.pools.host_ckpt_slots, H, sizes_.ckpt,
+                   "checkpoint staging");
     }
     // Two host gradient slots of the largest group: rotated between a layer's gradients and
     // its update, or (exact mode) holding the embedding's and the final group's until theirs.
@@ -199,26 +228,33 @@ class Placer {
     // Deferring the top layers' updates (Plan::deferred_updates) holds each one's gradient
     // through the next forward in a host slot of its own.
     if (deferred_ && hold_)
-      throw ConfigError(str("offload.deferred_updates is ", deferred_, ", but this step holds its gradients until ",
-                            req_.exact ? "the global norm is known (exact mode: optimizer.grad_clip > 0 or fp16)"
-                                       : str("all ", req_.grad_accum, " micro-batches are done (schedule.grad_accum)"),
-                            "; use auto or 0"));
+      throw ConfigError(str(
+          "offload.deferred_updates is ", deferred_, ", but this step holds its gradients until ",
+          req_.exact
+              ? "the global norm is known (exact mode: optimizer.grad_clip > 0 or fp16)"
+              : str("all ", req_.grad_accum, " micro-batches are done (schedule.grad_accum)"),
+          "; use auto or 0"));
     if (deferred_ >= n_layer_)
-      throw ConfigError(str("offload.deferred_updates is ", deferred_, " but the model has ", n_layer_, " layers: at most ", n_layer_ - 1,
+      throw ConfigError(str("offload.deferred_updates is ", deferred_, " but the model has ",
+                            n_layer_, " layers: at most ", n_layer_ - 1,
                             " (layer 0's update must precede the next forward)"));
     plan_.deferred_updates = deferred_;
     plan_.pools.host_grad_stage_slots = deferred_;
-    table_.slots(BufferKind::kGradStage, deferred_, H, held_, "top layers' gradients (deferred updates)");
+    table_.slots(BufferKind::kGradStage, deferred_, H, held_,
+                 "top layers' gradients (deferred updates)");
     // 16-bit tensors: checkpoints move a group's fp32 state through host memory; with fp32
     // tensors a gradient slot holds it, with 16-bit ones (half its size) this buffer does.
     if (sizes_.elem_bytes < 4)
-      table_.add(BufferKind::kStateStage, 0, H, 4 * max_group_bytes() / sizes_.elem_bytes, "checkpoint state staging");
+      table_.add(BufferKind::kStateStage, 0, H, 4 * max_group_bytes() / sizes_.elem_bytes,
+                 "checkpoint state staging");
     table_.add(BufferKind::kHostEmbed, 0, H, sizes_.embed, "weights");
     table_.add(BufferKind::kHostFinal, 0, H, sizes_.final, "weights");
     // fp32 sums: the embedding's and final group's are held in host memory.
     if (accum_fp32_) {
-      table_.add(BufferKind::kEmbedGradHold, 0, H, held_grad_bytes(true, sizes_.elem_bytes, sizes_.embed), held_part());
-      table_.add(BufferKind::kFinalGradHold, 0, H, held_grad_bytes(true, sizes_.elem_bytes, sizes_.final), held_part());
+      table_.add(BufferKind::kEmbedGradHold, 0, H,
+                 held_grad_bytes(true, sizes_.elem_bytes, sizes_.embed), held_part());
+      table_.add(BufferKind::kFinalGradHold, 0, H,
+                 held_grad_bytes(true, sizes_.elem_bytes, sizes_.final), held_part());
     }
   }
 
@@ -239,15 +275,17 @@ class Placer {
     for (int g = 0; g < 3 && g <= n_layer_ + 1; ++g) {
       const uint64_t state = state_bytes(g);
       if (!req_.have_ssd || req_.optim_on_ssd ||
-          host_used() + state + 4 * sizes_.weights + ooc_chunk_pool_bytes() + (hold_ ? 2 * held_ : 0) > host_budget_)
+          host_used() + state + 4 * sizes_.weights + ooc_chunk_pool_bytes() +
+                  (hold_ ? 2 * held_ : 0) >
+              host_budget_)
         break;
       table_.add(BufferKind::kHostOptim, g, H, state, "optimizer state");
       ++tail_groups_;
     }
     for (int l = 0; l < n_layer_; ++l) {
-      const bool fits = !req_.weights_on_ssd &&
-                        host_used() + sizes_.weights + ssd_overhead(4) + (hold_ && req_.have_ssd ? 2 * held_ : 0) <=
-                            host_budget_;
+      const bool fits = !req_.weights_on_ssd && host_used() + sizes_.weights + ssd_overhead(4) +
+                                                        (hold_ && req_.have_ssd ? 2 * held_ : 0) <=
+                                                    host_budget_;
       if (fits || !req_.have_ssd) {
         plan_.layers[l].weights = Tier::kHost;
         table_.add(BufferKind::kHostWeights, l, H, sizes_.weights, "weights");
@@ -270,11 +308,13 @@ class Placer {
   // the optimizer state: holding a gradient on SSD costs one write and one read of it per
   // micro-batch boundary (or per step in exact mode), as a layer's weights on SSD do.
   void place_held_grads() {
-    if (req_.grads_on_ssd && !req_.have_ssd) throw ConfigError("gradients on SSD need offload.ssd_paths");
+    if (req_.grads_on_ssd && !req_.have_ssd)
+      throw ConfigError("gradients on SSD need offload.ssd_paths");
     int ssd_grad_layers = 0;
     for (int l = 0; hold_ && l < n_layer_; ++l) {
-      const bool fits = !req_.grads_on_ssd && host_used() + held_ + (req_.have_ssd ? 2 * held_ : 0) +
-                                                  ssd_overhead(0) <= host_budget_;
+      const bool fits =
+          !req_.grads_on_ssd &&
+          host_used() + held_ + (req_.have_ssd ? 2 * held_ : 0) + ssd_overhead(0) <= host_budget_;
       if (fits || !req_.have_ssd) {
         plan_.layers[l].grads = Tier::kHost;
         table_.add(BufferKind::kGradHold, l, H, held_, held_part());
@@ -296,15 +336,18 @@ class Placer {
     std::vector<OptimGroup> groups;
     for (const ParamGroup& g : layout_.groups) groups.push_back({g.name, g.numel, {}});
     uint64_t optim_budget = 0;
-    if (req_.have_ssd) table_.add(BufferKind::kOptimChunks, 0, H, ooc_chunk_pool_bytes(), "optimizer chunk slots");
+    if (req_.have_ssd)
+      table_.add(BufferKind::kOptimChunks, 0, H, ooc_chunk_pool_bytes(), "optimizer chunk slots");
     if (!req_.optim_on_ssd && host_used() < host_budget_) optim_budget = host_budget_ - host_used();
-    if (req_.optim_on_ssd && !req_.have_ssd) throw ConfigError("optimizer state on SSD needs offload.ssd_paths");
+    if (req_.optim_on_ssd && !req_.have_ssd)
+      throw ConfigError("optimizer state on SSD needs offload.ssd_paths");
     std::vector<Tier> tiers;
     if (!req_.have_ssd) {
       tiers.assign(groups.size(), Tier::kHost);
     } else {
-      tiers = fuyou::place_optimizer_state(std::vector<OptimGroup>(groups.begin() + tail_groups_, groups.end()),
-                                           optim_budget, true, req_.optim_format);
+      tiers = fuyou::place_optimizer_state(
+          std::vector<OptimGroup>(groups.begin() + tail_groups_, groups.end()), optim_budget, true,
+          req_.optim_format);
       tiers.insert(tiers.begin(), tail_groups_, Tier::kHost);
       if (req_.spread_host_state) spread_host_layers(tiers);
     }
@@ -313,8 +356,8 @@ class Placer {
       if (tiers[g] == Tier::kHost)
         table_.add(BufferKind::kHostOptim, gi, H, state_bytes(gi), "optimizer state");
       else
-        table_.add(BufferKind::kSsdOptim, gi, S, ooc_state_extent_bytes(req_.optim_format, groups[g].numel),
-                   "optimizer state");
+        table_.add(BufferKind::kSsdOptim, gi, S,
+                   ooc_state_extent_bytes(req_.optim_format, groups[g].numel), "optimizer state");
     }
     plan_.embed_optim = tiers.front();
     plan_.final_optim = tiers.back();
@@ -330,8 +373,9 @@ class Placer {
     int k = 0;
     for (int l = first; l < n_layer_; ++l) k += tiers[1 + l] == Tier::kHost;
     for (int j = 0; j < n; ++j)
-      tiers[n_layer_ - j] = (static_cast<int64_t>(j + 1) * k / n > static_cast<int64_t>(j) * k / n) ? Tier::kHost
-                                                                                             : Tier::kSsd;
+      tiers[n_layer_ - j] = (static_cast<int64_t>(j + 1) * k / n > static_cast<int64_t>(j) * k / n)
+                                ? Tier::kHost
+                                : Tier::kSsd;
   }
 
   // Host memory left after the optimizer state buys more weight slots, up to one per
@@ -341,11 +385,13 @@ class Placer {
   // run further ahead of their layers, and a read whose write is done can pass one still
   // waiting for its write: the SSD queues reorder, reorders()).
   void buy_weight_slots() {
-    const std::pair<int*, BufferKind> pools[] = {{&plan_.pools.host_wout_slots, BufferKind::kWoutSlot},
-                                                 {&plan_.pools.host_weight_slots, BufferKind::kReadSlot}};
+    const std::pair<int*, BufferKind> pools[] = {
+        {&plan_.pools.host_wout_slots, BufferKind::kWoutSlot},
+        {&plan_.pools.host_weight_slots, BufferKind::kReadSlot}};
     for (const auto& [slots, kind] : pools) {
       if (ssd_weight_layers_ <= 2 || host_used() >= host_budget_) break;
-      const uint64_t extra = std::min<uint64_t>((host_budget_ - host_used()) / sizes_.weights, ssd_weight_layers_ - 2);
+      const uint64_t extra =
+          std::min<uint64_t>((host_budget_ - host_used()) / sizes_.weights, ssd_weight_layers_ - 2);
       *slots += static_cast<int>(extra);
       table_.slots(kind, static_cast<int>(extra), H, sizes_.weights, "weight staging");
     }
@@ -360,7 +406,8 @@ class Placer {
     std::vector<int> order;  // SSD-weight layers in update order
     for (int l = n_layer_ - 1 - deferred_; l >= 0; --l)
       if (plan_.layers[l].weights == Tier::kSsd) order.push_back(l);
-    for (int l = n_layer_ - deferred_; l < n_layer_; ++l)  // the deferred ones, in forward order (emitted so)
+    for (int l = n_layer_ - deferred_; l < n_layer_;
+         ++l)  // the deferred ones, in forward order (emitted so)
       if (plan_.layers[l].weights == Tier::kSsd) order.push_back(l);
     const int n = static_cast<int>(order.size()), w = plan_.pools.host_wout_slots;
     for (int i = std::max(0, n - w); i < n; ++i) plan_.layers[order[i]].retained = i % w;
@@ -371,20 +418,28 @@ class Placer {
     const uint64_t used = host_used();
     if (used <= host_budget_) return;
     using K = BufferKind;
-    const uint64_t fixed = table_.bytes({K::kProcess, K::kDeviceArena, K::kKernelScratch, K::kStateStage});
+    const uint64_t fixed =
+        table_.bytes({K::kProcess, K::kDeviceArena, K::kKernelScratch, K::kStateStage});
     const uint64_t grad_slots = table_.bytes({K::kHostGradSlot});
     const uint64_t held = table_.bytes({K::kGradHold, K::kEmbedGradHold, K::kFinalGradHold});
-    const uint64_t ckpts = table_.bytes({K::kHostCkpt}), copies = table_.bytes({K::kHostEmbed, K::kHostFinal});
+    const uint64_t ckpts = table_.bytes({K::kHostCkpt}),
+                   copies = table_.bytes({K::kHostEmbed, K::kHostFinal});
     const uint64_t rest = used - fixed - grad_slots - held - ckpts - copies;
-    throw Error(str("host memory: the plan needs ", format_size(used), " but offload.host_memory is ",
-                    format_size(host_budget_), " (", format_size(fixed), " process and device arena, ",
-                    format_size(grad_slots), " gradient slots, ",
-                    hold_ ? str(format_size(held), " held gradients (",
-                                accum_fp32_ ? "fp32 sums over micro-batches" : req_.exact ? "exact mode" : "gradient accumulation",
-                                "), ")
-                          : std::string(),
-                    format_size(ckpts), " host checkpoints, ", format_size(copies), " embedding copy, ", format_size(rest), " weights, optimizer state and staging)",
-                    req_.have_ssd ? "" : "; configure offload.ssd_paths to move weights and optimizer state to SSD"));
+    throw Error(
+        str("host memory: the plan needs ", format_size(used), " but offload.host_memory is ",
+            format_size(host_budget_), " (", format_size(fixed), " process and device arena, ",
+            format_size(grad_slots), " gradient slots, ",
+            hold_ ? str(format_size(held), " held gradients (",
+                        accum_fp32_  ? "fp32 sums over micro-batches"
+                        : req_.exact ? "exact mode"
+                                     : "gradient accumulation",
+                        "), ")
+                  : std::string(),
+            format_size(ckpts), " host checkpoints, ", format_size(copies), " embedding copy, ",
+            format_size(rest), " weights, optimizer state and staging)",
+            req_.have_ssd
+                ? ""
+                : "; configure offload.ssd_paths to move weights and optimizer state to SSD"));
   }
 
   const PlanRequest& req_;
@@ -432,7 +487,8 @@ Plan make_plan(const PlanRequest& req) {
   // update and the next forward's reads share the disk, and the forward waits; measured in
   // docs/performance.md), and the slot its gradient waits in moves no optimizer state to SSD.
   Plan plain = plan_with(req, 0);
-  if (plain.holds_grads() || plain.model.n_layer < 2 || plain.layers.back().optim != Tier::kSsd) return plain;
+  if (plain.holds_grads() || plain.model.n_layer < 2 || plain.layers.back().optim != Tier::kSsd)
+    return plain;
   for (const PlanOp& op : plain.ops)
     if (op.kind == OpKind::kReadWeights) return plain;
   Plan deferred;

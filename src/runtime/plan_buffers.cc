@@ -13,43 +13,80 @@ namespace fuyou {
 
 const char* buffer_kind_name(BufferKind k) {
   switch (k) {
-    case BufferKind::kEmbedWeights: return "embedding";
-    case BufferKind::kFinalWeights: return "final";
-    case BufferKind::kEmbedRows: return "embedding.first_rows";
-    case BufferKind::kEmbedGrads: return "embedding.grads";
-    case BufferKind::kFinalGrads: return "final.grads";
-    case BufferKind::kWeightSlot: return "weight_slot";
-    case BufferKind::kGradSlot: return "grad_slot";
-    case BufferKind::kCkptSlot: return "ckpt_slot";
-    case BufferKind::kStream: return "stream";
-    case BufferKind::kLayerCkpt: return "ckpt.layer";
-    case BufferKind::kLayerActs: return "acts.layer";
-    case BufferKind::kWorkActs: return "work_acts";
-    case BufferKind::kScratch: return "scratch";
-    case BufferKind::kResidualGrad: return "residual_grad";
-    case BufferKind::kModelWorkspace: return "model_workspace";
-    case BufferKind::kReadSlot: return "read_slot";
-    case BufferKind::kWoutSlot: return "wout_slot";
-    case BufferKind::kCkptStage: return "ckpt_stage";
-    case BufferKind::kHostGradSlot: return "grad_slot";
-    case BufferKind::kGradStage: return "grad_stage";
-    case BufferKind::kGradHold: return "grad_hold.layer";
-    case BufferKind::kEmbedGradHold: return "embedding.grad_hold";
-    case BufferKind::kFinalGradHold: return "final.grad_hold";
-    case BufferKind::kHostWeights: return "weights.layer";
-    case BufferKind::kHostCkpt: return "ckpt.layer";
-    case BufferKind::kHostEmbed: return "embedding";
-    case BufferKind::kHostFinal: return "final";
-    case BufferKind::kHostOptim: return "optim.group";
-    case BufferKind::kStateStage: return "state_stage";
-    case BufferKind::kOptimChunks: return "optim_chunks";
-    case BufferKind::kDeviceArena: return "device_arena";
-    case BufferKind::kKernelScratch: return "kernel_scratch";
-    case BufferKind::kProcess: return "process";
-    case BufferKind::kSsdWeights: return "weights.layer";
-    case BufferKind::kSsdCkpt: return "ckpt.layer";
-    case BufferKind::kSsdGrads: return "grads.layer";
-    case BufferKind::kSsdOptim: return "optim.group";
+    case BufferKind::kEmbedWeights:
+      return "embedding";
+    case BufferKind::kFinalWeights:
+      return "final";
+    case BufferKind::kEmbedRows:
+      return "embedding.first_rows";
+    case BufferKind::kEmbedGrads:
+      return "embedding.grads";
+    case BufferKind::kFinalGrads:
+      return "final.grads";
+    case BufferKind::kWeightSlot:
+      return "weight_slot";
+    case BufferKind::kGradSlot:
+      return "grad_slot";
+    case BufferKind::kCkptSlot:
+      return "ckpt_slot";
+    case BufferKind::kStream:
+      return "stream";
+    case BufferKind::kLayerCkpt:
+      return "ckpt.layer";
+    case BufferKind::kLayerActs:
+      return "acts.layer";
+    case BufferKind::kWorkActs:
+      return "work_acts";
+    case BufferKind::kScratch:
+      return "scratch";
+    case BufferKind::kResidualGrad:
+      return "residual_grad";
+    case BufferKind::kModelWorkspace:
+      return "model_workspace";
+    case BufferKind::kReadSlot:
+      return "read_slot";
+    case BufferKind::kWoutSlot:
+      return "wout_slot";
+    case BufferKind::kCkptStage:
+      return "ckpt_stage";
+    case BufferKind::kHostGradSlot:
+      return "grad_slot";
+    case BufferKind::kGradStage:
+      return "grad_stage";
+    case BufferKind::kGradHold:
+      return "grad_hold.layer";
+    case BufferKind::kEmbedGradHold:
+      return "embedding.grad_hold";
+    case BufferKind::kFinalGradHold:
+      return "final.grad_hold";
+    case BufferKind::kHostWeights:
+      return "weights.layer";
+    case BufferKind::kHostCkpt:
+      return "ckpt.layer";
+    case BufferKind::kHostEmbed:
+      return "embedding";
+    case BufferKind::kHostFinal:
+      return "final";
+    case BufferKind::kHostOptim:
+      return "optim.group";
+    case BufferKind::kStateStage:
+      return "state_stage";
+    case BufferKind::kOptimChunks:
+      return "optim_chunks";
+    case BufferKind::kDeviceArena:
+      return "device_arena";
+    case BufferKind::kKernelScratch:
+      return "kernel_scratch";
+    case BufferKind::kProcess:
+      return "process";
+    case BufferKind::kSsdWeights:
+      return "weights.layer";
+    case BufferKind::kSsdCkpt:
+      return "ckpt.layer";
+    case BufferKind::kSsdGrads:
+      return "grads.layer";
+    case BufferKind::kSsdOptim:
+      return "optim.group";
   }
   return "?";
 }
@@ -59,12 +96,24 @@ namespace {
 // Kinds of which a plan has several (an index) rather than one.
 bool indexed(BufferKind k) {
   switch (k) {
-    case BufferKind::kWeightSlot: case BufferKind::kGradSlot: case BufferKind::kCkptSlot:
-    case BufferKind::kStream: case BufferKind::kLayerCkpt: case BufferKind::kLayerActs:
-    case BufferKind::kReadSlot: case BufferKind::kWoutSlot: case BufferKind::kCkptStage:
-    case BufferKind::kHostGradSlot: case BufferKind::kGradStage: case BufferKind::kGradHold:
-    case BufferKind::kHostWeights: case BufferKind::kHostCkpt: case BufferKind::kHostOptim:
-    case BufferKind::kSsdWeights: case BufferKind::kSsdCkpt: case BufferKind::kSsdGrads:
+    case BufferKind::kWeightSlot:
+    case BufferKind::kGradSlot:
+    case BufferKind::kCkptSlot:
+    case BufferKind::kStream:
+    case BufferKind::kLayerCkpt:
+    case BufferKind::kLayerActs:
+    case BufferKind::kReadSlot:
+    case BufferKind::kWoutSlot:
+    case BufferKind::kCkptStage:
+    case BufferKind::kHostGradSlot:
+    case BufferKind::kGradStage:
+    case BufferKind::kGradHold:
+    case BufferKind::kHostWeights:
+    case BufferKind::kHostCkpt:
+    case BufferKind::kHostOptim:
+    case BufferKind::kSsdWeights:
+    case BufferKind::kSsdCkpt:
+    case BufferKind::kSsdGrads:
     case BufferKind::kSsdOptim:
       return true;
     default:
@@ -125,11 +174,18 @@ MemoryPlan sum_buffers(const std::vector<PlanBuffer>& buffers) {
   MemoryPlan m;
   for (const PlanBuffer& b : buffers) {
     if (!b.bytes) continue;
-    auto& parts = b.tier == Tier::kDevice ? m.device_parts : b.tier == Tier::kHost ? m.host_parts : m.ssd_parts;
-    (b.tier == Tier::kDevice ? m.device_bytes : b.tier == Tier::kHost ? m.host_bytes : m.ssd_bytes) += b.bytes;
-    auto it = std::find_if(parts.begin(), parts.end(), [&](const auto& p) { return p.first == b.part; });
-    if (it == parts.end()) parts.push_back({b.part, b.bytes});
-    else it->second += b.bytes;
+    auto& parts = b.tier == Tier::kDevice ? m.device_parts
+                  : b.tier == Tier::kHost ? m.host_parts
+                                          : m.ssd_parts;
+    (b.tier == Tier::kDevice ? m.device_bytes
+     : b.tier == Tier::kHost ? m.host_bytes
+                             : m.ssd_bytes) += b.bytes;
+    auto it =
+        std::find_if(parts.begin(), parts.end(), [&](const auto& p) { return p.first == b.part; });
+    if (it == parts.end())
+      parts.push_back({b.part, b.bytes});
+    else
+      it->second += b.bytes;
   }
   return m;
 }
@@ -137,8 +193,8 @@ MemoryPlan sum_buffers(const std::vector<PlanBuffer>& buffers) {
 namespace plan_detail {
 
 std::vector<PlanBuffer> device_buffers(const ModelConfig& m, int micro_batch, ElemType tensors,
-                                       const std::vector<ActPlacement>& acts, int weight_slots, int ckpt_slots,
-                                       int grad_slots) {
+                                       const std::vector<ActPlacement>& acts, int weight_slots,
+                                       int ckpt_slots, int grad_slots) {
   const Sizes sz = compute_sizes(m, micro_batch, tensors);
   const Tier D = Tier::kDevice;
   BufferRows t;
@@ -148,7 +204,8 @@ std::vector<PlanBuffer> device_buffers(const ModelConfig& m, int micro_batch, El
   t.add(BufferKind::kEmbedGrads, 0, D, sz.embed, globals);
   t.add(BufferKind::kFinalWeights, 0, D, sz.final, globals);
   t.add(BufferKind::kFinalGrads, 0, D, sz.final, globals);
-  t.add(BufferKind::kModelWorkspace, 0, D, sz.workspace, "model workspace (logits, head, backward scratch)");
+  t.add(BufferKind::kModelWorkspace, 0, D, sz.workspace,
+        "model workspace (logits, head, backward scratch)");
   t.slots(BufferKind::kStream, 2, D, sz.ckpt, "forward stream buffers (2)");
   const std::string work = "working activations + recompute scratch + residual gradient";
   t.add(BufferKind::kWorkActs, 0, D, sz.acts, work);
@@ -160,10 +217,14 @@ std::vector<PlanBuffer> device_buffers(const ModelConfig& m, int micro_batch, El
       t.add(BufferKind::kLayerCkpt, static_cast<int>(l), D, sz.ckpt, "kept activations");
     }
   for (size_t l = 0; l < acts.size(); ++l)
-    if (acts[l] == ActPlacement::kDevice) t.add(BufferKind::kLayerCkpt, static_cast<int>(l), D, sz.ckpt, "checkpoints on device");
-  t.slots(BufferKind::kWeightSlot, weight_slots, D, sz.weights, str("weight slots (", weight_slots, ")"));
-  t.slots(BufferKind::kCkptSlot, ckpt_slots, D, sz.ckpt, str("checkpoint slots (", ckpt_slots, ")"));
-  t.slots(BufferKind::kGradSlot, grad_slots, D, sz.weights, str("gradient slots (", grad_slots, ")"));
+    if (acts[l] == ActPlacement::kDevice)
+      t.add(BufferKind::kLayerCkpt, static_cast<int>(l), D, sz.ckpt, "checkpoints on device");
+  t.slots(BufferKind::kWeightSlot, weight_slots, D, sz.weights,
+          str("weight slots (", weight_slots, ")"));
+  t.slots(BufferKind::kCkptSlot, ckpt_slots, D, sz.ckpt,
+          str("checkpoint slots (", ckpt_slots, ")"));
+  t.slots(BufferKind::kGradSlot, grad_slots, D, sz.weights,
+          str("gradient slots (", grad_slots, ")"));
   return t.rows;
 }
 

@@ -52,7 +52,9 @@ Plan make_forward_plan(const Plan& train) {
     PlanOp& ld = add(OpKind::kLoadWeights, {read, wslot_user[s]});
     ld.layer = l;
     ld.group = l + 1;
-    use(ld, staging >= 0 ? p.buffer(BufferKind::kReadSlot, staging) : p.buffer(BufferKind::kHostWeights, l),
+    use(ld,
+        staging >= 0 ? p.buffer(BufferKind::kReadSlot, staging)
+                     : p.buffer(BufferKind::kHostWeights, l),
         Access::kRead, Role::kSource);
     use(ld, p.buffer(BufferKind::kWeightSlot, s), Access::kWrite, Role::kDest);
     if (staging >= 0) hslot_user[staging] = ld.id;

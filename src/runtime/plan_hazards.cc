@@ -40,8 +40,10 @@ std::vector<std::vector<int>> previous_iteration_deps(const Plan& plan) {
       for (int r = 0; r < kNumResources; ++r) {
         const std::vector<int>& prev = u.writes() ? us.any[r] : us.write[r];
         if (prev.empty() || r == static_cast<int>(o.resource)) continue;
-        if (reorders(static_cast<Resource>(r))) d.insert(d.end(), prev.begin(), prev.end());
-        else d.push_back(prev.back());
+        if (reorders(static_cast<Resource>(r)))
+          d.insert(d.end(), prev.begin(), prev.end());
+        else
+          d.push_back(prev.back());
       }
     }
     std::sort(d.begin(), d.end());
@@ -59,8 +61,10 @@ std::vector<OpBuffers> op_buffers(const Plan& plan) {
     // One entry per buffer, written if any use writes it.
     size_t n = 0;
     for (size_t i = 0; i < b.size(); ++i) {
-      if (n && b[n - 1].first == b[i].first) b[n - 1].second = b[n - 1].second || b[i].second;
-      else b[n++] = b[i];
+      if (n && b[n - 1].first == b[i].first)
+        b[n - 1].second = b[n - 1].second || b[i].second;
+      else
+        b[n++] = b[i];
     }
     b.resize(n);
   }
@@ -70,10 +74,14 @@ std::vector<OpBuffers> op_buffers(const Plan& plan) {
 bool buffers_conflict(const OpBuffers& a, const OpBuffers& b) {
   size_t i = 0, j = 0;
   while (i < a.size() && j < b.size()) {
-    if (a[i].first < b[j].first) ++i;
-    else if (b[j].first < a[i].first) ++j;
-    else if (a[i].second || b[j].second) return true;
-    else ++i, ++j;
+    if (a[i].first < b[j].first)
+      ++i;
+    else if (b[j].first < a[i].first)
+      ++j;
+    else if (a[i].second || b[j].second)
+      return true;
+    else
+      ++i, ++j;
   }
   return false;
 }

@@ -15,18 +15,19 @@
 namespace fuyou::plan_detail {
 
 struct Sizes {
-  uint64_t elem_bytes = 4;          // bytes per element of the device's tensors (PlanRequest::tensors)
+  uint64_t elem_bytes = 4;  // bytes per element of the device's tensors (PlanRequest::tensors)
   uint64_t weights = 0;     // one layer's parameters (padded group), as the device holds them
   uint64_t ckpt = 0;        // one block input (N x C)
   uint64_t acts = 0;        // one layer's full saved activations
   uint64_t workspace = 0;   // GptModel kWorkspace allocations
   uint64_t embed = 0, final = 0;  // group bytes
-  double layer_flops = 0;   // forward FLOPs of one block over the micro-batch
+  double layer_flops = 0;         // forward FLOPs of one block over the micro-batch
   double head_flops = 0;
 };
 
 // attention_keys: PlanRequest::attention_keys (0: seq_len); it changes only the FLOPs.
-inline Sizes compute_sizes(const ModelConfig& m, int B, ElemType tensors, double attention_keys = 0) {
+inline Sizes compute_sizes(const ModelConfig& m, int B, ElemType tensors,
+                           double attention_keys = 0) {
   ParamLayout layout = make_gpt_layout(m);
   const uint64_t N = static_cast<uint64_t>(B) * m.seq_len, C = m.d_model, V = m.vocab_size;
   Sizes s;
@@ -58,7 +59,6 @@ inline uint64_t held_grad_bytes(const Plan& plan, uint64_t tensor_bytes) {
 // overlap the three copies and the update, few enough that each stays a large transfer.
 constexpr int kEmbedParts = 4;
 
-
 // The buffer table as the planner writes it: the placement adds each buffer as it places it
 // and reads what it has placed back from here, so the plan's memory figures are the table's
 // sums (sum_buffers) and no other count.
@@ -69,8 +69,8 @@ struct BufferRows {
   }
   // `count` more buffers of `kind`, indexed after those already in the table.
   void slots(BufferKind kind, int count, Tier tier, uint64_t bytes, const std::string& part) {
-    const int first = static_cast<int>(
-        std::count_if(rows.begin(), rows.end(), [&](const PlanBuffer& b) { return b.kind == kind; }));
+    const int first = static_cast<int>(std::count_if(
+        rows.begin(), rows.end(), [&](const PlanBuffer& b) { return b.kind == kind; }));
     for (int s = 0; s < count; ++s) add(kind, first + s, tier, bytes, part);
   }
   uint64_t bytes(Tier tier) const {
@@ -80,7 +80,8 @@ struct BufferRows {
   }
   uint64_t bytes(std::initializer_list<BufferKind> kinds) const {
     uint64_t n = 0;
-    for (const PlanBuffer& b : rows) n += std::find(kinds.begin(), kinds.end(), b.kind) != kinds.end() ? b.bytes : 0;
+    for (const PlanBuffer& b : rows)
+      n += std::find(kinds.begin(), kinds.end(), b.kind) != kinds.end() ? b.bytes : 0;
     return n;
   }
 };
@@ -88,8 +89,8 @@ struct BufferRows {
 // The device part of the buffer table for these activation decisions and pool sizes (the
 // planner sizes pools with it).
 std::vector<PlanBuffer> device_buffers(const ModelConfig& m, int micro_batch, ElemType tensors,
-                                       const std::vector<ActPlacement>& acts, int weight_slots, int ckpt_slots,
-                                       int grad_slots);
+                                       const std::vector<ActPlacement>& acts, int weight_slots,
+                                       int ckpt_slots, int grad_slots);
 // The rows in the order the table lists them: the device's as device_buffers gives them, then
 // the host's and the SSD's by kind (BufferKind's order) and index.
 std::vector<PlanBuffer> in_table_order(std::vector<PlanBuffer> rows);

@@ -42,9 +42,14 @@ struct PendingUpdate {
 class IterationBuilder {
  public:
   IterationBuilder(const PlanRequest& req, Plan& plan)
-      : req_(req), plan_(plan), n_layer_(plan.model.n_layer), grad_accum_(plan.grad_accum), deferred_(plan.deferred_updates),
+      : req_(req),
+        plan_(plan),
+        n_layer_(plan.model.n_layer),
+        grad_accum_(plan.grad_accum),
+        deferred_(plan.deferred_updates),
         sizes_(compute_sizes(plan.model, plan.micro_batch, plan.tensors, plan.attention_keys)) {
-    for (size_t i = 0; i < plan.buffers.size(); ++i) index_[{plan.buffers[i].kind, plan.buffers[i].index}] = static_cast<int>(i);
+    for (size_t i = 0; i < plan.buffers.size(); ++i)
+      index_[{plan.buffers[i].kind, plan.buffers[i].index}] = static_cast<int>(i);
     const PlanPools& pp = plan.pools;
     weight_slots_.resize(pp.device_weight_slots);
     cslots_.resize(pp.device_ckpt_slots);
@@ -93,20 +98,25 @@ class IterationBuilder {
     op.resource = op_kind_info(kind).resource;
     op.micro = micro_;
     for (int d : deps)
-      if (d >= 0 && std::find(op.deps.begin(), op.deps.end(), d) == op.deps.end()) op.deps.push_back(d);
+      if (d >= 0 && std::find(op.deps.begin(), op.deps.end(), d) == op.deps.end())
+        op.deps.push_back(d);
     plan_.ops.push_back(std::move(op));
     return plan_.ops.back();
   }
   // A use of a buffer's bytes [offset, offset + bytes); bytes 0: the whole buffer.
-  void use(PlanOp& op, int buffer, Access access, Role role, uint64_t offset = 0, uint64_t bytes = 0) {
-    op.uses.push_back({buffer, access, role, offset, bytes ? bytes : plan_.buffers[buffer].bytes - offset});
+  void use(PlanOp& op, int buffer, Access access, Role role, uint64_t offset = 0,
+           uint64_t bytes = 0) {
+    op.uses.push_back(
+        {buffer, access, role, offset, bytes ? bytes : plan_.buffers[buffer].bytes - offset});
   }
   void copy(PlanOp& op, int src, int dst, uint64_t offset = 0, uint64_t bytes = 0) {
     use(op, src, Access::kRead, Role::kSource, offset, bytes);
     use(op, dst, Access::kWrite, Role::kDest, offset, bytes);
   }
 
-  uint64_t group_bytes(int g) const { return g == 0 ? sizes_.embed : g == n_layer_ + 1 ? sizes_.final : sizes_.weights; }
+  uint64_t group_bytes(int g) const {
+    return g == 0 ? sizes_.embed : g == n_layer_ + 1 ? sizes_.final : sizes_.weights;
+  }
   uint64_t group_params(int g) const { return group_bytes(g) / sizes_.elem_bytes; }
   // Group g's held gradient: in the tensors' type, or its fp32 sum (Plan::accum_fp32).
   uint64_t held_bytes(int g) const { return held_grad_bytes(plan_, group_bytes(g)); }
@@ -115,8 +125,11 @@ class IterationBuilder {
   // in Plan::optim_format), on SSD the whole extent set (updates there are whole-group).
   void use_state(PlanOp& u, int g, uint64_t offset, uint64_t bytes) {
     const int state = optim_state_of_group(g);
-    if (plan_.buffers[state].tier == Tier::kSsd) return use(u, state, Access::kAccumulate, Role::kState);
-    auto at = [&](uint64_t b) { return optim_state_bytes(plan_.optim_format, b / sizes_.elem_bytes); };
+    if (plan_.buffers[state].tier == Tier::kSsd)
+      return use(u, state, Access::kAccumulate, Role::kState);
+    auto at = [&](uint64_t b) {
+      return optim_state_bytes(plan_.optim_format, b / sizes_.elem_bytes);
+    };
     use(u, state, Access::kAccumulate, Role::kState, at(offset), at(offset + bytes) - at(offset));
   }
   // A split master's update reads the working weights it rewrites.
@@ -131,12 +144,17 @@ class IterationBuilder {
     return {sizes_.elem_bytes * r.begin, sizes_.elem_bytes * (r.end - r.begin)};
   }
   int host_weights_of_group(int g) const {
-    return g == 0 ? buf(BufferKind::kHostEmbed) : g == n_layer_ + 1 ? buf(BufferKind::kHostFinal) : buf(BufferKind::kHostWeights, g - 1);
+    return g == 0              ? buf(BufferKind::kHostEmbed)
+           : g == n_layer_ + 1 ? buf(BufferKind::kHostFinal)
+                               : buf(BufferKind::kHostWeights, g - 1);
   }
   int optim_state_of_group(int g) const {
-    return plan_.optim_tier(g) == Tier::kHost ? buf(BufferKind::kHostOptim, g) : buf(BufferKind::kSsdOptim, g);
+    return plan_.optim_tier(g) == Tier::kHost ? buf(BufferKind::kHostOptim, g)
+                                              : buf(BufferKind::kSsdOptim, g);
   }
-  int work_of(int layer, bool kept) const { return kept ? buf(BufferKind::kLayerActs, layer) : buf(BufferKind::kWorkActs); }
+  int work_of(int layer, bool kept) const {
+    return kept ? buf(BufferKind::kLayerActs, layer) : buf(BufferKind::kWorkActs);
+  }
 
   // ---- weights -----------------------------------------------------------------------------
 
@@ -167,7 +185,9 @@ class IterationBuilder {
     const int s = pick_slot(weight_slots_, also_needed, -1);
     const int w = plan_.layers[l].retained;
     if (w >= 0 && wout_holds_[w] == l) {
-      const int ld = load_weights(l, s, {weight_slots_[s].last_use, host_wout_writer_[w]}, buf(BufferKind::kWoutSlot, w)).id;
+      const int ld = load_weights(l, s, {weight_slots_[s].last_use, host_wout_writer_[w]},
+                                  buf(BufferKind::kWoutSlot, w))
+                         .id;
       host_wout_writer_[w] = ld;  // this step's first update into the slot waits for the load
       weight_slots_[s] = {l, ld, -1, use_seq_++};
       return s;
@@ -190,7 +210,8 @@ class IterationBuilder {
         host_read_fill_[staging] = r.id;
       }
     }
-    const int src = staging >= 0 ? buf(BufferKind::kReadSlot, staging) : buf(BufferKind::kHostWeights, l);
+    const int src =
+        staging >= 0 ? buf(BufferKind::kReadSlot, staging) : buf(BufferKind::kHostWeights, l);
     const int ld = load_weights(l, s, {read, weight_slots_[s].last_use}, src).id;
     if (staging >= 0) host_read_consumer_[staging] = ld;
     weight_slots_[s] = {l, ld, -1, use_seq_++};
@@ -206,13 +227,16 @@ class IterationBuilder {
   // Where layer l's block input lives during the forward: its own checkpoint buffer (keep,
   // device), else one of the two stream buffers.
   int input_location(int l) const {
-    if (l < n_layer_ && (acts(l) == ActPlacement::kKeep || acts(l) == ActPlacement::kDevice)) return buf(BufferKind::kLayerCkpt, l);
+    if (l < n_layer_ && (acts(l) == ActPlacement::kKeep || acts(l) == ActPlacement::kDevice))
+      return buf(BufferKind::kLayerCkpt, l);
     return buf(BufferKind::kStream, l % 2);
   }
   ActPlacement acts(int l) const { return plan_.layers[l].act; }
   // Every op reading a stream buffer's current content (a forward and maybe a d2h save, on
   // different resources): the next write into the buffer waits for all of them.
-  std::vector<int>& stream_readers(int buffer) { return stream_readers_[plan_.buffers[buffer].index]; }
+  std::vector<int>& stream_readers(int buffer) {
+    return stream_readers_[plan_.buffers[buffer].index];
+  }
   void take_stream_readers(int buffer, std::vector<int>& deps) {
     if (kind_of(buffer) != BufferKind::kStream) return;
     auto& readers = stream_readers(buffer);
@@ -230,7 +254,8 @@ class IterationBuilder {
     }
     PlanOp& s = add(OpKind::kSaveCheckpoint, deps);
     s.layer = l;
-    copy(s, fwd_loc_[l], staging >= 0 ? buf(BufferKind::kCkptStage, staging) : buf(BufferKind::kHostCkpt, l));
+    copy(s, fwd_loc_[l],
+         staging >= 0 ? buf(BufferKind::kCkptStage, staging) : buf(BufferKind::kHostCkpt, l));
     if (kind_of(fwd_loc_[l]) == BufferKind::kStream) stream_readers(fwd_loc_[l]).push_back(s.id);
     ckpt_saved_[l] = s.id;
     if (staging >= 0) {
@@ -252,7 +277,9 @@ class IterationBuilder {
     take_stream_readers(fwd_loc_[0], edeps);
     PlanOp& e = add(OpKind::kEmbedForward, edeps);
     // With rows first the first micro-batch looks up only the rows refreshed first.
-    use(e, buf(plan_.embed_rows_first && micro_ == 0 ? BufferKind::kEmbedRows : BufferKind::kEmbedWeights),
+    use(e,
+        buf(plan_.embed_rows_first && micro_ == 0 ? BufferKind::kEmbedRows
+                                                  : BufferKind::kEmbedWeights),
         Access::kRead, Role::kWeights);
     use(e, fwd_loc_[0], Access::kWrite, Role::kOutput);
     ckpt_producer_[0] = e.id;
@@ -284,8 +311,10 @@ class IterationBuilder {
     }
     PlanOp& head = add(OpKind::kHead, {ckpt_producer_[n_layer_]});
     // Forward + backward of the LM head, and a chunked head's logits computed again.
-    head.flops = sizes_.head_flops * (head_chunk_rows(req_.model, req_.micro_batch) <
-                                           req_.micro_batch * req_.model.seq_len ? 4 : 3);
+    head.flops =
+        sizes_.head_flops *
+        (head_chunk_rows(req_.model, req_.micro_batch) < req_.micro_batch * req_.model.seq_len ? 4
+                                                                                               : 3);
     use(head, fwd_loc_[n_layer_], Access::kRead, Role::kInput);
     use(head, buf(BufferKind::kEmbedWeights), Access::kRead, Role::kWeights);
     use(head, buf(BufferKind::kFinalWeights), Access::kRead, Role::kWeights);
@@ -299,7 +328,8 @@ class IterationBuilder {
 
   // The op that brought a checkpoint slot's content, for an op that reads it.
   int ckpt_load_op(int buffer) const {
-    return kind_of(buffer) == BufferKind::kCkptSlot ? cslots_[plan_.buffers[buffer].index].load_op : -1;
+    return kind_of(buffer) == BufferKind::kCkptSlot ? cslots_[plan_.buffers[buffer].index].load_op
+                                                    : -1;
   }
   void touch_ckpt(int buffer, int op) {
     if (kind_of(buffer) != BufferKind::kCkptSlot) return;
@@ -313,7 +343,8 @@ class IterationBuilder {
   // checkpoint (recursively available).
   int need_checkpoint(int l, int also) {
     const ActPlacement a = acts(l);
-    if (a == ActPlacement::kKeep || a == ActPlacement::kDevice) return buf(BufferKind::kLayerCkpt, l);
+    if (a == ActPlacement::kKeep || a == ActPlacement::kDevice)
+      return buf(BufferKind::kLayerCkpt, l);
     for (int s = 0; s < static_cast<int>(cslots_.size()); ++s)
       if (cslots_[s].layer == l) return buf(BufferKind::kCkptSlot, s);
     if (a == ActPlacement::kRecompute) return recompute_input(l, also);
@@ -379,7 +410,8 @@ class IterationBuilder {
       // by term as in-memory training forms it.
       const bool fresh = micro_ == 0 || plan_.accum_fp32;
       const int acc = fresh ? -1 : load_grads(1 + l, gs);
-      PlanOp& b = add(OpKind::kBackward, {weight_slots_[ws].load_op, ckpt_dep, prev, dev_grad_consumer_[gs], acc});
+      PlanOp& b = add(OpKind::kBackward,
+                      {weight_slots_[ws].load_op, ckpt_dep, prev, dev_grad_consumer_[gs], acc});
       b.layer = l;
       b.group = l + 1;
       b.flops = 2 * sizes_.layer_flops;
@@ -388,14 +420,17 @@ class IterationBuilder {
       // Reads the layer's activations and overwrites one of them with its gradient
       // (GptModel::block_backward): the next forward into this buffer waits for it.
       use(b, work_of(l, kept), Access::kAccumulate, Role::kWork);
-      use(b, buf(BufferKind::kGradSlot, gs), fresh ? Access::kWrite : Access::kAccumulate, Role::kGrads);
+      use(b, buf(BufferKind::kGradSlot, gs), fresh ? Access::kWrite : Access::kAccumulate,
+          Role::kGrads);
       use(b, buf(BufferKind::kResidualGrad), Access::kAccumulate, Role::kResidual);
       use_weights(ws, b.id);
       touch_ckpt(in, b.id);
       // Layer 0's gradient save (and update) goes after the embedding's rows-first ones,
       // where those exist; otherwise after the embedding's save.
-      if (l == 0 && micro_ == grad_accum_ - 1 && req_.embed_rows_first && !req_.exact) layer0_save_ = {b.id, gs};
-      else save_grads(1 + l, b.id, gs);
+      if (l == 0 && micro_ == grad_accum_ - 1 && req_.embed_rows_first && !req_.exact)
+        layer0_save_ = {b.id, gs};
+      else
+        save_grads(1 + l, b.id, gs);
     }
     PlanOp& eb = add(OpKind::kEmbedBackward, {});
     use(eb, buf(BufferKind::kEmbedWeights), Access::kRead, Role::kWeights);
@@ -467,7 +502,8 @@ class IterationBuilder {
     if (is_layer && plan_.layers[l].weights == Tier::kSsd) {
       wout = host_wout_rr_++ % plan_.pools.host_wout_slots;
       FY_CHECK(plan_.layers[l].retained < 0 || plan_.layers[l].retained == wout, "layer ", l,
-               " retained in weights-out slot ", plan_.layers[l].retained, " but updated into slot ", wout);
+               " retained in weights-out slot ", plan_.layers[l].retained,
+               " but updated into slot ", wout);
       deps.push_back(host_wout_writer_[wout]);
       if (plan_.optim_format.master == MasterFormat::kSplit && wout_holds_[wout] != l) {
         // The update reads the layer's current weights (a split master's working halves) from
@@ -531,8 +567,9 @@ class IterationBuilder {
     return s;
   }
   int grads_on_device(int group, int dev_slot) const {
-    return group == 0 ? buf(BufferKind::kEmbedGrads) : group == n_layer_ + 1 ? buf(BufferKind::kFinalGrads)
-                                                                       : buf(BufferKind::kGradSlot, dev_slot);
+    return group == 0              ? buf(BufferKind::kEmbedGrads)
+           : group == n_layer_ + 1 ? buf(BufferKind::kFinalGrads)
+                                   : buf(BufferKind::kGradSlot, dev_slot);
   }
 
   // The embedding's save, update and device refresh, part by part: the update of part p runs
@@ -577,7 +614,8 @@ class IterationBuilder {
   void save_grads(int group, int producer, int dev_slot) {
     if (plan_.accum_fp32) return save_and_sum(group, producer, dev_slot);
     const bool is_layer = group >= 1 && group <= n_layer_, last = micro_ == grad_accum_ - 1;
-    if (group == 0 && !req_.exact && plan_.embed_parts > 1) return save_embed_grads_in_parts(producer);
+    if (group == 0 && !req_.exact && plan_.embed_parts > 1)
+      return save_embed_grads_in_parts(producer);
     std::vector<int> deps = {producer};
     const int src = grads_on_device(group, dev_slot);
     int where = -1, ready = -1, save_id = -1;
@@ -588,7 +626,8 @@ class IterationBuilder {
       save_id = ready = save_op(group, deps, src, where).id;
     } else if (!is_layer || (last && !req_.exact)) {
       // To a host gradient slot, for the update.
-      const int hs = req_.exact ? (group == 0 ? 0 : 1) : host_grad_rr_++ % plan_.pools.host_grad_slots;
+      const int hs =
+          req_.exact ? (group == 0 ? 0 : 1) : host_grad_rr_++ % plan_.pools.host_grad_slots;
       deps.push_back(host_grad_consumer_[hs]);
       where = buf(BufferKind::kHostGradSlot, hs);
       save_id = ready = save_op(group, deps, src, where).id;
@@ -613,7 +652,8 @@ class IterationBuilder {
     if (!last) return;
     if (deferred) return deferred_updates_.push_back({group, ready, where});
     if (!req_.exact) return emit_update({group, ready, where}, -1);
-    sum_sq_then_pend(group, save_id, where, kind_of(where) == BufferKind::kGradStage ? ready : save_id);
+    sum_sq_then_pend(group, save_id, where,
+                     kind_of(where) == BufferKind::kGradStage ? ready : save_id);
   }
 
   // Exact mode: group `group`'s share of the norm, read from `grad` in host memory after op
@@ -636,10 +676,12 @@ class IterationBuilder {
   // and writes of its SSD extent. After the last micro-batch the sum is the update's
   // gradient (exact mode: its sum of squares first; a sum on SSD is read back for the update).
   void save_and_sum(int group, int producer, int dev_slot) {
-    const bool is_layer = group >= 1 && group <= n_layer_, first = micro_ == 0, last = micro_ == grad_accum_ - 1;
+    const bool is_layer = group >= 1 && group <= n_layer_, first = micro_ == 0,
+               last = micro_ == grad_accum_ - 1;
     const int hs = host_grad_rr_++ % plan_.pools.host_grad_slots;
     const int slot = buf(BufferKind::kHostGradSlot, hs);
-    PlanOp& s = save_op(group, {producer, host_grad_consumer_[hs]}, grads_on_device(group, dev_slot), slot);
+    PlanOp& s =
+        save_op(group, {producer, host_grad_consumer_[hs]}, grads_on_device(group, dev_slot), slot);
     const int save_id = s.id;
     if (dev_slot >= 0) dev_grad_consumer_[dev_slot] = save_id;
     if (!is_layer) resident_save_[group == 0 ? 0 : 1] = save_id;
@@ -647,8 +689,9 @@ class IterationBuilder {
     std::vector<int> deps = {save_id, held_[group]};
     int sum = -1, stage = -1;
     if (!on_ssd) {
-      sum = group == 0 ? buf(BufferKind::kEmbedGradHold)
-            : group == n_layer_ + 1 ? buf(BufferKind::kFinalGradHold) : buf(BufferKind::kGradHold, group - 1);
+      sum = group == 0              ? buf(BufferKind::kEmbedGradHold)
+            : group == n_layer_ + 1 ? buf(BufferKind::kFinalGradHold)
+                                    : buf(BufferKind::kGradHold, group - 1);
     } else {
       std::vector<int> rdeps = {held_[group]};
       stage = take_stage(rdeps);
@@ -725,14 +768,17 @@ class IterationBuilder {
       // on the h2d queue, which must not hold the next weight loads behind the last update),
       // then layers 0 .. L-1.
       const int norm = add(OpKind::kGradNorm, sum_sq_ops_).id;
-      auto rank = [&](const PendingUpdate& p) { return p.group == 0 ? 0 : p.group == n_layer_ + 1 ? 1 : p.group + 1; };
+      auto rank = [&](const PendingUpdate& p) {
+        return p.group == 0 ? 0 : p.group == n_layer_ + 1 ? 1 : p.group + 1;
+      };
       std::sort(pending_.begin(), pending_.end(),
                 [&](const PendingUpdate& a, const PendingUpdate& b) { return rank(a) < rank(b); });
       for (const auto& p : pending_) emit_update(p, norm);
     }
     if (final_update_ >= 0) emit_refresh(n_layer_ + 1, final_update_, 0, 1);
     // The deferred updates in the order the next forward needs them (lowest layer first).
-    for (auto it = deferred_updates_.rbegin(); it != deferred_updates_.rend(); ++it) emit_update(*it, -1);
+    for (auto it = deferred_updates_.rbegin(); it != deferred_updates_.rend(); ++it)
+      emit_update(*it, -1);
   }
 
   const PlanRequest& req_;
@@ -740,7 +786,7 @@ class IterationBuilder {
   const int n_layer_, grad_accum_, deferred_;
   const Sizes sizes_;
   std::map<std::pair<BufferKind, int>, int> index_;  // (kind, index) -> buffer id
-  int micro_ = 0;  // the micro-batch whose ops are being laid out
+  int micro_ = 0;                                    // the micro-batch whose ops are being laid out
   int use_seq_ = 0;
 
   // Weights: device slots, host read staging and weights-out slots.
@@ -768,13 +814,14 @@ class IterationBuilder {
   int grad_rr_ = 0, host_grad_rr_ = 0, stage_rr_ = 0;
   std::vector<int> dev_grad_consumer_, host_grad_consumer_;
   std::vector<std::vector<int>> stage_users_;
-  std::vector<int> held_;  // op after which group g's held gradient is complete
-  std::vector<PendingUpdate> pending_;            // exact mode: updated after the norm
+  std::vector<int> held_;               // op after which group g's held gradient is complete
+  std::vector<PendingUpdate> pending_;  // exact mode: updated after the norm
   std::vector<int> sum_sq_ops_;
-  int final_update_ = -1;                          // its refresh is emitted at the step's end
-  std::vector<PendingUpdate> deferred_updates_;    // Plan::deferred_updates, emitted at the end
-  std::pair<int, int> layer0_save_{-1, -1};        // (producer, slot) saved after the rows first
-  int resident_save_[2] = {-1, -1};  // accum_fp32: the last saves of the embedding's and final group's gradients
+  int final_update_ = -1;                        // its refresh is emitted at the step's end
+  std::vector<PendingUpdate> deferred_updates_;  // Plan::deferred_updates, emitted at the end
+  std::pair<int, int> layer0_save_{-1, -1};      // (producer, slot) saved after the rows first
+  int resident_save_[2] = {
+      -1, -1};  // accum_fp32: the last saves of the embedding's and final group's gradients
 };
 
 }  // namespace

@@ -9,11 +9,9 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
-#include "fuyou/timing.h"
 #include "fuyou/backend.h"
 #include "fuyou/backend_select.h"
 #include "fuyou/config.h"
@@ -23,6 +21,7 @@
 #include "fuyou/model.h"
 #include "fuyou/ooc_adamw.h"
 #include "fuyou/sim_bench.h"
+#include "fuyou/timing.h"
 #include "kernels/cpu/fma_peak.h"
 #include "kernels/cpu/gemm.h"
 #include "src/optim/mem_bandwidth.h"
@@ -43,15 +42,17 @@ struct LayerGemms {
     w.assign(big, 0.02f);
     y.assign(static_cast<size_t>(std::max(N, F)) * std::max(F, N), 0.0f);
   }
-  double flops() const { return 2.0 * N * (3.0 * C * C + C * C + 2.0 * C * F) + 2 * 2.0 * N * C * F; }
+  double flops() const {
+    return 2.0 * N * (3.0 * C * C + C * C + 2.0 * C * F) + 2 * 2.0 * N * C * F;
+  }
   void run() {
     using cpu::gemm_f32;
     gemm_f32(false, true, N, 3 * C, C, 1, x.data(), C, w.data(), C, 0, y.data(), 3 * C);  // qkv
-    gemm_f32(false, true, N, C, C, 1, x.data(), C, w.data(), C, 0, y.data(), C);          // attn proj
-    gemm_f32(false, true, N, F, C, 1, x.data(), C, w.data(), C, 0, y.data(), F);          // fc
-    gemm_f32(false, true, N, C, F, 1, x.data(), F, w.data(), F, 0, y.data(), C);          // fc proj
-    gemm_f32(false, false, N, C, F, 1, x.data(), F, w.data(), C, 0, y.data(), C);         // fc dX
-    gemm_f32(true, false, F, C, N, 1, x.data(), F, w.data(), C, 0, y.data(), C);          // fc dW
+    gemm_f32(false, true, N, C, C, 1, x.data(), C, w.data(), C, 0, y.data(), C);   // attn proj
+    gemm_f32(false, true, N, F, C, 1, x.data(), C, w.data(), C, 0, y.data(), F);   // fc
+    gemm_f32(false, true, N, C, F, 1, x.data(), F, w.data(), F, 0, y.data(), C);   // fc proj
+    gemm_f32(false, false, N, C, F, 1, x.data(), F, w.data(), C, 0, y.data(), C);  // fc dX
+    gemm_f32(true, false, F, C, N, 1, x.data(), F, w.data(), C, 0, y.data(), C);   // fc dW
   }
 };
 
@@ -78,10 +79,13 @@ struct BackendLayerGemms {
   }
   BackendLayerGemms(const BackendLayerGemms&) = delete;
   BackendLayerGemms& operator=(const BackendLayerGemms&) = delete;
-  float* alloc(size_t n, const char* what) { return static_cast<float*>(be.alloc(sizeof(float) * n, what)); }
+  float* alloc(size_t n, const char* what) {
+    return static_cast<float*>(be.alloc(sizeof(float) * n, what));
+  }
   double flops() const { return 3 * 2.0 * N * (3.0 * C * C + C * C + 2.0 * C * F); }
   void run() {
-    const int shapes[4][2] = {{C, 3 * C}, {C, C}, {C, F}, {F, C}};  // (in, out): qkv, proj, fc, fc proj
+    const int shapes[4][2] = {
+        {C, 3 * C}, {C, C}, {C, F}, {F, C}};  // (in, out): qkv, proj, fc, fc proj
     for (const auto& s : shapes) be.matmul_forward(y, x, w, nullptr, N, s[0], s[1]);
     for (const auto& s : shapes) be.matmul_backward(dx, dw, nullptr, y, x, w, N, s[0], s[1]);
     be.finish_compute();
@@ -93,7 +97,8 @@ struct BackendLayerGemms {
 // without other load: this machine's two cores are shared with other work, and a profile
 // describes the hardware, not the moment.
 template <typename Fn>
-double rate_for(double seconds, Fn&& f, const std::atomic<bool>* stop = nullptr, bool fastest = true) {
+double rate_for(double seconds, Fn&& f, const std::atomic<bool>* stop = nullptr,
+                bool fastest = true) {
   auto t0 = clock_type::now();
   int n = 0;
   double best = 1e30;
@@ -105,7 +110,6 @@ double rate_for(double seconds, Fn&& f, const std::atomic<bool>* stop = nullptr,
   }
   return fastest ? 1.0 / best : n / seconds_since(t0);
 }
-
 
 using Say = std::function<void(const std::string&)>;
 
@@ -125,12 +129,13 @@ void measure_host_side(const ProfileOptions& o, HardwareProfile& p, const Say& s
   p.ssd_write_Bps = r["write_MBps"].get<double>() * 1e6 / p.ssds;
   // The mixed pass's halves alone would have taken their share of the whole passes' times.
   const double bytes = r["bytes"].get<double>();
-  p.ssd_mixed = mixed_capacity_from(r["read_s"].get<double>() * r["mixed_read_bytes"].get<double>() / bytes,
-                                    r["write_s"].get<double>() * r["mixed_write_bytes"].get<double>() / bytes,
-                                    r["mixed_s"].get<double>());
-  say(str("SSD store over ", p.ssds, " directories: read ", r["read_MBps"].get<double>(), " MB/s, write ",
-          r["write_MBps"].get<double>(), " MB/s; reads and writes at once: ", p.ssd_mixed,
-          " x one direction's throughput (1: they take turns, 2: full duplex)"));
+  p.ssd_mixed =
+      mixed_capacity_from(r["read_s"].get<double>() * r["mixed_read_bytes"].get<double>() / bytes,
+                          r["write_s"].get<double>() * r["mixed_write_bytes"].get<double>() / bytes,
+                          r["mixed_s"].get<double>());
+  say(str("SSD store over ", p.ssds, " directories: read ", r["read_MBps"].get<double>(),
+          " MB/s, write ", r["write_MBps"].get<double>(), " MB/s; reads and writes at once: ",
+          p.ssd_mixed, " x one direction's throughput (1: they take turns, 2: full duplex)"));
 }
 
 // The optimizer as the engine calls it: fp32 gradients in, fp32 weights out, state in host
@@ -162,10 +167,13 @@ void measure_optimizer(HardwareProfile& p, OptimizerProbe& probe, const Say& say
 }  // namespace
 
 HardwareProfile measure_cpu_profile(const ProfileOptions& o, std::string* log) {
-  if (o.dirs.empty()) throw ConfigError("fuyou-bench profile: --dir (a store directory on the SSD) is required");
+  if (o.dirs.empty())
+    throw ConfigError("fuyou-bench profile: --dir (a store directory on the SSD) is required");
   auto backend = make_cpu_backend(o.threads, 0);
   const int threads = backend->threads();
-  Say say = [&](const std::string& s) { if (log) *log += s + "\n"; };
+  Say say = [&](const std::string& s) {
+    if (log) *log += s + "\n";
+  };
   HardwareProfile p;
   p.name = "this-cpu";
   p.backend = "cpu";
@@ -192,7 +200,8 @@ HardwareProfile measure_cpu_profile(const ProfileOptions& o, std::string* log) {
     say(str("layer GEMMs at d_model ", s, " (size ", 2 * s, "): ", rates.back() / 1e9, " GFLOP/s"));
   }
   p.peak_flops = std::max(p.peak_flops, *std::max_element(rates.begin(), rates.end()));
-  for (size_t i = 0; i < rates.size(); ++i) p.gemm_efficiency.push_back({128.0 * (1 << i), rates[i] / p.peak_flops});
+  for (size_t i = 0; i < rates.size(); ++i)
+    p.gemm_efficiency.push_back({128.0 * (1 << i), rates[i] / p.peak_flops});
 
   // Host <-> device on the CPU backend is memcpy.
   {
@@ -215,31 +224,40 @@ HardwareProfile measure_cpu_profile(const ProfileOptions& o, std::string* log) {
   {
     LayerGemms g(512, 256);
     // Averages over whole windows here: the sharing is what is measured.
-    double gemm_alone = rate_for(2.0, [&] { g.run(); }, nullptr, false);
-    double upd_alone_avg = rate_for(2.0, [&] { probe.update(); }, nullptr, false);
+    double gemm_alone = rate_for(
+        2.0, [&] { g.run(); }, nullptr, false);
+    double upd_alone_avg = rate_for(
+        2.0, [&] { probe.update(); }, nullptr, false);
     std::atomic<bool> stop{false};
     double upd_both = 0;
-    std::thread th([&] { upd_both = rate_for(3.0, [&] { probe.update(); }, &stop, false); });
-    double gemm_both = rate_for(3.0, [&] { g.run(); }, nullptr, false);
+    std::thread th([&] {
+      upd_both = rate_for(
+          3.0, [&] { probe.update(); }, &stop, false);
+    });
+    double gemm_both = rate_for(
+        3.0, [&] { g.run(); }, nullptr, false);
     stop = true;
     th.join();
     p.compute_share = std::min(1.0, gemm_both / gemm_alone);
     p.optimizer_share = std::min(1.0, upd_both / upd_alone_avg);
-    say(str("GEMMs and AdamW together: compute at ", p.compute_share, ", optimizer at ", p.optimizer_share,
-            " of their alone rates"));
+    say(str("GEMMs and AdamW together: compute at ", p.compute_share, ", optimizer at ",
+            p.optimizer_share, " of their alone rates"));
   }
   return p;
 }
 
 HardwareProfile measure_cuda_profile(const ProfileOptions& o, std::string* log) {
-  if (o.dirs.empty()) throw ConfigError("fuyou-bench profile: --dir (a store directory on the SSD) is required");
+  if (o.dirs.empty())
+    throw ConfigError("fuyou-bench profile: --dir (a store directory on the SSD) is required");
   auto backend = make_cuda_backend(0, 0);
   // What large models train with on this GPU: bf16 GEMMs on bf16 device tensors, so the layer
   // GEMMs below read and write the storage type training uses.
   RuntimeConfig rt;
   rt.device_tensors = "bf16";
   apply_precision(*backend, rt);
-  Say say = [&](const std::string& s) { if (log) *log += s + "\n"; };
+  Say say = [&](const std::string& s) {
+    if (log) *log += s + "\n";
+  };
   HardwareProfile p;
   p.name = "this-gpu";
   p.backend = "cuda";
@@ -255,11 +273,13 @@ HardwareProfile measure_cuda_profile(const ProfileOptions& o, std::string* log) 
     BackendLayerGemms g(*backend, 2 * s, s);
     g.run();
     rates.push_back(g.flops() * rate_for(1.0, [&] { g.run(); }));
-    say(str("layer GEMMs at d_model ", s, " (size ", 2 * s, ", ", matmul_precision_name(backend->matmul_precision()),
-            " inputs): ", rates.back() / 1e12, " TFLOP/s"));
+    say(str("layer GEMMs at d_model ", s, " (size ", 2 * s, ", ",
+            matmul_precision_name(backend->matmul_precision()), " inputs): ", rates.back() / 1e12,
+            " TFLOP/s"));
   }
   p.peak_flops = *std::max_element(rates.begin(), rates.end());
-  for (size_t i = 0; i < rates.size(); ++i) p.gemm_efficiency.push_back({512.0 * (1 << i), rates[i] / p.peak_flops});
+  for (size_t i = 0; i < rates.size(); ++i)
+    p.gemm_efficiency.push_back({512.0 * (1 << i), rates[i] / p.peak_flops});
 
   // PCIe both ways from page-locked host memory, as the executor's buffers are.
   {
@@ -295,11 +315,15 @@ nlohmann::json run_cpu_gemm_bench(const Config& cfg, int threads) {
   auto peak = cpu::measure_fma_peak(threads);
   const int N = cfg.schedule.micro_batch * cfg.model.seq_len;
   const int C = cfg.model.d_model, F = cfg.model.d_ff, V = cfg.model.vocab_size;
-  struct Shape { const char* name; bool ta, tb; int M, Nn, K; };
+  struct Shape {
+    const char* name;
+    bool ta, tb;
+    int M, Nn, K;
+  };
   std::vector<Shape> shapes = {
-      {"qkv fwd", false, true, N, 3 * C, C},   {"fc fwd", false, true, N, F, C},
-      {"fcproj fwd", false, true, N, C, F},    {"fc dX", false, false, N, C, F},
-      {"fc dW", true, false, F, C, N},         {"lm_head fwd", false, true, N, V, C},
+      {"qkv fwd", false, true, N, 3 * C, C}, {"fc fwd", false, true, N, F, C},
+      {"fcproj fwd", false, true, N, C, F},  {"fc dX", false, false, N, C, F},
+      {"fc dW", true, false, F, C, N},       {"lm_head fwd", false, true, N, V, C},
   };
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& s : shapes) {
@@ -314,12 +338,19 @@ nlohmann::json run_cpu_gemm_bench(const Config& cfg, int threads) {
       if (r > 0) t.push_back(seconds_since(t0));
     }
     double gflops = 2.0 * s.M * s.Nn * s.K / median(t) / 1e9;
-    rows.push_back({{"shape", s.name}, {"M", s.M}, {"N", s.Nn}, {"K", s.K}, {"gflops", gflops},
+    rows.push_back({{"shape", s.name},
+                    {"M", s.M},
+                    {"N", s.Nn},
+                    {"K", s.K},
+                    {"gflops", gflops},
                     {"fraction_of_peak", gflops / peak.gflops_all}});
   }
-  nlohmann::json j{{"library", cpu::gemm_library_name()}, {"threads", threads},
-                   {"fma_isa", peak.isa}, {"fma_peak_gflops_1thread", peak.gflops_per_thread},
-                   {"fma_peak_gflops", peak.gflops_all}, {"shapes", rows}};
+  nlohmann::json j{{"library", cpu::gemm_library_name()},
+                   {"threads", threads},
+                   {"fma_isa", peak.isa},
+                   {"fma_peak_gflops_1thread", peak.gflops_per_thread},
+                   {"fma_peak_gflops", peak.gflops_all},
+                   {"shapes", rows}};
   return j;
 }
 
@@ -355,8 +386,11 @@ nlohmann::json run_cuda_gemm_bench(const Config& cfg, int reps) {
   const int KV = m.kv_heads() * m.head_size(), F = m.d_ff;
   const int fc_out = m.family == "llama" ? 2 * F : F;
   const int V = padded_vocab(m);
-  const std::vector<LayerGemm> gemms = {
-      {"qkv", C, C + 2 * KV}, {"proj", C, C}, {"fc", C, fc_out}, {"fcproj", F, C}, {"lm_head", C, V}};
+  const std::vector<LayerGemm> gemms = {{"qkv", C, C + 2 * KV},
+                                        {"proj", C, C},
+                                        {"fc", C, fc_out},
+                                        {"fcproj", F, C},
+                                        {"lm_head", C, V}};
   auto be = make_cuda_backend(0, 0);
   be->set_storage_type(ElemType::kBF16);
   be->set_matmul_precision(MatmulPrecision::kBf16);
@@ -387,20 +421,24 @@ nlohmann::json run_cuda_gemm_bench(const Config& cfg, int reps) {
     // Backward: dX^T (in x N) = W (in x out) dY^T (out x N); dW^T (in x out) = x^T (in x N) dY.
     const LtGemmTiming dxt = cublaslt_gemm_time({false, false, g.in, N, g.out}, reps);
     const LtGemmTiming dwt = cublaslt_gemm_time({false, true, g.in, g.out, N}, reps);
-    const double e_fwd = engine_seconds(*be, reps, [&] {
-      be->matmul_forward(b.y, b.x, b.w, nullptr, N, g.in, g.out);
-    });
+    const double e_fwd = engine_seconds(
+        *be, reps, [&] { be->matmul_forward(b.y, b.x, b.w, nullptr, N, g.in, g.out); });
     const double e_bwd = engine_seconds(*be, reps, [&] {
       be->matmul_backward(b.dx, b.dw, nullptr, b.dy, b.x, b.w, N, g.in, g.out);
     });
     const double lt_bwd = dxt.median_s + dwt.median_s;
-    rows.push_back({{"part", g.part}, {"in", g.in}, {"out", g.out}, {"tokens", N},
-                    {"forward", {{"cublaslt_tflops", flops / fwd.median_s / 1e12},
-                                 {"engine_tflops", flops / e_fwd / 1e12},
-                                 {"engine_over_cublaslt", fwd.median_s / e_fwd}}},
-                    {"backward", {{"cublaslt_tflops", 2 * flops / lt_bwd / 1e12},
-                                  {"engine_tflops", 2 * flops / e_bwd / 1e12},
-                                  {"engine_over_cublaslt", lt_bwd / e_bwd}}}});
+    rows.push_back({{"part", g.part},
+                    {"in", g.in},
+                    {"out", g.out},
+                    {"tokens", N},
+                    {"forward",
+                     {{"cublaslt_tflops", flops / fwd.median_s / 1e12},
+                      {"engine_tflops", flops / e_fwd / 1e12},
+                      {"engine_over_cublaslt", fwd.median_s / e_fwd}}},
+                    {"backward",
+                     {{"cublaslt_tflops", 2 * flops / lt_bwd / 1e12},
+                      {"engine_tflops", 2 * flops / e_bwd / 1e12},
+                      {"engine_over_cublaslt", lt_bwd / e_bwd}}}});
     if (std::string(g.part) != "lm_head") {
       layer_flops += 3 * flops;
       layer_engine_s += e_fwd + e_bwd;

@@ -19,7 +19,9 @@ bool changeable(const std::string& key) {
   const auto& keys = resume_changeable_keys();
   for (const auto& k : keys) {
     if (k == key) return true;
-    if (k.size() > 2 && k.compare(k.size() - 2, 2, ".*") == 0 && key.rfind(k.substr(0, k.size() - 1), 0) == 0) return true;
+    if (k.size() > 2 && k.compare(k.size() - 2, 2, ".*") == 0 &&
+        key.rfind(k.substr(0, k.size() - 1), 0) == 0)
+      return true;
   }
   return false;
 }
@@ -39,12 +41,25 @@ const std::vector<std::string>& resume_changeable_keys() {
   // the directory the run was initialised from (the checkpoint holds the weights now), and the
   // optimizer's state format (a resume in another format converts the state:
   // docs/checkpoints.md).
-  static const std::vector<std::string> keys = {
-      "schedule.steps",    "schedule.epochs",     "schedule.eval_every", "schedule.eval_batches", "schedule.log_every",
-      "schedule.sample_every", "schedule.sample_prompts", "schedule.sample_tokens",
-      "offload.*",         "runtime.threads",     "runtime.backend",       "checkpoint.*",
-      "data.text",         "data.train_shards",   "data.val_shards",       "model.checkpoint",
-      "optimizer.placement", "optimizer.state",   "optimizer.master"};
+  static const std::vector<std::string> keys = {"schedule.steps",
+                                                "schedule.epochs",
+                                                "schedule.eval_every",
+                                                "schedule.eval_batches",
+                                                "schedule.log_every",
+                                                "schedule.sample_every",
+                                                "schedule.sample_prompts",
+                                                "schedule.sample_tokens",
+                                                "offload.*",
+                                                "runtime.threads",
+                                                "runtime.backend",
+                                                "checkpoint.*",
+                                                "data.text",
+                                                "data.train_shards",
+                                                "data.val_shards",
+                                                "model.checkpoint",
+                                                "optimizer.placement",
+                                                "optimizer.state",
+                                                "optimizer.master"};
   return keys;
 }
 
@@ -57,23 +72,24 @@ void check_resume_config(const Config& saved, const Config& now) {
       const YAML::Node other = b[name][kv.first.as<std::string>()];
       const std::string was = flow(kv.second), is = other ? flow(other) : "(absent)";
       if (was == is || changeable(key)) continue;
-      throw ConfigError(str("--resume: ", key, " is ", is, " but the checkpoint was trained with ", was,
-                            "; it changes the training trajectory, so a resume keeps it (keys that may change: ",
-                            [] {
-                              std::string s;
-                              for (const auto& k : resume_changeable_keys()) s += (s.empty() ? "" : ", ") + k;
-                              return s;
-                            }(),
-                            ")"));
+      throw ConfigError(str(
+          "--resume: ", key, " is ", is, " but the checkpoint was trained with ", was,
+          "; it changes the training trajectory, so a resume keeps it (keys that may change: ",
+          [] {
+            std::string s;
+            for (const auto& k : resume_changeable_keys()) s += (s.empty() ? "" : ", ") + k;
+            return s;
+          }(),
+          ")"));
     }
   }
 }
 
 Config resume_config(const CheckpointSource& checkpoint, const std::string& config_path,
                      const std::vector<std::string>& overrides) {
-  Config cfg = config_path.empty()
-                   ? parse_config(checkpoint.config_text(), checkpoint.dir() + "/config.yaml", overrides)
-                   : load_config_file(config_path, overrides);
+  Config cfg = config_path.empty() ? parse_config(checkpoint.config_text(),
+                                                  checkpoint.dir() + "/config.yaml", overrides)
+                                   : load_config_file(config_path, overrides);
   check_resume_config(checkpoint.config(), cfg);
   return cfg;
 }
@@ -83,8 +99,10 @@ Config resume_config(const std::string& checkpoint_dir, const std::string& confi
   return resume_config(CheckpointSource(checkpoint_dir), config_path, overrides);
 }
 
-DataSplitIdentity split_identity(const std::vector<int32_t>& tokens, const std::vector<uint8_t>& mask,
-                                 const std::vector<std::string>& shard_paths, const std::vector<uint64_t>& records) {
+DataSplitIdentity split_identity(const std::vector<int32_t>& tokens,
+                                 const std::vector<uint8_t>& mask,
+                                 const std::vector<std::string>& shard_paths,
+                                 const std::vector<uint64_t>& records) {
   DataSplitIdentity s;
   s.tokens = tokens.size();
   XXH3_state_t* st = XXH3_createState();
@@ -101,21 +119,25 @@ DataSplitIdentity split_identity(const std::vector<int32_t>& tokens, const std::
     head.resize(static_cast<size_t>(in.gcount()));
     in.clear();
     in.seekg(0, std::ios::end);
-    s.shards.push_back({p, static_cast<uint64_t>(in.tellg()), hex64(XXH3_64bits(head.data(), head.size()))});
+    s.shards.push_back(
+        {p, static_cast<uint64_t>(in.tellg()), hex64(XXH3_64bits(head.data(), head.size()))});
   }
   return s;
 }
 
 void check_resume_data(const DataIdentity& saved, const DataIdentity& now) {
   if (saved.train.tokens != now.train.tokens || saved.train.xxh3 != now.train.xxh3)
-    throw ConfigError(str("--resume: the training data differs from the checkpoint's: ", now.train.tokens,
-                          " tokens with XXH3 ", now.train.xxh3, " now, ", saved.train.tokens, " tokens with XXH3 ",
-                          saved.train.xxh3, " then (data.text / data.train_shards must hold the same tokens; "
+    throw ConfigError(str("--resume: the training data differs from the checkpoint's: ",
+                          now.train.tokens, " tokens with XXH3 ", now.train.xxh3, " now, ",
+                          saved.train.tokens, " tokens with XXH3 ", saved.train.xxh3,
+                          " then (data.text / data.train_shards must hold the same tokens; "
                           "their paths may change)"));
   if (saved.val.tokens != now.val.tokens || saved.val.xxh3 != now.val.xxh3)
-    spdlog::warn("resume: the validation data differs from the checkpoint's ({} tokens now, {} then): validation "
-                 "losses after the resume are not comparable with those before it",
-                 now.val.tokens, saved.val.tokens);
+    spdlog::warn(
+        "resume: the validation data differs from the checkpoint's ({} tokens now, {} then): "
+        "validation "
+        "losses after the resume are not comparable with those before it",
+        now.val.tokens, saved.val.tokens);
 }
 
 }  // namespace fuyou

@@ -3,14 +3,14 @@
 // does: executor_ops.cc.
 #include "fuyou/scheduler.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <fstream>
 
-#include <omp.h>
-
 #include "fuyou/error.h"
-#include "fuyou/threads.h"
 #include "fuyou/optim.h"
+#include "fuyou/threads.h"
 #include "fuyou/train.h"
 #include "src/runtime/executor.h"
 
@@ -22,9 +22,16 @@ void OffloadTrainer::Impl::Ring::push(std::pair<int, int> x) {
   tail = (tail + 1) % items.size();
 }
 
-OffloadTrainer::Impl::Impl(OffloadTrainer& owner, const Config& cfg, Backend& be, Plan plan, SsdStore* store)
-    : owner_(owner), cfg_(cfg), be_(be), plan_(std::move(plan)), store_(store), layout_(make_gpt_layout(cfg.model)),
-      model_(cfg.model, be, plan_.micro_batch, ModelState::kWorkspace), tensors_(plan_.tensors),
+OffloadTrainer::Impl::Impl(OffloadTrainer& owner, const Config& cfg, Backend& be, Plan plan,
+                           SsdStore* store)
+    : owner_(owner),
+      cfg_(cfg),
+      be_(be),
+      plan_(std::move(plan)),
+      store_(store),
+      layout_(make_gpt_layout(cfg.model)),
+      model_(cfg.model, be, plan_.micro_batch, ModelState::kWorkspace),
+      tensors_(plan_.tensors),
       es_(elem_type_size(plan_.tensors)) {
   N_ = static_cast<size_t>(plan_.micro_batch) * cfg.model.seq_len;
   check_plan();
@@ -100,7 +107,8 @@ template <typename Busy>
 void OffloadTrainer::Impl::add_busy(const Iter& x, double t_end, Busy& busy) const {
   for (const PlanOp& op : plan_.ops) {
     if (x.start[op.id] < 0) continue;
-    const double b = std::max(x.start[op.id], window_start_), e = x.end[op.id] < 0 ? t_end : x.end[op.id];
+    const double b = std::max(x.start[op.id], window_start_),
+                 e = x.end[op.id] < 0 ? t_end : x.end[op.id];
     if (e > b) busy[static_cast<int>(op.resource)] += e - b;
   }
 }
@@ -118,7 +126,8 @@ bool OffloadTrainer::Impl::ready(int i, int id) const {
   for (int d : prev_deps_[id])
     if (!before.done[d]) return false;
   // The embedding forward waits only for the rows refreshed first, if those were its own.
-  if (plan_.embed_rows_first && op.kind == OpKind::kEmbedForward && op.micro == 0 && !before.first_rows_next)
+  if (plan_.embed_rows_first && op.kind == OpKind::kEmbedForward && op.micro == 0 &&
+      !before.first_rows_next)
     for (int d : embed_refresh_ops_)
       if (!before.done[d]) return false;
   return true;
@@ -134,7 +143,8 @@ long OffloadTrainer::Impl::next_op(int r) const {
       [&](std::pair<int, int> x) { return ready(x.first, x.second); },
       [&](std::pair<int, int> y, std::pair<int, int> x) {
         return iters_[y.first].run != iters_[x.first].run ||
-               buffers_conflict(iters_[x.first].run->bufs[y.second], iters_[x.first].run->bufs[x.second]);
+               buffers_conflict(iters_[x.first].run->bufs[y.second],
+                                iters_[x.first].run->bufs[x.second]);
       });
 }
 
@@ -174,9 +184,9 @@ void OffloadTrainer::Impl::worker(int r) {
     } catch (const IoError& e) {
       // A disk error (a failed request, bytes that changed on the disk) says where in the
       // run it struck.
-      err = std::make_exception_ptr(IoError(str(it.forward_only ? "validation" : str("step ", it.step + 1), ", ",
-                                                op_kind_name(op.kind), op.layer >= 0 ? str(" of layer ", op.layer) : "",
-                                                ": ", e.what())));
+      err = std::make_exception_ptr(IoError(str(
+          it.forward_only ? "validation" : str("step ", it.step + 1), ", ", op_kind_name(op.kind),
+          op.layer >= 0 ? str(" of layer ", op.layer) : "", ": ", e.what())));
     } catch (...) {
       err = std::current_exception();
     }
@@ -255,14 +265,16 @@ OffloadTrainer::Impl::Iter& OffloadTrainer::Impl::submit(Run& run, int64_t step,
   return it;
 }
 
-StepResult OffloadTrainer::Impl::step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
+StepResult OffloadTrainer::Impl::step(int64_t step_index,
+                                      const std::vector<const int32_t*>& micro_batches,
                                       const std::vector<const uint8_t*>& masks,
                                       const std::vector<const int32_t*>& positions) {
   const int B = plan_.micro_batch, T = cfg_.model.seq_len, K = plan_.grad_accum;
   if (static_cast<int>(micro_batches.size()) != K)
-    throw Error(str("offloaded step: ", micro_batches.size(), " micro-batches but the plan was built for grad_accum ", K));
-  FY_CHECK(masks.empty() || masks.size() == micro_batches.size(), masks.size(), " loss masks for ", K,
-           " micro-batches");
+    throw Error(str("offloaded step: ", micro_batches.size(),
+                    " micro-batches but the plan was built for grad_accum ", K));
+  FY_CHECK(masks.empty() || masks.size() == micro_batches.size(), masks.size(), " loss masks for ",
+           K, " micro-batches");
   FY_CHECK(positions.empty() || positions.size() == micro_batches.size(), positions.size(),
            " position arrays for ", K, " micro-batches");
   // The previous step returned after its norm (exact mode), so the loss scale and Adam's
@@ -275,10 +287,11 @@ StepResult OffloadTrainer::Impl::step(int64_t step_index, const std::vector<cons
     // masks); nothing counted: zero gradient.
     int64_t total = 0;
     for (int k = 0; k < K; ++k)
-      total += it.counts[k] = split_batch(micro_batches[k], masks.empty() ? nullptr : masks[k], B, T,
-                                          it.inputs[k].data(), it.targets[k].data());
+      total += it.counts[k] = split_batch(micro_batches[k], masks.empty() ? nullptr : masks[k], B,
+                                          T, it.inputs[k].data(), it.targets[k].data());
     it.packed = !positions.empty();
-    for (int k = 0; k < K && it.packed; ++k) std::copy(positions[k], positions[k] + B * T, it.positions[k].begin());
+    for (int k = 0; k < K && it.packed; ++k)
+      std::copy(positions[k], positions[k] + B * T, it.positions[k].begin());
     it.step_loss_scale = step_loss_scale;
     it.loss_scale = backward_scale(total, step_loss_scale);
     it.apply = true;
@@ -326,12 +339,15 @@ StepResult OffloadTrainer::Impl::step_result(Iter& it) {
 
 // The forward-only plan on one micro-batch: the validation loss at the current weights (the
 // mean over its counted targets; 0 when none counts, as StepRunner::eval_loss).
-float OffloadTrainer::Impl::eval_loss(const int32_t* batch, const uint8_t* mask, const int32_t* positions) {
+float OffloadTrainer::Impl::eval_loss(const int32_t* batch, const uint8_t* mask,
+                                      const int32_t* positions) {
   drain();
   Iter& it = submit(eval_, -1, [&](Iter& it) {
-    split_batch(batch, mask, plan_.micro_batch, cfg_.model.seq_len, it.inputs[0].data(), it.targets[0].data());
+    split_batch(batch, mask, plan_.micro_batch, cfg_.model.seq_len, it.inputs[0].data(),
+                it.targets[0].data());
     it.packed = positions != nullptr;
-    if (positions) std::copy(positions, positions + it.positions[0].size(), it.positions[0].begin());
+    if (positions)
+      std::copy(positions, positions + it.positions[0].size(), it.positions[0].begin());
   });
   std::unique_lock<std::mutex> lock(mu_);
   wait_for(lock, [&] { return it.pending == 0; });
@@ -344,7 +360,10 @@ void OffloadTrainer::Impl::write_trace(const std::string& path) {
   drain();
   nlohmann::json events = nlohmann::json::array();
   for (int r = 0; r < kNumResources; ++r)
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", r},
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", 0},
+                      {"tid", r},
                       {"args", {{"name", resource_name(static_cast<Resource>(r))}}}});
   double t0 = -1;
   for (const Iter& x : iters_)
@@ -356,13 +375,21 @@ void OffloadTrainer::Impl::write_trace(const std::string& path) {
     for (const PlanOp& op : plan_.ops) {
       if (x.start[op.id] < 0) continue;
       std::string name = op_kind_name(op.kind);
-      if (op.layer >= 0) name += str(" ", op.layer);
-      else if (op.group >= 0) name += str(" group ", op.group);
+      if (op.layer >= 0)
+        name += str(" ", op.layer);
+      else if (op.group >= 0)
+        name += str(" group ", op.group);
       if (plan_.grad_accum > 1) name += str(" mb", op.micro);
       name += str(" (step ", x.step, ")");
-      events.push_back({{"name", name}, {"ph", "X"}, {"pid", 0}, {"tid", static_cast<int>(op.resource)},
-                        {"ts", (x.start[op.id] - t0) * 1e6}, {"dur", (x.end[op.id] - x.start[op.id]) * 1e6},
-                        {"args", {{"op", op.id}, {"step", x.step}, {"micro", op.micro}, {"bytes", op_bytes(op)}}}});
+      events.push_back(
+          {{"name", name},
+           {"ph", "X"},
+           {"pid", 0},
+           {"tid", static_cast<int>(op.resource)},
+           {"ts", (x.start[op.id] - t0) * 1e6},
+           {"dur", (x.end[op.id] - x.start[op.id]) * 1e6},
+           {"args",
+            {{"op", op.id}, {"step", x.step}, {"micro", op.micro}, {"bytes", op_bytes(op)}}}});
     }
   }
   std::ofstream out(path);
@@ -384,10 +411,13 @@ StepResult OffloadTrainer::step(int64_t s, const int32_t* batch, const uint8_t* 
   return impl_->step(s, {batch}, {}, {});
 }
 StepResult OffloadTrainer::step(int64_t s, const std::vector<const int32_t*>& mbs,
-                                const std::vector<const uint8_t*>& masks, const std::vector<const int32_t*>& positions) {
+                                const std::vector<const uint8_t*>& masks,
+                                const std::vector<const int32_t*>& positions) {
   return impl_->step(s, mbs, masks, positions);
 }
-void OffloadTrainer::read_group_state(int g, StateKind k, const StateSink& sink) { impl_->read_group_state(g, k, sink); }
+void OffloadTrainer::read_group_state(int g, StateKind k, const StateSink& sink) {
+  impl_->read_group_state(g, k, sink);
+}
 void OffloadTrainer::write_group_state(int g, StateKind k, const StateSource& source) {
   impl_->write_group_state(g, k, source);
 }
@@ -399,7 +429,8 @@ void OffloadTrainer::write_group_packed(int g, StateKind k, const PackedSource& 
 }
 OptimizerCounters OffloadTrainer::counters() { return impl_->counters(); }
 void OffloadTrainer::set_counters(const OptimizerCounters& c) { impl_->set_counters(c); }
-float OffloadTrainer::eval_loss(const int32_t* batch, const uint8_t* mask, const int32_t* positions) {
+float OffloadTrainer::eval_loss(const int32_t* batch, const uint8_t* mask,
+                                const int32_t* positions) {
   return impl_->eval_loss(batch, mask, positions);
 }
 void OffloadTrainer::write_trace(const std::string& path) const { impl_->write_trace(path); }

@@ -44,7 +44,8 @@ void say(const std::string& text) {
 StopSignals::StopSignals() {
   bool expected = false;
   if (!g_instance.compare_exchange_strong(expected, true))
-    throw Error("StopSignals: another instance already receives SIGINT and SIGTERM in this process");
+    throw Error(
+        "StopSignals: another instance already receives SIGINT and SIGTERM in this process");
   const sigset_t set = stop_set();
   ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
   // A shell starts background jobs of a script with SIGINT ignored, and an ignored signal is
@@ -66,8 +67,11 @@ StopSignals::StopSignals() {
   receiver_ = std::thread([this] { receive(); });
   const std::vector<int> open = threads_not_blocking_stop_signals();
   if (!open.empty())
-    spdlog::warn("{} thread(s) started before StopSignals do not block SIGINT and SIGTERM (first: {}); a stop "
-                 "signal may run on them", open.size(), open.front());
+    spdlog::warn(
+        "{} thread(s) started before StopSignals do not block SIGINT and SIGTERM (first: {}); a "
+        "stop "
+        "signal may run on them",
+        open.size(), open.front());
 }
 
 StopSignals::~StopSignals() {
@@ -118,7 +122,8 @@ void StopSignals::end_process(int signal) {
     if (!p.empty() && p.back() != '/') ::unlink(p.c_str());
   for (const std::string& p : paths)
     if (!p.empty() && p.back() == '/') ::rmdir(p.c_str());
-  say(second ? str("\nfuyou: second stop signal: exiting now", paths.empty() ? "" : "; the engine's temporary files are removed",
+  say(second ? str("\nfuyou: second stop signal: exiting now",
+                   paths.empty() ? "" : "; the engine's temporary files are removed",
                    ", the last checkpoint is intact\n")
              : str("\nfuyou: ", signal_name(signal), ": stopped\n"));
   ::_exit(128 + signal);

@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-
 #include <nlohmann/json.hpp>
 
 #include "fuyou/config.h"
@@ -22,7 +21,8 @@ namespace fuyou {
 namespace {
 
 std::string tier_table_row(const SimResult& r) {
-  return str(format_size(r.device_bytes), " / ", format_size(r.host_bytes), " / ", format_size(r.ssd_bytes));
+  return str(format_size(r.device_bytes), " / ", format_size(r.host_bytes), " / ",
+             format_size(r.ssd_bytes));
 }
 
 struct Prediction {
@@ -34,7 +34,8 @@ struct Prediction {
   double search_s = 0;
 };
 
-Prediction predict(const Config& cfg, const HardwareProfile& hw, const SimulateOptions& o, int batch) {
+Prediction predict(const Config& cfg, const HardwareProfile& hw, const SimulateOptions& o,
+                   int batch) {
   PlanRequest req = plan_request(cfg);
   req.micro_batch = batch;
   req.have_ssd = true;
@@ -54,7 +55,8 @@ Prediction predict(const Config& cfg, const HardwareProfile& hw, const SimulateO
     out.plans_evaluated = s.plans_evaluated;
     out.search_s = s.search_s;
   } else {
-    if (pol == ActivationPolicy::kSwap && !req.acts.empty()) req.acts.assign(req.acts.size(), ActPlacement::kSsd);
+    if (pol == ActivationPolicy::kSwap && !req.acts.empty())
+      req.acts.assign(req.acts.size(), ActPlacement::kSsd);
     out.plan = make_plan(request_for_profile(req, hw));
     out.sim = simulate(out.plan, hw);
     std::vector<ActPlacement> acts;
@@ -107,16 +109,21 @@ int run_simulate(const SimulateOptions& o) {
   const ParamLayout layout = make_gpt_layout(cfg.model);
 
   if (!o.sweep.empty()) {
-    if (o.sweep != "batch" && o.sweep != "ssds") throw ConfigError(str("--sweep '", o.sweep, "': expected batch or ssds"));
+    if (o.sweep != "batch" && o.sweep != "ssds")
+      throw ConfigError(str("--sweep '", o.sweep, "': expected batch or ssds"));
     nlohmann::json rows = nlohmann::json::array();
     std::vector<int> values;
-    if (o.sweep == "batch") for (int b = 1; b <= 64; b *= 2) values.push_back(b);
-    else for (int s = 1; s <= 12; ++s) values.push_back(s);
+    if (o.sweep == "batch")
+      for (int b = 1; b <= 64; b *= 2) values.push_back(b);
+    else
+      for (int s = 1; s <= 12; ++s) values.push_back(s);
     for (int v : values) {
       HardwareProfile h = hw;
       int b = batch;
-      if (o.sweep == "batch") b = v;
-      else h.ssds = v;
+      if (o.sweep == "batch")
+        b = v;
+      else
+        h.ssds = v;
       try {
         Prediction p = predict(cfg, h, o, b);
         rows.push_back(prediction_json(p, cfg, h));
@@ -129,19 +136,21 @@ int run_simulate(const SimulateOptions& o) {
       std::printf("%s\n", nlohmann::json{{"sweep", o.sweep}, {"rows", rows}}.dump().c_str());
       return 0;
     }
-    std::printf("%s on %s: sweep over %s\n", o.config.empty() ? "default config" : o.config.c_str(), hw.name.c_str(),
-                o.sweep.c_str());
-    std::printf("%5s %5s %11s %9s %10s %-10s %s\n", "batch", "ssds", "step", "TFLOP/s", "tokens/s", "busiest",
-                "decisions");
+    std::printf("%s on %s: sweep over %s\n", o.config.empty() ? "default config" : o.config.c_str(),
+                hw.name.c_str(), o.sweep.c_str());
+    std::printf("%5s %5s %11s %9s %10s %-10s %s\n", "batch", "ssds", "step", "TFLOP/s", "tokens/s",
+                "busiest", "decisions");
     for (const auto& r : rows) {
       if (r.contains("error")) {
-        std::printf("%s %d: %s\n", o.sweep.c_str(), r[o.sweep == "batch" ? "micro_batch" : "ssds"].get<int>(),
+        std::printf("%s %d: %s\n", o.sweep.c_str(),
+                    r[o.sweep == "batch" ? "micro_batch" : "ssds"].get<int>(),
                     r["error"].get<std::string>().substr(0, 120).c_str());
         continue;
       }
-      std::printf("%5d %5d %10.3fs %9.2f %10.1f %-10s %s\n", r["micro_batch"].get<int>(), r["ssds"].get<int>(),
-                  r["period_s"].get<double>(), r["tflops"].get<double>(), r["tokens_per_s"].get<double>(),
-                  r["busiest"].get<std::string>().c_str(), r["decisions"].get<std::string>().c_str());
+      std::printf("%5d %5d %10.3fs %9.2f %10.1f %-10s %s\n", r["micro_batch"].get<int>(),
+                  r["ssds"].get<int>(), r["period_s"].get<double>(), r["tflops"].get<double>(),
+                  r["tokens_per_s"].get<double>(), r["busiest"].get<std::string>().c_str(),
+                  r["decisions"].get<std::string>().c_str());
     }
     return 0;
   }
@@ -153,23 +162,27 @@ int run_simulate(const SimulateOptions& o) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  std::printf("%-22s %.2fB parameters, %d layers, seq %d\n", "model", layout.num_params() / 1e9, cfg.model.n_layer,
-              cfg.model.seq_len);
-  std::printf("%-22s %s (%d SSD%s)\n", "hardware", hw.name.c_str(), hw.ssds, hw.ssds > 1 ? "s" : "");
+  std::printf("%-22s %.2fB parameters, %d layers, seq %d\n", "model", layout.num_params() / 1e9,
+              cfg.model.n_layer, cfg.model.seq_len);
+  std::printf("%-22s %s (%d SSD%s)\n", "hardware", hw.name.c_str(), hw.ssds,
+              hw.ssds > 1 ? "s" : "");
   std::printf("%-22s %d\n", "micro-batch", p.micro_batch);
   std::printf("%-22s %s\n", "activations", p.decisions.c_str());
-  std::printf("%-22s %d weights, %d optimizer state (of %d layers)\n", "on SSD", j["layers_weights_on_ssd"].get<int>(),
-              j["layers_optimizer_on_ssd"].get<int>(), cfg.model.n_layer);
+  std::printf("%-22s %d weights, %d optimizer state (of %d layers)\n", "on SSD",
+              j["layers_weights_on_ssd"].get<int>(), j["layers_optimizer_on_ssd"].get<int>(),
+              cfg.model.n_layer);
   std::printf("%-22s %.3f s (iterations overlapping; one alone: %.3f s)\n", "step", p.sim.period_s,
               p.sim.iteration_s);
-  std::printf("%-22s %.2f (useful model FLOPs; %.3g recomputed FLOPs not counted)\n", "TFLOP/s", p.sim.tflops,
-              p.sim.recompute_flops);
+  std::printf("%-22s %.2f (useful model FLOPs; %.3g recomputed FLOPs not counted)\n", "TFLOP/s",
+              p.sim.tflops, p.sim.recompute_flops);
   std::printf("%-22s %.1f\n", "tokens/s", j["tokens_per_s"].get<double>());
   std::printf("%-22s %s\n", "peak device/host/SSD", tier_table_row(p.sim).c_str());
   for (int q = 0; q < kNumResources; ++q)
-    std::printf("  busy %-16s %.3f s%s\n", resource_name(static_cast<Resource>(q)), p.sim.busy_s[q],
-                static_cast<Resource>(q) == p.sim.busiest && !p.sim.disk_busiest ? "  (busiest)" : "");
-  std::printf("  busy %-16s %.3f s%s\n", "disk", p.sim.disk_busy_s, p.sim.disk_busiest ? "  (busiest)" : "");
+    std::printf(
+        "  busy %-16s %.3f s%s\n", resource_name(static_cast<Resource>(q)), p.sim.busy_s[q],
+        static_cast<Resource>(q) == p.sim.busiest && !p.sim.disk_busiest ? "  (busiest)" : "");
+  std::printf("  busy %-16s %.3f s%s\n", "disk", p.sim.disk_busy_s,
+              p.sim.disk_busiest ? "  (busiest)" : "");
   if (p.plans_evaluated)
     std::printf("%-22s %d plans simulated in %.2f s\n", "search", p.plans_evaluated, p.search_s);
   return 0;

@@ -31,10 +31,18 @@ OpTraffic op_traffic(const Plan& plan, const PlanOp& op) {
   const OpKindInfo k = op_kind_info(op.kind);
   OpTraffic t;
   switch (k.traffic) {
-    case Traffic::kH2D: t.h2d = op.use(k.role).bytes; break;
-    case Traffic::kD2H: t.d2h = op.use(k.role).bytes; break;
-    case Traffic::kSsdRead: t.ssd_read = round_up(op.use(k.role).bytes, kIoAlign); break;
-    case Traffic::kSsdWrite: t.ssd_write = round_up(op.use(k.role).bytes, kIoAlign); break;
+    case Traffic::kH2D:
+      t.h2d = op.use(k.role).bytes;
+      break;
+    case Traffic::kD2H:
+      t.d2h = op.use(k.role).bytes;
+      break;
+    case Traffic::kSsdRead:
+      t.ssd_read = round_up(op.use(k.role).bytes, kIoAlign);
+      break;
+    case Traffic::kSsdWrite:
+      t.ssd_write = round_up(op.use(k.role).bytes, kIoAlign);
+      break;
     case Traffic::kState:
       // Out of core: master, m and v read and written back chunk by chunk, each request in
       // whole 4 KiB blocks, in the plan's state format (ooc_update_io_bytes).
@@ -58,13 +66,14 @@ namespace {
 // the three: the update pipelines its state streaming with the kernel.
 struct Demand {
   double cpu = 0, disk = 0, other = 0;
-  double cap = 1;             // the share of the disks it can use: ssd_mixed if it reads and writes
+  double cap = 1;  // the share of the disks it can use: ssd_mixed if it reads and writes
   bool reads = false, writes = false;
   double alone() const { return std::max({cpu, disk / cap, other}); }
 };
 
 double disk_seconds(uint64_t read, uint64_t write, const HardwareProfile& hw) {
-  return (read ? read / hw.ssd_read_rate(read) : 0.0) + (write ? write / hw.ssd_write_rate(write) : 0.0);
+  return (read ? read / hw.ssd_read_rate(read) : 0.0) +
+         (write ? write / hw.ssd_write_rate(write) : 0.0);
 }
 
 Demand demand(const Plan& plan, const PlanOp& op, const HardwareProfile& hw, double gemm_size) {
@@ -79,8 +88,12 @@ Demand demand(const Plan& plan, const PlanOp& op, const HardwareProfile& hw, dou
     case Traffic::kSsdRead:
     case Traffic::kSsdWrite:
       break;  // compute below; the disks above
-    case Traffic::kH2D: d.other = hw.h2d_seconds(static_cast<double>(t.h2d)); break;
-    case Traffic::kD2H: d.other = hw.d2h_seconds(static_cast<double>(t.d2h)); break;
+    case Traffic::kH2D:
+      d.other = hw.h2d_seconds(static_cast<double>(t.h2d));
+      break;
+    case Traffic::kD2H:
+      d.other = hw.d2h_seconds(static_cast<double>(t.d2h));
+      break;
     case Traffic::kHostRead:
       // Exact mode: each group's sum of squares streams its held gradient once from host
       // memory (the tensors' type, or the fp32 sum), over the optimizer's threads; the norm
@@ -89,11 +102,15 @@ Demand demand(const Plan& plan, const PlanOp& op, const HardwareProfile& hw, dou
       break;
     case Traffic::kHostSum:
       // An fp32 sum's accumulation: the 16-bit gradient read, the sum written (and read).
-      for (const BufferUse& u : op.uses) d.other += (u.access == Access::kAccumulate ? 2.0 : 1.0) * u.bytes / hw.host_mem_Bps;
+      for (const BufferUse& u : op.uses)
+        d.other += (u.access == Access::kAccumulate ? 2.0 : 1.0) * u.bytes / hw.host_mem_Bps;
       break;
-    case Traffic::kState: d.cpu = op.params / hw.optimizer_params_per_s; break;
+    case Traffic::kState:
+      d.cpu = op.params / hw.optimizer_params_per_s;
+      break;
   }
-  if (op.resource == Resource::kCompute) d.other = hw.compute_seconds(op.flops + op.recompute_flops, gemm_size);
+  if (op.resource == Resource::kCompute)
+    d.other = hw.compute_seconds(op.flops + op.recompute_flops, gemm_size);
   return d;
 }
 
@@ -103,7 +120,8 @@ double op_duration(const Plan& plan, const PlanOp& op, const HardwareProfile& hw
   return demand(plan, op, hw, gemm_size_of(plan)).alone();
 }
 
-void plan_memory_on(const Plan& plan, const HardwareProfile& hw, uint64_t* device, uint64_t* host, uint64_t* ssd) {
+void plan_memory_on(const Plan& plan, const HardwareProfile& hw, uint64_t* device, uint64_t* host,
+                    uint64_t* ssd) {
   *device = plan.memory.device_bytes;
   // The CPU backend's device arena is host memory; a GPU's is not. The plan says whether it
   // counted the arena (MemoryPlan::device_in_host).
@@ -129,9 +147,14 @@ struct Timeline {
 
 class EventRun {
  public:
-  EventRun(const Plan& plan, const std::vector<std::vector<int>>& prev, const std::vector<Demand>& dem, int iterations,
-           const HardwareProfile& hw)
-      : plan_(plan), prev_(prev), dem_(dem), hw_(hw), per_(plan.ops.size()), n_(per_ * iterations),
+  EventRun(const Plan& plan, const std::vector<std::vector<int>>& prev,
+           const std::vector<Demand>& dem, int iterations, const HardwareProfile& hw)
+      : plan_(plan),
+        prev_(prev),
+        dem_(dem),
+        hw_(hw),
+        per_(plan.ops.size()),
+        n_(per_ * iterations),
         bufs_(op_buffers(plan)) {
     for (const Demand& d : dem_) dur_.push_back(d.alone());
     r_.start.assign(n_, 0.0);
@@ -212,8 +235,10 @@ class EventRun {
         const int id = queue_[q][k];
         r_.start[id] = now_;
         started_[id] = 1;
-        if (remaining_[id] <= 0) finish(id);
-        else running_[q] = id;
+        if (remaining_[id] <= 0)
+          finish(id);
+        else
+          running_[q] = id;
         changed = true;
       }
     }
@@ -226,7 +251,8 @@ class EventRun {
   // less), the smallest ask is met first and what is left is split evenly among the others.
   // The disks give 1 (one direction's worth), or ssd_mixed while reads and writes both run.
   std::array<double, kNumResources> rates() const {
-    const int kC = static_cast<int>(Resource::kCompute), kO = static_cast<int>(Resource::kOptimizer);
+    const int kC = static_cast<int>(Resource::kCompute),
+              kO = static_cast<int>(Resource::kOptimizer);
     std::array<double, kNumResources> rate;
     rate.fill(1.0);
     if (hw_.shared_cpu && running_[kC] >= 0 && running_[kO] >= 0) {
@@ -270,8 +296,9 @@ class EventRun {
       // Nothing runs and nothing can start: a dependency can never be met.
       for (int q = 0; q < kNumResources; ++q)
         if (head_[q] < queue_[q].size())
-          throw Error(str("simulate: ", resource_name(static_cast<Resource>(q)), " is stuck at op ", queue_[q][head_[q]],
-                          " (", op_kind_name(op_of(queue_[q][head_[q]]).kind), ")"));
+          throw Error(str("simulate: ", resource_name(static_cast<Resource>(q)), " is stuck at op ",
+                          queue_[q][head_[q]], " (", op_kind_name(op_of(queue_[q][head_[q]]).kind),
+                          ")"));
       throw Error("simulate: nothing runs and ops are left");
     }
     now_ += dt;
@@ -307,8 +334,8 @@ class EventRun {
 };
 
 // The event simulation over `iterations` copies of the plan back to back (see EventRun).
-Timeline run_timeline(const Plan& plan, const std::vector<std::vector<int>>& prev, const std::vector<Demand>& dem,
-                      int iterations, const HardwareProfile& hw) {
+Timeline run_timeline(const Plan& plan, const std::vector<std::vector<int>>& prev,
+                      const std::vector<Demand>& dem, int iterations, const HardwareProfile& hw) {
   return EventRun(plan, prev, dem, iterations, hw).run();
 }
 
@@ -341,7 +368,8 @@ SimResult simulate(const Plan& plan, const HardwareProfile& hw) {
   std::vector<int> disk_ops;
   for (size_t i = 0; i < n; ++i) {
     const PlanOp& op = plan.ops[i];
-    if (op.id != static_cast<int>(i)) throw Error(str("simulate: op at index ", i, " has id ", op.id));
+    if (op.id != static_cast<int>(i))
+      throw Error(str("simulate: op at index ", i, " has id ", op.id));
     for (int d : op.deps)
       if (d < 0 || d >= static_cast<int>(i))
         throw Error(str("simulate: op ", i, " (", op_kind_name(op.kind), ") depends on op ", d,
@@ -392,7 +420,8 @@ nlohmann::json SimResult::to_json() const {
                    {"peak_device_bytes", device_bytes},
                    {"peak_host_bytes", host_bytes},
                    {"ssd_bytes", ssd_bytes}};
-  for (int q = 0; q < kNumResources; ++q) j["busy_s"][resource_name(static_cast<Resource>(q))] = busy_s[q];
+  for (int q = 0; q < kNumResources; ++q)
+    j["busy_s"][resource_name(static_cast<Resource>(q))] = busy_s[q];
   j["busy_s"]["disk"] = disk_busy_s;
   return j;
 }

@@ -4,8 +4,8 @@
 // same bits: the device's reductions and update follow the host's order
 // (kernels/common/grad_math.h, math::adamw_element).
 #include <algorithm>
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -72,11 +72,12 @@ StepRunner::StepRunner(const Config& cfg, Backend& backend)
   // The step's two whole-model copies (gradients out, weights in) page-locked where the
   // backend can (CUDA: the bus's rate instead of the driver's staging); a refusal (the
   // locked-memory limit) is logged once and costs only speed.
-  page_lock_host(be_,
-                 {{grad_.data(), grad_.size()},
-                  store_ == ElemType::kF32 ? std::pair<void*, size_t>{master_.data(), 4 * master_.size()}
-                                           : std::pair<void*, size_t>{lowp_.data(), 2 * lowp_.size()}},
-                 &pinned_, "the in-memory step's host buffers");
+  page_lock_host(
+      be_,
+      {{grad_.data(), grad_.size()},
+       store_ == ElemType::kF32 ? std::pair<void*, size_t>{master_.data(), 4 * master_.size()}
+                                : std::pair<void*, size_t>{lowp_.data(), 2 * lowp_.size()}},
+      &pinned_, "the in-memory step's host buffers");
 }
 
 StepRunner::~StepRunner() {
@@ -90,31 +91,37 @@ bool StepRunner::choose_device_optimizer() const {
   // The device's optimizer keeps fp32 state only; packed state is the host optimizer's.
   if (format_.packed()) {
     if (want == "device")
-      throw ConfigError(str("optimizer.placement is device, but optimizer.state ", cfg_.optimizer.state,
-                            " and optimizer.master ", cfg_.optimizer.master,
-                            " are kept by the host optimizer only (use auto or host, or fp32 state)"));
+      throw ConfigError(
+          str("optimizer.placement is device, but optimizer.state ", cfg_.optimizer.state,
+              " and optimizer.master ", cfg_.optimizer.master,
+              " are kept by the host optimizer only (use auto or host, or fp32 state)"));
     return false;
   }
   const size_t n = model_.layout().total;
-  const uint64_t need = device_optimizer_bytes(n, store_ == ElemType::kF32, fp32_sums_ && cfg_.schedule.grad_accum > 1,
+  const uint64_t need = device_optimizer_bytes(n, store_ == ElemType::kF32,
+                                               fp32_sums_ && cfg_.schedule.grad_accum > 1,
                                                adamw_pieces(model_.layout()).size());
   const MemoryStats mem = be_.memory();
   // Capacity 0: no limit (the CPU backend without offload.device_memory).
-  const uint64_t free_b = mem.capacity == 0 ? UINT64_MAX : mem.capacity > mem.used ? mem.capacity - mem.used : 0;
+  const uint64_t free_b = mem.capacity == 0         ? UINT64_MAX
+                          : mem.capacity > mem.used ? mem.capacity - mem.used
+                                                    : 0;
   if (want == "device") {
     if (!be_.supports_device_optimizer())
       throw ConfigError(str("optimizer.placement is device, but backend ", be_.name(),
                             " has no optimizer on the device (use auto or host)"));
     if (need > free_b)
-      throw ConfigError(str("optimizer.placement is device, but the optimizer's state needs ", format_size(need),
-                            " of device memory and ", format_size(free_b), " is left beside the model (",
-                            format_size(mem.used), " of ", format_size(mem.capacity),
+      throw ConfigError(str("optimizer.placement is device, but the optimizer's state needs ",
+                            format_size(need), " of device memory and ", format_size(free_b),
+                            " is left beside the model (", format_size(mem.used), " of ",
+                            format_size(mem.capacity),
                             "); use auto or host, or raise offload.device_memory"));
     return true;
   }
   // auto: a GPU's own memory only (on the CPU backend the host optimizer's SIMD paths are the
   // faster way to the same bits), with room to spare for the step's transient buffers.
-  return be_.supports_device_optimizer() && !be_.device_is_host_memory() && need + need / 16 <= free_b;
+  return be_.supports_device_optimizer() && !be_.device_is_host_memory() &&
+         need + need / 16 <= free_b;
 }
 
 void StepRunner::place_on_device() {
@@ -125,17 +132,21 @@ void StepRunner::place_on_device() {
     device_owned_.push_back(p);
     return p;
   };
-  d_master_ = store_ == ElemType::kF32 ? static_cast<float*>(model_.params()) : floats("fp32 master weights");
+  d_master_ = store_ == ElemType::kF32 ? static_cast<float*>(model_.params())
+                                       : floats("fp32 master weights");
   d_m_ = floats("Adam first moments");
   d_v_ = floats("Adam second moments");
   if (fp32_sums_ && cfg_.schedule.grad_accum > 1) d_sum_ = floats("fp32 gradient sums");
   const std::vector<AdamWPiece> pieces = adamw_pieces(model_.layout());
-  d_pieces_ = static_cast<AdamWPiece*>(be_.alloc(sizeof(AdamWPiece) * pieces.size(), "AdamW pieces"));
+  d_pieces_ =
+      static_cast<AdamWPiece*>(be_.alloc(sizeof(AdamWPiece) * pieces.size(), "AdamW pieces"));
   device_owned_.push_back(d_pieces_);
   be_.copy_to_device(d_pieces_, pieces.data(), sizeof(AdamWPiece) * pieces.size());
   n_pieces_ = pieces.size();
-  spdlog::info("optimizer on the device: fp32 master weights and Adam moments beside the model ({})",
-               format_size(device_optimizer_bytes(n, store_ == ElemType::kF32, d_sum_ != nullptr, n_pieces_)));
+  spdlog::info(
+      "optimizer on the device: fp32 master weights and Adam moments beside the model ({})",
+      format_size(
+          device_optimizer_bytes(n, store_ == ElemType::kF32, d_sum_ != nullptr, n_pieces_)));
 }
 
 void StepRunner::init_params() {
@@ -144,11 +155,13 @@ void StepRunner::init_params() {
 }
 
 void StepRunner::set_params(const float* host_params) {
-  if (host_params != master_.data()) std::copy(host_params, host_params + master_.size(), master_.begin());
+  if (host_params != master_.data())
+    std::copy(host_params, host_params + master_.size(), master_.begin());
   master_stale_ = false;
   const ParamLayout& layout = model_.layout();
   if (on_device_) {
-    if (d_master_ != model_.params()) be_.copy_to_device(d_master_, master_.data(), 4 * master_.size());
+    if (d_master_ != model_.params())
+      be_.copy_to_device(d_master_, master_.data(), 4 * master_.size());
     be_.zero(d_m_, 4 * master_.size());
     be_.zero(d_v_, 4 * master_.size());
   } else {
@@ -172,9 +185,12 @@ void StepRunner::upload_params(size_t begin, size_t n) {
 
 float* StepRunner::device_state(StateKind kind) const {
   switch (kind) {
-    case StateKind::kMaster: return d_master_;
-    case StateKind::kAdamM: return d_m_;
-    case StateKind::kAdamV: return d_v_;
+    case StateKind::kMaster:
+      return d_master_;
+    case StateKind::kAdamM:
+      return d_m_;
+    case StateKind::kAdamV:
+      return d_v_;
   }
   return nullptr;
 }
@@ -205,20 +221,23 @@ void StepRunner::write_state(int group, StateKind kind, const StateSource& sourc
   if (on_device_) {
     if (d_master_ != model_.params()) be_.copy_to_device(d_master_ + g.offset, master, 4 * g.numel);
   } else {
-    opt_->write_state(group, kind,
-                      [&](size_t begin, float* data, size_t n) { std::copy(master + begin, master + begin + n, data); });
+    opt_->write_state(group, kind, [&](size_t begin, float* data, size_t n) {
+      std::copy(master + begin, master + begin + n, data);
+    });
   }
   if (store_ != ElemType::kF32) working_weights(lowp_.data() + g.offset, master, g.numel);
   upload_params(g.offset, g.numel);
 }
 
 void StepRunner::read_packed(int group, StateKind kind, const PackedSink& sink) {
-  FY_CHECK(!on_device_ && kind != StateKind::kMaster, "packed state is the host optimizer's moments");
+  FY_CHECK(!on_device_ && kind != StateKind::kMaster,
+           "packed state is the host optimizer's moments");
   opt_->read_packed(group, kind, sink);
 }
 
 void StepRunner::write_packed(int group, StateKind kind, const PackedSource& source) {
-  FY_CHECK(!on_device_ && kind != StateKind::kMaster, "packed state is the host optimizer's moments");
+  FY_CHECK(!on_device_ && kind != StateKind::kMaster,
+           "packed state is the host optimizer's moments");
   opt_->write_packed(group, kind, source);
 }
 
@@ -233,13 +252,15 @@ OptimizerCounters StepRunner::counters() const {
 void StepRunner::set_counters(const OptimizerCounters& c) {
   if (c.has_loss_scale != (scaler_ != nullptr))
     throw Error(str("training state: the checkpoint ", c.has_loss_scale ? "has" : "has no",
-                    " fp16 loss-scale state but this run ", scaler_ ? "uses" : "does not use", " fp16"));
+                    " fp16 loss-scale state but this run ", scaler_ ? "uses" : "does not use",
+                    " fp16"));
   t_ = c.adam_step;
   if (scaler_) scaler_->restore(c.loss_scale);
 }
 
 StepResult StepRunner::step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
-                            const std::vector<const uint8_t*>& masks, const std::vector<const int32_t*>& positions) {
+                            const std::vector<const uint8_t*>& masks,
+                            const std::vector<const int32_t*>& positions) {
   const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len;
   const int accum = static_cast<int>(micro_batches.size());
   FY_CHECK(accum >= 1, "no micro-batches");
@@ -259,7 +280,8 @@ StepResult StepRunner::step(int64_t step_index, const std::vector<const int32_t*
   // masks existed (both exact below 2^24). Nothing counted: scale 0, zero gradient.
   std::vector<int64_t> counts(accum);
   int64_t total = 0;
-  for (int k = 0; k < accum; ++k) total += counts[k] = count_targets(masks.empty() ? nullptr : masks[k], B, T);
+  for (int k = 0; k < accum; ++k)
+    total += counts[k] = count_targets(masks.empty() ? nullptr : masks[k], B, T);
   r.loss_scale = scaler_ ? scaler_->scale() : 1.0;
   const float scale = backward_scale(total, r.loss_scale);
   std::vector<float> means(accum);
@@ -270,12 +292,15 @@ StepResult StepRunner::step(int64_t step_index, const std::vector<const int32_t*
   const bool sums = fp32_sums_ && accum > 1;
   summed_ = sums;
   if (sums && !on_device_) sum_.resize(master_.size());
-  FY_CHECK(!sums || !on_device_ || d_sum_, "fp32 gradient sums on the device were not allocated for ", accum,
+  FY_CHECK(!sums || !on_device_ || d_sum_,
+           "fp32 gradient sums on the device were not allocated for ", accum,
            " micro-batches (schedule.grad_accum is ", cfg_.schedule.grad_accum, ")");
   for (int k = 0; k < accum; ++k) {
     if (sums && k > 0) model_.zero_grads();
-    split_batch(micro_batches[k], masks.empty() ? nullptr : masks[k], B, T, inputs_.data(), targets_.data());
-    means[k] = model_.forward(inputs_.data(), targets_.data(), positions.empty() ? nullptr : positions[k]);
+    split_batch(micro_batches[k], masks.empty() ? nullptr : masks[k], B, T, inputs_.data(),
+                targets_.data());
+    means[k] =
+        model_.forward(inputs_.data(), targets_.data(), positions.empty() ? nullptr : positions[k]);
     model_.backward(scale);
     if (!sums) continue;
     if (on_device_) {
@@ -322,8 +347,10 @@ StepResult StepRunner::step(int64_t step_index, const std::vector<const int32_t*
     return r;
   }
   ++t_;
-  if (on_device_) update_on_device(g, static_cast<float>(d.grad_scale), static_cast<float>(r.lr));
-  else update_on_host(g, static_cast<float>(d.grad_scale), static_cast<float>(r.lr));
+  if (on_device_)
+    update_on_device(g, static_cast<float>(d.grad_scale), static_cast<float>(r.lr));
+  else
+    update_on_host(g, static_cast<float>(d.grad_scale), static_cast<float>(r.lr));
   return r;
 }
 
@@ -366,7 +393,8 @@ void StepRunner::update_on_device(const StepGradient& g, float grad_scale, float
   a.pieces = d_pieces_;
   a.count = n_pieces_;
   const OocAdamWOptions o = optimizer_options(cfg_.optimizer);
-  set_adamw_constants(&a, AdamWStep{lr, o.beta1, o.beta2, o.eps, 0.0f, t_}, o.weight_decay, grad_scale);
+  set_adamw_constants(&a, AdamWStep{lr, o.beta1, o.beta2, o.eps, 0.0f, t_}, o.weight_decay,
+                      grad_scale);
   mark(OpClass::kDeviceOptimizer);
   be_.adamw(a);
   master_stale_ = true;
@@ -405,7 +433,8 @@ std::vector<float> StepRunner::step_gradient() const {
 }
 
 float StepRunner::eval_loss(const int32_t* batch, const uint8_t* mask, const int32_t* positions) {
-  split_batch(batch, mask, cfg_.schedule.micro_batch, cfg_.model.seq_len, inputs_.data(), targets_.data());
+  split_batch(batch, mask, cfg_.schedule.micro_batch, cfg_.model.seq_len, inputs_.data(),
+              targets_.data());
   return model_.forward(inputs_.data(), targets_.data(), positions);
 }
 

@@ -11,7 +11,6 @@
 // are kept. Moves: shift 1, 2, 4, ... layers from one option to another. Ties (within 0.1%)
 // go to the candidate with less recomputation, then fewer bytes stored on the device, so
 // the ratio rule also decides between equally fast placements.
-#include "fuyou/timing.h"
 #include "fuyou/swap_search.h"
 
 #include <algorithm>
@@ -20,6 +19,7 @@
 #include <tuple>
 
 #include "fuyou/error.h"
+#include "fuyou/timing.h"
 
 namespace fuyou {
 
@@ -31,7 +31,8 @@ std::vector<ActPlacement> arrange_placements(const PlacementCounts& c, int L) {
   }
   if (sum != L) throw Error(str("arrange_placements: counts sum to ", sum, ", not ", L, " layers"));
   const int rec = c[static_cast<int>(ActPlacement::kRecompute)];
-  if (rec > L / 2) throw Error(str("arrange_placements: ", rec, " recomputed layers of ", L, " (at most L/2)"));
+  if (rec > L / 2)
+    throw Error(str("arrange_placements: ", rec, " recomputed layers of ", L, " (at most L/2)"));
   std::vector<ActPlacement> acts(L, ActPlacement::kKeep);
   std::vector<char> taken(L, 0);
   for (int i = 0; i < rec; ++i) {
@@ -39,7 +40,8 @@ std::vector<ActPlacement> arrange_placements(const PlacementCounts& c, int L) {
     taken[2 * i + 1] = 1;
   }
   int l = 0;
-  for (ActPlacement a : {ActPlacement::kSsd, ActPlacement::kHost, ActPlacement::kDevice, ActPlacement::kKeep}) {
+  for (ActPlacement a :
+       {ActPlacement::kSsd, ActPlacement::kHost, ActPlacement::kDevice, ActPlacement::kKeep}) {
     for (int k = 0; k < c[static_cast<int>(a)]; ++k) {
       while (taken[l]) ++l;
       acts[l] = a;
@@ -60,7 +62,8 @@ std::string SwapSearchResult::summary() const {
   std::string s;
   for (int a = 0; a < 5; ++a)
     s += str(a ? ", " : "", act_placement_name(static_cast<ActPlacement>(a)), " ", c[a]);
-  if (plan.deferred_updates) s += str("; ", plan.deferred_updates, " deferred update", plan.deferred_updates > 1 ? "s" : "");
+  if (plan.deferred_updates)
+    s += str("; ", plan.deferred_updates, " deferred update", plan.deferred_updates > 1 ? "s" : "");
   return s;
 }
 
@@ -94,7 +97,8 @@ bool better(const Candidate& a, const Candidate& b) {
 
 class Search {
  public:
-  Search(const PlanRequest& req, const HardwareProfile& hw) : base_(request_for_profile(req, hw)), hw_(hw) {}
+  Search(const PlanRequest& req, const HardwareProfile& hw)
+      : base_(request_for_profile(req, hw)), hw_(hw) {}
 
   // `deferred`: PlanRequest::deferred_updates of the candidate (-1: the request's own).
   Candidate evaluate(int B, const PlacementCounts& c, int deferred = -1) {
@@ -194,7 +198,8 @@ class Search {
 
 }  // namespace
 
-SwapSearchResult search_swap(const PlanRequest& req, const HardwareProfile& hw, const SwapSearchOptions& opts) {
+SwapSearchResult search_swap(const PlanRequest& req, const HardwareProfile& hw,
+                             const SwapSearchOptions& opts) {
   auto t0 = std::chrono::steady_clock::now();
   Search search(req, hw);
   std::vector<int> batches;
@@ -256,8 +261,10 @@ SwapSearchResult search_swap(const PlanRequest& req, const HardwareProfile& hw, 
       if (d == best.plan.deferred_updates) continue;
       Candidate cand = search.evaluate(B, c, d);
       if (!cand.ok) break;  // its gradient slots do not fit the host budget, nor will more
-      if (better(cand, best)) best = std::move(cand);
-      else if (d > 2 && d > best.plan.deferred_updates) break;  // past the best count: no more gains
+      if (better(cand, best))
+        best = std::move(cand);
+      else if (d > 2 && d > best.plan.deferred_updates)
+        break;  // past the best count: no more gains
     }
   }
   SwapSearchResult out;

@@ -12,15 +12,14 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "fuyou/timing.h"
 #include "fuyou/backend_select.h"
 #include "fuyou/checkpoint.h"
 #include "fuyou/data.h"
@@ -28,12 +27,13 @@
 #include "fuyou/error.h"
 #include "fuyou/hf_checkpoint.h"
 #include "fuyou/log.h"
+#include "fuyou/read_file.h"
 #include "fuyou/safetensors.h"
 #include "fuyou/sizes.h"
 #include "fuyou/stop.h"
+#include "fuyou/timing.h"
 #include "fuyou/tokenizer.h"
 #include "fuyou/train.h"
-#include "fuyou/read_file.h"
 #include "src/runtime/checkpoint_dirs.h"
 #include "src/runtime/metrics_log.h"
 #include "src/runtime/train_samples.h"
@@ -57,9 +57,12 @@ std::string format_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
   long t = static_cast<long>(s + 0.5);
   char buf[32];
-  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, t / 60 % 60);
-  else if (t >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
-  else std::snprintf(buf, sizeof buf, "%lds", t);
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, t / 60 % 60);
+  else if (t >= 60)
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%lds", t);
   return buf;
 }
 
@@ -70,12 +73,15 @@ std::string utc_now() {
   return buf;
 }
 
-constexpr const char* kStartingUp = "while starting, before training began (nothing was trained, so there is no "
-                                    "checkpoint)";
+constexpr const char* kStartingUp =
+    "while starting, before training began (nothing was trained, so there is no "
+    "checkpoint)";
 // What the first stop signal says it will do, by phase (StopSignals::set_graceful).
-constexpr const char* kStartingMessage = "stopping before training begins (nothing is trained yet, so no checkpoint "
-                                         "is written)";
-constexpr const char* kTrainingMessage = "stopping after this step; a checkpoint and the weights follow";
+constexpr const char* kStartingMessage =
+    "stopping before training begins (nothing is trained yet, so no checkpoint "
+    "is written)";
+constexpr const char* kTrainingMessage =
+    "stopping after this step; a checkpoint and the weights follow";
 
 // Token shards concatenated, and their loss masks: a shard X.tok with X.mask beside it
 // (fuyou-convert tokenize with --prompt-field/--completion-field) contributes its mask, one
@@ -98,24 +104,26 @@ std::vector<int32_t> load_shards(const std::vector<std::string>& paths, int voca
     if (stop) stop->check(kStartingUp);
     std::error_code ec;
     if (!fs::is_regular_file(p, ec))  // a FIFO or a device could block or never end
-      throw IoError(str(p, fs::exists(p, ec) ? ": not a regular file; token shards are files" : ": no such file"));
+      throw IoError(str(p, fs::exists(p, ec) ? ": not a regular file; token shards are files"
+                                             : ": no such file"));
     TokenShard s = read_token_shard(p);
     if (s.vocab_size > static_cast<uint32_t>(vocab_size))
-      throw ConfigError(str(p, ": shard vocab size ", s.vocab_size, " exceeds model.vocab_size ",
-                            vocab_size));
+      throw ConfigError(
+          str(p, ": shard vocab size ", s.vocab_size, " exceeds model.vocab_size ", vocab_size));
     if (s.vocab_size != (tokenizer.empty() ? static_cast<uint32_t>(vocab_size) : tokenizer_vocab))
-      throw ConfigError(str(p, ": the shard was tokenized with a vocabulary of ", s.vocab_size, " tokens, but ",
-                            tokenizer.empty() ? str("the model has ", vocab_size, " (model.vocab_size)")
-                                              : str("the model's tokenizer ", tokenizer, " has ", tokenizer_vocab),
-                            ": tokenize the data with the model's tokenizer (fuyou-convert tokenize --tokenizer ",
-                            tokenizer.empty() ? std::string("TOKENIZER.json") : tokenizer, ")"));
+      throw ConfigError(str(
+          p, ": the shard was tokenized with a vocabulary of ", s.vocab_size, " tokens, but ",
+          tokenizer.empty() ? str("the model has ", vocab_size, " (model.vocab_size)")
+                            : str("the model's tokenizer ", tokenizer, " has ", tokenizer_vocab),
+          ": tokenize the data with the model's tokenizer (fuyou-convert tokenize --tokenizer ",
+          tokenizer.empty() ? std::string("TOKENIZER.json") : tokenizer, ")"));
     const std::string mask_path = fs::path(p).replace_extension(".mask").string();
     std::vector<uint8_t> m;
     if (mask_path != p && fs::exists(mask_path)) {
       m = read_loss_mask(mask_path).mask;
       if (m.size() != s.tokens.size())
-        throw IoError(str(mask_path, ": loss mask has ", m.size(), " entries but its shard ", p, " has ",
-                          s.tokens.size(), " tokens"));
+        throw IoError(str(mask_path, ": loss mask has ", m.size(), " entries but its shard ", p,
+                          " has ", s.tokens.size(), " tokens"));
       spdlog::info("data: {}: loss mask {} ({} of {} tokens count)", p, mask_path,
                    std::count(m.begin(), m.end(), uint8_t{1}), m.size());
       if (!any_mask) mask->assign(all.size(), 1);  // earlier shards had none: all count
@@ -127,14 +135,16 @@ std::vector<int32_t> load_shards(const std::vector<std::string>& paths, int voca
     const std::string rec_path = fs::path(p).replace_extension(".rec").string();
     if (rec_path != p && fs::exists(rec_path)) {
       ++with_records;
-      for (uint64_t start : read_record_index(rec_path, s.tokens.size())) records->push_back(all.size() + start);
+      for (uint64_t start : read_record_index(rec_path, s.tokens.size()))
+        records->push_back(all.size() + start);
     }
     all.insert(all.end(), s.tokens.begin(), s.tokens.end());
   }
   if (with_records && with_records != paths.size())
-    throw ConfigError(str("data: ", with_records, " of the ", paths.size(),
-                          " shards have a record index (.rec) beside them; records and plain token streams do not "
-                          "mix in one split (retokenize the others as JSON Lines, or leave the .rec files out)"));
+    throw ConfigError(str(
+        "data: ", with_records, " of the ", paths.size(),
+        " shards have a record index (.rec) beside them; records and plain token streams do not "
+        "mix in one split (retokenize the others as JSON Lines, or leave the .rec files out)"));
   return all;
 }
 
@@ -148,18 +158,21 @@ void truncate_metrics(const fs::path& path, int64_t step) {
   size_t dropped = 0;
   while (std::getline(in, line)) {
     nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_discarded() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() <= step)
+    if (!j.is_discarded() && j.contains("step") && j["step"].is_number_integer() &&
+        j["step"].get<int64_t>() <= step)
       kept += line + "\n";
     else
       ++dropped;
   }
   write_file_atomic(path.string(), kept.data(), kept.size());
-  if (dropped) spdlog::info("metrics: {}: dropped {} line(s) after step {}", path.string(), dropped, step);
+  if (dropped)
+    spdlog::info("metrics: {}: dropped {} line(s) after step {}", path.string(), dropped, step);
 }
 
 uint64_t free_bytes(const std::string& dir) {
   struct statvfs sv {};
-  if (::statvfs(dir.c_str(), &sv) != 0) throw IoError(str(dir, ": statvfs: ", std::strerror(errno)));
+  if (::statvfs(dir.c_str(), &sv) != 0)
+    throw IoError(str(dir, ": statvfs: ", std::strerror(errno)));
   return static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
 }
 
@@ -248,7 +261,7 @@ class TrainingRun {
   fs::path data_staging_;   // text data tokenized before the run directory is committed to
   std::unique_ptr<Backend> backend_;
   std::vector<int32_t> train_tokens_, val_tokens_;
-  std::vector<uint8_t> train_mask_, val_mask_;  // empty: every target counts
+  std::vector<uint8_t> train_mask_, val_mask_;       // empty: every target counts
   std::vector<uint64_t> train_starts_, val_starts_;  // record indexes; empty: token streams
   DataIdentity data_id_;
   std::unique_ptr<BatchSampler> train_sampler_, val_sampler_;
@@ -274,7 +287,8 @@ class TrainingRun {
 // The checkpoint a resume continues from, opened and verified before anything else.
 void TrainingRun::open_resume() {
   if (opts_.resume.empty() && !opts_.resume_source) return;
-  source_ = opts_.resume_source ? opts_.resume_source : std::make_shared<const CheckpointSource>(opts_.resume);
+  source_ = opts_.resume_source ? opts_.resume_source
+                                : std::make_shared<const CheckpointSource>(opts_.resume);
   opts_.resume = source_->dir();
   resumed_ = source_->manifest();
   check_resume_config(source_->config(), cfg_);
@@ -287,9 +301,11 @@ void TrainingRun::claim_run_dir() {
   std::error_code ec;
   sum_.run_dir = opts_.run_dir.empty() ? timestamp_dir() : opts_.run_dir;
   dir_ = sum_.run_dir;
-  const bool same_run = !opts_.resume.empty() && fs::equivalent(checkpoint_run_dir(opts_.resume), dir_, ec);
-  const std::string choose = str("choose another --run-dir",
-                                 opts_.resume.empty() ? "" : ", or leave it out to continue in the checkpoint's run");
+  const bool same_run =
+      !opts_.resume.empty() && fs::equivalent(checkpoint_run_dir(opts_.resume), dir_, ec);
+  const std::string choose =
+      str("choose another --run-dir",
+          opts_.resume.empty() ? "" : ", or leave it out to continue in the checkpoint's run");
   // What a start killed before it could clean up leaves (SIGKILL, a second stop signal): its
   // lock, which DirLock takes over once its holder is gone, and its data staging directory.
   const auto start_debris = [](const fs::path& p) {
@@ -302,11 +318,13 @@ void TrainingRun::claim_run_dir() {
     return false;
   };
   if (!same_run && fs::exists(dir_, ec) && holds_files())
-    throw Error(str("run directory '", sum_.run_dir, "' already holds files; refusing to overwrite them (", choose, ")"));
+    throw Error(str("run directory '", sum_.run_dir,
+                    "' already holds files; refusing to overwrite them (", choose, ")"));
   for (size_t i = 0; i < cfg_.offload.ssd_paths.size(); ++i)
     if (fs::weakly_canonical(cfg_.offload.ssd_paths[i], ec) == fs::weakly_canonical(dir_, ec))
-      throw ConfigError(str("offload.ssd_paths[", i, "] is ", cfg_.offload.ssd_paths[i],
-                            ", the run directory: the SSD store needs a directory of its own (one per SSD)"));
+      throw ConfigError(
+          str("offload.ssd_paths[", i, "] is ", cfg_.offload.ssd_paths[i],
+              ", the run directory: the SSD store needs a directory of its own (one per SSD)"));
   created_dir_ = !fs::exists(dir_, ec);
   fs::create_directories(dir_, ec);
   if (ec) throw IoError(str(sum_.run_dir, ": cannot create run directory: ", ec.message()));
@@ -315,8 +333,8 @@ void TrainingRun::claim_run_dir() {
     // Checked again under the lock: another run may have started here since.
     if (holds_files()) {
       lock_.reset();
-      throw Error(str("run directory '", sum_.run_dir, "' already holds files; refusing to overwrite them (", choose,
-                      ")"));
+      throw Error(str("run directory '", sum_.run_dir,
+                      "' already holds files; refusing to overwrite them (", choose, ")"));
     }
     remove_start_debris();
     fresh_ = true;
@@ -328,7 +346,8 @@ void TrainingRun::claim_run_dir() {
     carry_from_ = carried_files_dir(opts_.resume);
   } else if (opts_.resume.empty() && !cfg_.model.checkpoint.empty()) {
     const fs::path base(cfg_.model.checkpoint);
-    carry_from_ = carried_files_dir((fs::is_directory(base, e2) ? base : base.parent_path()).string());
+    carry_from_ =
+        carried_files_dir((fs::is_directory(base, e2) ? base : base.parent_path()).string());
   }
   set_cleanup();
 }
@@ -340,7 +359,8 @@ void TrainingRun::commit_run_dir() {
   std::error_code ec;
   for (const char* name : kRunTempFiles)
     if (fs::remove(dir_ / name, ec))
-      spdlog::warn("{}: removed, left half-written by a run that stopped while writing it", (dir_ / name).string());
+      spdlog::warn("{}: removed, left half-written by a run that stopped while writing it",
+                   (dir_ / name).string());
   if (!opts_.resume.empty()) remove_checkpoint_leftovers(dir_.string());
   remove_start_debris();
   committed_ = true;
@@ -364,14 +384,16 @@ void TrainingRun::commit_run_dir() {
     const fs::path to = dir_ / "metrics.jsonl";
     if (fresh_ && fs::exists(from, ec)) {
       fs::copy_file(from, to, ec);
-      if (ec) throw IoError(str(to.string(), ": cannot copy from ", from.string(), ": ", ec.message()));
+      if (ec)
+        throw IoError(str(to.string(), ": cannot copy from ", from.string(), ": ", ec.message()));
     }
     truncate_metrics(to, resumed_.step);
     truncate_metrics(dir_ / "samples.jsonl", resumed_.step);
   }
   const MetricsIo no_faults;
   const MetricsIo& mio = opts_.metrics_io ? *opts_.metrics_io : no_faults;
-  metrics_ = std::make_unique<MetricsLog>((dir_ / "metrics.jsonl").string(), mio.retry_seconds, mio.write);
+  metrics_ =
+      std::make_unique<MetricsLog>((dir_ / "metrics.jsonl").string(), mio.retry_seconds, mio.write);
   set_cleanup();
 }
 
@@ -415,11 +437,13 @@ void TrainingRun::set_cleanup(bool finishing) {
   if (only_ours) {
     for (const fs::path& d : {data_staging_, committed_ ? dir_ / "data" : fs::path()}) {
       if (d.empty()) continue;
-      for (const char* f : {"train.tok", "val.tok", "train.tok.tmp", "val.tok.tmp"}) paths.push_back((d / f).string());
+      for (const char* f : {"train.tok", "val.tok", "train.tok.tmp", "val.tok.tmp"})
+        paths.push_back((d / f).string());
       paths.push_back(d.string() + "/");
     }
     if (committed_)
-      for (const char* f : {"config.yaml", "metrics.jsonl", "samples.jsonl"}) paths.push_back((dir_ / f).string());
+      for (const char* f : {"config.yaml", "metrics.jsonl", "samples.jsonl"})
+        paths.push_back((dir_ / f).string());
   }
   if (finishing)
     for (const char* f : kRunTempFiles) paths.push_back((dir_ / f).string());
@@ -446,21 +470,28 @@ void TrainingRun::load_records() {
   const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len, accum = cfg_.schedule.grad_accum;
   const TruncatePolicy policy = truncate_policy(cfg_.data.truncate);
   auto report = [&](const RecordSelection& s, const char* split) {
-    spdlog::info("data: {} {} records ({} tokens), each kept whole from position 0 and packed into rows of "
-                 "seq_len + 1 = {} tokens with attention masked at record boundaries",
-                 s.records.size(), split, s.kept_tokens, T + 1);
+    spdlog::info(
+        "data: {} {} records ({} tokens), each kept whole from position 0 and packed into rows of "
+        "seq_len + 1 = {} tokens with attention masked at record boundaries",
+        s.records.size(), split, s.kept_tokens, T + 1);
     if (s.too_long)
-      spdlog::warn("data: {} of {} {} records are longer than {} tokens (longest {}): {} by data.truncate: {} ({} "
-                   "tokens not trained on)",
-                   s.too_long, s.total, split, T + 1, s.longest,
-                   cfg_.data.truncate == "drop" ? "left out" : "cut to their first tokens", cfg_.data.truncate,
-                   s.cut_tokens);
+      spdlog::warn(
+          "data: {} of {} {} records are longer than {} tokens (longest {}): {} by data.truncate: "
+          "{} ({} "
+          "tokens not trained on)",
+          s.too_long, s.total, split, T + 1, s.longest,
+          cfg_.data.truncate == "drop" ? "left out" : "cut to their first tokens",
+          cfg_.data.truncate, s.cut_tokens);
     if (s.no_target)
-      spdlog::warn("data: {} {} records have no counted target (an empty completion, or cut before it) and are "
-                   "skipped", s.no_target, split);
+      spdlog::warn(
+          "data: {} {} records have no counted target (an empty completion, or cut before it) and "
+          "are "
+          "skipped",
+          s.no_target, split);
   };
-  RecordSelection train = select_records(train_starts_, train_tokens_.size(), train_mask_.empty() ? nullptr : &train_mask_,
-                                         T + 1, policy, "training");
+  RecordSelection train =
+      select_records(train_starts_, train_tokens_.size(),
+                     train_mask_.empty() ? nullptr : &train_mask_, T + 1, policy, "training");
   report(train, "training");
   if (train.records.empty()) throw ConfigError("data: no training record has a counted target");
   const uint64_t n = train.records.size();
@@ -469,44 +500,53 @@ void TrainingRun::load_records() {
   double sq = 0;
   for (const Record& r : train.records) sq += static_cast<double>(r.length) * r.length;
   attention_keys_ = sq / static_cast<double>(train.kept_tokens);
-  const uint64_t limit = cfg_.schedule.epochs > 0 ? n * static_cast<uint64_t>(cfg_.schedule.epochs) : UINT64_MAX;
+  const uint64_t limit =
+      cfg_.schedule.epochs > 0 ? n * static_cast<uint64_t>(cfg_.schedule.epochs) : UINT64_MAX;
   records_limit_ = limit;
-  train_records_ = std::make_unique<RecordSampler>(&train_tokens_, train_mask_.empty() ? nullptr : &train_mask_,
-                                                   std::move(train.records), B, T, cfg_.runtime.seed, true, limit);
+  train_records_ = std::make_unique<RecordSampler>(
+      &train_tokens_, train_mask_.empty() ? nullptr : &train_mask_, std::move(train.records), B, T,
+      cfg_.runtime.seed, true, limit);
   const uint64_t epoch_rows = train_records_->rows_between(0, n);
   const uint64_t rows_per_step = static_cast<uint64_t>(B) * accum;
-  spdlog::info("data: one epoch packs into {} rows ({:.1f}% of their tokens are training records, the rest "
-               "padding): {:.1f} steps of {} rows; order shuffled per epoch (runtime.seed {})",
-               epoch_rows, 100.0 * static_cast<double>(train.kept_tokens) / (static_cast<double>(epoch_rows) * (T + 1)),
-               static_cast<double>(epoch_rows) / rows_per_step, rows_per_step, cfg_.runtime.seed);
+  spdlog::info(
+      "data: one epoch packs into {} rows ({:.1f}% of their tokens are training records, the rest "
+      "padding): {:.1f} steps of {} rows; order shuffled per epoch (runtime.seed {})",
+      epoch_rows,
+      100.0 * static_cast<double>(train.kept_tokens) / (static_cast<double>(epoch_rows) * (T + 1)),
+      static_cast<double>(epoch_rows) / rows_per_step, rows_per_step, cfg_.runtime.seed);
   if (cfg_.schedule.epochs > 0) {
     const uint64_t rows = train_records_->rows_between(0, limit);
     cfg_.schedule.steps = static_cast<int64_t>((rows + rows_per_step - 1) / rows_per_step);
-    spdlog::info("schedule: {} epochs = {} steps (schedule.steps follows from schedule.epochs)", cfg_.schedule.epochs,
-                 cfg_.schedule.steps);
+    spdlog::info("schedule: {} epochs = {} steps (schedule.steps follows from schedule.epochs)",
+                 cfg_.schedule.epochs, cfg_.schedule.steps);
     if (cfg_.schedule.warmup_steps > cfg_.schedule.steps)
-      throw ConfigError(str("schedule.warmup_steps ", cfg_.schedule.warmup_steps, " is more than the ",
-                            cfg_.schedule.steps, " steps of schedule.epochs ", cfg_.schedule.epochs));
+      throw ConfigError(str("schedule.warmup_steps ", cfg_.schedule.warmup_steps,
+                            " is more than the ", cfg_.schedule.steps, " steps of schedule.epochs ",
+                            cfg_.schedule.epochs));
   }
   if (val_starts_.empty()) {
     have_val_ = false;
     spdlog::warn("data: no validation records; validation is off");
     return;
   }
-  RecordSelection val = select_records(val_starts_, val_tokens_.size(), val_mask_.empty() ? nullptr : &val_mask_, T + 1,
-                                       policy, "validation");
+  RecordSelection val =
+      select_records(val_starts_, val_tokens_.size(), val_mask_.empty() ? nullptr : &val_mask_,
+                     T + 1, policy, "validation");
   report(val, "validation");
   have_val_ = !val.records.empty();
-  if (!have_val_) return spdlog::warn("data: no validation record has a counted target; validation is off");
+  if (!have_val_)
+    return spdlog::warn("data: no validation record has a counted target; validation is off");
   const uint64_t vn = val.records.size();
-  val_records_ = std::make_unique<RecordSampler>(&val_tokens_, val_mask_.empty() ? nullptr : &val_mask_,
-                                                 std::move(val.records), B, T, cfg_.runtime.seed, false, vn);
+  val_records_ =
+      std::make_unique<RecordSampler>(&val_tokens_, val_mask_.empty() ? nullptr : &val_mask_,
+                                      std::move(val.records), B, T, cfg_.runtime.seed, false, vn);
   const int64_t all = static_cast<int64_t>((val_records_->rows_between(0, vn) + B - 1) / B);
   val_micro_batches_ = std::min<int64_t>(all, cfg_.schedule.eval_batches);
-  spdlog::info("validation: {} of {} micro-batches of records (schedule.eval_batches {}): {}", val_micro_batches_, all,
-               cfg_.schedule.eval_batches,
-               val_micro_batches_ == all ? "every validation record, each once"
-                                         : "the first records in file order; raise eval_batches for all");
+  spdlog::info("validation: {} of {} micro-batches of records (schedule.eval_batches {}): {}",
+               val_micro_batches_, all, cfg_.schedule.eval_batches,
+               val_micro_batches_ == all
+                   ? "every validation record, each once"
+                   : "the first records in file order; raise eval_batches for all");
 }
 
 void TrainingRun::load_data() {
@@ -519,9 +559,12 @@ void TrainingRun::load_data() {
     std::error_code ec;
     fs::remove_all(data_staging_, ec);
     set_cleanup();
-    TextShardResult r = build_text_shards(cfg_.data.text, data_staging_.string(), cfg_.data.val_fraction);
-    spdlog::info("data: tokenized {} text files ({} skipped) into {} train + {} validation byte tokens in {:.1f}s",
-                 r.files, r.skipped, r.train_tokens, r.val_tokens, seconds_since(t0));
+    TextShardResult r =
+        build_text_shards(cfg_.data.text, data_staging_.string(), cfg_.data.val_fraction);
+    spdlog::info(
+        "data: tokenized {} text files ({} skipped) into {} train + {} validation byte tokens in "
+        "{:.1f}s",
+        r.files, r.skipped, r.train_tokens, r.val_tokens, seconds_since(t0));
     if (kByteVocab > static_cast<uint32_t>(cfg_.model.vocab_size))
       throw ConfigError(str("model.vocab_size is ", cfg_.model.vocab_size,
                             " but the byte tokenizer needs at least 256"));
@@ -529,7 +572,8 @@ void TrainingRun::load_data() {
     val_tokens_ = read_token_shard(r.val_path).tokens;
     train_paths = {r.train_path};
     val_paths = {r.val_path};
-  } else if (!cfg_.data.train_shards.empty() || (opts_.eval_only && !cfg_.data.val_shards.empty())) {
+  } else if (!cfg_.data.train_shards.empty() ||
+             (opts_.eval_only && !cfg_.data.val_shards.empty())) {
     // The run's tokenizer: the base model's, carried into the run directory (or, evaluating
     // only, beside the model the config names).
     std::string tok;
@@ -537,18 +581,20 @@ void TrainingRun::load_data() {
     std::error_code ec;
     fs::path where = opts_.eval_only ? fs::path(eval_model_dir()) : dir_;
     // A new run has not carried the base model's files yet (commit_run_dir does).
-    if (!opts_.eval_only && !fs::exists(where / "tokenizer.json", ec) && !carry_from_.empty()) where = carry_from_;
+    if (!opts_.eval_only && !fs::exists(where / "tokenizer.json", ec) && !carry_from_.empty())
+      where = carry_from_;
     if (!where.empty() && fs::is_regular_file(where / "tokenizer.json", ec)) {
       tok = (where / "tokenizer.json").string();
       tok_vocab = Tokenizer::from_file(tok).vocab_size();
     }
     if (!opts_.eval_only)
-      train_tokens_ = load_shards(cfg_.data.train_shards, cfg_.model.vocab_size, tok, tok_vocab, &train_mask_,
-                                  &train_starts_, opts_.stop);
-    val_tokens_ = load_shards(cfg_.data.val_shards, cfg_.model.vocab_size, tok, tok_vocab, &val_mask_, &val_starts_,
-                              opts_.stop);
+      train_tokens_ = load_shards(cfg_.data.train_shards, cfg_.model.vocab_size, tok, tok_vocab,
+                                  &train_mask_, &train_starts_, opts_.stop);
+    val_tokens_ = load_shards(cfg_.data.val_shards, cfg_.model.vocab_size, tok, tok_vocab,
+                              &val_mask_, &val_starts_, opts_.stop);
   } else {
-    throw ConfigError("data: give data.text (plain-text files or directories) or data.train_shards");
+    throw ConfigError(
+        "data: give data.text (plain-text files or directories) or data.train_shards");
   }
   data_id_.train = split_identity(train_tokens_, train_mask_, train_paths, train_starts_);
   data_id_.val = split_identity(val_tokens_, val_mask_, val_paths, val_starts_);
@@ -562,22 +608,26 @@ void TrainingRun::load_data() {
     return check_resumed_position();
   }
   if (cfg_.schedule.epochs > 0)
-    throw ConfigError(str("schedule.epochs is ", cfg_.schedule.epochs, " but the training data is a token stream "
-                          "without records (data.text, or shards without a .rec index); epochs need records "
-                          "(fuyou-convert tokenize with JSON Lines): set schedule.steps instead"));
+    throw ConfigError(
+        str("schedule.epochs is ", cfg_.schedule.epochs,
+            " but the training data is a token stream "
+            "without records (data.text, or shards without a .rec index); epochs need records "
+            "(fuyou-convert tokenize with JSON Lines): set schedule.steps instead"));
   const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len;
   if (!opts_.eval_only)
-    train_sampler_ = std::make_unique<BatchSampler>(&train_tokens_, train_mask_.empty() ? nullptr : &train_mask_, B,
-                                                    T, cfg_.runtime.seed);
+    train_sampler_ = std::make_unique<BatchSampler>(
+        &train_tokens_, train_mask_.empty() ? nullptr : &train_mask_, B, T, cfg_.runtime.seed);
   have_val_ = val_tokens_.size() >= static_cast<size_t>(T + 1);
-  if (!have_val_) spdlog::warn("data: no validation split with at least {} tokens; validation is off", T + 1);
-  if (have_val_ && !val_mask_.empty() && std::count(val_mask_.begin() + 1, val_mask_.end(), uint8_t{1}) == 0) {
+  if (!have_val_)
+    spdlog::warn("data: no validation split with at least {} tokens; validation is off", T + 1);
+  if (have_val_ && !val_mask_.empty() &&
+      std::count(val_mask_.begin() + 1, val_mask_.end(), uint8_t{1}) == 0) {
     spdlog::warn("data: the validation loss mask counts no target; validation is off");
     have_val_ = false;
   }
   if (have_val_)
-    val_sampler_ = std::make_unique<BatchSampler>(&val_tokens_, val_mask_.empty() ? nullptr : &val_mask_, B, T,
-                                                  cfg_.runtime.seed);
+    val_sampler_ = std::make_unique<BatchSampler>(
+        &val_tokens_, val_mask_.empty() ? nullptr : &val_mask_, B, T, cfg_.runtime.seed);
   check_resumed_position();
 }
 
@@ -587,14 +637,17 @@ void TrainingRun::load_data() {
 void TrainingRun::check_resumed_position() const {
   if (!source_ || opts_.eval_only) return;
   const std::string path = (fs::path(opts_.resume) / kManifestFile).string();
-  if (!train_records_) return check_sampler_position(resumed_, source_->config(), train_sampler_->has_mask(), path);
+  if (!train_records_)
+    return check_sampler_position(resumed_, source_->config(), train_sampler_->has_mask(), path);
   const uint64_t pos = resumed_.progress.sampler_position;
-  const uint64_t rows = static_cast<uint64_t>(resumed_.step) * cfg_.schedule.micro_batch * cfg_.schedule.grad_accum;
+  const uint64_t rows =
+      static_cast<uint64_t>(resumed_.step) * cfg_.schedule.micro_batch * cfg_.schedule.grad_accum;
   // The stream stops at its limit (schedule.epochs), and the rows after it are padding.
   const uint64_t packed = pos <= records_limit_ ? train_records_->rows_between(0, pos) : 0;
   if (pos > records_limit_ || (pos < records_limit_ ? packed != rows : packed > rows))
-    throw IoError(str(path, ": sampler_position ", pos, " (records) does not fit step ", resumed_.step,
-                      ": the records before it pack into ", packed, " rows, the steps drew ", rows,
+    throw IoError(str(path, ": sampler_position ", pos, " (records) does not fit step ",
+                      resumed_.step, ": the records before it pack into ", packed,
+                      " rows, the steps drew ", rows,
                       " (the checkpoint is damaged or was edited)"));
 }
 
@@ -607,10 +660,12 @@ void TrainingRun::make_engine() {
   engine_ = make_train_engine(cfg_, *backend_, eo);
   set_cleanup();  // a second stop signal can still unlink the store's files
   const ParamLayout layout = make_gpt_layout(cfg_.model);
-  spdlog::info("model: {}{}, {} layers, d_model {}, {} heads, d_ff {}, vocab {}, seq {}: {:.2f}M parameters",
-               cfg_.model.family, cfg_.model.checkpoint.empty() ? std::string() : " from " + cfg_.model.checkpoint,
-               cfg_.model.n_layer, cfg_.model.d_model, cfg_.model.n_head, cfg_.model.d_ff, cfg_.model.vocab_size,
-               cfg_.model.seq_len, layout.num_params() / 1e6);
+  spdlog::info(
+      "model: {}{}, {} layers, d_model {}, {} heads, d_ff {}, vocab {}, seq {}: {:.2f}M parameters",
+      cfg_.model.family,
+      cfg_.model.checkpoint.empty() ? std::string() : " from " + cfg_.model.checkpoint,
+      cfg_.model.n_layer, cfg_.model.d_model, cfg_.model.n_head, cfg_.model.d_ff,
+      cfg_.model.vocab_size, cfg_.model.seq_len, layout.num_params() / 1e6);
   for (std::string line, text = engine_->describe(); !text.empty();) {
     size_t nl = text.find('\n');
     line = text.substr(0, nl);
@@ -625,15 +680,20 @@ void TrainingRun::make_engine() {
 void TrainingRun::preflight() {
   const uint64_t ckpt = checkpoint_bytes(cfg_.model, optim_format(cfg_.optimizer));
   const uint64_t weights = weights_file_bytes(cfg_.model);
-  const int keep = checkpoints_on(cfg_.checkpoint) ? cfg_.checkpoint.keep + (cfg_.checkpoint.keep_best ? 1 : 0) : 1;
-  const int existing = std::min<int>(keep, static_cast<int>(list_checkpoints(dir_.string()).size()));
+  const int keep = checkpoints_on(cfg_.checkpoint)
+                       ? cfg_.checkpoint.keep + (cfg_.checkpoint.keep_best ? 1 : 0)
+                       : 1;
+  const int existing =
+      std::min<int>(keep, static_cast<int>(list_checkpoints(dir_.string()).size()));
   const uint64_t need = weights + static_cast<uint64_t>(keep + 1 - existing) * ckpt;
   const uint64_t have = free_bytes(dir_.string());
   if (need > have)
-    throw IoError(str("run directory ", dir_.string(), ": needs ", need, " bytes (", format_size(need),
-                      ": final weights ", format_size(weights), " + ", keep + 1 - existing, " checkpoint(s) of ",
-                      format_size(ckpt), " with checkpoint.keep ", keep, ") but its filesystem has ", have,
-                      " free (", format_size(have), "); free space, lower checkpoint.keep or choose another --run-dir"));
+    throw IoError(str("run directory ", dir_.string(), ": needs ", need, " bytes (",
+                      format_size(need), ": final weights ", format_size(weights), " + ",
+                      keep + 1 - existing, " checkpoint(s) of ", format_size(ckpt),
+                      " with checkpoint.keep ", keep, ") but its filesystem has ", have, " free (",
+                      format_size(have),
+                      "); free space, lower checkpoint.keep or choose another --run-dir"));
 }
 
 void TrainingRun::start_state() {
@@ -648,13 +708,15 @@ void TrainingRun::start_state() {
     throw IoError(str(e.what(), earlier_checkpoint_hint(opts_.resume)));
   }
   progress_ = resumed_.progress;
-  if (train_records_) train_records_->set_position(progress_.sampler_position);
-  else if (train_sampler_) train_sampler_->set_position(progress_.sampler_position);
+  if (train_records_)
+    train_records_->set_position(progress_.sampler_position);
+  else if (train_sampler_)
+    train_sampler_->set_position(progress_.sampler_position);
   last_checkpoint_step_ = resumed_.step;
   sum_.first_val_loss = progress_.first_val_loss;
   sum_.final_val_loss = progress_.last_val_loss;
-  spdlog::info("resumed from {} (step {}, written {} by the {} engine) in {:.1f}s", opts_.resume, resumed_.step,
-               resumed_.created, resumed_.engine, seconds_since(t0));
+  spdlog::info("resumed from {} (step {}, written {} by the {} engine) in {:.1f}s", opts_.resume,
+               resumed_.step, resumed_.created, resumed_.engine, seconds_since(t0));
 }
 
 // Validation: the mean over the counted targets of all eval batches (mean_over_counted, as a
@@ -672,8 +734,9 @@ void TrainingRun::setup_validation() {
     n += count_targets(counted.data(), B, T);
   }
   if (n == 0) {
-    spdlog::warn("data: the {} validation windows hold no counted (completion) target; validation is off",
-                 cfg_.schedule.eval_batches * B);
+    spdlog::warn(
+        "data: the {} validation windows hold no counted (completion) target; validation is off",
+        cfg_.schedule.eval_batches * B);
     have_val_ = false;
   }
 }
@@ -688,7 +751,9 @@ bool TrainingRun::evaluate(int64_t step, double* loss_out) {
     log(str("step ", step, ": validation stopped after ", i, " of ", of, " batches"));
     return true;
   };
-  if (step > 0) phase_.set("stopping now: this validation pass is cut short; a checkpoint and the weights follow");
+  if (step > 0)
+    phase_.set(
+        "stopping now: this validation pass is cut short; a checkpoint and the weights follow");
   std::vector<float> means;
   std::vector<int64_t> counts;
   if (val_records_) {
@@ -702,7 +767,9 @@ bool TrainingRun::evaluate(int64_t step, double* loss_out) {
       if (stopped(i, val_micro_batches_)) return false;
       val_records_->next(batch.data(), counted.data(), positions.data());
       counts.push_back(count_targets(counted.data(), B, T));
-      means.push_back(counts.back() ? engine_->eval_loss(batch.data(), counted.data(), positions.data()) : 0.0f);
+      means.push_back(counts.back()
+                          ? engine_->eval_loss(batch.data(), counted.data(), positions.data())
+                          : 0.0f);
     }
   } else {
     std::vector<uint8_t> counted(val_sampler_->has_mask() ? static_cast<size_t>(B) * T : 0);
@@ -731,22 +798,25 @@ void TrainingRun::metrics_line(nlohmann::json j, const char* type) {
     metrics_->append(j.dump());  // written at once: a killed run keeps every line it logged
   } catch (const IoError& e) {
     std::vector<std::string> have = list_checkpoints(dir_.string());
-    throw IoError(str(e.what(), "; the run stops here (a line of step ", j.value("step", int64_t{-1}),
-                      " could not be logged), ",
-                      have.empty() ? std::string("and it has no checkpoint yet")
-                                   : str("its last checkpoint, ", have.back(),
-                                         ", is intact: fix the cause and resume with fuyou-train --resume ",
-                                         dir_.string())));
+    throw IoError(str(e.what(), "; the run stops here (a line of step ",
+                      j.value("step", int64_t{-1}), " could not be logged), ",
+                      have.empty()
+                          ? std::string("and it has no checkpoint yet")
+                          : str("its last checkpoint, ", have.back(),
+                                ", is intact: fix the cause and resume with fuyou-train --resume ",
+                                dir_.string())));
   }
 }
 
 StepResult TrainingRun::train_step(int64_t s) {
   const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len, accum = cfg_.schedule.grad_accum;
-  std::vector<std::vector<int32_t>> mbs(accum, std::vector<int32_t>(static_cast<size_t>(B) * (T + 1)));
+  std::vector<std::vector<int32_t>> mbs(accum,
+                                        std::vector<int32_t>(static_cast<size_t>(B) * (T + 1)));
   const bool records = train_records_ != nullptr;
   std::vector<std::vector<uint8_t>> masks(records || train_sampler_->has_mask() ? accum : 0,
                                           std::vector<uint8_t>(static_cast<size_t>(B) * T));
-  std::vector<std::vector<int32_t>> positions(records ? accum : 0, std::vector<int32_t>(static_cast<size_t>(B) * T));
+  std::vector<std::vector<int32_t>> positions(records ? accum : 0,
+                                              std::vector<int32_t>(static_cast<size_t>(B) * T));
   std::vector<const int32_t*> ptrs(accum), pos_ptrs(positions.size());
   std::vector<const uint8_t*> mask_ptrs(masks.size());
   for (int k = 0; k < accum; ++k) {
@@ -768,8 +838,9 @@ StepResult TrainingRun::train_step(int64_t s) {
     throw Error(str("step ", s + 1, ": loss is ", r.loss, "; stopping (try a lower optimizer.lr)"));
   sum_.final_train_loss = r.loss;
   if (r.skipped)
-    spdlog::warn("step {}: fp16 gradients overflowed at loss scale {}; update skipped, scale halved", s + 1,
-                 r.loss_scale);
+    spdlog::warn(
+        "step {}: fp16 gradients overflowed at loss scale {}; update skipped, scale halved", s + 1,
+        r.loss_scale);
   progress_.step = s + 1;
   progress_.sampler_position = records ? train_records_->position() : train_sampler_->position();
   log_step(s + 1, r, dt);
@@ -777,12 +848,14 @@ StepResult TrainingRun::train_step(int64_t s) {
 }
 
 void TrainingRun::log_step(int64_t step, const StepResult& r, double dt) {
-  const double tokens_per_step = static_cast<double>(cfg_.schedule.micro_batch) * cfg_.model.seq_len * cfg_.schedule.grad_accum;
+  const double tokens_per_step = static_cast<double>(cfg_.schedule.micro_batch) *
+                                 cfg_.model.seq_len * cfg_.schedule.grad_accum;
   const int64_t done = step - sum_.start_step;
   const double tps = tokens_per_step * done / train_time_;
   const double eta = train_time_ / done * (cfg_.schedule.steps - step);
   if (step % cfg_.schedule.log_every != 0 && step != cfg_.schedule.steps) return;
-  nlohmann::json line{{"step", step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
+  nlohmann::json line{{"step", step}, {"loss", r.loss},
+                      {"lr", r.lr},   {"grad_norm", r.grad_norm},
                       {"step_s", dt}, {"tokens_per_s", tokens_per_step / dt}};
   if (r.loss_scale != 1.0) {
     line["loss_scale"] = r.loss_scale;
@@ -798,12 +871,12 @@ void TrainingRun::log_step(int64_t step, const StepResult& r, double dt) {
   metrics_line(line, "train");
   if (opts_.progress_line) {
     std::fprintf(stderr, "\rstep %lld/%lld | loss %.4f | lr %.2e | %.0f tok/s | ETA %s   ",
-                 static_cast<long long>(step), static_cast<long long>(cfg_.schedule.steps), r.loss, r.lr, tps,
-                 format_duration(eta).c_str());
+                 static_cast<long long>(step), static_cast<long long>(cfg_.schedule.steps), r.loss,
+                 r.lr, tps, format_duration(eta).c_str());
     std::fflush(stderr);
   } else {
-    spdlog::info("step {}/{} loss {:.4f} lr {:.2e} grad_norm {:.3f} {:.0f} tok/s ETA {}", step, cfg_.schedule.steps,
-                 r.loss, r.lr, r.grad_norm, tps, format_duration(eta));
+    spdlog::info("step {}/{} loss {:.4f} lr {:.2e} grad_norm {:.3f} {:.0f} tok/s ETA {}", step,
+                 cfg_.schedule.steps, r.loss, r.lr, r.grad_norm, tps, format_duration(eta));
   }
 }
 
@@ -834,10 +907,11 @@ void TrainingRun::checkpoint(int64_t step) {
   } catch (const Error& e) {
     std::vector<std::string> have = list_checkpoints(dir_.string());
     throw IoError(str("checkpoint at step ", step, " failed: ", e.what(), "; ",
-                      have.empty() ? std::string("there is no earlier checkpoint")
-                                   : str("the previous checkpoint ", have.back(),
-                                         " is intact: fix the cause and resume with fuyou-train --resume ",
-                                         dir_.string())));
+                      have.empty()
+                          ? std::string("there is no earlier checkpoint")
+                          : str("the previous checkpoint ", have.back(),
+                                " is intact: fix the cause and resume with fuyou-train --resume ",
+                                dir_.string())));
   }
   last_checkpoint_step_ = step;
   last_checkpoint_time_ = clock_type::now();
@@ -876,19 +950,23 @@ void TrainingRun::restore_best() {
 
 void TrainingRun::finish(clock_type::time_point start) {
   const int64_t steps_here = sum_.steps - sum_.start_step;
-  const double tokens_per_step = static_cast<double>(cfg_.schedule.micro_batch) * cfg_.model.seq_len * cfg_.schedule.grad_accum;
+  const double tokens_per_step = static_cast<double>(cfg_.schedule.micro_batch) *
+                                 cfg_.model.seq_len * cfg_.schedule.grad_accum;
   sum_.tokens_per_s = train_time_ > 0 ? tokens_per_step * steps_here / train_time_ : 0;
   if (engine_->predicted_iteration_s() > 0 && !step_times_.empty()) {
     // The automatic placement's prediction beside the measurement (median step; the first
     // step, which warms caches and the store, is left out when there are others).
-    std::vector<double> t(step_times_.begin() + (step_times_.size() > 1 ? 1 : 0), step_times_.end());
+    std::vector<double> t(step_times_.begin() + (step_times_.size() > 1 ? 1 : 0),
+                          step_times_.end());
     std::sort(t.begin(), t.end());
-    double measured = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+    double measured =
+        t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
     spdlog::info("step time: predicted {:.3f} s, measured {:.3f} s (median of {} steps)",
                  engine_->predicted_iteration_s(), measured, t.size());
   }
   const std::string weights = (dir_ / "model.safetensors").string();
-  engine_->save_weights(weights, {{"format", "fuyou"}, {"step", std::to_string(sum_.steps)},
+  engine_->save_weights(weights, {{"format", "fuyou"},
+                                  {"step", std::to_string(sum_.steps)},
                                   {"config", config_to_self_contained_yaml(cfg_)}});
   if (!opts_.trace_path.empty()) engine_->write_trace(opts_.trace_path);
   const double wall = seconds_since(start);
@@ -905,16 +983,18 @@ void TrainingRun::finish(clock_type::time_point start) {
   const std::string text = summary.dump(2) + "\n";
   write_file_atomic((dir_ / "summary.json").string(), text.data(), text.size());
   if (sum_.stop_signal && sum_.steps < cfg_.schedule.steps) {
-    log(str("stopped by ", signal_name(sum_.stop_signal), " at step ", sum_.steps, "/", cfg_.schedule.steps,
-            "; weights in ", weights, "; continue with: fuyou-train --resume ", dir_.string()));
+    log(str("stopped by ", signal_name(sum_.stop_signal), " at step ", sum_.steps, "/",
+            cfg_.schedule.steps, "; weights in ", weights, "; continue with: fuyou-train --resume ",
+            dir_.string()));
     return;
   }
-  const std::string val = have_val_ ? fmt::format("validation loss {:.4f} -> {:.4f}", sum_.first_val_loss,
-                                                   sum_.final_val_loss)
-                                     : std::string("no validation (no validation split)");
-  spdlog::info("done: {} steps in {}, {:.0f} tokens/s; {}; weights in {}{}", sum_.steps, format_duration(wall),
-               sum_.tokens_per_s, val, weights,
-               sum_.stop_signal ? str(" (", signal_name(sum_.stop_signal), " arrived at the end; the run is complete)")
+  const std::string val = have_val_ ? fmt::format("validation loss {:.4f} -> {:.4f}",
+                                                  sum_.first_val_loss, sum_.final_val_loss)
+                                    : std::string("no validation (no validation split)");
+  spdlog::info("done: {} steps in {}, {:.0f} tokens/s; {}; weights in {}{}", sum_.steps,
+               format_duration(wall), sum_.tokens_per_s, val, weights,
+               sum_.stop_signal ? str(" (", signal_name(sum_.stop_signal),
+                                      " arrived at the end; the run is complete)")
                                 : std::string());
 }
 
@@ -929,7 +1009,8 @@ std::string TrainingRun::eval_model_dir() const {
 
 TrainSummary TrainingRun::evaluate_only() {
   if (!opts_.resume.empty() || opts_.resume_source) {
-    source_ = opts_.resume_source ? opts_.resume_source : std::make_shared<const CheckpointSource>(opts_.resume);
+    source_ = opts_.resume_source ? opts_.resume_source
+                                  : std::make_shared<const CheckpointSource>(opts_.resume);
     opts_.resume = source_->dir();
     resumed_ = source_->manifest();
   }
@@ -946,10 +1027,14 @@ TrainSummary TrainingRun::evaluate_only() {
   dir_ = tmp;
   load_data();
   if (!have_val_)
-    throw ConfigError("--eval-only: no validation data: give data.val_shards, or data.text with data.val_fraction > 0");
+    throw ConfigError(
+        "--eval-only: no validation data: give data.val_shards, or data.text with "
+        "data.val_fraction > 0");
   make_engine();
   if (opts_.resume.empty() && cfg_.model.checkpoint.empty())
-    spdlog::warn("--eval-only: no model.checkpoint and no --resume: evaluating a randomly initialised model");
+    spdlog::warn(
+        "--eval-only: no model.checkpoint and no --resume: evaluating a randomly initialised "
+        "model");
   start_state();
   setup_validation();
   if (!have_val_) throw ConfigError("--eval-only: the validation windows hold no counted target");
@@ -957,12 +1042,15 @@ TrainSummary TrainingRun::evaluate_only() {
   if (!evaluate(progress_.step, &sum_.final_val_loss)) check_stop();
   sum_.first_val_loss = sum_.final_val_loss;
   const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len;
-  spdlog::info("validation loss {:.4f} of {} ({} windows of {} tokens, schedule.eval_batches {} x micro_batch {}) in "
-               "{:.1f} s", sum_.final_val_loss,
-               !opts_.resume.empty() ? opts_.resume
-               : cfg_.model.checkpoint.empty() ? std::string("a random initialisation")
-                                               : cfg_.model.checkpoint,
-               cfg_.schedule.eval_batches * B, T, cfg_.schedule.eval_batches, B, seconds_since(t0));
+  spdlog::info(
+      "validation loss {:.4f} of {} ({} windows of {} tokens, schedule.eval_batches {} x "
+      "micro_batch {}) in "
+      "{:.1f} s",
+      sum_.final_val_loss,
+      !opts_.resume.empty()           ? opts_.resume
+      : cfg_.model.checkpoint.empty() ? std::string("a random initialisation")
+                                      : cfg_.model.checkpoint,
+      cfg_.schedule.eval_batches * B, T, cfg_.schedule.eval_batches, B, seconds_since(t0));
   sum_.steps = sum_.start_step = progress_.step;
   return sum_;
 }
@@ -1008,8 +1096,11 @@ TrainSummary TrainingRun::run() {
   // A run killed after its last checkpoint but before its final weights: finishing it is
   // writing them.
   if (sum_.start_step >= cfg_.schedule.steps)
-    spdlog::warn("resume: the checkpoint is at step {} and schedule.steps is {}: nothing to train; writing the final "
-                 "weights from it (train longer with --set schedule.steps=N)", sum_.start_step, cfg_.schedule.steps);
+    spdlog::warn(
+        "resume: the checkpoint is at step {} and schedule.steps is {}: nothing to train; writing "
+        "the final "
+        "weights from it (train longer with --set schedule.steps=N)",
+        sum_.start_step, cfg_.schedule.steps);
   auto start = clock_type::now();
   last_checkpoint_time_ = start;
   const auto stop_asked = [&] { return opts_.stop && opts_.stop->requested(); };
@@ -1025,7 +1116,8 @@ TrainSummary TrainingRun::run() {
       if (!evaluate(step, &sum_.final_val_loss)) break;  // stopped: the checkpoint follows
       log(str("step ", step, ": validation loss ", sum_.final_val_loss));
     }
-    if (samples_ && (last || step % cfg_.schedule.sample_every == 0)) samples_->write(step, *engine_);
+    if (samples_ && (last || step % cfg_.schedule.sample_every == 0))
+      samples_->write(step, *engine_);
     if (checkpoint_due(step)) checkpoint(step);
   }
   sum_.steps = progress_.step;
@@ -1035,7 +1127,8 @@ TrainSummary TrainingRun::run() {
       trained_ = true;
       set_cleanup();
     }
-    if (sum_.steps < cfg_.schedule.steps || checkpoints_on(cfg_.checkpoint)) checkpoint(progress_.step);
+    if (sum_.steps < cfg_.schedule.steps || checkpoints_on(cfg_.checkpoint))
+      checkpoint(progress_.step);
   }
   phase_.set("stopping once the final weights are written");
   set_cleanup(/*finishing=*/true);
@@ -1051,8 +1144,10 @@ TrainSummary TrainingRun::run() {
 TrainSummary run_training(const Config& cfg, const TrainOptions& opts) {
   // Refused before anything is written: an emulated run has no model to train or save.
   if (cfg.runtime.backend == "emulated")
-    throw ConfigError("runtime.backend is emulated: the emulated device does no arithmetic (its losses are NaN), so "
-                      "there is nothing to train; it times the engine with `fuyou-bench train`");
+    throw ConfigError(
+        "runtime.backend is emulated: the emulated device does no arithmetic (its losses are NaN), "
+        "so "
+        "there is nothing to train; it times the engine with `fuyou-bench train`");
   TrainingRun run(cfg, opts);
   return opts.eval_only ? run.evaluate_only() : run.run();
 }

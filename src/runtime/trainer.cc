@@ -34,8 +34,10 @@ int64_t split_batch(const int32_t* batch, const uint8_t* counted, int B, int T, 
   if (!counted) return static_cast<int64_t>(B) * T;
   int64_t n = 0;
   for (size_t i = 0; i < static_cast<size_t>(B) * T; ++i) {
-    if (counted[i]) ++n;
-    else targets[i] = kIgnoreTarget;
+    if (counted[i])
+      ++n;
+    else
+      targets[i] = kIgnoreTarget;
   }
   return n;
 }
@@ -67,7 +69,8 @@ std::vector<OptimGroup> optimizer_groups(const ParamLayout& layout) {
   for (size_t g = 0; g < layout.groups.size(); ++g) {
     OptimGroup og{layout.groups[g].name, layout.groups[g].numel, {}};
     for (const TensorSpec& t : layout.tensors)
-      if (t.group == static_cast<int>(g)) og.tensors.push_back({t.offset - layout.groups[g].offset, t.numel, t.decay});
+      if (t.group == static_cast<int>(g))
+        og.tensors.push_back({t.offset - layout.groups[g].offset, t.numel, t.decay});
     groups.push_back(og);
   }
   return groups;
@@ -75,16 +78,19 @@ std::vector<OptimGroup> optimizer_groups(const ParamLayout& layout) {
 
 OptimFormat optim_format(const OptimizerConfig& o) {
   OptimFormat f;
-  f.moments = o.state == "int8" ? MomentFormat::kInt8 : o.state == "bf16" ? MomentFormat::kBF16 : MomentFormat::kF32;
+  f.moments = o.state == "int8"   ? MomentFormat::kInt8
+              : o.state == "bf16" ? MomentFormat::kBF16
+                                  : MomentFormat::kF32;
   f.master = o.master == "split" ? MasterFormat::kSplit : MasterFormat::kF32;
   return f;
 }
 
 void check_optim_format(const OptimizerConfig& o, ElemType tensors) {
   if (optim_format(o).master == MasterFormat::kSplit && tensors != ElemType::kBF16)
-    throw ConfigError(str("optimizer.master is split: the master is kept as the bf16 working weight plus a 16-bit ",
-                          "remainder, which needs runtime.device_tensors: bf16 (this run's tensors are ",
-                          elem_type_name(tensors), "); use optimizer.master: fp32"));
+    throw ConfigError(str(
+        "optimizer.master is split: the master is kept as the bf16 working weight plus a 16-bit ",
+        "remainder, which needs runtime.device_tensors: bf16 (this run's tensors are ",
+        elem_type_name(tensors), "); use optimizer.master: fp32"));
 }
 
 OocAdamWOptions optimizer_options(const OptimizerConfig& o) {

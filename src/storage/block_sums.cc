@@ -53,10 +53,12 @@ void BlockSums::forget(ExtentId id, uint64_t offset, uint64_t bytes) {
     const Record& r = it->second;
     const size_t n = r.sums.size();
     const size_t before = offset > r0 ? (offset - r0) / kSumBlock : 0;  // blocks ending <= offset
-    const size_t after = (end - r0 + kSumBlock - 1) / kSumBlock;        // first block starting >= end
-    if (before > 0) keep.push_back({r0, Record{before * kSumBlock, {r.sums.begin(), r.sums.begin() + before}}});
+    const size_t after = (end - r0 + kSumBlock - 1) / kSumBlock;  // first block starting >= end
+    if (before > 0)
+      keep.push_back({r0, Record{before * kSumBlock, {r.sums.begin(), r.sums.begin() + before}}});
     if (after < n)
-      keep.push_back({r0 + after * kSumBlock, Record{r.len - after * kSumBlock, {r.sums.begin() + after, r.sums.end()}}});
+      keep.push_back({r0 + after * kSumBlock,
+                      Record{r.len - after * kSumBlock, {r.sums.begin() + after, r.sums.end()}}});
     it = recs.erase(it);
   }
   for (auto& k : keep) recs.emplace(std::move(k));
@@ -67,14 +69,16 @@ void BlockSums::record(ExtentId id, uint64_t offset, uint64_t bytes, std::vector
   if (bytes) extents_[id].emplace(offset, Record{bytes, std::move(sums)});
 }
 
-uint64_t BlockSums::expect(ExtentId id, uint64_t offset, uint64_t bytes, std::vector<SumCheck>* out) const {
+uint64_t BlockSums::expect(ExtentId id, uint64_t offset, uint64_t bytes,
+                           std::vector<SumCheck>* out) const {
   const Records& recs = extents_[id];
   const uint64_t end = offset + bytes;
   uint64_t covered = 0;
   for (auto it = first_touching(recs, offset); it != recs.end() && it->first < end; ++it) {
     const uint64_t r0 = it->first;
     const Record& r = it->second;
-    for (size_t i = offset > r0 ? (offset - r0 + kSumBlock - 1) / kSumBlock : 0; i < r.sums.size(); ++i) {
+    for (size_t i = offset > r0 ? (offset - r0 + kSumBlock - 1) / kSumBlock : 0; i < r.sums.size();
+         ++i) {
       const uint64_t b0 = r0 + i * kSumBlock, b1 = r0 + std::min((i + 1) * kSumBlock, r.len);
       if (b1 > end) break;
       out->push_back(SumCheck{b0 - offset, b1 - b0, r.sums[i]});

@@ -34,21 +34,24 @@ DirLock::DirLock(const std::string& dir, const std::string& what)
     struct stat before {};
     const bool existed = ::stat(path_.c_str(), &before) == 0;
     int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) throw IoError(str("cannot open the directory lock ", path_, ": ", errno_text(errno)));
+    if (fd < 0)
+      throw IoError(str("cannot open the directory lock ", path_, ": ", errno_text(errno)));
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
       std::string pid = holder_pid(fd);
       ::close(fd);
       if (err == EWOULDBLOCK && pid == std::to_string(::getpid()))
-        throw IoError(str(what, " ", dir, " is already in use by this process (", path_,
-                          "): one directory is named twice, as the run directory and in offload.ssd_paths, or "
-                          "twice in offload.ssd_paths; each needs a directory of its own"));
+        throw IoError(str(
+            what, " ", dir, " is already in use by this process (", path_,
+            "): one directory is named twice, as the run directory and in offload.ssd_paths, or "
+            "twice in offload.ssd_paths; each needs a directory of its own"));
       if (err == EWOULDBLOCK)
-        throw IoError(str(what, " ", dir, " is in use by another fuyou process (pid ", pid, " holds ", path_,
-                          "); two runs cannot share one"));
+        throw IoError(str(what, " ", dir, " is in use by another fuyou process (pid ", pid,
+                          " holds ", path_, "); two runs cannot share one"));
       throw IoError(str("cannot lock ", path_, ": ", errno_text(err)));
     }
-    struct stat held {}, now {};
+    struct stat held {
+    }, now{};
     if (::fstat(fd, &held) != 0 || ::stat(path_.c_str(), &now) != 0 || held.st_ino != now.st_ino ||
         held.st_dev != now.st_dev) {
       ::close(fd);  // released and unlinked under us: lock the file that is there now
@@ -59,7 +62,8 @@ DirLock::DirLock(const std::string& dir, const std::string& what)
     // just unlinked, was left by a process that died holding it.
     stale_ = existed && before.st_ino == held.st_ino;
     const std::string pid = std::to_string(::getpid()) + "\n";
-    if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    if (::ftruncate(fd_, 0) != 0 ||
+        ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
       const int err = errno;
       ::close(fd_);
       throw IoError(str("cannot write the directory lock ", path_, ": ", errno_text(err)));

@@ -24,7 +24,6 @@ namespace {
 
 constexpr uint64_t kRegionAlign = 2ull << 20;
 
-
 // Where each slot goes: region sizes, and (region, offset) of every slot of every class.
 struct Layout {
   std::vector<uint64_t> region_bytes;

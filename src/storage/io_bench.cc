@@ -1,4 +1,3 @@
-#include "fuyou/timing.h"
 #include "fuyou/io_bench.h"
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include "fuyou/rng.h"
 #include "fuyou/sizes.h"
 #include "fuyou/storage.h"
+#include "fuyou/timing.h"
 #include "src/storage/file_layer.h"
 
 namespace fuyou {
@@ -52,7 +52,8 @@ struct IoTimes {
   double define_s = 0, write_s = 0, flush_s = 0, read_s = 0, mixed_s = 0;
 };
 
-nlohmann::json io_result(const IoBenchOptions& o, const IoTimes& t, const StoreStats& st, const HostPool& pool) {
+nlohmann::json io_result(const IoBenchOptions& o, const IoTimes& t, const StoreStats& st,
+                         const HostPool& pool) {
   auto mbps = [&](double sec) { return static_cast<double>(t.size) / sec / 1e6; };
   return nlohmann::json{
       {"read_MBps", mbps(t.read_s)},
@@ -177,7 +178,8 @@ nlohmann::json run_io_bench(const IoBenchOptions& o) {
   writer.join();
   if (write_error) std::rethrow_exception(write_error);
   double mixed_s = seconds_since(t0);
-  return io_result(o, IoTimes{size, block, half, define_s, write_s, flush_s, read_s, mixed_s}, store->stats(), pool);
+  return io_result(o, IoTimes{size, block, half, define_s, write_s, flush_s, read_s, mixed_s},
+                   store->stats(), pool);
 }
 
 void print_io_bench(const nlohmann::json& r) {

@@ -76,9 +76,11 @@ void SsdStore::Impl::init() {
     bool existed = layer->stat(f.path, &before) == 0;
     int fd = layer->open(f.path, flags, 0644);
     if (fd == -EEXIST)
-      throw IoError(str("SSD store: ", f.path, " already exists and no fuyou process left a lock beside it, "
-                        "so it may hold someone's data and the store will not overwrite it (remove it if "
-                        "nothing needs it)"));
+      throw IoError(
+          str("SSD store: ", f.path,
+              " already exists and no fuyou process left a lock beside it, "
+              "so it may hold someone's data and the store will not overwrite it (remove it if "
+              "nothing needs it)"));
     if (fd == -EINVAL)
       throw IoError(str("SSD store: cannot open ", f.path, " with O_DIRECT: ", errno_text(EINVAL),
                         "; the filesystem does not support direct I/O (tmpfs before Linux 6.6?)"));
@@ -154,10 +156,12 @@ void SsdStore::Impl::reclaim_stale(const std::string& path, const DirLock& lock)
   FileIdentity old;
   if (!lock.found_stale() || layer->stat(path, &old) != 0) return;
   int r = layer->unlink(path);
-  if (r < 0) throw IoError(str("SSD store: cannot remove ", path, ", left by a fuyou process that is gone: ", errno_text(-r)));
+  if (r < 0)
+    throw IoError(str("SSD store: cannot remove ", path,
+                      ", left by a fuyou process that is gone: ", errno_text(-r)));
   stats.reclaimed_bytes += old.size;
-  spdlog::warn("SSD store: reclaimed {} ({} bytes, {}) left by a fuyou process that is gone", path, old.size,
-               format_size(old.size));
+  spdlog::warn("SSD store: reclaimed {} ({} bytes, {}) left by a fuyou process that is gone", path,
+               old.size, format_size(old.size));
 }
 
 SsdStore::SsdStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -270,7 +274,8 @@ ExtentId SsdStore::define_extent(const std::string& name, uint64_t bytes) {
 
 // The space growing each file to new_size[d] takes, per filesystem (two directories on one
 // disk draw on one pool), against what statvfs says is free there.
-void SsdStore::Impl::check_space(const std::vector<uint64_t>& new_size, const std::string& doing) const {
+void SsdStore::Impl::check_space(const std::vector<uint64_t>& new_size,
+                                 const std::string& doing) const {
   std::vector<std::pair<uint64_t, uint64_t>> need_by_dev;  // (dev, bytes)
   for (int d = 0; d < ndirs(); ++d) {
     uint64_t delta = new_size[d] > files[d].size ? new_size[d] - files[d].size : 0;
@@ -289,9 +294,9 @@ void SsdStore::Impl::check_space(const std::vector<uint64_t>& new_size, const st
     int r = layer->statvfs_free(files[d].dir, &free_bytes);
     if (r < 0) throw IoError(str("SSD store: statvfs of ", files[d].dir, ": ", errno_text(-r)));
     if (dev->second > free_bytes)
-      throw IoError(str("SSD store: ", doing, ": the filesystem of ", files[d].dir, " needs ", dev->second,
-                        " more bytes (", format_size(dev->second), ") but has ", free_bytes, " free (",
-                        format_size(free_bytes), ")"));
+      throw IoError(str("SSD store: ", doing, ": the filesystem of ", files[d].dir, " needs ",
+                        dev->second, " more bytes (", format_size(dev->second), ") but has ",
+                        free_bytes, " free (", format_size(free_bytes), ")"));
     dev->second = 0;  // checked once per filesystem
   }
 }
@@ -300,8 +305,10 @@ void SsdStore::check_space(uint64_t logical_bytes, const std::string& what) cons
   Impl& s = *impl_;
   std::lock_guard<std::mutex> lk(s.m);
   std::vector<uint64_t> new_size(s.ndirs());
-  for (int d = 0; d < s.ndirs(); ++d) new_size[d] = s.layout().file_size_for(d, s.end + logical_bytes);
-  s.check_space(new_size, str(what, " (", logical_bytes, " bytes in all, ", format_size(logical_bytes), ")"));
+  for (int d = 0; d < s.ndirs(); ++d)
+    new_size[d] = s.layout().file_size_for(d, s.end + logical_bytes);
+  s.check_space(new_size,
+                str(what, " (", logical_bytes, " bytes in all, ", format_size(logical_bytes), ")"));
 }
 
 ExtentId SsdStore::find_extent(const std::string& name) const {
@@ -414,7 +421,8 @@ Ticket SsdStore::Impl::submit(IoOp op, ExtentId id, uint64_t offset, char* buf, 
     j.error.clear();
     j.expect.clear();
     if (cfg.verify && op == IoOp::kWrite) sums.record(id, offset, bytes, std::move(write_sums));
-    if (cfg.verify && op == IoOp::kRead) stats.unverified_bytes += bytes - sums.expect(id, offset, bytes, &j.expect);
+    if (cfg.verify && op == IoOp::kRead)
+      stats.unverified_bytes += bytes - sums.expect(id, offset, bytes, &j.expect);
     j.queued = bytes > 0;
     if (j.queued) {
       if (tail >= 0)
@@ -536,7 +544,8 @@ StoreStats SsdStore::stats() const {
   std::lock_guard<std::mutex> lk(impl_->m);
   StoreStats st = impl_->stats;
   if (impl_->inflight > 0)
-    st.busy_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - impl_->busy_since).count();
+    st.busy_s +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - impl_->busy_since).count();
   return st;
 }
 
@@ -567,12 +576,14 @@ std::string SsdStore::Impl::mismatch(ExtentId id, uint64_t logical, const SumRes
   int dir = 0;
   uint64_t file_off = 0, run = 0;
   layout().map(logical + x.buf_off, &dir, &file_off, &run);
-  return str("SSD store: checksum mismatch reading extent '", e.name, "': ", x.len, " bytes at extent offset ",
-             ext_off, " (", files[dir].path, " offset ", file_off, ") read back with XXH3 ", hex64(got),
-             " but were written with XXH3 ", hex64(x.sum),
-             more ? str(" (and ", more, " more blocks of this read)") : std::string(),
-             ": the bytes changed after they were written (a failing disk, or another process writing into "
-             "the backing file), or the read was submitted before the write of those bytes had finished");
+  return str(
+      "SSD store: checksum mismatch reading extent '", e.name, "': ", x.len,
+      " bytes at extent offset ", ext_off, " (", files[dir].path, " offset ", file_off,
+      ") read back with XXH3 ", hex64(got), " but were written with XXH3 ", hex64(x.sum),
+      more ? str(" (and ", more, " more blocks of this read)") : std::string(),
+      ": the bytes changed after they were written (a failing disk, or another process writing "
+      "into "
+      "the backing file), or the read was submitted before the write of those bytes had finished");
 }
 
 }  // namespace fuyou

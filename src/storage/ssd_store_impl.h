@@ -29,7 +29,6 @@ constexpr int kMaxRetries = 100;                 // EINTR/EAGAIN resubmissions o
 constexpr int kMaxNoProgress = 3;                // completions in a row that moved nothing
 constexpr uint64_t kWakeTag = ~0ull;             // user_data of the eventfd read
 
-
 struct BackingFile {
   std::string dir;
   std::string path;
@@ -107,7 +106,7 @@ class SsdStore::Impl {
   std::vector<ssd_store_detail::Registered> registered;
   BlockSums sums;  // StoreConfig::verify
   int head = -1, tail = -1;
-  int inflight = 0;  // pieces in flight, synthetic ones included
+  int inflight = 0;                                  // pieces in flight, synthetic ones included
   std::chrono::steady_clock::time_point busy_since;  // when inflight last left 0
   bool stop = false;
   bool sleeping = false;  // the I/O thread is (about to be) in io_uring_enter

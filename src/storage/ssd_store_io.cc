@@ -142,7 +142,8 @@ void SsdStore::Impl::finish_piece(int p) {
   pieces[p].job = -1;
   free_pieces.push_back(p);
   if (--inflight == 0)
-    stats.busy_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - busy_since).count();
+    stats.busy_s +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - busy_since).count();
   --j.inflight;
   if (j.inflight == 0 && !j.queued && (j.failed || j.done == j.bytes)) {
     j.finished = true;

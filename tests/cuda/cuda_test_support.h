@@ -54,13 +54,14 @@ inline std::vector<int32_t> random_tokens(size_t n, int V, uint64_t seed) {
 
 // (|A| |B|^T)_ij in double for row-major A(M,K), B(N,K): what a dot product's rounding
 // error is proportional to.
-inline std::vector<double> abs_products(const std::vector<float>& A, const std::vector<float>& B, int M, int N,
-                                        int K) {
+inline std::vector<double> abs_products(const std::vector<float>& A, const std::vector<float>& B,
+                                        int M, int N, int K) {
   std::vector<double> out(size_t(M) * N, 0.0);
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < N; ++j) {
       double s = 0;
-      for (int k = 0; k < K; ++k) s += std::fabs(double(A[size_t(i) * K + k])) * std::fabs(double(B[size_t(j) * K + k]));
+      for (int k = 0; k < K; ++k)
+        s += std::fabs(double(A[size_t(i) * K + k])) * std::fabs(double(B[size_t(j) * K + k]));
       out[size_t(i) * N + j] = s;
     }
   return out;

@@ -30,8 +30,12 @@ namespace {
 
 constexpr double kU32 = FLT_EPSILON / 2;
 
-uint16_t rnd16(ElemType t, float f) { return t == ElemType::kBF16 ? math::float_to_bf16(f) : math::float_to_fp16(f); }
-float wid16(ElemType t, uint16_t h) { return t == ElemType::kBF16 ? math::bf16_to_float(h) : math::fp16_to_float(h); }
+uint16_t rnd16(ElemType t, float f) {
+  return t == ElemType::kBF16 ? math::float_to_bf16(f) : math::float_to_fp16(f);
+}
+float wid16(ElemType t, uint16_t h) {
+  return t == ElemType::kBF16 ? math::bf16_to_float(h) : math::fp16_to_float(h);
+}
 double unit16(ElemType t) { return std::ldexp(1.0, t == ElemType::kBF16 ? -8 : -11); }
 
 struct Exact {
@@ -40,7 +44,8 @@ struct Exact {
 };
 
 // Causal attention and its gradient in fp64 on packed qkv(B,T,3C), dout(B,T,C).
-Exact exact_attention(const std::vector<float>& qkv, const std::vector<float>& dout, int B, int T, int C, int H) {
+Exact exact_attention(const std::vector<float>& qkv, const std::vector<float>& dout, int B, int T,
+                      int C, int H) {
   const int D = C / H;
   const double scale = 1.0 / std::sqrt(double(D));
   Exact r;
@@ -48,7 +53,9 @@ Exact exact_attention(const std::vector<float>& qkv, const std::vector<float>& d
   r.lse.assign(size_t(B) * H * T, 0.0);
   r.dqkv.assign(qkv.size(), 0.0);
   std::vector<double> p(size_t(T) * T), dp(size_t(T) * T);
-  auto at = [&](int b, int t, int part, int h, int d) { return size_t(b * T + t) * 3 * C + part * C + h * D + d; };
+  auto at = [&](int b, int t, int part, int h, int d) {
+    return size_t(b * T + t) * 3 * C + part * C + h * D + d;
+  };
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h) {
       for (int i = 0; i < T; ++i) {
@@ -78,7 +85,8 @@ Exact exact_attention(const std::vector<float>& qkv, const std::vector<float>& d
         double dot = 0;
         for (int j = 0; j <= i; ++j) {
           double s = 0;
-          for (int d = 0; d < D; ++d) s += double(dout[size_t(b * T + i) * C + h * D + d]) * qkv[at(b, j, 2, h, d)];
+          for (int d = 0; d < D; ++d)
+            s += double(dout[size_t(b * T + i) * C + h * D + d]) * qkv[at(b, j, 2, h, d)];
           dp[size_t(i) * T + j] = s;
           dot += p[size_t(i) * T + j] * s;
         }
@@ -116,8 +124,9 @@ struct Result {
 
 // One forward and backward on `be` (16-bit tensors of type t) from the 16-bit inputs.
 // `pos` (B*T positions within packed records, Backend::attention_forward) may be empty.
-Result run(Backend& be, ElemType t, const std::vector<uint16_t>& qkv, const std::vector<uint16_t>& dout, int B, int T,
-           int C, int H, const std::vector<int32_t>& pos = {}) {
+Result run(Backend& be, ElemType t, const std::vector<uint16_t>& qkv,
+           const std::vector<uint16_t>& dout, int B, int T, int C, int H,
+           const std::vector<int32_t>& pos = {}) {
   (void)t;
   const size_t n_qkv = qkv.size(), n_out = dout.size(), n_lse = size_t(B) * H * T;
   void* dq = be.alloc(2 * n_qkv, "qkv");
@@ -128,7 +137,8 @@ Result run(Backend& be, ElemType t, const std::vector<uint16_t>& qkv, const std:
   float* scratch = static_cast<float*>(be.alloc(8 * size_t(T) * T, "scratch"));
   be.copy_to_device(dq, qkv.data(), 2 * n_qkv);
   be.copy_to_device(ddo, dout.data(), 2 * n_out);
-  int32_t* dpos = pos.empty() ? nullptr : static_cast<int32_t*>(be.alloc(4 * pos.size(), "positions"));
+  int32_t* dpos =
+      pos.empty() ? nullptr : static_cast<int32_t*>(be.alloc(4 * pos.size(), "positions"));
   if (dpos) be.copy_to_device(dpos, pos.data(), 4 * pos.size());
   be.attention_forward(out, lse, scratch, dq, B, T, C, H, dpos);
   be.attention_backward(dd, scratch, ddo, out, dq, lse, B, T, C, H, dpos);
@@ -136,7 +146,8 @@ Result run(Backend& be, ElemType t, const std::vector<uint16_t>& qkv, const std:
   be.copy_to_host(r.out.data(), out, 2 * n_out);
   be.copy_to_host(r.dqkv.data(), dd, 2 * n_qkv);
   be.copy_to_host(r.lse.data(), lse, 4 * n_lse);
-  for (void* p : {dq, ddo, out, dd, static_cast<void*>(lse), static_cast<void*>(scratch)}) be.free(p);
+  for (void* p : {dq, ddo, out, dd, static_cast<void*>(lse), static_cast<void*>(scratch)})
+    be.free(p);
   if (dpos) be.free(dpos);
   return r;
 }
@@ -149,14 +160,17 @@ std::vector<float> widen(ElemType t, const std::vector<uint16_t>& h) {
 
 }  // namespace
 
-TEST_CASE("cudnn fused attention: within 16-bit bounds of exact, deterministic, routed", "[cuda][cudnn]") {
+TEST_CASE("cudnn fused attention: within 16-bit bounds of exact, deterministic, routed",
+          "[cuda][cudnn]") {
   struct Shape {
     int B, T, C, H;
   };
   const ElemType t = GENERATE(ElemType::kBF16, ElemType::kF16);
-  const Shape sh = GENERATE(Shape{2, 256, 256, 4}, Shape{2, 128, 512, 4}, Shape{1, 384, 192, 3}, Shape{2, 200, 128, 2});
+  const Shape sh = GENERATE(Shape{2, 256, 256, 4}, Shape{2, 128, 512, 4}, Shape{1, 384, 192, 3},
+                            Shape{2, 200, 128, 2});
   const int B = sh.B, T = sh.T, C = sh.C, H = sh.H, D = C / H;
-  INFO(elem_type_name(t) << " B " << B << " T " << T << " C " << C << " H " << H << " (head size " << D << ")");
+  INFO(elem_type_name(t) << " B " << B << " T " << T << " C " << C << " H " << H << " (head size "
+                         << D << ")");
 
   Rng rng(1000 + T + C);
   std::vector<uint16_t> qkv(size_t(B) * T * 3 * C), dout(size_t(B) * T * C);
@@ -190,16 +204,18 @@ TEST_CASE("cudnn fused attention: within 16-bit bounds of exact, deterministic, 
 
   const double u = unit16(t), bound = 8 * u;
   const std::vector<float> c_out = widen(t, c.out), c_d = widen(t, c.dqkv);
-  const double ce[4] = {rel_error(c_out, ex.out, C, -1), rel_error(c_d, ex.dqkv, C, 0), rel_error(c_d, ex.dqkv, C, 1),
-                        rel_error(c_d, ex.dqkv, C, 2)};
+  const double ce[4] = {rel_error(c_out, ex.out, C, -1), rel_error(c_d, ex.dqkv, C, 0),
+                        rel_error(c_d, ex.dqkv, C, 1), rel_error(c_d, ex.dqkv, C, 2)};
   auto check_errors = [&](const Result& r, const char* how) {
     const std::vector<float> g_out = widen(t, r.out), g_d = widen(t, r.dqkv);
     const double e[4] = {rel_error(g_out, ex.out, C, -1), rel_error(g_d, ex.dqkv, C, 0),
                          rel_error(g_d, ex.dqkv, C, 1), rel_error(g_d, ex.dqkv, C, 2)};
-    std::printf("cudnn attention %s B %d T %d C %d H %d%s: relative error / u16 (cuDNN | CPU kernels): out %.2f | "
-                "%.2f, dq %.2f | %.2f, dk %.2f | %.2f, dv %.2f | %.2f\n",
-                elem_type_name(t), B, T, C, H, how, e[0] / u, ce[0] / u, e[1] / u, ce[1] / u, e[2] / u, ce[2] / u,
-                e[3] / u, ce[3] / u);
+    std::printf(
+        "cudnn attention %s B %d T %d C %d H %d%s: relative error / u16 (cuDNN | CPU kernels): out "
+        "%.2f | "
+        "%.2f, dq %.2f | %.2f, dk %.2f | %.2f, dv %.2f | %.2f\n",
+        elem_type_name(t), B, T, C, H, how, e[0] / u, ce[0] / u, e[1] / u, ce[1] / u, e[2] / u,
+        ce[2] / u, e[3] / u, ce[3] / u);
     const char* names[4] = {"out", "dq", "dk", "dv"};
     for (int k = 0; k < 4; ++k) {
       INFO(how << " " << names[k] << ": relative error " << e[k] << " = " << e[k] / u << " u16");
@@ -217,13 +233,16 @@ TEST_CASE("cudnn fused attention: within 16-bit bounds of exact, deterministic, 
   std::printf("  chunked results %s the whole batch's\n",
               chunked.out == a.out && chunked.dqkv == a.dqkv ? "equal bit for bit" : "differ from");
   double lse_err = 0;
-  for (size_t i = 0; i < ex.lse.size(); ++i) lse_err = std::max(lse_err, std::fabs(a.lse[i] - ex.lse[i]));
+  for (size_t i = 0; i < ex.lse.size(); ++i)
+    lse_err = std::max(lse_err, std::fabs(a.lse[i] - ex.lse[i]));
   INFO("log-sum-exp: largest error " << lse_err);
   CHECK(lse_err <= 4 * (D + T) * kU32 * (1 + ex.max_score));
 }
 
-TEST_CASE("cudnn attention refuses packed records once; the kernels run them as with runtime.attention: kernels",
-          "[cuda][cudnn][records]") {
+TEST_CASE(
+    "cudnn attention refuses packed records once; the kernels run them as with runtime.attention: "
+    "kernels",
+    "[cuda][cudnn][records]") {
   const ElemType t = ElemType::kBF16;
   const int B = 2, T = 128, C = 128, H = 2;
   std::vector<int32_t> pos;

@@ -138,11 +138,13 @@ TEST_CASE("cuda decoder on bf16 tensors stays near fp32", "[cuda][decode]") {
   check_within("bf16 logits", lg, lc, 0.05 * max_abs(lc));
 }
 
-TEST_CASE("cuda decoder with streamed layers gives the resident decoder's logits", "[cuda][decode]") {
+TEST_CASE("cuda decoder with streamed layers gives the resident decoder's logits",
+          "[cuda][decode]") {
   // The same kernels on the same values from other buffers: bit for bit. The copies run on the
   // copy stream beside the compute stream (caller-ordered), so a slot refilled before its
   // layer finished would show.
-  for (const auto& [family, kv] : std::vector<std::pair<std::string, int>>{{"gpt2", 0}, {"llama", 2}}) {
+  for (const auto& [family, kv] :
+       std::vector<std::pair<std::string, int>>{{"gpt2", 0}, {"llama", 2}}) {
     INFO(family);
     ModelConfig m = tiny(family, kv);
     m.n_layer = 5;

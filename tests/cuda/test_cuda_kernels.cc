@@ -9,9 +9,9 @@
 //   sum |terms| (gamma_K = K u / (1 - K u) ~ K u), with sum |terms| computed from the data;
 // - statistics accumulated in double on both sides (LayerNorm, RMSNorm, cross-entropy) leave
 //   only the final fp32 roundings.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cfloat>
-#include <algorithm>
 #include <cmath>
 
 #include "cuda_test_support.h"
@@ -20,11 +20,11 @@
 #include "kernels/common/element_math.h"
 
 using namespace fuyou;
+using test::abs_products;
 using test::check_within;
 using test::check_within_each;
 using test::DeviceVec;
 using test::max_abs;
-using test::abs_products;
 using test::random_normal;
 using test::random_tokens;
 using test::transpose;
@@ -197,11 +197,13 @@ TEST_CASE("cuda causal attention forward and backward match the CPU", "[cuda]") 
   auto qkv = random_normal(B * T * 3 * C, 13), dout = random_normal(B * T * C, 14);
   std::vector<float> out(B * T * C), lse(B * H * T), scratch(2 * T * T), dqkv(qkv.size());
   p.cpu->attention_forward(out.data(), lse.data(), scratch.data(), qkv.data(), B, T, C, H, nullptr);
-  p.cpu->attention_backward(dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T, C, H, nullptr);
+  p.cpu->attention_backward(dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(),
+                            lse.data(), B, T, C, H, nullptr);
   DeviceVec<float> gqkv(*p.gpu, qkv), gdout(*p.gpu, dout), gout(*p.gpu, out.size()),
       glse(*p.gpu, lse.size()), gscratch(*p.gpu, scratch.size()), gdqkv(*p.gpu, qkv.size());
   p.gpu->attention_forward(gout.get(), glse.get(), gscratch.get(), gqkv.get(), B, T, C, H, nullptr);
-  p.gpu->attention_backward(gdqkv.get(), gscratch.get(), gdout.get(), gout.get(), gqkv.get(), glse.get(), B, T, C, H, nullptr);
+  p.gpu->attention_backward(gdqkv.get(), gscratch.get(), gdout.get(), gout.get(), gqkv.get(),
+                            glse.get(), B, T, C, H, nullptr);
   const int hd = C / H;
   // Scores: sums of hd products (|q||k| <= hd max|qkv|^2 / sqrt(hd)), then exp (relative
   // error about (score error + a few u)), a sum of up to T terms and a division.
@@ -218,7 +220,8 @@ TEST_CASE("cuda causal attention forward and backward match the CPU", "[cuda]") 
   check_within("attention dqkv", gdqkv.host(), dqkv, 4 * (p_rel + 2 * (T + hd + 2) * kU) * scale);
 }
 
-TEST_CASE("cuda packed-record attention (document-masked) matches the CPU, and rope by position", "[cuda][records]") {
+TEST_CASE("cuda packed-record attention (document-masked) matches the CPU, and rope by position",
+          "[cuda][records]") {
   // Two rows of T = 70 holding records of several lengths (one of a single token) and padding:
   // each query attends its own record only (Backend::attention_forward's pos). The same bounds
   // as the unpacked case above, with T the longest record.
@@ -234,22 +237,27 @@ TEST_CASE("cuda packed-record attention (document-masked) matches the CPU, and r
   REQUIRE(pos.size() == static_cast<size_t>(B) * T);
   auto qkv = random_normal(B * T * 3 * C, 23), dout = random_normal(B * T * C, 24);
   std::vector<float> out(B * T * C), lse(B * H * T), scratch(2 * T * T), dqkv(qkv.size());
-  p.cpu->attention_forward(out.data(), lse.data(), scratch.data(), qkv.data(), B, T, C, H, pos.data());
-  p.cpu->attention_backward(dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T, C, H,
-                            pos.data());
-  DeviceVec<float> gqkv(*p.gpu, qkv), gdout(*p.gpu, dout), gout(*p.gpu, out.size()), glse(*p.gpu, lse.size()),
-      gscratch(*p.gpu, scratch.size()), gdqkv(*p.gpu, qkv.size());
+  p.cpu->attention_forward(out.data(), lse.data(), scratch.data(), qkv.data(), B, T, C, H,
+                           pos.data());
+  p.cpu->attention_backward(dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(),
+                            lse.data(), B, T, C, H, pos.data());
+  DeviceVec<float> gqkv(*p.gpu, qkv), gdout(*p.gpu, dout), gout(*p.gpu, out.size()),
+      glse(*p.gpu, lse.size()), gscratch(*p.gpu, scratch.size()), gdqkv(*p.gpu, qkv.size());
   DeviceVec<int32_t> gpos(*p.gpu, pos);
-  p.gpu->attention_forward(gout.get(), glse.get(), gscratch.get(), gqkv.get(), B, T, C, H, gpos.get());
-  p.gpu->attention_backward(gdqkv.get(), gscratch.get(), gdout.get(), gout.get(), gqkv.get(), glse.get(), B, T, C, H,
-                            gpos.get());
+  p.gpu->attention_forward(gout.get(), glse.get(), gscratch.get(), gqkv.get(), B, T, C, H,
+                           gpos.get());
+  p.gpu->attention_backward(gdqkv.get(), gscratch.get(), gdout.get(), gout.get(), gqkv.get(),
+                            glse.get(), B, T, C, H, gpos.get());
   const int hd = C / H;
-  const double score_err = 2 * (hd + 1) * kU * hd * max_abs(qkv) * max_abs(qkv) / std::sqrt(double(hd));
+  const double score_err =
+      2 * (hd + 1) * kU * hd * max_abs(qkv) * max_abs(qkv) / std::sqrt(double(hd));
   const double p_rel = score_err + (2 * Tmax + 8) * kU;
   check_within("packed attention log-sum-exp", glse.host(), lse, 2 * p_rel);
-  check_within("packed attention out", gout.host(), out, (2 * p_rel + 2 * (Tmax + 1) * kU) * max_abs(qkv));
+  check_within("packed attention out", gout.host(), out,
+               (2 * p_rel + 2 * (Tmax + 1) * kU) * max_abs(qkv));
   const double scale = max_abs(dout) * max_abs(qkv) * max_abs(qkv) * Tmax;
-  check_within("packed attention dqkv", gdqkv.host(), dqkv, 4 * (p_rel + 2 * (Tmax + hd + 2) * kU) * scale);
+  check_within("packed attention dqkv", gdqkv.host(), dqkv,
+               4 * (p_rel + 2 * (Tmax + hd + 2) * kU) * scale);
   // Rotary phases by position: the bound of the rope test below.
   const int Hq = 4, Hkv = 2, D = 8;
   auto x = random_normal(B * T * (Hq + 2 * Hkv) * D, 25);
@@ -340,10 +348,12 @@ TEST_CASE("cuda cross-entropy over a padded vocabulary equals the unpadded rows"
   const int N = 9, V = 1000, ld = 1024;
   auto logits = random_normal(size_t(N) * V, 30, 3.0f);
   auto padded = random_normal(size_t(N) * ld, 31, 100.0f);
-  for (int n = 0; n < N; ++n) std::copy(&logits[size_t(n) * V], &logits[size_t(n) * V] + V, &padded[size_t(n) * ld]);
+  for (int n = 0; n < N; ++n)
+    std::copy(&logits[size_t(n) * V], &logits[size_t(n) * V] + V, &padded[size_t(n) * ld]);
   auto tg = random_tokens(N, V, 32);
   tg[2] = kIgnoreTarget;
-  DeviceVec<float> a(*p.gpu, logits), b(*p.gpu, padded), la(*p.gpu, N), lb(*p.gpu, N), za(*p.gpu, N), zb(*p.gpu, N);
+  DeviceVec<float> a(*p.gpu, logits), b(*p.gpu, padded), la(*p.gpu, N), lb(*p.gpu, N),
+      za(*p.gpu, N), zb(*p.gpu, N);
   DeviceVec<int32_t> gtg(*p.gpu, tg);
   p.gpu->crossentropy_forward(la.get(), za.get(), a.get(), gtg.get(), N, V, V);
   p.gpu->crossentropy_forward(lb.get(), zb.get(), b.get(), gtg.get(), N, V, ld);
@@ -355,7 +365,8 @@ TEST_CASE("cuda cross-entropy over a padded vocabulary equals the unpadded rows"
   for (int n = 0; n < N; ++n) {
     INFO("row " << n);
     CHECK(std::equal(&ga[size_t(n) * V], &ga[size_t(n) * V] + V, &gb[size_t(n) * ld]));
-    CHECK(std::all_of(&gb[size_t(n) * ld + V], &gb[size_t(n) * ld + ld], [](float x) { return x == 0.0f; }));
+    CHECK(std::all_of(&gb[size_t(n) * ld + V], &gb[size_t(n) * ld + ld],
+                      [](float x) { return x == 0.0f; }));
   }
 }
 

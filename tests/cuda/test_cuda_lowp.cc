@@ -34,8 +34,12 @@ namespace {
 constexpr double kU = FLT_EPSILON / 2;  // fp32 unit roundoff
 constexpr uint64_t kArena = 256ull << 20;
 
-uint16_t rnd16(ElemType t, float f) { return t == ElemType::kBF16 ? math::float_to_bf16(f) : math::float_to_fp16(f); }
-float wid16(ElemType t, uint16_t h) { return t == ElemType::kBF16 ? math::bf16_to_float(h) : math::fp16_to_float(h); }
+uint16_t rnd16(ElemType t, float f) {
+  return t == ElemType::kBF16 ? math::float_to_bf16(f) : math::float_to_fp16(f);
+}
+float wid16(ElemType t, uint16_t h) {
+  return t == ElemType::kBF16 ? math::bf16_to_float(h) : math::fp16_to_float(h);
+}
 // Unit roundoff of round-to-nearest, 2^-p for p significant bits: 2^-8 for bf16, 2^-11 for
 // fp16 (half a unit in the last place of a value in [1, 2)).
 double unit16(ElemType t) { return std::ldexp(1.0, t == ElemType::kBF16 ? -8 : -11); }
@@ -54,7 +58,8 @@ struct Tensor {
   struct Fill {
     float value;
   };
-  Tensor(ElemType t, size_t n, Fill x) : h(n, rnd16(t, x.value)), f(n, wid16(t, rnd16(t, x.value))) {}
+  Tensor(ElemType t, size_t n, Fill x)
+      : h(n, rnd16(t, x.value)), f(n, wid16(t, rnd16(t, x.value))) {}
   size_t size() const { return f.size(); }
 };
 
@@ -63,12 +68,14 @@ struct Uploaded {
   Backend& be;
   std::vector<void*> t;
   std::vector<float*> s;
-  Uploaded(Backend& b, const std::vector<Tensor*>& ts, const std::vector<std::vector<float>>& stats, bool wide)
+  Uploaded(Backend& b, const std::vector<Tensor*>& ts, const std::vector<std::vector<float>>& stats,
+           bool wide)
       : be(b) {
     for (Tensor* x : ts) {
       const size_t bytes = x->size() * (wide ? 4 : 2);
       t.push_back(be.alloc(bytes, "test tensor"));
-      be.copy_to_device(t.back(), wide ? static_cast<const void*>(x->f.data()) : x->h.data(), bytes);
+      be.copy_to_device(t.back(), wide ? static_cast<const void*>(x->f.data()) : x->h.data(),
+                        bytes);
     }
     for (const auto& v : stats) {
       s.push_back(static_cast<float*>(be.alloc(4 * v.size(), "test stat")));
@@ -108,9 +115,10 @@ void check_rounded_once(const char* what, ElemType t, const std::vector<Tensor*>
         ++mismatches;
         if (first == n) first = i;
       }
-    INFO("tensor " << k << ": " << mismatches << " of " << n << " differ from the fp32 result rounded once"
-                   << (first < n ? fuyou::str("; first at ", first, ": fp32 ", r32[first], " 16-bit ",
-                                   wid16(t, r16[first]))
+    INFO("tensor " << k << ": " << mismatches << " of " << n
+                   << " differ from the fp32 result rounded once"
+                   << (first < n ? fuyou::str("; first at ", first, ": fp32 ", r32[first],
+                                              " 16-bit ", wid16(t, r16[first]))
                                  : std::string()));
     CHECK(mismatches == 0);
   }
@@ -126,12 +134,12 @@ void check_rounded_once(const char* what, ElemType t, const std::vector<Tensor*>
 
 // The 16-bit results of `call` on the CPU backend and on the GPU, both storing `t`, widened.
 struct CpuGpu {
-  std::vector<std::vector<float>> cpu, gpu;          // per tensor
+  std::vector<std::vector<float>> cpu, gpu;            // per tensor
   std::vector<std::vector<float>> cpu_stat, gpu_stat;  // per fp32 vector
 };
 
-CpuGpu run_cpu_gpu(ElemType t, const std::vector<Tensor*>& ts, const std::vector<std::vector<float>>& stats,
-                   const Call& call) {
+CpuGpu run_cpu_gpu(ElemType t, const std::vector<Tensor*>& ts,
+                   const std::vector<std::vector<float>>& stats, const Call& call) {
   auto cpu = make_cpu_backend(2, 0);
   auto gpu = make_cuda_backend(0, kArena);
   cpu->set_storage_type(t);
@@ -170,7 +178,8 @@ void check_rounded_pair(const std::string& what, ElemType t, const std::vector<f
   const double u = unit16(t);
   std::vector<double> bound(ref.size());
   for (size_t i = 0; i < ref.size(); ++i)
-    bound[i] = fp32[i] + u * (std::fabs(double(got[i])) + std::fabs(double(ref[i]))) * (1 + 2 * u) + 1e-30;
+    bound[i] =
+        fp32[i] + u * (std::fabs(double(got[i])) + std::fabs(double(ref[i]))) * (1 + 2 * u) + 1e-30;
   test::check_within_each(what, got, ref, bound);
 }
 
@@ -186,13 +195,15 @@ TEST_CASE("cuda 16-bit tensors: element-wise and row kernels are the fp32 kernel
   const ElemType t = GENERATE(ElemType::kBF16, ElemType::kF16);
   const int N = 37, C = 300, V = 11, B = 3, T = 17;
   {
-    Tensor x(t, N * C, 1, 3.0f), w(t, C, 2), b(t, C, 3), dy(t, N * C, 4), out(t, N * C, Tensor::Fill{0.0f}), din(t, N * C, Tensor::Fill{1.0f}),
+    Tensor x(t, N * C, 1, 3.0f), w(t, C, 2), b(t, C, 3), dy(t, N * C, 4),
+        out(t, N * C, Tensor::Fill{0.0f}), din(t, N * C, Tensor::Fill{1.0f}),
         dw(t, C, Tensor::Fill{0.5f}), db(t, C, Tensor::Fill{0.25f});
-    check_rounded_once("layernorm", t, {&x, &w, &b, &dy, &out, &din, &dw, &db},
-                       {std::vector<float>(N), std::vector<float>(N)}, [&](Backend& be, auto& p, auto& s) {
-                         be.layernorm_forward(p[4], s[0], s[1], p[0], p[1], p[2], N, C);
-                         be.layernorm_backward(p[5], p[6], p[7], p[3], p[0], p[1], s[0], s[1], N, C);
-                       });
+    check_rounded_once(
+        "layernorm", t, {&x, &w, &b, &dy, &out, &din, &dw, &db},
+        {std::vector<float>(N), std::vector<float>(N)}, [&](Backend& be, auto& p, auto& s) {
+          be.layernorm_forward(p[4], s[0], s[1], p[0], p[1], p[2], N, C);
+          be.layernorm_backward(p[5], p[6], p[7], p[3], p[0], p[1], s[0], s[1], N, C);
+        });
     check_rounded_once("rmsnorm", t, {&x, &w, &dy, &out, &din, &dw}, {std::vector<float>(N)},
                        [&](Backend& be, auto& p, auto& s) {
                          be.rmsnorm_forward(p[3], s[0], p[0], p[1], 1e-6f, N, C);
@@ -215,7 +226,8 @@ TEST_CASE("cuda 16-bit tensors: element-wise and row kernels are the fp32 kernel
   {
     const int Bq = 2, Tq = 9, Hq = 6, Hkv = 2, D = 16, Nq = Bq * Tq, F = 50;
     const size_t row = size_t(Hq + 2 * Hkv) * D, C3 = size_t(3) * Hq * D;
-    Tensor qkvc(t, Nq * row, 7), qkv(t, Nq * C3, Tensor::Fill{0.0f}), dqkv(t, Nq * C3, 8), dqkvc(t, Nq * row, Tensor::Fill{0.0f});
+    Tensor qkvc(t, Nq * row, 7), qkv(t, Nq * C3, Tensor::Fill{0.0f}), dqkv(t, Nq * C3, 8),
+        dqkvc(t, Nq * row, Tensor::Fill{0.0f});
     // One kernel per check: two kernels in a row round twice on 16-bit tensors, once in fp32.
     check_rounded_once("rope forward", t, {&qkvc}, {}, [&](Backend& be, auto& p, auto&) {
       be.rope_forward(p[0], Bq, Tq, Hq, Hkv, D, 10000.0f, nullptr);
@@ -226,11 +238,11 @@ TEST_CASE("cuda 16-bit tensors: element-wise and row kernels are the fp32 kernel
     check_rounded_once("repeat_kv forward", t, {&qkvc, &qkv}, {}, [&](Backend& be, auto& p, auto&) {
       be.repeat_kv_forward(p[1], p[0], Nq, Hq, Hkv, D);
     });
-    check_rounded_once("repeat_kv backward", t, {&dqkv, &dqkvc}, {}, [&](Backend& be, auto& p, auto&) {
-      be.repeat_kv_backward(p[1], p[0], Nq, Hq, Hkv, D);
-    });
-    Tensor gu(t, size_t(Nq) * 2 * F, 9, 2.0f), sdy(t, size_t(Nq) * F, 10), sout(t, size_t(Nq) * F, Tensor::Fill{0.0f}),
-        dgu(t, gu.size(), Tensor::Fill{0.0f});
+    check_rounded_once(
+        "repeat_kv backward", t, {&dqkv, &dqkvc}, {},
+        [&](Backend& be, auto& p, auto&) { be.repeat_kv_backward(p[1], p[0], Nq, Hq, Hkv, D); });
+    Tensor gu(t, size_t(Nq) * 2 * F, 9, 2.0f), sdy(t, size_t(Nq) * F, 10),
+        sout(t, size_t(Nq) * F, Tensor::Fill{0.0f}), dgu(t, gu.size(), Tensor::Fill{0.0f});
     check_rounded_once("swiglu", t, {&gu, &sdy, &sout, &dgu}, {}, [&](Backend& be, auto& p, auto&) {
       be.swiglu_forward(p[2], p[0], Nq, F);
       be.swiglu_backward(p[3], p[0], p[1], Nq, F);
@@ -241,7 +253,8 @@ TEST_CASE("cuda 16-bit tensors: element-wise and row kernels are the fp32 kernel
     Tensor logits(t, size_t(Nc) * Vc, 11, 3.0f);
     auto tg = random_tokens(Nc, Vc, 12);
     for (int i = 0; i < Nc; i += 4) tg[i] = kIgnoreTarget;
-    check_rounded_once("cross-entropy", t, {&logits}, {std::vector<float>(Nc), std::vector<float>(Nc)},
+    check_rounded_once("cross-entropy", t, {&logits},
+                       {std::vector<float>(Nc), std::vector<float>(Nc)},
                        [&](Backend& be, auto& p, auto& s) {
                          test::DeviceVec<int32_t> gtg(be, tg);
                          be.crossentropy_forward(s[0], s[1], p[0], gtg.get(), Nc, Vc, Vc);
@@ -251,14 +264,16 @@ TEST_CASE("cuda 16-bit tensors: element-wise and row kernels are the fp32 kernel
   {
     Tensor wte(t, V * C, 13), wpe(t, T * C, 14), out(t, size_t(B) * T * C, Tensor::Fill{0.0f});
     auto tok = random_tokens(B * T, V, 15);
-    check_rounded_once("embedding forward", t, {&wte, &wpe, &out}, {}, [&](Backend& be, auto& p, auto&) {
-      test::DeviceVec<int32_t> g(be, tok);
-      be.embedding_forward(p[2], g.get(), p[0], p[1], B, T, C);
-    });
+    check_rounded_once("embedding forward", t, {&wte, &wpe, &out}, {},
+                       [&](Backend& be, auto& p, auto&) {
+                         test::DeviceVec<int32_t> g(be, tok);
+                         be.embedding_forward(p[2], g.get(), p[0], p[1], B, T, C);
+                       });
   }
 }
 
-TEST_CASE("cuda embedding gradient equals the CPU's, bit for bit, in every storage type", "[cuda][lowp]") {
+TEST_CASE("cuda embedding gradient equals the CPU's, bit for bit, in every storage type",
+          "[cuda][lowp]") {
   const ElemType t = GENERATE(ElemType::kF32, ElemType::kBF16, ElemType::kF16);
   // Small, and 1000 positions over 7 tokens: the token ranks span four 256-token tiles with
   // ties across them (not a multiple of the block), and more positions than the kernel's
@@ -267,11 +282,13 @@ TEST_CASE("cuda embedding gradient equals the CPU's, bit for bit, in every stora
     int B, T, C, V;
   };
   for (Shape sh : {Shape{3, 17, 40, 11}, Shape{4, 250, 40, 7}}) {
-    Tensor dout(t, size_t(sh.B) * sh.T * sh.C, 16), dwte(t, size_t(sh.V) * sh.C, Tensor::Fill{0.5f}),
+    Tensor dout(t, size_t(sh.B) * sh.T * sh.C, 16),
+        dwte(t, size_t(sh.V) * sh.C, Tensor::Fill{0.5f}),
         dwpe(t, size_t(sh.T) * sh.C, Tensor::Fill{0.25f});
     auto tok = random_tokens(size_t(sh.B) * sh.T, sh.V, 17);
     for (bool with_pos : {true, false}) {
-      INFO("B " << sh.B << ", T " << sh.T << ", position table " << with_pos << ", " << elem_type_name(t));
+      INFO("B " << sh.B << ", T " << sh.T << ", position table " << with_pos << ", "
+                << elem_type_name(t));
       CpuGpu r = run_cpu_gpu(t, {&dout, &dwte, &dwpe}, {}, [&](Backend& be, auto& p, auto&) {
         test::DeviceVec<int32_t> g(be, tok);
         be.embedding_backward(p[1], with_pos ? p[2] : nullptr, p[0], g.get(), sh.B, sh.T, sh.C);
@@ -285,12 +302,14 @@ TEST_CASE("cuda embedding gradient equals the CPU's, bit for bit, in every stora
 TEST_CASE("cuda 16-bit tensors: GEMMs on 16-bit operands match the CPU", "[cuda][lowp]") {
   const ElemType t = GENERATE(ElemType::kBF16, ElemType::kF16);
   const int N = 45, IC = 130, OC = 70;
-  Tensor x(t, N * IC, 18), w(t, OC * IC, 19), bias(t, OC, 20), dy(t, N * OC, 21), out(t, N * OC, Tensor::Fill{0.0f}),
-      din(t, N * IC, Tensor::Fill{0.0f}), dw(t, OC * IC, Tensor::Fill{0.5f}), dbias(t, OC, Tensor::Fill{0.25f});
-  CpuGpu r = run_cpu_gpu(t, {&x, &w, &bias, &dy, &out, &din, &dw, &dbias}, {}, [&](Backend& be, auto& p, auto&) {
-    be.matmul_forward(p[4], p[0], p[1], p[2], N, IC, OC);
-    be.matmul_backward(p[5], p[6], p[7], p[3], p[0], p[1], N, IC, OC);
-  });
+  Tensor x(t, N * IC, 18), w(t, OC * IC, 19), bias(t, OC, 20), dy(t, N * OC, 21),
+      out(t, N * OC, Tensor::Fill{0.0f}), din(t, N * IC, Tensor::Fill{0.0f}),
+      dw(t, OC * IC, Tensor::Fill{0.5f}), dbias(t, OC, Tensor::Fill{0.25f});
+  CpuGpu r = run_cpu_gpu(t, {&x, &w, &bias, &dy, &out, &din, &dw, &dbias}, {},
+                         [&](Backend& be, auto& p, auto&) {
+                           be.matmul_forward(p[4], p[0], p[1], p[2], N, IC, OC);
+                           be.matmul_backward(p[5], p[6], p[7], p[3], p[0], p[1], N, IC, OC);
+                         });
   // The 16-bit operands multiply exactly in fp32; the fp32 sums of K terms in two orders
   // differ by at most 2 gamma_K (|A||B|)_ij, plus one rounding of an added bias or stored
   // gradient (K + 1 terms).
@@ -300,11 +319,13 @@ TEST_CASE("cuda 16-bit tensors: GEMMs on 16-bit operands match the CPU", "[cuda]
     return b;
   };
   INFO(elem_type_name(t));
-  check_rounded_pair("matmul out", t, r.gpu[4], r.cpu[4], fp32(abs_products(x.f, w.f, N, OC, IC), IC, max_abs(bias.f)));
+  check_rounded_pair("matmul out", t, r.gpu[4], r.cpu[4],
+                     fp32(abs_products(x.f, w.f, N, OC, IC), IC, max_abs(bias.f)));
   check_rounded_pair("matmul din", t, r.gpu[5], r.cpu[5],
                      fp32(abs_products(dy.f, transpose(w.f, OC, IC), N, IC, OC), OC, 0));
-  check_rounded_pair("matmul dw", t, r.gpu[6], r.cpu[6],
-                     fp32(abs_products(transpose(dy.f, N, OC), transpose(x.f, N, IC), OC, IC, N), N, 0.5));
+  check_rounded_pair(
+      "matmul dw", t, r.gpu[6], r.cpu[6],
+      fp32(abs_products(transpose(dy.f, N, OC), transpose(x.f, N, IC), OC, IC, N), N, 0.5));
   check_rounded_pair("matmul dbias", t, r.gpu[7], r.cpu[7],
                      std::vector<double>(OC, 2 * (N + 1) * kU * (N * max_abs(dy.f) + 0.25)));
 }
@@ -312,21 +333,24 @@ TEST_CASE("cuda 16-bit tensors: GEMMs on 16-bit operands match the CPU", "[cuda]
 TEST_CASE("cuda 16-bit tensors: attention matches the CPU", "[cuda][lowp]") {
   const ElemType t = GENERATE(ElemType::kBF16, ElemType::kF16);
   const int B = 2, T = 19, C = 48, H = 4, hd = C / H;
-  Tensor qkv(t, size_t(B) * T * 3 * C, 22), dout(t, size_t(B) * T * C, 23), out(t, size_t(B) * T * C, Tensor::Fill{0.0f}),
-      dqkv(t, qkv.size(), Tensor::Fill{0.0f});
-  CpuGpu r = run_cpu_gpu(t, {&qkv, &dout, &out, &dqkv}, {std::vector<float>(B * H * T), std::vector<float>(2 * T * T)},
-                         [&](Backend& be, auto& p, auto& s) {
-                           be.attention_forward(p[2], s[0], s[1], p[0], B, T, C, H, nullptr);
-                           be.attention_backward(p[3], s[1], p[1], p[2], p[0], s[0], B, T, C, H, nullptr);
-                         });
+  Tensor qkv(t, size_t(B) * T * 3 * C, 22), dout(t, size_t(B) * T * C, 23),
+      out(t, size_t(B) * T * C, Tensor::Fill{0.0f}), dqkv(t, qkv.size(), Tensor::Fill{0.0f});
+  CpuGpu r = run_cpu_gpu(
+      t, {&qkv, &dout, &out, &dqkv}, {std::vector<float>(B * H * T), std::vector<float>(2 * T * T)},
+      [&](Backend& be, auto& p, auto& s) {
+        be.attention_forward(p[2], s[0], s[1], p[0], B, T, C, H, nullptr);
+        be.attention_backward(p[3], s[1], p[1], p[2], p[0], s[0], B, T, C, H, nullptr);
+      });
   // The fp32 bounds of the fp32 attention test (test_cuda_kernels.cc): both sides compute in
   // fp32 from the same widened values and round the outputs once.
-  const double score_err = 2 * (hd + 1) * kU * hd * max_abs(qkv.f) * max_abs(qkv.f) / std::sqrt(double(hd));
+  const double score_err =
+      2 * (hd + 1) * kU * hd * max_abs(qkv.f) * max_abs(qkv.f) / std::sqrt(double(hd));
   const double p_rel = score_err + (2 * T + 8) * kU;
   INFO(elem_type_name(t));
   test::check_within("attention log-sum-exp", r.gpu_stat[0], r.cpu_stat[0], 2 * p_rel);
-  check_rounded_pair("attention out", t, r.gpu[2], r.cpu[2],
-                     std::vector<double>(out.size(), (2 * p_rel + 2 * (T + 1) * kU) * max_abs(qkv.f)));
+  check_rounded_pair(
+      "attention out", t, r.gpu[2], r.cpu[2],
+      std::vector<double>(out.size(), (2 * p_rel + 2 * (T + 1) * kU) * max_abs(qkv.f)));
   const double scale = max_abs(dout.f) * max_abs(qkv.f) * max_abs(qkv.f) * T;
   check_rounded_pair("attention dqkv", t, r.gpu[3], r.cpu[3],
                      std::vector<double>(qkv.size(), 4 * (p_rel + 2 * (T + hd + 2) * kU) * scale));

@@ -54,11 +54,12 @@ struct ModelRun {
 // One forward and backward from the model's initial weights with device tensors of type t
 // (16-bit ones start from the weights rounded once); the gradient is of the mean loss over
 // the counted targets. Logits and gradients read back widened to fp32.
-ModelRun run_model(Backend& be, ElemType t, const ModelConfig& mc, int B, const std::vector<int32_t>& in,
-                   const std::vector<int32_t>& tg) {
+ModelRun run_model(Backend& be, ElemType t, const ModelConfig& mc, int B,
+                   const std::vector<int32_t>& in, const std::vector<int32_t>& tg) {
   be.set_storage_type(t);
   GptModel m(mc, be, B);
-  const size_t P = m.layout().total, NV = size_t(m.tokens_per_batch()) * mc.vocab_size, es = elem_type_size(t);
+  const size_t P = m.layout().total, NV = size_t(m.tokens_per_batch()) * mc.vocab_size,
+               es = elem_type_size(t);
   std::vector<float> host(P);
   init_gpt_params(mc, m.layout(), host.data());
   std::vector<char> buf(std::max(P, NV) * es);
@@ -83,7 +84,8 @@ std::pair<ModelRun, ModelRun> cpu_and_gpu(const char* fam, ElemType t, uint64_t 
   const ModelConfig mc = family_config(fam, "cpu", 0.0).model;
   const int B = 3;
   const size_t N = size_t(B) * mc.seq_len;
-  auto in = test::random_tokens(N, mc.vocab_size, seed), tg = test::random_tokens(N, mc.vocab_size, seed + 1);
+  auto in = test::random_tokens(N, mc.vocab_size, seed),
+       tg = test::random_tokens(N, mc.vocab_size, seed + 1);
   for (size_t n = 0; n < N; n += 5) tg[n] = kIgnoreTarget;
   auto cpu = make_cpu_backend(2, 0);
   auto gpu = make_cuda_backend(0, 256ull << 20);
@@ -124,7 +126,8 @@ TEST_CASE("cuda models with 16-bit tensors match the CPU's, every family", "[cud
     // The loss is fp32 over those logits: each token's logsumexp(z) - z_target moves by at most
     // 2 max|dz| (its gradient has L1 norm 2), and so does the mean; plus fp32 rounding.
     double dz = 0;
-    for (size_t i = 0; i < c.logits.size(); ++i) dz = std::max(dz, std::fabs(double(g.logits[i]) - c.logits[i]));
+    for (size_t i = 0; i < c.logits.size(); ++i)
+      dz = std::max(dz, std::fabs(double(g.logits[i]) - c.logits[i]));
     CHECK(std::fabs(g.loss - c.loss) <= 2 * dz + 1e-6 * std::fabs(c.loss));
     CHECK(e_logits <= 48 * u);
     CHECK(e_grads <= 48 * u);
@@ -136,13 +139,17 @@ TEST_CASE("cuda training repeats bit for bit", "[cuda][determinism]") {
   // embedding gradients, the clipping norm) has a fixed order, so losses and weights agree in
   // every bit, as offloaded and in-memory training must; in fp32 and with bf16 tensors.
   for (const char* fam : {kFamilies[0], kFamilies[2]}) {
-    for (auto [tensors, clip] : {std::pair<const char*, double>{"fp32", 0.0}, {"fp32", 0.5}, {"bf16", 0.0}, {"bf16", 0.5}}) {
+    for (auto [tensors, clip] : {std::pair<const char*, double>{"fp32", 0.0},
+                                 {"fp32", 0.5},
+                                 {"bf16", 0.0},
+                                 {"bf16", 0.5}}) {
       INFO(fam << ", device tensors " << tensors << ", clip " << clip);
       Config cfg = family_config(fam, "cuda", clip);
       cfg.runtime.device_tensors = tensors;
       const size_t mb = size_t(cfg.schedule.micro_batch) * (cfg.model.seq_len + 1);
       std::vector<std::vector<int32_t>> data;
-      for (int s = 0; s < 3; ++s) data.push_back(test::random_tokens(mb, cfg.model.vocab_size, 40 + s));
+      for (int s = 0; s < 3; ++s)
+        data.push_back(test::random_tokens(mb, cfg.model.vocab_size, 40 + s));
       std::vector<float> losses[2], params[2];
       for (int run = 0; run < 2; ++run) {
         auto be = make_cuda_backend(0, 256ull << 20);
@@ -171,7 +178,8 @@ std::unique_ptr<Backend> large_backend(uint64_t bytes) {
     // On stdout as well, where tools/gpu-validate.sh looks for it: a skip is no pass there.
     std::printf("skipped: the index test needs %llu MiB of device memory: %s\n",
                 static_cast<unsigned long long>(bytes >> 20), e.what());
-    WARN("skipped: the index test needs " << (bytes >> 20) << " MiB of device memory: " << e.what());
+    WARN("skipped: the index test needs " << (bytes >> 20)
+                                          << " MiB of device memory: " << e.what());
     return nullptr;
   }
 }
@@ -205,7 +213,8 @@ TEST_CASE("cuda kernels index past 2^31 elements", "[cuda][large]") {
 
   auto cpu = make_cpu_backend(2, 0);
   std::vector<float> ref_losses(R), ref_lse(R), ref_rows = rows;
-  cpu->crossentropy_forward(ref_losses.data(), ref_lse.data(), rows.data(), tail_tg.data(), R, V, V);
+  cpu->crossentropy_forward(ref_losses.data(), ref_lse.data(), rows.data(), tail_tg.data(), R, V,
+                            V);
   cpu->crossentropy_backward(ref_rows.data(), ref_lse.data(), tail_tg.data(), 1.0f / N, R, V, V);
   std::vector<float> all_losses = losses.host(), all_lse = lse.host();
   std::vector<float> got_losses(all_losses.end() - R, all_losses.end());

@@ -45,7 +45,8 @@ std::vector<char> stored(const std::vector<float>& v, ElemType t) {
 
 }  // namespace
 
-TEST_CASE("cuda AdamW, sum of squares and fp32 sums equal the CPU's bit for bit", "[cuda][optimizer]") {
+TEST_CASE("cuda AdamW, sum of squares and fp32 sums equal the CPU's bit for bit",
+          "[cuda][optimizer]") {
   auto gpu = make_cuda_backend(0, 256ull << 20);
   auto cpu = make_cpu_backend(2, 0);
   // Tensors of awkward sizes, decay on and off, one longer than a piece.
@@ -55,7 +56,8 @@ TEST_CASE("cuda AdamW, sum of squares and fp32 sums equal the CPU's bit for bit"
   size_t n = 0;
   for (size_t k = 0; k < sizes.size(); ++k) {
     for (size_t b = 0; b < sizes[k]; b += kDeviceAdamWPiece)
-      pieces.push_back({n + b, static_cast<uint32_t>(std::min<size_t>(kDeviceAdamWPiece, sizes[k] - b)),
+      pieces.push_back({n + b,
+                        static_cast<uint32_t>(std::min<size_t>(kDeviceAdamWPiece, sizes[k] - b)),
                         static_cast<uint32_t>(k % 2)});
     groups.push_back({n, sizes[k]});
     n += sizes[k] + 16;  // padding between tensors, not updated
@@ -65,11 +67,14 @@ TEST_CASE("cuda AdamW, sum of squares and fp32 sums equal the CPU's bit for bit"
   for (ElemType gt : {ElemType::kF32, ElemType::kBF16, ElemType::kF16}) {
     for (int lowp = 0; lowp < 3; ++lowp) {
       const ElemType lt = lowp == 2 ? ElemType::kF16 : ElemType::kBF16;
-      INFO("gradient " << elem_type_name(gt) << ", working weights " << (lowp ? elem_type_name(lt) : "none"));
-      const std::vector<float> p0 = test::random_normal(n, 1), m0 = test::random_normal(n, 2, 1e-2f);
+      INFO("gradient " << elem_type_name(gt) << ", working weights "
+                       << (lowp ? elem_type_name(lt) : "none"));
+      const std::vector<float> p0 = test::random_normal(n, 1),
+                               m0 = test::random_normal(n, 2, 1e-2f);
       std::vector<float> v0 = test::random_normal(n, 3, 1e-2f);
       for (float& x : v0) x = x * x;
-      const std::vector<char> g = stored(test::random_normal(n, 4, gt == ElemType::kF16 ? 3.0f : 1e3f), gt);
+      const std::vector<char> g =
+          stored(test::random_normal(n, 4, gt == ElemType::kF16 ? 3.0f : 1e3f), gt);
       std::vector<float> result[2][3];
       std::vector<uint16_t> weights[2];
       double squares[2];
@@ -104,8 +109,8 @@ TEST_CASE("cuda AdamW, sum of squares and fp32 sums equal the CPU's bit for bit"
       INFO("sum of squares: cpu " << squares[0] << ", cuda " << squares[1]);
       for (int k = 0; k < 3; ++k) {
         const Diff d = first_difference(result[0][k], result[1][k]);
-        INFO("state " << k << " (master, m, v): first difference at " << d.first << " of " << n << ", " << d.ulps
-                      << " ulps");
+        INFO("state " << k << " (master, m, v): first difference at " << d.first << " of " << n
+                      << ", " << d.ulps << " ulps");
         CHECK(d.first == n);
       }
       CHECK(weights[0] == weights[1]);
@@ -114,15 +119,18 @@ TEST_CASE("cuda AdamW, sum of squares and fp32 sums equal the CPU's bit for bit"
   }
 }
 
-TEST_CASE("cuda in-memory step: the optimizer on the device gives the host's bits", "[cuda][optimizer]") {
+TEST_CASE("cuda in-memory step: the optimizer on the device gives the host's bits",
+          "[cuda][optimizer]") {
   for (const char* tensors : {"fp32", "bf16"})
     for (int accum : {1, 2}) {
       INFO(tensors << " tensors, " << accum << " micro-batches");
       std::vector<float> out[2][4];  // losses, master, m, v
       for (int dev = 0; dev < 2; ++dev) {
         Config cfg = parse_config(
-            str("model: {n_layer: 2, n_head: 2, d_model: 64, d_ff: 160, vocab_size: 97, seq_len: 32}\n"
-                "optimizer: {lr: 1.0e-2, min_lr: 1.0e-3, grad_clip: 0.5, placement: ", dev ? "device" : "host",
+            str("model: {n_layer: 2, n_head: 2, d_model: 64, d_ff: 160, vocab_size: 97, seq_len: "
+                "32}\n"
+                "optimizer: {lr: 1.0e-2, min_lr: 1.0e-3, grad_clip: 0.5, placement: ",
+                dev ? "device" : "host",
                 "}\nschedule: {steps: 20, warmup_steps: 2, micro_batch: 3, grad_accum: ", accum,
                 "}\nruntime: {backend: cuda, seed: 5, device_tensors: ", tensors, "}\n"),
             "<test>");
@@ -134,7 +142,8 @@ TEST_CASE("cuda in-memory step: the optimizer on the device gives the host's bit
         for (int s = 0; s < 4; ++s) {
           std::vector<std::vector<int32_t>> mb;
           std::vector<const int32_t*> ptrs;
-          for (int k = 0; k < accum; ++k) mb.push_back(test::random_tokens(3 * 33, 97, 100 + s * accum + k));
+          for (int k = 0; k < accum; ++k)
+            mb.push_back(test::random_tokens(3 * 33, 97, 100 + s * accum + k));
           for (auto& x : mb) ptrs.push_back(x.data());
           out[dev][0].push_back(r.step(s, ptrs).loss);
         }
@@ -151,8 +160,8 @@ TEST_CASE("cuda in-memory step: the optimizer on the device gives the host's bit
       }
       for (int k = 0; k < 4; ++k) {
         const Diff d = first_difference(out[0][k], out[1][k]);
-        INFO("losses, master, m, v [" << k << "]: first difference at " << d.first << " of " << out[0][k].size()
-                                      << ", " << d.ulps << " ulps");
+        INFO("losses, master, m, v [" << k << "]: first difference at " << d.first << " of "
+                                      << out[0][k].size() << ", " << d.ulps << " ulps");
         CHECK(d.first == out[0][k].size());
       }
     }

@@ -16,7 +16,6 @@
 namespace fs = std::filesystem;
 using namespace fuyou;
 
-
 namespace {
 
 // One forward and backward of a fixture's batch from its initial weights on `runner`: the
@@ -26,7 +25,8 @@ struct FixturePass {
   std::vector<std::pair<std::string, double>> grad_errors;
 };
 
-FixturePass fixture_pass(const SafetensorsReader& f, const Config& cfg, Backend& backend, StepRunner& runner) {
+FixturePass fixture_pass(const SafetensorsReader& f, const Config& cfg, Backend& backend,
+                         StepRunner& runner) {
   GptModel& model = runner.model();
   const ParamLayout& layout = model.layout();
   test::load_fixture_params(f, runner, "param.");
@@ -49,7 +49,8 @@ FixturePass fixture_pass(const SafetensorsReader& f, const Config& cfg, Backend&
   backend.copy_to_host(grads.data(), model.grads(), sizeof(float) * grads.size());
   for (const TensorSpec& t : layout.tensors) {
     auto ref = f.read_f32("grad." + t.name, t.shape);
-    r.grad_errors.push_back({t.name, test::rel_error(grads.data() + t.offset, ref.data(), t.numel)});
+    r.grad_errors.push_back(
+        {t.name, test::rel_error(grads.data() + t.offset, ref.data(), t.numel)});
   }
   return r;
 }
@@ -109,7 +110,8 @@ TEST_CASE("PyTorch's bf16 recipe through the CUDA backend with bf16 tensors", "[
   // The check and bounds of the CPU backend's test (tests/test_bf16_tensors.cc): bf16
   // weights, activations and gradients on the device, fp32 master weights and AdamW.
   for (const char* name : {"tiny_a", "tiny_b"}) {
-    SafetensorsReader f(test::source_path(str("tests/reference/fixtures/bf16/", name, ".safetensors")));
+    SafetensorsReader f(
+        test::source_path(str("tests/reference/fixtures/bf16/", name, ".safetensors")));
     INFO("fixture " << name);
     test::check_bf16_recipe(f, "cuda", [] { return make_cuda_backend(0, 256ull << 20); });
   }

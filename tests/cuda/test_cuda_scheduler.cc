@@ -4,12 +4,14 @@
 // activation checkpoints on SSD, in fp32, with bf16 GEMM inputs and with bf16 device tensors,
 // plain and in exact (clipping) mode, and with three micro-batches per step summed in fp32 on
 // the host (the sums held on SSD in the SSD plan).
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <unistd.h>
 
+#include "../engine_run_support.h"
 #include "fuyou/backend_select.h"
 #include "fuyou/config.h"
 #include "fuyou/cuda.h"
@@ -19,22 +21,27 @@
 #include "fuyou/scheduler.h"
 #include "fuyou/storage.h"
 #include "fuyou/train.h"
-#include "../engine_run_support.h"
 
 namespace fs = std::filesystem;
 using namespace fuyou;
 
 namespace {
 
-Config tiny_config(double clip, const std::string& precision, const std::string& device_tensors, int head_chunk,
-                   int grad_accum) {
+Config tiny_config(double clip, const std::string& precision, const std::string& device_tensors,
+                   int head_chunk, int grad_accum) {
   return parse_config(
-      str("model: {n_layer: 4, n_head: 2, d_model: 64, d_ff: 256, vocab_size: 96, seq_len: 32, head_chunk_tokens: ",
-          head_chunk, "}\n"
-          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ", clip, "}\n"
-          "schedule: {steps: 5, warmup_steps: 2, micro_batch: 2, grad_accum: ", grad_accum, "}\n"
-          "runtime: {backend: cuda, precision: ", precision, ", device_tensors: ", device_tensors,
-          ", threads: 2, seed: 11}\n"),
+      str("model: {n_layer: 4, n_head: 2, d_model: 64, d_ff: 256, vocab_size: 96, seq_len: 32, "
+          "head_chunk_tokens: ",
+          head_chunk,
+          "}\n"
+          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ",
+          clip,
+          "}\n"
+          "schedule: {steps: 5, warmup_steps: 2, micro_batch: 2, grad_accum: ",
+          grad_accum,
+          "}\n"
+          "runtime: {backend: cuda, precision: ",
+          precision, ", device_tensors: ", device_tensors, ", threads: 2, seed: 11}\n"),
       "<test>");
 }
 
@@ -59,9 +66,11 @@ std::unique_ptr<Backend> cuda_backend(const Config& cfg, uint64_t device_budget)
 }
 
 // Step s's grad_accum micro-batches.
-std::vector<const int32_t*> step_batches(const Config& cfg, const std::vector<std::vector<int32_t>>& data, size_t s) {
+std::vector<const int32_t*> step_batches(const Config& cfg,
+                                         const std::vector<std::vector<int32_t>>& data, size_t s) {
   std::vector<const int32_t*> out;
-  for (int k = 0; k < cfg.schedule.grad_accum; ++k) out.push_back(data[s * cfg.schedule.grad_accum + k].data());
+  for (int k = 0; k < cfg.schedule.grad_accum; ++k)
+    out.push_back(data[s * cfg.schedule.grad_accum + k].data());
   return out;
 }
 
@@ -76,8 +85,8 @@ Run in_memory(const Config& cfg, const std::vector<std::vector<int32_t>>& data) 
   return out;
 }
 
-Run offloaded(const Config& cfg, const PlanRequest& req, const std::vector<std::vector<int32_t>>& data,
-              SsdStore* store) {
+Run offloaded(const Config& cfg, const PlanRequest& req,
+              const std::vector<std::vector<int32_t>>& data, SsdStore* store) {
   auto be = cuda_backend(cfg, req.device_budget ? req.device_budget : 256ull << 20);
   OffloadTrainer tr(cfg, *be, make_plan(req), store);
   ParamLayout layout = make_gpt_layout(cfg.model);
@@ -102,11 +111,12 @@ TEST_CASE("cuda: offloaded training is bitwise equal to in-memory training", "[c
     const char *precision, *device_tensors;
     int head_chunk, grad_accum;
   };
-  for (const Mode& m : {Mode{"fp32", "fp32", 0, 1}, Mode{"bf16", "fp32", 0, 1}, Mode{"bf16", "bf16", 0, 1},
-                        Mode{"bf16", "bf16", 20, 1}, Mode{"bf16", "bf16", 0, 3}}) {
+  for (const Mode& m :
+       {Mode{"fp32", "fp32", 0, 1}, Mode{"bf16", "fp32", 0, 1}, Mode{"bf16", "bf16", 0, 1},
+        Mode{"bf16", "bf16", 20, 1}, Mode{"bf16", "bf16", 0, 3}}) {
     for (double clip : {0.0, 0.5}) {
-      INFO("precision " << m.precision << ", device tensors " << m.device_tensors << ", head chunk " << m.head_chunk
-                        << ", grad_accum " << m.grad_accum << ", clip " << clip);
+      INFO("precision " << m.precision << ", device tensors " << m.device_tensors << ", head chunk "
+                        << m.head_chunk << ", grad_accum " << m.grad_accum << ", clip " << clip);
       Config cfg = tiny_config(clip, m.precision, m.device_tensors, m.head_chunk, m.grad_accum);
       auto data = test::random_batches(cfg, 5 * m.grad_accum, 77);
       Run ref = in_memory(cfg, data);

@@ -10,14 +10,13 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string src(reinterpret_cast<const char*>(data), size);
-  static const nlohmann::json vars = {
-      {"messages",
-       {{{"role", "system"}, {"content", "Be brief."}},
-        {{"role", "user"}, {"content", " What is 2 + 2? "}},
-        {{"role", "assistant"}, {"content", "4"}}}},
-      {"bos_token", "<s>"},
-      {"eos_token", "</s>"},
-      {"add_generation_prompt", true}};
+  static const nlohmann::json vars = {{"messages",
+                                       {{{"role", "system"}, {"content", "Be brief."}},
+                                        {{"role", "user"}, {"content", " What is 2 + 2? "}},
+                                        {{"role", "assistant"}, {"content", "4"}}}},
+                                      {"bos_token", "<s>"},
+                                      {"eos_token", "</s>"},
+                                      {"add_generation_prompt", true}};
   try {
     fuyou::jinja::Template t(src, "fuzz");
     std::string a, b;
