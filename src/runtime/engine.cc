@@ -23,8 +23,9 @@ void save_streaming(const std::string& path, const ParamLayout& layout,
   SafetensorsStreamWriter w(path, entries, metadata);
   for (size_t g = 0; g < layout.groups.size(); ++g) {
     read_group(static_cast<int>(g), buf);
-    for (const TensorSpec& t : layout.tensors) {
-      if (t.group != static_cast<int>(g)) continue;
+    const ParamGroup& pg = layout.groups[g];
+    for (size_t i = pg.first_tensor; i < pg.first_tensor + pg.num_tensors; ++i) {
+      const TensorSpec& t = layout.tensors[i];
       w.begin_tensor(t.name);
       w.append(buf + (t.offset - layout.groups[g].offset), 4 * t.numel);
     }

@@ -66,11 +66,12 @@ double mean_over_counted(const std::vector<float>& means, const std::vector<int6
 
 std::vector<OptimGroup> optimizer_groups(const ParamLayout& layout) {
   std::vector<OptimGroup> groups;
-  for (size_t g = 0; g < layout.groups.size(); ++g) {
-    OptimGroup og{layout.groups[g].name, layout.groups[g].numel, {}};
-    for (const TensorSpec& t : layout.tensors)
-      if (t.group == static_cast<int>(g))
-        og.tensors.push_back({t.offset - layout.groups[g].offset, t.numel, t.decay});
+  for (const ParamGroup& pg : layout.groups) {
+    OptimGroup og{pg.name, pg.numel, {}};
+    for (size_t i = pg.first_tensor; i < pg.first_tensor + pg.num_tensors; ++i) {
+      const TensorSpec& t = layout.tensors[i];
+      og.tensors.push_back({t.offset - pg.offset, t.numel, t.decay});
+    }
     groups.push_back(og);
   }
   return groups;
