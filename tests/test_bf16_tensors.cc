@@ -690,9 +690,7 @@ TEST_CASE("gradient accumulation with bf16 tensors: fp32 sums on the host, not K
             "optimizer: {lr: 1.0e-2, min_lr: 1.0e-3, grad_clip: 1.0}\n"
             "schedule: {steps: 2, warmup_steps: 0, micro_batch: 1, grad_accum: ",
             micro_batches, ", grad_accum_type: ", type,
-            "}\n"
-            "runtime: {backend: cpu, threads: 2, seed: 5, device_tensors: ",
-            tensors, "}\n"),
+            "}\nruntime: {backend: cpu, threads: 2, seed: 5, device_tensors: ", tensors, "}\n"),
         "<test>");
   };
   std::vector<std::vector<int32_t>> data(K, std::vector<int32_t>(17));

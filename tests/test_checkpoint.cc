@@ -54,11 +54,9 @@ Config base_config(const Scratch& s, const std::string& extra = "") {
       str("model: {n_layer: 3, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 256, seq_len: 16}\n"
           "data: {text: [",
           (s.root / "corpus.txt").string(),
-          "], val_fraction: 0.1}\n"
-          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4}\n"
+          "], val_fraction: 0.1}\noptimizer: {lr: 3.0e-3, min_lr: 3.0e-4}\n"
           "schedule: {steps: 8, warmup_steps: 2, micro_batch: 2, grad_accum: 2, eval_every: 4, "
-          "eval_batches: 2}\n"
-          "runtime: {backend: cpu, threads: 2, seed: 11}\n"
+          "eval_batches: 2}\nruntime: {backend: cpu, threads: 2, seed: 11}\n"
           "checkpoint: {every_steps: 3, keep: 10}\n"),
       "<test>", extra.empty() ? std::vector<std::string>{} : std::vector<std::string>{extra});
 }
@@ -455,8 +453,7 @@ TEST_CASE("record data with schedule.epochs resumes mid-epoch bit for bit, in me
           data.val_path, "]}\n",
           "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4}\n"
           "schedule: {epochs: 2, warmup_steps: 1, micro_batch: 2, grad_accum: 2, eval_every: 3, "
-          "eval_batches: 4}\n"
-          "runtime: {backend: cpu, threads: 2, seed: 5}\n"
+          "eval_batches: 4}\nruntime: {backend: cpu, threads: 2, seed: 5}\n"
           "checkpoint: {every_steps: 3, keep: 10}\n"),
       "<test>");
   TrainSummary full = train(cfg, s.run("mem"));

@@ -32,12 +32,8 @@ Run train(const std::string& backend, const char* tensors, int accum, const char
       str("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 61, seq_len: 16}\n"
           "optimizer: {lr: 1.0e-2, min_lr: 1.0e-3, grad_clip: 0.5, placement: ",
           placement,
-          "}\n"
-          "schedule: {steps: 20, warmup_steps: 2, micro_batch: 3, grad_accum: ",
-          accum,
-          "}\n"
-          "runtime: {backend: ",
-          backend, ", threads: 2, seed: 5, device_tensors: ", tensors,
+          "}\nschedule: {steps: 20, warmup_steps: 2, micro_batch: 3, grad_accum: ", accum,
+          "}\nruntime: {backend: ", backend, ", threads: 2, seed: 5, device_tensors: ", tensors,
           lowp ? ", precision: bf16" : "", "}\n"),
       "<test>");
   std::unique_ptr<Backend> be =

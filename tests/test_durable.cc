@@ -68,11 +68,9 @@ Config small_config(const Work& w, const std::vector<std::string>& sets = {}) {
       str("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 256, seq_len: 16}\n"
           "data: {text: [",
           w.path("corpus.txt"),
-          "], val_fraction: 0.1}\n"
-          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4}\n"
+          "], val_fraction: 0.1}\noptimizer: {lr: 3.0e-3, min_lr: 3.0e-4}\n"
           "schedule: {steps: 8, warmup_steps: 2, micro_batch: 2, eval_every: 4, eval_batches: 2, "
-          "log_every: 1}\n"
-          "runtime: {backend: cpu, threads: 2, seed: 5}\n"
+          "log_every: 1}\nruntime: {backend: cpu, threads: 2, seed: 5}\n"
           "checkpoint: {every_steps: 3, keep: 10}\n"),
       "<test>", sets);
 }

@@ -181,8 +181,7 @@ Config family_config(const std::string& model, double clip = 0.0, int layers = 3
                           ", vocab_size: 64, seq_len: 8}\n"
                           "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ",
                           clip,
-                          "}\n"
-                          "schedule: {steps: 4, warmup_steps: 1, micro_batch: 2}\n"
+                          "}\nschedule: {steps: 4, warmup_steps: 1, micro_batch: 2}\n"
                           "runtime: {backend: cpu, threads: 2, seed: 5}\n"),
                       "<test>");
 }

@@ -29,8 +29,7 @@ Config fp16_config(double initial_scale, double clip, const char* device_tensors
       str("model: {n_layer: 3, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
           "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ",
           clip, ", initial_loss_scale: ", initial_scale,
-          "}\n"
-          "schedule: {steps: 12, warmup_steps: 2, micro_batch: 4}\n"
+          "}\nschedule: {steps: 12, warmup_steps: 2, micro_batch: 4}\n"
           "runtime: {backend: cpu, threads: 2, seed: 5, precision: fp16, device_tensors: ",
           device_tensors, "}\n"),
       "<test>");

@@ -66,8 +66,7 @@ TEST_CASE("jinja: filters and methods", "[jinja]") {
   CHECK(render("{{ 'a b  c'.split() }} {{ 'a,b'.split(',') }} {{ 'hello world'.title() }}") ==
         "['a', 'b', 'c'] ['a', 'b'] Hello World");
   CHECK(render("{% for k, v in m.items() %}{{ k }}={{ v }};{% endfor %}{{ m.get('z', 0) }}{{ 'a' "
-               "in m.keys() }}"
-               "{{ 2 in m.values() }}",
+               "in m.keys() }}{{ 2 in m.values() }}",
                {{"m", {{"a", 1}, {"b", 2}}}}) == "a=1;b=2;0TrueTrue");
 }
 

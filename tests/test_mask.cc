@@ -204,9 +204,7 @@ Config sched_config(int accum) {
       str("model: {n_layer: 3, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 64, seq_len: 16}\n"
           "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: 0.5}\n"
           "schedule: {steps: 5, warmup_steps: 2, micro_batch: 2, grad_accum: ",
-          accum,
-          "}\n"
-          "runtime: {backend: cpu, threads: 2, seed: 11}\n"),
+          accum, "}\nruntime: {backend: cpu, threads: 2, seed: 11}\n"),
       "<test>");
 }
 
@@ -360,11 +358,8 @@ TEST_CASE("prompt/completion JSONL: tokenized, trained, and the loss covers comp
 
   Config cfg = parse_config(
       str("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 64, vocab_size: ", tok.vocab_size(),
-          ", seq_len: 32}\n"
-          "data: {train_shards: [",
-          d.train_path, "], val_shards: [", d.val_path,
-          "]}\n"
-          "optimizer: {lr: 1.0e-2, min_lr: 1.0e-3}\n"
+          ", seq_len: 32}\ndata: {train_shards: [", d.train_path, "], val_shards: [", d.val_path,
+          "]}\noptimizer: {lr: 1.0e-2, min_lr: 1.0e-3}\n"
           "schedule: {steps: 60, warmup_steps: 5, micro_batch: 8, grad_accum: 2, eval_every: 60, "
           "eval_batches: 4, log_every: 10}\n"
           "runtime: {backend: cpu, threads: 2, seed: 3}\n"),

@@ -39,12 +39,10 @@ Config config(const Scratch& s, const std::string& state, const std::string& mas
       str("model: {n_layer: 3, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 256, seq_len: 16}\n"
           "data: {text: [",
           (s.root / "corpus.txt").string(),
-          "], val_fraction: 0.1}\n"
-          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, state: ",
-          state, ", master: ", master,
-          "}\n"
-          "schedule: {steps: 6, warmup_steps: 2, micro_batch: 2, eval_every: 3, eval_batches: 2}\n"
-          "runtime: {backend: cpu, threads: 2, seed: 11, device_tensors: bf16}\n"
+          "], val_fraction: 0.1}\noptimizer: {lr: 3.0e-3, min_lr: 3.0e-4, state: ", state,
+          ", master: ", master,
+          "}\nschedule: {steps: 6, warmup_steps: 2, micro_batch: 2, eval_every: 3, eval_batches: "
+          "2}\nruntime: {backend: cpu, threads: 2, seed: 11, device_tensors: bf16}\n"
           "checkpoint: {every_steps: 3, keep: 10}\n"),
       "<test>");
 }

@@ -32,8 +32,7 @@ Config packed_config(const std::string& state, const std::string& master, double
       str("model: {n_layer: 4, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
           "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ",
           clip, ", state: ", state, ", master: ", master,
-          "}\n"
-          "schedule: {steps: 5, warmup_steps: 2, micro_batch: 2}\n"
+          "}\nschedule: {steps: 5, warmup_steps: 2, micro_batch: 2}\n"
           "runtime: {backend: cpu, threads: 2, seed: 11, device_tensors: bf16}\n"),
       "<test>");
 }

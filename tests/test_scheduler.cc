@@ -39,8 +39,7 @@ Config tiny_config(double clip, const char* device_tensors = "fp32") {
       str("model: {n_layer: 5, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
           "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ",
           clip,
-          "}\n"
-          "schedule: {steps: 6, warmup_steps: 2, micro_batch: 2}\n"
+          "}\nschedule: {steps: 6, warmup_steps: 2, micro_batch: 2}\n"
           "runtime: {backend: cpu, threads: 2, seed: 11, device_tensors: ",
           device_tensors, "}\n"),
       "<test>");
@@ -162,8 +161,7 @@ TEST_CASE(
               ", n_layer: 3, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, "
               "seq_len: 16, head_chunk_tokens: ",
               chunk,
-              "}\n"
-              "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: 0.5}\n"
+              "}\noptimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: 0.5}\n"
               "schedule: {steps: 4, warmup_steps: 1, micro_batch: 2, grad_accum: 2}\n"
               "runtime: {backend: cpu, threads: 2, seed: 11}\n"),
           "<test>");

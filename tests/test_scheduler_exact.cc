@@ -33,12 +33,9 @@ Config accum_config(double clip, int accum, const std::string& tensors = "fp32")
   return parse_config(
       str("model: {n_layer: 5, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
           "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ",
-          clip,
-          "}\n"
-          "schedule: {steps: 4, warmup_steps: 2, micro_batch: 2, grad_accum: ",
-          accum, in_tensors ? ", grad_accum_type: tensors" : "",
-          "}\n"
-          "runtime: {backend: cpu, threads: 2, seed: 5, device_tensors: ",
+          clip, "}\nschedule: {steps: 4, warmup_steps: 2, micro_batch: 2, grad_accum: ", accum,
+          in_tensors ? ", grad_accum_type: tensors" : "",
+          "}\nruntime: {backend: cpu, threads: 2, seed: 5, device_tensors: ",
           in_tensors ? "bf16" : tensors, fp16 ? ", precision: fp16" : "", "}\n"),
       "<test>");
 }

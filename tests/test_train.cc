@@ -27,8 +27,7 @@ Config small_config(const std::string& text_dir) {
       "model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 256, seq_len: 32}\n"
       "data: {text: [" +
           text_dir +
-          "], val_fraction: 0.1}\n"
-          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4}\n"
+          "], val_fraction: 0.1}\noptimizer: {lr: 3.0e-3, min_lr: 3.0e-4}\n"
           "schedule: {steps: 60, warmup_steps: 5, micro_batch: 8, grad_accum: 2, eval_every: 30, "
           "eval_batches: 4, log_every: 10}\n"
           "runtime: {backend: cpu, threads: 2, seed: 7}\n",

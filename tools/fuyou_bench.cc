@@ -429,8 +429,7 @@ int main(int argc, char** argv) {
       "--predict-on", ta.predict_on,
       "Hardware profile of this machine: add the simulator's figures for the run's plan (emulated: "
       "the emulated GPU's compute and PCIe with this profile's SSDs and optimizer, which the "
-      "automatic "
-      "activation placement then plans on too)");
+      "automatic activation placement then plans on too)");
 
   fuyou::AdamBenchOptions adam_opts;
   std::string adam_params = "100M", adam_grad = "bf16";

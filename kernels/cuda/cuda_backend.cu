@@ -156,8 +156,7 @@ bool CudaBackend::use_cudnn() {
     if (attention_ == AttentionImpl::kCudnn)
       throw Error(
           "runtime.attention is cudnn, but the device's tensors are fp32: cuDNN's fused attention "
-          "takes "
-          "16-bit tensors (runtime.device_tensors: bf16 or fp16)");
+          "takes 16-bit tensors (runtime.device_tensors: bf16 or fp16)");
     return false;
   }
   load_cudnn();  // the storage type may have turned 16-bit after set_attention_impl

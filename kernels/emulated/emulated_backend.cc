@@ -63,8 +63,8 @@ void EmulatedBackend::set_matmul_precision(MatmulPrecision p) {
   if (p == MatmulPrecision::kFp16)
     throw ConfigError(
         "runtime.precision fp16 on the emulated device: its loss scaling skips steps by the "
-        "gradients' values, "
-        "which the emulated device does not compute (they are NaN); use bf16 or fp32");
+        "gradients' values, which the emulated device does not compute (they are NaN); use bf16 or "
+        "fp32");
   precision_ = p;
 }
 

@@ -554,8 +554,7 @@ RuntimeConfig parse_runtime(const YAML::Node& node, const Origin& source,
   if (r.device_tensors == "bf16" && r.precision == "fp16")
     s.fail("precision",
            "fp16 GEMMs on bf16 tensors are not a mode: use precision bf16 (or auto) with bf16 "
-           "tensors, "
-           "or device_tensors fp16 with precision fp16");
+           "tensors, or device_tensors fp16 with precision fp16");
   if (r.attention != "auto" && r.attention != "kernels" && r.attention != "cudnn")
     s.fail("attention", str("'", r.attention, "' is not one of auto, kernels, cudnn"));
   if (r.attention == "cudnn" && r.device_tensors == "fp32")

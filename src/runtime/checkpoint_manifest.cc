@@ -195,8 +195,7 @@ ParsedManifest parse_manifest(const std::string& text, const std::string& path) 
   } else {
     spdlog::warn(
         "{}: version 1 (written by an older build): its manifest and config.yaml carry no "
-        "checksums "
-        "and are not verified (the tensors are)",
+        "checksums and are not verified (the tensors are)",
         path);
   }
   ParsedManifest p;

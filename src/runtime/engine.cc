@@ -41,8 +41,7 @@ class InMemoryEngine final : public TrainEngine {
     if (runner_.optimizer_on_device())
       return str(
           "in-memory training: parameters, gradients, activations, fp32 master weights and Adam "
-          "moments "
-          "on the device (",
+          "moments on the device (",
           format_size(be_.memory().used), "), AdamW on the device (optimizer.placement)");
     const OptimFormat& f = runner_.optim_format();
     return str("in-memory training: parameters, gradients and activations on the device (",
@@ -336,9 +335,8 @@ Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s,
     if (cfg.offload.activations == ActivationPolicy::kAuto)
       spdlog::info(
           "offload.activations auto without offload.hardware: activations placed by the memory "
-          "rule "
-          "(set offload.hardware to a profile, e.g. from fuyou-bench profile, for the cost-model "
-          "search)");
+          "rule (set offload.hardware to a profile, e.g. from fuyou-bench profile, for the "
+          "cost-model search)");
     if (!req.device_budget) req.device_budget = capacity;
     plan = make_plan(req);
   }

@@ -135,8 +135,7 @@ void check_resume_data(const DataIdentity& saved, const DataIdentity& now) {
   if (saved.val.tokens != now.val.tokens || saved.val.xxh3 != now.val.xxh3)
     spdlog::warn(
         "resume: the validation data differs from the checkpoint's ({} tokens now, {} then): "
-        "validation "
-        "losses after the resume are not comparable with those before it",
+        "validation losses after the resume are not comparable with those before it",
         now.val.tokens, saved.val.tokens);
 }
 

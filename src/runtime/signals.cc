@@ -69,8 +69,7 @@ StopSignals::StopSignals() {
   if (!open.empty())
     spdlog::warn(
         "{} thread(s) started before StopSignals do not block SIGINT and SIGTERM (first: {}); a "
-        "stop "
-        "signal may run on them",
+        "stop signal may run on them",
         open.size(), open.front());
 }
 

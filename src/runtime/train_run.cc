@@ -477,16 +477,14 @@ void TrainingRun::load_records() {
     if (s.too_long)
       spdlog::warn(
           "data: {} of {} {} records are longer than {} tokens (longest {}): {} by data.truncate: "
-          "{} ({} "
-          "tokens not trained on)",
+          "{} ({} tokens not trained on)",
           s.too_long, s.total, split, T + 1, s.longest,
           cfg_.data.truncate == "drop" ? "left out" : "cut to their first tokens",
           cfg_.data.truncate, s.cut_tokens);
     if (s.no_target)
       spdlog::warn(
           "data: {} {} records have no counted target (an empty completion, or cut before it) and "
-          "are "
-          "skipped",
+          "are skipped",
           s.no_target, split);
   };
   RecordSelection train =
@@ -1044,8 +1042,7 @@ TrainSummary TrainingRun::evaluate_only() {
   const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len;
   spdlog::info(
       "validation loss {:.4f} of {} ({} windows of {} tokens, schedule.eval_batches {} x "
-      "micro_batch {}) in "
-      "{:.1f} s",
+      "micro_batch {}) in {:.1f} s",
       sum_.final_val_loss,
       !opts_.resume.empty()           ? opts_.resume
       : cfg_.model.checkpoint.empty() ? std::string("a random initialisation")
@@ -1098,8 +1095,7 @@ TrainSummary TrainingRun::run() {
   if (sum_.start_step >= cfg_.schedule.steps)
     spdlog::warn(
         "resume: the checkpoint is at step {} and schedule.steps is {}: nothing to train; writing "
-        "the final "
-        "weights from it (train longer with --set schedule.steps=N)",
+        "the final weights from it (train longer with --set schedule.steps=N)",
         sum_.start_step, cfg_.schedule.steps);
   auto start = clock_type::now();
   last_checkpoint_time_ = start;
@@ -1146,8 +1142,7 @@ TrainSummary run_training(const Config& cfg, const TrainOptions& opts) {
   if (cfg.runtime.backend == "emulated")
     throw ConfigError(
         "runtime.backend is emulated: the emulated device does no arithmetic (its losses are NaN), "
-        "so "
-        "there is nothing to train; it times the engine with `fuyou-bench train`");
+        "so there is nothing to train; it times the engine with `fuyou-bench train`");
   TrainingRun run(cfg, opts);
   return opts.eval_only ? run.evaluate_only() : run.run();
 }

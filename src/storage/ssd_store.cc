@@ -229,10 +229,8 @@ ExtentId SsdStore::define_extent(const std::string& name, uint64_t bytes) {
   uint64_t padded = round_up(bytes, kIoAlign), new_end = s.end + padded;
   if (s.cfg.max_bytes && new_end > s.cfg.max_bytes)
     throw IoError(str("SSD store: extent '", name, "' (", format_size(padded),
-                      ") does not fit the SSD "
-                      "budget: ",
-                      format_size(s.end), " in use + ", format_size(padded), " > ",
-                      format_size(s.cfg.max_bytes)));
+                      ") does not fit the SSD budget: ", format_size(s.end), " in use + ",
+                      format_size(padded), " > ", format_size(s.cfg.max_bytes)));
   const std::string doing = str("cannot define extent '", name, "'");
   for (int d = 0; d < s.ndirs(); ++d) s.check_file(d, doing);
 
@@ -582,8 +580,8 @@ std::string SsdStore::Impl::mismatch(ExtentId id, uint64_t logical, const SumRes
       ") read back with XXH3 ", hex64(got), " but were written with XXH3 ", hex64(x.sum),
       more ? str(" (and ", more, " more blocks of this read)") : std::string(),
       ": the bytes changed after they were written (a failing disk, or another process writing "
-      "into "
-      "the backing file), or the read was submitted before the write of those bytes had finished");
+      "into the backing file), or the read was submitted before the write of those bytes had "
+      "finished");
 }
 
 }  // namespace fuyou

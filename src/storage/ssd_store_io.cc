@@ -87,11 +87,10 @@ void SsdStore::Impl::complete(int p, int32_t res) {
   if (got == 0 && j.op == IoOp::kRead) {
     FileIdentity now;
     uint64_t size = layer->fstat(files[pc.dir].fd, &now) == 0 ? now.size : 0;
-    return fail_piece(p, 0,
-                      str("read past the end of the file: it is ", size,
-                          " bytes, the store "
-                          "allocated ",
-                          files[pc.dir].size, " (truncated under the store?)"));
+    return fail_piece(
+        p, 0,
+        str("read past the end of the file: it is ", size, " bytes, the store allocated ",
+            files[pc.dir].size, " (truncated under the store?)"));
   }
   // A short transfer: keep what landed (whole 4 KiB blocks only, since O_DIRECT cannot
   // resume mid-block; redoing part of a block is harmless) and resubmit the rest.

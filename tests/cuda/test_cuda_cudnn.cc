@@ -212,8 +212,7 @@ TEST_CASE("cudnn fused attention: within 16-bit bounds of exact, deterministic, 
                          rel_error(g_d, ex.dqkv, C, 1), rel_error(g_d, ex.dqkv, C, 2)};
     std::printf(
         "cudnn attention %s B %d T %d C %d H %d%s: relative error / u16 (cuDNN | CPU kernels): out "
-        "%.2f | "
-        "%.2f, dq %.2f | %.2f, dk %.2f | %.2f, dv %.2f | %.2f\n",
+        "%.2f | %.2f, dq %.2f | %.2f, dk %.2f | %.2f, dv %.2f | %.2f\n",
         elem_type_name(t), B, T, C, H, how, e[0] / u, ce[0] / u, e[1] / u, ce[1] / u, e[2] / u,
         ce[2] / u, e[3] / u, ce[3] / u);
     const char* names[4] = {"out", "dq", "dk", "dv"};

@@ -128,8 +128,7 @@ TEST_CASE("cuda in-memory step: the optimizer on the device gives the host's bit
       for (int dev = 0; dev < 2; ++dev) {
         Config cfg = parse_config(
             str("model: {n_layer: 2, n_head: 2, d_model: 64, d_ff: 160, vocab_size: 97, seq_len: "
-                "32}\n"
-                "optimizer: {lr: 1.0e-2, min_lr: 1.0e-3, grad_clip: 0.5, placement: ",
+                "32}\noptimizer: {lr: 1.0e-2, min_lr: 1.0e-3, grad_clip: 0.5, placement: ",
                 dev ? "device" : "host",
                 "}\nschedule: {steps: 20, warmup_steps: 2, micro_batch: 3, grad_accum: ", accum,
                 "}\nruntime: {backend: cuda, seed: 5, device_tensors: ", tensors, "}\n"),

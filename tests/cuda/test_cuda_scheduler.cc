@@ -32,16 +32,10 @@ Config tiny_config(double clip, const std::string& precision, const std::string&
   return parse_config(
       str("model: {n_layer: 4, n_head: 2, d_model: 64, d_ff: 256, vocab_size: 96, seq_len: 32, "
           "head_chunk_tokens: ",
-          head_chunk,
-          "}\n"
-          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ",
-          clip,
-          "}\n"
-          "schedule: {steps: 5, warmup_steps: 2, micro_batch: 2, grad_accum: ",
-          grad_accum,
-          "}\n"
-          "runtime: {backend: cuda, precision: ",
-          precision, ", device_tensors: ", device_tensors, ", threads: 2, seed: 11}\n"),
+          head_chunk, "}\noptimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ", clip,
+          "}\nschedule: {steps: 5, warmup_steps: 2, micro_batch: 2, grad_accum: ", grad_accum,
+          "}\nruntime: {backend: cuda, precision: ", precision,
+          ", device_tensors: ", device_tensors, ", threads: 2, seed: 11}\n"),
       "<test>");
 }
 
