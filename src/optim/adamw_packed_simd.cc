@@ -21,9 +21,6 @@ namespace fuyou::optim_detail::avx512 {
 namespace {
 #include "src/optim/adamw_packed_block.inc"
 }  // namespace
-void packed_block_entry(const PackedAdamWArgs& a, const PackedConsts& c, size_t b0, float decay) {
-  packed_block(a, c, b0, decay);
-}
 }  // namespace fuyou::optim_detail::avx512
 #pragma GCC pop_options
 
@@ -33,20 +30,17 @@ namespace fuyou::optim_detail::avx2 {
 namespace {
 #include "src/optim/adamw_packed_block.inc"
 }  // namespace
-void packed_block_entry(const PackedAdamWArgs& a, const PackedConsts& c, size_t b0, float decay) {
-  packed_block(a, c, b0, decay);
-}
 }  // namespace fuyou::optim_detail::avx2
 #pragma GCC pop_options
 
 namespace fuyou::optim_detail {
 
 void packed_block_avx512(const PackedAdamWArgs& a, const PackedConsts& c, size_t b0, float decay) {
-  avx512::packed_block_entry(a, c, b0, decay);
+  avx512::packed_block(a, c, b0, decay);
 }
 
 void packed_block_avx2(const PackedAdamWArgs& a, const PackedConsts& c, size_t b0, float decay) {
-  avx2::packed_block_entry(a, c, b0, decay);
+  avx2::packed_block(a, c, b0, decay);
 }
 
 }  // namespace fuyou::optim_detail
