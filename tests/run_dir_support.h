@@ -3,8 +3,6 @@
 // resuming, and reading back what a run wrote (its metrics, tensors and checkpoints).
 #pragma once
 
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
@@ -19,6 +17,7 @@
 #include "fuyou/error.h"
 #include "fuyou/safetensors.h"
 #include "fuyou/train.h"
+#include "test_support.h"
 
 namespace fuyou::test {
 
@@ -28,12 +27,8 @@ struct RunScratch {
   std::filesystem::path root;
   int ssd_dirs;
   RunScratch(const std::string& prefix, const std::string& name, int ssd_dirs_ = 1)
-      : root(std::filesystem::path(FUYOU_BINARY_DIR) / "test-data" /
-             (prefix + "-" + name + "-" + std::to_string(::getpid()))),
-        ssd_dirs(ssd_dirs_) {
-    std::filesystem::remove_all(root);
+      : root(fresh_test_dir(prefix + "-" + name)), ssd_dirs(ssd_dirs_) {
     for (int i = 0; i < ssd_dirs; ++i) std::filesystem::create_directories(ssd(i));
-    std::filesystem::create_directories(root);
     std::ofstream f(root / "corpus.txt");
     const char* lines[] = {"the quick brown fox jumps over the lazy dog.\n",
                            "all that glitters is not gold.\n",

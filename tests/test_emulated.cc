@@ -25,6 +25,7 @@
 #include "fuyou/timing.h"
 #include "fuyou/train.h"
 #include "kernels/emulated/emulated_backend.h"
+#include "test_support.h"
 
 namespace fs = std::filesystem;
 using namespace fuyou;
@@ -60,13 +61,7 @@ emulated::EmulatedOptions slow_device(const Config& cfg, double scale = 1.0) {
   return o;
 }
 
-std::string store_dir(const std::string& tag) {
-  fs::path p = fs::path(FUYOU_BINARY_DIR) / "test-data" /
-               ("emulated-" + tag + "-" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
+std::string store_dir(const std::string& tag) { return test::fresh_test_dir("emulated-" + tag); }
 
 }  // namespace
 

@@ -10,20 +10,14 @@
 #include "fuyou/ooc_adamw.h"
 #include "fuyou/rng.h"
 #include "kernels/common/element_math.h"
+#include "test_support.h"
 
 namespace fs = std::filesystem;
 using namespace fuyou;
 
 namespace {
 
-std::string store_dir(const std::string& tag) {
-  // O_DIRECT needs a real filesystem; the build directory is on one.
-  fs::path p =
-      fs::path(FUYOU_BINARY_DIR) / "test-data" / ("ooc-" + tag + "-" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
+std::string store_dir(const std::string& tag) { return test::fresh_test_dir("ooc-" + tag); }
 
 std::vector<OptimGroup> make_groups() {
   // Odd sizes: chunk tails, tensors straddling chunk boundaries, decay and no-decay tensors.

@@ -37,13 +37,7 @@ Config packed_config(const std::string& state, const std::string& master, double
       "<test>");
 }
 
-std::string store_dir(const std::string& tag) {
-  fs::path p = fs::path(FUYOU_BINARY_DIR) / "test-data" /
-               ("optstate-" + tag + "-" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
+std::string store_dir(const std::string& tag) { return test::fresh_test_dir("optstate-" + tag); }
 
 using Run = test::EngineRun;
 using test::require_bitwise;

@@ -47,13 +47,7 @@ Config tiny_config(double clip, const char* device_tensors = "fp32") {
 
 ElemType tensors_of(const Config& cfg) { return plan_request(cfg).tensors; }
 
-std::string store_dir(const std::string& tag) {
-  fs::path p = fs::path(FUYOU_BINARY_DIR) / "test-data" /
-               ("sched-" + tag + "-" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
+std::string store_dir(const std::string& tag) { return test::fresh_test_dir("sched-" + tag); }
 
 // The backend an executor test runs on: the plain CPU backend, or the same kernels under the
 // CUDA backend's ordering rules with random delays of up to 300 us before every queued

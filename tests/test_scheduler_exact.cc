@@ -17,6 +17,7 @@
 #include "fuyou/rng.h"
 #include "fuyou/scheduler.h"
 #include "fuyou/train.h"
+#include "test_support.h"
 
 namespace fs = std::filesystem;
 using namespace fuyou;
@@ -40,13 +41,7 @@ Config accum_config(double clip, int accum, const std::string& tensors = "fp32")
       "<test>");
 }
 
-std::string store_dir(const std::string& tag) {
-  fs::path p = fs::path(FUYOU_BINARY_DIR) / "test-data" /
-               ("sched-x-" + tag + "-" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
+std::string store_dir(const std::string& tag) { return test::fresh_test_dir("sched-x-" + tag); }
 
 std::unique_ptr<SsdStore> open_store(const std::string& tag) {
   StoreConfig sc;

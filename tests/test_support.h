@@ -32,6 +32,16 @@ inline std::string source_path(const std::string& rel) {
   return std::string(env && *env ? env : FUYOU_SOURCE_DIR) + "/" + rel;
 }
 
+// An empty directory build/test-data/NAME-PID (emptied if it exists): under the build tree,
+// whose filesystem takes O_DIRECT, unlike some temp directories.
+inline std::string fresh_test_dir(const std::string& name) {
+  const std::filesystem::path p = std::filesystem::path(FUYOU_BINARY_DIR) / "test-data" /
+                                  (name + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p);
+  return p.string();
+}
+
 // A CPU backend's fp32 device tensor (its "device memory" is host memory).
 inline float* f32(void* p) { return static_cast<float*>(p); }
 inline const float* f32(const void* p) { return static_cast<const float*>(p); }
