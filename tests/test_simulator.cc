@@ -242,6 +242,20 @@ TEST_CASE("simulator: reads, writes and optimizer state share one disk", "[simul
     CHECK(op_duration(b.plan, b.plan.ops[u], hw) == 3.0);
     CHECK(simulate(b.plan, hw).end[u] == 3.0);
   }
+  SECTION("an update runs at its state format's measured rate where the profile has one") {
+    hw.ssd_read_Bps = hw.ssd_write_Bps = 1e15;  // the disks out of the way: CPU-bound
+    const int u = add_ssd_update(b, params);
+    CHECK(op_duration(b.plan, b.plan.ops[u], hw) == 2.0);  // fp32 state: params_per_s
+    hw.optimizer_format_params_per_s = {{"int8/split", 32e6}, {"fp32/fp32", 128e6}};
+    CHECK(op_duration(b.plan, b.plan.ops[u], hw) == 2.0);  // fp32 tensors and state: still
+    b.plan.tensors = ElemType::kBF16;                      // bf16 tensors: the fp32/fp32 rate
+    CHECK(op_duration(b.plan, b.plan.ops[u], hw) == 1.0);
+    b.plan.tensors = ElemType::kF32;
+    b.plan.optim_format = {MomentFormat::kInt8, MasterFormat::kSplit};
+    CHECK(op_duration(b.plan, b.plan.ops[u], hw) == 4.0);
+    b.plan.optim_format = {MomentFormat::kBF16, MasterFormat::kF32};  // not listed
+    CHECK(op_duration(b.plan, b.plan.ops[u], hw) == 2.0);
+  }
   SECTION("a CPU-bound update leaves the disk time it does not use to a read") {
     hw.ssd_read_Bps = hw.ssd_write_Bps = 3 * kSsdBps;  // the update's disk time: 1 s of its 2 s
     const int u = add_ssd_update(b, params);
@@ -547,6 +561,24 @@ TEST_CASE("hardware profile: parse, round trip and errors", "[simulator]") {
   CHECK(q.stripe_unit == p.stripe_unit);
   CHECK_THROWS_WITH(parse_hardware_profile(text + "extra: 1\n", "<t>"),
                     Contains("unknown key 'extra'"));
+  // AdamW rates by state format: parsed, looked up (an unlisted format runs at params_per_s),
+  // written back, and a name the config does not take refused with the names it does.
+  CHECK(p.optimizer_format_params_per_s.empty());
+  std::string formats = text;
+  formats.replace(formats.find("params_per_s: 2.0e9"), 19,
+                  "params_per_s: 2.0e9, formats: {int8/split: 1.5e9, bf16/fp32: 1.75e9}");
+  const HardwareProfile f = parse_hardware_profile(formats, "<t>");
+  CHECK(f.optimizer_rate("int8/split") == 1.5e9);
+  CHECK(f.optimizer_rate("bf16/fp32") == 1.75e9);
+  CHECK(f.optimizer_rate("fp32/fp32") == 2.0e9);
+  const HardwareProfile g =
+      parse_hardware_profile(hardware_profile_to_yaml(f, "# header\n"), "<round trip>");
+  CHECK(g.optimizer_format_params_per_s == f.optimizer_format_params_per_s);
+  std::string bad = formats;
+  bad.replace(bad.find("int8/split"), 10, "int4/split");
+  CHECK_THROWS_WITH(
+      parse_hardware_profile(bad, "<t>"),
+      Contains("unknown key 'optimizer.formats.int4/split'") && Contains("int8/split"));
   CHECK_THROWS_WITH(parse_hardware_profile("name: x\n", "<t>"), Contains("compute.peak_tflops"));
   // Hostile input: complex and repeated keys, counts out of int's range (the conversion
   // from double was undefined), all ConfigErrors naming the source.

@@ -200,6 +200,10 @@ std::string config_to_yaml(const Config& c);
 // Every key parse_config reads, as "section.key", in the order it reads them (a test holds
 // config_to_yaml and docs/config.md to this list).
 std::vector<std::string> config_keys();
+// The values optimizer.state and optimizer.master take ("fp32", "bf16", "int8"; "fp32",
+// "split"): the names moment_format_name and master_format_name give the formats.
+const std::vector<std::string>& optimizer_state_names();
+const std::vector<std::string>& optimizer_master_names();
 // The same for a run directory or a checkpoint: the model section is already resolved, so
 // model.checkpoint (the directory the run started from) is left out and the text loads
 // without that directory; the origin is kept as a comment.

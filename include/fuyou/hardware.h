@@ -43,6 +43,12 @@ struct HardwareProfile {
   // CPU optimizer: in-memory AdamW parameters per second (fp32 state), and host memory
   // bandwidth (the global gradient norm reads 4 bytes per parameter).
   double optimizer_params_per_s = 0;
+  // AdamW parameters per second by state format, keyed "moments/master" as
+  // optim_format_name writes it ("int8/split"), measured with bf16 gradients and working
+  // weights (the large-model recipe); a format not listed runs at optimizer_params_per_s.
+  std::vector<std::pair<std::string, double>> optimizer_format_params_per_s;
+  // The rate of format `key` (optimizer_format_params_per_s, else optimizer_params_per_s).
+  double optimizer_rate(const std::string& key) const;
   double host_mem_Bps = 0;
 
   // Compute and optimizer on the same cores (the CPU backend). When both run at once each

@@ -77,6 +77,8 @@ struct OptimFormat {
 };
 const char* moment_format_name(MomentFormat f);  // "fp32", "bf16", "int8"
 const char* master_format_name(MasterFormat f);  // "fp32", "split"
+// "moments/master", e.g. "int8/split": the key of a hardware profile's AdamW rate by format.
+std::string optim_format_name(const OptimFormat& f);
 // Bytes per element of the moments' values or codes, and of the master (split: the remainder;
 // the working weight is the engine's).
 size_t moment_elem_bytes(MomentFormat f);

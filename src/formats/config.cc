@@ -408,10 +408,13 @@ OptimizerConfig parse_optimizer(const YAML::Node& node, const Origin& source, bo
           o.initial_loss_scale, "must be in [1, 2^24]");
   if (o.placement != "auto" && o.placement != "host" && o.placement != "device")
     s.fail("placement", str("'", o.placement, "' is not one of auto, host, device"));
-  if (o.state != "fp32" && o.state != "bf16" && o.state != "int8")
-    s.fail("state", str("'", o.state, "' is not one of fp32, bf16, int8"));
-  if (o.master != "fp32" && o.master != "split")
-    s.fail("master", str("'", o.master, "' is not one of fp32, split"));
+  const auto one_of = [&](const char* key, const std::string& v,
+                          const std::vector<std::string>& names) {
+    if (std::find(names.begin(), names.end(), v) == names.end())
+      s.fail(key, str("'", v, "' is not one of ", join(names)));
+  };
+  one_of("state", o.state, optimizer_state_names());
+  one_of("master", o.master, optimizer_master_names());
   return o;
 }
 
@@ -632,6 +635,16 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
     // ConfigError naming the file rather than an uncaught exception.
     throw ConfigError(str(source, ": ", yaml_position(e.mark), ": ", e.msg));
   }
+}
+
+const std::vector<std::string>& optimizer_state_names() {
+  static const std::vector<std::string> names = {"fp32", "bf16", "int8"};
+  return names;
+}
+
+const std::vector<std::string>& optimizer_master_names() {
+  static const std::vector<std::string> names = {"fp32", "split"};
+  return names;
 }
 
 std::vector<std::string> config_keys() {

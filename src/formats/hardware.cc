@@ -53,6 +53,7 @@ HardwareProfile emulated_machine(const HardwareProfile& gpu, double scale,
   m.ssds = host.ssds;
   m.stripe_unit = host.stripe_unit;
   m.optimizer_params_per_s = host.optimizer_params_per_s;
+  m.optimizer_format_params_per_s = host.optimizer_format_params_per_s;
   m.host_mem_Bps = host.host_mem_Bps;
   m.host_memory = host.host_memory;
   // The emulated device computes nothing on the CPU: the optimizer has the cores alone.
@@ -87,6 +88,12 @@ double striped_rate(uint64_t bytes, int ssds, uint64_t unit, double per_drive) {
 double HardwareProfile::ssd_read_rate(uint64_t bytes) const {
   return striped_rate(bytes, ssds, stripe_unit, ssd_read_Bps);
 }
+double HardwareProfile::optimizer_rate(const std::string& key) const {
+  for (const auto& [k, rate] : optimizer_format_params_per_s)
+    if (k == key) return rate;
+  return optimizer_params_per_s;
+}
+
 double HardwareProfile::ssd_write_rate(uint64_t bytes) const {
   return striped_rate(bytes, ssds, stripe_unit, ssd_write_Bps);
 }
@@ -226,8 +233,19 @@ HardwareProfile parse_profile_tree(const YAML::Node& root, const std::string& so
         str(source, ": ssd.stripe_unit: ", p.stripe_unit, " must be a positive multiple of 4096"));
 
   Reader o(top.at("optimizer"), "optimizer", source,
-           {"params_per_s", "shared_cpu", "compute_share", "optimizer_share"});
+           {"params_per_s", "formats", "shared_cpu", "compute_share", "optimizer_share"});
   p.optimizer_params_per_s = o.positive("params_per_s", 1);
+  {
+    // optimizer.formats: {"moments/master": params per second}, each name one the config
+    // takes (optimizer.state / optimizer.master).
+    std::vector<std::string> all;
+    for (const auto& s : optimizer_state_names())
+      for (const auto& m : optimizer_master_names()) all.push_back(s + "/" + m);
+    Reader formats(o.at("formats"), "optimizer.formats", source, all);
+    for (const auto& key : all)
+      if (const double r = formats.positive(key, 1, false, 0); r > 0)
+        p.optimizer_format_params_per_s.push_back({key, r});
+  }
   p.shared_cpu = o.flag("shared_cpu", false);
   p.compute_share = o.positive("compute_share", 1, false, 0.5);
   p.optimizer_share = o.positive("optimizer_share", 1, false, 0.5);
@@ -307,8 +325,12 @@ std::string hardware_profile_to_yaml(const HardwareProfile& p, const std::string
   o << "ssd:\n  count: " << p.ssds << "\n  read_GBps: " << Num{p.ssd_read_Bps / 1e9}
     << "\n  write_GBps: " << Num{p.ssd_write_Bps / 1e9} << "\n  mixed: " << Num{p.ssd_mixed}
     << "\n  stripe_unit: " << p.stripe_unit << "\n";
-  o << "optimizer:\n  params_per_s: " << Num{p.optimizer_params_per_s}
-    << "\n  shared_cpu: " << (p.shared_cpu ? "true" : "false")
+  o << "optimizer:\n  params_per_s: " << Num{p.optimizer_params_per_s};
+  if (!p.optimizer_format_params_per_s.empty()) {
+    o << "\n  formats:  # state/master: params per second with bf16 gradients and weights";
+    for (const auto& [k, r] : p.optimizer_format_params_per_s) o << "\n    " << k << ": " << Num{r};
+  }
+  o << "\n  shared_cpu: " << (p.shared_cpu ? "true" : "false")
     << "\n  compute_share: " << Num{p.compute_share}
     << "\n  optimizer_share: " << Num{p.optimizer_share} << "\n";
   o << "memory:\n";

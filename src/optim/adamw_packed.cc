@@ -42,6 +42,10 @@ const char* master_format_name(MasterFormat f) {
   return "?";
 }
 
+std::string optim_format_name(const OptimFormat& f) {
+  return std::string(moment_format_name(f.moments)) + "/" + master_format_name(f.master);
+}
+
 size_t moment_elem_bytes(MomentFormat f) {
   switch (f) {
     case MomentFormat::kF32:

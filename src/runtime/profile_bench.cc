@@ -22,6 +22,7 @@
 #include "fuyou/ooc_adamw.h"
 #include "fuyou/sim_bench.h"
 #include "fuyou/timing.h"
+#include "kernels/common/element_math.h"
 #include "kernels/cpu/fma_peak.h"
 #include "kernels/cpu/gemm.h"
 #include "src/optim/mem_bandwidth.h"
@@ -138,30 +139,62 @@ void measure_host_side(const ProfileOptions& o, HardwareProfile& p, const Say& s
           p.ssd_mixed, " x one direction's throughput (1: they take turns, 2: full duplex)"));
 }
 
-// The optimizer as the engine calls it: fp32 gradients in, fp32 weights out, state in host
-// memory, one 16M-parameter group. `update()` runs one step.
+// The optimizer as the engine calls it: state in host memory, one 16M-parameter group in
+// `format`, and either fp32 gradients in and fp32 weights out (`wide`) or bf16 gradients in and
+// bf16 working weights out (16-bit device tensors; a split master needs them). `update()` runs
+// one step.
 struct OptimizerProbe {
   static constexpr size_t n = 16u << 20;
-  std::vector<OptimGroup> groups{{"g", n, {{0, n, true}}}};
-  OocAdamW opt{groups, {Tier::kHost}, nullptr, {}};
-  std::vector<float> init = std::vector<float>(n, 0.01f), grad = std::vector<float>(n, 1e-3f),
-                     lowp = std::vector<float>(n);
-  int64_t t = 1;
-  OptimizerProbe() { opt.init_group(0, init.data()); }
+  explicit OptimizerProbe(OptimFormat format = {}, bool wide = true)
+      : opt({{"g", n, {{0, n, true}}}}, {Tier::kHost}, nullptr, options(format)), wide(wide) {
+    std::vector<float> init(n, 0.01f);
+    opt.init_group(0, init.data());
+    if (wide) {
+      grad32.assign(n, 1e-3f);
+      lowp32.resize(n);
+    } else {
+      grad16.assign(n, math::float_to_bf16(1e-3f));
+      lowp16.assign(n, math::split_hi(0.01f));
+    }
+  }
+  static OocAdamWOptions options(OptimFormat format) {
+    OocAdamWOptions o;
+    o.format = format;
+    return o;
+  }
   void update() {
     OocAdamW::Update u;
-    u.grad = grad.data();
-    u.lowp = lowp.data();
+    u.grad = wide ? static_cast<const void*>(grad32.data()) : grad16.data();
+    u.grad_type = wide ? ElemType::kF32 : ElemType::kBF16;
+    u.lowp = wide ? static_cast<void*>(lowp32.data()) : lowp16.data();
+    u.lowp_type = wide ? ElemType::kF32 : ElemType::kBF16;
     u.lr = 1e-4f;
     u.t = t++;
     opt.wait(opt.submit(u));
   }
+  OocAdamW opt;
+  bool wide;
+  std::vector<float> grad32, lowp32;
+  std::vector<uint16_t> grad16, lowp16;
+  int64_t t = 1;
 };
 
+// optimizer_params_per_s from `probe` (fp32 state, fp32 gradients and weights), then each
+// state format's rate with bf16 gradients and working weights (optimizer.formats).
 void measure_optimizer(HardwareProfile& p, OptimizerProbe& probe, const Say& say) {
   probe.update();
   p.optimizer_params_per_s = rate_for(2.0, [&] { probe.update(); }) * OptimizerProbe::n;
   say(str("AdamW (host state, fp32 in/out): ", p.optimizer_params_per_s / 1e6, " M params/s"));
+  for (MomentFormat m : {MomentFormat::kF32, MomentFormat::kBF16, MomentFormat::kInt8})
+    for (MasterFormat w : {MasterFormat::kF32, MasterFormat::kSplit}) {
+      const OptimFormat f{m, w};
+      OptimizerProbe q(f, false);
+      q.update();
+      const double rate = rate_for(1.0, [&] { q.update(); }) * OptimizerProbe::n;
+      p.optimizer_format_params_per_s.push_back({optim_format_name(f), rate});
+      say(str("AdamW (host state ", optim_format_name(f), ", bf16 in/out): ", rate / 1e6,
+              " M params/s"));
+    }
 }
 
 }  // namespace
@@ -391,14 +424,18 @@ nlohmann::json run_cuda_gemm_bench(const Config& cfg, int reps) {
                                         {"fc", C, fc_out},
                                         {"fcproj", F, C},
                                         {"lm_head", C, V}};
-  auto be = make_cuda_backend(0, 0);
-  be->set_storage_type(ElemType::kBF16);
-  be->set_matmul_precision(MatmulPrecision::kBf16);
   size_t act = 0, wts = 0;
   for (const auto& g : gemms) {
     act = std::max(act, static_cast<size_t>(N) * std::max(g.in, g.out));
     wts = std::max(wts, static_cast<size_t>(g.in) * g.out);
   }
+  // The engine's arena holds only the six buffers below (and alignment): the plain cuBLASLt
+  // GEMMs allocate their own operands from what the device has left (an arena of the whole
+  // free memory left them none at GPT-3 175B's shapes).
+  const uint64_t arena = 2 * (4 * act + 2 * wts) + (64ull << 20);
+  auto be = make_cuda_backend(0, arena);
+  be->set_storage_type(ElemType::kBF16);
+  be->set_matmul_precision(MatmulPrecision::kBf16);
   struct Buffers {
     Backend& be;
     void *x, *y, *dx, *dy, *w, *dw;

@@ -16,6 +16,7 @@
 
 #include "fuyou/error.h"
 #include "fuyou/model.h"
+#include "fuyou/optim.h"
 #include "fuyou/sizes.h"
 #include "fuyou/storage.h"
 
@@ -106,7 +107,12 @@ Demand demand(const Plan& plan, const PlanOp& op, const HardwareProfile& hw, dou
         d.other += (u.access == Access::kAccumulate ? 2.0 : 1.0) * u.bytes / hw.host_mem_Bps;
       break;
     case Traffic::kState:
-      d.cpu = op.params / hw.optimizer_params_per_s;
+      // 16-bit tensors or packed state: at the rate measured for the plan's state format
+      // (with bf16 gradients and weights) where the profile has one; fp32 tensors and state
+      // at the fp32 rate.
+      d.cpu = op.params / (plan.tensors != ElemType::kF32 || plan.optim_format.packed()
+                               ? hw.optimizer_rate(optim_format_name(plan.optim_format))
+                               : hw.optimizer_params_per_s);
       break;
   }
   if (op.resource == Resource::kCompute)
