@@ -370,7 +370,7 @@ run_perf() {
   step offload-2.7b-24g 240 bench_train "$work/bench-2.7b-24g.json" --config "$root/configs/gpt3-2.7b.yaml" \
     "${cuda_sets[@]}" --set model.seq_len=1024 --set schedule.micro_batch=16 --set runtime.precision=bf16 \
     --set runtime.device_tensors=bf16 --set offload.device_memory=24GiB --set offload.activations=auto \
-    --set "offload.hardware=$prof" --predict-on "$prof" --steps 2 --warmup 1 --breakdown
+    --set "offload.hardware=$prof" --predict-on "$prof" --steps 3 --warmup 1 --breakdown
   # The same with the optimizer state packed (int8 moments, the master as bf16 + 16 low bits:
   # 10 bytes a parameter for the host AdamW to stream instead of 28), and GPT-3 6.7B, whose
   # packed state (about 42 GiB) fits this machine's host memory where its fp32 state does not.
@@ -378,11 +378,11 @@ run_perf() {
   step offload-2.7b-24g-int8 240 bench_train "$work/bench-2.7b-24g-int8.json" --config "$root/configs/gpt3-2.7b.yaml" \
     "${cuda_sets[@]}" --set model.seq_len=1024 --set schedule.micro_batch=16 --set runtime.precision=bf16 \
     --set runtime.device_tensors=bf16 --set offload.device_memory=24GiB --set offload.activations=auto \
-    "${packed[@]}" --set "offload.hardware=$prof" --predict-on "$prof" --steps 2 --warmup 1 --breakdown
+    "${packed[@]}" --set "offload.hardware=$prof" --predict-on "$prof" --steps 3 --warmup 1 --breakdown
   step offload-6.7b-24g-int8 300 bench_train "$work/bench-6.7b-24g-int8.json" --config "$root/configs/gpt3-6.7b.yaml" \
     "${cuda_sets[@]}" --set model.seq_len=1024 --set schedule.micro_batch=16 --set runtime.precision=bf16 \
     --set runtime.device_tensors=bf16 --set offload.device_memory=24GiB --set offload.activations=auto \
-    "${packed[@]}" --set "offload.hardware=$prof" --predict-on "$prof" --steps 2 --warmup 1 --breakdown
+    "${packed[@]}" --set "offload.hardware=$prof" --predict-on "$prof" --steps 3 --warmup 1 --breakdown
   # Two layers of GPT-3 175B's width at the published micro-batch (16 x 1024 tokens), bf16
   # tensors, chunked head, in memory: what this engine's kernels make of one 175B layer.
   step bench-175b-layers 200 bench_train "$work/bench-175b-layers.json" --config "$root/configs/gpt3-175b-seq1024.yaml" \
