@@ -361,11 +361,11 @@ run_perf() {
     "$bin/fuyou-bench" --config "$root/configs/gpt3-175b-seq1024.yaml" --set schedule.micro_batch=16 --reps 10
   step kernels-gpt2 180 kernel_profile "$out/kernels-gpt2.csv" "$work/bench-bf16-tensors.json" 2 \
     "${gpt2_16[@]}" --steps 1 --warmup 1
-  # The published setting scaled to this machine: GPT-3 2.7B (its state fits this machine's
-  # host memory; 6.7B's does not), 16-bit tensors, the device held to 24 GiB (an RTX 4090's
-  # memory), the placement the search chooses on the profile measured here (this call's, else
-  # the H200 profile measured before), and the simulator's prediction on it.
-  local prof="$root/configs/hardware/h200-vm-measured.yaml"
+  # The published setting scaled to this machine: GPT-3 2.7B (its fp32 state fits this
+  # machine's host memory), 16-bit tensors, the device held to 24 GiB (an RTX 4090's memory),
+  # the placement the search chooses on the profile measured here (this call's, else the H200
+  # profile measured before), and the simulator's prediction on it.
+  local prof="$root/configs/hardware/h200-vm-measured-bf16.yaml"
   [ -f "$out/this-gpu.yaml" ] && prof="$out/this-gpu.yaml"
   step offload-2.7b-24g 240 bench_train "$work/bench-2.7b-24g.json" --config "$root/configs/gpt3-2.7b.yaml" \
     "${cuda_sets[@]}" --set model.seq_len=1024 --set schedule.micro_batch=16 --set runtime.precision=bf16 \
@@ -373,7 +373,7 @@ run_perf() {
     --set "offload.hardware=$prof" --predict-on "$prof" --steps 3 --warmup 1 --breakdown
   # The same with the optimizer state packed (int8 moments, the master as bf16 + 16 low bits:
   # 10 bytes a parameter for the host AdamW to stream instead of 28), and GPT-3 6.7B, whose
-  # packed state (about 42 GiB) fits this machine's host memory where its fp32 state does not.
+  # packed state fits this machine's host memory with room to spare (47 GB peak at 6.7B).
   local packed=(--set optimizer.state=int8 --set optimizer.master=split)
   step offload-2.7b-24g-int8 240 bench_train "$work/bench-2.7b-24g-int8.json" --config "$root/configs/gpt3-2.7b.yaml" \
     "${cuda_sets[@]}" --set model.seq_len=1024 --set schedule.micro_batch=16 --set runtime.precision=bf16 \
