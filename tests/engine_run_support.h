@@ -64,7 +64,7 @@ inline EngineRun in_memory_run(const Config& cfg, const std::vector<std::vector<
                                ElemType storage) {
   auto be = make_cpu_backend(2, 0);
   be->set_storage_type(storage);
-  StepRunner r(cfg, *be);
+  InMemoryStep r(cfg, *be);
   r.init_params();
   EngineRun out;
   for (size_t s = 0; s < data.size(); ++s)
@@ -74,7 +74,7 @@ inline EngineRun in_memory_run(const Config& cfg, const std::vector<std::vector<
 }
 
 // Steps the executor `tr` over `data`, one micro-batch a step, from the parameters it holds.
-inline EngineRun run_steps(OffloadTrainer& tr, const std::vector<std::vector<int32_t>>& data) {
+inline EngineRun run_steps(PlanExecutor& tr, const std::vector<std::vector<int32_t>>& data) {
   EngineRun out;
   for (size_t s = 0; s < data.size(); ++s)
     out.losses.push_back(tr.step(static_cast<int64_t>(s), data[s].data()).loss);
@@ -84,7 +84,7 @@ inline EngineRun run_steps(OffloadTrainer& tr, const std::vector<std::vector<int
 }
 
 // The executor `tr` from the model's initial parameters over `data`.
-inline EngineRun offloaded_run(OffloadTrainer& tr, const std::vector<std::vector<int32_t>>& data) {
+inline EngineRun offloaded_run(PlanExecutor& tr, const std::vector<std::vector<int32_t>>& data) {
   const ParamLayout layout = make_gpt_layout(tr.plan().model);
   std::vector<float> init(layout.total);
   init_gpt_params(tr.plan().model, layout, init.data());

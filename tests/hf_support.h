@@ -33,7 +33,7 @@ inline double engine_logits_error(const std::string& ckpt, const std::string& lo
   REQUIRE(static_cast<size_t>(B) * T == tokens.size());
   auto logits = ref.read_f32("logits", {B, T, V});
   auto be = make_cpu_backend(2, 0);
-  GptModel model(c.model, *be, B);
+  Transformer model(c.model, *be, B);
   be->copy_to_device(model.params(), c.params.data(), c.params.size() * sizeof(float));
   model.forward(tokens.data(), nullptr);
   std::vector<float> got(static_cast<size_t>(B) * T * V);

@@ -44,7 +44,7 @@ inline std::vector<std::string> reference_fixtures() {
 }
 
 // Sets the runner's weights from the fixture tensors named prefix + engine name.
-inline void load_fixture_params(const SafetensorsReader& f, StepRunner& runner,
+inline void load_fixture_params(const SafetensorsReader& f, InMemoryStep& runner,
                                 const char* prefix) {
   const ParamLayout& layout = runner.model().layout();
   std::vector<float> params(layout.total, 0.0f);
@@ -59,7 +59,7 @@ inline void load_fixture_params(const SafetensorsReader& f, StepRunner& runner,
 // relative of PyTorch's, and the final weights within 1% of how far training moved them
 // (Adam divides by sqrt(v), so a gradient element near zero turns a 1e-5 difference into a
 // visible one; the distance moved is the scale that matters).
-inline void check_fixture_training(const SafetensorsReader& f, StepRunner& runner,
+inline void check_fixture_training(const SafetensorsReader& f, InMemoryStep& runner,
                                    const Config& cfg) {
   const ParamLayout& layout = runner.model().layout();
   load_fixture_params(f, runner, "param.");
@@ -112,8 +112,8 @@ void check_bf16_recipe(const SafetensorsReader& f, const std::string& backend_na
   auto be = make_backend();
   apply_precision(*be, cfg.runtime);
   REQUIRE(be->storage_type() == ElemType::kBF16);
-  StepRunner runner(cfg, *be);
-  GptModel& model = runner.model();
+  InMemoryStep runner(cfg, *be);
+  Transformer& model = runner.model();
   const ParamLayout& layout = model.layout();
   load_fixture_params(f, runner, "param.");
   const int B = cfg.schedule.micro_batch, T = cfg.model.seq_len, V = cfg.model.vocab_size;

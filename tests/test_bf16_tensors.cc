@@ -293,7 +293,7 @@ TEST_CASE("a model with 16-bit device tensors stays within their rounding of the
       auto be = make_cpu_backend(2, 0);
       const ElemType t = mode ? t16 : ElemType::kF32;
       be->set_storage_type(t);
-      GptModel m(mc, *be, B);
+      Transformer m(mc, *be, B);
       CHECK(m.elem_bytes() == elem_type_size(t));
       const size_t P = m.layout().total,
                    nl = static_cast<size_t>(m.tokens_per_batch()) * mc.vocab_size;
@@ -366,7 +366,7 @@ TEST_CASE("training with bf16 device tensors: fp32 master, bf16 weights written 
     auto be = make_cpu_backend(2, 0);
     apply_precision(*be, cfg.runtime);
     REQUIRE(be->storage_type() == (mode ? ElemType::kBF16 : ElemType::kF32));
-    StepRunner r(cfg, *be);
+    InMemoryStep r(cfg, *be);
     r.init_params();
     for (int s = 0; s < kSteps; ++s) {
       StepResult res = r.step(s, {data[2 * s].data(), data[2 * s + 1].data()});
@@ -412,7 +412,7 @@ TEST_CASE("the CPU backend's kernel scratch with bf16 tensors stays within what 
         "<test>");
     auto be = make_cpu_backend(2, 0);
     apply_precision(*be, cfg.runtime);
-    StepRunner r(cfg, *be);
+    InMemoryStep r(cfg, *be);
     r.init_params();
     cpu::release_stage_scratch();  // earlier tests' calls on this thread do not count
     std::vector<int32_t> batch(3 * 33);
@@ -573,7 +573,7 @@ TEST_CASE("runtime.device_tensors is validated, reaches the backend and the plan
   CHECK(t16.d2h * 2 == t32.d2h);
   // An executor refuses a plan whose tensors are not the backend's.
   auto b3 = make_cpu_backend(1, 0);
-  CHECK_THROWS_WITH(OffloadTrainer(cfg, *b3, make_plan(req), nullptr),
+  CHECK_THROWS_WITH(PlanExecutor(cfg, *b3, make_plan(req), nullptr),
                     Contains("bf16") && Contains("f32"));
 }
 
@@ -702,7 +702,7 @@ TEST_CASE("gradient accumulation with bf16 tensors: fp32 sums on the host, not K
     Config cfg = config(n, tensors, type);
     auto be = make_cpu_backend(2, 0);
     apply_precision(*be, cfg.runtime);
-    StepRunner r(cfg, *be);
+    InMemoryStep r(cfg, *be);
     r.init_params();
     std::vector<const int32_t*> mbs;
     for (int k = first; k < first + n; ++k) mbs.push_back(data[k].data());

@@ -26,7 +26,7 @@ TEST_CASE("a step's timing marks tile its timeline, op class by op class", "[bre
     std::unique_ptr<Backend> be =
         std::string(backend) == "cpu" ? make_cpu_backend(1, 0) : make_cpu_stream_backend(1, 0, {});
     apply_precision(*be, cfg.runtime);
-    StepRunner r(cfg, *be);
+    InMemoryStep r(cfg, *be);
     r.init_params();
     std::vector<int32_t> batch(2 * 17);
     for (size_t i = 0; i < batch.size(); ++i) batch[i] = static_cast<int32_t>((i * 7 + 1) % 61);

@@ -93,7 +93,7 @@ TEST_CASE("runtime.threads governs the executor's compute and optimizer threads"
   req.model = cfg.model;
   req.micro_batch = cfg.schedule.micro_batch;
   req.acts.assign(cfg.model.n_layer, ActPlacement::kHost);
-  OffloadTrainer tr(cfg, *be, make_plan(req), nullptr);
+  PlanExecutor tr(cfg, *be, make_plan(req), nullptr);
   ParamLayout layout = make_gpt_layout(cfg.model);
   std::vector<float> init(layout.total);
   init_gpt_params(cfg.model, layout, init.data());

@@ -71,7 +71,7 @@ std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
 std::vector<float> forward_logits(const ModelConfig& m, const std::vector<float>& params,
                                   const std::vector<int32_t>& tokens) {
   auto be = make_cpu_backend(2, 0);
-  GptModel model(m, *be, 1);
+  Transformer model(m, *be, 1);
   be->copy_to_device(model.params(), params.data(), params.size() * sizeof(float));
   model.forward(tokens.data(), nullptr);
   std::vector<float> out(static_cast<size_t>(m.seq_len) * m.vocab_size);

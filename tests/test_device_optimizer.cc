@@ -39,7 +39,7 @@ Run train(const std::string& backend, const char* tensors, int accum, const char
   std::unique_ptr<Backend> be =
       backend == "cpu" ? make_cpu_backend(2, 0) : make_cpu_stream_backend(2, 0, {0, 20, 7});
   apply_precision(*be, cfg.runtime);
-  StepRunner r(cfg, *be);
+  InMemoryStep r(cfg, *be);
   r.init_params();
   Run out;
   out.on_device = r.optimizer_on_device();
@@ -119,7 +119,7 @@ TEST_CASE("optimizer.placement: device is refused where the state does not fit",
   auto be = make_cpu_backend(1, model_bytes + 4096);
   apply_precision(*be, cfg.runtime);
   try {
-    StepRunner r(cfg, *be);
+    InMemoryStep r(cfg, *be);
     FAIL("a device optimizer that does not fit was accepted");
   } catch (const ConfigError& e) {
     const std::string what = e.what();

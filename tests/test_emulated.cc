@@ -71,7 +71,7 @@ TEST_CASE("emulated device: the model's kernels count its FLOPs and take the pro
   emulated::EmulatedBackend be(slow_device(cfg, 2.0));
   CHECK_THAT(be.name(), Contains("emulated slow-gpu") && Contains("NaN"));
   CHECK_FALSE(be.device_is_host_memory());
-  GptModel model(cfg.model, be, cfg.schedule.micro_batch);
+  Transformer model(cfg.model, be, cfg.schedule.micro_batch);
   const int N = cfg.schedule.micro_batch * cfg.model.seq_len;
   std::vector<int32_t> tokens(N, 1);
   be.finish_compute();

@@ -203,7 +203,7 @@ TEST_CASE("llama gradients match finite differences of the loss", "[families]") 
     Config cfg = family_config(fam, 0.0, 2);
     auto be = make_cpu_backend(2, 0);
     const int B = 2, T = cfg.model.seq_len;
-    GptModel model(cfg.model, *be, B);
+    Transformer model(cfg.model, *be, B);
     const ParamLayout& layout = model.layout();
     std::vector<float> p(layout.total);
     init_gpt_params(cfg.model, layout, p.data());
@@ -259,7 +259,7 @@ TEST_CASE("opt gradients equal PyTorch's for a converted checkpoint", "[hf][fami
   const int T = c.model.seq_len;
   REQUIRE(train.size() == static_cast<size_t>(T) + 1);
   auto be = make_cpu_backend(2, 0);
-  GptModel model(c.model, *be, 1);
+  Transformer model(c.model, *be, 1);
   be->copy_to_device(model.params(), c.params.data(), c.params.size() * sizeof(float));
   float loss = model.forward(train.data(), train.data() + 1);
   CHECK(loss == Approx(ref.read_f32("train_loss", {1})[0]).epsilon(1e-4));
@@ -301,7 +301,7 @@ TEST_CASE("offloaded training of every family is bitwise equal to in-memory trai
         data.push_back(b);
       }
       auto be = make_cpu_backend(2, 0);
-      StepRunner r(cfg, *be);
+      InMemoryStep r(cfg, *be);
       r.init_params();
       std::vector<float> ref_losses;
       for (size_t s = 0; s < data.size(); ++s)
@@ -313,7 +313,7 @@ TEST_CASE("offloaded training of every family is bitwise equal to in-memory trai
       req.exact = clip > 0;
       req.acts = {ActPlacement::kHost, ActPlacement::kRecompute, ActPlacement::kKeep};
       auto be2 = make_cpu_backend(2, 0);
-      OffloadTrainer tr(cfg, *be2, make_plan(req), nullptr);
+      PlanExecutor tr(cfg, *be2, make_plan(req), nullptr);
       ParamLayout layout = make_gpt_layout(cfg.model);
       std::vector<float> init(layout.total);
       init_gpt_params(cfg.model, layout, init.data());
@@ -353,7 +353,7 @@ TEST_CASE("FLOPs and sizes per family", "[families]") {
     auto be = make_cpu_backend(2, 0);
     be->set_storage_type(t);
     uint64_t before = be->memory().used;
-    GptModel model(m, *be, 2, ModelState::kWorkspace);
+    Transformer model(m, *be, 2, ModelState::kWorkspace);
     CHECK(be->memory().used - before == model_workspace_bytes(m, 2, elem_type_size(t)));
     before = be->memory().used;
     model.alloc_activations("test");

@@ -96,7 +96,7 @@ TEST_CASE("fp16 overflow skips the step, backs the loss scale off, and training 
   auto be = make_cpu_backend(2, 0);
   apply_precision(*be, cfg.runtime);
   REQUIRE(be->matmul_precision() == MatmulPrecision::kFp16);
-  StepRunner r(cfg, *be);
+  InMemoryStep r(cfg, *be);
   r.init_params();
   int skipped = 0, applied = 0;
   bool prev_skipped = false;
@@ -137,7 +137,7 @@ TEST_CASE("offloaded fp16 training skips and scales exactly as in memory", "[fp1
   {
     auto be = make_cpu_backend(2, 0);
     apply_precision(*be, cfg.runtime);
-    StepRunner r(cfg, *be);
+    InMemoryStep r(cfg, *be);
     r.init_params();
     for (int s = 0; s < 8; ++s) {
       auto res = r.step(s, {data[s].data()});
@@ -167,7 +167,7 @@ TEST_CASE("offloaded fp16 training skips and scales exactly as in memory", "[fp1
     req.optim_on_ssd = true;
     auto be = make_cpu_backend(2, 0);
     apply_precision(*be, cfg.runtime);
-    OffloadTrainer tr(cfg, *be, make_plan(req), store.get());
+    PlanExecutor tr(cfg, *be, make_plan(req), store.get());
     ParamLayout layout = make_gpt_layout(cfg.model);
     std::vector<float> init(layout.total);
     init_gpt_params(cfg.model, layout, init.data());
@@ -201,6 +201,6 @@ TEST_CASE("an offloaded fp16 plan without exact mode is refused", "[fp16][schedu
   req.exact = false;
   auto be = make_cpu_backend(2, 0);
   apply_precision(*be, cfg.runtime);
-  CHECK_THROWS_WITH(OffloadTrainer(cfg, *be, make_plan(req), nullptr),
+  CHECK_THROWS_WITH(PlanExecutor(cfg, *be, make_plan(req), nullptr),
                     Catch::Matchers::Contains("exact"));
 }

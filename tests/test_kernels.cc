@@ -163,7 +163,7 @@ TEST_CASE("a padded vocabulary's rows stay zero through training and out of chec
   REQUIRE(padded_vocab(cfg.model) == 64);
   auto be = make_cpu_backend(1, 0);
   apply_precision(*be, cfg.runtime);
-  StepRunner r(cfg, *be);
+  InMemoryStep r(cfg, *be);
   r.init_params();
   std::vector<int32_t> batch(2 * 9);
   for (size_t i = 0; i < batch.size(); ++i) batch[i] = static_cast<int32_t>((i * 13 + 5) % 61);

@@ -137,8 +137,8 @@ TEST_CASE("masked loss, gradients and a 10-step run match PyTorch's cross_entrop
           "runtime: {backend: cpu, threads: 2}\n"),
       f.path());
   auto be = make_cpu_backend(2, 0);
-  StepRunner runner(cfg, *be);
-  GptModel& model = runner.model();
+  InMemoryStep runner(cfg, *be);
+  Transformer& model = runner.model();
   const ParamLayout& layout = model.layout();
   std::vector<float> init(layout.total, 0.0f);
   for (const TensorSpec& t : layout.tensors) {
@@ -255,7 +255,7 @@ TEST_CASE("offloaded training with loss masks is bitwise equal to in-memory trai
     MaskedRun ref, ones, unmasked;
     {
       auto be = make_cpu_backend(2, 0);
-      StepRunner r(cfg, *be);
+      InMemoryStep r(cfg, *be);
       r.set_params(init.data());
       for (int s = 0; s < steps; ++s) {
         step_ptrs(s, &d, &m);
@@ -269,7 +269,7 @@ TEST_CASE("offloaded training with loss masks is bitwise equal to in-memory trai
     for (bool with_ones : {true, false}) {
       MaskedRun& out = with_ones ? ones : unmasked;
       auto be = make_cpu_backend(2, 0);
-      StepRunner r(cfg, *be);
+      InMemoryStep r(cfg, *be);
       r.set_params(init.data());
       for (int s = 0; s < steps; ++s) {
         step_ptrs(s, &d, &m);
@@ -299,7 +299,7 @@ TEST_CASE("offloaded training with loss masks is bitwise equal to in-memory trai
       std::unique_ptr<SsdStore> store;
       if (ssd) store = SsdStore::open({{temp_dir("store")}});
       auto be = make_cpu_backend(2, 0);
-      OffloadTrainer tr(cfg, *be, make_plan(req), store.get());
+      PlanExecutor tr(cfg, *be, make_plan(req), store.get());
       tr.set_params(init.data());
       MaskedRun off;
       for (int s = 0; s < steps; ++s) {
@@ -314,7 +314,7 @@ TEST_CASE("offloaded training with loss masks is bitwise equal to in-memory trai
       }
       CHECK(std::memcmp(off.params.data(), ref.params.data(), 4 * layout.total) == 0);
       // Validation on the same weights: the forward-only plan, bitwise the in-memory one.
-      StepRunner r(cfg, *be);
+      InMemoryStep r(cfg, *be);
       r.set_params(off.params.data());
       CHECK(tr.eval_loss(data[0].data(), masks[0].data()) ==
             r.eval_loss(data[0].data(), masks[0].data()));
@@ -379,7 +379,7 @@ TEST_CASE("prompt/completion JSONL: tokenized, trained, and the loss covers comp
   // The trained weights again: over the counted targets of the validation windows they give
   // the reported validation loss exactly; over every target (prompts too) far more.
   auto be = make_cpu_backend(2, 0);
-  StepRunner r(cfg, *be);
+  InMemoryStep r(cfg, *be);
   const ParamLayout& layout = r.model().layout();
   SafetensorsReader w(to.run_dir + "/model.safetensors");
   std::vector<float> params(layout.total, 0.0f);

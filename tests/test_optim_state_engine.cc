@@ -50,7 +50,7 @@ Run offloaded(const Config& cfg, const PlanRequest& req,
               const std::vector<std::vector<int32_t>>& data, SsdStore* store) {
   auto be = make_cpu_backend(2, req.device_budget);
   be->set_storage_type(req.tensors);
-  OffloadTrainer tr(cfg, *be, make_plan(req), store);
+  PlanExecutor tr(cfg, *be, make_plan(req), store);
   return test::offloaded_run(tr, data);
 }
 
@@ -118,7 +118,7 @@ TEST_CASE("packed optimizer state: the simulator charges the bytes the executor 
   req.acts.assign(cfg.model.n_layer, ActPlacement::kSsd);
   req.weights_on_ssd = req.optim_on_ssd = true;
   req = test::with_wout_slots(req, 2);
-  OffloadTrainer tr(cfg, *be, make_plan(req), store.get());
+  PlanExecutor tr(cfg, *be, make_plan(req), store.get());
   const Plan& plan = tr.plan();
   ParamLayout layout = make_gpt_layout(cfg.model);
   std::vector<float> init(layout.total);
@@ -204,15 +204,15 @@ TEST_CASE("packed optimizer state: refusals name the key", "[optim_state]") {
   Config cfg = packed_config("int8", "split", 0.0);
   cfg.runtime.device_tensors = "fp32";
   auto be = make_cpu_backend(2, 0);
-  REQUIRE_THROWS_WITH(StepRunner(cfg, *be),
+  REQUIRE_THROWS_WITH(InMemoryStep(cfg, *be),
                       Contains("optimizer.master is split") && Contains("device_tensors: bf16"));
   // The device's optimizer keeps fp32 state only.
   Config dev = packed_config("int8", "fp32", 0.0);
   dev.optimizer.placement = "device";
   auto be16 = make_cpu_backend(2, 0);
   be16->set_storage_type(ElemType::kBF16);
-  REQUIRE_THROWS_WITH(StepRunner(dev, *be16), Contains("optimizer.placement is device") &&
-                                                  Contains("optimizer.state int8"));
+  REQUIRE_THROWS_WITH(InMemoryStep(dev, *be16), Contains("optimizer.placement is device") &&
+                                                    Contains("optimizer.state int8"));
   // Unknown values.
   REQUIRE_THROWS_WITH(parse_config("optimizer: {state: fp8}\n", "<test>"),
                       Contains("state") && Contains("fp8"));

@@ -109,7 +109,7 @@ TEST_CASE("a model with bf16 GEMM inputs stays within bf16 rounding of the fp32 
   for (int mode = 0; mode < 2; ++mode) {
     auto be = make_cpu_backend(2, 0);
     be->set_matmul_precision(mode ? MatmulPrecision::kBf16 : MatmulPrecision::kFp32);
-    GptModel m(mc, *be, B);
+    Transformer m(mc, *be, B);
     std::vector<float> host(m.layout().total);
     init_gpt_params(mc, m.layout(), host.data());
     be->copy_to_device(m.params(), host.data(), 4 * host.size());

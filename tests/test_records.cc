@@ -147,7 +147,7 @@ struct LossAndGrad {
   std::vector<float> grad;
 };
 
-LossAndGrad grads_of(GptModel& m, Backend& be) {
+LossAndGrad grads_of(Transformer& m, Backend& be) {
   LossAndGrad r;
   r.grad.resize(m.layout().total);
   std::vector<char> raw(m.layout().total * m.elem_bytes());
@@ -173,9 +173,9 @@ TEST_CASE("packed records give each record's own loss and gradient: every family
 
       auto be = make_cpu_backend(2, 0);
       apply_precision(*be, cfg.runtime);
-      StepRunner packed_runner(cfg, *be);
+      InMemoryStep packed_runner(cfg, *be);
       packed_runner.set_params(init.data());
-      GptModel& pm = packed_runner.model();
+      Transformer& pm = packed_runner.model();
       pm.zero_grads();
       const float mean = pm.forward(p.inputs.data(), p.targets.data(), p.positions.data());
       pm.backward(scale);
@@ -188,9 +188,9 @@ TEST_CASE("packed records give each record's own loss and gradient: every family
       one.schedule.micro_batch = 1;
       auto be1 = make_cpu_backend(2, 0);
       apply_precision(*be1, one.runtime);
-      StepRunner alone_runner(one, *be1);
+      InMemoryStep alone_runner(one, *be1);
       alone_runner.set_params(init.data());
-      GptModel& am = alone_runner.model();
+      Transformer& am = alone_runner.model();
       am.zero_grads();
       double alone_sum = 0;
       for (const auto& rec : p.records) {
@@ -262,7 +262,7 @@ TEST_CASE("offloaded training on packed records equals in-memory training bit fo
     std::vector<float> ref_params(layout.total), off_params(layout.total);
     {
       auto be = make_cpu_backend(2, 0);
-      StepRunner r(cfg, *be);
+      InMemoryStep r(cfg, *be);
       r.set_params(init.data());
       for (int s = 0; s < steps; ++s) {
         ptrs(s, &d, &m, &q);
@@ -279,7 +279,7 @@ TEST_CASE("offloaded training on packed records equals in-memory training bit fo
     req.exact = true;
     req.acts = {ActPlacement::kHost, ActPlacement::kRecompute};
     auto be = make_cpu_backend(2, 0);
-    OffloadTrainer tr(cfg, *be, make_plan(req), nullptr);
+    PlanExecutor tr(cfg, *be, make_plan(req), nullptr);
     tr.set_params(init.data());
     for (int s = 0; s < steps; ++s) {
       ptrs(s, &d, &m, &q);

@@ -21,8 +21,8 @@ TEST_CASE("PyTorch fixtures: logits, loss, gradients and a 10-step AdamW run", "
     Config cfg = test::reference_fixture_config(f, "cpu");
     INFO("fixture " << path);
     auto backend = make_cpu_backend(cfg.runtime.threads, 0);
-    StepRunner runner(cfg, *backend);
-    GptModel& model = runner.model();
+    InMemoryStep runner(cfg, *backend);
+    Transformer& model = runner.model();
     const ParamLayout& layout = model.layout();
     test::load_fixture_params(f, runner, "param.");
     const int B = cfg.schedule.micro_batch, T = cfg.model.seq_len, V = cfg.model.vocab_size;

@@ -85,7 +85,7 @@ Run offloaded(const Config& cfg, const PlanRequest& req,
               const std::vector<std::vector<int32_t>>& data, SsdStore* store,
               Twin twin = Twin::kCpu) {
   auto be = twin_backend(twin, req.device_budget, req.tensors);
-  OffloadTrainer tr(cfg, *be, make_plan(req), store);
+  PlanExecutor tr(cfg, *be, make_plan(req), store);
   return test::offloaded_run(tr, data);
 }
 
@@ -93,8 +93,8 @@ Run offloaded(const Config& cfg, const PlanRequest& req,
 // when the config clips), its parameters the model's initial ones. With `retain_all` one
 // weights-out slot per layer; else two, so that the higher layers' weights are read back
 // from SSD.
-std::unique_ptr<OffloadTrainer> all_on_ssd(const Config& cfg, Backend& be, SsdStore* store,
-                                           bool retain_all = false) {
+std::unique_ptr<PlanExecutor> all_on_ssd(const Config& cfg, Backend& be, SsdStore* store,
+                                         bool retain_all = false) {
   PlanRequest req;
   req.model = cfg.model;
   req.micro_batch = cfg.schedule.micro_batch;
@@ -107,7 +107,7 @@ std::unique_ptr<OffloadTrainer> all_on_ssd(const Config& cfg, Backend& be, SsdSt
   req.acts = std::vector<ActPlacement>(cfg.model.n_layer, ActPlacement::kSsd);
   req.weights_on_ssd = req.optim_on_ssd = true;
   if (!retain_all) req = test::with_wout_slots(req, 2);
-  auto tr = std::make_unique<OffloadTrainer>(cfg, be, make_plan(req), store);
+  auto tr = std::make_unique<PlanExecutor>(cfg, be, make_plan(req), store);
   ParamLayout layout = make_gpt_layout(cfg.model);
   std::vector<float> init(layout.total);
   init_gpt_params(cfg.model, layout, init.data());
@@ -123,7 +123,7 @@ struct HoldUntil {
   std::mutex mu;
   std::condition_variable cv;
   bool started = false, held = false, saw = false;
-  void attach(OffloadTrainer& tr) {
+  void attach(PlanExecutor& tr) {
     tr.on_op = [this](int64_t step, const PlanOp& op) {
       std::unique_lock<std::mutex> lock(mu);
       if (awaited(step, op)) {
@@ -165,7 +165,7 @@ TEST_CASE(
     // grad_accum 2: two micro-batches a step, from consecutive batches.
     auto run = [&](const Config& cfg) {
       auto be = make_cpu_backend(2, 0);
-      StepRunner r(cfg, *be);
+      InMemoryStep r(cfg, *be);
       r.init_params();
       CHECK(r.model().tokens_per_batch() == 32);
       Run out;
@@ -186,7 +186,7 @@ TEST_CASE(
     auto one_pass = [&](const Config& cfg, ElemType t, std::vector<float>& grads) {
       auto be = make_cpu_backend(2, 0);
       be->set_storage_type(t);
-      GptModel m(cfg.model, *be, 2);
+      Transformer m(cfg.model, *be, 2);
       const size_t P = m.layout().total;
       std::vector<float> init(P);
       init_gpt_params(cfg.model, m.layout(), init.data());
@@ -233,7 +233,7 @@ TEST_CASE(
     sc.dirs = {store_dir("head-chunks")};
     auto store = SsdStore::open(sc);
     auto be = make_cpu_backend(2, 0);
-    OffloadTrainer tr(chunked, *be, make_plan(req), store.get());
+    PlanExecutor tr(chunked, *be, make_plan(req), store.get());
     ParamLayout layout = make_gpt_layout(chunked.model);
     std::vector<float> init(layout.total);
     init_gpt_params(chunked.model, layout, init.data());
@@ -249,7 +249,7 @@ TEST_CASE(
     for (const auto& d : sc.dirs) fs::remove_all(d);
 
     // The whole micro-batch's logits do not exist: asking for them is an error, not stale data.
-    GptModel m(chunked.model, *be, 2);
+    Transformer m(chunked.model, *be, 2);
     CHECK_THROWS_WITH(m.forward(data[0].data(), nullptr), Contains("head_chunk_tokens"));
     CHECK_THROWS_WITH(m.logits(), Contains("head_chunk_tokens"));
   }
@@ -382,7 +382,7 @@ TEST_CASE("no stale weights: each forward sees the weights of the previous updat
     std::vector<std::vector<float>> expected;  // weights before step s
     {
       auto be = make_cpu_backend(2, 0);
-      StepRunner r(cfg, *be);
+      InMemoryStep r(cfg, *be);
       r.init_params();
       for (int s = 0; s < steps; ++s) {
         expected.push_back(r.master());
@@ -395,7 +395,7 @@ TEST_CASE("no stale weights: each forward sees the weights of the previous updat
       auto store = SsdStore::open({{store_dir("stale")}});
       auto be = twin_backend(twin, 0);
       auto trainer = all_on_ssd(cfg, *be, store.get(), retain_all);
-      OffloadTrainer& tr = *trainer;
+      PlanExecutor& tr = *trainer;
       // With every layer retained no weights are read from SSD, and the top layer's update
       // (its state on SSD) is deferred into the next step's forward.
       CHECK(tr.plan().deferred_updates == (clip == 0 && retain_all ? 1 : 0));
@@ -432,7 +432,7 @@ TEST_CASE("steps overlap: the next step starts while the previous one's updates 
     auto store = SsdStore::open({{store_dir("overlap")}});
     auto be = twin_backend(twin, 0);
     auto trainer = all_on_ssd(cfg, *be, store.get());
-    OffloadTrainer& tr = *trainer;
+    PlanExecutor& tr = *trainer;
     const int held_group = clip > 0 ? L : 0;
     const OpKind next_kind = clip > 0 ? OpKind::kForward : OpKind::kReadWeights;
     HoldUntil h;
@@ -484,7 +484,7 @@ TEST_CASE("the top layers' updates are deferred beside the next forward, results
     // the hold would time out.
     auto store = SsdStore::open({{store_dir("defer")}});
     auto be = make_cpu_backend(2, 0);
-    OffloadTrainer tr(cfg, *be, p, store.get());
+    PlanExecutor tr(cfg, *be, p, store.get());
     ParamLayout layout = make_gpt_layout(cfg.model);
     std::vector<float> init(layout.total);
     init_gpt_params(cfg.model, layout, init.data());
@@ -559,7 +559,7 @@ TEST_CASE("the simulator charges every op the bytes the executor moves for it",
   auto be = make_cpu_backend(2, 0);
   be->set_storage_type(tensors_of(cfg));
   auto trainer = all_on_ssd(cfg, *be, store.get());
-  OffloadTrainer& tr = *trainer;
+  PlanExecutor& tr = *trainer;
   const Plan& plan = tr.plan();
   CHECK(plan.accum_fp32 == (K > 1));
   std::mutex mu;
@@ -638,7 +638,7 @@ TEST_CASE("busy times count an iteration that finishes within a later step's win
   auto store = SsdStore::open({{store_dir("busy")}});
   auto be = make_cpu_backend(2, 0);
   auto trainer = all_on_ssd(cfg, *be, store.get());
-  OffloadTrainer& tr = *trainer;
+  PlanExecutor& tr = *trainer;
   clock::time_point write_end{};
   tr.on_op = [&](int64_t step, const PlanOp& op) {
     if (step == 0 && op.kind == OpKind::kWriteWeights && op.layer == 0) {  // written last
@@ -671,7 +671,7 @@ TEST_CASE("SSD reads reorder: a read whose write is done passes one still waitin
   auto store = SsdStore::open({{store_dir("reorder")}});
   auto be = make_cpu_backend(2, 0);
   auto trainer = all_on_ssd(cfg, *be, store.get());
-  OffloadTrainer& tr = *trainer;
+  PlanExecutor& tr = *trainer;
   REQUIRE(tr.plan().layers[2].weights == Tier::kSsd);
   REQUIRE(tr.plan().layers[2].retained < 0);
   HoldUntil h;
@@ -707,7 +707,7 @@ TEST_CASE("embedding rows first: the next forward starts before the embedding's 
   const Twin twin = GENERATE(Twin::kCpu, Twin::kStreams);
   INFO("backend " << twin_name(twin));
   auto be = twin_backend(twin, 0);
-  OffloadTrainer tr(cfg, *be, make_plan(req), nullptr);
+  PlanExecutor tr(cfg, *be, make_plan(req), nullptr);
   REQUIRE(tr.plan().embed_rows_first);
   ParamLayout layout = make_gpt_layout(cfg.model);
   std::vector<float> init(layout.total);

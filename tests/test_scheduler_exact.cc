@@ -1,5 +1,5 @@
 // The offloading scheduler's validation pass, gradient accumulation and exact mode with
-// gradients held on SSD, each bitwise against in-memory training (StepRunner) on the CPU
+// gradients held on SSD, each bitwise against in-memory training (InMemoryStep) on the CPU
 // backend, with weights and optimizer state forced to SSD. Bitwise, not within a tolerance:
 // both paths run the same kernels in the same order on the same values, so any difference is
 // a scheduling bug (a stale buffer, a missed accumulation, a wrong slot). The validation and
@@ -77,7 +77,7 @@ using test::require_bitwise;
 Run in_memory(const Config& cfg, const std::vector<std::vector<std::vector<int32_t>>>& data) {
   auto be = make_cpu_backend(2, 0);
   be->set_storage_type(plan_request(cfg).tensors);
-  StepRunner r(cfg, *be);
+  InMemoryStep r(cfg, *be);
   r.init_params();
   Run out;
   for (size_t s = 0; s < data.size(); ++s) {
@@ -109,7 +109,7 @@ Run offloaded(const Config& cfg, const Plan& plan,
               const std::vector<std::vector<std::vector<int32_t>>>& data, SsdStore* store,
               bool streams = false) {
   auto be = executor_backend(streams, plan.tensors);
-  OffloadTrainer tr(cfg, *be, plan, store);
+  PlanExecutor tr(cfg, *be, plan, store);
   ParamLayout layout = make_gpt_layout(cfg.model);
   std::vector<float> init(layout.total);
   init_gpt_params(cfg.model, layout, init.data());
@@ -159,14 +159,14 @@ TEST_CASE("offloaded validation loss is bitwise the in-memory one", "[scheduler]
   for (size_t i = 0; i < mask.size(); i += 3) mask[i] = 0;
 
   auto be = make_cpu_backend(2, 0);
-  StepRunner ref(cfg, *be);
+  InMemoryStep ref(cfg, *be);
   ref.init_params();
 
   auto store = open_store("eval");
   const bool streams = GENERATE(false, true);
   INFO("backend " << (streams ? "cpu-streams" : "cpu"));
   auto be2 = executor_backend(streams, ElemType::kF32);
-  OffloadTrainer tr(cfg, *be2, make_plan(ssd_request(cfg)), store.get());
+  PlanExecutor tr(cfg, *be2, make_plan(ssd_request(cfg)), store.get());
   ParamLayout layout = make_gpt_layout(cfg.model);
   std::vector<float> init(layout.total);
   init_gpt_params(cfg.model, layout, init.data());

@@ -89,7 +89,7 @@ TEST_CASE("cpu-streams: in-memory training gives the CPU backend's bits", "[stre
                              (cfg.model.seq_len + 1));
   for (size_t i = 0; i < batch.size(); ++i)
     batch[i] = static_cast<int32_t>((i * 7 + 3) % cfg.model.vocab_size);
-  StepRunner a(cfg, *twin), b(cfg, *cpu);
+  InMemoryStep a(cfg, *twin), b(cfg, *cpu);
   a.init_params();
   b.init_params();
   for (int s = 0; s < 3; ++s) {

@@ -68,7 +68,7 @@ TEST_CASE("training is deterministic: same config, same losses and weights, bit 
   cfg.schedule.steps = 4;
   auto run = [&](std::vector<float>* losses) {
     auto be = make_cpu_backend(2, 0);
-    StepRunner r(cfg, *be);
+    InMemoryStep r(cfg, *be);
     r.init_params();
     std::vector<int32_t> batch(cfg.schedule.micro_batch * (cfg.model.seq_len + 1));
     for (size_t i = 0; i < batch.size(); ++i) batch[i] = static_cast<int32_t>((i * 31 + 7) % 256);
@@ -117,7 +117,7 @@ TEST_CASE("a short run learns, writes metrics and weights, and refuses to overwr
 TEST_CASE("a device budget too small for the model is refused with the numbers", "[train]") {
   Config cfg = small_config(make_text_dir());
   auto be = make_cpu_backend(2, 64 * 1024);
-  CHECK_THROWS_WITH(StepRunner(cfg, *be), Contains("offload.device_memory") && Contains("needs"));
+  CHECK_THROWS_WITH(InMemoryStep(cfg, *be), Contains("offload.device_memory") && Contains("needs"));
 }
 
 // offload.host_memory used to be ignored unless the run was offloaded.

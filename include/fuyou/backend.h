@@ -147,7 +147,7 @@ class Backend {
   // row b. Attention is causal within each record only (no token attends to another record's),
   // rotary phases restart with each record, and learned positions are looked up by pos (the
   // model gathers them; embedding_forward is unchanged). Null: one record per row, pos = t,
-  // the arithmetic of an unpacked batch bit for bit. GptModel::set_tokens checks the rule.
+  // the arithmetic of an unpacked batch bit for bit. Transformer::set_tokens checks the rule.
   //
   // Causal multi-head self-attention on packed qkv(B,T,3C) (q | k | v, heads contiguous
   // within each), each query attending the keys of its own record up to itself (see `pos`).

@@ -154,7 +154,7 @@ RecordSelection select_records(const std::vector<uint64_t>& starts, uint64_t tok
 // 0, its own segment, no target counts). For every micro-batch it yields the tokens
 // (B*(T+1)), which targets count (B*T: counted[b*T + t] is 1 when tokens t and t+1 of row b
 // are in one record and the record's mask counts token t+1) and each input's position within
-// its record (B*T; GptModel::set_tokens).
+// its record (B*T; Transformer::set_tokens).
 //
 // The records form a stream: with `shuffle`, epoch e visits every record once in an order
 // drawn from (seed, e); without, file order, every epoch alike. The stream ends at `limit`

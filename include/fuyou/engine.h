@@ -1,4 +1,4 @@
-// The training engine behind fuyou-train and fuyou-bench: in-memory training (StepRunner)
+// The training engine behind fuyou-train and fuyou-bench: in-memory training (InMemoryStep)
 // when the whole model fits the device budget and nothing asks for offloading, else the
 // offloading scheduler (plan + executor over the SSD store and the out-of-core optimizer).
 #pragma once
@@ -27,7 +27,7 @@ class TrainEngine {
   // `masks`: empty (every target counts) or one B*T loss mask per micro-batch (split_batch);
   // the loss and gradient are the mean over the step's counted targets. `positions`: empty
   // (one record per row) or one B*T array per micro-batch of packed records
-  // (GptModel::set_tokens).
+  // (Transformer::set_tokens).
   virtual StepResult step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
                           const std::vector<const uint8_t*>& masks = {},
                           const std::vector<const int32_t*>& positions = {}) = 0;

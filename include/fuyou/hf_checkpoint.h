@@ -127,7 +127,7 @@ ConvertResult convert_engine_to_hf(const std::string& checkpoint, const std::str
                                    const ConvertOptions& opts);
 
 // An engine checkpoint loaded into one flat fp32 array in make_gpt_layout() order (padding
-// zero), ready for Backend::copy_to_device into GptModel::params().
+// zero), ready for Backend::copy_to_device into Transformer::params().
 struct LoadedCheckpoint {
   ModelConfig model;
   std::vector<float> params;

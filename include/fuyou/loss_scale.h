@@ -7,7 +7,7 @@
 // skip it and halves the scale; after `growth_interval` clean steps in a row the scale
 // doubles again. The same rules as PyTorch's GradScaler and Megatron's DynamicGradScaler.
 //
-// Both engines call decide_step() once per step with the global sum of squares: StepRunner
+// Both engines call decide_step() once per step with the global sum of squares: InMemoryStep
 // after the backward, the offload scheduler in its exact mode's global-norm op (fp16 always
 // builds exact plans), so they skip and scale identically.
 #pragma once

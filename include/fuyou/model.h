@@ -171,21 +171,22 @@ void init_gpt_params(const ModelConfig& cfg, const ParamLayout& layout, float* p
 // larger than memory can be initialised group by group.
 void init_gpt_group(const ModelConfig& cfg, const ParamLayout& layout, int group, float* dst);
 
-// What a GptModel allocates on the device. kFull: parameters, gradients and every layer's
+// What a Transformer allocates on the device. kFull: parameters, gradients and every layer's
 // activations (in-memory training). kWorkspace: only the per-pass workspace (tokens, head,
 // backward scratch); the scheduler owns weights, gradients and activations and passes them
 // to the per-layer calls.
 enum class ModelState { kFull, kWorkspace };
 
-// The model on a backend for a fixed micro-batch, all device memory sized at construction
-// (nothing is allocated during a step).
-class GptModel {
+// The decoder-only transformer of every model family (gpt2, opt, llama: ModelConfig::family)
+// on a backend for a fixed micro-batch, all device memory sized at construction (nothing is
+// allocated during a step).
+class Transformer {
  public:
-  GptModel(const ModelConfig& cfg, Backend& backend, int micro_batch,
-           ModelState state = ModelState::kFull);
-  ~GptModel();
-  GptModel(const GptModel&) = delete;
-  GptModel& operator=(const GptModel&) = delete;
+  Transformer(const ModelConfig& cfg, Backend& backend, int micro_batch,
+              ModelState state = ModelState::kFull);
+  ~Transformer();
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }

@@ -470,7 +470,7 @@ long next_in_queue(Resource r, size_t size, At at, Done done, Ready ready, Confl
 std::vector<std::vector<int>> previous_iteration_deps(const Plan& plan);
 
 // The bytes an op moves, per channel: what the simulator charges it (op_traffic, simulator.h)
-// and what the executor moves for it (OffloadTrainer::on_op_done). The uses' bytes; store
+// and what the executor moves for it (PlanExecutor::on_op_done). The uses' bytes; store
 // requests in whole 4 KiB blocks; an out-of-core update's master, m and v read and written
 // back. Plan bytes are the bytes the run stores (fp32 today), whatever element size a
 // hardware profile names.

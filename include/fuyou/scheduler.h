@@ -27,13 +27,13 @@
 
 namespace fuyou {
 
-class OffloadTrainer {
+class PlanExecutor {
  public:
   // `store` may be null when the plan keeps nothing on SSD.
-  OffloadTrainer(const Config& cfg, Backend& backend, Plan plan, SsdStore* store);
-  ~OffloadTrainer();
-  OffloadTrainer(const OffloadTrainer&) = delete;
-  OffloadTrainer& operator=(const OffloadTrainer&) = delete;
+  PlanExecutor(const Config& cfg, Backend& backend, Plan plan, SsdStore* store);
+  ~PlanExecutor();
+  PlanExecutor(const PlanExecutor&) = delete;
+  PlanExecutor& operator=(const PlanExecutor&) = delete;
 
   const Plan& plan() const;
   // Sets every parameter (host array in make_gpt_layout order): weights to their tiers,
@@ -67,13 +67,13 @@ class OffloadTrainer {
   // One optimizer step on plan().grad_accum micro-batches (masks: empty, or one per
   // micro-batch): their gradients accumulate and the updates run after the last one's
   // backward; the loss is the mean over the step's counted targets (mean_over_counted).
-  // `positions`: empty, or one B*T array per micro-batch of packed records (StepRunner::step).
+  // `positions`: empty, or one B*T array per micro-batch of packed records (InMemoryStep::step).
   StepResult step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
                   const std::vector<const uint8_t*>& masks = {},
                   const std::vector<const int32_t*>& positions = {});
   // Validation: the mean loss over the counted targets of one B*(T+1) batch at the current
   // weights, by the plan's forward-only counterpart (make_forward_plan: weights streamed as
-  // in the forward, nothing saved, no backward, no update). Bitwise StepRunner::eval_loss.
+  // in the forward, nothing saved, no backward, no update). Bitwise InMemoryStep::eval_loss.
   float eval_loss(const int32_t* batch, const uint8_t* mask = nullptr,
                   const int32_t* positions = nullptr);
 

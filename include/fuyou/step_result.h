@@ -1,4 +1,4 @@
-// What one optimizer step reports, whichever engine ran it (StepRunner in memory, the
+// What one optimizer step reports, whichever engine ran it (InMemoryStep in memory, the
 // offloading executor).
 #pragma once
 

@@ -1,4 +1,4 @@
-// Training: one optimizer step over in-memory state (StepRunner), and the whole run that
+// Training: one optimizer step over in-memory state (InMemoryStep), and the whole run that
 // fuyou-train performs (run_training): data, loop, validation, metrics, final weights.
 #pragma once
 
@@ -63,14 +63,14 @@ void check_optim_format(const OptimizerConfig& o, ElemType tensors);
 // engine uses too: gradients copied down, AdamW, weights copied up) or on the device beside
 // the model (optimizer.placement; Backend: the optimizer on the device), with the same bits.
 // step() runs grad_accum micro-batches, reduces, clips and updates.
-class StepRunner {
+class InMemoryStep {
  public:
-  StepRunner(const Config& cfg, Backend& backend);
-  ~StepRunner();
-  StepRunner(const StepRunner&) = delete;
-  StepRunner& operator=(const StepRunner&) = delete;
+  InMemoryStep(const Config& cfg, Backend& backend);
+  ~InMemoryStep();
+  InMemoryStep(const InMemoryStep&) = delete;
+  InMemoryStep& operator=(const InMemoryStep&) = delete;
 
-  GptModel& model() { return model_; }
+  Transformer& model() { return model_; }
   // The fp32 master weights, layout() order. With 16-bit tensors the optimizer keeps them and
   // this copies them out when a step has changed them since the last call (exports,
   // checkpoints and tests read them; a step does not pay for a copy nobody reads).
@@ -95,7 +95,7 @@ class StepRunner {
   // `micro_batches` holds grad_accum pointers to B*(T+1) tokens each; `masks` is empty (every
   // target counts) or holds one B*T loss mask per micro-batch (see split_batch); `positions`
   // is empty (one record per row) or holds one B*T array per micro-batch of packed records
-  // (GptModel::set_tokens). The gradient is that of the mean over all counted targets of the
+  // (Transformer::set_tokens). The gradient is that of the mean over all counted targets of the
   // step.
   StepResult step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
                   const std::vector<const uint8_t*>& masks = {},
@@ -111,7 +111,7 @@ class StepRunner {
  private:
   Config cfg_;
   Backend& be_;
-  GptModel model_;
+  Transformer model_;
   std::unique_ptr<OocAdamW> opt_;  // the host optimizer (null on the device)
   // Writes the device's parameters from master_: as they are (fp32 tensors) or through
   // lowp_, the master rounded to 16 bits by the update (16-bit tensors).

@@ -2,7 +2,7 @@
 // copy direction, cuBLAS GEMMs and the custom kernels of kernels/cuda/*.cu, whose
 // per-element arithmetic is kernels/common/element_math.h (the CPU backend's).
 //
-// Ordering contract with callers (the model, StepRunner, the offload scheduler's threads):
+// Ordering contract with callers (the model, InMemoryStep, the offload scheduler's threads):
 // every Backend call behaves as if it completed when it returns. Kernels are queued on the
 // compute stream, so kernel-after-kernel order is stream order. A copy waits (through an
 // event recorded on the compute stream) for every kernel queued before it and returns only

@@ -370,14 +370,15 @@ size_t cpu_kernel_scratch_bytes(const ModelConfig& cfg, int B) {
 }
 
 template <typename P>
-P* GptModel::alloc_entry(P*, size_t n, const std::string& what) {
+P* Transformer::alloc_entry(P*, size_t n, const std::string& what) {
   if constexpr (std::is_same_v<P, float>)
     return alloc_floats(n, what);
   else
     return alloc_tensor(n, what);
 }
 
-GptModel::GptModel(const ModelConfig& cfg, Backend& backend, int micro_batch, ModelState state)
+Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int micro_batch,
+                         ModelState state)
     : cfg_(cfg),
       be_(backend),
       B_(micro_batch),
@@ -425,13 +426,14 @@ GptModel::GptModel(const ModelConfig& cfg, Backend& backend, int micro_batch, Mo
   host_losses_.resize(N);
 }
 
-LayerActivations GptModel::alloc_activations(const std::string& what) {
+LayerActivations Transformer::alloc_activations(const std::string& what) {
   LayerActivations a;
   for_each_activation(cfg_, B_, a, [&](auto*& p, size_t n) { p = alloc_entry(p, n, what); });
   return a;
 }
 
-void GptModel::set_tokens(const int32_t* inputs, const int32_t* targets, const int32_t* positions) {
+void Transformer::set_tokens(const int32_t* inputs, const int32_t* targets,
+                             const int32_t* positions) {
   const size_t N = N_;
   const int T = cfg_.seq_len;
   // Positions restart at 0 with each record and count up by one within it, so every record is
@@ -462,28 +464,28 @@ void GptModel::set_tokens(const int32_t* inputs, const int32_t* targets, const i
   pos_ = positions ? positions_ : nullptr;
 }
 
-GptModel::~GptModel() {
+Transformer::~Transformer() {
   for (void* p : owned_) be_.free(p);
 }
 
-void* GptModel::alloc_tensor(size_t n, const std::string& what) {
+void* Transformer::alloc_tensor(size_t n, const std::string& what) {
   void* p = be_.alloc(n * es_, what);
   owned_.push_back(p);
   return p;
 }
 
-float* GptModel::alloc_floats(size_t n, const std::string& what) {
+float* Transformer::alloc_floats(size_t n, const std::string& what) {
   void* p = be_.alloc(n * sizeof(float), what);
   owned_.push_back(p);
   return static_cast<float*>(p);
 }
 
-void GptModel::zero_grads() {
+void Transformer::zero_grads() {
   mark(StepPhase::kOther, OpClass::kZeroGrads);
   be_.zero(grads_, layout_.total * es_);
 }
 
-void GptModel::embed_forward(const void* wte, const void* wpe, void* x) {
+void Transformer::embed_forward(const void* wte, const void* wpe, void* x) {
   if (wpe && family_ == Family::kOpt)
     wpe = static_cast<const char*>(wpe) +
           static_cast<size_t>(kOptPositionOffset) * cfg_.d_model * es_;
@@ -500,23 +502,24 @@ void GptModel::embed_forward(const void* wte, const void* wpe, void* x) {
 }
 
 // Normalisation before attention, the MLP and the head: LayerNorm (gpt2, opt) or RMSNorm.
-void GptModel::norm_forward(void* out, float* mean, float* rstd, const void* in, const void* w,
-                            const void* b) {
+void Transformer::norm_forward(void* out, float* mean, float* rstd, const void* in, const void* w,
+                               const void* b) {
   if (family_ == Family::kLlama)
     be_.rmsnorm_forward(out, rstd, in, w, cfg_.norm_eps, N_, cfg_.d_model);
   else
     be_.layernorm_forward(out, mean, rstd, in, w, b, N_, cfg_.d_model);
 }
 
-void GptModel::norm_backward(void* din, void* dw, void* db, const void* dout, const void* in,
-                             const void* w, const float* mean, const float* rstd) {
+void Transformer::norm_backward(void* din, void* dw, void* db, const void* dout, const void* in,
+                                const void* w, const float* mean, const float* rstd) {
   if (family_ == Family::kLlama)
     be_.rmsnorm_backward(din, dw, dout, in, w, rstd, N_, cfg_.d_model);
   else
     be_.layernorm_backward(din, dw, db, dout, in, w, mean, rstd, N_, cfg_.d_model);
 }
 
-void GptModel::block_forward(const LayerTensors& w, const void* x_in, const LayerActivations& a) {
+void Transformer::block_forward(const LayerTensors& w, const void* x_in,
+                                const LayerActivations& a) {
   const int N = N_, C = cfg_.d_model, F = cfg_.d_ff, T = cfg_.seq_len;
   const int H = cfg_.n_head, Hkv = cfg_.kv_heads(), D = cfg_.head_size();
   mark(StepPhase::kForward, OpClass::kNorm);
@@ -569,14 +572,14 @@ void GptModel::block_forward(const LayerTensors& w, const void* x_in, const Laye
   be_.add(a.out, a.out, a.res2, static_cast<size_t>(N) * C);
 }
 
-const void* GptModel::logits() const {
+const void* Transformer::logits() const {
   FY_CHECK(head_rows_ == N_, "the logits are computed ", head_rows_,
            " tokens at a time (model.head_chunk_tokens); ",
            "a whole micro-batch's logits need model.head_chunk_tokens: 0");
   return logits_;
 }
 
-void GptModel::copy_logits(void* dst) const {
+void Transformer::copy_logits(void* dst) const {
   const size_t V = cfg_.vocab_size, Vp = padded_vocab(cfg_);
   const char* src = static_cast<const char*>(logits());
   if (V == Vp) return be_.copy_to_host(dst, src, es_ * V * N_);
@@ -586,7 +589,7 @@ void GptModel::copy_logits(void* dst) const {
 
 // The LM head runs over the tokens in chunks of head_rows_ (all N when not chunked); row r0
 // of a chunk is row r0 of lnf, losses, lse, targets and the head's input gradient.
-float GptModel::head_forward(const GlobalTensors& g, const void* x, bool with_loss) {
+float Transformer::head_forward(const GlobalTensors& g, const void* x, bool with_loss) {
   // The head's GEMMs run over the padded vocabulary Vp (aligned rows and tiles for the GPU's
   // GEMMs); its padding rows are zero, so their logits are 0 and the loss skips them.
   const int N = N_, C = cfg_.d_model, V = cfg_.vocab_size, Vp = padded_vocab(cfg_);
@@ -618,8 +621,8 @@ float GptModel::head_forward(const GlobalTensors& g, const void* x, bool with_lo
   return counted_ ? static_cast<float>(s / static_cast<double>(counted_)) : 0.0f;
 }
 
-void GptModel::head_backward(const GlobalTensors& g, const GlobalTensors& dg, const void* x,
-                             float loss_scale, void* dx) {
+void Transformer::head_backward(const GlobalTensors& g, const GlobalTensors& dg, const void* x,
+                                float loss_scale, void* dx) {
   const int N = N_, C = cfg_.d_model, V = cfg_.vocab_size, Vp = padded_vocab(cfg_);
   for (int r0 = 0; r0 < N; r0 += head_rows_) {
     const int rows = std::min(head_rows_, N - r0);
@@ -640,8 +643,8 @@ void GptModel::head_backward(const GlobalTensors& g, const GlobalTensors& dg, co
   norm_backward(dx, dg.lnf_w, dg.lnf_b, dtmp_, x, g.lnf_w, lnf_mean_, lnf_rstd_);
 }
 
-void GptModel::block_backward(const LayerTensors& w, const LayerTensors& dw, const void* x_in,
-                              const LayerActivations& a, void* dres) {
+void Transformer::block_backward(const LayerTensors& w, const LayerTensors& dw, const void* x_in,
+                                 const LayerActivations& a, void* dres) {
   const int N = N_, C = cfg_.d_model, F = cfg_.d_ff, T = cfg_.seq_len;
   const int H = cfg_.n_head, Hkv = cfg_.kv_heads(), D = cfg_.head_size();
   // MLP: dres holds dL/d(block output), which is also dL/d(fc projection output). The
@@ -693,7 +696,7 @@ void GptModel::block_backward(const LayerTensors& w, const LayerTensors& dw, con
   norm_backward(dres, dw.ln1_w, dw.ln1_b, dtmp_, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd);
 }
 
-void GptModel::embed_backward(const GlobalTensors& dg, const void* dx) {
+void Transformer::embed_backward(const GlobalTensors& dg, const void* dx) {
   void* dwpe = dg.wpe;
   if (dwpe && family_ == Family::kOpt)
     dwpe = static_cast<char*>(dwpe) + static_cast<size_t>(kOptPositionOffset) * cfg_.d_model * es_;
@@ -707,7 +710,8 @@ void GptModel::embed_backward(const GlobalTensors& dg, const void* dx) {
   be_.embedding_backward(dwpe, nullptr, dx, pos_, B_, cfg_.seq_len, cfg_.d_model);
 }
 
-float GptModel::forward(const int32_t* inputs, const int32_t* targets, const int32_t* positions) {
+float Transformer::forward(const int32_t* inputs, const int32_t* targets,
+                           const int32_t* positions) {
   FY_CHECK(params_, "forward() needs a model built with ModelState::kFull");
   if (!targets && head_rows_ < N_)  // before the whole forward, not after it
     throw Error(str("a forward without targets returns the logits of all ", N_,
@@ -724,7 +728,7 @@ float GptModel::forward(const int32_t* inputs, const int32_t* targets, const int
   return head_forward(g, x, targets != nullptr);
 }
 
-void GptModel::backward(float loss_scale) {
+void Transformer::backward(float loss_scale) {
   GlobalTensors g = global_tensors(layout_, params_, es_);
   GlobalTensors dg = global_tensors(layout_, grads_, es_);
   const void* x_last = cfg_.n_layer ? acts_.back().out : x0_;

@@ -105,7 +105,7 @@ class InMemoryEngine final : public TrainEngine {
 
  private:
   Config cfg_;
-  StepRunner runner_;
+  InMemoryStep runner_;
   Backend& be_;
 };
 
@@ -141,7 +141,7 @@ class OffloadEngine final : public TrainEngine {
                   const std::vector<const int32_t*>& positions) override {
     return trainer_.step(s, mbs, masks, positions);
   }
-  // The plan's forward-only counterpart on the same pools (OffloadTrainer::eval_loss).
+  // The plan's forward-only counterpart on the same pools (PlanExecutor::eval_loss).
   float eval_loss(const int32_t* batch, const uint8_t* mask, const int32_t* positions) override {
     return trainer_.eval_loss(batch, mask, positions);
   }
@@ -177,7 +177,7 @@ class OffloadEngine final : public TrainEngine {
   Config cfg_;
   std::unique_ptr<SsdStore> store_;
   ParamLayout layout_;
-  OffloadTrainer trainer_;
+  PlanExecutor trainer_;
   OptimFormat optim_format_;
 };
 

@@ -1,4 +1,4 @@
-// The executor behind OffloadTrainer (include/fuyou/scheduler.h): one worker thread per
+// The executor behind PlanExecutor (include/fuyou/scheduler.h): one worker thread per
 // resource runs the plan's ops in order (the reordering queues: next_in_queue), each once its
 // dependencies are done; two iterations may be in flight. Its buffers come from the plan's
 // buffer table and every op finds its operands in its uses, so an op means here what it
@@ -24,9 +24,9 @@
 
 namespace fuyou {
 
-class OffloadTrainer::Impl {
+class PlanExecutor::Impl {
  public:
-  Impl(OffloadTrainer& owner, const Config& cfg, Backend& be, Plan plan, SsdStore* store);
+  Impl(PlanExecutor& owner, const Config& cfg, Backend& be, Plan plan, SsdStore* store);
   ~Impl();
 
   const Plan& plan() const { return plan_; }
@@ -164,13 +164,13 @@ class OffloadTrainer::Impl {
   Iter& submit(Run& run, int64_t step, Fill fill);
   StepResult step_result(Iter& it);
 
-  OffloadTrainer& owner_;
+  PlanExecutor& owner_;
   Config cfg_;
   Backend& be_;
   Plan plan_;
   SsdStore* store_;
   ParamLayout layout_;
-  GptModel model_;
+  Transformer model_;
   size_t N_ = 0;
   ElemType tensors_;  // the device's tensors (plan_.tensors, the backend's storage type)
   size_t es_;         // bytes per element of them

@@ -51,7 +51,7 @@ std::string extent_name(const PlanBuffer& b) {
 
 }  // namespace
 
-void OffloadTrainer::Impl::check_plan() {
+void PlanExecutor::Impl::check_plan() {
   check_optim_format(cfg_.optimizer, be_.storage_type());
   if (plan_.optim_format != optim_format(cfg_.optimizer))
     throw Error(str("the plan is for optimizer state ",
@@ -64,7 +64,7 @@ void OffloadTrainer::Impl::check_plan() {
                     " device tensors but the backend stores ", elem_type_name(be_.storage_type()),
                     " (runtime.device_tensors)"));
   if (plan_.forward_only)
-    throw Error("OffloadTrainer needs a training plan; it derives the forward-only one itself");
+    throw Error("PlanExecutor needs a training plan; it derives the forward-only one itself");
   if (be_.matmul_precision() == MatmulPrecision::kFp16) {
     // The overflow check needs every gradient before any update: only exact plans have it.
     if (!plan_.exact)
@@ -81,7 +81,7 @@ void OffloadTrainer::Impl::check_plan() {
                       ") but no store is open (offload.ssd_paths)"));
 }
 
-void OffloadTrainer::Impl::allocate_device(int id, const PlanBuffer& b) {
+void PlanExecutor::Impl::allocate_device(int id, const PlanBuffer& b) {
   switch (b.kind) {
     case BufferKind::kModelWorkspace:
       return;  // the model's own
@@ -101,7 +101,7 @@ void OffloadTrainer::Impl::allocate_device(int id, const PlanBuffer& b) {
   }
 }
 
-void OffloadTrainer::Impl::allocate_buffers() {
+void PlanExecutor::Impl::allocate_buffers() {
   const size_t n = plan_.buffers.size();
   ptr_.assign(n, nullptr);
   ext_.assign(n, 0);
@@ -144,7 +144,7 @@ void OffloadTrainer::Impl::allocate_buffers() {
   final_g_ = ptr(plan_.buffer(BufferKind::kFinalGrads));
 }
 
-void OffloadTrainer::Impl::make_optimizer() {
+void PlanExecutor::Impl::make_optimizer() {
   std::vector<Tier> tiers;
   for (size_t g = 0; g < layout_.groups.size(); ++g)
     tiers.push_back(plan_.optim_tier(static_cast<int>(g)));
@@ -155,20 +155,20 @@ void OffloadTrainer::Impl::make_optimizer() {
 // Every host buffer a copy reads or writes is page-locked (CUDA: full-speed asynchronous
 // copies); a refusal (locked-memory limit) is logged once and those copies go through the
 // driver's staging.
-void OffloadTrainer::Impl::register_host_buffers() {
+void PlanExecutor::Impl::register_host_buffers() {
   std::vector<std::pair<void*, size_t>> host_bufs;
   for (const HostPool::Region& r : pool_->regions()) host_bufs.push_back({r.base, r.bytes});
   for (auto& v : host_owned_) host_bufs.push_back({v.data(), 4 * v.size()});
   page_lock_host(be_, host_bufs, &registered_, "the executor's host buffers");
 }
 
-void OffloadTrainer::Impl::put_weights(void* dst, const float* src, size_t n) const {
+void PlanExecutor::Impl::put_weights(void* dst, const float* src, size_t n) const {
   if (plan_.optim_format.master != MasterFormat::kSplit) return round_to(tensors_, dst, src, n);
   uint16_t* hi = static_cast<uint16_t*>(dst);
   for (size_t i = 0; i < n; ++i) hi[i] = math::split_hi(src[i]);
 }
 
-const uint16_t* OffloadTrainer::Impl::group_working_weights(int g) {
+const uint16_t* PlanExecutor::Impl::group_working_weights(int g) {
   const int L = cfg_.model.n_layer;
   if (g == 0 || g == L + 1 || plan_.layers[g - 1].weights == Tier::kHost)
     return static_cast<const uint16_t*>(group_host_weights(g));
@@ -178,14 +178,14 @@ const uint16_t* OffloadTrainer::Impl::group_working_weights(int g) {
   return static_cast<const uint16_t*>(ptr_[slot]);
 }
 
-void* OffloadTrainer::Impl::group_host_weights(int g) const {
+void* PlanExecutor::Impl::group_host_weights(int g) const {
   const int L = cfg_.model.n_layer;
   if (g == 0) return ptr(plan_.buffer(BufferKind::kHostEmbed));
   if (g == L + 1) return ptr(plan_.buffer(BufferKind::kHostFinal));
   return ptr(plan_.buffer(BufferKind::kHostWeights, g - 1));
 }
 
-void OffloadTrainer::Impl::set_group_params(int g, const float* src) {
+void PlanExecutor::Impl::set_group_params(int g, const float* src) {
   drain();
   opt_->init_group(g, src);
   set_group_weights(g, src);
@@ -193,7 +193,7 @@ void OffloadTrainer::Impl::set_group_params(int g, const float* src) {
 
 // The weights the forward reads, on the group's tier: host memory (and the device's resident
 // copy for the embedding and final groups), or the SSD extent.
-void OffloadTrainer::Impl::set_group_weights(int g, const float* src) {
+void PlanExecutor::Impl::set_group_weights(int g, const float* src) {
   const int L = cfg_.model.n_layer;
   const ParamGroup& pg = layout_.groups.at(g);
   const size_t bytes = es_ * pg.numel;
@@ -217,12 +217,12 @@ void OffloadTrainer::Impl::set_group_weights(int g, const float* src) {
     std::memcpy(ptr(plan_.buffer(BufferKind::kWoutSlot, plan_.layers[l].retained)), staging, bytes);
 }
 
-void OffloadTrainer::Impl::set_params(const float* params) {
+void PlanExecutor::Impl::set_params(const float* params) {
   for (size_t g = 0; g < layout_.groups.size(); ++g)
     set_group_params(static_cast<int>(g), params + layout_.groups[g].offset);
 }
 
-void OffloadTrainer::Impl::read_group_params(int g, float* dst) {
+void PlanExecutor::Impl::read_group_params(int g, float* dst) {
   drain();
   const bool split = plan_.optim_format.master == MasterFormat::kSplit;
   opt_->read_master(g, dst, split ? group_working_weights(g) : nullptr);
@@ -230,13 +230,13 @@ void OffloadTrainer::Impl::read_group_params(int g, float* dst) {
 
 // A group's fp32 state between the optimizer and a checkpoint: a gradient slot (free between
 // steps) where gradients are fp32, the plan's state staging where they are 16-bit.
-float* OffloadTrainer::Impl::group_staging() {
+float* PlanExecutor::Impl::group_staging() {
   drain();
   return ptr(plan_.buffer(
       tensors_ == ElemType::kF32 ? BufferKind::kHostGradSlot : BufferKind::kStateStage, 0));
 }
 
-void OffloadTrainer::Impl::read_group_state(int g, StateKind kind, const StateSink& sink) {
+void PlanExecutor::Impl::read_group_state(int g, StateKind kind, const StateSink& sink) {
   drain();
   if (kind == StateKind::kMaster && plan_.optim_format.master == MasterFormat::kSplit) {
     float* staging = group_staging();  // joined from the working halves and the remainders
@@ -246,12 +246,12 @@ void OffloadTrainer::Impl::read_group_state(int g, StateKind kind, const StateSi
   opt_->read_state(g, kind, sink);
 }
 
-void OffloadTrainer::Impl::read_group_packed(int g, StateKind kind, const PackedSink& sink) {
+void PlanExecutor::Impl::read_group_packed(int g, StateKind kind, const PackedSink& sink) {
   drain();
   opt_->read_packed(g, kind, sink);
 }
 
-void OffloadTrainer::Impl::write_group_packed(int g, StateKind kind, const PackedSource& source) {
+void PlanExecutor::Impl::write_group_packed(int g, StateKind kind, const PackedSource& source) {
   drain();
   opt_->write_packed(g, kind, source);
 }
@@ -259,7 +259,7 @@ void OffloadTrainer::Impl::write_group_packed(int g, StateKind kind, const Packe
 // kMaster goes through the host gradient staging slot into the optimizer's master and the
 // group's weights on every tier; the moments are left to their own write_state (a restore
 // writes all three), so a group on SSD moves each kind once.
-void OffloadTrainer::Impl::write_group_state(int g, StateKind kind, const StateSource& source) {
+void PlanExecutor::Impl::write_group_state(int g, StateKind kind, const StateSource& source) {
   drain();
   if (kind != StateKind::kMaster) return opt_->write_state(g, kind, source);
   float* staging = group_staging();
@@ -270,7 +270,7 @@ void OffloadTrainer::Impl::write_group_state(int g, StateKind kind, const StateS
   set_group_weights(g, staging);
 }
 
-OptimizerCounters OffloadTrainer::Impl::counters() {
+OptimizerCounters PlanExecutor::Impl::counters() {
   drain();
   OptimizerCounters c;
   c.adam_step = t_;
@@ -279,7 +279,7 @@ OptimizerCounters OffloadTrainer::Impl::counters() {
   return c;
 }
 
-void OffloadTrainer::Impl::set_counters(const OptimizerCounters& c) {
+void PlanExecutor::Impl::set_counters(const OptimizerCounters& c) {
   drain();
   if (c.has_loss_scale != (scaler_ != nullptr))
     throw Error(str("training state: the checkpoint ", c.has_loss_scale ? "has" : "has no",
@@ -289,7 +289,7 @@ void OffloadTrainer::Impl::set_counters(const OptimizerCounters& c) {
   if (scaler_) scaler_->restore(c.loss_scale);
 }
 
-void OffloadTrainer::Impl::read_params(float* params) {
+void PlanExecutor::Impl::read_params(float* params) {
   drain();
   std::fill(params, params + layout_.total, 0.0f);
   for (size_t g = 0; g < layout_.groups.size(); ++g)

@@ -14,7 +14,7 @@ namespace fuyou {
 // Every kind has a case (an op kind the executor cannot run does not compile).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic error "-Wswitch"
-void OffloadTrainer::Impl::run_op(Iter& it, const PlanOp& op) {
+void PlanExecutor::Impl::run_op(Iter& it, const PlanOp& op) {
   switch (op.kind) {
     case OpKind::kReadWeights:
     case OpKind::kReadCheckpoint:
@@ -73,7 +73,7 @@ void OffloadTrainer::Impl::run_op(Iter& it, const PlanOp& op) {
     }
     case OpKind::kGradNorm: {
       // Group order 0..L+1, each group's own sum in group_sum_squares's fixed order: the
-      // reduction StepRunner uses.
+      // reduction InMemoryStep uses.
       double sq = 0;
       for (double g : it.sum_sq) sq += g;
       const StepDecision d =
@@ -89,24 +89,24 @@ void OffloadTrainer::Impl::run_op(Iter& it, const PlanOp& op) {
 }
 #pragma GCC diagnostic pop
 
-void OffloadTrainer::Impl::to_device(const PlanOp& op, void* dst, const void* src, size_t bytes) {
+void PlanExecutor::Impl::to_device(const PlanOp& op, void* dst, const void* src, size_t bytes) {
   be_.copy_to_device(dst, src, bytes);
   moved_[static_cast<int>(op.resource)].h2d += bytes;
 }
 
-void OffloadTrainer::Impl::to_host(const PlanOp& op, void* dst, const void* src, size_t bytes) {
+void PlanExecutor::Impl::to_host(const PlanOp& op, void* dst, const void* src, size_t bytes) {
   be_.copy_to_host(dst, src, bytes);
   moved_[static_cast<int>(op.resource)].d2h += bytes;
 }
 
-void OffloadTrainer::Impl::store_read(const PlanOp& op) {
+void PlanExecutor::Impl::store_read(const PlanOp& op) {
   const BufferUse &src = op.use(Role::kSource), &dst = op.use(Role::kDest);
   const uint64_t bytes = round_up(dst.bytes, kIoAlign);
   store_->read_sync(ext_[src.buffer], src.offset, at(dst), bytes);
   moved_[static_cast<int>(op.resource)].ssd_read += bytes;
 }
 
-void OffloadTrainer::Impl::store_write(const PlanOp& op) {
+void PlanExecutor::Impl::store_write(const PlanOp& op) {
   const BufferUse &src = op.use(Role::kSource), &dst = op.use(Role::kDest);
   const uint64_t bytes = round_up(src.bytes, kIoAlign);
   store_->write_sync(ext_[dst.buffer], dst.offset, at(src), bytes);
@@ -116,7 +116,7 @@ void OffloadTrainer::Impl::store_write(const PlanOp& op) {
 // A block forward: of `layer` (kForward, kRecompute: its internals rebuilt, the output to
 // scratch), or of layer-1 rebuilding `layer`'s input (kRecomputeInput). The activations it
 // saves go to its work buffer: the layer's own (keep) or the shared working ones.
-void OffloadTrainer::Impl::run_forward(Iter& it, const PlanOp& op) {
+void PlanExecutor::Impl::run_forward(Iter& it, const PlanOp& op) {
   (void)it;
   const int l = op.kind == OpKind::kRecomputeInput ? op.layer - 1 : op.layer;
   void* weights = at(op.use(Role::kWeights));
@@ -127,7 +127,7 @@ void OffloadTrainer::Impl::run_forward(Iter& it, const PlanOp& op) {
   model_.block_forward(layer_view(weights, l), at(op.use(Role::kInput)), a);
 }
 
-void OffloadTrainer::Impl::run_backward(const PlanOp& op) {
+void PlanExecutor::Impl::run_backward(const PlanOp& op) {
   const BufferUse& grads = op.use(Role::kGrads);
   // A fresh gradient (the step's first micro-batch) starts from zero; a later micro-batch
   // adds to what load_grads put back, so each sum is formed term by term as in-memory
@@ -138,7 +138,7 @@ void OffloadTrainer::Impl::run_backward(const PlanOp& op) {
                         acts_[op.use(Role::kWork).buffer], at(op.use(Role::kResidual)));
 }
 
-void OffloadTrainer::Impl::run_head(Iter& it, const PlanOp& op) {
+void PlanExecutor::Impl::run_head(Iter& it, const PlanOp& op) {
   GlobalTensors g = globals(embed_w_, final_w_);
   void* x = at(op.use(Role::kInput));
   if (op.kind == OpKind::kHeadLoss) {
@@ -150,7 +150,7 @@ void OffloadTrainer::Impl::run_head(Iter& it, const PlanOp& op) {
                        at(op.use(Role::kResidual)));
 }
 
-void OffloadTrainer::Impl::save_grads(Iter& it, const PlanOp& op) {
+void PlanExecutor::Impl::save_grads(Iter& it, const PlanOp& op) {
   const BufferUse &src = op.use(Role::kSource), &dst = op.use(Role::kDest);
   if (op.group == 0 && plan_.embed_rows_first) {
     // Rows first: part -1 fixes the rows (first_rows) and copies them; the parts copy the
@@ -167,7 +167,7 @@ void OffloadTrainer::Impl::save_grads(Iter& it, const PlanOp& op) {
   to_host(op, at(dst), at(src), src.bytes);
 }
 
-void OffloadTrainer::Impl::load_resident(Iter& it, const PlanOp& op) {
+void PlanExecutor::Impl::load_resident(Iter& it, const PlanOp& op) {
   const BufferUse &src = op.use(Role::kSource), &dst = op.use(Role::kDest);
   if (op.group == 0 && plan_.embed_rows_first) {
     if (op.part >= 0)
@@ -180,7 +180,7 @@ void OffloadTrainer::Impl::load_resident(Iter& it, const PlanOp& op) {
   to_device(op, at(dst), at(src), src.bytes);
 }
 
-void OffloadTrainer::Impl::update(Iter& it, const PlanOp& op) {
+void PlanExecutor::Impl::update(Iter& it, const PlanOp& op) {
   if (!it.apply) return;  // fp16 overflow: weights and optimizer state stay as they are
   const BufferUse &grad = op.use(Role::kSource), &out = op.use(Role::kDest);
   OocAdamW::Update u;
@@ -219,7 +219,7 @@ void OffloadTrainer::Impl::update(Iter& it, const PlanOp& op) {
 // The embedding's first update part: the rows the next step's first micro-batch looks up
 // (its tokens, sorted and without repeats) when that step is queued, and everything after
 // the token table (the position table), as element ranges in it.first_rows.
-void OffloadTrainer::Impl::first_rows(Iter& it) {
+void PlanExecutor::Impl::first_rows(Iter& it) {
   const size_t C = cfg_.model.d_model, table = C * cfg_.model.vocab_size,
                numel = layout_.groups[0].numel;
   it.first_rows.clear();
@@ -245,8 +245,8 @@ void OffloadTrainer::Impl::first_rows(Iter& it) {
 }
 
 // Elements [begin, end) of the embedding less the ranges its first part updated, into `out`.
-void OffloadTrainer::Impl::rows_complement(const Iter& it, size_t begin, size_t end,
-                                           std::vector<std::pair<size_t, size_t>>& out) {
+void PlanExecutor::Impl::rows_complement(const Iter& it, size_t begin, size_t end,
+                                         std::vector<std::pair<size_t, size_t>>& out) {
   out.clear();
   size_t at = begin;
   for (const auto& [a, b] : it.first_rows) {

@@ -1,4 +1,4 @@
-// The in-memory step (StepRunner): the model on the device, and AdamW either on the host (an
+// The in-memory step (InMemoryStep): the model on the device, and AdamW either on the host (an
 // OocAdamW with every group in host memory, gradients copied down and weights copied up each
 // step) or on the device beside the model (optimizer.placement). Both placements compute the
 // same bits: the device's reductions and update follow the host's order
@@ -44,7 +44,7 @@ std::vector<AdamWPiece> adamw_pieces(const ParamLayout& layout) {
 
 }  // namespace
 
-StepRunner::StepRunner(const Config& cfg, Backend& backend)
+InMemoryStep::InMemoryStep(const Config& cfg, Backend& backend)
     : cfg_(cfg), be_(backend), model_(cfg.model, backend, cfg.schedule.micro_batch) {
   store_ = be_.storage_type();
   check_optim_format(cfg.optimizer, store_);
@@ -80,12 +80,12 @@ StepRunner::StepRunner(const Config& cfg, Backend& backend)
       &pinned_, "the in-memory step's host buffers");
 }
 
-StepRunner::~StepRunner() {
+InMemoryStep::~InMemoryStep() {
   for (void* p : pinned_) be_.unregister_host(p);
   for (void* p : device_owned_) be_.free(p);
 }
 
-bool StepRunner::choose_device_optimizer() const {
+bool InMemoryStep::choose_device_optimizer() const {
   const std::string& want = cfg_.optimizer.placement;
   if (want == "host") return false;
   // The device's optimizer keeps fp32 state only; packed state is the host optimizer's.
@@ -124,7 +124,7 @@ bool StepRunner::choose_device_optimizer() const {
          need + need / 16 <= free_b;
 }
 
-void StepRunner::place_on_device() {
+void InMemoryStep::place_on_device() {
   on_device_ = true;
   const size_t n = model_.layout().total;
   auto floats = [&](const char* what) {
@@ -149,12 +149,12 @@ void StepRunner::place_on_device() {
           device_optimizer_bytes(n, store_ == ElemType::kF32, d_sum_ != nullptr, n_pieces_)));
 }
 
-void StepRunner::init_params() {
+void InMemoryStep::init_params() {
   init_gpt_params(cfg_.model, model_.layout(), master_.data());
   set_params(master_.data());
 }
 
-void StepRunner::set_params(const float* host_params) {
+void InMemoryStep::set_params(const float* host_params) {
   if (host_params != master_.data())
     std::copy(host_params, host_params + master_.size(), master_.begin());
   master_stale_ = false;
@@ -172,18 +172,18 @@ void StepRunner::set_params(const float* host_params) {
   upload_params(0, master_.size());
 }
 
-void StepRunner::working_weights(uint16_t* dst, const float* src, size_t n) const {
+void InMemoryStep::working_weights(uint16_t* dst, const float* src, size_t n) const {
   if (format_.master != MasterFormat::kSplit) return round_to(store_, dst, src, n);
   for (size_t i = 0; i < n; ++i) dst[i] = math::split_hi(src[i]);
 }
 
-void StepRunner::upload_params(size_t begin, size_t n) {
+void InMemoryStep::upload_params(size_t begin, size_t n) {
   char* dst = static_cast<char*>(model_.params()) + begin * elem_type_size(store_);
   if (store_ == ElemType::kF32) return be_.copy_to_device(dst, master_.data() + begin, 4 * n);
   be_.copy_to_device(dst, lowp_.data() + begin, 2 * n);
 }
 
-float* StepRunner::device_state(StateKind kind) const {
+float* InMemoryStep::device_state(StateKind kind) const {
   switch (kind) {
     case StateKind::kMaster:
       return d_master_;
@@ -195,7 +195,7 @@ float* StepRunner::device_state(StateKind kind) const {
   return nullptr;
 }
 
-void StepRunner::read_state(int group, StateKind kind, const StateSink& sink) {
+void InMemoryStep::read_state(int group, StateKind kind, const StateSink& sink) {
   if (kind == StateKind::kMaster && format_.master == MasterFormat::kSplit) {
     const ParamGroup& g = model_.layout().groups.at(group);
     return sink(0, master().data() + g.offset, g.numel);  // joined from the working halves
@@ -207,7 +207,7 @@ void StepRunner::read_state(int group, StateKind kind, const StateSink& sink) {
   sink(0, host.data(), g.numel);
 }
 
-void StepRunner::write_state(int group, StateKind kind, const StateSource& source) {
+void InMemoryStep::write_state(int group, StateKind kind, const StateSource& source) {
   const ParamGroup& g = model_.layout().groups.at(group);
   if (kind != StateKind::kMaster && !on_device_) return opt_->write_state(group, kind, source);
   if (kind != StateKind::kMaster) {
@@ -229,19 +229,19 @@ void StepRunner::write_state(int group, StateKind kind, const StateSource& sourc
   upload_params(g.offset, g.numel);
 }
 
-void StepRunner::read_packed(int group, StateKind kind, const PackedSink& sink) {
+void InMemoryStep::read_packed(int group, StateKind kind, const PackedSink& sink) {
   FY_CHECK(!on_device_ && kind != StateKind::kMaster,
            "packed state is the host optimizer's moments");
   opt_->read_packed(group, kind, sink);
 }
 
-void StepRunner::write_packed(int group, StateKind kind, const PackedSource& source) {
+void InMemoryStep::write_packed(int group, StateKind kind, const PackedSource& source) {
   FY_CHECK(!on_device_ && kind != StateKind::kMaster,
            "packed state is the host optimizer's moments");
   opt_->write_packed(group, kind, source);
 }
 
-OptimizerCounters StepRunner::counters() const {
+OptimizerCounters InMemoryStep::counters() const {
   OptimizerCounters c;
   c.adam_step = t_;
   c.has_loss_scale = scaler_ != nullptr;
@@ -249,7 +249,7 @@ OptimizerCounters StepRunner::counters() const {
   return c;
 }
 
-void StepRunner::set_counters(const OptimizerCounters& c) {
+void InMemoryStep::set_counters(const OptimizerCounters& c) {
   if (c.has_loss_scale != (scaler_ != nullptr))
     throw Error(str("training state: the checkpoint ", c.has_loss_scale ? "has" : "has no",
                     " fp16 loss-scale state but this run ", scaler_ ? "uses" : "does not use",
@@ -258,9 +258,9 @@ void StepRunner::set_counters(const OptimizerCounters& c) {
   if (scaler_) scaler_->restore(c.loss_scale);
 }
 
-StepResult StepRunner::step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
-                            const std::vector<const uint8_t*>& masks,
-                            const std::vector<const int32_t*>& positions) {
+StepResult InMemoryStep::step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
+                              const std::vector<const uint8_t*>& masks,
+                              const std::vector<const int32_t*>& positions) {
   const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len;
   const int accum = static_cast<int>(micro_batches.size());
   FY_CHECK(accum >= 1, "no micro-batches");
@@ -357,7 +357,7 @@ StepResult StepRunner::step(int64_t step_index, const std::vector<const int32_t*
 // Every group's update; the new working weights come back into master_ (fp32 tensors) or
 // lowp_ (16-bit, rounded in the update's pass) and go to the device. With 16-bit tensors the
 // fp32 master stays in the optimizer until master() asks for it.
-void StepRunner::update_on_host(const StepGradient& g, float grad_scale, float lr) {
+void InMemoryStep::update_on_host(const StepGradient& g, float grad_scale, float lr) {
   const ParamLayout& layout = model_.layout();
   const size_t es = elem_type_size(g.type);
   mark(OpClass::kHostAdamW);
@@ -381,7 +381,7 @@ void StepRunner::update_on_host(const StepGradient& g, float grad_scale, float l
 
 // The same update on the device, queued behind the backward and ahead of the next forward:
 // nothing crosses the bus.
-void StepRunner::update_on_device(const StepGradient& g, float grad_scale, float lr) {
+void InMemoryStep::update_on_device(const StepGradient& g, float grad_scale, float lr) {
   DeviceAdamW a;
   a.master = d_master_;
   a.m = d_m_;
@@ -400,7 +400,7 @@ void StepRunner::update_on_device(const StepGradient& g, float grad_scale, float
   master_stale_ = true;
 }
 
-const std::vector<float>& StepRunner::master() {
+const std::vector<float>& InMemoryStep::master() {
   if (!master_stale_) return master_;
   if (on_device_) {
     be_.copy_to_host(master_.data(), d_master_, 4 * master_.size());
@@ -415,7 +415,7 @@ const std::vector<float>& StepRunner::master() {
   return master_;
 }
 
-std::vector<float> StepRunner::step_gradient() const {
+std::vector<float> InMemoryStep::step_gradient() const {
   std::vector<float> g(master_.size());
   if (on_device_) {
     if (summed_) {
@@ -423,7 +423,7 @@ std::vector<float> StepRunner::step_gradient() const {
       return g;
     }
     std::vector<char> stored(g.size() * elem_type_size(store_));
-    be_.copy_to_host(stored.data(), const_cast<GptModel&>(model_).grads(), stored.size());
+    be_.copy_to_host(stored.data(), const_cast<Transformer&>(model_).grads(), stored.size());
     widen_from(store_, g.data(), stored.data(), g.size());
     return g;
   }
@@ -432,7 +432,7 @@ std::vector<float> StepRunner::step_gradient() const {
   return g;
 }
 
-float StepRunner::eval_loss(const int32_t* batch, const uint8_t* mask, const int32_t* positions) {
+float InMemoryStep::eval_loss(const int32_t* batch, const uint8_t* mask, const int32_t* positions) {
   split_batch(batch, mask, cfg_.schedule.micro_batch, cfg_.model.seq_len, inputs_.data(),
               targets_.data());
   return model_.forward(inputs_.data(), targets_.data(), positions);

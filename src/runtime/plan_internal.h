@@ -19,7 +19,7 @@ struct Sizes {
   uint64_t weights = 0;     // one layer's parameters (padded group), as the device holds them
   uint64_t ckpt = 0;        // one block input (N x C)
   uint64_t acts = 0;        // one layer's full saved activations
-  uint64_t workspace = 0;   // GptModel kWorkspace allocations
+  uint64_t workspace = 0;   // Transformer kWorkspace allocations
   uint64_t embed = 0, final = 0;  // group bytes
   double layer_flops = 0;         // forward FLOPs of one block over the micro-batch
   double head_flops = 0;

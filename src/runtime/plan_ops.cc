@@ -418,7 +418,7 @@ class IterationBuilder {
       use(b, buf(BufferKind::kWeightSlot, ws), Access::kRead, Role::kWeights);
       use(b, in, Access::kRead, Role::kInput);
       // Reads the layer's activations and overwrites one of them with its gradient
-      // (GptModel::block_backward): the next forward into this buffer waits for it.
+      // (Transformer::block_backward): the next forward into this buffer waits for it.
       use(b, work_of(l, kept), Access::kAccumulate, Role::kWork);
       use(b, buf(BufferKind::kGradSlot, gs), fresh ? Access::kWrite : Access::kAccumulate,
           Role::kGrads);

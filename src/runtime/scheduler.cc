@@ -16,14 +16,14 @@
 
 namespace fuyou {
 
-void OffloadTrainer::Impl::Ring::push(std::pair<int, int> x) {
+void PlanExecutor::Impl::Ring::push(std::pair<int, int> x) {
   FY_CHECK(size() + 1 < items.size(), "executor queue full");
   items[tail] = x;
   tail = (tail + 1) % items.size();
 }
 
-OffloadTrainer::Impl::Impl(OffloadTrainer& owner, const Config& cfg, Backend& be, Plan plan,
-                           SsdStore* store)
+PlanExecutor::Impl::Impl(PlanExecutor& owner, const Config& cfg, Backend& be, Plan plan,
+                         SsdStore* store)
     : owner_(owner),
       cfg_(cfg),
       be_(be),
@@ -47,7 +47,7 @@ OffloadTrainer::Impl::Impl(OffloadTrainer& owner, const Config& cfg, Backend& be
   for (int r = 0; r < kNumResources; ++r) workers_.emplace_back([this, r] { worker(r); });
 }
 
-OffloadTrainer::Impl::~Impl() {
+PlanExecutor::Impl::~Impl() {
   {
     std::unique_lock<std::mutex> lock(mu_);
     // Let whatever was submitted finish (or fail) before the buffers go away.
@@ -63,7 +63,7 @@ OffloadTrainer::Impl::~Impl() {
 
 // Per-resource op lists for the training plan and the validation plan (a forward over the
 // same pools), and the state of the two iterations that may be in flight.
-void OffloadTrainer::Impl::prepare_runs() {
+void PlanExecutor::Impl::prepare_runs() {
   eval_plan_ = make_forward_plan(plan_);
   train_.plan = &plan_;
   eval_.plan = &eval_plan_;
@@ -104,7 +104,7 @@ void OffloadTrainer::Impl::prepare_runs() {
 // Adds the time each of x's ops was busy within [window_start_, t_end] (to t_end where still
 // running) to `busy`, per resource.
 template <typename Busy>
-void OffloadTrainer::Impl::add_busy(const Iter& x, double t_end, Busy& busy) const {
+void PlanExecutor::Impl::add_busy(const Iter& x, double t_end, Busy& busy) const {
   for (const PlanOp& op : plan_.ops) {
     if (x.start[op.id] < 0) continue;
     const double b = std::max(x.start[op.id], window_start_),
@@ -116,7 +116,7 @@ void OffloadTrainer::Impl::add_busy(const Iter& x, double t_end, Busy& busy) con
 // Caller holds mu_. Whether op `id` of iteration `i` may start: its deps in its own
 // iteration are done and, when it overlaps the previous iteration of the same plan, the ops
 // of that iteration it waits for (previous_iteration_deps) are done too.
-bool OffloadTrainer::Impl::ready(int i, int id) const {
+bool PlanExecutor::Impl::ready(int i, int id) const {
   const Iter& it = iters_[i];
   const PlanOp& op = it.run->plan->ops[id];
   for (int d : op.deps)
@@ -135,7 +135,7 @@ bool OffloadTrainer::Impl::ready(int i, int id) const {
 
 // Caller holds mu_. The queue position of the op resource `r` runs next, -1 for none yet
 // (next_in_queue). Ops of the two plans (training, validation) never pass each other.
-long OffloadTrainer::Impl::next_op(int r) const {
+long PlanExecutor::Impl::next_op(int r) const {
   const Ring& q = rings_[r];
   return next_in_queue(
       static_cast<Resource>(r), q.size(), [&](size_t k) { return q.at(k); },
@@ -150,7 +150,7 @@ long OffloadTrainer::Impl::next_op(int r) const {
 
 // One thread per resource: runs the ops queued for it, each when ready, in order (the
 // reordering queues: see next_op).
-void OffloadTrainer::Impl::worker(int r) {
+void PlanExecutor::Impl::worker(int r) {
   // runtime.threads for the kernels and sums run here: an OpenMP thread count is per thread.
   set_thread_team(update_threads_);
   Ring& q = rings_[r];
@@ -208,14 +208,14 @@ void OffloadTrainer::Impl::worker(int r) {
 
 // Caller holds `lock`. Waits until `pred` holds; rethrows an op's error.
 template <class Pred>
-void OffloadTrainer::Impl::wait_for(std::unique_lock<std::mutex>& lock, Pred pred) {
+void PlanExecutor::Impl::wait_for(std::unique_lock<std::mutex>& lock, Pred pred) {
   cv_.wait(lock, [&] { return failed_ || pred(); });
   if (failed_) std::rethrow_exception(error_);
 }
 
 // Waits until nothing is in flight (before anything that reads or writes state from the
 // caller's thread: validation, parameters in or out, the trace).
-void OffloadTrainer::Impl::drain() {
+void PlanExecutor::Impl::drain() {
   std::unique_lock<std::mutex> lock(mu_);
   wait_for(lock, [&] { return iters_[0].pending == 0 && iters_[1].pending == 0; });
   window_start_ = -1;  // the next step's window starts at its own submission
@@ -226,7 +226,7 @@ void OffloadTrainer::Impl::drain() {
 // iterations overlap the one before (previous_iteration_deps); the validation plan runs
 // alone (the caller drained).
 template <class Fill>
-OffloadTrainer::Impl::Iter& OffloadTrainer::Impl::submit(Run& run, int64_t step, Fill fill) {
+PlanExecutor::Impl::Iter& PlanExecutor::Impl::submit(Run& run, int64_t step, Fill fill) {
   std::unique_lock<std::mutex> lock(mu_);
   const int i = next_slot_;
   Iter& it = iters_[i];
@@ -265,10 +265,10 @@ OffloadTrainer::Impl::Iter& OffloadTrainer::Impl::submit(Run& run, int64_t step,
   return it;
 }
 
-StepResult OffloadTrainer::Impl::step(int64_t step_index,
-                                      const std::vector<const int32_t*>& micro_batches,
-                                      const std::vector<const uint8_t*>& masks,
-                                      const std::vector<const int32_t*>& positions) {
+StepResult PlanExecutor::Impl::step(int64_t step_index,
+                                    const std::vector<const int32_t*>& micro_batches,
+                                    const std::vector<const uint8_t*>& masks,
+                                    const std::vector<const int32_t*>& positions) {
   const int B = plan_.micro_batch, T = cfg_.model.seq_len, K = plan_.grad_accum;
   if (static_cast<int>(micro_batches.size()) != K)
     throw Error(str("offloaded step: ", micro_batches.size(),
@@ -282,7 +282,7 @@ StepResult OffloadTrainer::Impl::step(int64_t step_index,
   const double step_loss_scale = scaler_ ? scaler_->scale() : 1.0;
   const int64_t t = ++t_;
   Iter& it = submit(train_, step_index, [&](Iter& it) {
-    // Mean over the counted targets of the whole step, as StepRunner: the scale 1 / (counted
+    // Mean over the counted targets of the whole step, as InMemoryStep: the scale 1 / (counted
     // targets of every micro-batch) is known before the first backward (1 / (N * K) without
     // masks); nothing counted: zero gradient.
     int64_t total = 0;
@@ -307,7 +307,7 @@ StepResult OffloadTrainer::Impl::step(int64_t step_index,
 // since the previous step returned: the time, each resource's busy time within it (whichever
 // iteration the op belongs to) and the bytes the store moved. In steady state that window is
 // one iteration.
-StepResult OffloadTrainer::Impl::step_result(Iter& it) {
+StepResult PlanExecutor::Impl::step_result(Iter& it) {
   std::unique_lock<std::mutex> lock(mu_);
   wait_for(lock, [&] { return it.returning == 0; });
   const double t_end = now();
@@ -338,9 +338,9 @@ StepResult OffloadTrainer::Impl::step_result(Iter& it) {
 }
 
 // The forward-only plan on one micro-batch: the validation loss at the current weights (the
-// mean over its counted targets; 0 when none counts, as StepRunner::eval_loss).
-float OffloadTrainer::Impl::eval_loss(const int32_t* batch, const uint8_t* mask,
-                                      const int32_t* positions) {
+// mean over its counted targets; 0 when none counts, as InMemoryStep::eval_loss).
+float PlanExecutor::Impl::eval_loss(const int32_t* batch, const uint8_t* mask,
+                                    const int32_t* positions) {
   drain();
   Iter& it = submit(eval_, -1, [&](Iter& it) {
     split_batch(batch, mask, plan_.micro_batch, cfg_.model.seq_len, it.inputs[0].data(),
@@ -356,7 +356,7 @@ float OffloadTrainer::Impl::eval_loss(const int32_t* batch, const uint8_t* mask,
 }
 
 // The last two training iterations (they overlap), times from the first op's start.
-void OffloadTrainer::Impl::write_trace(const std::string& path) {
+void PlanExecutor::Impl::write_trace(const std::string& path) {
   drain();
   nlohmann::json events = nlohmann::json::array();
   for (int r = 0; r < kNumResources; ++r)
@@ -397,42 +397,41 @@ void OffloadTrainer::Impl::write_trace(const std::string& path) {
   out << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
 }
 
-OffloadTrainer::OffloadTrainer(const Config& cfg, Backend& backend, Plan plan, SsdStore* store)
+PlanExecutor::PlanExecutor(const Config& cfg, Backend& backend, Plan plan, SsdStore* store)
     : impl_(std::make_unique<Impl>(*this, cfg, backend, std::move(plan), store)) {}
-OffloadTrainer::~OffloadTrainer() = default;
-const Plan& OffloadTrainer::plan() const { return impl_->plan(); }
-void OffloadTrainer::set_params(const float* params) { impl_->set_params(params); }
-void OffloadTrainer::read_params(float* params) { impl_->read_params(params); }
-void OffloadTrainer::set_group_params(int g, const float* p) { impl_->set_group_params(g, p); }
-void OffloadTrainer::read_group_params(int g, float* p) { impl_->read_group_params(g, p); }
-float* OffloadTrainer::group_staging() { return impl_->group_staging(); }
-StepResult OffloadTrainer::step(int64_t s, const int32_t* batch, const uint8_t* mask) {
+PlanExecutor::~PlanExecutor() = default;
+const Plan& PlanExecutor::plan() const { return impl_->plan(); }
+void PlanExecutor::set_params(const float* params) { impl_->set_params(params); }
+void PlanExecutor::read_params(float* params) { impl_->read_params(params); }
+void PlanExecutor::set_group_params(int g, const float* p) { impl_->set_group_params(g, p); }
+void PlanExecutor::read_group_params(int g, float* p) { impl_->read_group_params(g, p); }
+float* PlanExecutor::group_staging() { return impl_->group_staging(); }
+StepResult PlanExecutor::step(int64_t s, const int32_t* batch, const uint8_t* mask) {
   if (mask) return impl_->step(s, {batch}, {mask}, {});
   return impl_->step(s, {batch}, {}, {});
 }
-StepResult OffloadTrainer::step(int64_t s, const std::vector<const int32_t*>& mbs,
-                                const std::vector<const uint8_t*>& masks,
-                                const std::vector<const int32_t*>& positions) {
+StepResult PlanExecutor::step(int64_t s, const std::vector<const int32_t*>& mbs,
+                              const std::vector<const uint8_t*>& masks,
+                              const std::vector<const int32_t*>& positions) {
   return impl_->step(s, mbs, masks, positions);
 }
-void OffloadTrainer::read_group_state(int g, StateKind k, const StateSink& sink) {
+void PlanExecutor::read_group_state(int g, StateKind k, const StateSink& sink) {
   impl_->read_group_state(g, k, sink);
 }
-void OffloadTrainer::write_group_state(int g, StateKind k, const StateSource& source) {
+void PlanExecutor::write_group_state(int g, StateKind k, const StateSource& source) {
   impl_->write_group_state(g, k, source);
 }
-void OffloadTrainer::read_group_packed(int g, StateKind k, const PackedSink& sink) {
+void PlanExecutor::read_group_packed(int g, StateKind k, const PackedSink& sink) {
   impl_->read_group_packed(g, k, sink);
 }
-void OffloadTrainer::write_group_packed(int g, StateKind k, const PackedSource& source) {
+void PlanExecutor::write_group_packed(int g, StateKind k, const PackedSource& source) {
   impl_->write_group_packed(g, k, source);
 }
-OptimizerCounters OffloadTrainer::counters() { return impl_->counters(); }
-void OffloadTrainer::set_counters(const OptimizerCounters& c) { impl_->set_counters(c); }
-float OffloadTrainer::eval_loss(const int32_t* batch, const uint8_t* mask,
-                                const int32_t* positions) {
+OptimizerCounters PlanExecutor::counters() { return impl_->counters(); }
+void PlanExecutor::set_counters(const OptimizerCounters& c) { impl_->set_counters(c); }
+float PlanExecutor::eval_loss(const int32_t* batch, const uint8_t* mask, const int32_t* positions) {
   return impl_->eval_loss(batch, mask, positions);
 }
-void OffloadTrainer::write_trace(const std::string& path) const { impl_->write_trace(path); }
+void PlanExecutor::write_trace(const std::string& path) const { impl_->write_trace(path); }
 
 }  // namespace fuyou

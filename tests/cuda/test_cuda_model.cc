@@ -57,7 +57,7 @@ struct ModelRun {
 ModelRun run_model(Backend& be, ElemType t, const ModelConfig& mc, int B,
                    const std::vector<int32_t>& in, const std::vector<int32_t>& tg) {
   be.set_storage_type(t);
-  GptModel m(mc, be, B);
+  Transformer m(mc, be, B);
   const size_t P = m.layout().total, NV = size_t(m.tokens_per_batch()) * mc.vocab_size,
                es = elem_type_size(t);
   std::vector<float> host(P);
@@ -154,7 +154,7 @@ TEST_CASE("cuda training repeats bit for bit", "[cuda][determinism]") {
       for (int run = 0; run < 2; ++run) {
         auto be = make_cuda_backend(0, 256ull << 20);
         be->set_storage_type(device_tensor_type(cfg.runtime));
-        StepRunner r(cfg, *be);
+        InMemoryStep r(cfg, *be);
         r.init_params();
         for (size_t s = 0; s < data.size(); ++s)
           losses[run].push_back(r.step(static_cast<int64_t>(s), {data[s].data()}).loss);

@@ -135,7 +135,7 @@ TEST_CASE("cuda in-memory step: the optimizer on the device gives the host's bit
             "<test>");
         auto be = make_cuda_backend(0, 512ull << 20);
         apply_precision(*be, cfg.runtime);
-        StepRunner r(cfg, *be);
+        InMemoryStep r(cfg, *be);
         REQUIRE(r.optimizer_on_device() == (dev == 1));
         r.init_params();
         for (int s = 0; s < 4; ++s) {

@@ -26,8 +26,8 @@ struct FixturePass {
 };
 
 FixturePass fixture_pass(const SafetensorsReader& f, const Config& cfg, Backend& backend,
-                         StepRunner& runner) {
-  GptModel& model = runner.model();
+                         InMemoryStep& runner) {
+  Transformer& model = runner.model();
   const ParamLayout& layout = model.layout();
   test::load_fixture_params(f, runner, "param.");
   const int B = cfg.schedule.micro_batch, T = cfg.model.seq_len, V = cfg.model.vocab_size;
@@ -66,7 +66,7 @@ TEST_CASE("PyTorch fixtures through the CUDA backend", "[cuda][reference]") {
     INFO("fixture " << path);
     auto backend = make_cuda_backend(0, 0);
     backend->set_matmul_precision(MatmulPrecision::kFp32);
-    StepRunner runner(cfg, *backend);
+    InMemoryStep runner(cfg, *backend);
     const FixturePass p = fixture_pass(f, cfg, *backend, runner);
     CHECK(p.logits_error < 1e-5);
     CHECK(p.loss_error < 1e-5);
@@ -92,7 +92,7 @@ TEST_CASE("PyTorch fixtures through the CUDA backend with bf16 GEMM inputs", "[c
     INFO("fixture " << path);
     auto backend = make_cuda_backend(0, 0);
     backend->set_matmul_precision(MatmulPrecision::kBf16);
-    StepRunner runner(cfg, *backend);
+    InMemoryStep runner(cfg, *backend);
     const double bound = 2 * (3 * cfg.model.n_layer + 1) * u;
     const FixturePass p = fixture_pass(f, cfg, *backend, runner);
     INFO("logits rel error " << p.logits_error << ", bound " << bound);

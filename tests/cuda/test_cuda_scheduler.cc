@@ -70,7 +70,7 @@ std::vector<const int32_t*> step_batches(const Config& cfg,
 
 Run in_memory(const Config& cfg, const std::vector<std::vector<int32_t>>& data) {
   auto be = cuda_backend(cfg, 256ull << 20);
-  StepRunner r(cfg, *be);
+  InMemoryStep r(cfg, *be);
   r.init_params();
   Run out;
   for (size_t s = 0; s < data.size() / cfg.schedule.grad_accum; ++s)
@@ -82,7 +82,7 @@ Run in_memory(const Config& cfg, const std::vector<std::vector<int32_t>>& data) 
 Run offloaded(const Config& cfg, const PlanRequest& req,
               const std::vector<std::vector<int32_t>>& data, SsdStore* store) {
   auto be = cuda_backend(cfg, req.device_budget ? req.device_budget : 256ull << 20);
-  OffloadTrainer tr(cfg, *be, make_plan(req), store);
+  PlanExecutor tr(cfg, *be, make_plan(req), store);
   ParamLayout layout = make_gpt_layout(cfg.model);
   std::vector<float> init(layout.total);
   init_gpt_params(cfg.model, layout, init.data());
