@@ -1,7 +1,8 @@
 // Step timing (Backend: step timing; fuyou-bench train --breakdown): the marks of one
 // in-memory step tile the step's timeline, every op class the model runs appears once per
 // layer and direction, and the per-phase, per-class and per-(phase, class) sums each add up
-// to the timeline; on the CPU backend and on cpu-streams (marks queued as CUDA's are).
+// to the timeline; on the CPU backend and on cpu-streams (marks queued as CUDA's are). And
+// each family's kernel calls per layer, counted by a CPU backend that counts them.
 #include <catch2/catch.hpp>
 #include <map>
 #include <string>
@@ -12,6 +13,7 @@
 #include "fuyou/config.h"
 #include "fuyou/error.h"
 #include "fuyou/train.h"
+#include "kernels/cpu/cpu_backend.h"
 
 using namespace fuyou;
 
@@ -74,5 +76,101 @@ TEST_CASE("a step's timing marks tile its timeline, op class by op class", "[bre
     CHECK(b.by_phase.count("optimizer"));
     const nlohmann::json trace = marks_trace(marks);
     CHECK(trace["traceEvents"].size() == marks.size() - 1 + static_cast<size_t>(StepPhase::kCount));
+  }
+}
+
+namespace {
+
+// The CPU backend counting each kernel's calls: a step's kernel calls per layer are pinned
+// below, so that a fused kernel that stops being used, or an extra pass, fails a test.
+class CountingBackend final : public cpu::CpuBackend {
+ public:
+  using CpuBackend::CpuBackend;
+  std::map<std::string, int> calls;
+#define FY_KERNEL_COUNTED(name, params, args) \
+  void name params override {                 \
+    ++calls[#name];                           \
+    CpuBackend::name args;                    \
+  }
+  FUYOU_LAYER_KERNELS(FY_KERNEL_COUNTED)
+#undef FY_KERNEL_COUNTED
+};
+
+// Kernel calls of one in-memory training step (one micro-batch) of `model` with n_layer layers.
+std::map<std::string, int> step_calls(const std::string& model, int n_layer) {
+  Config cfg = parse_config(str("model: {", model, ", n_layer: ", n_layer,
+                                ", vocab_size: 61, seq_len: 16}\n"
+                                "schedule: {micro_batch: 2}\nruntime: {threads: 1}\n"),
+                            "<test>");
+  CountingBackend be(1, 0);
+  apply_precision(be, cfg.runtime);
+  InMemoryStep r(cfg, be);
+  r.init_params();
+  std::vector<int32_t> batch(2 * 17);
+  for (size_t i = 0; i < batch.size(); ++i) batch[i] = static_cast<int32_t>((i * 7 + 1) % 61);
+  be.calls.clear();
+  r.step(0, {batch.data()});
+  return be.calls;
+}
+
+}  // namespace
+
+TEST_CASE("a step's kernel calls, per layer and outside the layers, for every family",
+          "[breakdown]") {
+  using Calls = std::map<std::string, int>;
+  struct Family {
+    const char* model;
+    Calls per_layer, outside;  // outside: embedding, final norm, LM head and loss
+  };
+  // gpt2 per layer: two LayerNorms, four projections (qkv, attention out, MLP up, MLP down),
+  // attention, GELU and two residual adds forward; each backward once (the norms' backward
+  // adds the residual stream's gradient itself). opt: ReLU for GELU. llama: RMSNorm, RoPE on
+  // q and k, the k/v heads repeated for grouped-query attention, SwiGLU on one packed
+  // gate|up projection.
+  const Calls gpt2_layer = {
+      {"layernorm_forward", 2}, {"layernorm_backward", 2}, {"matmul_forward", 4},
+      {"matmul_backward", 4},   {"attention_forward", 1},  {"attention_backward", 1},
+      {"gelu_forward", 1},      {"gelu_backward", 1},      {"add", 2}};
+  Calls opt_layer = gpt2_layer;
+  opt_layer.erase("gelu_forward");
+  opt_layer.erase("gelu_backward");
+  opt_layer["relu_forward"] = opt_layer["relu_backward"] = 1;
+  const Calls llama_layer = {{"rmsnorm_forward", 2},
+                             {"rmsnorm_backward", 2},
+                             {"matmul_forward", 4},
+                             {"matmul_backward", 4},
+                             {"rope_forward", 1},
+                             {"rope_backward", 1},
+                             {"repeat_kv_forward", 1},
+                             {"repeat_kv_backward", 1},
+                             {"attention_forward", 1},
+                             {"attention_backward", 1},
+                             {"swiglu_forward", 1},
+                             {"swiglu_backward", 1},
+                             {"add", 2}};
+  const Calls ln_outside = {{"embedding_forward", 1},    {"embedding_backward", 1},
+                            {"layernorm_forward", 1},    {"layernorm_backward", 1},
+                            {"matmul_forward", 1},       {"matmul_backward", 1},
+                            {"crossentropy_forward", 1}, {"crossentropy_backward", 1}};
+  Calls rms_outside = ln_outside;
+  rms_outside.erase("layernorm_forward");
+  rms_outside.erase("layernorm_backward");
+  rms_outside["rmsnorm_forward"] = rms_outside["rmsnorm_backward"] = 1;
+  const std::vector<Family> families = {
+      {"family: gpt2, n_head: 2, d_model: 16, d_ff: 24", gpt2_layer, ln_outside},
+      {"family: opt, n_head: 2, d_model: 16, d_ff: 24", opt_layer, ln_outside},
+      {"family: llama, n_head: 4, n_kv_head: 2, d_model: 16, d_ff: 24, tie_embeddings: false",
+       llama_layer, rms_outside}};
+  for (const Family& f : families) {
+    INFO(f.model);
+    const Calls two = step_calls(f.model, 2), three = step_calls(f.model, 3);
+    Calls per_layer, outside;
+    for (const auto& [name, n] : three) {
+      const int in_two = two.count(name) ? two.at(name) : 0;
+      if (n != in_two) per_layer[name] = n - in_two;
+      if (in_two - 2 * (n - in_two) != 0) outside[name] = in_two - 2 * (n - in_two);
+    }
+    CHECK(per_layer == f.per_layer);
+    CHECK(outside == f.outside);
   }
 }

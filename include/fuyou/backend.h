@@ -57,6 +57,171 @@ struct MemoryStats {
   uint64_t peak = 0;
 };
 
+// ---- the kernels ---------------------------------------------------------------------------
+// Tensors passed as void* are of the backend's storage type (storage_type(): fp32, or bf16
+// with runtime.device_tensors: bf16): weights, activations, gradients, logits. Tensors passed
+// as float* are always fp32: the norms' mean and rstd, the losses, the log-sum-exps and the
+// attention's scratch. Every kernel computes in fp32 whatever the storage type (loads widen,
+// stores round to nearest even), and accumulates its sums in fp32 or wider.
+//
+// Each list entry is X(name, (parameters), (arguments)); a backend expands a list with a macro
+// that declares (FY_KERNEL_OVERRIDE), forwards (kernels/cpu/stream_backend.h) or counts
+// (tests) every kernel, so a kernel is added in one place and in each backend's source.
+//
+// FUYOU_GEMM_KERNELS: the kernels the FLOP count of a step covers (the emulated device times
+// them); FUYOU_ELEMENTWISE_KERNELS: the rest of a layer's kernels, memory-bound.
+//
+// matmul_forward: out(N,OC) = in(N,IC) * w(OC,IC)^T + bias(OC); bias may be null.
+// matmul_backward: din(N,IC) = dout * w (overwritten; skipped when din is null); dw(OC,IC) +=
+//   dout^T in; dbias(OC) += column sums of dout (skipped when null). din may alias in: dw is
+//   computed from in before din is written (the MLP's backward overwrites its input activation).
+//
+// Packed records (segments). `pos` (device memory, B*T int32, or null) gives each token its
+// position within its record: pos[b*T + t] is 0 where a record starts and pos[b*T + t - 1] + 1
+// otherwise (pos[b*T] is 0), so the record of token t is the run [t - pos[b*T + t], t] of
+// row b. Attention is causal within each record only (no token attends to another record's),
+// rotary phases restart with each record, and learned positions are looked up by pos (the
+// model gathers them; embedding_forward is unchanged). Null: one record per row, pos = t,
+// the arithmetic of an unpacked batch bit for bit. Transformer::set_tokens checks the rule.
+//
+// attention_forward: causal multi-head self-attention on packed qkv(B,T,3C) (q | k | v, heads
+//   contiguous within each), each query attending the keys of its own record up to itself
+//   (see `pos`). Writes out(B,T,C) and lse(B,H,T), each query row's log-sum-exp of its scaled
+//   scores: all the backward needs besides qkv, which recomputes the probabilities from them
+//   (no (T, T) matrix outlives a call). scratch: 2 T T fp32 values of workspace that a
+//   backend may use within the call (the CUDA backend's unfused kernels do).
+// attention_backward: dqkv(B,T,3C) overwritten. out is the forward's output (a fused backward
+//   reads it for each row's sum of dout * out; the kernels recompute from qkv and lse alone).
+//   `pos` as the forward's.
+// clang-format off
+#define FUYOU_GEMM_KERNELS(X)                                                                    \
+  X(matmul_forward, (void* out, const void* in, const void* w, const void* bias, int N, int IC,  \
+                     int OC),                                                                    \
+    (out, in, w, bias, N, IC, OC))                                                               \
+  X(matmul_backward, (void* din, void* dw, void* dbias, const void* dout, const void* in,        \
+                      const void* w, int N, int IC, int OC),                                     \
+    (din, dw, dbias, dout, in, w, N, IC, OC))                                                    \
+  X(attention_forward, (void* out, float* lse, float* scratch, const void* qkv, int B, int T,    \
+                        int C, int H, const int32_t* pos),                                       \
+    (out, lse, scratch, qkv, B, T, C, H, pos))                                                   \
+  X(attention_backward, (void* dqkv, float* scratch, const void* dout, const void* out,          \
+                         const void* qkv, const float* lse, int B, int T, int C, int H,          \
+                         const int32_t* pos),                                                    \
+    (dqkv, scratch, dout, out, qkv, lse, B, T, C, H, pos))
+// clang-format on
+//
+// embedding_forward: out(N,C) = wte[tokens[n]] + wpe[n % T]. wpe may be null (a family
+//   without a position table, llama): then out = wte[tokens[n]].
+// embedding_backward: dwte(V,C) += scatter of dout rows by token; dwpe(T,C) += sum over batch
+//   (skipped when dwpe is null).
+// layernorm_forward: out(N,C) = (in - mean) * rstd * w + b; saves mean(N), rstd(N) for the
+//   backward. layernorm_backward: din(N,C) += ...; dw(C), db(C) += ...
+// gelu_forward: GELU, tanh approximation. gelu_backward: din = dout * gelu'(in); din may
+//   alias dout.
+// add: out = a + b (out may alias a or b).
+// crossentropy_forward / _backward: mean cross-entropy support. Forward: losses(N) =
+//   logsumexp(logits[n]) - logits[n][target], and lse(N) saved. Backward: logits(N,V) is
+//   overwritten with (softmax(logits) - onehot(target)) * scale, the gradient of
+//   scale * sum(losses). A target equal to kIgnoreTarget (-1, PyTorch's ignore_index) does
+//   not count: its row gets loss 0 (and lse 0) in the forward and an all-zero gradient row in
+//   the backward, so a masked-out target contributes neither loss nor gradient. The caller
+//   divides by the number of counted targets (the mean over counted targets: scale =
+//   1 / count). Rows are ld >= V elements apart: a vocabulary padded for the GEMMs' sake (the
+//   model's padded_vocab) has ld - V columns past the real ones, which the forward ignores and
+//   the backward sets to zero, so the padding's weight rows get no gradient.
+//
+// The opt and llama families' kernels. Hq = query heads, Hkv = key/value heads (Hkv divides
+// Hq), D = head size, C = Hq * D. Grouped-query attention projects to a compact packed
+// qkvc(N, (Hq + 2 Hkv) D): q | k | v, heads contiguous within each, as one matmul with the
+// packed q/k/v weight writes it. Per-element math for all of these is in
+// kernels/common/element_math.h.
+// rmsnorm_forward: out(N,C) = in * rstd * w, with rstd(N) = 1 / sqrt(mean over C of in^2 +
+//   eps) saved for the backward (statistics accumulated in math::StatAcc, as layernorm).
+//   rmsnorm_backward: din(N,C) += ... (accumulates, like layernorm_backward); dw(C) += ...
+// rope_forward: rotary position embeddings (Llama's rotate-half form), in place on the q and k
+//   heads of qkvc(B,T,(Hq+2Hkv)D); v is untouched. Row n has position pos[n] (n % T when pos
+//   is null; see attention_forward for pos); within each head the pair (i, i + D/2), i < D/2,
+//   is rotated by the angle math::rope_angle(position, i, D, theta). rope_backward: the
+//   transpose (rotation by -angle), in place on the q and k parts of dqkvc(B,T,(Hq+2Hkv)D).
+// repeat_kv_forward: grouped-query attention in its simple form: expands qkvc(N,(Hq+2Hkv)D)
+//   into the full packed qkv(N,3C) that attention_forward takes, k/v head j copied to query
+//   heads j*G .. j*G+G-1 (G = Hq/Hkv). repeat_kv_backward: dqkvc(N,(Hq+2Hkv)D) overwritten: q
+//   part copied from dqkv(N,3C), each k/v head the sum of the gradients of its G copies.
+// swiglu_forward: SwiGLU on the packed gate|up projection gu(N,2F) (row n: gate[0..F) then
+//   up[0..F)): out(N,F) = silu(gate) * up. swiglu_backward: dgu(N,2F) overwritten from
+//   dout(N,F).
+// relu_forward: ReLU (opt's MLP activation). relu_backward: din = dout * (in > 0); din may
+//   alias dout.
+// clang-format off
+#define FUYOU_ELEMENTWISE_KERNELS(X)                                                             \
+  X(embedding_forward, (void* out, const int32_t* tokens, const void* wte, const void* wpe,      \
+                        int B, int T, int C),                                                    \
+    (out, tokens, wte, wpe, B, T, C))                                                            \
+  X(embedding_backward, (void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B, \
+                         int T, int C),                                                          \
+    (dwte, dwpe, dout, tokens, B, T, C))                                                         \
+  X(layernorm_forward, (void* out, float* mean, float* rstd, const void* in, const void* w,      \
+                        const void* b, int N, int C),                                            \
+    (out, mean, rstd, in, w, b, N, C))                                                           \
+  X(layernorm_backward, (void* din, void* dw, void* db, const void* dout, const void* in,        \
+                         const void* w, const float* mean, const float* rstd, int N, int C),     \
+    (din, dw, db, dout, in, w, mean, rstd, N, C))                                                \
+  X(gelu_forward, (void* out, const void* in, size_t n), (out, in, n))                           \
+  X(gelu_backward, (void* din, const void* in, const void* dout, size_t n), (din, in, dout, n))  \
+  X(add, (void* out, const void* a, const void* b, size_t n), (out, a, b, n))                    \
+  X(crossentropy_forward, (float* losses, float* lse, const void* logits,                        \
+                           const int32_t* targets, int N, int V, int ld),                        \
+    (losses, lse, logits, targets, N, V, ld))                                                    \
+  X(crossentropy_backward, (void* logits_to_dlogits, const float* lse, const int32_t* targets,   \
+                            float scale, int N, int V, int ld),                                  \
+    (logits_to_dlogits, lse, targets, scale, N, V, ld))                                          \
+  X(rmsnorm_forward, (void* out, float* rstd, const void* in, const void* w, float eps, int N,   \
+                      int C),                                                                    \
+    (out, rstd, in, w, eps, N, C))                                                               \
+  X(rmsnorm_backward, (void* din, void* dw, const void* dout, const void* in, const void* w,     \
+                       const float* rstd, int N, int C),                                         \
+    (din, dw, dout, in, w, rstd, N, C))                                                          \
+  X(rope_forward, (void* qkvc, int B, int T, int Hq, int Hkv, int D, float theta,                \
+                   const int32_t* pos),                                                          \
+    (qkvc, B, T, Hq, Hkv, D, theta, pos))                                                        \
+  X(rope_backward, (void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta,              \
+                    const int32_t* pos),                                                         \
+    (dqkvc, B, T, Hq, Hkv, D, theta, pos))                                                       \
+  X(repeat_kv_forward, (void* qkv, const void* qkvc, int N, int Hq, int Hkv, int D),             \
+    (qkv, qkvc, N, Hq, Hkv, D))                                                                  \
+  X(repeat_kv_backward, (void* dqkvc, const void* dqkv, int N, int Hq, int Hkv, int D),          \
+    (dqkvc, dqkv, N, Hq, Hkv, D))                                                                \
+  X(swiglu_forward, (void* out, const void* gu, int N, int F), (out, gu, N, F))                  \
+  X(swiglu_backward, (void* dgu, const void* gu, const void* dout, int N, int F),                \
+    (dgu, gu, dout, N, F))                                                                       \
+  X(relu_forward, (void* out, const void* in, size_t n), (out, in, n))                           \
+  X(relu_backward, (void* din, const void* in, const void* dout, size_t n), (din, in, dout, n))
+// clang-format on
+#define FUYOU_LAYER_KERNELS(X) FUYOU_GEMM_KERNELS(X) FUYOU_ELEMENTWISE_KERNELS(X)
+//
+// rope_forward_at: rotary embeddings as rope_forward, on qkvc(N,(Hq+2Hkv)D) whose row n is at
+//   position pos0 + n.
+// attention_decode: causal attention of N new rows of one sequence over the cache. k_cache and
+//   v_cache hold (capacity, Hkv D) each, rows 0 .. pos0-1 filled. The k and v parts of
+//   qkvc(N,(Hq+2Hkv)D) (after RoPE) are first stored at rows pos0 .. pos0+N-1; then
+//   out(N, Hq D): row i, query head h attends to cache rows 0 .. pos0+i of key/value head
+//   h / (Hq / Hkv), scores scaled by 1/sqrt(D), softmax and sums in fp32 (gpt2/opt: Hkv = Hq,
+//   and qkvc is their packed qkv).
+// clang-format off
+#define FUYOU_DECODE_KERNELS(X)                                                                  \
+  X(rope_forward_at, (void* qkvc, int N, int pos0, int Hq, int Hkv, int D, float theta),         \
+    (qkvc, N, pos0, Hq, Hkv, D, theta))                                                          \
+  X(attention_decode, (void* out, void* k_cache, void* v_cache, const void* qkvc, int N,         \
+                       int pos0, int Hq, int Hkv, int D),                                        \
+    (out, k_cache, v_cache, qkvc, N, pos0, Hq, Hkv, D))
+// clang-format on
+
+// Expansions: a pure virtual kernel (Backend), a virtual one with a default (Backend's
+// decoding kernels refuse), and an override a backend defines in its source.
+#define FY_KERNEL_PURE(name, params, args) virtual void name params = 0;
+#define FY_KERNEL_VIRTUAL(name, params, args) virtual void name params;
+#define FY_KERNEL_OVERRIDE(name, params, args) void name params override;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -108,141 +273,11 @@ class Backend {
   virtual bool register_host(void* ptr, size_t bytes) { return (void)ptr, (void)bytes, true; }
   virtual void unregister_host(void* ptr) { (void)ptr; }
 
-  // ---- transformer kernels ------------------------------------------------------------
-  // Tensors passed as void* are of the backend's storage type (storage_type(): fp32, or bf16
-  // with runtime.device_tensors: bf16): weights, activations, gradients, logits. Tensors passed
-  // as float* are always fp32: the norms' mean and rstd, the losses, the log-sum-exps and the
-  // attention's scratch. Every kernel computes in fp32 whatever the storage type
-  // (loads widen, stores round to nearest even), and accumulates its sums in fp32 or wider.
-  //
-  // out(N,C) = wte[tokens[n]] + wpe[n % T]. wpe may be null (a family without a position
-  // table, llama): then out = wte[tokens[n]].
-  virtual void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe,
-                                 int B, int T, int C) = 0;
-  // dwte(V,C) += scatter of dout rows by token; dwpe(T,C) += sum over batch (skipped when
-  // dwpe is null).
-  virtual void embedding_backward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens,
-                                  int B, int T, int C) = 0;
-
-  // out(N,C) = (in - mean) * rstd * w + b; saves mean(N), rstd(N) for the backward.
-  virtual void layernorm_forward(void* out, float* mean, float* rstd, const void* in, const void* w,
-                                 const void* b, int N, int C) = 0;
-  // din(N,C) += ...; dw(C), db(C) += ...
-  virtual void layernorm_backward(void* din, void* dw, void* db, const void* dout, const void* in,
-                                  const void* w, const float* mean, const float* rstd, int N,
-                                  int C) = 0;
-
-  // out(N,OC) = in(N,IC) * w(OC,IC)^T + bias(OC); bias may be null.
-  virtual void matmul_forward(void* out, const void* in, const void* w, const void* bias, int N,
-                              int IC, int OC) = 0;
-  // din(N,IC) = dout * w (overwritten; skipped when din is null); dw(OC,IC) += dout^T in;
-  // dbias(OC) += column sums of dout (skipped when null). din may alias in: dw is computed
-  // from in before din is written (the MLP's backward overwrites its input activation).
-  virtual void matmul_backward(void* din, void* dw, void* dbias, const void* dout, const void* in,
-                               const void* w, int N, int IC, int OC) = 0;
-
-  // Packed records (segments). `pos` (device memory, B*T int32, or null) gives each token its
-  // position within its record: pos[b*T + t] is 0 where a record starts and pos[b*T + t - 1] + 1
-  // otherwise (pos[b*T] is 0), so the record of token t is the run [t - pos[b*T + t], t] of
-  // row b. Attention is causal within each record only (no token attends to another record's),
-  // rotary phases restart with each record, and learned positions are looked up by pos (the
-  // model gathers them; embedding_forward is unchanged). Null: one record per row, pos = t,
-  // the arithmetic of an unpacked batch bit for bit. Transformer::set_tokens checks the rule.
-  //
-  // Causal multi-head self-attention on packed qkv(B,T,3C) (q | k | v, heads contiguous
-  // within each), each query attending the keys of its own record up to itself (see `pos`).
-  // Writes out(B,T,C) and lse(B,H,T), each query row's log-sum-exp of its
-  // scaled scores: all the backward needs besides qkv, which recomputes the probabilities
-  // from them (no (T, T) matrix outlives a call). scratch: 2 T T fp32 values of workspace
-  // that a backend may use within the call (the CUDA backend's unfused kernels do).
-  virtual void attention_forward(void* out, float* lse, float* scratch, const void* qkv, int B,
-                                 int T, int C, int H, const int32_t* pos) = 0;
-  // dqkv(B,T,3C) overwritten. out is the forward's output (a fused backward reads it for
-  // each row's sum of dout * out; the kernels recompute from qkv and lse alone). `pos` as the
-  // forward's.
-  virtual void attention_backward(void* dqkv, float* scratch, const void* dout, const void* out,
-                                  const void* qkv, const float* lse, int B, int T, int C, int H,
-                                  const int32_t* pos) = 0;
-
-  // GELU, tanh approximation.
-  virtual void gelu_forward(void* out, const void* in, size_t n) = 0;
-  // din = dout * gelu'(in); din may alias dout.
-  virtual void gelu_backward(void* din, const void* in, const void* dout, size_t n) = 0;
-
-  // out = a + b (out may alias a or b).
-  virtual void add(void* out, const void* a, const void* b, size_t n) = 0;
-
-  // Mean cross-entropy support. Forward: losses(N) = logsumexp(logits[n]) - logits[n][target],
-  // and lse(N) saved. Backward: logits(N,V) is overwritten with
-  // (softmax(logits) - onehot(target)) * scale, the gradient of scale * sum(losses).
-  // A target equal to kIgnoreTarget (-1, PyTorch's ignore_index) does not count: its row gets
-  // loss 0 (and lse 0) in the forward and an all-zero gradient row in the backward, so a
-  // masked-out target contributes neither loss nor gradient. The caller divides by the number
-  // of counted targets (the mean over counted targets: scale = 1 / count).
-  // Rows are ld >= V elements apart: a vocabulary padded for the GEMMs' sake (the model's
-  // padded_vocab) has ld - V columns past the real ones, which the forward ignores and the
-  // backward sets to zero, so the padding's weight rows get no gradient.
-  virtual void crossentropy_forward(float* losses, float* lse, const void* logits,
-                                    const int32_t* targets, int N, int V, int ld) = 0;
-  virtual void crossentropy_backward(void* logits_to_dlogits, const float* lse,
-                                     const int32_t* targets, float scale, int N, int V, int ld) = 0;
-
-  // ---- kernels of the opt and llama families -----------------------------------------------
-  // Hq = query heads, Hkv = key/value heads (Hkv divides Hq), D = head size, C = Hq * D.
-  // Grouped-query attention projects to a compact packed qkvc(N, (Hq + 2 Hkv) D): q | k | v,
-  // heads contiguous within each, as one matmul with the packed q/k/v weight writes it.
-  // Per-element math for all of these is in kernels/common/element_math.h.
-
-  // RMSNorm: out(N,C) = in * rstd * w, with rstd(N) = 1 / sqrt(mean over C of in^2 + eps)
-  // saved for the backward (statistics accumulated in math::StatAcc, as layernorm).
-  virtual void rmsnorm_forward(void* out, float* rstd, const void* in, const void* w, float eps,
-                               int N, int C) = 0;
-  // din(N,C) += ... (accumulates, like layernorm_backward); dw(C) += ...
-  virtual void rmsnorm_backward(void* din, void* dw, const void* dout, const void* in,
-                                const void* w, const float* rstd, int N, int C) = 0;
-
-  // Rotary position embeddings (Llama's rotate-half form), in place on the q and k heads of
-  // qkvc(B,T,(Hq+2Hkv)D); v is untouched. Row n has position pos[n] (n % T when pos is null;
-  // see attention_forward for pos); within each head the pair (i, i + D/2), i < D/2, is
-  // rotated by the angle math::rope_angle(position, i, D, theta).
-  virtual void rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int D, float theta,
-                            const int32_t* pos) = 0;
-  // The transpose (rotation by -angle), in place on the q and k parts of dqkvc(B,T,(Hq+2Hkv)D).
-  virtual void rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta,
-                             const int32_t* pos) = 0;
-
-  // Grouped-query attention in its simple form: expands qkvc(N,(Hq+2Hkv)D) into the full
-  // packed qkv(N,3C) that attention_forward takes, k/v head j copied to query heads
-  // j*G .. j*G+G-1 (G = Hq/Hkv).
-  virtual void repeat_kv_forward(void* qkv, const void* qkvc, int N, int Hq, int Hkv, int D) = 0;
-  // dqkvc(N,(Hq+2Hkv)D) overwritten: q part copied from dqkv(N,3C), each k/v head the sum of
-  // the gradients of its G copies.
-  virtual void repeat_kv_backward(void* dqkvc, const void* dqkv, int N, int Hq, int Hkv, int D) = 0;
-
-  // SwiGLU on the packed gate|up projection gu(N,2F) (row n: gate[0..F) then up[0..F)):
-  // out(N,F) = silu(gate) * up.
-  virtual void swiglu_forward(void* out, const void* gu, int N, int F) = 0;
-  // dgu(N,2F) overwritten from dout(N,F).
-  virtual void swiglu_backward(void* dgu, const void* gu, const void* dout, int N, int F) = 0;
-
-  // ReLU (opt's MLP activation).
-  virtual void relu_forward(void* out, const void* in, size_t n) = 0;
-  // din = dout * (in > 0); din may alias dout.
-  virtual void relu_backward(void* din, const void* in, const void* dout, size_t n) = 0;
-
-  // ---- decoding with a key/value cache (GptDecoder, fuyou-generate) ----------------------
-  // Forward only, N new rows of one sequence after the pos0 rows already cached. The CPU and
+  // ---- the kernels (the lists and their contracts: FUYOU_GEMM_KERNELS above) ------------
+  FUYOU_LAYER_KERNELS(FY_KERNEL_PURE)
+  // Decoding with a key/value cache (GptDecoder, fuyou-generate): forward only. The CPU and
   // CUDA backends implement them; any other refuses (an Error naming itself and the op).
-  // Rotary embeddings as rope_forward, on qkvc(N,(Hq+2Hkv)D) whose row n is at position
-  // pos0 + n.
-  virtual void rope_forward_at(void* qkvc, int N, int pos0, int Hq, int Hkv, int D, float theta);
-  // Causal attention of the new rows over the cache. k_cache and v_cache hold (capacity,
-  // Hkv D) each, rows 0 .. pos0-1 filled. The k and v parts of qkvc(N,(Hq+2Hkv)D) (after RoPE)
-  // are first stored at rows pos0 .. pos0+N-1; then out(N, Hq D): row i, query head h attends
-  // to cache rows 0 .. pos0+i of key/value head h / (Hq / Hkv), scores scaled by 1/sqrt(D),
-  // softmax and sums in fp32 (gpt2/opt: Hkv = Hq, and qkvc is their packed qkv).
-  virtual void attention_decode(void* out, void* k_cache, void* v_cache, const void* qkvc, int N,
-                                int pos0, int Hq, int Hkv, int D);
+  FUYOU_DECODE_KERNELS(FY_KERNEL_VIRTUAL)
 
   // ---- the optimizer on the device ------------------------------------------------------
   // For a model whose whole optimizer state fits the device (the in-memory step with

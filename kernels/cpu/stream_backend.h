@@ -49,48 +49,14 @@ class StreamBackend final : public Backend {
   void set_caller_ordered(bool on) override { caller_ordered_ = on; }
   void finish_compute() override { compute_.wait_all(); }
 
-  void embedding_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int B,
-                         int T, int C) override;
-  void embedding_backward(void* dwte, void* dwpe, const void* dout, const int32_t* tokens, int B,
-                          int T, int C) override;
-  void layernorm_forward(void* out, float* mean, float* rstd, const void* in, const void* w,
-                         const void* b, int N, int C) override;
-  void layernorm_backward(void* din, void* dw, void* db, const void* dout, const void* in,
-                          const void* w, const float* mean, const float* rstd, int N,
-                          int C) override;
-  void matmul_forward(void* out, const void* in, const void* w, const void* bias, int N, int IC,
-                      int OC) override;
-  void matmul_backward(void* din, void* dw, void* dbias, const void* dout, const void* in,
-                       const void* w, int N, int IC, int OC) override;
-  void attention_forward(void* out, float* lse, float* scratch, const void* qkv, int B, int T,
-                         int C, int H, const int32_t* pos) override;
-  void attention_backward(void* dqkv, float* scratch, const void* dout, const void* out,
-                          const void* qkv, const float* lse, int B, int T, int C, int H,
-                          const int32_t* pos) override;
-  void gelu_forward(void* out, const void* in, size_t n) override;
-  void gelu_backward(void* din, const void* in, const void* dout, size_t n) override;
-  void add(void* out, const void* a, const void* b, size_t n) override;
-  void crossentropy_forward(float* losses, float* lse, const void* logits, const int32_t* targets,
-                            int N, int V, int ld) override;
-  void crossentropy_backward(void* logits_to_dlogits, const float* lse, const int32_t* targets,
-                             float scale, int N, int V, int ld) override;
-  void rmsnorm_forward(void* out, float* rstd, const void* in, const void* w, float eps, int N,
-                       int C) override;
-  void rmsnorm_backward(void* din, void* dw, const void* dout, const void* in, const void* w,
-                        const float* rstd, int N, int C) override;
-  void rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int D, float theta,
-                    const int32_t* pos) override;
-  void rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta,
-                     const int32_t* pos) override;
-  void repeat_kv_forward(void* qkv, const void* qkvc, int N, int Hq, int Hkv, int D) override;
-  void repeat_kv_backward(void* dqkvc, const void* dqkv, int N, int Hq, int Hkv, int D) override;
-  void swiglu_forward(void* out, const void* gu, int N, int F) override;
-  void swiglu_backward(void* dgu, const void* gu, const void* dout, int N, int F) override;
-  void relu_forward(void* out, const void* in, size_t n) override;
-  void relu_backward(void* din, const void* in, const void* dout, size_t n) override;
-  void rope_forward_at(void* qkvc, int N, int pos0, int Hq, int Hkv, int D, float theta) override;
-  void attention_decode(void* out, void* k_cache, void* v_cache, const void* qkvc, int N, int pos0,
-                        int Hq, int Hkv, int D) override;
+  // Every kernel queued on the compute queue, its arguments captured by value.
+#define FY_KERNEL_QUEUED(name, params, args)  \
+  void name params override {                 \
+    kernel([=, this] { inner_->name args; }); \
+  }
+  FUYOU_LAYER_KERNELS(FY_KERNEL_QUEUED)
+  FUYOU_DECODE_KERNELS(FY_KERNEL_QUEUED)
+#undef FY_KERNEL_QUEUED
 
   bool supports_device_optimizer() const override { return inner_->supports_device_optimizer(); }
   void accumulate_fp32(float* sum, const void* g, ElemType type, size_t n, bool first) override;

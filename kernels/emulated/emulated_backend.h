@@ -65,37 +65,14 @@ class EmulatedBackend final : public Backend {
   void set_storage_type(ElemType t) override { storage_ = t; }
   ElemType storage_type() const override { return storage_; }
 
-  void embedding_forward(void*, const int32_t*, const void*, const void*, int, int, int) override {}
-  void embedding_backward(void*, void*, const void*, const int32_t*, int, int, int) override {}
-  void layernorm_forward(void*, float*, float*, const void*, const void*, const void*, int,
-                         int) override {}
-  void layernorm_backward(void*, void*, void*, const void*, const void*, const void*, const float*,
-                          const float*, int, int) override {}
-  void matmul_forward(void*, const void*, const void*, const void*, int N, int IC, int OC) override;
-  void matmul_backward(void* din, void*, void*, const void*, const void*, const void*, int N,
-                       int IC, int OC) override;
-  // Timed as dense causal attention whatever the records (the packed positions live in device
-  // memory this device does not hold).
-  void attention_forward(void*, float*, float*, const void*, int B, int T, int C, int,
-                         const int32_t*) override;
-  void attention_backward(void*, float*, const void*, const void*, const void*, const float*, int B,
-                          int T, int C, int, const int32_t*) override;
-  void gelu_forward(void*, const void*, size_t) override {}
-  void gelu_backward(void*, const void*, const void*, size_t) override {}
-  void add(void*, const void*, const void*, size_t) override {}
-  void crossentropy_forward(float*, float*, const void*, const int32_t*, int, int, int) override {}
-  void crossentropy_backward(void*, const float*, const int32_t*, float, int, int, int) override {}
-  void rmsnorm_forward(void*, float*, const void*, const void*, float, int, int) override {}
-  void rmsnorm_backward(void*, void*, const void*, const void*, const void*, const float*, int,
-                        int) override {}
-  void rope_forward(void*, int, int, int, int, int, float, const int32_t*) override {}
-  void rope_backward(void*, int, int, int, int, int, float, const int32_t*) override {}
-  void repeat_kv_forward(void*, const void*, int, int, int, int) override {}
-  void repeat_kv_backward(void*, const void*, int, int, int, int) override {}
-  void swiglu_forward(void*, const void*, int, int) override {}
-  void swiglu_backward(void*, const void*, const void*, int, int) override {}
-  void relu_forward(void*, const void*, size_t) override {}
-  void relu_backward(void*, const void*, const void*, size_t) override {}
+  // The GEMMs and the attention take the profile's compute time for their FLOPs (the
+  // attention timed as dense causal attention whatever the records: the packed positions live
+  // in device memory this device does not hold); the memory-bound kernels take none.
+  FUYOU_GEMM_KERNELS(FY_KERNEL_OVERRIDE)
+#define FY_KERNEL_FREE(name, params, args) \
+  void name params override {}
+  FUYOU_ELEMENTWISE_KERNELS(FY_KERNEL_FREE)
+#undef FY_KERNEL_FREE
 
   // FLOPs queued so far (tests: the model's kernels add up to forward_flops_per_token).
   double flops_queued() const;
