@@ -17,6 +17,7 @@
 #include "fuyou/scheduler.h"
 #include "fuyou/tokenizer.h"
 #include "fuyou/train.h"
+#include "reference_fixture.h"
 #include "test_support.h"
 
 namespace fs = std::filesystem;
@@ -125,17 +126,7 @@ TEST_CASE("masked loss, gradients and a 10-step run match PyTorch's cross_entrop
           "[mask][reference]") {
   SafetensorsReader f(test::source_path("tests/reference/fixtures/tiny_b.safetensors"));
   SafetensorsReader m(test::source_path("tests/reference/fixtures/mask/tiny_b_mask.safetensors"));
-  auto md = [&](const char* k) { return f.metadata().at(k); };
-  Config cfg = parse_config(
-      str("model: {n_layer: ", md("n_layer"), ", n_head: ", md("n_head"),
-          ", d_model: ", md("d_model"), ", d_ff: ", md("d_ff"), ", vocab_size: ", md("vocab_size"),
-          ", seq_len: ", md("seq_len"), "}\n", "optimizer: {lr: ", md("lr"),
-          ", min_lr: ", md("min_lr"), ", beta1: ", md("beta1"), ", beta2: ", md("beta2"),
-          ", eps: ", md("eps"), ", weight_decay: ", md("weight_decay"), ", grad_clip: ", md("clip"),
-          "}\n", "schedule: {steps: ", md("steps"), ", warmup_steps: ", md("warmup"),
-          ", micro_batch: ", md("batch"), ", grad_accum: ", md("grad_accum"), "}\n",
-          "runtime: {backend: cpu, threads: 2}\n"),
-      f.path());
+  Config cfg = test::reference_fixture_config(f, "cpu");
   auto be = make_cpu_backend(2, 0);
   InMemoryStep runner(cfg, *be);
   Transformer& model = runner.model();

@@ -28,4 +28,11 @@ struct OptimizerCounters {
   LossScaleState loss_scale;
 };
 
+// The counters of an engine at AdamW step `adam_step` with `scaler` (null: no fp16).
+OptimizerCounters optimizer_counters(int64_t adam_step, const DynamicLossScaler* scaler);
+// Restores them into the engine's step and scaler; Error when the checkpoint has loss-scale
+// state and this run does not use fp16, or the reverse.
+void restore_optimizer_counters(const OptimizerCounters& c, int64_t* adam_step,
+                                DynamicLossScaler* scaler);
+
 }  // namespace fuyou

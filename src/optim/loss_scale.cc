@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "fuyou/error.h"
+#include "fuyou/train_state.h"
 
 namespace fuyou {
 
@@ -57,6 +58,24 @@ StepDecision decide_step(double scaled_sum_squares, double loss_scale, double gr
   if (grad_clip > 0) coef = std::min(1.0, grad_clip / (d.grad_norm + 1e-6));
   d.grad_scale = static_cast<float>(coef / loss_scale);
   return d;
+}
+
+OptimizerCounters optimizer_counters(int64_t adam_step, const DynamicLossScaler* scaler) {
+  OptimizerCounters c;
+  c.adam_step = adam_step;
+  c.has_loss_scale = scaler != nullptr;
+  if (scaler) c.loss_scale = scaler->state();
+  return c;
+}
+
+void restore_optimizer_counters(const OptimizerCounters& c, int64_t* adam_step,
+                                DynamicLossScaler* scaler) {
+  if (c.has_loss_scale != (scaler != nullptr))
+    throw Error(str("training state: the checkpoint ", c.has_loss_scale ? "has" : "has no",
+                    " fp16 loss-scale state but this run ", scaler ? "uses" : "does not use",
+                    " fp16"));
+  *adam_step = c.adam_step;
+  if (scaler) scaler->restore(c.loss_scale);
 }
 
 }  // namespace fuyou

@@ -272,21 +272,12 @@ void PlanExecutor::Impl::write_group_state(int g, StateKind kind, const StateSou
 
 OptimizerCounters PlanExecutor::Impl::counters() {
   drain();
-  OptimizerCounters c;
-  c.adam_step = t_;
-  c.has_loss_scale = scaler_ != nullptr;
-  if (scaler_) c.loss_scale = scaler_->state();
-  return c;
+  return optimizer_counters(t_, scaler_.get());
 }
 
 void PlanExecutor::Impl::set_counters(const OptimizerCounters& c) {
   drain();
-  if (c.has_loss_scale != (scaler_ != nullptr))
-    throw Error(str("training state: the checkpoint ", c.has_loss_scale ? "has" : "has no",
-                    " fp16 loss-scale state but this run ", scaler_ ? "uses" : "does not use",
-                    " fp16"));
-  t_ = c.adam_step;
-  if (scaler_) scaler_->restore(c.loss_scale);
+  restore_optimizer_counters(c, &t_, scaler_.get());
 }
 
 void PlanExecutor::Impl::read_params(float* params) {

@@ -241,21 +241,10 @@ void InMemoryStep::write_packed(int group, StateKind kind, const PackedSource& s
   opt_->write_packed(group, kind, source);
 }
 
-OptimizerCounters InMemoryStep::counters() const {
-  OptimizerCounters c;
-  c.adam_step = t_;
-  c.has_loss_scale = scaler_ != nullptr;
-  if (scaler_) c.loss_scale = scaler_->state();
-  return c;
-}
+OptimizerCounters InMemoryStep::counters() const { return optimizer_counters(t_, scaler_.get()); }
 
 void InMemoryStep::set_counters(const OptimizerCounters& c) {
-  if (c.has_loss_scale != (scaler_ != nullptr))
-    throw Error(str("training state: the checkpoint ", c.has_loss_scale ? "has" : "has no",
-                    " fp16 loss-scale state but this run ", scaler_ ? "uses" : "does not use",
-                    " fp16"));
-  t_ = c.adam_step;
-  if (scaler_) scaler_->restore(c.loss_scale);
+  restore_optimizer_counters(c, &t_, scaler_.get());
 }
 
 StepResult InMemoryStep::step(int64_t step_index, const std::vector<const int32_t*>& micro_batches,
