@@ -9,6 +9,7 @@
 #include <cmath>
 #include <ctime>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -59,6 +60,17 @@ fuyou::Config load(const std::string& path, const std::vector<std::string>& sets
                       : fuyou::load_config_file(path, sets);
 }
 
+// --config and --set: the config that `train`, `plan`, `gemm` and `checkpoint` measure.
+struct ConfigArgs {
+  std::string path;
+  std::vector<std::string> sets;
+};
+
+void add_config_options(CLI::App* sub, ConfigArgs& c) {
+  sub->add_option("--config", c.path, "YAML config (default: the embedded default)");
+  sub->add_option("--set", c.sets, "Override a key: section.key=value");
+}
+
 struct TrainArgs {
   int steps = 5, warmup = 1;
   bool json = false;
@@ -67,6 +79,31 @@ struct TrainArgs {
   std::string predict_on;  // a hardware profile: the simulator's figures for the run's plan on it
   bool breakdown = false;  // one more step, timed op by op (include/fuyou/breakdown.h)
 };
+
+CLI::App* add_train_command(CLI::App& app, ConfigArgs& c, TrainArgs& a) {
+  auto* train =
+      app.add_subcommand("train", "Time training steps of a config's model on random tokens");
+  add_config_options(train, c);
+  train->add_option("--steps", a.steps, "Timed steps (the median is reported)")
+      ->check(CLI::PositiveNumber);
+  train->add_option("--warmup", a.warmup, "Untimed warm-up steps")->check(CLI::NonNegativeNumber);
+  train->add_option(
+      "--trace", a.trace,
+      "Write a timeline (Chrome trace JSON): offloaded, the last iterations' ops; in memory, the "
+      "breakdown step's op classes");
+  train->add_flag("--breakdown", a.breakdown,
+                  "Time one more step op class by op class: per phase, per class, and what is left "
+                  "unaccounted");
+  train->add_option("--ssd-tbw", a.ssd_tbw,
+                    "Drive endurance in TB written, for the drive-life figure");
+  train->add_flag("--json", a.json, "One JSON object on stdout");
+  train->add_option(
+      "--predict-on", a.predict_on,
+      "Hardware profile of this machine: add the simulator's figures for the run's plan (emulated: "
+      "the emulated GPU's compute and PCIe with this profile's SSDs and optimizer, which the "
+      "automatic activation placement then plans on too)");
+  return train;
+}
 
 // One more step with the backend's timing marks on: where its time goes. In memory the step
 // is bracketed by marks of this thread (the step's); offloaded, the executor's compute thread
@@ -138,132 +175,265 @@ void offload_figures(nlohmann::json& j, const fuyou::StepResult& d, const fuyou:
       d.ssd_write_bytes ? ssd_tbw * 1e12 / (d.ssd_write_bytes / tokens) : 0.0;
 }
 
-int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
+// `train`: a config's engine stepped on random tokens; the timed steps' times and results
+// stay for the figures.
+class TrainBench {
+ public:
+  TrainBench(const fuyou::Config& cfg, const TrainArgs& a);
+  // The warm-up and the timed steps, each logged unless --json.
+  void run_steps();
+  // The breakdown step, when --breakdown or an in-memory --trace asks for it; writes --trace.
+  std::optional<fuyou::StepBreakdown> breakdown_and_trace();
+  // The run's figures; offloaded, those of its median step and the prediction too.
+  nlohmann::json figures(const std::optional<fuyou::StepBreakdown>& bd) const;
+
+ private:
+  const fuyou::Config& cfg_;
+  const TrainArgs& a_;
+  std::unique_ptr<fuyou::Backend> backend_;
+  std::unique_ptr<fuyou::TrainEngine> engine_;
+  std::vector<std::vector<int32_t>> mbs_;  // the micro-batches of every step
+  std::vector<const int32_t*> ptrs_;
+  // An emulated device's losses are NaN and its TFLOP/s those of the profile it emulates at
+  // runtime.emulated_scale: every figure says so.
+  bool emulated_ = false;
+  std::vector<double> times_;               // of the timed steps
+  std::vector<fuyou::StepResult> results_;  // of the timed steps
+};
+
+TrainBench::TrainBench(const fuyou::Config& cfg, const TrainArgs& a) : cfg_(cfg), a_(a) {
   std::string why;
-  auto backend = fuyou::make_backend(cfg, &why);
+  backend_ = fuyou::make_backend(cfg, &why);
   if (!a.json) spdlog::info("{}", why);
   // An emulated run with this machine's profile plans its activations for the machine as
   // emulated, not for the GPU profile's own disks and CPU.
   fuyou::EngineOptions eo;
   if (cfg.runtime.backend == "emulated" && !a.predict_on.empty())
     eo.placement_profile = run_machine(cfg, a.predict_on);
-  auto engine = fuyou::make_train_engine(cfg, *backend, eo);
-  if (!a.json) std::fputs(engine->describe().c_str(), stderr), std::fputs("\n", stderr);
-  engine->init_params();
+  engine_ = fuyou::make_train_engine(cfg, *backend_, eo);
+  if (!a.json) std::fputs(engine_->describe().c_str(), stderr), std::fputs("\n", stderr);
+  engine_->init_params();
   const int B = cfg.schedule.micro_batch, T = cfg.model.seq_len, accum = cfg.schedule.grad_accum;
-  std::vector<std::vector<int32_t>> mbs(accum,
-                                        std::vector<int32_t>(static_cast<size_t>(B) * (T + 1)));
+  mbs_.assign(accum, std::vector<int32_t>(static_cast<size_t>(B) * (T + 1)));
   fuyou::Rng rng(cfg.runtime.seed);
-  std::vector<const int32_t*> ptrs;
-  for (auto& mb : mbs) {
+  for (auto& mb : mbs_) {
     for (auto& t : mb) t = static_cast<int32_t>(rng.below(cfg.model.vocab_size));
-    ptrs.push_back(mb.data());
+    ptrs_.push_back(mb.data());
   }
-  // An emulated device's losses are NaN and its TFLOP/s those of the profile it emulates at
-  // runtime.emulated_scale: every figure below says so.
-  const bool emulated = backend->kind() == fuyou::BackendKind::kEmulated;
-  std::vector<double> times;
-  std::vector<fuyou::StepResult> results;
-  for (int s = 0; s < a.warmup + a.steps; ++s) {
+  emulated_ = backend_->kind() == fuyou::BackendKind::kEmulated;
+}
+
+void TrainBench::run_steps() {
+  for (int s = 0; s < a_.warmup + a_.steps; ++s) {
     auto t0 = clock_type::now();
-    fuyou::StepResult r = engine->step(s, ptrs);
+    fuyou::StepResult r = engine_->step(s, ptrs_);
     double dt = seconds_since(t0);
-    if (s >= a.warmup) {
-      times.push_back(dt);
-      results.push_back(r);
+    if (s >= a_.warmup) {
+      times_.push_back(dt);
+      results_.push_back(r);
     }
-    if (!a.json && emulated)
-      spdlog::info("step {}/{}: {:.3f}s (emulated device: no loss){}", s + 1, a.warmup + a.steps,
-                   dt, s < a.warmup ? " (warm-up)" : "");
-    else if (!a.json)
-      spdlog::info("step {}/{}: {:.3f}s loss {:.4f}{}", s + 1, a.warmup + a.steps, dt, r.loss,
-                   s < a.warmup ? " (warm-up)" : "");
+    if (!a_.json && emulated_)
+      spdlog::info("step {}/{}: {:.3f}s (emulated device: no loss){}", s + 1, a_.warmup + a_.steps,
+                   dt, s < a_.warmup ? " (warm-up)" : "");
+    else if (!a_.json)
+      spdlog::info("step {}/{}: {:.3f}s loss {:.4f}{}", s + 1, a_.warmup + a_.steps, dt, r.loss,
+                   s < a_.warmup ? " (warm-up)" : "");
   }
-  // In memory a trace is the breakdown step's marks; offloaded, the executor's last iterations.
+}
+
+// In memory a trace is the breakdown step's marks; offloaded, the executor's last iterations.
+std::optional<fuyou::StepBreakdown> TrainBench::breakdown_and_trace() {
   std::optional<fuyou::StepBreakdown> bd;
   std::vector<fuyou::Backend::TimingMark> marks;
-  if (a.breakdown || (!a.trace.empty() && !engine->offloaded()))
-    bd = breakdown_step(*engine, *backend, a.warmup + a.steps, ptrs, &marks);
-  if (!a.trace.empty() && engine->offloaded()) engine->write_trace(a.trace);
-  if (!a.trace.empty() && !engine->offloaded()) {
-    std::ofstream out(a.trace);
+  if (a_.breakdown || (!a_.trace.empty() && !engine_->offloaded()))
+    bd = breakdown_step(*engine_, *backend_, a_.warmup + a_.steps, ptrs_, &marks);
+  if (!a_.trace.empty() && engine_->offloaded()) engine_->write_trace(a_.trace);
+  if (!a_.trace.empty() && !engine_->offloaded()) {
+    std::ofstream out(a_.trace);
     if (!(out << fuyou::marks_trace(marks).dump() << "\n"))
-      throw fuyou::IoError(a.trace + ": cannot write trace");
+      throw fuyou::IoError(a_.trace + ": cannot write trace");
   }
+  return bd;
+}
+
+nlohmann::json TrainBench::figures(const std::optional<fuyou::StepBreakdown>& bd) const {
+  const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len, accum = cfg_.schedule.grad_accum;
   // Offloaded steps overlap and each is timed from the previous step's loss to its own, so
   // the first step after an idle start covers only its forward: without a warm-up step it
   // stays in step_s_all but out of the median, when other steps were timed.
-  const bool first_partial = engine->offloaded() && a.warmup == 0 && times.size() > 1;
-  double step_s = median(std::vector<double>(times.begin() + (first_partial ? 1 : 0), times.end()));
+  const bool first_partial = engine_->offloaded() && a_.warmup == 0 && times_.size() > 1;
+  double step_s =
+      median(std::vector<double>(times_.begin() + (first_partial ? 1 : 0), times_.end()));
   double tokens = static_cast<double>(B) * T * accum;
   double tps = tokens / step_s;
-  double tflops = fuyou::training_tflops(cfg.model, tps);
-  const fuyou::ParamLayout layout = fuyou::make_gpt_layout(cfg.model);
-  nlohmann::json j{{"backend", backend->name()},
-                   {"offloaded", engine->offloaded()},
+  double tflops = fuyou::training_tflops(cfg_.model, tps);
+  const fuyou::ParamLayout layout = fuyou::make_gpt_layout(cfg_.model);
+  nlohmann::json j{{"backend", backend_->name()},
+                   {"offloaded", engine_->offloaded()},
                    {"params", layout.num_params()},
                    {"tokens_per_step", tokens},
-                   {"steps_timed", a.steps},
+                   {"steps_timed", a_.steps},
                    {"step_s", step_s},
-                   {"step_s_all", times},
+                   {"step_s_all", times_},
                    {"first_step_partial", first_partial},
                    {"tokens_per_s", tps},
                    {"tflops", tflops},
-                   {"flops_per_token", 3.0 * fuyou::forward_flops_per_token(cfg.model)},
+                   {"flops_per_token", 3.0 * fuyou::forward_flops_per_token(cfg_.model)},
                    {"peak_rss_bytes", fuyou::peak_rss_bytes()},
-                   {"device_peak_bytes", backend->memory().peak},
-                   {"device_tensors", fuyou::elem_type_name(backend->storage_type())},
-                   {"emulated", emulated}};
+                   {"device_peak_bytes", backend_->memory().peak},
+                   {"device_tensors", fuyou::elem_type_name(backend_->storage_type())},
+                   {"emulated", emulated_}};
   if (bd) j["breakdown"] = bd->to_json();
-  if (emulated) {
-    j["emulated_profile"] = cfg.offload.hardware;
-    j["emulated_scale"] = cfg.runtime.emulated_scale;
+  if (emulated_) {
+    j["emulated_profile"] = cfg_.offload.hardware;
+    j["emulated_scale"] = cfg_.runtime.emulated_scale;
   }
-  if (engine->offloaded()) {
+  if (engine_->offloaded()) {
     // The step whose iteration time is the median, so busy times and iteration agree.
     // (With an even count, the nearer of the middle two; never a partial first step.)
     size_t mid = first_partial ? 1 : 0;
-    for (size_t i = mid; i < times.size(); ++i)
-      if (std::abs(times[i] - step_s) < std::abs(times[mid] - step_s)) mid = i;
-    const fuyou::StepResult& d = results[mid];
-    offload_figures(j, d, *engine->plan(), tokens, a.ssd_tbw);
-    if (!a.predict_on.empty()) {
-      j["predicted"] = predict_plan(cfg, *engine->plan(), a.predict_on);
+    for (size_t i = mid; i < times_.size(); ++i)
+      if (std::abs(times_[i] - step_s) < std::abs(times_[mid] - step_s)) mid = i;
+    const fuyou::StepResult& d = results_[mid];
+    offload_figures(j, d, *engine_->plan(), tokens, a_.ssd_tbw);
+    if (!a_.predict_on.empty()) {
+      j["predicted"] = predict_plan(cfg_, *engine_->plan(), a_.predict_on);
       j["iteration_over_predicted"] = d.iteration_s / j["predicted"]["period_s"].get<double>();
     }
   }
-  if (a.json) {
+  return j;
+}
+
+// The figures of TrainBench::figures as a table.
+void print_train_figures(const nlohmann::json& j, const std::optional<fuyou::StepBreakdown>& bd,
+                         const TrainArgs& a) {
+  const bool emulated = j["emulated"].get<bool>();
+  std::printf(
+      "%-16s %s\n%-16s %.2fM\n%-16s %.4f s (median of %d)%s\n%-16s %.1f\n%-16s %.4f%s\n", "backend",
+      j["backend"].get<std::string>().c_str(), "params", j["params"].get<double>() / 1e6, "step",
+      j["step_s"].get<double>(), a.steps, emulated ? " EMULATED" : "", "tokens/s",
+      j["tokens_per_s"].get<double>(), "TFLOP/s", j["tflops"].get<double>(),
+      emulated ? " (emulated: the profile's compute at runtime.emulated_scale, no GPU ran)" : "");
+  if (bd) std::fputs(bd->table().c_str(), stdout);
+  if (!j["offloaded"].get<bool>()) return;
+  std::printf("%-16s %.3f s (%.2fx the busiest resource)\n", "iteration",
+              j["iteration_s"].get<double>(), j["iteration_over_busiest"].get<double>());
+  for (auto& [k, v] : j["busy_s"].items())
+    std::printf("  busy %-10s %.3f s\n", k.c_str(), v.get<double>());
+  std::printf("%-16s %.2f GB to the device, %.2f GB back per step\n", "PCIe",
+              j["h2d_bytes_per_step"].get<double>() / 1e9,
+              j["d2h_bytes_per_step"].get<double>() / 1e9);
+  std::printf("%-16s %.2f GB read, %.2f GB written per step; %.0f bytes written per token\n", "SSD",
+              j["ssd_read_bytes_per_step"].get<double>() / 1e9,
+              j["ssd_write_bytes_per_step"].get<double>() / 1e9,
+              j["ssd_write_bytes_per_token"].get<double>());
+  if (j.contains("predicted"))
+    std::printf("%-16s %.3f s on %s (measured iteration %.2fx that)\n", "predicted",
+                j["predicted"]["period_s"].get<double>(),
+                j["predicted"]["profile"].get<std::string>().c_str(),
+                j["iteration_over_predicted"].get<double>());
+  if (j["tokens_per_drive_life"].get<double>() > 0)
+    std::printf("%-16s %.3g tokens per %.0f TBW drive\n", "drive life",
+                j["tokens_per_drive_life"].get<double>(), a.ssd_tbw);
+}
+
+int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
+  TrainBench bench(cfg, a);
+  bench.run_steps();
+  const std::optional<fuyou::StepBreakdown> bd = bench.breakdown_and_trace();
+  const nlohmann::json j = bench.figures(bd);
+  if (a.json)
     std::printf("%s\n", j.dump().c_str());
-  } else {
-    std::printf(
-        "%-16s %s\n%-16s %.2fM\n%-16s %.4f s (median of %d)%s\n%-16s %.1f\n%-16s %.4f%s\n",
-        "backend", backend->name().c_str(), "params", layout.num_params() / 1e6, "step", step_s,
-        a.steps, emulated ? " EMULATED" : "", "tokens/s", tps, "TFLOP/s", tflops,
-        emulated ? " (emulated: the profile's compute at runtime.emulated_scale, no GPU ran)" : "");
-    if (bd) std::fputs(bd->table().c_str(), stdout);
-    if (engine->offloaded()) {
-      std::printf("%-16s %.3f s (%.2fx the busiest resource)\n", "iteration",
-                  j["iteration_s"].get<double>(), j["iteration_over_busiest"].get<double>());
-      for (auto& [k, v] : j["busy_s"].items())
-        std::printf("  busy %-10s %.3f s\n", k.c_str(), v.get<double>());
-      std::printf("%-16s %.2f GB to the device, %.2f GB back per step\n", "PCIe",
-                  j["h2d_bytes_per_step"].get<double>() / 1e9,
-                  j["d2h_bytes_per_step"].get<double>() / 1e9);
-      std::printf("%-16s %.2f GB read, %.2f GB written per step; %.0f bytes written per token\n",
-                  "SSD", j["ssd_read_bytes_per_step"].get<double>() / 1e9,
-                  j["ssd_write_bytes_per_step"].get<double>() / 1e9,
-                  j["ssd_write_bytes_per_token"].get<double>());
-      if (j.contains("predicted"))
-        std::printf("%-16s %.3f s on %s (measured iteration %.2fx that)\n", "predicted",
-                    j["predicted"]["period_s"].get<double>(),
-                    j["predicted"]["profile"].get<std::string>().c_str(),
-                    j["iteration_over_predicted"].get<double>());
-      if (j["tokens_per_drive_life"].get<double>() > 0)
-        std::printf("%-16s %.3g tokens per %.0f TBW drive\n", "drive life",
-                    j["tokens_per_drive_life"].get<double>(), a.ssd_tbw);
-    }
-  }
+  else
+    print_train_figures(j, bd, a);
   return 0;
+}
+
+// `adam`: src/optim/adam_bench.cc does the work.
+struct AdamArgs {
+  fuyou::AdamBenchOptions opts;
+  std::string params = "100M", grad = "bf16", state = "fp32", master = "fp32";
+  bool json = false;
+};
+
+CLI::App* add_adam_command(CLI::App& app, AdamArgs& a) {
+  auto* adam = app.add_subcommand(
+      "adam", "AdamW throughput in memory and out of core against its rooflines");
+  adam->add_option("--params", a.params, "Parameters (e.g. 100M, 1.5G)");
+  adam->add_option("--dir", a.opts.dirs,
+                   "Store directory for the out-of-core run (repeat to stripe)");
+  adam->add_option("--grad", a.grad, "Gradient type: f32, bf16, f16");
+  adam->add_option("--steps", a.opts.steps, "Timed updates (median)")->check(CLI::PositiveNumber);
+  adam->add_flag("--json", a.json, "One JSON object on stdout");
+  adam->add_option("--state", a.state, "Adam moments: fp32, bf16, int8 (optimizer.state)");
+  adam->add_option("--master", a.master, "Master weights: fp32, split (optimizer.master)");
+  return adam;
+}
+
+int bench_adam(AdamArgs& a) {
+  a.opts.params = parse_count(a.params);
+  if (a.grad == "f32")
+    a.opts.grad_type = fuyou::ElemType::kF32;
+  else if (a.grad == "f16")
+    a.opts.grad_type = fuyou::ElemType::kF16;
+  else if (a.grad != "bf16")
+    throw fuyou::ConfigError("--grad: expected f32, bf16 or f16, got '" + a.grad + "'");
+  fuyou::OptimizerConfig oc;
+  oc.state = a.state;
+  oc.master = a.master;
+  if (a.state != "fp32" && a.state != "bf16" && a.state != "int8")
+    throw fuyou::ConfigError("--state: expected fp32, bf16 or int8, got '" + a.state + "'");
+  if (a.master != "fp32" && a.master != "split")
+    throw fuyou::ConfigError("--master: expected fp32 or split, got '" + a.master + "'");
+  a.opts.format = fuyou::optim_format(oc);
+  nlohmann::json r = fuyou::run_adam_bench(a.opts);
+  if (a.json)
+    std::printf("%s\n", r.dump().c_str());
+  else
+    fuyou::print_adam_bench(r);
+  return 0;
+}
+
+CLI::App* add_plan_command(CLI::App& app, ConfigArgs& c, bool& json) {
+  auto* plan = app.add_subcommand(
+      "plan", "Print the plan a config trains with: placement, memory, buffers, ops");
+  add_config_options(plan, c);
+  plan->add_flag("--json", json, "The plan as JSON (Plan::to_json)");
+  return plan;
+}
+
+// The plan as the offloading engine would build it on the config's backend (train_plan),
+// whether or not this config would run offloaded.
+int bench_plan(const fuyou::Config& cfg, bool json) {
+  std::string why;
+  auto backend = fuyou::make_backend(cfg, &why);
+  if (!json) spdlog::info("{}", why);
+  const fuyou::Plan p = fuyou::train_plan(cfg, *backend);
+  if (json)
+    std::printf("%s\n", p.to_json().dump(1).c_str());
+  else
+    std::printf("%s%s", p.table().c_str(), p.listing().c_str());
+  return 0;
+}
+
+struct GemmArgs {
+  std::string backend = "cpu";
+  int reps = 20;
+  int threads = 0;  // 0: runtime.threads
+  bool json = false;
+};
+
+CLI::App* add_gemm_command(CLI::App& app, ConfigArgs& c, GemmArgs& a) {
+  auto* gemm = app.add_subcommand(
+      "gemm",
+      "Time a config's GEMMs: on the CPU against the FMA peak; on CUDA against plain cuBLASLt");
+  gemm->add_option("--backend", a.backend, "cpu (default) or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  gemm->add_option("--reps", a.reps, "cuda: calls per timed batch")->check(CLI::Range(1, 10000));
+  add_config_options(gemm, c);
+  gemm->add_option("--threads", a.threads, "Threads (0: all)");
+  gemm->add_flag("--json", a.json, "One JSON object on stdout");
+  return gemm;
 }
 
 // --backend cuda: the engine's layer GEMMs beside plain cuBLASLt GEMMs of the same shapes.
@@ -355,6 +525,47 @@ int bench_io(IoArgs& a) {
   return 0;
 }
 
+// `simulate` and `profile`: the plan simulator (docs/simulator.md).
+CLI::App* add_simulate_command(CLI::App& app, fuyou::SimulateOptions& sim) {
+  auto* simulate = app.add_subcommand(
+      "simulate", "Predict an iteration of a config's model on a hardware profile");
+  simulate->add_option("--config", sim.config, "YAML config (default: the embedded default)");
+  simulate->add_option("--set", sim.sets, "Override a key: section.key=value");
+  simulate->add_option("--hardware", sim.hardware, "Hardware profile (configs/hardware/*.yaml)")
+      ->required();
+  simulate->add_option("--batch", sim.batch, "Micro-batch (default: the config's)")
+      ->check(CLI::PositiveNumber);
+  simulate->add_option("--ssds", sim.ssds, "Number of SSDs (default: the profile's)")
+      ->check(CLI::Range(1, 64));
+  simulate->add_option("--activations", sim.acts,
+                       "auto, keep, swap or recompute (default: the config's)");
+  simulate->add_flag("--search-batch", sim.search_batch,
+                     "Let the automatic placement choose the micro-batch too");
+  simulate->add_option("--sweep", sim.sweep, "Table over micro-batch (batch) or SSD count (ssds)");
+  simulate->add_flag("--json", sim.json, "One JSON object on stdout");
+  return simulate;
+}
+
+struct ProfileArgs {
+  fuyou::ProfileOptions opts;
+  std::string out, size = "1GiB", backend = "cpu";
+};
+
+CLI::App* add_profile_command(CLI::App& app, ProfileArgs& a) {
+  auto* profile = app.add_subcommand(
+      "profile", "Measure this machine's hardware profile (CPU or CUDA backend)");
+  profile->add_option("--dir", a.opts.dirs, "Store directory on the SSD (repeat per SSD)")
+      ->required();
+  profile
+      ->add_option("--out", a.out, "Write the profile here (e.g. configs/hardware/this-cpu.yaml)")
+      ->required();
+  profile->add_option("--threads", a.opts.threads, "Threads (0: all)");
+  profile->add_option("--io-size", a.size, "Bytes written then read for the SSD figures");
+  profile->add_option("--backend", a.backend,
+                      "cpu (default) or cuda: which backend's compute and copies");
+  return profile;
+}
+
 // `profile`: measures, prints what it measured, writes the YAML with the commands and date.
 int bench_profile(fuyou::ProfileOptions& o, const std::string& backend, const std::string& size,
                   const std::string& out) {
@@ -395,6 +606,32 @@ int bench_profile(fuyou::ProfileOptions& o, const std::string& backend, const st
   return 0;
 }
 
+struct CheckpointArgs {
+  fuyou::CheckpointBenchOptions opts;
+  bool json = false;
+};
+
+CLI::App* add_checkpoint_command(CLI::App& app, ConfigArgs& c, CheckpointArgs& a) {
+  auto* ckpt =
+      app.add_subcommand("checkpoint", "Save and restore a config's training state, beside fio");
+  add_config_options(ckpt, c);
+  ckpt->add_option(
+      "--dir", a.opts.dir,
+      "Directory for the checkpoint and fio's file (default: ./fuyou-bench-checkpoint-PID)");
+  ckpt->add_flag("!--no-fio", a.opts.fio, "Do not run fio beside");
+  ckpt->add_flag("--json", a.json, "One JSON object on stdout");
+  return ckpt;
+}
+
+int bench_checkpoint(const fuyou::Config& cfg, const CheckpointArgs& a) {
+  nlohmann::json r = fuyou::run_checkpoint_bench(cfg, a.opts);
+  if (a.json)
+    std::printf("%s\n", r.dump().c_str());
+  else
+    fuyou::print_checkpoint_bench(r);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -402,170 +639,42 @@ int main(int argc, char** argv) {
   fuyou::StopSignals stop;
   CLI::App app{"fuyou-bench: measure the engine"};
   app.require_subcommand(1);
-  std::string config_path;
-  std::vector<std::string> sets;
-  bool json = false;
-  int threads = 0;
-  TrainArgs ta;
-
-  auto* train =
-      app.add_subcommand("train", "Time training steps of a config's model on random tokens");
-  train->add_option("--config", config_path, "YAML config (default: the embedded default)");
-  train->add_option("--set", sets, "Override a key: section.key=value");
-  train->add_option("--steps", ta.steps, "Timed steps (the median is reported)")
-      ->check(CLI::PositiveNumber);
-  train->add_option("--warmup", ta.warmup, "Untimed warm-up steps")->check(CLI::NonNegativeNumber);
-  train->add_option(
-      "--trace", ta.trace,
-      "Write a timeline (Chrome trace JSON): offloaded, the last iterations' ops; in memory, the "
-      "breakdown step's op classes");
-  train->add_flag("--breakdown", ta.breakdown,
-                  "Time one more step op class by op class: per phase, per class, and what is left "
-                  "unaccounted");
-  train->add_option("--ssd-tbw", ta.ssd_tbw,
-                    "Drive endurance in TB written, for the drive-life figure");
-  train->add_flag("--json", ta.json, "One JSON object on stdout");
-  train->add_option(
-      "--predict-on", ta.predict_on,
-      "Hardware profile of this machine: add the simulator's figures for the run's plan (emulated: "
-      "the emulated GPU's compute and PCIe with this profile's SSDs and optimizer, which the "
-      "automatic activation placement then plans on too)");
-
-  fuyou::AdamBenchOptions adam_opts;
-  std::string adam_params = "100M", adam_grad = "bf16";
-  bool adam_json = false;
-  auto* adam = app.add_subcommand(
-      "adam", "AdamW throughput in memory and out of core against its rooflines");
-  adam->add_option("--params", adam_params, "Parameters (e.g. 100M, 1.5G)");
-  adam->add_option("--dir", adam_opts.dirs,
-                   "Store directory for the out-of-core run (repeat to stripe)");
-  adam->add_option("--grad", adam_grad, "Gradient type: f32, bf16, f16");
-  adam->add_option("--steps", adam_opts.steps, "Timed updates (median)")
-      ->check(CLI::PositiveNumber);
-  adam->add_flag("--json", adam_json, "One JSON object on stdout");
-  std::string adam_state = "fp32", adam_master = "fp32";
-  adam->add_option("--state", adam_state, "Adam moments: fp32, bf16, int8 (optimizer.state)");
-  adam->add_option("--master", adam_master, "Master weights: fp32, split (optimizer.master)");
-
-  auto* plan = app.add_subcommand(
-      "plan", "Print the plan a config trains with: placement, memory, buffers, ops");
-  plan->add_option("--config", config_path, "YAML config (default: the embedded default)");
-  plan->add_option("--set", sets, "Override a key: section.key=value");
-  plan->add_flag("--json", json, "The plan as JSON (Plan::to_json)");
-
-  auto* gemm = app.add_subcommand(
-      "gemm",
-      "Time a config's GEMMs: on the CPU against the FMA peak; on CUDA against plain cuBLASLt");
-  std::string gemm_backend = "cpu";
-  int gemm_reps = 20;
-  gemm->add_option("--backend", gemm_backend, "cpu (default) or cuda")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-  gemm->add_option("--reps", gemm_reps, "cuda: calls per timed batch")->check(CLI::Range(1, 10000));
-  gemm->add_option("--config", config_path, "YAML config (default: the embedded default)");
-  gemm->add_option("--set", sets, "Override a key: section.key=value");
-  gemm->add_option("--threads", threads, "Threads (0: all)");
-  gemm->add_flag("--json", json, "One JSON object on stdout");
+  ConfigArgs config;
+  TrainArgs train_args;
+  auto* train = add_train_command(app, config, train_args);
+  AdamArgs adam_args;
+  auto* adam = add_adam_command(app, adam_args);
+  bool plan_json = false;
+  auto* plan = add_plan_command(app, config, plan_json);
+  GemmArgs gemm_args;
+  auto* gemm = add_gemm_command(app, config, gemm_args);
   IoArgs io_args;
   auto* io = add_io_command(app, io_args);
-
-  // `simulate` and `profile`: the plan simulator (docs/simulator.md).
   fuyou::SimulateOptions sim;
-  auto* simulate = app.add_subcommand(
-      "simulate", "Predict an iteration of a config's model on a hardware profile");
-  simulate->add_option("--config", sim.config, "YAML config (default: the embedded default)");
-  simulate->add_option("--set", sim.sets, "Override a key: section.key=value");
-  simulate->add_option("--hardware", sim.hardware, "Hardware profile (configs/hardware/*.yaml)")
-      ->required();
-  simulate->add_option("--batch", sim.batch, "Micro-batch (default: the config's)")
-      ->check(CLI::PositiveNumber);
-  simulate->add_option("--ssds", sim.ssds, "Number of SSDs (default: the profile's)")
-      ->check(CLI::Range(1, 64));
-  simulate->add_option("--activations", sim.acts,
-                       "auto, keep, swap or recompute (default: the config's)");
-  simulate->add_flag("--search-batch", sim.search_batch,
-                     "Let the automatic placement choose the micro-batch too");
-  simulate->add_option("--sweep", sim.sweep, "Table over micro-batch (batch) or SSD count (ssds)");
-  simulate->add_flag("--json", sim.json, "One JSON object on stdout");
-  fuyou::ProfileOptions prof;
-  std::string prof_out, prof_size = "1GiB", prof_backend = "cpu";
-  auto* profile = app.add_subcommand(
-      "profile", "Measure this machine's hardware profile (CPU or CUDA backend)");
-  profile->add_option("--dir", prof.dirs, "Store directory on the SSD (repeat per SSD)")
-      ->required();
-  profile
-      ->add_option("--out", prof_out,
-                   "Write the profile here (e.g. configs/hardware/this-cpu.yaml)")
-      ->required();
-  profile->add_option("--threads", prof.threads, "Threads (0: all)");
-  profile->add_option("--io-size", prof_size, "Bytes written then read for the SSD figures");
-  profile->add_option("--backend", prof_backend,
-                      "cpu (default) or cuda: which backend's compute and copies");
-  fuyou::CheckpointBenchOptions ckpt_opts;
-  bool ckpt_json = false;
-  auto* ckpt =
-      app.add_subcommand("checkpoint", "Save and restore a config's training state, beside fio");
-  ckpt->add_option("--config", config_path, "YAML config (default: the embedded default)");
-  ckpt->add_option("--set", sets, "Override a key: section.key=value");
-  ckpt->add_option(
-      "--dir", ckpt_opts.dir,
-      "Directory for the checkpoint and fio's file (default: ./fuyou-bench-checkpoint-PID)");
-  ckpt->add_flag("!--no-fio", ckpt_opts.fio, "Do not run fio beside");
-  ckpt->add_flag("--json", ckpt_json, "One JSON object on stdout");
+  auto* simulate = add_simulate_command(app, sim);
+  ProfileArgs profile_args;
+  auto* profile = add_profile_command(app, profile_args);
+  CheckpointArgs ckpt_args;
+  auto* ckpt = add_checkpoint_command(app, config, ckpt_args);
   CLI11_PARSE(app, argc, argv);
 
   fuyou::init_logging(false);
   try {
     if (*io) return bench_io(io_args);
     if (*simulate) return fuyou::run_simulate(sim);
-    if (*profile) return bench_profile(prof, prof_backend, prof_size, prof_out);
-    if (*adam) {
-      adam_opts.params = parse_count(adam_params);
-      if (adam_grad == "f32")
-        adam_opts.grad_type = fuyou::ElemType::kF32;
-      else if (adam_grad == "f16")
-        adam_opts.grad_type = fuyou::ElemType::kF16;
-      else if (adam_grad != "bf16")
-        throw fuyou::ConfigError("--grad: expected f32, bf16 or f16, got '" + adam_grad + "'");
-      fuyou::OptimizerConfig oc;
-      oc.state = adam_state;
-      oc.master = adam_master;
-      if (adam_state != "fp32" && adam_state != "bf16" && adam_state != "int8")
-        throw fuyou::ConfigError("--state: expected fp32, bf16 or int8, got '" + adam_state + "'");
-      if (adam_master != "fp32" && adam_master != "split")
-        throw fuyou::ConfigError("--master: expected fp32 or split, got '" + adam_master + "'");
-      adam_opts.format = fuyou::optim_format(oc);
-      nlohmann::json r = fuyou::run_adam_bench(adam_opts);
-      if (adam_json)
-        std::printf("%s\n", r.dump().c_str());
-      else
-        fuyou::print_adam_bench(r);
-      return 0;
-    }
-    fuyou::Config cfg = load(config_path, sets);
-    if (*train) return bench_train(cfg, ta);
-    if (*plan) {
-      // The plan as the offloading engine would build it on the config's backend (train_plan),
-      // whether or not this config would run offloaded.
-      std::string why;
-      auto backend = fuyou::make_backend(cfg, &why);
-      if (!json) spdlog::info("{}", why);
-      const fuyou::Plan p = fuyou::train_plan(cfg, *backend);
-      if (json)
-        std::printf("%s\n", p.to_json().dump(1).c_str());
-      else
-        std::printf("%s%s", p.table().c_str(), p.listing().c_str());
-      return 0;
-    }
-    if (*gemm && gemm_backend == "cuda") return bench_cuda_gemm(cfg, gemm_reps, json);
-    if (*gemm) return bench_gemm(cfg, threads ? threads : cfg.runtime.threads, json);
-    if (*ckpt) {
-      nlohmann::json r = fuyou::run_checkpoint_bench(cfg, ckpt_opts);
-      if (ckpt_json)
-        std::printf("%s\n", r.dump().c_str());
-      else
-        fuyou::print_checkpoint_bench(r);
-      return 0;
-    }
+    if (*profile)
+      return bench_profile(profile_args.opts, profile_args.backend, profile_args.size,
+                           profile_args.out);
+    if (*adam) return bench_adam(adam_args);
+    fuyou::Config cfg = load(config.path, config.sets);
+    if (*train) return bench_train(cfg, train_args);
+    if (*plan) return bench_plan(cfg, plan_json);
+    if (*gemm && gemm_args.backend == "cuda")
+      return bench_cuda_gemm(cfg, gemm_args.reps, gemm_args.json);
+    if (*gemm)
+      return bench_gemm(cfg, gemm_args.threads ? gemm_args.threads : cfg.runtime.threads,
+                        gemm_args.json);
+    if (*ckpt) return bench_checkpoint(cfg, ckpt_args);
   } catch (...) {
     return fuyou::tools::report_failure();
   }
