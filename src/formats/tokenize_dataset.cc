@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "fuyou/data.h"
@@ -373,155 +374,246 @@ namespace {
       fields.empty() ? std::string() : str("; the first record's string fields: ", fields)));
 }
 
+// What the field options make of the inputs.
+struct DatasetKind {
+  explicit DatasetKind(const DatasetOptions& o)
+      : chat(!o.chat_field.empty()),
+        pairs(!o.prompt_field.empty() || !o.completion_field.empty()),
+        jsonl(pairs || chat || !o.jsonl_field.empty()),
+        masked(pairs || chat) {}
+  bool chat;    // conversations through the chat template, loss on the assistant turns
+  bool pairs;   // prompt/completion records, loss on the completion
+  bool jsonl;   // JSON Lines, one document per record
+  bool masked;  // with loss masks
+};
+
+// The options refused before anything is read or written.
+void check_dataset_options(const DatasetOptions& opts) {
+  const DatasetKind kind(opts);
+  if (kind.pairs && (opts.prompt_field.empty() || opts.completion_field.empty()))
+    throw ConfigError("--prompt-field and --completion-field go together");
+  if (int(kind.pairs) + int(kind.chat) + int(!opts.jsonl_field.empty()) > 1)
+    throw ConfigError(
+        "give one of --jsonl-field, --prompt-field/--completion-field and --chat-field");
+  if (kind.chat && opts.chat_template.empty())
+    throw ConfigError(
+        "--chat-field: the model has no chat_template (tokenizer_config.json beside "
+        "tokenizer.json)");
+  if (kind.chat)
+    parsed_template(opts);  // an unsupported template is refused before anything is written
+  if (!(opts.val_fraction >= 0 && opts.val_fraction < 1))
+    throw ConfigError(str("--val-fraction ", opts.val_fraction, " must be in [0, 1)"));
+}
+
+// The id of a --bos-token / --eos-token; none for an empty one.
+std::optional<int32_t> special_token_id(const Tokenizer& tok, const std::string& text,
+                                        const char* option) {
+  if (text.empty()) return std::nullopt;
+  auto id = tok.token_to_id(text);
+  if (!id) throw ConfigError(str(option, " '", text, "' is not a token of ", tok.source()));
+  return id;
+}
+
+// out_dir, created where it does not exist; an existing one must be an empty directory.
+void make_output_dir(const std::string& out_dir) {
+  std::error_code ec;
+  if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec)))
+    throw IoError(str(out_dir, ": exists and is not an empty directory; refusing to overwrite"));
+  fs::create_directories(out_dir, ec);
+  if (ec) throw IoError(str(out_dir, ": cannot create: ", ec.message()));
+}
+
+// The JSON object on one line of a JSON Lines file.
+nlohmann::json parse_record(const std::string& line, const std::string& where) {
+  nlohmann::json rec;
+  try {
+    rec = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::exception& e) {
+    throw IoError(str(where, ": not valid JSON: ", e.what()));
+  }
+  if (!rec.is_object()) throw IoError(str(where, ": each line must be a JSON object"));
+  return rec;
+}
+
+// r with out_dir's shard paths (and mask paths for masked inputs) in it.
+DatasetResult with_shard_paths(DatasetResult r, const std::string& out_dir, bool masked) {
+  r.train_path = (fs::path(out_dir) / "train.tok").string();
+  r.val_path = (fs::path(out_dir) / "val.tok").string();
+  if (masked) {
+    r.train_mask_path = (fs::path(out_dir) / "train.mask").string();
+    r.val_mask_path = (fs::path(out_dir) / "val.mask").string();
+  }
+  return r;
+}
+
+uint32_t token_width(uint32_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
+
+// A dataset's shards being written into out_dir, one document at a time: train.tok and
+// val.tok, train.mask and val.mask for masked inputs, and for JSON Lines the record indexes.
+class DatasetWriter {
+ public:
+  // `r` holds what was found before: the vocabulary size and the inputs skipped.
+  DatasetWriter(const Tokenizer& tok, const DatasetOptions& opts, const std::string& out_dir,
+                std::optional<int32_t> bos, std::optional<int32_t> eos, DatasetResult r);
+  // A text file is one document; the last val_fraction of its tokens is held out.
+  void add_text_file(const fs::path& f);
+  // A JSON Lines file: one document per record; its last val_fraction of records is held out.
+  void add_jsonl_file(const fs::path& f);
+  // The shards renamed into place and the record indexes written; refused without documents.
+  DatasetResult finish();
+
+ private:
+  // One record's tokens into ids_ (and its mask into mask_).
+  void encode_record(const nlohmann::json& rec, const std::string& where);
+
+  const Tokenizer& tok_;
+  const DatasetOptions& opts_;
+  const DatasetKind kind_;
+  const std::string out_dir_;
+  const std::optional<int32_t> bos_, eos_;
+  DatasetResult r_;
+  ShardStream train_, val_;
+  std::unique_ptr<ShardStream> train_mask_, val_mask_;
+  // JSON Lines records stay whole for training: each one's first token goes to the record index.
+  std::vector<uint64_t> train_starts_, val_starts_;
+  std::vector<int32_t> ids_;  // the document being added
+  std::vector<uint8_t> mask_;
+};
+
+DatasetWriter::DatasetWriter(const Tokenizer& tok, const DatasetOptions& opts,
+                             const std::string& out_dir, std::optional<int32_t> bos,
+                             std::optional<int32_t> eos, DatasetResult r)
+    : tok_(tok),
+      opts_(opts),
+      kind_(opts),
+      out_dir_(out_dir),
+      bos_(bos),
+      eos_(eos),
+      r_(with_shard_paths(std::move(r), out_dir, kind_.masked)),
+      train_(r_.train_path, kShardMagic, token_width(r_.vocab_size), r_.vocab_size),
+      val_(r_.val_path, kShardMagic, token_width(r_.vocab_size), r_.vocab_size) {
+  if (kind_.masked) {
+    train_mask_ = std::make_unique<ShardStream>(r_.train_mask_path, kMaskMagic, 1, 2);
+    val_mask_ = std::make_unique<ShardStream>(r_.val_mask_path, kMaskMagic, 1, 2);
+  }
+}
+
+void DatasetWriter::add_text_file(const fs::path& f) {
+  std::string text = read_whole_file(f.string());
+  if (text.empty() || text.find('\0') != std::string::npos) {
+    ++r_.skipped;
+    return;
+  }
+  ++r_.files;
+  ++r_.documents;
+  ids_.clear();
+  if (bos_) ids_.push_back(*bos_);
+  tok_.encode_append(text, &ids_);
+  if (eos_) ids_.push_back(*eos_);
+  // The last val_fraction of each document's tokens is held out, as `text` does for bytes.
+  size_t cut =
+      ids_.size() - static_cast<size_t>(static_cast<double>(ids_.size()) * opts_.val_fraction);
+  train_.append(std::vector<int32_t>(ids_.begin(), ids_.begin() + cut));
+  val_.append(std::vector<int32_t>(ids_.begin() + cut, ids_.end()));
+}
+
+void DatasetWriter::add_jsonl_file(const fs::path& f) {
+  // Count the records first so the last val_fraction of them can go to val.
+  std::ifstream in(f, std::ios::binary);
+  if (!in) throw IoError(str(f.string(), ": cannot open"));
+  size_t records = 0;
+  std::string line;
+  while (std::getline(in, line))
+    if (!blank(line)) ++records;
+  const size_t first_val =
+      records - static_cast<size_t>(static_cast<double>(records) * opts_.val_fraction);
+  in.clear();
+  in.seekg(0);
+  ++r_.files;
+  size_t record = 0, line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (blank(line)) continue;
+    const std::string where = str(f.string(), ":", line_no);
+    encode_record(parse_record(line, where), where);
+    const bool to_val = record++ >= first_val;
+    if (ids_.empty()) {  // nothing to train on: no record
+      ++r_.skipped;
+      continue;
+    }
+    (to_val ? val_starts_ : train_starts_).push_back((to_val ? val_ : train_).count());
+    (to_val ? val_ : train_).append(ids_);
+    if (kind_.masked) (to_val ? *val_mask_ : *train_mask_).append_mask(mask_);
+    ++r_.documents;
+  }
+}
+
+void DatasetWriter::encode_record(const nlohmann::json& rec, const std::string& where) {
+  ids_.clear();
+  mask_.clear();
+  if (bos_) ids_.push_back(*bos_);
+  if (kind_.pairs) {
+    encode_pair(tok_, string_field(rec, opts_.prompt_field, where),
+                string_field(rec, opts_.completion_field, where), &ids_, &mask_);
+    if (eos_) ids_.push_back(*eos_);
+    mask_.resize(ids_.size(), 1);
+  } else if (kind_.chat) {
+    if (!rec.contains(opts_.chat_field))
+      throw IoError(str(where, ": field '", opts_.chat_field, "' is missing"));
+    mask_.assign(ids_.size(), 0);
+    encode_chat(tok_, opts_, rec[opts_.chat_field].dump(), where, &ids_, &mask_);
+    if (eos_) ids_.push_back(*eos_);
+    mask_.resize(ids_.size(), 1);
+  } else {
+    tok_.encode_append(string_field(rec, opts_.jsonl_field, where), &ids_);
+    if (eos_) ids_.push_back(*eos_);
+  }
+}
+
+DatasetResult DatasetWriter::finish() {
+  if (r_.documents == 0)
+    throw IoError(kind_.jsonl ? "no JSON Lines records found in the given inputs"
+                              : "no text files found in the given inputs");
+  r_.train_tokens = train_.count();
+  r_.val_tokens = val_.count();
+  train_.finish();
+  val_.finish();
+  if (kind_.masked) {
+    train_mask_->finish();
+    val_mask_->finish();
+  }
+  if (kind_.jsonl) {
+    r_.train_records_path = (fs::path(out_dir_) / "train.rec").string();
+    r_.val_records_path = (fs::path(out_dir_) / "val.rec").string();
+    write_record_index(r_.train_records_path, train_starts_);
+    write_record_index(r_.val_records_path, val_starts_);
+  }
+  return r_;
+}
+
 }  // namespace
 
 DatasetResult build_tokenized_dataset(const Tokenizer& tok, const std::vector<std::string>& inputs,
                                       const std::string& out_dir, const DatasetOptions& opts) {
-  const bool chat = !opts.chat_field.empty();
-  const bool pairs = !opts.prompt_field.empty() || !opts.completion_field.empty();
-  if (pairs && (opts.prompt_field.empty() || opts.completion_field.empty()))
-    throw ConfigError("--prompt-field and --completion-field go together");
-  if (int(pairs) + int(chat) + int(!opts.jsonl_field.empty()) > 1)
-    throw ConfigError(
-        "give one of --jsonl-field, --prompt-field/--completion-field and --chat-field");
-  if (chat && opts.chat_template.empty())
-    throw ConfigError(
-        "--chat-field: the model has no chat_template (tokenizer_config.json beside "
-        "tokenizer.json)");
-  if (chat) parsed_template(opts);  // an unsupported template is refused before anything is written
-  if (!(opts.val_fraction >= 0 && opts.val_fraction < 1))
-    throw ConfigError(str("--val-fraction ", opts.val_fraction, " must be in [0, 1)"));
-  const bool jsonl = pairs || chat || !opts.jsonl_field.empty();
-  const bool masked = pairs || chat;
-  auto special = [&](const std::string& text, const char* option) -> std::optional<int32_t> {
-    if (text.empty()) return std::nullopt;
-    auto id = tok.token_to_id(text);
-    if (!id) throw ConfigError(str(option, " '", text, "' is not a token of ", tok.source()));
-    return id;
-  };
-  const auto bos = special(opts.bos_token, "--bos-token");
-  const auto eos = special(opts.eos_token, "--eos-token");
-
+  check_dataset_options(opts);
+  const auto bos = special_token_id(tok, opts.bos_token, "--bos-token");
+  const auto eos = special_token_id(tok, opts.eos_token, "--eos-token");
+  const bool jsonl = DatasetKind(opts).jsonl;
   DatasetResult r;
   r.vocab_size = tok.vocab_size();
   std::vector<fs::path> files = list_input_files(inputs, &r.skipped);
   if (!jsonl)
     for (const auto& f : files)
       if (f.extension() == ".jsonl") refuse_jsonl_as_text(f);
-  std::error_code ec;
-  if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec)))
-    throw IoError(str(out_dir, ": exists and is not an empty directory; refusing to overwrite"));
-  fs::create_directories(out_dir, ec);
-  if (ec) throw IoError(str(out_dir, ": cannot create: ", ec.message()));
-  r.train_path = (fs::path(out_dir) / "train.tok").string();
-  r.val_path = (fs::path(out_dir) / "val.tok").string();
-  const uint32_t width = r.vocab_size <= 65536 ? 2 : 4;
-  ShardStream train(r.train_path, kShardMagic, width, r.vocab_size);
-  ShardStream val(r.val_path, kShardMagic, width, r.vocab_size);
-  std::unique_ptr<ShardStream> train_mask, val_mask;
-  // JSON Lines records stay whole for training: each one's first token goes to the record index.
-  std::vector<uint64_t> train_starts, val_starts;
-  if (masked) {
-    r.train_mask_path = (fs::path(out_dir) / "train.mask").string();
-    r.val_mask_path = (fs::path(out_dir) / "val.mask").string();
-    train_mask = std::make_unique<ShardStream>(r.train_mask_path, kMaskMagic, 1, 2);
-    val_mask = std::make_unique<ShardStream>(r.val_mask_path, kMaskMagic, 1, 2);
-  }
-
-  std::vector<int32_t> ids;
-  std::vector<uint8_t> mask;
+  make_output_dir(out_dir);
+  DatasetWriter writer(tok, opts, out_dir, bos, eos, std::move(r));
   for (const auto& f : files) {
-    if (!jsonl) {
-      std::string text = read_whole_file(f.string());
-      if (text.empty() || text.find('\0') != std::string::npos) {
-        ++r.skipped;
-        continue;
-      }
-      ++r.files;
-      ++r.documents;
-      ids.clear();
-      if (bos) ids.push_back(*bos);
-      tok.encode_append(text, &ids);
-      if (eos) ids.push_back(*eos);
-      // The last val_fraction of each document's tokens is held out, as `text` does for bytes.
-      size_t cut =
-          ids.size() - static_cast<size_t>(static_cast<double>(ids.size()) * opts.val_fraction);
-      train.append(std::vector<int32_t>(ids.begin(), ids.begin() + cut));
-      val.append(std::vector<int32_t>(ids.begin() + cut, ids.end()));
-      continue;
-    }
-    // JSON Lines: count the records first so the last val_fraction of them can go to val.
-    std::ifstream in(f, std::ios::binary);
-    if (!in) throw IoError(str(f.string(), ": cannot open"));
-    size_t records = 0;
-    std::string line;
-    while (std::getline(in, line))
-      if (!blank(line)) ++records;
-    const size_t first_val =
-        records - static_cast<size_t>(static_cast<double>(records) * opts.val_fraction);
-    in.clear();
-    in.seekg(0);
-    ++r.files;
-    size_t record = 0, line_no = 0;
-    while (std::getline(in, line)) {
-      ++line_no;
-      if (blank(line)) continue;
-      const std::string where = str(f.string(), ":", line_no);
-      nlohmann::json rec;
-      try {
-        rec = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::exception& e) {
-        throw IoError(str(where, ": not valid JSON: ", e.what()));
-      }
-      if (!rec.is_object()) throw IoError(str(where, ": each line must be a JSON object"));
-      ids.clear();
-      mask.clear();
-      if (bos) ids.push_back(*bos);
-      if (pairs) {
-        encode_pair(tok, string_field(rec, opts.prompt_field, where),
-                    string_field(rec, opts.completion_field, where), &ids, &mask);
-        if (eos) ids.push_back(*eos);
-        mask.resize(ids.size(), 1);
-      } else if (chat) {
-        if (!rec.contains(opts.chat_field))
-          throw IoError(str(where, ": field '", opts.chat_field, "' is missing"));
-        mask.assign(ids.size(), 0);
-        encode_chat(tok, opts, rec[opts.chat_field].dump(), where, &ids, &mask);
-        if (eos) ids.push_back(*eos);
-        mask.resize(ids.size(), 1);
-      } else {
-        tok.encode_append(string_field(rec, opts.jsonl_field, where), &ids);
-        if (eos) ids.push_back(*eos);
-      }
-      const bool to_val = record++ >= first_val;
-      if (ids.empty()) {  // nothing to train on: no record
-        ++r.skipped;
-        continue;
-      }
-      (to_val ? val_starts : train_starts).push_back((to_val ? val : train).count());
-      (to_val ? val : train).append(ids);
-      if (masked) (to_val ? *val_mask : *train_mask).append_mask(mask);
-      ++r.documents;
-    }
+    if (jsonl)
+      writer.add_jsonl_file(f);
+    else
+      writer.add_text_file(f);
   }
-  if (r.documents == 0)
-    throw IoError(jsonl ? "no JSON Lines records found in the given inputs"
-                        : "no text files found in the given inputs");
-  r.train_tokens = train.count();
-  r.val_tokens = val.count();
-  train.finish();
-  val.finish();
-  if (masked) {
-    train_mask->finish();
-    val_mask->finish();
-  }
-  if (jsonl) {
-    r.train_records_path = (fs::path(out_dir) / "train.rec").string();
-    r.val_records_path = (fs::path(out_dir) / "val.rec").string();
-    write_record_index(r.train_records_path, train_starts);
-    write_record_index(r.val_records_path, val_starts);
-  }
-  return r;
+  return writer.finish();
 }
 
 }  // namespace fuyou
