@@ -59,7 +59,6 @@ void report(const fuyou::ConvertResult& r, const std::string& out) {
       r.model.seq_len, fuyou::format_size(fuyou::peak_rss_bytes()));
 }
 
-// Prints a shard as text, or one token per line with --ids.
 // BOS / EOS of `fuyou-convert tokenize`: given ones as they are ('none': none), else from
 // tokenizer_config.json beside tokenizer.json: its bos_token where it adds one (add_bos_token,
 // as transformers' encoding does), its eos_token after every JSON Lines record (so a fine-tune
@@ -90,6 +89,7 @@ void resolve_special_tokens(const std::string& tokenizer, bool bos_given, bool e
       eos_given ? "--eos-token" : from);
 }
 
+// Prints a shard as text, or one token per line with --ids.
 void decode_shard(const std::string& tokenizer, const std::string& shard, int64_t offset,
                   int64_t count, bool ids) {
   fuyou::Tokenizer tok = fuyou::Tokenizer::from_file(tokenizer);
@@ -119,6 +119,159 @@ void decode_shard(const std::string& tokenizer, const std::string& shard, int64_
   }
 }
 
+// `text`: byte-level shards, no tokenizer.
+struct TextArgs {
+  std::vector<std::string> inputs;
+  std::string out_dir;
+  double val_fraction = 0.05;
+};
+
+CLI::App* add_text_command(CLI::App& app, TextArgs& a) {
+  auto* text = app.add_subcommand(
+      "text", "Tokenize plain-text files or directories into byte-level token shards");
+  text->add_option("inputs", a.inputs, "Text files or directories")->required();
+  text->add_option("--out", a.out_dir, "Output directory (train.tok, val.tok)")->required();
+  text->add_option("--val-fraction", a.val_fraction, "Share of each file held out for validation")
+      ->check(CLI::Range(0.0, 0.99));
+  return text;
+}
+
+void convert_text(const TextArgs& a) {
+  auto r = fuyou::build_text_shards(a.inputs, a.out_dir, a.val_fraction);
+  spdlog::info("{} files ({} skipped): {} train tokens -> {}, {} validation tokens -> {}", r.files,
+               r.skipped, r.train_tokens, r.train_path, r.val_tokens, r.val_path);
+}
+
+// `tokenize`: shards through a tokenizer.json. The --bos-token and --eos-token options are
+// kept: whether each was given decides if tokenizer_config.json's token is used instead
+// (resolve_special_tokens).
+struct TokenizeArgs {
+  std::string tokenizer;
+  std::vector<std::string> inputs;
+  std::string out_dir;
+  fuyou::DatasetOptions opts;
+  CLI::Option* bos = nullptr;
+  CLI::Option* eos = nullptr;
+};
+
+CLI::App* add_tokenize_command(CLI::App& app, TokenizeArgs& a) {
+  auto* tokenize = app.add_subcommand(
+      "tokenize", "Tokenize text or JSON Lines with a tokenizer.json into token shards");
+  tokenize->add_option("--tokenizer", a.tokenizer, "Hugging Face tokenizer.json")->required();
+  tokenize->add_option("inputs", a.inputs, "Text or .jsonl files, or directories")->required();
+  tokenize
+      ->add_option("--out", a.out_dir, "Output directory (train.tok, val.tok, and .mask for pairs)")
+      ->required();
+  tokenize->add_option("--jsonl-field", a.opts.jsonl_field,
+                       "Inputs are JSON Lines; tokenize this string field");
+  tokenize->add_option("--prompt-field", a.opts.prompt_field,
+                       "JSON Lines prompt field (no loss on it)");
+  tokenize->add_option("--completion-field", a.opts.completion_field,
+                       "JSON Lines completion field (loss on it)");
+  tokenize->add_option(
+      "--chat-field", a.opts.chat_field,
+      "JSON Lines field holding a conversation (list of {role, content}), rendered "
+      "with tokenizer_config.json's chat_template; loss on the assistant turns");
+  tokenize
+      ->add_option("--val-fraction", a.opts.val_fraction,
+                   "Share held out: the end of each text file, "
+                   "the last records of each JSONL file")
+      ->check(CLI::Range(0.0, 0.99));
+  a.bos = tokenize->add_option("--bos-token", a.opts.bos_token,
+                               "Token put before every document/record, e.g. '<s>' ('none': no "
+                               "BOS; default: tokenizer_config.json's when it adds one)");
+  a.eos = tokenize->add_option("--eos-token", a.opts.eos_token,
+                               "Token put after every JSON Lines record, e.g. '<|endoftext|>' "
+                               "('none': no EOS; default: tokenizer_config.json's eos_token)");
+  return tokenize;
+}
+
+void tokenize_dataset(TokenizeArgs& a) {
+  fuyou::Tokenizer tok = fuyou::Tokenizer::from_file(a.tokenizer);
+  spdlog::info("{}: {}", a.tokenizer, tok.describe());
+  resolve_special_tokens(a.tokenizer, a.bos->count() > 0, a.eos->count() > 0, &a.opts);
+  auto r = fuyou::build_tokenized_dataset(tok, a.inputs, a.out_dir, a.opts);
+  spdlog::info(
+      "{} files, {} documents ({} skipped): {} train tokens -> {}, {} validation tokens -> {}",
+      r.files, r.documents, r.skipped, r.train_tokens, r.train_path, r.val_tokens, r.val_path);
+  if (!r.train_mask_path.empty())
+    spdlog::info("loss masks (1 = completion token): {}, {}", r.train_mask_path, r.val_mask_path);
+  if (!r.train_records_path.empty())
+    spdlog::info("record indexes (records stay whole in training): {}, {}", r.train_records_path,
+                 r.val_records_path);
+}
+
+struct DecodeArgs {
+  std::string tokenizer, shard;
+  int64_t count = 200, offset = 0;
+  bool ids = false;
+};
+
+CLI::App* add_decode_command(CLI::App& app, DecodeArgs& a) {
+  auto* decode =
+      app.add_subcommand("decode", "Print a token shard as text (or token by token with --ids)");
+  decode->add_option("--tokenizer", a.tokenizer, "Hugging Face tokenizer.json")->required();
+  decode->add_option("shard", a.shard, "Token shard (.tok)")->required();
+  decode->add_option("--count", a.count, "Tokens to show (-1: all)");
+  decode->add_option("--offset", a.offset, "First token to show")->check(CLI::NonNegativeNumber);
+  decode->add_flag("--ids", a.ids, "One token per line: index, id, [mask,] token string");
+  return decode;
+}
+
+// `from-hf` and `to-hf`: checkpoints converted tensor by tensor.
+struct HfArgs {
+  std::string src, out_dir, max_shard = "5GB", dtype;
+};
+
+CLI::App* add_from_hf_command(CLI::App& app, HfArgs& a) {
+  auto* from_hf = app.add_subcommand(
+      "from-hf", "Convert a Hugging Face model directory into an engine checkpoint");
+  from_hf
+      ->add_option("hf_dir", a.src,
+                   "Directory with config.json and model.safetensors (or shards + index)")
+      ->required();
+  from_hf->add_option("--out", a.out_dir, "New engine checkpoint directory")->required();
+  from_hf->add_option("--max-shard-size", a.max_shard,
+                      "Largest output file before sharding (e.g. 5GB, 500MiB)");
+  return from_hf;
+}
+
+CLI::App* add_to_hf_command(CLI::App& app, HfArgs& a) {
+  auto* to_hf = app.add_subcommand(
+      "to-hf", "Write an engine checkpoint or fuyou-train run as a Hugging Face directory");
+  to_hf
+      ->add_option("checkpoint", a.src,
+                   "Engine checkpoint directory, run directory or model.safetensors")
+      ->required();
+  to_hf->add_option("--out", a.out_dir, "New Hugging Face model directory")->required();
+  to_hf
+      ->add_option("--dtype", a.dtype,
+                   "Tensor dtype written: f32, bf16 or f16 (default: the base model's torch_dtype, "
+                   "f32 without one)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  to_hf->add_option("--max-shard-size", a.max_shard,
+                    "Largest output file before sharding (e.g. 2GB)");
+  return to_hf;
+}
+
+// A stop during the conversion ends it between tensors, leaving nothing behind.
+void convert_checkpoint(const HfArgs& a, bool from_hf, fuyou::StopSignals& stop) {
+  fuyou::ConvertOptions opts;
+  opts.max_shard_bytes = fuyou::parse_size(a.max_shard, "--max-shard-size");
+  if (opts.max_shard_bytes == 0) throw fuyou::ConfigError("--max-shard-size must be positive");
+  opts.progress = progress_printer(stop);
+  stop.set_graceful("stopping before the next tensor; nothing is written");
+  if (from_hf) {
+    report(fuyou::convert_hf_to_engine(a.src, a.out_dir, opts), a.out_dir);
+    return;
+  }
+  if (!a.dtype.empty()) opts.dtype = parse_dtype(a.dtype);
+  fuyou::ConvertResult r = fuyou::convert_engine_to_hf(a.src, a.out_dir, opts);
+  report(r, a.out_dir);
+  spdlog::info("dtype {} ({})", fuyou::st_dtype_name(r.dtype), r.dtype_origin);
+  for (const auto& f : r.written) spdlog::info("written from config.json's token ids: {}", f);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -127,125 +280,27 @@ int main(int argc, char** argv) {
   fuyou::StopSignals stop;
   CLI::App app{"fuyou-convert: token shards and Hugging Face checkpoints in and out"};
   app.require_subcommand(1);
-
-  auto* text = app.add_subcommand(
-      "text", "Tokenize plain-text files or directories into byte-level token shards");
-  std::vector<std::string> inputs;
-  std::string out_dir;
-  double val_fraction = 0.05;
-  text->add_option("inputs", inputs, "Text files or directories")->required();
-  text->add_option("--out", out_dir, "Output directory (train.tok, val.tok)")->required();
-  text->add_option("--val-fraction", val_fraction, "Share of each file held out for validation")
-      ->check(CLI::Range(0.0, 0.99));
-
-  auto* tokenize = app.add_subcommand(
-      "tokenize", "Tokenize text or JSON Lines with a tokenizer.json into token shards");
-  std::string tokenizer;
-  fuyou::DatasetOptions dopts;
-  tokenize->add_option("--tokenizer", tokenizer, "Hugging Face tokenizer.json")->required();
-  tokenize->add_option("inputs", inputs, "Text or .jsonl files, or directories")->required();
-  tokenize
-      ->add_option("--out", out_dir, "Output directory (train.tok, val.tok, and .mask for pairs)")
-      ->required();
-  tokenize->add_option("--jsonl-field", dopts.jsonl_field,
-                       "Inputs are JSON Lines; tokenize this string field");
-  tokenize->add_option("--prompt-field", dopts.prompt_field,
-                       "JSON Lines prompt field (no loss on it)");
-  tokenize->add_option("--completion-field", dopts.completion_field,
-                       "JSON Lines completion field (loss on it)");
-  tokenize->add_option(
-      "--chat-field", dopts.chat_field,
-      "JSON Lines field holding a conversation (list of {role, content}), rendered "
-      "with tokenizer_config.json's chat_template; loss on the assistant turns");
-  tokenize
-      ->add_option("--val-fraction", dopts.val_fraction,
-                   "Share held out: the end of each text file, "
-                   "the last records of each JSONL file")
-      ->check(CLI::Range(0.0, 0.99));
-  auto* bos_opt =
-      tokenize->add_option("--bos-token", dopts.bos_token,
-                           "Token put before every document/record, e.g. '<s>' ('none': no "
-                           "BOS; default: tokenizer_config.json's when it adds one)");
-  auto* eos_opt =
-      tokenize->add_option("--eos-token", dopts.eos_token,
-                           "Token put after every JSON Lines record, e.g. '<|endoftext|>' "
-                           "('none': no EOS; default: tokenizer_config.json's eos_token)");
-
-  auto* decode =
-      app.add_subcommand("decode", "Print a token shard as text (or token by token with --ids)");
-  std::string shard;
-  int64_t count = 200, offset = 0;
-  bool ids = false;
-  decode->add_option("--tokenizer", tokenizer, "Hugging Face tokenizer.json")->required();
-  decode->add_option("shard", shard, "Token shard (.tok)")->required();
-  decode->add_option("--count", count, "Tokens to show (-1: all)");
-  decode->add_option("--offset", offset, "First token to show")->check(CLI::NonNegativeNumber);
-  decode->add_flag("--ids", ids, "One token per line: index, id, [mask,] token string");
-
-  auto* from_hf = app.add_subcommand(
-      "from-hf", "Convert a Hugging Face model directory into an engine checkpoint");
-  std::string src, max_shard = "5GB", dtype;
-  from_hf
-      ->add_option("hf_dir", src,
-                   "Directory with config.json and model.safetensors (or shards + index)")
-      ->required();
-  from_hf->add_option("--out", out_dir, "New engine checkpoint directory")->required();
-  from_hf->add_option("--max-shard-size", max_shard,
-                      "Largest output file before sharding (e.g. 5GB, 500MiB)");
-
-  auto* to_hf = app.add_subcommand(
-      "to-hf", "Write an engine checkpoint or fuyou-train run as a Hugging Face directory");
-  to_hf
-      ->add_option("checkpoint", src,
-                   "Engine checkpoint directory, run directory or model.safetensors")
-      ->required();
-  to_hf->add_option("--out", out_dir, "New Hugging Face model directory")->required();
-  to_hf
-      ->add_option("--dtype", dtype,
-                   "Tensor dtype written: f32, bf16 or f16 (default: the base model's torch_dtype, "
-                   "f32 without one)")
-      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
-  to_hf->add_option("--max-shard-size", max_shard,
-                    "Largest output file before sharding (e.g. 2GB)");
-
+  TextArgs text_args;
+  auto* text = add_text_command(app, text_args);
+  TokenizeArgs tokenize_args;
+  auto* tokenize = add_tokenize_command(app, tokenize_args);
+  DecodeArgs decode_args;
+  auto* decode = add_decode_command(app, decode_args);
+  HfArgs hf_args;
+  auto* from_hf = add_from_hf_command(app, hf_args);
+  add_to_hf_command(app, hf_args);
   CLI11_PARSE(app, argc, argv);
   fuyou::init_logging(false);
   try {
     if (*text) {
-      auto r = fuyou::build_text_shards(inputs, out_dir, val_fraction);
-      spdlog::info("{} files ({} skipped): {} train tokens -> {}, {} validation tokens -> {}",
-                   r.files, r.skipped, r.train_tokens, r.train_path, r.val_tokens, r.val_path);
+      convert_text(text_args);
     } else if (*tokenize) {
-      fuyou::Tokenizer tok = fuyou::Tokenizer::from_file(tokenizer);
-      spdlog::info("{}: {}", tokenizer, tok.describe());
-      resolve_special_tokens(tokenizer, bos_opt->count() > 0, eos_opt->count() > 0, &dopts);
-      auto r = fuyou::build_tokenized_dataset(tok, inputs, out_dir, dopts);
-      spdlog::info(
-          "{} files, {} documents ({} skipped): {} train tokens -> {}, {} validation tokens -> {}",
-          r.files, r.documents, r.skipped, r.train_tokens, r.train_path, r.val_tokens, r.val_path);
-      if (!r.train_mask_path.empty())
-        spdlog::info("loss masks (1 = completion token): {}, {}", r.train_mask_path,
-                     r.val_mask_path);
-      if (!r.train_records_path.empty())
-        spdlog::info("record indexes (records stay whole in training): {}, {}",
-                     r.train_records_path, r.val_records_path);
+      tokenize_dataset(tokenize_args);
     } else if (*decode) {
-      decode_shard(tokenizer, shard, offset, count, ids);
+      decode_shard(decode_args.tokenizer, decode_args.shard, decode_args.offset, decode_args.count,
+                   decode_args.ids);
     } else {
-      fuyou::ConvertOptions opts;
-      opts.max_shard_bytes = fuyou::parse_size(max_shard, "--max-shard-size");
-      if (opts.max_shard_bytes == 0) throw fuyou::ConfigError("--max-shard-size must be positive");
-      opts.progress = progress_printer(stop);
-      stop.set_graceful("stopping before the next tensor; nothing is written");
-      if (*from_hf) {
-        report(fuyou::convert_hf_to_engine(src, out_dir, opts), out_dir);
-      } else {
-        if (!dtype.empty()) opts.dtype = parse_dtype(dtype);
-        fuyou::ConvertResult r = fuyou::convert_engine_to_hf(src, out_dir, opts);
-        report(r, out_dir);
-        spdlog::info("dtype {} ({})", fuyou::st_dtype_name(r.dtype), r.dtype_origin);
-        for (const auto& f : r.written) spdlog::info("written from config.json's token ids: {}", f);
-      }
+      convert_checkpoint(hf_args, from_hf->parsed(), stop);
     }
   } catch (...) {
     return fuyou::tools::report_failure(
