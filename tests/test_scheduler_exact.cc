@@ -197,7 +197,21 @@ TEST_CASE("offloaded validation loss is bitwise the in-memory one", "[scheduler]
   CHECK(fp.forward_only);
   CHECK(count_kind(fp, OpKind::kForward) == cfg.model.n_layer);
   CHECK(count_kind(fp, OpKind::kHeadLoss) == 1);
-  CHECK(count_kind(fp, OpKind::kReadWeights) == cfg.model.n_layer);
+  // Weights come as the training forward brings them: a layer retained in a weights-out slot
+  // loads from there, every other layer on SSD is read once.
+  int ssd_reads = 0, retained = 0;
+  for (const auto& layer : fp.layers) {
+    ssd_reads += layer.weights == Tier::kSsd && layer.retained < 0;
+    retained += layer.retained >= 0;
+  }
+  CHECK(count_kind(fp, OpKind::kReadWeights) == ssd_reads);
+  CHECK(count_kind(fp, OpKind::kLoadWeights) == cfg.model.n_layer);
+  int from_wout = 0;
+  for (const PlanOp& op : fp.ops)
+    if (op.kind == OpKind::kLoadWeights)
+      from_wout += fp.buffers[op.use(Role::kSource).buffer].kind == BufferKind::kWoutSlot;
+  CHECK(from_wout == retained);
+  CHECK(retained > 0);  // this plan covers both ways in
   CHECK(count_kind(fp, OpKind::kBackward) + count_kind(fp, OpKind::kSaveCheckpoint) +
             count_kind(fp, OpKind::kUpdate) ==
         0);
