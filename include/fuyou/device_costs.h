@@ -53,6 +53,10 @@ struct HardwareProfile {
   // progresses at its share of its alone rate (measured by `fuyou-bench profile`).
   bool shared_cpu = false;
   double compute_share = 0.5, optimizer_share = 0.5;
+  // The host optimizer's rate while a host<->device copy runs, over its rate alone: page-locked
+  // copies read and write host memory at the link's rate, which the optimizer streams its
+  // state through too (measured by `fuyou-bench profile --backend cuda`; 1: no slowdown).
+  double copy_share = 1;
 
   // Capacities, bytes: the default budgets `fuyou-bench simulate` plans with.
   uint64_t device_memory = 0, host_memory = 0;

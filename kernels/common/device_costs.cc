@@ -45,6 +45,7 @@ HardwareProfile emulated_machine(const HardwareProfile& gpu, double scale,
   m.optimizer_params_per_s = host.optimizer_params_per_s;
   m.optimizer_format_params_per_s = host.optimizer_format_params_per_s;
   m.host_mem_Bps = host.host_mem_Bps;
+  m.copy_share = host.copy_share;  // the copies' bytes move through this machine's memory
   m.host_memory = host.host_memory;
   // The emulated device computes nothing on the CPU: the optimizer has the cores alone.
   m.shared_cpu = false;

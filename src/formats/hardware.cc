@@ -152,8 +152,9 @@ HardwareProfile parse_profile_tree(const YAML::Node& root, const std::string& so
     throw ConfigError(
         str(source, ": ssd.stripe_unit: ", p.stripe_unit, " must be a positive multiple of 4096"));
 
-  Reader o(top.at("optimizer"), "optimizer", source,
-           {"params_per_s", "formats", "shared_cpu", "compute_share", "optimizer_share"});
+  Reader o(
+      top.at("optimizer"), "optimizer", source,
+      {"params_per_s", "formats", "shared_cpu", "compute_share", "optimizer_share", "copy_share"});
   p.optimizer_params_per_s = o.positive("params_per_s", 1);
   {
     // optimizer.formats: {"moments/master": params per second}, each name one the config
@@ -169,9 +170,11 @@ HardwareProfile parse_profile_tree(const YAML::Node& root, const std::string& so
   p.shared_cpu = o.flag("shared_cpu", false);
   p.compute_share = o.positive("compute_share", 1, false, 0.5);
   p.optimizer_share = o.positive("optimizer_share", 1, false, 0.5);
-  if (p.compute_share > 1 || p.optimizer_share > 1)
-    throw ConfigError(
-        str(source, ": optimizer.compute_share and optimizer.optimizer_share must be in (0, 1]"));
+  p.copy_share = o.positive("copy_share", 1, false, 1);
+  if (p.compute_share > 1 || p.optimizer_share > 1 || p.copy_share > 1)
+    throw ConfigError(str(source,
+                          ": optimizer.compute_share, optimizer_share and copy_share must be in "
+                          "(0, 1]"));
 
   Reader m(top.at("memory"), "memory", source, {"device", "host", "host_bandwidth_GBps"});
   p.device_memory = m.size("device", 0);
@@ -252,7 +255,9 @@ std::string hardware_profile_to_yaml(const HardwareProfile& p, const std::string
   }
   o << "\n  shared_cpu: " << (p.shared_cpu ? "true" : "false")
     << "\n  compute_share: " << Num{p.compute_share}
-    << "\n  optimizer_share: " << Num{p.optimizer_share} << "\n";
+    << "\n  optimizer_share: " << Num{p.optimizer_share};
+  if (p.copy_share != 1) o << "\n  copy_share: " << Num{p.copy_share};
+  o << "\n";
   o << "memory:\n";
   if (p.device_memory) o << "  device: " << exact_size(p.device_memory) << "\n";
   if (p.host_memory) o << "  host: " << exact_size(p.host_memory) << "\n";
