@@ -1,6 +1,6 @@
 // Helpers shared by the tests that compare training runs bit for bit (the scheduler, exact
-// mode, packed optimizer state, the CUDA scheduler): what a run records, their comparison,
-// and the random token batches they train on.
+// mode, fp16 loss scaling, packed optimizer state, the CUDA scheduler): what a run records,
+// their comparison, and the random token batches they train on.
 #pragma once
 
 #include <catch2/catch.hpp>
