@@ -264,8 +264,9 @@ TEST_CASE("faults while writing a checkpoint leave the previous one intact and r
   }
 }
 
-TEST_CASE("an SSD read error while checkpointing names the file; the previous checkpoint restores",
-          "[checkpoint]") {
+TEST_CASE(
+    "an SSD read error while checkpointing names the file, and the previous checkpoint restores",
+    "[checkpoint]") {
   Scratch s("storeio");
   Config cfg = base_config(s);
   offload_everything(&cfg, s);
