@@ -1,6 +1,6 @@
 // Helpers shared by the tests that compare training runs bit for bit (the scheduler, exact
-// mode, packed optimizer state, the CUDA scheduler): what a run records, their comparison,
-// and the random token batches they train on.
+// mode, fp16 loss scaling, packed optimizer state, the CUDA scheduler): what a run records,
+// their comparison, and the random token batches they train on.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -17,12 +17,20 @@
 
 namespace fuyou::test {
 
-// One training run: every step's loss (and gradient norm, where the run records it) and
-// every parameter after the last step.
+// One training run: every step's loss, gradient norm (the executor's: exact mode only, else
+// 0), skip decision and loss scale (fp16), and every parameter after the last step.
 struct EngineRun {
   std::vector<float> losses;
   std::vector<double> norms;
+  std::vector<bool> skipped;
+  std::vector<double> loss_scales;
   std::vector<float> params;
+  void record(const StepResult& r) {
+    losses.push_back(r.loss);
+    norms.push_back(r.grad_norm);
+    skipped.push_back(r.skipped);
+    loss_scales.push_back(r.loss_scale);
+  }
 };
 
 // Bit-for-bit equality of run `a` with the reference: every step's loss, every parameter, and
@@ -58,33 +66,54 @@ inline std::vector<std::vector<int32_t>> random_batches(const Config& cfg, int c
   return out;
 }
 
-// The in-memory step (the reference) over `data`, one micro-batch a step, on the CPU backend
-// storing tensors as `storage`.
-inline EngineRun in_memory_run(const Config& cfg, const std::vector<std::vector<int32_t>>& data,
-                               ElemType storage) {
-  auto be = make_cpu_backend(2, 0);
-  be->set_storage_type(storage);
-  InMemoryStep r(cfg, *be);
+// One step's micro-batches as the engines' step() takes them. The runs below take their data
+// as one entry a step: a micro-batch (std::vector<int32_t>), or a step's grad_accum
+// micro-batches (std::vector<std::vector<int32_t>>).
+inline std::vector<const int32_t*> micro_batch_ptrs(const std::vector<int32_t>& batch) {
+  return {batch.data()};
+}
+inline std::vector<const int32_t*> micro_batch_ptrs(
+    const std::vector<std::vector<int32_t>>& micro_batches) {
+  std::vector<const int32_t*> out;
+  for (const auto& m : micro_batches) out.push_back(m.data());
+  return out;
+}
+
+// The in-memory step (the reference) over `data` on backend `be`, from the model's initial
+// parameters.
+template <class StepData>
+EngineRun in_memory_run(const Config& cfg, const std::vector<StepData>& data, Backend& be) {
+  InMemoryStep r(cfg, be);
   r.init_params();
   EngineRun out;
   for (size_t s = 0; s < data.size(); ++s)
-    out.losses.push_back(r.step(static_cast<int64_t>(s), {data[s].data()}).loss);
+    out.record(r.step(static_cast<int64_t>(s), micro_batch_ptrs(data[s])));
   out.params = r.master();
   return out;
 }
 
-// Steps the executor `tr` over `data`, one micro-batch a step, from the parameters it holds.
-inline EngineRun run_steps(PlanExecutor& tr, const std::vector<std::vector<int32_t>>& data) {
+// The same on the CPU backend storing tensors as `storage`.
+template <class StepData>
+EngineRun in_memory_run(const Config& cfg, const std::vector<StepData>& data, ElemType storage) {
+  auto be = make_cpu_backend(2, 0);
+  be->set_storage_type(storage);
+  return in_memory_run(cfg, data, *be);
+}
+
+// Steps the executor `tr` over `data` from the parameters it holds.
+template <class StepData>
+EngineRun run_steps(PlanExecutor& tr, const std::vector<StepData>& data) {
   EngineRun out;
   for (size_t s = 0; s < data.size(); ++s)
-    out.losses.push_back(tr.step(static_cast<int64_t>(s), data[s].data()).loss);
+    out.record(tr.step(static_cast<int64_t>(s), micro_batch_ptrs(data[s])));
   out.params.resize(make_gpt_layout(tr.plan().model).total);
   tr.read_params(out.params.data());
   return out;
 }
 
 // The executor `tr` from the model's initial parameters over `data`.
-inline EngineRun offloaded_run(PlanExecutor& tr, const std::vector<std::vector<int32_t>>& data) {
+template <class StepData>
+EngineRun offloaded_run(PlanExecutor& tr, const std::vector<StepData>& data) {
   const ParamLayout layout = make_gpt_layout(tr.plan().model);
   std::vector<float> init(layout.total);
   init_gpt_params(tr.plan().model, layout, init.data());

@@ -1,6 +1,7 @@
 // Helpers shared by the tests that train through fuyou-train's run (run_training) and compare
 // run directories: a scratch directory with a small corpus and SSD folders, training and
-// resuming, and reading back what a run wrote (its metrics, tensors and checkpoints).
+// resuming, reading back what a run wrote (its metrics, tensors and checkpoints), and the
+// checks that a resumed or offloaded run matches the run it repeats, bit for bit.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -132,6 +133,41 @@ inline void check_resumed_equals(const std::string& full, const std::string& res
   CHECK(losses(full, "val_loss") == losses(resumed, "val_loss"));
   CHECK(tensors(full + "/model.safetensors") == tensors(resumed + "/model.safetensors"));
   CHECK(state_at(full, steps) == state_at(resumed, steps));
+}
+
+// Run `run` of scratch `s`, trained for `steps` steps, resumed from its checkpoint at step
+// `from` into run `into` (by default `<run>-r<from>`) with the config changed by `sets`:
+// the resumed run continues as `run` did, bit for bit (check_resumed_equals).
+inline void check_resume(const RunScratch& s, const std::string& run, int64_t from, int64_t steps,
+                         const std::string& into = "", const std::vector<std::string>& sets = {}) {
+  const std::string to = s.run(into.empty() ? str(run, "-r", from) : into);
+  INFO("run " << run << " resumed from step " << from << " into " << to);
+  resume(s.run(run) + str("/checkpoints/step-", from), to, sets);
+  check_resumed_equals(s.run(run), to, from, steps);
+}
+
+// `cfg` trained offloaded, with everything on the scratch's SSD folders, into run "off":
+// its final weights are run `mem`'s, bit for bit.
+inline void check_offloaded_matches(const RunScratch& s, Config cfg, const std::string& mem) {
+  offload_everything(&cfg, s);
+  train(cfg, s.run("off"));
+  CHECK(tensors(s.run(mem) + "/model.safetensors") == tensors(s.run("off") + "/model.safetensors"));
+}
+
+// The steps a run's checkpoints are resumed from: one in memory, one offloaded.
+struct ResumeSteps {
+  int64_t in_memory;
+  int64_t offloaded;
+};
+
+// `cfg` trained in memory into run `mem` already, `steps` steps: resumed from step
+// `from.in_memory` it continues bit for bit; trained offloaded into run "off" it ends with the
+// same weights, and resumed from step `from.offloaded` continues bit for bit too.
+inline void check_resumes_both_ways(const RunScratch& s, const Config& cfg, const std::string& mem,
+                                    int64_t steps, ResumeSteps from) {
+  check_resume(s, mem, from.in_memory, steps);
+  check_offloaded_matches(s, cfg, mem);
+  check_resume(s, "off", from.offloaded, steps);
 }
 
 }  // namespace fuyou::test

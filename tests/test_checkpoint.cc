@@ -41,7 +41,10 @@ namespace {
 struct Scratch : test::RunScratch {
   explicit Scratch(const std::string& name) : RunScratch("ckpt", name, 2) {}
 };
+using test::check_offloaded_matches;
+using test::check_resume;
 using test::check_resumed_equals;
+using test::check_resumes_both_ways;
 using test::losses;
 using test::offload_everything;
 using test::resume;
@@ -88,50 +91,21 @@ TEST_CASE("resume continues bit for bit: in memory, offloaded, and across placem
   CHECK(list_checkpoints(s.run("mem")).size() == 3);  // steps 3, 6 and the last, 8
 
   SECTION("in memory, from step 3 and from step 6") {
-    resume(s.run("mem") + "/checkpoints/step-3", s.run("mem-r3"));
-    check_resumed_equals(s.run("mem"), s.run("mem-r3"), 3, 8);
-    resume(s.run("mem") + "/checkpoints/step-6", s.run("mem-r6"));
-    check_resumed_equals(s.run("mem"), s.run("mem-r6"), 6, 8);
+    check_resume(s, "mem", 3, 8);
+    check_resume(s, "mem", 6, 8);
   }
   SECTION("offloaded with everything on SSD; resumed offloaded and in memory") {
-    Config off = mem;
-    offload_everything(&off, s);
-    train(off, s.run("off"));
-    CHECK(tensors(s.run("mem") + "/model.safetensors") ==
-          tensors(s.run("off") + "/model.safetensors"));
-    resume(s.run("off") + "/checkpoints/step-3", s.run("off-r3"));
-    check_resumed_equals(s.run("off"), s.run("off-r3"), 3, 8);
+    check_offloaded_matches(s, mem, "mem");
+    check_resume(s, "off", 3, 8);
     // Placement may change on a resume: offloaded checkpoint in memory, and the reverse.
-    resume(s.run("off") + "/checkpoints/step-6", s.run("off-mem"),
-           {"offload.ssd_paths=[]", "offload.weights=auto", "offload.optimizer_state=auto",
-            "offload.activations=auto"});
-    check_resumed_equals(s.run("off"), s.run("off-mem"), 6, 8);
-    resume(s.run("mem") + "/checkpoints/step-3", s.run("mem-off"),
-           {"offload.ssd_paths=" + s.ssd_list(), "offload.optimizer_state=ssd"});
-    check_resumed_equals(s.run("mem"), s.run("mem-off"), 3, 8);
+    check_resume(s, "off", 6, 8, "off-mem",
+                 {"offload.ssd_paths=[]", "offload.weights=auto", "offload.optimizer_state=auto",
+                  "offload.activations=auto"});
+    check_resume(s, "mem", 3, 8, "mem-off",
+                 {"offload.ssd_paths=" + s.ssd_list(), "offload.optimizer_state=ssd"});
     CHECK(s.ssd_empty());
   }
 }
-
-namespace {
-
-// `cfg` trained in memory into run `mem` already: resumed from step `mem_step` it continues
-// bit for bit; trained offloaded with everything on SSD it ends with the same weights, and
-// resumed from step `off_step` continues bit for bit too.
-void check_resumes_both_ways(Scratch& s, const Config& cfg, const std::string& mem, int mem_step,
-                             int off_step) {
-  const std::string r = str(mem, "-r", mem_step), off_r = str("off-r", off_step);
-  resume(s.run(mem) + str("/checkpoints/step-", mem_step), s.run(r));
-  check_resumed_equals(s.run(mem), s.run(r), mem_step, 8);
-  Config off = cfg;
-  offload_everything(&off, s);
-  train(off, s.run("off"));
-  CHECK(tensors(s.run(mem) + "/model.safetensors") == tensors(s.run("off") + "/model.safetensors"));
-  resume(s.run("off") + str("/checkpoints/step-", off_step), s.run(off_r));
-  check_resumed_equals(s.run("off"), s.run(off_r), off_step, 8);
-}
-
-}  // namespace
 
 TEST_CASE("resume with fp16 loss scaling keeps the scale and the skipped steps",
           "[checkpoint][fp16]") {
@@ -146,7 +120,7 @@ TEST_CASE("resume with fp16 loss scaling keeps the scale and the skipped steps",
   REQUIRE(m.counters.has_loss_scale);
   CHECK(m.counters.loss_scale.skipped > 0);
   CHECK(m.counters.adam_step == 4 - m.counters.loss_scale.skipped);
-  check_resumes_both_ways(s, cfg, "full", 2, 4);
+  check_resumes_both_ways(s, cfg, "full", 8, {.in_memory = 2, .offloaded = 4});
 }
 
 TEST_CASE("resume with bf16 device tensors continues bit for bit, in memory and offloaded",
@@ -156,7 +130,7 @@ TEST_CASE("resume with bf16 device tensors continues bit for bit, in memory and 
   Scratch s("bf16");
   Config cfg = base_config(s, "runtime.device_tensors=bf16");
   train(cfg, s.run("mem"));
-  check_resumes_both_ways(s, cfg, "mem", 3, 6);
+  check_resumes_both_ways(s, cfg, "mem", 8, {.in_memory = 3, .offloaded = 6});
   // The tensor type is part of the trajectory: a resume keeps it.
   CHECK_THROWS_WITH(
       resume_config(resolve_checkpoint(s.run("mem")), "", {"runtime.device_tensors=fp32"}),
@@ -233,9 +207,8 @@ TEST_CASE("a graceful stop writes a resumable checkpoint and removes the store f
   CHECK(fs::exists(fs::path(o.run_dir) / "model.safetensors"));
   CHECK(fs::path(resolve_checkpoint(o.run_dir)).filename() == str("step-", r.steps));
   CHECK(losses(o.run_dir).rbegin()->first == r.steps);  // flushed up to the stop
-  TrainOptions again;
-  again.resume = resolve_checkpoint(o.run_dir);
-  run_training(resume_config(again.resume, "", {}), again);
+  // Resumed from its latest checkpoint, into the same run.
+  resume(o.run_dir, "");
   check_resumed_equals(s.run("full"), o.run_dir, r.steps, 40);
   CHECK(s.ssd_empty());
 }
@@ -285,16 +258,15 @@ TEST_CASE("faults while writing a checkpoint leave the previous one intact and r
         left.push_back(e.path().filename());
       std::sort(left.begin(), left.end());
       CHECK(left == std::vector<std::string>{"latest", "step-2"});
-      TrainOptions again;
-      again.resume = resolve_checkpoint(dir);
-      run_training(resume_config(again.resume, "", {}), again);
+      resume(dir, "");  // from step-2, into the same run
       check_resumed_equals(s.run("full"), dir, 2, 8);
     }
   }
 }
 
-TEST_CASE("an SSD read error while checkpointing names the file; the previous checkpoint restores",
-          "[checkpoint]") {
+TEST_CASE(
+    "an SSD read error while checkpointing names the file, and the previous checkpoint restores",
+    "[checkpoint]") {
   Scratch s("storeio");
   Config cfg = base_config(s);
   offload_everything(&cfg, s);
@@ -460,13 +432,5 @@ TEST_CASE("record data with schedule.epochs resumes mid-epoch bit for bit, in me
   INFO("steps " << full.steps);
   REQUIRE(full.steps >= 6);
   REQUIRE(full.steps % 3 != 0);  // the last checkpoint is not one of every_steps'
-  resume(s.run("mem") + "/checkpoints/step-3", s.run("mem-r3"));
-  check_resumed_equals(s.run("mem"), s.run("mem-r3"), 3, full.steps);
-  Config off = cfg;
-  offload_everything(&off, s);
-  train(off, s.run("off"));
-  CHECK(tensors(s.run("mem") + "/model.safetensors") ==
-        tensors(s.run("off") + "/model.safetensors"));
-  resume(s.run("off") + "/checkpoints/step-3", s.run("off-r3"));
-  check_resumed_equals(s.run("off"), s.run("off-r3"), 3, full.steps);
+  check_resumes_both_ways(s, cfg, "mem", full.steps, {.in_memory = 3, .offloaded = 3});
 }

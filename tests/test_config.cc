@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 
@@ -102,9 +103,10 @@ std::set<std::string> minus(const std::set<std::string>& a, const std::set<std::
 
 TEST_CASE("every key parsed is emitted into a run's config.yaml and documented, and back",
           "[config]") {
-  const std::vector<std::string> list = config_keys();
-  const std::set<std::string> parsed(list.begin(), list.end());
-  REQUIRE(parsed.size() == list.size());  // no key read twice
+  const std::vector<ConfigKey> list = config_keys();
+  std::set<std::string> parsed;
+  for (const ConfigKey& k : list) parsed.insert(k.name);
+  REQUIRE(parsed.size() == list.size());  // no key listed twice
   REQUIRE(parsed.count("model.n_layer"));
   REQUIRE(parsed.count("checkpoint.keep_best"));
   // What a run directory's config.yaml (and a resume's trajectory check) holds.
@@ -118,11 +120,12 @@ TEST_CASE("every key parsed is emitted into a run's config.yaml and documented, 
       emitted.insert(section.first.Scalar() + "." + key.first.Scalar());
   // docs/config.md: the `| key | type | ...` table under each `## section` heading.
   std::set<std::string> documented;
+  std::map<std::string, std::string> doc_values;  // "section.key" -> the type column
   std::ifstream doc(test::source_path("docs/config.md"));
   REQUIRE(doc);
   // A row may document several keys ("| beta1, beta2 | ...").
-  const std::regex heading("^## ([a-z]+)"), row("^\\| ([a-z_0-9]+(, [a-z_0-9]+)*) \\|"),
-      name("[a-z_0-9]+");
+  const std::regex heading("^## ([a-z]+)"),
+      row("^\\| ([a-z_0-9]+(, [a-z_0-9]+)*) \\| ([^|]*[^| ]) \\|"), name("[a-z_0-9]+");
   std::string line, section;
   bool in_table = false;
   for (std::smatch m; std::getline(doc, line);) {
@@ -133,8 +136,10 @@ TEST_CASE("every key parsed is emitted into a run's config.yaml and documented, 
     else if (line.empty() || line[0] != '|')
       in_table = false;
     else if (in_table && std::regex_search(line, m, row))
-      for (std::sregex_iterator k(m[1].first, m[1].second, name), end; k != end; ++k)
+      for (std::sregex_iterator k(m[1].first, m[1].second, name), end; k != end; ++k) {
         documented.insert(section + "." + k->str());
+        doc_values[section + "." + k->str()] = m[3];
+      }
   }
   INFO("parsed, not emitted:" << listed(minus(parsed, emitted)));
   INFO("emitted, not parsed:" << listed(minus(emitted, parsed)));
@@ -142,6 +147,11 @@ TEST_CASE("every key parsed is emitted into a run's config.yaml and documented, 
   INFO("in docs/config.md, not parsed:" << listed(minus(documented, parsed)));
   CHECK(emitted == parsed);
   CHECK(documented == parsed);
+  // The type column states the values the key list allows.
+  for (const ConfigKey& k : list) {
+    INFO(k.name);
+    if (doc_values.count(k.name)) CHECK(doc_values[k.name] == k.values);
+  }
 }
 
 TEST_CASE("sizes parse in binary and decimal units", "[config]") {
@@ -198,13 +208,13 @@ TEST_CASE("every integer key has an upper bound", "[config]") {
       {"model: {n_layer: 1025}", "model.n_layer", "must be in 1..1024"},
       {"model: {n_head: 2000000, d_model: 2000000}", "model.n_head", "must be in 1..1048576"},
       {"model: {d_model: 2097152, n_head: 1}", "model.d_model", "must be in 1..1048576"},
-      {"model: {d_ff: 8388608}", "model.d_ff", "must be in 1..4194304"},
+      {"model: {d_ff: 8388608}", "model.d_ff", "must be in 0..4194304 (0: 4 * d_model)"},
       {"model: {vocab_size: 16777217}", "model.vocab_size", "must be in 2..16777216"},
       {"model: {seq_len: 2000000}", "model.seq_len", "must be in 1..1048576"},
       {"runtime: {threads: 5000}", "runtime.threads", "must be in 0..4096"},
       {"optimizer: {eps: .inf}", "optimizer.eps", "must be in (0, 1)"},
       {"optimizer: {weight_decay: .inf}", "optimizer.weight_decay", "must be in [0, 100)"},
-      {"optimizer: {grad_clip: .inf}", "optimizer.grad_clip", "finite"},
+      {"optimizer: {grad_clip: .inf}", "optimizer.grad_clip", "must be in [0, inf)"},
       {"model: {family: llama, d_ff: 64, rope_theta: .inf}", "model.rope_theta", "(1, 1e12)"},
   };
   for (const Case& c : cases) {

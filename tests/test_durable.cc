@@ -237,7 +237,7 @@ TEST_CASE("a run that fails before training leaves its directory reusable", "[du
   CHECK(train(small_config(w), run).steps == 8);
 }
 
-TEST_CASE("a stop during validation ends it at once; the step's checkpoint follows",
+TEST_CASE("a stop during validation ends it at once, and the step's checkpoint follows",
           "[durable][signals]") {
   Work w("valstop");
   StopSignals& stop = test::stop_signals();
@@ -351,7 +351,8 @@ TEST_CASE("every reader of a checkpoint the engine wrote verifies it",
 }
 
 TEST_CASE(
-    "metrics.jsonl: a failed write is retried and no line is lost; a lasting failure stops the run",
+    "metrics.jsonl: a failed write is retried and no line is lost, and a lasting failure stops the "
+    "run",
     "[durable]") {
   Work w("metrics");
   std::atomic<int> calls{0};
@@ -386,7 +387,7 @@ TEST_CASE(
                     Contains("metrics.jsonl") && Contains("File too large") && Contains("step-3"));
 }
 
-TEST_CASE("latest: a directory is refused; a damaged latest checkpoint names the earlier one",
+TEST_CASE("latest: a directory is refused, and a damaged latest checkpoint names the earlier one",
           "[durable][checkpoint]") {
   Work w("latest");
   const std::string run = w.path("run");

@@ -2,13 +2,12 @@
 // against an exact product of fp16-rounded inputs, overflow skipping steps (weights, Adam
 // state and step count untouched) and backing the scale off, and the offloading scheduler's
 // exact mode making the same decisions bit for bit.
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 
+#include "engine_run_support.h"
 #include "fuyou/backend_select.h"
 #include "fuyou/error.h"
 #include "fuyou/rng.h"
@@ -16,6 +15,7 @@
 #include "fuyou/train.h"
 #include "kernels/common/element_math.h"
 #include "kernels/cpu/gemm.h"
+#include "test_support.h"
 
 namespace fs = std::filesystem;
 using namespace fuyou;
@@ -46,13 +46,6 @@ std::vector<std::vector<int32_t>> batches(const Config& cfg, int steps) {
   }
   return out;
 }
-
-struct Trace {
-  std::vector<float> losses;
-  std::vector<bool> skipped;
-  std::vector<double> scales;
-  std::vector<float> params;
-};
 
 }  // namespace
 
@@ -133,27 +126,14 @@ TEST_CASE("offloaded fp16 training skips and scales exactly as in memory", "[fp1
   INFO("device tensors " << tensors);
   Config cfg = fp16_config(16777216.0, 1.0, tensors);
   auto data = batches(cfg, 8);
-  Trace ref, off;
+  auto ref_be = make_cpu_backend(2, 0);
+  apply_precision(*ref_be, cfg.runtime);
+  const test::EngineRun ref = test::in_memory_run(cfg, data, *ref_be);
+  test::EngineRun off;
   {
-    auto be = make_cpu_backend(2, 0);
-    apply_precision(*be, cfg.runtime);
-    InMemoryStep r(cfg, *be);
-    r.init_params();
-    for (int s = 0; s < 8; ++s) {
-      auto res = r.step(s, {data[s].data()});
-      ref.losses.push_back(res.loss);
-      ref.skipped.push_back(res.skipped);
-      ref.scales.push_back(res.loss_scale);
-    }
-    ref.params = r.master();
-  }
-  {
-    fs::path dir =
-        fs::path(FUYOU_BINARY_DIR) / "test-data" / ("fp16-" + std::to_string(::getpid()));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
+    const std::string dir = test::fresh_test_dir("fp16");
     StoreConfig sc;
-    sc.dirs = {dir.string()};
+    sc.dirs = {dir};
     sc.stripe_unit = 64 * 1024;
     auto store = SsdStore::open(sc);
     PlanRequest req;
@@ -168,29 +148,14 @@ TEST_CASE("offloaded fp16 training skips and scales exactly as in memory", "[fp1
     auto be = make_cpu_backend(2, 0);
     apply_precision(*be, cfg.runtime);
     PlanExecutor tr(cfg, *be, make_plan(req), store.get());
-    ParamLayout layout = make_gpt_layout(cfg.model);
-    std::vector<float> init(layout.total);
-    init_gpt_params(cfg.model, layout, init.data());
-    tr.set_params(init.data());
-    for (int s = 0; s < 8; ++s) {
-      auto res = tr.step(s, {data[s].data()});
-      off.losses.push_back(res.loss);
-      off.skipped.push_back(res.skipped);
-      off.scales.push_back(res.loss_scale);
-    }
-    off.params.resize(layout.total);
-    tr.read_params(off.params.data());
+    off = test::offloaded_run(tr, data);
     store.reset();
     fs::remove_all(dir);
   }
   CHECK(off.skipped == ref.skipped);
-  CHECK(off.scales == ref.scales);
+  CHECK(off.loss_scales == ref.loss_scales);
   CHECK(std::count(ref.skipped.begin(), ref.skipped.end(), true) >= 2);
-  for (size_t s = 0; s < ref.losses.size(); ++s) {
-    INFO("step " << s);
-    CHECK(std::memcmp(&off.losses[s], &ref.losses[s], 4) == 0);
-  }
-  CHECK(std::memcmp(off.params.data(), ref.params.data(), 4 * ref.params.size()) == 0);
+  test::require_bitwise(off, ref);  // every step's loss and every parameter
 }
 
 TEST_CASE("an offloaded fp16 plan without exact mode is refused", "[fp16][scheduler]") {

@@ -444,8 +444,9 @@ TEST_CASE("record index files: written, read, and refused with the file and offs
   CHECK_THROWS_WITH(parse_record_index(bytes, path, 12), Contains("not a record index"));
 }
 
-TEST_CASE("plans for packed records count attention over the records' keys; bytes do not change",
-          "[records][plan]") {
+TEST_CASE(
+    "plans for packed records count attention over the records' keys, and bytes do not change",
+    "[records][plan]") {
   Config cfg = family_config("gpt2", "fp32");
   PlanRequest req;
   req.model = cfg.model;

@@ -65,28 +65,11 @@ std::vector<std::vector<std::vector<int32_t>>> step_data(const Config& cfg, int 
   return out;
 }
 
-std::vector<const int32_t*> ptrs(const std::vector<std::vector<int32_t>>& mbs) {
-  std::vector<const int32_t*> p;
-  for (const auto& m : mbs) p.push_back(m.data());
-  return p;
-}
-
 using Run = test::EngineRun;
 using test::require_bitwise;
 
 Run in_memory(const Config& cfg, const std::vector<std::vector<std::vector<int32_t>>>& data) {
-  auto be = make_cpu_backend(2, 0);
-  be->set_storage_type(plan_request(cfg).tensors);
-  InMemoryStep r(cfg, *be);
-  r.init_params();
-  Run out;
-  for (size_t s = 0; s < data.size(); ++s) {
-    auto res = r.step(static_cast<int64_t>(s), ptrs(data[s]));
-    out.losses.push_back(res.loss);
-    out.norms.push_back(res.grad_norm);
-  }
-  out.params = r.master();
-  return out;
+  return test::in_memory_run(cfg, data, plan_request(cfg).tensors);
 }
 
 // The executor's backend: the CPU's, or (streams) its twin under CUDA's ordering rules with
@@ -110,19 +93,7 @@ Run offloaded(const Config& cfg, const Plan& plan,
               bool streams = false) {
   auto be = executor_backend(streams, plan.tensors);
   PlanExecutor tr(cfg, *be, plan, store);
-  ParamLayout layout = make_gpt_layout(cfg.model);
-  std::vector<float> init(layout.total);
-  init_gpt_params(cfg.model, layout, init.data());
-  tr.set_params(init.data());
-  Run out;
-  for (size_t s = 0; s < data.size(); ++s) {
-    auto res = tr.step(static_cast<int64_t>(s), ptrs(data[s]));
-    out.losses.push_back(res.loss);
-    out.norms.push_back(res.grad_norm);
-  }
-  out.params.resize(layout.total);
-  tr.read_params(out.params.data());
-  return out;
+  return test::offloaded_run(tr, data);
 }
 
 PlanRequest ssd_request(const Config& cfg) {
@@ -185,7 +156,7 @@ TEST_CASE("offloaded validation loss is bitwise the in-memory one", "[scheduler]
     CHECK(a != am);  // the mask changes the value, so the masked comparison means something
     if (s == data.size()) break;
     float la = tr.step(static_cast<int64_t>(s), data[s][0].data()).loss;
-    float lb = ref.step(static_cast<int64_t>(s), ptrs(data[s])).loss;
+    float lb = ref.step(static_cast<int64_t>(s), test::micro_batch_ptrs(data[s])).loss;
     CHECK(std::memcmp(&la, &lb, 4) == 0);
   }
   std::vector<float> pa(layout.total);
@@ -197,7 +168,21 @@ TEST_CASE("offloaded validation loss is bitwise the in-memory one", "[scheduler]
   CHECK(fp.forward_only);
   CHECK(count_kind(fp, OpKind::kForward) == cfg.model.n_layer);
   CHECK(count_kind(fp, OpKind::kHeadLoss) == 1);
-  CHECK(count_kind(fp, OpKind::kReadWeights) == cfg.model.n_layer);
+  // Weights come as the training forward brings them: a layer retained in a weights-out slot
+  // loads from there, every other layer on SSD is read once.
+  int ssd_reads = 0, retained = 0;
+  for (const auto& layer : fp.layers) {
+    ssd_reads += layer.weights == Tier::kSsd && layer.retained < 0;
+    retained += layer.retained >= 0;
+  }
+  CHECK(count_kind(fp, OpKind::kReadWeights) == ssd_reads);
+  CHECK(count_kind(fp, OpKind::kLoadWeights) == cfg.model.n_layer);
+  int from_wout = 0;
+  for (const PlanOp& op : fp.ops)
+    if (op.kind == OpKind::kLoadWeights)
+      from_wout += fp.buffers[op.use(Role::kSource).buffer].kind == BufferKind::kWoutSlot;
+  CHECK(from_wout == retained);
+  CHECK(retained > 0);  // this plan covers both ways in
   CHECK(count_kind(fp, OpKind::kBackward) + count_kind(fp, OpKind::kSaveCheckpoint) +
             count_kind(fp, OpKind::kUpdate) ==
         0);

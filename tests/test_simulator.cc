@@ -188,6 +188,35 @@ TEST_CASE("simulator: compute and optimizer share the CPU on a shared_cpu profil
   }
 }
 
+TEST_CASE("simulator: a host<->device copy slows the optimizer to copy_share", "[simulator]") {
+  HardwareProfile hw = unit_profile();
+  Builder b;
+  b.plan.model.n_layer = 1;
+  b.plan.layers.resize(1);
+  const Resource copy_queue = GENERATE(Resource::kH2D, Resource::kD2H);
+  int c = b.add(copy_queue, 1);
+  ParamLayout layout = make_gpt_layout(b.plan.model);
+  PlanOp u;
+  u.id = 1;
+  u.kind = OpKind::kUpdate;
+  u.resource = Resource::kOptimizer;
+  u.group = 1;
+  u.params = layout.groups[1].numel;
+  b.plan.buffers.push_back(
+      {BufferKind::kHostOptim, 1, Tier::kHost, 12 * u.params, "optimizer state"});
+  u.uses.push_back({0, Access::kAccumulate, Role::kState, 0, 12 * u.params});
+  b.plan.ops.push_back(u);
+  const double upd = layout.groups[1].numel / 1e6;
+  REQUIRE(upd > 1.0);
+  hw.copy_share = GENERATE(1.0, 0.5, 0.25);
+  INFO("copy_share " << hw.copy_share);
+  SimResult r = simulate(b.plan, hw);
+  // The copy runs at its own rate; for its 1 s the update does copy_share of a second's work.
+  CHECK(r.end[c] == 1.0);
+  CHECK(r.end[1] ==
+        Approx(upd + 1.0 - hw.copy_share).epsilon(4 * std::numeric_limits<double>::epsilon()));
+}
+
 TEST_CASE("simulator: SSD bandwidth follows the store's striping", "[simulator]") {
   HardwareProfile hw = unit_profile();
   hw.ssds = 2;
@@ -574,6 +603,17 @@ TEST_CASE("hardware profile: parse, round trip and errors", "[simulator]") {
   const HardwareProfile g =
       parse_hardware_profile(hardware_profile_to_yaml(f, "# header\n"), "<round trip>");
   CHECK(g.optimizer_format_params_per_s == f.optimizer_format_params_per_s);
+  // The optimizer's share while copies run: 1 unless given, written back, at most 1.
+  CHECK(p.copy_share == 1.0);
+  std::string shared = text;
+  shared.replace(shared.find("params_per_s: 2.0e9"), 19, "params_per_s: 2.0e9, copy_share: 0.8");
+  CHECK(parse_hardware_profile(shared, "<t>").copy_share == 0.8);
+  CHECK(parse_hardware_profile(hardware_profile_to_yaml(parse_hardware_profile(shared, "<t>"), ""),
+                               "<round trip>")
+            .copy_share == 0.8);
+  shared.replace(shared.find("copy_share: 0.8"), 15, "copy_share: 1.5");
+  CHECK_THROWS_WITH(parse_hardware_profile(shared, "<t>"),
+                    Contains("copy_share must be in (0, 1]"));
   std::string bad = formats;
   bad.replace(bad.find("int8/split"), 10, "int4/split");
   CHECK_THROWS_WITH(

@@ -589,7 +589,8 @@ TEST_CASE("storage: a failed fdatasync in flush names the file", "[storage]") {
                                         Contains("Input/output error"));
 }
 
-TEST_CASE("storage: each directory is locked while open; closing leaves it empty", "[storage]") {
+TEST_CASE("storage: each directory is locked while open, and closing leaves it empty",
+          "[storage]") {
   TempDirs t("lock", 2);
   {
     auto store = SsdStore::open(config(t.dirs, 64 * KiB, 64 * KiB, 4));

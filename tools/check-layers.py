@@ -26,7 +26,7 @@ PUBLIC = {
     "threads": "common", "rng": "common", "elem_type": "common", "timing": "common", "tier": "common",
     "storage": "storage", "io_bench": "storage",
     "config": "formats", "data": "formats", "tokenizer": "formats", "safetensors": "formats",
-    "hf_checkpoint": "formats", "hardware": "formats",
+    "hf_checkpoint": "formats", "hardware": "formats", "device_costs": "kernels",
     "backend": "kernels", "cuda": "kernels",
     "model": "model", "decoder": "model", "op_class": "model",
     "optim": "optim", "ooc_adamw": "optim", "adam_bench": "optim", "loss_scale": "optim", "train_state": "optim",

@@ -364,25 +364,24 @@ run_perf() {
   # The published setting scaled to this machine: GPT-3 2.7B (its fp32 state fits this
   # machine's host memory), 16-bit tensors, the device held to 24 GiB (an RTX 4090's memory),
   # the placement the search chooses on the profile measured here (this call's, else the H200
-  # profile measured before), and the simulator's prediction on it.
+  # profile measured before), and the simulator's prediction on it; `rtx4090` holds the
+  # setting's arguments, which the three runs share.
   local prof="$root/configs/hardware/h200-vm-measured-bf16.yaml"
   [ -f "$out/this-gpu.yaml" ] && prof="$out/this-gpu.yaml"
-  step offload-2.7b-24g 240 bench_train "$work/bench-2.7b-24g.json" --config "$root/configs/gpt3-2.7b.yaml" \
-    "${cuda_sets[@]}" --set model.seq_len=1024 --set schedule.micro_batch=16 --set runtime.precision=bf16 \
-    --set runtime.device_tensors=bf16 --set offload.device_memory=24GiB --set offload.activations=auto \
-    --set "offload.hardware=$prof" --predict-on "$prof" --steps 3 --warmup 1 --breakdown
+  local rtx4090=("${cuda_sets[@]}" --set model.seq_len=1024 --set schedule.micro_batch=16
+    --set runtime.precision=bf16 --set runtime.device_tensors=bf16
+    --set offload.device_memory=24GiB --set offload.activations=auto
+    --set "offload.hardware=$prof" --predict-on "$prof" --steps 3 --warmup 1 --breakdown)
+  step offload-2.7b-24g 240 bench_train "$work/bench-2.7b-24g.json" \
+    --config "$root/configs/gpt3-2.7b.yaml" "${rtx4090[@]}"
   # The same with the optimizer state packed (int8 moments, the master as bf16 + 16 low bits:
   # 10 bytes a parameter for the host AdamW to stream instead of 28), and GPT-3 6.7B, whose
   # packed state fits this machine's host memory with room to spare (47 GB peak at 6.7B).
   local packed=(--set optimizer.state=int8 --set optimizer.master=split)
-  step offload-2.7b-24g-int8 240 bench_train "$work/bench-2.7b-24g-int8.json" --config "$root/configs/gpt3-2.7b.yaml" \
-    "${cuda_sets[@]}" --set model.seq_len=1024 --set schedule.micro_batch=16 --set runtime.precision=bf16 \
-    --set runtime.device_tensors=bf16 --set offload.device_memory=24GiB --set offload.activations=auto \
-    "${packed[@]}" --set "offload.hardware=$prof" --predict-on "$prof" --steps 3 --warmup 1 --breakdown
-  step offload-6.7b-24g-int8 300 bench_train "$work/bench-6.7b-24g-int8.json" --config "$root/configs/gpt3-6.7b.yaml" \
-    "${cuda_sets[@]}" --set model.seq_len=1024 --set schedule.micro_batch=16 --set runtime.precision=bf16 \
-    --set runtime.device_tensors=bf16 --set offload.device_memory=24GiB --set offload.activations=auto \
-    "${packed[@]}" --set "offload.hardware=$prof" --predict-on "$prof" --steps 3 --warmup 1 --breakdown
+  step offload-2.7b-24g-int8 240 bench_train "$work/bench-2.7b-24g-int8.json" \
+    --config "$root/configs/gpt3-2.7b.yaml" "${rtx4090[@]}" "${packed[@]}"
+  step offload-6.7b-24g-int8 300 bench_train "$work/bench-6.7b-24g-int8.json" \
+    --config "$root/configs/gpt3-6.7b.yaml" "${rtx4090[@]}" "${packed[@]}"
   # Two layers of GPT-3 175B's width at the published micro-batch (16 x 1024 tokens), bf16
   # tensors, chunked head, in memory: what this engine's kernels make of one 175B layer.
   step bench-175b-layers 200 bench_train "$work/bench-175b-layers.json" --config "$root/configs/gpt3-175b-seq1024.yaml" \

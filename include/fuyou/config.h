@@ -197,9 +197,15 @@ const std::string& default_config_text();
 
 // The config as YAML, every key written out, so a run directory records what ran.
 std::string config_to_yaml(const Config& c);
-// Every key parse_config reads, as "section.key", in the order it reads them (a test holds
+// One key of the config's key lists: "section.key" and the values it takes, as
+// docs/config.md's type column writes them ("int 1..1024", "float (0, 10)", "auto, ssd").
+struct ConfigKey {
+  std::string name;
+  std::string values;
+};
+// Every key parse_config reads, in the order config_to_yaml writes them (a test holds
 // config_to_yaml and docs/config.md to this list).
-std::vector<std::string> config_keys();
+std::vector<ConfigKey> config_keys();
 // The values optimizer.state and optimizer.master take ("fp32", "bf16", "int8"; "fp32",
 // "split"): the names moment_format_name and master_format_name give the formats.
 const std::vector<std::string>& optimizer_state_names();

@@ -510,8 +510,8 @@ bool update_has_cores(const Plan& plan, const PlanOp& update);
 Plan make_plan(const PlanRequest& req);
 
 // The validation pass of a training plan: embedding, every layer's forward and the loss, with
-// the weights streamed as in the training forward (same tiers, slots and pools, a subset of
-// them); no checkpoints, gradients or updates.
+// the weights brought as the training forward brings them (the same builder, tiers, slots and
+// pools); no checkpoints, gradients or updates.
 Plan make_forward_plan(const Plan& train);
 
 }  // namespace fuyou

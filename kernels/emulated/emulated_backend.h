@@ -27,7 +27,7 @@
 #include <mutex>
 
 #include "fuyou/backend.h"
-#include "fuyou/hardware.h"
+#include "fuyou/device_costs.h"
 #include "kernels/common/arena.h"
 
 namespace fuyou::emulated {

@@ -31,8 +31,129 @@ std::string join(const std::vector<std::string>& items) {
 struct Origin {
   std::string source;
   std::map<std::string, std::string> sets;
-  std::vector<std::string>* keys = nullptr;  // config_keys(): every key read, "section.key"
 };
+
+// ---- the keys -----------------------------------------------------------------------------
+//
+// Each section's keys are one list (model_keys, data_keys, ...): a key's name, its field and
+// the rule its value must meet. That list parses the section (Section::read), checks each
+// value on its own (Section::check), writes a run's config.yaml (config_to_yaml) and names
+// every key for config_keys() and the documentation test. Rules between keys (min_lr at most
+// lr, the families' shapes) are written in the section's parse function after the list's
+// checks.
+
+// A number in [lo, hi], an end excluded where open_lo / open_hi say; `note` follows the rule
+// in an error (what a special value means).
+template <typename T>
+struct Range {
+  T lo, hi;
+  bool open_lo = false, open_hi = false;
+  const char* note = "";
+};
+template <typename R>
+struct is_range : std::false_type {};
+template <typename T>
+struct is_range<Range<T>> : std::true_type {};
+template <typename T>
+Range<T> closed(T lo, T hi, const char* note = "") {
+  return {lo, hi, false, false, note};
+}
+Range<double> interval(double lo, double hi, const char* ends, const char* note = "") {
+  return {lo, hi, ends[0] == '(', ends[1] == ')', note};
+}
+// One of these names: a string field holds the name, an enum field the name's index.
+struct OneOf {
+  std::vector<std::string> names;
+};
+struct Free {};          // any value of the field's type
+struct Size {};          // bytes, written as a size ("16GiB") or a plain number
+struct Path {};          // a file or directory (a string, or a list of them)
+struct OptionalPath {};  // a path written to config.yaml only when set
+// "auto" (stored as -1) or a count in 0..max.
+struct AutoOrCount {
+  int max;
+  const char* what;      // what the count counts
+  const char* max_name;  // where the bound comes from
+};
+
+// 1e+12 -> 1e12: bounds read as they are written in docs/config.md.
+std::string bound_text(double v) {
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  std::string t = str(v);
+  const size_t e = t.find("e+");
+  if (e != std::string::npos) {
+    size_t digits = e + 2;
+    while (digits + 1 < t.size() && t[digits] == '0') ++digits;
+    t = t.substr(0, e + 1) + t.substr(digits);
+  }
+  return t;
+}
+
+template <typename T>
+std::string rule_text(const Range<T>& r) {
+  if constexpr (std::is_integral_v<T>)
+    return str("must be in ", r.lo, "..", r.hi, r.note);
+  else
+    return str("must be in ", r.open_lo ? "(" : "[", bound_text(r.lo), ", ", bound_text(r.hi),
+               r.open_hi ? ")" : "]", r.note);
+}
+
+template <typename T>
+bool in_range(T v, const Range<T>& r) {
+  // NaN fails both comparisons, so it is refused like a number out of range.
+  const bool above_lo = r.open_lo ? v > r.lo : v >= r.lo;
+  const bool below_hi = r.open_hi ? v < r.hi : v <= r.hi;
+  return above_lo && below_hi;
+}
+
+// How docs/config.md writes a bound: powers of two from 2^20 as powers, and of ten from a
+// million as 10^6 (integers) or 1e6 (reals); other numbers as they are.
+std::string doc_number(double v, bool integer) {
+  for (int k = 20; k < 64; ++k)
+    if (v == std::ldexp(1.0, k)) return str("2^", k);
+  double p = 1e6;
+  for (int k = 6; k < 16 && integer; ++k, p *= 10)
+    if (v == p) return str("10^", k);
+  return bound_text(v);
+}
+
+// The type of a field its member pointer names.
+template <typename P>
+struct MemberType;
+template <typename C, typename T>
+struct MemberType<T C::*> {
+  using type = T;
+};
+
+// The values a key takes, as docs/config.md's type column writes them.
+template <typename T, typename Rule>
+std::string values_text(const Rule& rule) {
+  if constexpr (is_range<Rule>::value) {
+    if constexpr (std::is_integral_v<T>)
+      return str("int ", doc_number(static_cast<double>(rule.lo), true), "..",
+                 doc_number(static_cast<double>(rule.hi), true));
+    else
+      return str("float ", rule.open_lo ? "(" : "[", doc_number(rule.lo, false), ", ",
+                 doc_number(rule.hi, false), rule.open_hi ? ")" : "]");
+  } else if constexpr (std::is_same_v<Rule, OneOf>) {
+    return join(rule.names);
+  } else if constexpr (std::is_same_v<Rule, Size>) {
+    return "size";
+  } else if constexpr (std::is_same_v<Rule, AutoOrCount>) {
+    return str("auto, or an int 0..", rule.max_name);
+  } else if constexpr (std::is_same_v<Rule, Path> || std::is_same_v<Rule, OptionalPath>) {
+    return std::is_same_v<T, std::vector<std::string>> ? "list of paths" : "path";
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return "bool";
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    return "list of strings";
+  } else if constexpr (std::is_same_v<T, uint64_t>) {
+    return "int 0..2^64-1";
+  } else {
+    static_assert(std::is_same_v<T, std::string>, "a Free field of a type values_text knows");
+    return "string";
+  }
+}
 
 // Reads one YAML section. Every get() records the key as known, so finish() can reject the
 // keys nobody asked for and list the ones that exist.
@@ -82,9 +203,67 @@ class Section {
     }
   }
 
+  // Reads one key of the section's list into its field, as the rule's kind of value.
+  template <typename T, typename Rule>
+  void read(const char* key, T& out, const Rule& rule) {
+    if constexpr (std::is_same_v<Rule, Size>) {
+      get_size(key, out);
+    } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      get_list(key, out);
+    } else if constexpr (std::is_enum_v<T>) {
+      std::string name;
+      get(key, name);
+      if (name.empty()) return;
+      const auto it = std::find(rule.names.begin(), rule.names.end(), name);
+      if (it == rule.names.end()) fail(key, str("'", name, "' is not one of ", join(rule.names)));
+      out = static_cast<T>(it - rule.names.begin());
+    } else if constexpr (std::is_same_v<Rule, AutoOrCount>) {
+      std::string text;
+      get(key, text);
+      if (text.empty()) return;
+      if (text == "auto") {
+        out = -1;
+        return;
+      }
+      size_t used = 0;
+      int n = -1;
+      try {
+        n = std::stoi(text, &used);
+      } catch (const std::exception&) {
+      }
+      if (used != text.size() || n < 0 || n > rule.max)
+        fail(key, str("'", text, "' is neither auto nor ", rule.what, " in [0, ", rule.max_name,
+                      " = ", rule.max, "]"));
+      out = n;
+    } else {
+      get(key, out);
+    }
+  }
+
+  // Checks one value against its rule alone.
+  template <typename T, typename Rule>
+  void check(const char* key, const T& value, const Rule& rule) const {
+    if constexpr (is_range<Rule>::value) {
+      using Bound = decltype(rule.lo);
+      static_assert(std::is_same_v<T, Bound> ||
+                        (std::is_floating_point_v<T> && std::is_same_v<Bound, double>),
+                    "a range's bounds have its field's type (reals: double)");
+      if (!in_range(static_cast<Bound>(value), rule))
+        fail(key, str("value ", value, " is not allowed: ", rule_text(rule)));
+    } else if constexpr (std::is_same_v<Rule, OneOf> && std::is_same_v<T, std::string>) {
+      if (std::find(rule.names.begin(), rule.names.end(), value) == rule.names.end())
+        fail(key, str("'", value, "' is not one of ", join(rule.names)));
+    } else {
+      // Read already checked these: an enum's name, an AutoOrCount's count, a size's text.
+      static_assert(std::is_same_v<Rule, Free> || std::is_same_v<Rule, Path> ||
+                        std::is_same_v<Rule, Size> || std::is_same_v<Rule, OptionalPath> ||
+                        std::is_same_v<Rule, AutoOrCount> ||
+                        (std::is_same_v<Rule, OneOf> && std::is_enum_v<T>),
+                    "a rule Section::check does not know");
+    }
+  }
+
   void finish() {
-    if (origin_.keys)
-      for (const auto& k : known_) origin_.keys->push_back(path(k));
     if (!node_ || node_.IsNull()) return;
     for (const auto& kv : node_) {
       const std::string& key = kv.first.Scalar();  // load_yaml_checked: keys are scalars
@@ -138,6 +317,139 @@ void require(bool ok, const Section& s, const std::string& key, T value, const s
   if (!ok) s.fail(key, str("value ", value, " is not allowed: ", rule));
 }
 
+// The sections, in the order config.yaml writes them.
+const std::vector<std::string>& section_names() {
+  static const std::vector<std::string> names = {"model",   "data",    "optimizer", "schedule",
+                                                 "offload", "runtime", "checkpoint"};
+  return names;
+}
+
+// ActivationPolicy's names, in its enumerators' order.
+const std::vector<std::string>& activation_policy_names() {
+  static const std::vector<std::string> names = {"auto", "keep", "swap", "recompute"};
+  return names;
+}
+
+// Each section's keys in the order config.yaml writes them: key(name, field, rule).
+template <typename F>
+void model_keys(F&& key) {
+  using M = ModelConfig;
+  key("family", &M::family, OneOf{{"gpt2", "opt", "llama"}});
+  key("n_layer", &M::n_layer, closed(1, kMaxLayers));
+  key("n_head", &M::n_head, closed(1, kMaxModelDim));
+  key("d_model", &M::d_model, closed(1, kMaxModelDim));
+  key("d_ff", &M::d_ff, closed(0, kMaxFfDim, " (0: 4 * d_model)"));
+  key("vocab_size", &M::vocab_size, closed(2, kMaxVocab));
+  key("seq_len", &M::seq_len, closed(1, kMaxModelDim));
+  key("init_std", &M::init_std, interval(0, 10, "()"));
+  key("n_kv_head", &M::n_kv_head, closed(0, kMaxModelDim, " (0: n_head)"));
+  key("norm_eps", &M::norm_eps, interval(0, 1, "()"));
+  key("rope_theta", &M::rope_theta, interval(1, 1e12, "()"));
+  key("tie_embeddings", &M::tie_embeddings, Free{});
+  key("qkv_bias", &M::qkv_bias, Free{});
+  key("head_chunk_tokens", &M::head_chunk_tokens,
+      closed(0, 1 << 30, " (0: the whole micro-batch's logits at once)"));
+  key("checkpoint", &M::checkpoint, OptionalPath{});
+}
+
+template <typename F>
+void data_keys(F&& key) {
+  using D = DataConfig;
+  key("text", &D::text, Path{});
+  key("train_shards", &D::train_shards, Path{});
+  key("val_shards", &D::val_shards, Path{});
+  key("val_fraction", &D::val_fraction, interval(0, 1, "[)"));
+  key("tokenizer", &D::tokenizer, OneOf{{"byte"}});
+  key("truncate", &D::truncate, OneOf{{"refuse", "right", "drop"}});
+}
+
+template <typename F>
+void optimizer_keys(F&& key) {
+  using O = OptimizerConfig;
+  // Infinity passes a one-sided test (eps > 0) and silently stops training, so every bound
+  // here is two-sided.
+  key("lr", &O::lr, interval(0, 10, "()"));
+  key("min_lr", &O::min_lr, interval(0, 10, "[)"));
+  key("beta1", &O::beta1, interval(0, 1, "[)"));
+  key("beta2", &O::beta2, interval(0, 1, "[)"));
+  key("eps", &O::eps, interval(0, 1, "()"));
+  key("weight_decay", &O::weight_decay, interval(0, 100, "[)"));
+  key("grad_clip", &O::grad_clip, interval(0, HUGE_VAL, "[)", " (0 disables clipping)"));
+  key("initial_loss_scale", &O::initial_loss_scale, interval(1, 16777216.0, "[]"));
+  key("placement", &O::placement, OneOf{{"auto", "host", "device"}});
+  key("state", &O::state, OneOf{optimizer_state_names()});
+  key("master", &O::master, OneOf{optimizer_master_names()});
+}
+
+template <typename F>
+void schedule_keys(F&& key) {
+  using S = ScheduleConfig;
+  key("steps", &S::steps, closed(int64_t{1}, kMaxSteps));
+  key("epochs", &S::epochs, closed(int64_t{0}, int64_t{1000000}, " (0: schedule.steps)"));
+  key("warmup_steps", &S::warmup_steps, closed(int64_t{0}, kMaxSteps));
+  key("lr_decay", &S::lr_decay, OneOf{{"cosine", "linear", "constant"}});
+  key("micro_batch", &S::micro_batch, closed(1, kMaxBatch));
+  key("grad_accum", &S::grad_accum, closed(1, kMaxBatch));
+  key("grad_accum_type", &S::grad_accum_type, OneOf{{"auto", "fp32", "tensors"}});
+  key("eval_every", &S::eval_every, closed(int64_t{0}, kMaxSteps));
+  key("eval_batches", &S::eval_batches, closed(1, kMaxEvalBatches));
+  key("log_every", &S::log_every, closed(int64_t{1}, kMaxSteps));
+  key("sample_every", &S::sample_every, closed(int64_t{0}, kMaxSteps, " (0: no samples)"));
+  key("sample_prompts", &S::sample_prompts, Free{});
+  key("sample_tokens", &S::sample_tokens, closed(1, 4096));
+}
+
+// deferred_updates counts layers: its bound is the model's.
+template <typename F>
+void offload_keys(F&& key, int n_layer) {
+  using O = OffloadConfig;
+  key("device_memory", &O::device_memory, Size{});
+  key("host_memory", &O::host_memory, Size{});
+  key("ssd_paths", &O::ssd_paths, Path{});
+  key("activations", &O::activations, OneOf{activation_policy_names()});
+  key("weights", &O::weights, OneOf{{"auto", "ssd"}});
+  key("optimizer_state", &O::optimizer_state, OneOf{{"auto", "ssd"}});
+  key("deferred_updates", &O::deferred_updates,
+      AutoOrCount{n_layer - 1, "a layer count", "model.n_layer - 1"});
+  key("hardware", &O::hardware, Path{});
+  key("verify_store", &O::verify_store, Free{});
+}
+
+template <typename F>
+void runtime_keys(F&& key) {
+  using R = RuntimeConfig;
+  key("backend", &R::backend, OneOf{{"cpu", "cuda", "auto", "cpu-streams", "emulated"}});
+  key("threads", &R::threads, closed(0, 4096, " (0 uses every core)"));
+  key("precision", &R::precision, OneOf{{"auto", "fp32", "bf16", "fp16"}});
+  key("device_tensors", &R::device_tensors, OneOf{{"fp32", "bf16", "fp16"}});
+  key("attention", &R::attention, OneOf{{"auto", "kernels", "cudnn"}});
+  key("seed", &R::seed, Free{});
+  key("stream_delay_us", &R::stream_delay_us, closed(0, 1000000, " microseconds"));
+  key("emulated_scale", &R::emulated_scale, interval(0, 1e6, "(]"));
+}
+
+template <typename F>
+void checkpoint_keys(F&& key) {
+  using K = CheckpointConfig;
+  key("every_steps", &K::every_steps,
+      closed(int64_t{0}, int64_t{1000000000}, " (0: not by step count)"));
+  key("every_minutes", &K::every_minutes, interval(0, 1e6, "[]", " (0: not by time)"));
+  key("keep", &K::keep, closed(1, 1000));
+  key("keep_best", &K::keep_best, Free{});
+}
+
+// Reads a section's keys from its list into `c` and refuses keys not on it.
+template <typename C, typename Keys>
+void read_keys(Section& s, C& c, Keys&& keys) {
+  keys([&](const char* key, auto field, const auto& rule) { s.read(key, c.*field, rule); });
+  s.finish();
+}
+// Checks each of a section's values against its key's rule.
+template <typename C, typename Keys>
+void check_keys(const Section& s, const C& c, Keys&& keys) {
+  keys([&](const char* key, auto field, const auto& rule) { s.check(key, c.*field, rule); });
+}
+
 // The checkpoint directories being read, outermost first: a checkpoint's config.yaml may
 // itself name a checkpoint (a run directory records the one it started from), and a chain
 // that comes back to a directory it has read, or grows implausibly long, is refused instead
@@ -146,8 +458,7 @@ using CheckpointChain = std::vector<std::string>;
 constexpr size_t kMaxCheckpointChain = 16;
 
 Config parse_config_in_chain(const std::string& yaml_text, const std::string& source,
-                             const std::vector<std::string>& overrides, CheckpointChain& chain,
-                             std::vector<std::string>* keys = nullptr);
+                             const std::vector<std::string>& overrides, CheckpointChain& chain);
 
 std::string chain_text(const CheckpointChain& chain, const std::string& last) {
   std::string out;
@@ -203,27 +514,20 @@ ModelConfig model_from_checkpoint(const ModelConfig& given, const Section& s,
                              " (model.checkpoint takes a directory written by fuyou-convert "
                              "from-hf or a fuyou-train run directory)"));
   }
-  auto agree = [&](const char* key, auto a, auto b) {
-    if (s.given(key) && !(a == b))
-      s.fail(key, str("is ", a, " but the checkpoint ", given.checkpoint, " has ", b,
-                      " (leave it out: the model section comes from the checkpoint)"));
-  };
-  agree("family", given.family, ck.family);
-  agree("n_layer", given.n_layer, ck.n_layer);
-  agree("n_head", given.n_head, ck.n_head);
-  agree("d_model", given.d_model, ck.d_model);
-  agree("d_ff", given.d_ff, ck.d_ff);
-  agree("vocab_size", given.vocab_size, ck.vocab_size);
-  agree("n_kv_head", given.n_kv_head, ck.n_kv_head);
-  agree("norm_eps", given.norm_eps, ck.norm_eps);
-  agree("rope_theta", given.rope_theta, ck.rope_theta);
-  agree("tie_embeddings", given.tie_embeddings, ck.tie_embeddings);
-  agree("qkv_bias", given.qkv_bias, ck.qkv_bias);
-  if (ck.family != "llama") agree("seq_len", given.seq_len, ck.seq_len);
+  // What a config may change of a checkpoint's model: the initialisation scale (of no weight
+  // here), the head's chunking, and llama's sequence length (it has no position table to
+  // outgrow). Every other key the text sets must agree with the checkpoint.
   ModelConfig m = ck;
-  if (ck.family == "llama" && s.given("seq_len")) m.seq_len = given.seq_len;
-  if (s.given("init_std")) m.init_std = given.init_std;
-  if (s.given("head_chunk_tokens")) m.head_chunk_tokens = given.head_chunk_tokens;
+  model_keys([&](const char* key, auto field, const auto&) {
+    const std::string k = key;
+    if (k == "checkpoint" || !s.given(key)) return;
+    if (k == "init_std" || k == "head_chunk_tokens" || (k == "seq_len" && ck.family == "llama")) {
+      m.*field = given.*field;
+    } else if (!(given.*field == ck.*field)) {
+      s.fail(key, str("is ", given.*field, " but the checkpoint ", given.checkpoint, " has ",
+                      ck.*field, " (leave it out: the model section comes from the checkpoint)"));
+    }
+  });
   m.checkpoint = given.checkpoint;
   return m;
 }
@@ -239,12 +543,10 @@ std::string apply_override(YAML::Node& root, const std::string& assignment,
   std::string section = assignment.substr(0, dot);
   std::string key = assignment.substr(dot + 1, eq - dot - 1);
   std::string value = assignment.substr(eq + 1);
-  static const std::set<std::string> sections = {"model",   "data",    "optimizer", "schedule",
-                                                 "offload", "runtime", "checkpoint"};
-  if (!sections.count(section))
-    throw ConfigError(
-        str("--set '", assignment, "': unknown section '", section,
-            "' (allowed: checkpoint, data, model, offload, optimizer, runtime, schedule)"));
+  const auto& sections = section_names();
+  if (std::find(sections.begin(), sections.end(), section) == sections.end())
+    throw ConfigError(str("--set '", assignment, "': unknown section '", section,
+                          "' (allowed: ", join(sections), ")"));
   YAML::Node parsed;
   try {
     parsed = YAML::Load(value);
@@ -255,14 +557,6 @@ std::string apply_override(YAML::Node& root, const std::string& assignment,
   root[section][key] = parsed;
   (void)source;
   return section + "." + key;
-}
-
-ActivationPolicy parse_activations(const std::string& s, const Section& sec) {
-  if (s == "auto") return ActivationPolicy::kAuto;
-  if (s == "keep") return ActivationPolicy::kKeep;
-  if (s == "swap") return ActivationPolicy::kSwap;
-  if (s == "recompute") return ActivationPolicy::kRecompute;
-  sec.fail("activations", str("'", s, "' is not one of auto, keep, swap, recompute"));
 }
 
 }  // namespace
@@ -276,17 +570,7 @@ OptimizerConfig fine_tune_optimizer_defaults() {
 }
 
 const char* activation_policy_name(ActivationPolicy p) {
-  switch (p) {
-    case ActivationPolicy::kAuto:
-      return "auto";
-    case ActivationPolicy::kKeep:
-      return "keep";
-    case ActivationPolicy::kSwap:
-      return "swap";
-    case ActivationPolicy::kRecompute:
-      return "recompute";
-  }
-  return "?";
+  return activation_policy_names().at(static_cast<size_t>(p)).c_str();
 }
 
 namespace {
@@ -294,32 +578,9 @@ namespace {
 ModelConfig parse_model(const YAML::Node& node, const Origin& source, CheckpointChain& chain) {
   Section s(node, "model", source);
   ModelConfig m;
-  s.get("family", m.family);
-  s.get("n_layer", m.n_layer);
-  s.get("n_head", m.n_head);
-  s.get("d_model", m.d_model);
-  s.get("d_ff", m.d_ff);
-  s.get("vocab_size", m.vocab_size);
-  s.get("seq_len", m.seq_len);
-  s.get("init_std", m.init_std);
-  s.get("n_kv_head", m.n_kv_head);
-  s.get("norm_eps", m.norm_eps);
-  s.get("rope_theta", m.rope_theta);
-  s.get("tie_embeddings", m.tie_embeddings);
-  s.get("qkv_bias", m.qkv_bias);
-  s.get("head_chunk_tokens", m.head_chunk_tokens);
-  s.get("checkpoint", m.checkpoint);
-  s.finish();
+  read_keys(s, m, [](auto&& key) { model_keys(key); });
   if (!m.checkpoint.empty()) m = model_from_checkpoint(m, s, chain);
-  if (m.family != "gpt2" && m.family != "opt" && m.family != "llama")
-    s.fail("family", str("'", m.family, "' is not one of: gpt2, opt, llama"));
-  // The shape first: the family rules below divide by n_head.
-  require(m.n_layer >= 1 && m.n_layer <= kMaxLayers, s, "n_layer", m.n_layer,
-          str("must be in 1..", kMaxLayers));
-  require(m.n_head >= 1 && m.n_head <= kMaxModelDim, s, "n_head", m.n_head,
-          str("must be in 1..", kMaxModelDim));
-  require(m.d_model >= 1 && m.d_model <= kMaxModelDim, s, "d_model", m.d_model,
-          str("must be in 1..", kMaxModelDim));
+  check_keys(s, m, [](auto&& key) { model_keys(key); });
   require(m.d_model % m.n_head == 0, s, "d_model", m.d_model,
           str("must be a multiple of model.n_head (", m.n_head, ")"));
   if (m.family != "llama") {
@@ -333,44 +594,22 @@ ModelConfig parse_model(const YAML::Node& node, const Origin& source, Checkpoint
   } else {
     require(m.d_ff != 0, s, "d_ff", m.d_ff,
             "family llama needs an explicit d_ff (intermediate_size)");
-    require(m.n_kv_head >= 0 && m.n_kv_head <= m.n_head, s, "n_kv_head", m.n_kv_head,
+    require(m.n_kv_head <= m.n_head, s, "n_kv_head", m.n_kv_head,
             str("must be in 0..model.n_head (", m.n_head, "); 0 means n_head"));
     require(m.n_kv_head == 0 || m.n_head % m.n_kv_head == 0, s, "n_kv_head", m.n_kv_head,
             str("must divide model.n_head (", m.n_head, ")"));
-    require(m.norm_eps > 0 && m.norm_eps < 1, s, "norm_eps", m.norm_eps, "must be in (0, 1)");
-    require(m.rope_theta > 1 && m.rope_theta < 1e12f, s, "rope_theta", m.rope_theta,
-            "must be in (1, 1e12)");
     require((m.d_model / m.n_head) % 2 == 0, s, "d_model", m.d_model,
             "rotary embeddings need an even head size (d_model / n_head)");
   }
-  require(m.head_chunk_tokens >= 0 && m.head_chunk_tokens <= (1 << 30), s, "head_chunk_tokens",
-          m.head_chunk_tokens, "must be in 0..2^30 (0: the whole micro-batch's logits at once)");
-  if (m.d_ff == 0) m.d_ff = 4 * m.d_model;
-  require(m.d_ff >= 1 && m.d_ff <= kMaxFfDim, s, "d_ff", m.d_ff,
-          str("must be in 1..", kMaxFfDim, " (or 0 for 4 * d_model)"));
-  require(m.vocab_size >= 2 && m.vocab_size <= kMaxVocab, s, "vocab_size", m.vocab_size,
-          str("must be in 2..", kMaxVocab));
-  require(m.seq_len >= 1 && m.seq_len <= kMaxModelDim, s, "seq_len", m.seq_len,
-          str("must be in 1..", kMaxModelDim));
-  require(m.init_std > 0 && m.init_std < 10, s, "init_std", m.init_std, "must be in (0, 10)");
+  if (m.d_ff == 0) m.d_ff = 4 * m.d_model;  // at most kMaxFfDim: d_model is at most a quarter
   return m;
 }
 
 DataConfig parse_data(const YAML::Node& node, const Origin& source) {
   Section s(node, "data", source);
   DataConfig d;
-  s.get_list("text", d.text);
-  s.get_list("train_shards", d.train_shards);
-  s.get_list("val_shards", d.val_shards);
-  s.get("val_fraction", d.val_fraction);
-  s.get("tokenizer", d.tokenizer);
-  s.get("truncate", d.truncate);
-  s.finish();
-  if (d.truncate != "refuse" && d.truncate != "right" && d.truncate != "drop")
-    s.fail("truncate", str("'", d.truncate, "' is not one of refuse, right, drop"));
-  require(d.val_fraction >= 0 && d.val_fraction < 1, s, "val_fraction", d.val_fraction,
-          "must be in [0, 1)");
-  if (d.tokenizer != "byte") s.fail("tokenizer", str("'", d.tokenizer, "' is not one of: byte"));
+  read_keys(s, d, [](auto&& key) { data_keys(key); });
+  check_keys(s, d, [](auto&& key) { data_keys(key); });
   if (!d.text.empty() && !d.train_shards.empty())
     s.fail("text", "give either data.text or data.train_shards, not both");
   return d;
@@ -379,42 +618,11 @@ DataConfig parse_data(const YAML::Node& node, const Origin& source) {
 OptimizerConfig parse_optimizer(const YAML::Node& node, const Origin& source, bool fine_tune) {
   Section s(node, "optimizer", source);
   OptimizerConfig o = fine_tune ? fine_tune_optimizer_defaults() : OptimizerConfig{};
-  s.get("lr", o.lr);
-  s.get("min_lr", o.min_lr);
-  s.get("beta1", o.beta1);
-  s.get("beta2", o.beta2);
-  s.get("eps", o.eps);
-  s.get("weight_decay", o.weight_decay);
-  s.get("grad_clip", o.grad_clip);
-  s.get("initial_loss_scale", o.initial_loss_scale);
-  s.get("placement", o.placement);
-  s.get("state", o.state);
-  s.get("master", o.master);
-  s.finish();
+  read_keys(s, o, [](auto&& key) { optimizer_keys(key); });
   // A fine-tune's floor follows its peak: a tenth of the lr given.
   if (fine_tune && s.given("lr") && !s.given("min_lr")) o.min_lr = o.lr / 10;
-  // Infinity passes a one-sided test (eps > 0) and silently stops training, so every bound
-  // here is two-sided.
-  require(o.lr > 0 && o.lr < 10, s, "lr", o.lr, "must be in (0, 10)");
-  require(o.min_lr >= 0 && o.min_lr <= o.lr, s, "min_lr", o.min_lr, "must be in [0, optimizer.lr]");
-  require(o.beta1 >= 0 && o.beta1 < 1, s, "beta1", o.beta1, "must be in [0, 1)");
-  require(o.beta2 >= 0 && o.beta2 < 1, s, "beta2", o.beta2, "must be in [0, 1)");
-  require(o.eps > 0 && o.eps < 1, s, "eps", o.eps, "must be in (0, 1)");
-  require(o.weight_decay >= 0 && o.weight_decay < 100, s, "weight_decay", o.weight_decay,
-          "must be in [0, 100)");
-  require(o.grad_clip >= 0 && std::isfinite(o.grad_clip), s, "grad_clip", o.grad_clip,
-          "must be a finite number >= 0 (0 disables clipping)");
-  require(o.initial_loss_scale >= 1 && o.initial_loss_scale <= 16777216.0, s, "initial_loss_scale",
-          o.initial_loss_scale, "must be in [1, 2^24]");
-  if (o.placement != "auto" && o.placement != "host" && o.placement != "device")
-    s.fail("placement", str("'", o.placement, "' is not one of auto, host, device"));
-  const auto one_of = [&](const char* key, const std::string& v,
-                          const std::vector<std::string>& names) {
-    if (std::find(names.begin(), names.end(), v) == names.end())
-      s.fail(key, str("'", v, "' is not one of ", join(names)));
-  };
-  one_of("state", o.state, optimizer_state_names());
-  one_of("master", o.master, optimizer_master_names());
+  check_keys(s, o, [](auto&& key) { optimizer_keys(key); });
+  require(o.min_lr <= o.lr, s, "min_lr", o.min_lr, "must be in [0, optimizer.lr]");
   return o;
 }
 
@@ -422,95 +630,33 @@ ScheduleConfig parse_schedule(const YAML::Node& node, const Origin& source, int 
                               bool fine_tune) {
   Section s(node, "schedule", source);
   ScheduleConfig t;
-  s.get("steps", t.steps);
-  s.get("epochs", t.epochs);
-  s.get("warmup_steps", t.warmup_steps);
-  s.get("lr_decay", t.lr_decay);
-  s.get("micro_batch", t.micro_batch);
-  s.get("grad_accum", t.grad_accum);
-  s.get("grad_accum_type", t.grad_accum_type);
-  s.get("eval_every", t.eval_every);
-  s.get("eval_batches", t.eval_batches);
-  s.get("log_every", t.log_every);
-  s.get("sample_every", t.sample_every);
-  s.get_list("sample_prompts", t.sample_prompts);
-  s.get("sample_tokens", t.sample_tokens);
-  s.finish();
+  read_keys(s, t, [](auto&& key) { schedule_keys(key); });
+  check_keys(s, t, [](auto&& key) { schedule_keys(key); });
   // Unless given: a fine-tune warms up over kFineTuneWarmupSteps; any run's warmup is at most
   // its length. Not a share of the steps: a resume that trains longer must keep its warmup.
   if (!s.given("warmup_steps"))
     t.warmup_steps = std::min(t.steps, fine_tune ? kFineTuneWarmupSteps : t.warmup_steps);
-  if (t.lr_decay != "cosine" && t.lr_decay != "linear" && t.lr_decay != "constant")
-    s.fail("lr_decay", str("'", t.lr_decay, "' is not one of cosine, linear, constant"));
-  require(t.sample_every >= 0 && t.sample_every <= kMaxSteps, s, "sample_every", t.sample_every,
-          str("must be in 0..", kMaxSteps, " (0: no samples)"));
-  require(t.sample_tokens >= 1 && t.sample_tokens <= 4096, s, "sample_tokens", t.sample_tokens,
-          "must be in 1..4096");
   if (t.sample_every > 0 && t.sample_prompts.empty())
     s.fail("sample_every",
            "is set but schedule.sample_prompts is empty: give the prompts to continue");
-  require(t.steps >= 1 && t.steps <= kMaxSteps, s, "steps", t.steps,
-          str("must be in 1..", kMaxSteps));
-  require(t.epochs >= 0 && t.epochs <= 1000000, s, "epochs", t.epochs,
-          "must be in 0..1000000 (0: schedule.steps)");
   // With epochs the steps come from the records; the run checks warmup_steps against them.
-  require(t.warmup_steps >= 0 && (t.epochs > 0 || t.warmup_steps <= t.steps), s, "warmup_steps",
-          t.warmup_steps, "must be in [0, schedule.steps]");
-  require(t.micro_batch >= 1 && t.micro_batch <= kMaxBatch, s, "micro_batch", t.micro_batch,
-          str("must be in 1..", kMaxBatch));
+  require(t.epochs > 0 || t.warmup_steps <= t.steps, s, "warmup_steps", t.warmup_steps,
+          "must be in [0, schedule.steps]");
   require(int64_t{t.micro_batch} * seq_len <= kMaxBatchTokens, s, "micro_batch", t.micro_batch,
           str("times model.seq_len (", seq_len, ") must be at most ", kMaxBatchTokens,
               " tokens per micro-batch"));
-  require(t.grad_accum >= 1 && t.grad_accum <= kMaxBatch, s, "grad_accum", t.grad_accum,
-          str("must be in 1..", kMaxBatch));
-  if (t.grad_accum_type != "auto" && t.grad_accum_type != "fp32" && t.grad_accum_type != "tensors")
-    s.fail("grad_accum_type", str("'", t.grad_accum_type, "' is not one of auto, fp32, tensors"));
-  require(t.eval_every >= 0 && t.eval_every <= kMaxSteps, s, "eval_every", t.eval_every,
-          str("must be in 0..", kMaxSteps));
-  require(t.eval_batches >= 1 && t.eval_batches <= kMaxEvalBatches, s, "eval_batches",
-          t.eval_batches, str("must be in 1..", kMaxEvalBatches));
-  require(t.log_every >= 1 && t.log_every <= kMaxSteps, s, "log_every", t.log_every,
-          str("must be in 1..", kMaxSteps));
   return t;
 }
 
 OffloadConfig parse_offload(const YAML::Node& node, const Origin& source, int n_layer) {
   Section s(node, "offload", source);
   OffloadConfig o;
-  std::string activations = "auto";
-  s.get_size("device_memory", o.device_memory);
-  s.get_size("host_memory", o.host_memory);
-  s.get_list("ssd_paths", o.ssd_paths);
-  s.get("activations", activations);
-  s.get("hardware", o.hardware);
-  s.get("weights", o.weights);
-  s.get("optimizer_state", o.optimizer_state);
-  s.get("verify_store", o.verify_store);
-  std::string deferred = "auto";
-  s.get("deferred_updates", deferred);
-  s.finish();
-  o.activations = parse_activations(activations, s);
+  const auto keys = [n_layer](auto&& key) { offload_keys(key, n_layer); };
+  read_keys(s, o, keys);
+  check_keys(s, o, keys);
   for (const auto& [key, value] :
-       {std::pair{"weights", o.weights}, {"optimizer_state", o.optimizer_state}}) {
-    if (value != "auto" && value != "ssd")
-      s.fail(key, str("'", value, "' is not one of auto, ssd"));
+       {std::pair{"weights", o.weights}, {"optimizer_state", o.optimizer_state}})
     if (value == "ssd" && o.ssd_paths.empty()) s.fail(key, "is ssd but offload.ssd_paths is empty");
-  }
-  if (deferred == "auto") {
-    o.deferred_updates = -1;
-  } else {
-    size_t used = 0;
-    int n = -1;
-    try {
-      n = std::stoi(deferred, &used);
-    } catch (const std::exception&) {
-    }
-    if (used != deferred.size() || n < 0 || n >= n_layer)
-      s.fail("deferred_updates",
-             str("'", deferred, "' is neither auto nor a layer count in [0, model.n_layer - 1 = ",
-                 n_layer - 1, "]"));
-    o.deferred_updates = n;
-  }
   return o;
 }
 
@@ -518,34 +664,14 @@ RuntimeConfig parse_runtime(const YAML::Node& node, const Origin& source,
                             const OffloadConfig& offload) {
   Section s(node, "runtime", source);
   RuntimeConfig r;
-  s.get("backend", r.backend);
-  s.get("threads", r.threads);
-  s.get("precision", r.precision);
-  s.get("device_tensors", r.device_tensors);
-  s.get("attention", r.attention);
-  s.get("seed", r.seed);
-  s.get("stream_delay_us", r.stream_delay_us);
-  s.get("emulated_scale", r.emulated_scale);
-  s.finish();
-  if (r.backend != "cpu" && r.backend != "cuda" && r.backend != "auto" &&
-      r.backend != "cpu-streams" && r.backend != "emulated")
-    s.fail("backend",
-           str("'", r.backend, "' is not one of cpu, cuda, auto, cpu-streams, emulated"));
-  require(r.emulated_scale > 0 && r.emulated_scale <= 1e6, s, "emulated_scale", r.emulated_scale,
-          "must be in (0, 1e6]");
+  read_keys(s, r, [](auto&& key) { runtime_keys(key); });
+  check_keys(s, r, [](auto&& key) { runtime_keys(key); });
   if (r.backend == "emulated" && offload.hardware.empty())
     s.fail("backend", "emulated needs offload.hardware: the profile of the GPU to emulate");
-  require(r.stream_delay_us >= 0 && r.stream_delay_us <= 1000000, s, "stream_delay_us",
-          r.stream_delay_us, "must be in 0..1000000 microseconds");
   if (r.stream_delay_us && r.backend != "cpu-streams")
     s.fail(
         "stream_delay_us",
         str("delays are a mode of backend cpu-streams, but runtime.backend is '", r.backend, "'"));
-  if (r.precision != "auto" && r.precision != "fp32" && r.precision != "bf16" &&
-      r.precision != "fp16")
-    s.fail("precision", str("'", r.precision, "' is not one of auto, fp32, bf16, fp16"));
-  if (r.device_tensors != "fp32" && r.device_tensors != "bf16" && r.device_tensors != "fp16")
-    s.fail("device_tensors", str("'", r.device_tensors, "' is not one of fp32, bf16, fp16"));
   // fp16 gradients underflow and overflow without a loss scale, which precision fp16 brings.
   if (r.device_tensors == "fp16" && r.precision != "fp16")
     s.fail("device_tensors",
@@ -558,8 +684,6 @@ RuntimeConfig parse_runtime(const YAML::Node& node, const Origin& source,
     s.fail("precision",
            "fp16 GEMMs on bf16 tensors are not a mode: use precision bf16 (or auto) with bf16 "
            "tensors, or device_tensors fp16 with precision fp16");
-  if (r.attention != "auto" && r.attention != "kernels" && r.attention != "cudnn")
-    s.fail("attention", str("'", r.attention, "' is not one of auto, kernels, cudnn"));
   if (r.attention == "cudnn" && r.device_tensors == "fp32")
     s.fail("attention",
            "cudnn's fused attention takes 16-bit tensors, but device_tensors is fp32 (set "
@@ -567,39 +691,27 @@ RuntimeConfig parse_runtime(const YAML::Node& node, const Origin& source,
   if (r.attention == "cudnn" && r.backend != "cuda" && r.backend != "auto")
     s.fail("attention",
            str("cudnn runs on the CUDA backend, but runtime.backend is '", r.backend, "'"));
-  require(r.threads >= 0 && r.threads <= 4096, s, "threads", r.threads,
-          "must be in 0..4096 (0 uses every core)");
   return r;
 }
 
 CheckpointConfig parse_checkpoint(const YAML::Node& node, const Origin& source) {
   Section s(node, "checkpoint", source);
   CheckpointConfig k;
-  s.get("every_steps", k.every_steps);
-  s.get("every_minutes", k.every_minutes);
-  s.get("keep", k.keep);
-  s.get("keep_best", k.keep_best);
-  s.finish();
-  require(k.every_steps >= 0 && k.every_steps <= 1000000000, s, "every_steps", k.every_steps,
-          "must be in 0..1e9 (0: not by step count)");
-  require(k.every_minutes >= 0 && k.every_minutes <= 1e6, s, "every_minutes", k.every_minutes,
-          "must be in [0, 1e6] (0: not by time)");
-  require(k.keep >= 1 && k.keep <= 1000, s, "keep", k.keep, "must be in 1..1000");
+  read_keys(s, k, [](auto&& key) { checkpoint_keys(key); });
+  check_keys(s, k, [](auto&& key) { checkpoint_keys(key); });
   return k;
 }
 
 Config parse_config_in_chain(const std::string& yaml_text, const std::string& source,
-                             const std::vector<std::string>& overrides, CheckpointChain& chain,
-                             std::vector<std::string>* keys) {
+                             const std::vector<std::string>& overrides, CheckpointChain& chain) {
   YAML::Node root = load_yaml_checked(yaml_text, source);
   if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   if (!root.IsMap())
     throw ConfigError(str(source, ": the top level must be a mapping of sections"));
-  Origin origin{source, {}, keys};
+  Origin origin{source, {}};
   for (const auto& o : overrides) origin.sets[apply_override(root, o, source)] = o;
 
-  static const std::vector<std::string> sections = {"model",   "data",    "optimizer", "schedule",
-                                                    "offload", "runtime", "checkpoint"};
+  const auto& sections = section_names();
   for (const auto& kv : root) {
     std::string name = kv.first.Scalar();
     if (std::find(sections.begin(), sections.end(), name) == sections.end())
@@ -647,10 +759,21 @@ const std::vector<std::string>& optimizer_master_names() {
   return names;
 }
 
-std::vector<std::string> config_keys() {
-  std::vector<std::string> keys;
-  CheckpointChain chain;
-  parse_config_in_chain("", "<config keys>", {}, chain, &keys);
+std::vector<ConfigKey> config_keys() {
+  std::vector<ConfigKey> keys;
+  const auto add = [&keys](const char* section) {
+    return [&keys, section](const char* key, auto field, const auto& rule) {
+      using T = typename MemberType<decltype(field)>::type;
+      keys.push_back({str(section, ".", key), values_text<T>(rule)});
+    };
+  };
+  model_keys(add("model"));
+  data_keys(add("data"));
+  optimizer_keys(add("optimizer"));
+  schedule_keys(add("schedule"));
+  offload_keys(add("offload"), kMaxLayers);
+  runtime_keys(add("runtime"));
+  checkpoint_keys(add("checkpoint"));
   return keys;
 }
 
@@ -664,105 +787,62 @@ Config load_config_file(const std::string& path, const std::vector<std::string>&
   return parse_config(text, path, overrides);
 }
 
+namespace {
+
+// Writes one key of a section's list as config.yaml holds it; parse_config reads it back to
+// the same value.
+class KeyWriter {
+ public:
+  explicit KeyWriter(YAML::Emitter& e) : e_(e) {}
+
+  template <typename T, typename Rule>
+  void write(const char* key, const T& value, const Rule& rule) {
+    if constexpr (std::is_same_v<Rule, OptionalPath>) {
+      if (value.empty()) return;
+    }
+    e_ << YAML::Key << key << YAML::Value;
+    if constexpr (std::is_same_v<Rule, Size>) {
+      e_ << std::to_string(value);
+    } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      e_ << YAML::Flow << YAML::BeginSeq;
+      for (const auto& item : value) e_ << item;
+      e_ << YAML::EndSeq;
+    } else if constexpr (std::is_enum_v<T>) {
+      e_ << rule.names.at(static_cast<size_t>(value));
+    } else if constexpr (std::is_same_v<Rule, AutoOrCount>) {
+      if (value < 0)
+        e_ << "auto";
+      else
+        e_ << value;
+    } else {
+      e_ << value;
+    }
+  }
+
+ private:
+  YAML::Emitter& e_;
+};
+
+template <typename C, typename Keys>
+void write_section(YAML::Emitter& e, const char* name, const C& c, Keys&& keys) {
+  KeyWriter w(e);
+  e << YAML::Key << name << YAML::Value << YAML::BeginMap;
+  keys([&](const char* key, auto field, const auto& rule) { w.write(key, c.*field, rule); });
+  e << YAML::EndMap;
+}
+
+}  // namespace
+
 std::string config_to_yaml(const Config& c) {
   YAML::Emitter e;
-  auto list = [&](const std::vector<std::string>& v) {
-    e << YAML::Flow << YAML::BeginSeq;
-    for (const auto& s : v) e << s;
-    e << YAML::EndSeq;
-  };
-  auto size = [](uint64_t b) { return std::to_string(b); };
   e << YAML::BeginMap;
-  e << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "family" << YAML::Value << c.model.family;
-  e << YAML::Key << "n_layer" << YAML::Value << c.model.n_layer;
-  e << YAML::Key << "n_head" << YAML::Value << c.model.n_head;
-  e << YAML::Key << "d_model" << YAML::Value << c.model.d_model;
-  e << YAML::Key << "d_ff" << YAML::Value << c.model.d_ff;
-  e << YAML::Key << "vocab_size" << YAML::Value << c.model.vocab_size;
-  e << YAML::Key << "seq_len" << YAML::Value << c.model.seq_len;
-  e << YAML::Key << "init_std" << YAML::Value << c.model.init_std;
-  e << YAML::Key << "n_kv_head" << YAML::Value << c.model.n_kv_head;
-  e << YAML::Key << "norm_eps" << YAML::Value << c.model.norm_eps;
-  e << YAML::Key << "rope_theta" << YAML::Value << c.model.rope_theta;
-  e << YAML::Key << "tie_embeddings" << YAML::Value << c.model.tie_embeddings;
-  e << YAML::Key << "qkv_bias" << YAML::Value << c.model.qkv_bias;
-  e << YAML::Key << "head_chunk_tokens" << YAML::Value << c.model.head_chunk_tokens;
-  if (!c.model.checkpoint.empty())
-    e << YAML::Key << "checkpoint" << YAML::Value << c.model.checkpoint;
-  e << YAML::EndMap;
-  e << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "text" << YAML::Value;
-  list(c.data.text);
-  e << YAML::Key << "train_shards" << YAML::Value;
-  list(c.data.train_shards);
-  e << YAML::Key << "val_shards" << YAML::Value;
-  list(c.data.val_shards);
-  e << YAML::Key << "val_fraction" << YAML::Value << c.data.val_fraction;
-  e << YAML::Key << "tokenizer" << YAML::Value << c.data.tokenizer;
-  e << YAML::Key << "truncate" << YAML::Value << c.data.truncate;
-  e << YAML::EndMap;
-  e << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "lr" << YAML::Value << c.optimizer.lr;
-  e << YAML::Key << "min_lr" << YAML::Value << c.optimizer.min_lr;
-  e << YAML::Key << "beta1" << YAML::Value << c.optimizer.beta1;
-  e << YAML::Key << "beta2" << YAML::Value << c.optimizer.beta2;
-  e << YAML::Key << "eps" << YAML::Value << c.optimizer.eps;
-  e << YAML::Key << "weight_decay" << YAML::Value << c.optimizer.weight_decay;
-  e << YAML::Key << "grad_clip" << YAML::Value << c.optimizer.grad_clip;
-  e << YAML::Key << "initial_loss_scale" << YAML::Value << c.optimizer.initial_loss_scale;
-  e << YAML::Key << "placement" << YAML::Value << c.optimizer.placement;
-  e << YAML::Key << "state" << YAML::Value << c.optimizer.state;
-  e << YAML::Key << "master" << YAML::Value << c.optimizer.master;
-  e << YAML::EndMap;
-  e << YAML::Key << "schedule" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "steps" << YAML::Value << c.schedule.steps;
-  e << YAML::Key << "epochs" << YAML::Value << c.schedule.epochs;
-  e << YAML::Key << "warmup_steps" << YAML::Value << c.schedule.warmup_steps;
-  e << YAML::Key << "lr_decay" << YAML::Value << c.schedule.lr_decay;
-  e << YAML::Key << "micro_batch" << YAML::Value << c.schedule.micro_batch;
-  e << YAML::Key << "grad_accum" << YAML::Value << c.schedule.grad_accum;
-  e << YAML::Key << "grad_accum_type" << YAML::Value << c.schedule.grad_accum_type;
-  e << YAML::Key << "eval_every" << YAML::Value << c.schedule.eval_every;
-  e << YAML::Key << "eval_batches" << YAML::Value << c.schedule.eval_batches;
-  e << YAML::Key << "log_every" << YAML::Value << c.schedule.log_every;
-  e << YAML::Key << "sample_every" << YAML::Value << c.schedule.sample_every;
-  e << YAML::Key << "sample_prompts" << YAML::Value;
-  list(c.schedule.sample_prompts);
-  e << YAML::Key << "sample_tokens" << YAML::Value << c.schedule.sample_tokens;
-  e << YAML::EndMap;
-  e << YAML::Key << "offload" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "device_memory" << YAML::Value << size(c.offload.device_memory);
-  e << YAML::Key << "host_memory" << YAML::Value << size(c.offload.host_memory);
-  e << YAML::Key << "ssd_paths" << YAML::Value;
-  list(c.offload.ssd_paths);
-  e << YAML::Key << "activations" << YAML::Value << activation_policy_name(c.offload.activations);
-  e << YAML::Key << "weights" << YAML::Value << c.offload.weights;
-  e << YAML::Key << "optimizer_state" << YAML::Value << c.offload.optimizer_state;
-  e << YAML::Key << "deferred_updates" << YAML::Value;
-  if (c.offload.deferred_updates < 0)
-    e << "auto";
-  else
-    e << c.offload.deferred_updates;
-  e << YAML::Key << "hardware" << YAML::Value << c.offload.hardware;
-  e << YAML::Key << "verify_store" << YAML::Value << c.offload.verify_store;
-  e << YAML::EndMap;
-  e << YAML::Key << "runtime" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "backend" << YAML::Value << c.runtime.backend;
-  e << YAML::Key << "threads" << YAML::Value << c.runtime.threads;
-  e << YAML::Key << "precision" << YAML::Value << c.runtime.precision;
-  e << YAML::Key << "device_tensors" << YAML::Value << c.runtime.device_tensors;
-  e << YAML::Key << "attention" << YAML::Value << c.runtime.attention;
-  e << YAML::Key << "seed" << YAML::Value << c.runtime.seed;
-  e << YAML::Key << "stream_delay_us" << YAML::Value << c.runtime.stream_delay_us;
-  e << YAML::Key << "emulated_scale" << YAML::Value << c.runtime.emulated_scale;
-  e << YAML::EndMap;
-  e << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "every_steps" << YAML::Value << c.checkpoint.every_steps;
-  e << YAML::Key << "every_minutes" << YAML::Value << c.checkpoint.every_minutes;
-  e << YAML::Key << "keep" << YAML::Value << c.checkpoint.keep;
-  e << YAML::Key << "keep_best" << YAML::Value << c.checkpoint.keep_best;
-  e << YAML::EndMap;
+  write_section(e, "model", c.model, [](auto&& key) { model_keys(key); });
+  write_section(e, "data", c.data, [](auto&& key) { data_keys(key); });
+  write_section(e, "optimizer", c.optimizer, [](auto&& key) { optimizer_keys(key); });
+  write_section(e, "schedule", c.schedule, [](auto&& key) { schedule_keys(key); });
+  write_section(e, "offload", c.offload, [&](auto&& key) { offload_keys(key, c.model.n_layer); });
+  write_section(e, "runtime", c.runtime, [](auto&& key) { runtime_keys(key); });
+  write_section(e, "checkpoint", c.checkpoint, [](auto&& key) { checkpoint_keys(key); });
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";
 }

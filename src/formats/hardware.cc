@@ -1,6 +1,5 @@
-// Hardware profiles: YAML in, YAML out, and the two derived rates the simulator needs
-// (GEMM efficiency by size, striped SSD bandwidth). Unknown keys and impossible values are
-// refused with the file and key, like the training config.
+// Hardware profiles: YAML in, YAML out. Unknown keys and impossible values are refused with the
+// file and key, like the training config.
 #include "fuyou/hardware.h"
 
 #include <yaml-cpp/yaml.h>
@@ -16,87 +15,8 @@
 #include "fuyou/error.h"
 #include "fuyou/sizes.h"
 #include "src/formats/yaml_checks.h"
-#include "src/storage/stripe_layout.h"
 
 namespace fuyou {
-
-double HardwareProfile::efficiency_at(double size) const {
-  if (gemm_efficiency.empty()) return 1.0;
-  const auto& e = gemm_efficiency;
-  if (size <= e.front().first) return e.front().second;
-  if (size >= e.back().first) return e.back().second;
-  for (size_t i = 1; i < e.size(); ++i) {
-    if (size <= e[i].first) {
-      double x0 = std::log2(e[i - 1].first), x1 = std::log2(e[i].first), x = std::log2(size);
-      double f = (x - x0) / (x1 - x0);
-      return e[i - 1].second + f * (e[i].second - e[i - 1].second);
-    }
-  }
-  return e.back().second;
-}
-
-double HardwareProfile::compute_seconds(double flops, double size) const {
-  return flops > 0 ? flops / (peak_flops * efficiency_at(size)) : 0.0;
-}
-
-HardwareProfile emulated_machine(const HardwareProfile& gpu, double scale,
-                                 const HardwareProfile& host) {
-  HardwareProfile m = gpu;
-  m.name = str(gpu.name, " emulated on ", host.name, " (scale ", scale, ")");
-  m.source = str(gpu.source, " + ", host.source);
-  m.peak_flops = gpu.peak_flops * scale;
-  m.h2d_Bps = gpu.h2d_Bps * scale;
-  m.d2h_Bps = gpu.d2h_Bps * scale;
-  m.ssd_read_Bps = host.ssd_read_Bps;
-  m.ssd_write_Bps = host.ssd_write_Bps;
-  m.ssd_mixed = host.ssd_mixed;
-  m.ssds = host.ssds;
-  m.stripe_unit = host.stripe_unit;
-  m.optimizer_params_per_s = host.optimizer_params_per_s;
-  m.optimizer_format_params_per_s = host.optimizer_format_params_per_s;
-  m.host_mem_Bps = host.host_mem_Bps;
-  m.host_memory = host.host_memory;
-  // The emulated device computes nothing on the CPU: the optimizer has the cores alone.
-  m.shared_cpu = false;
-  return m;
-}
-
-double mixed_capacity_from(double read_s, double write_s, double mixed_s) {
-  const double shorter = std::min(read_s, write_s), longer = std::max(read_s, write_s);
-  const double both = mixed_s - (longer - shorter);  // the time both ran
-  if (both <= shorter) return 2.0;
-  return std::clamp(2.0 * shorter / both, 1.0, 2.0);
-}
-
-double emulation_scale_for(const HardwareProfile& gpu, const HardwareProfile& host) {
-  return host.ssd_read_Bps * host.ssds / (gpu.ssd_read_Bps * gpu.ssds);
-}
-
-namespace {
-
-// The drive holding the most bytes of a request that starts on a stripe boundary bounds its
-// time: that is drive 0, which StripeLayout sizes exactly as the store does.
-double striped_rate(uint64_t bytes, int ssds, uint64_t unit, double per_drive) {
-  if (bytes == 0 || ssds <= 1) return per_drive;
-  StripeLayout sl{ssds, unit};
-  uint64_t most = sl.file_size_for(0, bytes);
-  return per_drive * static_cast<double>(bytes) / static_cast<double>(most);
-}
-
-}  // namespace
-
-double HardwareProfile::ssd_read_rate(uint64_t bytes) const {
-  return striped_rate(bytes, ssds, stripe_unit, ssd_read_Bps);
-}
-double HardwareProfile::optimizer_rate(const std::string& key) const {
-  for (const auto& [k, rate] : optimizer_format_params_per_s)
-    if (k == key) return rate;
-  return optimizer_params_per_s;
-}
-
-double HardwareProfile::ssd_write_rate(uint64_t bytes) const {
-  return striped_rate(bytes, ssds, stripe_unit, ssd_write_Bps);
-}
 
 namespace {
 
@@ -232,8 +152,9 @@ HardwareProfile parse_profile_tree(const YAML::Node& root, const std::string& so
     throw ConfigError(
         str(source, ": ssd.stripe_unit: ", p.stripe_unit, " must be a positive multiple of 4096"));
 
-  Reader o(top.at("optimizer"), "optimizer", source,
-           {"params_per_s", "formats", "shared_cpu", "compute_share", "optimizer_share"});
+  Reader o(
+      top.at("optimizer"), "optimizer", source,
+      {"params_per_s", "formats", "shared_cpu", "compute_share", "optimizer_share", "copy_share"});
   p.optimizer_params_per_s = o.positive("params_per_s", 1);
   {
     // optimizer.formats: {"moments/master": params per second}, each name one the config
@@ -249,9 +170,11 @@ HardwareProfile parse_profile_tree(const YAML::Node& root, const std::string& so
   p.shared_cpu = o.flag("shared_cpu", false);
   p.compute_share = o.positive("compute_share", 1, false, 0.5);
   p.optimizer_share = o.positive("optimizer_share", 1, false, 0.5);
-  if (p.compute_share > 1 || p.optimizer_share > 1)
-    throw ConfigError(
-        str(source, ": optimizer.compute_share and optimizer.optimizer_share must be in (0, 1]"));
+  p.copy_share = o.positive("copy_share", 1, false, 1);
+  if (p.compute_share > 1 || p.optimizer_share > 1 || p.copy_share > 1)
+    throw ConfigError(str(source,
+                          ": optimizer.compute_share, optimizer_share and copy_share must be in "
+                          "(0, 1]"));
 
   Reader m(top.at("memory"), "memory", source, {"device", "host", "host_bandwidth_GBps"});
   p.device_memory = m.size("device", 0);
@@ -332,7 +255,9 @@ std::string hardware_profile_to_yaml(const HardwareProfile& p, const std::string
   }
   o << "\n  shared_cpu: " << (p.shared_cpu ? "true" : "false")
     << "\n  compute_share: " << Num{p.compute_share}
-    << "\n  optimizer_share: " << Num{p.optimizer_share} << "\n";
+    << "\n  optimizer_share: " << Num{p.optimizer_share};
+  if (p.copy_share != 1) o << "\n  copy_share: " << Num{p.copy_share};
+  o << "\n";
   o << "memory:\n";
   if (p.device_memory) o << "  device: " << exact_size(p.device_memory) << "\n";
   if (p.host_memory) o << "  host: " << exact_size(p.host_memory) << "\n";

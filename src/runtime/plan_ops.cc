@@ -79,6 +79,36 @@ class IterationBuilder {
     finish_step();
   }
 
+  // The validation pass: the embedding, every layer's forward with its weights brought by
+  // need_weights as the training forward brings them (same tiers, slots, pools and retained
+  // weights-out slots), and the loss. Each layer's input and output go through the two
+  // stream buffers and the working activations: nothing is kept for a backward.
+  void build_forward_only() {
+    PlanOp& e = add(OpKind::kEmbedForward, {});
+    use(e, buf(BufferKind::kEmbedWeights), Access::kRead, Role::kWeights);
+    use(e, buf(BufferKind::kStream, 0), Access::kWrite, Role::kOutput);
+    int prev = e.id;
+    for (int l = 0; l < n_layer_; ++l) {
+      const int s = need_weights(l, -1);
+      // The forward of l writes the stream buffer the forward of l-1 read: compute runs in
+      // order, so the dependency on the previous forward covers it.
+      PlanOp& f = add(OpKind::kForward, {weight_slots_[s].load_op, prev});
+      f.layer = l;
+      f.flops = sizes_.layer_flops;
+      use(f, buf(BufferKind::kWeightSlot, s), Access::kRead, Role::kWeights);
+      use(f, buf(BufferKind::kStream, l % 2), Access::kRead, Role::kInput);
+      use(f, buf(BufferKind::kStream, (l + 1) % 2), Access::kWrite, Role::kOutput);
+      use(f, buf(BufferKind::kWorkActs), Access::kWrite, Role::kWork);
+      use_weights(s, f.id);
+      prev = f.id;
+    }
+    PlanOp& h = add(OpKind::kHeadLoss, {prev});
+    h.flops = sizes_.head_flops;
+    use(h, buf(BufferKind::kStream, n_layer_ % 2), Access::kRead, Role::kInput);
+    use(h, buf(BufferKind::kEmbedWeights), Access::kRead, Role::kWeights);
+    use(h, buf(BufferKind::kFinalWeights), Access::kRead, Role::kWeights);
+  }
+
  private:
   // ---- ops and uses ------------------------------------------------------------------------
 
@@ -829,4 +859,15 @@ class IterationBuilder {
 void lay_out_iteration(const PlanRequest& req, Plan& plan) { IterationBuilder(req, plan).build(); }
 
 }  // namespace plan_detail
+
+Plan make_forward_plan(const Plan& train) {
+  Plan p = train;
+  p.forward_only = true;
+  p.ops.clear();
+  // The forward alone reads nothing of the request: only the backward and the step's end
+  // (exact mode, rows first, the head's chunking) do.
+  const PlanRequest no_request;
+  plan_detail::IterationBuilder(no_request, p).build_forward_only();
+  return p;
+}
 }  // namespace fuyou

@@ -197,6 +197,50 @@ void measure_optimizer(HardwareProfile& p, OptimizerProbe& probe, const Say& say
     }
 }
 
+// optimizer.copy_share: the host AdamW's rate (the packed recipe, int8 moments and a split
+// master with bf16 gradients) while page-locked copies stream both ways at once, as they do
+// through most of an offloaded step, over its rate alone. Both are averages over whole
+// windows: the slowdown is what is measured.
+void measure_copy_share(Backend& backend, HardwareProfile& p, const Say& say) {
+  OptimizerProbe q({MomentFormat::kInt8, MasterFormat::kSplit}, false);
+  q.update();
+  const double alone = rate_for(
+      2.0, [&] { q.update(); }, nullptr, false);
+  const size_t bytes = 256ull << 20;
+  struct Lane {
+    std::vector<char> host;
+    void* dev = nullptr;
+    bool locked = false;
+  };
+  Lane lanes[2];
+  for (Lane& l : lanes) {
+    l.host.assign(bytes, 1);
+    l.locked = backend.register_host(l.host.data(), bytes);
+    l.dev = backend.alloc(bytes, "profile copy");
+  }
+  backend.set_caller_ordered(true);  // as the executor's copy threads use it
+  std::atomic<bool> stop{false};
+  std::thread h2d([&] {
+    while (!stop) backend.copy_to_device(lanes[0].dev, lanes[0].host.data(), bytes);
+  });
+  std::thread d2h([&] {
+    while (!stop) backend.copy_to_host(lanes[1].host.data(), lanes[1].dev, bytes);
+  });
+  const double copying = rate_for(
+      2.0, [&] { q.update(); }, nullptr, false);
+  stop = true;
+  h2d.join();
+  d2h.join();
+  backend.set_caller_ordered(false);
+  for (Lane& l : lanes) {
+    backend.free(l.dev);
+    if (l.locked) backend.unregister_host(l.host.data());
+  }
+  p.copy_share = std::clamp(copying / alone, 1e-3, 1.0);
+  say(str("AdamW (host state int8/split) while copies run both ways: ", copying * q.n / 1e6,
+          " M params/s, ", p.copy_share, " of its rate alone (", alone * q.n / 1e6, ")"));
+}
+
 }  // namespace
 
 HardwareProfile measure_cpu_profile(const ProfileOptions& o, std::string* log) {
@@ -339,6 +383,7 @@ HardwareProfile measure_cuda_profile(const ProfileOptions& o, std::string* log) 
   measure_host_side(o, p, say);
   OptimizerProbe probe;
   measure_optimizer(p, probe, say);
+  measure_copy_share(*backend, p, say);
   return p;
 }
 

@@ -251,7 +251,8 @@ class EventRun {
   }
 
   // The rate of each running op, in seconds of its work alone per second. Compute and the
-  // optimizer share the cores on a shared_cpu profile. The disks' time is shared by the ops
+  // optimizer share the cores on a shared_cpu profile; a host<->device copy slows the
+  // optimizer to copy_share (both stream through host memory). The disks' time is shared by the ops
   // that use them, max-min fair: each asks for the share of the disks it would use at the
   // rate the rest of the machine gives it (an I/O op all of one direction, a CPU-bound update
   // less), the smallest ask is met first and what is left is split evenly among the others.
@@ -265,6 +266,9 @@ class EventRun {
       rate[kC] = hw_.compute_share;
       rate[kO] = hw_.optimizer_share;
     }
+    if (running_[static_cast<int>(Resource::kH2D)] >= 0 ||
+        running_[static_cast<int>(Resource::kD2H)] >= 0)
+      rate[kO] *= hw_.copy_share;
     std::array<std::pair<double, int>, kNumResources> asks;
     int users = 0;
     bool reads = false, writes = false;

@@ -239,7 +239,8 @@ TEST_CASE("cudnn fused attention: within 16-bit bounds of exact, deterministic, 
 }
 
 TEST_CASE(
-    "cudnn attention refuses packed records once; the kernels run them as with runtime.attention: "
+    "cudnn attention refuses packed records once, and the kernels run them as with "
+    "runtime.attention: "
     "kernels",
     "[cuda][cudnn][records]") {
   const ElemType t = ElemType::kBF16;
