@@ -5,12 +5,14 @@
 #include <catch2/catch.hpp>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <functional>
 
 #include "fd_check.h"
 #include "fuyou/backend.h"
 #include "fuyou/backend_select.h"
 #include "fuyou/config.h"
+#include "fuyou/error.h"
 #include "fuyou/model.h"
 #include "fuyou/rng.h"
 #include "fuyou/train.h"
@@ -150,6 +152,91 @@ TEST_CASE("cross-entropy over a padded vocabulary: the padding ignored, its grad
     CHECK(
         std::all_of(&padded[n * ld + V], &padded[n * ld + ld], [](float x) { return x == 0.0f; }));
   }
+}
+
+namespace {
+
+// fp32 values as device_tensors `tensors` ("fp32", "bf16", "fp16") stores them.
+std::vector<char> stored_as(const std::vector<float>& values, const std::string& tensors) {
+  std::vector<char> out((tensors == "fp32" ? 4 : 2) * values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (tensors == "fp32") {
+      std::memcpy(out.data() + 4 * i, &values[i], 4);
+    } else {
+      const uint16_t h = tensors == "bf16" ? math::float_to_bf16(values[i])
+                                           : math::float_to_fp16(values[i]);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("cross-entropy forward and backward in one pass: the two kernels' bits", "[kernels]") {
+  // Padded rows holding garbage past V, an ignored target, and each storage type: the fused
+  // kernel's losses, lse and gradient (padding included) equal forward then backward's.
+  const std::string tensors = GENERATE("fp32", "bf16", "fp16");
+  INFO("device_tensors " << tensors);
+  auto be = make_cpu_backend(2, 0);
+  RuntimeConfig rt;
+  rt.device_tensors = tensors;
+  rt.precision = tensors == "fp16" ? "fp16" : "auto";
+  apply_precision(*be, rt);
+  const int N = 6, V = 11, ld = 16;
+  const auto values = randn(N * ld, 31, 4.0f);
+  std::vector<char> a = stored_as(values, tensors), b = a;
+  const std::vector<int32_t> targets = {3, kIgnoreTarget, 10, 7, 0, 10};
+  std::vector<float> la(N), za(N), lb(N, -1.0f), zb(N, -1.0f);
+  be->crossentropy_forward(la.data(), za.data(), a.data(), targets.data(), N, V, ld);
+  be->crossentropy_backward(a.data(), za.data(), targets.data(), 0.25f, N, V, ld);
+  be->crossentropy_forward_backward(lb.data(), zb.data(), b.data(), targets.data(), 0.25f, N, V,
+                                    ld);
+  CHECK(std::memcmp(la.data(), lb.data(), sizeof(float) * N) == 0);
+  CHECK(std::memcmp(za.data(), zb.data(), sizeof(float) * N) == 0);
+  CHECK(a == b);
+}
+
+TEST_CASE("forward_backward is forward then backward, bit for bit, chunked head or not",
+          "[kernels]") {
+  // Training's pass (the loss's gradient in the forward's pass over the logits, no chunk's
+  // logits computed twice) against the two calls the tests and the reference fixtures use:
+  // every family, the head whole and in chunks, a masked target, 16-bit tensors.
+  const std::string family = GENERATE("gpt2", "opt", "llama");
+  const int chunk = GENERATE(0, 5);
+  const std::string tensors = GENERATE("fp32", "bf16");
+  INFO(family << ", head_chunk_tokens " << chunk << ", device_tensors " << tensors);
+  Config cfg = parse_config(
+      str("model: {family: ", family, ", n_layer: 2, n_head: 2, d_model: 16, d_ff: 32, ",
+          "vocab_size: 61, seq_len: 8, head_chunk_tokens: ", chunk, "}\n",
+          "runtime: {backend: cpu, threads: 1, device_tensors: ", tensors, "}\n"),
+      "<test>");
+  auto be = make_cpu_backend(1, 0);
+  apply_precision(*be, cfg.runtime);
+  const int B = 2, T = cfg.model.seq_len;
+  Transformer a(cfg.model, *be, B), b(cfg.model, *be, B);
+  const ParamLayout& layout = a.layout();
+  std::vector<float> p(layout.total);
+  init_gpt_params(cfg.model, layout, p.data());
+  const size_t bytes = be->storage_bytes() * layout.total;
+  const std::vector<char> stored = stored_as(p, tensors);
+  be->copy_to_device(a.params(), stored.data(), bytes);
+  be->copy_to_device(b.params(), stored.data(), bytes);
+  std::vector<int32_t> in(B * T), tg(B * T);
+  for (int i = 0; i < B * T; ++i)
+    in[i] = (i * 7 + 3) % 61, tg[i] = i == 4 ? kIgnoreTarget : (i * 11 + 1) % 61;
+  a.zero_grads();
+  b.zero_grads();
+  const float scale = 1.0f / static_cast<float>(B * T - 1);
+  const float la = a.forward(in.data(), tg.data());
+  a.backward(scale);
+  const float lb = b.forward_backward(in.data(), tg.data(), nullptr, scale);
+  CHECK(std::memcmp(&la, &lb, 4) == 0);
+  std::vector<char> ga(bytes), gb(bytes);
+  be->copy_to_host(ga.data(), a.grads(), bytes);
+  be->copy_to_host(gb.data(), b.grads(), bytes);
+  CHECK(ga == gb);
+  CHECK(std::any_of(ga.begin(), ga.end(), [](char c) { return c != 0; }));
 }
 
 TEST_CASE("a padded vocabulary's rows stay zero through training and out of checkpoints",

@@ -129,6 +129,9 @@ struct MemoryStats {
 //   1 / count). Rows are ld >= V elements apart: a vocabulary padded for the GEMMs' sake (the
 //   model's padded_vocab) has ld - V columns past the real ones, which the forward ignores and
 //   the backward sets to zero, so the padding's weight rows get no gradient.
+// crossentropy_forward_backward: the forward then the backward on the same rows in one pass
+//   over the logits (training: the loss and the logits' gradient, written in place), with
+//   the same bits in losses, lse and the gradient as the two kernels one after the other.
 //
 // The opt and llama families' kernels. Hq = query heads, Hkv = key/value heads (Hkv divides
 // Hq), D = head size, C = Hq * D. Grouped-query attention projects to a compact packed
@@ -175,6 +178,9 @@ struct MemoryStats {
   X(crossentropy_backward, (void* logits_to_dlogits, const float* lse, const int32_t* targets,   \
                             float scale, int N, int V, int ld),                                  \
     (logits_to_dlogits, lse, targets, scale, N, V, ld))                                          \
+  X(crossentropy_forward_backward, (float* losses, float* lse, void* logits_to_dlogits,          \
+                                    const int32_t* targets, float scale, int N, int V, int ld),  \
+    (losses, lse, logits_to_dlogits, targets, scale, N, V, ld))                                  \
   X(rmsnorm_forward, (void* out, float* rstd, const void* in, const void* w, float eps, int N,   \
                       int C),                                                                    \
     (out, rstd, in, w, eps, N, C))                                                               \

@@ -214,6 +214,11 @@ class Transformer {
   // last forward() (ignored targets contribute nothing). For the mean over a step:
   // 1 / (counted targets of all its micro-batches), which is 1 / (N * grad_accum) unmasked.
   void backward(float loss_scale);
+  // forward() then backward(loss_scale), the same bits, with the loss's gradient computed in
+  // the forward's pass over the logits (crossentropy_forward_backward; a chunked head's
+  // logits are not computed again). Training's step; targets required.
+  float forward_backward(const int32_t* inputs, const int32_t* targets, const int32_t* positions,
+                         float loss_scale);
   void zero_grads();
 
   // Per-layer pieces of forward() and backward(), for the scheduler to drive one at a time.
@@ -234,11 +239,24 @@ class Transformer {
   float head_forward(const GlobalTensors& g, const void* x, bool with_loss);
   void head_backward(const GlobalTensors& g, const GlobalTensors& dg, const void* x,
                      float loss_scale, void* dx);
+  // head_forward then head_backward in one pass over each chunk's logits; returns the loss.
+  float head_train(const GlobalTensors& g, const GlobalTensors& dg, const void* x,
+                   float loss_scale, void* dx);
   void block_backward(const LayerTensors& w, const LayerTensors& dw, const void* x_in,
                       const LayerActivations& a, void* dx_out_in);
   void embed_backward(const GlobalTensors& dg, const void* dx);
 
  private:
+  const void* forward_layers(const int32_t* inputs, const int32_t* targets,
+                             const int32_t* positions);
+  void backward_layers();
+  const void* last_layer_output() const;
+  // The head's pieces: the mean of the losses once they are on the host, the backward GEMM of
+  // rows [r0, r0 + rows), and the final norm's backward into dx.
+  float mean_loss();
+  void head_gemm_backward(const GlobalTensors& g, const GlobalTensors& dg, int r0, int rows);
+  void head_norm_backward(const GlobalTensors& g, const GlobalTensors& dg, const void* x,
+                          void* dx);
   // A timing mark before the work of class c (Backend: step timing; only while timing).
   void mark(StepPhase p, OpClass c) {
     if (be_.timing_on()) be_.timing_mark(timing_tag(p, c));

@@ -191,6 +191,14 @@ void CpuBackend::crossentropy_backward(void* logits_to_dlogits, const float* lse
                            scale, N, V, ld);
 }
 
+void CpuBackend::crossentropy_forward_backward(float* losses, float* lse, void* logits_to_dlogits,
+                                               const int32_t* targets, float scale, int N, int V,
+                                               int ld) {
+  Stage s(storage_);
+  k_.crossentropy_forward_backward(
+      losses, lse, s.acc(logits_to_dlogits, static_cast<size_t>(N) * ld), targets, scale, N, V, ld);
+}
+
 void CpuBackend::rmsnorm_forward(void* out, float* rstd, const void* in, const void* w, float eps,
                                  int N, int C) {
   const size_t NC = static_cast<size_t>(N) * C;

@@ -41,6 +41,8 @@ class CpuKernels {
                             int N, int V, int ld);
   void crossentropy_backward(float* logits_to_dlogits, const float* lse, const int32_t* targets,
                              float scale, int N, int V, int ld);
+  void crossentropy_forward_backward(float* losses, float* lse, float* logits_to_dlogits,
+                                     const int32_t* targets, float scale, int N, int V, int ld);
   // ops_families.cc: what the opt and llama families add.
   void rmsnorm_forward(float* out, float* rstd, const float* in, const float* w, float eps, int N,
                        int C);

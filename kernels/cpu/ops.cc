@@ -211,41 +211,62 @@ FY_CLONES void gelu_backward_impl(float* din, const float* in, const float* dout
   for (size_t i = 0; i < n; ++i) din[i] = dout[i] * math::gelu_grad(in[i]);
 }
 
+// One row of crossentropy_forward: its logsumexp z and loss; 0 and 0 for an ignored target.
+inline void crossentropy_row_forward(float* loss, float* lse, const float* l, int32_t target,
+                                     int V) {
+  if (target == kIgnoreTarget) {  // does not count: no loss (backend.h)
+    *loss = 0.0f;
+    *lse = 0.0f;
+    return;
+  }
+  float mx = l[0];
+  for (int v = 1; v < V; ++v) mx = std::max(mx, l[v]);
+  double s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int v = 0; v < V; ++v) s += math::exp_fast(l[v] - mx);
+  const float z = mx + static_cast<float>(std::log(s));
+  *lse = z;
+  *loss = z - l[target];
+}
+
+// One row of crossentropy_backward from the row's logsumexp z.
+inline void crossentropy_row_backward(float* l, float z, int32_t target, float scale, int V,
+                                      int ld) {
+  std::fill(l + V, l + ld, 0.0f);  // the padded vocabulary's columns: no gradient
+  if (target == kIgnoreTarget) {   // does not count: no gradient (backend.h)
+    std::fill(l, l + V, 0.0f);
+    return;
+  }
+#pragma omp simd
+  for (int v = 0; v < V; ++v) l[v] = math::exp_fast(l[v] - z) * scale;
+  l[target] -= scale;
+}
+
 FY_CLONES void crossentropy_forward_impl(float* losses, float* lse, const float* logits,
                                          const int32_t* targets, int N, int V, int ld) {
 #pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; ++n) {
-    if (targets[n] == kIgnoreTarget) {  // does not count: no loss (backend.h)
-      losses[n] = 0.0f;
-      lse[n] = 0.0f;
-      continue;
-    }
-    const float* l = logits + static_cast<size_t>(n) * ld;
-    float mx = l[0];
-    for (int v = 1; v < V; ++v) mx = std::max(mx, l[v]);
-    double s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int v = 0; v < V; ++v) s += math::exp_fast(l[v] - mx);
-    float z = mx + static_cast<float>(std::log(s));
-    lse[n] = z;
-    losses[n] = z - l[targets[n]];
-  }
+  for (int n = 0; n < N; ++n)
+    crossentropy_row_forward(losses + n, lse + n, logits + static_cast<size_t>(n) * ld, targets[n],
+                             V);
 }
 
 FY_CLONES void crossentropy_backward_impl(float* logits, const float* lse, const int32_t* targets,
                                           float scale, int N, int V, int ld) {
 #pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n)
+    crossentropy_row_backward(logits + static_cast<size_t>(n) * ld, lse[n], targets[n], scale, V,
+                              ld);
+}
+
+// Both per row while the row is in cache.
+FY_CLONES void crossentropy_forward_backward_impl(float* losses, float* lse, float* logits,
+                                                  const int32_t* targets, float scale, int N,
+                                                  int V, int ld) {
+#pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     float* l = logits + static_cast<size_t>(n) * ld;
-    std::fill(l + V, l + ld, 0.0f);     // the padded vocabulary's columns: no gradient
-    if (targets[n] == kIgnoreTarget) {  // does not count: no gradient (backend.h)
-      std::fill(l, l + V, 0.0f);
-      continue;
-    }
-    float z = lse[n];
-#pragma omp simd
-    for (int v = 0; v < V; ++v) l[v] = math::exp_fast(l[v] - z) * scale;
-    l[targets[n]] -= scale;
+    crossentropy_row_forward(losses + n, lse + n, l, targets[n], V);
+    crossentropy_row_backward(l, lse[n], targets[n], scale, V, ld);
   }
 }
 
@@ -272,6 +293,12 @@ void CpuKernels::crossentropy_forward(float* losses, float* lse, const float* lo
 void CpuKernels::crossentropy_backward(float* logits, const float* lse, const int32_t* targets,
                                        float scale, int N, int V, int ld) {
   crossentropy_backward_impl(logits, lse, targets, scale, N, V, ld);
+}
+
+void CpuKernels::crossentropy_forward_backward(float* losses, float* lse, float* logits,
+                                               const int32_t* targets, float scale, int N, int V,
+                                               int ld) {
+  crossentropy_forward_backward_impl(losses, lse, logits, targets, scale, N, V, ld);
 }
 
 }  // namespace fuyou::cpu

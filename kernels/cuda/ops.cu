@@ -221,23 +221,13 @@ __global__ void map2_k(T* out, const T* a, const T* b, size_t n, F f, bool vec) 
   FY_GRID_LOOP(i, n - done) out[done + i] = st<T>(f(ld(a[done + i]), ld(b[done + i])));
 }
 
-// One block per row: the row maximum, then sum exp(l - max) in double as on the CPU.
+// The logsumexp of one row of V logits, returned to every thread of the block (one block per
+// row): the row maximum, then sum exp(l - max) in double as on the CPU. 16-byte vectors over
+// the row where it is aligned (ldv a multiple of the vector and the logits aligned: the padded
+// vocabulary), the rest element by element.
 template <typename T>
-__global__ void crossentropy_forward_k(float* losses, float* lse, const T* logits,
-                                       const int32_t* targets, int V, int ldv) {
-  const size_t n = blockIdx.x;
-  // An ignored target (kIgnoreTarget, a masked-out position) has loss 0 and lse 0
-  // (backend.h). The whole block reads the same target, so it returns together, before any
-  // block_reduce barrier.
-  if (targets[n] == kIgnoreTarget) {
-    if (threadIdx.x == 0) losses[n] = lse[n] = 0.0f;
-    return;
-  }
-  const T* l = logits + n * ldv;
-  // 16-byte vectors over the row where it is aligned (ldv a multiple of the vector and the
-  // logits aligned: the padded vocabulary), the rest element by element.
+__device__ float crossentropy_row_lse(const T* l, int V, bool vec) {
   constexpr int K = Vec16<T>::kN;
-  const bool vec = ldv % K == 0 && (reinterpret_cast<uintptr_t>(logits) & 15u) == 0;
   const int vend = vec ? V / K * K : 0;
   const Vec16<T>* lv = reinterpret_cast<const Vec16<T>*>(l);
   float mx = -INFINITY;
@@ -256,8 +246,29 @@ __global__ void crossentropy_forward_k(float* losses, float* lse, const T* logit
   }
   for (int v = vend + threadIdx.x; v < V; v += blockDim.x) s += math::exp_fast(ld(l[v]) - mx);
   s = block_reduce(s, SumOp{}, 0.0);
+  return mx + static_cast<float>(log(s));
+}
+
+template <typename T>
+__device__ bool row_vectors_aligned(const T* logits, int ldv) {
+  return ldv % Vec16<T>::kN == 0 && (reinterpret_cast<uintptr_t>(logits) & 15u) == 0;
+}
+
+// One block per row.
+template <typename T>
+__global__ void crossentropy_forward_k(float* losses, float* lse, const T* logits,
+                                       const int32_t* targets, int V, int ldv) {
+  const size_t n = blockIdx.x;
+  // An ignored target (kIgnoreTarget, a masked-out position) has loss 0 and lse 0
+  // (backend.h). The whole block reads the same target, so it returns together, before any
+  // block_reduce barrier.
+  if (targets[n] == kIgnoreTarget) {
+    if (threadIdx.x == 0) losses[n] = lse[n] = 0.0f;
+    return;
+  }
+  const T* l = logits + n * ldv;
+  const float z = crossentropy_row_lse(l, V, row_vectors_aligned(logits, ldv));
   if (threadIdx.x == 0) {
-    float z = mx + static_cast<float>(log(s));
     lse[n] = z;
     losses[n] = z - ld(l[targets[n]]);
   }
@@ -274,16 +285,11 @@ __device__ __forceinline__ T crossentropy_grad(T l, int v, int V, int32_t t, flo
   return st<T>(g);
 }
 
-// One block per row of (N, ldv), in 16-byte vectors where the row is aligned.
+// The gradient over one row of ldv elements, in place, by the block.
 template <typename T>
-__global__ void crossentropy_backward_k(T* logits, const float* lse, const int32_t* targets,
-                                        float scale, int V, int ldv) {
-  const size_t n = blockIdx.x;
-  T* l = logits + n * ldv;
-  const int32_t t = targets[n];
-  const float z = lse[n];
+__device__ void crossentropy_row_grad(T* l, float z, int32_t t, float scale, int V, int ldv,
+                                      bool vec) {
   constexpr int K = Vec16<T>::kN;
-  const bool vec = ldv % K == 0 && (reinterpret_cast<uintptr_t>(logits) & 15u) == 0;
   const int vend = vec ? ldv : 0;
   Vec16<T>* lv = reinterpret_cast<Vec16<T>*>(l);
   for (int j = threadIdx.x; j < vend / K; j += blockDim.x) {
@@ -294,6 +300,39 @@ __global__ void crossentropy_backward_k(T* logits, const float* lse, const int32
   }
   for (int v = vend + threadIdx.x; v < ldv; v += blockDim.x)
     l[v] = crossentropy_grad(l[v], v, V, t, z, scale);
+}
+
+// One block per row of (N, ldv).
+template <typename T>
+__global__ void crossentropy_backward_k(T* logits, const float* lse, const int32_t* targets,
+                                        float scale, int V, int ldv) {
+  const size_t n = blockIdx.x;
+  crossentropy_row_grad(logits + n * ldv, lse[n], targets[n], scale, V, ldv,
+                        row_vectors_aligned(logits, ldv));
+}
+
+// Both for one row per block: the row is read for its logsumexp and then rewritten as its
+// gradient while it is still in L2, one pass over the logits instead of two.
+template <typename T>
+__global__ void crossentropy_forward_backward_k(float* losses, float* lse, T* logits,
+                                                const int32_t* targets, float scale, int V,
+                                                int ldv) {
+  const size_t n = blockIdx.x;
+  T* l = logits + n * ldv;
+  const int32_t t = targets[n];
+  const bool vec = row_vectors_aligned(logits, ldv);
+  float z = 0.0f;
+  if (t == kIgnoreTarget) {  // the whole block takes this branch
+    if (threadIdx.x == 0) losses[n] = lse[n] = 0.0f;
+  } else {
+    z = crossentropy_row_lse(l, V, vec);
+    if (threadIdx.x == 0) {
+      lse[n] = z;
+      losses[n] = z - ld(l[t]);
+    }
+    __syncthreads();  // the target's logit is read before the row becomes the gradient
+  }
+  crossentropy_row_grad(l, z, t, scale, V, ldv, vec);
 }
 
 }  // namespace
@@ -403,6 +442,16 @@ void CudaBackend::crossentropy_backward(void* logits, const float* lse, const in
   FY_TYPED(E, {
     FY_LAUNCH(crossentropy_backward_k<E>, N, kRowThreads, static_cast<E*>(logits), lse, targets,
               scale, V, ld);
+  });
+}
+
+void CudaBackend::crossentropy_forward_backward(float* losses, float* lse, void* logits,
+                                                const int32_t* targets, float scale, int N, int V,
+                                                int ld) {
+  if (!N || !ld) return;
+  FY_TYPED(E, {
+    FY_LAUNCH(crossentropy_forward_backward_k<E>, N, kRowThreads, losses, lse,
+              static_cast<E*>(logits), targets, scale, V, ld);
   });
 }
 

@@ -608,11 +608,15 @@ float Transformer::head_forward(const GlobalTensors& g, const void* x, bool with
     mark(StepPhase::kForward, OpClass::kLoss);
     be_.crossentropy_forward(losses_ + r0, lse_ + r0, logits_, targets_ + r0, rows, V, Vp);
   }
+  return mean_loss();
+}
+
+float Transformer::mean_loss() {
   // A caller-ordered backend (the offload executor's) lets a copy skip the kernels queued
   // before it: the losses must be complete before they are read.
   be_.finish_compute();
   mark(StepPhase::kForward, OpClass::kCopyToHost);
-  be_.copy_to_host(host_losses_.data(), losses_, sizeof(float) * N);
+  be_.copy_to_host(host_losses_.data(), losses_, sizeof(float) * N_);
   // Ignored targets hold loss 0, so the sum is over counted targets; the mean divides by
   // their number (N without a mask: the same arithmetic as before masks). No counted target:
   // the loss is defined as 0 (nothing to average; its gradient is zero too).
@@ -632,14 +636,44 @@ void Transformer::head_backward(const GlobalTensors& g, const GlobalTensors& dg,
       be_.matmul_forward(logits_, rows_at(lnf_, r0, C), g.lm_head, nullptr, rows, C, Vp);
     mark(StepPhase::kBackward, OpClass::kLoss);
     be_.crossentropy_backward(logits_, lse_ + r0, targets_ + r0, loss_scale, rows, V, Vp);
-    // Tied: dg.lm_head is dg.wte (embed group); untied: the final group's own gradient. The
-    // padding columns' gradient is zero, so the padding rows' gradient stays zero.
-    mark(StepPhase::kBackward, OpClass::kHeadGemm);
-    be_.matmul_backward(rows_at(dtmp_, r0, C), dg.lm_head, nullptr, logits_, rows_at(lnf_, r0, C),
-                        g.lm_head, rows, C, Vp);
+    head_gemm_backward(g, dg, r0, rows);
   }
+  head_norm_backward(g, dg, x, dx);
+}
+
+float Transformer::head_train(const GlobalTensors& g, const GlobalTensors& dg, const void* x,
+                              float loss_scale, void* dx) {
+  const int N = N_, C = cfg_.d_model, V = cfg_.vocab_size, Vp = padded_vocab(cfg_);
+  mark(StepPhase::kForward, OpClass::kNorm);
+  norm_forward(lnf_, lnf_mean_, lnf_rstd_, x, g.lnf_w, g.lnf_b);
+  for (int r0 = 0; r0 < N; r0 += head_rows_) {
+    const int rows = std::min(head_rows_, N - r0);
+    mark(StepPhase::kForward, OpClass::kHeadGemm);
+    be_.matmul_forward(logits_, rows_at(lnf_, r0, C), g.lm_head, nullptr, rows, C, Vp);
+    mark(StepPhase::kForward, OpClass::kLoss);
+    be_.crossentropy_forward_backward(losses_ + r0, lse_ + r0, logits_, targets_ + r0, loss_scale,
+                                      rows, V, Vp);
+    head_gemm_backward(g, dg, r0, rows);
+  }
+  const float loss = mean_loss();
+  head_norm_backward(g, dg, x, dx);
+  return loss;
+}
+
+void Transformer::head_gemm_backward(const GlobalTensors& g, const GlobalTensors& dg, int r0,
+                                     int rows) {
+  // Tied: dg.lm_head is dg.wte (embed group); untied: the final group's own gradient. The
+  // padding columns' gradient is zero, so the padding rows' gradient stays zero.
+  const int C = cfg_.d_model, Vp = padded_vocab(cfg_);
+  mark(StepPhase::kBackward, OpClass::kHeadGemm);
+  be_.matmul_backward(rows_at(dtmp_, r0, C), dg.lm_head, nullptr, logits_, rows_at(lnf_, r0, C),
+                      g.lm_head, rows, C, Vp);
+}
+
+void Transformer::head_norm_backward(const GlobalTensors& g, const GlobalTensors& dg,
+                                     const void* x, void* dx) {
   mark(StepPhase::kBackward, OpClass::kNorm);
-  be_.zero(dx, es_ * static_cast<size_t>(N) * C);
+  be_.zero(dx, es_ * static_cast<size_t>(N_) * cfg_.d_model);
   norm_backward(dx, dg.lnf_w, dg.lnf_b, dtmp_, x, g.lnf_w, lnf_mean_, lnf_rstd_);
 }
 
@@ -712,11 +746,17 @@ void Transformer::embed_backward(const GlobalTensors& dg, const void* dx) {
 
 float Transformer::forward(const int32_t* inputs, const int32_t* targets,
                            const int32_t* positions) {
-  FY_CHECK(params_, "forward() needs a model built with ModelState::kFull");
   if (!targets && head_rows_ < N_)  // before the whole forward, not after it
     throw Error(str("a forward without targets returns the logits of all ", N_,
                     " tokens, but this model ", "computes them ", head_rows_,
                     " at a time (model.head_chunk_tokens); set it to 0"));
+  const void* x = forward_layers(inputs, targets, positions);
+  return head_forward(global_tensors(layout_, params_, es_), x, targets != nullptr);
+}
+
+const void* Transformer::forward_layers(const int32_t* inputs, const int32_t* targets,
+                                        const int32_t* positions) {
+  FY_CHECK(params_, "forward() needs a model built with ModelState::kFull");
   set_tokens(inputs, targets, positions);
   GlobalTensors g = global_tensors(layout_, params_, es_);
   embed_forward(g.wte, g.wpe, x0_);
@@ -725,14 +765,32 @@ float Transformer::forward(const int32_t* inputs, const int32_t* targets,
     block_forward(layer_tensors(layout_, l, params_, es_), x, acts_[l]);
     x = acts_[l].out;
   }
-  return head_forward(g, x, targets != nullptr);
+  return x;
 }
 
 void Transformer::backward(float loss_scale) {
   GlobalTensors g = global_tensors(layout_, params_, es_);
   GlobalTensors dg = global_tensors(layout_, grads_, es_);
-  const void* x_last = cfg_.n_layer ? acts_.back().out : x0_;
-  head_backward(g, dg, x_last, loss_scale, dres_);
+  head_backward(g, dg, last_layer_output(), loss_scale, dres_);
+  backward_layers();
+}
+
+float Transformer::forward_backward(const int32_t* inputs, const int32_t* targets,
+                                    const int32_t* positions, float loss_scale) {
+  forward_layers(inputs, targets, positions);
+  GlobalTensors g = global_tensors(layout_, params_, es_);
+  GlobalTensors dg = global_tensors(layout_, grads_, es_);
+  const float loss = head_train(g, dg, last_layer_output(), loss_scale, dres_);
+  backward_layers();
+  return loss;
+}
+
+const void* Transformer::last_layer_output() const {
+  return cfg_.n_layer ? acts_.back().out : x0_;
+}
+
+void Transformer::backward_layers() {
+  GlobalTensors dg = global_tensors(layout_, grads_, es_);
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
     const void* x_in = l ? acts_[l - 1].out : x0_;
     block_backward(layer_tensors(layout_, l, params_, es_), layer_tensors(layout_, l, grads_, es_),

@@ -145,9 +145,8 @@ void PlanExecutor::Impl::run_head(Iter& it, const PlanOp& op) {
     it.eval_loss = model_.head_forward(g, x, true);
     return;
   }
-  it.losses[op.micro] = model_.head_forward(g, x, true);
-  model_.head_backward(g, globals(embed_g_, final_g_), x, it.loss_scale,
-                       at(op.use(Role::kResidual)));
+  it.losses[op.micro] = model_.head_train(g, globals(embed_g_, final_g_), x, it.loss_scale,
+                                          at(op.use(Role::kResidual)));
 }
 
 void PlanExecutor::Impl::save_grads(Iter& it, const PlanOp& op) {

@@ -288,9 +288,8 @@ StepResult InMemoryStep::step(int64_t step_index, const std::vector<const int32_
     if (sums && k > 0) model_.zero_grads();
     split_batch(micro_batches[k], masks.empty() ? nullptr : masks[k], B, T, inputs_.data(),
                 targets_.data());
-    means[k] =
-        model_.forward(inputs_.data(), targets_.data(), positions.empty() ? nullptr : positions[k]);
-    model_.backward(scale);
+    means[k] = model_.forward_backward(inputs_.data(), targets_.data(),
+                                       positions.empty() ? nullptr : positions[k], scale);
     if (!sums) continue;
     if (on_device_) {
       mark(OpClass::kDeviceOptimizer);

@@ -340,11 +340,8 @@ class IterationBuilder {
       use(z, buf(BufferKind::kFinalGrads), Access::kWrite, Role::kGrads);
     }
     PlanOp& head = add(OpKind::kHead, {ckpt_producer_[n_layer_]});
-    // Forward + backward of the LM head, and a chunked head's logits computed again.
-    head.flops =
-        sizes_.head_flops *
-        (head_chunk_rows(req_.model, req_.micro_batch) < req_.micro_batch * req_.model.seq_len ? 4
-                                                                                               : 3);
+    // Forward + backward of the LM head (head_train: no chunk's logits computed twice).
+    head.flops = sizes_.head_flops * 3;
     use(head, fwd_loc_[n_layer_], Access::kRead, Role::kInput);
     use(head, buf(BufferKind::kEmbedWeights), Access::kRead, Role::kWeights);
     use(head, buf(BufferKind::kFinalWeights), Access::kRead, Role::kWeights);
