@@ -149,9 +149,12 @@ TEST_CASE("a step's kernel calls, per layer and outside the layers, for every fa
                              {"swiglu_backward", 1},
                              {"add", 2}};
   // The loss and its gradient in one pass over the logits.
-  const Calls ln_outside = {{"embedding_forward", 1}, {"embedding_backward", 1},
-                            {"layernorm_forward", 1}, {"layernorm_backward", 1},
-                            {"matmul_forward", 1},    {"matmul_backward", 1},
+  const Calls ln_outside = {{"embedding_forward", 1},
+                            {"embedding_backward", 1},
+                            {"layernorm_forward", 1},
+                            {"layernorm_backward", 1},
+                            {"matmul_forward", 1},
+                            {"matmul_backward", 1},
                             {"crossentropy_forward_backward", 1}};
   Calls rms_outside = ln_outside;
   rms_outside.erase("layernorm_forward");

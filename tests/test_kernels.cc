@@ -163,8 +163,8 @@ std::vector<char> stored_as(const std::vector<float>& values, const std::string&
     if (tensors == "fp32") {
       std::memcpy(out.data() + 4 * i, &values[i], 4);
     } else {
-      const uint16_t h = tensors == "bf16" ? math::float_to_bf16(values[i])
-                                           : math::float_to_fp16(values[i]);
+      const uint16_t h =
+          tensors == "bf16" ? math::float_to_bf16(values[i]) : math::float_to_fp16(values[i]);
       std::memcpy(out.data() + 2 * i, &h, 2);
     }
   }

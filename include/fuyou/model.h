@@ -240,8 +240,8 @@ class Transformer {
   void head_backward(const GlobalTensors& g, const GlobalTensors& dg, const void* x,
                      float loss_scale, void* dx);
   // head_forward then head_backward in one pass over each chunk's logits; returns the loss.
-  float head_train(const GlobalTensors& g, const GlobalTensors& dg, const void* x,
-                   float loss_scale, void* dx);
+  float head_train(const GlobalTensors& g, const GlobalTensors& dg, const void* x, float loss_scale,
+                   void* dx);
   void block_backward(const LayerTensors& w, const LayerTensors& dw, const void* x_in,
                       const LayerActivations& a, void* dx_out_in);
   void embed_backward(const GlobalTensors& dg, const void* dx);
@@ -255,8 +255,7 @@ class Transformer {
   // rows [r0, r0 + rows), and the final norm's backward into dx.
   float mean_loss();
   void head_gemm_backward(const GlobalTensors& g, const GlobalTensors& dg, int r0, int rows);
-  void head_norm_backward(const GlobalTensors& g, const GlobalTensors& dg, const void* x,
-                          void* dx);
+  void head_norm_backward(const GlobalTensors& g, const GlobalTensors& dg, const void* x, void* dx);
   // A timing mark before the work of class c (Backend: step timing; only while timing).
   void mark(StepPhase p, OpClass c) {
     if (be_.timing_on()) be_.timing_mark(timing_tag(p, c));

@@ -260,8 +260,8 @@ FY_CLONES void crossentropy_backward_impl(float* logits, const float* lse, const
 
 // Both per row while the row is in cache.
 FY_CLONES void crossentropy_forward_backward_impl(float* losses, float* lse, float* logits,
-                                                  const int32_t* targets, float scale, int N,
-                                                  int V, int ld) {
+                                                  const int32_t* targets, float scale, int N, int V,
+                                                  int ld) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     float* l = logits + static_cast<size_t>(n) * ld;

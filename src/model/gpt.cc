@@ -670,8 +670,8 @@ void Transformer::head_gemm_backward(const GlobalTensors& g, const GlobalTensors
                       g.lm_head, rows, C, Vp);
 }
 
-void Transformer::head_norm_backward(const GlobalTensors& g, const GlobalTensors& dg,
-                                     const void* x, void* dx) {
+void Transformer::head_norm_backward(const GlobalTensors& g, const GlobalTensors& dg, const void* x,
+                                     void* dx) {
   mark(StepPhase::kBackward, OpClass::kNorm);
   be_.zero(dx, es_ * static_cast<size_t>(N_) * cfg_.d_model);
   norm_backward(dx, dg.lnf_w, dg.lnf_b, dtmp_, x, g.lnf_w, lnf_mean_, lnf_rstd_);
@@ -785,9 +785,7 @@ float Transformer::forward_backward(const int32_t* inputs, const int32_t* target
   return loss;
 }
 
-const void* Transformer::last_layer_output() const {
-  return cfg_.n_layer ? acts_.back().out : x0_;
-}
+const void* Transformer::last_layer_output() const { return cfg_.n_layer ? acts_.back().out : x0_; }
 
 void Transformer::backward_layers() {
   GlobalTensors dg = global_tensors(layout_, grads_, es_);
