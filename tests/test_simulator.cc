@@ -83,6 +83,25 @@ struct Builder {
     plan.ops.push_back(op);
     return op.id;
   }
+  // Layer 0's update (group 1) with its state in host memory: numel / 1e6 seconds on the unit
+  // profile (update_seconds).
+  int add_layer_update() {
+    plan.model.n_layer = 1;
+    plan.layers.resize(1);
+    PlanOp u;
+    u.id = static_cast<int>(plan.ops.size());
+    u.kind = OpKind::kUpdate;
+    u.resource = Resource::kOptimizer;
+    u.group = 1;
+    u.params = make_gpt_layout(plan.model).groups[1].numel;
+    plan.buffers.push_back(
+        {BufferKind::kHostOptim, 1, Tier::kHost, 12 * u.params, "optimizer state"});
+    const int state = static_cast<int>(plan.buffers.size()) - 1;
+    u.uses.push_back({state, Access::kAccumulate, Role::kState, 0, 12 * u.params});
+    plan.ops.push_back(u);
+    return u.id;
+  }
+  double update_seconds() const { return make_gpt_layout(plan.model).groups[1].numel / 1e6; }
 };
 
 }  // namespace
@@ -154,27 +173,13 @@ TEST_CASE("simulator: a resource runs its ops in plan order", "[simulator]") {
 TEST_CASE("simulator: compute and optimizer share the CPU on a shared_cpu profile", "[simulator]") {
   HardwareProfile hw = unit_profile();
   Builder b;
-  b.plan.model.n_layer = 1;
-  b.plan.layers.resize(1);
   int c = b.add(Resource::kCompute, 1);
-  // Group 1 (layer 0) update: numel / 1e6 params/s.
-  ParamLayout layout = make_gpt_layout(b.plan.model);
-  PlanOp u;
-  u.id = 1;
-  u.kind = OpKind::kUpdate;
-  u.resource = Resource::kOptimizer;
-  u.group = 1;
-  u.params = layout.groups[1].numel;
-  // Its optimizer state in host memory.
-  b.plan.buffers.push_back(
-      {BufferKind::kHostOptim, 1, Tier::kHost, 12 * u.params, "optimizer state"});
-  u.uses.push_back({0, Access::kAccumulate, Role::kState, 0, 12 * u.params});
-  b.plan.ops.push_back(u);
-  const double upd = layout.groups[1].numel / 1e6;
+  const int u = b.add_layer_update();
+  const double upd = b.update_seconds();
   SECTION("independent cores: both at full rate") {
     SimResult r = simulate(b.plan, hw);
     CHECK(r.end[c] == 1.0);
-    CHECK(r.end[1] == upd);
+    CHECK(r.end[u] == upd);
   }
   SECTION("shared cores at half rate each while both run") {
     hw.shared_cpu = true;
@@ -184,36 +189,24 @@ TEST_CASE("simulator: compute and optimizer share the CPU on a shared_cpu profil
     // Compute's 1 s of work at half rate ends at 2 s, when the optimizer has done 1 s of
     // its work; the rest runs alone. Exact up to one rounding of the remaining work.
     CHECK(r.end[c] == 2.0);
-    CHECK(r.end[1] == Approx(upd + 1.0).epsilon(4 * std::numeric_limits<double>::epsilon()));
+    CHECK(r.end[u] == Approx(upd + 1.0).epsilon(4 * std::numeric_limits<double>::epsilon()));
   }
 }
 
 TEST_CASE("simulator: a host<->device copy slows the optimizer to copy_share", "[simulator]") {
   HardwareProfile hw = unit_profile();
   Builder b;
-  b.plan.model.n_layer = 1;
-  b.plan.layers.resize(1);
   const Resource copy_queue = GENERATE(Resource::kH2D, Resource::kD2H);
   int c = b.add(copy_queue, 1);
-  ParamLayout layout = make_gpt_layout(b.plan.model);
-  PlanOp u;
-  u.id = 1;
-  u.kind = OpKind::kUpdate;
-  u.resource = Resource::kOptimizer;
-  u.group = 1;
-  u.params = layout.groups[1].numel;
-  b.plan.buffers.push_back(
-      {BufferKind::kHostOptim, 1, Tier::kHost, 12 * u.params, "optimizer state"});
-  u.uses.push_back({0, Access::kAccumulate, Role::kState, 0, 12 * u.params});
-  b.plan.ops.push_back(u);
-  const double upd = layout.groups[1].numel / 1e6;
+  const int u = b.add_layer_update();
+  const double upd = b.update_seconds();
   REQUIRE(upd > 1.0);
   hw.copy_share = GENERATE(1.0, 0.5, 0.25);
   INFO("copy_share " << hw.copy_share);
   SimResult r = simulate(b.plan, hw);
   // The copy runs at its own rate; for its 1 s the update does copy_share of a second's work.
   CHECK(r.end[c] == 1.0);
-  CHECK(r.end[1] ==
+  CHECK(r.end[u] ==
         Approx(upd + 1.0 - hw.copy_share).epsilon(4 * std::numeric_limits<double>::epsilon()));
 }
 
