@@ -6,7 +6,6 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
-#include <set>
 
 #include "fuyou/error.h"
 #include "fuyou/read_file.h"
@@ -89,13 +88,23 @@ std::string bound_text(double v) {
   return t;
 }
 
+// A range as lo..hi (integers) or in interval notation (reals), each bound written by
+// `number`: exact in errors (rule_text), as docs/config.md writes it in the key list's values
+// text (doc_number).
+template <typename T, typename Number>
+std::string range_text(const Range<T>& r, Number&& number) {
+  if constexpr (std::is_integral_v<T>)
+    return str(number(r.lo), "..", number(r.hi));
+  else
+    return str(r.open_lo ? "(" : "[", number(r.lo), ", ", number(r.hi), r.open_hi ? ")" : "]");
+}
+
 template <typename T>
 std::string rule_text(const Range<T>& r) {
   if constexpr (std::is_integral_v<T>)
-    return str("must be in ", r.lo, "..", r.hi, r.note);
+    return str("must be in ", range_text(r, [](T v) { return str(v); }), r.note);
   else
-    return str("must be in ", r.open_lo ? "(" : "[", bound_text(r.lo), ", ", bound_text(r.hi),
-               r.open_hi ? ")" : "]", r.note);
+    return str("must be in ", range_text(r, bound_text), r.note);
 }
 
 template <typename T>
@@ -129,12 +138,10 @@ struct MemberType<T C::*> {
 template <typename T, typename Rule>
 std::string values_text(const Rule& rule) {
   if constexpr (is_range<Rule>::value) {
-    if constexpr (std::is_integral_v<T>)
-      return str("int ", doc_number(static_cast<double>(rule.lo), true), "..",
-                 doc_number(static_cast<double>(rule.hi), true));
-    else
-      return str("float ", rule.open_lo ? "(" : "[", doc_number(rule.lo, false), ", ",
-                 doc_number(rule.hi, false), rule.open_hi ? ")" : "]");
+    constexpr bool integer = std::is_integral_v<T>;
+    return str(integer ? "int " : "float ", range_text(rule, [](auto v) {
+                 return doc_number(static_cast<double>(v), integer);
+               }));
   } else if constexpr (std::is_same_v<Rule, OneOf>) {
     return join(rule.names);
   } else if constexpr (std::is_same_v<Rule, Size>) {
@@ -214,9 +221,7 @@ class Section {
       std::string name;
       get(key, name);
       if (name.empty()) return;
-      const auto it = std::find(rule.names.begin(), rule.names.end(), name);
-      if (it == rule.names.end()) fail(key, str("'", name, "' is not one of ", join(rule.names)));
-      out = static_cast<T>(it - rule.names.begin());
+      out = static_cast<T>(one_of(key, name, rule));
     } else if constexpr (std::is_same_v<Rule, AutoOrCount>) {
       std::string text;
       get(key, text);
@@ -251,8 +256,7 @@ class Section {
       if (!in_range(static_cast<Bound>(value), rule))
         fail(key, str("value ", value, " is not allowed: ", rule_text(rule)));
     } else if constexpr (std::is_same_v<Rule, OneOf> && std::is_same_v<T, std::string>) {
-      if (std::find(rule.names.begin(), rule.names.end(), value) == rule.names.end())
-        fail(key, str("'", value, "' is not one of ", join(rule.names)));
+      one_of(key, value, rule);
     } else {
       // Read already checked these: an enum's name, an AutoOrCount's count, a size's text.
       static_assert(std::is_same_v<Rule, Free> || std::is_same_v<Rule, Path> ||
@@ -261,6 +265,13 @@ class Section {
                         (std::is_same_v<Rule, OneOf> && std::is_enum_v<T>),
                     "a rule Section::check does not know");
     }
+  }
+
+  // The index of `name` in the rule's names; an error naming them where it is none of them.
+  size_t one_of(const char* key, const std::string& name, const OneOf& rule) const {
+    const auto it = std::find(rule.names.begin(), rule.names.end(), name);
+    if (it == rule.names.end()) fail(key, str("'", name, "' is not one of ", join(rule.names)));
+    return static_cast<size_t>(it - rule.names.begin());
   }
 
   void finish() {
@@ -315,13 +326,6 @@ class Section {
 template <typename T>
 void require(bool ok, const Section& s, const std::string& key, T value, const std::string& rule) {
   if (!ok) s.fail(key, str("value ", value, " is not allowed: ", rule));
-}
-
-// The sections, in the order config.yaml writes them.
-const std::vector<std::string>& section_names() {
-  static const std::vector<std::string> names = {"model",   "data",    "optimizer", "schedule",
-                                                 "offload", "runtime", "checkpoint"};
-  return names;
 }
 
 // ActivationPolicy's names, in its enumerators' order.
@@ -436,6 +440,28 @@ void checkpoint_keys(F&& key) {
   key("every_minutes", &K::every_minutes, interval(0, 1e6, "[]", " (0: not by time)"));
   key("keep", &K::keep, closed(1, 1000));
   key("keep_best", &K::keep_best, Free{});
+}
+
+// The sections in the order config.yaml writes them: section(name, member of Config, keys),
+// keys(key) visiting the section's key list. deferred_updates' bound is n_layer's.
+template <typename F>
+void config_sections(F&& section, int n_layer) {
+  section("model", &Config::model, [](auto&& key) { model_keys(key); });
+  section("data", &Config::data, [](auto&& key) { data_keys(key); });
+  section("optimizer", &Config::optimizer, [](auto&& key) { optimizer_keys(key); });
+  section("schedule", &Config::schedule, [](auto&& key) { schedule_keys(key); });
+  section("offload", &Config::offload, [n_layer](auto&& key) { offload_keys(key, n_layer); });
+  section("runtime", &Config::runtime, [](auto&& key) { runtime_keys(key); });
+  section("checkpoint", &Config::checkpoint, [](auto&& key) { checkpoint_keys(key); });
+}
+
+const std::vector<std::string>& section_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    config_sections([&n](const char* name, auto, auto&&) { n.push_back(name); }, kMaxLayers);
+    return n;
+  }();
+  return names;
 }
 
 // Reads a section's keys from its list into `c` and refuses keys not on it.
@@ -767,13 +793,7 @@ std::vector<ConfigKey> config_keys() {
       keys.push_back({str(section, ".", key), values_text<T>(rule)});
     };
   };
-  model_keys(add("model"));
-  data_keys(add("data"));
-  optimizer_keys(add("optimizer"));
-  schedule_keys(add("schedule"));
-  offload_keys(add("offload"), kMaxLayers);
-  runtime_keys(add("runtime"));
-  checkpoint_keys(add("checkpoint"));
+  config_sections([&](const char* section, auto, auto&& list) { list(add(section)); }, kMaxLayers);
   return keys;
 }
 
@@ -823,26 +843,22 @@ class KeyWriter {
   YAML::Emitter& e_;
 };
 
-template <typename C, typename Keys>
-void write_section(YAML::Emitter& e, const char* name, const C& c, Keys&& keys) {
-  KeyWriter w(e);
-  e << YAML::Key << name << YAML::Value << YAML::BeginMap;
-  keys([&](const char* key, auto field, const auto& rule) { w.write(key, c.*field, rule); });
-  e << YAML::EndMap;
-}
-
 }  // namespace
 
 std::string config_to_yaml(const Config& c) {
   YAML::Emitter e;
+  KeyWriter w(e);
   e << YAML::BeginMap;
-  write_section(e, "model", c.model, [](auto&& key) { model_keys(key); });
-  write_section(e, "data", c.data, [](auto&& key) { data_keys(key); });
-  write_section(e, "optimizer", c.optimizer, [](auto&& key) { optimizer_keys(key); });
-  write_section(e, "schedule", c.schedule, [](auto&& key) { schedule_keys(key); });
-  write_section(e, "offload", c.offload, [&](auto&& key) { offload_keys(key, c.model.n_layer); });
-  write_section(e, "runtime", c.runtime, [](auto&& key) { runtime_keys(key); });
-  write_section(e, "checkpoint", c.checkpoint, [](auto&& key) { checkpoint_keys(key); });
+  config_sections(
+      [&](const char* name, auto member, auto&& list) {
+        const auto& section = c.*member;
+        e << YAML::Key << name << YAML::Value << YAML::BeginMap;
+        list([&](const char* key, auto field, const auto& rule) {
+          w.write(key, section.*field, rule);
+        });
+        e << YAML::EndMap;
+      },
+      c.model.n_layer);
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";
 }
