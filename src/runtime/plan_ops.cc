@@ -92,15 +92,9 @@ class IterationBuilder {
       const int s = need_weights(l, -1);
       // The forward of l writes the stream buffer the forward of l-1 read: compute runs in
       // order, so the dependency on the previous forward covers it.
-      PlanOp& f = add(OpKind::kForward, {weight_slots_[s].load_op, prev});
-      f.layer = l;
-      f.flops = sizes_.layer_flops;
-      use(f, buf(BufferKind::kWeightSlot, s), Access::kRead, Role::kWeights);
-      use(f, buf(BufferKind::kStream, l % 2), Access::kRead, Role::kInput);
-      use(f, buf(BufferKind::kStream, (l + 1) % 2), Access::kWrite, Role::kOutput);
-      use(f, buf(BufferKind::kWorkActs), Access::kWrite, Role::kWork);
-      use_weights(s, f.id);
-      prev = f.id;
+      prev = layer_forward(l, s, {weight_slots_[s].load_op, prev}, buf(BufferKind::kStream, l % 2),
+                           buf(BufferKind::kStream, (l + 1) % 2), buf(BufferKind::kWorkActs))
+                 .id;
     }
     PlanOp& h = add(OpKind::kHeadLoss, {prev});
     h.flops = sizes_.head_flops;
@@ -254,6 +248,20 @@ class IterationBuilder {
 
   // ---- forward -----------------------------------------------------------------------------
 
+  // Layer l's forward with its weights in device slot s, from buffer `in` to `out`, its
+  // working activations in `work`.
+  PlanOp& layer_forward(int l, int s, std::vector<int> deps, int in, int out, int work) {
+    PlanOp& f = add(OpKind::kForward, std::move(deps));
+    f.layer = l;
+    f.flops = sizes_.layer_flops;
+    use(f, buf(BufferKind::kWeightSlot, s), Access::kRead, Role::kWeights);
+    use(f, in, Access::kRead, Role::kInput);
+    use(f, out, Access::kWrite, Role::kOutput);
+    use(f, work, Access::kWrite, Role::kWork);
+    use_weights(s, f.id);
+    return f;
+  }
+
   // Where layer l's block input lives during the forward: its own checkpoint buffer (keep,
   // device), else one of the two stream buffers.
   int input_location(int l) const {
@@ -319,14 +327,8 @@ class IterationBuilder {
       fwd_loc_[l + 1] = input_location(l + 1);
       std::vector<int> deps = {weight_slots_[s].load_op, ckpt_producer_[l]};
       take_stream_readers(fwd_loc_[l + 1], deps);
-      PlanOp& f = add(OpKind::kForward, deps);
-      f.layer = l;
-      f.flops = sizes_.layer_flops;
-      use(f, buf(BufferKind::kWeightSlot, s), Access::kRead, Role::kWeights);
-      use(f, fwd_loc_[l], Access::kRead, Role::kInput);
-      use(f, fwd_loc_[l + 1], Access::kWrite, Role::kOutput);
-      use(f, work_of(l, acts(l) == ActPlacement::kKeep), Access::kWrite, Role::kWork);
-      use_weights(s, f.id);
+      PlanOp& f = layer_forward(l, s, std::move(deps), fwd_loc_[l], fwd_loc_[l + 1],
+                                work_of(l, acts(l) == ActPlacement::kKeep));
       if (kind_of(fwd_loc_[l]) == BufferKind::kStream) stream_readers(fwd_loc_[l]).push_back(f.id);
       ckpt_producer_[l + 1] = f.id;
       if (l + 1 < n_layer_) save_checkpoint(l + 1);

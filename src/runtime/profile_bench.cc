@@ -197,6 +197,29 @@ void measure_optimizer(HardwareProfile& p, OptimizerProbe& probe, const Say& say
     }
 }
 
+// A host buffer, page-locked where the backend allows, and a device buffer of the same size,
+// for timing copies between them; released with the object.
+struct CopyBuffers {
+  CopyBuffers(Backend& be, size_t n) : backend(be), bytes(n), host(n, 1) {
+    locked = backend.register_host(host.data(), bytes);
+    dev = backend.alloc(bytes, "profile copy");
+  }
+  ~CopyBuffers() {
+    backend.free(dev);
+    if (locked) backend.unregister_host(host.data());
+  }
+  CopyBuffers(const CopyBuffers&) = delete;
+  CopyBuffers& operator=(const CopyBuffers&) = delete;
+  void to_device() { backend.copy_to_device(dev, host.data(), bytes); }
+  void to_host() { backend.copy_to_host(host.data(), dev, bytes); }
+
+  Backend& backend;
+  size_t bytes;
+  std::vector<char> host;
+  void* dev = nullptr;
+  bool locked = false;
+};
+
 // optimizer.copy_share: the host AdamW's rate (the packed recipe, int8 moments and a split
 // master with bf16 gradients) while page-locked copies stream both ways at once, as they do
 // through most of an offloaded step, over its rate alone. Both are averages over whole
@@ -206,25 +229,14 @@ void measure_copy_share(Backend& backend, HardwareProfile& p, const Say& say) {
   q.update();
   const double alone = rate_for(
       2.0, [&] { q.update(); }, nullptr, false);
-  const size_t bytes = 256ull << 20;
-  struct Lane {
-    std::vector<char> host;
-    void* dev = nullptr;
-    bool locked = false;
-  };
-  Lane lanes[2];
-  for (Lane& l : lanes) {
-    l.host.assign(bytes, 1);
-    l.locked = backend.register_host(l.host.data(), bytes);
-    l.dev = backend.alloc(bytes, "profile copy");
-  }
+  CopyBuffers up(backend, 256ull << 20), down(backend, 256ull << 20);
   backend.set_caller_ordered(true);  // as the executor's copy threads use it
   std::atomic<bool> stop{false};
   std::thread h2d([&] {
-    while (!stop) backend.copy_to_device(lanes[0].dev, lanes[0].host.data(), bytes);
+    while (!stop) up.to_device();
   });
   std::thread d2h([&] {
-    while (!stop) backend.copy_to_host(lanes[1].host.data(), lanes[1].dev, bytes);
+    while (!stop) down.to_host();
   });
   const double copying = rate_for(
       2.0, [&] { q.update(); }, nullptr, false);
@@ -232,10 +244,6 @@ void measure_copy_share(Backend& backend, HardwareProfile& p, const Say& say) {
   h2d.join();
   d2h.join();
   backend.set_caller_ordered(false);
-  for (Lane& l : lanes) {
-    backend.free(l.dev);
-    if (l.locked) backend.unregister_host(l.host.data());
-  }
   p.copy_share = std::clamp(copying / alone, 1e-3, 1.0);
   say(str("AdamW (host state int8/split) while copies run both ways: ", copying * q.n / 1e6,
           " M params/s, ", p.copy_share, " of its rate alone (", alone * q.n / 1e6, ")"));
@@ -361,9 +369,7 @@ HardwareProfile measure_cuda_profile(const ProfileOptions& o, std::string* log) 
   // PCIe both ways from page-locked host memory, as the executor's buffers are.
   {
     const size_t bytes = 512ull << 20;
-    std::vector<char> host(bytes, 1);
-    const bool locked = backend->register_host(host.data(), bytes);
-    void* dev = backend->alloc(bytes, "profile copy");
+    CopyBuffers b(*backend, bytes);
     auto best_rate = [&](auto&& copy) {
       double best = 1e30;
       for (int r = 0; r < 5; ++r) {
@@ -373,12 +379,10 @@ HardwareProfile measure_cuda_profile(const ProfileOptions& o, std::string* log) 
       }
       return bytes / best;
     };
-    p.h2d_Bps = best_rate([&] { backend->copy_to_device(dev, host.data(), bytes); });
-    p.d2h_Bps = best_rate([&] { backend->copy_to_host(host.data(), dev, bytes); });
-    backend->free(dev);
-    if (locked) backend->unregister_host(host.data());
+    p.h2d_Bps = best_rate([&] { b.to_device(); });
+    p.d2h_Bps = best_rate([&] { b.to_host(); });
     say(str("host->device ", p.h2d_Bps / 1e9, " GB/s, device->host ", p.d2h_Bps / 1e9, " GB/s (",
-            locked ? "page-locked" : "pageable: cudaHostRegister refused", ", 512 MiB copies)"));
+            b.locked ? "page-locked" : "pageable: cudaHostRegister refused", ", 512 MiB copies)"));
   }
   measure_host_side(o, p, say);
   OptimizerProbe probe;
