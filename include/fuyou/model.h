@@ -251,6 +251,9 @@ class Transformer {
                              const int32_t* positions);
   void backward_layers();
   const void* last_layer_output() const;
+  // The head over lnf_, chunk by chunk: logits and losses, and with dg (training) the loss's
+  // gradient in the same pass and the chunk's backward GEMM into dg; returns the mean loss.
+  float head_loss(const GlobalTensors& g, const GlobalTensors* dg, float loss_scale);
   // The head's pieces: the mean of the losses once they are on the host, the backward GEMM of
   // rows [r0, r0 + rows), and the final norm's backward into dx.
   float mean_loss();

@@ -592,7 +592,7 @@ void Transformer::copy_logits(void* dst) const {
 float Transformer::head_forward(const GlobalTensors& g, const void* x, bool with_loss) {
   // The head's GEMMs run over the padded vocabulary Vp (aligned rows and tiles for the GPU's
   // GEMMs); its padding rows are zero, so their logits are 0 and the loss skips them.
-  const int N = N_, C = cfg_.d_model, V = cfg_.vocab_size, Vp = padded_vocab(cfg_);
+  const int N = N_, C = cfg_.d_model, Vp = padded_vocab(cfg_);
   mark(StepPhase::kForward, OpClass::kNorm);
   norm_forward(lnf_, lnf_mean_, lnf_rstd_, x, g.lnf_w, g.lnf_b);
   mark(StepPhase::kForward, OpClass::kHeadGemm);
@@ -601,12 +601,23 @@ float Transformer::head_forward(const GlobalTensors& g, const void* x, bool with
     be_.matmul_forward(logits_, lnf_, g.lm_head, nullptr, N, C, Vp);
     return 0.0f;
   }
+  return head_loss(g, nullptr, 0.0f);
+}
+
+float Transformer::head_loss(const GlobalTensors& g, const GlobalTensors* dg, float loss_scale) {
+  const int N = N_, C = cfg_.d_model, V = cfg_.vocab_size, Vp = padded_vocab(cfg_);
   for (int r0 = 0; r0 < N; r0 += head_rows_) {
     const int rows = std::min(head_rows_, N - r0);
     mark(StepPhase::kForward, OpClass::kHeadGemm);
     be_.matmul_forward(logits_, rows_at(lnf_, r0, C), g.lm_head, nullptr, rows, C, Vp);
     mark(StepPhase::kForward, OpClass::kLoss);
-    be_.crossentropy_forward(losses_ + r0, lse_ + r0, logits_, targets_ + r0, rows, V, Vp);
+    if (!dg) {
+      be_.crossentropy_forward(losses_ + r0, lse_ + r0, logits_, targets_ + r0, rows, V, Vp);
+      continue;
+    }
+    be_.crossentropy_forward_backward(losses_ + r0, lse_ + r0, logits_, targets_ + r0, loss_scale,
+                                      rows, V, Vp);
+    head_gemm_backward(g, *dg, r0, rows);
   }
   return mean_loss();
 }
@@ -643,19 +654,9 @@ void Transformer::head_backward(const GlobalTensors& g, const GlobalTensors& dg,
 
 float Transformer::head_train(const GlobalTensors& g, const GlobalTensors& dg, const void* x,
                               float loss_scale, void* dx) {
-  const int N = N_, C = cfg_.d_model, V = cfg_.vocab_size, Vp = padded_vocab(cfg_);
   mark(StepPhase::kForward, OpClass::kNorm);
   norm_forward(lnf_, lnf_mean_, lnf_rstd_, x, g.lnf_w, g.lnf_b);
-  for (int r0 = 0; r0 < N; r0 += head_rows_) {
-    const int rows = std::min(head_rows_, N - r0);
-    mark(StepPhase::kForward, OpClass::kHeadGemm);
-    be_.matmul_forward(logits_, rows_at(lnf_, r0, C), g.lm_head, nullptr, rows, C, Vp);
-    mark(StepPhase::kForward, OpClass::kLoss);
-    be_.crossentropy_forward_backward(losses_ + r0, lse_ + r0, logits_, targets_ + r0, loss_scale,
-                                      rows, V, Vp);
-    head_gemm_backward(g, dg, r0, rows);
-  }
-  const float loss = mean_loss();
+  const float loss = head_loss(g, &dg, loss_scale);
   head_norm_backward(g, dg, x, dx);
   return loss;
 }
