@@ -197,6 +197,50 @@ TEST_CASE("cross-entropy forward and backward in one pass: the two kernels' bits
   CHECK(a == b);
 }
 
+TEST_CASE("residual add and norm in one pass: the two kernels' bits", "[kernels]") {
+  // Sums that round in 16-bit storage, each norm, and res written in place over a (as the
+  // layer does) or to a buffer of its own: the fused kernel's sum, output and statistics
+  // equal add then the norm's.
+  const std::string tensors = GENERATE("fp32", "bf16", "fp16");
+  const bool rms = GENERATE(false, true);
+  const bool in_place = GENERATE(false, true);
+  INFO("device_tensors " << tensors << (rms ? ", rmsnorm" : ", layernorm")
+                         << (in_place ? ", res over a" : ""));
+  auto be = make_cpu_backend(2, 0);
+  RuntimeConfig rt;
+  rt.device_tensors = tensors;
+  rt.precision = tensors == "fp16" ? "fp16" : "auto";
+  apply_precision(*be, rt);
+  const int N = 5, C = 24;
+  const std::vector<char> a = stored_as(randn(N * C, 41, 3.0f), tensors),
+                          b = stored_as(randn(N * C, 42, 0.7f), tensors),
+                          w = stored_as(randn(C, 43, 1.0f), tensors),
+                          bias = stored_as(randn(C, 44, 0.5f), tensors);
+  const size_t es = be->storage_bytes();
+  std::vector<char> res1(N * C * es), out1(N * C * es), a2 = a, res2(N * C * es),
+                                                        out2(N * C * es, 7);
+  std::vector<float> mean1(N), rstd1(N), mean2(N, -1.0f), rstd2(N, -1.0f);
+  be->add(res1.data(), a.data(), b.data(), N * C);
+  if (rms)
+    be->rmsnorm_forward(out1.data(), rstd1.data(), res1.data(), w.data(), 1e-5f, N, C);
+  else
+    be->layernorm_forward(out1.data(), mean1.data(), rstd1.data(), res1.data(), w.data(),
+                          bias.data(), N, C);
+  void* res = in_place ? a2.data() : res2.data();
+  if (rms) {
+    be->residual_rmsnorm_forward(res, out2.data(), rstd2.data(), a2.data(), b.data(), w.data(),
+                                 1e-5f, N, C);
+    mean2 = mean1;  // RMSNorm keeps no mean
+  } else {
+    be->residual_layernorm_forward(res, out2.data(), mean2.data(), rstd2.data(), a2.data(),
+                                   b.data(), w.data(), bias.data(), N, C);
+  }
+  CHECK(std::memcmp(res, res1.data(), res1.size()) == 0);
+  CHECK(out1 == out2);
+  CHECK(std::memcmp(mean1.data(), mean2.data(), sizeof(float) * N) == 0);
+  CHECK(std::memcmp(rstd1.data(), rstd2.data(), sizeof(float) * N) == 0);
+}
+
 TEST_CASE("forward_backward is forward then backward, bit for bit, chunked head or not",
           "[kernels]") {
   // Training's pass (the loss's gradient in the forward's pass over the logits, no chunk's

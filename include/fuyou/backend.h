@@ -119,6 +119,11 @@ struct MemoryStats {
 // gelu_forward: GELU, tanh approximation. gelu_backward: din = dout * gelu'(in); din may
 //   alias dout.
 // add: out = a + b (out may alias a or b).
+// residual_layernorm_forward: the residual add and the LayerNorm after it in one pass over
+//   each row: res(N,C) = a + b (res may alias a or b), then out, mean and rstd as
+//   layernorm_forward(out, mean, rstd, res, w, bias), which reads the sum as stored (rounded
+//   to the storage type): the same bits as add then layernorm_forward. The backward needs no
+//   fused kernel: layernorm_backward already adds into the residual stream's gradient.
 // crossentropy_forward / _backward: mean cross-entropy support. Forward: losses(N) =
 //   logsumexp(logits[n]) - logits[n][target], and lse(N) saved. Backward: logits(N,V) is
 //   overwritten with (softmax(logits) - onehot(target)) * scale, the gradient of
@@ -141,6 +146,8 @@ struct MemoryStats {
 // rmsnorm_forward: out(N,C) = in * rstd * w, with rstd(N) = 1 / sqrt(mean over C of in^2 +
 //   eps) saved for the backward (statistics accumulated in math::StatAcc, as layernorm).
 //   rmsnorm_backward: din(N,C) += ... (accumulates, like layernorm_backward); dw(C) += ...
+// residual_rmsnorm_forward: res = a + b, then rmsnorm_forward(out, rstd, res, w, eps), in one
+//   pass over each row, with the bits of the two kernels (as residual_layernorm_forward).
 // rope_forward: rotary position embeddings (Llama's rotate-half form), in place on the q and k
 //   heads of qkvc(B,T,(Hq+2Hkv)D); v is untouched. Row n has position pos[n] (n % T when pos
 //   is null; see attention_forward for pos); within each head the pair (i, i + D/2), i < D/2,
@@ -172,6 +179,9 @@ struct MemoryStats {
   X(gelu_forward, (void* out, const void* in, size_t n), (out, in, n))                           \
   X(gelu_backward, (void* din, const void* in, const void* dout, size_t n), (din, in, dout, n))  \
   X(add, (void* out, const void* a, const void* b, size_t n), (out, a, b, n))                    \
+  X(residual_layernorm_forward, (void* res, void* out, float* mean, float* rstd, const void* a,  \
+                                 const void* b, const void* w, const void* bias, int N, int C),  \
+    (res, out, mean, rstd, a, b, w, bias, N, C))                                                 \
   X(crossentropy_forward, (float* losses, float* lse, const void* logits,                        \
                            const int32_t* targets, int N, int V, int ld),                        \
     (losses, lse, logits, targets, N, V, ld))                                                    \
@@ -187,6 +197,9 @@ struct MemoryStats {
   X(rmsnorm_backward, (void* din, void* dw, const void* dout, const void* in, const void* w,     \
                        const float* rstd, int N, int C),                                         \
     (din, dw, dout, in, w, rstd, N, C))                                                          \
+  X(residual_rmsnorm_forward, (void* res, void* out, float* rstd, const void* a, const void* b,  \
+                               const void* w, float eps, int N, int C),                          \
+    (res, out, rstd, a, b, w, eps, N, C))                                                        \
   X(rope_forward, (void* qkvc, int B, int T, int Hq, int Hkv, int D, float theta,                \
                    const int32_t* pos),                                                          \
     (qkvc, B, T, Hq, Hkv, D, theta, pos))                                                        \

@@ -79,6 +79,9 @@ class GptDecoder {
   void run_chunk(const int32_t* tokens, int n);
   void run_layer(const LayerTensors& w, int l, int n);
   void norm(void* out, const void* in, const void* w, const void* b, int n);
+  // res = a + b, then out = the norm of res (one fused kernel).
+  void residual_norm(void* res, void* out, const void* a, const void* b, const void* w,
+                     const void* bias, int n);
   void load_layer(int l);  // streaming: layer l's weights into slot_[l % 2]
 
   ModelConfig cfg_;

@@ -104,6 +104,16 @@ void CpuBackend::layernorm_forward(void* out, float* mean, float* rstd, const vo
   k_.layernorm_forward(s.out(out, NC), mean, rstd, s.in(in, NC), s.in(w, C), s.in(b, C), N, C);
 }
 
+// a and b are widened before res (which may alias either) is written back.
+void CpuBackend::residual_layernorm_forward(void* res, void* out, float* mean, float* rstd,
+                                            const void* a, const void* b, const void* w,
+                                            const void* bias, int N, int C) {
+  const size_t NC = static_cast<size_t>(N) * C;
+  Stage s(storage_);
+  k_.residual_layernorm_forward(s.out(res, NC), s.out(out, NC), mean, rstd, s.in(a, NC),
+                                s.in(b, NC), s.in(w, C), s.in(bias, C), N, C, storage_);
+}
+
 void CpuBackend::layernorm_backward(void* din, void* dw, void* db, const void* dout, const void* in,
                                     const void* w, const float* mean, const float* rstd, int N,
                                     int C) {
@@ -204,6 +214,14 @@ void CpuBackend::rmsnorm_forward(void* out, float* rstd, const void* in, const v
   const size_t NC = static_cast<size_t>(N) * C;
   Stage s(storage_);
   k_.rmsnorm_forward(s.out(out, NC), rstd, s.in(in, NC), s.in(w, C), eps, N, C);
+}
+
+void CpuBackend::residual_rmsnorm_forward(void* res, void* out, float* rstd, const void* a,
+                                          const void* b, const void* w, float eps, int N, int C) {
+  const size_t NC = static_cast<size_t>(N) * C;
+  Stage s(storage_);
+  k_.residual_rmsnorm_forward(s.out(res, NC), s.out(out, NC), rstd, s.in(a, NC), s.in(b, NC),
+                              s.in(w, C), eps, N, C, storage_);
 }
 
 void CpuBackend::rmsnorm_backward(void* din, void* dw, const void* dout, const void* in,

@@ -11,6 +11,10 @@
 
 namespace fuyou::cpu {
 
+// res(C) = a + b rounded to `stored` and widened back (fp32: the plain sum); res may alias a
+// or b. The residual half of the fused residual + norm kernels.
+void residual_row(float* res, const float* a, const float* b, int C, ElemType stored);
+
 class CpuKernels {
  public:
   explicit CpuKernels(int threads) : threads_(threads) {}
@@ -23,6 +27,10 @@ class CpuKernels {
                           int T, int C);
   void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* w,
                          const float* b, int N, int C);
+  // res holds the sum as `stored` rounds it (residual_row), which the norm then reads.
+  void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
+                                  const float* b, const float* w, const float* bias, int N, int C,
+                                  ElemType stored);
   void layernorm_backward(float* din, float* dw, float* db, const float* dout, const float* in,
                           const float* w, const float* mean, const float* rstd, int N, int C);
   void matmul_forward(float* out, const float* in, const float* w, const float* bias, int N, int IC,
@@ -48,6 +56,8 @@ class CpuKernels {
                        int C);
   void rmsnorm_backward(float* din, float* dw, const float* dout, const float* in, const float* w,
                         const float* rstd, int N, int C);
+  void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b,
+                                const float* w, float eps, int N, int C, ElemType stored);
   void rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta,
                     const int32_t* pos);
   void rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta,

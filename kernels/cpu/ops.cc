@@ -59,6 +59,28 @@ FY_CLONES void layernorm_row(float* o, float* mean, float* rstd, const float* x,
   *rstd = r;
 }
 
+}  // namespace
+
+// res = a + b as the storage type holds it: the value a kernel that stores the sum and reads
+// it back sees (the fused residual + norm kernels normalise that value, as the two kernels
+// one after the other do). res may alias a or b.
+FY_CLONES void residual_row(float* res, const float* a, const float* b, int C, ElemType stored) {
+  switch (stored) {
+    case ElemType::kF32:
+#pragma omp simd
+      for (int c = 0; c < C; ++c) res[c] = a[c] + b[c];
+      return;
+    case ElemType::kBF16:
+      for (int c = 0; c < C; ++c) res[c] = math::bf16_to_float(math::float_to_bf16(a[c] + b[c]));
+      return;
+    case ElemType::kF16:
+      for (int c = 0; c < C; ++c) res[c] = math::fp16_to_float(math::float_to_fp16(a[c] + b[c]));
+      return;
+  }
+}
+
+namespace {
+
 // dL/dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w, added to dx; the
 // row's dw and db terms are added to the thread's partial sums.
 FY_CLONES void layernorm_row_backward(float* dx, float* dw_acc, float* db_acc, const float* dy,
@@ -136,6 +158,17 @@ void CpuKernels::layernorm_forward(float* out, float* mean, float* rstd, const f
   for (int n = 0; n < N; ++n)
     layernorm_row(out + static_cast<size_t>(n) * C, mean + n, rstd + n,
                   in + static_cast<size_t>(n) * C, w, b, C);
+}
+
+void CpuKernels::residual_layernorm_forward(float* res, float* out, float* mean, float* rstd,
+                                            const float* a, const float* b, const float* w,
+                                            const float* bias, int N, int C, ElemType stored) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const size_t row = static_cast<size_t>(n) * C;
+    residual_row(res + row, a + row, b + row, C, stored);
+    layernorm_row(out + row, mean + n, rstd + n, res + row, w, bias, C);
+  }
 }
 
 void CpuKernels::layernorm_backward(float* din, float* dw, float* db, const float* dout,

@@ -12,17 +12,35 @@
 
 namespace fuyou::cpu {
 
+namespace {
+
+void rmsnorm_row(float* o, float* rstd, const float* x, const float* w, float eps, int C) {
+  math::StatAcc ss = 0;
+  for (int c = 0; c < C; ++c) ss += static_cast<math::StatAcc>(x[c]) * x[c];
+  float r = static_cast<float>(1.0 / std::sqrt(ss / C + eps));
+  for (int c = 0; c < C; ++c) o[c] = math::rmsnorm_apply(x[c], r, w[c]);
+  *rstd = r;
+}
+
+}  // namespace
+
 void CpuKernels::rmsnorm_forward(float* out, float* rstd, const float* in, const float* w,
                                  float eps, int N, int C) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
-    const float* x = in + static_cast<size_t>(n) * C;
-    math::StatAcc ss = 0;
-    for (int c = 0; c < C; ++c) ss += static_cast<math::StatAcc>(x[c]) * x[c];
-    float r = static_cast<float>(1.0 / std::sqrt(ss / C + eps));
-    float* o = out + static_cast<size_t>(n) * C;
-    for (int c = 0; c < C; ++c) o[c] = math::rmsnorm_apply(x[c], r, w[c]);
-    rstd[n] = r;
+    const size_t row = static_cast<size_t>(n) * C;
+    rmsnorm_row(out + row, rstd + n, in + row, w, eps, C);
+  }
+}
+
+void CpuKernels::residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a,
+                                          const float* b, const float* w, float eps, int N, int C,
+                                          ElemType stored) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const size_t row = static_cast<size_t>(n) * C;
+    residual_row(res + row, a + row, b + row, C, stored);
+    rmsnorm_row(out + row, rstd + n, res + row, w, eps, C);
   }
 }
 

@@ -101,10 +101,11 @@ __global__ void embedding_backward_wpe_k(T* dwpe, const T* dout, int B, int T_, 
 constexpr unsigned kEmbedSlices = 512;
 
 // One block per row n. Statistics in math::StatAcc (double) as on the CPU, two passes over
-// the row (mean, then squared deviations) so the result matches the CPU's formula.
+// the row (mean, then squared deviations) so the result matches the CPU's formula. Thread i
+// reads the columns i, i + blockDim.x, ... in every pass.
 template <typename T>
-__global__ void layernorm_forward_k(T* out, float* mean, float* rstd, const T* in, const T* w,
-                                    const T* b, int C) {
+__device__ void layernorm_row(T* out, float* mean, float* rstd, const T* in, const T* w, const T* b,
+                              int C) {
   const size_t n = blockIdx.x;
   const T* x = in + n * C;
   math::StatAcc s = 0;
@@ -125,6 +126,24 @@ __global__ void layernorm_forward_k(T* out, float* mean, float* rstd, const T* i
     mean[n] = m;
     rstd[n] = r;
   }
+}
+
+template <typename T>
+__global__ void layernorm_forward_k(T* out, float* mean, float* rstd, const T* in, const T* w,
+                                    const T* b, int C) {
+  layernorm_row(out, mean, rstd, in, w, b, C);
+}
+
+// The residual add, then the row's LayerNorm of the stored sum: thread i stores the columns
+// i, i + blockDim.x, ... of res and then reads only those back (layernorm_row's stride), so
+// no barrier is needed between the two, and res may alias a or b.
+template <typename T>
+__global__ void residual_layernorm_forward_k(T* res, T* out, float* mean, float* rstd, const T* a,
+                                             const T* b, const T* w, const T* bias, int C) {
+  const size_t row = size_t(blockIdx.x) * C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x)
+    res[row + c] = st<T>(ld(a[row + c]) + ld(b[row + c]));
+  layernorm_row(out, mean, rstd, res, w, bias, C);
 }
 
 // One block per row: din += rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w.
@@ -373,6 +392,17 @@ void CudaBackend::layernorm_forward(void* out, float* mean, float* rstd, const v
   FY_TYPED(E, {
     FY_LAUNCH(layernorm_forward_k<E>, N, kRowThreads, static_cast<E*>(out), mean, rstd,
               static_cast<const E*>(in), static_cast<const E*>(w), static_cast<const E*>(b), C);
+  });
+}
+
+void CudaBackend::residual_layernorm_forward(void* res, void* out, float* mean, float* rstd,
+                                             const void* a, const void* b, const void* w,
+                                             const void* bias, int N, int C) {
+  if (!N) return;
+  FY_TYPED(E, {
+    FY_LAUNCH(residual_layernorm_forward_k<E>, N, kRowThreads, static_cast<E*>(res),
+              static_cast<E*>(out), mean, rstd, static_cast<const E*>(a), static_cast<const E*>(b),
+              static_cast<const E*>(w), static_cast<const E*>(bias), C);
   });
 }
 

@@ -11,9 +11,10 @@
 namespace fuyou::cuda {
 namespace {
 
-// One block per row: sum of squares in math::StatAcc, as on the CPU.
+// One block per row: sum of squares in math::StatAcc, as on the CPU. Thread i reads the
+// columns i, i + blockDim.x, ...
 template <typename T>
-__global__ void rmsnorm_forward_k(T* out, float* rstd, const T* in, const T* w, float eps, int C) {
+__device__ void rmsnorm_row(T* out, float* rstd, const T* in, const T* w, float eps, int C) {
   const size_t n = blockIdx.x;
   const T* x = in + n * C;
   math::StatAcc ss = 0;
@@ -27,6 +28,22 @@ __global__ void rmsnorm_forward_k(T* out, float* rstd, const T* in, const T* w, 
   for (int c = threadIdx.x; c < C; c += blockDim.x)
     o[c] = st<T>(math::rmsnorm_apply(ld(x[c]), r, ld(w[c])));
   if (threadIdx.x == 0) rstd[n] = r;
+}
+
+template <typename T>
+__global__ void rmsnorm_forward_k(T* out, float* rstd, const T* in, const T* w, float eps, int C) {
+  rmsnorm_row(out, rstd, in, w, eps, C);
+}
+
+// The residual add, then the row's RMSNorm of the stored sum; as residual_layernorm_forward_k
+// (ops.cu), each thread reads back only the columns it stored.
+template <typename T>
+__global__ void residual_rmsnorm_forward_k(T* res, T* out, float* rstd, const T* a, const T* b,
+                                           const T* w, float eps, int C) {
+  const size_t row = size_t(blockIdx.x) * C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x)
+    res[row + c] = st<T>(ld(a[row + c]) + ld(b[row + c]));
+  rmsnorm_row(out, rstd, res, w, eps, C);
 }
 
 // One block per row: din += rstd * (g - xhat * mean(g * xhat)), g = dy * w, xhat = x * rstd.
@@ -164,6 +181,14 @@ void CudaBackend::rmsnorm_forward(void* out, float* rstd, const void* in, const 
   if (!N) return;
   FY_TYPED(E, FY_LAUNCH(rmsnorm_forward_k<E>, N, kRowThreads, static_cast<E*>(out), rstd,
                         static_cast<const E*>(in), static_cast<const E*>(w), eps, C));
+}
+
+void CudaBackend::residual_rmsnorm_forward(void* res, void* out, float* rstd, const void* a,
+                                           const void* b, const void* w, float eps, int N, int C) {
+  if (!N) return;
+  FY_TYPED(E, FY_LAUNCH(residual_rmsnorm_forward_k<E>, N, kRowThreads, static_cast<E*>(res),
+                        static_cast<E*>(out), rstd, static_cast<const E*>(a),
+                        static_cast<const E*>(b), static_cast<const E*>(w), eps, C));
 }
 
 void CudaBackend::rmsnorm_backward(void* din, void* dw, const void* dout, const void* in,

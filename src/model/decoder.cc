@@ -204,6 +204,14 @@ void GptDecoder::norm(void* out, const void* in, const void* w, const void* b, i
     be_.layernorm_forward(out, mean_, rstd_, in, w, b, n, cfg_.d_model);
 }
 
+void GptDecoder::residual_norm(void* res, void* out, const void* a, const void* b, const void* w,
+                               const void* bias, int n) {
+  if (family_ == Family::kLlama)
+    be_.residual_rmsnorm_forward(res, out, rstd_, a, b, w, cfg_.norm_eps, n, cfg_.d_model);
+  else
+    be_.residual_layernorm_forward(res, out, mean_, rstd_, a, b, w, bias, n, cfg_.d_model);
+}
+
 // One layer's forward of n rows at pos_ .. pos_+n-1 (block_forward's order of operations, with
 // the cache's attention), x_ in and out.
 void GptDecoder::run_layer(const LayerTensors& w, int l, int n) {
@@ -214,8 +222,7 @@ void GptDecoder::run_layer(const LayerTensors& w, int l, int n) {
   if (family_ == Family::kLlama) be_.rope_forward_at(qkvc_, n, pos_, H, Hkv, D, cfg_.rope_theta);
   be_.attention_decode(atty_, k_cache_[l], v_cache_[l], qkvc_, n, pos_, H, Hkv, D);
   be_.matmul_forward(res_, atty_, w.proj_w, w.proj_b, n, C, C);
-  be_.add(res_, res_, x_, static_cast<size_t>(n) * C);
-  norm(ln_, res_, w.ln2_w, w.ln2_b, n);
+  residual_norm(res_, ln_, res_, x_, w.ln2_w, w.ln2_b, n);
   switch (family_) {
     case Family::kGpt2:
       be_.matmul_forward(fch_, ln_, w.fc_w, w.fc_b, n, C, F);

@@ -191,42 +191,97 @@ TEST_CASE("cuda matmul in fp32, bf16 and fp16 matches the CPU's fp32", "[cuda]")
   }
 }
 
-TEST_CASE("cuda causal attention forward and backward match the CPU", "[cuda]") {
+namespace {
+
+// The CUDA backend's attention kernels (storage type t) against the CPU backend's fp32 on the
+// same (widened) inputs: B rows of T, records by `pos` (empty: one record per row), Tmax the
+// longest record.
+void check_attention(int B, int T, int C, int H, const std::vector<int32_t>& pos, int Tmax,
+                     ElemType t, uint64_t seed) {
+  INFO("B " << B << " T " << T << " C " << C << " H " << H << " " << elem_type_name(t));
   Pair p;
-  const int B = 2, T = 19, C = 48, H = 4;
-  auto qkv = random_normal(B * T * 3 * C, 13), dout = random_normal(B * T * C, 14);
-  std::vector<float> out(B * T * C), lse(B * H * T), scratch(2 * T * T), dqkv(qkv.size());
-  p.cpu->attention_forward(out.data(), lse.data(), scratch.data(), qkv.data(), B, T, C, H, nullptr);
+  p.gpu->set_storage_type(t);
+  p.gpu->set_attention_impl(AttentionImpl::kKernels);
+  auto stored = [&](std::vector<float> v) {  // as the device stores them, widened back
+    if (t == ElemType::kF32) return v;
+    std::vector<uint16_t> h(v.size());
+    round_to(t, h.data(), v.data(), v.size());
+    widen_from(t, v.data(), h.data(), v.size());
+    return v;
+  };
+  const auto qkv = stored(random_normal(size_t(B) * T * 3 * C, seed)),
+             dout = stored(random_normal(size_t(B) * T * C, seed + 1));
+  const int32_t* cpos = pos.empty() ? nullptr : pos.data();
+  std::vector<float> out(size_t(B) * T * C), lse(size_t(B) * H * T), scratch(2 * size_t(T) * T),
+      dqkv(qkv.size());
+  p.cpu->attention_forward(out.data(), lse.data(), scratch.data(), qkv.data(), B, T, C, H, cpos);
   p.cpu->attention_backward(dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(),
-                            lse.data(), B, T, C, H, nullptr);
-  DeviceVec<float> gqkv(*p.gpu, qkv), gdout(*p.gpu, dout), gout(*p.gpu, out.size()),
-      glse(*p.gpu, lse.size()), gscratch(*p.gpu, scratch.size()), gdqkv(*p.gpu, qkv.size());
-  p.gpu->attention_forward(gout.get(), glse.get(), gscratch.get(), gqkv.get(), B, T, C, H, nullptr);
+                            lse.data(), B, T, C, H, cpos);
+  // The device's tensors in its storage type, and its results widened.
+  const size_t es = elem_type_size(t);
+  auto to_device = [&](const std::vector<float>& v) {
+    std::vector<char> h(v.size() * es);
+    round_to(t, h.data(), v.data(), v.size());
+    return h;
+  };
+  auto from_device = [&](const std::vector<char>& h) {
+    std::vector<float> v(h.size() / es);
+    widen_from(t, v.data(), h.data(), v.size());
+    return v;
+  };
+  DeviceVec<char> gqkv(*p.gpu, to_device(qkv)), gdout(*p.gpu, to_device(dout)),
+      gout(*p.gpu, out.size() * es), gdqkv(*p.gpu, qkv.size() * es);
+  DeviceVec<float> glse(*p.gpu, lse.size()), gscratch(*p.gpu, scratch.size());
+  std::unique_ptr<DeviceVec<int32_t>> gpos;
+  if (cpos) gpos = std::make_unique<DeviceVec<int32_t>>(*p.gpu, pos);
+  const int32_t* dpos = gpos ? gpos->get() : nullptr;
+  p.gpu->attention_forward(gout.get(), glse.get(), gscratch.get(), gqkv.get(), B, T, C, H, dpos);
   p.gpu->attention_backward(gdqkv.get(), gscratch.get(), gdout.get(), gout.get(), gqkv.get(),
-                            glse.get(), B, T, C, H, nullptr);
+                            glse.get(), B, T, C, H, dpos);
   const int hd = C / H;
   // Scores: sums of hd products (|q||k| <= hd max|qkv|^2 / sqrt(hd)), then exp (relative
-  // error about (score error + a few u)), a sum of up to T terms and a division.
+  // error about (score error + a few u)), a sum of up to Tmax terms and a division.
   const double score_err =
       2 * (hd + 1) * kU * hd * max_abs(qkv) * max_abs(qkv) / std::sqrt(double(hd));
-  const double p_rel = score_err + (2 * T + 8) * kU;
+  const double p_rel = score_err + (2 * Tmax + 8) * kU;
+  // 16-bit outputs add their one rounding: half a unit of the type's precision of the largest
+  // value (out: |P V| <= max|v|; dqkv: the gradients' largest).
+  const double u16 = t == ElemType::kBF16  ? std::ldexp(1.0, -8)
+                     : t == ElemType::kF16 ? std::ldexp(1.0, -11)
+                                           : 0.0;
   // The log-sum-exp: the largest score's error plus log's of the sum's relative error.
   check_within("attention log-sum-exp", glse.host(), lse, 2 * p_rel);
-  // out = P V: T terms of |P||V| <= max|v| each row (P sums to 1).
-  check_within("attention out", gout.host(), out, (2 * p_rel + 2 * (T + 1) * kU) * max_abs(qkv));
-  // Gradients go through two more GEMMs of length hd or T; the bound grows by the same
-  // per-step terms on values of size |dout| |qkv|^2 T.
-  const double scale = max_abs(dout) * max_abs(qkv) * max_abs(qkv) * T;
-  check_within("attention dqkv", gdqkv.host(), dqkv, 4 * (p_rel + 2 * (T + hd + 2) * kU) * scale);
+  // out = P V: Tmax terms of |P||V| <= max|v| each row (P sums to 1).
+  check_within("attention out", from_device(gout.host()), out,
+               (2 * p_rel + 2 * (Tmax + 1) * kU + u16) * max_abs(qkv));
+  // Gradients go through two more GEMMs of length hd or Tmax; the bound grows by the same
+  // per-step terms on values of size |dout| |qkv|^2 Tmax.
+  const double scale = max_abs(dout) * max_abs(qkv) * max_abs(qkv) * Tmax;
+  check_within("attention dqkv", from_device(gdqkv.host()), dqkv,
+               4 * (p_rel + 2 * (Tmax + hd + 2) * kU) * scale + u16 * max_abs(dqkv));
+}
+
+}  // namespace
+
+TEST_CASE("cuda causal attention forward and backward match the CPU", "[cuda]") {
+  check_attention(2, 19, 48, 4, {}, 19, ElemType::kF32, 13);
+}
+
+TEST_CASE("cuda attention in batched chunks of heads matches the CPU, fp32 and bf16", "[cuda]") {
+  // T 1024 with 20 heads: more (T, T) blocks than the batched calls' 64 MiB of scratch, so the
+  // heads go in chunks (fp32: 16 + 4 forward, 8 + 8 + 4 backward), the last one short; bf16
+  // widens each chunk's q, k, v.
+  for (ElemType t : {ElemType::kF32, ElemType::kBF16})
+    check_attention(1, 1024, 160, 20, {}, 1024, t, 61);
 }
 
 TEST_CASE("cuda packed-record attention (document-masked) matches the CPU, and rope by position",
           "[cuda][records]") {
   // Two rows of T = 70 holding records of several lengths (one of a single token) and padding:
   // each query attends its own record only (Backend::attention_forward's pos). The same bounds
-  // as the unpacked case above, with T the longest record.
+  // as the unpacked case, with T the longest record.
   Pair p;
-  const int B = 2, T = 70, C = 48, H = 4, Tmax = 45;
+  const int B = 2, T = 70, Tmax = 45;
   const std::vector<std::vector<int>> rows = {{12, 1, 45, 12}, {30, 25}};
   std::vector<int32_t> pos;
   for (const auto& r : rows) {
@@ -235,29 +290,9 @@ TEST_CASE("cuda packed-record attention (document-masked) matches the CPU, and r
     for (int i = 0; static_cast<int>(pos.size()) % T != 0; ++i) pos.push_back(i);
   }
   REQUIRE(pos.size() == static_cast<size_t>(B) * T);
-  auto qkv = random_normal(B * T * 3 * C, 23), dout = random_normal(B * T * C, 24);
-  std::vector<float> out(B * T * C), lse(B * H * T), scratch(2 * T * T), dqkv(qkv.size());
-  p.cpu->attention_forward(out.data(), lse.data(), scratch.data(), qkv.data(), B, T, C, H,
-                           pos.data());
-  p.cpu->attention_backward(dqkv.data(), scratch.data(), dout.data(), out.data(), qkv.data(),
-                            lse.data(), B, T, C, H, pos.data());
-  DeviceVec<float> gqkv(*p.gpu, qkv), gdout(*p.gpu, dout), gout(*p.gpu, out.size()),
-      glse(*p.gpu, lse.size()), gscratch(*p.gpu, scratch.size()), gdqkv(*p.gpu, qkv.size());
+  check_attention(B, T, 48, 4, pos, Tmax, ElemType::kF32, 23);
+  check_attention(B, T, 48, 4, pos, Tmax, ElemType::kBF16, 23);
   DeviceVec<int32_t> gpos(*p.gpu, pos);
-  p.gpu->attention_forward(gout.get(), glse.get(), gscratch.get(), gqkv.get(), B, T, C, H,
-                           gpos.get());
-  p.gpu->attention_backward(gdqkv.get(), gscratch.get(), gdout.get(), gout.get(), gqkv.get(),
-                            glse.get(), B, T, C, H, gpos.get());
-  const int hd = C / H;
-  const double score_err =
-      2 * (hd + 1) * kU * hd * max_abs(qkv) * max_abs(qkv) / std::sqrt(double(hd));
-  const double p_rel = score_err + (2 * Tmax + 8) * kU;
-  check_within("packed attention log-sum-exp", glse.host(), lse, 2 * p_rel);
-  check_within("packed attention out", gout.host(), out,
-               (2 * p_rel + 2 * (Tmax + 1) * kU) * max_abs(qkv));
-  const double scale = max_abs(dout) * max_abs(qkv) * max_abs(qkv) * Tmax;
-  check_within("packed attention dqkv", gdqkv.host(), dqkv,
-               4 * (p_rel + 2 * (Tmax + hd + 2) * kU) * scale);
   // Rotary phases by position: the bound of the rope test below.
   const int Hq = 4, Hkv = 2, D = 8;
   auto x = random_normal(B * T * (Hq + 2 * Hkv) * D, 25);
@@ -387,6 +422,58 @@ TEST_CASE("cuda cross-entropy in one pass equals its forward then backward", "[c
   CHECK(la.host() == lb.host());
   CHECK(za.host() == zb.host());
   CHECK(a.host() == b.host());
+}
+
+namespace {
+
+// The fused residual + norm on the device against add then the norm on the device, with
+// tensors of type T stored as storage type t; res over a (the layer's use) or apart.
+template <typename T>
+void check_residual_norm(ElemType t, bool rms, bool in_place) {
+  INFO(elem_type_name(t) << (rms ? " rmsnorm" : " layernorm") << (in_place ? " in place" : ""));
+  Pair p;
+  p.gpu->set_storage_type(t);
+  const int N = 37, C = 300;  // C not a multiple of the block size
+  auto stored = [&](const std::vector<float>& v) {
+    std::vector<T> out(v.size());
+    if constexpr (sizeof(T) == 4)
+      out = v;
+    else
+      round_to(t, out.data(), v.data(), v.size());
+    return out;
+  };
+  const std::vector<T> a = stored(random_normal(N * C, 51, 3.0f)),
+                       b = stored(random_normal(N * C, 52, 0.7f)), w = stored(random_normal(C, 53)),
+                       bias = stored(random_normal(C, 54));
+  DeviceVec<T> ga(*p.gpu, a), ga2(*p.gpu, a), gb(*p.gpu, b), gw(*p.gpu, w), gbias(*p.gpu, bias),
+      res1(*p.gpu, N * C), res2(*p.gpu, N * C), out1(*p.gpu, N * C), out2(*p.gpu, N * C);
+  DeviceVec<float> m1(*p.gpu, N), r1(*p.gpu, N), m2(*p.gpu, N), r2(*p.gpu, N);
+  p.gpu->add(res1.get(), ga.get(), gb.get(), size_t(N) * C);
+  T* res = in_place ? ga2.get() : res2.get();
+  if (rms) {
+    p.gpu->rmsnorm_forward(out1.get(), r1.get(), res1.get(), gw.get(), 1e-6f, N, C);
+    p.gpu->residual_rmsnorm_forward(res, out2.get(), r2.get(), ga2.get(), gb.get(), gw.get(), 1e-6f,
+                                    N, C);
+  } else {
+    p.gpu->layernorm_forward(out1.get(), m1.get(), r1.get(), res1.get(), gw.get(), gbias.get(), N,
+                             C);
+    p.gpu->residual_layernorm_forward(res, out2.get(), m2.get(), r2.get(), ga2.get(), gb.get(),
+                                      gw.get(), gbias.get(), N, C);
+    CHECK(m1.host() == m2.host());
+  }
+  CHECK((in_place ? ga2.host() : res2.host()) == res1.host());
+  CHECK(out1.host() == out2.host());
+  CHECK(r1.host() == r2.host());
+}
+
+}  // namespace
+
+TEST_CASE("cuda residual add and norm in one pass equal add then the norm", "[cuda]") {
+  for (bool rms : {false, true})
+    for (bool in_place : {false, true}) {
+      check_residual_norm<float>(ElemType::kF32, rms, in_place);
+      check_residual_norm<uint16_t>(ElemType::kBF16, rms, in_place);
+    }
 }
 
 TEST_CASE("cuda cross-entropy forward and backward match the CPU", "[cuda]") {
