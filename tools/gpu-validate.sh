@@ -334,7 +334,8 @@ run_perf() {
   step profile 200 "$bin/fuyou-bench" profile --backend cuda --dir "$work/ssd-profile" --io-size 4GiB \
     --out "$out/this-gpu.yaml"
   step bench-gpt2-fp32 120 bench_train "$work/bench-fp32.json" --config "$root/configs/gpt2-124m.yaml" \
-    "${cuda_sets[@]}" --set runtime.precision=fp32 --set schedule.micro_batch=8 --steps 8 --warmup 2
+    "${cuda_sets[@]}" --set runtime.precision=fp32 --set schedule.micro_batch=8 --steps 8 --warmup 2 \
+    --breakdown
   step bench-gpt2-bf16 120 bench_train "$work/bench-bf16.json" --config "$root/configs/gpt2-124m.yaml" \
     "${cuda_sets[@]}" --set runtime.precision=bf16 --set schedule.micro_batch=8 --steps 8 --warmup 2
   step bench-gpt2-bf16-tensors 120 bench_train "$work/bench-bf16-tensors.json" --config "$root/configs/gpt2-124m.yaml" \

@@ -66,6 +66,11 @@ CudaBackend::CudaBackend(int device, uint64_t capacity) : device_(device) {
   // A 16-bit output is rounded once: cuBLAS may otherwise add split-K partial sums in bf16 /
   // fp16 (the weight-gradient GEMMs have K = B T, where it splits).
   FY_CUBLAS(cublasSetMathMode(blas_, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+  // An explicit workspace of the size cuBLAS recommends for Hopper on every device (its
+  // default pool is 4 MiB before sm_90), so the GEMMs may take the algorithms that need it.
+  // Set after cublasSetStream, which resets it; outside the arena, within kDeviceReserve.
+  FY_CUDA(cudaMalloc(&blas_workspace_, kBlasWorkspace));
+  FY_CUBLAS(cublasSetWorkspace(blas_, blas_workspace_, kBlasWorkspace));
 }
 
 CudaBackend::~CudaBackend() {
@@ -81,6 +86,7 @@ CudaBackend::~CudaBackend() {
     if (s) cudaStreamDestroy(s);
   for (cudaEvent_t e : timing_events_) cudaEventDestroy(e);
   cudaFree(scratch_);
+  cudaFree(blas_workspace_);
   cudaFree(squares_buf_);
   cudaFree(base_);
 }

@@ -110,11 +110,12 @@ class CudaBackend final : public Backend {
  public:
   // Device scratch of at least `bytes`, outside the arena: the partial sums of the reductions
   // (kReduceSlices x the widest reduced row, or 2 x 4 Mi floats for the wide ones), the embedding
-  // gradient's token ranks (8 B T bytes) and 16-bit attention's fp32 copies of one head (7 T
-  // head_size floats). The caller holds `scratch_mu()` from the call until its kernels are queued;
-  // kernels on the compute stream run one at a time, so one buffer serves them all. Growing it
-  // frees the old one, which waits for the whole device (cudaFree): it grows at the first call of
-  // each kind, in the first step.
+  // gradient's token ranks (8 B T bytes) and the unfused attention's batched (T, T) blocks
+  // with, for 16-bit tensors, fp32 copies of a chunk of heads (attention.cu: at most 64 MiB,
+  // or one head's copies, 7 T head_size floats). The caller holds `scratch_mu()` from the call
+  // until its kernels are queued; kernels on the compute stream run one at a time, so one buffer
+  // serves them all. Growing it frees the old one, which waits for the whole device (cudaFree): it
+  // grows at the first call of each kind, in the first step.
   void* scratch(size_t bytes);
   std::mutex& scratch_mu() { return scratch_mu_; }
 
@@ -145,6 +146,8 @@ class CudaBackend final : public Backend {
   std::mutex h2d_mu_, d2h_mu_;    // one copy per direction at a time (event and stream reuse)
   std::atomic<bool> caller_ordered_{false};  // set_caller_ordered
   cublasHandle_t blas_ = nullptr;
+  static constexpr size_t kBlasWorkspace = 32u << 20;  // cublasSetWorkspace's
+  void* blas_workspace_ = nullptr;
   std::mutex blas_mu_;  // a cuBLAS handle must not be used by two threads at once
 
   // Arena: one cudaMalloc, its blocks kept by ArenaBlocks (kernels/common/arena.h), every
