@@ -88,6 +88,28 @@ __global__ void round_block_k(T* dst, const float* src, int cols, int stride, si
   FY_GRID_LOOP(i, total) dst[(i / cols) * size_t(stride) + i % cols] = st<T>(src[i]);
 }
 
+// The q, k and v parts of a chunk of heads in one launch: part p (0 q, 1 k, 2 v) of src, at
+// p C within each row of `stride` elements, widened into dst + p cap as (rows, cols) dense
+// fp32; n = rows cols.
+template <typename T>
+__global__ void widen_qkv_k(float* dst, size_t cap, const T* src, int C, int cols, int stride,
+                            size_t n) {
+  FY_GRID_LOOP(i, 3 * n) {
+    const size_t p = i / n, j = i % n;
+    dst[p * cap + j] = ld(src[p * C + (j / cols) * size_t(stride) + j % cols]);
+  }
+}
+
+// Their gradients back: src + p cap (rows, cols) dense fp32 rounded into part p of dst.
+template <typename T>
+__global__ void round_qkv_k(T* dst, const float* src, size_t cap, int C, int cols, int stride,
+                            size_t n) {
+  FY_GRID_LOOP(i, 3 * n) {
+    const size_t p = i / n, j = i % n;
+    dst[p * C + (j / cols) * size_t(stride) + j % cols] = st<T>(src[p * cap + j]);
+  }
+}
+
 // G heads of one batch row at a time, in fp32. Head i of a chunk reads q, k, v (T, hd) at
 // q + i hd, k + i hd, v + i hd (row stride ld) and writes its output at o + i hd (row stride
 // ldo): one strided-batched GEMM per product for the chunk's heads, one launch per softmax,
@@ -211,10 +233,8 @@ void CudaBackend::attention_forward(void* out_v, float* lse, float* scratch_tt, 
       float *q = dense, *k = q + tg, *v = k + tg, *o = v + tg;
       const size_t n = static_cast<size_t>(T) * w;
       FY_TYPED(E, {
-        const E* src = static_cast<const E*>(qkv_v) + in0;
-        for (int part = 0; part < 3; ++part)
-          FY_LAUNCH(widen_block_k<E>, elt_blocks(n), kEltThreads, q + part * tg, src + part * C, w,
-                    ld, n);
+        FY_LAUNCH(widen_qkv_k<E>, elt_blocks(3 * n), kEltThreads, q, tg,
+                  static_cast<const E*>(qkv_v) + in0, C, w, ld, n);
         heads_forward(*this, {q, k, v, w, g, T, hd, scale, bpos}, o, w, l, s);
         FY_LAUNCH(round_block_k<E>, elt_blocks(n), kEltThreads, static_cast<E*>(out_v) + out0, o, w,
                   C, n);
@@ -263,17 +283,14 @@ void CudaBackend::attention_backward(void* dqkv_v, float* scratch_tt, const void
       float *q = dense, *k = q + tg, *v = k + tg, *dO = v + tg, *dq = dO + tg;
       const size_t n = static_cast<size_t>(T) * w;
       FY_TYPED(E, {
-        const E* src = static_cast<const E*>(qkv_v) + in0;
-        for (int part = 0; part < 3; ++part)
-          FY_LAUNCH(widen_block_k<E>, elt_blocks(n), kEltThreads, q + part * tg, src + part * C, w,
-                    ld, n);
+        FY_LAUNCH(widen_qkv_k<E>, elt_blocks(3 * n), kEltThreads, q, tg,
+                  static_cast<const E*>(qkv_v) + in0, C, w, ld, n);
         FY_LAUNCH(widen_block_k<E>, elt_blocks(n), kEltThreads, dO,
                   static_cast<const E*>(dout_v) + out0, w, C, n);
         heads_backward(*this, {q, k, v, w, g, T, hd, scale, bpos}, dq, dq + tg, dq + 2 * tg, w, dO,
                        w, l, p, dp);
-        for (int part = 0; part < 3; ++part)
-          FY_LAUNCH(round_block_k<E>, elt_blocks(n), kEltThreads,
-                    static_cast<E*>(dqkv_v) + in0 + part * C, dq + part * tg, w, ld, n);
+        FY_LAUNCH(round_qkv_k<E>, elt_blocks(3 * n), kEltThreads, static_cast<E*>(dqkv_v) + in0, dq,
+                  tg, C, w, ld, n);
       });
     }
 }
