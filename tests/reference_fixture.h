@@ -16,6 +16,7 @@
 #include "fuyou/model.h"
 #include "fuyou/safetensors.h"
 #include "fuyou/train.h"
+#include "storage_values.h"
 #include "test_support.h"
 
 namespace fuyou::test {
@@ -90,7 +91,7 @@ inline void check_fixture_training(const SafetensorsReader& f, InMemoryStep& run
 
 // bf16's unit roundoff: 8 significant bits, so one rounding to nearest errs by at most 2^-8
 // relative (half a unit in the last place of a value in [1, 2)).
-inline const double kBf16U = std::ldexp(1.0, -8);
+inline const double kBf16U = unit_roundoff(ElemType::kBF16);
 
 // Against PyTorch's bf16 recipe (tests/reference/make_bf16_fixture.py: bf16 parameters and
 // activations, fp32 accumulation, fp32 loss, fp32 master weights and AdamW, from the fp32

@@ -33,6 +33,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/stage.h"
 #include "reference_fixture.h"
+#include "storage_values.h"
 #include "test_support.h"
 
 using namespace fuyou;
@@ -40,18 +41,12 @@ using namespace fuyou;
 namespace {
 
 using test::kBf16U;  // bf16's unit roundoff, 2^-8 (reference_fixture.h)
+using test::rnd16;
+using test::unit_roundoff;
+using test::wid16;
 
 // The 16-bit type the kernel checks below store (each test case sets it).
 ElemType g_type = ElemType::kBF16;
-uint16_t rnd16(float f) {
-  return g_type == ElemType::kBF16 ? math::float_to_bf16(f) : math::float_to_fp16(f);
-}
-float wid16(uint16_t h) {
-  return g_type == ElemType::kBF16 ? math::bf16_to_float(h) : math::fp16_to_float(h);
-}
-// The unit roundoff of a 16-bit type, 2^-p for p significant bits: 2^-8 for bf16, 2^-11 for
-// fp16.
-double unit16(ElemType t) { return std::ldexp(1.0, t == ElemType::kBF16 ? -8 : -11); }
 
 // One tensor in both storage types: 16-bit values (random) and the same values in fp32.
 struct Pair {
@@ -59,8 +54,8 @@ struct Pair {
   std::vector<float> f;
   Pair(size_t n, Rng& rng, float scale = 1.0f) : h(n), f(n) {
     for (size_t i = 0; i < n; ++i) {
-      h[i] = rnd16(scale * rng.normal());
-      f[i] = wid16(h[i]);
+      h[i] = rnd16(g_type, scale * rng.normal());
+      f[i] = wid16(g_type, h[i]);
     }
   }
 };
@@ -88,11 +83,11 @@ void check_kernel(const char* what, std::vector<Pair*> tensors,
   size_t mismatches = 0;
   for (size_t k = 0; k < tensors.size(); ++k)
     for (size_t i = 0; i < tensors[k]->f.size(); ++i)
-      mismatches += rnd16(tensors[k]->f[i]) != tensors[k]->h[i];
+      mismatches += rnd16(g_type, tensors[k]->f[i]) != tensors[k]->h[i];
   CHECK(mismatches == 0);
   // The next kernel starts from the stored values on both sides.
   for (Pair* t : tensors)
-    for (size_t i = 0; i < t->f.size(); ++i) t->f[i] = wid16(t->h[i]);
+    for (size_t i = 0; i < t->f.size(); ++i) t->f[i] = wid16(g_type, t->h[i]);
 }
 
 }  // namespace
@@ -258,7 +253,8 @@ TEST_CASE("every CPU kernel on 16-bit tensors is the fp32 kernel rounded once", 
     auto within = [&](const std::vector<uint16_t>& got, const std::vector<double>& ref) {
       size_t bad = 0;
       for (size_t i = 0; i < ref.size(); ++i)
-        bad += std::fabs(wid16(got[i]) - ref[i]) > unit16(g_type) * std::fabs(ref[i]) + 1e-6;
+        bad += std::fabs(wid16(g_type, got[i]) - ref[i]) >
+               unit_roundoff(g_type) * std::fabs(ref[i]) + 1e-6;
       return bad;
     };
     CHECK(within(dwte.h, ref_te) == 0);
@@ -269,7 +265,7 @@ TEST_CASE("every CPU kernel on 16-bit tensors is the fp32 kernel rounded once", 
 TEST_CASE("a model with 16-bit device tensors stays within their rounding of the fp32 model",
           "[bf16]") {
   const ElemType t16 = GENERATE(ElemType::kBF16, ElemType::kF16);
-  const double u = unit16(t16);
+  const double u = unit_roundoff(t16);
   for (const char* family : {"gpt2", "llama"}) {
     INFO("family " << family << ", device tensors " << elem_type_name(t16));
     ModelConfig mc;

@@ -15,14 +15,14 @@
 #include "fuyou/train.h"
 #include "kernels/common/element_math.h"
 #include "kernels/cpu/gemm.h"
+#include "storage_values.h"
 #include "test_support.h"
 
 namespace fs = std::filesystem;
 using namespace fuyou;
+using test::as_stored;
 
 namespace {
-
-float round_fp16(float x) { return math::fp16_to_float(math::float_to_fp16(x)); }
 
 Config fp16_config(double initial_scale, double clip, const char* device_tensors = "fp32") {
   return parse_config(
@@ -63,7 +63,8 @@ TEST_CASE("gemm_fp16 is the exact product of the fp16-rounded inputs up to fp32 
     for (int j = 0; j < N; ++j) {
       double exact = 0, mag = 0;
       for (int k = 0; k < K; ++k) {
-        double p = static_cast<double>(round_fp16(A[i * K + k])) * round_fp16(B[k * N + j]);
+        double p = static_cast<double>(as_stored(ElemType::kF16, A[i * K + k])) *
+                   as_stored(ElemType::kF16, B[k * N + j]);
         exact += p;
         mag += std::fabs(p);
       }

@@ -17,6 +17,7 @@
 #include "fuyou/rng.h"
 #include "fuyou/train.h"
 #include "kernels/common/element_math.h"
+#include "storage_values.h"
 #include "test_support.h"
 
 using namespace fuyou;
@@ -154,24 +155,7 @@ TEST_CASE("cross-entropy over a padded vocabulary: the padding ignored, its grad
   }
 }
 
-namespace {
-
-// fp32 values as device_tensors `tensors` ("fp32", "bf16", "fp16") stores them.
-std::vector<char> stored_as(const std::vector<float>& values, const std::string& tensors) {
-  std::vector<char> out((tensors == "fp32" ? 4 : 2) * values.size());
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (tensors == "fp32") {
-      std::memcpy(out.data() + 4 * i, &values[i], 4);
-    } else {
-      const uint16_t h =
-          tensors == "bf16" ? math::float_to_bf16(values[i]) : math::float_to_fp16(values[i]);
-      std::memcpy(out.data() + 2 * i, &h, 2);
-    }
-  }
-  return out;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("cross-entropy forward and backward in one pass: the two kernels' bits", "[kernels]") {
   // Padded rows holding garbage past V, an ignored target, and each storage type: the fused
@@ -185,7 +169,7 @@ TEST_CASE("cross-entropy forward and backward in one pass: the two kernels' bits
   apply_precision(*be, rt);
   const int N = 6, V = 11, ld = 16;
   const auto values = randn(N * ld, 31, 4.0f);
-  std::vector<char> a = stored_as(values, tensors), b = a;
+  std::vector<char> a = stored_bytes(values, device_tensor_type(rt)), b = a;
   const std::vector<int32_t> targets = {3, kIgnoreTarget, 10, 7, 0, 10};
   std::vector<float> la(N), za(N), lb(N, -1.0f), zb(N, -1.0f);
   be->crossentropy_forward(la.data(), za.data(), a.data(), targets.data(), N, V, ld);
@@ -212,10 +196,10 @@ TEST_CASE("residual add and norm in one pass: the two kernels' bits", "[kernels]
   rt.precision = tensors == "fp16" ? "fp16" : "auto";
   apply_precision(*be, rt);
   const int N = 5, C = 24;
-  const std::vector<char> a = stored_as(randn(N * C, 41, 3.0f), tensors),
-                          b = stored_as(randn(N * C, 42, 0.7f), tensors),
-                          w = stored_as(randn(C, 43, 1.0f), tensors),
-                          bias = stored_as(randn(C, 44, 0.5f), tensors);
+  const std::vector<char> a = stored_bytes(randn(N * C, 41, 3.0f), device_tensor_type(rt)),
+                          b = stored_bytes(randn(N * C, 42, 0.7f), device_tensor_type(rt)),
+                          w = stored_bytes(randn(C, 43, 1.0f), device_tensor_type(rt)),
+                          bias = stored_bytes(randn(C, 44, 0.5f), device_tensor_type(rt));
   const size_t es = be->storage_bytes();
   std::vector<char> res1(N * C * es), out1(N * C * es), a2 = a, res2(N * C * es),
                                                         out2(N * C * es, 7);
@@ -263,7 +247,7 @@ TEST_CASE("forward_backward is forward then backward, bit for bit, chunked head 
   std::vector<float> p(layout.total);
   init_gpt_params(cfg.model, layout, p.data());
   const size_t bytes = be->storage_bytes() * layout.total;
-  const std::vector<char> stored = stored_as(p, tensors);
+  const std::vector<char> stored = stored_bytes(p, device_tensor_type(cfg.runtime));
   be->copy_to_device(a.params(), stored.data(), bytes);
   be->copy_to_device(b.params(), stored.data(), bytes);
   std::vector<int32_t> in(B * T), tg(B * T);

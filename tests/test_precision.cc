@@ -12,13 +12,13 @@
 #include "fuyou/model.h"
 #include "kernels/common/element_math.h"
 #include "kernels/cpu/gemm.h"
+#include "storage_values.h"
 #include "test_support.h"
 
 using namespace fuyou;
+using test::as_stored;
 
 namespace {
-
-float round_bf16(float x) { return math::bf16_to_float(math::float_to_bf16(x)); }
 
 // X as stored: (rows, cols) with row stride ld; element (i, k) of op(X).
 struct Mat {
@@ -62,7 +62,8 @@ TEST_CASE("gemm_bf16 is the exact product of the bf16-rounded inputs up to fp32 
           for (int j = 0; j < N; ++j) {
             double exact = 0, mag = 0, unrounded = 0;
             for (int k = 0; k < K; ++k) {
-              double p = static_cast<double>(round_bf16(A.at(i, k))) * round_bf16(B.at(k, j));
+              double p = static_cast<double>(as_stored(ElemType::kBF16, A.at(i, k))) *
+                         as_stored(ElemType::kBF16, B.at(k, j));
               exact += p;
               mag += std::fabs(p);
               unrounded += static_cast<double>(A.at(i, k)) * B.at(k, j);

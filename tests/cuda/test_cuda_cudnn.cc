@@ -23,20 +23,16 @@
 #include "fuyou/cuda.h"
 #include "kernels/common/element_math.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "tests/storage_values.h"
 
 using namespace fuyou;
+using test::rnd16;
+using test::unit_roundoff;
+using test::wid16;
 
 namespace {
 
 constexpr double kU32 = FLT_EPSILON / 2;
-
-uint16_t rnd16(ElemType t, float f) {
-  return t == ElemType::kBF16 ? math::float_to_bf16(f) : math::float_to_fp16(f);
-}
-float wid16(ElemType t, uint16_t h) {
-  return t == ElemType::kBF16 ? math::bf16_to_float(h) : math::fp16_to_float(h);
-}
-double unit16(ElemType t) { return std::ldexp(1.0, t == ElemType::kBF16 ? -8 : -11); }
 
 struct Exact {
   std::vector<double> out, lse, dqkv;
@@ -202,7 +198,7 @@ TEST_CASE("cudnn fused attention: within 16-bit bounds of exact, deterministic, 
   cpu->set_storage_type(t);
   const Result c = run(*cpu, t, qkv, dout, B, T, C, H);
 
-  const double u = unit16(t), bound = 8 * u;
+  const double u = unit_roundoff(t), bound = 8 * u;
   const std::vector<float> c_out = widen(t, c.out), c_d = widen(t, c.dqkv);
   const double ce[4] = {rel_error(c_out, ex.out, C, -1), rel_error(c_d, ex.dqkv, C, 0),
                         rel_error(c_d, ex.dqkv, C, 1), rel_error(c_d, ex.dqkv, C, 2)};

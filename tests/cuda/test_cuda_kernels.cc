@@ -18,6 +18,7 @@
 #include "fuyou/cuda.h"
 #include "fuyou/error.h"
 #include "kernels/common/element_math.h"
+#include "tests/storage_values.h"
 
 using namespace fuyou;
 using test::abs_products;
@@ -246,9 +247,7 @@ void check_attention(int B, int T, int C, int H, const std::vector<int32_t>& pos
   const double p_rel = score_err + (2 * Tmax + 8) * kU;
   // 16-bit outputs add their one rounding: half a unit of the type's precision of the largest
   // value (out: |P V| <= max|v|; dqkv: the gradients' largest).
-  const double u16 = t == ElemType::kBF16  ? std::ldexp(1.0, -8)
-                     : t == ElemType::kF16 ? std::ldexp(1.0, -11)
-                                           : 0.0;
+  const double u16 = test::unit_roundoff(t);
   // The log-sum-exp: the largest score's error plus log's of the sum's relative error.
   check_within("attention log-sum-exp", glse.host(), lse, 2 * p_rel);
   // out = P V: Tmax terms of |P||V| <= max|v| each row (P sums to 1).

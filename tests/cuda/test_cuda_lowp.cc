@@ -22,27 +22,21 @@
 #include "fuyou/error.h"
 #include "fuyou/rng.h"
 #include "kernels/common/element_math.h"
+#include "tests/storage_values.h"
 
 using namespace fuyou;
 using test::abs_products;
 using test::max_abs;
 using test::random_tokens;
+using test::rnd16;
 using test::transpose;
+using test::unit_roundoff;
+using test::wid16;
 
 namespace {
 
 constexpr double kU = FLT_EPSILON / 2;  // fp32 unit roundoff
 constexpr uint64_t kArena = 256ull << 20;
-
-uint16_t rnd16(ElemType t, float f) {
-  return t == ElemType::kBF16 ? math::float_to_bf16(f) : math::float_to_fp16(f);
-}
-float wid16(ElemType t, uint16_t h) {
-  return t == ElemType::kBF16 ? math::bf16_to_float(h) : math::fp16_to_float(h);
-}
-// Unit roundoff of round-to-nearest, 2^-p for p significant bits: 2^-8 for bf16, 2^-11 for
-// fp16 (half a unit in the last place of a value in [1, 2)).
-double unit16(ElemType t) { return std::ldexp(1.0, t == ElemType::kBF16 ? -8 : -11); }
 
 // One tensor in both forms: random 16-bit values and the same values in fp32.
 struct Tensor {
@@ -175,7 +169,7 @@ CpuGpu run_cpu_gpu(ElemType t, const std::vector<Tensor*>& ts,
 // unrounded value, whose size is within (1 + u16) of the rounded one's).
 void check_rounded_pair(const std::string& what, ElemType t, const std::vector<float>& got,
                         const std::vector<float>& ref, const std::vector<double>& fp32) {
-  const double u = unit16(t);
+  const double u = unit_roundoff(t);
   std::vector<double> bound(ref.size());
   for (size_t i = 0; i < ref.size(); ++i)
     bound[i] =
