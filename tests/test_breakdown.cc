@@ -61,7 +61,10 @@ TEST_CASE("a step's timing marks tile its timeline, op class by op class", "[bre
     CHECK(n(StepPhase::kForward, OpClass::kResidual) == 3);
     CHECK(n(StepPhase::kForward, OpClass::kEmbedding) == 1);
     CHECK(n(StepPhase::kBackward, OpClass::kEmbedding) == 1);
-    CHECK(n(StepPhase::kOptimizer, OpClass::kHostAdamW) == 1);
+    // Per parameter group (embedding, 3 layers, final norm): the wait for its update, then its
+    // copy to the device while the next group updates.
+    CHECK(n(StepPhase::kOptimizer, OpClass::kHostAdamW) == 5);
+    CHECK(n(StepPhase::kOptimizer, OpClass::kCopyToDevice) == 5);
     CHECK(n(StepPhase::kOptimizer, OpClass::kHostNorm) == 1);
 
     const StepBreakdown b = summarize_marks(marks, marks.back().t - marks.front().t + 1e-3);

@@ -343,12 +343,15 @@ StepResult InMemoryStep::step(int64_t step_index, const std::vector<const int32_
 }
 
 // Every group's update; the new working weights come back into master_ (fp32 tensors) or
-// lowp_ (16-bit, rounded in the update's pass) and go to the device. With 16-bit tensors the
-// fp32 master stays in the optimizer until master() asks for it.
+// lowp_ (16-bit, rounded in the update's pass) and go to the device. All updates are queued
+// at once (the optimizer's worker runs them in order) and each group goes to the device as
+// soon as its update is done, while the worker updates the next: the copies hide behind the
+// updates instead of following them. With 16-bit tensors the fp32 master stays in the
+// optimizer until master() asks for it.
 void InMemoryStep::update_on_host(const StepGradient& g, float grad_scale, float lr) {
   const ParamLayout& layout = model_.layout();
   const size_t es = elem_type_size(g.type);
-  mark(OpClass::kHostAdamW);
+  std::vector<OocAdamW::Handle> updates;
   for (size_t i = 0; i < layout.groups.size(); ++i) {
     OocAdamW::Update u;
     u.group = static_cast<int>(i);
@@ -360,11 +363,19 @@ void InMemoryStep::update_on_host(const StepGradient& g, float grad_scale, float
     u.grad_scale = grad_scale;
     u.lr = lr;
     u.t = t_;
-    opt_->wait(opt_->submit(u));
+    updates.push_back(opt_->submit(u));
+  }
+  // Group i's range runs to the next group's start (the last: to the end), so the uploads
+  // cover every element, padding included, as one whole-model copy would.
+  for (size_t i = 0; i < layout.groups.size(); ++i) {
+    mark(OpClass::kHostAdamW);
+    opt_->wait(updates[i]);
+    const size_t begin = layout.groups[i].offset;
+    const size_t end = i + 1 < layout.groups.size() ? layout.groups[i + 1].offset : master_.size();
+    mark(OpClass::kCopyToDevice);
+    upload_params(begin, end - begin);
   }
   master_stale_ = store_ != ElemType::kF32;
-  mark(OpClass::kCopyToDevice);
-  upload_params(0, master_.size());
 }
 
 // The same update on the device, queued behind the backward and ahead of the next forward:
