@@ -22,7 +22,9 @@ inline float wid16(ElemType t, uint16_t h) {
 }
 
 // f as t stores it, widened back to fp32 (fp32: f itself).
-inline float as_stored(ElemType t, float f) { return t == ElemType::kF32 ? f : wid16(t, rnd16(t, f)); }
+inline float as_stored(ElemType t, float f) {
+  return t == ElemType::kF32 ? f : wid16(t, rnd16(t, f));
+}
 
 // The unit roundoff of round-to-nearest in t, 2^-p for p significant bits: 2^-24 for fp32,
 // 2^-8 for bf16, 2^-11 for fp16 (half a unit in the last place of a value in [1, 2)).
