@@ -93,13 +93,15 @@ TEST_CASE("runtime.threads governs the executor's compute and optimizer threads"
   req.model = cfg.model;
   req.micro_batch = cfg.schedule.micro_batch;
   req.acts.assign(cfg.model.n_layer, ActPlacement::kHost);
+  // What on_op writes outlives the executor: its workers may still run a step's deferred
+  // updates when step() has returned, until the executor is destroyed.
+  std::mutex mu;
+  std::set<int> compute, optimizer;
   PlanExecutor tr(cfg, *be, make_plan(req), nullptr);
   ParamLayout layout = make_gpt_layout(cfg.model);
   std::vector<float> init(layout.total);
   init_gpt_params(cfg.model, layout, init.data());
   tr.set_params(init.data());
-  std::mutex mu;
-  std::set<int> compute, optimizer;
   tr.on_op = [&](int64_t, const PlanOp& op) {
     const int n = omp_get_max_threads();
     std::lock_guard<std::mutex> lock(mu);
@@ -109,6 +111,7 @@ TEST_CASE("runtime.threads governs the executor's compute and optimizer threads"
   std::vector<int32_t> batch(
       static_cast<size_t>(cfg.schedule.micro_batch) * (cfg.model.seq_len + 1), 1);
   for (int s = 0; s < 2; ++s) tr.step(s, batch.data());
+  std::lock_guard<std::mutex> lock(mu);  // a worker may still be running an op
   INFO("runtime.threads " << want << "; OpenMP threads seen: compute " << *compute.begin() << ".."
                           << *compute.rbegin() << ", optimizer " << *optimizer.begin() << ".."
                           << *optimizer.rbegin());

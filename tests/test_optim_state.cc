@@ -84,7 +84,8 @@ struct PackedState {
   }
   bool same_bits(const PackedState& o) const {
     auto eq = [](const auto& x, const auto& y) {
-      return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0;
+      return x.size() == y.size() &&
+             (x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0);
     };
     return eq(master32, o.master32) && eq(lo, o.lo) && eq(hi, o.hi) && eq(m, o.m) && eq(v, o.v) &&
            eq(ms, o.ms) && eq(vs, o.vs);

@@ -637,9 +637,9 @@ TEST_CASE("busy times count an iteration that finishes within a later step's win
   auto data = test::random_batches(cfg, 3, 77);
   auto store = SsdStore::open({{store_dir("busy")}});
   auto be = make_cpu_backend(2, 0);
+  clock::time_point write_end{};  // before the executor: its workers may outlive a step()
   auto trainer = all_on_ssd(cfg, *be, store.get());
   PlanExecutor& tr = *trainer;
-  clock::time_point write_end{};
   tr.on_op = [&](int64_t step, const PlanOp& op) {
     if (step == 0 && op.kind == OpKind::kWriteWeights && op.layer == 0) {  // written last
       std::this_thread::sleep_for(std::chrono::milliseconds(600));
@@ -707,15 +707,16 @@ TEST_CASE("embedding rows first: the next forward starts before the embedding's 
   const Twin twin = GENERATE(Twin::kCpu, Twin::kStreams);
   INFO("backend " << twin_name(twin));
   auto be = twin_backend(twin, 0);
+  // What on_op touches outlives the executor, whose workers may run on after a step().
+  std::mutex mu;
+  std::condition_variable cv;
+  bool forward_started = false, held = false, saw = false, rows_done = false;
   PlanExecutor tr(cfg, *be, make_plan(req), nullptr);
   REQUIRE(tr.plan().embed_rows_first);
   ParamLayout layout = make_gpt_layout(cfg.model);
   std::vector<float> init(layout.total);
   init_gpt_params(cfg.model, layout, init.data());
   tr.set_params(init.data());
-  std::mutex mu;
-  std::condition_variable cv;
-  bool forward_started = false, held = false, saw = false, rows_done = false;
   tr.on_op = [&](int64_t step, const PlanOp& op) {
     std::unique_lock<std::mutex> lock(mu);
     if (step == 1 && op.kind == OpKind::kForward && op.layer == 0) {
