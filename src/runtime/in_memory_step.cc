@@ -307,21 +307,29 @@ StepResult InMemoryStep::step(int64_t step_index, const std::vector<const int32_
   // the host, copied down first).
   StepGradient g;
   g.type = sums ? ElemType::kF32 : store_;
+  // The norm's sum of squares, per parameter group in order, each group summed in double: the
+  // reduction the offloading scheduler performs too (kernels/common/grad_math.h), so all clip
+  // identically. It runs where the gradient is: the device's gradients (or its fp32 sums there)
+  // through the backend's sum_squares, the same bits on the device (the CPU backend's is this
+  // host loop), before a host AdamW's copy down, so a GPU sums them instead of the host; fp32
+  // sums kept on the host, on the host. Padding between tensors holds zero gradient.
+  const void* device_grad = sums ? static_cast<const void*>(d_sum_) : model_.grads();
+  const bool sum_on_device = on_device_ || (!sums && be_.supports_device_optimizer());
+  double sq = 0;
+  if (sum_on_device) {
+    mark(on_device_ || !be_.device_is_host_memory() ? OpClass::kDeviceOptimizer
+                                                    : OpClass::kHostNorm);
+    sq = be_.sum_squares(device_grad, g.type, square_groups_);
+  }
   if (on_device_) {
-    g.data = sums ? static_cast<const void*>(d_sum_) : model_.grads();
+    g.data = device_grad;
   } else {
     mark(OpClass::kCopyToHost);
     if (!sums) be_.copy_to_host(grad_.data(), model_.grads(), grad_.size());
     g.data = sums ? static_cast<const void*>(sum_.data()) : grad_.data();
   }
-  // Per parameter group in order, each group summed in double: the reduction the offloading
-  // scheduler performs too (kernels/common/grad_math.h), on the host or on the device, so all
-  // clip identically. Padding between tensors holds zero gradient.
-  mark(on_device_ ? OpClass::kDeviceOptimizer : OpClass::kHostNorm);
-  double sq = 0;
-  if (on_device_) {
-    sq = be_.sum_squares(g.data, g.type, square_groups_);
-  } else {
+  if (!sum_on_device) {
+    mark(OpClass::kHostNorm);
     const size_t es = elem_type_size(g.type);
     for (const auto& [offset, n] : square_groups_)
       sq += group_sum_squares(static_cast<const char*>(g.data) + es * offset, g.type, n);
