@@ -105,18 +105,19 @@ CLI::App* add_train_command(CLI::App& app, ConfigArgs& c, TrainArgs& a) {
   return train;
 }
 
-// One more step with the backend's timing marks on: where its time goes. In memory the step
-// is bracketed by marks of this thread (the step's); offloaded, the executor's compute thread
-// marks, and whatever lies outside its first and last mark is unaccounted.
+// One more step with the backend's timing marks on: where its time goes. The in-memory step
+// is bracketed by marks of this thread (the step's); a plan's (offloaded, or in memory on the
+// executor), the executor's compute thread marks, and whatever lies outside its first and last
+// mark is unaccounted.
 fuyou::StepBreakdown breakdown_step(fuyou::TrainEngine& engine, fuyou::Backend& be, int64_t s,
                                     const std::vector<const int32_t*>& ptrs,
                                     std::vector<fuyou::Backend::TimingMark>* marks) {
   const int edge = fuyou::timing_tag(fuyou::StepPhase::kOther, fuyou::OpClass::kHost);
   const auto t0 = clock_type::now();
   be.timing_start();
-  if (!engine.offloaded()) be.timing_mark(edge);
+  if (!engine.plan()) be.timing_mark(edge);
   engine.step(s, ptrs);
-  if (!engine.offloaded()) be.timing_mark(edge);
+  if (!engine.plan()) be.timing_mark(edge);
   *marks = be.timing_stop();
   return fuyou::summarize_marks(*marks, seconds_since(t0));
 }
@@ -241,14 +242,15 @@ void TrainBench::run_steps() {
   }
 }
 
-// In memory a trace is the breakdown step's marks; offloaded, the executor's last iterations.
+// The in-memory step's trace is the breakdown step's marks; a plan's, the executor's last
+// iterations.
 std::optional<fuyou::StepBreakdown> TrainBench::breakdown_and_trace() {
   std::optional<fuyou::StepBreakdown> bd;
   std::vector<fuyou::Backend::TimingMark> marks;
-  if (a_.breakdown || (!a_.trace.empty() && !engine_->offloaded()))
+  if (a_.breakdown || (!a_.trace.empty() && !engine_->plan()))
     bd = breakdown_step(*engine_, *backend_, a_.warmup + a_.steps, ptrs_, &marks);
-  if (!a_.trace.empty() && engine_->offloaded()) engine_->write_trace(a_.trace);
-  if (!a_.trace.empty() && !engine_->offloaded()) {
+  if (!a_.trace.empty() && engine_->plan()) engine_->write_trace(a_.trace);
+  if (!a_.trace.empty() && !engine_->plan()) {
     std::ofstream out(a_.trace);
     if (!(out << fuyou::marks_trace(marks).dump() << "\n"))
       throw fuyou::IoError(a_.trace + ": cannot write trace");
@@ -258,10 +260,10 @@ std::optional<fuyou::StepBreakdown> TrainBench::breakdown_and_trace() {
 
 nlohmann::json TrainBench::figures(const std::optional<fuyou::StepBreakdown>& bd) const {
   const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len, accum = cfg_.schedule.grad_accum;
-  // Offloaded steps overlap and each is timed from the previous step's loss to its own, so
+  // A plan's steps overlap and each is timed from the previous step's loss to its own, so
   // the first step after an idle start covers only its forward: without a warm-up step it
   // stays in step_s_all but out of the median, when other steps were timed.
-  const bool first_partial = engine_->offloaded() && a_.warmup == 0 && times_.size() > 1;
+  const bool first_partial = engine_->plan() && a_.warmup == 0 && times_.size() > 1;
   double step_s =
       median(std::vector<double>(times_.begin() + (first_partial ? 1 : 0), times_.end()));
   double tokens = static_cast<double>(B) * T * accum;
@@ -270,6 +272,9 @@ nlohmann::json TrainBench::figures(const std::optional<fuyou::StepBreakdown>& bd
   const fuyou::ParamLayout layout = fuyou::make_gpt_layout(cfg_.model);
   nlohmann::json j{{"backend", backend_->name()},
                    {"offloaded", engine_->offloaded()},
+                   {"engine", !engine_->plan()       ? "in-memory step"
+                              : engine_->offloaded() ? "offloaded plan"
+                                                     : "in-memory plan"},
                    {"params", layout.num_params()},
                    {"tokens_per_step", tokens},
                    {"steps_timed", a_.steps},
@@ -288,7 +293,7 @@ nlohmann::json TrainBench::figures(const std::optional<fuyou::StepBreakdown>& bd
     j["emulated_profile"] = cfg_.offload.hardware;
     j["emulated_scale"] = cfg_.runtime.emulated_scale;
   }
-  if (engine_->offloaded()) {
+  if (engine_->plan()) {
     // The step whose iteration time is the median, so busy times and iteration agree.
     // (With an even count, the nearer of the middle two; never a partial first step.)
     size_t mid = first_partial ? 1 : 0;
@@ -315,7 +320,8 @@ void print_train_figures(const nlohmann::json& j, const std::optional<fuyou::Ste
       j["tokens_per_s"].get<double>(), "TFLOP/s", j["tflops"].get<double>(),
       emulated ? " (emulated: the profile's compute at runtime.emulated_scale, no GPU ran)" : "");
   if (bd) std::fputs(bd->table().c_str(), stdout);
-  if (!j["offloaded"].get<bool>()) return;
+  std::printf("%-16s %s\n", "engine", j["engine"].get<std::string>().c_str());
+  if (j["engine"] == "in-memory step") return;
   std::printf("%-16s %.3f s (%.2fx the busiest resource)\n", "iteration",
               j["iteration_s"].get<double>(), j["iteration_over_busiest"].get<double>());
   for (auto& [k, v] : j["busy_s"].items())

@@ -159,6 +159,9 @@ struct RuntimeConfig {
   // Attention kernels: auto (cuDNN's fused flash attention on the CUDA backend with 16-bit
   // tensors, else the backend's own), kernels (the backend's own: the CPU's arithmetic), cudnn.
   std::string attention = "auto";
+  // In-memory runs with AdamW on the host: plan (a plan of the executor, in_memory_plan) or
+  // step (InMemoryStep, its phases one after the other: for comparison).
+  std::string in_memory = "plan";
   int threads = 0;  // 0 means every core the process may use
   uint64_t seed = 1234;
 };

@@ -1,6 +1,8 @@
-// The training engine behind fuyou-train and fuyou-bench: in-memory training (InMemoryStep)
-// when the whole model fits the device budget and nothing asks for offloading, else the
-// offloading scheduler (plan + executor over the SSD store and the out-of-core optimizer).
+// The training engine behind fuyou-train and fuyou-bench. When the whole model fits the device
+// budget and nothing asks for offloading, in memory: as a plan of the executor with the weights
+// and activations resident (in_memory_plan) where AdamW runs on the host, else the in-memory
+// step (InMemoryStep: AdamW on the device). Otherwise the offloading scheduler (plan + executor
+// over the SSD store and the out-of-core optimizer).
 #pragma once
 
 #include <map>
@@ -103,6 +105,16 @@ PlanRequest plan_request(const Config& cfg);
 // attention_keys: PlanRequest::attention_keys (packed records; 0: dense).
 Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s = nullptr,
                 const HardwareProfile* placement = nullptr, double attention_keys = 0);
+
+// In-memory training (wants_offload false) as a plan of the executor: every layer's
+// activations kept and its weights in a device slot of its own (PlanRequest::resident_weights),
+// no SSD, the optimizer on the host; its gradients go down and its AdamW runs during the
+// backward, its new weights go up beside the next forward. Null, with *why saying so, where
+// the in-memory step runs instead: runtime.in_memory step, AdamW on the device
+// (in_memory_optimizer_on_device), or a plan over offload.device_memory (or the device's
+// capacity) or offload.host_memory.
+std::optional<Plan> in_memory_plan(const Config& cfg, Backend& backend, double attention_keys,
+                                   std::string* why);
 
 class FileLayer;  // src/storage/file_layer.h
 

@@ -334,6 +334,9 @@ struct Plan {
   int deferred_updates = 0;
   // Parts of the embedding's gradient save, update and refresh (PlanOp::parts).
   int embed_parts = 1;
+  // PlanRequest::resident_weights: a device weight slot per layer, so every layer's weights
+  // come up once a step (the forward's load after its update) and stay for the backward.
+  bool resident_weights = false;
   PlanPools pools;
   // Every buffer the iteration uses, with its tier and size; MemoryPlan sums them.
   std::vector<PlanBuffer> buffers;
@@ -389,6 +392,11 @@ struct PlanRequest {
   ActPlacement default_act = ActPlacement::kKeep;
   // Force every layer's weights / optimizer state to SSD (tests); else by budget.
   bool weights_on_ssd = false;
+  // In-memory training as a plan (make_train_engine): one device weight slot per layer, so the
+  // weights stay on the device through the step and each layer's new weights come up once,
+  // after its update; an error when the budget cannot hold them. Else as many slots as fit,
+  // 4 at most.
+  bool resident_weights = false;
   bool optim_on_ssd = false;
   bool grads_on_ssd = false;  // held gradients (exact / grad_accum > 1) to SSD; else by budget
   // Parts of the embedding's save / update / refresh (PlanOp::parts); 0: by size. Only

@@ -58,6 +58,15 @@ OptimFormat optim_format(const OptimizerConfig& o);
 // ConfigError for a format this run cannot use: a split master needs bf16 device tensors.
 void check_optim_format(const OptimizerConfig& o, ElemType tensors);
 
+// Whether in-memory training keeps AdamW on the device (optimizer.placement for this config
+// and backend), with `device_free` bytes of the device left beside the model (UINT64_MAX: no
+// limit): host, or packed state (optimizer.state / master), no; device, yes, or ConfigError
+// naming what stops it (a backend without it, packed state, too little memory); auto, on a
+// GPU's own memory when the state fits with a sixteenth to spare. The in-memory step decides
+// with the memory its model left; make_train_engine first, from the model's estimate, to
+// choose the engine.
+bool in_memory_optimizer_on_device(const Config& cfg, Backend& be, uint64_t device_free);
+
 // The in-memory step: the model on a backend, and the fp32 master weights and AdamW moments
 // either on the host (an OocAdamW with every group in host memory, the driver the offloading
 // engine uses too: gradients copied down, AdamW, weights copied up) or on the device beside

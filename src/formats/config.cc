@@ -427,6 +427,7 @@ void runtime_keys(F&& key) {
   key("precision", &R::precision, OneOf{{"auto", "fp32", "bf16", "fp16"}});
   key("device_tensors", &R::device_tensors, OneOf{{"fp32", "bf16", "fp16"}});
   key("attention", &R::attention, OneOf{{"auto", "kernels", "cudnn"}});
+  key("in_memory", &R::in_memory, OneOf{{"plan", "step"}});
   key("seed", &R::seed, Free{});
   key("stream_delay_us", &R::stream_delay_us, closed(0, 1000000, " microseconds"));
   key("emulated_scale", &R::emulated_scale, interval(0, 1e6, "(]"));

@@ -109,16 +109,33 @@ class InMemoryEngine final : public TrainEngine {
   Backend& be_;
 };
 
-class OffloadEngine final : public TrainEngine {
+// A plan on the executor: offloaded, or in memory (in_memory_plan: the weights and
+// activations stay on the device, AdamW on the host).
+class PlanEngine final : public TrainEngine {
  public:
-  OffloadEngine(const Config& cfg, Backend& be, std::unique_ptr<SsdStore> store, Plan plan)
+  PlanEngine(const Config& cfg, Backend& be, std::unique_ptr<SsdStore> store, Plan plan)
       : cfg_(cfg),
+        be_(be),
         store_(std::move(store)),
         layout_(make_gpt_layout(cfg.model)),
         trainer_(cfg, be, std::move(plan), store_.get()),
         optim_format_(fuyou::optim_format(cfg.optimizer)) {}
-  bool offloaded() const override { return true; }
-  std::string describe() const override { return trainer_.plan().table(); }
+  bool offloaded() const override { return !trainer_.plan().resident_weights; }
+  std::string describe() const override {
+    const Plan& plan = trainer_.plan();
+    if (!plan.resident_weights) return plan.table();
+    return str(
+        "in-memory training as a plan of the scheduler: weights, activations and the "
+        "gradients being made on the device (",
+        format_size(plan.memory.device_bytes), "), ", master_format_name(optim_format_.master),
+        " master weights and ", moment_format_name(optim_format_.moments),
+        " Adam moments in host memory (",
+        format_size(optim_state_bytes(optim_format_, layout_.total)),
+        "); each layer's gradients come down during the backward, its AdamW runs on the "
+        "host as soon as they are there (with clipping or fp16, once the last backward "
+        "has given the norm) and its new weights go up while the next forward runs (",
+        be_.name(), ")\n", plan.table());
+  }
   void init_params() override {
     float* buf = trainer_.group_staging();
     // model.checkpoint: streamed from the converted checkpoint one group at a time, so a
@@ -175,6 +192,7 @@ class OffloadEngine final : public TrainEngine {
 
  private:
   Config cfg_;
+  Backend& be_;
   std::unique_ptr<SsdStore> store_;
   ParamLayout layout_;
   PlanExecutor trainer_;
@@ -306,6 +324,48 @@ void check_in_memory_host_budget(const Config& cfg, bool device_in_host) {
 
 }  // namespace
 
+std::optional<Plan> in_memory_plan(const Config& cfg, Backend& backend, double attention_keys,
+                                   std::string* why) {
+  if (cfg.runtime.in_memory == "step") {
+    *why = "runtime.in_memory is step";
+    return std::nullopt;
+  }
+  const bool device_in_host = backend.device_is_host_memory();
+  const uint64_t capacity = device_in_host ? 0 : backend.memory().capacity;
+  const uint64_t limit = cfg.offload.device_memory ? cfg.offload.device_memory : capacity;
+  const uint64_t model =
+      in_memory_device_bytes(cfg.model, cfg.schedule.micro_batch, device_tensor_bytes(cfg.runtime));
+  const uint64_t free_b = limit == 0 ? UINT64_MAX : limit > model ? limit - model : 0;
+  if (in_memory_optimizer_on_device(cfg, backend, free_b)) {
+    *why = str("AdamW on the device beside the model (optimizer.placement ",
+               cfg.optimizer.placement, ")");
+    return std::nullopt;
+  }
+  PlanRequest req = plan_request(cfg);
+  req.attention_keys = attention_keys;
+  req.acts.assign(cfg.model.n_layer, ActPlacement::kKeep);
+  req.resident_weights = true;
+  req.device_in_host = device_in_host;
+  req.embed_rows_first = backend.kind() != BackendKind::kCpu;
+  // Sized unbounded, then held to the budgets: a plan over them leaves the run to the step.
+  req.device_budget = 0;
+  req.host_budget = 0;
+  Plan plan = make_plan(req);
+  if (limit && plan.memory.device_bytes > limit) {
+    *why = str("the plan needs ", format_size(plan.memory.device_bytes),
+               " of device memory, more than the ", format_size(limit),
+               cfg.offload.device_memory ? " of offload.device_memory" : " the device holds");
+    return std::nullopt;
+  }
+  if (cfg.offload.host_memory && plan.memory.host_bytes > cfg.offload.host_memory) {
+    *why = str("the plan needs ", format_size(plan.memory.host_bytes),
+               " of host memory, more than the ", format_size(cfg.offload.host_memory),
+               " of offload.host_memory");
+    return std::nullopt;
+  }
+  return plan;
+}
+
 Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s,
                 const HardwareProfile* placement, double attention_keys) {
   PlanRequest req = plan_request(cfg);
@@ -348,7 +408,13 @@ std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backe
                                                const EngineOptions& opts) {
   if (!wants_offload(cfg)) {
     check_in_memory_host_budget(cfg, backend.device_is_host_memory());
-    return std::make_unique<InMemoryEngine>(cfg, backend);
+    std::string why;
+    std::optional<Plan> plan = in_memory_plan(cfg, backend, opts.attention_keys, &why);
+    if (!plan) {
+      spdlog::info("in-memory training runs as one step: {}", why);
+      return std::make_unique<InMemoryEngine>(cfg, backend);
+    }
+    return std::make_unique<PlanEngine>(cfg, backend, nullptr, std::move(*plan));
   }
   double predicted = 0;
   Plan plan =
@@ -365,7 +431,7 @@ std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backe
     // total rather than at whichever extent happens to be defined last.
     store->check_space(plan.memory.ssd_bytes, "the plan's SSD state");
   }
-  auto engine = std::make_unique<OffloadEngine>(cfg, backend, std::move(store), std::move(plan));
+  auto engine = std::make_unique<PlanEngine>(cfg, backend, std::move(store), std::move(plan));
   engine->predicted_ = predicted;
   return engine;
 }

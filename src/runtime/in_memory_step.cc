@@ -85,43 +85,52 @@ InMemoryStep::~InMemoryStep() {
   for (void* p : device_owned_) be_.free(p);
 }
 
-bool InMemoryStep::choose_device_optimizer() const {
-  const std::string& want = cfg_.optimizer.placement;
+bool in_memory_optimizer_on_device(const Config& cfg, Backend& be, uint64_t device_free) {
+  const std::string& want = cfg.optimizer.placement;
   if (want == "host") return false;
   // The device's optimizer keeps fp32 state only; packed state is the host optimizer's.
-  if (format_.packed()) {
+  if (optim_format(cfg.optimizer).packed()) {
     if (want == "device")
       throw ConfigError(
-          str("optimizer.placement is device, but optimizer.state ", cfg_.optimizer.state,
-              " and optimizer.master ", cfg_.optimizer.master,
+          str("optimizer.placement is device, but optimizer.state ", cfg.optimizer.state,
+              " and optimizer.master ", cfg.optimizer.master,
               " are kept by the host optimizer only (use auto or host, or fp32 state)"));
     return false;
   }
-  const size_t n = model_.layout().total;
-  const uint64_t need = device_optimizer_bytes(n, store_ == ElemType::kF32,
-                                               fp32_sums_ && cfg_.schedule.grad_accum > 1,
-                                               adamw_pieces(model_.layout()).size());
+  const ParamLayout layout = make_gpt_layout(cfg.model);
+  const ElemType store = be.storage_type();
+  const uint64_t need =
+      device_optimizer_bytes(layout.total, store == ElemType::kF32,
+                             store != ElemType::kF32 && cfg.schedule.grad_accum_type != "tensors" &&
+                                 cfg.schedule.grad_accum > 1,
+                             adamw_pieces(layout).size());
+  if (want == "device") {
+    if (!be.supports_device_optimizer())
+      throw ConfigError(str("optimizer.placement is device, but backend ", be.name(),
+                            " has no optimizer on the device (use auto or host)"));
+    if (need > device_free) {
+      const MemoryStats mem = be.memory();
+      throw ConfigError(str("optimizer.placement is device, but the optimizer's state needs ",
+                            format_size(need), " of device memory and ", format_size(device_free),
+                            " is left beside the model (", format_size(mem.used), " of ",
+                            format_size(mem.capacity),
+                            "); use auto or host, or raise offload.device_memory"));
+    }
+    return true;
+  }
+  // auto: a GPU's own memory only (on the CPU backend the host optimizer's SIMD paths are the
+  // faster way to the same bits), with room to spare for the step's transient buffers.
+  return be.supports_device_optimizer() && !be.device_is_host_memory() &&
+         need + need / 16 <= device_free;
+}
+
+bool InMemoryStep::choose_device_optimizer() const {
   const MemoryStats mem = be_.memory();
   // Capacity 0: no limit (the CPU backend without offload.device_memory).
   const uint64_t free_b = mem.capacity == 0         ? UINT64_MAX
                           : mem.capacity > mem.used ? mem.capacity - mem.used
                                                     : 0;
-  if (want == "device") {
-    if (!be_.supports_device_optimizer())
-      throw ConfigError(str("optimizer.placement is device, but backend ", be_.name(),
-                            " has no optimizer on the device (use auto or host)"));
-    if (need > free_b)
-      throw ConfigError(str("optimizer.placement is device, but the optimizer's state needs ",
-                            format_size(need), " of device memory and ", format_size(free_b),
-                            " is left beside the model (", format_size(mem.used), " of ",
-                            format_size(mem.capacity),
-                            "); use auto or host, or raise offload.device_memory"));
-    return true;
-  }
-  // auto: a GPU's own memory only (on the CPU backend the host optimizer's SIMD paths are the
-  // faster way to the same bits), with room to spare for the step's transient buffers.
-  return be_.supports_device_optimizer() && !be_.device_is_host_memory() &&
-         need + need / 16 <= free_b;
+  return in_memory_optimizer_on_device(cfg_, be_, free_b);
 }
 
 void InMemoryStep::place_on_device() {

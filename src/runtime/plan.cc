@@ -60,6 +60,7 @@ class Placer {
     plan_.attention_keys = req_.attention_keys;
     plan_.exact = req_.exact;
     plan_.optim_format = req_.optim_format;
+    plan_.resident_weights = req_.resident_weights;
     if (req_.grad_accum < 1)
       throw ConfigError(str("schedule.grad_accum is ", req_.grad_accum, "; it must be at least 1"));
     plan_.grad_accum = req_.grad_accum;
@@ -145,6 +146,7 @@ class Placer {
   // The device pools: weight, checkpoint and gradient slots, as many as fit (4, 3, 2 at
   // most), at least the minimum; else an error with the smallest budget that would do.
   void size_device_pools(const std::vector<ActPlacement>& acts) {
+    if (req_.resident_weights) min_dw_ = std::max(min_dw_, n_layer_);
     const uint64_t minimal = device_need(acts, min_dw_, 2, 1);
     if (minimal > dev_budget_) {
       std::vector<ActPlacement> leanest(n_layer_,
@@ -170,7 +172,7 @@ class Placer {
                       "\n  smallest device budget that runs this model at micro_batch ",
                       req_.micro_batch, ": ", format_size(device_need(leanest, 2, 2, 1)), hint));
     }
-    int dw = 4, dc = 3, dg = 2;
+    int dw = req_.resident_weights ? min_dw_ : 4, dc = 3, dg = 2;
     while (device_need(acts, dw, dc, dg) > dev_budget_) {
       if (dw > min_dw_)
         --dw;

@@ -147,11 +147,12 @@ std::string Plan::table() const {
     out += "(ssd+: new weights also stay in a host slot for the next step's forward)\n";
   out += str("embedding/final optimizer state: ", tier_name(embed_optim), "/",
              tier_name(final_optim), "\n");
-  out += str("pools: device weight slots ", pools.device_weight_slots, ", device checkpoint slots ",
-             pools.device_ckpt_slots, ", device gradient slots ", pools.device_grad_slots,
-             ", host weight staging ", pools.host_weight_slots, "+", pools.host_wout_slots,
-             ", host checkpoint staging ", pools.host_ckpt_slots, ", host gradient slots ",
-             pools.host_grad_slots,
+  out += str("pools: device weight slots ", pools.device_weight_slots,
+             resident_weights ? " (one per layer: the weights stay on the device)" : "",
+             ", device checkpoint slots ", pools.device_ckpt_slots, ", device gradient slots ",
+             pools.device_grad_slots, ", host weight staging ", pools.host_weight_slots, "+",
+             pools.host_wout_slots, ", host checkpoint staging ", pools.host_ckpt_slots,
+             ", host gradient slots ", pools.host_grad_slots,
              pools.host_grad_stage_slots
                  ? str(deferred_updates ? ", deferred gradient slots " : ", held gradient staging ",
                        pools.host_grad_stage_slots)
@@ -188,6 +189,7 @@ nlohmann::json Plan::to_json() const {
   j["accum_fp32"] = accum_fp32;
   j["forward_only"] = forward_only;
   j["deferred_updates"] = deferred_updates;
+  j["resident_weights"] = resident_weights;
   for (const auto& d : layers) {
     nlohmann::json l{{"activations", act_placement_name(d.act)},
                      {"weights", tier_name(d.weights)},

@@ -1,0 +1,157 @@
+// In-memory training as a plan of the executor (in_memory_plan, make_train_engine): every
+// layer's weights in a device slot of its own and its activations kept, AdamW on the host.
+// Its shape (one weight load per layer a step, none in the backward, no SSD), where the
+// in-memory step runs instead (AdamW on the device), and its results: bitwise those of the
+// in-memory step, on the CPU backend and on its CUDA-ordered twin with random delays, for
+// fp32 and bf16 tensors, with and without clipping, over one and two micro-batches, with fp32
+// and int8 + split optimizer state.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <memory>
+#include <vector>
+
+#include "engine_run_support.h"
+#include "fuyou/engine.h"
+#include "fuyou/error.h"
+#include "fuyou/train.h"
+
+using namespace fuyou;
+
+namespace {
+
+Config plan_config(const char* tensors, double clip, int accum, const char* state) {
+  const bool packed = std::string(state) == "int8";
+  return parse_config(
+      str("model: {n_layer: 5, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
+          "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ",
+          clip, ", state: ", state, ", master: ", packed ? "split" : "fp32",
+          "}\nschedule: {steps: 4, warmup_steps: 1, micro_batch: 2, grad_accum: ", accum,
+          "}\nruntime: {backend: cpu, threads: 2, seed: 11, device_tensors: ", tensors,
+          ", precision: ", std::string(tensors) == "bf16" ? "bf16" : "fp32", "}\n"),
+      "<test>");
+}
+
+std::unique_ptr<Backend> backend_for(const Config& cfg, bool streams) {
+  std::unique_ptr<Backend> be;
+  if (streams) {
+    StreamOptions so;
+    so.max_delay_us = 300;
+    so.seed = 5;
+    be = make_cpu_stream_backend(2, 0, so);
+  } else {
+    be = make_cpu_backend(2, 0);
+  }
+  be->set_storage_type(plan_request(cfg).tensors);
+  if (cfg.runtime.precision == "bf16") be->set_matmul_precision(MatmulPrecision::kBf16);
+  return be;
+}
+
+// `steps` steps of grad_accum random micro-batches each.
+std::vector<std::vector<std::vector<int32_t>>> step_batches(const Config& cfg, int steps) {
+  const auto flat = test::random_batches(cfg, steps * cfg.schedule.grad_accum, 31);
+  std::vector<std::vector<std::vector<int32_t>>> out(steps);
+  for (int s = 0; s < steps; ++s)
+    for (int k = 0; k < cfg.schedule.grad_accum; ++k)
+      out[s].push_back(flat[s * cfg.schedule.grad_accum + k]);
+  return out;
+}
+
+// A TrainEngine's run over `data` from the model's initial parameters, its fp32 master
+// weights read back group by group.
+test::EngineRun engine_run(TrainEngine& engine, const ParamLayout& layout,
+                           const std::vector<std::vector<std::vector<int32_t>>>& data) {
+  engine.init_params();
+  test::EngineRun out;
+  for (size_t s = 0; s < data.size(); ++s)
+    out.record(engine.step(static_cast<int64_t>(s), test::micro_batch_ptrs(data[s])));
+  out.params.assign(layout.total, 0.0f);
+  for (size_t g = 0; g < layout.groups.size(); ++g) {
+    float* dst = out.params.data() + layout.groups[g].offset;
+    engine.read_state(static_cast<int>(g), StateKind::kMaster,
+                      [&](size_t begin, const float* data, size_t n) {
+                        std::copy(data, data + n, dst + begin);
+                      });
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("in-memory training runs as a plan: weights resident, one load per layer a step",
+          "[in_memory_plan]") {
+  Config cfg = plan_config("bf16", 0.5, 2, "fp32");
+  auto be = backend_for(cfg, false);
+  auto engine = make_train_engine(cfg, *be);
+  REQUIRE(engine->plan() != nullptr);
+  CHECK_FALSE(engine->offloaded());
+  CHECK_THAT(engine->describe(), Catch::Matchers::Contains("in-memory training as a plan"));
+  const Plan& plan = *engine->plan();
+  const int L = cfg.model.n_layer;
+  CHECK(plan.resident_weights);
+  CHECK(plan.pools.device_weight_slots == L);
+  CHECK(plan.memory.ssd_bytes == 0);
+  for (const LayerDecision& d : plan.layers) CHECK(d.act == ActPlacement::kKeep);
+  // Each layer's weights come up once a step, in the first micro-batch's forward, and stay for
+  // the second micro-batch and both backwards; nothing is read from or written to SSD.
+  std::vector<int> loads(L, 0);
+  for (const PlanOp& op : plan.ops) {
+    if (op.kind == OpKind::kLoadWeights) {
+      ++loads.at(op.layer);
+      CHECK(op.micro == 0);
+    }
+    CHECK(op.resource != Resource::kSsdRead);
+    CHECK(op.resource != Resource::kSsdWrite);
+  }
+  for (int l = 0; l < L; ++l) {
+    INFO("layer " << l);
+    CHECK(loads[l] == 1);
+  }
+  // Every layer's backward reads the slot its forward read.
+  for (const PlanOp& b : plan.ops) {
+    if (b.kind != OpKind::kBackward) continue;
+    const auto f = std::find_if(plan.ops.begin(), plan.ops.end(), [&](const PlanOp& o) {
+      return o.kind == OpKind::kForward && o.layer == b.layer && o.micro == b.micro;
+    });
+    REQUIRE(f != plan.ops.end());
+    CHECK(f->use(Role::kWeights).buffer == b.use(Role::kWeights).buffer);
+  }
+
+  // runtime.in_memory step: the in-memory step, no plan.
+  cfg.runtime.in_memory = "step";
+  std::string why;
+  CHECK(make_train_engine(cfg, *be)->plan() == nullptr);
+  CHECK_FALSE(in_memory_plan(cfg, *be, 0, &why));
+  CHECK(why == "runtime.in_memory is step");
+  cfg.runtime.in_memory = "plan";
+
+  // AdamW on the device: the in-memory step, no plan.
+  cfg.optimizer.placement = "device";
+  auto be2 = backend_for(cfg, false);
+  CHECK(make_train_engine(cfg, *be2)->plan() == nullptr);
+  CHECK_FALSE(in_memory_plan(cfg, *be2, 0, &why));
+  CHECK_THAT(why, Catch::Matchers::Contains("AdamW on the device"));
+}
+
+TEST_CASE("in-memory training as a plan is bitwise the in-memory step", "[in_memory_plan]") {
+  const bool streams = GENERATE(false, true);
+  const char* tensors = GENERATE("fp32", "bf16");
+  const int accum = GENERATE(1, 2);
+  for (double clip : {0.0, 0.5})
+    for (const char* state : {"fp32", "int8"}) {
+      if (std::string(state) == "int8" && std::string(tensors) == "fp32") continue;  // split
+      Config cfg = plan_config(tensors, clip, accum, state);
+      INFO((streams ? "cpu-streams" : "cpu") << ", tensors " << tensors << ", grad_accum "
+                                             << accum << ", clip " << clip << ", state "
+                                             << state);
+      const auto data = step_batches(cfg, 4);
+      auto ref_be = backend_for(cfg, false);
+      const test::EngineRun ref = test::in_memory_run(cfg, data, *ref_be);
+      auto be = backend_for(cfg, streams);
+      auto engine = make_train_engine(cfg, *be);
+      REQUIRE(engine->plan() != nullptr);
+      REQUIRE(engine->plan()->resident_weights);
+      const test::EngineRun run = engine_run(*engine, make_gpt_layout(cfg.model), data);
+      // The executor reports the norm in exact mode (clipping) only.
+      test::require_bitwise(run, ref, clip > 0);
+    }
+}
