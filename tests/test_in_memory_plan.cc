@@ -67,10 +67,9 @@ test::EngineRun engine_run(TrainEngine& engine, const ParamLayout& layout,
   out.params.assign(layout.total, 0.0f);
   for (size_t g = 0; g < layout.groups.size(); ++g) {
     float* dst = out.params.data() + layout.groups[g].offset;
-    engine.read_state(static_cast<int>(g), StateKind::kMaster,
-                      [&](size_t begin, const float* data, size_t n) {
-                        std::copy(data, data + n, dst + begin);
-                      });
+    engine.read_state(
+        static_cast<int>(g), StateKind::kMaster,
+        [&](size_t begin, const float* data, size_t n) { std::copy(data, data + n, dst + begin); });
   }
   return out;
 }
@@ -140,9 +139,8 @@ TEST_CASE("in-memory training as a plan is bitwise the in-memory step", "[in_mem
     for (const char* state : {"fp32", "int8"}) {
       if (std::string(state) == "int8" && std::string(tensors) == "fp32") continue;  // split
       Config cfg = plan_config(tensors, clip, accum, state);
-      INFO((streams ? "cpu-streams" : "cpu") << ", tensors " << tensors << ", grad_accum "
-                                             << accum << ", clip " << clip << ", state "
-                                             << state);
+      INFO((streams ? "cpu-streams" : "cpu") << ", tensors " << tensors << ", grad_accum " << accum
+                                             << ", clip " << clip << ", state " << state);
       const auto data = step_batches(cfg, 4);
       auto ref_be = backend_for(cfg, false);
       const test::EngineRun ref = test::in_memory_run(cfg, data, *ref_be);

@@ -291,3 +291,38 @@ TEST_CASE("exact mode stages gradients on SSD when host memory cannot hold them"
   CHECK_THROWS_WITH(make_plan(no_ssd),
                     Contains("held gradients (exact mode)") && Contains("offload.ssd_paths"));
 }
+
+TEST_CASE("exact mode's sums of squares on the device are bitwise the host's", "[scheduler]") {
+  const bool streams = GENERATE(false, true);
+  // fp32 tensors; bf16 summed in the device's gradients; fp16 (loss scaling, one micro-batch:
+  // no fp32 sums); bf16 with fp32 sums on the host, where the sums stay on the host.
+  const std::string tensors = GENERATE("fp32", "bf16-tensors", "fp16", "bf16");
+  const int K = tensors == "fp16" ? 1 : 3;
+  INFO("backend " << (streams ? "cpu-streams" : "cpu") << ", tensors " << tensors);
+  Config cfg = accum_config(0.05, K, tensors);
+  auto data = step_data(cfg, 4);
+  Run ref = in_memory(cfg, data);
+  const int L = cfg.model.n_layer;
+  for (bool grads_ssd : {false, true}) {
+    INFO("held gradients on " << (grads_ssd ? "SSD" : "host"));
+    PlanRequest req = ssd_request(cfg);
+    req.grads_on_ssd = grads_ssd;
+    req.device_sum_squares = true;
+    const Plan plan = make_plan(req);
+    REQUIRE(plan.exact);
+    const bool on_device = !plan.accum_fp32;
+    CHECK(plan.device_sum_squares == on_device);
+    CHECK(count_kind(plan, OpKind::kDeviceGradSumSq) == (on_device ? L + 2 : 0));
+    CHECK(count_kind(plan, OpKind::kGradSumSq) == (on_device ? 0 : L + 2));
+    for (const PlanOp& op : plan.ops) {
+      if (op.kind != OpKind::kDeviceGradSumSq) continue;
+      // On the compute queue, reading the gradient on the device after the last micro-batch's
+      // backward made it.
+      CHECK(op.resource == Resource::kCompute);
+      CHECK(plan.buffers[op.use(Role::kSource).buffer].tier == Tier::kDevice);
+      CHECK(op.micro == K - 1);
+    }
+    auto store = open_store(str("devsq", grads_ssd));
+    require_bitwise(offloaded(cfg, plan, data, store.get(), streams), ref, true);
+  }
+}

@@ -159,6 +159,8 @@ enum class OpKind {
   kGradSumSq,        // sum of squares of one group's gradient (exact mode)
   kAccumulateGrads,  // a micro-batch's 16-bit gradient added into the group's fp32 sum
                      // (Plan::accum_fp32)
+  kDeviceGradSumSq,  // kGradSumSq from the device's gradient, on the compute queue
+                     // (Plan::device_sum_squares)
   // Forward-only plans (validation):
   kHeadLoss,  // final norm, logits and the loss, no backward
 };
@@ -244,6 +246,8 @@ constexpr OpKindInfo op_kind_info(OpKind k) {
       return {"grad_sum_sq", R::kOptimizer, T::kHostRead, Role::kSource};
     case OpKind::kAccumulateGrads:
       return {"accumulate_grads", R::kOptimizer, T::kHostSum};
+    case OpKind::kDeviceGradSumSq:
+      return {"device_grad_sum_sq", R::kCompute, T::kNone};
     case OpKind::kHeadLoss:
       return {"head_loss", R::kCompute, T::kNone};
   }
@@ -337,6 +341,10 @@ struct Plan {
   // PlanRequest::resident_weights: a device weight slot per layer, so every layer's weights
   // come up once a step (the forward's load after its update) and stay for the backward.
   bool resident_weights = false;
+  // PlanRequest::device_sum_squares, in exact mode without fp32 sums: each group's sum of
+  // squares runs on the compute queue from its gradient on the device (kDeviceGradSumSq),
+  // before the save, instead of on the optimizer's thread from the host copy (kGradSumSq).
+  bool device_sum_squares = false;
   PlanPools pools;
   // Every buffer the iteration uses, with its tier and size; MemoryPlan sums them.
   std::vector<PlanBuffer> buffers;
@@ -397,6 +405,12 @@ struct PlanRequest {
   // after its update; an error when the budget cannot hold them. Else as many slots as fit,
   // 4 at most.
   bool resident_weights = false;
+  // Exact mode's sums of squares (the clip's norm) on the compute queue, from each group's
+  // gradient on the device before its save, through Backend::sum_squares (a GPU's kernel with
+  // the host's bits), instead of on the optimizer's thread from the host copy, which then only
+  // updates. For backends whose device is not the host's CPU. Not with fp32 sums over
+  // micro-batches (Plan::accum_fp32): those are on the host.
+  bool device_sum_squares = false;
   bool optim_on_ssd = false;
   bool grads_on_ssd = false;  // held gradients (exact / grad_accum > 1) to SSD; else by budget
   // Parts of the embedding's save / update / refresh (PlanOp::parts); 0: by size. Only

@@ -324,6 +324,17 @@ void check_in_memory_host_budget(const Config& cfg, bool device_in_host) {
 
 }  // namespace
 
+namespace {
+
+// PlanRequest::device_sum_squares: where the device is a GPU's own memory, whose sum of squares
+// (Backend::sum_squares) frees the optimizer's thread; on the CPU backend the same host loop
+// would only move from that thread to compute's.
+bool device_sum_squares(const Backend& backend) {
+  return backend.supports_device_optimizer() && !backend.device_is_host_memory();
+}
+
+}  // namespace
+
 std::optional<Plan> in_memory_plan(const Config& cfg, Backend& backend, double attention_keys,
                                    std::string* why) {
   if (cfg.runtime.in_memory == "step") {
@@ -346,6 +357,7 @@ std::optional<Plan> in_memory_plan(const Config& cfg, Backend& backend, double a
   req.acts.assign(cfg.model.n_layer, ActPlacement::kKeep);
   req.resident_weights = true;
   req.device_in_host = device_in_host;
+  req.device_sum_squares = device_sum_squares(backend);
   req.embed_rows_first = backend.kind() != BackendKind::kCpu;
   // Sized unbounded, then held to the budgets: a plan over them leaves the run to the step.
   req.device_budget = 0;
@@ -373,6 +385,7 @@ Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s,
   req.embed_rows_first = backend.kind() != BackendKind::kCpu;
   req.spread_host_state = backend.kind() != BackendKind::kCpu;
   req.device_in_host = backend.device_is_host_memory();
+  req.device_sum_squares = device_sum_squares(backend);
   // A device of fixed capacity that is not host memory (a GPU, the emulated device) plans
   // within what it holds when offload.device_memory is unset.
   const uint64_t capacity = req.device_in_host ? 0 : backend.memory().capacity;

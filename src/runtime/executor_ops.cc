@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "fuyou/error.h"
+#include "fuyou/op_class.h"
 #include "fuyou/optim.h"
 #include "fuyou/sizes.h"
 #include "fuyou/train.h"
@@ -64,6 +65,12 @@ void PlanExecutor::Impl::run_op(Iter& it, const PlanOp& op) {
       return model_.embed_backward(globals(embed_g_, final_g_), at(op.use(Role::kResidual)));
     case OpKind::kGradSumSq:
       it.sum_sq[op.group] = group_sum_squares(at(op.use(Role::kSource)), grad_type(), op.params);
+      return;
+    case OpKind::kDeviceGradSumSq:
+      if (be_.timing_on())
+        be_.timing_mark(timing_tag(StepPhase::kOptimizer, OpClass::kDeviceOptimizer));
+      // One group at offset 0: group_sum_squares's bits (Backend::sum_squares).
+      it.sum_sq[op.group] = be_.sum_squares(at(op.use(Role::kSource)), tensors_, {{0, op.params}});
       return;
     case OpKind::kAccumulateGrads: {
       const BufferUse& sum = op.use(Role::kDest);

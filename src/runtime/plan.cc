@@ -61,6 +61,7 @@ class Placer {
     plan_.exact = req_.exact;
     plan_.optim_format = req_.optim_format;
     plan_.resident_weights = req_.resident_weights;
+    plan_.device_sum_squares = req_.device_sum_squares && req_.exact && !accum_fp32_;
     if (req_.grad_accum < 1)
       throw ConfigError(str("schedule.grad_accum is ", req_.grad_accum, "; it must be at least 1"));
     plan_.grad_accum = req_.grad_accum;

@@ -681,8 +681,23 @@ class IterationBuilder {
     if (!last) return;
     if (deferred) return deferred_updates_.push_back({group, ready, where});
     if (!req_.exact) return emit_update({group, ready, where}, -1);
-    sum_sq_then_pend(group, save_id, where,
-                     kind_of(where) == BufferKind::kGradStage ? ready : save_id);
+    const int held = kind_of(where) == BufferKind::kGradStage ? ready : save_id;
+    if (plan_.device_sum_squares) return device_sum_sq_then_pend(group, producer, src, where, held);
+    sum_sq_then_pend(group, save_id, where, held);
+  }
+
+  // Exact mode, Plan::device_sum_squares: group `group`'s share of the norm from its gradient
+  // in device buffer `device_grad`, on the compute queue right after op `producer` made it
+  // (beside its save, which also only reads it; the buffer's next write is compute's, behind
+  // this in the queue); its update reads `host_grad` after the norm and op `ready`.
+  void device_sum_sq_then_pend(int group, int producer, int device_grad, int host_grad, int ready) {
+    PlanOp& q = add(OpKind::kDeviceGradSumSq, {producer});
+    q.group = group;
+    q.layer = group >= 1 && group <= n_layer_ ? group - 1 : -1;
+    q.params = group_params(group);
+    use(q, device_grad, Access::kRead, Role::kSource, 0, group_bytes(group));
+    sum_sq_ops_.push_back(q.id);
+    pending_.push_back({group, ready, host_grad});
   }
 
   // Exact mode: group `group`'s share of the norm, read from `grad` in host memory after op

@@ -190,6 +190,7 @@ nlohmann::json Plan::to_json() const {
   j["forward_only"] = forward_only;
   j["deferred_updates"] = deferred_updates;
   j["resident_weights"] = resident_weights;
+  j["device_sum_squares"] = device_sum_squares;
   for (const auto& d : layers) {
     nlohmann::json l{{"activations", act_placement_name(d.act)},
                      {"weights", tier_name(d.weights)},

@@ -39,6 +39,8 @@ Prediction predict(const Config& cfg, const HardwareProfile& hw, const SimulateO
   PlanRequest req = plan_request(cfg);
   req.micro_batch = batch;
   req.have_ssd = true;
+  // On a GPU the engine sums the gradients' squares on the device (train_plan).
+  req.device_sum_squares = hw.backend != "cpu";
   // Budgets: the config's where it sets them, else the profile's capacities.
   if (!req.device_budget) req.device_budget = hw.device_memory;
   if (!req.host_budget) req.host_budget = hw.host_memory;
