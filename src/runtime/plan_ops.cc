@@ -647,6 +647,11 @@ class IterationBuilder {
       return save_embed_grads_in_parts(producer);
     std::vector<int> deps = {producer};
     const int src = grads_on_device(group, dev_slot);
+    // Exact mode, Plan::device_sum_squares: the group's share of the norm first, on the compute
+    // queue right after the backward that made the gradient, and the save after it: the save
+    // is what the slot's next writer (a held gradient's load, on the h2d queue) waits for.
+    const bool device_sq = last && req_.exact && plan_.device_sum_squares;
+    if (device_sq) deps.push_back(device_sum_sq(group, producer, src));
     int where = -1, ready = -1, save_id = -1;
     const bool deferred = is_layer && group > n_layer_ - deferred_;
     if (deferred) {
@@ -682,22 +687,20 @@ class IterationBuilder {
     if (deferred) return deferred_updates_.push_back({group, ready, where});
     if (!req_.exact) return emit_update({group, ready, where}, -1);
     const int held = kind_of(where) == BufferKind::kGradStage ? ready : save_id;
-    if (plan_.device_sum_squares) return device_sum_sq_then_pend(group, producer, src, where, held);
+    if (device_sq) return pending_.push_back({group, held, where});
     sum_sq_then_pend(group, save_id, where, held);
   }
 
   // Exact mode, Plan::device_sum_squares: group `group`'s share of the norm from its gradient
-  // in device buffer `device_grad`, on the compute queue right after op `producer` made it
-  // (beside its save, which also only reads it; the buffer's next write is compute's, behind
-  // this in the queue); its update reads `host_grad` after the norm and op `ready`.
-  void device_sum_sq_then_pend(int group, int producer, int device_grad, int host_grad, int ready) {
+  // in device buffer `grad`, on the compute queue after op `producer` made it. Returns the op.
+  int device_sum_sq(int group, int producer, int grad) {
     PlanOp& q = add(OpKind::kDeviceGradSumSq, {producer});
     q.group = group;
     q.layer = group >= 1 && group <= n_layer_ ? group - 1 : -1;
     q.params = group_params(group);
-    use(q, device_grad, Access::kRead, Role::kSource, 0, group_bytes(group));
+    use(q, grad, Access::kRead, Role::kSource, 0, group_bytes(group));
     sum_sq_ops_.push_back(q.id);
-    pending_.push_back({group, ready, host_grad});
+    return q.id;
   }
 
   // Exact mode: group `group`'s share of the norm, read from `grad` in host memory after op
