@@ -71,6 +71,7 @@ CudaBackend::CudaBackend(int device, uint64_t capacity) : device_(device) {
   // Set after cublasSetStream, which resets it; outside the arena, within kDeviceReserve.
   FY_CUDA(cudaMalloc(&blas_workspace_, kBlasWorkspace));
   FY_CUBLAS(cublasSetWorkspace(blas_, blas_workspace_, kBlasWorkspace));
+  lt_bias_ = std::make_unique<LtBiasGemm>();
 }
 
 CudaBackend::~CudaBackend() {
@@ -79,6 +80,7 @@ CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   cudaDeviceSynchronize();
   cudnn_.reset();
+  lt_bias_.reset();
   if (blas_) cublasDestroy(blas_);
   for (cudaEvent_t e : {h2d_ready_, d2h_ready_, zeroed_})
     if (e) cudaEventDestroy(e);
@@ -382,6 +384,14 @@ void CudaBackend::add_column_sums(void* out, const void* x, int N, int C) {
 void CudaBackend::matmul_forward(void* out, const void* in, const void* w, const void* bias, int N,
                                  int IC, int OC) {
   bind();
+  // 16-bit tensors: the bias in the GEMM's epilogue, where cuBLASLt has an algorithm for the
+  // shape (each output rounded once from the fp32 product plus the bias, as below).
+  if (bias && N > 0 && OC > 0 && IC > 0 && storage_ != ElemType::kF32) {
+    std::lock_guard<std::mutex> lock(blas_mu_);
+    if (lt_bias_->run(compute_, blas_workspace_, kBlasWorkspace, blas_type(storage_), out, in, w,
+                      bias, N, IC, OC))
+      return;
+  }
   float beta = 0.0f;
   if (bias && N > 0 && OC > 0) {
     FY_TYPED(E, {

@@ -29,6 +29,7 @@
 #include "fuyou/backend.h"
 #include "kernels/common/arena.h"
 #include "kernels/cuda/cudnn_attention.h"
+#include "kernels/cuda/lt_bias_gemm.h"
 
 namespace fuyou::cuda {
 
@@ -149,6 +150,9 @@ class CudaBackend final : public Backend {
   static constexpr size_t kBlasWorkspace = 32u << 20;  // cublasSetWorkspace's
   void* blas_workspace_ = nullptr;
   std::mutex blas_mu_;  // a cuBLAS handle must not be used by two threads at once
+  // matmul_forward's bias in the GEMM's epilogue (16-bit tensors), under blas_mu_, sharing
+  // the cuBLAS workspace on the compute stream.
+  std::unique_ptr<LtBiasGemm> lt_bias_;
 
   // Arena: one cudaMalloc, its blocks kept by ArenaBlocks (kernels/common/arena.h), every
   // block a multiple of kAlign.
