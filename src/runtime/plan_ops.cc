@@ -691,29 +691,28 @@ class IterationBuilder {
     sum_sq_then_pend(group, save_id, where, held);
   }
 
-  // Exact mode, Plan::device_sum_squares: group `group`'s share of the norm from its gradient
-  // in device buffer `grad`, on the compute queue after op `producer` made it. Returns the op.
-  int device_sum_sq(int group, int producer, int grad) {
-    PlanOp& q = add(OpKind::kDeviceGradSumSq, {producer});
+  // Exact mode: an op of `kind` (kGradSumSq, kDeviceGradSumSq) that sums the squares of group
+  // `group`'s gradient, the first `bytes` of buffer `grad`, after op `after`: the group's share
+  // of the norm. Returns its id.
+  int sum_sq_op(OpKind kind, int group, int after, int grad, uint64_t bytes) {
+    PlanOp& q = add(kind, {after});
     q.group = group;
     q.layer = group >= 1 && group <= n_layer_ ? group - 1 : -1;
     q.params = group_params(group);
-    use(q, grad, Access::kRead, Role::kSource, 0, group_bytes(group));
+    use(q, grad, Access::kRead, Role::kSource, 0, bytes);
     sum_sq_ops_.push_back(q.id);
     return q.id;
   }
-
-  // Exact mode: group `group`'s share of the norm, read from `grad` in host memory after op
-  // `after`; its update waits for the norm and for op `ready`.
+  // Plan::device_sum_squares: from the gradient in device buffer `grad` (the group's own size),
+  // on the compute queue after op `producer` made it.
+  int device_sum_sq(int group, int producer, int grad) {
+    return sum_sq_op(OpKind::kDeviceGradSumSq, group, producer, grad, group_bytes(group));
+  }
+  // From `grad` in host memory after op `after` (all of its buffer but in a host gradient
+  // slot, the largest group's); the update waits for the norm and for op `ready`.
   void sum_sq_then_pend(int group, int after, int grad, int ready) {
-    PlanOp& q = add(OpKind::kGradSumSq, {after});
-    q.group = group;
-    q.layer = group >= 1 && group <= n_layer_ ? group - 1 : -1;
-    q.params = group_params(group);
-    // The group's gradient: all of its buffer but in a host gradient slot (the largest group's).
-    use(q, grad, Access::kRead, Role::kSource, 0, held_bytes(group));
-    sum_sq_ops_.push_back(q.id);
-    consumed(grad, q.id, /*add_user=*/true);
+    const int q = sum_sq_op(OpKind::kGradSumSq, group, after, grad, held_bytes(group));
+    consumed(grad, q, /*add_user=*/true);
     pending_.push_back({group, ready, grad});
   }
 
