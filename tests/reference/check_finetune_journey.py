@@ -40,10 +40,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "fixtures", "hf")
 PROMPTS = ["the people of the world", "Good day, how are you", "one two three"]
 NEW_TOKENS = 16
-# transformers' greedy path must not pass a near tie between its two best logits: the engine's
-# fp32 arithmetic differs from PyTorch's in the last bits (measured below 1e-6 relative on
-# these models), so a margin this much larger makes a differing token a real difference.
+# transformers' greedy path is compared up to its first near tie between its two best logits:
+# the engine's fp32 arithmetic differs from PyTorch's in the last bits (measured below 1e-6
+# relative on these models), so a margin this much larger makes a differing token a real
+# difference, and past a smaller one either token is right. Where the run stops depends on
+# when the SIGINT lands, so the fine-tuned weights, and their ties, vary between runs: a
+# case with a tie is compared up to it, and at least MIN_WHOLE of a model's cases must have
+# none (compared whole, text included).
 MIN_MARGIN = 1e-3
+MIN_WHOLE = 3
 
 WORDS = ("the of and to in is that it for on with as was by at this be from or have an are not "
          "but they which one you all were her she there would their we him been has when who "
@@ -105,13 +110,13 @@ def write_records(path, n, seed):
 
 
 def greedy_ref(model, ids):
-    """transformers' greedy continuation and the smallest top-1/top-2 logit gap on its path."""
+    """transformers' greedy continuation and its top-1/top-2 logit gap at each new token."""
     with torch.no_grad():
         out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
                              output_scores=True, return_dict_in_generate=True,
                              pad_token_id=model.config.eos_token_id)
-    margin = min((s[0].topk(2).values[0] - s[0].topk(2).values[1]).item() for s in out.scores)
-    return out.sequences[0, len(ids):].tolist(), margin
+    gaps = [(s[0].topk(2).values[0] - s[0].topk(2).values[1]).item() for s in out.scores]
+    return out.sequences[0, len(ids):].tolist(), gaps
 
 
 def check_generation(build, model_dir, label, ref_dir=None):
@@ -123,6 +128,7 @@ def check_generation(build, model_dir, label, ref_dir=None):
     cases.append((PROMPTS[0], ["--chat"],
                   tok.apply_chat_template([{"role": "user", "content": PROMPTS[0]}], add_generation_prompt=True)))
     cases.append((PROMPTS[1], ["--stream-layers", "always"], tok(PROMPTS[1])["input_ids"]))
+    whole = 0
     for prompt, flags, ids in cases:
         got = json.loads(run([os.path.join(build, "fuyou-generate"), "--model", model_dir, "--prompt", prompt,
                               "--max-new-tokens", str(NEW_TOKENS), "--backend", "cpu", "--json"] + flags,
@@ -132,16 +138,26 @@ def check_generation(build, model_dir, label, ref_dir=None):
             raise SystemExit("%s: fuyou-generate encodes %s, transformers %s" % (what, got["prompt_ids"], ids))
         if got["streamed"] != ("--stream-layers" in flags):
             raise SystemExit("%s: streamed %s" % (what, got["streamed"]))
-        ref, margin = greedy_ref(model, ids)
-        if margin < MIN_MARGIN:
-            raise SystemExit("%s: transformers' greedy path has a near tie (margin %.3g): "
-                             "choose another prompt or seed" % (what, margin))
+        ref, gaps = greedy_ref(model, ids)
+        tie = next((i for i, g in enumerate(gaps) if g < MIN_MARGIN), None)
+        if tie is not None:
+            # Up to the tie only: the token there may go either way.
+            print("%s -> %s: transformers' greedy path has a near tie at new token %d (gap %.3g); "
+                  "compared the %d tokens before it" % (what, ref, tie, gaps[tie], tie))
+            if got["ids"][:tie] != ref[:tie]:
+                raise SystemExit("%s: fuyou-generate gave %s, transformers %s (the first %d agree "
+                                 "before a near tie)" % (what, got["ids"], ref, tie))
+            continue
+        whole += 1
         text = tok.decode(ref, skip_special_tokens=True)
-        print("%s -> %s %r (smallest top-2 gap %.3g)" % (what, ref, text, margin))
+        print("%s -> %s %r (smallest top-2 gap %.3g)" % (what, ref, text, min(gaps)))
         if got["ids"] != ref:
             raise SystemExit("%s: fuyou-generate gave %s, transformers %s" % (what, got["ids"], ref))
         if got["text"] != text:
             raise SystemExit("%s: fuyou-generate's text %r, transformers' %r" % (what, got["text"], text))
+    if whole < MIN_WHOLE:
+        raise SystemExit("%s: only %d of %d cases without a near tie in transformers' greedy path "
+                         "(at least %d needed): choose other prompts or seeds" % (label, whole, len(cases), MIN_WHOLE))
 
 
 def check_export(base_dir, export_dir, expect):
