@@ -71,7 +71,12 @@ CudaBackend::CudaBackend(int device, uint64_t capacity) : device_(device) {
   // Set after cublasSetStream, which resets it; outside the arena, within kDeviceReserve.
   FY_CUDA(cudaMalloc(&blas_workspace_, kBlasWorkspace));
   FY_CUBLAS(cublasSetWorkspace(blas_, blas_workspace_, kBlasWorkspace));
-  lt_bias_ = std::make_unique<LtBiasGemm>();
+  // Without cuBLASLt the bias keeps its broadcast kernel: slower, the same results' bound.
+  try {
+    lt_bias_ = std::make_unique<LtBiasGemm>();
+  } catch (const Error& e) {
+    spdlog::warn("cuda: {}; matmul_forward adds the bias with its own kernel", e.what());
+  }
 }
 
 CudaBackend::~CudaBackend() {
@@ -386,7 +391,7 @@ void CudaBackend::matmul_forward(void* out, const void* in, const void* w, const
   bind();
   // 16-bit tensors: the bias in the GEMM's epilogue, where cuBLASLt has an algorithm for the
   // shape (each output rounded once from the fp32 product plus the bias, as below).
-  if (bias && N > 0 && OC > 0 && IC > 0 && storage_ != ElemType::kF32) {
+  if (lt_bias_ && bias && N > 0 && OC > 0 && IC > 0 && storage_ != ElemType::kF32) {
     std::lock_guard<std::mutex> lock(blas_mu_);
     if (lt_bias_->run(compute_, blas_workspace_, kBlasWorkspace, blas_type(storage_), out, in, w,
                       bias, N, IC, OC))
