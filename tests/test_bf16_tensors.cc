@@ -475,6 +475,39 @@ TEST_CASE("runtime.attention is validated, and a backend without cuDNN refuses c
   CHECK(parse_config(config_to_yaml(ok), "<t>").runtime.attention == "cudnn");
 }
 
+TEST_CASE("runtime.gemm_bias is validated, and a backend without the epilogue refuses it by name",
+          "[bf16]") {
+  using Catch::Matchers::Contains;
+  CHECK(parse_config("", "<t>").runtime.gemm_bias == "kernel");
+  CHECK_THROWS_WITH(
+      parse_config("runtime: {gemm_bias: fused}\n", "<t>"),
+      Contains("runtime.gemm_bias") && Contains("'fused' is not one of kernel, epilogue"));
+  // cuBLASLt's bias epilogue takes 16-bit tensors and runs on the CUDA backend only.
+  CHECK_THROWS_WITH(
+      parse_config("runtime: {gemm_bias: epilogue}\n", "<t>"),
+      Contains("runtime.gemm_bias") && Contains("16-bit tensors") && Contains("fp32"));
+  CHECK_THROWS_WITH(
+      parse_config("runtime: {gemm_bias: epilogue, device_tensors: bf16, backend: cpu}\n", "<t>"),
+      Contains("runtime.gemm_bias") && Contains("CUDA backend") && Contains("'cpu'"));
+  const Config ok =
+      parse_config("runtime: {gemm_bias: epilogue, device_tensors: bf16, backend: auto}\n", "<t>");
+  CHECK(ok.runtime.gemm_bias == "epilogue");
+  // backend auto without a GPU is the CPU: it refuses rather than run without the epilogue
+  // asked for.
+  if (cuda_usable_devices(nullptr) == 0)
+    CHECK_THROWS_WITH(make_backend(ok, nullptr),
+                      Contains("runtime.gemm_bias is epilogue") && Contains("cpu"));
+  for (const char* b : {"cpu", "cpu-streams"}) {
+    INFO(b);
+    auto be = make_backend(
+        parse_config(str("runtime: {gemm_bias: kernel, device_tensors: bf16, backend: ", b, "}\n"),
+                     "<t>"),
+        nullptr);
+    CHECK(be->storage_type() == ElemType::kBF16);
+  }
+  CHECK(parse_config(config_to_yaml(ok), "<t>").runtime.gemm_bias == "epilogue");
+}
+
 TEST_CASE("cuDNN's attention graphs: every descriptor finalizes, no device needed",
           "[bf16][cudnn]") {
   using Catch::Matchers::Contains;

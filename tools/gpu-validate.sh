@@ -341,6 +341,11 @@ run_perf() {
   step bench-gpt2-bf16-tensors 120 bench_train "$work/bench-bf16-tensors.json" --config "$root/configs/gpt2-124m.yaml" \
     "${cuda_sets[@]}" --set runtime.precision=bf16 --set runtime.device_tensors=bf16 --set schedule.micro_batch=8 \
     --steps 8 --warmup 2 --breakdown
+  local gpt2_16=(--config "$root/configs/gpt2-124m.yaml" "${cuda_sets[@]}" --set runtime.precision=bf16
+                 --set runtime.device_tensors=bf16 --set schedule.micro_batch=8)
+  # The same with the projections' bias in cuBLASLt's epilogue (runtime.gemm_bias: epilogue).
+  step bench-gpt2-bf16-tensors-bias-epilogue 120 bench_train "$work/bench-bf16-tensors-bias-epilogue.json" \
+    "${gpt2_16[@]}" --set runtime.gemm_bias=epilogue --steps 8 --warmup 2 --breakdown
   # The same with AdamW on the host (optimizer.placement: host): what the device optimizer saves.
   # In memory as a plan (gradients down, AdamW and weights up beside the backward and the next
   # forward), then as the in-memory step (those phases in turn): what the plan saves.
@@ -351,8 +356,6 @@ run_perf() {
     "${host_adamw[@]}"
   step bench-gpt2-bf16-tensors-host-adamw-step 120 bench_train "$work/bench-bf16-tensors-host-step.json" \
     "${host_adamw[@]}" --set runtime.in_memory=step
-  local gpt2_16=(--config "$root/configs/gpt2-124m.yaml" "${cuda_sets[@]}" --set runtime.precision=bf16
-                 --set runtime.device_tensors=bf16 --set schedule.micro_batch=8)
   step torch-peer-gpt2 240 torch_peer "$work/torch-peer-gpt2.jsonl" train --mode best --batch 8 --seq 1024
   step bench-gpt2-bf16-tensors-again 120 bench_train "$work/bench-bf16-tensors-2.json" "${gpt2_16[@]}" \
     --steps 8 --warmup 2 --breakdown --trace "$out/trace-gpt2-in-memory.json"

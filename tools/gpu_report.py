@@ -137,7 +137,8 @@ def main():
             f["engine_step_s"] = e
             f["engine_over_best"] = best["step_s"] / e
         figures["gpt2-124m-pytorch-peer"] = f
-    for name, file in (("gpt2-124m-bf16-tensors-host-adamw", "bench-bf16-tensors-host.json"),
+    for name, file in (("gpt2-124m-bf16-tensors-bias-epilogue", "bench-bf16-tensors-bias-epilogue.json"),
+                       ("gpt2-124m-bf16-tensors-host-adamw", "bench-bf16-tensors-host.json"),
                        ("gpt2-124m-bf16-tensors-host-adamw-step", "bench-bf16-tensors-host-step.json"),
                        ("gpt3-2.7b-device-24g", "bench-2.7b-24g.json"),
                        ("gpt3-2.7b-device-24g-int8-split", "bench-2.7b-24g-int8.json"),
@@ -152,7 +153,8 @@ def main():
         g = read_json(os.path.join(a.work, file))
         if g:
             figures[name] = {k: g.get(k) for k in ("layer_engine_tflops", "layer_cublaslt_tflops",
-                                                  "layer_engine_over_cublaslt", "shapes")}
+                                                  "layer_engine_over_cublaslt", "layer_with_bias_kernel_tflops",
+                                                  "layer_with_bias_epilogue_tflops", "shapes")}
     prof = profile_figures(os.path.join(a.out, "this-gpu.yaml"))
     if prof:
         if peak:

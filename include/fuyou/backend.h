@@ -265,6 +265,10 @@ class Backend {
   // refuses kCudnn (an Error naming itself), so a request it cannot honour never runs
   // quietly on other kernels.
   virtual void set_attention_impl(AttentionImpl impl);
+  // runtime.gemm_bias: true adds the projections' bias in the GEMM's epilogue (CUDA, 16-bit
+  // tensors, cuBLASLt) instead of a broadcast kernel before a GEMM with beta = 1. A backend
+  // without such an epilogue refuses true (an Error naming itself).
+  virtual void set_bias_epilogue(bool on);
   virtual ElemType storage_type() const = 0;
   size_t storage_bytes() const { return elem_type_size(storage_type()); }
 

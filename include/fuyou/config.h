@@ -159,6 +159,9 @@ struct RuntimeConfig {
   // Attention kernels: auto (cuDNN's fused flash attention on the CUDA backend with 16-bit
   // tensors, else the backend's own), kernels (the backend's own: the CPU's arithmetic), cudnn.
   std::string attention = "auto";
+  // The projections' bias on the CUDA backend with 16-bit tensors: kernel (a broadcast kernel,
+  // then the GEMM adds its product, beta = 1) or epilogue (cuBLASLt adds it in the GEMM).
+  std::string gemm_bias = "kernel";
   // In-memory runs with AdamW on the host: plan (a plan of the executor, in_memory_plan) or
   // step (InMemoryStep, its phases one after the other: for comparison).
   std::string in_memory = "plan";

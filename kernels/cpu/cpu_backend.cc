@@ -122,6 +122,12 @@ void Backend::set_attention_impl(AttentionImpl impl) {
                     " has no cuDNN attention (it runs on the CUDA backend with 16-bit tensors)"));
 }
 
+void Backend::set_bias_epilogue(bool on) {
+  if (on)
+    throw Error(str("runtime.gemm_bias is epilogue, but backend ", name(),
+                    " has no GEMM epilogue (it runs on the CUDA backend with 16-bit tensors)"));
+}
+
 void Backend::rope_forward_at(void*, int, int, int, int, int, float) {
   throw Error(str("backend ", name(),
                   " has no rope_forward_at (decoding with a key/value cache runs on the cpu "

@@ -71,12 +71,6 @@ CudaBackend::CudaBackend(int device, uint64_t capacity) : device_(device) {
   // Set after cublasSetStream, which resets it; outside the arena, within kDeviceReserve.
   FY_CUDA(cudaMalloc(&blas_workspace_, kBlasWorkspace));
   FY_CUBLAS(cublasSetWorkspace(blas_, blas_workspace_, kBlasWorkspace));
-  // Without cuBLASLt the bias keeps its broadcast kernel: slower, the same results' bound.
-  try {
-    lt_bias_ = std::make_unique<LtBiasGemm>();
-  } catch (const Error& e) {
-    spdlog::warn("cuda: {}; matmul_forward adds the bias with its own kernel", e.what());
-  }
 }
 
 CudaBackend::~CudaBackend() {
@@ -146,6 +140,23 @@ void CudaBackend::set_attention_impl(AttentionImpl impl) {
   // auto with fp32 tensors runs no cuDNN: it is opened when 16-bit tensors first need it.
   if (impl == AttentionImpl::kCudnn || (impl == AttentionImpl::kAuto && storage_ != ElemType::kF32))
     load_cudnn();
+}
+
+void CudaBackend::set_bias_epilogue(bool on) {
+  // runtime.gemm_bias: epilogue asks for cuBLASLt, so a cuBLASLt that cannot start is an error
+  // here, not a quiet return to the broadcast kernel.
+  if (!on) {
+    lt_bias_.reset();
+    return;
+  }
+  if (lt_bias_) return;
+  bind();
+  try {
+    lt_bias_ = std::make_unique<LtBiasGemm>();
+  } catch (const Error& e) {
+    throw Error(
+        str("runtime.gemm_bias is epilogue, but ", e.what(), " (use runtime.gemm_bias: kernel)"));
+  }
 }
 
 void CudaBackend::load_cudnn() {
@@ -389,13 +400,16 @@ void CudaBackend::add_column_sums(void* out, const void* x, int N, int C) {
 void CudaBackend::matmul_forward(void* out, const void* in, const void* w, const void* bias, int N,
                                  int IC, int OC) {
   bind();
-  // 16-bit tensors: the bias in the GEMM's epilogue, where cuBLASLt has an algorithm for the
-  // shape (each output rounded once from the fp32 product plus the bias, as below).
+  // runtime.gemm_bias epilogue, 16-bit tensors: the bias in the GEMM's epilogue, where cuBLASLt
+  // has an algorithm for the shape (each output rounded once from the fp32 product plus the
+  // bias, as below); else, and by default, the broadcast kernel and cuBLAS's GEMM.
   if (lt_bias_ && bias && N > 0 && OC > 0 && IC > 0 && storage_ != ElemType::kF32) {
     std::lock_guard<std::mutex> lock(blas_mu_);
     if (lt_bias_->run(compute_, blas_workspace_, kBlasWorkspace, blas_type(storage_), out, in, w,
-                      bias, N, IC, OC))
+                      bias, N, IC, OC)) {
+      ++bias_epilogues_;
       return;
+    }
   }
   float beta = 0.0f;
   if (bias && N > 0 && OC > 0) {

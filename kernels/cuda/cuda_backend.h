@@ -51,6 +51,12 @@ class CudaBackend final : public Backend {
   // tensors the attention then runs on cuDNN's fused kernels, a shape it refuses on this
   // backend's kernels (attention.cu), logged once per reason.
   void set_attention_impl(AttentionImpl impl) override;
+  // runtime.gemm_bias: on, matmul_forward adds the bias in cuBLASLt's epilogue where cuBLASLt
+  // has an algorithm for the shape (lt_bias_gemm.h); throws when cuBLASLt cannot start. Off
+  // (the default): the broadcast kernel and cuBLAS's GEMM, beta = 1.
+  void set_bias_epilogue(bool on) override;
+  // matmul_forward calls whose bias the epilogue added.
+  uint64_t bias_epilogues() const { return bias_epilogues_.load(); }
   // Whether attention_forward / backward go to cuDNN (for a shape it accepts).
   bool fused_attention() const;
   // Calls cuDNN refused so far (each ran on the kernels instead), and the cuDNN in use.
@@ -152,7 +158,8 @@ class CudaBackend final : public Backend {
   std::mutex blas_mu_;  // a cuBLAS handle must not be used by two threads at once
   // matmul_forward's bias in the GEMM's epilogue (16-bit tensors), under blas_mu_, sharing
   // the cuBLAS workspace on the compute stream.
-  std::unique_ptr<LtBiasGemm> lt_bias_;
+  std::unique_ptr<LtBiasGemm> lt_bias_;  // runtime.gemm_bias epilogue only
+  std::atomic<uint64_t> bias_epilogues_{0};
 
   // Arena: one cudaMalloc, its blocks kept by ArenaBlocks (kernels/common/arena.h), every
   // block a multiple of kAlign.

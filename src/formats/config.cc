@@ -427,6 +427,7 @@ void runtime_keys(F&& key) {
   key("precision", &R::precision, OneOf{{"auto", "fp32", "bf16", "fp16"}});
   key("device_tensors", &R::device_tensors, OneOf{{"fp32", "bf16", "fp16"}});
   key("attention", &R::attention, OneOf{{"auto", "kernels", "cudnn"}});
+  key("gemm_bias", &R::gemm_bias, OneOf{{"kernel", "epilogue"}});
   key("in_memory", &R::in_memory, OneOf{{"plan", "step"}});
   key("seed", &R::seed, Free{});
   key("stream_delay_us", &R::stream_delay_us, closed(0, 1000000, " microseconds"));
@@ -718,6 +719,13 @@ RuntimeConfig parse_runtime(const YAML::Node& node, const Origin& source,
   if (r.attention == "cudnn" && r.backend != "cuda" && r.backend != "auto")
     s.fail("attention",
            str("cudnn runs on the CUDA backend, but runtime.backend is '", r.backend, "'"));
+  if (r.gemm_bias == "epilogue" && r.device_tensors == "fp32")
+    s.fail("gemm_bias",
+           "the epilogue (cuBLASLt) takes 16-bit tensors, but device_tensors is fp32 (set "
+           "device_tensors: bf16, or gemm_bias: kernel)");
+  if (r.gemm_bias == "epilogue" && r.backend != "cuda" && r.backend != "auto")
+    s.fail("gemm_bias",
+           str("the epilogue runs on the CUDA backend, but runtime.backend is '", r.backend, "'"));
   return r;
 }
 

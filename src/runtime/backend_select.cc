@@ -124,6 +124,7 @@ void apply_precision(Backend& be, const RuntimeConfig& runtime) {
   be.set_attention_impl(runtime.attention == "cudnn"     ? AttentionImpl::kCudnn
                         : runtime.attention == "kernels" ? AttentionImpl::kKernels
                                                          : AttentionImpl::kAuto);
+  be.set_bias_epilogue(runtime.gemm_bias == "epilogue");
 }
 
 std::unique_ptr<Backend> make_emulated_backend(const Config& cfg) {

@@ -485,11 +485,13 @@ nlohmann::json run_cuda_gemm_bench(const Config& cfg, int reps) {
   auto be = make_cuda_backend(0, arena);
   be->set_storage_type(ElemType::kBF16);
   be->set_matmul_precision(MatmulPrecision::kBf16);
+  size_t widest = 0;
+  for (const auto& g : gemms) widest = std::max(widest, static_cast<size_t>(g.out));
   struct Buffers {
     Backend& be;
-    void *x, *y, *dx, *dy, *w, *dw;
+    void *x, *y, *dx, *dy, *w, *dw, *bias, *dbias;
     ~Buffers() {
-      for (void* p : {x, y, dx, dy, w, dw}) be.free(p);
+      for (void* p : {x, y, dx, dy, w, dw, bias, dbias}) be.free(p);
     }
   } b{*be,
       be->alloc(2 * act, "gemm bench x"),
@@ -497,9 +499,22 @@ nlohmann::json run_cuda_gemm_bench(const Config& cfg, int reps) {
       be->alloc(2 * act, "gemm bench dx"),
       be->alloc(2 * act, "gemm bench dy"),
       be->alloc(2 * wts, "gemm bench w"),
-      be->alloc(2 * wts, "gemm bench dw")};
+      be->alloc(2 * wts, "gemm bench dw"),
+      be->alloc(2 * widest, "gemm bench bias"),
+      be->alloc(2 * widest, "gemm bench bias gradient")};
+  // The layer GEMMs with a bias, as GPT-2's projections have: the forward with the bias by the
+  // broadcast kernel (runtime.gemm_bias kernel) and by cuBLASLt's epilogue (epilogue), the
+  // backward with the bias gradient. "" or why the epilogue could not be asked for.
+  std::string no_epilogue;
+  try {
+    be->set_bias_epilogue(true);
+    be->set_bias_epilogue(false);
+  } catch (const Error& e) {
+    no_epilogue = e.what();
+  }
   nlohmann::json rows = nlohmann::json::array();
   double layer_flops = 0, layer_engine_s = 0, layer_lt_s = 0;
+  double biased_kernel_s = 0, biased_epilogue_s = 0;
   for (const auto& g : gemms) {
     const double flops = 2.0 * N * g.in * g.out;
     // Forward: out^T (out x N) = W (col-major in x out, transposed) x^T (col-major in x N).
@@ -513,6 +528,26 @@ nlohmann::json run_cuda_gemm_bench(const Config& cfg, int reps) {
       be->matmul_backward(b.dx, b.dw, nullptr, b.dy, b.x, b.w, N, g.in, g.out);
     });
     const double lt_bwd = dxt.median_s + dwt.median_s;
+    nlohmann::json biased;
+    if (std::string(g.part) != "lm_head") {
+      const double k_fwd = engine_seconds(
+          *be, reps, [&] { be->matmul_forward(b.y, b.x, b.w, b.bias, N, g.in, g.out); });
+      const double k_bwd = engine_seconds(*be, reps, [&] {
+        be->matmul_backward(b.dx, b.dw, b.dbias, b.dy, b.x, b.w, N, g.in, g.out);
+      });
+      biased = {{"forward_kernel_tflops", flops / k_fwd / 1e12},
+                {"backward_tflops", 2 * flops / k_bwd / 1e12}};
+      biased_kernel_s += k_fwd + k_bwd;
+      if (no_epilogue.empty()) {
+        be->set_bias_epilogue(true);
+        const double e = engine_seconds(
+            *be, reps, [&] { be->matmul_forward(b.y, b.x, b.w, b.bias, N, g.in, g.out); });
+        be->set_bias_epilogue(false);
+        biased["forward_epilogue_tflops"] = flops / e / 1e12;
+        biased["forward_epilogue_over_kernel"] = k_fwd / e;
+        biased_epilogue_s += e + k_bwd;
+      }
+    }
     rows.push_back({{"part", g.part},
                     {"in", g.in},
                     {"out", g.out},
@@ -524,7 +559,8 @@ nlohmann::json run_cuda_gemm_bench(const Config& cfg, int reps) {
                     {"backward",
                      {{"cublaslt_tflops", 2 * flops / lt_bwd / 1e12},
                       {"engine_tflops", 2 * flops / e_bwd / 1e12},
-                      {"engine_over_cublaslt", lt_bwd / e_bwd}}}});
+                      {"engine_over_cublaslt", lt_bwd / e_bwd}}},
+                    {"with_bias", biased}});
     if (std::string(g.part) != "lm_head") {
       layer_flops += 3 * flops;
       layer_engine_s += e_fwd + e_bwd;
@@ -536,7 +572,11 @@ nlohmann::json run_cuda_gemm_bench(const Config& cfg, int reps) {
           {"reps", reps},
           {"layer_engine_tflops", layer_flops / layer_engine_s / 1e12},
           {"layer_cublaslt_tflops", layer_flops / layer_lt_s / 1e12},
-          {"layer_engine_over_cublaslt", layer_lt_s / layer_engine_s}};
+          {"layer_engine_over_cublaslt", layer_lt_s / layer_engine_s},
+          {"layer_with_bias_kernel_tflops", layer_flops / biased_kernel_s / 1e12},
+          {"layer_with_bias_epilogue_tflops",
+           no_epilogue.empty() ? nlohmann::json(layer_flops / biased_epilogue_s / 1e12)
+                               : nlohmann::json(no_epilogue)}};
 }
 
 }  // namespace fuyou
