@@ -91,10 +91,16 @@ uint64_t in_memory_state_bytes(const ModelConfig& m, bool fp32_sums, const Optim
 // device's 16-bit gradients (schedule.grad_accum_type; PlanRequest::accum_fp32): grad_accum > 1
 // with 16-bit tensors, unless grad_accum_type is `tensors`.
 bool sums_grads_in_fp32(const Config& cfg);
+// The same for a backend whose tensors are `tensors` (Backend::storage_type).
+bool sums_grads_in_fp32(const ScheduleConfig& schedule, ElemType tensors);
 
 // The plan request a config asks for: model, micro-batch, budgets, SSD availability and the
 // activation decisions of offload.activations (empty for auto).
 PlanRequest plan_request(const Config& cfg);
+// The backend's rules for its plans (PlanDevice).
+PlanDevice plan_device(const Backend& backend);
+// plan_request(cfg) with the device's rules and PlanRequest::attention_keys.
+PlanRequest plan_request(const Config& cfg, const PlanDevice& device, double attention_keys);
 // The plan the offloading engine runs for this config on `backend` (make_train_engine, and
 // `fuyou-bench plan`): plan_request with the backend's rules (rows first and spread host state
 // where compute does not share the CPU, the device's memory counted on the host only where it

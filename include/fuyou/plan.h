@@ -434,6 +434,22 @@ struct PlanRequest {
   int deferred_updates = -1;
 };
 
+// What of the device a plan runs on shapes its request: one list of the device's rules for the
+// engine's plans (plan_device(Backend), src/runtime/engine.cc) and the simulator's
+// (plan_device(HardwareProfile), swap_search.h).
+struct PlanDevice {
+  // Compute does not share the CPU with the optimizer (a GPU, emulated or not):
+  // PlanRequest::embed_rows_first and spread_host_state.
+  bool own_compute = false;
+  bool device_in_host = true;  // PlanRequest::device_in_host
+  // PlanRequest::device_sum_squares: the sum of squares on a GPU's own memory frees the
+  // optimizer's thread; on the CPU backend the same host loop would only move from that thread
+  // to compute's.
+  bool sum_squares = false;
+};
+// `req` with the device's rules.
+PlanRequest with_device(PlanRequest req, const PlanDevice& device);
+
 // Element range [begin, end) of part `part` of `parts` of a group of `numel` elements; part
 // boundaries fall on multiples of 1024 elements (4 KiB of fp32).
 struct ParamRange {

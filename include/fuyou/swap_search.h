@@ -47,7 +47,9 @@ struct SwapSearchResult {
 SwapSearchResult search_swap(const PlanRequest& req, const HardwareProfile& hw,
                              const SwapSearchOptions& opts = {});
 
-// `req` for a device of `hw`'s kind: whether the arena is host memory, whether rows first applies.
+// The rules of a device of `hw`'s kind (its `backend`: cpu or a GPU; shared_cpu).
+PlanDevice plan_device(const HardwareProfile& hw);
+// `req` for a device of `hw`'s kind (with_device(req, plan_device(hw))).
 PlanRequest request_for_profile(PlanRequest req, const HardwareProfile& hw);
 
 }  // namespace fuyou

@@ -272,9 +272,13 @@ uint64_t in_memory_host_bytes(const ModelConfig& m, int micro_batch, bool device
   return kProcessBaseline + in_memory_state_bytes(m, fp32_sums, format) + arena;
 }
 
+bool sums_grads_in_fp32(const ScheduleConfig& schedule, ElemType tensors) {
+  return schedule.grad_accum > 1 && tensors != ElemType::kF32 &&
+         schedule.grad_accum_type != "tensors";
+}
+
 bool sums_grads_in_fp32(const Config& cfg) {
-  return cfg.schedule.grad_accum > 1 && device_tensor_bytes(cfg.runtime) < 4 &&
-         cfg.schedule.grad_accum_type != "tensors";
+  return sums_grads_in_fp32(cfg.schedule, device_tensor_type(cfg.runtime));
 }
 
 namespace {
@@ -323,17 +327,19 @@ void check_in_memory_host_budget(const Config& cfg, bool device_in_host) {
 }
 
 }  // namespace
-
-namespace {
-
-// PlanRequest::device_sum_squares: where the device is a GPU's own memory, whose sum of squares
-// (Backend::sum_squares) frees the optimizer's thread; on the CPU backend the same host loop
-// would only move from that thread to compute's.
-bool device_sum_squares(const Backend& backend) {
-  return backend.supports_device_optimizer() && !backend.device_is_host_memory();
+PlanDevice plan_device(const Backend& backend) {
+  PlanDevice d;
+  d.own_compute = backend.kind() != BackendKind::kCpu;
+  d.device_in_host = backend.device_is_host_memory();
+  d.sum_squares = backend.supports_device_optimizer() && !d.device_in_host;
+  return d;
 }
 
-}  // namespace
+PlanRequest plan_request(const Config& cfg, const PlanDevice& device, double attention_keys) {
+  PlanRequest req = with_device(plan_request(cfg), device);
+  req.attention_keys = attention_keys;
+  return req;
+}
 
 std::optional<Plan> in_memory_plan(const Config& cfg, Backend& backend, double attention_keys,
                                    std::string* why) {
@@ -352,13 +358,9 @@ std::optional<Plan> in_memory_plan(const Config& cfg, Backend& backend, double a
                cfg.optimizer.placement, ")");
     return std::nullopt;
   }
-  PlanRequest req = plan_request(cfg);
-  req.attention_keys = attention_keys;
+  PlanRequest req = plan_request(cfg, plan_device(backend), attention_keys);
   req.acts.assign(cfg.model.n_layer, ActPlacement::kKeep);
   req.resident_weights = true;
-  req.device_in_host = device_in_host;
-  req.device_sum_squares = device_sum_squares(backend);
-  req.embed_rows_first = backend.kind() != BackendKind::kCpu;
   // Sized unbounded, then held to the budgets: a plan over them leaves the run to the step.
   req.device_budget = 0;
   req.host_budget = 0;
@@ -380,12 +382,7 @@ std::optional<Plan> in_memory_plan(const Config& cfg, Backend& backend, double a
 
 Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s,
                 const HardwareProfile* placement, double attention_keys) {
-  PlanRequest req = plan_request(cfg);
-  req.attention_keys = attention_keys;
-  req.embed_rows_first = backend.kind() != BackendKind::kCpu;
-  req.spread_host_state = backend.kind() != BackendKind::kCpu;
-  req.device_in_host = backend.device_is_host_memory();
-  req.device_sum_squares = device_sum_squares(backend);
+  PlanRequest req = plan_request(cfg, plan_device(backend), attention_keys);
   // A device of fixed capacity that is not host memory (a GPU, the emulated device) plans
   // within what it holds when offload.device_memory is unset.
   const uint64_t capacity = req.device_in_host ? 0 : backend.memory().capacity;

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "fuyou/engine.h"
 #include "fuyou/error.h"
 #include "fuyou/log.h"
 #include "fuyou/optim.h"
@@ -101,9 +102,7 @@ bool in_memory_optimizer_on_device(const Config& cfg, Backend& be, uint64_t devi
   const ElemType store = be.storage_type();
   const uint64_t need =
       device_optimizer_bytes(layout.total, store == ElemType::kF32,
-                             store != ElemType::kF32 && cfg.schedule.grad_accum_type != "tensors" &&
-                                 cfg.schedule.grad_accum > 1,
-                             adamw_pieces(layout).size());
+                             sums_grads_in_fp32(cfg.schedule, store), adamw_pieces(layout).size());
   if (want == "device") {
     if (!be.supports_device_optimizer())
       throw ConfigError(str("optimizer.placement is device, but backend ", be.name(),

@@ -503,4 +503,12 @@ Plan make_plan(const PlanRequest& req) {
   return state_groups_on_ssd(deferred) <= state_groups_on_ssd(plain) ? deferred : plain;
 }
 
+PlanRequest with_device(PlanRequest req, const PlanDevice& device) {
+  req.embed_rows_first = device.own_compute;
+  req.spread_host_state = device.own_compute;
+  req.device_in_host = device.device_in_host;
+  req.device_sum_squares = device.sum_squares;
+  return req;
+}
+
 }  // namespace fuyou

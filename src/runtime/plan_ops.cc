@@ -650,7 +650,7 @@ class IterationBuilder {
     // Exact mode, Plan::device_sum_squares: the group's share of the norm first, on the compute
     // queue right after the backward that made the gradient, and the save after it: the save
     // is what the slot's next writer (a held gradient's load, on the h2d queue) waits for.
-    const bool device_sq = last && req_.exact && plan_.device_sum_squares;
+    const bool device_sq = last && plan_.device_sum_squares;  // implies exact mode
     if (device_sq) deps.push_back(device_sum_sq(group, producer, src));
     int where = -1, ready = -1, save_id = -1;
     const bool deferred = is_layer && group > n_layer_ - deferred_;

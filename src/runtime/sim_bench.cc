@@ -36,11 +36,11 @@ struct Prediction {
 
 Prediction predict(const Config& cfg, const HardwareProfile& hw, const SimulateOptions& o,
                    int batch) {
+  // The device's rules (the sum of squares on a GPU's, ...) are the profile's: search_swap and
+  // request_for_profile apply them.
   PlanRequest req = plan_request(cfg);
   req.micro_batch = batch;
   req.have_ssd = true;
-  // On a GPU the engine sums the gradients' squares on the device (train_plan).
-  req.device_sum_squares = hw.backend != "cpu";
   // Budgets: the config's where it sets them, else the profile's capacities.
   if (!req.device_budget) req.device_budget = hw.device_memory;
   if (!req.host_budget) req.host_budget = hw.host_memory;

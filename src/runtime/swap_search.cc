@@ -17,6 +17,7 @@
 #include <chrono>
 #include <map>
 #include <tuple>
+#include <utility>
 
 #include "fuyou/error.h"
 #include "fuyou/timing.h"
@@ -67,12 +68,17 @@ std::string SwapSearchResult::summary() const {
   return s;
 }
 
-PlanRequest request_for_profile(PlanRequest req, const HardwareProfile& hw) {
+PlanDevice plan_device(const HardwareProfile& hw) {
+  PlanDevice d;
+  d.own_compute = !hw.shared_cpu;
   // The CPU backend's device arena is host memory; a GPU's is not.
-  req.device_in_host = hw.backend == "cpu";
-  req.embed_rows_first = !hw.shared_cpu;
-  req.spread_host_state = !hw.shared_cpu;
-  return req;
+  d.device_in_host = hw.backend == "cpu";
+  d.sum_squares = hw.backend != "cpu";
+  return d;
+}
+
+PlanRequest request_for_profile(PlanRequest req, const HardwareProfile& hw) {
+  return with_device(std::move(req), plan_device(hw));
 }
 
 namespace {
