@@ -90,6 +90,15 @@ TEST_CASE("in-memory training runs as a plan: weights resident, one load per lay
   CHECK(plan.pools.device_weight_slots == L);
   CHECK(plan.memory.ssd_bytes == 0);
   for (const LayerDecision& d : plan.layers) CHECK(d.act == ActPlacement::kKeep);
+  // Every block input stays on the device: no checkpoint slots to bring one back into, where a
+  // plan with a layer's activations on the host has 2 or 3.
+  CHECK(plan.pools.device_ckpt_slots == 0);
+  CHECK(std::none_of(plan.buffers.begin(), plan.buffers.end(),
+                     [](const PlanBuffer& b) { return b.kind == BufferKind::kCkptSlot; }));
+  PlanRequest host_acts = plan_request(cfg);
+  host_acts.acts.assign(L, ActPlacement::kKeep);
+  host_acts.acts[1] = ActPlacement::kHost;
+  CHECK(make_plan(host_acts).pools.device_ckpt_slots >= 2);
   // Each layer's weights come up once a step, in the first micro-batch's forward, and stay for
   // the second micro-batch and both backwards; nothing is read from or written to SSD.
   std::vector<int> loads(L, 0);

@@ -119,7 +119,8 @@ class Placer {
     if (!auto_acts) return acts;
     for (ActPlacement next : {ActPlacement::kDevice, ActPlacement::kHost, ActPlacement::kSsd}) {
       if (next == ActPlacement::kSsd && !req_.have_ssd) break;
-      for (int l = n_layer_ - 1; l >= 0 && device_need(acts, min_dw_, 2, 1) > dev_budget_; --l)
+      for (int l = n_layer_ - 1;
+           l >= 0 && device_need(acts, min_dw_, min_ckpt_slots(acts), 1) > dev_budget_; --l)
         if (static_cast<int>(acts[l]) < static_cast<int>(next)) acts[l] = next;
     }
     return acts;
@@ -139,6 +140,14 @@ class Placer {
                         : "held gradients (gradient accumulation)";
   }
 
+  // Device checkpoint slots at least (and at most: 3 where any is needed): none where every
+  // layer's block input stays on the device (kept, or checkpointed there), else 2, for a
+  // checkpoint loaded from the host or SSD or an input recomputed into one.
+  static int min_ckpt_slots(const std::vector<ActPlacement>& acts) {
+    for (ActPlacement a : acts)
+      if (a != ActPlacement::kKeep && a != ActPlacement::kDevice) return 2;
+    return 0;
+  }
   uint64_t device_need(const std::vector<ActPlacement>& acts, int dw, int dc, int dg) const {
     return device_bytes(
         device_buffers(req_.model, req_.micro_batch, req_.tensors, acts, dw, dc, dg));
@@ -148,13 +157,14 @@ class Placer {
   // most), at least the minimum; else an error with the smallest budget that would do.
   void size_device_pools(const std::vector<ActPlacement>& acts) {
     if (req_.resident_weights) min_dw_ = std::max(min_dw_, n_layer_);
-    const uint64_t minimal = device_need(acts, min_dw_, 2, 1);
+    const int min_dc = min_ckpt_slots(acts);
+    const uint64_t minimal = device_need(acts, min_dw_, min_dc, 1);
     if (minimal > dev_budget_) {
       std::vector<ActPlacement> leanest(n_layer_,
                                         req_.have_ssd ? ActPlacement::kSsd : ActPlacement::kHost);
       std::string detail;
       for (auto& [n, b] : sum_buffers(device_buffers(req_.model, req_.micro_batch, req_.tensors,
-                                                     acts, min_dw_, 2, 1))
+                                                     acts, min_dw_, min_dc, 1))
                               .device_parts)
         detail += str("\n  ", n, ": ", format_size(b));
       // The whole micro-batch's logits are often the largest buffer: say what chunking them saves.
@@ -173,11 +183,11 @@ class Placer {
                       "\n  smallest device budget that runs this model at micro_batch ",
                       req_.micro_batch, ": ", format_size(device_need(leanest, 2, 2, 1)), hint));
     }
-    int dw = req_.resident_weights ? min_dw_ : 4, dc = 3, dg = 2;
+    int dw = req_.resident_weights ? min_dw_ : 4, dc = min_dc ? 3 : 0, dg = 2;
     while (device_need(acts, dw, dc, dg) > dev_budget_) {
       if (dw > min_dw_)
         --dw;
-      else if (dc > 2)
+      else if (dc > min_dc)
         --dc;
       else if (dg > 1)
         --dg;
