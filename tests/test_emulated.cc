@@ -223,6 +223,12 @@ TEST_CASE("an emulated run's automatic placement plans on the machine as emulate
   INFO("predicted step on the GPU profile " << on_gpu << " s, on the machine as emulated "
                                             << on_here << " s");
   CHECK(on_here > 2 * on_gpu);  // the slow disk binds
+  // Exact mode (clipping): the sums of squares stay on the optimizer's thread, whatever GPU the
+  // profile describes, since the emulated backend has no kernel to run them on its device.
+  cfg.optimizer.grad_clip = 1.0;
+  CHECK_FALSE(be.supports_device_optimizer());
+  CHECK_FALSE(train_plan(cfg, be).device_sum_squares);
+  CHECK_FALSE(train_plan(cfg, be, nullptr, &here).device_sum_squares);
 }
 
 TEST_CASE("the emulated backend is selected by config, and never trains", "[emulated]") {

@@ -11,9 +11,11 @@
 #include <vector>
 
 #include "engine_run_support.h"
+#include "fuyou/backend_select.h"
 #include "fuyou/engine.h"
 #include "fuyou/error.h"
 #include "fuyou/train.h"
+#include "test_support.h"
 
 using namespace fuyou;
 
@@ -138,6 +140,60 @@ TEST_CASE("in-memory training runs as a plan: weights resident, one load per lay
   CHECK(make_train_engine(cfg, *be2)->plan() == nullptr);
   CHECK_FALSE(in_memory_plan(cfg, *be2, 0, &why));
   CHECK_THAT(why, Catch::Matchers::Contains("AdamW on the device"));
+}
+
+// One choice of engine for the run and for fuyou-train --dry-run (choose_engine): a device
+// budget decides between the in-memory plan, the in-memory step and offloading by what each
+// needs, and the dry run reports the engine the run takes.
+TEST_CASE("the device budget chooses the engine, and the dry run reports the same one",
+          "[in_memory_plan]") {
+  using Catch::Matchers::Contains;
+  Config cfg = plan_config("bf16", 0.5, 2, "fp32");
+  auto be = backend_for(cfg, false);
+  std::string why;
+  const std::optional<Plan> unbounded = in_memory_plan(cfg, *be, 0, &why);
+  REQUIRE(unbounded);
+  const uint64_t plan_bytes = unbounded->memory.device_bytes;
+  const uint64_t step_bytes =
+      in_memory_device_bytes(cfg.model, cfg.schedule.micro_batch, be->storage_bytes());
+  // The plan holds two layers' gradients at a time, the step every layer's.
+  REQUIRE(plan_bytes < step_bytes);
+  const test::TempDir dir("engine-choice");
+  auto engine_line = [&](const Config& c) {
+    for (const std::string& l : dry_run(c, dir.path).lines)
+      if (l.rfind("engine: ", 0) == 0) return l;
+    return std::string();
+  };
+  struct Case {
+    uint64_t budget;
+    EngineKind kind;
+    const char* line;
+  };
+  for (const Case& k : {Case{0, EngineKind::kInMemoryPlan, "engine: in memory as a plan"},
+                        Case{(plan_bytes + step_bytes) / 2, EngineKind::kInMemoryPlan,
+                             "engine: in memory as a plan"},
+                        Case{plan_bytes - 1, EngineKind::kOffloaded, "engine: offloaded"}}) {
+    INFO("offload.device_memory " << k.budget << " (the plan needs " << plan_bytes << ", the step "
+                                  << step_bytes << ")");
+    cfg.offload.device_memory = k.budget;
+    auto b = make_backend(cfg, nullptr);
+    const EngineChoice c = choose_engine(cfg, *b, 0);
+    CHECK(c.kind == k.kind);
+    CHECK(c.plan.has_value() == (k.kind == EngineKind::kInMemoryPlan));
+    if (k.kind == EngineKind::kOffloaded) CHECK_THAT(c.why, Contains("in memory the model needs"));
+    CHECK_THAT(engine_line(cfg), Contains(k.line));
+  }
+  // The step where it is asked for and fits; offloaded where it does not.
+  cfg.runtime.in_memory = "step";
+  for (const Case& k :
+       {Case{step_bytes, EngineKind::kInMemoryStep, "engine: in memory, the in-memory step"},
+        Case{step_bytes - 1, EngineKind::kOffloaded, "engine: offloaded"}}) {
+    INFO("runtime.in_memory step, offload.device_memory " << k.budget);
+    cfg.offload.device_memory = k.budget;
+    auto b = make_backend(cfg, nullptr);
+    CHECK(choose_engine(cfg, *b, 0).kind == k.kind);
+    CHECK_THAT(engine_line(cfg), Contains(k.line));
+  }
 }
 
 TEST_CASE("in-memory training as a plan is bitwise the in-memory step", "[in_memory_plan]") {

@@ -72,6 +72,8 @@ size_t device_tensor_bytes(const RuntimeConfig& runtime);
 // Device bytes in-memory training of this model needs (parameters, gradients, every layer's
 // activations, workspace), with device tensors of `elem_bytes` bytes per element.
 uint64_t in_memory_device_bytes(const ModelConfig& m, int micro_batch, size_t elem_bytes);
+// Whether the config asks for the offloading scheduler whatever the device holds:
+// offload.ssd_paths set, or offload.activations swap or recompute.
 bool wants_offload(const Config& cfg);
 // Host bytes in-memory training needs: the process baseline, fp32 master weights, gradients
 // and Adam moments (16 bytes per parameter) and, where the device is host memory
@@ -112,7 +114,7 @@ PlanRequest plan_request(const Config& cfg, const PlanDevice& device, double att
 Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s = nullptr,
                 const HardwareProfile* placement = nullptr, double attention_keys = 0);
 
-// In-memory training (wants_offload false) as a plan of the executor: every layer's
+// In-memory training (choose_engine) as a plan of the executor: every layer's
 // activations kept and its weights in a device slot of its own (PlanRequest::resident_weights),
 // no SSD, the optimizer on the host; its gradients go down and its AdamW runs during the
 // backward, its new weights go up beside the next forward. Null, with *why saying so, where
@@ -121,6 +123,19 @@ Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s = nullp
 // capacity) or offload.host_memory.
 std::optional<Plan> in_memory_plan(const Config& cfg, Backend& backend, double attention_keys,
                                    std::string* why);
+
+// Which engine a config trains with on a backend (make_train_engine; fuyou-train --dry-run
+// reports the same): offloaded where the config asks for it (wants_offload); else in memory as
+// a plan (in_memory_plan); else the in-memory step where the model fits the device
+// (offload.device_memory, or a GPU's capacity: in_memory_device_bytes); else offloaded, the
+// scheduler placing what the device cannot hold.
+enum class EngineKind { kOffloaded, kInMemoryPlan, kInMemoryStep };
+struct EngineChoice {
+  EngineKind kind = EngineKind::kOffloaded;
+  std::optional<Plan> plan;  // kInMemoryPlan's
+  std::string why;           // for the log
+};
+EngineChoice choose_engine(const Config& cfg, Backend& backend, double attention_keys);
 
 class FileLayer;  // src/storage/file_layer.h
 

@@ -49,7 +49,8 @@ SwapSearchResult search_swap(const PlanRequest& req, const HardwareProfile& hw,
 
 // The rules of a device of `hw`'s kind (its `backend`: cpu or a GPU; shared_cpu).
 PlanDevice plan_device(const HardwareProfile& hw);
-// `req` for a device of `hw`'s kind (with_device(req, plan_device(hw))).
+// `req` for a device of `hw`'s kind (with_device(req, plan_device(hw))), but for
+// device_sum_squares, which stays the request's: what the run's backend can do.
 PlanRequest request_for_profile(PlanRequest req, const HardwareProfile& hw);
 
 }  // namespace fuyou

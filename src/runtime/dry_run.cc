@@ -105,32 +105,27 @@ DryRun dry_run(const Config& cfg, const std::string& run_dir) {
   std::vector<Line> checks;
   Plan plan;
   bool have_plan = false;
-  if (!wants_offload(cfg) &&
-      (device_in_host ||
-       in_memory_device_bytes(m, cfg.schedule.micro_batch, be->storage_bytes()) <= device_cap)) {
-    std::string why;
-    std::optional<Plan> resident = in_memory_plan(cfg, *be, 0, &why);
-    if (resident) {
-      r.lines.push_back(
-          "engine: in memory as a plan of the scheduler (weights, gradients and activations on "
-          "the device, AdamW on the host beside the backward and the next forward)");
-      plan = std::move(*resident);
-      have_plan = true;
-      if (!device_in_host)
-        checks.push_back({"device memory", plan.memory.device_bytes, device_cap, ""});
-      checks.push_back({"host memory", plan.memory.host_bytes, mem_available(), "MemAvailable"});
-    } else {
-      r.lines.push_back(str("engine: in memory, the in-memory step (", why, ")"));
-      const uint64_t dev = in_memory_device_bytes(m, cfg.schedule.micro_batch, be->storage_bytes());
-      if (!device_in_host) checks.push_back({"device memory", dev, device_cap, ""});
-      checks.push_back(
-          {"host memory",
-           in_memory_host_bytes(m, cfg.schedule.micro_batch, device_in_host, be->storage_bytes(),
-                                sums_grads_in_fp32(cfg), optim_format(cfg.optimizer)),
-           mem_available(), "MemAvailable"});
-    }
+  EngineChoice choice = choose_engine(cfg, *be, 0);
+  if (choice.kind == EngineKind::kInMemoryPlan) {
+    r.lines.push_back(
+        "engine: in memory as a plan of the scheduler (weights, gradients and activations on "
+        "the device, AdamW on the host beside the backward and the next forward)");
+    plan = std::move(*choice.plan);
+    have_plan = true;
+    if (!device_in_host)
+      checks.push_back({"device memory", plan.memory.device_bytes, device_cap, ""});
+    checks.push_back({"host memory", plan.memory.host_bytes, mem_available(), "MemAvailable"});
+  } else if (choice.kind == EngineKind::kInMemoryStep) {
+    r.lines.push_back(str("engine: in memory, the in-memory step (", choice.why, ")"));
+    const uint64_t dev = in_memory_device_bytes(m, cfg.schedule.micro_batch, be->storage_bytes());
+    if (!device_in_host) checks.push_back({"device memory", dev, device_cap, ""});
+    checks.push_back(
+        {"host memory",
+         in_memory_host_bytes(m, cfg.schedule.micro_batch, device_in_host, be->storage_bytes(),
+                              sums_grads_in_fp32(cfg), optim_format(cfg.optimizer)),
+         mem_available(), "MemAvailable"});
   } else {
-    r.lines.push_back("engine: offloaded (the scheduler's plan)");
+    r.lines.push_back(str("engine: offloaded (the scheduler's plan): ", choice.why));
     try {
       plan = train_plan(cfg, *be);
       have_plan = true;

@@ -218,10 +218,7 @@ uint64_t in_memory_device_bytes(const ModelConfig& m, int B, size_t elem_bytes) 
 bool wants_offload(const Config& cfg) {
   if (!cfg.offload.ssd_paths.empty()) return true;
   ActivationPolicy a = cfg.offload.activations;
-  if (a == ActivationPolicy::kSwap || a == ActivationPolicy::kRecompute) return true;
-  return cfg.offload.device_memory &&
-         in_memory_device_bytes(cfg.model, cfg.schedule.micro_batch,
-                                device_tensor_bytes(cfg.runtime)) > cfg.offload.device_memory;
+  return a == ActivationPolicy::kSwap || a == ActivationPolicy::kRecompute;
 }
 
 PlanRequest plan_request(const Config& cfg) {
@@ -414,18 +411,53 @@ Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s,
   return plan;
 }
 
+EngineChoice choose_engine(const Config& cfg, Backend& backend, double attention_keys) {
+  EngineChoice c;
+  if (wants_offload(cfg)) {
+    c.why = !cfg.offload.ssd_paths.empty()
+                ? "offload.ssd_paths is set"
+                : str("offload.activations is ", activation_policy_name(cfg.offload.activations));
+    return c;
+  }
+  std::string why;
+  c.plan = in_memory_plan(cfg, backend, attention_keys, &why);
+  if (c.plan) {
+    c.kind = EngineKind::kInMemoryPlan;
+    c.why = "the model, its gradients being made and its activations fit the device";
+    return c;
+  }
+  // The in-memory step (asked for, AdamW on the device, or a plan over a budget) where the
+  // model fits the device; else the offloading scheduler's plan.
+  const bool in_host = backend.device_is_host_memory();
+  const uint64_t limit = cfg.offload.device_memory ? cfg.offload.device_memory
+                         : in_host                 ? 0
+                                                   : backend.memory().capacity;
+  const uint64_t step =
+      in_memory_device_bytes(cfg.model, cfg.schedule.micro_batch, device_tensor_bytes(cfg.runtime));
+  if (limit && step > limit) {
+    c.why = str("in memory the model needs ", format_size(step),
+                " of device memory, more than the ", format_size(limit),
+                cfg.offload.device_memory ? " of offload.device_memory" : " the device holds", " (",
+                why, ")");
+    return c;
+  }
+  c.kind = EngineKind::kInMemoryStep;
+  c.why = why;
+  return c;
+}
+
 std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backend,
                                                const EngineOptions& opts) {
-  if (!wants_offload(cfg)) {
+  EngineChoice choice = choose_engine(cfg, backend, opts.attention_keys);
+  if (choice.kind != EngineKind::kOffloaded)
     check_in_memory_host_budget(cfg, backend.device_is_host_memory());
-    std::string why;
-    std::optional<Plan> plan = in_memory_plan(cfg, backend, opts.attention_keys, &why);
-    if (!plan) {
-      spdlog::info("in-memory training runs as one step: {}", why);
-      return std::make_unique<InMemoryEngine>(cfg, backend);
-    }
-    return std::make_unique<PlanEngine>(cfg, backend, nullptr, std::move(*plan));
+  if (choice.kind == EngineKind::kInMemoryStep) {
+    spdlog::info("in-memory training runs as one step: {}", choice.why);
+    return std::make_unique<InMemoryEngine>(cfg, backend);
   }
+  if (choice.kind == EngineKind::kInMemoryPlan)
+    return std::make_unique<PlanEngine>(cfg, backend, nullptr, std::move(*choice.plan));
+  spdlog::info("offloaded training: {}", choice.why);
   double predicted = 0;
   Plan plan =
       train_plan(cfg, backend, &predicted,

@@ -36,9 +36,8 @@ struct Prediction {
 
 Prediction predict(const Config& cfg, const HardwareProfile& hw, const SimulateOptions& o,
                    int batch) {
-  // The device's rules (the sum of squares on a GPU's, ...) are the profile's: search_swap and
-  // request_for_profile apply them.
-  PlanRequest req = plan_request(cfg);
+  // The device's rules are the profile's (on a GPU the sums of squares run on the device).
+  PlanRequest req = with_device(plan_request(cfg), plan_device(hw));
   req.micro_batch = batch;
   req.have_ssd = true;
   // Budgets: the config's where it sets them, else the profile's capacities.

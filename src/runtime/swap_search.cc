@@ -78,7 +78,13 @@ PlanDevice plan_device(const HardwareProfile& hw) {
 }
 
 PlanRequest request_for_profile(PlanRequest req, const HardwareProfile& hw) {
-  return with_device(std::move(req), plan_device(hw));
+  // The device's memory and whether it shares the CPU are the profile's; whether the sums of
+  // squares run on the device stays the request's, the backend's to say (the emulated GPU has
+  // no kernels to run them).
+  const bool sums = req.device_sum_squares;
+  req = with_device(std::move(req), plan_device(hw));
+  req.device_sum_squares = sums;
+  return req;
 }
 
 namespace {
