@@ -358,7 +358,7 @@ int bench_train(const fuyou::Config& cfg, const TrainArgs& a) {
 // `adam`: src/optim/adam_bench.cc does the work.
 struct AdamArgs {
   fuyou::AdamBenchOptions opts;
-  std::string params = "100M", grad = "bf16", state = "fp32", master = "fp32";
+  std::string params = "100M", grad = "bf16", state = "fp32", master = "fp32", simd = "auto";
   bool json = false;
 };
 
@@ -373,6 +373,9 @@ CLI::App* add_adam_command(CLI::App& app, AdamArgs& a) {
   adam->add_flag("--json", a.json, "One JSON object on stdout");
   adam->add_option("--state", a.state, "Adam moments: fp32, bf16, int8 (optimizer.state)");
   adam->add_option("--master", a.master, "Master weights: fp32, split (optimizer.master)");
+  adam->add_option("--simd", a.simd,
+                   "The in-memory update's instruction set: auto (the widest), scalar, avx2, "
+                   "avx512");
   return adam;
 }
 
@@ -392,6 +395,16 @@ int bench_adam(AdamArgs& a) {
   if (a.master != "fp32" && a.master != "split")
     throw fuyou::ConfigError("--master: expected fp32 or split, got '" + a.master + "'");
   a.opts.format = fuyou::optim_format(oc);
+  if (a.simd == "auto")
+    a.opts.simd = fuyou::SimdPath::kAuto;
+  else if (a.simd == "scalar")
+    a.opts.simd = fuyou::SimdPath::kScalar;
+  else if (a.simd == "avx2")
+    a.opts.simd = fuyou::SimdPath::kAvx2;
+  else if (a.simd == "avx512")
+    a.opts.simd = fuyou::SimdPath::kAvx512;
+  else
+    throw fuyou::ConfigError("--simd: expected auto, scalar, avx2 or avx512, got '" + a.simd + "'");
   nlohmann::json r = fuyou::run_adam_bench(a.opts);
   if (a.json)
     std::printf("%s\n", r.dump().c_str());

@@ -21,6 +21,9 @@ struct AdamBenchOptions {
   int steps = 3;                     // timed updates (median)
   uint64_t group_params = 16 << 20;  // parameters per group (one "layer") out of core
   OptimFormat format;  // optimizer.state / optimizer.master (a split master: bf16 weights)
+  // The in-memory update's instruction set (kAuto: the widest the CPU has); one the CPU lacks
+  // is refused (ConfigError). The out-of-core run always takes the widest.
+  SimdPath simd = SimdPath::kAuto;
 };
 
 nlohmann::json run_adam_bench(const AdamBenchOptions& opts);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "fuyou/error.h"
 #include "fuyou/io_bench.h"
 #include "fuyou/log.h"
 #include "fuyou/ooc_adamw.h"
@@ -94,7 +95,7 @@ double time_packed_update(const AdamBenchOptions& o, const void* grad) {
   for (int s = 0; s <= o.steps; ++s) {
     a.key = math::round_key(0, s + 1);
     auto t0 = clock_type::now();
-    adamw_update_packed(a, {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s + 1});
+    adamw_update_packed(a, {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s + 1}, o.simd);
     double dt = seconds_since(t0);
     if (s > 0) times.push_back(dt);
   }
@@ -127,7 +128,7 @@ double time_fp32_update(const AdamBenchOptions& o, const void* grad) {
   std::vector<double> times;
   for (int s = 0; s <= o.steps; ++s) {
     auto t0 = clock_type::now();
-    adamw_update(a, {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s + 1});
+    adamw_update(a, {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s + 1}, o.simd);
     double dt = seconds_since(t0);
     if (s > 0) times.push_back(dt);  // the first pass warms up page tables and threads
   }
@@ -224,7 +225,12 @@ nlohmann::json run_adam_bench(const AdamBenchOptions& o) {
   const double bpp = update_bytes_per_param(o);
   r["params"] = n;
   r["threads"] = omp_get_max_threads();
-  r["simd"] = simd_path_name(best_simd_path());
+  const SimdPath best = best_simd_path();
+  // Paths in order of width: scalar, AVX2, AVX-512; a wider one than the CPU's would fault.
+  if (o.simd != SimdPath::kAuto && static_cast<int>(o.simd) > static_cast<int>(best))
+    throw ConfigError(str("--simd ", simd_path_name(o.simd), ": this CPU's widest path is ",
+                          simd_path_name(best)));
+  r["simd"] = simd_path_name(o.simd == SimdPath::kAuto ? best : o.simd);
   r["grad_type"] = elem_type_name(o.grad_type);
   r["lowp_type"] = o.with_lowp ? elem_type_name(o.lowp_type) : "none";
   r["bytes_per_param"] = bpp;

@@ -4,10 +4,13 @@
 // layer's GEMMs through the backend (cuBLAS at the engine's GPU precision) by size, and
 // copies both ways from page-locked host memory. Both: the SSD store (fuyou-bench io), the
 // out-of-core AdamW on host-resident state, and the host memory bandwidth.
+#include <omp.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -181,7 +184,24 @@ struct OptimizerProbe {
 
 // optimizer_params_per_s from `probe` (fp32 state, fp32 gradients and weights), then each
 // state format's rate with bf16 gradients and working weights (optimizer.formats).
+// The CPU's name as the kernel reports it ("model name" in /proc/cpuinfo); "" where unknown.
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      return colon == std::string::npos ? "" : line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  return "";
+}
+
 void measure_optimizer(HardwareProfile& p, OptimizerProbe& probe, const Say& say) {
+  // Which CPU and instruction set the AdamW figures below come from: the packed formats' kernel
+  // is compute-bound, its AVX2 path about half the AVX-512 path's speed (docs/performance.md).
+  const std::string cpu = cpu_model_name();
+  say(str("AdamW on ", cpu.empty() ? std::string("an unknown CPU") : cpu, ", ",
+          omp_get_max_threads(), " threads, the ", simd_path_name(best_simd_path()), " path"));
   probe.update();
   p.optimizer_params_per_s = rate_for(2.0, [&] { probe.update(); }) * OptimizerProbe::n;
   say(str("AdamW (host state, fp32 in/out): ", p.optimizer_params_per_s / 1e6, " M params/s"));
