@@ -712,20 +712,21 @@ RuntimeConfig parse_runtime(const YAML::Node& node, const Origin& source,
     s.fail("precision",
            "fp16 GEMMs on bf16 tensors are not a mode: use precision bf16 (or auto) with bf16 "
            "tensors, or device_tensors fp16 with precision fp16");
-  if (r.attention == "cudnn" && r.device_tensors == "fp32")
-    s.fail("attention",
-           "cudnn's fused attention takes 16-bit tensors, but device_tensors is fp32 (set "
-           "device_tensors: bf16, or attention: kernels)");
-  if (r.attention == "cudnn" && r.backend != "cuda" && r.backend != "auto")
-    s.fail("attention",
-           str("cudnn runs on the CUDA backend, but runtime.backend is '", r.backend, "'"));
-  if (r.gemm_bias == "epilogue" && r.device_tensors == "fp32")
-    s.fail("gemm_bias",
-           "the epilogue (cuBLASLt) takes 16-bit tensors, but device_tensors is fp32 (set "
-           "device_tensors: bf16, or gemm_bias: kernel)");
-  if (r.gemm_bias == "epilogue" && r.backend != "cuda" && r.backend != "auto")
-    s.fail("gemm_bias",
-           str("the epilogue runs on the CUDA backend, but runtime.backend is '", r.backend, "'"));
+  // Choices of the CUDA backend with 16-bit tensors only: refused with fp32 tensors or on
+  // another backend.
+  auto cuda_16bit = [&](const char* key, const char* what, const char* otherwise) {
+    if (r.device_tensors == "fp32")
+      s.fail(key, str(what,
+                      " takes 16-bit tensors, but device_tensors is fp32 (set "
+                      "device_tensors: bf16, or ",
+                      otherwise, ")"));
+    if (r.backend != "cuda" && r.backend != "auto")
+      s.fail(key, str(what, " runs on the CUDA backend, but runtime.backend is '", r.backend, "'"));
+  };
+  if (r.attention == "cudnn")
+    cuda_16bit("attention", "cudnn's fused attention", "attention: kernels");
+  if (r.gemm_bias == "epilogue")
+    cuda_16bit("gemm_bias", "the bias epilogue (cuBLASLt)", "gemm_bias: kernel");
   return r;
 }
 
