@@ -191,22 +191,22 @@ struct Vec {
   static I load_i8(const void* p) {
     return _mm256_cvtepi8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(p)));
   }
-  // The low 16 or 8 bits of each lane, as the AVX-512 path's truncating vpmovdw / vpmovdb.
+  // The low 16 or 8 bits of each lane, as the AVX-512 path's truncating vpmovdw / vpmovdb: one
+  // in-lane byte shuffle gathers each 128-bit half's values into its low bytes, one cross-lane
+  // permute puts the two halves' together (two shuffles where narrowing each half alone takes
+  // five; AVX2 machines often have one shuffle port).
   static void store_16(void* p, I a) {
-    const __m128i lo = _mm256_castsi256_si128(a), hi = _mm256_extracti128_si256(a, 1);
-    _mm_storeu_si128(static_cast<__m128i*>(p), narrow_16(lo, hi));
+    const I pick = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1,
+                                    4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+    const I both = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(a, pick), 0x08);  // quads 0, 2
+    _mm_storeu_si128(static_cast<__m128i*>(p), _mm256_castsi256_si128(both));
   }
   static void store_8(void* p, I a) {
-    const __m128i lo = _mm256_castsi256_si128(a), hi = _mm256_extracti128_si256(a, 1);
-    const __m128i w = narrow_16(lo, hi);  // eight 16-bit values
-    _mm_storel_epi64(static_cast<__m128i*>(p),
-                     _mm_shuffle_epi8(w, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1,
-                                                       -1, -1, -1, -1)));
-  }
-  // Eight 32-bit lanes (four in each half) to eight 16-bit values: the low 16 bits of each.
-  static __m128i narrow_16(__m128i lo, __m128i hi) {
-    const __m128i pick = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
-    return _mm_unpacklo_epi64(_mm_shuffle_epi8(lo, pick), _mm_shuffle_epi8(hi, pick));
+    const I pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0,
+                                    4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const I both = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(a, pick),
+                                               _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+    _mm_storel_epi64(static_cast<__m128i*>(p), _mm256_castsi256_si128(both));
   }
 };
 
