@@ -2,6 +2,7 @@
 // it is host memory (the CPU backend), and runtime.threads reaches every executor thread that
 // computes or updates (OpenMP's thread count is a per-thread setting).
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -9,7 +10,9 @@
 #include <mutex>
 #include <set>
 
+#include "fuyou/backend_select.h"
 #include "fuyou/config.h"
+#include "fuyou/engine.h"
 #include "fuyou/error.h"
 #include "fuyou/hardware.h"
 #include "fuyou/model.h"
@@ -81,6 +84,32 @@ TEST_CASE("the device arena counts against the host budget only where it is host
     plan_memory_on(*p, gpu_hw, &d, &h, &s);
     CHECK(h == pg.memory.host_bytes);
   }
+}
+
+// Without offload.host_memory an offloaded plan is held to the machine's physical memory
+// (train_plan): a plan beyond it is refused at start with its numbers instead of being killed by
+// the kernel part-way through its allocations.
+TEST_CASE("an offloaded plan without offload.host_memory is held to physical memory", "[budgets]") {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page_size = ::sysconf(_SC_PAGE_SIZE);
+  REQUIRE(pages > 0);
+  const double physical = static_cast<double>(pages) * static_cast<double>(page_size);
+  // Layers of d_model 4096 (201M parameters each, 16 bytes of host state apiece at least):
+  // enough of them to need more than this machine has.
+  const int layers = static_cast<int>(physical / (16.0 * 201e6)) + 2;
+  Config cfg = small_config(2);
+  cfg.model.n_layer = layers;
+  cfg.model.d_model = 4096;
+  cfg.model.n_head = 32;
+  cfg.model.d_ff = 16384;
+  cfg.offload.activations = ActivationPolicy::kSwap;
+  INFO(layers << " layers, " << physical / (1 << 30) << " GiB of physical memory");
+  auto be = make_cpu_backend(2, 0);
+  CHECK_THROWS_WITH(train_plan(cfg, *be), Contains("host memory: the plan needs") &&
+                                              Contains("of physical memory") &&
+                                              Contains("offload.host_memory is unset"));
+  // A budget set by the key is named as the key.
+  cfg.offload.host_memory = 8ull << 30;
+  CHECK_THROWS_WITH(train_plan(cfg, *be), Contains("offload.host_memory is 8.00 GiB"));
 }
 
 TEST_CASE("runtime.threads governs the executor's compute and optimizer threads", "[budgets]") {

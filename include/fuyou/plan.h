@@ -390,6 +390,9 @@ struct PlanRequest {
   bool accum_fp32 = false;
   uint64_t device_budget = 0;  // 0: unlimited
   uint64_t host_budget = 0;    // 0: unlimited
+  // host_budget is the machine's physical memory (offload.host_memory unset: train_plan), which
+  // the refusal names instead of the key.
+  bool host_budget_physical = false;
   // Whether the device arena is host memory, and so counts against host_budget: true for the
   // CPU backend (its "device" is process memory), false for a GPU's and the emulated device's
   // (Backend::device_is_host_memory).

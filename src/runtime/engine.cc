@@ -380,6 +380,13 @@ std::optional<Plan> in_memory_plan(const Config& cfg, Backend& backend, double a
 Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s,
                 const HardwareProfile* placement, double attention_keys) {
   PlanRequest req = plan_request(cfg, plan_device(backend), attention_keys);
+  // Without offload.host_memory the plan is held to the machine's physical memory: a plan
+  // beyond it would be killed by the kernel part-way through its allocations instead of
+  // refused here with its numbers (or, with offload.ssd_paths, placed partly on SSD).
+  if (!req.host_budget && physical_memory()) {
+    req.host_budget = physical_memory();
+    req.host_budget_physical = true;
+  }
   // A device of fixed capacity that is not host memory (a GPU, the emulated device) plans
   // within what it holds when offload.device_memory is unset.
   const uint64_t capacity = req.device_in_host ? 0 : backend.memory().capacity;

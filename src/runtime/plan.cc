@@ -439,9 +439,12 @@ class Placer {
                    copies = table_.bytes({K::kHostEmbed, K::kHostFinal});
     const uint64_t rest = used - fixed - grad_slots - held - ckpts - copies;
     throw Error(
-        str("host memory: the plan needs ", format_size(used), " but offload.host_memory is ",
-            format_size(host_budget_), " (", format_size(fixed), " process and device arena, ",
-            format_size(grad_slots), " gradient slots, ",
+        str("host memory: the plan needs ", format_size(used), " but ",
+            req_.host_budget_physical ? str("this machine has ", format_size(host_budget_),
+                                            " of physical memory (offload.host_memory is unset)")
+                                      : str("offload.host_memory is ", format_size(host_budget_)),
+            " (", format_size(fixed), " process and device arena, ", format_size(grad_slots),
+            " gradient slots, ",
             hold_ ? str(format_size(held), " held gradients (",
                         accum_fp32_  ? "fp32 sums over micro-batches"
                         : req_.exact ? "exact mode"
