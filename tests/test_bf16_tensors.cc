@@ -439,73 +439,65 @@ TEST_CASE("the CPU backend's kernel scratch with bf16 tensors stays within what 
   }
 }
 
-TEST_CASE("runtime.attention is validated, and a backend without cuDNN refuses cudnn by name",
+// The CUDA backend's 16-bit choices (runtime.attention cudnn, runtime.gemm_bias epilogue):
+// validated against the tensors and the backend, refused by name by a backend without them,
+// and written back by config_to_yaml.
+TEST_CASE("the CUDA backend's 16-bit choices are validated, and refused by name elsewhere",
           "[bf16]") {
   using Catch::Matchers::Contains;
-  CHECK(parse_config("", "<t>").runtime.attention == "auto");
-  CHECK_THROWS_WITH(
-      parse_config("runtime: {attention: flash}\n", "<t>"),
-      Contains("runtime.attention") && Contains("'flash' is not one of auto, kernels, cudnn"));
-  // cuDNN's fused attention takes 16-bit tensors and runs on the CUDA backend only.
-  CHECK_THROWS_WITH(
-      parse_config("runtime: {attention: cudnn}\n", "<t>"),
-      Contains("runtime.attention") && Contains("16-bit tensors") && Contains("fp32"));
-  CHECK_THROWS_WITH(
-      parse_config("runtime: {attention: cudnn, device_tensors: bf16, backend: cpu}\n", "<t>"),
-      Contains("runtime.attention") && Contains("CUDA backend") && Contains("'cpu'"));
-  const Config ok =
-      parse_config("runtime: {attention: cudnn, device_tensors: bf16, backend: auto}\n", "<t>");
-  CHECK(ok.runtime.attention == "cudnn");
-  // backend auto on a machine without a GPU is the CPU: it refuses the request rather than run
-  // its own kernels under the name of cuDNN's (the CUDA backend loads cuDNN or throws).
-  if (cuda_usable_devices(nullptr) == 0)
-    CHECK_THROWS_WITH(make_backend(ok, nullptr),
-                      Contains("runtime.attention is cudnn") && Contains("cpu"));
-  // auto and kernels are every backend's.
-  for (const char* a : {"auto", "kernels"})
-    for (const char* b : {"cpu", "cpu-streams"}) {
-      INFO(a << " on " << b);
-      auto be = make_backend(parse_config(str("runtime: {attention: ", a,
-                                              ", device_tensors: bf16, backend: ", b, "}\n"),
-                                          "<t>"),
-                             nullptr);
-      CHECK(be->storage_type() == ElemType::kBF16);
-    }
-  // The key survives a written config.
-  CHECK(parse_config(config_to_yaml(ok), "<t>").runtime.attention == "cudnn");
-}
-
-TEST_CASE("runtime.gemm_bias is validated, and a backend without the epilogue refuses it by name",
-          "[bf16]") {
-  using Catch::Matchers::Contains;
-  CHECK(parse_config("", "<t>").runtime.gemm_bias == "kernel");
-  CHECK_THROWS_WITH(
-      parse_config("runtime: {gemm_bias: fused}\n", "<t>"),
-      Contains("runtime.gemm_bias") && Contains("'fused' is not one of kernel, epilogue"));
-  // cuBLASLt's bias epilogue takes 16-bit tensors and runs on the CUDA backend only.
-  CHECK_THROWS_WITH(
-      parse_config("runtime: {gemm_bias: epilogue}\n", "<t>"),
-      Contains("runtime.gemm_bias") && Contains("16-bit tensors") && Contains("fp32"));
-  CHECK_THROWS_WITH(
-      parse_config("runtime: {gemm_bias: epilogue, device_tensors: bf16, backend: cpu}\n", "<t>"),
-      Contains("runtime.gemm_bias") && Contains("CUDA backend") && Contains("'cpu'"));
-  const Config ok =
-      parse_config("runtime: {gemm_bias: epilogue, device_tensors: bf16, backend: auto}\n", "<t>");
-  CHECK(ok.runtime.gemm_bias == "epilogue");
-  // backend auto without a GPU is the CPU: it refuses rather than run without the epilogue
-  // asked for.
-  if (cuda_usable_devices(nullptr) == 0)
-    CHECK_THROWS_WITH(make_backend(ok, nullptr),
-                      Contains("runtime.gemm_bias is epilogue") && Contains("cpu"));
-  for (const char* b : {"cpu", "cpu-streams"}) {
-    INFO(b);
-    auto be = make_backend(
-        parse_config(str("runtime: {gemm_bias: kernel, device_tensors: bf16, backend: ", b, "}\n"),
-                     "<t>"),
-        nullptr);
-    CHECK(be->storage_type() == ElemType::kBF16);
+  struct Choice {
+    const char* key;
+    std::string RuntimeConfig::*field;
+    const char *default_value, *cuda_value, *bad, *one_of, *refusal;
+    std::vector<const char*> everywhere;  // values every backend takes
+  };
+  const Choice choices[] = {
+      {"attention",
+       &RuntimeConfig::attention,
+       "auto",
+       "cudnn",
+       "flash",
+       "auto, kernels, cudnn",
+       "runtime.attention is cudnn",
+       {"auto", "kernels"}},
+      {"gemm_bias",
+       &RuntimeConfig::gemm_bias,
+       "kernel",
+       "epilogue",
+       "fused",
+       "kernel, epilogue",
+       "runtime.gemm_bias is epilogue",
+       {"kernel"}},
+  };
+  for (const Choice& c : choices) {
+    INFO("runtime." << c.key);
+    const std::string key = str("runtime.", c.key);
+    auto runtime = [&](const std::string& value, const std::string& rest) {
+      return parse_config(str("runtime: {", c.key, ": ", value, rest, "}\n"), "<t>");
+    };
+    CHECK(parse_config("", "<t>").runtime.*c.field == c.default_value);
+    CHECK_THROWS_WITH(runtime(c.bad, ""),
+                      Contains(key) && Contains(str("'", c.bad, "' is not one of ", c.one_of)));
+    // 16-bit tensors and the CUDA backend only.
+    CHECK_THROWS_WITH(runtime(c.cuda_value, ""),
+                      Contains(key) && Contains("16-bit tensors") && Contains("fp32"));
+    CHECK_THROWS_WITH(runtime(c.cuda_value, ", device_tensors: bf16, backend: cpu"),
+                      Contains(key) && Contains("CUDA backend") && Contains("'cpu'"));
+    const Config ok = runtime(c.cuda_value, ", device_tensors: bf16, backend: auto");
+    CHECK(ok.runtime.*c.field == c.cuda_value);
+    // backend auto on a machine without a GPU is the CPU: it refuses the request rather than
+    // run without what was asked for under its name.
+    if (cuda_usable_devices(nullptr) == 0)
+      CHECK_THROWS_WITH(make_backend(ok, nullptr), Contains(c.refusal) && Contains("cpu"));
+    for (const char* v : c.everywhere)
+      for (const char* b : {"cpu", "cpu-streams"}) {
+        INFO(v << " on " << b);
+        auto be = make_backend(runtime(v, str(", device_tensors: bf16, backend: ", b)), nullptr);
+        CHECK(be->storage_type() == ElemType::kBF16);
+      }
+    // The key survives a written config.
+    CHECK(parse_config(config_to_yaml(ok), "<t>").runtime.*c.field == c.cuda_value);
   }
-  CHECK(parse_config(config_to_yaml(ok), "<t>").runtime.gemm_bias == "epilogue");
 }
 
 TEST_CASE("cuDNN's attention graphs: every descriptor finalizes, no device needed",
