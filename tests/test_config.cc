@@ -54,6 +54,15 @@ TEST_CASE("config errors name the key and the allowed values", "[config]") {
   CHECK(parse_config("model: {n_layer: 4}\noffload: {deferred_updates: 2}", "x.yaml")
             .offload.deferred_updates == 2);
   CHECK(parse_config("", "x.yaml").offload.deferred_updates == -1);
+  // runtime.cuda_wait: the CUDA backend's, so an error with another backend named.
+  CHECK(parse_config("", "x.yaml").runtime.cuda_wait == "auto");
+  CHECK_THROWS_WITH(parse_config("runtime: {cuda_wait: nap}", "x.yaml"),
+                    Contains("runtime.cuda_wait") && Contains("auto, spin, yield, block"));
+  CHECK_THROWS_WITH(parse_config("runtime: {cuda_wait: block, backend: cpu}", "x.yaml"),
+                    Contains("runtime.cuda_wait") && Contains("'cpu'"));
+  for (const char* b : {"cuda", "auto"})
+    CHECK(parse_config(str("runtime: {cuda_wait: block, backend: ", b, "}"), "x.yaml")
+              .runtime.cuda_wait == "block");
   CHECK_THROWS_WITH(parse_config("optimizer: {lr: -1}", "x.yaml"), Contains("optimizer.lr"));
   CHECK_THROWS_WITH(parse_config("model: [1, 2]", "x.yaml"),
                     Contains("section 'model' must be a mapping"));

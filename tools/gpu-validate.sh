@@ -391,6 +391,10 @@ run_perf() {
     --config "$root/configs/gpt3-2.7b.yaml" "${rtx4090[@]}" "${packed[@]}"
   step offload-6.7b-24g-int8 300 bench_train "$work/bench-6.7b-24g-int8.json" \
     --config "$root/configs/gpt3-6.7b.yaml" "${rtx4090[@]}" "${packed[@]}"
+  # The same with the executor's threads blocking while they wait for the device instead of
+  # spinning (runtime.cuda_wait): the CPUs they held go to the host's AdamW.
+  step offload-6.7b-24g-int8-block 300 bench_train "$work/bench-6.7b-24g-int8-block.json" \
+    --config "$root/configs/gpt3-6.7b.yaml" "${rtx4090[@]}" "${packed[@]}" --set runtime.cuda_wait=block
   # Two layers of GPT-3 175B's width at the published micro-batch (16 x 1024 tokens), bf16
   # tensors, chunked head, in memory: what this engine's kernels make of one 175B layer.
   step bench-175b-layers 200 bench_train "$work/bench-175b-layers.json" --config "$root/configs/gpt3-175b-seq1024.yaml" \

@@ -142,7 +142,8 @@ def main():
                        ("gpt2-124m-bf16-tensors-host-adamw-step", "bench-bf16-tensors-host-step.json"),
                        ("gpt3-2.7b-device-24g", "bench-2.7b-24g.json"),
                        ("gpt3-2.7b-device-24g-int8-split", "bench-2.7b-24g-int8.json"),
-                       ("gpt3-6.7b-device-24g-int8-split", "bench-6.7b-24g-int8.json")):
+                       ("gpt3-6.7b-device-24g-int8-split", "bench-6.7b-24g-int8.json"),
+                       ("gpt3-6.7b-device-24g-int8-split-cuda-wait-block", "bench-6.7b-24g-int8-block.json")):
         b = read_json(os.path.join(a.work, file))
         if b:
             figures[name] = {k: b.get(k) for k in ("step_s", "step_s_all", "tokens_per_s", "tflops", "busy_s",

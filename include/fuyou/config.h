@@ -162,6 +162,9 @@ struct RuntimeConfig {
   // The projections' bias on the CUDA backend with 16-bit tensors: kernel (a broadcast kernel,
   // then the GEMM adds its product, beta = 1) or epilogue (cuBLASLt adds it in the GEMM).
   std::string gemm_bias = "kernel";
+  // How the CUDA backend's host threads wait for the device (cudaSetDeviceFlags): auto (CUDA's
+  // rule: spin while the process has fewer contexts than CPUs), spin, yield or block.
+  std::string cuda_wait = "auto";
   // In-memory runs with AdamW on the host: plan (a plan of the executor, in_memory_plan) or
   // step (InMemoryStep, its phases one after the other: for comparison).
   std::string in_memory = "plan";

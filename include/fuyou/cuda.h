@@ -24,7 +24,12 @@ int cuda_usable_devices(std::string* why);
 // The CUDA backend on `device`, with a device arena of `device_memory` bytes (0: what the
 // device has free, less a reserve for the CUDA context and cuBLAS workspaces). Throws
 // fuyou::Error when the device cannot be used or the budget does not fit.
-std::unique_ptr<Backend> make_cuda_backend(int device, uint64_t device_memory);
+//
+// `wait`: how host threads wait for the device (runtime.cuda_wait): auto, spin, yield or block.
+// It is the device's flag for the whole process; where the device's context is already active
+// (another backend made first) it stays as it was, said once in the log.
+std::unique_ptr<Backend> make_cuda_backend(int device, uint64_t device_memory,
+                                           const std::string& wait = "auto");
 
 // Builds cuDNN's fused-attention graphs (forward and backward) for shape (B, T, C, H) on the
 // 16-bit type t and finalizes every tensor and operation descriptor: the part of cuDNN's

@@ -30,6 +30,30 @@ constexpr int kMinMajor = 8;  // the oldest architecture CMake compiles for (sm_
 
 }  // namespace
 
+void set_wait(int device, const std::string& wait) {
+  // A thread that waits for the device by spinning holds a CPU for the whole wait: with an
+  // executor thread per queue that is up to three CPUs the host's AdamW does not get.
+  const unsigned flags = wait == "spin"    ? cudaDeviceScheduleSpin
+                         : wait == "yield" ? cudaDeviceScheduleYield
+                         : wait == "block" ? cudaDeviceScheduleBlockingSync
+                                           : cudaDeviceScheduleAuto;
+  FY_CUDA(cudaSetDevice(device));
+  const cudaError_t e = cudaSetDeviceFlags(flags);
+  if (e == cudaSuccess) {
+    spdlog::info("cuda: host threads {} while they wait for device {} (runtime.cuda_wait)",
+                 wait == "block"   ? "block"
+                 : wait == "yield" ? "yield"
+                                   : "spin",
+                 device);
+    return;
+  }
+  cudaGetLastError();  // not sticky: the device stays usable with its earlier flags
+  spdlog::warn(
+      "cuda: runtime.cuda_wait {} not applied to device {} ({}: {}); the context was "
+      "already active, its wait mode stays as it was",
+      wait, device, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
 CudaBackend::CudaBackend(int device, uint64_t capacity) : device_(device) {
   bind();
   cudaDeviceProp prop{};
@@ -483,11 +507,13 @@ std::string cudnn_attention_graph_check(ElemType t, int B, int T, int C, int H) 
   return cuda::CudnnAttention::check_graphs(t, B, T, C, H);
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device, uint64_t device_memory) {
+std::unique_ptr<Backend> make_cuda_backend(int device, uint64_t device_memory,
+                                           const std::string& wait) {
   std::string why;
   if (cuda_usable_devices(&why) <= device)
     throw Error(str("CUDA device ", device,
                     " is not usable: ", why.empty() ? std::string("fewer usable devices") : why));
+  if (wait != "auto") cuda::set_wait(device, wait);
   return std::make_unique<cuda::CudaBackend>(device, device_memory);
 }
 

@@ -33,6 +33,10 @@
 
 namespace fuyou::cuda {
 
+// cudaSetDeviceFlags' wait mode for `device` (runtime.cuda_wait: spin, yield or block), set
+// before its context starts; a context already active keeps its mode, with a warning.
+void set_wait(int device, const std::string& wait);
+
 class CudaBackend final : public Backend {
  public:
   // capacity 0: what the device has free less a reserve (see make_cuda_backend).

@@ -428,6 +428,7 @@ void runtime_keys(F&& key) {
   key("device_tensors", &R::device_tensors, OneOf{{"fp32", "bf16", "fp16"}});
   key("attention", &R::attention, OneOf{{"auto", "kernels", "cudnn"}});
   key("gemm_bias", &R::gemm_bias, OneOf{{"kernel", "epilogue"}});
+  key("cuda_wait", &R::cuda_wait, OneOf{{"auto", "spin", "yield", "block"}});
   key("in_memory", &R::in_memory, OneOf{{"plan", "step"}});
   key("seed", &R::seed, Free{});
   key("stream_delay_us", &R::stream_delay_us, closed(0, 1000000, " microseconds"));
@@ -727,6 +728,9 @@ RuntimeConfig parse_runtime(const YAML::Node& node, const Origin& source,
     cuda_16bit("attention", "cudnn's fused attention", "attention: kernels");
   if (r.gemm_bias == "epilogue")
     cuda_16bit("gemm_bias", "the bias epilogue (cuBLASLt)", "gemm_bias: kernel");
+  if (r.cuda_wait != "auto" && r.backend != "cuda" && r.backend != "auto")
+    s.fail("cuda_wait",
+           str("sets how the CUDA backend waits, but runtime.backend is '", r.backend, "'"));
   return r;
 }
 

@@ -32,7 +32,7 @@ int cuda_usable_devices(std::string* why) {
   return 0;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int, uint64_t) {
+std::unique_ptr<Backend> make_cuda_backend(int, uint64_t, const std::string&) {
   throw Error(
       "this build has no CUDA backend (configured without the CUDA toolkit; install "
       "it and rebuild to get one)");
@@ -78,7 +78,7 @@ std::unique_ptr<Backend> make_backend(const Config& cfg, std::string* reason) {
   if (runtime.backend == "cuda" || runtime.backend == "auto") {
     std::string no_gpu;
     if (cuda_usable_devices(&no_gpu) > 0) {
-      backend = make_cuda_backend(0, device_memory);
+      backend = make_cuda_backend(0, device_memory, runtime.cuda_wait);
       why = str("runtime.backend is ", runtime.backend, " and CUDA device 0 is usable");
     } else if (runtime.backend == "cuda") {
       throw Error(str("runtime.backend is 'cuda' but ", no_gpu,
