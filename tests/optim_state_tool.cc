@@ -51,13 +51,7 @@ MomentFormat moments_of(const std::string& s) {
   throw std::runtime_error("moments '" + s + "'");
 }
 
-SimdPath path_of(const std::string& s) {
-  if (s == "scalar") return SimdPath::kScalar;
-  if (s == "avx2") return SimdPath::kAvx2;
-  if (s == "avx512") return SimdPath::kAvx512;
-  if (s == "auto") return SimdPath::kAuto;
-  throw std::runtime_error("path '" + s + "'");
-}
+SimdPath path_of(const std::string& s) { return simd_path_from_name(s, "path"); }
 
 int run(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "--paths") {

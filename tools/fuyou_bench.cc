@@ -395,16 +395,7 @@ int bench_adam(AdamArgs& a) {
   if (a.master != "fp32" && a.master != "split")
     throw fuyou::ConfigError("--master: expected fp32 or split, got '" + a.master + "'");
   a.opts.format = fuyou::optim_format(oc);
-  if (a.simd == "auto")
-    a.opts.simd = fuyou::SimdPath::kAuto;
-  else if (a.simd == "scalar")
-    a.opts.simd = fuyou::SimdPath::kScalar;
-  else if (a.simd == "avx2")
-    a.opts.simd = fuyou::SimdPath::kAvx2;
-  else if (a.simd == "avx512")
-    a.opts.simd = fuyou::SimdPath::kAvx512;
-  else
-    throw fuyou::ConfigError("--simd: expected auto, scalar, avx2 or avx512, got '" + a.simd + "'");
+  a.opts.simd = fuyou::simd_path_from_name(a.simd, "--simd");
   nlohmann::json r = fuyou::run_adam_bench(a.opts);
   if (a.json)
     std::printf("%s\n", r.dump().c_str());

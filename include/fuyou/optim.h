@@ -24,7 +24,12 @@ struct AdamWStep {
 // Instruction-set paths of the optimizer kernels. kAuto picks the widest the CPU has.
 enum class SimdPath { kAuto, kScalar, kAvx2, kAvx512 };
 const char* simd_path_name(SimdPath p);
+// The path simd_path_name names; ConfigError naming `what` (the option or key) and the names
+// otherwise.
+SimdPath simd_path_from_name(const std::string& name, const std::string& what);
 SimdPath best_simd_path();
+// Whether this CPU runs `p` (kAuto and kScalar always; a path at most as wide as the widest).
+bool simd_path_supported(SimdPath p);
 
 // One fused pass over n elements: reads fp32 master, m, v and the gradient (of grad_type),
 // writes fp32 master, m, v and, when lowp is non-null, the updated weights as lowp_type

@@ -226,8 +226,7 @@ nlohmann::json run_adam_bench(const AdamBenchOptions& o) {
   r["params"] = n;
   r["threads"] = omp_get_max_threads();
   const SimdPath best = best_simd_path();
-  // Paths in order of width: scalar, AVX2, AVX-512; a wider one than the CPU's would fault.
-  if (o.simd != SimdPath::kAuto && static_cast<int>(o.simd) > static_cast<int>(best))
+  if (!simd_path_supported(o.simd))
     throw ConfigError(str("--simd ", simd_path_name(o.simd), ": this CPU's widest path is ",
                           simd_path_name(best)));
   r["simd"] = simd_path_name(o.simd == SimdPath::kAuto ? best : o.simd);

@@ -44,6 +44,18 @@ const char* simd_path_name(SimdPath p) {
   return "?";
 }
 
+SimdPath simd_path_from_name(const std::string& name, const std::string& what) {
+  for (SimdPath p : {SimdPath::kAuto, SimdPath::kScalar, SimdPath::kAvx2, SimdPath::kAvx512})
+    if (name == simd_path_name(p)) return p;
+  throw ConfigError(str(what, ": expected auto, scalar, avx2 or avx512, got '", name, "'"));
+}
+
+bool simd_path_supported(SimdPath p) {
+  // Paths in order of width: scalar, AVX2, AVX-512; a wider one than the CPU's would fault.
+  return p == SimdPath::kAuto || p == SimdPath::kScalar ||
+         static_cast<int>(p) <= static_cast<int>(best_simd_path());
+}
+
 SimdPath best_simd_path() {
   static const SimdPath best = [] {
     __builtin_cpu_init();
@@ -127,9 +139,8 @@ void adamw_update(const AdamWArgs* pieces, const float* decay, size_t count, con
                   SimdPath path) {
   FY_CHECK(s.t >= 1, "AdamW step count starts at 1, got ", s.t);
   if (path == SimdPath::kAuto) path = best_simd_path();
-  FY_CHECK(
-      path == SimdPath::kScalar || static_cast<int>(path) <= static_cast<int>(best_simd_path()),
-      "SIMD path ", simd_path_name(path), " is not supported by this CPU");
+  FY_CHECK(simd_path_supported(path), "SIMD path ", simd_path_name(path),
+           " is not supported by this CPU");
   const math::AdamWConsts base = step_consts(s);
   std::vector<math::AdamWConsts> k(count, base);
   // Work items of at most kBlock elements, each within one piece.

@@ -193,9 +193,8 @@ void adamw_update_packed(const PackedAdamWArgs& a, const AdamWStep& s, SimdPath 
              "update range ", r, " [", a.ranges[r].begin, ", ", a.ranges[r].end, ") of ", a.n,
              " elements");
   if (path == SimdPath::kAuto) path = best_simd_path();
-  FY_CHECK(
-      path == SimdPath::kScalar || static_cast<int>(path) <= static_cast<int>(best_simd_path()),
-      "SIMD path ", simd_path_name(path), " is not supported by this CPU");
+  FY_CHECK(simd_path_supported(path), "SIMD path ", simd_path_name(path),
+           " is not supported by this CPU");
   PackedConsts c;
   c.k = step_consts(s);
   c.k.grad_scale = a.grad_scale;
