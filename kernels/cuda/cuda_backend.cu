@@ -40,10 +40,7 @@ void set_wait(int device, const std::string& wait) {
   FY_CUDA(cudaSetDevice(device));
   const cudaError_t e = cudaSetDeviceFlags(flags);
   if (e == cudaSuccess) {
-    spdlog::info("cuda: host threads {} while they wait for device {} (runtime.cuda_wait)",
-                 wait == "block"   ? "block"
-                 : wait == "yield" ? "yield"
-                                   : "spin",
+    spdlog::info("cuda: host threads {} while they wait for device {} (runtime.cuda_wait)", wait,
                  device);
     return;
   }

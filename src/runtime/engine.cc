@@ -338,17 +338,31 @@ PlanRequest plan_request(const Config& cfg, const PlanDevice& device, double att
   return req;
 }
 
+namespace {
+
+// The device memory an in-memory run may take: offload.device_memory, else a device's capacity
+// where it is not host memory (a GPU's, the emulated device's); 0: no limit.
+uint64_t in_memory_device_limit(const Config& cfg, const Backend& backend) {
+  if (cfg.offload.device_memory) return cfg.offload.device_memory;
+  return backend.device_is_host_memory() ? 0 : backend.memory().capacity;
+}
+
+// in_memory_device_bytes for the config's model, micro-batch and device tensors.
+uint64_t in_memory_step_bytes(const Config& cfg) {
+  return in_memory_device_bytes(cfg.model, cfg.schedule.micro_batch,
+                                device_tensor_bytes(cfg.runtime));
+}
+
+}  // namespace
+
 std::optional<Plan> in_memory_plan(const Config& cfg, Backend& backend, double attention_keys,
                                    std::string* why) {
   if (cfg.runtime.in_memory == "step") {
     *why = "runtime.in_memory is step";
     return std::nullopt;
   }
-  const bool device_in_host = backend.device_is_host_memory();
-  const uint64_t capacity = device_in_host ? 0 : backend.memory().capacity;
-  const uint64_t limit = cfg.offload.device_memory ? cfg.offload.device_memory : capacity;
-  const uint64_t model =
-      in_memory_device_bytes(cfg.model, cfg.schedule.micro_batch, device_tensor_bytes(cfg.runtime));
+  const uint64_t limit = in_memory_device_limit(cfg, backend);
+  const uint64_t model = in_memory_step_bytes(cfg);
   const uint64_t free_b = limit == 0 ? UINT64_MAX : limit > model ? limit - model : 0;
   if (in_memory_optimizer_on_device(cfg, backend, free_b)) {
     *why = str("AdamW on the device beside the model (optimizer.placement ",
@@ -383,9 +397,9 @@ Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s,
   // Without offload.host_memory the plan is held to the machine's physical memory: a plan
   // beyond it would be killed by the kernel part-way through its allocations instead of
   // refused here with its numbers (or, with offload.ssd_paths, placed partly on SSD).
-  if (!req.host_budget && physical_memory()) {
-    req.host_budget = physical_memory();
-    req.host_budget_physical = true;
+  if (!req.host_budget) {
+    req.host_budget = physical_memory();  // 0 where unknown: unlimited, as before
+    req.host_budget_physical = req.host_budget != 0;
   }
   // A device of fixed capacity that is not host memory (a GPU, the emulated device) plans
   // within what it holds when offload.device_memory is unset.
@@ -435,12 +449,8 @@ EngineChoice choose_engine(const Config& cfg, Backend& backend, double attention
   }
   // The in-memory step (asked for, AdamW on the device, or a plan over a budget) where the
   // model fits the device; else the offloading scheduler's plan.
-  const bool in_host = backend.device_is_host_memory();
-  const uint64_t limit = cfg.offload.device_memory ? cfg.offload.device_memory
-                         : in_host                 ? 0
-                                                   : backend.memory().capacity;
-  const uint64_t step =
-      in_memory_device_bytes(cfg.model, cfg.schedule.micro_batch, device_tensor_bytes(cfg.runtime));
+  const uint64_t limit = in_memory_device_limit(cfg, backend);
+  const uint64_t step = in_memory_step_bytes(cfg);
   if (limit && step > limit) {
     c.why = str("in memory the model needs ", format_size(step),
                 " of device memory, more than the ", format_size(limit),
