@@ -21,13 +21,15 @@ using namespace fuyou;
 
 namespace {
 
-Config plan_config(const char* tensors, double clip, int accum, const char* state) {
+Config plan_config(const char* tensors, double clip, int accum, const char* state,
+                   const char* placement = "auto", const char* accum_type = "auto") {
   const bool packed = std::string(state) == "int8";
   return parse_config(
       str("model: {n_layer: 5, n_head: 2, d_model: 32, d_ff: 96, vocab_size: 64, seq_len: 16}\n"
           "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: ",
-          clip, ", state: ", state, ", master: ", packed ? "split" : "fp32",
-          "}\nschedule: {steps: 4, warmup_steps: 1, micro_batch: 2, grad_accum: ", accum,
+          clip, ", state: ", state, ", master: ", packed ? "split" : "fp32", ", placement: ",
+          placement, "}\nschedule: {steps: 4, warmup_steps: 1, micro_batch: 2, grad_accum: ", accum,
+          ", grad_accum_type: ", accum_type,
           "}\nruntime: {backend: cpu, threads: 2, seed: 11, device_tensors: ", tensors,
           ", precision: ", std::string(tensors) == "bf16" ? "bf16" : "fp32", "}\n"),
       "<test>");
@@ -134,12 +136,13 @@ TEST_CASE("in-memory training runs as a plan: weights resident, one load per lay
   CHECK(why == "runtime.in_memory is step");
   cfg.runtime.in_memory = "plan";
 
-  // AdamW on the device: the in-memory step, no plan.
+  // AdamW on the device: a plan too, its state on the device.
   cfg.optimizer.placement = "device";
   auto be2 = backend_for(cfg, false);
-  CHECK(make_train_engine(cfg, *be2)->plan() == nullptr);
-  CHECK_FALSE(in_memory_plan(cfg, *be2, 0, &why));
-  CHECK_THAT(why, Catch::Matchers::Contains("AdamW on the device"));
+  auto device_engine = make_train_engine(cfg, *be2);
+  REQUIRE(device_engine->plan() != nullptr);
+  CHECK(device_engine->plan()->device_optimizer);
+  CHECK_THAT(device_engine->describe(), Catch::Matchers::Contains("Adam moments on the device"));
 }
 
 // One choice of engine for the run and for fuyou-train --dry-run (choose_engine): a device
@@ -180,7 +183,8 @@ TEST_CASE("the device budget chooses the engine, and the dry run reports the sam
     const EngineChoice c = choose_engine(cfg, *b, 0);
     CHECK(c.kind == k.kind);
     CHECK(c.plan.has_value() == (k.kind == EngineKind::kInMemoryPlan));
-    if (k.kind == EngineKind::kOffloaded) CHECK_THAT(c.why, Contains("in memory the model needs"));
+    if (k.kind == EngineKind::kOffloaded)
+      CHECK_THAT(c.why, Contains("in memory as a plan: the plan needs"));
     CHECK_THAT(engine_line(cfg), Contains(k.line));
   }
   // The step where it is asked for and fits; offloaded where it does not.
@@ -215,6 +219,45 @@ TEST_CASE("in-memory training as a plan is bitwise the in-memory step", "[in_mem
       REQUIRE(engine->plan()->resident_weights);
       const test::EngineRun run = engine_run(*engine, make_gpt_layout(cfg.model), data);
       // The executor reports the norm in exact mode (clipping) only.
+      test::require_bitwise(run, ref, clip > 0);
+    }
+}
+
+TEST_CASE("AdamW on the device as a plan is bitwise the in-memory step", "[in_memory_plan]") {
+  // optimizer.placement device: the plan keeps every group's state on the device and updates
+  // it on the compute queue (Plan::device_optimizer); the reference is the in-memory step with
+  // its optimizer on the host (the device's AdamW gives the host's bits).
+  const bool streams = GENERATE(false, true);
+  const char* tensors = GENERATE("fp32", "bf16");
+  const int accum = GENERATE(1, 2);
+  for (double clip : {0.0, 0.5})
+    for (const char* accum_type : {"fp32", "tensors"}) {
+      if (std::string(accum_type) == "tensors" && (accum == 1 || std::string(tensors) == "fp32"))
+        continue;  // the same plan as fp32 sums
+      Config cfg = plan_config(tensors, clip, accum, "fp32", "device", accum_type);
+      INFO((streams ? "cpu-streams" : "cpu") << ", tensors " << tensors << ", grad_accum " << accum
+                                             << " (" << accum_type << "), clip " << clip);
+      const auto data = step_batches(cfg, 4);
+      Config host_cfg = cfg;
+      host_cfg.optimizer.placement = "host";
+      auto ref_be = backend_for(host_cfg, false);
+      const test::EngineRun ref = test::in_memory_run(host_cfg, data, *ref_be);
+      auto be = backend_for(cfg, streams);
+      auto engine = make_train_engine(cfg, *be);
+      REQUIRE(engine->plan() != nullptr);
+      const Plan& plan = *engine->plan();
+      REQUIRE(plan.device_optimizer);
+      // Nothing of the model crosses the bus in a step, and every group updates on the device.
+      int device_updates = 0;
+      for (const PlanOp& op : plan.ops) {
+        INFO(op_kind_name(op.kind));
+        CHECK(op.resource != Resource::kH2D);
+        CHECK(op.resource != Resource::kD2H);
+        device_updates += op.kind == OpKind::kDeviceUpdate;
+      }
+      CHECK(device_updates == cfg.model.n_layer + 2);
+      CHECK(plan.memory.ssd_bytes == 0);
+      const test::EngineRun run = engine_run(*engine, make_gpt_layout(cfg.model), data);
       test::require_bitwise(run, ref, clip > 0);
     }
 }

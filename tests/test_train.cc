@@ -133,11 +133,28 @@ TEST_CASE("an in-memory run checks offload.host_memory before it starts", "[trai
                    in_memory_device_bytes(cfg.model, cfg.schedule.micro_batch, 4));
   CHECK(in_memory_host_bytes(cfg.model, cfg.schedule.micro_batch, /*device_in_host=*/false, 4) <
         need);
+  // The in-memory step (runtime.in_memory step) checks its estimate.
+  cfg.runtime.in_memory = "step";
   cfg.offload.host_memory = need - 1;
   CHECK_THROWS_WITH(make_train_engine(cfg, *be),
                     Contains("in-memory training needs " + format_size(need)) &&
                         Contains("offload.host_memory is " + format_size(need - 1)) &&
                         Contains("offload.ssd_paths"));
   cfg.offload.host_memory = need;
+  CHECK(make_train_engine(cfg, *be)->offloaded() == false);
+  // The in-memory plan holds its own buffer table to it; a plan over it trains offloaded, and
+  // without SSD that plan is refused with its figures.
+  cfg.runtime.in_memory = "plan";
+  cfg.offload.host_memory = 0;
+  std::string why;
+  const std::optional<Plan> plan = in_memory_plan(cfg, *be, 0, &why);
+  REQUIRE(plan);
+  const uint64_t plan_need = plan->memory.host_bytes;
+  cfg.offload.host_memory = plan_need - 1;
+  CHECK_THROWS_WITH(make_train_engine(cfg, *be),
+                    Contains("host memory: the plan needs") &&
+                        Contains("offload.host_memory is " + format_size(plan_need - 1)) &&
+                        Contains("offload.ssd_paths"));
+  cfg.offload.host_memory = plan_need;
   CHECK(make_train_engine(cfg, *be)->offloaded() == false);
 }

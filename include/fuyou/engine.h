@@ -1,8 +1,9 @@
-// The training engine behind fuyou-train and fuyou-bench. When the whole model fits the device
-// budget and nothing asks for offloading, in memory: as a plan of the executor with the weights
-// and activations resident (in_memory_plan) where AdamW runs on the host, else the in-memory
-// step (InMemoryStep: AdamW on the device). Otherwise the offloading scheduler (plan + executor
-// over the SSD store and the out-of-core optimizer).
+// The training engine behind fuyou-train and fuyou-bench: always a plan of the executor. When
+// the whole model fits the device budget and nothing asks for offloading, in memory: the
+// weights and activations resident (in_memory_plan), AdamW on the host or on the device.
+// Otherwise the offloading scheduler's plan over the SSD store and the out-of-core optimizer.
+// The in-memory step (InMemoryStep) runs only where runtime.in_memory asks for it: the
+// reference the plans are compared with.
 #pragma once
 
 #include <map>
@@ -116,19 +117,19 @@ Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s = nullp
 
 // In-memory training (choose_engine) as a plan of the executor: every layer's
 // activations kept and its weights in a device slot of its own (PlanRequest::resident_weights),
-// no SSD, the optimizer on the host; its gradients go down and its AdamW runs during the
-// backward, its new weights go up beside the next forward. Null, with *why saying so, where
-// the in-memory step runs instead: runtime.in_memory step, AdamW on the device
-// (in_memory_optimizer_on_device), or a plan over offload.device_memory (or the device's
-// capacity) or offload.host_memory.
+// no SSD. AdamW on the host: its gradients go down and its AdamW runs during the backward, its
+// new weights go up beside the next forward. AdamW on the device (in_memory_optimizer_on_device:
+// PlanRequest::device_optimizer): its state on the device, updated there on the compute queue.
+// Null, with *why saying so, for runtime.in_memory step, or a plan over offload.device_memory
+// (or the device's capacity) or offload.host_memory.
 std::optional<Plan> in_memory_plan(const Config& cfg, Backend& backend, double attention_keys,
                                    std::string* why);
 
 // Which engine a config trains with on a backend (make_train_engine; fuyou-train --dry-run
 // reports the same): offloaded where the config asks for it (wants_offload); else in memory as
-// a plan (in_memory_plan); else the in-memory step where the model fits the device
-// (offload.device_memory, or a GPU's capacity: in_memory_device_bytes); else offloaded, the
-// scheduler placing what the device cannot hold.
+// a plan (in_memory_plan) where it fits; else offloaded, the scheduler placing what the device
+// cannot hold. The in-memory step only for runtime.in_memory step, where the model fits the
+// device (offload.device_memory, or a GPU's capacity: in_memory_device_bytes).
 enum class EngineKind { kOffloaded, kInMemoryPlan, kInMemoryStep };
 struct EngineChoice {
   EngineKind kind = EngineKind::kOffloaded;

@@ -66,6 +66,10 @@ enum class BufferKind {
   kScratch,         // recomputation's unused block output
   kResidualGrad,    // the gradient flowing down the residual stream
   kModelWorkspace,  // the model's own (logits, head, backward scratch)
+  // Plan::device_optimizer:
+  kDeviceOptim,    // index: group; fp32 master (unless the weights are fp32) and Adam moments
+  kDeviceGradSum,  // index: group; its fp32 gradient sum over micro-batches (Plan::accum_fp32)
+  kAdamWPieces,    // the device AdamW's pieces (AdamWPiece), every group's
   // Host, in the order the table lists them (in_table_order).
   kProcess,        // code, libraries, allocator, thread stacks
   kDeviceArena,    // the device's memory where it is host memory (CPU backend)
@@ -160,7 +164,11 @@ enum class OpKind {
   kAccumulateGrads,  // a micro-batch's 16-bit gradient added into the group's fp32 sum
                      // (Plan::accum_fp32)
   kDeviceGradSumSq,  // kGradSumSq from the device's gradient, on the compute queue
-                     // (Plan::device_sum_squares)
+                     // (Plan::device_sum_squares, Plan::device_optimizer)
+  // AdamW on the device (Plan::device_optimizer), on the compute queue:
+  kDeviceUpdate,      // AdamW of `group` from its gradient on the device, into its weights there
+  kDeviceAccumulate,  // a micro-batch's 16-bit gradient added into the group's fp32 sum on the
+                      // device (Plan::accum_fp32)
   // Forward-only plans (validation):
   kHeadLoss,  // final norm, logits and the loss, no backward
 };
@@ -248,6 +256,10 @@ constexpr OpKindInfo op_kind_info(OpKind k) {
       return {"accumulate_grads", R::kOptimizer, T::kHostSum};
     case OpKind::kDeviceGradSumSq:
       return {"device_grad_sum_sq", R::kCompute, T::kNone};
+    case OpKind::kDeviceUpdate:
+      return {"device_update", R::kCompute, T::kNone};
+    case OpKind::kDeviceAccumulate:
+      return {"device_accumulate", R::kCompute, T::kNone};
     case OpKind::kHeadLoss:
       return {"head_loss", R::kCompute, T::kNone};
   }
@@ -345,6 +357,13 @@ struct Plan {
   // squares runs on the compute queue from its gradient on the device (kDeviceGradSumSq),
   // before the save, instead of on the optimizer's thread from the host copy (kGradSumSq).
   bool device_sum_squares = false;
+  // PlanRequest::device_optimizer: every group's fp32 state on the device (kDeviceOptim) and
+  // its AdamW on the compute queue (kDeviceUpdate) from its gradient there, into its weights
+  // there: nothing crosses the bus. Layer gradients are held in a device slot per layer where
+  // the step holds them (exact mode, or accumulation in the tensors' type); fp32 sums over
+  // micro-batches are device buffers (kDeviceGradSum). Exact mode: each group's sum of squares
+  // on the compute queue, the norm on the optimizer's thread, the updates after it.
+  bool device_optimizer = false;
   PlanPools pools;
   // Every buffer the iteration uses, with its tier and size; MemoryPlan sums them.
   std::vector<PlanBuffer> buffers;
@@ -414,6 +433,10 @@ struct PlanRequest {
   // updates. For backends whose device is not the host's CPU. Not with fp32 sums over
   // micro-batches (Plan::accum_fp32): those are on the host.
   bool device_sum_squares = false;
+  // AdamW on the device (Plan::device_optimizer): only for in-memory plans (resident_weights,
+  // every layer's activations on the device, no SSD) and plain fp32 state
+  // (optimizer.state fp32, optimizer.master fp32); the backend needs Backend::adamw.
+  bool device_optimizer = false;
   bool optim_on_ssd = false;
   bool grads_on_ssd = false;  // held gradients (exact / grad_accum > 1) to SSD; else by budget
   // Parts of the embedding's save / update / refresh (PlanOp::parts); 0: by size. Only

@@ -67,6 +67,12 @@ void check_optim_format(const OptimizerConfig& o, ElemType tensors);
 // choose the engine.
 bool in_memory_optimizer_on_device(const Config& cfg, Backend& be, uint64_t device_free);
 
+// AdamW's pieces on the device (Backend::adamw) over the tensors of `layout` whose elements lie
+// in [begin, end) (a group's range, or the whole layout): each tensor cut into pieces of at
+// most kDeviceAdamWPiece elements, `begin` counted from `begin`. Padding between tensors is
+// not updated, as on the host.
+std::vector<AdamWPiece> adamw_pieces(const ParamLayout& layout, size_t begin, size_t end);
+
 // The in-memory step: the model on a backend, and the fp32 master weights and AdamW moments
 // either on the host (an OocAdamW with every group in host memory, the driver the offloading
 // engine uses too: gradients copied down, AdamW, weights copied up) or on the device beside

@@ -107,10 +107,14 @@ DryRun dry_run(const Config& cfg, const std::string& run_dir) {
   bool have_plan = false;
   EngineChoice choice = choose_engine(cfg, *be, 0);
   if (choice.kind == EngineKind::kInMemoryPlan) {
-    r.lines.push_back(
-        "engine: in memory as a plan of the scheduler (weights, gradients and activations on "
-        "the device, AdamW on the host beside the backward and the next forward)");
     plan = std::move(*choice.plan);
+    r.lines.push_back(plan.device_optimizer
+                          ? "engine: in memory as a plan of the scheduler (weights, gradients, "
+                            "activations and AdamW's state on the device, each group updated there "
+                            "after its backward)"
+                          : "engine: in memory as a plan of the scheduler (weights, gradients and "
+                            "activations on the device, AdamW on the host beside the backward and "
+                            "the next forward)");
     have_plan = true;
     if (!device_in_host)
       checks.push_back({"device memory", plan.memory.device_bytes, device_cap, ""});

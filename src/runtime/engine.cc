@@ -124,6 +124,15 @@ class PlanEngine final : public TrainEngine {
   std::string describe() const override {
     const Plan& plan = trainer_.plan();
     if (!plan.resident_weights) return plan.table();
+    if (plan.device_optimizer)
+      return str(
+          "in-memory training as a plan of the scheduler: weights, activations, gradients, fp32 "
+          "master weights and Adam moments on the device (",
+          format_size(plan.memory.device_bytes),
+          "); each group's AdamW runs there on the compute queue as soon as its gradients are "
+          "made (with clipping or fp16, once the last backward has given the norm) and nothing "
+          "crosses the bus (",
+          be_.name(), ")\n", plan.table());
     return str(
         "in-memory training as a plan of the scheduler: weights, activations and the "
         "gradients being made on the device (",
@@ -364,14 +373,10 @@ std::optional<Plan> in_memory_plan(const Config& cfg, Backend& backend, double a
   const uint64_t limit = in_memory_device_limit(cfg, backend);
   const uint64_t model = in_memory_step_bytes(cfg);
   const uint64_t free_b = limit == 0 ? UINT64_MAX : limit > model ? limit - model : 0;
-  if (in_memory_optimizer_on_device(cfg, backend, free_b)) {
-    *why = str("AdamW on the device beside the model (optimizer.placement ",
-               cfg.optimizer.placement, ")");
-    return std::nullopt;
-  }
   PlanRequest req = plan_request(cfg, plan_device(backend), attention_keys);
   req.acts.assign(cfg.model.n_layer, ActPlacement::kKeep);
   req.resident_weights = true;
+  req.device_optimizer = in_memory_optimizer_on_device(cfg, backend, free_b);
   // Sized unbounded, then held to the budgets: a plan over them leaves the run to the step.
   req.device_budget = 0;
   req.host_budget = 0;
@@ -447,8 +452,13 @@ EngineChoice choose_engine(const Config& cfg, Backend& backend, double attention
     c.why = "the model, its gradients being made and its activations fit the device";
     return c;
   }
-  // The in-memory step (asked for, AdamW on the device, or a plan over a budget) where the
-  // model fits the device; else the offloading scheduler's plan.
+  // A plan over a budget trains offloaded: the scheduler places what the device (or the host)
+  // cannot hold. The in-memory step only where asked for (runtime.in_memory step: the
+  // reference the plans are compared with) and the model fits the device.
+  if (cfg.runtime.in_memory != "step") {
+    c.why = str("in memory as a plan: ", why);
+    return c;
+  }
   const uint64_t limit = in_memory_device_limit(cfg, backend);
   const uint64_t step = in_memory_step_bytes(cfg);
   if (limit && step > limit) {

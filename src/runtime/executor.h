@@ -112,6 +112,11 @@ class PlanExecutor::Impl {
   void allocate_device(int id, const PlanBuffer& b);
   void allocate_buffers();
   void make_optimizer();
+  // Plan::device_optimizer: group g's fp32 master on the device (the weights themselves with
+  // fp32 tensors), its moments, and its weights there.
+  float* device_master(int g) const;
+  float* device_moment(int g, StateKind kind) const;
+  void* device_weights(int g) const;
   void register_host_buffers();
   float* ptr(int buffer) const { return static_cast<float*>(ptr_[buffer]); }
   // The use's bytes: its buffer's memory from its offset.
@@ -139,6 +144,7 @@ class PlanExecutor::Impl {
   void save_grads(Iter& it, const PlanOp& op);
   void load_resident(Iter& it, const PlanOp& op);
   void update(Iter& it, const PlanOp& op);
+  void device_update(Iter& it, const PlanOp& op);
   void first_rows(Iter& it);
   static void rows_complement(const Iter& it, size_t begin, size_t end,
                               std::vector<std::pair<size_t, size_t>>& out);
@@ -148,6 +154,13 @@ class PlanExecutor::Impl {
   char* elem(void* base, size_t i) const { return static_cast<char*>(base) + i * es_; }
   // What the norm and the updates read: the fp32 sums (Plan::accum_fp32), else the tensors.
   ElemType grad_type() const { return plan_.accum_fp32 ? ElemType::kF32 : tensors_; }
+  // The type of a device op's source gradient: fp32 where it is a sum over micro-batches on
+  // the device (kDeviceGradSum), else the tensors'.
+  ElemType source_type(const PlanOp& op) const {
+    return plan_.buffers[op.use(Role::kSource).buffer].kind == BufferKind::kDeviceGradSum
+               ? ElemType::kF32
+               : tensors_;
+  }
 
   // ---- scheduler.cc ----
   void prepare_runs();
@@ -184,7 +197,9 @@ class PlanExecutor::Impl {
   std::vector<std::vector<float>> host_owned_;  // resident host buffers
   std::unique_ptr<HostPool> pool_;              // the host slot pools
   void *embed_w_ = nullptr, *embed_g_ = nullptr, *final_w_ = nullptr, *final_g_ = nullptr;
-  std::unique_ptr<OocAdamW> opt_;
+  std::unique_ptr<OocAdamW> opt_;  // null with Plan::device_optimizer
+  // Plan::device_optimizer: each group's first piece and count in the kAdamWPieces buffer.
+  std::vector<std::pair<size_t, size_t>> group_pieces_;
 
   Plan eval_plan_;
   Run train_, eval_;

@@ -65,6 +65,9 @@ void PlanExecutor::Impl::check_plan() {
                     " (runtime.device_tensors)"));
   if (plan_.forward_only)
     throw Error("PlanExecutor needs a training plan; it derives the forward-only one itself");
+  if (plan_.device_optimizer && !be_.supports_device_optimizer())
+    throw Error(str("the plan runs AdamW on the device, but backend ", be_.name(),
+                    " has no optimizer on the device (optimizer.placement host)"));
   if (be_.matmul_precision() == MatmulPrecision::kFp16) {
     // The overflow check needs every gradient before any update: only exact plans have it.
     if (!plan_.exact)
@@ -145,6 +148,21 @@ void PlanExecutor::Impl::allocate_buffers() {
 }
 
 void PlanExecutor::Impl::make_optimizer() {
+  if (plan_.device_optimizer) {
+    // AdamW's pieces per group, counted from the group's start, in one device table.
+    std::vector<AdamWPiece> all;
+    for (const ParamGroup& g : layout_.groups) {
+      const std::vector<AdamWPiece> p = adamw_pieces(layout_, g.offset, g.offset + g.numel);
+      group_pieces_.push_back({all.size(), p.size()});
+      all.insert(all.end(), p.begin(), p.end());
+    }
+    const int table = plan_.buffer(BufferKind::kAdamWPieces);
+    FY_CHECK(sizeof(AdamWPiece) * all.size() == plan_.buffers[table].bytes,
+             "the plan sized AdamW's pieces for ", plan_.buffers[table].bytes, " bytes, not ",
+             sizeof(AdamWPiece) * all.size());
+    be_.copy_to_device(ptr_[table], all.data(), sizeof(AdamWPiece) * all.size());
+    return;
+  }
   std::vector<Tier> tiers;
   for (size_t g = 0; g < layout_.groups.size(); ++g)
     tiers.push_back(plan_.optim_tier(static_cast<int>(g)));
@@ -185,9 +203,37 @@ void* PlanExecutor::Impl::group_host_weights(int g) const {
   return ptr(plan_.buffer(BufferKind::kHostWeights, g - 1));
 }
 
+void* PlanExecutor::Impl::device_weights(int g) const {
+  const int L = cfg_.model.n_layer;
+  return g == 0       ? embed_w_
+         : g == L + 1 ? final_w_
+                      : ptr(plan_.buffer(BufferKind::kWeightSlot, g - 1));
+}
+
+// Plan::device_optimizer: the group's kDeviceOptim buffer holds master (16-bit tensors only),
+// m and v, each numel floats.
+float* PlanExecutor::Impl::device_master(int g) const {
+  if (tensors_ == ElemType::kF32) return static_cast<float*>(device_weights(g));
+  return ptr(plan_.buffer(BufferKind::kDeviceOptim, g));
+}
+
+float* PlanExecutor::Impl::device_moment(int g, StateKind kind) const {
+  const size_t n = layout_.groups.at(g).numel;
+  float* state = ptr(plan_.buffer(BufferKind::kDeviceOptim, g));
+  if (tensors_ != ElemType::kF32) state += n;
+  return kind == StateKind::kAdamV ? state + n : state;
+}
+
 void PlanExecutor::Impl::set_group_params(int g, const float* src) {
   drain();
-  opt_->init_group(g, src);
+  if (plan_.device_optimizer) {
+    const size_t n = layout_.groups.at(g).numel;
+    if (tensors_ != ElemType::kF32) be_.copy_to_device(device_master(g), src, 4 * n);
+    be_.zero(device_moment(g, StateKind::kAdamM), 4 * n);
+    be_.zero(device_moment(g, StateKind::kAdamV), 4 * n);
+  } else {
+    opt_->init_group(g, src);
+  }
   set_group_weights(g, src);
 }
 
@@ -197,6 +243,12 @@ void PlanExecutor::Impl::set_group_weights(int g, const float* src) {
   const int L = cfg_.model.n_layer;
   const ParamGroup& pg = layout_.groups.at(g);
   const size_t bytes = es_ * pg.numel;
+  if (plan_.device_optimizer) {  // straight into the device's copy (`src` may be the staging)
+    if (tensors_ == ElemType::kF32) return be_.copy_to_device(device_weights(g), src, bytes);
+    std::vector<uint16_t> lowp(pg.numel);
+    put_weights(lowp.data(), src, pg.numel);
+    return be_.copy_to_device(device_weights(g), lowp.data(), bytes);
+  }
   if (g == 0 || g == L + 1 || plan_.layers[g - 1].weights == Tier::kHost) {
     void* host = group_host_weights(g);
     put_weights(host, src, pg.numel);
@@ -224,6 +276,8 @@ void PlanExecutor::Impl::set_params(const float* params) {
 
 void PlanExecutor::Impl::read_group_params(int g, float* dst) {
   drain();
+  if (plan_.device_optimizer)
+    return be_.copy_to_host(dst, device_master(g), 4 * layout_.groups.at(g).numel);
   const bool split = plan_.optim_format.master == MasterFormat::kSplit;
   opt_->read_master(g, dst, split ? group_working_weights(g) : nullptr);
 }
@@ -232,8 +286,10 @@ void PlanExecutor::Impl::read_group_params(int g, float* dst) {
 // steps) where gradients are fp32, the plan's state staging where they are 16-bit.
 float* PlanExecutor::Impl::group_staging() {
   drain();
-  return ptr(plan_.buffer(
-      tensors_ == ElemType::kF32 ? BufferKind::kHostGradSlot : BufferKind::kStateStage, 0));
+  return ptr(plan_.buffer(tensors_ == ElemType::kF32 && !plan_.device_optimizer
+                              ? BufferKind::kHostGradSlot
+                              : BufferKind::kStateStage,
+                          0));
 }
 
 void PlanExecutor::Impl::read_group_state(int g, StateKind kind, const StateSink& sink) {
@@ -243,16 +299,25 @@ void PlanExecutor::Impl::read_group_state(int g, StateKind kind, const StateSink
     read_group_params(g, staging);
     return sink(0, staging, layout_.groups.at(g).numel);
   }
+  if (plan_.device_optimizer) {
+    const size_t n = layout_.groups.at(g).numel;
+    float* staging = group_staging();
+    be_.copy_to_host(staging,
+                     kind == StateKind::kMaster ? device_master(g) : device_moment(g, kind), 4 * n);
+    return sink(0, staging, n);
+  }
   opt_->read_state(g, kind, sink);
 }
 
 void PlanExecutor::Impl::read_group_packed(int g, StateKind kind, const PackedSink& sink) {
   drain();
+  FY_CHECK(opt_, "packed state is the host optimizer's; this plan runs AdamW on the device");
   opt_->read_packed(g, kind, sink);
 }
 
 void PlanExecutor::Impl::write_group_packed(int g, StateKind kind, const PackedSource& source) {
   drain();
+  FY_CHECK(opt_, "packed state is the host optimizer's; this plan runs AdamW on the device");
   opt_->write_packed(g, kind, source);
 }
 
@@ -261,9 +326,20 @@ void PlanExecutor::Impl::write_group_packed(int g, StateKind kind, const PackedS
 // writes all three), so a group on SSD moves each kind once.
 void PlanExecutor::Impl::write_group_state(int g, StateKind kind, const StateSource& source) {
   drain();
+  const size_t n = layout_.groups.at(g).numel;
+  if (plan_.device_optimizer) {
+    float* staging = group_staging();
+    source(0, staging, n);
+    if (kind != StateKind::kMaster)
+      return be_.copy_to_device(device_moment(g, kind), staging, 4 * n);
+    // The master, then the weights rounded from it (fp32 tensors: the same buffer, whose
+    // value the staging still holds).
+    if (tensors_ != ElemType::kF32) be_.copy_to_device(device_master(g), staging, 4 * n);
+    return set_group_weights(g, staging);
+  }
   if (kind != StateKind::kMaster) return opt_->write_state(g, kind, source);
   float* staging = group_staging();
-  source(0, staging, layout_.groups.at(g).numel);
+  source(0, staging, n);
   opt_->write_state(g, StateKind::kMaster, [&](size_t begin, float* data, size_t n) {
     std::memcpy(data, staging + begin, 4 * n);
   });

@@ -69,9 +69,21 @@ void PlanExecutor::Impl::run_op(Iter& it, const PlanOp& op) {
     case OpKind::kDeviceGradSumSq:
       if (be_.timing_on())
         be_.timing_mark(timing_tag(StepPhase::kOptimizer, OpClass::kDeviceOptimizer));
-      // One group at offset 0: group_sum_squares's bits (Backend::sum_squares).
-      it.sum_sq[op.group] = be_.sum_squares(at(op.use(Role::kSource)), tensors_, {{0, op.params}});
+      // One group at offset 0: group_sum_squares's bits (Backend::sum_squares); an fp32 sum
+      // over micro-batches on the device (Plan::device_optimizer) in fp32.
+      it.sum_sq[op.group] =
+          be_.sum_squares(at(op.use(Role::kSource)), source_type(op), {{0, op.params}});
       return;
+    case OpKind::kDeviceAccumulate: {
+      if (be_.timing_on())
+        be_.timing_mark(timing_tag(StepPhase::kOptimizer, OpClass::kDeviceOptimizer));
+      const BufferUse& sum = op.use(Role::kDest);
+      be_.accumulate_fp32(at(sum), at(op.use(Role::kSource)), tensors_, op.params,
+                          sum.access == Access::kWrite);
+      return;
+    }
+    case OpKind::kDeviceUpdate:
+      return device_update(it, op);
     case OpKind::kAccumulateGrads: {
       const BufferUse& sum = op.use(Role::kDest);
       add_to_fp32_sum(static_cast<float*>(at(sum)), at(op.use(Role::kSource)), tensors_, op.params,
@@ -220,6 +232,30 @@ void PlanExecutor::Impl::update(Iter& it, const PlanOp& op) {
   OpTraffic& moved = moved_[static_cast<int>(op.resource)];
   moved.ssd_read += opt_->ssd_bytes_read() - read;
   moved.ssd_write += opt_->ssd_bytes_written() - written;
+}
+
+// Plan::device_optimizer: the group's AdamW on the device, queued on the compute queue behind
+// the backward (or the norm) and ahead of the next forward; the same per-element math and
+// constants as the host's (set_adamw_constants), so the same bits.
+void PlanExecutor::Impl::device_update(Iter& it, const PlanOp& op) {
+  if (!it.apply) return;  // fp16 overflow: weights and optimizer state stay as they are
+  if (be_.timing_on())
+    be_.timing_mark(timing_tag(StepPhase::kOptimizer, OpClass::kDeviceOptimizer));
+  const auto [first, count] = group_pieces_[op.group];
+  DeviceAdamW a;
+  a.master = device_master(op.group);
+  a.m = device_moment(op.group, StateKind::kAdamM);
+  a.v = device_moment(op.group, StateKind::kAdamV);
+  a.grad = at(op.use(Role::kSource));
+  a.grad_type = source_type(op);
+  a.lowp = tensors_ == ElemType::kF32 ? nullptr : at(op.use(Role::kDest));
+  a.lowp_type = tensors_;
+  a.pieces = static_cast<const AdamWPiece*>(ptr_[plan_.buffer(BufferKind::kAdamWPieces)]) + first;
+  a.count = count;
+  const OocAdamWOptions o = optimizer_options(cfg_.optimizer);
+  set_adamw_constants(&a, AdamWStep{static_cast<float>(it.lr), o.beta1, o.beta2, o.eps, 0.0f, it.t},
+                      o.weight_decay, plan_.exact ? it.grad_scale : 1.0f);
+  be_.adamw(a);
 }
 
 // The embedding's first update part: the rows the next step's first micro-batch looks up

@@ -28,22 +28,22 @@ uint64_t device_optimizer_bytes(size_t n, bool fp32_tensors, bool fp32_sums, siz
   return 4ull * n * ((fp32_tensors ? 2 : 3) + (fp32_sums ? 1 : 0)) + sizeof(AdamWPiece) * pieces;
 }
 
-// AdamW's pieces over every tensor of the layout (padding between tensors is not updated, as
-// on the host), each at most kDeviceAdamWPiece elements.
-std::vector<AdamWPiece> adamw_pieces(const ParamLayout& layout) {
+}  // namespace
+
+std::vector<AdamWPiece> adamw_pieces(const ParamLayout& layout, size_t begin, size_t end) {
   std::vector<AdamWPiece> pieces;
-  for (const TensorSpec& t : layout.tensors)
+  for (const TensorSpec& t : layout.tensors) {
+    if (t.offset < begin || t.offset >= end) continue;
     for (size_t b = 0; b < t.numel; b += kDeviceAdamWPiece) {
       AdamWPiece p;
-      p.begin = t.offset + b;
+      p.begin = t.offset - begin + b;
       p.n = static_cast<uint32_t>(std::min<size_t>(kDeviceAdamWPiece, t.numel - b));
       p.decay = t.decay ? 1 : 0;
       pieces.push_back(p);
     }
+  }
   return pieces;
 }
-
-}  // namespace
 
 InMemoryStep::InMemoryStep(const Config& cfg, Backend& backend)
     : cfg_(cfg), be_(backend), model_(cfg.model, backend, cfg.schedule.micro_batch) {
@@ -100,9 +100,9 @@ bool in_memory_optimizer_on_device(const Config& cfg, Backend& be, uint64_t devi
   }
   const ParamLayout layout = make_gpt_layout(cfg.model);
   const ElemType store = be.storage_type();
-  const uint64_t need =
-      device_optimizer_bytes(layout.total, store == ElemType::kF32,
-                             sums_grads_in_fp32(cfg.schedule, store), adamw_pieces(layout).size());
+  const uint64_t need = device_optimizer_bytes(layout.total, store == ElemType::kF32,
+                                               sums_grads_in_fp32(cfg.schedule, store),
+                                               adamw_pieces(layout, 0, layout.total).size());
   if (want == "device") {
     if (!be.supports_device_optimizer())
       throw ConfigError(str("optimizer.placement is device, but backend ", be.name(),
@@ -145,7 +145,7 @@ void InMemoryStep::place_on_device() {
   d_m_ = floats("Adam first moments");
   d_v_ = floats("Adam second moments");
   if (fp32_sums_ && cfg_.schedule.grad_accum > 1) d_sum_ = floats("fp32 gradient sums");
-  const std::vector<AdamWPiece> pieces = adamw_pieces(model_.layout());
+  const std::vector<AdamWPiece> pieces = adamw_pieces(model_.layout(), 0, model_.layout().total);
   d_pieces_ =
       static_cast<AdamWPiece*>(be_.alloc(sizeof(AdamWPiece) * pieces.size(), "AdamW pieces"));
   device_owned_.push_back(d_pieces_);

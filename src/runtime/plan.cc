@@ -11,6 +11,7 @@
 #include "fuyou/error.h"
 #include "fuyou/model.h"
 #include "fuyou/sizes.h"
+#include "fuyou/train.h"
 #include "plan_internal.h"
 
 namespace fuyou {
@@ -62,6 +63,7 @@ class Placer {
     plan_.optim_format = req_.optim_format;
     plan_.resident_weights = req_.resident_weights;
     plan_.device_sum_squares = req_.device_sum_squares && req_.exact && !accum_fp32_;
+    // (Plan::device_optimizer is set where its state is placed: place_device_optimizer.)
     if (req_.grad_accum < 1)
       throw ConfigError(str("schedule.grad_accum is ", req_.grad_accum, "; it must be at least 1"));
     plan_.grad_accum = req_.grad_accum;
@@ -70,12 +72,15 @@ class Placer {
     const std::vector<ActPlacement> acts = decide_activations();
     for (int l = 0; l < n_layer_; ++l) plan_.layers[l].act = acts[l];
     size_device_pools(acts);
+    if (req_.device_optimizer) place_device_optimizer(acts);
     place_fixed_host(acts);
-    place_weights();
-    place_held_grads();
-    place_optimizer_state();
-    buy_weight_slots();
-    retain_weights();
+    if (!req_.device_optimizer) {
+      place_weights();
+      place_held_grads();
+      place_optimizer_state();
+      buy_weight_slots();
+      retain_weights();
+    }
     check_host_budget();
     // The embedding's save, update and refresh go in parts where they pay (a large
     // embedding) and where the optimizer can update a range (state in host memory).
@@ -157,8 +162,11 @@ class Placer {
   // most), at least the minimum; else an error with the smallest budget that would do.
   void size_device_pools(const std::vector<ActPlacement>& acts) {
     if (req_.resident_weights) min_dw_ = std::max(min_dw_, n_layer_);
+    // AdamW on the device holds each layer's gradient in a slot of its own where the step
+    // holds gradients in the tensors' type (Plan::device_optimizer).
+    const int min_dg = req_.device_optimizer && hold_ && !accum_fp32_ ? n_layer_ : 1;
     const int min_dc = min_ckpt_slots(acts);
-    const uint64_t minimal = device_need(acts, min_dw_, min_dc, 1);
+    const uint64_t minimal = device_need(acts, min_dw_, min_dc, min_dg);
     if (minimal > dev_budget_) {
       std::vector<ActPlacement> leanest(n_layer_,
                                         req_.have_ssd ? ActPlacement::kSsd : ActPlacement::kHost);
@@ -183,13 +191,13 @@ class Placer {
                       "\n  smallest device budget that runs this model at micro_batch ",
                       req_.micro_batch, ": ", format_size(device_need(leanest, 2, 2, 1)), hint));
     }
-    int dw = req_.resident_weights ? min_dw_ : 4, dc = min_dc ? 3 : 0, dg = 2;
+    int dw = req_.resident_weights ? min_dw_ : 4, dc = min_dc ? 3 : 0, dg = std::max(2, min_dg);
     while (device_need(acts, dw, dc, dg) > dev_budget_) {
       if (dw > min_dw_)
         --dw;
       else if (dc > min_dc)
         --dc;
-      else if (dg > 1)
+      else if (dg > min_dg)
         --dg;
       else
         break;
@@ -198,6 +206,38 @@ class Placer {
     plan_.pools.device_ckpt_slots = dc;
     plan_.pools.device_grad_slots = dg;
     table_.rows = device_buffers(req_.model, req_.micro_batch, req_.tensors, acts, dw, dc, dg);
+  }
+
+  // Plan::device_optimizer: every group's state on the device (master unless the weights are
+  // fp32, m, v), the fp32 sums over micro-batches there (Plan::accum_fp32), and AdamW's pieces.
+  // Every layer's weights stay in their device slot; nothing of the model waits on the host.
+  void place_device_optimizer(const std::vector<ActPlacement>& acts) {
+    if (!req_.resident_weights || req_.have_ssd || deferred_ > 0 || req_.optim_format.packed())
+      throw Error(
+          "plan: AdamW on the device needs an in-memory plan (resident weights, no SSD, no "
+          "deferred updates) and fp32 optimizer state");
+    for (int l = 0; l < n_layer_; ++l)
+      if (acts[l] != ActPlacement::kKeep && acts[l] != ActPlacement::kDevice)
+        throw Error(
+            str("plan: AdamW on the device needs every layer's activations on the device; "
+                "layer ",
+                l, "'s are ", act_placement_name(acts[l])));
+    plan_.device_optimizer = true;
+    const Tier D = Tier::kDevice;
+    const uint64_t per_param = sizes_.elem_bytes == 4 ? 8 : 12;  // fp32 weights are the master
+    size_t pieces = 0;
+    for (size_t g = 0; g < layout_.groups.size(); ++g) {
+      const ParamGroup& pg = layout_.groups[g];
+      table_.add(BufferKind::kDeviceOptim, static_cast<int>(g), D, per_param * pg.numel,
+                 "optimizer state (AdamW on the device)");
+      if (accum_fp32_)
+        table_.add(BufferKind::kDeviceGradSum, static_cast<int>(g), D, 4 * pg.numel, held_part());
+      pieces += adamw_pieces(layout_, pg.offset, pg.offset + pg.numel).size();
+    }
+    table_.add(BufferKind::kAdamWPieces, 0, D, sizeof(AdamWPiece) * pieces,
+               "optimizer state (AdamW on the device)");
+    plan_.embed_optim = plan_.final_optim = D;
+    for (LayerDecision& d : plan_.layers) d.weights = d.optim = d.grads = D;
   }
 
   // What the host holds whatever the tiers: the process, the device arena where it is host
@@ -233,6 +273,12 @@ class Placer {
           static_cast<int>(std::clamp<uint64_t>(std::min(want, fit), 2, 1024));
       table_.slots(BufferKind::kCkptStage, plan_.pools.host_ckpt_slots, H, sizes_.ckpt,
                    "checkpoint staging");
+    }
+    if (req_.device_optimizer) {
+      // One group's fp32 weights or state between the device and a checkpoint.
+      table_.add(BufferKind::kStateStage, 0, H, 4 * max_group_bytes() / sizes_.elem_bytes,
+                 "checkpoint state staging");
+      return;
     }
     // Two host gradient slots of the largest group: rotated between a layer's gradients and
     // its update, or (exact mode) holding the embedding's and the final group's until theirs.

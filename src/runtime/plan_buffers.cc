@@ -43,6 +43,12 @@ const char* buffer_kind_name(BufferKind k) {
       return "residual_grad";
     case BufferKind::kModelWorkspace:
       return "model_workspace";
+    case BufferKind::kDeviceOptim:
+      return "optim.group";
+    case BufferKind::kDeviceGradSum:
+      return "grad_sum.group";
+    case BufferKind::kAdamWPieces:
+      return "adamw_pieces";
     case BufferKind::kReadSlot:
       return "read_slot";
     case BufferKind::kWoutSlot:
@@ -115,6 +121,8 @@ bool indexed(BufferKind k) {
     case BufferKind::kSsdCkpt:
     case BufferKind::kSsdGrads:
     case BufferKind::kSsdOptim:
+    case BufferKind::kDeviceOptim:
+    case BufferKind::kDeviceGradSum:
       return true;
     default:
       return false;

@@ -68,6 +68,10 @@ class IterationBuilder {
     host_grad_consumer_.assign(pp.host_grad_slots, -1);
     stage_users_.resize(pp.host_grad_stage_slots);
     held_.assign(n_layer_ + 2, -1);
+    // AdamW on the device: layer l's weights live in weight slot l from before the first step
+    // (set_params puts them there) and its updates rewrite them in place: no load.
+    if (plan.device_optimizer)
+      for (int l = 0; l < n_layer_; ++l) weight_slots_[l] = {l, -1, -1, use_seq_++};
   }
 
   void build() {
@@ -433,12 +437,16 @@ class IterationBuilder {
         touch_ckpt(in, r.id);
         prev = r.id;
       }
-      const int gs = grad_rr_++ % plan_.pools.device_grad_slots;
-      // Micro-batch 0 (and every micro-batch where the sums are fp32 on the host) writes the
-      // slot afresh; a later one adds to what load_grads put back, so each sum is formed term
-      // by term as in-memory training forms it.
+      // AdamW on the device, holding gradients in the tensors' type: layer l's own slot, which
+      // keeps the sum between micro-batches.
+      const bool own_slot = plan_.device_optimizer && plan_.pools.device_grad_slots == n_layer_ &&
+                            plan_.holds_grads() && !plan_.accum_fp32;
+      const int gs = own_slot ? l : grad_rr_++ % plan_.pools.device_grad_slots;
+      // Micro-batch 0 (and every micro-batch where the sums are fp32) writes the slot afresh; a
+      // later one adds to what load_grads put back (or, in its own slot, to what it holds), so
+      // each sum is formed term by term as in-memory training forms it.
       const bool fresh = micro_ == 0 || plan_.accum_fp32;
-      const int acc = fresh ? -1 : load_grads(1 + l, gs);
+      const int acc = fresh || own_slot ? -1 : load_grads(1 + l, gs);
       PlanOp& b = add(OpKind::kBackward,
                       {weight_slots_[ws].load_op, ckpt_dep, prev, dev_grad_consumer_[gs], acc});
       b.layer = l;
@@ -641,6 +649,7 @@ class IterationBuilder {
   // final groups' gradients stay on the device across micro-batches and are saved after the
   // last; a layer's after every micro-batch.
   void save_grads(int group, int producer, int dev_slot) {
+    if (plan_.device_optimizer) return device_grads(group, producer, dev_slot);
     if (plan_.accum_fp32) return save_and_sum(group, producer, dev_slot);
     const bool is_layer = group >= 1 && group <= n_layer_, last = micro_ == grad_accum_ - 1;
     if (group == 0 && !req_.exact && plan_.embed_parts > 1)
@@ -689,6 +698,60 @@ class IterationBuilder {
     const int held = kind_of(where) == BufferKind::kGradStage ? ready : save_id;
     if (device_sq) return pending_.push_back({group, held, where});
     sum_sq_then_pend(group, save_id, where, held);
+  }
+
+  // Plan::device_optimizer: group `group`'s gradient, made by op `producer` (in device gradient
+  // slot `dev_slot` for a layer), stays on the device. fp32 sums: added into the group's sum
+  // there. After the last micro-batch its update follows at once, or (exact mode) its sum of
+  // squares, and its update after the norm.
+  void device_grads(int group, int producer, int dev_slot) {
+    const bool is_layer = group >= 1 && group <= n_layer_, last = micro_ == grad_accum_ - 1;
+    int grad = grads_on_device(group, dev_slot), ready = producer;
+    if (plan_.accum_fp32) {
+      PlanOp& a = add(OpKind::kDeviceAccumulate, {producer, held_[group]});
+      a.group = group;
+      a.layer = is_layer ? group - 1 : -1;
+      a.params = group_params(group);
+      const int sum = buf(BufferKind::kDeviceGradSum, group);
+      use(a, grad, Access::kRead, Role::kSource, 0, group_bytes(group));
+      use(a, sum, micro_ == 0 ? Access::kWrite : Access::kAccumulate, Role::kDest);
+      ready = held_[group] = a.id;
+      if (!is_layer) resident_save_[group == 0 ? 0 : 1] = a.id;
+      if (dev_slot >= 0) dev_grad_consumer_[dev_slot] = a.id;
+      grad = sum;
+    }
+    if (!last) return;
+    if (req_.exact) {
+      const int q =
+          sum_sq_op(OpKind::kDeviceGradSumSq, group, ready, grad,
+                    plan_.buffers[grad].kind == BufferKind::kDeviceGradSum ? held_bytes(group)
+                                                                           : group_bytes(group));
+      return pending_.push_back({group, q, grad});
+    }
+    emit_device_update({group, ready, grad}, -1);
+  }
+
+  // AdamW of group p.group on the device, from its gradient in buffer p.grad into its weights
+  // there, after op p.ready and the norm (exact mode).
+  void emit_device_update(const PendingUpdate& p, int norm_op) {
+    const bool is_layer = p.group >= 1 && p.group <= n_layer_;
+    PlanOp& u = add(OpKind::kDeviceUpdate, {p.ready, norm_op});
+    u.micro = grad_accum_ - 1;
+    u.group = p.group;
+    u.layer = is_layer ? p.group - 1 : -1;
+    u.params = group_params(p.group);
+    const bool sum = plan_.buffers[p.grad].kind == BufferKind::kDeviceGradSum;
+    use(u, p.grad, Access::kRead, Role::kSource, 0,
+        sum ? held_bytes(p.group) : group_bytes(p.group));
+    use(u,
+        p.group == 0              ? buf(BufferKind::kEmbedWeights)
+        : p.group == n_layer_ + 1 ? buf(BufferKind::kFinalWeights)
+                                  : buf(BufferKind::kWeightSlot, p.group - 1),
+        Access::kAccumulate, Role::kDest);
+    use(u, buf(BufferKind::kDeviceOptim, p.group), Access::kAccumulate, Role::kState);
+    const PlanBuffer& g = plan_.buffers[p.grad];
+    if (g.kind == BufferKind::kGradSlot) dev_grad_consumer_[g.index] = u.id;
+    if (is_layer) use_weights(p.group - 1, u.id);
   }
 
   // Exact mode: an op of `kind` (kGradSumSq, kDeviceGradSumSq) that sums the squares of group
@@ -819,7 +882,8 @@ class IterationBuilder {
       };
       std::sort(pending_.begin(), pending_.end(),
                 [&](const PendingUpdate& a, const PendingUpdate& b) { return rank(a) < rank(b); });
-      for (const auto& p : pending_) emit_update(p, norm);
+      for (const auto& p : pending_)
+        plan_.device_optimizer ? emit_device_update(p, norm) : emit_update(p, norm);
     }
     if (final_update_ >= 0) emit_refresh(n_layer_ + 1, final_update_, 0, 1);
     // The deferred updates in the order the next forward needs them (lowest layer first).
