@@ -1,7 +1,8 @@
 // Training-state checkpoints end to end through run_training: a run resumed from a
 // checkpoint continues bit for bit (every later loss, the final weights and both Adam
 // moments) in memory and offloaded (weights, optimizer state and activations on SSD), with
-// gradient accumulation, exact (clipping) mode and fp16 loss scaling, and across placements;
+// gradient accumulation, exact (clipping) mode and fp16 loss scaling, and across placements
+// (offloaded and in memory, AdamW on the host and on the device);
 // a graceful stop writes a resumable checkpoint; faults while checkpointing (ENOSPC, EIO,
 // short writes in the checkpoint files, EIO reading the SSD store) leave the previous
 // checkpoint intact and resumable; a resume that changes a trajectory key is refused.
@@ -94,6 +95,17 @@ TEST_CASE("resume continues bit for bit: in memory, offloaded, and across placem
     check_resume(s, "mem", 3, 8);
     check_resume(s, "mem", 6, 8);
   }
+  SECTION("in memory with AdamW on the device, resumed with it on the host and back") {
+    // The plan's device state (Plan::device_optimizer) is read into and restored from the
+    // same checkpoint files as the host optimizer's.
+    Config dev = mem;
+    dev.optimizer.placement = "device";
+    train(dev, s.run("dev"));
+    CHECK(tensors(s.run("dev") + "/model.safetensors") ==
+          tensors(s.run("mem") + "/model.safetensors"));
+    check_resume(s, "dev", 3, 8, "dev-host", {"optimizer.placement=host"});
+    check_resume(s, "mem", 6, 8, "mem-dev", {"optimizer.placement=device"});
+  }
   SECTION("offloaded with everything on SSD; resumed offloaded and in memory") {
     check_offloaded_matches(s, mem, "mem");
     check_resume(s, "off", 3, 8);
@@ -131,6 +143,15 @@ TEST_CASE("resume with bf16 device tensors continues bit for bit, in memory and 
   Config cfg = base_config(s, "runtime.device_tensors=bf16");
   train(cfg, s.run("mem"));
   check_resumes_both_ways(s, cfg, "mem", 8, {.in_memory = 3, .offloaded = 6});
+  // AdamW on the device keeps a separate fp32 master beside the bf16 weights: resumed into the
+  // host optimizer and from it.
+  Config dev = cfg;
+  dev.optimizer.placement = "device";
+  train(dev, s.run("dev"));
+  CHECK(tensors(s.run("dev") + "/model.safetensors") ==
+        tensors(s.run("mem") + "/model.safetensors"));
+  check_resume(s, "dev", 6, 8, "dev-host", {"optimizer.placement=host"});
+  check_resume(s, "mem", 3, 8, "mem-dev", {"optimizer.placement=device"});
   // The tensor type is part of the trajectory: a resume keeps it.
   CHECK_THROWS_WITH(
       resume_config(resolve_checkpoint(s.run("mem")), "", {"runtime.device_tensors=fp32"}),
