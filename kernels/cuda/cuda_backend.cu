@@ -109,7 +109,7 @@ CudaBackend::~CudaBackend() {
   for (cudaEvent_t e : timing_events_) cudaEventDestroy(e);
   cudaFree(scratch_);
   cudaFree(blas_workspace_);
-  cudaFree(squares_buf_);
+  for (auto& [groups, t] : squares_tables_) cudaFree(t.buf);
   cudaFree(base_);
 }
 

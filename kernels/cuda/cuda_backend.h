@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -176,14 +177,19 @@ class CudaBackend final : public Backend {
   char* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
 
-  // sum_squares: its groups' table, each (block, lane)'s sum, each group's and the total,
-  // in one allocation outside the arena, made for the groups of the last call.
   std::vector<cudaEvent_t> timing_events_;  // the pool; marks_ uses its first marks_.size()
   std::vector<int> timing_tags_;
+  // sum_squares: per list of groups, its table, each (block, lane)'s sum, each group's and the
+  // total, in one allocation outside the arena. A plan asks for a few lists over and over (one
+  // per group size: a layer's, the embedding's, the final group's), so each is made once
+  // instead of freed (a device-wide sync) and made again whenever the list changes.
+  struct SquaresTable {
+    char* buf = nullptr;
+    unsigned long long blocks = 0;
+  };
+  static constexpr size_t kMaxSquaresTables = 16;  // beyond it, all are freed and made anew
   std::mutex squares_mu_;
-  std::vector<std::pair<size_t, size_t>> square_groups_;
-  char* squares_buf_ = nullptr;
-  unsigned long long square_blocks_ = 0;
+  std::map<std::vector<std::pair<size_t, size_t>>, SquaresTable> squares_tables_;
 };
 
 }  // namespace fuyou::cuda

@@ -118,38 +118,42 @@ double CudaBackend::sum_squares(const void* x, ElemType type,
   if (groups.empty()) return 0.0;
   std::lock_guard<std::mutex> lock(squares_mu_);
   bind();
-  // The groups' table and the lanes' buffer, made again only when the groups change (a
-  // training run asks for the same groups every step).
-  if (groups != square_groups_) {
+  // The groups' table and the lanes' buffer, made once per list of groups (squares_tables_).
+  auto found = squares_tables_.find(groups);
+  if (found == squares_tables_.end()) {
+    if (squares_tables_.size() >= kMaxSquaresTables) {
+      for (auto& [g, t] : squares_tables_) FY_CUDA(cudaFree(t.buf));  // waits for their kernels
+      squares_tables_.clear();
+    }
     std::vector<SquareGroup> table;
     unsigned long long blocks = 0;
     for (const auto& [offset, n] : groups) {
       table.push_back({offset, n, blocks});
       blocks += math::sum_blocks(n);
     }
-    if (squares_buf_) FY_CUDA(cudaFree(squares_buf_));  // waits for kernels that used it
-    squares_buf_ = nullptr;
-    square_groups_.clear();
     const size_t bytes = sizeof(SquareGroup) * table.size() +
                          sizeof(double) * (blocks * math::kSumLanes + table.size() + 1);
-    FY_CUDA(cudaMalloc(reinterpret_cast<void**>(&squares_buf_), bytes));
-    FY_CUDA(cudaMemcpy(squares_buf_, table.data(), sizeof(SquareGroup) * table.size(),
+    SquaresTable t;
+    t.blocks = blocks;
+    FY_CUDA(cudaMalloc(reinterpret_cast<void**>(&t.buf), bytes));
+    FY_CUDA(cudaMemcpy(t.buf, table.data(), sizeof(SquareGroup) * table.size(),
                        cudaMemcpyHostToDevice));
-    square_groups_ = groups;
-    square_blocks_ = blocks;
+    found = squares_tables_.emplace(groups, t).first;
   }
+  char* const squares_buf = found->second.buf;
+  const unsigned long long square_blocks = found->second.blocks;
   const int ngroups = static_cast<int>(groups.size());
-  const SquareGroup* table = reinterpret_cast<const SquareGroup*>(squares_buf_);
-  double* lanes = reinterpret_cast<double*>(squares_buf_ + sizeof(SquareGroup) * groups.size());
-  double* group_sums = lanes + square_blocks_ * math::kSumLanes;
+  const SquareGroup* table = reinterpret_cast<const SquareGroup*>(squares_buf);
+  double* lanes = reinterpret_cast<double*>(squares_buf + sizeof(SquareGroup) * groups.size());
+  double* group_sums = lanes + square_blocks * math::kSumLanes;
   double* total = group_sums + ngroups;
-  const unsigned long long threads = square_blocks_ * math::kSumLanes;
+  const unsigned long long threads = square_blocks * math::kSumLanes;
   if (threads) {
     const unsigned grid = static_cast<unsigned>((threads + kEltThreads - 1) / kEltThreads);
     with_storage(type, [&](auto tag) {
       using G = typename decltype(tag)::type;
       FY_LAUNCH(square_lanes_k<G>, grid, kEltThreads, lanes, static_cast<const G*>(x), table,
-                ngroups, square_blocks_);
+                ngroups, square_blocks);
     });
   }
   FY_LAUNCH(square_groups_k, (ngroups + kEltThreads - 1) / kEltThreads, kEltThreads, group_sums,
