@@ -3,7 +3,8 @@
 // offloaded training equals in-memory training bit for bit, with weights, optimizer state and
 // activation checkpoints on SSD, in fp32, with bf16 GEMM inputs and with bf16 device tensors,
 // plain and in exact (clipping) mode, and with three micro-batches per step summed in fp32 on
-// the host (the sums held on SSD in the SSD plan).
+// the host (the sums held on SSD in the SSD plan); and in memory as a plan, AdamW on the host
+// and on the device.
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -95,6 +96,31 @@ Run offloaded(const Config& cfg, const PlanRequest& req,
   return out;
 }
 
+// In memory as a plan (make_train_engine), AdamW at `placement`: host (its gradients down and
+// its weights up beside the compute) or device (Plan::device_optimizer: nothing crosses the
+// bus); the fp32 master read back group by group.
+Run in_memory_plan_run(Config cfg, const char* placement,
+                       const std::vector<std::vector<int32_t>>& data) {
+  cfg.optimizer.placement = placement;
+  auto be = cuda_backend(cfg, 256ull << 20);
+  auto engine = make_train_engine(cfg, *be);
+  REQUIRE(engine->plan() != nullptr);
+  REQUIRE(engine->plan()->resident_weights);
+  REQUIRE(engine->plan()->device_optimizer == (std::string(placement) == "device"));
+  engine->init_params();
+  Run out;
+  for (size_t s = 0; s < data.size() / cfg.schedule.grad_accum; ++s)
+    out.losses.push_back(engine->step(static_cast<int64_t>(s), step_batches(cfg, data, s)).loss);
+  const ParamLayout layout = make_gpt_layout(cfg.model);
+  out.params.assign(layout.total, 0.0f);
+  for (size_t g = 0; g < layout.groups.size(); ++g)
+    engine->read_state(static_cast<int>(g), StateKind::kMaster,
+                       [&](size_t begin, const float* d, size_t n) {
+                         std::copy(d, d + n, out.params.data() + layout.groups[g].offset + begin);
+                       });
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("cuda: offloaded training is bitwise equal to in-memory training", "[cuda][scheduler]") {
@@ -144,6 +170,12 @@ TEST_CASE("cuda: offloaded training is bitwise equal to in-memory training", "[c
                    ActPlacement::kKeep};
       require_bitwise(offloaded(cfg, host, data, nullptr), ref);
       for (const auto& d : sc.dirs) fs::remove_all(d);
+
+      // In memory as a plan, AdamW on the host and on the device.
+      for (const char* placement : {"host", "device"}) {
+        INFO("in memory as a plan, optimizer.placement " << placement);
+        require_bitwise(in_memory_plan_run(cfg, placement, data), ref);
+      }
     }
   }
 }
