@@ -57,6 +57,11 @@ class PlanExecutor::Impl {
     std::vector<int> queue[kNumResources];
     int returns = 0;              // ops step() waits for (step_waits_for)
     std::vector<OpBuffers> bufs;  // per op: what it touches (a reordering queue's check)
+    // Per op: a compute op that must be finished on the device before it counts as done
+    // (Backend::finish_compute): an op of another queue waits for it, in its iteration or the
+    // next, or step() returns at it. The compute queue runs in order, so an op that only
+    // compute ops wait for counts as done once queued: one host sync fewer.
+    std::vector<char> sync;
   };
 
   // One iteration in flight. Iteration t+1 starts while t's updates and writes still run,

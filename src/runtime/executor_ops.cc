@@ -42,8 +42,10 @@ void PlanExecutor::Impl::run_op(Iter& it, const PlanOp& op) {
     case OpKind::kLoadResident:
       return load_resident(it, op);
     case OpKind::kEmbedForward: {
-      // Each micro-batch's tokens go to the device here, on the compute queue: the previous
-      // micro-batch's head and embedding backward, which read them, ran before.
+      // Each micro-batch's tokens go to the device here, on the compute queue, once the
+      // previous micro-batch's head and embedding backward, which read them and may only be
+      // queued (Run::sync), have run.
+      be_.finish_compute();
       model_.set_tokens(it.inputs[op.micro].data(), it.targets[op.micro].data(),
                         it.packed ? it.positions[op.micro].data() : nullptr);
       GlobalTensors g = globals(embed_w_, final_w_);

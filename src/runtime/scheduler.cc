@@ -56,6 +56,7 @@ PlanExecutor::Impl::~Impl() {
   }
   cv_.notify_all();
   for (auto& t : workers_) t.join();
+  be_.finish_compute();  // queued compute may still use the buffers freed below (Run::sync)
   be_.set_caller_ordered(false);
   for (void* p : registered_) be_.unregister_host(p);
   for (void* p : owned_) be_.free(p);
@@ -77,6 +78,21 @@ void PlanExecutor::Impl::prepare_runs() {
     for (auto& q : run->queue) ring = std::max(ring, q.size());
   }
   prev_deps_ = previous_iteration_deps(plan_);
+  for (Run* run : {&train_, &eval_}) {
+    const std::vector<PlanOp>& ops = run->plan->ops;
+    run->sync.assign(ops.size(), 0);
+    auto mark = [&](int d) {
+      if (ops[d].resource == Resource::kCompute) run->sync[d] = 1;
+    };
+    for (const PlanOp& op : ops) {
+      if (step_waits_for(op)) mark(op.id);
+      if (op.resource == Resource::kCompute) continue;
+      for (int d : op.deps) mark(d);
+      // The next iteration's ops of other queues wait for this one's (training only).
+      if (run == &train_)
+        for (int d : prev_deps_[op.id]) mark(d);
+    }
+  }
   for (const PlanOp& op : plan_.ops)
     if (op.kind == OpKind::kLoadResident && op.group == 0) embed_refresh_ops_.push_back(op.id);
   row_tokens_.reserve(N_);
@@ -177,9 +193,9 @@ void PlanExecutor::Impl::worker(int r) {
       if (owner_.on_op) owner_.on_op(it.step, op);
       moved_[r] = OpTraffic{};
       run_op(it, op);
-      // Done means done on the device: the ops that wait for this one (copies of what it
-      // wrote, loads into what it read) start right after.
-      if (op.resource == Resource::kCompute) be_.finish_compute();
+      // Done means done on the device where another queue waits for it (copies of what it
+      // wrote, loads into what it read: they start right after); else done once queued.
+      if (it.run->sync[id]) be_.finish_compute();
       if (owner_.on_op_done) owner_.on_op_done(it.step, op, moved_[r]);
     } catch (const IoError& e) {
       // A disk error (a failed request, bytes that changed on the disk) says where in the
@@ -219,6 +235,9 @@ void PlanExecutor::Impl::drain() {
   std::unique_lock<std::mutex> lock(mu_);
   wait_for(lock, [&] { return iters_[0].pending == 0 && iters_[1].pending == 0; });
   window_start_ = -1;  // the next step's window starts at its own submission
+  // Compute ops that only compute waited for count as done once queued (Run::sync): the
+  // caller's reads and writes come after the device has run them.
+  be_.finish_compute();
 }
 
 // Takes the iteration slot after the last submitted one, once its previous occupant has
