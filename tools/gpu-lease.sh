@@ -19,13 +19,14 @@ case "${1:-}" in
     # The CUDA code not yet run on a GPU (fused residual + norm, batched attention, the cuBLAS
     # workspace, the bias epilogue, the device's sums of squares, the in-memory plan) through
     # its tests, then the figures: where the step goes with fp32 tensors (batched attention),
-    # bf16 with the bias by kernel and by epilogue, host AdamW as a plan and as the step, the
+    # bf16 with AdamW on the device as a plan and as the step, with the bias by kernel and by
+    # epilogue, host AdamW as a plan and as the step, the
     # PyTorch peer between two engine runs, the GEMMs with their bias, and the 6.7B setting with
     # the executor's threads spinning and blocking while they wait for the device.
     FUYOU_GPU_PHASE_S=150 bash tools/gpu-validate.sh "${kit[@]}" --phase check \
       --only device,libraries,cuda-kernels,cuda-scheduler,cuda-families,cuda-cudnn --out "$out/c"
     FUYOU_GPU_PHASE_S=420 bash tools/gpu-validate.sh "${kit[@]}" --phase perf \
-      --only profile,bench-gpt2-fp32,bench-gpt2-bf16-tensors,bench-gpt2-bf16-tensors-bias-epilogue,bench-gpt2-bf16-tensors-host-adamw,bench-gpt2-bf16-tensors-host-adamw-step,torch-peer-gpt2,bench-gpt2-bf16-tensors-again,gemm-cublaslt-gpt2,offload-6.7b-24g-int8,offload-6.7b-24g-int8-block \
+      --only profile,bench-gpt2-fp32,bench-gpt2-bf16-tensors,bench-gpt2-bf16-tensors-device-step,bench-gpt2-bf16-tensors-bias-epilogue,bench-gpt2-bf16-tensors-host-adamw,bench-gpt2-bf16-tensors-host-adamw-step,torch-peer-gpt2,bench-gpt2-bf16-tensors-again,gemm-cublaslt-gpt2,offload-6.7b-24g-int8,offload-6.7b-24g-int8-block \
       --out "$out/p"
     ;;
   sanitize)

@@ -346,6 +346,11 @@ run_perf() {
   # The same with the projections' bias in cuBLASLt's epilogue (runtime.gemm_bias: epilogue).
   step bench-gpt2-bf16-tensors-bias-epilogue 120 bench_train "$work/bench-bf16-tensors-bias-epilogue.json" \
     "${gpt2_16[@]}" --set runtime.gemm_bias=epilogue --steps 8 --warmup 2 --breakdown
+  # AdamW on the device as the in-memory step (runtime.in_memory: step): what the device
+  # optimizer's plan (bench-gpt2-bf16-tensors: each group's update after its backward) saves or
+  # costs against one update after the whole backward.
+  step bench-gpt2-bf16-tensors-device-step 120 bench_train "$work/bench-bf16-tensors-device-step.json" \
+    "${gpt2_16[@]}" --set runtime.in_memory=step --steps 8 --warmup 2 --breakdown
   # The same with AdamW on the host (optimizer.placement: host): what the device optimizer saves.
   # In memory as a plan (gradients down, AdamW and weights up beside the backward and the next
   # forward), then as the in-memory step (those phases in turn): what the plan saves.
