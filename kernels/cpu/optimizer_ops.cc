@@ -46,7 +46,7 @@ void CpuBackend::adamw(const DeviceAdamW& a) {
                        a.one_minus_b2, a.bc2_sqrt, a.eps,          a.neg_step};
   math::AdamWConsts off = on;
   off.decay = a.decay_off;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 1)
   for (ptrdiff_t p = 0; p < static_cast<ptrdiff_t>(a.count); ++p) {
     const AdamWPiece& piece = a.pieces[p];
     const math::AdamWConsts& k = piece.decay ? on : off;
