@@ -10,6 +10,7 @@
 
 #include "fuyou/backend.h"
 #include "fuyou/config.h"
+#include "fuyou/engine.h"
 #include "fuyou/model.h"
 #include "fuyou/rng.h"
 #include "fuyou/scheduler.h"
@@ -50,6 +51,19 @@ inline void require_bitwise(const EngineRun& a, const EngineRun& ref, bool norms
     differ += std::memcmp(&a.params[i], &ref.params[i], sizeof(float)) != 0;
   INFO(differ << " of " << a.params.size() << " parameters differ");
   CHECK(differ == 0);
+}
+
+// A TrainEngine's fp32 master weights, read back group by group (read_state: wherever the
+// engine keeps them), into a whole layout of `layout.total` values.
+inline std::vector<float> engine_master(TrainEngine& engine, const ParamLayout& layout) {
+  std::vector<float> params(layout.total, 0.0f);
+  for (size_t g = 0; g < layout.groups.size(); ++g) {
+    float* dst = params.data() + layout.groups[g].offset;
+    engine.read_state(
+        static_cast<int>(g), StateKind::kMaster,
+        [&](size_t begin, const float* d, size_t n) { std::copy(d, d + n, dst + begin); });
+  }
+  return params;
 }
 
 // `count` micro-batches of micro_batch x (seq_len + 1) random token ids; batch s draws from

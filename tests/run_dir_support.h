@@ -146,6 +146,20 @@ inline void check_resume(const RunScratch& s, const std::string& run, int64_t fr
   check_resumed_equals(s.run(run), to, from, steps);
 }
 
+// `cfg` trained in memory into run `mem` already, `steps` steps: trained with AdamW on the
+// device as a plan (Plan::device_optimizer) into run "dev", it ends with the same weights; "dev"
+// resumed from step `from_dev` with AdamW on the host, and `mem` resumed from step `from_mem`
+// with it on the device, continue bit for bit (the device state to and from checkpoints).
+inline void check_resumes_across_optimizer_placement(const RunScratch& s, Config cfg,
+                                                     const std::string& mem, int64_t steps,
+                                                     int64_t from_dev, int64_t from_mem) {
+  cfg.optimizer.placement = "device";
+  train(cfg, s.run("dev"));
+  CHECK(tensors(s.run("dev") + "/model.safetensors") == tensors(s.run(mem) + "/model.safetensors"));
+  check_resume(s, "dev", from_dev, steps, "dev-host", {"optimizer.placement=host"});
+  check_resume(s, mem, from_mem, steps, "mem-dev", {"optimizer.placement=device"});
+}
+
 // `cfg` trained offloaded, with everything on the scratch's SSD folders, into run "off":
 // its final weights are run `mem`'s, bit for bit.
 inline void check_offloaded_matches(const RunScratch& s, Config cfg, const std::string& mem) {

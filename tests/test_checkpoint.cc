@@ -45,6 +45,7 @@ struct Scratch : test::RunScratch {
 using test::check_offloaded_matches;
 using test::check_resume;
 using test::check_resumed_equals;
+using test::check_resumes_across_optimizer_placement;
 using test::check_resumes_both_ways;
 using test::losses;
 using test::offload_everything;
@@ -98,13 +99,7 @@ TEST_CASE("resume continues bit for bit: in memory, offloaded, and across placem
   SECTION("in memory with AdamW on the device, resumed with it on the host and back") {
     // The plan's device state (Plan::device_optimizer) is read into and restored from the
     // same checkpoint files as the host optimizer's.
-    Config dev = mem;
-    dev.optimizer.placement = "device";
-    train(dev, s.run("dev"));
-    CHECK(tensors(s.run("dev") + "/model.safetensors") ==
-          tensors(s.run("mem") + "/model.safetensors"));
-    check_resume(s, "dev", 3, 8, "dev-host", {"optimizer.placement=host"});
-    check_resume(s, "mem", 6, 8, "mem-dev", {"optimizer.placement=device"});
+    check_resumes_across_optimizer_placement(s, mem, "mem", 8, 3, 6);
   }
   SECTION("offloaded with everything on SSD; resumed offloaded and in memory") {
     check_offloaded_matches(s, mem, "mem");
@@ -145,13 +140,7 @@ TEST_CASE("resume with bf16 device tensors continues bit for bit, in memory and 
   check_resumes_both_ways(s, cfg, "mem", 8, {.in_memory = 3, .offloaded = 6});
   // AdamW on the device keeps a separate fp32 master beside the bf16 weights: resumed into the
   // host optimizer and from it.
-  Config dev = cfg;
-  dev.optimizer.placement = "device";
-  train(dev, s.run("dev"));
-  CHECK(tensors(s.run("dev") + "/model.safetensors") ==
-        tensors(s.run("mem") + "/model.safetensors"));
-  check_resume(s, "dev", 6, 8, "dev-host", {"optimizer.placement=host"});
-  check_resume(s, "mem", 3, 8, "mem-dev", {"optimizer.placement=device"});
+  check_resumes_across_optimizer_placement(s, cfg, "mem", 8, 6, 3);
   // The tensor type is part of the trajectory: a resume keeps it.
   CHECK_THROWS_WITH(
       resume_config(resolve_checkpoint(s.run("mem")), "", {"runtime.device_tensors=fp32"}),

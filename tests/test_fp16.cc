@@ -121,7 +121,8 @@ TEST_CASE("fp16 overflow skips the step, backs the loss scale off, and training 
   CHECK(losses.back() < losses.front() - 0.5f);  // it learns once the scale fits
 }
 
-TEST_CASE("offloaded fp16 training skips and scales exactly as in memory", "[fp16][scheduler]") {
+TEST_CASE("offloaded fp16 training, and AdamW on the device as a plan, skip and scale as in memory",
+          "[fp16][scheduler][in_memory_plan]") {
   // fp16 GEMM inputs on fp32 tensors, and fp16 tensors as well (weights, activations and
   // gradients stored in fp16: the loss scale keeps the gradients in range).
   const char* tensors = GENERATE("fp32", "fp16");
@@ -158,19 +159,9 @@ TEST_CASE("offloaded fp16 training skips and scales exactly as in memory", "[fp1
   CHECK(off.loss_scales == ref.loss_scales);
   CHECK(std::count(ref.skipped.begin(), ref.skipped.end(), true) >= 2);
   test::require_bitwise(off, ref);  // every step's loss and every parameter
-}
 
-TEST_CASE("fp16 with AdamW on the device as a plan skips and scales exactly as in memory",
-          "[fp16][in_memory_plan]") {
-  // The skipped steps must leave the device's state and weights as they were: the plan's
-  // device updates follow the norm's decision (Plan::device_optimizer).
-  const char* tensors = GENERATE("fp32", "fp16");
-  INFO("device tensors " << tensors);
-  Config cfg = fp16_config(16777216.0, 1.0, tensors);
-  auto data = batches(cfg, 8);
-  auto ref_be = make_cpu_backend(2, 0);
-  apply_precision(*ref_be, cfg.runtime);
-  const test::EngineRun ref = test::in_memory_run(cfg, data, *ref_be);
+  // In memory as a plan with AdamW on the device: the skipped steps leave the device's state
+  // and weights as they were (the device updates follow the norm's decision).
   cfg.optimizer.placement = "device";
   auto be = make_cpu_backend(2, 0);
   apply_precision(*be, cfg.runtime);
@@ -178,20 +169,13 @@ TEST_CASE("fp16 with AdamW on the device as a plan skips and scales exactly as i
   REQUIRE(engine->plan() != nullptr);
   REQUIRE(engine->plan()->device_optimizer);
   engine->init_params();
-  test::EngineRun run;
+  test::EngineRun dev;
   for (size_t s = 0; s < data.size(); ++s)
-    run.record(engine->step(static_cast<int64_t>(s), {data[s].data()}));
-  const ParamLayout layout = make_gpt_layout(cfg.model);
-  run.params.assign(layout.total, 0.0f);
-  for (size_t g = 0; g < layout.groups.size(); ++g)
-    engine->read_state(static_cast<int>(g), StateKind::kMaster,
-                       [&](size_t begin, const float* d, size_t n) {
-                         std::copy(d, d + n, run.params.data() + layout.groups[g].offset + begin);
-                       });
-  CHECK(run.skipped == ref.skipped);
-  CHECK(run.loss_scales == ref.loss_scales);
-  CHECK(std::count(ref.skipped.begin(), ref.skipped.end(), true) >= 2);
-  test::require_bitwise(run, ref);
+    dev.record(engine->step(static_cast<int64_t>(s), {data[s].data()}));
+  dev.params = test::engine_master(*engine, make_gpt_layout(cfg.model));
+  CHECK(dev.skipped == ref.skipped);
+  CHECK(dev.loss_scales == ref.loss_scales);
+  test::require_bitwise(dev, ref);
 }
 
 TEST_CASE("an offloaded fp16 plan without exact mode is refused", "[fp16][scheduler]") {

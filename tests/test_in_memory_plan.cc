@@ -68,13 +68,7 @@ test::EngineRun engine_run(TrainEngine& engine, const ParamLayout& layout,
   test::EngineRun out;
   for (size_t s = 0; s < data.size(); ++s)
     out.record(engine.step(static_cast<int64_t>(s), test::micro_batch_ptrs(data[s])));
-  out.params.assign(layout.total, 0.0f);
-  for (size_t g = 0; g < layout.groups.size(); ++g) {
-    float* dst = out.params.data() + layout.groups[g].offset;
-    engine.read_state(
-        static_cast<int>(g), StateKind::kMaster,
-        [&](size_t begin, const float* data, size_t n) { std::copy(data, data + n, dst + begin); });
-  }
+  out.params = test::engine_master(engine, layout);
   return out;
 }
 

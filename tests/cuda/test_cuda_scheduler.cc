@@ -111,13 +111,7 @@ Run in_memory_plan_run(Config cfg, const char* placement,
   Run out;
   for (size_t s = 0; s < data.size() / cfg.schedule.grad_accum; ++s)
     out.losses.push_back(engine->step(static_cast<int64_t>(s), step_batches(cfg, data, s)).loss);
-  const ParamLayout layout = make_gpt_layout(cfg.model);
-  out.params.assign(layout.total, 0.0f);
-  for (size_t g = 0; g < layout.groups.size(); ++g)
-    engine->read_state(static_cast<int>(g), StateKind::kMaster,
-                       [&](size_t begin, const float* d, size_t n) {
-                         std::copy(d, d + n, out.params.data() + layout.groups[g].offset + begin);
-                       });
+  out.params = test::engine_master(*engine, make_gpt_layout(cfg.model));
   return out;
 }
 
