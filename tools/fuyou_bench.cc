@@ -275,6 +275,7 @@ nlohmann::json TrainBench::figures(const std::optional<fuyou::StepBreakdown>& bd
                    {"engine", !engine_->plan()       ? "in-memory step"
                               : engine_->offloaded() ? "offloaded plan"
                                                      : "in-memory plan"},
+                   {"adamw", engine_->optimizer_on_device() ? "device" : "host"},
                    {"params", layout.num_params()},
                    {"tokens_per_step", tokens},
                    {"steps_timed", a_.steps},

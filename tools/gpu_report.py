@@ -137,7 +137,8 @@ def main():
             f["engine_step_s"] = e
             f["engine_over_best"] = best["step_s"] / e
         figures["gpt2-124m-pytorch-peer"] = f
-    for name, file in (("gpt2-124m-bf16-tensors-bias-epilogue", "bench-bf16-tensors-bias-epilogue.json"),
+    for name, file in (("gpt2-124m-bf16-tensors-device-adamw-step", "bench-bf16-tensors-device-step.json"),
+                       ("gpt2-124m-bf16-tensors-bias-epilogue", "bench-bf16-tensors-bias-epilogue.json"),
                        ("gpt2-124m-bf16-tensors-host-adamw", "bench-bf16-tensors-host.json"),
                        ("gpt2-124m-bf16-tensors-host-adamw-step", "bench-bf16-tensors-host-step.json"),
                        ("gpt3-2.7b-device-24g", "bench-2.7b-24g.json"),
@@ -148,7 +149,7 @@ def main():
         if b:
             figures[name] = {k: b.get(k) for k in ("step_s", "step_s_all", "tokens_per_s", "tflops", "busy_s",
                                                   "iteration_over_busiest", "iteration_over_predicted",
-                                                  "device_peak_bytes", "breakdown", "engine") if k in b}
+                                                  "device_peak_bytes", "breakdown", "engine", "adamw") if k in b}
     # The engine's layer GEMMs over plain cuBLASLt GEMMs of the same shapes (fuyou-bench gemm).
     for name, file in (("gemm-vs-cublaslt-gpt2", "gemm-lt-gpt2.json"), ("gemm-vs-cublaslt-175b", "gemm-lt-175b.json")):
         g = read_json(os.path.join(a.work, file))
@@ -167,7 +168,7 @@ def main():
     if l175:
         figures["gpt3-175b-2-layers-mb16"] = {
             k: l175.get(k) for k in ("backend", "device_tensors", "step_s", "tokens_per_s", "tflops",
-                                     "device_peak_bytes", "peak_rss_bytes", "offloaded", "engine")}
+                                     "device_peak_bytes", "peak_rss_bytes", "offloaded", "engine", "adamw")}
     s175 = read_json(os.path.join(a.work, "bench-175b-sched.json"))
     if s175:
         figures["gpt3-175b-2-layers-mb16-scheduled"] = {

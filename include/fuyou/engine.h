@@ -25,6 +25,8 @@ class TrainEngine {
  public:
   virtual ~TrainEngine() = default;
   virtual bool offloaded() const = 0;
+  // Whether AdamW runs on the device, its state beside the model (optimizer.placement).
+  virtual bool optimizer_on_device() const = 0;
   virtual std::string describe() const = 0;  // where every state lives, peak memory per tier
   virtual void init_params() = 0;            // init_gpt_params, group by group
   // `masks`: empty (every target counts) or one B*T loss mask per micro-batch (split_batch);

@@ -37,6 +37,7 @@ class InMemoryEngine final : public TrainEngine {
  public:
   InMemoryEngine(const Config& cfg, Backend& be) : cfg_(cfg), runner_(cfg, be), be_(be) {}
   bool offloaded() const override { return false; }
+  bool optimizer_on_device() const override { return runner_.optimizer_on_device(); }
   std::string describe() const override {
     if (runner_.optimizer_on_device())
       return str(
@@ -121,6 +122,7 @@ class PlanEngine final : public TrainEngine {
         trainer_(cfg, be, std::move(plan), store_.get()),
         optim_format_(fuyou::optim_format(cfg.optimizer)) {}
   bool offloaded() const override { return !trainer_.plan().resident_weights; }
+  bool optimizer_on_device() const override { return trainer_.plan().device_optimizer; }
   std::string describe() const override {
     const Plan& plan = trainer_.plan();
     if (!plan.resident_weights) return plan.table();
