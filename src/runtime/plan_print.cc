@@ -126,20 +126,18 @@ std::string Plan::table() const {
   // The gradients column appears when layer gradients are held (exact mode, grad_accum > 1).
   out += holds_grads() ? "layer  activations  weights  optimizer  gradients\n"
                        : "layer  activations  weights  optimizer\n";
+  // A column's text padded to its heading's width and the two spaces after it.
+  auto cell = [](const std::string& text, size_t width) {
+    return text.size() < width ? text + std::string(width - text.size(), ' ') : text + " ";
+  };
   for (size_t l = 0; l < layers.size(); ++l)
     out += str(l < 10    ? "    "
                : l < 100 ? "   "
                          : "  ",
-               l, "  ", act_placement_name(layers[l].act),
-               std::string(13 - std::string(act_placement_name(layers[l].act)).size(), ' '),
-               tier_name(layers[l].weights),
-               layers[l].retained >= 0            ? "+     "
-               : layers[l].weights == Tier::kHost ? "     "
-                                                  : "      ",
-               tier_name(layers[l].optim),
-               holds_grads() ? str(layers[l].optim == Tier::kHost ? "       " : "        ",
-                                   tier_name(layers[l].grads))
-                             : std::string(),
+               l, "  ", cell(act_placement_name(layers[l].act), 13),
+               cell(str(tier_name(layers[l].weights), layers[l].retained >= 0 ? "+" : ""), 9),
+               holds_grads() ? str(cell(tier_name(layers[l].optim), 11), tier_name(layers[l].grads))
+                             : std::string(tier_name(layers[l].optim)),
                "\n");
   bool any_retained = false;
   for (const auto& d : layers) any_retained |= d.retained >= 0;
