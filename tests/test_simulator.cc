@@ -382,43 +382,14 @@ TEST_CASE("simulator: a planner's plan respects dependencies and queue order", "
   }
 }
 
-TEST_CASE("planner: every hazard within an iteration is ordered by dependencies or queue order",
-          "[simulator]") {
-  // Two uses of overlapping bytes of one buffer, one of them a write, by ops of one
-  // iteration: the later op must follow the earlier through dependencies and the order in
-  // which a queue runs its ops (every op of an in-order queue; ops of a reordering queue that
-  // conflict, which next_in_queue never lets pass each other). A missing dependency would let
-  // the executor run the two in either order.
-  PlanRequest req;
-  req.model = ModelConfig{};
-  req.model.n_layer = 5;
-  req.model.d_ff = 4 * req.model.d_model;
-  req.model.vocab_size = 2048;  // an embedding large enough for parts
-  req.micro_batch = 2;
-  req.have_ssd = true;
-  // Every activation path; or every layer kept, where no checkpoint copy in the forward
-  // orders the d2h queue behind the compute.
-  const bool kept = GENERATE(false, true);
-  req.acts = {ActPlacement::kKeep, ActPlacement::kRecompute, ActPlacement::kSsd,
-              ActPlacement::kHost, ActPlacement::kDevice};
-  if (kept) req.acts.assign(req.model.n_layer, ActPlacement::kKeep);
-  req.weights_on_ssd = true;
-  req.optim_on_ssd = GENERATE(false, true);
-  req.exact = GENERATE(false, true);
-  req.grad_accum = GENERATE(1, 3);
-  req.tensors = GENERATE(ElemType::kF32, ElemType::kBF16);
-  req.accum_fp32 = GENERATE(false, true);
-  req.grads_on_ssd = GENERATE(false, true);
-  req.embed_rows_first = req.spread_host_state = GENERATE(false, true);
-  req.embed_parts = 3;
-  req.device_in_host = !req.embed_rows_first;
-  const Plan plan = make_plan(req);
-  INFO("all kept " << kept << ", optim on SSD " << req.optim_on_ssd << ", exact " << req.exact
-                   << ", grad_accum " << req.grad_accum << ", tensors "
-                   << elem_type_name(req.tensors) << ", fp32 sums " << plan.accum_fp32
-                   << ", grads on SSD " << req.grads_on_ssd << ", rows first "
-                   << plan.embed_rows_first << ", embed parts " << plan.embed_parts << ", deferred "
-                   << plan.deferred_updates);
+namespace {
+
+// Two uses of overlapping bytes of one buffer, one of them a write, by ops of one iteration:
+// the later op must follow the earlier through dependencies and the order in which a queue
+// runs its ops (every op of an in-order queue; ops of a reordering queue that conflict, which
+// next_in_queue never lets pass each other). A missing dependency would let the executor run
+// the two in either order.
+void check_hazards_ordered(const Plan& plan) {
   const size_t n = plan.ops.size();
   const std::vector<OpBuffers> bufs = op_buffers(plan);
   // reach[b] holds every op that op b follows.
@@ -471,6 +442,65 @@ TEST_CASE("planner: every hazard within an iteration is ordered by dependencies 
   INFO(first);
   CHECK(pairs > 0);
   CHECK(unordered == 0);
+}
+
+}  // namespace
+
+TEST_CASE("planner: every hazard within an iteration is ordered by dependencies or queue order",
+          "[simulator]") {
+  PlanRequest req;
+  req.model = ModelConfig{};
+  req.model.n_layer = 5;
+  req.model.d_ff = 4 * req.model.d_model;
+  req.model.vocab_size = 2048;  // an embedding large enough for parts
+  req.micro_batch = 2;
+  req.have_ssd = true;
+  // Every activation path; or every layer kept, where no checkpoint copy in the forward
+  // orders the d2h queue behind the compute.
+  const bool kept = GENERATE(false, true);
+  req.acts = {ActPlacement::kKeep, ActPlacement::kRecompute, ActPlacement::kSsd,
+              ActPlacement::kHost, ActPlacement::kDevice};
+  if (kept) req.acts.assign(req.model.n_layer, ActPlacement::kKeep);
+  req.weights_on_ssd = true;
+  req.optim_on_ssd = GENERATE(false, true);
+  req.exact = GENERATE(false, true);
+  req.grad_accum = GENERATE(1, 3);
+  req.tensors = GENERATE(ElemType::kF32, ElemType::kBF16);
+  req.accum_fp32 = GENERATE(false, true);
+  req.grads_on_ssd = GENERATE(false, true);
+  req.embed_rows_first = req.spread_host_state = GENERATE(false, true);
+  req.embed_parts = 3;
+  req.device_in_host = !req.embed_rows_first;
+  const Plan plan = make_plan(req);
+  INFO("all kept " << kept << ", optim on SSD " << req.optim_on_ssd << ", exact " << req.exact
+                   << ", grad_accum " << req.grad_accum << ", tensors "
+                   << elem_type_name(req.tensors) << ", fp32 sums " << plan.accum_fp32
+                   << ", grads on SSD " << req.grads_on_ssd << ", rows first "
+                   << plan.embed_rows_first << ", embed parts " << plan.embed_parts << ", deferred "
+                   << plan.deferred_updates);
+  check_hazards_ordered(plan);
+}
+
+TEST_CASE("planner: AdamW on the device orders every hazard too", "[simulator]") {
+  // The in-memory plan with AdamW on the device (Plan::device_optimizer): updates, sums and
+  // fp32 accumulations on the compute queue, the norm on the optimizer's.
+  PlanRequest req;
+  req.model = ModelConfig{};
+  req.model.n_layer = 4;
+  req.model.d_ff = 4 * req.model.d_model;
+  req.model.vocab_size = 2048;
+  req.micro_batch = 2;
+  req.acts.assign(req.model.n_layer, ActPlacement::kKeep);
+  req.resident_weights = req.device_optimizer = true;
+  req.exact = GENERATE(false, true);
+  req.grad_accum = GENERATE(1, 3);
+  req.tensors = GENERATE(ElemType::kF32, ElemType::kBF16);
+  req.accum_fp32 = GENERATE(false, true);
+  const Plan plan = make_plan(req);
+  INFO("exact " << req.exact << ", grad_accum " << req.grad_accum << ", tensors "
+                << elem_type_name(req.tensors) << ", fp32 sums " << plan.accum_fp32);
+  REQUIRE(plan.device_optimizer);
+  check_hazards_ordered(plan);
 }
 
 TEST_CASE("planner: host optimizer state above the tail is spread among the SSD layers",
