@@ -242,14 +242,17 @@ TEST_CASE("AdamW on the device as a plan is bitwise the in-memory step", "[in_me
       const Plan& plan = *engine->plan();
       REQUIRE(plan.device_optimizer);
       // Nothing of the model crosses the bus in a step, and every group updates on the device.
-      int device_updates = 0;
+      // In exact mode one sum of squares over every group: one return to the host a step.
+      int device_updates = 0, sums = 0;
       for (const PlanOp& op : plan.ops) {
         INFO(op_kind_name(op.kind));
         CHECK(op.resource != Resource::kH2D);
         CHECK(op.resource != Resource::kD2H);
         device_updates += op.kind == OpKind::kDeviceUpdate;
+        sums += op.kind == OpKind::kDeviceGradSumSq;
       }
       CHECK(device_updates == cfg.model.n_layer + 2);
+      CHECK(sums == (clip > 0 ? 1 : 0));
       CHECK(plan.memory.ssd_bytes == 0);
       const test::EngineRun run = engine_run(*engine, make_gpt_layout(cfg.model), data);
       test::require_bitwise(run, ref, clip > 0);

@@ -29,6 +29,12 @@ namespace fuyou {
 
 struct DeviceAdamW;
 
+// `n` elements of a device buffer at `data` (Backend::sum_squares_spans).
+struct SquareSpan {
+  const void* data = nullptr;
+  size_t n = 0;
+};
+
 // kEmulated: a GPU that does no arithmetic but takes a hardware profile's time
 // (runtime.backend: emulated, kernels/emulated/emulated_backend.h).
 enum class BackendKind { kCpu, kCuda, kEmulated };
@@ -317,6 +323,10 @@ class Backend {
   // have run.
   virtual double sum_squares(const void* x, ElemType type,
                              const std::vector<std::pair<size_t, size_t>>& groups);
+  // The same over separate buffers (each span one group, in order): sum_squares's bits for the
+  // same elements, returned to the host once for all of them. The default asks sum_squares
+  // span by span; CUDA sums them in one launch.
+  virtual double sum_squares_spans(const std::vector<SquareSpan>& spans, ElemType type);
   // AdamW over device-resident fp32 state (DeviceAdamW).
   virtual void adamw(const DeviceAdamW& a);
 

@@ -164,7 +164,8 @@ enum class OpKind {
   kAccumulateGrads,  // a micro-batch's 16-bit gradient added into the group's fp32 sum
                      // (Plan::accum_fp32)
   kDeviceGradSumSq,  // kGradSumSq from the device's gradient, on the compute queue
-                     // (Plan::device_sum_squares, Plan::device_optimizer)
+                     // (Plan::device_sum_squares); group -1: every group's at once, one use
+                     // each (Plan::device_optimizer)
   // AdamW on the device (Plan::device_optimizer), on the compute queue:
   kDeviceUpdate,      // AdamW of `group` from its gradient on the device, into its weights there
   kDeviceAccumulate,  // a micro-batch's 16-bit gradient added into the group's fp32 sum on the
@@ -361,8 +362,9 @@ struct Plan {
   // its AdamW on the compute queue (kDeviceUpdate) from its gradient there, into its weights
   // there: nothing crosses the bus. Layer gradients are held in a device slot per layer where
   // the step holds them (exact mode, or accumulation in the tensors' type); fp32 sums over
-  // micro-batches are device buffers (kDeviceGradSum). Exact mode: each group's sum of squares
-  // on the compute queue, the norm on the optimizer's thread, the updates after it.
+  // micro-batches are device buffers (kDeviceGradSum). Exact mode: one sum of squares over every
+  // group's gradient on the compute queue after the last backward (a kDeviceGradSumSq of group
+  // -1, one use per group), the norm on the optimizer's thread, the updates after it.
   bool device_optimizer = false;
   PlanPools pools;
   // Every buffer the iteration uses, with its tier and size; MemoryPlan sums them.

@@ -21,6 +21,14 @@ double Backend::sum_squares(const void*, ElemType, const std::vector<std::pair<s
   throw Error(
       str("backend ", name(), " has no optimizer on the device (optimizer.placement: host)"));
 }
+
+double Backend::sum_squares_spans(const std::vector<SquareSpan>& spans, ElemType type) {
+  // Each span's sum alone is its group's sum (0 + the group's), added in order: the bits of
+  // one sum_squares over the spans as groups.
+  double s = 0;
+  for (const SquareSpan& sp : spans) s += sum_squares(sp.data, type, {{0, sp.n}});
+  return s;
+}
 void Backend::adamw(const DeviceAdamW&) {
   throw Error(
       str("backend ", name(), " has no optimizer on the device (optimizer.placement: host)"));

@@ -83,6 +83,7 @@ class CudaBackend final : public Backend {
   // The optimizer on the device (optimizer.cu).
   bool supports_device_optimizer() const override { return true; }
   void accumulate_fp32(float* sum, const void* g, ElemType type, size_t n, bool first) override;
+  double sum_squares_spans(const std::vector<SquareSpan>& spans, ElemType type) override;
   double sum_squares(const void* x, ElemType type,
                      const std::vector<std::pair<size_t, size_t>>& groups) override;
   void adamw(const DeviceAdamW& a) override;

@@ -165,6 +165,22 @@ double CudaBackend::sum_squares(const void* x, ElemType type,
   return out;
 }
 
+// Every span lies in the arena (one allocation): the spans are groups of it, one launch and
+// one return to the host for all. A span outside it (memory of another owner) goes span by
+// span.
+double CudaBackend::sum_squares_spans(const std::vector<SquareSpan>& spans, ElemType type) {
+  const size_t es = elem_type_size(type);
+  const size_t capacity = arena_.capacity();
+  std::vector<std::pair<size_t, size_t>> groups;
+  for (const SquareSpan& sp : spans) {
+    const char* p = static_cast<const char*>(sp.data);
+    if (p < base_ || p + es * sp.n > base_ + capacity || (p - base_) % es != 0)
+      return Backend::sum_squares_spans(spans, type);
+    groups.push_back({static_cast<size_t>(p - base_) / es, sp.n});
+  }
+  return sum_squares(base_, type, groups);
+}
+
 void CudaBackend::adamw(const DeviceAdamW& a) {
   if (!a.count) return;
   FY_CHECK(a.count < (1ull << 31), "AdamW on the device: ", a.count, " pieces exceed one grid");

@@ -68,14 +68,25 @@ void PlanExecutor::Impl::run_op(Iter& it, const PlanOp& op) {
     case OpKind::kGradSumSq:
       it.sum_sq[op.group] = group_sum_squares(at(op.use(Role::kSource)), grad_type(), op.params);
       return;
-    case OpKind::kDeviceGradSumSq:
+    case OpKind::kDeviceGradSumSq: {
       if (be_.timing_on())
         be_.timing_mark(timing_tag(StepPhase::kOptimizer, OpClass::kDeviceOptimizer));
-      // One group at offset 0: group_sum_squares's bits (Backend::sum_squares); an fp32 sum
-      // over micro-batches on the device (Plan::device_optimizer) in fp32.
-      it.sum_sq[op.group] =
-          be_.sum_squares(at(op.use(Role::kSource)), source_type(op), {{0, op.params}});
+      if (op.group >= 0) {
+        // One group at offset 0: group_sum_squares's bits (Backend::sum_squares).
+        it.sum_sq[op.group] =
+            be_.sum_squares(at(op.use(Role::kSource)), tensors_, {{0, op.params}});
+        return;
+      }
+      // Every group at once (Plan::device_optimizer), one use each in group order, fp32 where
+      // they are sums over micro-batches: the total is what the norm's in-order addition of
+      // the groups' sums gives, so it stands for all of them.
+      const ElemType type = source_type(op);
+      std::vector<SquareSpan> spans;
+      for (const BufferUse& u : op.uses) spans.push_back({at(u), u.bytes / elem_type_size(type)});
+      std::fill(it.sum_sq.begin(), it.sum_sq.end(), 0.0);
+      it.sum_sq[0] = be_.sum_squares_spans(spans, type);
       return;
+    }
     case OpKind::kDeviceAccumulate: {
       if (be_.timing_on())
         be_.timing_mark(timing_tag(StepPhase::kOptimizer, OpClass::kDeviceOptimizer));

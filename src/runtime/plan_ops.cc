@@ -721,14 +721,29 @@ class IterationBuilder {
       grad = sum;
     }
     if (!last) return;
-    if (req_.exact) {
-      const int q =
-          sum_sq_op(OpKind::kDeviceGradSumSq, group, ready, grad,
-                    plan_.buffers[grad].kind == BufferKind::kDeviceGradSum ? held_bytes(group)
-                                                                           : group_bytes(group));
-      return pending_.push_back({group, q, grad});
-    }
+    // Exact mode: the norm's sum of squares over every group at once, after the last
+    // backward (device_norm_sum_sq), then the updates.
+    if (req_.exact) return pending_.push_back({group, ready, grad});
     emit_device_update({group, ready, grad}, -1);
+  }
+
+  // Plan::device_optimizer in exact mode: one sum of squares over every group's gradient on
+  // the device, in group order (0 .. L+1, the norm's order), one use per group: one return to
+  // the host a step instead of one per group (Backend::sum_squares_spans).
+  void device_norm_sum_sq() {
+    std::vector<PendingUpdate> by_group = pending_;
+    std::sort(by_group.begin(), by_group.end(),
+              [](const PendingUpdate& a, const PendingUpdate& b) { return a.group < b.group; });
+    std::vector<int> deps;
+    for (const PendingUpdate& p : by_group) deps.push_back(p.ready);
+    PlanOp& q = add(OpKind::kDeviceGradSumSq, deps);
+    for (const PendingUpdate& p : by_group) {
+      use(q, p.grad, Access::kRead, Role::kSource, 0,
+          plan_.buffers[p.grad].kind == BufferKind::kDeviceGradSum ? held_bytes(p.group)
+                                                                   : group_bytes(p.group));
+      q.params += group_params(p.group);
+    }
+    sum_sq_ops_.push_back(q.id);
   }
 
   // AdamW of group p.group on the device, from its gradient in buffer p.grad into its weights
@@ -876,6 +891,7 @@ class IterationBuilder {
       // them: the resident groups first (embedding, final: their device copies are refreshed
       // on the h2d queue, which must not hold the next weight loads behind the last update),
       // then layers 0 .. L-1.
+      if (plan_.device_optimizer) device_norm_sum_sq();
       const int norm = add(OpKind::kGradNorm, sum_sq_ops_).id;
       auto rank = [&](const PendingUpdate& p) {
         return p.group == 0 ? 0 : p.group == n_layer_ + 1 ? 1 : p.group + 1;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "cuda_test_support.h"
@@ -45,8 +46,9 @@ std::vector<char> stored(const std::vector<float>& v, ElemType t) {
 
 }  // namespace
 
-TEST_CASE("cuda AdamW, sum of squares and fp32 sums equal the CPU's bit for bit",
-          "[cuda][optimizer]") {
+TEST_CASE(
+    "cuda AdamW, sum of squares (one buffer and spans) and fp32 sums equal the CPU's bit for bit",
+    "[cuda][optimizer]") {
   auto gpu = make_cuda_backend(0, 256ull << 20);
   auto cpu = make_cpu_backend(2, 0);
   // Tensors of awkward sizes, decay on and off, one longer than a piece.
@@ -77,7 +79,7 @@ TEST_CASE("cuda AdamW, sum of squares and fp32 sums equal the CPU's bit for bit"
           stored(test::random_normal(n, 4, gt == ElemType::kF16 ? 3.0f : 1e3f), gt);
       std::vector<float> result[2][3];
       std::vector<uint16_t> weights[2];
-      double squares[2];
+      double squares[2], spans[2];
       std::vector<float> sums[2];
       for (int side = 0; side < 2; ++side) {
         Backend& be = side ? *gpu : *cpu;
@@ -86,6 +88,20 @@ TEST_CASE("cuda AdamW, sum of squares and fp32 sums equal the CPU's bit for bit"
         DeviceVec<uint16_t> w(be, n);
         DeviceVec<AdamWPiece> table(be, pieces);
         squares[side] = be.sum_squares(grad.get(), gt, groups);
+        // The same groups as separate buffers (the in-memory plan's norm over its gradient
+        // slots): each group copied into an allocation of its own.
+        {
+          std::vector<std::unique_ptr<DeviceVec<char>>> parts;
+          std::vector<SquareSpan> ss;
+          const size_t es = elem_type_size(gt);
+          for (const auto& [offset, count] : groups) {
+            std::vector<char> bytes(g.begin() + es * offset, g.begin() + es * (offset + count));
+            bytes.resize(std::max<size_t>(bytes.size(), es));  // an empty group: one element
+            parts.push_back(std::make_unique<DeviceVec<char>>(be, bytes));
+            ss.push_back({parts.back()->get(), count});
+          }
+          spans[side] = be.sum_squares_spans(ss, gt);
+        }
         be.accumulate_fp32(sum.get(), grad.get(), gt, n, false);
         DeviceAdamW a;
         a.master = p.get();
@@ -106,6 +122,8 @@ TEST_CASE("cuda AdamW, sum of squares and fp32 sums equal the CPU's bit for bit"
         sums[side] = sum.host();
       }
       CHECK(std::memcmp(&squares[0], &squares[1], sizeof(double)) == 0);
+      CHECK(std::memcmp(&spans[0], &squares[0], sizeof(double)) == 0);
+      CHECK(std::memcmp(&spans[1], &squares[1], sizeof(double)) == 0);
       INFO("sum of squares: cpu " << squares[0] << ", cuda " << squares[1]);
       for (int k = 0; k < 3; ++k) {
         const Diff d = first_difference(result[0][k], result[1][k]);
