@@ -17,7 +17,8 @@ kit=(--kit gpu-kit)
 case "${1:-}" in
   checks-and-perf)
     # The CUDA code not yet run on a GPU (fused residual + norm, batched attention, the cuBLAS
-    # workspace, the bias epilogue, the device's sums of squares, the in-memory plan) through
+    # workspace, the bias epilogue, the device's sums of squares and their spans, the in-memory
+    # plan with AdamW on the host and on the device, compute ops done once queued) through
     # its tests, then the figures: where the step goes with fp32 tensors (batched attention),
     # bf16 with AdamW on the device as a plan and as the step, with the bias by kernel and by
     # epilogue, host AdamW as a plan and as the step, the
