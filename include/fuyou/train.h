@@ -67,6 +67,12 @@ void check_optim_format(const OptimizerConfig& o, ElemType tensors);
 // choose the engine.
 bool in_memory_optimizer_on_device(const Config& cfg, Backend& be, uint64_t device_free);
 
+// fp32 values per parameter of AdamW's state on the device: the master (unless the device's
+// weights are fp32: then they are the master), m and v.
+constexpr uint64_t device_state_floats(ElemType tensors) {
+  return tensors == ElemType::kF32 ? 2 : 3;
+}
+
 // AdamW's pieces on the device (Backend::adamw) over the tensors of `layout` whose elements lie
 // in [begin, end) (a group's range, or the whole layout): each tensor cut into pieces of at
 // most kDeviceAdamWPiece elements, `begin` counted from `begin`. Padding between tensors is

@@ -211,7 +211,7 @@ void* PlanExecutor::Impl::device_weights(int g) const {
 }
 
 // Plan::device_optimizer: the group's kDeviceOptim buffer holds master (16-bit tensors only),
-// m and v, each numel floats.
+// m and v, each numel floats (device_state_floats).
 float* PlanExecutor::Impl::device_master(int g) const {
   if (tensors_ == ElemType::kF32) return static_cast<float*>(device_weights(g));
   return ptr(plan_.buffer(BufferKind::kDeviceOptim, g));

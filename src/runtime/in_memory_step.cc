@@ -24,8 +24,9 @@ namespace {
 // Device bytes of the optimizer's state on the device: master (unless the device's fp32
 // weights are the master), two moments, the fp32 gradient sums when micro-batches are summed
 // in fp32, and the pieces' table.
-uint64_t device_optimizer_bytes(size_t n, bool fp32_tensors, bool fp32_sums, size_t pieces) {
-  return 4ull * n * ((fp32_tensors ? 2 : 3) + (fp32_sums ? 1 : 0)) + sizeof(AdamWPiece) * pieces;
+uint64_t device_optimizer_bytes(size_t n, ElemType tensors, bool fp32_sums, size_t pieces) {
+  return 4ull * n * (device_state_floats(tensors) + (fp32_sums ? 1 : 0)) +
+         sizeof(AdamWPiece) * pieces;
 }
 
 }  // namespace
@@ -100,9 +101,9 @@ bool in_memory_optimizer_on_device(const Config& cfg, Backend& be, uint64_t devi
   }
   const ParamLayout layout = make_gpt_layout(cfg.model);
   const ElemType store = be.storage_type();
-  const uint64_t need = device_optimizer_bytes(layout.total, store == ElemType::kF32,
-                                               sums_grads_in_fp32(cfg.schedule, store),
-                                               adamw_pieces(layout, 0, layout.total).size());
+  const uint64_t need =
+      device_optimizer_bytes(layout.total, store, sums_grads_in_fp32(cfg.schedule, store),
+                             adamw_pieces(layout, 0, layout.total).size());
   if (want == "device") {
     if (!be.supports_device_optimizer())
       throw ConfigError(str("optimizer.placement is device, but backend ", be.name(),
@@ -153,8 +154,7 @@ void InMemoryStep::place_on_device() {
   n_pieces_ = pieces.size();
   spdlog::info(
       "optimizer on the device: fp32 master weights and Adam moments beside the model ({})",
-      format_size(
-          device_optimizer_bytes(n, store_ == ElemType::kF32, d_sum_ != nullptr, n_pieces_)));
+      format_size(device_optimizer_bytes(n, store_, d_sum_ != nullptr, n_pieces_)));
 }
 
 void InMemoryStep::init_params() {

@@ -224,7 +224,7 @@ class Placer {
                 l, "'s are ", act_placement_name(acts[l])));
     plan_.device_optimizer = true;
     const Tier D = Tier::kDevice;
-    const uint64_t per_param = sizes_.elem_bytes == 4 ? 8 : 12;  // fp32 weights are the master
+    const uint64_t per_param = 4 * device_state_floats(req_.tensors);
     size_t pieces = 0;
     for (size_t g = 0; g < layout_.groups.size(); ++g) {
       const ParamGroup& pg = layout_.groups[g];
