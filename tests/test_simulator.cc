@@ -486,7 +486,7 @@ TEST_CASE("planner: AdamW on the device orders every hazard too", "[simulator]")
   // fp32 accumulations on the compute queue, the norm on the optimizer's.
   PlanRequest req;
   req.model = ModelConfig{};
-  req.model.n_layer = 4;
+  req.model.n_layer = GENERATE(1, 4);  // one layer: fewer layers than the pool's 2 slots
   req.model.d_ff = 4 * req.model.d_model;
   req.model.vocab_size = 2048;
   req.micro_batch = 2;
@@ -497,8 +497,9 @@ TEST_CASE("planner: AdamW on the device orders every hazard too", "[simulator]")
   req.tensors = GENERATE(ElemType::kF32, ElemType::kBF16);
   req.accum_fp32 = GENERATE(false, true);
   const Plan plan = make_plan(req);
-  INFO("exact " << req.exact << ", grad_accum " << req.grad_accum << ", tensors "
-                << elem_type_name(req.tensors) << ", fp32 sums " << plan.accum_fp32);
+  INFO(req.model.n_layer << " layers, exact " << req.exact << ", grad_accum " << req.grad_accum
+                         << ", tensors " << elem_type_name(req.tensors) << ", fp32 sums "
+                         << plan.accum_fp32);
   REQUIRE(plan.device_optimizer);
   check_hazards_ordered(plan);
 }

@@ -437,10 +437,9 @@ class IterationBuilder {
         touch_ckpt(in, r.id);
         prev = r.id;
       }
-      // AdamW on the device, holding gradients in the tensors' type: layer l's own slot, which
-      // keeps the sum between micro-batches.
-      const bool own_slot = plan_.device_optimizer && plan_.pools.device_grad_slots == n_layer_ &&
-                            plan_.holds_grads() && !plan_.accum_fp32;
+      // AdamW on the device, holding gradients in the tensors' type: layer l's own slot (the
+      // pool has one per layer at least), which keeps the sum between micro-batches.
+      const bool own_slot = plan_.device_optimizer && plan_.holds_grads() && !plan_.accum_fp32;
       const int gs = own_slot ? l : grad_rr_++ % plan_.pools.device_grad_slots;
       // Micro-batch 0 (and every micro-batch where the sums are fp32) writes the slot afresh; a
       // later one adds to what load_grads put back (or, in its own slot, to what it holds), so
