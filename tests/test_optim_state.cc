@@ -253,6 +253,7 @@ TEST_CASE("packed AdamW: a non-finite gradient makes its int8 block NaN and leav
           "[optim_state]") {
   const size_t n = 4 * 256;
   const DecayRange all{0, n, false};
+  std::vector<PackedState> results;
   for (SimdPath path : paths()) {
     PackedState st({MomentFormat::kInt8, MasterFormat::kSplit}, n, wide(n, 2, -3, 2));
     std::vector<float> g = wide(n, 5, -6, 4);
@@ -271,7 +272,12 @@ TEST_CASE("packed AdamW: a non-finite gradient makes its int8 block NaN and leav
     decode_moment(MomentFormat::kInt8, false, st.m.data(), st.ms.data(), m.data(), n);
     for (size_t i = 256; i < 512; ++i) REQUIRE(std::isnan(m[i]));
     REQUIRE(std::isfinite(m[0]));
+    // The NaN master's halves too: every path stores the scalar's (quiet hi, lo 0).
+    REQUIRE(std::isnan(math::split_join(st.hi[256 + 9], st.lo[256 + 9])));
+    REQUIRE(st.lo[256 + 9] == 0);
+    results.push_back(std::move(st));
   }
+  for (size_t p = 1; p < results.size(); ++p) REQUIRE(results[p].same_bits(results[0]));
 }
 
 TEST_CASE(

@@ -41,6 +41,11 @@ struct Vec {
   // 1 / sqrt(a) to about 14 bits: an estimate, which the callers correct exactly.
   static F rsqrt_estimate(F a) { return _mm512_rsqrt14_ps(a); }
   static float reduce_max(F a) { return _mm512_reduce_max_ps(a); }
+  // mag (>= 0) with sign's sign bit: (mag | (sign & 0x80000000)) in one ternary-logic op.
+  static F with_sign_of(F mag, F sign) {
+    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
+        _mm512_castps_si512(mag), _mm512_castps_si512(sign), _mm512_set1_epi32(INT32_MIN), 0xf8));
+  }
 
   // Lane masks from ordered comparisons (false with a NaN) and NaN tests.
   using M = __mmask16;
@@ -67,6 +72,8 @@ struct Vec {
   static I xor_i(I a, I b) { return _mm512_xor_si512(a, b); }
   static I or_i(I a, I b) { return _mm512_or_si512(a, b); }
   static I and_i(I a, I b) { return _mm512_and_si512(a, b); }
+  static I max_i(I a, I b) { return _mm512_max_epi32(a, b); }  // signed
+  static int32_t reduce_max_i(I a) { return _mm512_reduce_max_epi32(a); }
   template <int N>
   static I shr(I a) {
     return _mm512_srli_epi32(a, N);
@@ -102,6 +109,26 @@ struct Vec {
   }
   static void store_8(void* p, I a) {
     _mm_storeu_si128(static_cast<__m128i*>(p), _mm512_cvtepi32_epi8(a));
+  }
+  // 4 kWidth lanes a, b, c, d (each lane within int8's range if Signed, else uint8's) stored
+  // as 4 kWidth bytes in that order: two saturating packs (exact within those ranges) and one
+  // permute, where narrowing each vector alone takes two shuffles.
+  // 2 kWidth lanes a, b (within int16's range if Signed, else uint16's) stored as 2 kWidth
+  // 16-bit integers in that order: one saturating pack (exact there) and one permute.
+  template <bool Signed>
+  static void store_16x2(void* p, I a, I b) {
+    const I x = Signed ? _mm512_packs_epi32(a, b) : _mm512_packus_epi32(a, b);
+    // 128-bit lane k holds a's and b's quarter k.
+    const I order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
+    _mm512_storeu_si512(p, _mm512_permutexvar_epi64(order, x));
+  }
+  template <bool Signed>
+  static void store_8x4(void* p, I a, I b, I c, I d) {
+    const I ab = _mm512_packs_epi32(a, b), cd = _mm512_packs_epi32(c, d);
+    const I x = Signed ? _mm512_packs_epi16(ab, cd) : _mm512_packus_epi16(ab, cd);
+    // 128-bit lane k holds a, b, c, d's dwords k: gather each vector's four.
+    const I order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_si512(p, _mm512_permutexvar_epi32(order, x));
   }
 };
 
@@ -140,6 +167,9 @@ struct Vec {
     for (int i = 1; i < 8; ++i) r = t[i] > r ? t[i] : r;
     return r;
   }
+  static F with_sign_of(F mag, F sign) {
+    return _mm256_or_ps(mag, _mm256_and_ps(sign, _mm256_set1_ps(-0.0f)));
+  }
 
   // Lane masks: all ones in a lane where the comparison holds.
   using M = __m256;
@@ -163,6 +193,12 @@ struct Vec {
   static I xor_i(I a, I b) { return _mm256_xor_si256(a, b); }
   static I or_i(I a, I b) { return _mm256_or_si256(a, b); }
   static I and_i(I a, I b) { return _mm256_and_si256(a, b); }
+  static I max_i(I a, I b) { return _mm256_max_epi32(a, b); }
+  static int32_t reduce_max_i(I a) {
+    const __m128i h = _mm_max_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    const __m128i q = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    return _mm_cvtsi128_si32(_mm_max_epi32(q, _mm_shuffle_epi32(q, 0xb1)));
+  }
   template <int N>
   static I shr(I a) {
     return _mm256_srli_epi32(a, N);
@@ -207,6 +243,19 @@ struct Vec {
     const I both = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(a, pick),
                                                _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
     _mm_storel_epi64(static_cast<__m128i*>(p), _mm256_castsi256_si128(both));
+  }
+  template <bool Signed>
+  static void store_16x2(void* p, I a, I b) {
+    const I x = Signed ? _mm256_packs_epi32(a, b) : _mm256_packus_epi32(a, b);
+    _mm256_storeu_si256(static_cast<__m256i*>(p), _mm256_permute4x64_epi64(x, 0xd8));
+  }
+  template <bool Signed>
+  static void store_8x4(void* p, I a, I b, I c, I d) {
+    const I ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);
+    const I x = Signed ? _mm256_packs_epi16(ab, cd) : _mm256_packus_epi16(ab, cd);
+    // 128-bit half k holds a, b, c, d's dwords k.
+    _mm256_storeu_si256(static_cast<__m256i*>(p),
+                        _mm256_permutevar8x32_epi32(x, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
   }
 };
 
