@@ -371,6 +371,10 @@ CLI::App* add_adam_command(CLI::App& app, AdamArgs& a) {
                    "Store directory for the out-of-core run (repeat to stripe)");
   adam->add_option("--grad", a.grad, "Gradient type: f32, bf16, f16");
   adam->add_option("--steps", a.opts.steps, "Timed updates (median)")->check(CLI::PositiveNumber);
+  adam->add_option("--first-step", a.opts.first_step,
+                   "Adam's step count at the first in-memory update (beta2 0.95: from about 324 "
+                   "the second moment's bias correction is 1)")
+      ->check(CLI::PositiveNumber);
   adam->add_flag("--json", a.json, "One JSON object on stdout");
   adam->add_option("--state", a.state, "Adam moments: fp32, bf16, int8 (optimizer.state)");
   adam->add_option("--master", a.master, "Master weights: fp32, split (optimizer.master)");

@@ -18,7 +18,11 @@ struct AdamBenchOptions {
   ElemType grad_type = ElemType::kBF16;
   ElemType lowp_type = ElemType::kBF16;
   bool with_lowp = true;
-  int steps = 3;                     // timed updates (median)
+  int steps = 3;  // timed updates (median)
+  // Adam's step count at the first (untimed) in-memory update: late in a run the bias
+  // correction of the second moment is exactly 1 (beta2 0.95: from about step 324), which
+  // the packed kernel uses.
+  int64_t first_step = 1;
   uint64_t group_params = 16 << 20;  // parameters per group (one "layer") out of core
   OptimFormat format;  // optimizer.state / optimizer.master (a split master: bf16 weights)
   // The in-memory update's instruction set (kAuto: the widest the CPU has); one the CPU lacks

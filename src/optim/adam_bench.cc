@@ -93,9 +93,9 @@ double time_packed_update(const AdamBenchOptions& o, const void* grad) {
   a.nranges = 1;
   std::vector<double> times;
   for (int s = 0; s <= o.steps; ++s) {
-    a.key = math::round_key(0, s + 1);
+    a.key = math::round_key(0, o.first_step + s);
     auto t0 = clock_type::now();
-    adamw_update_packed(a, {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s + 1}, o.simd);
+    adamw_update_packed(a, {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, o.first_step + s}, o.simd);
     double dt = seconds_since(t0);
     if (s > 0) times.push_back(dt);
   }
@@ -128,7 +128,7 @@ double time_fp32_update(const AdamBenchOptions& o, const void* grad) {
   std::vector<double> times;
   for (int s = 0; s <= o.steps; ++s) {
     auto t0 = clock_type::now();
-    adamw_update(a, {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, s + 1}, o.simd);
+    adamw_update(a, {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, o.first_step + s}, o.simd);
     double dt = seconds_since(t0);
     if (s > 0) times.push_back(dt);  // the first pass warms up page tables and threads
   }
@@ -224,6 +224,7 @@ nlohmann::json run_adam_bench(const AdamBenchOptions& o) {
   const OptimFormat& f = o.format;
   const double bpp = update_bytes_per_param(o);
   r["params"] = n;
+  r["first_step"] = o.first_step;
   r["threads"] = omp_get_max_threads();
   const SimdPath best = best_simd_path();
   if (!simd_path_supported(o.simd))
