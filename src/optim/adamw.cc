@@ -1,8 +1,8 @@
 // AdamW: dispatch over instruction-set paths, and the scalar reference path.
 //
 // Work is split across OpenMP threads in blocks of kBlock elements (a multiple of every
-// vector width), so every path sees the same element-to-lane assignment and the scalar
-// tail of each block is handled by the same scalar code.
+// vector width), claimed kClaimItems at a time, so every path sees the same element-to-lane
+// assignment and the scalar tail of each block is handled by the same scalar code.
 #include <omp.h>
 
 #include <cmath>
@@ -154,7 +154,7 @@ void adamw_update(const AdamWArgs* pieces, const float* decay, size_t count, con
     for (size_t b = 0; b < pieces[i].n; b += kBlock)
       items.push_back({i, b, std::min(pieces[i].n, b + kBlock)});
   }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, kClaimItems)
   for (size_t w = 0; w < items.size(); ++w) {
     const Item& it = items[w];
     const AdamWArgs& a = pieces[it.piece];

@@ -3,9 +3,9 @@
 // conversions between a moment's format and fp32.
 //
 // Work goes in items of kItemBlocks int8-sized blocks, each block whole in one item, so every
-// path sees the same blocks. A block inside one tensor (every element updated, one weight
-// decay) runs on the widest SIMD path; a block holding a tensor boundary or padding runs on
-// the scalar reference, which gives the same bits.
+// path sees the same blocks; threads claim kClaimItems items at a time. A block inside one tensor
+// (every element updated, one weight decay) runs on the widest SIMD path; a block holding a tensor
+// boundary or padding runs on the scalar reference, which gives the same bits.
 #include <omp.h>
 
 #include <algorithm>
@@ -204,7 +204,7 @@ void adamw_update_packed(const PackedAdamWArgs& a, const AdamWStep& s, SimdPath 
   c.key_v = a.key ^ math::kKeyV;
   constexpr size_t kItemBlocks = 16;
   const size_t blocks = (a.n + B - 1) / B, items = (blocks + kItemBlocks - 1) / kItemBlocks;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, kClaimItems)
   for (size_t w = 0; w < items; ++w) {
     uint8_t upd[B];
     // The first range that ends after this item's first element.
