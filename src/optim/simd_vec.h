@@ -40,7 +40,6 @@ struct Vec {
   static F floor(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
   // 1 / sqrt(a) to about 14 bits: an estimate, which the callers correct exactly.
   static F rsqrt_estimate(F a) { return _mm512_rsqrt14_ps(a); }
-  static float reduce_max(F a) { return _mm512_reduce_max_ps(a); }
   // mag (>= 0) with sign's sign bit: (mag | (sign & 0x80000000)) in one ternary-logic op.
   static F with_sign_of(F mag, F sign) {
     return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
@@ -50,12 +49,8 @@ struct Vec {
   // Lane masks from ordered comparisons (false with a NaN) and NaN tests.
   using M = __mmask16;
   static M lt(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
-  static M le(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_LE_OQ); }
   static M gt(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
-  static M not_below(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_NLT_UQ); }  // a >= b or NaN
   static M is_nan(F a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
-  static M no_lanes() { return 0; }
-  static M either(M a, M b) { return static_cast<M>(a | b); }
   static bool any(M m) { return m != 0; }
   static F select(M m, F if_set, F otherwise) { return _mm512_mask_mov_ps(otherwise, m, if_set); }
 
@@ -107,12 +102,6 @@ struct Vec {
   static void store_16(void* p, I a) {
     _mm256_storeu_si256(static_cast<__m256i*>(p), _mm512_cvtepi32_epi16(a));
   }
-  static void store_8(void* p, I a) {
-    _mm_storeu_si128(static_cast<__m128i*>(p), _mm512_cvtepi32_epi8(a));
-  }
-  // 4 kWidth lanes a, b, c, d (each lane within int8's range if Signed, else uint8's) stored
-  // as 4 kWidth bytes in that order: two saturating packs (exact within those ranges) and one
-  // permute, where narrowing each vector alone takes two shuffles.
   // 2 kWidth lanes a, b (within int16's range if Signed, else uint16's) stored as 2 kWidth
   // 16-bit integers in that order: one saturating pack (exact there) and one permute.
   template <bool Signed>
@@ -122,6 +111,9 @@ struct Vec {
     const I order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
     _mm512_storeu_si512(p, _mm512_permutexvar_epi64(order, x));
   }
+  // 4 kWidth lanes a, b, c, d (each lane within int8's range if Signed, else uint8's) stored
+  // as 4 kWidth bytes in that order: two saturating packs (exact within those ranges) and one
+  // permute, where narrowing each vector alone takes a shuffle per vector.
   template <bool Signed>
   static void store_8x4(void* p, I a, I b, I c, I d) {
     const I ab = _mm512_packs_epi32(a, b), cd = _mm512_packs_epi32(c, d);
@@ -160,13 +152,6 @@ struct Vec {
   static F floor(F a) { return _mm256_floor_ps(a); }
   // 1 / sqrt(a) to about 12 bits: an estimate, which the callers correct exactly.
   static F rsqrt_estimate(F a) { return _mm256_rsqrt_ps(a); }
-  static float reduce_max(F a) {
-    alignas(32) float t[8];
-    _mm256_store_ps(t, a);
-    float r = t[0];
-    for (int i = 1; i < 8; ++i) r = t[i] > r ? t[i] : r;
-    return r;
-  }
   static F with_sign_of(F mag, F sign) {
     return _mm256_or_ps(mag, _mm256_and_ps(sign, _mm256_set1_ps(-0.0f)));
   }
@@ -174,12 +159,8 @@ struct Vec {
   // Lane masks: all ones in a lane where the comparison holds.
   using M = __m256;
   static M lt(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
-  static M le(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_LE_OQ); }
   static M gt(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }
-  static M not_below(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_NLT_UQ); }
   static M is_nan(F a) { return _mm256_cmp_ps(a, a, _CMP_UNORD_Q); }
-  static M no_lanes() { return _mm256_setzero_ps(); }
-  static M either(M a, M b) { return _mm256_or_ps(a, b); }
   static bool any(M m) { return _mm256_movemask_ps(m) != 0; }
   static F select(M m, F if_set, F otherwise) { return _mm256_blendv_ps(otherwise, if_set, m); }
 
@@ -227,22 +208,15 @@ struct Vec {
   static I load_i8(const void* p) {
     return _mm256_cvtepi8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(p)));
   }
-  // The low 16 or 8 bits of each lane, as the AVX-512 path's truncating vpmovdw / vpmovdb: one
-  // in-lane byte shuffle gathers each 128-bit half's values into its low bytes, one cross-lane
-  // permute puts the two halves' together (two shuffles where narrowing each half alone takes
-  // five; AVX2 machines often have one shuffle port).
+  // The low 16 bits of each lane, as the AVX-512 path's truncating vpmovdw: one in-lane byte
+  // shuffle gathers each 128-bit half's values into its low bytes, one cross-lane permute puts
+  // the two halves' together (two shuffles where narrowing each half alone takes five; AVX2
+  // machines often have one shuffle port).
   static void store_16(void* p, I a) {
     const I pick = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1,
                                     4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
     const I both = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(a, pick), 0x08);  // quads 0, 2
     _mm_storeu_si128(static_cast<__m128i*>(p), _mm256_castsi256_si128(both));
-  }
-  static void store_8(void* p, I a) {
-    const I pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0,
-                                    4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-    const I both = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(a, pick),
-                                               _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
-    _mm_storel_epi64(static_cast<__m128i*>(p), _mm256_castsi256_si128(both));
   }
   template <bool Signed>
   static void store_16x2(void* p, I a, I b) {
