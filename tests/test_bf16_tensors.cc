@@ -208,7 +208,7 @@ TEST_CASE("every CPU kernel on 16-bit tensors is the fp32 kernel rounded once", 
     const size_t cw = static_cast<size_t>(Hq + 2 * Hkv) * D;
     Pair qkvc(N * cw, rng), qkv(static_cast<size_t>(N) * 3 * Hq * D, rng), dqkvc(N * cw, rng);
     check_kernel("rope_forward", {&qkvc}, [&](Backend& be, std::vector<void*>& p) {
-      be.rope_forward(p[0], B, T, Hq, Hkv, D, 10000.0f, nullptr);
+      be.rope_forward(p[0], B, T, Hq, Hkv, D, default_rope_table(D, 10000.0f), nullptr);
     });
     check_kernel("repeat_kv_forward", {&qkv, &qkvc}, [&](Backend& be, std::vector<void*>& p) {
       be.repeat_kv_forward(p[0], p[1], N, Hq, Hkv, D);
@@ -217,7 +217,7 @@ TEST_CASE("every CPU kernel on 16-bit tensors is the fp32 kernel rounded once", 
       be.repeat_kv_backward(p[0], p[1], N, Hq, Hkv, D);
     });
     check_kernel("rope_backward", {&dqkvc}, [&](Backend& be, std::vector<void*>& p) {
-      be.rope_backward(p[0], B, T, Hq, Hkv, D, 10000.0f, nullptr);
+      be.rope_backward(p[0], B, T, Hq, Hkv, D, default_rope_table(D, 10000.0f), nullptr);
     });
     Pair gu(static_cast<size_t>(N) * 2 * F, rng), out(static_cast<size_t>(N) * F, rng),
         dgu(static_cast<size_t>(N) * 2 * F, rng);

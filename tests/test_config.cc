@@ -225,6 +225,21 @@ TEST_CASE("every integer key has an upper bound", "[config]") {
       {"optimizer: {weight_decay: .inf}", "optimizer.weight_decay", "must be in [0, 100)"},
       {"optimizer: {grad_clip: .inf}", "optimizer.grad_clip", "must be in [0, inf)"},
       {"model: {family: llama, d_ff: 64, rope_theta: .inf}", "model.rope_theta", "(1, 1e12)"},
+      // The rotary variants read their own parameters; a parameter no variant reads is refused,
+      // and so are contexts where the engine's attention is not transformers'.
+      {"model: {family: llama, d_ff: 64, rope_factor: 8}", "model.rope_factor", "does not use it"},
+      {"model: {family: llama, d_ff: 64, rope_type: linear, rope_factor: 2, rope_beta_fast: 8}",
+       "model.rope_beta_fast", "does not use it"},
+      {"model: {family: llama, d_ff: 64, rope_type: llama3, rope_factor: 8}",
+       "model.rope_original_context", "needs the original context"},
+      {"model: {family: llama, d_ff: 64, rope_type: dynamic, rope_factor: 2, "
+       "rope_original_context: 128, seq_len: 256}",
+       "model.seq_len", "dynamic NTK"},
+      {"model: {family: llama, d_ff: 64, sliding_window: 128, seq_len: 256}", "model.seq_len",
+       "sliding-window"},
+      {"model: {family: llama, d_ff: 64, rope_type: yarn2}", "model.rope_type", "llama3"},
+      {"model: {family: gpt2, rope_type: linear}", "model.rope_type", "no rotary embeddings"},
+      {"model: {family: opt, sliding_window: 64}", "model.sliding_window", "no rotary"},
   };
   for (const Case& c : cases) {
     INFO(c.yaml);

@@ -86,8 +86,8 @@ TEST_CASE("rope_forward_at equals rope_forward at the same positions", "[decode]
   const int T = 12, Hq = 4, Hkv = 2, D = 8, row = (Hq + 2 * Hkv) * D, pos0 = 7;
   auto whole = randn(static_cast<size_t>(T) * row, 3);
   std::vector<float> part(whole.begin() + pos0 * row, whole.end());
-  be->rope_forward(whole.data(), 1, T, Hq, Hkv, D, 10000.0f, nullptr);
-  be->rope_forward_at(part.data(), T - pos0, pos0, Hq, Hkv, D, 10000.0f);
+  be->rope_forward(whole.data(), 1, T, Hq, Hkv, D, default_rope_table(D, 10000.0f), nullptr);
+  be->rope_forward_at(part.data(), T - pos0, pos0, Hq, Hkv, D, default_rope_table(D, 10000.0f));
   for (size_t i = 0; i < part.size(); ++i) REQUIRE(part[i] == whole[pos0 * row + i]);
 }
 

@@ -9,6 +9,7 @@
 // scale) near h = eps^(1/3); we allow 20 times that relative to the largest gradient element.
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cfloat>
 #include <cmath>
@@ -82,7 +83,7 @@ TEST_CASE("rope backward matches finite differences and preserves norms", "[fami
   std::vector<float> y;
   auto loss = [&] {
     y = x;
-    be->rope_forward(y.data(), B, T, Hq, Hkv, D, 10000.0f, nullptr);
+    be->rope_forward(y.data(), B, T, Hq, Hkv, D, default_rope_table(D, 10000.0f), nullptr);
     return dot(y, R);
   };
   loss();
@@ -102,7 +103,7 @@ TEST_CASE("rope backward matches finite differences and preserves norms", "[fami
     }
   }
   std::vector<float> dx = R;
-  be->rope_backward(dx.data(), B, T, Hq, Hkv, D, 10000.0f, nullptr);
+  be->rope_backward(dx.data(), B, T, Hq, Hkv, D, default_rope_table(D, 10000.0f), nullptr);
   check_grad("rope dx", x, dx, loss);
 }
 
@@ -168,8 +169,153 @@ TEST_CASE("element math of the new families", "[families]") {
   // theta^(-2i/D) computed in fp32: a few ulp of the double value.
   for (int i : {0, 1, 7}) {
     double want = 5 * std::pow(10000.0, -2.0 * i / 16);
-    CHECK(math::rope_angle(5, i, 16, 10000.0f) == Approx(want).epsilon(8 * FLT_EPSILON));
+    CHECK(math::rope_angle(5, math::rope_default_inv_freq(i, 16, 10000.0f)) ==
+          Approx(want).epsilon(8 * FLT_EPSILON));
   }
+}
+
+namespace {
+
+// The rotary variants' inverse frequencies as transformers defines them
+// (modeling_rope_utils), written here in double from their formulas.
+std::vector<double> reference_inv_freq(const ModelConfig& m) {
+  const int D = m.head_size(), half = D / 2;
+  std::vector<double> f(half);
+  for (int i = 0; i < half; ++i) f[i] = 1 / std::pow(double(m.rope_theta), 2.0 * i / D);
+  if (m.rope_type == "linear")
+    for (double& x : f) x /= m.rope_factor;
+  if (m.rope_type == "llama3") {
+    const double ctx = m.rope_original_context, lo = ctx / m.rope_low_freq_factor,
+                 hi = ctx / m.rope_high_freq_factor;
+    for (double& x : f) {
+      const double wavelen = 2 * M_PI / x;
+      if (wavelen > lo) {
+        x /= m.rope_factor;
+      } else if (wavelen >= hi) {
+        const double s = (ctx / wavelen - m.rope_low_freq_factor) /
+                         (m.rope_high_freq_factor - m.rope_low_freq_factor);
+        x = (1 - s) * x / m.rope_factor + s * x;
+      }
+    }
+  }
+  if (m.rope_type == "yarn") {
+    auto dim_at = [&](double rot) {
+      return D * std::log(m.rope_original_context / (rot * 2 * M_PI)) /
+             (2 * std::log(double(m.rope_theta)));
+    };
+    double lo = std::max(0.0, std::floor(dim_at(m.rope_beta_fast)));
+    double hi = std::min(double(D - 1), std::ceil(dim_at(m.rope_beta_slow)));
+    for (int i = 0; i < half; ++i) {
+      const double ramp = std::clamp((i - lo) / (hi - lo), 0.0, 1.0);
+      f[i] = f[i] / m.rope_factor * ramp + f[i] * (1 - ramp);
+    }
+  }
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("rotary variants: the frequencies transformers computes", "[families][rope]") {
+  ModelConfig m;
+  m.family = "llama";
+  m.n_head = 2;
+  m.d_model = 64;  // head size 32: 16 pairs spanning high, middle and low frequencies
+  m.rope_theta = 500000.0f;
+  struct Variant {
+    const char* type;
+    float factor;
+    int context;
+  };
+  for (const Variant& v :
+       {Variant{"default", 1, 0}, Variant{"linear", 4, 0}, Variant{"dynamic", 2, 64},
+        Variant{"llama3", 8, 64}, Variant{"yarn", 4, 64}}) {
+    m.rope_type = v.type;
+    m.rope_factor = v.factor;
+    m.rope_original_context = v.context;
+    const RopeTable t = rope_table(m);
+    const std::vector<double> want = reference_inv_freq(m);
+    INFO("rope_type " << v.type);
+    REQUIRE(t.pairs == 16);
+    // fp32 arithmetic of a few operations on values the double formula gives exactly.
+    for (int i = 0; i < t.pairs; ++i)
+      CHECK(t.inv_freq[i] == Approx(want[i]).epsilon(16 * FLT_EPSILON));
+    // yarn's attention factor, 0.1 ln(factor) + 1; 1 for every other variant.
+    CHECK(t.scale == Approx(std::string(v.type) == "yarn" ? 0.1 * std::log(4.0) + 1 : 1.0)
+                         .epsilon(4 * FLT_EPSILON));
+  }
+  // llama3 leaves the highest frequencies and divides the lowest by the factor: both happen
+  // in this table, so the blend between them is exercised too.
+  m.rope_type = "llama3";
+  m.rope_factor = 8;
+  m.rope_original_context = 64;
+  const RopeTable t = rope_table(m);
+  m.rope_type = "default";
+  const RopeTable plain = rope_table(m);
+  CHECK(t.inv_freq[0] == plain.inv_freq[0]);
+  CHECK(t.inv_freq[15] == Approx(plain.inv_freq[15] / 8).epsilon(4 * FLT_EPSILON));
+  int blended = 0;
+  for (int i = 0; i < 16; ++i)
+    blended += t.inv_freq[i] != plain.inv_freq[i] &&
+               std::fabs(t.inv_freq[i] * 8 / plain.inv_freq[i] - 1) > 1e-5;
+  CHECK(blended > 0);
+}
+
+TEST_CASE("config.json: the rotary settings of transformers 5 and 4.x, and dtype",
+          "[families][rope]") {
+  auto j = nlohmann::json::parse(read_all(fixture("llama_gqa_f32/config.json")));
+  // transformers 5 writes only rope_parameters (the silent bug: rope_theta read as 10000).
+  j.erase("rope_theta");
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {{"rope_type", "llama3"},   {"rope_theta", 500000.0},
+                          {"factor", 8.0},           {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  ModelConfig m = parse_hf_config(j.dump(), "x/config.json");
+  CHECK(m.rope_theta == 500000.0f);
+  CHECK(m.rope_type == "llama3");
+  CHECK(m.rope_factor == 8.0f);
+  CHECK(m.rope_high_freq_factor == 4.0f);
+  CHECK(m.rope_original_context == 8192);
+  // The same settings in the 4.x form.
+  auto legacy = j;
+  legacy.erase("rope_parameters");
+  legacy["rope_theta"] = 500000.0;
+  legacy["rope_scaling"] = {{"rope_type", "llama3"},
+                            {"factor", 8.0},
+                            {"low_freq_factor", 1.0},
+                            {"high_freq_factor", 4.0},
+                            {"original_max_position_embeddings", 8192}};
+  ModelConfig m4 = parse_hf_config(legacy.dump(), "x/config.json");
+  CHECK(m4.rope_theta == m.rope_theta);
+  CHECK(m4.rope_type == m.rope_type);
+  CHECK(m4.rope_original_context == m.rope_original_context);
+  // Both forms, disagreeing: refused, not one of them picked.
+  auto both = legacy;
+  both["rope_theta"] = 10000.0;
+  both["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+  CHECK_THROWS_WITH(parse_hf_config(both.dump(), "x/config.json"), Contains("rope_scaling"));
+  both.erase("rope_scaling");
+  CHECK_THROWS_WITH(parse_hf_config(both.dump(), "x/config.json"),
+                    Contains("'rope_theta'") && Contains("give it once"));
+  // The converted config.yaml says what the model computes.
+  const std::string yaml = engine_config_yaml(m);
+  CHECK_THAT(yaml, Contains("rope_theta: 500000") && Contains("rope_type: llama3") &&
+                       Contains("rope_original_context: 8192"));
+  // The export writes both forms, saying the same, and one dtype under both names.
+  auto out = nlohmann::json::parse(hf_config_json(m, StDtype::kBF16, j.dump()));
+  CHECK(out["rope_parameters"]["rope_type"] == "llama3");
+  CHECK(out["rope_parameters"]["rope_theta"] == 500000.0);
+  CHECK(out["rope_scaling"]["factor"] == 8.0);
+  CHECK(out["rope_theta"] == 500000.0);
+  CHECK(out["dtype"] == "bfloat16");
+  CHECK(out["torch_dtype"] == "bfloat16");
+  ModelConfig again = parse_hf_config(out.dump(), "export/config.json");
+  CHECK(again.rope_type == m.rope_type);
+  CHECK(again.rope_factor == m.rope_factor);
+  // transformers 5's `dtype` is the one read.
+  auto dt = j;
+  dt.erase("torch_dtype");
+  dt["dtype"] = "bfloat16";
+  CHECK(hf_torch_dtype(dt.dump()) == StDtype::kBF16);
 }
 
 // ---- whole model -----------------------------------------------------------------------
@@ -439,15 +585,67 @@ TEST_CASE("opt and llama configs the engine cannot compute are refused by field"
   refuse(
       "llama_gqa_f32",
       [](auto& j) {
-        j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+        j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}, {"alpha", 1.0}};
       },
-      "rope_scaling", "'linear'");
+      "rope_scaling", "'alpha'");
   refuse(
       "llama_gqa_f32",
       [](auto& j) {
         j["rope_scaling"] = {{"rope_type", "llama3"}};
       },
-      "rope_scaling", "'llama3'");
+      "rope_scaling", "needs 'factor'");
+  refuse(
+      "llama_gqa_f32",
+      [](auto& j) {
+        j["rope_scaling"] = {{"rope_type", "longrope"}, {"short_factor", {1.0}}};
+      },
+      "rope_scaling", "'longrope' is not supported");
+  // A key no parser reads is refused, with its value; one that cannot change the model is not.
+  refuse(
+      "llama_gqa_f32", [](auto& j) { j["logit_scale"] = 0.5; }, "logit_scale", "is not modelled");
+  refuse(
+      "llama_gqa_f32",
+      [](auto& j) {
+        j["quantization_config"] = {{"bits", 4}};
+      },
+      "quantization_config", "is not modelled");
+  refuse(
+      "llama_gqa_f32", [](auto& j) { j["mlp_bias"] = true; }, "mlp_bias", "no biases");
+  refuse(
+      "llama_gqa_f32", [](auto& j) { j["pretraining_tp"] = 2; }, "pretraining_tp", "as 1");
+  refuse(
+      "qwen2_gqa_f32",
+      [](auto& j) {
+        j["layer_types"] = {"full_attention", "sliding_attention"};
+      },
+      "layer_types", "full_attention");
+  {
+    auto j = nlohmann::json::parse(read_all(fixture("gpt2_f32/config.json")));
+    j["use_cache"] = false;
+    j["attn_pdrop"] = 0.3;
+    CHECK_NOTHROW(parse_hf_config(j.dump(), "x/config.json"));
+  }
+  // Qwen2's config class unties the head when config.json does not say.
+  {
+    auto j = nlohmann::json::parse(read_all(fixture("qwen2_gqa_f32/config.json")));
+    j.erase("tie_word_embeddings");
+    CHECK_FALSE(parse_hf_config(j.dump(), "x/config.json").tie_embeddings);
+  }
+  // Mistral: its window bounds the context; MistralConfig's default window is 4096.
+  {
+    auto j = nlohmann::json::parse(read_all(fixture("llama_gqa_f32/config.json")));
+    j["model_type"] = "mistral";
+    j.erase("attention_bias");
+    j.erase("pretraining_tp");
+    j["max_position_embeddings"] = 32768;
+    ModelConfig m = parse_hf_config(j.dump(), "x/config.json");
+    CHECK(m.sliding_window == 4096);
+    CHECK(m.seq_len == 4096);
+    j["sliding_window"] = nullptr;
+    m = parse_hf_config(j.dump(), "x/config.json");
+    CHECK(m.sliding_window == 0);
+    CHECK(m.seq_len == 32768);
+  }
   refuse(
       "llama_gqa_f32", [](auto& j) { j["num_key_value_heads"] = 3; }, "num_key_value_heads",
       "does not divide");
@@ -459,7 +657,7 @@ TEST_CASE("opt and llama configs the engine cannot compute are refused by field"
       "llama_gqa_f32", [](auto& j) { j["num_attention_heads"] = "4"; }, "num_attention_heads",
       "integer");
   refuse(
-      "llama_gqa_f32", [](auto& j) { j["model_type"] = "mistral"; }, "model_type", "not supported");
+      "llama_gqa_f32", [](auto& j) { j["model_type"] = "gemma"; }, "model_type", "not supported");
 
   // An untied checkpoint without its LM head, and a tied one given the wrong head shape.
   TempDir tmp("refuse");

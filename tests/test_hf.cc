@@ -330,8 +330,8 @@ TEST_CASE("malformed Hugging Face input is refused with the file and the field",
          "config.json", "field 'activation_function'");
   refuse("gpt2_f32", edit_config([](nlohmann::json& j) { j["layer_norm_epsilon"] = 1e-6; }),
          "config.json", "field 'layer_norm_epsilon'");
-  refuse("gpt2_f32", edit_config([](nlohmann::json& j) { j["model_type"] = "mistral"; }),
-         "config.json", "field 'model_type': 'mistral'");
+  refuse("gpt2_f32", edit_config([](nlohmann::json& j) { j["model_type"] = "gemma2"; }),
+         "config.json", "field 'model_type': 'gemma2'");
   // A supported model type whose fields are missing: the first one is named.
   refuse("gpt2_f32", edit_config([](nlohmann::json& j) { j["model_type"] = "llama"; }),
          "config.json", "field 'num_hidden_layers': missing");

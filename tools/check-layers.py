@@ -23,7 +23,7 @@ LEVELS = {"common": 0, "storage": 1, "formats": 1, "kernels": 1, "model": 1, "op
 # Where each public header sits: the layer whose code implements it.
 PUBLIC = {
     "error": "common", "sizes": "common", "log": "common", "read_file": "common",
-    "threads": "common", "rng": "common", "elem_type": "common", "timing": "common", "tier": "common",
+    "threads": "common", "rng": "common", "elem_type": "common", "timing": "common", "tier": "common", "rope": "common",
     "storage": "storage", "io_bench": "storage",
     "config": "formats", "data": "formats", "tokenizer": "formats", "safetensors": "formats",
     "hf_checkpoint": "formats", "hardware": "formats", "device_costs": "kernels",

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "fuyou/elem_type.h"
+#include "fuyou/rope.h"
 
 namespace fuyou {
 
@@ -157,7 +158,8 @@ struct MemoryStats {
 // rope_forward: rotary position embeddings (Llama's rotate-half form), in place on the q and k
 //   heads of qkvc(B,T,(Hq+2Hkv)D); v is untouched. Row n has position pos[n] (n % T when pos
 //   is null; see attention_forward for pos); within each head the pair (i, i + D/2), i < D/2,
-//   is rotated by the angle math::rope_angle(position, i, D, theta). rope_backward: the
+//   is rotated by the angle position * rope.inv_freq[i], cos and sin scaled by rope.scale
+//   (fuyou/rope.h; i < rope.pairs = D/2). rope_backward: the
 //   transpose (rotation by -angle), in place on the q and k parts of dqkvc(B,T,(Hq+2Hkv)D).
 // repeat_kv_forward: grouped-query attention in its simple form: expands qkvc(N,(Hq+2Hkv)D)
 //   into the full packed qkv(N,3C) that attention_forward takes, k/v head j copied to query
@@ -206,12 +208,12 @@ struct MemoryStats {
   X(residual_rmsnorm_forward, (void* res, void* out, float* rstd, const void* a, const void* b,  \
                                const void* w, float eps, int N, int C),                          \
     (res, out, rstd, a, b, w, eps, N, C))                                                        \
-  X(rope_forward, (void* qkvc, int B, int T, int Hq, int Hkv, int D, float theta,                \
+  X(rope_forward, (void* qkvc, int B, int T, int Hq, int Hkv, int D, const RopeTable& rope,      \
                    const int32_t* pos),                                                          \
-    (qkvc, B, T, Hq, Hkv, D, theta, pos))                                                        \
-  X(rope_backward, (void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta,              \
+    (qkvc, B, T, Hq, Hkv, D, rope, pos))                                                         \
+  X(rope_backward, (void* dqkvc, int B, int T, int Hq, int Hkv, int D, const RopeTable& rope,    \
                     const int32_t* pos),                                                         \
-    (dqkvc, B, T, Hq, Hkv, D, theta, pos))                                                       \
+    (dqkvc, B, T, Hq, Hkv, D, rope, pos))                                                        \
   X(repeat_kv_forward, (void* qkv, const void* qkvc, int N, int Hq, int Hkv, int D),             \
     (qkv, qkvc, N, Hq, Hkv, D))                                                                  \
   X(repeat_kv_backward, (void* dqkvc, const void* dqkv, int N, int Hq, int Hkv, int D),          \
@@ -234,8 +236,9 @@ struct MemoryStats {
 //   and qkvc is their packed qkv).
 // clang-format off
 #define FUYOU_DECODE_KERNELS(X)                                                                  \
-  X(rope_forward_at, (void* qkvc, int N, int pos0, int Hq, int Hkv, int D, float theta),         \
-    (qkvc, N, pos0, Hq, Hkv, D, theta))                                                          \
+  X(rope_forward_at, (void* qkvc, int N, int pos0, int Hq, int Hkv, int D,                      \
+                      const RopeTable& rope),                                                    \
+    (qkvc, N, pos0, Hq, Hkv, D, rope))                                                           \
   X(attention_decode, (void* out, void* k_cache, void* v_cache, const void* qkvc, int N,         \
                        int pos0, int Hq, int Hkv, int D),                                        \
     (out, k_cache, v_cache, qkvc, N, pos0, Hq, Hkv, D))

@@ -42,8 +42,25 @@ struct ModelConfig {
   int n_kv_head = 0;            // key/value heads of grouped-query attention; 0 means n_head
   float norm_eps = 1e-5f;       // RMSNorm epsilon (gpt2/opt LayerNorm always use 1e-5)
   float rope_theta = 10000.0f;  // rotary base
-  bool tie_embeddings = true;   // false: a separate LM head (V, C) in the "final" group
-  bool qkv_bias = false;        // biases on the q/k/v projections (Qwen2 style)
+  // The rotary variant and its parameters, named as transformers' rope_parameters names them
+  // (docs/config.md, "Rotary embeddings"); the frequencies: rope_table in fuyou/model.h.
+  std::string rope_type = "default";  // default, linear, dynamic, yarn or llama3
+  float rope_factor = 1.0f;           // linear, dynamic, yarn, llama3: `factor`
+  // llama3, yarn: original_max_position_embeddings; dynamic: max_position_embeddings (the
+  // context within which dynamic NTK keeps the default frequencies). 0 for the others.
+  int rope_original_context = 0;
+  float rope_low_freq_factor = 1.0f;   // llama3
+  float rope_high_freq_factor = 4.0f;  // llama3
+  float rope_beta_fast = 32.0f;        // yarn
+  float rope_beta_slow = 1.0f;         // yarn
+  bool rope_truncate = true;           // yarn: the correction range floored and ceiled
+  float rope_attention_factor = 0.0f;  // yarn: cos/sin scale; 0: 0.1 ln(factor) + 1
+  // Attention over at most this many earlier positions (Mistral's sliding_window); 0: none.
+  // The engine computes full causal attention, so seq_len may not exceed it: within the
+  // window both are the same computation.
+  int sliding_window = 0;
+  bool tie_embeddings = true;  // false: a separate LM head (V, C) in the "final" group
+  bool qkv_bias = false;       // biases on the q/k/v projections (Qwen2 style)
   // Tokens whose logits exist at once (0: the whole micro-batch). Smaller: the LM head and
   // its loss run in chunks of this many tokens, the backward recomputing each chunk's
   // logits (one more head GEMM), so the logits take chunk x vocab elements of device memory

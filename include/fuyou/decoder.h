@@ -91,6 +91,7 @@ class GptDecoder {
   size_t es_;
   ParamLayout layout_;
   Family family_;
+  RopeTable rope_;  // llama: the rotary frequencies of cfg_
   bool streaming_ = false;
   void* params_ = nullptr;                    // resident: every group; streaming: null
   void *embed_ = nullptr, *final_ = nullptr;  // streaming: the first and last groups

@@ -24,6 +24,7 @@
 #include "fuyou/backend.h"
 #include "fuyou/config.h"
 #include "fuyou/op_class.h"
+#include "fuyou/rope.h"
 
 namespace fuyou {
 
@@ -61,6 +62,11 @@ enum TensorRole : int {
 enum class Family { kGpt2, kOpt, kLlama };
 // Throws ConfigError for a family name the engine does not have.
 Family model_family(const ModelConfig& cfg);
+// The rotary frequencies of a llama-family config (rope_type and its parameters), computed
+// in fp32 as transformers' rope initialisers compute them; pairs = 0 for gpt2 and opt.
+RopeTable rope_table(const ModelConfig& cfg);
+// The default variant's table for heads of size D (even, at most 2 kMaxRopePairs).
+RopeTable default_rope_table(int D, float theta);
 // Rows of the position table: seq_len, plus OPT's offset of 2; 0 for llama (no table).
 int position_rows(const ModelConfig& cfg);
 // The LM head's rows as the model computes them: vocab_size rounded up to a multiple of
@@ -312,6 +318,7 @@ class Transformer {
   void* dqkvc_ = nullptr;         // (N, C + 2KV)
   void* dgu_ = nullptr;           // (N, 2F) llama: gradient of gate | up
   Family family_;
+  RopeTable rope_;  // llama: the rotary frequencies of cfg_
   std::vector<void*> owned_;
 };
 

@@ -79,12 +79,15 @@ FY_HD float layernorm_apply(float x, float mean, float rstd, float w, float b) {
 // RMSNorm of one value given the row's 1 / sqrt(mean(x^2) + eps).
 FY_HD float rmsnorm_apply(float x, float rstd, float w) { return x * rstd * w; }
 
-// The rotary angle of pair i (0 <= i < D/2) of a head of size D at position pos, computed in
-// fp32 in the order Hugging Face's Llama uses (inv_freq = 1 / theta^(2i/D), then pos *
-// inv_freq), so the engine rotates by the same rounded angle as the checkpoints' reference.
-FY_HD float rope_angle(int pos, int i, int D, float theta) {
-  float inv_freq = 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(D));
-  return static_cast<float>(pos) * inv_freq;
+// The rotary angle of pair i of a head at position pos: pos * inv_freq[i] in fp32, as
+// Hugging Face's rotary embedding computes it (the table: fuyou/rope.h).
+FY_HD float rope_angle(int pos, float inv_freq) { return static_cast<float>(pos) * inv_freq; }
+
+// The default variant's inverse frequency of pair i (0 <= i < D/2), computed in fp32 in the
+// order Hugging Face's Llama uses (1 / theta^(2i/D)), so the engine rotates by the same
+// rounded angle as the checkpoints' reference.
+inline float rope_default_inv_freq(int i, int D, float theta) {
+  return 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(D));
 }
 
 // Rotates the pair (a, b) = (x[i], x[i + D/2]) by the angle with cosine c and sine s:

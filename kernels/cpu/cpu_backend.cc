@@ -128,7 +128,7 @@ void Backend::set_bias_epilogue(bool on) {
                     " has no GEMM epilogue (it runs on the CUDA backend with 16-bit tensors)"));
 }
 
-void Backend::rope_forward_at(void*, int, int, int, int, int, float) {
+void Backend::rope_forward_at(void*, int, int, int, int, int, const RopeTable&) {
   throw Error(str("backend ", name(),
                   " has no rope_forward_at (decoding with a key/value cache runs on the cpu "
                   "and cuda backends)"));

@@ -232,18 +232,18 @@ void CpuBackend::rmsnorm_backward(void* din, void* dw, const void* dout, const v
                       N, C);
 }
 
-void CpuBackend::rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int D, float theta,
-                              const int32_t* pos) {
+void CpuBackend::rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int D,
+                              const RopeTable& rope, const int32_t* pos) {
   Stage s(storage_);
   k_.rope_forward(s.acc(qkvc, static_cast<size_t>(B) * T * (Hq + 2 * Hkv) * D), B, T, Hq, Hkv, D,
-                  theta, pos);
+                  rope, pos);
 }
 
-void CpuBackend::rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta,
-                               const int32_t* pos) {
+void CpuBackend::rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D,
+                               const RopeTable& rope, const int32_t* pos) {
   Stage s(storage_);
   k_.rope_backward(s.acc(dqkvc, static_cast<size_t>(B) * T * (Hq + 2 * Hkv) * D), B, T, Hq, Hkv, D,
-                   theta, pos);
+                   rope, pos);
 }
 
 void CpuBackend::repeat_kv_forward(void* qkv, const void* qkvc, int N, int Hq, int Hkv, int D) {

@@ -58,12 +58,12 @@ class CpuKernels {
                         const float* rstd, int N, int C);
   void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b,
                                 const float* w, float eps, int N, int C, ElemType stored);
-  void rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta,
+  void rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D, const RopeTable& rope,
                     const int32_t* pos);
-  void rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta,
+  void rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D, const RopeTable& rope,
                      const int32_t* pos);
   // Rows at positions pos0 .. pos0 + N - 1 (a decode step).
-  void rope_forward_at(float* qkvc, int N, int pos0, int Hq, int Hkv, int D, float theta);
+  void rope_forward_at(float* qkvc, int N, int pos0, int Hq, int Hkv, int D, const RopeTable& rope);
   void repeat_kv_forward(float* qkv, const float* qkvc, int N, int Hq, int Hkv, int D);
   void repeat_kv_backward(float* dqkvc, const float* dqkv, int N, int Hq, int Hkv, int D);
   void swiglu_forward(float* out, const float* gu, int N, int F);

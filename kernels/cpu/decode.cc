@@ -79,11 +79,12 @@ void attend(typename E::T* out, typename E::T* kc, typename E::T* vc, const type
 
 }  // namespace
 
-void CpuBackend::rope_forward_at(void* qkvc, int N, int pos0, int Hq, int Hkv, int D, float theta) {
+void CpuBackend::rope_forward_at(void* qkvc, int N, int pos0, int Hq, int Hkv, int D,
+                                 const RopeTable& rope) {
   FY_CHECK(pos0 >= 0 && N >= 0, "rope_forward_at: rows ", N, " at position ", pos0);
   Stage s(storage_);
   k_.rope_forward_at(s.acc(qkvc, static_cast<size_t>(N) * (Hq + 2 * Hkv) * D), N, pos0, Hq, Hkv, D,
-                     theta);
+                     rope);
 }
 
 void CpuBackend::attention_decode(void* out, void* k_cache, void* v_cache, const void* qkvc, int N,

@@ -81,8 +81,8 @@ namespace {
 
 // Rotates the q and k heads of every row by +angle (sign 1) or -angle (sign -1).
 // Row n is at position positions[n] (packed records), else pos0 + n % T.
-void rope_apply(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta, float sign,
-                const int32_t* positions, int pos0 = 0) {
+void rope_apply(float* qkvc, int B, int T, int Hq, int Hkv, int D, const RopeTable& rope,
+                float sign, const int32_t* positions, int pos0 = 0) {
   const int half = D / 2;
   const size_t row = static_cast<size_t>(Hq + 2 * Hkv) * D;
   const int N = B * T;
@@ -93,9 +93,9 @@ void rope_apply(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta, 
     for (int n = 0; n < N; ++n) {
       const int pos = positions ? positions[n] : pos0 + n % T;
       for (int i = 0; i < half; ++i) {
-        float a = math::rope_angle(pos, i, D, theta);
-        cs[i] = cosf(a);
-        cs[half + i] = sign * sinf(a);
+        float a = math::rope_angle(pos, rope.inv_freq[i]);
+        cs[i] = cosf(a) * rope.scale;
+        cs[half + i] = sign * (sinf(a) * rope.scale);
       }
       float* r = qkvc + n * row;
       // q heads then k heads are contiguous: Hq + Hkv heads of D values.
@@ -109,19 +109,19 @@ void rope_apply(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta, 
 
 }  // namespace
 
-void CpuKernels::rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D, float theta,
-                              const int32_t* pos) {
-  rope_apply(qkvc, B, T, Hq, Hkv, D, theta, 1.0f, pos);
+void CpuKernels::rope_forward(float* qkvc, int B, int T, int Hq, int Hkv, int D,
+                              const RopeTable& rope, const int32_t* pos) {
+  rope_apply(qkvc, B, T, Hq, Hkv, D, rope, 1.0f, pos);
 }
 
 void CpuKernels::rope_forward_at(float* qkvc, int N, int pos0, int Hq, int Hkv, int D,
-                                 float theta) {
-  rope_apply(qkvc, 1, N, Hq, Hkv, D, theta, 1.0f, nullptr, pos0);
+                                 const RopeTable& rope) {
+  rope_apply(qkvc, 1, N, Hq, Hkv, D, rope, 1.0f, nullptr, pos0);
 }
 
-void CpuKernels::rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta,
-                               const int32_t* pos) {
-  rope_apply(dqkvc, B, T, Hq, Hkv, D, theta, -1.0f, pos);
+void CpuKernels::rope_backward(float* dqkvc, int B, int T, int Hq, int Hkv, int D,
+                               const RopeTable& rope, const int32_t* pos) {
+  rope_apply(dqkvc, B, T, Hq, Hkv, D, rope, -1.0f, pos);
 }
 
 void CpuKernels::repeat_kv_forward(float* qkv, const float* qkvc, int N, int Hq, int Hkv, int D) {

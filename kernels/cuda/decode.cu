@@ -16,17 +16,18 @@ constexpr int kDecodeThreads = 128;  // 4 warps per (row, head)
 
 // One thread per (row n, rotated head h, pair i < D/2); row n is at position pos0 + n.
 template <typename T>
-__global__ void rope_at_k(T* qkvc, int pos0, int Hq, int Hkv, int D, float theta, size_t total) {
+__global__ void rope_at_k(T* qkvc, int pos0, int Hq, int Hkv, int D, const RopeTable rope,
+                          size_t total) {
   const int half = D / 2, heads = Hq + Hkv;
   const size_t row = static_cast<size_t>(Hq + 2 * Hkv) * D;
   FY_GRID_LOOP(idx, total) {
     const int i = static_cast<int>(idx % half);
     const int h = static_cast<int>((idx / half) % heads);
     const size_t n = idx / (static_cast<size_t>(half) * heads);
-    const float a = math::rope_angle(pos0 + static_cast<int>(n), i, D, theta);
+    const float a = math::rope_angle(pos0 + static_cast<int>(n), rope.inv_freq[i]);
     T* x = qkvc + n * row + static_cast<size_t>(h) * D;
     float x0 = ld(x[i]), x1 = ld(x[half + i]);
-    math::rope_rotate(x0, x1, cosf(a), sinf(a));
+    math::rope_rotate(x0, x1, cosf(a) * rope.scale, sinf(a) * rope.scale);
     x[i] = st<T>(x0);
     x[half + i] = st<T>(x1);
   }
@@ -94,11 +95,11 @@ __global__ void attention_decode_k(T* out, const T* kc, const T* vc, const T* qk
 }  // namespace
 
 void CudaBackend::rope_forward_at(void* qkvc, int N, int pos0, int Hq, int Hkv, int D,
-                                  float theta) {
+                                  const RopeTable& rope) {
   const size_t total = static_cast<size_t>(N) * (Hq + Hkv) * (D / 2);
   if (!total) return;
   FY_TYPED(E, FY_LAUNCH(rope_at_k<E>, elt_blocks(total), kEltThreads, static_cast<E*>(qkvc), pos0,
-                        Hq, Hkv, D, theta, total));
+                        Hq, Hkv, D, rope, total));
 }
 
 void CudaBackend::attention_decode(void* out, void* k_cache, void* v_cache, const void* qkvc, int N,

@@ -83,8 +83,9 @@ __global__ void rmsnorm_dweight_k(float* part, const T* dout, const T* in, const
 
 // One thread per (row n, head h of the Hq + Hkv rotated heads, pair i < D/2); row n at position
 // pos[n] (packed records), or n % T_ when pos is null.
+// The table travels by value in the kernel's parameters (about 1 KiB, under CUDA's 4 KiB).
 template <typename T>
-__global__ void rope_k(T* qkvc, int T_, int Hq, int Hkv, int D, float theta, float sign,
+__global__ void rope_k(T* qkvc, int T_, int Hq, int Hkv, int D, const RopeTable rope, float sign,
                        const int32_t* pos, size_t total) {
   const int half = D / 2, heads = Hq + Hkv;
   const size_t row = static_cast<size_t>(Hq + 2 * Hkv) * D;
@@ -92,10 +93,10 @@ __global__ void rope_k(T* qkvc, int T_, int Hq, int Hkv, int D, float theta, flo
     const int i = static_cast<int>(idx % half);
     const int h = static_cast<int>((idx / half) % heads);
     const size_t n = idx / (static_cast<size_t>(half) * heads);
-    const float a = math::rope_angle(pos ? pos[n] : static_cast<int>(n % T_), i, D, theta);
+    const float a = math::rope_angle(pos ? pos[n] : static_cast<int>(n % T_), rope.inv_freq[i]);
     T* x = qkvc + n * row + static_cast<size_t>(h) * D;
     float x0 = ld(x[i]), x1 = ld(x[half + i]);
-    math::rope_rotate(x0, x1, cosf(a), sign * sinf(a));
+    math::rope_rotate(x0, x1, cosf(a) * rope.scale, sign * (sinf(a) * rope.scale));
     x[i] = st<T>(x0);
     x[half + i] = st<T>(x1);
   }
@@ -208,20 +209,20 @@ void CudaBackend::rmsnorm_backward(void* din, void* dw, const void* dout, const 
   });
 }
 
-void CudaBackend::rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int D, float theta,
-                               const int32_t* pos) {
+void CudaBackend::rope_forward(void* qkvc, int B, int T, int Hq, int Hkv, int D,
+                               const RopeTable& rope, const int32_t* pos) {
   size_t total = static_cast<size_t>(B) * T * (Hq + Hkv) * (D / 2);
   if (!total) return;
   FY_TYPED(E, FY_LAUNCH(rope_k<E>, elt_blocks(total), kEltThreads, static_cast<E*>(qkvc), T, Hq,
-                        Hkv, D, theta, 1.0f, pos, total));
+                        Hkv, D, rope, 1.0f, pos, total));
 }
 
-void CudaBackend::rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D, float theta,
-                                const int32_t* pos) {
+void CudaBackend::rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D,
+                                const RopeTable& rope, const int32_t* pos) {
   size_t total = static_cast<size_t>(B) * T * (Hq + Hkv) * (D / 2);
   if (!total) return;
   FY_TYPED(E, FY_LAUNCH(rope_k<E>, elt_blocks(total), kEltThreads, static_cast<E*>(dqkvc), T, Hq,
-                        Hkv, D, theta, -1.0f, pos, total));
+                        Hkv, D, rope, -1.0f, pos, total));
 }
 
 void CudaBackend::repeat_kv_forward(void* qkv, const void* qkvc, int N, int Hq, int Hkv, int D) {

@@ -9,6 +9,7 @@
 
 #include "fuyou/error.h"
 #include "fuyou/read_file.h"
+#include "fuyou/rope.h"
 #include "fuyou/sizes.h"
 #include "src/formats/yaml_checks.h"
 
@@ -328,6 +329,24 @@ void require(bool ok, const Section& s, const std::string& key, T value, const s
   if (!ok) s.fail(key, str("value ", value, " is not allowed: ", rule));
 }
 
+// model.rope_type's names, and the parameters each variant reads (a parameter another
+// variant sets would otherwise be silently ignored: parse_model refuses it).
+const std::vector<std::string>& rope_type_names() {
+  static const std::vector<std::string> names = {"default", "linear", "dynamic", "yarn", "llama3"};
+  return names;
+}
+
+bool rope_type_reads(const std::string& type, const std::string& key) {
+  if (key == "rope_factor") return type != "default";
+  if (key == "rope_original_context")
+    return type == "dynamic" || type == "yarn" || type == "llama3";
+  if (key == "rope_low_freq_factor" || key == "rope_high_freq_factor") return type == "llama3";
+  if (key == "rope_beta_fast" || key == "rope_beta_slow" || key == "rope_truncate" ||
+      key == "rope_attention_factor")
+    return type == "yarn";
+  return true;
+}
+
 // ActivationPolicy's names, in its enumerators' order.
 const std::vector<std::string>& activation_policy_names() {
   static const std::vector<std::string> names = {"auto", "keep", "swap", "recompute"};
@@ -349,6 +368,17 @@ void model_keys(F&& key) {
   key("n_kv_head", &M::n_kv_head, closed(0, kMaxModelDim, " (0: n_head)"));
   key("norm_eps", &M::norm_eps, interval(0, 1, "()"));
   key("rope_theta", &M::rope_theta, interval(1, 1e12, "()"));
+  key("rope_type", &M::rope_type, OneOf{rope_type_names()});
+  key("rope_factor", &M::rope_factor, interval(0, 1e6, "()"));
+  key("rope_original_context", &M::rope_original_context, closed(0, kMaxModelDim, " (0: none)"));
+  key("rope_low_freq_factor", &M::rope_low_freq_factor, interval(0, 1e6, "()"));
+  key("rope_high_freq_factor", &M::rope_high_freq_factor, interval(0, 1e6, "()"));
+  key("rope_beta_fast", &M::rope_beta_fast, interval(0, 1e6, "()"));
+  key("rope_beta_slow", &M::rope_beta_slow, interval(0, 1e6, "()"));
+  key("rope_truncate", &M::rope_truncate, Free{});
+  key("rope_attention_factor", &M::rope_attention_factor,
+      interval(0, 1e6, "[)", " (0: derived from rope_factor)"));
+  key("sliding_window", &M::sliding_window, closed(0, kMaxModelDim, " (0: none)"));
   key("tie_embeddings", &M::tie_embeddings, Free{});
   key("qkv_bias", &M::qkv_bias, Free{});
   key("head_chunk_tokens", &M::head_chunk_tokens,
@@ -604,6 +634,36 @@ const char* activation_policy_name(ActivationPolicy p) {
 
 namespace {
 
+// The rotary variant's parameters and the attention window of a llama model: each variant
+// reads its own parameters (a set parameter it does not read is refused), and where the
+// engine's computation equals transformers' only within a context, seq_len stays inside it.
+void check_rope(const Section& s, const ModelConfig& m) {
+  const ModelConfig plain;
+  model_keys([&](const char* key, auto field, const auto&) {
+    const std::string k = key;
+    if (k.rfind("rope_", 0) != 0 || k == "rope_type" || k == "rope_theta") return;
+    if (!rope_type_reads(m.rope_type, k) && !(m.*field == plain.*field))
+      s.fail(key, str("is ", m.*field, " but model.rope_type ", m.rope_type,
+                      " does not use it (leave it out)"));
+  });
+  if (rope_type_reads(m.rope_type, "rope_original_context"))
+    require(m.rope_original_context > 0, s, "rope_original_context", m.rope_original_context,
+            str("model.rope_type ", m.rope_type, " needs the original context length"));
+  if (m.rope_type == "llama3")
+    require(m.rope_low_freq_factor < m.rope_high_freq_factor, s, "rope_low_freq_factor",
+            m.rope_low_freq_factor, "must be below model.rope_high_freq_factor");
+  if (m.rope_type == "dynamic")
+    require(m.seq_len <= m.rope_original_context, s, "seq_len", m.seq_len,
+            str("dynamic NTK rotary embeddings equal the default ones only within the model's "
+                "context (model.rope_original_context ",
+                m.rope_original_context, "); beyond it transformers rescales them by length"));
+  if (m.sliding_window > 0)
+    require(m.seq_len <= m.sliding_window, s, "seq_len", m.seq_len,
+            str("the engine attends over the whole causal context, which equals the model's "
+                "sliding-window attention only within the window (model.sliding_window ",
+                m.sliding_window, ")"));
+}
+
 ModelConfig parse_model(const YAML::Node& node, const Origin& source, CheckpointChain& chain) {
   Section s(node, "model", source);
   ModelConfig m;
@@ -629,6 +689,20 @@ ModelConfig parse_model(const YAML::Node& node, const Origin& source, Checkpoint
             str("must divide model.n_head (", m.n_head, ")"));
     require((m.d_model / m.n_head) % 2 == 0, s, "d_model", m.d_model,
             "rotary embeddings need an even head size (d_model / n_head)");
+    require(m.d_model / m.n_head <= 2 * kMaxRopePairs, s, "d_model", m.d_model,
+            str("the head size (d_model / n_head) is at most ", 2 * kMaxRopePairs));
+    check_rope(s, m);
+  }
+  if (m.family != "llama") {
+    // The rotary and window keys are llama's: elsewhere a value would be silently ignored.
+    const ModelConfig plain;
+    model_keys([&](const char* key, auto field, const auto&) {
+      const std::string k = key;
+      if ((k.rfind("rope_", 0) == 0 || k == "sliding_window") && !(m.*field == plain.*field))
+        s.fail(key, str("is ", m.*field, " but family ", m.family,
+                        " has no rotary embeddings "
+                        "or attention window (the key is for llama)"));
+    });
   }
   if (m.d_ff == 0) m.d_ff = 4 * m.d_model;  // at most kMaxFfDim: d_model is at most a quarter
   return m;

@@ -6,11 +6,14 @@
 #include <iomanip>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
 #include <sstream>
 
 #include "fuyou/error.h"
 #include "fuyou/hf_checkpoint.h"
 #include "fuyou/read_file.h"
+#include "fuyou/rope.h"
 #include "fuyou/tokenizer.h"
 
 namespace fuyou {
@@ -21,6 +24,11 @@ using json = nlohmann::json;
 // Typed, checked access to config.json fields. Every failure names the file and the field;
 // nothing here lets a nlohmann exception escape, so a malformed file is always a
 // ConfigError (the fuzz test in tests/test_hf.cc holds us to that).
+//
+// Every field a parser looks at is recorded, so that finish() can refuse the fields nobody
+// read: a config.json key is either modelled by the family's parser, on the list of keys
+// that do not change what the model computes (kInertKeys), or refused. No checkpoint is
+// accepted and computed differently from transformers because of a key the engine skipped.
 class Fields {
  public:
   Fields(const json& j, std::string source) : j_(j), source_(std::move(source)) {}
@@ -29,21 +37,38 @@ class Fields {
     throw ConfigError(str(source_, ": field '", key, "': ", why));
   }
 
-  bool present(const std::string& key) const { return j_.contains(key) && !j_[key].is_null(); }
+  bool present(const std::string& key) const {
+    read_.insert(key);
+    return j_.contains(key) && !j_[key].is_null();
+  }
 
   const json& required(const std::string& key) const {
+    read_.insert(key);
     if (!j_.contains(key)) fail(key, "missing (this model type's config.json must give it)");
     if (j_[key].is_null()) fail(key, "is null; a value is required");
     return j_[key];
   }
 
+  // Whether the field is there at all (null included).
+  bool has_key(const std::string& key) const {
+    read_.insert(key);
+    return j_.contains(key);
+  }
+
+  // The value, or null when the field is absent.
+  const json& value(const std::string& key) const {
+    static const json null_value;
+    read_.insert(key);
+    return j_.contains(key) ? j_[key] : null_value;
+  }
+
   int integer(const std::string& key, int lo, int hi) const {
     const json& v = required(key);
-    return checked_int(key, v, lo, hi);
+    return checked_int(source_, key, v, lo, hi);
   }
 
   int integer_or(const std::string& key, int fallback, int lo, int hi) const {
-    return present(key) ? checked_int(key, j_[key], lo, hi) : fallback;
+    return present(key) ? checked_int(source_, key, j_[key], lo, hi) : fallback;
   }
 
   std::string string_or(const std::string& key, const std::string& fallback) const {
@@ -70,24 +95,85 @@ class Fields {
     return j_[key].get<bool>();
   }
 
- private:
-  int checked_int(const std::string& key, const json& v, int lo, int hi) const {
-    if (!v.is_number_integer()) fail(key, str("expected an integer, got ", v.dump()));
+  // A field whose only value the engine computes: absent, null or `expected`.
+  void expect(const std::string& key, const json& expected, const std::string& why) const {
+    if (present(key) && j_[key] != expected)
+      fail(key, str("value ", j_[key].dump(), " is not supported: ", why));
+  }
+
+  // Refuses the first field that no parser read and that is not inert.
+  void finish(const std::string& model_type) const;
+
+  // Integer checks shared with the rotary parameters (a nested object).
+  static int checked_int(const std::string& source, const std::string& key, const json& v, int lo,
+                         int hi) {
+    auto fail = [&](const std::string& why) {
+      throw ConfigError(str(source, ": field '", key, "': ", why));
+    };
+    if (!v.is_number_integer()) fail(str("expected an integer, got ", v.dump()));
     // Compare in the widest type first: a huge unsigned must not wrap into range.
     if (v.is_number_unsigned()) {
       uint64_t u = v.get<uint64_t>();
-      if (u > static_cast<uint64_t>(hi)) fail(key, str("value ", u, " is not in ", lo, "..", hi));
-      if (static_cast<int64_t>(u) < lo) fail(key, str("value ", u, " is not in ", lo, "..", hi));
+      if (u > static_cast<uint64_t>(hi)) fail(str("value ", u, " is not in ", lo, "..", hi));
+      if (static_cast<int64_t>(u) < lo) fail(str("value ", u, " is not in ", lo, "..", hi));
       return static_cast<int>(u);
     }
     int64_t s = v.get<int64_t>();
-    if (s < lo || s > hi) fail(key, str("value ", s, " is not in ", lo, "..", hi));
+    if (s < lo || s > hi) fail(str("value ", s, " is not in ", lo, "..", hi));
     return static_cast<int>(s);
   }
 
+  const std::string& source() const { return source_; }
+
+ private:
   const json& j_;
   std::string source_;
+  mutable std::set<std::string> read_;
 };
+
+// Keys of every model type that do not change what the model computes from its weights and
+// tokens: names and versions, token ids (the tokenizer's business), the dtype the weights are
+// stored in (read by hf_torch_dtype), cache and output switches, generation defaults
+// (fuyou-generate takes its own), classification-head labels, and dropout rates (training
+// regularisation that the engine does not apply: docs/checkpoints.md). Everything else a
+// config.json carries is modelled by its family's parser or refused.
+const std::set<std::string>& inert_keys() {
+  static const std::set<std::string> keys = {
+      "architectures", "model_type", "transformers_version", "_name_or_path", "name_or_path",
+      "_commit_hash", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
+      "unk_token_id", "decoder_start_token_id", "torch_dtype", "dtype", "use_cache",
+      "output_attentions", "output_hidden_states", "return_dict", "torchscript", "use_return_dict",
+      "_attn_implementation", "attn_implementation", "_attn_implementation_autoset",
+      "tf_legacy_loss", "use_bfloat16", "is_decoder", "chunk_size_feed_forward", "problem_type",
+      "finetuning_task", "id2label", "label2id", "num_labels", "prefix", "task_specific_params",
+      "tokenizer_class", "max_length", "min_length", "do_sample", "early_stopping", "num_beams",
+      "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p",
+      "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+      "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
+      "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
+      "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
+      "begin_suppress_tokens",
+      // dropout: not applied by the engine in training, never applied in evaluation
+      "attention_dropout", "hidden_dropout", "dropout", "activation_dropout", "attn_pdrop",
+      "embd_pdrop", "resid_pdrop", "layerdrop", "summary_first_dropout",
+      // GPT-2's sequence-summary head (GPT2DoubleHeadsModel), not part of the causal LM
+      "summary_activation", "summary_proj_to_labels", "summary_type", "summary_use_proj",
+      // GPT-2's n_ctx repeats n_positions and is not read by its model
+      "n_ctx"};
+  return keys;
+}
+
+void Fields::finish(const std::string& model_type) const {
+  for (auto it = j_.begin(); it != j_.end(); ++it) {
+    const std::string& key = it.key();
+    if (read_.count(key) || inert_keys().count(key)) continue;
+    std::string shown = it.value().dump();
+    if (shown.size() > 80) shown = shown.substr(0, 77) + "...";
+    fail(key, str("value ", shown, " is not modelled by the engine for model_type ", model_type,
+                  ": the conversion stops rather than compute a model that differs from "
+                  "transformers' (docs/checkpoints.md lists the fields each family reads)"));
+  }
+}
 
 // The engine's LayerNorm epsilon (kernels use 1e-5, as GPT-2 does).
 constexpr double kEngineLayerNormEps = 1e-5;
@@ -128,6 +214,8 @@ ModelConfig parse_gpt2(const Fields& f) {
   m.seq_len = f.integer("n_positions", 1, kMaxDim);
   double init = f.number_or("initializer_range", 0.02);
   if (init > 0 && init < 10) m.init_std = static_cast<float>(init);
+  // transformers upcasts its own attention to fp32 with it; the engine's softmax is fp32.
+  (void)f.value("reorder_and_upcast_attn");
 
   // Fields that change the arithmetic: the engine computes exactly one variant.
   std::string act = f.string_or("activation_function", "gelu_new");
@@ -190,8 +278,209 @@ ModelConfig parse_opt(const Fields& f) {
   return m;
 }
 
-// Llama 2/3 (model_type llama) and, with q/k/v biases, Qwen2 (model_type qwen2).
-ModelConfig parse_llama(const Fields& f, bool qwen2) {
+// The rotary embedding of a llama-family config.json, as transformers 5 reads it: the
+// 5.x form `rope_parameters: {rope_type, rope_theta, factor, ...}`, or the 4.x form
+// `rope_theta` plus `rope_scaling` (which, when given, takes the place of rope_parameters).
+// Every parameter of the chosen variant is modelled or refused; a value given twice must
+// agree. The frequencies themselves: rope_table (src/model/rope.cc).
+class RopeReader {
+ public:
+  RopeReader(const Fields& f, ModelConfig& m, int max_positions)
+      : f_(f), m_(m), max_positions_(max_positions) {}
+
+  void read() {
+    const json& scaling = f_.value("rope_scaling");
+    const json& params = f_.value("rope_parameters");
+    for (const auto* v : {&scaling, &params})
+      if (!v->is_null() && !v->is_object())
+        f_.fail(v == &scaling ? "rope_scaling" : "rope_parameters",
+                str("expected an object or null, got ", v->dump()));
+    const bool use_scaling = scaling.is_object() && !scaling.empty();
+    where_ = use_scaling ? "rope_scaling" : "rope_parameters";
+    const json empty = json::object();
+    const json& p = use_scaling ? scaling : (params.is_object() ? params : empty);
+    if (use_scaling && params.is_object() && !params.empty() && !same_rope(scaling, params))
+      f_.fail("rope_scaling", str("differs from rope_parameters (", params.dump(),
+                                  "); give the rotary settings once"));
+    for (const char* nested : {"full_attention", "sliding_attention"})
+      if (p.contains(nested))
+        f_.fail(where_,
+                "per-layer-type rotary parameters are not supported (one set for "
+                "every layer)");
+    read_theta(p);
+    std::string type = "default";
+    for (const char* k : {"rope_type", "type"})
+      if (p.contains(k)) {
+        if (!p[k].is_string()) bad(k, p[k], "a string");
+        if (p.contains("rope_type") && p.contains("type") && p["rope_type"] != p["type"])
+          f_.fail(where_, "'rope_type' and 'type' disagree");
+        type = p[k].get<std::string>();
+      }
+    m_.rope_type = type;
+    if (type == "default") {
+      allow(p, {});
+    } else if (type == "linear" || type == "dynamic") {
+      allow(p, {"factor"});
+      m_.rope_factor = positive(p, "factor", std::nullopt);
+      if (type == "dynamic") m_.rope_original_context = max_positions_;
+    } else if (type == "llama3") {
+      allow(p,
+            {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
+      m_.rope_factor = positive(p, "factor", std::nullopt);
+      m_.rope_low_freq_factor = positive(p, "low_freq_factor", std::nullopt);
+      m_.rope_high_freq_factor = positive(p, "high_freq_factor", std::nullopt);
+      if (!(m_.rope_low_freq_factor < m_.rope_high_freq_factor))
+        f_.fail(where_, "low_freq_factor must be below high_freq_factor");
+      m_.rope_original_context = original_context(p);
+    } else if (type == "yarn") {
+      read_yarn(p);
+    } else {
+      f_.fail(where_, str("rope_type '", type,
+                          "' is not supported (supported: default, linear, dynamic, yarn, "
+                          "llama3)"));
+    }
+  }
+
+ private:
+  // transformers 5's order: rope_parameters' own rope_theta, else the top-level one, else the
+  // config class's default. Given in both places, they must agree.
+  void read_theta(const json& p) {
+    double theta = 10000.0;
+    const bool top = f_.present("rope_theta");
+    if (top) theta = f_.number_or("rope_theta", theta);
+    if (p.contains("rope_theta") && !p["rope_theta"].is_null()) {
+      if (!p["rope_theta"].is_number()) bad("rope_theta", p["rope_theta"], "a number");
+      const double inner = p["rope_theta"].get<double>();
+      if (top && inner != theta)
+        f_.fail("rope_theta", str("value ", theta, " differs from ", where_, ".rope_theta (", inner,
+                                  "); give it once"));
+      theta = inner;
+    }
+    m_.rope_theta = static_cast<float>(theta);
+    if (!(m_.rope_theta > 1 && m_.rope_theta < 1e12f))
+      f_.fail("rope_theta", str("value ", theta, " is not in (1, 1e12) as a 32-bit float"));
+  }
+
+  void read_yarn(const json& p) {
+    allow(p, {"factor", "original_max_position_embeddings", "attention_factor", "beta_fast",
+              "beta_slow", "mscale", "mscale_all_dim", "truncate"});
+    m_.rope_original_context = original_context(p);
+    const double factor = has(p, "factor")
+                              ? positive(p, "factor", std::nullopt)
+                              : static_cast<double>(max_positions_) / m_.rope_original_context;
+    m_.rope_factor = static_cast<float>(factor);
+    // beta_fast and beta_slow: transformers takes 0 and null as its defaults (`or 32`).
+    m_.rope_beta_fast = static_cast<float>(zero_or(p, "beta_fast", 32));
+    m_.rope_beta_slow = static_cast<float>(zero_or(p, "beta_slow", 1));
+    if (has(p, "truncate")) {
+      if (!p["truncate"].is_boolean()) bad("truncate", p["truncate"], "true or false");
+      m_.rope_truncate = p["truncate"].get<bool>();
+    }
+    auto mscale = [](double scale, double k) {
+      return scale <= 1 ? 1.0 : 0.1 * k * std::log(scale) + 1.0;
+    };
+    double attention = 0;
+    if (has(p, "attention_factor")) {
+      attention = positive(p, "attention_factor", std::nullopt);
+    } else {
+      const double ms = zero_or(p, "mscale", 0), all = zero_or(p, "mscale_all_dim", 0);
+      attention =
+          ms != 0 && all != 0 ? mscale(factor, ms) / mscale(factor, all) : mscale(factor, 1);
+    }
+    m_.rope_attention_factor = static_cast<float>(attention);
+  }
+
+  // The pretraining context of llama3 and yarn: a top-level original_max_position_embeddings
+  // wins (as transformers 5 gives it priority), else the parameter, else the model's context.
+  int original_context(const json& p) {
+    if (f_.present("original_max_position_embeddings"))
+      return f_.integer("original_max_position_embeddings", 1, kMaxModelDim);
+    if (has(p, "original_max_position_embeddings"))
+      return Fields::checked_int(f_.source(), where_ + ".original_max_position_embeddings",
+                                 p["original_max_position_embeddings"], 1, kMaxModelDim);
+    return max_positions_;
+  }
+
+  static bool has(const json& p, const char* k) { return p.contains(k) && !p[k].is_null(); }
+
+  // Keys every variant may carry, and the variant's own; any other key is refused.
+  void allow(const json& p, std::initializer_list<const char*> own) {
+    for (auto it = p.begin(); it != p.end(); ++it) {
+      const std::string& k = it.key();
+      if (k == "rope_type" || k == "type" || k == "rope_theta") continue;
+      if (k == "partial_rotary_factor" && it.value().is_number() && it.value().get<double>() == 1.0)
+        continue;
+      bool ok = false;
+      for (const char* o : own) ok = ok || k == o;
+      if (!ok)
+        f_.fail(where_, str("key '", k, "' (", it.value().dump(),
+                            ") is not modelled for rope_type ", m_.rope_type,
+                            " (the engine rotates whole heads by the variant's "
+                            "frequencies; docs/checkpoints.md)"));
+    }
+  }
+
+  double positive(const json& p, const char* k, std::optional<double> fallback) {
+    if (!has(p, k)) {
+      if (fallback) return *fallback;
+      f_.fail(where_, str("rope_type ", m_.rope_type, " needs '", k, "'"));
+    }
+    if (!p[k].is_number()) bad(k, p[k], "a number");
+    const double v = p[k].get<double>();
+    if (!(v > 0 && v < 1e6)) f_.fail(where_, str("'", k, "' value ", v, " is not in (0, 1e6)"));
+    return v;
+  }
+
+  double zero_or(const json& p, const char* k, double fallback) {
+    if (!has(p, k)) return fallback;
+    if (!p[k].is_number()) bad(k, p[k], "a number");
+    const double v = p[k].get<double>();
+    if (v == 0) return fallback;
+    return positive(p, k, std::nullopt);
+  }
+
+  [[noreturn]] void bad(const char* k, const json& v, const char* want) {
+    f_.fail(where_, str("'", k, "': expected ", want, ", got ", v.dump()));
+  }
+
+  // The same settings written in both forms (rope_theta may be in one only).
+  static bool same_rope(json a, json b) {
+    for (json* x : {&a, &b}) {
+      x->erase("rope_theta");
+      if (x->contains("type") && !x->contains("rope_type")) (*x)["rope_type"] = (*x)["type"];
+      x->erase("type");
+    }
+    return a == b;
+  }
+
+  const Fields& f_;
+  ModelConfig& m_;
+  int max_positions_;
+  std::string where_;
+};
+
+// Qwen2's window: used only with use_sliding_window (then from layer max_window_layers on);
+// the engine computes full attention, so the window must be off in every layer.
+void read_qwen2_window(const Fields& f) {
+  if (f.boolean_or("use_sliding_window", false))
+    f.fail("use_sliding_window", "true is not supported: attention is full causal");
+  (void)f.value("sliding_window");     // read by transformers only with use_sliding_window
+  (void)f.value("max_window_layers");  // the same
+  const json& types = f.value("layer_types");
+  if (types.is_null()) return;
+  if (!types.is_array()) f.fail("layer_types", str("expected a list, got ", types.dump()));
+  for (const auto& t : types)
+    if (t != "full_attention")
+      f.fail("layer_types", str("entry ", t.dump(),
+                                " is not supported: every layer must be "
+                                "full_attention"));
+}
+
+// The llama-style families, as the engine's llama family: Llama 2/3.x (model_type llama),
+// Qwen2/2.5 (qwen2: q/k/v biases) and Mistral (mistral: sliding-window attention, which the
+// engine computes exactly within the window).
+ModelConfig parse_llama(const Fields& f, const std::string& model_type) {
+  const bool qwen2 = model_type == "qwen2", mistral = model_type == "mistral";
   ModelConfig m;
   m.family = "llama";
   m.qkv_bias = qwen2;
@@ -204,6 +493,9 @@ ModelConfig parse_llama(const Fields& f, bool qwen2) {
   if ((m.d_model / m.n_head) % 2 != 0)
     f.fail("hidden_size",
            str("head size ", m.d_model / m.n_head, " is odd; rotary embeddings need an even one"));
+  if (m.d_model / m.n_head > 2 * kMaxRopePairs)
+    f.fail("hidden_size",
+           str("head size ", m.d_model / m.n_head, " is over the engine's ", 2 * kMaxRopePairs));
   if (f.present("head_dim") && f.integer("head_dim", 1, kMaxDim) != m.d_model / m.n_head)
     f.fail("head_dim", str("value ", f.integer("head_dim", 1, kMaxDim),
                            " is not supported: the engine's head size is hidden_size / "
@@ -215,7 +507,13 @@ ModelConfig parse_llama(const Fields& f, bool qwen2) {
            str("value ", m.n_kv_head, " does not divide num_attention_heads (", m.n_head, ")"));
   m.d_ff = f.integer("intermediate_size", 1, kMaxFfDim);
   m.vocab_size = f.integer("vocab_size", 2, kMaxVocab);
-  m.seq_len = f.integer_or("max_position_embeddings", 2048, 1, kMaxDim);
+  // The config classes' defaults: LlamaConfig 2048, Qwen2Config 32768, MistralConfig 131072.
+  const int max_positions = f.integer_or("max_position_embeddings",
+                                         qwen2     ? 32768
+                                         : mistral ? 131072
+                                                   : 2048,
+                                         1, kMaxDim);
+  m.seq_len = max_positions;
   // The engine keeps these as 32-bit floats: the ranges are checked on the rounded value (a
   // 1e-46 is above 0 but rounds to 0, which the engine's config then refuses).
   const float init = static_cast<float>(f.number_or("initializer_range", 0.02));
@@ -224,37 +522,27 @@ ModelConfig parse_llama(const Fields& f, bool qwen2) {
   m.norm_eps = static_cast<float>(eps);
   if (!(m.norm_eps > 0 && m.norm_eps < 1))
     f.fail("rms_norm_eps", str("value ", eps, " is not in (0, 1) as a 32-bit float"));
-  const double theta = f.number_or("rope_theta", 10000.0);
-  m.rope_theta = static_cast<float>(theta);
-  if (!(m.rope_theta > 1 && m.rope_theta < 1e12f))
-    f.fail("rope_theta", str("value ", theta, " is not in (1, 1e12) as a 32-bit float"));
-  // Qwen2's config class defaults to tied embeddings, Llama's to untied.
-  m.tie_embeddings = f.boolean_or("tie_word_embeddings", qwen2);
+  RopeReader(f, m, max_positions).read();
+  if (m.rope_type == "dynamic") m.seq_len = std::min(m.seq_len, m.rope_original_context);
+  // Every one of these config classes defaults to an untied head.
+  m.tie_embeddings = f.boolean_or("tie_word_embeddings", false);
   std::string act = f.string_or("hidden_act", "silu");
   if (act != "silu")
     f.fail("hidden_act", str("'", act, "' is not supported: the engine's gated MLP uses silu"));
-  if (f.present("rope_scaling")) {
-    std::string type = "?";
-    try {
-      const json& rs = f.required("rope_scaling");
-      if (rs.is_object()) {
-        for (const char* k : {"rope_type", "type"})
-          if (rs.contains(k) && rs[k].is_string()) type = rs[k].get<std::string>();
-      }
-    } catch (const ConfigError&) {
-    }
-    if (type != "default")
-      f.fail("rope_scaling", str("type '", type,
-                                 "' is not supported: the engine implements plain rotary "
-                                 "embeddings (rope_scaling null)"));
+  f.expect("partial_rotary_factor", 1.0, "the engine rotates whole heads");
+  f.expect("pretraining_tp", 1, "transformers 5 ignores it; the engine takes it as 1");
+  if (!qwen2 && !mistral) {
+    f.expect("attention_bias", false,
+             "it also puts a bias on o_proj; Qwen2-style q/k/v biases are, as model_type qwen2");
+    f.expect("mlp_bias", false, "the engine's MLP has no biases");
   }
-  if (f.boolean_or("attention_bias", false))
-    f.fail("attention_bias",
-           "true is not supported (it also puts a bias on o_proj); Qwen2-style q/k/v biases "
-           "are, as model_type qwen2");
-  if (f.boolean_or("mlp_bias", false)) f.fail("mlp_bias", "true is not supported");
-  if (qwen2 && f.boolean_or("use_sliding_window", false))
-    f.fail("use_sliding_window", "true is not supported: attention is full causal");
+  if (qwen2) read_qwen2_window(f);
+  if (mistral) {
+    // MistralConfig's default window is 4096; null turns it off (Mistral v0.2 and later).
+    m.sliding_window =
+        f.has_key("sliding_window") ? f.integer_or("sliding_window", 0, 1, kMaxDim) : 4096;
+    if (m.sliding_window > 0) m.seq_len = std::min(m.seq_len, m.sliding_window);
+  }
   return m;
 }
 
@@ -270,12 +558,18 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
   if (!j.is_object()) throw ConfigError(str(source, ": config.json must be a JSON object"));
   Fields f(j, source);
   std::string model_type = f.string("model_type");
-  if (model_type == "gpt2") return parse_gpt2(f);
-  if (model_type == "opt") return parse_opt(f);
-  if (model_type == "llama") return parse_llama(f, false);
-  if (model_type == "qwen2") return parse_llama(f, true);
-  f.fail("model_type",
-         str("'", model_type, "' is not supported (supported: gpt2, opt, llama, qwen2)"));
+  ModelConfig m;
+  if (model_type == "gpt2")
+    m = parse_gpt2(f);
+  else if (model_type == "opt")
+    m = parse_opt(f);
+  else if (model_type == "llama" || model_type == "qwen2" || model_type == "mistral")
+    m = parse_llama(f, model_type);
+  else
+    f.fail("model_type", str("'", model_type,
+                             "' is not supported (supported: gpt2, opt, llama, qwen2, mistral)"));
+  f.finish(model_type);
+  return m;
 }
 
 ModelConfig load_hf_config(const std::string& path) {
@@ -289,6 +583,59 @@ ModelConfig load_hf_config(const std::string& path) {
   }
   return parse_hf_config(text, path);
 }
+
+namespace {
+
+// The kept source value when it rounds to the engine's float (1e-06 stays 1e-06), else the
+// float printed with the digits that give it back.
+void keep_float(nlohmann::ordered_json& j, const char* key, float v) {
+  if (j.contains(key) && j[key].is_number() && static_cast<float>(j[key].get<double>()) == v)
+    return;
+  j[key] = std::stod(str(std::setprecision(9), v));
+}
+
+// The rotary settings in both forms transformers reads, saying the same: rope_parameters
+// (5.x, with rope_theta inside) and rope_theta + rope_scaling (4.x; null for the default).
+void write_rope(nlohmann::ordered_json& j, const ModelConfig& cfg) {
+  nlohmann::ordered_json kept = j.contains("rope_parameters") && j["rope_parameters"].is_object()
+                                    ? j["rope_parameters"]
+                                    : nlohmann::ordered_json::object();
+  nlohmann::ordered_json p = nlohmann::ordered_json::object();
+  p["rope_type"] = cfg.rope_type;
+  keep_float(p, "rope_theta", cfg.rope_theta);
+  if (kept.contains("rope_theta")) keep_float(kept, "rope_theta", cfg.rope_theta);
+  auto put = [&](const char* key, float v) {
+    if (kept.contains(key)) p[key] = kept[key];
+    keep_float(p, key, v);
+  };
+  if (cfg.rope_type != "default") put("factor", cfg.rope_factor);
+  if (cfg.rope_type == "llama3") {
+    put("low_freq_factor", cfg.rope_low_freq_factor);
+    put("high_freq_factor", cfg.rope_high_freq_factor);
+  }
+  if (cfg.rope_type == "llama3" || cfg.rope_type == "yarn")
+    p["original_max_position_embeddings"] = cfg.rope_original_context;
+  if (cfg.rope_type == "yarn") {
+    put("beta_fast", cfg.rope_beta_fast);
+    put("beta_slow", cfg.rope_beta_slow);
+    p["truncate"] = cfg.rope_truncate;
+    put("attention_factor", cfg.rope_attention_factor);
+  }
+  // A top-level original_max_position_embeddings takes priority in transformers 5.
+  if (j.contains("original_max_position_embeddings") && cfg.rope_original_context > 0)
+    j["original_max_position_embeddings"] = cfg.rope_original_context;
+  j["rope_parameters"] = p;
+  keep_float(j, "rope_theta", cfg.rope_theta);
+  if (cfg.rope_type == "default") {
+    j["rope_scaling"] = nullptr;
+  } else {
+    nlohmann::ordered_json legacy = p;
+    legacy.erase("rope_theta");
+    j["rope_scaling"] = legacy;
+  }
+}
+
+}  // namespace
 
 std::string hf_config_json(const ModelConfig& cfg, StDtype dtype, const std::string& base_json) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
@@ -321,30 +668,33 @@ std::string hf_config_json(const ModelConfig& cfg, StDtype dtype, const std::str
     j["tie_word_embeddings"] = true;
     if (!j.contains("init_std")) j["init_std"] = cfg.init_std;
   } else if (cfg.family == "llama") {
-    j["model_type"] = cfg.qkv_bias ? "qwen2" : "llama";
-    j["architectures"] = {cfg.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+    // Mistral when the source was or the model has a window; Qwen2 with q/k/v biases.
+    const bool mistral =
+        !cfg.qkv_bias && (cfg.sliding_window > 0 || j.value("model_type", "") == "mistral");
+    const char* type = cfg.qkv_bias ? "qwen2" : mistral ? "mistral" : "llama";
+    j["model_type"] = type;
+    j["architectures"] = {cfg.qkv_bias ? "Qwen2ForCausalLM"
+                          : mistral    ? "MistralForCausalLM"
+                                       : "LlamaForCausalLM"};
     j["num_hidden_layers"] = cfg.n_layer;
     j["num_attention_heads"] = cfg.n_head;
     j["num_key_value_heads"] = cfg.kv_heads();
     j["hidden_size"] = cfg.d_model;
     j["intermediate_size"] = cfg.d_ff;
     // A fine-tune may train at a shorter seq_len than the model's context: keep the source's.
-    if (!j.contains("max_position_embeddings")) j["max_position_embeddings"] = cfg.seq_len;
+    if (!j.contains("max_position_embeddings"))
+      j["max_position_embeddings"] =
+          cfg.rope_type == "dynamic" ? cfg.rope_original_context : cfg.seq_len;
     j["vocab_size"] = cfg.vocab_size;
     j["hidden_act"] = "silu";
-    // The kept source value when it rounds to the engine's float (1e-06 stays 1e-06), else
-    // the float printed with the digits that give it back.
-    auto keep_float = [&](const char* key, float v) {
-      if (j.contains(key) && j[key].is_number() && static_cast<float>(j[key].get<double>()) == v)
-        return;
-      j[key] = std::stod(str(std::setprecision(9), v));
-    };
-    keep_float("rms_norm_eps", cfg.norm_eps);
-    keep_float("rope_theta", cfg.rope_theta);
-    j["rope_scaling"] = nullptr;
+    keep_float(j, "rms_norm_eps", cfg.norm_eps);
+    write_rope(j, cfg);
     j["tie_word_embeddings"] = cfg.tie_embeddings;
-    if (!cfg.qkv_bias) j["attention_bias"] = false;
+    if (!cfg.qkv_bias && !mistral) j["attention_bias"] = false;
     if (cfg.qkv_bias) j["use_sliding_window"] = false;
+    if (mistral)
+      j["sliding_window"] = cfg.sliding_window > 0 ? nlohmann::ordered_json(cfg.sliding_window)
+                                                   : nlohmann::ordered_json(nullptr);
     if (!j.contains("initializer_range")) j["initializer_range"] = cfg.init_std;
   } else {
     j["model_type"] = "gpt2";
@@ -368,15 +718,19 @@ std::string hf_config_json(const ModelConfig& cfg, StDtype dtype, const std::str
     j["reorder_and_upcast_attn"] = false;
     if (!j.contains("initializer_range")) j["initializer_range"] = cfg.init_std;
   }
+  // transformers 5 reads `dtype`, 4.x `torch_dtype`: both say the same.
+  j["dtype"] = torch_dtype;
   j["torch_dtype"] = torch_dtype;
   return j.dump(2) + "\n";
 }
 
 std::optional<StDtype> hf_torch_dtype(const std::string& config_json) {
   nlohmann::json j = nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("torch_dtype") || !j["torch_dtype"].is_string())
-    return std::nullopt;
-  const std::string t = j["torch_dtype"].get<std::string>();
+  if (!j.is_object()) return std::nullopt;
+  // transformers 5 writes `dtype`; 4.x wrote `torch_dtype`.
+  const char* key = j.contains("dtype") && j["dtype"].is_string() ? "dtype" : "torch_dtype";
+  if (!j.contains(key) || !j[key].is_string()) return std::nullopt;
+  const std::string t = j[key].get<std::string>();
   if (t == "bfloat16") return StDtype::kBF16;
   if (t == "float16") return StDtype::kF16;
   if (t == "float32") return StDtype::kF32;
@@ -439,6 +793,21 @@ std::string engine_config_yaml(const ModelConfig& cfg) {
                cfg.norm_eps, "\n", "  rope_theta: ", cfg.rope_theta, "\n",
                "  tie_embeddings: ", cfg.tie_embeddings ? "true" : "false", "\n",
                "  qkv_bias: ", cfg.qkv_bias ? "true" : "false", "\n");
+  if (cfg.family == "llama" && cfg.rope_type != "default") {
+    out += str("  rope_type: ", cfg.rope_type, "\n", "  rope_factor: ", std::setprecision(9),
+               cfg.rope_factor, "\n");
+    if (cfg.rope_original_context > 0)
+      out += str("  rope_original_context: ", cfg.rope_original_context, "\n");
+    if (cfg.rope_type == "llama3")
+      out += str("  rope_low_freq_factor: ", std::setprecision(9), cfg.rope_low_freq_factor, "\n",
+                 "  rope_high_freq_factor: ", cfg.rope_high_freq_factor, "\n");
+    if (cfg.rope_type == "yarn")
+      out += str("  rope_beta_fast: ", std::setprecision(9), cfg.rope_beta_fast, "\n",
+                 "  rope_beta_slow: ", cfg.rope_beta_slow, "\n",
+                 "  rope_truncate: ", cfg.rope_truncate ? "true" : "false", "\n",
+                 "  rope_attention_factor: ", cfg.rope_attention_factor, "\n");
+  }
+  if (cfg.sliding_window > 0) out += str("  sliding_window: ", cfg.sliding_window, "\n");
   return out;
 }
 

@@ -88,7 +88,8 @@ GptDecoder::GptDecoder(const ModelConfig& cfg, Backend& backend, int capacity,
       capacity_(capacity),
       es_(backend.storage_bytes()),
       layout_(make_gpt_layout(cfg)),
-      family_(model_family(cfg)) {
+      family_(model_family(cfg)),
+      rope_(rope_table(cfg)) {
   if (capacity < 1)
     throw Error(str("decoder: capacity ", capacity, " positions; at least 1 is needed"));
   const int pos_rows = position_rows(cfg) - (family_ == Family::kOpt ? kOptPositionOffset : 0);
@@ -219,7 +220,7 @@ void GptDecoder::run_layer(const LayerTensors& w, int l, int n) {
   const int H = cfg_.n_head, Hkv = cfg_.kv_heads(), D = cfg_.head_size(), QKV = C + 2 * Hkv * D;
   norm(ln_, x_, w.ln1_w, w.ln1_b, n);
   be_.matmul_forward(qkvc_, ln_, w.qkv_w, w.qkv_b, n, C, QKV);
-  if (family_ == Family::kLlama) be_.rope_forward_at(qkvc_, n, pos_, H, Hkv, D, cfg_.rope_theta);
+  if (family_ == Family::kLlama) be_.rope_forward_at(qkvc_, n, pos_, H, Hkv, D, rope_);
   be_.attention_decode(atty_, k_cache_[l], v_cache_[l], qkvc_, n, pos_, H, Hkv, D);
   be_.matmul_forward(res_, atty_, w.proj_w, w.proj_b, n, C, C);
   residual_norm(res_, ln_, res_, x_, w.ln2_w, w.ln2_b, n);

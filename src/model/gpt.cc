@@ -386,7 +386,8 @@ Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int micro_bat
       N_(micro_batch * cfg.seq_len),
       es_(backend.storage_bytes()),
       layout_(make_gpt_layout(cfg)),
-      family_(model_family(cfg)) {
+      family_(model_family(cfg)),
+      rope_(rope_table(cfg)) {
   const size_t N = N_;
   if (family_ == Family::kLlama && cfg.n_head % cfg.kv_heads() != 0)
     throw ConfigError(
@@ -542,7 +543,7 @@ void Transformer::block_forward(const LayerTensors& w, const void* x_in,
     mark(StepPhase::kForward, OpClass::kGemmQkv);
     be_.matmul_forward(qkvc, a.ln1, w.qkv_w, w.qkv_b, N, C, C + 2 * Hkv * D);
     mark(StepPhase::kForward, OpClass::kRope);
-    be_.rope_forward(qkvc, B_, T, H, Hkv, D, cfg_.rope_theta, pos_);
+    be_.rope_forward(qkvc, B_, T, H, Hkv, D, rope_, pos_);
     if (Hkv != H) be_.repeat_kv_forward(a.qkv, qkvc, N, H, Hkv, D);
   } else {
     mark(StepPhase::kForward, OpClass::kGemmQkv);
@@ -729,7 +730,7 @@ void Transformer::block_backward(const LayerTensors& w, const LayerTensors& dw, 
     void* dqkvc = Hkv == H ? dqkv_ : dqkvc_;
     mark(StepPhase::kBackward, OpClass::kRope);
     if (Hkv != H) be_.repeat_kv_backward(dqkvc, dqkv_, N, H, Hkv, D);
-    be_.rope_backward(dqkvc, B_, T, H, Hkv, D, cfg_.rope_theta, pos_);
+    be_.rope_backward(dqkvc, B_, T, H, Hkv, D, rope_, pos_);
     mark(StepPhase::kBackward, OpClass::kGemmQkv);
     be_.matmul_backward(dtmp_, dw.qkv_w, dw.qkv_b, dqkvc, a.ln1, w.qkv_w, N, C, C + 2 * Hkv * D);
   } else {

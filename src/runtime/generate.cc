@@ -155,6 +155,10 @@ ModelFiles find_model_files(const std::string& dir, const ModelConfig& model) {
   if (model.family == "llama" && cfg.is_object() && cfg.contains("max_position_embeddings") &&
       cfg["max_position_embeddings"].is_number_integer())
     f.context = std::max(f.context, cfg["max_position_embeddings"].get<int>());
+  // Where the engine's computation equals transformers' only within a context (a sliding
+  // window, dynamic NTK rotary embeddings), generation stays inside it as training does.
+  if (model.sliding_window > 0) f.context = std::min(f.context, model.sliding_window);
+  if (model.rope_type == "dynamic") f.context = std::min(f.context, model.rope_original_context);
   return f;
 }
 

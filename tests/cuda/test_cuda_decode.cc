@@ -63,8 +63,8 @@ TEST_CASE("cuda rope_forward_at and attention_decode match the CPU", "[cuda][dec
     // RoPE of the rows at pos0 .. T-1.
     std::vector<float> part(qkvc.begin() + pos0 * row, qkvc.end());
     DeviceVec<float> gpart(*gpu, part);
-    cpu->rope_forward_at(part.data(), N, pos0, Hq, Hkv, D, 10000.0f);
-    gpu->rope_forward_at(gpart.get(), N, pos0, Hq, Hkv, D, 10000.0f);
+    cpu->rope_forward_at(part.data(), N, pos0, Hq, Hkv, D, default_rope_table(D, 10000.0f));
+    gpu->rope_forward_at(gpart.get(), N, pos0, Hq, Hkv, D, default_rope_table(D, 10000.0f));
     check_within("rope_forward_at", gpart.host(), part, 8 * kU * max_abs(qkvc));
     // Attention: the first pos0 rows in one step, the rest one at a time, on both.
     std::vector<float> kc(T * KV), vc(T * KV), out(T * C);

@@ -17,6 +17,7 @@
 #include "cuda_test_support.h"
 #include "fuyou/cuda.h"
 #include "fuyou/error.h"
+#include "fuyou/model.h"
 #include "kernels/common/element_math.h"
 #include "tests/storage_values.h"
 
@@ -297,8 +298,8 @@ TEST_CASE("cuda packed-record attention (document-masked) matches the CPU, and r
   auto x = random_normal(B * T * (Hq + 2 * Hkv) * D, 25);
   std::vector<float> c = x;
   DeviceVec<float> g(*p.gpu, x);
-  p.cpu->rope_forward(c.data(), B, T, Hq, Hkv, D, 10000.0f, pos.data());
-  p.gpu->rope_forward(g.get(), B, T, Hq, Hkv, D, 10000.0f, gpos.get());
+  p.cpu->rope_forward(c.data(), B, T, Hq, Hkv, D, default_rope_table(D, 10000.0f), pos.data());
+  p.gpu->rope_forward(g.get(), B, T, Hq, Hkv, D, default_rope_table(D, 10000.0f), gpos.get());
   check_within("rope by position", g.host(), c, 8 * kU * 2 * max_abs(x));
 }
 
@@ -343,14 +344,26 @@ TEST_CASE("cuda llama-family kernels (rope, repeat_kv, swiglu) match the CPU", "
   auto qkvc = random_normal(N * row, 17);
   DeviceVec<float> g(*p.gpu, qkvc);
   std::vector<float> c = qkvc;
-  p.cpu->rope_forward(c.data(), B, T, Hq, Hkv, D, 10000.0f, nullptr);
-  p.gpu->rope_forward(g.get(), B, T, Hq, Hkv, D, 10000.0f, nullptr);
+  // A scaled variant's table (yarn: llama3-like frequencies and a scale on cos and sin), so
+  // the device reads the table and the scale, not only the default frequencies.
+  ModelConfig yarn;
+  yarn.family = "llama";
+  yarn.n_head = Hq;
+  yarn.d_model = Hq * D;
+  yarn.rope_type = "yarn";
+  yarn.rope_factor = 4;
+  yarn.rope_original_context = 4;
+  const RopeTable rope = rope_table(yarn);
+  REQUIRE(rope.scale > 1.0f);
+  p.cpu->rope_forward(c.data(), B, T, Hq, Hkv, D, rope, nullptr);
+  p.gpu->rope_forward(g.get(), B, T, Hq, Hkv, D, rope, nullptr);
   // cos/sin of the same fp32 angle: the device's cosf/sinf are within 2 ulp (CUDA
-  // programming guide), so each rotated value is within ~8 u of |x|.
-  check_within("rope forward", g.host(), c, 8 * kU * 2 * max_abs(qkvc));
-  p.cpu->rope_backward(c.data(), B, T, Hq, Hkv, D, 10000.0f, nullptr);
-  p.gpu->rope_backward(g.get(), B, T, Hq, Hkv, D, 10000.0f, nullptr);
-  check_within("rope round trip", g.host(), c, 16 * kU * 2 * max_abs(qkvc));
+  // programming guide), so each rotated value is within ~8 u of |x| (times the scale).
+  check_within("rope forward", g.host(), c, 8 * kU * 2 * rope.scale * max_abs(qkvc));
+  p.cpu->rope_backward(c.data(), B, T, Hq, Hkv, D, rope, nullptr);
+  p.gpu->rope_backward(g.get(), B, T, Hq, Hkv, D, rope, nullptr);
+  check_within("rope round trip", g.host(), c,
+               16 * kU * 2 * rope.scale * rope.scale * max_abs(qkvc));
 
   std::vector<float> qkv(size_t(N) * 3 * Hq * D), back(qkvc.size());
   DeviceVec<float> gqkv(*p.gpu, qkv.size()), gback(*p.gpu, back.size()), gc(*p.gpu, qkvc);

@@ -21,6 +21,7 @@
 #include "cuda_test_support.h"
 #include "fuyou/cuda.h"
 #include "fuyou/error.h"
+#include "fuyou/model.h"
 #include "fuyou/rng.h"
 #include "kernels/common/element_math.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -226,10 +227,10 @@ TEST_CASE("cuda 16-bit tensors: element-wise and row kernels are the fp32 kernel
         dqkvc(t, Nq * row, Tensor::Fill{0.0f});
     // One kernel per check: two kernels in a row round twice on 16-bit tensors, once in fp32.
     check_rounded_once("rope forward", t, {&qkvc}, {}, [&](Backend& be, auto& p, auto&) {
-      be.rope_forward(p[0], Bq, Tq, Hq, Hkv, D, 10000.0f, nullptr);
+      be.rope_forward(p[0], Bq, Tq, Hq, Hkv, D, default_rope_table(D, 10000.0f), nullptr);
     });
     check_rounded_once("rope backward", t, {&qkvc}, {}, [&](Backend& be, auto& p, auto&) {
-      be.rope_backward(p[0], Bq, Tq, Hq, Hkv, D, 10000.0f, nullptr);
+      be.rope_backward(p[0], Bq, Tq, Hq, Hkv, D, default_rope_table(D, 10000.0f), nullptr);
     });
     check_rounded_once("repeat_kv forward", t, {&qkvc, &qkv}, {}, [&](Backend& be, auto& p, auto&) {
       be.repeat_kv_forward(p[1], p[0], Nq, Hq, Hkv, D);
