@@ -126,7 +126,7 @@ def assistant_spans(tok, template, messages):
             k += 1
         return k
 
-    full = tok.apply_chat_template(messages, chat_template=template, tokenize=True)
+    full = tok.apply_chat_template(messages, chat_template=template, tokenize=True, return_dict=False)
     spans = []
     for k, m in enumerate(messages):
         if m["role"] == "assistant":

@@ -126,7 +126,7 @@ def check_generation(build, model_dir, label, ref_dir=None):
     model = transformers.AutoModelForCausalLM.from_pretrained(ref_dir or model_dir, torch_dtype=torch.float32).eval()
     cases = [(p, [], tok(p)["input_ids"]) for p in PROMPTS]
     cases.append((PROMPTS[0], ["--chat"],
-                  tok.apply_chat_template([{"role": "user", "content": PROMPTS[0]}], add_generation_prompt=True)))
+                  tok.apply_chat_template([{"role": "user", "content": PROMPTS[0]}], add_generation_prompt=True, return_dict=False)))
     cases.append((PROMPTS[1], ["--stream-layers", "always"], tok(PROMPTS[1])["input_ids"]))
     whole = 0
     for prompt, flags, ids in cases:
