@@ -274,6 +274,34 @@ bool is_layer_buffer(const std::string& name, const std::string& prefix) {
   return rest == ".attn.bias" || rest == ".attn.masked_bias";
 }
 
+// A checkpoint whose config.json ties the head but whose lm_head.weight differs from the
+// embedding: transformers 5 then keeps the two apart (it does not tie them), so converting it
+// as tied would train another model. Refused, naming the fix.
+void refuse_untied_head(const TensorSet& set, const std::vector<Job>& jobs,
+                        const std::string& head) {
+  const Job* wte = nullptr;
+  for (const Job& j : jobs)
+    if (j.dst == "wte.weight") wte = &j;
+  FY_CHECK(wte, "no job fills wte.weight");
+  const StTensorInfo &h = set.info(head), &e = set.info(wte->src);
+  bool same = h.dtype == e.dtype && h.shape == e.shape && h.end - h.begin == e.end - e.begin;
+  constexpr uint64_t kChunk = 16ull << 20;
+  std::vector<char> a, b;
+  for (uint64_t off = 0; same && off < h.end - h.begin; off += kChunk) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, h.end - h.begin - off));
+    a.resize(n);
+    b.resize(n);
+    set.file(head).read(h, off, a.data(), n);
+    set.file(wte->src).read(e, off, b.data(), n);
+    same = std::memcmp(a.data(), b.data(), n) == 0;
+  }
+  if (!same)
+    throw IoError(str(set.file(head).path(), ": tensor '", head, "' differs from '", wte->src,
+                      "' although config.json says tie_word_embeddings: true; transformers then "
+                      "keeps the two apart. Set tie_word_embeddings to false in config.json to "
+                      "convert the head as it is"));
+}
+
 void refuse_unknown(const TensorSet& set, const std::vector<Job>& jobs, const std::string& prefix,
                     const ModelConfig& m, bool hf_side) {
   std::set<std::string> expected;
@@ -286,12 +314,13 @@ void refuse_unknown(const TensorSet& set, const std::vector<Job>& jobs, const st
     if (hf_side && m.tie_embeddings &&
         (name == "lm_head.weight" || name == prefix + "lm_head.weight")) {
       // The LM head is tied to wte (config.json says so, or parse_hf_config refused it);
-      // transformers overwrites it with wte on load, and so do we.
+      // transformers ties it on load when the file's head equals the embedding, and so do we.
       const StTensorInfo& t = set.info(name);
       std::vector<int64_t> want = {m.vocab_size, m.d_model};
       if (t.shape != want)
         throw IoError(str(set.file(name).path(), ": tensor '", name, "' has shape ",
                           shape_str(t.shape), " but a tied LM head is ", shape_str(want)));
+      refuse_untied_head(set, jobs, name);
       continue;
     }
     const char* family = m.family == "gpt2" ? "GPT-2" : m.family == "opt" ? "OPT" : "Llama";
