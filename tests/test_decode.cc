@@ -118,11 +118,21 @@ TEST_CASE("the key/value-cache decoder gives the whole-sequence forward's logits
   struct Case {
     const char* family;
     bool gqa;
-  } cases[] = {{"gpt2", false}, {"opt", false}, {"llama", true}, {"llama", false}};
+    bool qwen3 = false;  // heads wider than d_model / n_head, the q/k norm, llama3 rotary
+  } cases[] = {
+      {"gpt2", false}, {"opt", false}, {"llama", true}, {"llama", false}, {"llama", true, true}};
   for (const auto& c : cases) {
-    INFO(c.family << (c.gqa ? " with grouped-query attention, untied head" : ""));
+    INFO(c.family << (c.gqa ? " with grouped-query attention, untied head" : "")
+                  << (c.qwen3 ? ", head_dim 12, q/k norm, llama3 rotary scaling" : ""));
     const int T = 24;
     ModelConfig m = family_config(c.family, c.gqa, T);
+    if (c.qwen3) {
+      m.head_dim = 12;
+      m.qk_norm = true;
+      m.rope_type = "llama3";
+      m.rope_factor = 8;
+      m.rope_original_context = 16;
+    }
     auto params = random_params(m, 21);
     auto tokens = random_tokens(T, m.vocab_size, 22);
     auto ref = forward_logits(m, params, tokens);

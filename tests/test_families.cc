@@ -336,6 +336,8 @@ const char* kFamilies[] = {
     "family: opt, n_head: 2, d_model: 16, d_ff: 24",
     "family: llama, n_head: 4, n_kv_head: 2, d_model: 16, d_ff: 24, tie_embeddings: false",
     "family: llama, n_head: 2, d_model: 16, d_ff: 24, qkv_bias: true, norm_eps: 1.0e-6",
+    // Qwen3's shape: heads wider than d_model / n_head, and the q/k norm.
+    "family: llama, n_head: 4, n_kv_head: 2, d_model: 16, head_dim: 6, d_ff: 24, qk_norm: true",
 };
 
 }  // namespace
@@ -344,7 +346,7 @@ const char* kFamilies[] = {
 // ReLU kinks make differences of a whole model unreliable, so its gradients are compared
 // with PyTorch's instead (the next test).
 TEST_CASE("llama gradients match finite differences of the loss", "[families]") {
-  for (const char* fam : {kFamilies[1], kFamilies[2]}) {
+  for (const char* fam : {kFamilies[1], kFamilies[2], kFamilies[3]}) {
     INFO(fam);
     Config cfg = family_config(fam, 0.0, 2);
     auto be = make_cpu_backend(2, 0);

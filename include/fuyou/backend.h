@@ -161,6 +161,12 @@ struct MemoryStats {
 //   is rotated by the angle position * rope.inv_freq[i], cos and sin scaled by rope.scale
 //   (fuyou/rope.h; i < rope.pairs = D/2). rope_backward: the
 //   transpose (rotation by -angle), in place on the q and k parts of dqkvc(B,T,(Hq+2Hkv)D).
+// qk_norm_forward: Qwen3's RMSNorm of each q and k head of qkvc(N,(Hq+2Hkv)D), in place,
+//   before RoPE: head x (D values) becomes x * r * w with r = 1 / sqrt(mean(x^2) + eps), w = qw
+//   (D) for the q heads and kw (D) for the k heads; v is untouched. r is saved in
+//   rstd(N, Hq+Hkv) and, when saved is not null, every row's q and k heads as they were in
+//   saved(N, (Hq+Hkv)D). qk_norm_backward: the q and k parts of dqkvc (the gradient after the
+//   norm) overwritten with the gradient before it, from saved and rstd; dqw, dkw (D) += ....
 // repeat_kv_forward: grouped-query attention in its simple form: expands qkvc(N,(Hq+2Hkv)D)
 //   into the full packed qkv(N,3C) that attention_forward takes, k/v head j copied to query
 //   heads j*G .. j*G+G-1 (G = Hq/Hkv). repeat_kv_backward: dqkvc(N,(Hq+2Hkv)D) overwritten: q
@@ -214,6 +220,12 @@ struct MemoryStats {
   X(rope_backward, (void* dqkvc, int B, int T, int Hq, int Hkv, int D, const RopeTable& rope,    \
                     const int32_t* pos),                                                         \
     (dqkvc, B, T, Hq, Hkv, D, rope, pos))                                                        \
+  X(qk_norm_forward, (void* qkvc, void* saved, float* rstd, const void* qw, const void* kw,       \
+                      float eps, int N, int Hq, int Hkv, int D),                                 \
+    (qkvc, saved, rstd, qw, kw, eps, N, Hq, Hkv, D))                                             \
+  X(qk_norm_backward, (void* dqkvc, void* dqw, void* dkw, const void* saved, const void* qw,     \
+                       const void* kw, const float* rstd, int N, int Hq, int Hkv, int D),        \
+    (dqkvc, dqw, dkw, saved, qw, kw, rstd, N, Hq, Hkv, D))                                       \
   X(repeat_kv_forward, (void* qkv, const void* qkvc, int N, int Hq, int Hkv, int D),             \
     (qkv, qkvc, N, Hq, Hkv, D))                                                                  \
   X(repeat_kv_backward, (void* dqkvc, const void* dqkv, int N, int Hq, int Hkv, int D),          \

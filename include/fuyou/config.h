@@ -39,7 +39,12 @@ struct ModelConfig {
   float init_std = 0.02f;
   uint64_t seed = 1234;  // initialisation seed; copied from runtime.seed
   // llama only (gpt2 and opt require the defaults):
-  int n_kv_head = 0;            // key/value heads of grouped-query attention; 0 means n_head
+  int n_kv_head = 0;  // key/value heads of grouped-query attention; 0 means n_head
+  // The head size; 0 means d_model / n_head. Set (Qwen3, Mistral-Nemo), the attention's width
+  // A = n_head * head_dim may differ from d_model: q is (A, C), the projection (C, A).
+  int head_dim = 0;
+  // RMSNorm of each q and k head (weights of head_dim, eps norm_eps) before RoPE (Qwen3).
+  bool qk_norm = false;
   float norm_eps = 1e-5f;       // RMSNorm epsilon (gpt2/opt LayerNorm always use 1e-5)
   float rope_theta = 10000.0f;  // rotary base
   // The rotary variant and its parameters, named as transformers' rope_parameters names them
@@ -71,7 +76,8 @@ struct ModelConfig {
   std::string checkpoint;
 
   int kv_heads() const { return n_kv_head ? n_kv_head : n_head; }
-  int head_size() const { return d_model / n_head; }
+  int head_size() const { return head_dim ? head_dim : d_model / n_head; }
+  int attn_width() const { return n_head * head_size(); }  // A: q's and the projection's width
 };
 
 struct DataConfig {

@@ -103,7 +103,7 @@ class GptDecoder {
   int32_t* tokens_ = nullptr;             // (rows)
   void *x_ = nullptr, *ln_ = nullptr, *qkvc_ = nullptr, *atty_ = nullptr, *res_ = nullptr;
   void *fch_ = nullptr, *fcg_ = nullptr, *logits_ = nullptr;
-  float *mean_ = nullptr, *rstd_ = nullptr;
+  float *mean_ = nullptr, *rstd_ = nullptr, *qk_rstd_ = nullptr;
   std::vector<char> host_logits_raw_;
   std::vector<float> host_logits_;
   std::vector<void*> owned_;

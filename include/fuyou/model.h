@@ -12,9 +12,11 @@
 //   gpt2  embed [wte (V,C), wpe (T,C)]; layer: LayerNorm, packed qkv (3C,C) + bias, proj,
 //         LayerNorm, fc (F,C) + bias, GELU, fc proj (C,F) + bias; final [ln_f w, b]; head = wte.
 //   opt   as gpt2 but wpe is (T+2, C) and position t reads row t+2 (OPT's offset), ReLU.
-//   llama embed [wte]; layer: RMSNorm w, packed q|k|v (C+2KV, C) (+ bias if qkv_bias), RoPE
-//         on q and k, proj (C,C) no bias, RMSNorm w, packed gate|up (2F, C), SwiGLU, down
-//         (C,F); final [norm w, lm_head (V,C) unless tie_embeddings].
+//   llama embed [wte]; layer: RMSNorm w, packed q|k|v (A+2KV, C) (+ bias if qkv_bias),
+//         with qk_norm an RMSNorm of each q and k head (q_norm, k_norm (D)), RoPE on q and k,
+//         proj (C,A) no bias, RMSNorm w, packed gate|up (2F, C), SwiGLU, down (C,F); final
+//         [norm w, lm_head (V,C) unless tie_embeddings]. A = n_head * D is C unless head_dim
+//         says otherwise.
 #pragma once
 
 #include <cstdint>
@@ -57,6 +59,8 @@ enum TensorRole : int {
   kFcB,
   kFcProjW,
   kFcProjB,
+  kQNormW,
+  kKNormW,
 };
 
 enum class Family { kGpt2, kOpt, kLlama };
@@ -117,6 +121,8 @@ struct LayerTensors {
   void* fc_b = nullptr;      // (F)
   void* fcproj_w = nullptr;  // (C, F)
   void* fcproj_b = nullptr;  // (C)
+  void* q_norm_w = nullptr;  // (D) llama with qk_norm: RMSNorm weight of every q head
+  void* k_norm_w = nullptr;  // (D) the same for the k heads
 };
 
 struct GlobalTensors {
@@ -144,9 +150,11 @@ struct LayerActivations {
   void* ln1 = nullptr;        // (N, C)
   float* ln1_mean = nullptr;  // (N); null for llama (RMSNorm keeps only rstd)
   float* ln1_rstd = nullptr;  // (N)
-  void* qkv = nullptr;        // (N, 3C) after RoPE and with k/v heads repeated (llama)
+  void* qkv = nullptr;        // (N, 3A) after RoPE and with k/v heads repeated (llama)
+  void* qk = nullptr;         // (N, A + KV) llama with qk_norm: q and k heads before the norm
+  float* qk_rstd = nullptr;   // (N, Hq + Hkv) their RMSNorm statistics
   float* lse = nullptr;       // (B, H, T) log-sum-exp of each query's scaled scores
-  void* atty = nullptr;       // (N, C) attention output before the projection
+  void* atty = nullptr;       // (N, A) attention output before the projection
   void* res2 = nullptr;       // (N, C) residual after attention
   void* ln2 = nullptr;        // (N, C)
   float* ln2_mean = nullptr;  // (N); null for llama

@@ -246,6 +246,24 @@ void CpuBackend::rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D
                    rope, pos);
 }
 
+void CpuBackend::qk_norm_forward(void* qkvc, void* saved, float* rstd, const void* qw,
+                                 const void* kw, float eps, int N, int Hq, int Hkv, int D) {
+  Stage s(storage_);
+  const size_t heads = static_cast<size_t>(N) * (Hq + Hkv) * D;
+  k_.qk_norm_forward(s.acc(qkvc, static_cast<size_t>(N) * (Hq + 2 * Hkv) * D), s.out(saved, heads),
+                     rstd, s.in(qw, D), s.in(kw, D), eps, N, Hq, Hkv, D);
+}
+
+void CpuBackend::qk_norm_backward(void* dqkvc, void* dqw, void* dkw, const void* saved,
+                                  const void* qw, const void* kw, const float* rstd, int N, int Hq,
+                                  int Hkv, int D) {
+  Stage s(storage_);
+  const size_t heads = static_cast<size_t>(N) * (Hq + Hkv) * D;
+  k_.qk_norm_backward(s.acc(dqkvc, static_cast<size_t>(N) * (Hq + 2 * Hkv) * D), s.acc(dqw, D),
+                      s.acc(dkw, D), s.in(saved, heads), s.in(qw, D), s.in(kw, D), rstd, N, Hq, Hkv,
+                      D);
+}
+
 void CpuBackend::repeat_kv_forward(void* qkv, const void* qkvc, int N, int Hq, int Hkv, int D) {
   Stage s(storage_);
   k_.repeat_kv_forward(s.out(qkv, static_cast<size_t>(N) * 3 * Hq * D),

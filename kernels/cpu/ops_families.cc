@@ -77,6 +77,59 @@ void CpuKernels::rmsnorm_backward(float* din, float* dw, const float* dout, cons
   }
 }
 
+// Qwen3's q/k norm: the heads of each row are rows of D values, q heads first, then k heads
+// (head h of row n at n (Hq + 2Hkv) D + h D); each is normalised as rmsnorm_row does.
+void CpuKernels::qk_norm_forward(float* qkvc, float* saved, float* rstd, const float* qw,
+                                 const float* kw, float eps, int N, int Hq, int Hkv, int D) {
+  const int heads = Hq + Hkv;
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    for (int h = 0; h < heads; ++h) {
+      float* x = qkvc + (static_cast<size_t>(n) * (Hq + 2 * Hkv) + h) * D;
+      const size_t j = static_cast<size_t>(n) * heads + h;
+      if (saved) std::copy(x, x + D, saved + j * D);
+      rmsnorm_row(x, rstd + j, x, h < Hq ? qw : kw, eps, D);
+    }
+  }
+}
+
+void CpuKernels::qk_norm_backward(float* dqkvc, float* dqw, float* dkw, const float* saved,
+                                  const float* qw, const float* kw, const float* rstd, int N,
+                                  int Hq, int Hkv, int D) {
+  // rmsnorm_backward's formula per head, the input gradient overwriting the output's; the
+  // weight gradients summed per thread, then reduced.
+  const int heads = Hq + Hkv, nt = threads_;
+  std::vector<float> partial(static_cast<size_t>(nt) * 2 * D, 0.0f);
+#pragma omp parallel num_threads(nt)
+  {
+    float* acc = partial.data() + static_cast<size_t>(omp_get_thread_num()) * 2 * D;
+#pragma omp for schedule(static)
+    for (int n = 0; n < N; ++n) {
+      for (int h = 0; h < heads; ++h) {
+        const size_t j = static_cast<size_t>(n) * heads + h;
+        const float* x = saved + j * D;
+        float* d = dqkvc + (static_cast<size_t>(n) * (Hq + 2 * Hkv) + h) * D;
+        const float* w = h < Hq ? qw : kw;
+        float* dw_acc = acc + (h < Hq ? 0 : D);
+        const float r = rstd[j];
+        math::StatAcc gx = 0;
+        for (int c = 0; c < D; ++c) gx += static_cast<math::StatAcc>(d[c] * w[c]) * (x[c] * r);
+        const float gxm = static_cast<float>(gx / D);
+        for (int c = 0; c < D; ++c) {
+          const float xhat = x[c] * r;
+          dw_acc[c] += d[c] * xhat;
+          d[c] = (d[c] * w[c] - xhat * gxm) * r;
+        }
+      }
+    }
+  }
+  for (int c = 0; c < 2 * D; ++c) {
+    float s = 0;
+    for (int t = 0; t < nt; ++t) s += partial[static_cast<size_t>(t) * 2 * D + c];
+    (c < D ? dqw[c] : dkw[c - D]) += s;
+  }
+}
+
 namespace {
 
 // Rotates the q and k heads of every row by +angle (sign 1) or -angle (sign -1).

@@ -81,6 +81,73 @@ __global__ void rmsnorm_dweight_k(float* part, const T* dout, const T* in, const
   part[size_t(blockIdx.y) * C + c] = s;
 }
 
+// Qwen3's q/k norm: one block per (row n, head h < Hq + Hkv), blockIdx.x = n (Hq + Hkv) + h;
+// the head's D values start at n (Hq + 2Hkv) D + h D. In place: each thread writes only the
+// columns it read.
+constexpr int kHeadThreads = 64;
+
+__device__ inline size_t qk_head_offset(unsigned j, int Hq, int Hkv, int D) {
+  const unsigned heads = Hq + Hkv, n = j / heads, h = j % heads;
+  return (size_t(n) * (Hq + 2 * Hkv) + h) * D;
+}
+
+template <typename T>
+__global__ void qk_norm_forward_k(T* qkvc, T* saved, float* rstd, const T* qw, const T* kw,
+                                  float eps, int Hq, int Hkv, int D) {
+  const unsigned j = blockIdx.x;
+  T* x = qkvc + qk_head_offset(j, Hq, Hkv, D);
+  const T* w = j % (Hq + Hkv) < unsigned(Hq) ? qw : kw;
+  math::StatAcc ss = 0;
+  for (int c = threadIdx.x; c < D; c += blockDim.x) {
+    const float xc = ld(x[c]);
+    ss += static_cast<math::StatAcc>(xc) * xc;
+    if (saved) saved[size_t(j) * D + c] = x[c];
+  }
+  ss = block_reduce(ss, SumOp{}, math::StatAcc(0));
+  const float r = static_cast<float>(1.0 / sqrt(ss / D + eps));
+  for (int c = threadIdx.x; c < D; c += blockDim.x)
+    x[c] = st<T>(math::rmsnorm_apply(ld(x[c]), r, ld(w[c])));
+  if (threadIdx.x == 0) rstd[j] = r;
+}
+
+// The input gradient of each head, overwriting the output gradient (rmsnorm_backward_dx_k's
+// formula); launched after qk_norm_dweight_k has read the output gradient.
+template <typename T>
+__global__ void qk_norm_backward_dx_k(T* dqkvc, const T* saved, const T* qw, const T* kw,
+                                      const float* rstd, int Hq, int Hkv, int D) {
+  const unsigned j = blockIdx.x;
+  T* d = dqkvc + qk_head_offset(j, Hq, Hkv, D);
+  const T* x = saved + size_t(j) * D;
+  const T* w = j % (Hq + Hkv) < unsigned(Hq) ? qw : kw;
+  const float r = rstd[j];
+  math::StatAcc gx = 0;
+  for (int c = threadIdx.x; c < D; c += blockDim.x)
+    gx += static_cast<math::StatAcc>(ld(d[c]) * ld(w[c])) * (ld(x[c]) * r);
+  gx = block_reduce(gx, SumOp{}, math::StatAcc(0));
+  const float gxm = static_cast<float>(gx / D);
+  for (int c = threadIdx.x; c < D; c += blockDim.x) {
+    const float xhat = ld(x[c]) * r;
+    d[c] = st<T>((ld(d[c]) * ld(w[c]) - xhat * gxm) * r);
+  }
+}
+
+// part(by, c) for the q heads (which 0) or the k heads (1): the sum of dy x rstd over that
+// kind's heads j = by, by + gridDim.y, ... of every row; column_slices_add adds the slices.
+template <typename T>
+__global__ void qk_norm_dweight_k(float* part, const T* dqkvc, const T* saved, const float* rstd,
+                                  int N, int Hq, int Hkv, int D, int which) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= D) return;
+  const int per_row = which ? Hkv : Hq, first = which ? Hq : 0;
+  const unsigned count = unsigned(N) * per_row;
+  float s = 0.0f;
+  for (unsigned i = blockIdx.y; i < count; i += gridDim.y) {
+    const unsigned j = (i / per_row) * (Hq + Hkv) + first + i % per_row;
+    s += ld(dqkvc[qk_head_offset(j, Hq, Hkv, D) + c]) * (ld(saved[size_t(j) * D + c]) * rstd[j]);
+  }
+  part[size_t(blockIdx.y) * D + c] = s;
+}
+
 // One thread per (row n, head h of the Hq + Hkv rotated heads, pair i < D/2); row n at position
 // pos[n] (packed records), or n % T_ when pos is null.
 // The table travels by value in the kernel's parameters (about 1 KiB, under CUDA's 4 KiB).
@@ -206,6 +273,37 @@ void CudaBackend::rmsnorm_backward(void* din, void* dw, const void* dout, const 
     FY_LAUNCH(rmsnorm_dweight_k<E>, dim3(cols, slices), kEltThreads, part, dy, x, rstd, N, C);
     FY_LAUNCH(column_slices_add<E>, slices_add_grid(C), slices_add_block(), static_cast<E*>(dw),
               part, slices, C);
+  });
+}
+
+void CudaBackend::qk_norm_forward(void* qkvc, void* saved, float* rstd, const void* qw,
+                                  const void* kw, float eps, int N, int Hq, int Hkv, int D) {
+  if (!N) return;
+  FY_TYPED(E, FY_LAUNCH(qk_norm_forward_k<E>, N * (Hq + Hkv), kHeadThreads, static_cast<E*>(qkvc),
+                        static_cast<E*>(saved), rstd, static_cast<const E*>(qw),
+                        static_cast<const E*>(kw), eps, Hq, Hkv, D));
+}
+
+void CudaBackend::qk_norm_backward(void* dqkvc, void* dqw, void* dkw, const void* saved,
+                                   const void* qw, const void* kw, const float* rstd, int N, int Hq,
+                                   int Hkv, int D) {
+  if (!N) return;
+  const int slices = reduce_slices(N);
+  const unsigned cols = (D + kEltThreads - 1) / kEltThreads;
+  std::lock_guard<std::mutex> lock(scratch_mu());
+  float* part = static_cast<float*>(scratch(sizeof(float) * 2 * slices * size_t(D)));
+  FY_TYPED(E, {
+    const E* x = static_cast<const E*>(saved);
+    E* d = static_cast<E*>(dqkvc);
+    for (int which = 0; which < 2; ++which)
+      FY_LAUNCH(qk_norm_dweight_k<E>, dim3(cols, slices), kEltThreads,
+                part + size_t(which) * slices * D, d, x, rstd, N, Hq, Hkv, D, which);
+    FY_LAUNCH(qk_norm_backward_dx_k<E>, N * (Hq + Hkv), kHeadThreads, d, x,
+              static_cast<const E*>(qw), static_cast<const E*>(kw), rstd, Hq, Hkv, D);
+    FY_LAUNCH(column_slices_add<E>, slices_add_grid(D), slices_add_block(), static_cast<E*>(dqw),
+              part, slices, D);
+    FY_LAUNCH(column_slices_add<E>, slices_add_grid(D), slices_add_block(), static_cast<E*>(dkw),
+              part + size_t(slices) * D, slices, D);
   });
 }
 

@@ -366,6 +366,8 @@ void model_keys(F&& key) {
   key("seq_len", &M::seq_len, closed(1, kMaxModelDim));
   key("init_std", &M::init_std, interval(0, 10, "()"));
   key("n_kv_head", &M::n_kv_head, closed(0, kMaxModelDim, " (0: n_head)"));
+  key("head_dim", &M::head_dim, closed(0, 2 * kMaxRopePairs, " (0: d_model / n_head)"));
+  key("qk_norm", &M::qk_norm, Free{});
   key("norm_eps", &M::norm_eps, interval(0, 1, "()"));
   key("rope_theta", &M::rope_theta, interval(1, 1e12, "()"));
   key("rope_type", &M::rope_type, OneOf{rope_type_names()});
@@ -670,8 +672,10 @@ ModelConfig parse_model(const YAML::Node& node, const Origin& source, Checkpoint
   read_keys(s, m, [](auto&& key) { model_keys(key); });
   if (!m.checkpoint.empty()) m = model_from_checkpoint(m, s, chain);
   check_keys(s, m, [](auto&& key) { model_keys(key); });
-  require(m.d_model % m.n_head == 0, s, "d_model", m.d_model,
-          str("must be a multiple of model.n_head (", m.n_head, ")"));
+  if (m.head_dim == 0)
+    require(
+        m.d_model % m.n_head == 0, s, "d_model", m.d_model,
+        str("must be a multiple of model.n_head (", m.n_head, ") unless model.head_dim is given"));
   if (m.family != "llama") {
     // Only llama computes with these; a value elsewhere would be silently ignored.
     require(m.n_kv_head == 0 || m.n_kv_head == m.n_head, s, "n_kv_head", m.n_kv_head,
@@ -680,6 +684,9 @@ ModelConfig parse_model(const YAML::Node& node, const Origin& source, Checkpoint
             str("family ", m.family, " ties the LM head to the token embedding"));
     require(!m.qkv_bias, s, "qkv_bias", "true",
             str("family ", m.family, " always has q/k/v biases; the key is for llama"));
+    require(m.head_dim == 0 || m.head_dim * m.n_head == m.d_model, s, "head_dim", m.head_dim,
+            str("family ", m.family, " has heads of d_model / n_head; the key is for llama"));
+    require(!m.qk_norm, s, "qk_norm", "true", str("family ", m.family, " has no q/k norm"));
   } else {
     require(m.d_ff != 0, s, "d_ff", m.d_ff,
             "family llama needs an explicit d_ff (intermediate_size)");
@@ -687,10 +694,12 @@ ModelConfig parse_model(const YAML::Node& node, const Origin& source, Checkpoint
             str("must be in 0..model.n_head (", m.n_head, "); 0 means n_head"));
     require(m.n_kv_head == 0 || m.n_head % m.n_kv_head == 0, s, "n_kv_head", m.n_kv_head,
             str("must divide model.n_head (", m.n_head, ")"));
-    require((m.d_model / m.n_head) % 2 == 0, s, "d_model", m.d_model,
-            "rotary embeddings need an even head size (d_model / n_head)");
-    require(m.d_model / m.n_head <= 2 * kMaxRopePairs, s, "d_model", m.d_model,
-            str("the head size (d_model / n_head) is at most ", 2 * kMaxRopePairs));
+    require(m.head_size() % 2 == 0, s, m.head_dim ? "head_dim" : "d_model",
+            m.head_dim ? m.head_dim : m.d_model,
+            "rotary embeddings need an even head size (head_dim, or d_model / n_head)");
+    require(m.head_size() <= 2 * kMaxRopePairs, s, m.head_dim ? "head_dim" : "d_model",
+            m.head_dim ? m.head_dim : m.d_model,
+            str("the head size (head_dim, or d_model / n_head) is at most ", 2 * kMaxRopePairs));
     check_rope(s, m);
   }
   if (m.family != "llama") {

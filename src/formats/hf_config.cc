@@ -461,7 +461,7 @@ class RopeReader {
 
 // Qwen2's window: used only with use_sliding_window (then from layer max_window_layers on);
 // the engine computes full attention, so the window must be off in every layer.
-void read_qwen2_window(const Fields& f) {
+void read_qwen2_window(const Fields& f, int n_layer) {
   if (f.boolean_or("use_sliding_window", false))
     f.fail("use_sliding_window", "true is not supported: attention is full causal");
   (void)f.value("sliding_window");     // read by transformers only with use_sliding_window
@@ -469,6 +469,9 @@ void read_qwen2_window(const Fields& f) {
   const json& types = f.value("layer_types");
   if (types.is_null()) return;
   if (!types.is_array()) f.fail("layer_types", str("expected a list, got ", types.dump()));
+  if (types.size() != static_cast<size_t>(n_layer))
+    f.fail("layer_types",
+           str("has ", types.size(), " entries for ", n_layer, " layers (num_hidden_layers)"));
   for (const auto& t : types)
     if (t != "full_attention")
       f.fail("layer_types", str("entry ", t.dump(),
@@ -477,30 +480,33 @@ void read_qwen2_window(const Fields& f) {
 }
 
 // The llama-style families, as the engine's llama family: Llama 2/3.x (model_type llama),
-// Qwen2/2.5 (qwen2: q/k/v biases) and Mistral (mistral: sliding-window attention, which the
-// engine computes exactly within the window).
+// Qwen2/2.5 (qwen2: q/k/v biases), Qwen3 (qwen3: an RMSNorm of each q and k head) and Mistral
+// (mistral: sliding-window attention, which the engine computes exactly within the window).
+// Each may give head_dim apart from hidden_size / num_attention_heads.
 ModelConfig parse_llama(const Fields& f, const std::string& model_type) {
-  const bool qwen2 = model_type == "qwen2", mistral = model_type == "mistral";
+  const bool qwen2 = model_type == "qwen2", qwen3 = model_type == "qwen3",
+             mistral = model_type == "mistral";
   ModelConfig m;
   m.family = "llama";
   m.qkv_bias = qwen2;
+  m.qk_norm = qwen3;
   m.n_layer = f.integer("num_hidden_layers", 1, kMaxLayers);
   m.n_head = f.integer("num_attention_heads", 1, kMaxDim);
   m.d_model = f.integer("hidden_size", 1, kMaxDim);
-  if (m.d_model % m.n_head != 0)
+  if (f.present("head_dim")) {
+    const int D = f.integer("head_dim", 1, 2 * kMaxRopePairs);
+    // The canonical form: 0 where it is hidden_size / heads.
+    m.head_dim = m.d_model % m.n_head == 0 && D == m.d_model / m.n_head ? 0 : D;
+  } else if (m.d_model % m.n_head != 0) {
+    f.fail("hidden_size", str("value ", m.d_model, " is not a multiple of num_attention_heads (",
+                              m.n_head, ") and there is no head_dim"));
+  }
+  if (m.head_size() % 2 != 0)
+    f.fail(m.head_dim ? "head_dim" : "hidden_size",
+           str("head size ", m.head_size(), " is odd; rotary embeddings need an even one"));
+  if (m.head_size() > 2 * kMaxRopePairs)
     f.fail("hidden_size",
-           str("value ", m.d_model, " is not a multiple of num_attention_heads (", m.n_head, ")"));
-  if ((m.d_model / m.n_head) % 2 != 0)
-    f.fail("hidden_size",
-           str("head size ", m.d_model / m.n_head, " is odd; rotary embeddings need an even one"));
-  if (m.d_model / m.n_head > 2 * kMaxRopePairs)
-    f.fail("hidden_size",
-           str("head size ", m.d_model / m.n_head, " is over the engine's ", 2 * kMaxRopePairs));
-  if (f.present("head_dim") && f.integer("head_dim", 1, kMaxDim) != m.d_model / m.n_head)
-    f.fail("head_dim", str("value ", f.integer("head_dim", 1, kMaxDim),
-                           " is not supported: the engine's head size is hidden_size / "
-                           "num_attention_heads (",
-                           m.d_model / m.n_head, ")"));
+           str("head size ", m.head_size(), " is over the engine's ", 2 * kMaxRopePairs));
   m.n_kv_head = f.integer_or("num_key_value_heads", m.n_head, 1, kMaxDim);
   if (m.n_head % m.n_kv_head != 0)
     f.fail("num_key_value_heads",
@@ -509,9 +515,9 @@ ModelConfig parse_llama(const Fields& f, const std::string& model_type) {
   m.vocab_size = f.integer("vocab_size", 2, kMaxVocab);
   // The config classes' defaults: LlamaConfig 2048, Qwen2Config 32768, MistralConfig 131072.
   const int max_positions = f.integer_or("max_position_embeddings",
-                                         qwen2     ? 32768
-                                         : mistral ? 131072
-                                                   : 2048,
+                                         qwen2 || qwen3 ? 32768
+                                         : mistral      ? 131072
+                                                        : 2048,
                                          1, kMaxDim);
   m.seq_len = max_positions;
   // The engine keeps these as 32-bit floats: the ranges are checked on the rounded value (a
@@ -531,12 +537,11 @@ ModelConfig parse_llama(const Fields& f, const std::string& model_type) {
     f.fail("hidden_act", str("'", act, "' is not supported: the engine's gated MLP uses silu"));
   f.expect("partial_rotary_factor", 1.0, "the engine rotates whole heads");
   f.expect("pretraining_tp", 1, "transformers 5 ignores it; the engine takes it as 1");
-  if (!qwen2 && !mistral) {
+  if (!qwen2 && !mistral)
     f.expect("attention_bias", false,
              "it also puts a bias on o_proj; Qwen2-style q/k/v biases are, as model_type qwen2");
-    f.expect("mlp_bias", false, "the engine's MLP has no biases");
-  }
-  if (qwen2) read_qwen2_window(f);
+  if (!qwen2 && !qwen3 && !mistral) f.expect("mlp_bias", false, "the engine's MLP has no biases");
+  if (qwen2 || qwen3) read_qwen2_window(f, m.n_layer);
   if (mistral) {
     // MistralConfig's default window is 4096; null turns it off (Mistral v0.2 and later).
     m.sliding_window =
@@ -563,11 +568,13 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
     m = parse_gpt2(f);
   else if (model_type == "opt")
     m = parse_opt(f);
-  else if (model_type == "llama" || model_type == "qwen2" || model_type == "mistral")
+  else if (model_type == "llama" || model_type == "qwen2" || model_type == "qwen3" ||
+           model_type == "mistral")
     m = parse_llama(f, model_type);
   else
-    f.fail("model_type", str("'", model_type,
-                             "' is not supported (supported: gpt2, opt, llama, qwen2, mistral)"));
+    f.fail("model_type",
+           str("'", model_type,
+               "' is not supported (supported: gpt2, opt, llama, qwen2, qwen3, mistral)"));
   f.finish(model_type);
   return m;
 }
@@ -668,14 +675,19 @@ std::string hf_config_json(const ModelConfig& cfg, StDtype dtype, const std::str
     j["tie_word_embeddings"] = true;
     if (!j.contains("init_std")) j["init_std"] = cfg.init_std;
   } else if (cfg.family == "llama") {
-    // Mistral when the source was or the model has a window; Qwen2 with q/k/v biases.
-    const bool mistral =
-        !cfg.qkv_bias && (cfg.sliding_window > 0 || j.value("model_type", "") == "mistral");
-    const char* type = cfg.qkv_bias ? "qwen2" : mistral ? "mistral" : "llama";
-    j["model_type"] = type;
-    j["architectures"] = {cfg.qkv_bias ? "Qwen2ForCausalLM"
-                          : mistral    ? "MistralForCausalLM"
-                                       : "LlamaForCausalLM"};
+    // Mistral when the source was or the model has a window; Qwen2 with q/k/v biases; Qwen3
+    // with the q/k norm.
+    const bool mistral = !cfg.qkv_bias && !cfg.qk_norm &&
+                         (cfg.sliding_window > 0 || j.value("model_type", "") == "mistral");
+    j["model_type"] = cfg.qk_norm    ? "qwen3"
+                      : cfg.qkv_bias ? "qwen2"
+                      : mistral      ? "mistral"
+                                     : "llama";
+    j["architectures"] = {cfg.qk_norm    ? "Qwen3ForCausalLM"
+                          : cfg.qkv_bias ? "Qwen2ForCausalLM"
+                          : mistral      ? "MistralForCausalLM"
+                                         : "LlamaForCausalLM"};
+    j["head_dim"] = cfg.head_size();
     j["num_hidden_layers"] = cfg.n_layer;
     j["num_attention_heads"] = cfg.n_head;
     j["num_key_value_heads"] = cfg.kv_heads();
@@ -691,7 +703,7 @@ std::string hf_config_json(const ModelConfig& cfg, StDtype dtype, const std::str
     write_rope(j, cfg);
     j["tie_word_embeddings"] = cfg.tie_embeddings;
     if (!cfg.qkv_bias && !mistral) j["attention_bias"] = false;
-    if (cfg.qkv_bias) j["use_sliding_window"] = false;
+    if (cfg.qkv_bias || cfg.qk_norm) j["use_sliding_window"] = false;
     if (mistral)
       j["sliding_window"] = cfg.sliding_window > 0 ? nlohmann::ordered_json(cfg.sliding_window)
                                                    : nlohmann::ordered_json(nullptr);
@@ -788,6 +800,8 @@ std::string engine_config_yaml(const ModelConfig& cfg) {
           "  n_head: ", cfg.n_head, "\n", "  d_model: ", cfg.d_model, "\n", "  d_ff: ", cfg.d_ff,
           "\n", "  vocab_size: ", cfg.vocab_size, "\n", "  seq_len: ", cfg.seq_len, "\n",
           "  init_std: ", cfg.init_std, "\n");
+  if (cfg.family == "llama" && cfg.head_dim) out += str("  head_dim: ", cfg.head_dim, "\n");
+  if (cfg.family == "llama" && cfg.qk_norm) out += "  qk_norm: true\n";
   if (cfg.family == "llama")
     out += str("  n_kv_head: ", cfg.kv_heads(), "\n", "  norm_eps: ", std::setprecision(9),
                cfg.norm_eps, "\n", "  rope_theta: ", cfg.rope_theta, "\n",
@@ -816,7 +830,7 @@ std::string engine_config_yaml(const ModelConfig& cfg) {
 // tensor's row order with increasing engine_offset, so from-hf appends them in turn and
 // to-hf reads each back as a contiguous range.
 std::vector<HfTensorMap> hf_tensor_map(const ModelConfig& cfg) {
-  const int64_t C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size;
+  const int64_t C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size, A = cfg.attn_width();
   const int64_t KV = static_cast<int64_t>(cfg.kv_heads()) * cfg.head_size();
   std::vector<HfTensorMap> out;
   auto same = [&](const std::string& engine, const std::string& hf, std::vector<int64_t> shape) {
@@ -887,16 +901,20 @@ std::vector<HfTensorMap> hf_tensor_map(const ModelConfig& cfg) {
     for (int l = 0; l < cfg.n_layer; ++l) {
       std::string p = str("h.", l, "."), h = str("model.layers.", l, ".");
       same(p + "ln_1.weight", h + "input_layernorm.weight", {C});
-      const std::vector<int64_t> qkv_w = {C + 2 * KV, C}, qkv_b = {C + 2 * KV};
-      part(p + "attn.c_attn.weight", h + "self_attn.q_proj.weight", qkv_w, 0, C);
-      part(p + "attn.c_attn.weight", h + "self_attn.k_proj.weight", qkv_w, C, KV);
-      part(p + "attn.c_attn.weight", h + "self_attn.v_proj.weight", qkv_w, C + KV, KV);
+      const std::vector<int64_t> qkv_w = {A + 2 * KV, C}, qkv_b = {A + 2 * KV};
+      part(p + "attn.c_attn.weight", h + "self_attn.q_proj.weight", qkv_w, 0, A);
+      part(p + "attn.c_attn.weight", h + "self_attn.k_proj.weight", qkv_w, A, KV);
+      part(p + "attn.c_attn.weight", h + "self_attn.v_proj.weight", qkv_w, A + KV, KV);
       if (cfg.qkv_bias) {
-        part(p + "attn.c_attn.bias", h + "self_attn.q_proj.bias", qkv_b, 0, C);
-        part(p + "attn.c_attn.bias", h + "self_attn.k_proj.bias", qkv_b, C, KV);
-        part(p + "attn.c_attn.bias", h + "self_attn.v_proj.bias", qkv_b, C + KV, KV);
+        part(p + "attn.c_attn.bias", h + "self_attn.q_proj.bias", qkv_b, 0, A);
+        part(p + "attn.c_attn.bias", h + "self_attn.k_proj.bias", qkv_b, A, KV);
+        part(p + "attn.c_attn.bias", h + "self_attn.v_proj.bias", qkv_b, A + KV, KV);
       }
-      same(p + "attn.c_proj.weight", h + "self_attn.o_proj.weight", {C, C});
+      if (cfg.qk_norm) {
+        same(p + "attn.q_norm.weight", h + "self_attn.q_norm.weight", {cfg.head_size()});
+        same(p + "attn.k_norm.weight", h + "self_attn.k_norm.weight", {cfg.head_size()});
+      }
+      same(p + "attn.c_proj.weight", h + "self_attn.o_proj.weight", {C, A});
       same(p + "ln_2.weight", h + "post_attention_layernorm.weight", {C});
       part(p + "mlp.c_fc.weight", h + "mlp.gate_proj.weight", {2 * F, C}, 0, F);
       part(p + "mlp.c_fc.weight", h + "mlp.up_proj.weight", {2 * F, C}, F, F);

@@ -19,23 +19,24 @@ namespace {
 // decoder_device_bytes sums it. Sizes in elements of the storage type (float: fp32).
 struct DecoderBuffers {
   void *x, *ln, *qkvc, *atty, *res, *fch, *fcg, *logits;
-  float *mean, *rstd;
+  float *mean, *rstd, *qk_rstd;
 };
 template <typename Fn>
 void for_each_decoder_buffer(const ModelConfig& cfg, int rows, DecoderBuffers& b, Fn&& fn) {
-  const size_t C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size, R = rows;
+  const size_t C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size, R = rows, A = cfg.attn_width();
   const size_t KV = static_cast<size_t>(cfg.kv_heads()) * cfg.head_size();
   const size_t fc = model_family(cfg) == Family::kLlama ? 2 * F : F;
   fn(b.x, R * C, "decoder residual stream");
   fn(b.ln, R * C, "decoder norm output");
-  fn(b.qkvc, R * (C + 2 * KV), "decoder q|k|v");
-  fn(b.atty, R * C, "decoder attention output");
+  fn(b.qkvc, R * (A + 2 * KV), "decoder q|k|v");
+  fn(b.atty, R * A, "decoder attention output");
   fn(b.res, R * C, "decoder residual after attention");
   fn(b.fch, R * fc, "decoder MLP pre-activation");
   fn(b.fcg, R * F, "decoder MLP activation");
   fn(b.logits, V, "decoder logits");
   fn(b.mean, R, "decoder norm statistics");
   fn(b.rstd, R, "decoder norm statistics");
+  if (cfg.qk_norm) fn(b.qk_rstd, R * (cfg.n_head + cfg.kv_heads()), "decoder q/k norm statistics");
 }
 
 template <typename P>
@@ -142,7 +143,7 @@ GptDecoder::GptDecoder(const ModelConfig& cfg, Backend& backend, int capacity,
     p = static_cast<std::remove_reference_t<decltype(p)>>(alloc(bytes_of(p, n, es_), what));
   });
   x_ = b.x, ln_ = b.ln, qkvc_ = b.qkvc, atty_ = b.atty, res_ = b.res, fch_ = b.fch, fcg_ = b.fcg;
-  logits_ = b.logits, mean_ = b.mean, rstd_ = b.rstd;
+  logits_ = b.logits, mean_ = b.mean, rstd_ = b.rstd, qk_rstd_ = b.qk_rstd;
   host_logits_raw_.resize(static_cast<size_t>(cfg.vocab_size) * es_);
   host_logits_.resize(cfg.vocab_size);
 }
@@ -217,12 +218,16 @@ void GptDecoder::residual_norm(void* res, void* out, const void* a, const void* 
 // the cache's attention), x_ in and out.
 void GptDecoder::run_layer(const LayerTensors& w, int l, int n) {
   const int C = cfg_.d_model, F = cfg_.d_ff;
-  const int H = cfg_.n_head, Hkv = cfg_.kv_heads(), D = cfg_.head_size(), QKV = C + 2 * Hkv * D;
+  const int H = cfg_.n_head, Hkv = cfg_.kv_heads(), D = cfg_.head_size(), A = cfg_.attn_width();
+  const int QKV = A + 2 * Hkv * D;
   norm(ln_, x_, w.ln1_w, w.ln1_b, n);
   be_.matmul_forward(qkvc_, ln_, w.qkv_w, w.qkv_b, n, C, QKV);
+  if (cfg_.qk_norm)
+    be_.qk_norm_forward(qkvc_, nullptr, qk_rstd_, w.q_norm_w, w.k_norm_w, cfg_.norm_eps, n, H, Hkv,
+                        D);
   if (family_ == Family::kLlama) be_.rope_forward_at(qkvc_, n, pos_, H, Hkv, D, rope_);
   be_.attention_decode(atty_, k_cache_[l], v_cache_[l], qkvc_, n, pos_, H, Hkv, D);
-  be_.matmul_forward(res_, atty_, w.proj_w, w.proj_b, n, C, C);
+  be_.matmul_forward(res_, atty_, w.proj_w, w.proj_b, n, A, C);
   residual_norm(res_, ln_, res_, x_, w.ln2_w, w.ln2_b, n);
   switch (family_) {
     case Family::kGpt2:

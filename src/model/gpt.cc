@@ -55,8 +55,8 @@ size_t ParamLayout::num_params() const {
 // Face names of each family are mapped in src/formats/hf_config.cc.
 ParamLayout make_gpt_layout(const ModelConfig& cfg) {
   const Family fam = model_family(cfg);
-  const int64_t C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size;
-  const int64_t KV = static_cast<int64_t>(cfg.kv_heads()) * cfg.head_size();
+  const int64_t C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size, A = cfg.attn_width();
+  const int64_t D = cfg.head_size(), KV = static_cast<int64_t>(cfg.kv_heads()) * D;
   const bool llama = fam == Family::kLlama;
   ParamLayout layout;
   auto begin_group = [&](const std::string& name) {
@@ -97,9 +97,13 @@ ParamLayout make_gpt_layout(const ModelConfig& cfg) {
     begin_group(str("layer.", l));
     add(p + "ln_1.weight", {C}, kLn1W);
     if (!llama) add(p + "ln_1.bias", {C}, kLn1B);
-    add(p + "attn.c_attn.weight", {C + 2 * KV, C}, kQkvW);
-    if (!llama || cfg.qkv_bias) add(p + "attn.c_attn.bias", {C + 2 * KV}, kQkvB);
-    add(p + "attn.c_proj.weight", {C, C}, kProjW);
+    add(p + "attn.c_attn.weight", {A + 2 * KV, C}, kQkvW);
+    if (!llama || cfg.qkv_bias) add(p + "attn.c_attn.bias", {A + 2 * KV}, kQkvB);
+    if (cfg.qk_norm) {
+      add(p + "attn.q_norm.weight", {D}, kQNormW);
+      add(p + "attn.k_norm.weight", {D}, kKNormW);
+    }
+    add(p + "attn.c_proj.weight", {C, A}, kProjW);
     if (!llama) add(p + "attn.c_proj.bias", {C}, kProjB);
     add(p + "ln_2.weight", {C}, kLn2W);
     if (!llama) add(p + "ln_2.bias", {C}, kLn2B);
@@ -170,6 +174,12 @@ LayerTensors layer_group_tensors(const ParamLayout& layout, int layer, void* gro
       case kFcProjB:
         w.fcproj_b = p;
         break;
+      case kQNormW:
+        w.q_norm_w = p;
+        break;
+      case kKNormW:
+        w.k_norm_w = p;
+        break;
       default:
         FY_CHECK(false, "tensor ", t.name, " has no place in a layer");
     }
@@ -229,7 +239,8 @@ void init_gpt_group(const ModelConfig& cfg, const ParamLayout& layout, int group
   for (size_t i = g.first_tensor; i < g.first_tensor + g.num_tensors; ++i) {
     const TensorSpec& t = layout.tensors[i];
     float* p = dst + (t.offset - g.offset);
-    bool is_norm = t.role == kLn1W || t.role == kLn2W || t.role == kLnfW;
+    bool is_norm = t.role == kLn1W || t.role == kLn2W || t.role == kLnfW || t.role == kQNormW ||
+                   t.role == kKNormW;
     if (is_norm) {
       std::fill(p, p + t.numel, 1.0f);
     } else if (t.shape.size() >= 2) {
@@ -255,13 +266,13 @@ void init_gpt_params(const ModelConfig& cfg, const ParamLayout& layout, float* p
 }
 
 double layer_forward_flops_per_token(const ModelConfig& cfg) {
-  const double C = cfg.d_model, F = cfg.d_ff, T = cfg.seq_len;
+  const double C = cfg.d_model, F = cfg.d_ff, T = cfg.seq_len, A = cfg.attn_width();
   const double KV = static_cast<double>(cfg.kv_heads()) * cfg.head_size();
   const double mlp_matrices = model_family(cfg) == Family::kLlama ? 3 : 2;
-  return 2 * C * (C + 2 * KV)         // q, k, v projections
-         + 2 * T * C                  // q k^T
-         + 2 * T * C                  // att v
-         + 2 * C * C                  // attention projection
+  return 2 * C * (A + 2 * KV)         // q, k, v projections
+         + 2 * T * A                  // q k^T
+         + 2 * T * A                  // att v
+         + 2 * A * C                  // attention projection
          + mlp_matrices * 2 * C * F;  // fc, fc projection (llama: gate, up, down)
 }
 
@@ -277,15 +288,20 @@ namespace {
 template <typename Fn>
 void for_each_activation(const ModelConfig& cfg, int B, LayerActivations& a, Fn&& fn) {
   const size_t C = cfg.d_model, F = cfg.d_ff, T = cfg.seq_len, H = cfg.n_head;
+  const size_t A = cfg.attn_width(), Hkv = cfg.kv_heads(), D = cfg.head_size();
   const size_t N = static_cast<size_t>(B) * T;
   const bool ln = has_layernorm(model_family(cfg));
   const size_t fc = model_family(cfg) == Family::kLlama ? 2 * F : F;
   fn(a.ln1, N * C);
   if (ln) fn(a.ln1_mean, N);
   fn(a.ln1_rstd, N);
-  fn(a.qkv, N * 3 * C);
+  fn(a.qkv, N * 3 * A);
+  if (cfg.qk_norm) {
+    fn(a.qk, N * (H + Hkv) * D);
+    fn(a.qk_rstd, N * (H + Hkv));
+  }
   fn(a.lse, B * H * T);
-  fn(a.atty, N * C);
+  fn(a.atty, N * A);
   fn(a.res2, N * C);
   fn(a.ln2, N * C);
   if (ln) fn(a.ln2_mean, N);
@@ -303,7 +319,7 @@ struct Workspace {
 };
 template <typename Fn>
 void for_each_workspace(const ModelConfig& cfg, int B, Workspace& w, Fn&& fn) {
-  const size_t C = cfg.d_model, F = cfg.d_ff, T = cfg.seq_len;
+  const size_t C = cfg.d_model, F = cfg.d_ff, T = cfg.seq_len, A = cfg.attn_width();
   const size_t N = static_cast<size_t>(B) * T;
   const size_t KV = static_cast<size_t>(cfg.kv_heads()) * cfg.head_size();
   const Family fam = model_family(cfg);
@@ -314,13 +330,13 @@ void for_each_workspace(const ModelConfig& cfg, int B, Workspace& w, Fn&& fn) {
   fn(w.losses, N, "losses");
   fn(w.lse, N, "losses");
   fn(w.dres, N * C, "backward scratch");
-  fn(w.dtmp, N * C, "backward scratch");
-  fn(w.dqkv, N * 3 * C, "backward scratch");
+  fn(w.dtmp, N * std::max(C, A), "backward scratch");  // d(ln1 output) and d(attention output)
+  fn(w.dqkv, N * 3 * A, "backward scratch");
   fn(w.att_scratch, 2 * T * T, "attention scratch");
   if (fam == Family::kLlama) {
-    if (KV != C) {  // grouped-query attention: the compact q|k|v before heads are repeated
-      fn(w.qkvc, N * (C + 2 * KV), "grouped-query attention scratch");
-      fn(w.dqkvc, N * (C + 2 * KV), "grouped-query attention scratch");
+    if (KV != A) {  // grouped-query attention: the compact q|k|v before heads are repeated
+      fn(w.qkvc, N * (A + 2 * KV), "grouped-query attention scratch");
+      fn(w.dqkvc, N * (A + 2 * KV), "grouped-query attention scratch");
     }
     fn(w.dgu, N * 2 * F, "backward scratch");
   }
@@ -356,9 +372,11 @@ size_t model_workspace_bytes(const ModelConfig& cfg, int B, size_t es) {
 }
 
 size_t cpu_kernel_scratch_bytes(const ModelConfig& cfg, int B) {
-  const size_t C = cfg.d_model, V = padded_vocab(cfg), N = static_cast<size_t>(B) * cfg.seq_len;
+  const size_t V = padded_vocab(cfg), N = static_cast<size_t>(B) * cfg.seq_len;
+  // The attention's width may exceed d_model (head_dim): the larger bounds every view.
+  const size_t C = std::max<size_t>(cfg.d_model, cfg.attn_width());
   const size_t F = model_family(cfg) == Family::kLlama ? 2 * cfg.d_ff : cfg.d_ff;  // fc's outputs
-  const size_t QKV = C + 2 * static_cast<size_t>(cfg.kv_heads()) * cfg.head_size();
+  const size_t QKV = cfg.attn_width() + 2 * static_cast<size_t>(cfg.kv_heads()) * cfg.head_size();
   // Every view of one call, per kernel: a matmul backward's din, dw, dbias, dout, in and w;
   // the attention backward's dqkv, dout and qkv (3C wide after repeating k/v heads); a norm
   // backward's din, dout, in and three weight vectors; the fused residual + norm's res, out, a,
@@ -532,7 +550,7 @@ void Transformer::norm_backward(void* din, void* dw, void* db, const void* dout,
 void Transformer::block_forward(const LayerTensors& w, const void* x_in,
                                 const LayerActivations& a) {
   const int N = N_, C = cfg_.d_model, F = cfg_.d_ff, T = cfg_.seq_len;
-  const int H = cfg_.n_head, Hkv = cfg_.kv_heads(), D = cfg_.head_size();
+  const int H = cfg_.n_head, Hkv = cfg_.kv_heads(), D = cfg_.head_size(), A = cfg_.attn_width();
   mark(StepPhase::kForward, OpClass::kNorm);
   norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, w.ln1_w, w.ln1_b);
   if (family_ == Family::kLlama) {
@@ -541,7 +559,12 @@ void Transformer::block_forward(const LayerTensors& w, const void* x_in,
     // multi-head attention kernel runs; the backward sums the copies' gradients.
     void* qkvc = Hkv == H ? a.qkv : qkvc_;
     mark(StepPhase::kForward, OpClass::kGemmQkv);
-    be_.matmul_forward(qkvc, a.ln1, w.qkv_w, w.qkv_b, N, C, C + 2 * Hkv * D);
+    be_.matmul_forward(qkvc, a.ln1, w.qkv_w, w.qkv_b, N, C, A + 2 * Hkv * D);
+    if (cfg_.qk_norm) {
+      mark(StepPhase::kForward, OpClass::kNorm);
+      be_.qk_norm_forward(qkvc, a.qk, a.qk_rstd, w.q_norm_w, w.k_norm_w, cfg_.norm_eps, N, H, Hkv,
+                          D);
+    }
     mark(StepPhase::kForward, OpClass::kRope);
     be_.rope_forward(qkvc, B_, T, H, Hkv, D, rope_, pos_);
     if (Hkv != H) be_.repeat_kv_forward(a.qkv, qkvc, N, H, Hkv, D);
@@ -550,9 +573,9 @@ void Transformer::block_forward(const LayerTensors& w, const void* x_in,
     be_.matmul_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C);
   }
   mark(StepPhase::kForward, OpClass::kAttention);
-  be_.attention_forward(a.atty, a.lse, att_scratch_, a.qkv, B_, T, C, H, pos_);
+  be_.attention_forward(a.atty, a.lse, att_scratch_, a.qkv, B_, T, A, H, pos_);
   mark(StepPhase::kForward, OpClass::kGemmAttnProj);
-  be_.matmul_forward(a.res2, a.atty, w.proj_w, w.proj_b, N, C, C);
+  be_.matmul_forward(a.res2, a.atty, w.proj_w, w.proj_b, N, A, C);
   // The attention's residual add and the MLP's norm in one pass (timed as the norm).
   mark(StepPhase::kForward, OpClass::kNorm);
   residual_norm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, x_in, w.ln2_w, w.ln2_b);
@@ -691,7 +714,7 @@ void Transformer::head_norm_backward(const GlobalTensors& g, const GlobalTensors
 void Transformer::block_backward(const LayerTensors& w, const LayerTensors& dw, const void* x_in,
                                  const LayerActivations& a, void* dres) {
   const int N = N_, C = cfg_.d_model, F = cfg_.d_ff, T = cfg_.seq_len;
-  const int H = cfg_.n_head, Hkv = cfg_.kv_heads(), D = cfg_.head_size();
+  const int H = cfg_.n_head, Hkv = cfg_.kv_heads(), D = cfg_.head_size(), A = cfg_.attn_width();
   // MLP: dres holds dL/d(block output), which is also dL/d(fc projection output). The
   // activation's gradient dL/d(fcg) overwrites fcg itself (matmul_backward computes dw from
   // its input before din): the backward consumes the layer's activations, and the (N, F)
@@ -723,16 +746,21 @@ void Transformer::block_backward(const LayerTensors& w, const LayerTensors& dw, 
   norm_backward(dres, dw.ln2_w, dw.ln2_b, dtmp_, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd);
   // Attention: dres now holds dL/d(res2).
   mark(StepPhase::kBackward, OpClass::kGemmAttnProj);
-  be_.matmul_backward(dtmp_, dw.proj_w, dw.proj_b, dres, a.atty, w.proj_w, N, C, C);
+  be_.matmul_backward(dtmp_, dw.proj_w, dw.proj_b, dres, a.atty, w.proj_w, N, A, C);
   mark(StepPhase::kBackward, OpClass::kAttention);
-  be_.attention_backward(dqkv_, att_scratch_, dtmp_, a.atty, a.qkv, a.lse, B_, T, C, H, pos_);
+  be_.attention_backward(dqkv_, att_scratch_, dtmp_, a.atty, a.qkv, a.lse, B_, T, A, H, pos_);
   if (family_ == Family::kLlama) {
     void* dqkvc = Hkv == H ? dqkv_ : dqkvc_;
     mark(StepPhase::kBackward, OpClass::kRope);
     if (Hkv != H) be_.repeat_kv_backward(dqkvc, dqkv_, N, H, Hkv, D);
     be_.rope_backward(dqkvc, B_, T, H, Hkv, D, rope_, pos_);
+    if (cfg_.qk_norm) {
+      mark(StepPhase::kBackward, OpClass::kNorm);
+      be_.qk_norm_backward(dqkvc, dw.q_norm_w, dw.k_norm_w, a.qk, w.q_norm_w, w.k_norm_w, a.qk_rstd,
+                           N, H, Hkv, D);
+    }
     mark(StepPhase::kBackward, OpClass::kGemmQkv);
-    be_.matmul_backward(dtmp_, dw.qkv_w, dw.qkv_b, dqkvc, a.ln1, w.qkv_w, N, C, C + 2 * Hkv * D);
+    be_.matmul_backward(dtmp_, dw.qkv_w, dw.qkv_b, dqkvc, a.ln1, w.qkv_w, N, C, A + 2 * Hkv * D);
   } else {
     mark(StepPhase::kBackward, OpClass::kGemmQkv);
     be_.matmul_backward(dtmp_, dw.qkv_w, dw.qkv_b, dqkv_, a.ln1, w.qkv_w, N, C, 3 * C);

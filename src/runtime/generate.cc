@@ -148,7 +148,10 @@ ModelFiles find_model_files(const std::string& dir, const ModelConfig& model) {
   if (cfg.is_object() && cfg.contains("model_type") && cfg["model_type"].is_string())
     f.model_type = cfg["model_type"].get<std::string>();
   else
-    f.model_type = model.family == "llama" ? (model.qkv_bias ? "qwen2" : "llama") : model.family;
+    f.model_type = model.family != "llama" ? model.family
+                   : model.qk_norm         ? "qwen3"
+                   : model.qkv_bias        ? "qwen2"
+                                           : "llama";
   f.context = model.seq_len;
   // Llama has no position table: a fine-tune may train at a shorter seq_len than the base's
   // context, which generation may use whole.

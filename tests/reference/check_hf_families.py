@@ -4,7 +4,8 @@
     FUYOU_PYTHON tests/reference/check_hf_families.py BUILD_DIR [--perturb]
 
 For each case (Llama 2, Llama 3.0, Llama 3.1 with llama3 rotary scaling, linear, dynamic and
-yarn scaling, Qwen2.5, Mistral with and without a window), a tiny random model is built and
+yarn scaling, Qwen2.5, Qwen3 (its q/k norm and a head_dim apart from hidden_size / heads),
+Mistral with and without a window, Mistral-Nemo's head_dim), a tiny random model is built and
 saved by transformers (`save_pretrained`: the 5.x config keys `rope_parameters` and `dtype`),
 and again with the config.json a hub checkpoint of 2024-25 carries (4.x keys: `rope_theta`,
 `rope_scaling`, `torch_dtype`). Each is converted with `fuyou-convert from-hf`; then
@@ -75,6 +76,13 @@ CASES = {
         "mscale_all_dim": 1.0, "original_max_position_embeddings": 16, "truncate": False}), None),
     "qwen2.5": ("Qwen2Config", dict(BASE, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
                                     tie_word_embeddings=True), None),
+    "qwen3": ("Qwen3Config", dict(BASE, head_dim=16, tie_word_embeddings=True,
+                                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), None),
+    "qwen3-yarn": ("Qwen3Config", dict(BASE, head_dim=12, num_key_value_heads=4, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 16}), None),
+    # Mistral-Nemo's shape: head_dim apart from hidden_size / heads
+    "mistral-nemo": ("MistralConfig", dict(BASE, sliding_window=None, head_dim=12,
+                                           rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), None),
     "mistral-v0.3": ("MistralConfig", dict(BASE, sliding_window=None, head_dim=8,
                                            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), None),
     "mistral-window-64": ("MistralConfig", dict(BASE, sliding_window=64, head_dim=8), None),
@@ -323,7 +331,7 @@ def main():
             with open(os.path.join(legacy, "config.json"), "w") as f:
                 json.dump(legacy_form(cfg5), f, indent=2)
             failures += c.check_case(name + " (4.x config)", legacy, verdict)
-            if perturb and name in ("llama3.1", "qwen2.5", "mistral-window-64"):
+            if perturb and name in ("llama3.1", "qwen3", "mistral-window-64"):
                 failures += c.perturb(name, hf, cfg5)
     for f in failures:
         print("FAIL " + f)
