@@ -110,6 +110,16 @@ def conversations(n, with_system):
     return out
 
 
+def single_exchanges(n, with_system):
+    """The first exchange of each of conversations(n, with_system)."""
+    out = []
+    for c in conversations(n, with_system):
+        m = c["messages"]
+        first = 2 if m[0]["role"] == "system" else 1
+        out.append({"messages": m[:first + 1]})
+    return out
+
+
 def assistant_spans(tok, template, messages):
     """The token ranges [a, b) each assistant turn adds, by the engine's documented rule,
     computed with transformers: the turn's tokens start where the conversation before it,
@@ -126,6 +136,8 @@ def assistant_spans(tok, template, messages):
         return k
 
     full = tok.apply_chat_template(messages, chat_template=template, tokenize=True)
+    if not isinstance(full, list):  # transformers 5 returns a BatchEncoding
+        full = full["input_ids"]
     spans = []
     for k, m in enumerate(messages):
         if m["role"] == "assistant":
