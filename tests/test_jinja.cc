@@ -443,3 +443,81 @@ TEST_CASE("jinja: integer limits are refused, not undefined behaviour", "[jinja]
   CHECK_THROWS_WITH(render("{{ 2 ** 64 }}"), Contains("integer overflow"));
   CHECK(render("{{ 999999999999999999 + 1 }}") == "1000000000000000000");
 }
+
+// A template of our own with the constructs of Llama 3.1/3.2's (a tools branch with
+// tojson(indent=4), reject, strftime_now) and Gemma 3's ('is iterable' over content parts),
+// whose released templates may not be shipped; the expected text is jinja2's.
+TEST_CASE("jinja: the constructs of Llama 3.x's and Gemma 3's templates", "[jinja]") {
+  const std::string src = R"J({{- bos_token }}
+{%- if not date_string is defined %}
+    {%- if strftime_now is defined %}
+        {%- set date_string = strftime_now("%d %b %Y") %}
+    {%- else %}
+        {%- set date_string = "01 Jan 2000" %}
+    {%- endif %}
+{%- endif %}
+{%- set builtin_tools = ['code_interpreter', 'brave_search', 'wolfram_alpha'] %}
+{{- "<|system|>Today Date: " + date_string + "\n" }}
+{%- if tools is not none %}
+    {{- "Tools: " + builtin_tools | reject('equalto', 'code_interpreter') | join(", ") + "\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{%- for message in messages %}
+    {{- '<|' + message['role'] + '|>' }}
+    {%- if message['content'] is string %}
+        {{- message['content'] | trim }}
+    {%- elif message['content'] is iterable %}
+        {%- for item in message['content'] %}
+            {%- if item['type'] == 'image' %}
+                {{- '<start_of_image>' }}
+            {%- elif item['type'] == 'text' %}
+                {{- item['text'] | trim }}
+            {%- endif %}
+        {%- endfor %}
+    {%- endif %}
+    {{- '<|end|>\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|assistant|>' }}
+{%- endif %}
+)J";
+  nlohmann::ordered_json vars = nlohmann::ordered_json::parse(
+      R"J({"bos_token": "<s>", "messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": " What is this? "}]}, {"role": "assistant", "content": " A cat. "}], "add_generation_prompt": true})J");
+  vars["tools"] = kTools()["tools"];
+  vars["tools"][0]["function"]["parameters"]["properties"]["city"]["description"] =
+      "Kraków or Zürich";
+  CHECK(render(src, vars) == R"J(<s><|system|>Today Date: 26 Jul 2024
+Tools: brave_search, wolfram_alpha
+{
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather now",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {
+                    "type": "string",
+                    "description": "Kraków or Zürich"
+                }
+            },
+            "required": [
+                "city"
+            ]
+        }
+    }
+}
+
+<|user|><start_of_image>What is this?<|end|>
+<|assistant|>A cat.<|end|>
+<|assistant|>)J");
+  vars["tools"] = nullptr;
+  vars["add_generation_prompt"] = false;
+  CHECK(render(src, vars) == R"J(<s><|system|>Today Date: 26 Jul 2024
+<|user|><start_of_image>What is this?<|end|>
+<|assistant|>A cat.<|end|>
+)J");
+}

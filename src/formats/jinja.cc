@@ -317,7 +317,8 @@ class Renderer {
     frames.emplace_back();
     std::swap(frames, frames_);
     Frame& f = frames_.back();
-    for (const auto& [name, x] : kwargs) {
+    for (const auto& kw : kwargs) {
+      const std::string& name = kw.first;  // (clang 14 cannot capture a structured binding)
       const bool known = std::any_of(m.params.begin(), m.params.end(),
                                      [&](const auto& p) { return p.first == name; });
       if (!known) c_.fail(str("macro '", fn.name, "' takes no keyword argument '", name, "'"));
