@@ -61,7 +61,7 @@ for n in "${names[@]}"; do
   status=0
   # Chat templates are read up to 1 MiB, and each input must end within 10 s.
   extra=()
-  [ "$n" = chat_template ] && extra=(-max_len=1048576 -timeout=10)
+  [ "$n" = chat_template ] && extra=(-max_len=1048576 -len_control=0 -timeout=10)
   "$bin" "${limit[@]}" "${extra[@]}" -print_final_stats=1 -artifact_prefix="$build/artifacts/$n-" \
     "$build/corpus/$n" "$seeds" > "$log" 2>&1 || status=$?
   # libFuzzer's status lines: "#N  DONE  cov: C ft: F corp: ..." at the end of a run.
