@@ -380,6 +380,20 @@ TEST_CASE("jinja: slices, formatting, numbers and literals as Python prints them
           kChat) == R"J(TrueHiHello)J");
 }
 
+TEST_CASE("jinja: filters that return generators in jinja2 behave as generators", "[jinja]") {
+  // A generator is true even when empty, has no length, and subscripts to undefined.
+  CHECK(render("{{ 'yes' if [1] | select('none') else 'no' }}{{ 'yes' if [] | map('upper') else "
+               "'no' }}{{ [1] | select('none') | list }}[{{ ([1] | select)[0] }}]") ==
+        "yesyes[][]");
+  CHECK_THROWS_WITH(render("{{ [1] | select | length }}"),
+                    Contains("object of type 'generator' has no len()"));
+  CHECK(render("{{ 3 | round }}{{ -3 | round(1) }}{{ 3 | round(1, 'floor') }}") == "3-33.0");
+  CHECK(render("{{ '[1, 2]' is upper }}{{ '[1, 2]' is lower }}{{ 'A1' is upper }}") ==
+        "FalseFalseTrue");
+  CHECK_THROWS_WITH(render("{{ 1 > 'a' }}"),
+                    Contains("'>' not supported between instances of 'int' and 'str'"));
+}
+
 TEST_CASE("jinja: runtime errors are jinja2's", "[jinja]") {
   CHECK_THROWS_WITH(render(R"J({{ nothing.attr }})J"), Contains(R"J('nothing' is undefined)J"));
   CHECK_THROWS_WITH(render(R"J({{ x.a.b }})J", nlohmann::ordered_json::parse(R"J({"x": {}})J")),

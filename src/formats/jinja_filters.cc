@@ -119,7 +119,7 @@ Value select(Ctx& c, const std::string& f, const Value& v, const Args& args) {
     const bool pass = test.empty() ? truthy(item) : apply_test(c, test, item, test_args);
     if (pass == keep) out.push_back(x);
   }
-  return c.list(std::move(out));
+  return c.generator(std::move(out));
 }
 
 Value map(Ctx& c, const Value& v, const Args& args, const Kwargs& kwargs) {
@@ -137,7 +137,7 @@ Value map(Ctx& c, const Value& v, const Args& args, const Kwargs& kwargs) {
       Value r = attribute_path(c, x, path);
       out.push_back(r.kind == Value::kUndefined && dflt ? *dflt : r);
     }
-    return c.list(std::move(out));
+    return c.generator(std::move(out));
   }
   if (args.empty() || args[0].kind != Value::kString)
     c.fail("map() needs a filter name or attribute=");
@@ -145,7 +145,7 @@ Value map(Ctx& c, const Value& v, const Args& args, const Kwargs& kwargs) {
   if (!known_filter(f)) c.fail(str("No filter named '", f, "'."));
   const Args rest(args.begin() + 1, args.end());
   for (const Value& x : items) out.push_back(apply_filter(c, f, x, rest, kwargs));
-  return c.list(std::move(out));
+  return c.generator(std::move(out));
 }
 
 // jinja2's do_indent: lines after the first get the padding (blank ones only with `blank`),
@@ -220,6 +220,7 @@ Value length(Ctx& c, const Value& v) {
     case Value::kString:
       return Value::integer(static_cast<int64_t>(code_points(v.s())));
     case Value::kList:
+      if (v.generator) c.fail("object of type 'generator' has no len()");
       return Value::integer(static_cast<int64_t>(v.list->size()));
     case Value::kDict:
     case Value::kNamespace:
@@ -276,6 +277,8 @@ Value round_filter(Ctx& c, const Value& v, const Params& p) {
   if (!v.numeric()) c.fail(str("round() needs a number, not ", kind_name(v)));
   const int64_t digits = p.integer(0, 0);
   const std::string method = p.string(1, "common");
+  if (method == "common" && v.kind != Value::kFloat && digits >= 0)
+    return Value::integer(v.integral());  // Python's round of an int is the int
   const double scale = std::pow(10.0, static_cast<double>(std::clamp<int64_t>(digits, -300, 300)));
   const double x = v.number() * scale;
   double r;
@@ -309,10 +312,10 @@ Value apply_filter(Ctx& c, const std::string& f, const Value& v, const Args& arg
   if (f == "length" || f == "count") return length(c, v);
   if (f == "list") return c.list(iterate(c, v));
   if (f == "items") {
-    if (v.kind == Value::kUndefined) return c.list({});
+    if (v.kind == Value::kUndefined) return c.generator({});
     if (v.kind != Value::kDict)
       c.fail(str("can only get item pairs from a mapping, not ", kind_name(v)));
-    return call_method(c, v, "items", {}, {});
+    return c.generator(*call_method(c, v, "items", {}, {}).list);
   }
   if (f == "first" || f == "last") {
     const List items = iterate(c, v);
@@ -328,7 +331,7 @@ Value apply_filter(Ctx& c, const std::string& f, const Value& v, const Args& arg
     }
     List items = iterate(c, v);
     std::reverse(items.begin(), items.end());
-    return c.list(std::move(items));
+    return c.generator(std::move(items));
   }
   if (f == "join") {
     Params p(c, f, args, kwargs, {"d", "attribute"});
@@ -447,7 +450,7 @@ Value apply_filter(Ctx& c, const std::string& f, const Value& v, const Args& arg
           out.push_back(x);
         }
       }
-      return c.list(std::move(out));
+      return c.generator(std::move(out));
     }
     items = sorted(c, std::move(items), sort && p.flag(0, false), cs, attr);
     if (sort) return c.list(std::move(items));
@@ -482,7 +485,7 @@ Value apply_filter(Ctx& c, const std::string& f, const Value& v, const Args& arg
         out.push_back(c.list(std::move(row)));
       }
     }
-    return c.list(std::move(out));
+    return c.generator(std::move(out));
   }
   if (f == "select" || f == "reject" || f == "selectattr" || f == "rejectattr") {
     if (!kwargs.empty()) c.fail(str(f, "() takes no keyword arguments"));
@@ -522,11 +525,13 @@ bool apply_test(Ctx& c, const std::string& t, const Value& v, const Args& args) 
   if (t == "escaped") return false;
   if (t == "lower" || t == "upper") {
     if (v.kind != Value::kString) return false;
-    const std::string s = v.s();
-    return std::none_of(s.begin(), s.end(), [&](char ch) {
-      return t == "lower" ? std::isupper(static_cast<unsigned char>(ch))
-                          : std::islower(static_cast<unsigned char>(ch));
-    });
+    // Python's islower / isupper: some cased character, none of the other case.
+    bool cased = false, other = false;
+    for (unsigned char ch : v.s()) {
+      cased = cased || (t == "lower" ? std::islower(ch) : std::isupper(ch));
+      other = other || (t == "lower" ? std::isupper(ch) : std::islower(ch));
+    }
+    return cased && !other;
   }
   if (t == "odd" || t == "even" || t == "divisibleby") {
     if (v.kind != Value::kInt && v.kind != Value::kBool)
@@ -541,10 +546,10 @@ bool apply_test(Ctx& c, const std::string& t, const Value& v, const Args& args) 
   if (t == "sameas")
     return v.kind == arg().kind &&
            (v.is_container() ? v.dict == arg().dict && v.list == arg().list : equal(v, arg()));
-  if (t == "gt" || t == "greaterthan" || t == ">") return compare(c, v, arg()) > 0;
-  if (t == "ge" || t == ">=") return compare(c, v, arg()) >= 0;
-  if (t == "lt" || t == "lessthan" || t == "<") return compare(c, v, arg()) < 0;
-  if (t == "le" || t == "<=") return compare(c, v, arg()) <= 0;
+  if (t == "gt" || t == "greaterthan" || t == ">") return compare(c, v, arg(), ">") > 0;
+  if (t == "ge" || t == ">=") return compare(c, v, arg(), ">=") >= 0;
+  if (t == "lt" || t == "lessthan" || t == "<") return compare(c, v, arg(), "<") < 0;
+  if (t == "le" || t == "<=") return compare(c, v, arg(), "<=") <= 0;
   if (t == "in") return truthy(binary_op(c, "in", v, arg()));
   if (t == "filter") return v.kind == Value::kString && known_filter(v.s());
   if (t == "test") return v.kind == Value::kString && known_test(v.s());

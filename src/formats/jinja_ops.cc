@@ -119,7 +119,7 @@ Value binary_op(Ctx& c, const std::string& op, const Value& a, const Value& b) {
   }
   if (op == "in" || op == "not in") return Value::boolean(contains(c, b, a) == (op == "in"));
   if (op == "<" || op == ">" || op == "<=" || op == ">=") {
-    const int r = compare(c, a, b);
+    const int r = compare(c, a, b, op.c_str());
     return Value::boolean(op == "<" ? r < 0 : op == ">" ? r > 0 : op == "<=" ? r <= 0 : r >= 0);
   }
   if (op == "+" && a.kind == Value::kString && b.kind == Value::kString) {
@@ -127,7 +127,8 @@ Value binary_op(Ctx& c, const std::string& op, const Value& a, const Value& b) {
     c.charge(1, a.s().size() + b.s().size());
     return c.string(a.s() + b.s());
   }
-  if (op == "+" && a.kind == Value::kList && b.kind == Value::kList) {
+  if (op == "+" && a.kind == Value::kList && b.kind == Value::kList && !a.generator &&
+      !b.generator) {
     c.check_size(a.bytes + b.bytes);
     c.charge(a.list->size() + b.list->size());
     List l = *a.list;
@@ -182,6 +183,8 @@ Value subscript(Ctx& c, const Value& v, const Value& key) {
     if (f) return *f;
     return Value::undefined(str("'", kind_name(v), " object' has no attribute ", repr(c, key)));
   }
+  if (v.generator)  // jinja2's sandbox gives undefined for what Python cannot subscript
+    return Value::undefined(str("'generator object' has no attribute ", repr(c, key)));
   if ((v.kind == Value::kList || v.kind == Value::kString) &&
       (key.kind == Value::kInt || key.kind == Value::kBool)) {
     const bool plain = v.kind == Value::kList || ascii(v.s());
@@ -203,7 +206,7 @@ Value subscript(Ctx& c, const Value& v, const Value& key) {
 
 Value slice(Ctx& c, const Value& v, const Value* lo, const Value* hi, const Value* step) {
   if (v.kind == Value::kUndefined) c.fail(v.s());
-  if (v.kind != Value::kList && v.kind != Value::kString)
+  if ((v.kind != Value::kList && v.kind != Value::kString) || v.generator)
     c.fail(str("'", kind_name(v), "' object is not subscriptable"));
   const bool plain = v.kind == Value::kList || ascii(v.s());
   std::vector<size_t> at;

@@ -143,7 +143,7 @@ const char* kind_name(const Value& v) {
     case Value::kString:
       return "str";
     case Value::kList:
-      return v.tuple ? "tuple" : "list";
+      return v.generator ? "generator" : v.tuple ? "tuple" : "list";
     case Value::kDict:
       return v.loop ? "LoopContext" : "dict";
     case Value::kNamespace:
@@ -168,7 +168,7 @@ bool truthy(const Value& v) {
     case Value::kString:
       return !v.s().empty();
     case Value::kList:
-      return !v.list->empty();
+      return v.generator || !v.list->empty();
     case Value::kDict:
       return !v.dict->items.empty();
     case Value::kNamespace:
@@ -208,7 +208,7 @@ bool equal(const Value& a, const Value& b) {
   }
 }
 
-int compare(Ctx& c, const Value& a, const Value& b) {
+int compare(Ctx& c, const Value& a, const Value& b, const char* op) {
   if (a.numeric() && b.numeric()) {
     if (a.kind != Value::kFloat && b.kind != Value::kFloat)
       return a.integral() < b.integral() ? -1 : a.integral() > b.integral();
@@ -222,12 +222,12 @@ int compare(Ctx& c, const Value& a, const Value& b) {
     const size_t n = std::min(a.list->size(), b.list->size());
     for (size_t k = 0; k < n; ++k) {
       c.charge();
-      if (!equal((*a.list)[k], (*b.list)[k])) return compare(c, (*a.list)[k], (*b.list)[k]);
+      if (!equal((*a.list)[k], (*b.list)[k])) return compare(c, (*a.list)[k], (*b.list)[k], op);
     }
     return a.list->size() < b.list->size() ? -1 : a.list->size() > b.list->size();
   }
-  c.fail(
-      str("'<' not supported between instances of '", kind_name(a), "' and '", kind_name(b), "'"));
+  c.fail(str("'", op, "' not supported between instances of '", kind_name(a), "' and '",
+             kind_name(b), "'"));
 }
 
 // Python's repr() of a float: the shortest digits that read back as the same number, in
@@ -347,6 +347,8 @@ void write(Out& o, const Value& v, bool as_repr) {
     case Value::kString:
       return as_repr ? repr_string(o, v.s()) : o.add(v.s());
     case Value::kList:
+      if (v.generator) return o.add("<generator object>");
+      return write_items(o, v);
     case Value::kDict:
       return write_items(o, v);
     case Value::kNamespace:
@@ -418,6 +420,7 @@ void json_write(Out& o, const Value& v, const std::string* indent, int level) {
     case Value::kString:
       return json_string(o, v.s());
     case Value::kList: {
+      if (v.generator) o.c.fail("Object of type generator is not JSON serializable");
       if (v.list->empty()) return o.add("[]");
       o.add('[');
       for (size_t k = 0; k < v.list->size(); ++k) {

@@ -54,7 +54,10 @@ struct Value {
   };
   Kind kind = kUndefined;
   bool b = false;
-  bool tuple = false;     // kList made as a tuple: printed (a, b)
+  bool tuple = false;  // kList made as a tuple: printed (a, b)
+  // kList standing for the generator a jinja2 filter returns (select, map, unique, ...): always
+  // true, as a generator is, even when empty; it has no length and no subscripts.
+  bool generator = false;
   bool loop = false;      // kDict that is a for loop's `loop` (it has cycle())
   bool holds_ns = false;  // a namespace is inside
   uint32_t depth = 0;     // containers nested inside, this one included
@@ -102,6 +105,11 @@ class Ctx {
   }
   Value string(std::string s) const;
   Value list(List l, bool tuple = false) const;
+  Value generator(List l) const {
+    Value v = list(std::move(l));
+    v.generator = true;
+    return v;
+  }
   Value dict(Dict d) const;
   Value ns(Dict d) const;
   // Throws when a string being built passes the value limit.
@@ -130,7 +138,7 @@ const char* kind_name(const Value& v);  // Python's type name: 'str', 'int', 'li
 bool truthy(const Value& v);
 bool equal(const Value& a, const Value& b);
 // -1, 0, 1, as Python orders numbers and strings (lists elementwise); fails for other pairs.
-int compare(Ctx& c, const Value& a, const Value& b);
+int compare(Ctx& c, const Value& a, const Value& b, const char* op = "<");
 
 std::string to_string(Ctx& c, const Value& v);  // Python's str(): what {{ v }} prints
 std::string repr(Ctx& c, const Value& v);       // Python's repr()
