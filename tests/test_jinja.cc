@@ -390,6 +390,7 @@ TEST_CASE("jinja: filters that return generators in jinja2 behave as generators"
   CHECK(render("{{ 3 | round }}{{ -3 | round(1) }}{{ 3 | round(1, 'floor') }}") == "3-33.0");
   CHECK(render("{{ '[1, 2]' is upper }}{{ '[1, 2]' is lower }}{{ 'A1' is upper }}") ==
         "FalseFalseTrue");
+  CHECK(render("{{ 1 in nothing }}{{ 'a' not in nothing }}") == "FalseTrue");
   CHECK_THROWS_WITH(render("{{ 1 > 'a' }}"),
                     Contains("'>' not supported between instances of 'int' and 'str'"));
 }

@@ -98,7 +98,7 @@ bool contains(Ctx& c, const Value& hay, const Value& needle) {
       c.charge(hay.dict->items.size());
       return needle.kind == Value::kString && hay.dict->find(needle.s()) != nullptr;
     case Value::kUndefined:
-      c.fail(hay.s());
+      return false;  // jinja2's Undefined iterates as empty
     default:
       c.fail(str("argument of type '", kind_name(hay), "' is not iterable"));
   }
