@@ -59,7 +59,10 @@ for n in "${names[@]}"; do
   mkdir -p "$build/corpus/$n"
   log="$build/logs/$n.log"
   status=0
-  "$bin" "${limit[@]}" -print_final_stats=1 -artifact_prefix="$build/artifacts/$n-" \
+  # Chat templates are read up to 1 MiB, and each input must end within 10 s.
+  extra=()
+  [ "$n" = chat_template ] && extra=(-max_len=1048576 -len_control=0 -timeout=10)
+  "$bin" "${limit[@]}" "${extra[@]}" -print_final_stats=1 -artifact_prefix="$build/artifacts/$n-" \
     "$build/corpus/$n" "$seeds" > "$log" 2>&1 || status=$?
   # libFuzzer's status lines: "#N  DONE  cov: C ft: F corp: ..." at the end of a run.
   last=$(grep -E '^#[0-9]+' "$log" | tail -1 || true)

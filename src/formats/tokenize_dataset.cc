@@ -113,7 +113,7 @@ bool blank(const std::string& line) {
   return line.find_first_not_of(" \t\r\n") == std::string::npos;
 }
 
-std::string string_field(const nlohmann::json& rec, const std::string& field,
+std::string string_field(const nlohmann::ordered_json& rec, const std::string& field,
                          const std::string& where) {
   if (!rec.contains(field)) throw IoError(str(where, ": field '", field, "' is missing"));
   if (!rec[field].is_string())
@@ -177,7 +177,11 @@ class ChatRender {
                             ": conversations need the model's chat_template "
                             "(tokenizer_config.json beside tokenizer.json)"));
     tpl_ = &parsed_template(o);
-    messages_ = nlohmann::json::parse(messages_json);
+    messages_ = nlohmann::ordered_json::parse(messages_json);
+    const int max_depth = jinja::Limits().max_depth;
+    if (jinja::json_depth(messages_, max_depth) > max_depth)
+      throw IoError(str(where, ": the messages nest more than ", max_depth,
+                        " deep (the chat template's limit max_depth)"));
     if (!messages_.is_array() || messages_.empty())
       throw IoError(
           str(where, ": field '", o.chat_field, "' must be a non-empty list of messages"));
@@ -188,19 +192,22 @@ class ChatRender {
         throw IoError(str(where, ": message ", k,
                           " must be an object with string fields 'role' and 'content'"));
     }
+    // As transformers passes them: tools and documents are none when a record has neither.
     vars_ = {{"bos_token", o.template_bos},
              {"eos_token", o.template_eos},
              {"pad_token", o.template_pad},
-             {"unk_token", o.template_unk}};
+             {"unk_token", o.template_unk},
+             {"tools", nullptr},
+             {"documents", nullptr}};
   }
-  const nlohmann::json& messages() const { return messages_; }
+  const nlohmann::ordered_json& messages() const { return messages_; }
   // The first n messages, with the generation prompt (the assistant's turn follows) or not.
   std::string render(size_t n, bool generation) {
     vars_["messages"] =
-        nlohmann::json(messages_.begin(), messages_.begin() + static_cast<ptrdiff_t>(n));
+        nlohmann::ordered_json(messages_.begin(), messages_.begin() + static_cast<ptrdiff_t>(n));
     vars_["add_generation_prompt"] = generation;
     try {
-      return tpl_->render(vars_);
+      return tpl_->render(vars_, &work_);
     } catch (const Error& e) {
       throw IoError(str(where_, ": ", e.what()));
     }
@@ -209,7 +216,10 @@ class ChatRender {
  private:
   std::string where_;
   const jinja::Template* tpl_ = nullptr;
-  nlohmann::json messages_, vars_;
+  nlohmann::ordered_json messages_, vars_;
+  // The renders of one conversation share one work budget: each assistant turn renders the
+  // conversation before it, so a long one costs the square of its length.
+  jinja::Work work_{jinja::Limits().max_work};
 };
 
 }  // namespace
@@ -217,7 +227,7 @@ class ChatRender {
 void encode_chat(const Tokenizer& tok, const DatasetOptions& o, const std::string& messages_json,
                  const std::string& where, std::vector<int32_t>* ids, std::vector<uint8_t>* mask) {
   ChatRender chat(o, messages_json, where);
-  const nlohmann::json& messages = chat.messages();
+  const nlohmann::ordered_json& messages = chat.messages();
   const std::string full = chat.render(messages.size(), false);
   const std::vector<int32_t> all = tok.encode(full);
   std::vector<uint8_t> m(all.size(), 0);
@@ -424,10 +434,11 @@ void make_output_dir(const std::string& out_dir) {
 }
 
 // The JSON object on one line of a JSON Lines file.
-nlohmann::json parse_record(const std::string& line, const std::string& where) {
-  nlohmann::json rec;
+// Keys in the line's order (a chat template's tojson prints them so).
+nlohmann::ordered_json parse_record(const std::string& line, const std::string& where) {
+  nlohmann::ordered_json rec;
   try {
-    rec = nlohmann::json::parse(line);
+    rec = nlohmann::ordered_json::parse(line);
   } catch (const nlohmann::json::exception& e) {
     throw IoError(str(where, ": not valid JSON: ", e.what()));
   }
@@ -464,7 +475,7 @@ class DatasetWriter {
 
  private:
   // One record's tokens into ids_ (and its mask into mask_).
-  void encode_record(const nlohmann::json& rec, const std::string& where);
+  void encode_record(const nlohmann::ordered_json& rec, const std::string& where);
 
   const Tokenizer& tok_;
   const DatasetOptions& opts_;
@@ -548,7 +559,7 @@ void DatasetWriter::add_jsonl_file(const fs::path& f) {
   }
 }
 
-void DatasetWriter::encode_record(const nlohmann::json& rec, const std::string& where) {
+void DatasetWriter::encode_record(const nlohmann::ordered_json& rec, const std::string& where) {
   ids_.clear();
   mask_.clear();
   if (bos_) ids_.push_back(*bos_);
@@ -560,6 +571,11 @@ void DatasetWriter::encode_record(const nlohmann::json& rec, const std::string& 
   } else if (kind_.chat) {
     if (!rec.contains(opts_.chat_field))
       throw IoError(str(where, ": field '", opts_.chat_field, "' is missing"));
+    // Checked without recursion before dump() and the template's values recurse over it.
+    const int max_depth = jinja::Limits().max_depth;
+    if (jinja::json_depth(rec[opts_.chat_field], max_depth) > max_depth)
+      throw IoError(str(where, ": field '", opts_.chat_field, "' nests more than ", max_depth,
+                        " deep (the chat template's limit max_depth)"));
     mask_.assign(ids_.size(), 0);
     encode_chat(tok_, opts_, rec[opts_.chat_field].dump(), where, &ids_, &mask_);
     if (eos_) ids_.push_back(*eos_);

@@ -115,6 +115,24 @@ def write_chat_template():
         (d / f"unsupported{k}.jinja").write_text(text)
     # What the fuzzer found: an integer literal beyond int64, integer overflow.
     (d / "crash-integer-literal.jinja").write_text("{{ 99999999999999999999 }}{{ 9223372036854775807 + 1 }}")
+    # Released templates, and the constructs of the hostile cases, small.
+    released = ROOT / "tests" / "reference" / "fixtures" / "chat_templates"
+    for f in sorted(released.glob("*.jinja")):
+        (d / f"released-{f.name}").write_text(f.read_text())
+    hostile = {
+        "deep-plus": "{{ 1" + "+1" * 300 + " }}",
+        "deep-attr": "{{ a" + ".b" * 300 + " }}",
+        "deep-tags": "{% if true %}" * 300 + "{% endif %}" * 300,
+        "repeat": "{{ 'x' * 999999999999999999 }}{{ '' * 999999999999999999 }}",
+        "replace-join": "{% set s = 'x' * 1000 %}{{ s.replace('x', s) | length }}{{ ([s] * 100) | join | length }}",
+        "split-for": "{% for c in (',' * 1000).split(',') %}{% for d in 'abc' %}{{ loop.cycle(1, 2) }}{% endfor %}{% endfor %}",
+        "nested-loops": "{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}",
+        "namespace-deep": "{% set ns = namespace(x=[]) %}{% for i in range(300) %}{% set ns.x = [ns.x] %}{% endfor %}",
+        "macro-caller": "{% macro m(a, b=2) %}{{ a }}{{ caller() }}{% endmacro %}{% call m(1) %}c{% endcall %}{% macro r() %}{{ r() }}{% endmacro %}{{ r() }}",
+        "filters": "{{ tools | tojson(indent=2) }}{{ messages | selectattr('role', 'eq', 'user') | map(attribute='content') | list }}{{ messages | rejectattr('role') | list | length }}{{ {'b': 1} | dictsort }}{{ '%s %d' % ('a', 1) }}{{ '{} {x}'.format(1, x=2) }}{{ strftime_now('%d %b %Y') }}{{ [1, 2, 3][::-1] }}",
+    }
+    for name, text in hostile.items():
+        (d / f"hostile-{name}.jinja").write_text(text)
 
 
 def trim_tokenizer(path, keep):

@@ -74,12 +74,11 @@ TEMPLATES = {"llama2": LLAMA2, "llama3": LLAMA3, "mistral": MISTRAL, "chatml": C
 # Families whose templates take a system message.
 WITH_SYSTEM = {"llama2", "llama3", "chatml", "phi3", "chatml_lines"}
 
-# Templates using a feature the engine does not have, and the name its refusal must give.
+# Templates jinja2 (or the engine) refuses to read, and what the refusal must name.
 UNSUPPORTED = [
-    ("{% macro turn(m) %}{{ m.content }}{% endmacro %}{% for m in messages %}{{ turn(m) }}{% endfor %}", "macro"),
-    ("{% for m in messages %}{{ m | tojson }}{% endfor %}", "tojson"),
-    ("{% for m in messages %}{{ m.content.format(1) }}{% endfor %}", "format"),
-    ("{% set ns = namespace(x=1) %}{{ ns.x }}", "namespace"),
+    ("{% for m in messages %}{{ m.content | frobnicate }}{% endfor %}", "no filter named 'frobnicate'"),
+    ("{% include 'turn.jinja' %}", "unsupported tag 'include'"),
+    ("{% for m in messages recursive %}{{ m.content }}{% endfor %}", "recursive loops"),
 ]
 
 TOPICS = [("the capital of Poland", "Warsaw is the capital of Poland."),
@@ -108,6 +107,16 @@ def conversations(n, with_system):
             msgs.append({"role": "user", "content": "And %s?" % q2})
             msgs.append({"role": "assistant", "content": a2})
         out.append({"messages": msgs})
+    return out
+
+
+def single_exchanges(n, with_system):
+    """The first exchange of each of conversations(n, with_system)."""
+    out = []
+    for c in conversations(n, with_system):
+        m = c["messages"]
+        first = 2 if m[0]["role"] == "system" else 1
+        out.append({"messages": m[:first + 1]})
     return out
 
 
