@@ -173,7 +173,7 @@ SavedCheckpoint save_checkpoint(const std::string& run_dir, const Config& cfg, T
     throw;
   }
   write_latest(root.string(), name);
-  out.pruned = prune_checkpoints(run_dir, cfg.checkpoint.keep);
+  out.pruned = prune_checkpoints(run_dir, cfg.checkpoint.keep, cfg.checkpoint.keep_best);
   out.seconds = seconds_since(t0);
   return out;
 }

@@ -237,6 +237,7 @@ class TrainingRun {
   void checkpoint(int64_t step);
   void finish(clock_type::time_point start);
   void keep_if_best(int64_t step);
+  void find_best();
   void restore_best();
   // Every line says what it is ("train", "val") and when it was written (UTC).
   void metrics_line(nlohmann::json j, const char* type);
@@ -282,6 +283,7 @@ class TrainingRun {
   int64_t last_eval_step_ = -1;          // the step of progress_.last_val_loss
   std::string best_;                     // checkpoint.keep_best: the best checkpoint's name
   double best_loss_ = 0;
+  bool repair_best_ = false;  // checkpoints/best disagrees with the manifests (find_best)
 };
 
 // The checkpoint a resume continues from, opened and verified before anything else.
@@ -924,26 +926,29 @@ void TrainingRun::keep_if_best(int64_t step) {
   const fs::path root = dir_ / kCheckpointsDir;
   best_ = step_dir_name(step);
   best_loss_ = progress_.last_val_loss;
-  const std::string text = best_ + "\n";
-  write_file_atomic((root / kBestFile).string(), text.data(), text.size());
-  fsync_dir(root.string());
-  const int pruned = prune_checkpoints(dir_.string(), cfg_.checkpoint.keep);
+  write_best(root.string(), best_);
+  const int pruned = prune_checkpoints(dir_.string(), cfg_.checkpoint.keep, true);
   log(str("checkpoint: ", best_, " is the best so far (validation loss ", best_loss_, ")",
           pruned ? str("; removed ", pruned, " older") : std::string()));
 }
 
-// A resumed run continues comparing against the best checkpoint it has, by that
-// checkpoint's own validation loss (its manifest's).
+// A run continuing in its directory compares against the best checkpoint it has, from the
+// checkpoints' own manifests (find_best_checkpoint), before the directory changes: a `best`
+// that is not a file is refused here, and one that disagrees is said now and rewritten once
+// the directory is committed to (restore_best).
+void TrainingRun::find_best() {
+  if (!cfg_.checkpoint.keep_best) return;
+  const BestCheckpoint b = find_best_checkpoint(dir_.string());
+  best_ = b.name;
+  best_loss_ = b.loss;
+  repair_best_ = !b.name.empty() && !b.pointer_agrees();
+  if (const std::string w = best_pointer_warning(dir_.string(), b); !w.empty())
+    spdlog::warn("checkpoints: {}", w);
+}
+
 void TrainingRun::restore_best() {
-  std::error_code ec;
-  const fs::path file = dir_ / kCheckpointsDir / kBestFile;
-  if (!cfg_.checkpoint.keep_best || !fs::exists(file, ec)) return;
-  std::string name = read_file_bounded(file.string(), 4096, "checkpoint pointer");
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-  const fs::path dir = dir_ / kCheckpointsDir / name;
-  if (!fs::is_regular_file(dir / kManifestFile, ec)) return;
-  best_ = name;
-  best_loss_ = read_checkpoint_manifest(dir.string()).progress.last_val_loss;
+  if (repair_best_) write_best((dir_ / kCheckpointsDir).string(), best_);
+  repair_best_ = false;
 }
 
 void TrainingRun::finish(clock_type::time_point start) {
@@ -1067,6 +1072,7 @@ void TrainingRun::start() {
   start_state();
   check_stop();
   setup_validation();
+  find_best();
   commit_run_dir();
   restore_best();
   sum_.start_step = progress_.step;
