@@ -186,3 +186,52 @@ TEST_CASE("torture: best damaged at random between resumes, the lowest-loss chec
     CHECK(test::read_all(best) == lowest + "\n");
   }
 }
+
+TEST_CASE(
+    "--resume-or-start starts over a run killed before its first checkpoint, keeping its metrics",
+    "[rundir][restart]") {
+  BestRun b;
+  // What a run killed in its first half hour leaves: its lock, config, data and metrics, and a
+  // checkpoint half-written in staging.
+  TrainOptions first;
+  first.run_dir = b.run;
+  run_training(b.config(), first);
+  const fs::path run(b.run);
+  fs::remove(run / "model.safetensors");
+  fs::remove(run / "summary.json");
+  fs::remove_all(run / "checkpoints");  // the final step's
+  test::write_all(run / "fuyou.lock", "123456\n");
+  fs::create_directories(run / "checkpoints" / ".staging-step-2-123456");
+  test::write_all(run / "checkpoints" / ".staging-step-2-123456" / "model.safetensors.tmp", "x");
+  const std::string old_metrics = test::read_all(run / "metrics.jsonl");
+  REQUIRE(list_checkpoints(b.run).empty());
+
+  // Anything else beside them: refused, naming it, and nothing changes.
+  test::write_all(run / "checkpoints" / "notes.txt", "mine");
+  TrainOptions o;
+  o.run_dir = b.run;
+  o.restart_killed = true;
+  const auto before = snapshot(run);
+  CHECK_THROWS_WITH(run_training(b.config(), o),
+                    Contains("not a killed run's own (checkpoints/notes.txt)"));
+  CHECK(snapshot(run) == before);
+  // A plain new run is refused too, naming the files.
+  TrainOptions plain;
+  plain.run_dir = b.run;
+  CHECK_THROWS_WITH(run_training(b.config(), plain),
+                    Contains("already holds files (checkpoints, config.yaml, metrics.jsonl)"));
+  CHECK(snapshot(run) == before);
+
+  fs::remove(run / "checkpoints" / "notes.txt");
+  const std::string said = test::captured_log([&] { run_training(b.config(), o); });
+  CHECK_THAT(said, Contains("only the files of a run killed before its first one: starting over"));
+  std::vector<fs::path> aside;
+  for (const auto& e : fs::directory_iterator(run))
+    if (e.path().filename().string().rfind("restarted-", 0) == 0) aside.push_back(e.path());
+  REQUIRE(aside.size() == 1);
+  CHECK(test::read_all(aside[0] / "metrics.jsonl") == old_metrics);
+  CHECK(fs::exists(aside[0] / "config.yaml"));
+  CHECK(fs::exists(run / "checkpoints" / "step-4" / "manifest.json"));
+  CHECK(!fs::exists(run / "checkpoints" / ".staging-step-2-123456"));
+  CHECK(fs::exists(run / "summary.json"));
+}

@@ -250,7 +250,9 @@ std::string resolve_checkpoint(const std::string& path) {
   std::vector<std::string> all = list_checkpoints(run.string());
   if (all.empty())
     throw Error(str("--resume ", path, ": no complete checkpoint in ", root.string(),
-                    " (the run stopped before its first one; start it again without --resume)"));
+                    " (the run stopped before its first one; start it over in its directory with "
+                    "fuyou-train --resume-or-start --run-dir ",
+                    run.string(), ", which keeps its old metrics aside)"));
   spdlog::warn("checkpoints: {} {}; resuming from the newest complete checkpoint, {}",
                (root / kLatestFile).string(),
                latest.empty()
