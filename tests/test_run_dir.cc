@@ -235,3 +235,39 @@ TEST_CASE(
   CHECK(!fs::exists(run / "checkpoints" / ".staging-step-2-123456"));
   CHECK(fs::exists(run / "summary.json"));
 }
+
+TEST_CASE("a manifest's version cannot be edited to switch its checksums off",
+          "[rundir][manifest]") {
+  BestRun b;
+  TrainOptions o;
+  o.run_dir = b.run;
+  run_training(b.config(), o);
+  const fs::path ck = fs::path(b.run) / "checkpoints" / "step-4";
+  const fs::path saved = b.tmp.path + "/saved";
+  fs::copy(ck, saved, fs::copy_options::recursive);
+  const auto edit = [&](const char* file, const std::string& from, const std::string& to) {
+    std::string t = test::read_all(ck / file);
+    REQUIRE(t.find(from) != std::string::npos);
+    test::write_all(ck / file, t.replace(t.find(from), from.size(), to));
+  };
+  const auto refused = [&](const std::string& why) {
+    INFO(why);
+    const auto before = snapshot(b.run);
+    CHECK_THROWS_WITH(b.resume_to(b.run, 8, b.clean), Contains(why));
+    CHECK(snapshot(b.run) == before);
+    fs::remove_all(ck);
+    fs::copy(saved, ck, fs::copy_options::recursive);
+  };
+  // The version alone, and with an edited lr that version 1 would not have verified.
+  edit("manifest.json", "\"version\": 2", "\"version\": 1");
+  edit("config.yaml", "lr: 0.003", "lr: 0.009");  // same length
+  refused("version 1, but it carries the checksums version 2 added");
+  // The checksums removed too, as a careful edit would: the tensor files say version 2.
+  auto j = nlohmann::json::parse(test::read_all(ck / "manifest.json"));
+  j["version"] = 1;
+  j.erase("xxh3");
+  for (auto& f : j["files"]) f.erase("xxh3");
+  test::write_all(ck / "manifest.json", j.dump(2));
+  edit("config.yaml", "lr: 0.003", "lr: 0.009");  // same length
+  refused("model.safetensors was written as part of a version 2 checkpoint");
+}
