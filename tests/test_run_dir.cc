@@ -1,5 +1,9 @@
 // A run directory a user can trust: checkpoint.keep_best keeps the lowest-loss checkpoint
-// whatever checkpoints/best says, and a refusal changes nothing in the directory.
+// whatever checkpoints/best says; --resume-or-start starts over a run killed before its first
+// checkpoint; a manifest's version cannot be edited to skip its checksums; and every refusal
+// changes nothing in the directory. (--dry-run's refusals: tests/dry_run_refusals.sh.)
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <map>
@@ -131,12 +135,18 @@ TEST_CASE("a best that is not a file is refused before the run directory changes
   o.run_dir = b.run;
   run_training(b.config(), o);
   const fs::path best = fs::path(b.run) / "checkpoints" / "best";
-  fs::remove(best);
-  fs::create_directory(best);
-  const auto before = snapshot(b.run);
-  CHECK_THROWS_WITH(b.resume_to(b.run, 8, b.noise),
-                    Contains("best is not a regular file (a directory)"));
-  CHECK(snapshot(b.run) == before);  // config.yaml and metrics.jsonl included
+  for (const char* kind : {"a directory", "a special file"}) {
+    INFO(kind);
+    fs::remove_all(best);
+    if (std::string(kind) == "a directory")
+      fs::create_directory(best);
+    else
+      REQUIRE(::mkfifo(best.c_str(), 0600) == 0);
+    const auto before = snapshot(b.run);
+    CHECK_THROWS_WITH(b.resume_to(b.run, 8, b.noise),
+                      Contains(str("best is not a regular file (", kind, ")")));
+    CHECK(snapshot(b.run) == before);  // config.yaml and metrics.jsonl included
+  }
 }
 
 TEST_CASE("torture: best damaged at random between resumes, the lowest-loss checkpoint survives",
