@@ -4,7 +4,7 @@
 # the final weights and every logged loss to equal an uninterrupted run's bit for bit, every
 # step logged exactly once, and the SSD directories empty.
 #
-#   tools/crash-torture.sh BUILD_DIR WORK_DIR [KILLS_PER_ENGINE [STEPS [STATE MASTER [keep_best]]]]
+#   tools/crash-torture.sh BUILD_DIR WORK_DIR [KILLS_PER_ENGINE [STEPS [STATE MASTER [BEST [EVERY]]]]]
 #   tools/crash-torture.sh BUILD_DIR WORK_DIR signals                      # SIGINT/SIGTERM/2x SIGINT
 #
 # ctest runs 6 kills per engine, and 4 per engine with the optimizer's state packed (STATE
@@ -12,10 +12,12 @@
 # master needs).
 #
 # A run killed before its first checkpoint is restarted as a job scheduler would, with the same
-# --resume-or-start command (it starts over in its directory). With keep_best (checkpoint.keep
-# 1, checkpoint.keep_best), checkpoints/best is damaged at random between kills (removed,
-# garbage, a missing step, a path outside the run, the newest checkpoint), and the run must end
-# with the uninterrupted run's best.
+# --resume-or-start command (it starts over in its directory); EVERY (checkpoint.every_steps,
+# default 1) set higher puts more kills before the first checkpoint. With BEST keep_best
+# (checkpoint.keep 1, checkpoint.keep_best, and a learning rate ten times higher, so that the
+# validation loss turns up before the end and the best is not the newest), checkpoints/best is
+# damaged at random between kills (removed, garbage, a missing step, a path outside the run,
+# the newest checkpoint), and the run must end with the uninterrupted run's best on disk.
 #
 # The soak (docs/performance.md) is the first form with 25+ kills per engine. It prints one
 # line per kill (the step it reached, whether a checkpoint was being written) and a summary.
@@ -28,6 +30,7 @@ steps=${4:-60}
 state=${5:-fp32}
 master=${6:-fp32}
 keep_best=${7:-}
+every=${8:-1}
 tensors=fp32
 [ "$master" == split ] && tensors=bf16
 train=$build/fuyou-train
@@ -44,10 +47,11 @@ data: {text: [$work/corpus.txt], val_fraction: 0.1}
 optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: 1.0, state: $state, master: $master}
 schedule: {steps: $steps, warmup_steps: 5, micro_batch: 4, grad_accum: 2, eval_every: 20, eval_batches: 2, log_every: 1}
 runtime: {backend: cpu, threads: 2, seed: 3, device_tensors: $tensors}
-checkpoint: {every_steps: 1, keep: 2}
+checkpoint: {every_steps: $every, keep: 2}
 EOF
 if [ "$keep_best" == keep_best ]; then
-  sed -i "s/checkpoint: {every_steps: 1, keep: 2}/checkpoint: {every_steps: 1, keep: 1, keep_best: true}/" "$work/config.yaml"
+  sed -i -e "s/keep: 2}/keep: 1, keep_best: true}/" \
+    -e "s/lr: 3.0e-3, min_lr: 3.0e-4/lr: 3.0e-2, min_lr: 3.0e-3/" "$work/config.yaml"
 fi
 offload=(--set "offload.ssd_paths=[$work/ssd0, $work/ssd1]" --set offload.weights=ssd
          --set offload.optimizer_state=ssd --set offload.activations=swap)
@@ -105,6 +109,7 @@ torture() {  # $1: name, $2: kills, rest: --set options
   local run=$work/$name ref=$work/$name-ref
   reference "$name" "$@"
   local t0 t1 dt killed=0 finished=0 in_ckpt=0
+  damaged=0
   t0=$(date +%s.%N)
   "$train" --resume "$ref" --run-dir "$work/$name-time" --set "schedule.steps=$((steps + 1))" "$@" > /dev/null 2>&1 || true
   t1=$(date +%s.%N)
