@@ -44,6 +44,10 @@ resume-or-start)
   grep -qs '"loss"' "$killed/metrics.jsonl" || fail "the run to kill logged no step: $(tail -3 "$work/k1.log")"
   ! ls "$killed/checkpoints" 2> /dev/null | grep -q step- || fail "the killed run had a checkpoint"
   cp "$killed/metrics.jsonl" "$work/killed-metrics.jsonl"
+  # --resume names the command that restarts it.
+  if "$bin/fuyou-train" --resume "$killed" 2> "$work/k-resume.log"; then fail "--resume of a run without a checkpoint ran"; fi
+  grep -q -- "start it over in its directory with fuyou-train --resume-or-start --run-dir $killed" "$work/k-resume.log" ||
+    fail "--resume does not name --resume-or-start: $(cat "$work/k-resume.log")"
   "$bin/fuyou-train" --resume-or-start --run-dir "$killed" "${tiny[@]}" --set schedule.steps=4 2> "$work/k2.log" ||
     fail "the rerun of a run killed before its first checkpoint: $(tail -3 "$work/k2.log")"
   grep -q "only the files of a run killed before its first one: starting over in it" "$work/k2.log" ||
