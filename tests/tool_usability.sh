@@ -33,7 +33,28 @@ resume-or-start)
   # Without --run-dir it is refused.
   if "$bin/fuyou-train" --resume-or-start "${tiny[@]}" 2> "$work/3.log"; then fail "--resume-or-start without --run-dir ran"; fi
   grep -q -- "--resume-or-start takes --run-dir" "$work/3.log" || fail "unclear refusal: $(cat "$work/3.log")"
-  echo "resume-or-start: starts, then resumes from the latest checkpoint"
+  # A run killed (SIGKILL) before its first checkpoint (every 30 minutes): the same command
+  # starts over in its directory, keeping the old metrics aside.
+  killed=$work/killed
+  "$bin/fuyou-train" --resume-or-start --run-dir "$killed" "${tiny[@]}" --set schedule.steps=100000 \
+    --set checkpoint.every_steps=0 --set checkpoint.every_minutes=30 2> "$work/k1.log" &
+  pid=$!
+  for _ in $(seq 600); do grep -qs '"loss"' "$killed/metrics.jsonl" && break; sleep 0.1; done
+  kill -9 $pid && wait $pid || true
+  grep -qs '"loss"' "$killed/metrics.jsonl" || fail "the run to kill logged no step: $(tail -3 "$work/k1.log")"
+  ! ls "$killed/checkpoints" 2> /dev/null | grep -q step- || fail "the killed run had a checkpoint"
+  cp "$killed/metrics.jsonl" "$work/killed-metrics.jsonl"
+  # --resume names the command that restarts it.
+  if "$bin/fuyou-train" --resume "$killed" 2> "$work/k-resume.log"; then fail "--resume of a run without a checkpoint ran"; fi
+  grep -q -- "start it over in its directory with fuyou-train --resume-or-start --run-dir $killed" "$work/k-resume.log" ||
+    fail "--resume does not name --resume-or-start: $(cat "$work/k-resume.log")"
+  "$bin/fuyou-train" --resume-or-start --run-dir "$killed" "${tiny[@]}" --set schedule.steps=4 2> "$work/k2.log" ||
+    fail "the rerun of a run killed before its first checkpoint: $(tail -3 "$work/k2.log")"
+  grep -q "only the files of a run killed before its first one: starting over in it" "$work/k2.log" ||
+    fail "the rerun did not say it starts over"
+  cmp -s "$killed"/restarted-*/metrics.jsonl "$work/killed-metrics.jsonl" || fail "the old metrics were not kept aside"
+  [ "$(cat "$killed/checkpoints/latest")" = step-4 ] || fail "the restarted run has no checkpoint at step 4"
+  echo "resume-or-start: starts, then resumes from the latest checkpoint; a run killed before its first starts over"
   ;;
 dry-run)
   bin=$2 src=$3
@@ -50,7 +71,10 @@ dry-run)
   rc=$?
   set -e
   echo "$out"
-  [ $rc = 3 ] || fail "exit status $rc for a run that does not fit (expected 3)"
+  # 3: does not fit; 1: the run would be refused before that (its run directory's disk is too
+  # small for the checkpoints on this machine), and the memory findings are still reported.
+  [ $rc = 3 ] || { [ $rc = 1 ] && grep -q "^refused: run directory .*: needs" <<< "$out"; } ||
+    fail "exit status $rc for a run that does not fit (expected 3, or 1 refused for disk space)"
   grep -q "host memory: needs .*DOES NOT FIT" <<< "$out" || fail "the host memory finding is missing"
   ;;
 config-flags)

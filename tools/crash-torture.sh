@@ -4,12 +4,20 @@
 # the final weights and every logged loss to equal an uninterrupted run's bit for bit, every
 # step logged exactly once, and the SSD directories empty.
 #
-#   tools/crash-torture.sh BUILD_DIR WORK_DIR [KILLS_PER_ENGINE [STEPS [STATE MASTER]]]
+#   tools/crash-torture.sh BUILD_DIR WORK_DIR [KILLS_PER_ENGINE [STEPS [STATE MASTER [BEST [EVERY]]]]]
 #   tools/crash-torture.sh BUILD_DIR WORK_DIR signals                      # SIGINT/SIGTERM/2x SIGINT
 #
 # ctest runs 6 kills per engine, and 4 per engine with the optimizer's state packed (STATE
 # int8, MASTER split: optimizer.state / optimizer.master, with the bf16 device tensors a split
 # master needs).
+#
+# A run killed before its first checkpoint is restarted as a job scheduler would, with the same
+# --resume-or-start command (it starts over in its directory); EVERY (checkpoint.every_steps,
+# default 1) set higher puts more kills before the first checkpoint. With BEST keep_best
+# (checkpoint.keep 1, checkpoint.keep_best, and a learning rate ten times higher, so that the
+# validation loss turns up before the end and the best is not the newest), checkpoints/best is
+# damaged at random between kills (removed, garbage, a missing step, a path outside the run,
+# the newest checkpoint), and the run must end with the uninterrupted run's best on disk.
 #
 # The soak (docs/performance.md) is the first form with 25+ kills per engine. It prints one
 # line per kill (the step it reached, whether a checkpoint was being written) and a summary.
@@ -21,6 +29,8 @@ mode=${3:-6}
 steps=${4:-60}
 state=${5:-fp32}
 master=${6:-fp32}
+keep_best=${7:-}
+every=${8:-1}
 tensors=fp32
 [ "$master" == split ] && tensors=bf16
 train=$build/fuyou-train
@@ -37,8 +47,12 @@ data: {text: [$work/corpus.txt], val_fraction: 0.1}
 optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, grad_clip: 1.0, state: $state, master: $master}
 schedule: {steps: $steps, warmup_steps: 5, micro_batch: 4, grad_accum: 2, eval_every: 20, eval_batches: 2, log_every: 1}
 runtime: {backend: cpu, threads: 2, seed: 3, device_tensors: $tensors}
-checkpoint: {every_steps: 1, keep: 2}
+checkpoint: {every_steps: $every, keep: 2}
 EOF
+if [ "$keep_best" == keep_best ]; then
+  sed -i -e "s/keep: 2}/keep: 1, keep_best: true}/" \
+    -e "s/lr: 3.0e-3, min_lr: 3.0e-4/lr: 3.0e-2, min_lr: 3.0e-3/" "$work/config.yaml"
+fi
 offload=(--set "offload.ssd_paths=[$work/ssd0, $work/ssd1]" --set offload.weights=ssd
          --set offload.optimizer_state=ssd --set offload.activations=swap)
 
@@ -64,10 +78,25 @@ start() {
   if has_checkpoint "$run"; then
     "$train" --resume "$run" "$@" >> "$run.log" 2>&1 &
   else
-    rm -rf "$run"
-    "$train" --config "$work/config.yaml" --run-dir "$run" "$@" >> "$run.log" 2>&1 &
+    "$train" --resume-or-start --config "$work/config.yaml" --run-dir "$run" "$@" >> "$run.log" 2>&1 &
   fi
   pid=$!
+}
+
+# keep_best: checkpoints/best damaged in one of five ways, or left, at random.
+damaged=0
+damage_best() {
+  local b=$1/checkpoints/best
+  [ -d "$1/checkpoints" ] || return 0
+  case $((RANDOM % 6)) in
+    0) rm -f "$b" ;;
+    1) printf '\x01garbage\x1b[31m' > "$b" ;;
+    2) echo step-999999 > "$b" ;;
+    3) echo ../../elsewhere/checkpoints/step-1 > "$b" ;;
+    4) ls "$1/checkpoints" | grep -E '^step-[0-9]+$' | sort -t- -k2 -n | tail -1 > "$b" ;;
+    *) return 0 ;;
+  esac
+  damaged=$((damaged + 1))
 }
 
 reference() {  # $1: name, rest: --set options
@@ -80,6 +109,7 @@ torture() {  # $1: name, $2: kills, rest: --set options
   local run=$work/$name ref=$work/$name-ref
   reference "$name" "$@"
   local t0 t1 dt killed=0 finished=0 in_ckpt=0
+  damaged=0
   t0=$(date +%s.%N)
   "$train" --resume "$ref" --run-dir "$work/$name-time" --set "schedule.steps=$((steps + 1))" "$@" > /dev/null 2>&1 || true
   t1=$(date +%s.%N)
@@ -96,6 +126,7 @@ torture() {  # $1: name, $2: kills, rest: --set options
       has_checkpoint "$run" && at=$(cat "$run/checkpoints/latest" 2> /dev/null || echo "?")
       compgen -G "$run/checkpoints/.staging-*" > /dev/null && { staging=" (killed while writing a checkpoint)"; in_ckpt=$((in_ckpt + 1)); }
       echo "crash-torture: $name: kill $killed/$kills, latest checkpoint $at$staging"
+      if [ "$keep_best" == keep_best ]; then damage_best "$run"; fi
     else
       wait "$pid" || fail "$name: a run ended on its own with status $?: $(tail -3 "$run.log")"
       finished=$((finished + 1))
@@ -108,8 +139,17 @@ torture() {  # $1: name, $2: kills, rest: --set options
   same_weights "$ref" "$run" || fail "$name: final weights differ from the uninterrupted run's"
   [ "$(losses "$ref")" == "$(losses "$run")" ] || fail "$name: logged losses differ from the uninterrupted run's"
   ssd_empty || fail "$name: SSD directories hold files: $(ls -A "$work/ssd0" "$work/ssd1")"
-  [ -z "$(ls -A "$run/checkpoints" | grep -v -E '^(latest|step-[0-9]+)$' || true)" ] || fail "$name: leftovers in $run/checkpoints"
-  echo "crash-torture: $name: $killed kills ($in_ckpt while writing a checkpoint, $finished runs finished first): final weights and all $steps losses equal the uninterrupted run's; SSD directories empty"
+  [ -z "$(ls -A "$run/checkpoints" | grep -v -E '^(latest|best|step-[0-9]+)$' || true)" ] || fail "$name: leftovers in $run/checkpoints"
+  local best=""
+  if [ "$keep_best" == keep_best ]; then
+    [ "$(cat "$run/checkpoints/best")" == "$(cat "$ref/checkpoints/best")" ] ||
+      fail "$name: best is $(cat "$run/checkpoints/best"), the uninterrupted run's $(cat "$ref/checkpoints/best")"
+    [ -f "$run/checkpoints/$(cat "$ref/checkpoints/best")/manifest.json" ] || fail "$name: the best checkpoint is gone"
+    best="; best $(cat "$ref/checkpoints/best") as uninterrupted, best damaged $damaged times"
+  fi
+  local restarts
+  restarts=$(grep -c "starting over in it" "$run.log" || true)
+  echo "crash-torture: $name: $killed kills ($in_ckpt while writing a checkpoint, $restarts before the first one restarted in place, $finished runs finished first): final weights and all $steps losses equal the uninterrupted run's; SSD directories empty$best"
 }
 
 # Waits until the run has logged a training step, then sends the signals given.

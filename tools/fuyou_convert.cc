@@ -14,6 +14,7 @@
 #include "fuyou/error.h"
 #include "fuyou/hf_checkpoint.h"
 #include "fuyou/log.h"
+#include "fuyou/partial_outputs.h"
 #include "fuyou/sizes.h"
 #include "fuyou/stop.h"
 #include "fuyou/tokenizer.h"
@@ -261,6 +262,8 @@ void convert_checkpoint(const HfArgs& a, bool from_hf, fuyou::StopSignals& stop)
   if (opts.max_shard_bytes == 0) throw fuyou::ConfigError("--max-shard-size must be positive");
   opts.progress = progress_printer(stop);
   stop.set_graceful("stopping before the next tensor; nothing is written");
+  // What an earlier conversion to the same output left when it was killed before its rename.
+  fuyou::clean_partial_outputs(a.out_dir);
   if (from_hf) {
     report(fuyou::convert_hf_to_engine(a.src, a.out_dir, opts), a.out_dir);
     return;

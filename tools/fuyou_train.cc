@@ -41,8 +41,10 @@ int main(int argc, char** argv) {
       "the --resume checkpoint, and exit; writes nothing");
   app.add_flag(
       "--dry-run", dry,
-      "Say whether the run fits this machine (device and host memory, disk space) and the "
-      "simulator's time per step and epoch (with offload.hardware), and exit: 0 fits, 3 does not");
+      "Run the checks the run makes before it starts (run directory, permissions, free space, SSD "
+      "paths, data files), say whether it fits this machine (device and host memory, disk space) "
+      "and the simulator's time per step and epoch (with offload.hardware), and exit: 0 fits, 3 "
+      "does not, 1 the run would be refused (with the run's message)");
   app.add_flag("--print-config", print_config, "Print the resolved config and exit");
   app.add_flag("-v,--verbose", verbose, "Debug logging");
   CLI11_PARSE(app, argc, argv);
@@ -58,6 +60,8 @@ int main(int argc, char** argv) {
         resume = run_dir;
         spdlog::info("--resume-or-start: {} has a checkpoint; resuming", run_dir);
       } else {
+        // A run killed before its first checkpoint is started over in its directory.
+        opts.restart_killed = true;
         spdlog::info("--resume-or-start: {} has no checkpoint; starting a new run", run_dir);
       }
     }
@@ -74,12 +78,14 @@ int main(int argc, char** argv) {
       std::fputs(fuyou::config_to_yaml(cfg).c_str(), stdout);
       return 0;
     }
+    opts.run_dir = run_dir;
     if (dry) {
-      const fuyou::DryRun d = fuyou::dry_run(cfg, run_dir);
+      // A configuration the run would refuse ends as the run would: its message, its status.
+      const fuyou::DryRun d = fuyou::dry_run(cfg, opts);
       for (const auto& line : d.lines) std::puts(line.c_str());
+      if (d.refused) std::rethrow_exception(d.refused);
       return d.fits ? 0 : 3;
     }
-    opts.run_dir = run_dir;
     opts.eval_only = eval_only;
     opts.progress_line = ::isatty(STDERR_FILENO);
     opts.stop = &stop;

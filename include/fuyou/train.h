@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -221,6 +222,10 @@ struct TrainOptions {
   // Only the validation loss of the starting model (model.checkpoint, or `resume`'s
   // checkpoint) on the config's validation data; no run directory is written.
   bool eval_only = false;
+  // --resume-or-start without a checkpoint: a run directory holding only the files of a run
+  // killed before its first checkpoint is started over in (its metrics kept aside in
+  // DIR/restarted-<date-time>/); anything else in it is still refused.
+  bool restart_killed = false;
 };
 
 struct TrainSummary {
@@ -242,7 +247,11 @@ struct DryRun {
   bool fits = true;
   std::vector<std::string> lines;  // the report, one finding per line
   double step_s = 0, epoch_s = 0;  // 0: no prediction
+  std::exception_ptr refused;      // null: the run would start
 };
+// `refused`: what the run would refuse before it starts (check_before_run), the same
+// exception; the rest of the report is then left out.
+DryRun dry_run(const Config& cfg, const TrainOptions& opts);
 DryRun dry_run(const Config& cfg, const std::string& run_dir);
 
 // Trains (or, with opts.resume, continues) a run: data, engine, loop with periodic

@@ -86,9 +86,11 @@ CheckpointManifest write_files(const fs::path& dir, const Config& cfg, TrainEngi
   {
     // The master weights with the metadata of a run's model.safetensors, so that the
     // directory is also an engine checkpoint fuyou-convert to-hf and model.checkpoint take.
-    SafetensorsStreamWriter w(
-        (dir / "model.safetensors").string(), entries(layout, ""),
-        {{"format", "fuyou"}, {"step", std::to_string(progress.step)}, {"config", yaml}});
+    SafetensorsStreamWriter w((dir / "model.safetensors").string(), entries(layout, ""),
+                              {{"format", "fuyou"},
+                               {"step", std::to_string(progress.step)},
+                               {"config", yaml},
+                               {kVersionMetadataKey, std::to_string(kCheckpointVersion)}});
     if (io.write) w.set_write_function(io.write);
     m.group_xxh3[0] = write_kind(engine, layout, w, StateKind::kMaster, "");
     w.finish();
@@ -106,7 +108,8 @@ CheckpointManifest write_files(const fs::path& dir, const Config& cfg, TrainEngi
     SafetensorsStreamWriter w((dir / kOptimizerFile).string(), e,
                               {{"format", "fuyou-optimizer"},
                                {"step", std::to_string(progress.step)},
-                               {"moments", moment_format_name(m.optim_format.moments)}});
+                               {"moments", moment_format_name(m.optim_format.moments)},
+                               {kVersionMetadataKey, std::to_string(kCheckpointVersion)}});
     if (io.write) w.set_write_function(io.write);
     for (StateKind k : {StateKind::kAdamM, StateKind::kAdamV})
       m.group_xxh3[k == StateKind::kAdamM ? 1 : 2] =
@@ -173,7 +176,7 @@ SavedCheckpoint save_checkpoint(const std::string& run_dir, const Config& cfg, T
     throw;
   }
   write_latest(root.string(), name);
-  out.pruned = prune_checkpoints(run_dir, cfg.checkpoint.keep);
+  out.pruned = prune_checkpoints(run_dir, cfg.checkpoint.keep, cfg.checkpoint.keep_best);
   out.seconds = seconds_since(t0);
   return out;
 }
@@ -200,6 +203,8 @@ CheckpointSource::CheckpointSource(const std::string& dir) : impl_(std::make_uni
   c.weights = std::make_unique<RangedTensorFile>((d / "model.safetensors").string());
   c.optimizer = std::make_unique<RangedTensorFile>((d / kOptimizerFile).string());
   ParsedManifest p = parse_manifest(manifest, manifest_path);
+  check_manifest_version(p, dir, c.weights->reader().metadata(), c.optimizer->reader().metadata(),
+                         c.config_text);
   c.manifest = std::move(p.manifest);
   const std::string config_sum = hex64(xxh3_64(c.config_text.data(), c.config_text.size()));
   if (!p.config_xxh3.empty() && config_sum != p.config_xxh3)

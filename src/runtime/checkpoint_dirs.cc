@@ -17,6 +17,7 @@
 #include "fuyou/log.h"
 #include "fuyou/read_file.h"
 #include "fuyou/safetensors.h"
+#include "src/runtime/checkpoint_manifest.h"
 
 namespace fs = std::filesystem;
 
@@ -121,15 +122,76 @@ std::vector<std::string> list_checkpoints(const std::string& run_dir) {
   return out;
 }
 
-int prune_checkpoints(const std::string& run_dir, int keep) {
+BestCheckpoint find_best_checkpoint(const std::string& run_dir) {
+  const fs::path root = fs::path(run_dir) / kCheckpointsDir;
+  BestCheckpoint b;
+  b.pointer = read_latest(root, kBestFile);
+  for (const std::string& dir : list_checkpoints(run_dir)) {
+    const std::string path = (fs::path(dir) / kManifestFile).string();
+    double loss = 0;
+    try {
+      loss = parse_manifest(read_file_bounded(path, 16u << 20, "checkpoint manifest"), path)
+                 .manifest.progress.last_val_loss;
+    } catch (const Error& e) {
+      b.unreadable.push_back(dir);
+      spdlog::warn("checkpoints: {} is not compared for keep_best and is not pruned: {}", dir,
+                   e.what());
+      continue;
+    }
+    // 0: no validation had run when the checkpoint was written (a loss is never 0).
+    if (loss > 0 && (b.name.empty() || loss < b.loss)) {
+      b.name = fs::path(dir).filename().string();
+      b.loss = loss;
+    }
+  }
+  return b;
+}
+
+std::string best_pointer_warning(const std::string& run_dir, const BestCheckpoint& b) {
+  if (b.pointer_agrees()) return "";
+  const fs::path file = fs::path(run_dir) / kCheckpointsDir / kBestFile;
+  std::string held;
+  if (b.pointer.empty()) {
+    held = "is missing";
+  } else {
+    const int64_t step = step_of(b.pointer);
+    held = str("names '", printable(b.pointer, 80), "', ",
+               step < 0 ? "which is not a checkpoint name of this run (step-N)"
+               : !is_complete(file.parent_path() / b.pointer)
+                   ? "which is not a complete checkpoint"
+                   : "which records a higher validation loss");
+  }
+  if (b.name.empty())
+    return str(file.string(), " ", held,
+               "; no complete checkpoint records a validation loss, so the next evaluated "
+               "checkpoint becomes the best");
+  return str(file.string(), " ", held, "; from the checkpoints' manifests the best is ", b.name,
+             " (validation loss ", b.loss, "), and best is rewritten to name it");
+}
+
+void write_best(const std::string& root, const std::string& name) {
+  const std::string text = name + "\n";
+  write_file_atomic((fs::path(root) / kBestFile).string(), text.data(), text.size());
+  fsync_dir(root);
+}
+
+int prune_checkpoints(const std::string& run_dir, int keep, bool keep_best) {
   const fs::path root = fs::path(run_dir) / kCheckpointsDir;
   const std::string latest = read_latest(root), best = read_latest(root, kBestFile);
   std::vector<std::string> all = list_checkpoints(run_dir);
+  if (all.size() <= static_cast<size_t>(keep)) return 0;
+  std::vector<std::string> spared;  // paths never removed here
+  if (keep_best) {
+    const BestCheckpoint b = find_best_checkpoint(run_dir);
+    if (!b.name.empty()) spared.push_back((root / b.name).string());
+    spared.insert(spared.end(), b.unreadable.begin(), b.unreadable.end());
+  }
   int removed = 0;
   std::error_code ec;
   for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {
     const fs::path p(all[i]);
     if (p.filename().string() == latest || p.filename().string() == best) continue;
+    if (std::find(spared.begin(), spared.end(), p.string()) != spared.end()) continue;
     const fs::path aside = root / str(".deleting-", p.filename().string(), "-", ::getpid());
     if (::rename(p.c_str(), aside.c_str()) != 0) {
       spdlog::warn("checkpoints: could not remove {}: {}", p.string(), std::strerror(errno));
@@ -188,7 +250,9 @@ std::string resolve_checkpoint(const std::string& path) {
   std::vector<std::string> all = list_checkpoints(run.string());
   if (all.empty())
     throw Error(str("--resume ", path, ": no complete checkpoint in ", root.string(),
-                    " (the run stopped before its first one; start it again without --resume)"));
+                    " (the run stopped before its first one; start it over in its directory with "
+                    "fuyou-train --resume-or-start --run-dir ",
+                    run.string(), ", which keeps its old metrics aside)"));
   spdlog::warn("checkpoints: {} {}; resuming from the newest complete checkpoint, {}",
                (root / kLatestFile).string(),
                latest.empty()

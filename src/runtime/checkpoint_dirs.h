@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fuyou {
 
@@ -19,10 +20,29 @@ std::string commit_staging(const std::string& root, const std::string& staging,
                            const std::string& name);
 // Points root/latest at `name` (write latest.tmp, fsync, rename, fsync root).
 void write_latest(const std::string& root, const std::string& name);
-// Removes the oldest complete checkpoints beyond `keep` (never the ones `latest` and `best`
-// name);
-// each is renamed to a hidden name first, so a crash half-way through leaves a leftover
-// the next start removes, never a step directory with files missing. Returns how many.
-int prune_checkpoints(const std::string& run_dir, int keep);
+// checkpoint.keep_best: the complete checkpoint whose manifest records the lowest validation
+// loss (last_val_loss; the oldest of equals), derived from the manifests whatever the `best`
+// file says, since a pointer alone can be missing, damaged or point outside the run.
+struct BestCheckpoint {
+  std::string name;     // "step-N"; empty when no complete checkpoint records a validation loss
+  double loss = 0;      // its recorded validation loss
+  std::string pointer;  // what checkpoints/best holds, trimmed ("" when there is none)
+  // Complete checkpoints whose manifest could not be read: not compared, and never pruned.
+  std::vector<std::string> unreadable;
+  bool pointer_agrees() const { return pointer == name; }
+};
+// IoError when `best` exists but is not a regular file (a directory: nothing could replace it).
+BestCheckpoint find_best_checkpoint(const std::string& run_dir);
+// The warning a run logs when the `best` file disagrees with find_best_checkpoint ("" when
+// it agrees): what the file holds and what the manifests say instead.
+std::string best_pointer_warning(const std::string& run_dir, const BestCheckpoint& b);
+// Points root/best at `name` (as write_latest).
+void write_best(const std::string& root, const std::string& name);
+// Removes the oldest complete checkpoints beyond `keep`, never the ones `latest` and `best`
+// name and, with keep_best, never the one of lowest recorded validation loss nor one whose
+// manifest cannot be read (find_best_checkpoint). Each is renamed to a hidden name first, so
+// a crash half-way through leaves a leftover the next start removes, never a step directory
+// with files missing. Returns how many.
+int prune_checkpoints(const std::string& run_dir, int keep, bool keep_best = false);
 
 }  // namespace fuyou

@@ -193,9 +193,18 @@ ParsedManifest parse_manifest(const std::string& text, const std::string& path) 
           " (the manifest was edited or damaged; a checkpoint's files are not to be edited: change "
           "what a resume may change with --set or --config)"));
   } else {
+    // Version 2 added the checksums; a version-1 manifest that has them was edited.
+    bool v2_fields = j.contains("xxh3");
+    if (j.contains("files") && j["files"].is_array())
+      for (const json& e : j["files"]) v2_fields |= e.is_object() && e.contains("xxh3");
+    if (v2_fields)
+      throw IoError(str(path,
+                        ": version 1, but it carries the checksums version 2 added (xxh3): "
+                        "the version was edited; a checkpoint's version is not to be edited"));
     spdlog::warn(
-        "{}: version 1 (written by an older build): its manifest and config.yaml carry no "
-        "checksums and are not verified (the tensors are)",
+        "{}: version 1 (written by an older build): its manifest carries no checksum of its own "
+        "(config.yaml is compared with the config model.safetensors records; the tensors are "
+        "verified)",
         path);
   }
   ParsedManifest p;
@@ -267,6 +276,31 @@ ParsedManifest parse_manifest(const std::string& text, const std::string& path) 
              str("is ", block, "; this build's int8 blocks are ", kStateBlock, " elements"));
   }
   return p;
+}
+
+void check_manifest_version(const ParsedManifest& p, const std::string& dir,
+                            const std::map<std::string, std::string>& weights_metadata,
+                            const std::map<std::string, std::string>& optimizer_metadata,
+                            const std::string& config_text) {
+  const int version = p.manifest.version;
+  const std::string path = (fs::path(dir) / kManifestFile).string();
+  for (const auto& [file, meta] : {std::pair{"model.safetensors", &weights_metadata},
+                                   std::pair{kOptimizerFile, &optimizer_metadata}}) {
+    const auto it = meta->find(kVersionMetadataKey);
+    if (it != meta->end() && it->second != std::to_string(version))
+      throw IoError(str(path, ": version ", version, ", but ", dir, "/", file,
+                        " was written as part of a version ", printable(it->second, 20),
+                        " checkpoint: the manifest's version was edited (the checkpoint is not to "
+                        "be edited; change what a resume may change with --set or --config)"));
+  }
+  if (version >= 2) return;  // config.yaml is under the manifest's checksum
+  const auto config = weights_metadata.find("config");
+  if (config == weights_metadata.end() || config->second != config_text)
+    throw IoError(str(dir, "/", kEngineConfigFile, ": differs from the config ", dir,
+                      "/model.safetensors records",
+                      config == weights_metadata.end() ? " (it records none)" : "",
+                      "; in a version-1 checkpoint the two are written from the same text, so "
+                      "config.yaml was edited or damaged"));
 }
 
 void check_manifest_against(const CheckpointManifest& m, const std::string& dir,

@@ -19,6 +19,7 @@
 #include "fuyou/simulator.h"
 #include "fuyou/sizes.h"
 #include "fuyou/train.h"
+#include "src/runtime/run_checks.h"
 
 namespace fs = std::filesystem;
 
@@ -85,10 +86,10 @@ struct Line {
   std::string note;
 };
 
-}  // namespace
-
-DryRun dry_run(const Config& cfg, const std::string& run_dir) {
-  DryRun r;
+// The report: memory, disks, time. Adds its findings to r->lines; clears r->fits when one
+// does not fit.
+void report_fit(const Config& cfg, const std::string& run_dir, DryRun* out) {
+  DryRun& r = *out;
   std::string why;
   std::unique_ptr<Backend> be = make_backend(cfg, &why);
   const ModelConfig& m = cfg.model;
@@ -187,7 +188,40 @@ DryRun dry_run(const Config& cfg, const std::string& run_dir) {
             tokens ? str("; an epoch (", tokens, " training tokens) ", duration(r.epoch_s))
                    : std::string("; no training data to size an epoch")));
   }
-  r.lines.push_back(r.fits ? "verdict: fits this machine" : "verdict: DOES NOT FIT this machine");
+}
+
+}  // namespace
+
+DryRun dry_run(const Config& cfg, const std::string& run_dir) {
+  TrainOptions opts;
+  opts.run_dir = run_dir;
+  return dry_run(cfg, opts);
+}
+
+DryRun dry_run(const Config& cfg, const TrainOptions& opts) {
+  DryRun r;
+  // First what the run checks before it starts, by the run's own code: a refusal is the run's.
+  const std::string run_dir = resolved_run_dir(opts);
+  std::string refusal;
+  try {
+    check_before_run(cfg, opts, run_dir);
+  } catch (const Error& e) {
+    r.fits = false;
+    r.refused = std::current_exception();
+    refusal = e.what();
+  }
+  try {
+    report_fit(cfg, run_dir, &r);
+  } catch (const Error& e) {
+    if (!r.refused) throw;
+    r.lines.push_back(str("(the rest of the report: ", e.what(), ")"));
+  }
+  if (r.refused) {
+    r.lines.push_back(str("refused: ", refusal));
+    r.lines.push_back("verdict: the run would be refused (above)");
+  } else {
+    r.lines.push_back(r.fits ? "verdict: fits this machine" : "verdict: DOES NOT FIT this machine");
+  }
   return r;
 }
 

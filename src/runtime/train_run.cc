@@ -36,6 +36,8 @@
 #include "fuyou/train.h"
 #include "src/runtime/checkpoint_dirs.h"
 #include "src/runtime/metrics_log.h"
+#include "src/runtime/run_checks.h"
+#include "src/runtime/run_dir.h"
 #include "src/runtime/train_samples.h"
 #include "src/storage/dir_lock.h"
 
@@ -45,13 +47,6 @@ namespace fuyou {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-
-std::string timestamp_dir() {
-  std::time_t now = std::time(nullptr);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "runs/%Y%m%d-%H%M%S", std::localtime(&now));
-  return buf;
-}
 
 std::string format_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
@@ -169,15 +164,6 @@ void truncate_metrics(const fs::path& path, int64_t step) {
     spdlog::info("metrics: {}: dropped {} line(s) after step {}", path.string(), dropped, step);
 }
 
-uint64_t free_bytes(const std::string& dir) {
-  struct statvfs sv {};
-  if (::statvfs(dir.c_str(), &sv) != 0)
-    throw IoError(str(dir, ": statvfs: ", std::strerror(errno)));
-  return static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
-}
-
-bool checkpoints_on(const CheckpointConfig& c) { return c.every_steps > 0 || c.every_minutes > 0; }
-
 // What the first stop signal does in each phase of a run (StopSignals::set_graceful), and, when
 // the run returns however it returns, back to the default: a signal ends the process at once,
 // and no path of this run is removed by it.
@@ -237,6 +223,7 @@ class TrainingRun {
   void checkpoint(int64_t step);
   void finish(clock_type::time_point start);
   void keep_if_best(int64_t step);
+  void find_best();
   void restore_best();
   // Every line says what it is ("train", "val") and when it was written (UTC).
   void metrics_line(nlohmann::json j, const char* type);
@@ -250,10 +237,11 @@ class TrainingRun {
   StopPhase phase_{opts_.stop};
   TrainSummary sum_;
   fs::path dir_;
-  bool created_dir_ = false;  // this process created dir_
-  bool fresh_ = false;        // dir_ was new or empty: everything in it is this run's
-  bool committed_ = false;    // the run directory has been changed (commit_run_dir)
-  bool trained_ = false;      // dir_ holds progress: a step completed, or a checkpoint is written
+  bool created_dir_ = false;     // this process created dir_
+  bool fresh_ = false;           // dir_ was new or empty: everything in it is this run's
+  bool restart_killed_ = false;  // dir_ holds a killed run's files, set aside at the commit
+  bool committed_ = false;       // the run directory has been changed (commit_run_dir)
+  bool trained_ = false;  // dir_ holds progress: a step completed, or a checkpoint is written
   std::unique_ptr<DirLock> lock_;
   std::shared_ptr<const CheckpointSource> source_;  // the checkpoint resumed from
   CheckpointManifest resumed_;
@@ -282,6 +270,7 @@ class TrainingRun {
   int64_t last_eval_step_ = -1;          // the step of progress_.last_val_loss
   std::string best_;                     // checkpoint.keep_best: the best checkpoint's name
   double best_loss_ = 0;
+  bool repair_best_ = false;  // checkpoints/best disagrees with the manifests (find_best)
 };
 
 // The checkpoint a resume continues from, opened and verified before anything else.
@@ -295,48 +284,31 @@ void TrainingRun::open_resume() {
   if (opts_.run_dir.empty()) opts_.run_dir = checkpoint_run_dir(opts_.resume);
 }
 
-// Refuses a directory that holds another run's files, creates it if needed and locks it;
-// nothing else is written here.
+// Refuses a directory that holds another run's files (check_before_run, which --dry-run
+// shares), creates it if needed and locks it; nothing else is written here.
 void TrainingRun::claim_run_dir() {
   std::error_code ec;
-  sum_.run_dir = opts_.run_dir.empty() ? timestamp_dir() : opts_.run_dir;
+  sum_.run_dir = resolved_run_dir(opts_);
   dir_ = sum_.run_dir;
+  check_before_run(cfg_, opts_, sum_.run_dir);
   const bool same_run =
       !opts_.resume.empty() && fs::equivalent(checkpoint_run_dir(opts_.resume), dir_, ec);
-  const std::string choose =
-      str("choose another --run-dir",
-          opts_.resume.empty() ? "" : ", or leave it out to continue in the checkpoint's run");
-  // What a start killed before it could clean up leaves (SIGKILL, a second stop signal): its
-  // lock, which DirLock takes over once its holder is gone, and its data staging directory.
-  const auto start_debris = [](const fs::path& p) {
-    const std::string n = p.filename().string();
-    return n == kDirLockName || n.rfind(".data-staging-", 0) == 0;
-  };
-  const auto holds_files = [&] {
-    for (const auto& e : fs::directory_iterator(dir_, ec))
-      if (!start_debris(e.path())) return true;
-    return false;
-  };
-  if (!same_run && fs::exists(dir_, ec) && holds_files())
-    throw Error(str("run directory '", sum_.run_dir,
-                    "' already holds files; refusing to overwrite them (", choose, ")"));
-  for (size_t i = 0; i < cfg_.offload.ssd_paths.size(); ++i)
-    if (fs::weakly_canonical(cfg_.offload.ssd_paths[i], ec) == fs::weakly_canonical(dir_, ec))
-      throw ConfigError(
-          str("offload.ssd_paths[", i, "] is ", cfg_.offload.ssd_paths[i],
-              ", the run directory: the SSD store needs a directory of its own (one per SSD)"));
+  const RunDirUse use = opts_.restart_killed ? RunDirUse::kRestart : RunDirUse::kNew;
   created_dir_ = !fs::exists(dir_, ec);
   fs::create_directories(dir_, ec);
   if (ec) throw IoError(str(sum_.run_dir, ": cannot create run directory: ", ec.message()));
   lock_ = std::make_unique<DirLock>(dir_.string(), "run directory");
   if (!same_run) {
     // Checked again under the lock: another run may have started here since.
-    if (holds_files()) {
+    if (const std::string r = run_dir_refusal(sum_.run_dir, use, !opts_.resume.empty());
+        !r.empty()) {
       lock_.reset();
-      throw Error(str("run directory '", sum_.run_dir,
-                      "' already holds files; refusing to overwrite them (", choose, ")"));
+      throw Error(r);
     }
-    remove_start_debris();
+    // A run killed before its first checkpoint: its files are set aside once everything is
+    // checked (commit_run_dir); until then they are not this process's to remove.
+    restart_killed_ = !foreign_run_dir_entries(sum_.run_dir, RunDirUse::kNew).empty();
+    if (!restart_killed_) remove_start_debris();
     fresh_ = true;
   }
   // The base model's files come from the checkpoint's run (a new run directory branching
@@ -357,6 +329,15 @@ void TrainingRun::claim_run_dir() {
 // their places.
 void TrainingRun::commit_run_dir() {
   std::error_code ec;
+  if (restart_killed_) {
+    const std::string aside = set_aside_killed_run(dir_.string(), data_staging_.string());
+    spdlog::warn(
+        "--resume-or-start: {} holds no checkpoint, only the files of a run killed before its "
+        "first one: starting over in it{}",
+        dir_.string(),
+        aside.empty() ? std::string() : str("; its old metrics and config are kept in ", aside));
+    restart_killed_ = false;
+  }
   for (const char* name : kRunTempFiles)
     if (fs::remove(dir_ / name, ec))
       spdlog::warn("{}: removed, left half-written by a run that stopped while writing it",
@@ -418,9 +399,13 @@ void TrainingRun::abandon() {
   engine_.reset();  // the SSD store's files go with it
   metrics_.reset();
   if (!data_staging_.empty()) fs::remove_all(data_staging_, ec);
-  if (fresh_ && lock_) {
-    for (const auto& e : fs::directory_iterator(dir_, ec))
-      if (e.path().filename() != kDirLockName) fs::remove_all(e.path(), ec);
+  // A killed run's files not yet set aside are not this process's (claim_run_dir); the old
+  // metrics set aside are kept.
+  if (fresh_ && lock_ && !restart_killed_) {
+    for (const auto& e : fs::directory_iterator(dir_, ec)) {
+      const std::string n = e.path().filename().string();
+      if (n != kDirLockName && n.rfind(kRestartedPrefix, 0) != 0) fs::remove_all(e.path(), ec);
+    }
   }
   lock_.reset();
   if (created_dir_) fs::remove(dir_, ec);  // only if empty
@@ -675,24 +660,7 @@ void TrainingRun::make_engine() {
 // Before the first step: the run directory must hold the final weights and the checkpoints
 // the run keeps (plus the one being written before the oldest goes), beyond those already
 // there. A graceful stop writes one even with checkpoints off.
-void TrainingRun::preflight() {
-  const uint64_t ckpt = checkpoint_bytes(cfg_.model, optim_format(cfg_.optimizer));
-  const uint64_t weights = weights_file_bytes(cfg_.model);
-  const int keep = checkpoints_on(cfg_.checkpoint)
-                       ? cfg_.checkpoint.keep + (cfg_.checkpoint.keep_best ? 1 : 0)
-                       : 1;
-  const int existing =
-      std::min<int>(keep, static_cast<int>(list_checkpoints(dir_.string()).size()));
-  const uint64_t need = weights + static_cast<uint64_t>(keep + 1 - existing) * ckpt;
-  const uint64_t have = free_bytes(dir_.string());
-  if (need > have)
-    throw IoError(str("run directory ", dir_.string(), ": needs ", need, " bytes (",
-                      format_size(need), ": final weights ", format_size(weights), " + ",
-                      keep + 1 - existing, " checkpoint(s) of ", format_size(ckpt),
-                      " with checkpoint.keep ", keep, ") but its filesystem has ", have, " free (",
-                      format_size(have),
-                      "); free space, lower checkpoint.keep or choose another --run-dir"));
-}
+void TrainingRun::preflight() { check_run_dir_space(cfg_, dir_.string()); }
 
 void TrainingRun::start_state() {
   if (opts_.resume.empty()) {
@@ -924,26 +892,29 @@ void TrainingRun::keep_if_best(int64_t step) {
   const fs::path root = dir_ / kCheckpointsDir;
   best_ = step_dir_name(step);
   best_loss_ = progress_.last_val_loss;
-  const std::string text = best_ + "\n";
-  write_file_atomic((root / kBestFile).string(), text.data(), text.size());
-  fsync_dir(root.string());
-  const int pruned = prune_checkpoints(dir_.string(), cfg_.checkpoint.keep);
+  write_best(root.string(), best_);
+  const int pruned = prune_checkpoints(dir_.string(), cfg_.checkpoint.keep, true);
   log(str("checkpoint: ", best_, " is the best so far (validation loss ", best_loss_, ")",
           pruned ? str("; removed ", pruned, " older") : std::string()));
 }
 
-// A resumed run continues comparing against the best checkpoint it has, by that
-// checkpoint's own validation loss (its manifest's).
+// A run continuing in its directory compares against the best checkpoint it has, from the
+// checkpoints' own manifests (find_best_checkpoint), before the directory changes: a `best`
+// that is not a file is refused here, and one that disagrees is said now and rewritten once
+// the directory is committed to (restore_best).
+void TrainingRun::find_best() {
+  if (!cfg_.checkpoint.keep_best) return;
+  const BestCheckpoint b = find_best_checkpoint(dir_.string());
+  best_ = b.name;
+  best_loss_ = b.loss;
+  repair_best_ = !b.name.empty() && !b.pointer_agrees();
+  if (const std::string w = best_pointer_warning(dir_.string(), b); !w.empty())
+    spdlog::warn("checkpoints: {}", w);
+}
+
 void TrainingRun::restore_best() {
-  std::error_code ec;
-  const fs::path file = dir_ / kCheckpointsDir / kBestFile;
-  if (!cfg_.checkpoint.keep_best || !fs::exists(file, ec)) return;
-  std::string name = read_file_bounded(file.string(), 4096, "checkpoint pointer");
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-  const fs::path dir = dir_ / kCheckpointsDir / name;
-  if (!fs::is_regular_file(dir / kManifestFile, ec)) return;
-  best_ = name;
-  best_loss_ = read_checkpoint_manifest(dir.string()).progress.last_val_loss;
+  if (repair_best_) write_best((dir_ / kCheckpointsDir).string(), best_);
+  repair_best_ = false;
 }
 
 void TrainingRun::finish(clock_type::time_point start) {
@@ -1067,6 +1038,7 @@ void TrainingRun::start() {
   start_state();
   check_stop();
   setup_validation();
+  find_best();
   commit_run_dir();
   restore_best();
   sum_.start_step = progress_.step;

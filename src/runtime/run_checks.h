@@ -1,0 +1,31 @@
+// The checks a training run makes before it changes anything on disk, as one function that
+// the run and `fuyou-train --dry-run` both call, so that a dry run refuses exactly what the run
+// would refuse, with the same exception and the same words: the run directory's state and
+// permissions, its free space, the SSD store's directories (existing, distinct, writable with
+// O_DIRECT), the data and model files (readable), and checkpoints/best with keep_best.
+#pragma once
+
+#include <string>
+
+#include "fuyou/config.h"
+#include "fuyou/train.h"
+
+namespace fuyou {
+
+// The run directory a run with these options uses: opts.run_dir; else, resuming, the
+// checkpoint's run; else runs/<UTC date-time>.
+std::string resolved_run_dir(const TrainOptions& opts);
+
+// Throws what the run would throw (Error, ConfigError or IoError naming the path, the key and
+// the numbers) for the run of `cfg` with `opts` in `run_dir`; changes nothing (a probe file is
+// created and removed where writability is checked).
+void check_before_run(const Config& cfg, const TrainOptions& opts, const std::string& run_dir);
+
+// The run directory must hold the final weights and the checkpoints the run keeps (plus the
+// one being written before the oldest goes), beyond those already there; a graceful stop
+// writes one even with checkpoints off. IoError with the figures when it does not.
+void check_run_dir_space(const Config& cfg, const std::string& run_dir);
+
+bool checkpoints_on(const CheckpointConfig& c);
+
+}  // namespace fuyou
