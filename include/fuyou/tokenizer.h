@@ -101,6 +101,9 @@ struct SpecialTokens {
 };
 // Reads `path` (tokenizer_config.json); ConfigError naming the file and field when malformed.
 SpecialTokens read_special_tokens(const std::string& path);
+// The file transformers 5 saves a tokenizer's chat template in, beside tokenizer_config.json
+// (whose chat_template, when present, comes first).
+inline constexpr const char* kChatTemplateFile = "chat_template.jinja";
 // Conversations through `st`'s chat_template and the tokens it may name; `source` (the
 // tokenizer_config.json it came from) names the template in errors.
 void use_chat_template(const SpecialTokens& st, const std::string& source, DatasetOptions* o);

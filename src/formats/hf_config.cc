@@ -185,8 +185,8 @@ constexpr int kMaxDim = kMaxModelDim;
 
 const std::vector<std::string>& tokenizer_file_names() {
   static const std::vector<std::string> names = {
-      "tokenizer.json",          "tokenizer_config.json", "vocab.json",       "merges.txt",
-      "special_tokens_map.json", "tokenizer.model",       "added_tokens.json"};
+      "tokenizer.json",          "tokenizer_config.json", "vocab.json",        "merges.txt",
+      "special_tokens_map.json", "tokenizer.model",       "added_tokens.json", kChatTemplateFile};
   return names;
 }
 

@@ -19,6 +19,7 @@
 
 #include "fuyou/data.h"
 #include "fuyou/error.h"
+#include "fuyou/read_file.h"
 #include "fuyou/tokenizer.h"
 #include "src/formats/jinja.h"
 
@@ -303,6 +304,17 @@ SpecialTokens read_special_tokens(const std::string& path) {
               ": chat_template: only a single template string is supported (named templates "
               "are not)"));
     t.chat_template = j["chat_template"].get<std::string>();
+  }
+  // transformers 5 saves the template beside tokenizer_config.json, as chat_template.jinja.
+  const std::string jinja =
+      (std::filesystem::path(path).parent_path() / kChatTemplateFile).string();
+  if (t.chat_template.empty() && std::filesystem::is_regular_file(jinja)) {
+    constexpr uint64_t kMaxTemplateBytes = 16ull << 20;
+    try {
+      t.chat_template = read_file_bounded(jinja, kMaxTemplateBytes, "chat template");
+    } catch (const IoError& e) {
+      throw ConfigError(e.what());
+    }
   }
   return t;
 }
