@@ -260,9 +260,10 @@ TextCodec TextCodec::for_model(const ModelFiles& files, const ModelConfig& model
     how = "tokenizer.json's post-processor";
   }
   const fs::path tc_path = fs::path(tok_path).parent_path() / "tokenizer_config.json";
-  std::error_code ec;
-  if (tc.is_object() && (tc.contains("chat_template") ||
-                         fs::is_regular_file(tc_path.parent_path() / kChatTemplateFile, ec))) {
+  std::error_code jinja_ec;
+  if (tc.is_object() &&
+      (tc.contains("chat_template") ||
+       fs::is_regular_file(tc_path.parent_path() / kChatTemplateFile, jinja_ec))) {
     c.chat_.chat_field = "messages";
     use_chat_template(read_special_tokens(tc_path.string()), tc_path.string(), &c.chat_);
   }
