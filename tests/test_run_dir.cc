@@ -198,7 +198,7 @@ TEST_CASE("torture: best damaged at random between resumes, the lowest-loss chec
 }
 
 TEST_CASE(
-    "--resume-or-start starts over a run killed before its first checkpoint, keeping its metrics",
+    "resume-or-start starts over a run killed before its first checkpoint, keeping its metrics",
     "[rundir][restart]") {
   BestRun b;
   // What a run killed in its first half hour leaves: its lock, config, data and metrics, and a
