@@ -610,7 +610,6 @@ void write_rope(nlohmann::ordered_json& j, const ModelConfig& cfg) {
   nlohmann::ordered_json p = nlohmann::ordered_json::object();
   p["rope_type"] = cfg.rope_type;
   keep_float(p, "rope_theta", cfg.rope_theta);
-  if (kept.contains("rope_theta")) keep_float(kept, "rope_theta", cfg.rope_theta);
   auto put = [&](const char* key, float v) {
     if (kept.contains(key)) p[key] = kept[key];
     keep_float(p, key, v);
