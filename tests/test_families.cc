@@ -601,7 +601,28 @@ TEST_CASE("opt and llama configs the engine cannot compute are refused by field"
       [](auto& j) {
         j["rope_scaling"] = {{"rope_type", "longrope"}, {"short_factor", {1.0}}};
       },
-      "rope_scaling", "'longrope' is not supported");
+      "rope_scaling", "'short_factor' has 1 entries");
+  // Phi-3's class has only default and longrope, and reads su and yarn as longrope.
+  auto phi3 = [](nlohmann::json& j) {
+    j["model_type"] = "phi3";
+    j.erase("attention_bias");
+    j.erase("mlp_bias");
+    j.erase("pretraining_tp");
+  };
+  refuse(
+      "llama_gqa_f32",
+      [&](auto& j) {
+        phi3(j);
+        j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+      },
+      "rope_scaling", "only default and longrope");
+  refuse(
+      "llama_gqa_f32",
+      [&](auto& j) {
+        phi3(j);
+        j["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}};
+      },
+      "rope_scaling", "longrope needs 'short_factor'");
   // A key no parser reads is refused, with its value; one that cannot change the model is not.
   refuse(
       "llama_gqa_f32", [](auto& j) { j["logit_scale"] = 0.5; }, "logit_scale", "is not modelled");

@@ -5,10 +5,21 @@
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <string>
 #include <vector>
 
 namespace fuyou {
+
+// A list of reals as one config value (model.rope_short_factor): compared and printed whole.
+struct FloatList {
+  std::vector<float> values;
+  bool operator==(const FloatList& o) const { return values == o.values; }
+  bool empty() const { return values.empty(); }
+  size_t size() const { return values.size(); }
+};
+// As YAML's flow form writes it: [1, 1.5, 2], each with the digits that give it back.
+std::ostream& operator<<(std::ostream& os, const FloatList& l);
 
 // Upper bounds on the integer keys (docs/config.md lists each). They lie far above any
 // model or run this engine is for, and low enough that sizes computed from them (vocab x
@@ -49,17 +60,25 @@ struct ModelConfig {
   float rope_theta = 10000.0f;  // rotary base
   // The rotary variant and its parameters, named as transformers' rope_parameters names them
   // (docs/config.md, "Rotary embeddings"); the frequencies: rope_table in fuyou/model.h.
-  std::string rope_type = "default";  // default, linear, dynamic, yarn or llama3
+  std::string rope_type = "default";  // default, linear, dynamic, yarn, llama3 or longrope
   float rope_factor = 1.0f;           // linear, dynamic, yarn, llama3: `factor`
-  // llama3, yarn: original_max_position_embeddings; dynamic: max_position_embeddings (the
-  // context within which dynamic NTK keeps the default frequencies). 0 for the others.
+  // llama3, yarn, longrope: original_max_position_embeddings; dynamic:
+  // max_position_embeddings (the context within which dynamic NTK keeps the default
+  // frequencies). 0 for the others.
   int rope_original_context = 0;
   float rope_low_freq_factor = 1.0f;   // llama3
   float rope_high_freq_factor = 4.0f;  // llama3
   float rope_beta_fast = 32.0f;        // yarn
   float rope_beta_slow = 1.0f;         // yarn
   bool rope_truncate = true;           // yarn: the correction range floored and ceiled
-  float rope_attention_factor = 0.0f;  // yarn: cos/sin scale; 0: 0.1 ln(factor) + 1
+  // yarn, longrope: cos/sin scale; 0: transformers' default (yarn: 0.1 ln(factor) + 1;
+  // longrope: sqrt(1 + ln(factor) / ln(rope_original_context)), 1 for factor <= 1)
+  float rope_attention_factor = 0.0f;
+  // longrope (Phi-3.5, Phi-4 mini): each pair's frequency divided by its factor, the short
+  // list within rope_original_context (where the engine trains: seq_len may not exceed it),
+  // the long one kept for the export. head_size / 2 entries each.
+  FloatList rope_short_factor;
+  FloatList rope_long_factor;
   // Attention over at most this many earlier positions (Mistral's sliding_window); 0: none.
   // The engine computes full causal attention, so seq_len may not exceed it: within the
   // window both are the same computation.

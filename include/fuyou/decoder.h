@@ -90,7 +90,7 @@ class GptDecoder {
   int pos_ = 0;
   size_t es_;
   ParamLayout layout_;
-  Family family_;
+  const FamilyTraits& fam_;
   RopeTable rope_;  // llama: the rotary frequencies of cfg_
   bool streaming_ = false;
   void* params_ = nullptr;                    // resident: every group; streaming: null

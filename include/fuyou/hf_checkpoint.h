@@ -57,10 +57,44 @@ std::string carried_files_dir(const std::string& dir);
 //   4 * n_embd; n_positions becomes seq_len.
 // opt: relu, pre-LN (do_layer_norm_before true), word_embed_proj_dim == hidden_size, biases,
 //   tied head; max_position_embeddings becomes seq_len (the table has 2 more rows).
-// llama / qwen2: silu, rope_scaling null, attention_bias false (qwen2: q/k/v biases),
-//   head_dim = hidden_size / heads; max_position_embeddings becomes seq_len.
-ModelConfig parse_hf_config(const std::string& json_text, const std::string& source);
-ModelConfig load_hf_config(const std::string& path);
+// llama and its dialects (llama_dialects() below): silu, attention_bias false (qwen2: q/k/v
+//   biases), the rotary variants of docs/checkpoints.md; max_position_embeddings becomes
+//   seq_len (bounded by a window or a variant's original context).
+// `model_type`, when given, receives the file's model_type (it names the tensors: hf_tensor_map).
+ModelConfig parse_hf_config(const std::string& json_text, const std::string& source,
+                            std::string* model_type = nullptr);
+ModelConfig load_hf_config(const std::string& path, std::string* model_type = nullptr);
+
+// A Hugging Face model type that the engine's llama family computes: one row of the table
+// below, so that a dialect is one line (docs/architecture.md, "Adding a family").
+struct LlamaDialect {
+  // How the config gives an attention window: none; Qwen's use_sliding_window,
+  // max_window_layers and layer_types (the engine needs the window off); or one
+  // sliding_window for every layer (default_window when the key is absent).
+  enum class Window { kNone, kQwen, kUniform };
+  const char* model_type;    // "mistral"
+  const char* architecture;  // what an export writes: "MistralForCausalLM"
+  int default_positions;     // the config class's max_position_embeddings
+  bool qkv_bias;             // biases on q, k and v (Qwen2)
+  bool qk_norm;              // an RMSNorm of each q and k head (Qwen3)
+  Window window;
+  int default_window;
+  bool attention_bias_key;  // the class has attention_bias (must be false)
+  bool mlp_bias_key;        // the class has mlp_bias (must be false)
+  bool fused;               // one qkv_proj and one gate_up_proj tensor (Phi-3)
+  // The class's own original_max_position_embeddings (Phi-3: 4096), which transformers puts
+  // in place of the rotary parameters'; such a class has only default and longrope rotary
+  // embeddings and reads rope_type su and yarn as longrope. 0: none.
+  int class_original_context;
+};
+const std::vector<LlamaDialect>& llama_dialects();
+const LlamaDialect* find_llama_dialect(const std::string& model_type);
+// Every model_type from-hf converts: gpt2, opt and the llama dialects.
+std::vector<std::string> hf_model_types();
+// The model_type an export of cfg writes and whose tensor names it uses: base_model_type
+// when that type computes cfg (a fine-tune exports as its base), else the first type that
+// does. ConfigError where none does.
+std::string hf_model_type(const ModelConfig& cfg, const std::string& base_model_type = "");
 
 // config.json for a model: `base_json` (may be empty) supplies the fields the engine does
 // not own; the architecture fields, model_type, architectures and torch_dtype are set from
@@ -90,7 +124,8 @@ struct HfTensorMap {
   std::vector<int64_t> hf_shape;      // (C, 3C)
   int64_t engine_offset = 0;          // elements into the engine tensor where this one starts
 };
-std::vector<HfTensorMap> hf_tensor_map(const ModelConfig& cfg);
+// model_type: the Hugging Face type whose names to use (hf_model_type(cfg) when empty).
+std::vector<HfTensorMap> hf_tensor_map(const ModelConfig& cfg, const std::string& model_type = "");
 
 struct ConvertOptions {
   // Output shards are filled in order up to this many bytes (a larger tensor gets a shard of

@@ -25,6 +25,7 @@
 
 #include "fuyou/backend.h"
 #include "fuyou/config.h"
+#include "fuyou/family.h"
 #include "fuyou/op_class.h"
 #include "fuyou/rope.h"
 
@@ -63,16 +64,24 @@ enum TensorRole : int {
   kKNormW,
 };
 
-enum class Family { kGpt2, kOpt, kLlama };
-// Throws ConfigError for a family name the engine does not have.
-Family model_family(const ModelConfig& cfg);
 // The rotary frequencies of a llama-family config (rope_type and its parameters), computed
 // in fp32 as transformers' rope initialisers compute them; pairs = 0 for gpt2 and opt.
 RopeTable rope_table(const ModelConfig& cfg);
 // The default variant's table for heads of size D (even, at most 2 kMaxRopePairs).
 RopeTable default_rope_table(int D, float theta);
-// Rows of the position table: seq_len, plus OPT's offset of 2; 0 for llama (no table).
+// Rows of the position table: seq_len plus the family's offset (OPT: 2); 0 with rotary
+// positions (no table).
 int position_rows(const ModelConfig& cfg);
+// The pieces of a block the training model and the decoder share, as the family's traits
+// say: its norm (mean is unused by RMSNorm), the residual add fused with the next norm, and
+// the MLP's activation of fc's outputs (n rows, F = d_ff outputs).
+void norm_forward(Backend& be, const FamilyTraits& fam, void* out, float* mean, float* rstd,
+                  const void* in, const void* w, const void* b, float eps, int n, int C);
+void residual_norm_forward(Backend& be, const FamilyTraits& fam, void* res, void* out, float* mean,
+                           float* rstd, const void* a, const void* b, const void* w,
+                           const void* bias, float eps, int n, int C);
+void mlp_activation_forward(Backend& be, const FamilyTraits& fam, void* fcg, const void* fch, int n,
+                            int F);
 // The LM head's rows as the model computes them: vocab_size rounded up to a multiple of
 // kVocabPad, so the head's GEMMs get aligned leading dimensions and whole tiles (a vocabulary
 // such as GPT-2's 50257 otherwise sends cuBLAS to its slow unaligned kernels). The padding
@@ -83,8 +92,6 @@ inline constexpr int kVocabPad = 64;
 inline int padded_vocab(const ModelConfig& cfg) {
   return (cfg.vocab_size + kVocabPad - 1) / kVocabPad * kVocabPad;
 }
-// OPT reads position t from row t + 2 of its table; 0 for the others.
-inline constexpr int kOptPositionOffset = 2;
 
 struct ParamGroup {
   std::string name;  // "embed", "layer.0", ..., "final"
@@ -325,7 +332,7 @@ class Transformer {
   void* qkvc_ = nullptr;          // (N, C + 2KV) compact q|k|v before the heads are repeated (GQA)
   void* dqkvc_ = nullptr;         // (N, C + 2KV)
   void* dgu_ = nullptr;           // (N, 2F) llama: gradient of gate | up
-  Family family_;
+  const FamilyTraits& fam_;
   RopeTable rope_;  // llama: the rotary frequencies of cfg_
   std::vector<void*> owned_;
 };

@@ -5,9 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <iomanip>
 #include <map>
+#include <ostream>
 
 #include "fuyou/error.h"
+#include "fuyou/family.h"
 #include "fuyou/read_file.h"
 #include "fuyou/rope.h"
 #include "fuyou/sizes.h"
@@ -155,6 +158,8 @@ std::string values_text(const Rule& rule) {
     return "bool";
   } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
     return "list of strings";
+  } else if constexpr (std::is_same_v<T, FloatList>) {
+    return "list of floats";
   } else if constexpr (std::is_same_v<T, uint64_t>) {
     return "int 0..2^64-1";
   } else {
@@ -211,6 +216,26 @@ class Section {
     }
   }
 
+  void get_floats(const std::string& key, FloatList& out) {
+    known_.push_back(key);
+    if (!node_ || node_.IsNull()) return;
+    YAML::Node v = node_[key];
+    if (!v || v.IsNull()) return;
+    if (!v.IsSequence()) fail(key, "expected a list of numbers, e.g. [1, 1.5]");
+    out.values.clear();
+    for (const auto& item : v) {
+      float x = 0;
+      try {
+        if (!item.IsScalar()) throw YAML::Exception(YAML::Mark(), "");
+        x = item.as<float>();
+      } catch (const YAML::Exception&) {
+        fail(key, str("entry ", out.values.size(), ": expected a number"));
+      }
+      if (!std::isfinite(x)) fail(key, str("entry ", out.values.size(), ": ", x, " is not finite"));
+      out.values.push_back(x);
+    }
+  }
+
   // Reads one key of the section's list into its field, as the rule's kind of value.
   template <typename T, typename Rule>
   void read(const char* key, T& out, const Rule& rule) {
@@ -218,6 +243,8 @@ class Section {
       get_size(key, out);
     } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
       get_list(key, out);
+    } else if constexpr (std::is_same_v<T, FloatList>) {
+      get_floats(key, out);
     } else if constexpr (std::is_enum_v<T>) {
       std::string name;
       get(key, name);
@@ -332,18 +359,20 @@ void require(bool ok, const Section& s, const std::string& key, T value, const s
 // model.rope_type's names, and the parameters each variant reads (a parameter another
 // variant sets would otherwise be silently ignored: parse_model refuses it).
 const std::vector<std::string>& rope_type_names() {
-  static const std::vector<std::string> names = {"default", "linear", "dynamic", "yarn", "llama3"};
+  static const std::vector<std::string> names = {"default", "linear", "dynamic",
+                                                 "yarn",    "llama3", "longrope"};
   return names;
 }
 
 bool rope_type_reads(const std::string& type, const std::string& key) {
   if (key == "rope_factor") return type != "default";
   if (key == "rope_original_context")
-    return type == "dynamic" || type == "yarn" || type == "llama3";
+    return type == "dynamic" || type == "yarn" || type == "llama3" || type == "longrope";
   if (key == "rope_low_freq_factor" || key == "rope_high_freq_factor") return type == "llama3";
-  if (key == "rope_beta_fast" || key == "rope_beta_slow" || key == "rope_truncate" ||
-      key == "rope_attention_factor")
+  if (key == "rope_beta_fast" || key == "rope_beta_slow" || key == "rope_truncate")
     return type == "yarn";
+  if (key == "rope_attention_factor") return type == "yarn" || type == "longrope";
+  if (key == "rope_short_factor" || key == "rope_long_factor") return type == "longrope";
   return true;
 }
 
@@ -357,7 +386,7 @@ const std::vector<std::string>& activation_policy_names() {
 template <typename F>
 void model_keys(F&& key) {
   using M = ModelConfig;
-  key("family", &M::family, OneOf{{"gpt2", "opt", "llama"}});
+  key("family", &M::family, OneOf{family_names()});
   key("n_layer", &M::n_layer, closed(1, kMaxLayers));
   key("n_head", &M::n_head, closed(1, kMaxModelDim));
   key("d_model", &M::d_model, closed(1, kMaxModelDim));
@@ -380,6 +409,8 @@ void model_keys(F&& key) {
   key("rope_truncate", &M::rope_truncate, Free{});
   key("rope_attention_factor", &M::rope_attention_factor,
       interval(0, 1e6, "[)", " (0: derived from rope_factor)"));
+  key("rope_short_factor", &M::rope_short_factor, Free{});
+  key("rope_long_factor", &M::rope_long_factor, Free{});
   key("sliding_window", &M::sliding_window, closed(0, kMaxModelDim, " (0: none)"));
   key("tie_embeddings", &M::tie_embeddings, Free{});
   key("qkv_bias", &M::qkv_bias, Free{});
@@ -582,7 +613,8 @@ ModelConfig model_from_checkpoint(const ModelConfig& given, const Section& s,
   model_keys([&](const char* key, auto field, const auto&) {
     const std::string k = key;
     if (k == "checkpoint" || !s.given(key)) return;
-    if (k == "init_std" || k == "head_chunk_tokens" || (k == "seq_len" && ck.family == "llama")) {
+    if (k == "init_std" || k == "head_chunk_tokens" ||
+        (k == "seq_len" && rotary(family_traits(ck)))) {
       m.*field = given.*field;
     } else if (!(given.*field == ck.*field)) {
       s.fail(key, str("is ", given.*field, " but the checkpoint ", given.checkpoint, " has ",
@@ -622,6 +654,13 @@ std::string apply_override(YAML::Node& root, const std::string& assignment,
 
 }  // namespace
 
+std::ostream& operator<<(std::ostream& os, const FloatList& l) {
+  os << "[";
+  for (size_t i = 0; i < l.values.size(); ++i)
+    os << (i ? ", " : "") << std::setprecision(9) << l.values[i];
+  return os << "]";
+}
+
 OptimizerConfig fine_tune_optimizer_defaults() {
   OptimizerConfig o;
   o.lr = 2e-5;
@@ -654,6 +693,22 @@ void check_rope(const Section& s, const ModelConfig& m) {
   if (m.rope_type == "llama3")
     require(m.rope_low_freq_factor < m.rope_high_freq_factor, s, "rope_low_freq_factor",
             m.rope_low_freq_factor, "must be below model.rope_high_freq_factor");
+  if (m.rope_type == "longrope") {
+    const size_t pairs = static_cast<size_t>(m.head_size() / 2);
+    for (const char* k : {"rope_short_factor", "rope_long_factor"}) {
+      const FloatList& l =
+          std::string(k) == "rope_short_factor" ? m.rope_short_factor : m.rope_long_factor;
+      require(l.size() == pairs, s, k, l,
+              str("longrope needs one factor per rotated pair: ", pairs, " (head size / 2)"));
+      for (float x : l.values)
+        require(x > 0 && x < 1e6f, s, k, l, str("entry ", x, " is not in (0, 1e6)"));
+    }
+    require(m.seq_len <= m.rope_original_context, s, "seq_len", m.seq_len,
+            str("longrope's short factors apply within the original context "
+                "(model.rope_original_context ",
+                m.rope_original_context,
+                "); beyond it transformers switches to the long ones by the batch's length"));
+  }
   if (m.rope_type == "dynamic")
     require(m.seq_len <= m.rope_original_context, s, "seq_len", m.seq_len,
             str("dynamic NTK rotary embeddings equal the default ones only within the model's "
@@ -676,10 +731,12 @@ ModelConfig parse_model(const YAML::Node& node, const Origin& source, Checkpoint
     require(
         m.d_model % m.n_head == 0, s, "d_model", m.d_model,
         str("must be a multiple of model.n_head (", m.n_head, ") unless model.head_dim is given"));
-  if (m.family != "llama") {
-    // Only llama computes with these; a value elsewhere would be silently ignored.
+  const FamilyTraits& fam = family_traits(m);
+  if (!fam.open_shape) {
+    // Only a family of open shape computes with these; a value elsewhere would be silently
+    // ignored.
     require(m.n_kv_head == 0 || m.n_kv_head == m.n_head, s, "n_kv_head", m.n_kv_head,
-            str("grouped-query attention is a llama feature (family ", m.family, ")"));
+            str("family ", m.family, " has no grouped-query attention"));
     require(m.tie_embeddings, s, "tie_embeddings", "false",
             str("family ", m.family, " ties the LM head to the token embedding"));
     require(!m.qkv_bias, s, "qkv_bias", "true",
@@ -689,11 +746,13 @@ ModelConfig parse_model(const YAML::Node& node, const Origin& source, Checkpoint
     require(!m.qk_norm, s, "qk_norm", "true", str("family ", m.family, " has no q/k norm"));
   } else {
     require(m.d_ff != 0, s, "d_ff", m.d_ff,
-            "family llama needs an explicit d_ff (intermediate_size)");
+            str("family ", m.family, " needs an explicit d_ff (intermediate_size)"));
     require(m.n_kv_head <= m.n_head, s, "n_kv_head", m.n_kv_head,
             str("must be in 0..model.n_head (", m.n_head, "); 0 means n_head"));
     require(m.n_kv_head == 0 || m.n_head % m.n_kv_head == 0, s, "n_kv_head", m.n_kv_head,
             str("must divide model.n_head (", m.n_head, ")"));
+  }
+  if (rotary(fam)) {
     require(m.head_size() % 2 == 0, s, m.head_dim ? "head_dim" : "d_model",
             m.head_dim ? m.head_dim : m.d_model,
             "rotary embeddings need an even head size (head_dim, or d_model / n_head)");
@@ -701,9 +760,9 @@ ModelConfig parse_model(const YAML::Node& node, const Origin& source, Checkpoint
             m.head_dim ? m.head_dim : m.d_model,
             str("the head size (head_dim, or d_model / n_head) is at most ", 2 * kMaxRopePairs));
     check_rope(s, m);
-  }
-  if (m.family != "llama") {
-    // The rotary and window keys are llama's: elsewhere a value would be silently ignored.
+  } else {
+    // The rotary and window keys are rotary families': elsewhere a value would be silently
+    // ignored.
     const ModelConfig plain;
     model_keys([&](const char* key, auto field, const auto&) {
       const std::string k = key;
@@ -923,6 +982,10 @@ class KeyWriter {
     } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
       e_ << YAML::Flow << YAML::BeginSeq;
       for (const auto& item : value) e_ << item;
+      e_ << YAML::EndSeq;
+    } else if constexpr (std::is_same_v<T, FloatList>) {
+      e_ << YAML::Flow << YAML::BeginSeq;
+      for (float x : value.values) e_ << x;
       e_ << YAML::EndSeq;
     } else if constexpr (std::is_enum_v<T>) {
       e_ << rule.names.at(static_cast<size_t>(value));

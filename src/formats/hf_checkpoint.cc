@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
@@ -414,11 +415,11 @@ EngineSource open_engine_source(const std::string& checkpoint) {
 // The jobs that read a Hugging Face checkpoint into the engine's tensors, each source checked
 // (present, float dtype, shape) and unknown tensors refused.
 std::vector<Job> hf_source_jobs(const TensorSet& set, const ModelConfig& model,
-                                const std::string& config_path) {
+                                const std::string& model_type, const std::string& config_path) {
   // GPT-2 checkpoints saved from GPT2LMHeadModel name tensors "transformer.*"; those saved
   // from GPT2Model (the original OpenAI upload among them) have no prefix.
   std::string prefix, strip;
-  auto map = hf_tensor_map(model);
+  auto map = hf_tensor_map(model, model_type);
   if (model.family == "gpt2") {
     if (set.has("transformer.wte.weight"))
       prefix = "transformer.";
@@ -504,10 +505,11 @@ ConvertResult convert_hf_to_engine(const std::string& hf_dir, const std::string&
                       " (from-hf takes a Hugging Face model directory)"));
   const std::string config_path = (src / kHfConfigFile).string();
   ConvertResult r;
-  r.model = validated(load_hf_config(config_path), config_path);
+  std::string model_type;
+  r.model = validated(load_hf_config(config_path, &model_type), config_path);
   TensorSet set = TensorSet::open_dir(hf_dir);
 
-  std::vector<Job> jobs = hf_source_jobs(set, r.model, config_path);
+  std::vector<Job> jobs = hf_source_jobs(set, r.model, model_type, config_path);
 
   StagingDir stage(out);
   const std::string yaml = engine_config_yaml(r.model);
@@ -530,21 +532,27 @@ ConvertResult convert_engine_to_hf(const std::string& checkpoint, const std::str
   EngineSource src = open_engine_source(checkpoint);
   ConvertResult r;
   r.model = validated(src.model, checkpoint);
+  // The base model's config.json and tokenizer: beside the weights, or in the run directory
+  // of a training checkpoint written before checkpoints carried them. The base's model type
+  // names the exported tensors where it computes the model (hf_model_type).
+  const fs::path carried = carried_files_dir(src.dir.string());
+  std::string base;
+  std::error_code ec;
+  if (fs::is_regular_file(carried / kKeptHfConfigFile, ec))
+    base = read_text(carried / kKeptHfConfigFile);
+  const nlohmann::json base_json = nlohmann::json::parse(base, nullptr, false);
+  const std::string base_type = base_json.is_object() && base_json.contains("model_type") &&
+                                        base_json["model_type"].is_string()
+                                    ? base_json["model_type"].get<std::string>()
+                                    : "";
   std::vector<Job> jobs;
-  for (const HfTensorMap& t : hf_tensor_map(r.model))
+  for (const HfTensorMap& t : hf_tensor_map(r.model, hf_model_type(r.model, base_type)))
     jobs.push_back({t.engine, t.hf, t.transpose, t.engine_shape, t.hf_shape,
                     static_cast<size_t>(t.engine_offset), numel_of(t.hf_shape)});
   validate_sources(src.set, jobs);
   refuse_unknown(src.set, jobs, "", r.model, false);
   verify_sources(src.set, jobs);
 
-  // The base model's config.json and tokenizer: beside the weights, or in the run directory
-  // of a training checkpoint written before checkpoints carried them.
-  const fs::path carried = carried_files_dir(src.dir.string());
-  std::string base;
-  std::error_code ec;
-  if (fs::is_regular_file(carried / kKeptHfConfigFile, ec))
-    base = read_text(carried / kKeptHfConfigFile);
   r.dtype = export_dtype(opts, base, &r.dtype_origin);
   if (!is_float_dtype(r.dtype))
     throw Error(str("--dtype ", st_dtype_name(r.dtype), ": expected f32, bf16 or f16"));
@@ -597,9 +605,10 @@ LoadedCheckpoint load_engine_checkpoint(const std::string& checkpoint) {
 LoadedCheckpoint load_hf_checkpoint(const std::string& hf_dir) {
   const std::string config_path = (fs::path(hf_dir) / kHfConfigFile).string();
   LoadedCheckpoint out;
-  out.model = validated(load_hf_config(config_path), config_path);
+  std::string model_type;
+  out.model = validated(load_hf_config(config_path, &model_type), config_path);
   TensorSet set = TensorSet::open_dir(hf_dir);
-  const std::vector<Job> jobs = hf_source_jobs(set, out.model, config_path);
+  const std::vector<Job> jobs = hf_source_jobs(set, out.model, model_type, config_path);
   const ParamLayout layout = make_gpt_layout(out.model);
   out.params.assign(layout.total, 0.0f);
   Buffers buffers;

@@ -21,6 +21,12 @@ namespace {
 
 using json = nlohmann::json;
 
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
 // Typed, checked access to config.json fields. Every failure names the file and the field;
 // nothing here lets a nlohmann exception escape, so a malformed file is always a
 // ConfigError (the fuzz test in tests/test_hf.cc holds us to that).
@@ -285,8 +291,16 @@ ModelConfig parse_opt(const Fields& f) {
 // agree. The frequencies themselves: rope_table (src/model/rope.cc).
 class RopeReader {
  public:
-  RopeReader(const Fields& f, ModelConfig& m, int max_positions)
-      : f_(f), m_(m), max_positions_(max_positions) {}
+  // class_original_context: the config class's own original_max_position_embeddings (Phi-3:
+  // 4096), which transformers puts in place of the rotary parameters' one; 0 where the class
+  // has none. legacy_longrope: the class reads rope_type su and yarn as longrope (Phi-3).
+  RopeReader(const Fields& f, ModelConfig& m, int max_positions, int class_original_context,
+             bool legacy_longrope)
+      : f_(f),
+        m_(m),
+        max_positions_(max_positions),
+        class_original_(class_original_context),
+        legacy_longrope_(legacy_longrope) {}
 
   void read() {
     const json& scaling = f_.value("rope_scaling");
@@ -316,6 +330,10 @@ class RopeReader {
           f_.fail(where_, "'rope_type' and 'type' disagree");
         type = p[k].get<std::string>();
       }
+    if (legacy_longrope_ && (type == "su" || type == "yarn")) type = "longrope";
+    if (legacy_longrope_ && type != "default" && type != "longrope")
+      f_.fail(where_, str("rope_type '", type,
+                          "': this model type has only default and longrope rotary embeddings"));
     m_.rope_type = type;
     if (type == "default") {
       allow(p, {});
@@ -334,10 +352,12 @@ class RopeReader {
       m_.rope_original_context = original_context(p);
     } else if (type == "yarn") {
       read_yarn(p);
+    } else if (type == "longrope") {
+      read_longrope(p);
     } else {
       f_.fail(where_, str("rope_type '", type,
                           "' is not supported (supported: default, linear, dynamic, yarn, "
-                          "llama3)"));
+                          "llama3, longrope)"));
     }
   }
 
@@ -376,25 +396,60 @@ class RopeReader {
       if (!p["truncate"].is_boolean()) bad("truncate", p["truncate"], "true or false");
       m_.rope_truncate = p["truncate"].get<bool>();
     }
-    auto mscale = [](double scale, double k) {
-      return scale <= 1 ? 1.0 : 0.1 * k * std::log(scale) + 1.0;
-    };
     double attention = 0;
     if (has(p, "attention_factor")) {
       attention = positive(p, "attention_factor", std::nullopt);
     } else {
       const double ms = zero_or(p, "mscale", 0), all = zero_or(p, "mscale_all_dim", 0);
-      attention =
-          ms != 0 && all != 0 ? mscale(factor, ms) / mscale(factor, all) : mscale(factor, 1);
+      attention = ms != 0 && all != 0 ? yarn_mscale(factor, ms) / yarn_mscale(factor, all)
+                                      : yarn_mscale(factor, 1);
     }
     m_.rope_attention_factor = static_cast<float>(attention);
   }
 
-  // The pretraining context of llama3 and yarn: a top-level original_max_position_embeddings
-  // wins (as transformers 5 gives it priority), else the parameter, else the model's context.
+  // longrope (Phi-3.5, Phi-4 mini): per-pair factors, short within the original context and
+  // long beyond it; the engine trains within it (the config holds seq_len there).
+  void read_longrope(const json& p) {
+    allow(p, {"factor", "long_factor", "short_factor", "attention_factor",
+              "original_max_position_embeddings"});
+    m_.rope_original_context = original_context(p);
+    // transformers derives the factor from the two contexts where the config gives none.
+    const double factor = has(p, "factor")
+                              ? positive(p, "factor", std::nullopt)
+                              : static_cast<double>(max_positions_) / m_.rope_original_context;
+    m_.rope_factor = static_cast<float>(factor);
+    m_.rope_short_factor = factors(p, "short_factor");
+    m_.rope_long_factor = factors(p, "long_factor");
+    const double attention = has(p, "attention_factor")
+                                 ? positive(p, "attention_factor", std::nullopt)
+                                 : longrope_attention_factor(factor, m_.rope_original_context);
+    m_.rope_attention_factor = static_cast<float>(attention);
+  }
+
+  FloatList factors(const json& p, const char* k) {
+    if (!has(p, k)) f_.fail(where_, str("rope_type longrope needs '", k, "'"));
+    if (!p[k].is_array()) bad(k, p[k], "a list of numbers");
+    const size_t pairs = static_cast<size_t>(m_.head_size() / 2);
+    if (p[k].size() != pairs)
+      f_.fail(where_, str("'", k, "' has ", p[k].size(), " entries; the head size ", m_.head_size(),
+                          " rotates ", pairs, " pairs"));
+    FloatList l;
+    for (const json& x : p[k]) {
+      if (!x.is_number()) bad(k, x, "a number in the list");
+      const double v = x.get<double>();
+      if (!(v > 0 && v < 1e6)) f_.fail(where_, str("'", k, "' entry ", v, " is not in (0, 1e6)"));
+      l.values.push_back(static_cast<float>(v));
+    }
+    return l;
+  }
+
+  // The pretraining context of llama3, yarn and longrope: a top-level
+  // original_max_position_embeddings wins (as transformers 5 gives it priority), else the
+  // config class's own default where it has one, else the parameter, else the model's context.
   int original_context(const json& p) {
     if (f_.present("original_max_position_embeddings"))
       return f_.integer("original_max_position_embeddings", 1, kMaxModelDim);
+    if (class_original_) return class_original_;
     if (has(p, "original_max_position_embeddings"))
       return Fields::checked_int(f_.source(), where_ + ".original_max_position_embeddings",
                                  p["original_max_position_embeddings"], 1, kMaxModelDim);
@@ -456,6 +511,8 @@ class RopeReader {
   const Fields& f_;
   ModelConfig& m_;
   int max_positions_;
+  int class_original_;
+  bool legacy_longrope_;
   std::string where_;
 };
 
@@ -479,17 +536,41 @@ void read_qwen2_window(const Fields& f, int n_layer) {
                                 "full_attention"));
 }
 
-// The llama-style families, as the engine's llama family: Llama 2/3.x (model_type llama),
-// Qwen2/2.5 (qwen2: q/k/v biases), Qwen3 (qwen3: an RMSNorm of each q and k head) and Mistral
-// (mistral: sliding-window attention, which the engine computes exactly within the window).
-// Each may give head_dim apart from hidden_size / num_attention_heads.
-ModelConfig parse_llama(const Fields& f, const std::string& model_type) {
-  const bool qwen2 = model_type == "qwen2", qwen3 = model_type == "qwen3",
-             mistral = model_type == "mistral";
+}  // namespace
+
+// The Hugging Face model types the engine's llama family computes, one row each: what the
+// config class defaults to and reads, how its tensors are named, and what an export writes.
+const std::vector<LlamaDialect>& llama_dialects() {
+  using W = LlamaDialect::Window;
+  static const std::vector<LlamaDialect> rows = {
+      // model_type, architecture, default_positions, qkv_bias, qk_norm, window,
+      // default_window, attention_bias_key, mlp_bias_key, fused, class_original_context
+      {"llama", "LlamaForCausalLM", 2048, false, false, W::kNone, 0, true, true, false, 0},
+      {"qwen2", "Qwen2ForCausalLM", 32768, true, false, W::kQwen, 0, false, false, false, 0},
+      {"qwen3", "Qwen3ForCausalLM", 32768, false, true, W::kQwen, 0, true, false, false, 0},
+      {"mistral", "MistralForCausalLM", 131072, false, false, W::kUniform, 4096, false, false,
+       false, 0},
+      {"phi3", "Phi3ForCausalLM", 4096, false, false, W::kUniform, 0, false, false, true, 4096},
+  };
+  return rows;
+}
+
+const LlamaDialect* find_llama_dialect(const std::string& model_type) {
+  for (const LlamaDialect& d : llama_dialects())
+    if (model_type == d.model_type) return &d;
+  return nullptr;
+}
+
+namespace {
+
+// The llama-style model types (llama_dialects()), as the engine's llama family. Each may
+// give head_dim apart from hidden_size / num_attention_heads; a sliding window is computed
+// exactly within it (full causal attention equals it there).
+ModelConfig parse_llama(const Fields& f, const LlamaDialect& d) {
   ModelConfig m;
   m.family = "llama";
-  m.qkv_bias = qwen2;
-  m.qk_norm = qwen3;
+  m.qkv_bias = d.qkv_bias;
+  m.qk_norm = d.qk_norm;
   m.n_layer = f.integer("num_hidden_layers", 1, kMaxLayers);
   m.n_head = f.integer("num_attention_heads", 1, kMaxDim);
   m.d_model = f.integer("hidden_size", 1, kMaxDim);
@@ -513,12 +594,8 @@ ModelConfig parse_llama(const Fields& f, const std::string& model_type) {
            str("value ", m.n_kv_head, " does not divide num_attention_heads (", m.n_head, ")"));
   m.d_ff = f.integer("intermediate_size", 1, kMaxFfDim);
   m.vocab_size = f.integer("vocab_size", 2, kMaxVocab);
-  // The config classes' defaults: LlamaConfig 2048, Qwen2Config 32768, MistralConfig 131072.
-  const int max_positions = f.integer_or("max_position_embeddings",
-                                         qwen2 || qwen3 ? 32768
-                                         : mistral      ? 131072
-                                                        : 2048,
-                                         1, kMaxDim);
+  const int max_positions =
+      f.integer_or("max_position_embeddings", d.default_positions, 1, kMaxDim);
   m.seq_len = max_positions;
   // The engine keeps these as 32-bit floats: the ranges are checked on the rounded value (a
   // 1e-46 is above 0 but rounds to 0, which the engine's config then refuses).
@@ -528,8 +605,11 @@ ModelConfig parse_llama(const Fields& f, const std::string& model_type) {
   m.norm_eps = static_cast<float>(eps);
   if (!(m.norm_eps > 0 && m.norm_eps < 1))
     f.fail("rms_norm_eps", str("value ", eps, " is not in (0, 1) as a 32-bit float"));
-  RopeReader(f, m, max_positions).read();
-  if (m.rope_type == "dynamic") m.seq_len = std::min(m.seq_len, m.rope_original_context);
+  RopeReader(f, m, max_positions, d.class_original_context, d.class_original_context > 0).read();
+  // Read by transformers' longrope alone (the class keeps it for every config).
+  if (d.class_original_context) (void)f.value("original_max_position_embeddings");
+  if (m.rope_type == "dynamic" || m.rope_type == "longrope")
+    m.seq_len = std::min(m.seq_len, m.rope_original_context);
   // Every one of these config classes defaults to an untied head.
   m.tie_embeddings = f.boolean_or("tie_word_embeddings", false);
   std::string act = f.string_or("hidden_act", "silu");
@@ -537,15 +617,16 @@ ModelConfig parse_llama(const Fields& f, const std::string& model_type) {
     f.fail("hidden_act", str("'", act, "' is not supported: the engine's gated MLP uses silu"));
   f.expect("partial_rotary_factor", 1.0, "the engine rotates whole heads");
   f.expect("pretraining_tp", 1, "transformers 5 ignores it; the engine takes it as 1");
-  if (!qwen2 && !mistral)
+  if (d.attention_bias_key)
     f.expect("attention_bias", false,
              "it also puts a bias on o_proj; Qwen2-style q/k/v biases are, as model_type qwen2");
-  if (!qwen2 && !qwen3 && !mistral) f.expect("mlp_bias", false, "the engine's MLP has no biases");
-  if (qwen2 || qwen3) read_qwen2_window(f, m.n_layer);
-  if (mistral) {
-    // MistralConfig's default window is 4096; null turns it off (Mistral v0.2 and later).
-    m.sliding_window =
-        f.has_key("sliding_window") ? f.integer_or("sliding_window", 0, 1, kMaxDim) : 4096;
+  if (d.mlp_bias_key) f.expect("mlp_bias", false, "the engine's MLP has no biases");
+  if (d.window == LlamaDialect::Window::kQwen) read_qwen2_window(f, m.n_layer);
+  if (d.window == LlamaDialect::Window::kUniform) {
+    // The class's default window where the key is absent (MistralConfig 4096, Phi3Config
+    // none); null turns it off (Mistral v0.2 and later).
+    m.sliding_window = f.has_key("sliding_window") ? f.integer_or("sliding_window", 0, 1, kMaxDim)
+                                                   : d.default_window;
     if (m.sliding_window > 0) m.seq_len = std::min(m.seq_len, m.sliding_window);
   }
   return m;
@@ -553,7 +634,8 @@ ModelConfig parse_llama(const Fields& f, const std::string& model_type) {
 
 }  // namespace
 
-ModelConfig parse_hf_config(const std::string& json_text, const std::string& source) {
+ModelConfig parse_hf_config(const std::string& json_text, const std::string& source,
+                            std::string* model_type_out) {
   json j;
   try {
     j = json::parse(json_text);
@@ -568,18 +650,45 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
     m = parse_gpt2(f);
   else if (model_type == "opt")
     m = parse_opt(f);
-  else if (model_type == "llama" || model_type == "qwen2" || model_type == "qwen3" ||
-           model_type == "mistral")
-    m = parse_llama(f, model_type);
+  else if (const LlamaDialect* d = find_llama_dialect(model_type))
+    m = parse_llama(f, *d);
   else
     f.fail("model_type",
-           str("'", model_type,
-               "' is not supported (supported: gpt2, opt, llama, qwen2, qwen3, mistral)"));
+           str("'", model_type, "' is not supported (supported: ", join(hf_model_types()), ")"));
   f.finish(model_type);
+  if (model_type_out) *model_type_out = model_type;
   return m;
 }
 
-ModelConfig load_hf_config(const std::string& path) {
+std::vector<std::string> hf_model_types() {
+  std::vector<std::string> types = {"gpt2", "opt"};
+  for (const LlamaDialect& d : llama_dialects()) types.push_back(d.model_type);
+  return types;
+}
+
+namespace {
+
+bool dialect_computes(const LlamaDialect& d, const ModelConfig& cfg) {
+  const bool rope_ok =
+      d.class_original_context == 0 || cfg.rope_type == "default" || cfg.rope_type == "longrope";
+  return d.qkv_bias == cfg.qkv_bias && d.qk_norm == cfg.qk_norm &&
+         (cfg.sliding_window == 0 || d.window == LlamaDialect::Window::kUniform) && rope_ok;
+}
+
+}  // namespace
+
+std::string hf_model_type(const ModelConfig& cfg, const std::string& base_model_type) {
+  if (cfg.family != "llama") return cfg.family;
+  if (const LlamaDialect* d = find_llama_dialect(base_model_type))
+    if (dialect_computes(*d, cfg)) return d->model_type;
+  for (const LlamaDialect& d : llama_dialects())
+    if (dialect_computes(d, cfg)) return d.model_type;
+  throw ConfigError(str("no Hugging Face model type computes this llama-family model (qkv_bias ",
+                        cfg.qkv_bias, ", qk_norm ", cfg.qk_norm, ", sliding_window ",
+                        cfg.sliding_window, ", rope_type ", cfg.rope_type, ")"));
+}
+
+ModelConfig load_hf_config(const std::string& path, std::string* model_type) {
   // A config.json is a few kilobytes; a file this large is the wrong one.
   constexpr uint64_t kMaxHfConfigBytes = 16ull << 20;
   std::string text;
@@ -588,7 +697,7 @@ ModelConfig load_hf_config(const std::string& path) {
   } catch (const IoError& e) {
     throw ConfigError(str(e.what(), " (a Hugging Face model directory needs config.json)"));
   }
-  return parse_hf_config(text, path);
+  return parse_hf_config(text, path, model_type);
 }
 
 namespace {
@@ -619,8 +728,19 @@ void write_rope(nlohmann::ordered_json& j, const ModelConfig& cfg) {
     put("low_freq_factor", cfg.rope_low_freq_factor);
     put("high_freq_factor", cfg.rope_high_freq_factor);
   }
-  if (cfg.rope_type == "llama3" || cfg.rope_type == "yarn")
+  if (cfg.rope_type == "llama3" || cfg.rope_type == "yarn" || cfg.rope_type == "longrope")
     p["original_max_position_embeddings"] = cfg.rope_original_context;
+  if (cfg.rope_type == "longrope") {
+    auto list = [](const FloatList& l) {
+      nlohmann::ordered_json a = nlohmann::ordered_json::array();
+      for (float x : l.values) a.push_back(std::stod(str(std::setprecision(9), x)));
+      return a;
+    };
+    // Nine digits give each float back (transformers reads them into fp32 tensors).
+    p["short_factor"] = list(cfg.rope_short_factor);
+    p["long_factor"] = list(cfg.rope_long_factor);
+    put("attention_factor", cfg.rope_attention_factor);
+  }
   if (cfg.rope_type == "yarn") {
     put("beta_fast", cfg.rope_beta_fast);
     put("beta_slow", cfg.rope_beta_slow);
@@ -674,18 +794,13 @@ std::string hf_config_json(const ModelConfig& cfg, StDtype dtype, const std::str
     j["tie_word_embeddings"] = true;
     if (!j.contains("init_std")) j["init_std"] = cfg.init_std;
   } else if (cfg.family == "llama") {
-    // Mistral when the source was or the model has a window; Qwen2 with q/k/v biases; Qwen3
-    // with the q/k norm.
-    const bool mistral = !cfg.qkv_bias && !cfg.qk_norm &&
-                         (cfg.sliding_window > 0 || j.value("model_type", "") == "mistral");
-    j["model_type"] = cfg.qk_norm    ? "qwen3"
-                      : cfg.qkv_bias ? "qwen2"
-                      : mistral      ? "mistral"
-                                     : "llama";
-    j["architectures"] = {cfg.qk_norm    ? "Qwen3ForCausalLM"
-                          : cfg.qkv_bias ? "Qwen2ForCausalLM"
-                          : mistral      ? "MistralForCausalLM"
-                                         : "LlamaForCausalLM"};
+    // The base's model type where it computes the model, else the first that does.
+    const std::string base_type = j.contains("model_type") && j["model_type"].is_string()
+                                      ? j["model_type"].get<std::string>()
+                                      : "";
+    const LlamaDialect& d = *find_llama_dialect(hf_model_type(cfg, base_type));
+    j["model_type"] = d.model_type;
+    j["architectures"] = {d.architecture};
     j["head_dim"] = cfg.head_size();
     j["num_hidden_layers"] = cfg.n_layer;
     j["num_attention_heads"] = cfg.n_head;
@@ -701,11 +816,15 @@ std::string hf_config_json(const ModelConfig& cfg, StDtype dtype, const std::str
     keep_float(j, "rms_norm_eps", cfg.norm_eps);
     write_rope(j, cfg);
     j["tie_word_embeddings"] = cfg.tie_embeddings;
-    if (!cfg.qkv_bias && !mistral) j["attention_bias"] = false;
-    if (cfg.qkv_bias || cfg.qk_norm) j["use_sliding_window"] = false;
-    if (mistral)
+    if (d.attention_bias_key) j["attention_bias"] = false;
+    if (d.mlp_bias_key && j.contains("mlp_bias")) j["mlp_bias"] = false;
+    if (d.window == LlamaDialect::Window::kQwen) j["use_sliding_window"] = false;
+    if (d.window == LlamaDialect::Window::kUniform)
       j["sliding_window"] = cfg.sliding_window > 0 ? nlohmann::ordered_json(cfg.sliding_window)
                                                    : nlohmann::ordered_json(nullptr);
+    // The class's own original context takes the place of the rotary parameters' one.
+    if (d.class_original_context && cfg.rope_original_context > 0)
+      j["original_max_position_embeddings"] = cfg.rope_original_context;
     if (!j.contains("initializer_range")) j["initializer_range"] = cfg.init_std;
   } else {
     j["model_type"] = "gpt2";
@@ -819,6 +938,10 @@ std::string engine_config_yaml(const ModelConfig& cfg) {
                  "  rope_beta_slow: ", cfg.rope_beta_slow, "\n",
                  "  rope_truncate: ", cfg.rope_truncate ? "true" : "false", "\n",
                  "  rope_attention_factor: ", cfg.rope_attention_factor, "\n");
+    if (cfg.rope_type == "longrope")
+      out += str("  rope_attention_factor: ", std::setprecision(9), cfg.rope_attention_factor, "\n",
+                 "  rope_short_factor: ", cfg.rope_short_factor, "\n",
+                 "  rope_long_factor: ", cfg.rope_long_factor, "\n");
   }
   if (cfg.sliding_window > 0) out += str("  sliding_window: ", cfg.sliding_window, "\n");
   return out;
@@ -828,7 +951,7 @@ std::string engine_config_yaml(const ModelConfig& cfg) {
 // projections are packed into c_attn, gate and up into c_fc): they come in the engine
 // tensor's row order with increasing engine_offset, so from-hf appends them in turn and
 // to-hf reads each back as a contiguous range.
-std::vector<HfTensorMap> hf_tensor_map(const ModelConfig& cfg) {
+std::vector<HfTensorMap> hf_tensor_map(const ModelConfig& cfg, const std::string& model_type) {
   const int64_t C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size, A = cfg.attn_width();
   const int64_t KV = static_cast<int64_t>(cfg.kv_heads()) * cfg.head_size();
   std::vector<HfTensorMap> out;
@@ -896,14 +1019,22 @@ std::vector<HfTensorMap> hf_tensor_map(const ModelConfig& cfg) {
     same("ln_f.weight", d + "final_layer_norm.weight", {C});
     same("ln_f.bias", d + "final_layer_norm.bias", {C});
   } else if (cfg.family == "llama") {
+    const std::string type = model_type.empty() ? hf_model_type(cfg) : model_type;
+    const LlamaDialect* d = find_llama_dialect(type);
+    if (!d || !dialect_computes(*d, cfg))
+      throw ConfigError(str("model_type '", type, "' does not name this model's tensors"));
     same("wte.weight", "model.embed_tokens.weight", {V, C});
     for (int l = 0; l < cfg.n_layer; ++l) {
       std::string p = str("h.", l, "."), h = str("model.layers.", l, ".");
       same(p + "ln_1.weight", h + "input_layernorm.weight", {C});
       const std::vector<int64_t> qkv_w = {A + 2 * KV, C}, qkv_b = {A + 2 * KV};
-      part(p + "attn.c_attn.weight", h + "self_attn.q_proj.weight", qkv_w, 0, A);
-      part(p + "attn.c_attn.weight", h + "self_attn.k_proj.weight", qkv_w, A, KV);
-      part(p + "attn.c_attn.weight", h + "self_attn.v_proj.weight", qkv_w, A + KV, KV);
+      if (d->fused) {  // q|k|v in the engine's order already
+        same(p + "attn.c_attn.weight", h + "self_attn.qkv_proj.weight", qkv_w);
+      } else {
+        part(p + "attn.c_attn.weight", h + "self_attn.q_proj.weight", qkv_w, 0, A);
+        part(p + "attn.c_attn.weight", h + "self_attn.k_proj.weight", qkv_w, A, KV);
+        part(p + "attn.c_attn.weight", h + "self_attn.v_proj.weight", qkv_w, A + KV, KV);
+      }
       if (cfg.qkv_bias) {
         part(p + "attn.c_attn.bias", h + "self_attn.q_proj.bias", qkv_b, 0, A);
         part(p + "attn.c_attn.bias", h + "self_attn.k_proj.bias", qkv_b, A, KV);
@@ -915,8 +1046,12 @@ std::vector<HfTensorMap> hf_tensor_map(const ModelConfig& cfg) {
       }
       same(p + "attn.c_proj.weight", h + "self_attn.o_proj.weight", {C, A});
       same(p + "ln_2.weight", h + "post_attention_layernorm.weight", {C});
-      part(p + "mlp.c_fc.weight", h + "mlp.gate_proj.weight", {2 * F, C}, 0, F);
-      part(p + "mlp.c_fc.weight", h + "mlp.up_proj.weight", {2 * F, C}, F, F);
+      if (d->fused) {  // gate|up, as the engine packs them
+        same(p + "mlp.c_fc.weight", h + "mlp.gate_up_proj.weight", {2 * F, C});
+      } else {
+        part(p + "mlp.c_fc.weight", h + "mlp.gate_proj.weight", {2 * F, C}, 0, F);
+        part(p + "mlp.c_fc.weight", h + "mlp.up_proj.weight", {2 * F, C}, F, F);
+      }
       same(p + "mlp.c_proj.weight", h + "mlp.down_proj.weight", {C, F});
     }
     same("ln_f.weight", "model.norm.weight", {C});

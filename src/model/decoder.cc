@@ -25,7 +25,7 @@ template <typename Fn>
 void for_each_decoder_buffer(const ModelConfig& cfg, int rows, DecoderBuffers& b, Fn&& fn) {
   const size_t C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size, R = rows, A = cfg.attn_width();
   const size_t KV = static_cast<size_t>(cfg.kv_heads()) * cfg.head_size();
-  const size_t fc = model_family(cfg) == Family::kLlama ? 2 * F : F;
+  const size_t fc = fc_outputs(family_traits(cfg), cfg.d_ff);
   fn(b.x, R * C, "decoder residual stream");
   fn(b.ln, R * C, "decoder norm output");
   fn(b.qkvc, R * (A + 2 * KV), "decoder q|k|v");
@@ -89,12 +89,12 @@ GptDecoder::GptDecoder(const ModelConfig& cfg, Backend& backend, int capacity,
       capacity_(capacity),
       es_(backend.storage_bytes()),
       layout_(make_gpt_layout(cfg)),
-      family_(model_family(cfg)),
+      fam_(family_traits(cfg)),
       rope_(rope_table(cfg)) {
   if (capacity < 1)
     throw Error(str("decoder: capacity ", capacity, " positions; at least 1 is needed"));
-  const int pos_rows = position_rows(cfg) - (family_ == Family::kOpt ? kOptPositionOffset : 0);
-  if (family_ != Family::kLlama && capacity > pos_rows)
+  const int pos_rows = position_rows(cfg) - fam_.position_offset;
+  if (!rotary(fam_) && capacity > pos_rows)
     throw Error(
         str("decoder: ", capacity, " positions, but the model's position table has ", pos_rows));
   const MemoryStats mem = be_.memory();
@@ -200,18 +200,13 @@ void GptDecoder::load_layer(int l) {
 }
 
 void GptDecoder::norm(void* out, const void* in, const void* w, const void* b, int n) {
-  if (family_ == Family::kLlama)
-    be_.rmsnorm_forward(out, rstd_, in, w, cfg_.norm_eps, n, cfg_.d_model);
-  else
-    be_.layernorm_forward(out, mean_, rstd_, in, w, b, n, cfg_.d_model);
+  norm_forward(be_, fam_, out, mean_, rstd_, in, w, b, cfg_.norm_eps, n, cfg_.d_model);
 }
 
 void GptDecoder::residual_norm(void* res, void* out, const void* a, const void* b, const void* w,
                                const void* bias, int n) {
-  if (family_ == Family::kLlama)
-    be_.residual_rmsnorm_forward(res, out, rstd_, a, b, w, cfg_.norm_eps, n, cfg_.d_model);
-  else
-    be_.residual_layernorm_forward(res, out, mean_, rstd_, a, b, w, bias, n, cfg_.d_model);
+  residual_norm_forward(be_, fam_, res, out, mean_, rstd_, a, b, w, bias, cfg_.norm_eps, n,
+                        cfg_.d_model);
 }
 
 // One layer's forward of n rows at pos_ .. pos_+n-1 (block_forward's order of operations, with
@@ -225,24 +220,12 @@ void GptDecoder::run_layer(const LayerTensors& w, int l, int n) {
   if (cfg_.qk_norm)
     be_.qk_norm_forward(qkvc_, nullptr, qk_rstd_, w.q_norm_w, w.k_norm_w, cfg_.norm_eps, n, H, Hkv,
                         D);
-  if (family_ == Family::kLlama) be_.rope_forward_at(qkvc_, n, pos_, H, Hkv, D, rope_);
+  if (rotary(fam_)) be_.rope_forward_at(qkvc_, n, pos_, H, Hkv, D, rope_);
   be_.attention_decode(atty_, k_cache_[l], v_cache_[l], qkvc_, n, pos_, H, Hkv, D);
   be_.matmul_forward(res_, atty_, w.proj_w, w.proj_b, n, A, C);
   residual_norm(res_, ln_, res_, x_, w.ln2_w, w.ln2_b, n);
-  switch (family_) {
-    case Family::kGpt2:
-      be_.matmul_forward(fch_, ln_, w.fc_w, w.fc_b, n, C, F);
-      be_.gelu_forward(fcg_, fch_, static_cast<size_t>(n) * F);
-      break;
-    case Family::kOpt:
-      be_.matmul_forward(fch_, ln_, w.fc_w, w.fc_b, n, C, F);
-      be_.relu_forward(fcg_, fch_, static_cast<size_t>(n) * F);
-      break;
-    case Family::kLlama:
-      be_.matmul_forward(fch_, ln_, w.fc_w, nullptr, n, C, 2 * F);
-      be_.swiglu_forward(fcg_, fch_, n, F);
-      break;
-  }
+  be_.matmul_forward(fch_, ln_, w.fc_w, w.fc_b, n, C, fc_outputs(fam_, F));
+  mlp_activation_forward(be_, fam_, fcg_, fch_, n, F);
   // The block's input is not needed any more (res_ holds it plus attention): its buffer
   // takes the block's output.
   be_.matmul_forward(x_, fcg_, w.fcproj_w, w.fcproj_b, n, F, C);
@@ -261,7 +244,7 @@ void GptDecoder::run_chunk(const int32_t* tokens, int n) {
                                : global_tensors(layout_, params_, es_);
   const void* wpe = nullptr;
   if (g.wpe) {  // row pos_ (+ OPT's offset) is the first new row's position
-    const int row0 = pos_ + (family_ == Family::kOpt ? kOptPositionOffset : 0);
+    const int row0 = pos_ + fam_.position_offset;
     wpe = static_cast<const char*>(g.wpe) + static_cast<size_t>(row0) * C * es_;
   }
   if (!streaming_) {

@@ -15,27 +15,13 @@ constexpr size_t kAlign = 16;
 
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-bool has_layernorm(Family f) { return f != Family::kLlama; }
+bool has_layernorm(const FamilyTraits& t) { return t.norm == NormKind::kLayerNorm; }
 
 }  // namespace
 
-Family model_family(const ModelConfig& cfg) {
-  if (cfg.family == "gpt2") return Family::kGpt2;
-  if (cfg.family == "opt") return Family::kOpt;
-  if (cfg.family == "llama") return Family::kLlama;
-  throw ConfigError(str("model.family: '", cfg.family, "' is not one of gpt2, opt, llama"));
-}
-
 int position_rows(const ModelConfig& cfg) {
-  switch (model_family(cfg)) {
-    case Family::kGpt2:
-      return cfg.seq_len;
-    case Family::kOpt:
-      return cfg.seq_len + kOptPositionOffset;
-    case Family::kLlama:
-      return 0;
-  }
-  return 0;
+  const FamilyTraits& t = family_traits(cfg);
+  return rotary(t) ? 0 : cfg.seq_len + t.position_offset;
 }
 
 const TensorSpec& ParamLayout::tensor(const std::string& name) const {
@@ -54,10 +40,10 @@ size_t ParamLayout::num_params() const {
 // role has one name), so init rules, checkpoints and tools treat them alike; the Hugging
 // Face names of each family are mapped in src/formats/hf_config.cc.
 ParamLayout make_gpt_layout(const ModelConfig& cfg) {
-  const Family fam = model_family(cfg);
+  const FamilyTraits& fam = family_traits(cfg);
   const int64_t C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size, A = cfg.attn_width();
   const int64_t D = cfg.head_size(), KV = static_cast<int64_t>(cfg.kv_heads()) * D;
-  const bool llama = fam == Family::kLlama;
+  const bool ln = has_layernorm(fam), bias = fam.biases;
   ParamLayout layout;
   auto begin_group = [&](const std::string& name) {
     ParamGroup g;
@@ -90,32 +76,32 @@ ParamLayout make_gpt_layout(const ModelConfig& cfg) {
 
   begin_group("embed");
   add("wte.weight", {V, C}, kWte, padded_vocab(cfg));
-  if (!llama) add("wpe.weight", {position_rows(cfg), C}, kWpe);
+  if (!rotary(fam)) add("wpe.weight", {position_rows(cfg), C}, kWpe);
   end_group();
   for (int l = 0; l < cfg.n_layer; ++l) {
     std::string p = str("h.", l, ".");
     begin_group(str("layer.", l));
     add(p + "ln_1.weight", {C}, kLn1W);
-    if (!llama) add(p + "ln_1.bias", {C}, kLn1B);
+    if (ln) add(p + "ln_1.bias", {C}, kLn1B);
     add(p + "attn.c_attn.weight", {A + 2 * KV, C}, kQkvW);
-    if (!llama || cfg.qkv_bias) add(p + "attn.c_attn.bias", {A + 2 * KV}, kQkvB);
+    if (bias || cfg.qkv_bias) add(p + "attn.c_attn.bias", {A + 2 * KV}, kQkvB);
     if (cfg.qk_norm) {
       add(p + "attn.q_norm.weight", {D}, kQNormW);
       add(p + "attn.k_norm.weight", {D}, kKNormW);
     }
     add(p + "attn.c_proj.weight", {C, A}, kProjW);
-    if (!llama) add(p + "attn.c_proj.bias", {C}, kProjB);
+    if (bias) add(p + "attn.c_proj.bias", {C}, kProjB);
     add(p + "ln_2.weight", {C}, kLn2W);
-    if (!llama) add(p + "ln_2.bias", {C}, kLn2B);
-    add(p + "mlp.c_fc.weight", {llama ? 2 * F : F, C}, kFcW);
-    if (!llama) add(p + "mlp.c_fc.bias", {F}, kFcB);
+    if (ln) add(p + "ln_2.bias", {C}, kLn2B);
+    add(p + "mlp.c_fc.weight", {fc_outputs(fam, cfg.d_ff), C}, kFcW);
+    if (bias) add(p + "mlp.c_fc.bias", {F}, kFcB);
     add(p + "mlp.c_proj.weight", {C, F}, kFcProjW);
-    if (!llama) add(p + "mlp.c_proj.bias", {C}, kFcProjB);
+    if (bias) add(p + "mlp.c_proj.bias", {C}, kFcProjB);
     end_group();
   }
   begin_group("final");
   add("ln_f.weight", {C}, kLnfW);
-  if (!llama) add("ln_f.bias", {C}, kLnfB);
+  if (ln) add("ln_f.bias", {C}, kLnfB);
   // The untied head lives with the final norm: both are used (and their gradients made) by
   // the head, so the scheduler's resident final group holds everything the head touches.
   if (!cfg.tie_embeddings) add("lm_head.weight", {V, C}, kLmHead, padded_vocab(cfg));
@@ -268,7 +254,7 @@ void init_gpt_params(const ModelConfig& cfg, const ParamLayout& layout, float* p
 double layer_forward_flops_per_token(const ModelConfig& cfg) {
   const double C = cfg.d_model, F = cfg.d_ff, T = cfg.seq_len, A = cfg.attn_width();
   const double KV = static_cast<double>(cfg.kv_heads()) * cfg.head_size();
-  const double mlp_matrices = model_family(cfg) == Family::kLlama ? 3 : 2;
+  const double mlp_matrices = gated_mlp(family_traits(cfg)) ? 3 : 2;
   return 2 * C * (A + 2 * KV)         // q, k, v projections
          + 2 * T * A                  // q k^T
          + 2 * T * A                  // att v
@@ -290,8 +276,8 @@ void for_each_activation(const ModelConfig& cfg, int B, LayerActivations& a, Fn&
   const size_t C = cfg.d_model, F = cfg.d_ff, T = cfg.seq_len, H = cfg.n_head;
   const size_t A = cfg.attn_width(), Hkv = cfg.kv_heads(), D = cfg.head_size();
   const size_t N = static_cast<size_t>(B) * T;
-  const bool ln = has_layernorm(model_family(cfg));
-  const size_t fc = model_family(cfg) == Family::kLlama ? 2 * F : F;
+  const bool ln = has_layernorm(family_traits(cfg));
+  const size_t fc = fc_outputs(family_traits(cfg), cfg.d_ff);
   fn(a.ln1, N * C);
   if (ln) fn(a.ln1_mean, N);
   fn(a.ln1_rstd, N);
@@ -322,7 +308,7 @@ void for_each_workspace(const ModelConfig& cfg, int B, Workspace& w, Fn&& fn) {
   const size_t C = cfg.d_model, F = cfg.d_ff, T = cfg.seq_len, A = cfg.attn_width();
   const size_t N = static_cast<size_t>(B) * T;
   const size_t KV = static_cast<size_t>(cfg.kv_heads()) * cfg.head_size();
-  const Family fam = model_family(cfg);
+  const FamilyTraits& fam = family_traits(cfg);
   fn(w.lnf, N * C, "final norm");
   if (has_layernorm(fam)) fn(w.lnf_mean, N, "final norm");
   fn(w.lnf_rstd, N, "final norm");
@@ -333,13 +319,11 @@ void for_each_workspace(const ModelConfig& cfg, int B, Workspace& w, Fn&& fn) {
   fn(w.dtmp, N * std::max(C, A), "backward scratch");  // d(ln1 output) and d(attention output)
   fn(w.dqkv, N * 3 * A, "backward scratch");
   fn(w.att_scratch, 2 * T * T, "attention scratch");
-  if (fam == Family::kLlama) {
-    if (KV != A) {  // grouped-query attention: the compact q|k|v before heads are repeated
-      fn(w.qkvc, N * (A + 2 * KV), "grouped-query attention scratch");
-      fn(w.dqkvc, N * (A + 2 * KV), "grouped-query attention scratch");
-    }
-    fn(w.dgu, N * 2 * F, "backward scratch");
+  if (KV != A) {  // grouped-query attention: the compact q|k|v before heads are repeated
+    fn(w.qkvc, N * (A + 2 * KV), "grouped-query attention scratch");
+    fn(w.dqkvc, N * (A + 2 * KV), "grouped-query attention scratch");
   }
+  if (gated_mlp(fam)) fn(w.dgu, N * 2 * F, "backward scratch");
 }
 
 }  // namespace
@@ -375,7 +359,7 @@ size_t cpu_kernel_scratch_bytes(const ModelConfig& cfg, int B) {
   const size_t V = padded_vocab(cfg), N = static_cast<size_t>(B) * cfg.seq_len;
   // The attention's width may exceed d_model (head_dim): the larger bounds every view.
   const size_t C = std::max<size_t>(cfg.d_model, cfg.attn_width());
-  const size_t F = model_family(cfg) == Family::kLlama ? 2 * cfg.d_ff : cfg.d_ff;  // fc's outputs
+  const size_t F = fc_outputs(family_traits(cfg), cfg.d_ff);  // fc's outputs
   const size_t QKV = cfg.attn_width() + 2 * static_cast<size_t>(cfg.kv_heads()) * cfg.head_size();
   // Every view of one call, per kernel: a matmul backward's din, dw, dbias, dout, in and w;
   // the attention backward's dqkv, dout and qkv (3C wide after repeating k/v heads); a norm
@@ -396,6 +380,35 @@ P* Transformer::alloc_entry(P*, size_t n, const std::string& what) {
     return alloc_tensor(n, what);
 }
 
+void norm_forward(Backend& be, const FamilyTraits& fam, void* out, float* mean, float* rstd,
+                  const void* in, const void* w, const void* b, float eps, int n, int C) {
+  if (fam.norm == NormKind::kRmsNorm)
+    be.rmsnorm_forward(out, rstd, in, w, eps, n, C);
+  else
+    be.layernorm_forward(out, mean, rstd, in, w, b, n, C);
+}
+
+void residual_norm_forward(Backend& be, const FamilyTraits& fam, void* res, void* out, float* mean,
+                           float* rstd, const void* a, const void* b, const void* w,
+                           const void* bias, float eps, int n, int C) {
+  if (fam.norm == NormKind::kRmsNorm)
+    be.residual_rmsnorm_forward(res, out, rstd, a, b, w, eps, n, C);
+  else
+    be.residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, n, C);
+}
+
+void mlp_activation_forward(Backend& be, const FamilyTraits& fam, void* fcg, const void* fch, int n,
+                            int F) {
+  switch (fam.mlp) {
+    case MlpKind::kGelu:
+      return be.gelu_forward(fcg, fch, static_cast<size_t>(n) * F);
+    case MlpKind::kRelu:
+      return be.relu_forward(fcg, fch, static_cast<size_t>(n) * F);
+    case MlpKind::kSwiglu:
+      return be.swiglu_forward(fcg, fch, n, F);
+  }
+}
+
 Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int micro_batch,
                          ModelState state)
     : cfg_(cfg),
@@ -404,10 +417,10 @@ Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int micro_bat
       N_(micro_batch * cfg.seq_len),
       es_(backend.storage_bytes()),
       layout_(make_gpt_layout(cfg)),
-      family_(model_family(cfg)),
+      fam_(family_traits(cfg)),
       rope_(rope_table(cfg)) {
   const size_t N = N_;
-  if (family_ == Family::kLlama && cfg.n_head % cfg.kv_heads() != 0)
+  if (cfg.n_head % cfg.kv_heads() != 0)
     throw ConfigError(
         str("model.n_kv_head ", cfg.kv_heads(), " does not divide model.n_head ", cfg.n_head));
   if (state == ModelState::kFull) {
@@ -506,9 +519,9 @@ void Transformer::zero_grads() {
 }
 
 void Transformer::embed_forward(const void* wte, const void* wpe, void* x) {
-  if (wpe && family_ == Family::kOpt)
+  if (wpe)
     wpe = static_cast<const char*>(wpe) +
-          static_cast<size_t>(kOptPositionOffset) * cfg_.d_model * es_;
+          static_cast<size_t>(fam_.position_offset) * cfg_.d_model * es_;
   mark(StepPhase::kForward, OpClass::kEmbedding);
   if (!pos_ || !wpe)
     return be_.embedding_forward(x, inputs_, wte, pos_ ? nullptr : wpe, B_, cfg_.seq_len,
@@ -524,24 +537,19 @@ void Transformer::embed_forward(const void* wte, const void* wpe, void* x) {
 // Normalisation before attention, the MLP and the head: LayerNorm (gpt2, opt) or RMSNorm.
 void Transformer::norm_forward(void* out, float* mean, float* rstd, const void* in, const void* w,
                                const void* b) {
-  if (family_ == Family::kLlama)
-    be_.rmsnorm_forward(out, rstd, in, w, cfg_.norm_eps, N_, cfg_.d_model);
-  else
-    be_.layernorm_forward(out, mean, rstd, in, w, b, N_, cfg_.d_model);
+  fuyou::norm_forward(be_, fam_, out, mean, rstd, in, w, b, cfg_.norm_eps, N_, cfg_.d_model);
 }
 
 void Transformer::residual_norm_forward(void* res, void* out, float* mean, float* rstd,
                                         const void* a, const void* b, const void* w,
                                         const void* bias) {
-  if (family_ == Family::kLlama)
-    be_.residual_rmsnorm_forward(res, out, rstd, a, b, w, cfg_.norm_eps, N_, cfg_.d_model);
-  else
-    be_.residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N_, cfg_.d_model);
+  fuyou::residual_norm_forward(be_, fam_, res, out, mean, rstd, a, b, w, bias, cfg_.norm_eps, N_,
+                               cfg_.d_model);
 }
 
 void Transformer::norm_backward(void* din, void* dw, void* db, const void* dout, const void* in,
                                 const void* w, const float* mean, const float* rstd) {
-  if (family_ == Family::kLlama)
+  if (fam_.norm == NormKind::kRmsNorm)
     be_.rmsnorm_backward(din, dw, dout, in, w, rstd, N_, cfg_.d_model);
   else
     be_.layernorm_backward(din, dw, db, dout, in, w, mean, rstd, N_, cfg_.d_model);
@@ -553,25 +561,19 @@ void Transformer::block_forward(const LayerTensors& w, const void* x_in,
   const int H = cfg_.n_head, Hkv = cfg_.kv_heads(), D = cfg_.head_size(), A = cfg_.attn_width();
   mark(StepPhase::kForward, OpClass::kNorm);
   norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, w.ln1_w, w.ln1_b);
-  if (family_ == Family::kLlama) {
-    // Grouped-query attention in its simple form: project to the compact q|k|v, rotate q
-    // and k, then copy each k/v head to the query heads sharing it so the ordinary
-    // multi-head attention kernel runs; the backward sums the copies' gradients.
-    void* qkvc = Hkv == H ? a.qkv : qkvc_;
-    mark(StepPhase::kForward, OpClass::kGemmQkv);
-    be_.matmul_forward(qkvc, a.ln1, w.qkv_w, w.qkv_b, N, C, A + 2 * Hkv * D);
-    if (cfg_.qk_norm) {
-      mark(StepPhase::kForward, OpClass::kNorm);
-      be_.qk_norm_forward(qkvc, a.qk, a.qk_rstd, w.q_norm_w, w.k_norm_w, cfg_.norm_eps, N, H, Hkv,
-                          D);
-    }
-    mark(StepPhase::kForward, OpClass::kRope);
-    be_.rope_forward(qkvc, B_, T, H, Hkv, D, rope_, pos_);
-    if (Hkv != H) be_.repeat_kv_forward(a.qkv, qkvc, N, H, Hkv, D);
-  } else {
-    mark(StepPhase::kForward, OpClass::kGemmQkv);
-    be_.matmul_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C);
+  // Grouped-query attention in its simple form: project to the compact q|k|v, normalise and
+  // rotate q and k, then copy each k/v head to the query heads sharing it so the ordinary
+  // multi-head attention kernel runs; the backward sums the copies' gradients.
+  void* qkvc = Hkv == H ? a.qkv : qkvc_;
+  mark(StepPhase::kForward, OpClass::kGemmQkv);
+  be_.matmul_forward(qkvc, a.ln1, w.qkv_w, w.qkv_b, N, C, A + 2 * Hkv * D);
+  if (cfg_.qk_norm) {
+    mark(StepPhase::kForward, OpClass::kNorm);
+    be_.qk_norm_forward(qkvc, a.qk, a.qk_rstd, w.q_norm_w, w.k_norm_w, cfg_.norm_eps, N, H, Hkv, D);
   }
+  if (rotary(fam_) || Hkv != H) mark(StepPhase::kForward, OpClass::kRope);
+  if (rotary(fam_)) be_.rope_forward(qkvc, B_, T, H, Hkv, D, rope_, pos_);
+  if (Hkv != H) be_.repeat_kv_forward(a.qkv, qkvc, N, H, Hkv, D);
   mark(StepPhase::kForward, OpClass::kAttention);
   be_.attention_forward(a.atty, a.lse, att_scratch_, a.qkv, B_, T, A, H, pos_);
   mark(StepPhase::kForward, OpClass::kGemmAttnProj);
@@ -579,26 +581,10 @@ void Transformer::block_forward(const LayerTensors& w, const void* x_in,
   // The attention's residual add and the MLP's norm in one pass (timed as the norm).
   mark(StepPhase::kForward, OpClass::kNorm);
   residual_norm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, x_in, w.ln2_w, w.ln2_b);
-  switch (family_) {
-    case Family::kGpt2:
-      mark(StepPhase::kForward, OpClass::kGemmMlpUp);
-      be_.matmul_forward(a.fch, a.ln2, w.fc_w, w.fc_b, N, C, F);
-      mark(StepPhase::kForward, OpClass::kActivation);
-      be_.gelu_forward(a.fcg, a.fch, static_cast<size_t>(N) * F);
-      break;
-    case Family::kOpt:
-      mark(StepPhase::kForward, OpClass::kGemmMlpUp);
-      be_.matmul_forward(a.fch, a.ln2, w.fc_w, w.fc_b, N, C, F);
-      mark(StepPhase::kForward, OpClass::kActivation);
-      be_.relu_forward(a.fcg, a.fch, static_cast<size_t>(N) * F);
-      break;
-    case Family::kLlama:
-      mark(StepPhase::kForward, OpClass::kGemmMlpUp);
-      be_.matmul_forward(a.fch, a.ln2, w.fc_w, nullptr, N, C, 2 * F);
-      mark(StepPhase::kForward, OpClass::kActivation);
-      be_.swiglu_forward(a.fcg, a.fch, N, F);
-      break;
-  }
+  mark(StepPhase::kForward, OpClass::kGemmMlpUp);
+  be_.matmul_forward(a.fch, a.ln2, w.fc_w, w.fc_b, N, C, fc_outputs(fam_, F));
+  mark(StepPhase::kForward, OpClass::kActivation);
+  mlp_activation_forward(be_, fam_, a.fcg, a.fch, N, F);
   mark(StepPhase::kForward, OpClass::kGemmMlpDown);
   be_.matmul_forward(a.out, a.fcg, w.fcproj_w, w.fcproj_b, N, F, C);
   mark(StepPhase::kForward, OpClass::kResidual);
@@ -722,26 +708,22 @@ void Transformer::block_backward(const LayerTensors& w, const LayerTensors& dw, 
   void* dfc = a.fcg;
   mark(StepPhase::kBackward, OpClass::kGemmMlpDown);
   be_.matmul_backward(dfc, dw.fcproj_w, dw.fcproj_b, dres, a.fcg, w.fcproj_w, N, F, C);
-  switch (family_) {
-    case Family::kGpt2:
-      mark(StepPhase::kBackward, OpClass::kActivation);
+  // The gradient at fc's output: in place of dfc, or (gated) the gate|up pair in dgu_.
+  void* dfch = gated_mlp(fam_) ? dgu_ : dfc;
+  mark(StepPhase::kBackward, OpClass::kActivation);
+  switch (fam_.mlp) {
+    case MlpKind::kGelu:
       be_.gelu_backward(dfc, a.fch, dfc, static_cast<size_t>(N) * F);
-      mark(StepPhase::kBackward, OpClass::kGemmMlpUp);
-      be_.matmul_backward(dtmp_, dw.fc_w, dw.fc_b, dfc, a.ln2, w.fc_w, N, C, F);
       break;
-    case Family::kOpt:
-      mark(StepPhase::kBackward, OpClass::kActivation);
+    case MlpKind::kRelu:
       be_.relu_backward(dfc, a.fch, dfc, static_cast<size_t>(N) * F);
-      mark(StepPhase::kBackward, OpClass::kGemmMlpUp);
-      be_.matmul_backward(dtmp_, dw.fc_w, dw.fc_b, dfc, a.ln2, w.fc_w, N, C, F);
       break;
-    case Family::kLlama:
-      mark(StepPhase::kBackward, OpClass::kActivation);
+    case MlpKind::kSwiglu:
       be_.swiglu_backward(dgu_, a.fch, dfc, N, F);
-      mark(StepPhase::kBackward, OpClass::kGemmMlpUp);
-      be_.matmul_backward(dtmp_, dw.fc_w, nullptr, dgu_, a.ln2, w.fc_w, N, C, 2 * F);
       break;
   }
+  mark(StepPhase::kBackward, OpClass::kGemmMlpUp);
+  be_.matmul_backward(dtmp_, dw.fc_w, dw.fc_b, dfch, a.ln2, w.fc_w, N, C, fc_outputs(fam_, F));
   mark(StepPhase::kBackward, OpClass::kNorm);
   norm_backward(dres, dw.ln2_w, dw.ln2_b, dtmp_, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd);
   // Attention: dres now holds dL/d(res2).
@@ -749,30 +731,26 @@ void Transformer::block_backward(const LayerTensors& w, const LayerTensors& dw, 
   be_.matmul_backward(dtmp_, dw.proj_w, dw.proj_b, dres, a.atty, w.proj_w, N, A, C);
   mark(StepPhase::kBackward, OpClass::kAttention);
   be_.attention_backward(dqkv_, att_scratch_, dtmp_, a.atty, a.qkv, a.lse, B_, T, A, H, pos_);
-  if (family_ == Family::kLlama) {
-    void* dqkvc = Hkv == H ? dqkv_ : dqkvc_;
-    mark(StepPhase::kBackward, OpClass::kRope);
-    if (Hkv != H) be_.repeat_kv_backward(dqkvc, dqkv_, N, H, Hkv, D);
-    be_.rope_backward(dqkvc, B_, T, H, Hkv, D, rope_, pos_);
-    if (cfg_.qk_norm) {
-      mark(StepPhase::kBackward, OpClass::kNorm);
-      be_.qk_norm_backward(dqkvc, dw.q_norm_w, dw.k_norm_w, a.qk, w.q_norm_w, w.k_norm_w, a.qk_rstd,
-                           N, H, Hkv, D);
-    }
-    mark(StepPhase::kBackward, OpClass::kGemmQkv);
-    be_.matmul_backward(dtmp_, dw.qkv_w, dw.qkv_b, dqkvc, a.ln1, w.qkv_w, N, C, A + 2 * Hkv * D);
-  } else {
-    mark(StepPhase::kBackward, OpClass::kGemmQkv);
-    be_.matmul_backward(dtmp_, dw.qkv_w, dw.qkv_b, dqkv_, a.ln1, w.qkv_w, N, C, 3 * C);
+  void* dqkvc = Hkv == H ? dqkv_ : dqkvc_;
+  if (rotary(fam_) || Hkv != H) mark(StepPhase::kBackward, OpClass::kRope);
+  if (Hkv != H) be_.repeat_kv_backward(dqkvc, dqkv_, N, H, Hkv, D);
+  if (rotary(fam_)) be_.rope_backward(dqkvc, B_, T, H, Hkv, D, rope_, pos_);
+  if (cfg_.qk_norm) {
+    mark(StepPhase::kBackward, OpClass::kNorm);
+    be_.qk_norm_backward(dqkvc, dw.q_norm_w, dw.k_norm_w, a.qk, w.q_norm_w, w.k_norm_w, a.qk_rstd,
+                         N, H, Hkv, D);
   }
+  mark(StepPhase::kBackward, OpClass::kGemmQkv);
+  be_.matmul_backward(dtmp_, dw.qkv_w, dw.qkv_b, dqkvc, a.ln1, w.qkv_w, N, C, A + 2 * Hkv * D);
   mark(StepPhase::kBackward, OpClass::kNorm);
   norm_backward(dres, dw.ln1_w, dw.ln1_b, dtmp_, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd);
 }
 
 void Transformer::embed_backward(const GlobalTensors& dg, const void* dx) {
   void* dwpe = dg.wpe;
-  if (dwpe && family_ == Family::kOpt)
-    dwpe = static_cast<char*>(dwpe) + static_cast<size_t>(kOptPositionOffset) * cfg_.d_model * es_;
+  if (dwpe)
+    dwpe =
+        static_cast<char*>(dwpe) + static_cast<size_t>(fam_.position_offset) * cfg_.d_model * es_;
   mark(StepPhase::kBackward, OpClass::kEmbedding);
   if (!pos_ || !dwpe)
     return be_.embedding_backward(dg.wte, pos_ ? nullptr : dwpe, dx, inputs_, B_, cfg_.seq_len,

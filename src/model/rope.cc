@@ -16,8 +16,6 @@ double yarn_correction_dim(double rotations, int dim, double base, int context) 
   return dim * std::log(context / (rotations * 2 * M_PI)) / (2 * std::log(base));
 }
 
-double yarn_mscale(double scale) { return scale <= 1 ? 1.0 : 0.1 * std::log(scale) + 1.0; }
-
 void apply_llama3(const ModelConfig& cfg, RopeTable& t) {
   const float factor = cfg.rope_factor;
   const float low = cfg.rope_low_freq_factor, high = cfg.rope_high_freq_factor;
@@ -58,7 +56,22 @@ void apply_yarn(const ModelConfig& cfg, int dim, RopeTable& t) {
     t.inv_freq[i] = interpolation * (1 - keep) + extrapolation * keep;
   }
   t.scale = cfg.rope_attention_factor > 0 ? cfg.rope_attention_factor
-                                          : static_cast<float>(yarn_mscale(factor));
+                                          : static_cast<float>(yarn_mscale(factor, 1));
+}
+
+// longrope within the original context (the config holds seq_len there): each pair's
+// frequency divided by its short factor, cos and sin scaled by the attention factor.
+void apply_longrope(const ModelConfig& cfg, int dim, RopeTable& t) {
+  FY_CHECK(cfg.rope_short_factor.size() == static_cast<size_t>(t.pairs),
+           "longrope: ", cfg.rope_short_factor.size(), " short factors for ", t.pairs, " pairs");
+  for (int i = 0; i < t.pairs; ++i) {
+    const float pos_freq =
+        powf(cfg.rope_theta, static_cast<float>(2 * i) / static_cast<float>(dim));
+    t.inv_freq[i] = 1.0f / (cfg.rope_short_factor.values[i] * pos_freq);
+  }
+  t.scale = cfg.rope_attention_factor > 0 ? cfg.rope_attention_factor
+                                          : static_cast<float>(longrope_attention_factor(
+                                                cfg.rope_factor, cfg.rope_original_context));
 }
 
 }  // namespace
@@ -74,7 +87,7 @@ RopeTable default_rope_table(int D, float theta) {
 }
 
 RopeTable rope_table(const ModelConfig& cfg) {
-  if (model_family(cfg) != Family::kLlama) return RopeTable{};
+  if (!rotary(family_traits(cfg))) return RopeTable{};
   const int D = cfg.head_size();
   RopeTable t = default_rope_table(D, cfg.rope_theta);
   const std::string& type = cfg.rope_type;
@@ -87,6 +100,8 @@ RopeTable rope_table(const ModelConfig& cfg) {
     apply_llama3(cfg, t);
   } else if (type == "yarn") {
     apply_yarn(cfg, D, t);
+  } else if (type == "longrope") {
+    apply_longrope(cfg, D, t);
   } else {
     throw ConfigError(str("model.rope_type '", type, "' has no frequencies in the engine"));
   }

@@ -9,6 +9,7 @@
 #include "fuyou/checkpoint.h"
 #include "fuyou/data.h"
 #include "fuyou/error.h"
+#include "fuyou/family.h"
 #include "fuyou/hf_checkpoint.h"
 #include "fuyou/timing.h"
 #include "fuyou/tokenizer.h"
@@ -149,20 +150,18 @@ ModelFiles find_model_files(const std::string& dir, const ModelConfig& model) {
   if (cfg.is_object() && cfg.contains("model_type") && cfg["model_type"].is_string())
     f.model_type = cfg["model_type"].get<std::string>();
   else
-    f.model_type = model.family != "llama" ? model.family
-                   : model.qk_norm         ? "qwen3"
-                   : model.qkv_bias        ? "qwen2"
-                                           : "llama";
+    f.model_type = hf_model_type(model);
   f.context = model.seq_len;
-  // Llama has no position table: a fine-tune may train at a shorter seq_len than the base's
-  // context, which generation may use whole.
-  if (model.family == "llama" && cfg.is_object() && cfg.contains("max_position_embeddings") &&
+  // Rotary positions have no table: a fine-tune may train at a shorter seq_len than the
+  // base's context, which generation may use whole.
+  if (rotary(family_traits(model)) && cfg.is_object() && cfg.contains("max_position_embeddings") &&
       cfg["max_position_embeddings"].is_number_integer())
     f.context = std::max(f.context, cfg["max_position_embeddings"].get<int>());
   // Where the engine's computation equals transformers' only within a context (a sliding
   // window, dynamic NTK rotary embeddings), generation stays inside it as training does.
   if (model.sliding_window > 0) f.context = std::min(f.context, model.sliding_window);
-  if (model.rope_type == "dynamic") f.context = std::min(f.context, model.rope_original_context);
+  if (model.rope_type == "dynamic" || model.rope_type == "longrope")
+    f.context = std::min(f.context, model.rope_original_context);
   return f;
 }
 
