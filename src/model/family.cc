@@ -33,7 +33,8 @@ const FamilyTraits& family_traits(const std::string& name) {
   for (const FamilyTraits& t : family_table())
     if (name == t.name) return t;
   std::string names;
-  for (const FamilyTraits& t : family_table()) names += std::string(names.empty() ? "" : ", ") + t.name;
+  for (const FamilyTraits& t : family_table())
+    names += std::string(names.empty() ? "" : ", ") + t.name;
   throw ConfigError(str("model.family: '", name, "' is not one of ", names));
 }
 
