@@ -336,8 +336,10 @@ const char* kFamilies[] = {
     "family: opt, n_head: 2, d_model: 16, d_ff: 24",
     "family: llama, n_head: 4, n_kv_head: 2, d_model: 16, d_ff: 24, tie_embeddings: false",
     "family: llama, n_head: 2, d_model: 16, d_ff: 24, qkv_bias: true, norm_eps: 1.0e-6",
-    // Qwen3's shape: heads wider than d_model / n_head, and the q/k norm.
-    "family: llama, n_head: 4, n_kv_head: 2, d_model: 16, head_dim: 6, d_ff: 24, qk_norm: true",
+    // Qwen3's shape: heads wider than d_model / n_head, and the q/k norm; SmolLM3's layer
+    // without rotary embeddings.
+    "family: llama, n_head: 4, n_kv_head: 2, d_model: 16, head_dim: 6, d_ff: 24, qk_norm: true, "
+    "nope_layers: [1]",
 };
 
 }  // namespace

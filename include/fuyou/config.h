@@ -11,15 +11,25 @@
 
 namespace fuyou {
 
-// A list of reals as one config value (model.rope_short_factor): compared and printed whole.
-struct FloatList {
-  std::vector<float> values;
-  bool operator==(const FloatList& o) const { return values == o.values; }
+// A list of numbers as one config value (model.rope_short_factor, model.nope_layers):
+// compared and printed whole.
+template <typename T>
+struct ValueList {
+  std::vector<T> values;
+  bool operator==(const ValueList& o) const { return values == o.values; }
   bool empty() const { return values.empty(); }
   size_t size() const { return values.size(); }
+  bool contains(T v) const {
+    for (const T& x : values)
+      if (x == v) return true;
+    return false;
+  }
 };
+using FloatList = ValueList<float>;
+using IntList = ValueList<int>;
 // As YAML's flow form writes it: [1, 1.5, 2], each with the digits that give it back.
 std::ostream& operator<<(std::ostream& os, const FloatList& l);
+std::ostream& operator<<(std::ostream& os, const IntList& l);
 
 // Upper bounds on the integer keys (docs/config.md lists each). They lie far above any
 // model or run this engine is for, and low enough that sizes computed from them (vocab x
@@ -79,6 +89,9 @@ struct ModelConfig {
   // the long one kept for the export. head_size / 2 entries each.
   FloatList rope_short_factor;
   FloatList rope_long_factor;
+  // Layers computed without rotary embeddings (SmolLM3's NoPE layers), ascending; the others
+  // rotate q and k as rope_type says.
+  IntList nope_layers;
   // Attention over at most this many earlier positions (Mistral's sliding_window); 0: none.
   // The engine computes full causal attention, so seq_len may not exceed it: within the
   // window both are the same computation.
@@ -97,6 +110,8 @@ struct ModelConfig {
   int kv_heads() const { return n_kv_head ? n_kv_head : n_head; }
   int head_size() const { return head_dim ? head_dim : d_model / n_head; }
   int attn_width() const { return n_head * head_size(); }  // A: q's and the projection's width
+  // Whether layer l rotates q and k (rotary families; nope_layers are those that do not).
+  bool rotates(int layer) const { return !nope_layers.contains(layer); }
 };
 
 struct DataConfig {

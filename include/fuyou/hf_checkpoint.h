@@ -86,6 +86,11 @@ struct LlamaDialect {
   // in place of the rotary parameters'; such a class has only default and longrope rotary
   // embeddings and reads rope_type su and yarn as longrope. 0: none.
   int class_original_context;
+  float default_theta;  // the class's rope_theta where the config gives none (0: 10000)
+  bool default_tied;    // the class's tie_word_embeddings default
+  // The class has SmolLM3's no_rope_layers (1: the layer rotates) and no_rope_layer_interval
+  // (absent list: every interval-th layer has no rotary embeddings).
+  bool nope;
 };
 const std::vector<LlamaDialect>& llama_dialects();
 const LlamaDialect* find_llama_dialect(const std::string& model_type);

@@ -116,6 +116,7 @@ ParamLayout make_gpt_layout(const ModelConfig& cfg);
 // (parameters, gradients or any per-parameter state). Null where the family has no such
 // tensor (llama: ln*_b, proj_b, fc_b, fcproj_b; qkv_b unless qkv_bias).
 struct LayerTensors {
+  int layer = -1;            // which layer's tensors these are
   void* ln1_w = nullptr;     // (C)
   void* ln1_b = nullptr;     // (C)
   void* qkv_w = nullptr;     // (C + 2KV, C): q | k | v (KV = C without GQA)

@@ -160,6 +160,8 @@ std::string values_text(const Rule& rule) {
     return "list of strings";
   } else if constexpr (std::is_same_v<T, FloatList>) {
     return "list of floats";
+  } else if constexpr (std::is_same_v<T, IntList>) {
+    return "list of ints";
   } else if constexpr (std::is_same_v<T, uint64_t>) {
     return "int 0..2^64-1";
   } else {
@@ -216,7 +218,8 @@ class Section {
     }
   }
 
-  void get_floats(const std::string& key, FloatList& out) {
+  template <typename T>
+  void get_numbers(const std::string& key, ValueList<T>& out) {
     known_.push_back(key);
     if (!node_ || node_.IsNull()) return;
     YAML::Node v = node_[key];
@@ -224,14 +227,16 @@ class Section {
     if (!v.IsSequence()) fail(key, "expected a list of numbers, e.g. [1, 1.5]");
     out.values.clear();
     for (const auto& item : v) {
-      float x = 0;
+      T x = 0;
       try {
         if (!item.IsScalar()) throw YAML::Exception(YAML::Mark(), "");
-        x = item.as<float>();
+        x = item.as<T>();
       } catch (const YAML::Exception&) {
-        fail(key, str("entry ", out.values.size(), ": expected a number"));
+        fail(key, str("entry ", out.values.size(), ": expected ", type_name<T>()));
       }
-      if (!std::isfinite(x)) fail(key, str("entry ", out.values.size(), ": ", x, " is not finite"));
+      if constexpr (std::is_floating_point_v<T>)
+        if (!std::isfinite(x))
+          fail(key, str("entry ", out.values.size(), ": ", x, " is not finite"));
       out.values.push_back(x);
     }
   }
@@ -243,8 +248,8 @@ class Section {
       get_size(key, out);
     } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
       get_list(key, out);
-    } else if constexpr (std::is_same_v<T, FloatList>) {
-      get_floats(key, out);
+    } else if constexpr (std::is_same_v<T, FloatList> || std::is_same_v<T, IntList>) {
+      get_numbers(key, out);
     } else if constexpr (std::is_enum_v<T>) {
       std::string name;
       get(key, name);
@@ -411,6 +416,7 @@ void model_keys(F&& key) {
       interval(0, 1e6, "[)", " (0: derived from rope_factor)"));
   key("rope_short_factor", &M::rope_short_factor, Free{});
   key("rope_long_factor", &M::rope_long_factor, Free{});
+  key("nope_layers", &M::nope_layers, Free{});
   key("sliding_window", &M::sliding_window, closed(0, kMaxModelDim, " (0: none)"));
   key("tie_embeddings", &M::tie_embeddings, Free{});
   key("qkv_bias", &M::qkv_bias, Free{});
@@ -661,6 +667,12 @@ std::ostream& operator<<(std::ostream& os, const FloatList& l) {
   return os << "]";
 }
 
+std::ostream& operator<<(std::ostream& os, const IntList& l) {
+  os << "[";
+  for (size_t i = 0; i < l.values.size(); ++i) os << (i ? ", " : "") << l.values[i];
+  return os << "]";
+}
+
 OptimizerConfig fine_tune_optimizer_defaults() {
   OptimizerConfig o;
   o.lr = 2e-5;
@@ -760,13 +772,21 @@ ModelConfig parse_model(const YAML::Node& node, const Origin& source, Checkpoint
             m.head_dim ? m.head_dim : m.d_model,
             str("the head size (head_dim, or d_model / n_head) is at most ", 2 * kMaxRopePairs));
     check_rope(s, m);
+    for (size_t i = 0; i < m.nope_layers.size(); ++i) {
+      const int l = m.nope_layers.values[i];
+      require(l >= 0 && l < m.n_layer, s, "nope_layers", m.nope_layers,
+              str("entry ", l, " is not a layer (0..", m.n_layer - 1, ")"));
+      require(i == 0 || l > m.nope_layers.values[i - 1], s, "nope_layers", m.nope_layers,
+              "must be ascending, each layer once");
+    }
   } else {
     // The rotary and window keys are rotary families': elsewhere a value would be silently
     // ignored.
     const ModelConfig plain;
     model_keys([&](const char* key, auto field, const auto&) {
       const std::string k = key;
-      if ((k.rfind("rope_", 0) == 0 || k == "sliding_window") && !(m.*field == plain.*field))
+      if ((k.rfind("rope_", 0) == 0 || k == "sliding_window" || k == "nope_layers") &&
+          !(m.*field == plain.*field))
         s.fail(key, str("is ", m.*field, " but family ", m.family,
                         " has no rotary embeddings "
                         "or attention window (the key is for llama)"));
@@ -983,9 +1003,9 @@ class KeyWriter {
       e_ << YAML::Flow << YAML::BeginSeq;
       for (const auto& item : value) e_ << item;
       e_ << YAML::EndSeq;
-    } else if constexpr (std::is_same_v<T, FloatList>) {
+    } else if constexpr (std::is_same_v<T, FloatList> || std::is_same_v<T, IntList>) {
       e_ << YAML::Flow << YAML::BeginSeq;
-      for (float x : value.values) e_ << x;
+      for (auto x : value.values) e_ << x;
       e_ << YAML::EndSeq;
     } else if constexpr (std::is_enum_v<T>) {
       e_ << rule.names.at(static_cast<size_t>(value));

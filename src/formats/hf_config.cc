@@ -295,12 +295,13 @@ class RopeReader {
   // 4096), which transformers puts in place of the rotary parameters' one; 0 where the class
   // has none. legacy_longrope: the class reads rope_type su and yarn as longrope (Phi-3).
   RopeReader(const Fields& f, ModelConfig& m, int max_positions, int class_original_context,
-             bool legacy_longrope)
+             bool legacy_longrope, double default_theta)
       : f_(f),
         m_(m),
         max_positions_(max_positions),
         class_original_(class_original_context),
-        legacy_longrope_(legacy_longrope) {}
+        legacy_longrope_(legacy_longrope),
+        default_theta_(default_theta) {}
 
   void read() {
     const json& scaling = f_.value("rope_scaling");
@@ -365,7 +366,7 @@ class RopeReader {
   // transformers 5's order: rope_parameters' own rope_theta, else the top-level one, else the
   // config class's default. Given in both places, they must agree.
   void read_theta(const json& p) {
-    double theta = 10000.0;
+    double theta = default_theta_;
     const bool top = f_.present("rope_theta");
     if (top) theta = f_.number_or("rope_theta", theta);
     if (p.contains("rope_theta") && !p["rope_theta"].is_null()) {
@@ -513,6 +514,7 @@ class RopeReader {
   int max_positions_;
   int class_original_;
   bool legacy_longrope_;
+  double default_theta_;
   std::string where_;
 };
 
@@ -544,13 +546,20 @@ const std::vector<LlamaDialect>& llama_dialects() {
   using W = LlamaDialect::Window;
   static const std::vector<LlamaDialect> rows = {
       // model_type, architecture, default_positions, qkv_bias, qk_norm, window,
-      // default_window, attention_bias_key, mlp_bias_key, fused, class_original_context
-      {"llama", "LlamaForCausalLM", 2048, false, false, W::kNone, 0, true, true, false, 0},
-      {"qwen2", "Qwen2ForCausalLM", 32768, true, false, W::kQwen, 0, false, false, false, 0},
-      {"qwen3", "Qwen3ForCausalLM", 32768, false, true, W::kQwen, 0, true, false, false, 0},
+      // default_window, attention_bias_key, mlp_bias_key, fused, class_original_context,
+      // default_theta, default_tied, nope
+      {"llama", "LlamaForCausalLM", 2048, false, false, W::kNone, 0, true, true, false, 0, 0, false,
+       false},
+      {"qwen2", "Qwen2ForCausalLM", 32768, true, false, W::kQwen, 0, false, false, false, 0, 0,
+       false, false},
+      {"qwen3", "Qwen3ForCausalLM", 32768, false, true, W::kQwen, 0, true, false, false, 0, 0,
+       false, false},
       {"mistral", "MistralForCausalLM", 131072, false, false, W::kUniform, 4096, false, false,
-       false, 0},
-      {"phi3", "Phi3ForCausalLM", 4096, false, false, W::kUniform, 0, false, false, true, 4096},
+       false, 0, 0, false, false},
+      {"phi3", "Phi3ForCausalLM", 4096, false, false, W::kUniform, 0, false, false, true, 4096, 0,
+       false, false},
+      {"smollm3", "SmolLM3ForCausalLM", 32768, false, false, W::kQwen, 0, true, true, false, 0,
+       2000000.0f, true, true},
   };
   return rows;
 }
@@ -562,6 +571,28 @@ const LlamaDialect* find_llama_dialect(const std::string& model_type) {
 }
 
 namespace {
+
+// SmolLM3's layers without rotary embeddings: no_rope_layers (1: the layer rotates), or
+// without it every no_rope_layer_interval-th layer (SmolLM3Config's default, 4).
+void read_nope_layers(const Fields& f, ModelConfig& m) {
+  const int interval = f.integer_or("no_rope_layer_interval", 4, 1, kMaxLayers);
+  const json& flags = f.value("no_rope_layers");
+  if (!flags.is_null() && !flags.is_array())
+    f.fail("no_rope_layers", str("expected a list of 0 and 1, got ", flags.dump()));
+  if (flags.is_array() && flags.size() != static_cast<size_t>(m.n_layer))
+    f.fail("no_rope_layers",
+           str("has ", flags.size(), " entries for ", m.n_layer, " layers (num_hidden_layers)"));
+  for (int l = 0; l < m.n_layer; ++l) {
+    bool rotates = (l + 1) % interval != 0;
+    if (flags.is_array()) {
+      const json& v = flags[static_cast<size_t>(l)];
+      if (!(v == 0 || v == 1))
+        f.fail("no_rope_layers", str("entry ", l, " is ", v.dump(), "; expected 0 or 1"));
+      rotates = v == 1;
+    }
+    if (!rotates) m.nope_layers.values.push_back(l);
+  }
+}
 
 // The llama-style model types (llama_dialects()), as the engine's llama family. Each may
 // give head_dim apart from hidden_size / num_attention_heads; a sliding window is computed
@@ -605,13 +636,15 @@ ModelConfig parse_llama(const Fields& f, const LlamaDialect& d) {
   m.norm_eps = static_cast<float>(eps);
   if (!(m.norm_eps > 0 && m.norm_eps < 1))
     f.fail("rms_norm_eps", str("value ", eps, " is not in (0, 1) as a 32-bit float"));
-  RopeReader(f, m, max_positions, d.class_original_context, d.class_original_context > 0).read();
+  RopeReader(f, m, max_positions, d.class_original_context, d.class_original_context > 0,
+             d.default_theta > 0 ? d.default_theta : 10000.0)
+      .read();
   // Read by transformers' longrope alone (the class keeps it for every config).
   if (d.class_original_context) (void)f.value("original_max_position_embeddings");
   if (m.rope_type == "dynamic" || m.rope_type == "longrope")
     m.seq_len = std::min(m.seq_len, m.rope_original_context);
-  // Every one of these config classes defaults to an untied head.
-  m.tie_embeddings = f.boolean_or("tie_word_embeddings", false);
+  m.tie_embeddings = f.boolean_or("tie_word_embeddings", d.default_tied);
+  if (d.nope) read_nope_layers(f, m);
   std::string act = f.string_or("hidden_act", "silu");
   if (act != "silu")
     f.fail("hidden_act", str("'", act, "' is not supported: the engine's gated MLP uses silu"));
@@ -672,7 +705,8 @@ bool dialect_computes(const LlamaDialect& d, const ModelConfig& cfg) {
   const bool rope_ok =
       d.class_original_context == 0 || cfg.rope_type == "default" || cfg.rope_type == "longrope";
   return d.qkv_bias == cfg.qkv_bias && d.qk_norm == cfg.qk_norm &&
-         (cfg.sliding_window == 0 || d.window == LlamaDialect::Window::kUniform) && rope_ok;
+         (cfg.sliding_window == 0 || d.window == LlamaDialect::Window::kUniform) && rope_ok &&
+         (cfg.nope_layers.empty() || d.nope);
 }
 
 }  // namespace
@@ -822,6 +856,11 @@ std::string hf_config_json(const ModelConfig& cfg, StDtype dtype, const std::str
     if (d.window == LlamaDialect::Window::kUniform)
       j["sliding_window"] = cfg.sliding_window > 0 ? nlohmann::ordered_json(cfg.sliding_window)
                                                    : nlohmann::ordered_json(nullptr);
+    if (d.nope) {
+      nlohmann::ordered_json flags = nlohmann::ordered_json::array();
+      for (int l = 0; l < cfg.n_layer; ++l) flags.push_back(cfg.rotates(l) ? 1 : 0);
+      j["no_rope_layers"] = flags;
+    }
     // The class's own original context takes the place of the rotary parameters' one.
     if (d.class_original_context && cfg.rope_original_context > 0)
       j["original_max_position_embeddings"] = cfg.rope_original_context;
@@ -944,6 +983,7 @@ std::string engine_config_yaml(const ModelConfig& cfg) {
                  "  rope_long_factor: ", cfg.rope_long_factor, "\n");
   }
   if (cfg.sliding_window > 0) out += str("  sliding_window: ", cfg.sliding_window, "\n");
+  if (!cfg.nope_layers.empty()) out += str("  nope_layers: ", cfg.nope_layers, "\n");
   return out;
 }
 

@@ -220,7 +220,7 @@ void GptDecoder::run_layer(const LayerTensors& w, int l, int n) {
   if (cfg_.qk_norm)
     be_.qk_norm_forward(qkvc_, nullptr, qk_rstd_, w.q_norm_w, w.k_norm_w, cfg_.norm_eps, n, H, Hkv,
                         D);
-  if (rotary(fam_)) be_.rope_forward_at(qkvc_, n, pos_, H, Hkv, D, rope_);
+  if (rotary(fam_) && cfg_.rotates(l)) be_.rope_forward_at(qkvc_, n, pos_, H, Hkv, D, rope_);
   be_.attention_decode(atty_, k_cache_[l], v_cache_[l], qkvc_, n, pos_, H, Hkv, D);
   be_.matmul_forward(res_, atty_, w.proj_w, w.proj_b, n, A, C);
   residual_norm(res_, ln_, res_, x_, w.ln2_w, w.ln2_b, n);

@@ -120,6 +120,7 @@ LayerTensors layer_group_tensors(const ParamLayout& layout, int layer, void* gro
            " out of range");
   const ParamGroup& g = layout.groups[1 + layer];
   LayerTensors w;
+  w.layer = layer;
   for (size_t i = g.first_tensor; i < g.first_tensor + g.num_tensors; ++i) {
     const TensorSpec& t = layout.tensors[i];
     void* p = advance(group, t.offset - g.offset, es);
@@ -571,8 +572,9 @@ void Transformer::block_forward(const LayerTensors& w, const void* x_in,
     mark(StepPhase::kForward, OpClass::kNorm);
     be_.qk_norm_forward(qkvc, a.qk, a.qk_rstd, w.q_norm_w, w.k_norm_w, cfg_.norm_eps, N, H, Hkv, D);
   }
-  if (rotary(fam_) || Hkv != H) mark(StepPhase::kForward, OpClass::kRope);
-  if (rotary(fam_)) be_.rope_forward(qkvc, B_, T, H, Hkv, D, rope_, pos_);
+  const bool rope = rotary(fam_) && cfg_.rotates(w.layer);
+  if (rope || Hkv != H) mark(StepPhase::kForward, OpClass::kRope);
+  if (rope) be_.rope_forward(qkvc, B_, T, H, Hkv, D, rope_, pos_);
   if (Hkv != H) be_.repeat_kv_forward(a.qkv, qkvc, N, H, Hkv, D);
   mark(StepPhase::kForward, OpClass::kAttention);
   be_.attention_forward(a.atty, a.lse, att_scratch_, a.qkv, B_, T, A, H, pos_);
@@ -732,9 +734,10 @@ void Transformer::block_backward(const LayerTensors& w, const LayerTensors& dw, 
   mark(StepPhase::kBackward, OpClass::kAttention);
   be_.attention_backward(dqkv_, att_scratch_, dtmp_, a.atty, a.qkv, a.lse, B_, T, A, H, pos_);
   void* dqkvc = Hkv == H ? dqkv_ : dqkvc_;
-  if (rotary(fam_) || Hkv != H) mark(StepPhase::kBackward, OpClass::kRope);
+  const bool rope = rotary(fam_) && cfg_.rotates(w.layer);
+  if (rope || Hkv != H) mark(StepPhase::kBackward, OpClass::kRope);
   if (Hkv != H) be_.repeat_kv_backward(dqkvc, dqkv_, N, H, Hkv, D);
-  if (rotary(fam_)) be_.rope_backward(dqkvc, B_, T, H, Hkv, D, rope_, pos_);
+  if (rope) be_.rope_backward(dqkvc, B_, T, H, Hkv, D, rope_, pos_);
   if (cfg_.qk_norm) {
     mark(StepPhase::kBackward, OpClass::kNorm);
     be_.qk_norm_backward(dqkvc, dw.q_norm_w, dw.k_norm_w, a.qk, w.q_norm_w, w.k_norm_w, a.qk_rstd,

@@ -5,7 +5,7 @@
 
 For each case (Llama 2, Llama 3.0, Llama 3.1 with llama3 rotary scaling, linear, dynamic and
 yarn scaling, Qwen2.5, Qwen3 (its q/k norm and a head_dim apart from hidden_size / heads),
-Mistral with and without a window, Mistral-Nemo's head_dim, longrope, Phi-3 with its fused
+Mistral with and without a window, Mistral-Nemo's head_dim, longrope, SmolLM3's NoPE layers, Phi-3 with its fused
 tensors, a window and Phi-3.5's longrope), a tiny random model is built and
 saved by transformers (`save_pretrained`: the 5.x config keys `rope_parameters` and `dtype`),
 and again with the config.json a hub checkpoint of 2024-25 carries (4.x keys: `rope_theta`,
@@ -104,6 +104,11 @@ CASES = {
     # Phi-3.5-mini's longrope, its original context a top-level key of the class
     "phi3-mini": ("Phi3Config", dict(BASE, **NO_IDS, sliding_window=None), None),
     "phi3-window": ("Phi3Config", dict(BASE, **NO_IDS, sliding_window=47), None),
+    # SmolLM3: every 4th layer without rotary embeddings (the class's default), or as listed;
+    # its class defaults rope_theta to 2e6 and ties the head
+    "smollm3": ("SmolLM3Config", dict(BASE, **NO_IDS, num_hidden_layers=4, tie_word_embeddings=True,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 2000000.0}), None),
+    "smollm3-listed": ("SmolLM3Config", dict(BASE, **NO_IDS, no_rope_layers=[0, 1]), None),
     "phi3.5-longrope": ("Phi3Config", dict(BASE, **NO_IDS, max_position_embeddings=128,
                                            original_max_position_embeddings=32, rope_parameters={
         "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.1, 1.7, 2.5],
