@@ -14,7 +14,10 @@ and again with the config.json a hub checkpoint of 2024-25 carries (4.x keys: `r
 - the engine's validation loss at step 0 (fuyou-train on the converted checkpoint, fp32 CPU
   backend) equals transformers' loss on the same windows to 1e-5 relative;
 - `fuyou-convert to-hf` of the conversion loads in transformers with max |logit diff| <= 1e-5
-  against the original model, its config saying the same rotary settings.
+  against the original model, its config saying the same rotary settings;
+- for five cases (GREEDY_CASES), with a 512-token byte-level tokenizer, fuyou-generate's greedy
+  tokens on the Hugging Face directory (layers resident and streamed) equal transformers'
+  generate() up to its first near tie.
 
 A config the engine does not compute as transformers does must be refused: cases that need a
 context the engine does not model (a window shorter than the sequence) are refused with the
@@ -296,6 +299,53 @@ class Checker:
         return failures
 
 
+# Greedy generation: fuyou-generate on the Hugging Face directory itself against transformers'
+# generate(), for these cases, with a real byte-level tokenizer (512 tokens) in place of the
+# tiny vocabulary. Compared up to transformers' first near tie between its two best logits
+# (the fp32 arithmetic differs in the last bits; past a tie either token is right).
+GREEDY_CASES = ("llama3.1", "qwen3", "mistral-window-64", "smollm3", "phi3.5-longrope")
+GREEDY_PROMPT = "the people of the world"
+GREEDY_TOKENS = 12
+MIN_MARGIN = 1e-3
+
+
+def check_greedy(c, name, cls, args):
+    import tokenizers  # noqa: F401 (transformers' fast tokenizer needs it)
+    tok_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hf", "tok_bytelevel.json")
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=tok_file, eos_token="<|endoftext|>")
+    args = dict(args, vocab_size=len(tok), eos_token_id=tok.eos_token_id, bos_token_id=None, pad_token_id=None)
+    d = c.make(name + "-greedy", cls, args)
+    tok.save_pretrained(d)
+    model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    ids = tok(GREEDY_PROMPT)["input_ids"]
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=GREEDY_TOKENS, do_sample=False,
+                             output_scores=True, return_dict_in_generate=True, pad_token_id=tok.eos_token_id)
+    ref = out.sequences[0, len(ids):].tolist()
+    gaps = [(s[0].topk(2).values[0] - s[0].topk(2).values[1]).item() for s in out.scores]
+    tie = next((i for i, g in enumerate(gaps) if g < MIN_MARGIN), len(ref))
+    failures = []
+    for flags in ([], ["--stream-layers", "always"]):
+        p = run([os.path.join(os.path.dirname(c.train), "fuyou-generate"), "--model", d, "--prompt", GREEDY_PROMPT,
+                 "--max-new-tokens", str(GREEDY_TOKENS), "--backend", "cpu", "--ignore-eos", "--json"] + flags,
+                expect_ok=False)
+        if p.returncode != 0:
+            failures.append("%s: fuyou-generate failed: %s" % (name, p.stderr.strip()[-300:]))
+            continue
+        got = json.loads(p.stdout)
+        if got["prompt_ids"] != ids:
+            failures.append("%s: prompt ids %s, transformers' tokenizer %s" % (name, got["prompt_ids"], ids))
+        elif got["ids"][:tie] != ref[:tie]:
+            failures.append("%s %s: greedy %s, transformers %s" % (name, " ".join(flags), got["ids"], ref))
+        else:
+            print("%s %s: greedy %s equal to transformers' on %d of %d new tokens (%s)" %
+                  (name, " ".join(flags), ref, tie, len(ref), "whole" if tie == len(ref) else "then a near tie"))
+    if tie < 4:
+        failures.append("%s: a near tie at new token %d leaves too little compared: choose another prompt" %
+                        (name, tie))
+    return failures
+
+
 REMOVE = object()
 TOKEN_ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id")
 
@@ -362,6 +412,8 @@ def main():
             with open(os.path.join(legacy, "config.json"), "w") as f:
                 json.dump(legacy_form(cfg5), f, indent=2)
             failures += c.check_case(name + " (4.x config)", legacy, verdict)
+            if name in GREEDY_CASES:
+                failures += check_greedy(c, name, cls, args)
             if perturb and name in ("llama3.1", "qwen3", "mistral-window-64", "phi3.5-longrope"):
                 failures += c.perturb(name, hf, cfg5)
     for f in failures:
