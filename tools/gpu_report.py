@@ -129,7 +129,9 @@ def main():
                                                                         "bench-bf16-tensors-2.json")) if b]
     if peer:
         best = min(peer, key=lambda p: p["step_s"])
-        f = {"modes": {p["mode"]: {"step_s": p["step_s"], "tokens_per_s": p["tokens_per_s"], "tflops": p["tflops"]}
+        f = {"modes": {p["mode"]: {"step_s": p["step_s"], "tokens_per_s": p["tokens_per_s"], "tflops": p["tflops"],
+                                   "sdpa_backend": p.get("sdpa_backend"), "padded_vocab": p.get("shape", {}).get(
+                                       "padded_vocab")}
                        for p in peer},
              "best_mode": best["mode"], "torch": best.get("torch")}
         if engine:
