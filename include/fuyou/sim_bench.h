@@ -42,8 +42,8 @@ nlohmann::json run_cpu_gemm_bench(const Config& cfg, int threads);
 // timeline, the median of five batches after a warm-up batch. Needs a GPU.
 nlohmann::json run_cuda_gemm_bench(const Config& cfg, int reps);
 
-// Writes `elems` bf16 values drawn uniformly from [-1, 1) (Rng(seed), one stream for the
-// whole buffer) into the backend buffer `dst`, through host chunks and copy_to_device: a
+// Writes `elems` bf16 values drawn uniformly from [-1, 1) (Rng(seed, i) for the i-th block of
+// 64 Ki values) into the backend buffer `dst`, through host chunks and copy_to_device: a
 // GEMM bench's operands, so that no operand is the arena's zeroed memory (zeros run faster).
 void fill_random_bf16(Backend& be, void* dst, size_t elems, uint64_t seed);
 

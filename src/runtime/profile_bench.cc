@@ -488,12 +488,18 @@ double engine_seconds(Backend& be, int reps, Fn&& f) {
 
 void fill_random_bf16(Backend& be, void* dst, size_t elems, uint64_t seed) {
   constexpr size_t kChunk = size_t(1) << 22;  // 4 Mi values, 8 MiB a copy
+  constexpr size_t kBlock = size_t(1) << 16;  // one generator stream per 64 Ki values
   std::vector<uint16_t> host(std::min(elems, kChunk));
-  Rng rng(seed);
   for (size_t done = 0; done < elems;) {
     const size_t n = std::min(kChunk, elems - done);
-    for (size_t i = 0; i < n; ++i)
-      host[i] = math::float_to_bf16(static_cast<float>(2 * rng.uniform() - 1));
+    // Streams by block index: the values do not depend on the thread count (a 175B-shaped
+    // bench fills billions of them).
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < (n + kBlock - 1) / kBlock; ++b) {
+      Rng rng(seed, (done + b * kBlock) / kBlock);
+      for (size_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i)
+        host[i] = math::float_to_bf16(static_cast<float>(2 * rng.uniform() - 1));
+    }
     be.copy_to_device(static_cast<uint16_t*>(dst) + done, host.data(), 2 * n);
     done += n;
   }
