@@ -286,3 +286,28 @@ TEST_CASE("checkpoints that name each other in a cycle are refused", "[config]")
   CHECK_THROWS_WITH(parse_config("model: {checkpoint: " + tmp.path + "/c0}", "x.yaml"),
                     Contains("more than 16 checkpoints"));
 }
+
+TEST_CASE("a vocabulary over 64k defaults to a chunked LM head", "[config]") {
+  const std::string llama = "model: {family: llama, d_ff: 1024, vocab_size: ";
+  // Over 65,536 columns, unless the text gives the key: 2048 tokens at a time.
+  CHECK(parse_config(llama + "128256}", "x.yaml").model.head_chunk_tokens == 2048);
+  CHECK(parse_config(llama + "65537}", "x.yaml").model.head_chunk_tokens == 2048);
+  CHECK(parse_config(llama + "65536}", "x.yaml").model.head_chunk_tokens == 0);
+  CHECK(parse_config("model: {vocab_size: 50257}", "x.yaml").model.head_chunk_tokens == 0);
+  // Given, it is kept, 0 (the whole micro-batch's logits, as a forward without targets needs)
+  // included, in the text or by --set.
+  CHECK(parse_config(llama + "128256, head_chunk_tokens: 0}", "x.yaml").model.head_chunk_tokens ==
+        0);
+  CHECK(parse_config(llama + "128256}", "x.yaml", {"model.head_chunk_tokens=512"})
+            .model.head_chunk_tokens == 512);
+  CHECK(parse_config(llama + "128256}", "x.yaml", {"model.head_chunk_tokens=0"})
+            .model.head_chunk_tokens == 0);
+  // The shipped configs of large-vocabulary models all chunk their head.
+  for (const char* name :
+       {"llama3-8b", "llama3-70b", "llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "qwen3-8b"}) {
+    INFO(name);
+    const Config c = load_config_file(test::source_path(str("configs/", name, ".yaml")), {});
+    CHECK(c.model.vocab_size > 65536);
+    CHECK(c.model.head_chunk_tokens == 2048);
+  }
+}

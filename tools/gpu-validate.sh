@@ -18,7 +18,8 @@
 #     $OUT, else gpu-validate-out); perf also writes this-gpu.yaml, the measured profile.
 #     Without a GPU it says so in one line and exits 3.
 #   --only NAME[,NAME...] runs just the named steps of the phase (a short lease); the others
-#     are left out of the report.
+#     are left out of the report. --limits NAME=S[,NAME=S...] gives those steps S seconds
+#     instead of their own limits (tools/gpu-lease.sh sizes a lease's steps so).
 #   --plumbing runs the kit's machinery without a GPU (unpacking, libraries, data, the
 #     report) on a short CPU list; its report says that nothing was validated on a GPU.
 set -uo pipefail
@@ -34,6 +35,7 @@ no_build=0
 limit_mib=64
 plumbing=0
 only=""
+limits=""
 
 die() { echo "gpu-validate: $*" >&2; exit 1; }
 
@@ -48,8 +50,9 @@ while [ $# -gt 0 ]; do
     --work) work=$2; shift ;;
     --phase) phase=$2; shift ;;
     --only) only=,$2,; shift ;;
+    --limits) limits=,$2,; shift ;;
     --limit-mib) limit_mib=$2; shift ;;
-    -h|--help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
   shift
@@ -191,11 +194,13 @@ phase_start=$(date +%s)
 phase_budget=${FUYOU_GPU_PHASE_S:-570}  # seconds per phase: one 10-minute command
 
 # step NAME LIMIT_S COMMAND...: runs COMMAND with its output in logs/NAME.log and log.txt;
-# records pass (exit 0), fail, timeout, or "not run" when the phase's time is spent.
+# records pass (exit 0), fail, timeout, or "not run" when the phase's time is spent, and in a
+# note what the log says cuDNN refused (the engine's own attention ran instead).
 step() {
   local name=$1 limit=$2
   shift 2
   case "$only" in ""|*",$name,"*) ;; *) return 0 ;; esac
+  case "$limits" in *",$name="*) limit=${limits#*,"$name"=}; limit=${limit%%,*} ;; esac
   local left=$((phase_budget - ($(date +%s) - phase_start)))
   if [ "$left" -lt 20 ]; then
     printf '%s\tnot run\t-\t0\t%s\n' "$name" "the phase's ${phase_budget} s are spent" >> "$steps_tsv"
@@ -217,9 +222,12 @@ step() {
   esac
   # A test that skipped itself (a warning that says so) is a failure here.
   [ "$status" = pass ] && grep -q 'skipped:' "$log" && status="fail (skipped)"
+  local note=""
+  grep -q 'cuDNN refuses the attention' "$log" &&
+    note="cuDNN refused: $(grep -o 'cuDNN refuses the attention.*' "$log" | sort -u | head -n 3 | tr '\t\n' '  ' | cut -c1-400)"
   tail -c 20000 "$log" >> "$out/log.txt"
-  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$status" "$rc" "$secs" "$*" >> "$steps_tsv"
-  echo "   -> $status (exit $rc, ${secs%.*} s)" | tee -a "$out/log.txt"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$status" "$rc" "$secs" "$*" "$note" >> "$steps_tsv"
+  echo "   -> $status (exit $rc, ${secs%.*} s)${note:+; $note}" | tee -a "$out/log.txt"
   [ "$status" = pass ]
 }
 
@@ -381,6 +389,9 @@ run_perf() {
   # profile measured before), and the simulator's prediction on it; `rtx4090` holds the
   # setting's arguments, which the three runs share.
   local prof="$root/configs/hardware/h200-vm-measured-bf16.yaml"
+  # A profile measured by an earlier call of the lease (tools/gpu-lease.sh carries it), else
+  # this call's.
+  [ -f "${FUYOU_GPU_PROFILE:-}" ] && prof=$FUYOU_GPU_PROFILE
   [ -f "$out/this-gpu.yaml" ] && prof="$out/this-gpu.yaml"
   local rtx4090=("${cuda_sets[@]}" --set model.seq_len=1024 --set schedule.micro_batch=16
     --set runtime.precision=bf16 --set runtime.device_tensors=bf16
@@ -402,6 +413,17 @@ run_perf() {
     --config "$root/configs/gpt3-6.7b.yaml" "${rtx4090[@]}" "${packed[@]}" --set runtime.cuda_wait=block
   # Two layers of GPT-3 175B's width at the published micro-batch (16 x 1024 tokens), bf16
   # tensors, chunked head, in memory: what this engine's kernels make of one 175B layer.
+  # Four layers of Llama-3-8B's shape with its 128,256-column head (the config's chunked head),
+  # bf16 tensors and GEMMs, in memory with AdamW on the device, sequence 4096 and 8192 (micro-
+  # batch 1, unpacked): RMSNorm, SwiGLU, RoPE and grouped-query attention on a GPU at size. The
+  # arena is held to 96 GiB so that cuDNN's deterministic backward workspace (2 B H T^2
+  # floats: 4.3 GB at 8192) fits beside it; a refusal is the step's note.
+  local llama=(--config "$root/configs/llama3-8b.yaml" "${cuda_sets[@]}" --set model.n_layer=4
+               --set runtime.precision=bf16 --set runtime.device_tensors=bf16
+               --set offload.device_memory=96GiB --set schedule.micro_batch=1 --steps 4 --warmup 1
+               --breakdown)
+  step bench-llama3-8b-4l-4k 120 bench_train "$work/bench-llama-4k.json" "${llama[@]}" --set model.seq_len=4096
+  step bench-llama3-8b-4l-8k 120 bench_train "$work/bench-llama-8k.json" "${llama[@]}" --set model.seq_len=8192
   step bench-175b-layers 200 bench_train "$work/bench-175b-layers.json" --config "$root/configs/gpt3-175b-seq1024.yaml" \
     "${cuda_sets[@]}" --set model.n_layer=2 --set schedule.micro_batch=16 --set runtime.precision=bf16 \
     --set offload.device_memory=0 --steps 2 --warmup 1 --breakdown

@@ -37,8 +37,9 @@ def read_json_lines(path):
 def read_steps(path):
     steps = []
     for line in open(path):
-        name, status, rc, secs, cmd = (line.rstrip("\n").split("\t") + [""] * 5)[:5]
-        steps.append({"name": name, "status": status, "exit": rc, "seconds": float(secs or 0), "command": cmd})
+        name, status, rc, secs, cmd, note = (line.rstrip("\n").split("\t") + [""] * 6)[:6]
+        steps.append({"name": name, "status": status, "exit": rc, "seconds": float(secs or 0), "command": cmd,
+                      "note": note})
     return steps
 
 
@@ -129,7 +130,9 @@ def main():
                                                                         "bench-bf16-tensors-2.json")) if b]
     if peer:
         best = min(peer, key=lambda p: p["step_s"])
-        f = {"modes": {p["mode"]: {"step_s": p["step_s"], "tokens_per_s": p["tokens_per_s"], "tflops": p["tflops"]}
+        f = {"modes": {p["mode"]: {"step_s": p["step_s"], "tokens_per_s": p["tokens_per_s"], "tflops": p["tflops"],
+                                   "sdpa_backend": p.get("sdpa_backend"), "padded_vocab": p.get("shape", {}).get(
+                                       "padded_vocab")}
                        for p in peer},
              "best_mode": best["mode"], "torch": best.get("torch")}
         if engine:
@@ -144,7 +147,9 @@ def main():
                        ("gpt3-2.7b-device-24g", "bench-2.7b-24g.json"),
                        ("gpt3-2.7b-device-24g-int8-split", "bench-2.7b-24g-int8.json"),
                        ("gpt3-6.7b-device-24g-int8-split", "bench-6.7b-24g-int8.json"),
-                       ("gpt3-6.7b-device-24g-int8-split-cuda-wait-block", "bench-6.7b-24g-int8-block.json")):
+                       ("gpt3-6.7b-device-24g-int8-split-cuda-wait-block", "bench-6.7b-24g-int8-block.json"),
+                       ("llama3-8b-4-layers-seq4096", "bench-llama-4k.json"),
+                       ("llama3-8b-4-layers-seq8192", "bench-llama-8k.json")):
         b = read_json(os.path.join(a.work, file))
         if b:
             figures[name] = {k: b.get(k) for k in ("step_s", "step_s_all", "tokens_per_s", "tflops", "busy_s",
@@ -202,8 +207,8 @@ def main():
     md = [f"# {report['what']}", "", f"{report['date_utc']}, phase {report['phase']}", ""]
     if device:
         md += ["Device: " + ", ".join(f"{k} {v}" for k, v in device.items()), ""]
-    md += ["Kit: " + "; ".join(manifest), "", "| step | status | exit | seconds |", "|---|---|---|---|"]
-    md += [f"| {s['name']} | {s['status']} | {s['exit']} | {s['seconds']:.1f} |" for s in steps]
+    md += ["Kit: " + "; ".join(manifest), "", "| step | status | exit | seconds | note |", "|---|---|---|---|---|"]
+    md += [f"| {s['name']} | {s['status']} | {s['exit']} | {s['seconds']:.1f} | {s.get('note', '')} |" for s in steps]
     for name, f in figures.items():
         md += ["", f"## {name}", "", "```", json.dumps(f, indent=1), "```"]
     md += ["", "All steps passed." if report["passed"] else "NOT all steps passed: see log.txt."]

@@ -39,17 +39,24 @@ std::string cudnn_attention_graph_check(ElemType t, int B, int T, int C, int H);
 
 // A plain cuBLASLt GEMM, the ceiling the engine's GEMMs are judged against (fuyou-bench gemm
 // --backend cuda): C(m, n) = op(A) op(B) in column-major terms, bf16 A, B and C, fp32
-// accumulation, the heuristic's first algorithm with a 32 MiB workspace, on device 0. Times
-// `reps` calls after three warm-up calls with CUDA events. Throws fuyou::Error on a CUDA or
-// cuBLASLt failure, or without the CUDA backend in this build.
+// accumulation, the heuristic's first algorithm with a 32 MiB workspace, on device 0, over the
+// caller's device buffers (the bench passes the engine's own, so both sides multiply the same
+// numbers). Times as the engine's side is timed: batches of `reps` calls queued between two
+// CUDA events, a warm-up batch then the median of five, per call. Throws fuyou::Error on a
+// CUDA or cuBLASLt failure, or without the CUDA backend in this build.
 struct LtGemmShape {
   bool trans_a = false, trans_b = false;
   int m = 0, n = 0, k = 0;
+};
+struct LtGemmOperands {
+  const void* a = nullptr;  // (trans_a ? k x m : m x k), column-major
+  const void* b = nullptr;  // (trans_b ? n x k : k x n)
+  void* c = nullptr;        // m x n
 };
 struct LtGemmTiming {
   double median_s = 0, best_s = 0;
   size_t workspace = 0;  // what the chosen algorithm uses
 };
-LtGemmTiming cublaslt_gemm_time(const LtGemmShape& shape, int reps);
+LtGemmTiming cublaslt_gemm_time(const LtGemmShape& shape, const LtGemmOperands& operands, int reps);
 
 }  // namespace fuyou

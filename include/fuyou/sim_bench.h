@@ -11,6 +11,8 @@
 
 namespace fuyou {
 
+class Backend;
+
 struct ProfileOptions {
   std::vector<std::string> dirs;  // store directories for the SSD figures (required)
   int threads = 0;                // 0: every core
@@ -34,8 +36,16 @@ nlohmann::json run_cpu_gemm_bench(const Config& cfg, int threads);
 // bf16 tensors with bf16 GEMMs, beside the same products as plain cuBLASLt GEMMs
 // (cublaslt_gemm_time): TFLOP/s of each and their ratio per shape and direction, and over the
 // four layer GEMMs (the engine's weight gradient adds into its buffer, beta 1; cuBLASLt's
-// writes, beta 0). Needs a GPU.
+// writes, beta 0). Every operand both sides read is filled with random bf16
+// (fill_random_bf16) and shared: cuBLASLt multiplies the engine's own buffers. Both sides are
+// timed the same way: batches of `reps` calls queued between two events on the device's
+// timeline, the median of five batches after a warm-up batch. Needs a GPU.
 nlohmann::json run_cuda_gemm_bench(const Config& cfg, int reps);
+
+// Writes `elems` bf16 values drawn uniformly from [-1, 1) (Rng(seed, i) for the i-th block of
+// 64 Ki values) into the backend buffer `dst`, through host chunks and copy_to_device: a
+// GEMM bench's operands, so that no operand is the arena's zeroed memory (zeros run faster).
+void fill_random_bf16(Backend& be, void* dst, size_t elems, uint64_t seed);
 
 struct SimulateOptions {
   std::string config, hardware;

@@ -119,6 +119,10 @@ class CudaBackend final : public Backend {
                size_t bytes, cudaMemcpyKind kind);
   // Column sums of x(N,C) added into out(C) (bias gradients), both of the storage type.
   void add_column_sums(void* out, const void* x, int N, int C);
+  // rope_forward (sign 1) and rope_backward (-1) on storage type E (ops_families.cu).
+  template <typename E>
+  void rope_launch(void* qkvc, int B, int T, int Hq, int Hkv, int D, const RopeTable& rope,
+                   const int32_t* pos, float sign);
 
  public:
   // Device scratch of at least `bytes`, outside the arena: the partial sums of the reductions

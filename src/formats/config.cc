@@ -793,6 +793,11 @@ ModelConfig parse_model(const YAML::Node& node, const Origin& source, Checkpoint
     });
   }
   if (m.d_ff == 0) m.d_ff = 4 * m.d_model;  // at most kMaxFfDim: d_model is at most a quarter
+  // A vocabulary over 64k makes a micro-batch's logits gigabytes (Llama 3's 128,256 at 4 x 4096
+  // tokens: 4.2 GB in bf16): unless the text says otherwise, the head runs in chunks.
+  constexpr int kChunkedHeadVocab = 1 << 16, kDefaultHeadChunkTokens = 2048;
+  if (!s.given("head_chunk_tokens") && m.head_chunk_tokens == 0 && m.vocab_size > kChunkedHeadVocab)
+    m.head_chunk_tokens = kDefaultHeadChunkTokens;
   return m;
 }
 

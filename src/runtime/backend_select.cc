@@ -42,7 +42,7 @@ std::string cudnn_attention_graph_check(ElemType, int, int, int, int) {
   return "this build has no CUDA backend (configured without the CUDA toolkit)";
 }
 
-LtGemmTiming cublaslt_gemm_time(const LtGemmShape&, int) {
+LtGemmTiming cublaslt_gemm_time(const LtGemmShape&, const LtGemmOperands&, int) {
   throw Error("this build has no CUDA backend (configured without the CUDA toolkit)");
 }
 #endif

@@ -23,6 +23,7 @@
 #include "fuyou/io_bench.h"
 #include "fuyou/model.h"
 #include "fuyou/ooc_adamw.h"
+#include "fuyou/rng.h"
 #include "fuyou/sim_bench.h"
 #include "fuyou/timing.h"
 #include "kernels/common/element_math.h"
@@ -465,22 +466,44 @@ struct LayerGemm {
   int in, out;
 };
 
-// Seconds per call of `f` (queued work waited for with finish_compute), the median of five
-// batches of `reps` calls after a warm-up batch.
+// Seconds per call of `f`: batches of `reps` calls queued between two marks on the device's
+// timeline (Backend::timing_mark; CUDA: events on the compute stream), the median of five
+// batches after a warm-up batch, as cublaslt_gemm_time times its side.
 template <typename Fn>
 double engine_seconds(Backend& be, int reps, Fn&& f) {
   std::vector<double> t;
   for (int batch = 0; batch < 6; ++batch) {
-    const auto t0 = clock_type::now();
+    be.timing_start();
+    be.timing_mark(0);
     for (int i = 0; i < reps; ++i) f();
-    be.finish_compute();
-    be.synchronize();
-    if (batch > 0) t.push_back(seconds_since(t0) / reps);
+    be.timing_mark(0);
+    const std::vector<Backend::TimingMark> marks = be.timing_stop();
+    FY_CHECK(marks.size() == 2, "gemm bench: expected two timing marks");
+    if (batch > 0) t.push_back((marks[1].t - marks[0].t) / reps);
   }
   return median(t);
 }
 
 }  // namespace
+
+void fill_random_bf16(Backend& be, void* dst, size_t elems, uint64_t seed) {
+  constexpr size_t kChunk = size_t(1) << 22;  // 4 Mi values, 8 MiB a copy
+  constexpr size_t kBlock = size_t(1) << 16;  // one generator stream per 64 Ki values
+  std::vector<uint16_t> host(std::min(elems, kChunk));
+  for (size_t done = 0; done < elems;) {
+    const size_t n = std::min(kChunk, elems - done);
+    // Streams by block index: the values do not depend on the thread count (a 175B-shaped
+    // bench fills billions of them).
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < (n + kBlock - 1) / kBlock; ++b) {
+      Rng rng(seed, (done + b * kBlock) / kBlock);
+      for (size_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i)
+        host[i] = math::float_to_bf16(static_cast<float>(2 * rng.uniform() - 1));
+    }
+    be.copy_to_device(static_cast<uint16_t*>(dst) + done, host.data(), 2 * n);
+    done += n;
+  }
+}
 
 nlohmann::json run_cuda_gemm_bench(const Config& cfg, int reps) {
   const ModelConfig& m = cfg.model;
@@ -498,9 +521,9 @@ nlohmann::json run_cuda_gemm_bench(const Config& cfg, int reps) {
     act = std::max(act, static_cast<size_t>(N) * std::max(g.in, g.out));
     wts = std::max(wts, static_cast<size_t>(g.in) * g.out);
   }
-  // The engine's arena holds only the six buffers below (and alignment): the plain cuBLASLt
-  // GEMMs allocate their own operands from what the device has left (an arena of the whole
-  // free memory left them none at GPT-3 175B's shapes).
+  // The engine's arena holds only the eight buffers below (and alignment): the plain cuBLASLt
+  // GEMMs read and write the same buffers and allocate only their workspace from what the
+  // device has left.
   const uint64_t arena = 2 * (4 * act + 2 * wts) + (64ull << 20);
   auto be = make_cuda_backend(0, arena);
   be->set_storage_type(ElemType::kBF16);
@@ -522,6 +545,19 @@ nlohmann::json run_cuda_gemm_bench(const Config& cfg, int reps) {
       be->alloc(2 * wts, "gemm bench dw"),
       be->alloc(2 * widest, "gemm bench bias"),
       be->alloc(2 * widest, "gemm bench bias gradient")};
+  // Random operands everywhere, the same bytes for both sides: the arena's blocks start zeroed,
+  // and zeros multiply faster than data.
+  uint64_t seed = 1;
+  for (auto [p, n] : {std::pair{b.x, act},
+                      {b.y, act},
+                      {b.dx, act},
+                      {b.dy, act},
+                      {b.w, wts},
+                      {b.dw, wts},
+                      {b.bias, widest},
+                      {b.dbias, widest}})
+    fill_random_bf16(*be, p, n, seed++);
+  be->synchronize();
   // The layer GEMMs with a bias, as GPT-2's projections have: the forward with the bias by the
   // broadcast kernel (runtime.gemm_bias kernel) and by cuBLASLt's epilogue (epilogue), the
   // backward with the bias gradient. "" or why the epilogue could not be asked for.
@@ -538,10 +574,15 @@ nlohmann::json run_cuda_gemm_bench(const Config& cfg, int reps) {
   for (const auto& g : gemms) {
     const double flops = 2.0 * N * g.in * g.out;
     // Forward: out^T (out x N) = W (col-major in x out, transposed) x^T (col-major in x N).
-    const LtGemmTiming fwd = cublaslt_gemm_time({true, false, g.out, N, g.in}, reps);
+    // The engine's buffers are row-major: y (N, out) is y^T (out x N) column-major, W (out, in)
+    // is (in x out), x (N, in) is (in x N).
+    const LtGemmTiming fwd =
+        cublaslt_gemm_time({true, false, g.out, N, g.in}, {b.w, b.x, b.y}, reps);
     // Backward: dX^T (in x N) = W (in x out) dY^T (out x N); dW^T (in x out) = x^T (in x N) dY.
-    const LtGemmTiming dxt = cublaslt_gemm_time({false, false, g.in, N, g.out}, reps);
-    const LtGemmTiming dwt = cublaslt_gemm_time({false, true, g.in, g.out, N}, reps);
+    const LtGemmTiming dxt =
+        cublaslt_gemm_time({false, false, g.in, N, g.out}, {b.w, b.dy, b.dx}, reps);
+    const LtGemmTiming dwt =
+        cublaslt_gemm_time({false, true, g.in, g.out, N}, {b.x, b.dy, b.dw}, reps);
     const double e_fwd = engine_seconds(
         *be, reps, [&] { be->matmul_forward(b.y, b.x, b.w, nullptr, N, g.in, g.out); });
     const double e_bwd = engine_seconds(*be, reps, [&] {

@@ -102,7 +102,9 @@ TEST_CASE("cuda embedding forward and backward match the CPU", "[cuda]") {
 
 TEST_CASE("cuda layernorm and rmsnorm forward and backward match the CPU", "[cuda]") {
   Pair p;
-  const int N = 37, C = 300;  // C not a multiple of the block size: tails are exercised
+  // C not a multiple of the block size: tails are exercised. 300 is a whole number of
+  // 16-byte vectors of floats (the vector path); 301 is not (element by element).
+  const int N = 37, C = GENERATE(300, 301);
   auto x = random_normal(N * C, 5, 3.0f), w = random_normal(C, 6), b = random_normal(C, 7),
        dy = random_normal(N * C, 8);
   std::vector<float> out(N * C), mean(N), rstd(N), din(N * C, 1.0f), dw(C, 0.0f), db(C, 0.0f);
@@ -374,18 +376,66 @@ TEST_CASE("cuda llama-family kernels (rope, repeat_kv, swiglu) match the CPU", "
   p.gpu->repeat_kv_backward(gback.get(), gqkv.get(), N, Hq, Hkv, D);
   check_within("repeat_kv backward", gback.host(), back, 0.0);  // same sums in the same order
 
-  auto gu = random_normal(size_t(N) * 2 * F, 18, 2.0f), dy = random_normal(size_t(N) * F, 19);
-  std::vector<float> out(size_t(N) * F), dgu(gu.size());
-  DeviceVec<float> ggu(*p.gpu, gu), gdy(*p.gpu, dy), gout(*p.gpu, out.size()),
-      gdgu(*p.gpu, dgu.size());
-  p.cpu->swiglu_forward(out.data(), gu.data(), N, F);
-  p.gpu->swiglu_forward(gout.get(), ggu.get(), N, F);
-  p.cpu->swiglu_backward(dgu.data(), gu.data(), dy.data(), N, F);
-  p.gpu->swiglu_backward(gdgu.get(), ggu.get(), gdy.get(), N, F);
-  // silu through exp_fast: ~16 roundings relative to |gate| |up|.
-  check_within("swiglu forward", gout.host(), out, 32 * kU * max_abs(gu) * max_abs(gu));
-  check_within("swiglu backward", gdgu.host(), dgu,
-               64 * kU * max_abs(gu) * max_abs(gu) * max_abs(dy));
+  // F = 50: element by element; 48: 16-byte vectors of 4 floats.
+  for (const int Fs : {F, 48}) {
+    INFO("swiglu F " << Fs);
+    auto gu = random_normal(size_t(N) * 2 * Fs, 18, 2.0f), dy = random_normal(size_t(N) * Fs, 19);
+    std::vector<float> out(size_t(N) * Fs), dgu(gu.size());
+    DeviceVec<float> ggu(*p.gpu, gu), gdy(*p.gpu, dy), gout(*p.gpu, out.size()),
+        gdgu(*p.gpu, dgu.size());
+    p.cpu->swiglu_forward(out.data(), gu.data(), N, Fs);
+    p.gpu->swiglu_forward(gout.get(), ggu.get(), N, Fs);
+    p.cpu->swiglu_backward(dgu.data(), gu.data(), dy.data(), N, Fs);
+    p.gpu->swiglu_backward(gdgu.get(), ggu.get(), gdy.get(), N, Fs);
+    // silu through exp_fast: ~16 roundings relative to |gate| |up|.
+    check_within("swiglu forward", gout.host(), out, 32 * kU * max_abs(gu) * max_abs(gu));
+    check_within("swiglu backward", gdgu.host(), dgu,
+                 64 * kU * max_abs(gu) * max_abs(gu) * max_abs(dy));
+  }
+  // Heads of 12 (6 pairs, not a whole vector of 4): rope element by element.
+  {
+    const int Ds = 12;
+    auto q = random_normal(size_t(N) * (Hq + 2 * Hkv) * Ds, 20);
+    DeviceVec<float> gq(*p.gpu, q);
+    const RopeTable r = default_rope_table(Ds, 10000.0f);
+    p.cpu->rope_forward(q.data(), B, T, Hq, Hkv, Ds, r, nullptr);
+    p.gpu->rope_forward(gq.get(), B, T, Hq, Hkv, Ds, r, nullptr);
+    check_within("rope forward, head 12", gq.host(), q, 8 * kU * 2 * max_abs(q));
+  }
+}
+
+TEST_CASE("cuda qk_norm forward and backward match the CPU", "[cuda]") {
+  // Qwen3's per-head RMSNorm of q and k in place (v untouched), its saved input, rstd, and the
+  // backward's input gradient over the q and k parts and the two weight gradients.
+  Pair p;
+  const int N = 19, Hq = 6, Hkv = 2, D = 32, heads = Hq + Hkv;
+  const size_t row = size_t(Hq + 2 * Hkv) * D;
+  auto qkvc = random_normal(N * row, 40, 2.0f), qw = random_normal(D, 41),
+       kw = random_normal(D, 42), d = random_normal(N * row, 43);
+  std::vector<float> c = qkvc, saved(size_t(N) * heads * D), rstd(size_t(N) * heads), dqw(D, 0.5f),
+                     dkw(D, 0.25f), dc = d;
+  DeviceVec<float> g(*p.gpu, qkvc), gqw(*p.gpu, qw), gkw(*p.gpu, kw), gsaved(*p.gpu, saved.size()),
+      grstd(*p.gpu, rstd.size()), gdqw(*p.gpu, dqw), gdkw(*p.gpu, dkw), gd(*p.gpu, d);
+  p.cpu->qk_norm_forward(c.data(), saved.data(), rstd.data(), qw.data(), kw.data(), 1e-6f, N, Hq,
+                         Hkv, D);
+  p.gpu->qk_norm_forward(g.get(), gsaved.get(), grstd.get(), gqw.get(), gkw.get(), 1e-6f, N, Hq,
+                         Hkv, D);
+  check_within("qk_norm saved", gsaved.host(), saved, 0.0);  // copies
+  check_within("qk_norm rstd", grstd.host(), rstd, 4 * kU * max_abs(rstd));
+  const double xhat = max_abs(qkvc) * max_abs(rstd), wmax = std::max(max_abs(qw), max_abs(kw));
+  // x r w: two roundings relative to |xhat w|; v copied through untouched (within that bound).
+  check_within("qk_norm out", g.host(), c, 4 * kU * xhat * wmax);
+  p.cpu->qk_norm_backward(dc.data(), dqw.data(), dkw.data(), saved.data(), qw.data(), kw.data(),
+                          rstd.data(), N, Hq, Hkv, D);
+  p.gpu->qk_norm_backward(gd.get(), gdqw.get(), gdkw.get(), gsaved.get(), gqw.get(), gkw.get(),
+                          grstd.get(), N, Hq, Hkv, D);
+  // As rmsnorm's din: |g| (1 + xhat^2) r with g = d w; the weight gradients: column sums of N Hq
+  // (or N Hkv) terms |d xhat| in another order.
+  const double g_max = max_abs(d) * wmax;
+  check_within("qk_norm dx", gd.host(), dc,
+               16 * kU * (1 + (1 + xhat * xhat) * g_max * max_abs(rstd)));
+  check_within("qk_norm dqw", gdqw.host(), dqw, 2 * N * Hq * kU * N * Hq * max_abs(d) * xhat);
+  check_within("qk_norm dkw", gdkw.host(), dkw, 2 * N * Hkv * kU * N * Hkv * max_abs(d) * xhat);
 }
 
 TEST_CASE("cuda cross-entropy over a padded vocabulary equals the unpadded rows", "[cuda]") {

@@ -208,6 +208,17 @@ TEST_CASE("cuda 16-bit tensors: element-wise and row kernels are the fp32 kernel
                        });
   }
   {
+    // A row of whole 16-byte vectors (C a multiple of 8): the vector loads' path.
+    const int Cv = 256;
+    Tensor x(t, N * Cv, 1, 3.0f), w(t, Cv, 2), dy(t, N * Cv, 4), out(t, N * Cv, Tensor::Fill{0.0f}),
+        din(t, N * Cv, Tensor::Fill{1.0f}), dw(t, Cv, Tensor::Fill{0.5f});
+    check_rounded_once("rmsnorm, vector rows", t, {&x, &w, &dy, &out, &din, &dw},
+                       {std::vector<float>(N)}, [&](Backend& be, auto& p, auto& s) {
+                         be.rmsnorm_forward(p[3], s[0], p[0], p[1], 1e-6f, N, Cv);
+                         be.rmsnorm_backward(p[4], p[5], p[2], p[0], p[1], s[0], N, Cv);
+                       });
+  }
+  {
     const size_t n = 100003;
     Tensor a(t, n, 5, 3.0f), g(t, n, 6), o(t, n, Tensor::Fill{0.0f});
     for (const char* k : {"gelu", "gelu_backward", "add", "relu", "relu_backward"})
@@ -238,12 +249,17 @@ TEST_CASE("cuda 16-bit tensors: element-wise and row kernels are the fp32 kernel
     check_rounded_once(
         "repeat_kv backward", t, {&dqkv, &dqkvc}, {},
         [&](Backend& be, auto& p, auto&) { be.repeat_kv_backward(p[1], p[0], Nq, Hq, Hkv, D); });
-    Tensor gu(t, size_t(Nq) * 2 * F, 9, 2.0f), sdy(t, size_t(Nq) * F, 10),
-        sout(t, size_t(Nq) * F, Tensor::Fill{0.0f}), dgu(t, gu.size(), Tensor::Fill{0.0f});
-    check_rounded_once("swiglu", t, {&gu, &sdy, &sout, &dgu}, {}, [&](Backend& be, auto& p, auto&) {
-      be.swiglu_forward(p[2], p[0], Nq, F);
-      be.swiglu_backward(p[3], p[0], p[1], Nq, F);
-    });
+    // F = 50: element by element; 64: 16-byte vectors.
+    for (const int Fs : {F, 64}) {
+      INFO("swiglu F " << Fs);
+      Tensor gu(t, size_t(Nq) * 2 * Fs, 9, 2.0f), sdy(t, size_t(Nq) * Fs, 10),
+          sout(t, size_t(Nq) * Fs, Tensor::Fill{0.0f}), dgu(t, gu.size(), Tensor::Fill{0.0f});
+      check_rounded_once("swiglu", t, {&gu, &sdy, &sout, &dgu}, {},
+                         [&](Backend& be, auto& p, auto&) {
+                           be.swiglu_forward(p[2], p[0], Nq, Fs);
+                           be.swiglu_backward(p[3], p[0], p[1], Nq, Fs);
+                         });
+    }
   }
   {
     const int Nc = 23, Vc = 1000;
