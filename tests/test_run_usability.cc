@@ -302,3 +302,81 @@ TEST_CASE("samples during training, --eval-only and checkpoint.keep_best", "[usa
   CHECK(kept == std::vector<std::string>{"step-4", "step-8"});
   CHECK(read_all(o.run_dir + "/checkpoints/best") == "step-4\n");
 }
+
+namespace {
+
+// Records of 3 to 14 tokens, each a run of a short cycle from its own start, in `path` with
+// its record index beside it (as fuyou-convert tokenize writes JSON Lines data).
+std::string record_shard(const std::string& path, int records, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t;
+  std::vector<uint64_t> starts;
+  for (int r = 0; r < records; ++r) {
+    starts.push_back(t.size());
+    const int len = 3 + static_cast<int>(rng.below(12)), from = static_cast<int>(rng.below(23));
+    for (int i = 0; i < len; ++i) t.push_back((from + i) * 7 % 23);
+  }
+  write_token_shard(path, t, 256);
+  write_record_index(fs::path(path).replace_extension(".rec").string(), starts);
+  return path;
+}
+
+// The validation loss metrics.jsonl logged last.
+double logged_val_loss(const std::string& run_dir) {
+  double v = std::nan("");
+  for (const auto& line : jsonl(fs::path(run_dir) / "metrics.jsonl"))
+    if (line["type"] == "val") v = line["val_loss"].get<double>();
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("eval-only gives the logged validation loss bit for bit, on records and token streams",
+          "[usability]") {
+  TempDir tmp("eval-only");
+  const std::string train_rec = record_shard(tmp.path + "/train.tok", 60, 1),
+                    val_rec = record_shard(tmp.path + "/val.tok", 12, 2);
+  const std::string train_stream = pattern_shard(tmp.path + "/s.tok", 256, 3000),
+                    val_stream = pattern_shard(tmp.path + "/sv.tok", 256, 400);
+  const std::string rest =
+      "optimizer: {lr: 3.0e-3}\nruntime: {backend: cpu, threads: 2}\n"
+      "checkpoint: {every_steps: 100, every_minutes: 0}\n";
+  // Records under schedule.epochs: every validation record whole, in its own segment.
+  // Token streams: the fixed windows of schedule.eval_batches.
+  for (const bool records : {true, false}) {
+    INFO((records ? "records" : "token stream"));
+    const std::string data =
+        records ? str("data: {train_shards: [", train_rec, "], val_shards: [", val_rec, "]}\n",
+                      "schedule: {epochs: 2, micro_batch: 2, warmup_steps: 1, eval_batches: 50}\n")
+                : str("data: {train_shards: [", train_stream, "], val_shards: [", val_stream,
+                      "]}\nschedule: {steps: 6, micro_batch: 2, warmup_steps: 1, "
+                      "eval_batches: 3}\n");
+    TrainOptions o;
+    o.run_dir = tmp.path + (records ? "/run-records" : "/run-stream");
+    const TrainSummary s = run_training(parse_config(tiny_model(256) + data + rest, "<test>"), o);
+    const double logged = logged_val_loss(o.run_dir);
+    REQUIRE(std::isfinite(logged));
+    CHECK(logged == s.final_val_loss);
+    CHECK(logged < s.first_val_loss);  // it trained: the final weights are not the start's
+
+    TrainOptions e;
+    e.eval_only = true;
+    e.resume = resolve_checkpoint(o.run_dir);
+    const TrainSummary ev = run_training(resume_config(e.resume, "", {}), e);
+    CHECK(ev.final_val_loss == logged);  // bit for bit
+    CHECK(ev.steps == s.steps);
+    // Without the training shards, the validation shards' own index decides, as it did.
+    const TrainSummary only_val =
+        run_training(resume_config(e.resume, "", {"data.train_shards=[]"}), e);
+    CHECK(only_val.final_val_loss == logged);
+  }
+
+  // A run on records validates records only: validation shards without an index have no
+  // validation loss to give.
+  TrainOptions e;
+  e.eval_only = true;
+  e.resume = resolve_checkpoint(tmp.path + "/run-records");
+  CHECK_THROWS_WITH(
+      run_training(resume_config(e.resume, "", {str("data.val_shards=[", val_stream, "]")}), e),
+      Contains("validates records only"));
+}

@@ -210,7 +210,10 @@ class TrainingRun {
   }
   void carry_model_files();
   void load_data();
+  bool eval_reads_records() const;
   void load_records();
+  void load_train_records();
+  void load_val_records();
   void check_resumed_position() const;
   void make_engine();
   void preflight();
@@ -449,33 +452,58 @@ void TrainingRun::carry_model_files() {
   }
 }
 
+namespace {
+
+// What select_records did to a split, logged before the first step.
+void report_records(const RecordSelection& s, const char* split, const DataConfig& data, int T) {
+  spdlog::info(
+      "data: {} {} records ({} tokens), each kept whole from position 0 and packed into rows of "
+      "seq_len + 1 = {} tokens with attention masked at record boundaries",
+      s.records.size(), split, s.kept_tokens, T + 1);
+  if (s.too_long)
+    spdlog::warn(
+        "data: {} of {} {} records are longer than {} tokens (longest {}): {} by data.truncate: "
+        "{} ({} tokens not trained on)",
+        s.too_long, s.total, split, T + 1, s.longest,
+        data.truncate == "drop" ? "left out" : "cut to their first tokens", data.truncate,
+        s.cut_tokens);
+  if (s.no_target)
+    spdlog::warn(
+        "data: {} {} records have no counted target (an empty completion, or cut before it) and "
+        "are skipped",
+        s.no_target, split);
+}
+
+}  // namespace
+
+// --eval-only validates as the run did: on records when the training data has record indexes
+// (beside data.train_shards; training then validates records only), else on windows of a
+// token stream; with no training data named, as the validation shards are.
+bool TrainingRun::eval_reads_records() const {
+  if (!cfg_.data.text.empty()) return false;
+  if (cfg_.data.train_shards.empty()) return !val_starts_.empty();
+  std::error_code ec;
+  for (const auto& p : cfg_.data.train_shards) {
+    const std::string rec = fs::path(p).replace_extension(".rec").string();
+    if (rec != p && fs::exists(rec, ec)) return true;
+  }
+  return false;
+}
+
 // Record data: the truncate policy applied and reported, the samplers, and the steps of
 // schedule.epochs. Every choice about the data is logged here, before the first step.
 void TrainingRun::load_records() {
+  if (!opts_.eval_only) load_train_records();
+  load_val_records();
+}
+
+void TrainingRun::load_train_records() {
   const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len, accum = cfg_.schedule.grad_accum;
   const TruncatePolicy policy = truncate_policy(cfg_.data.truncate);
-  auto report = [&](const RecordSelection& s, const char* split) {
-    spdlog::info(
-        "data: {} {} records ({} tokens), each kept whole from position 0 and packed into rows of "
-        "seq_len + 1 = {} tokens with attention masked at record boundaries",
-        s.records.size(), split, s.kept_tokens, T + 1);
-    if (s.too_long)
-      spdlog::warn(
-          "data: {} of {} {} records are longer than {} tokens (longest {}): {} by data.truncate: "
-          "{} ({} tokens not trained on)",
-          s.too_long, s.total, split, T + 1, s.longest,
-          cfg_.data.truncate == "drop" ? "left out" : "cut to their first tokens",
-          cfg_.data.truncate, s.cut_tokens);
-    if (s.no_target)
-      spdlog::warn(
-          "data: {} {} records have no counted target (an empty completion, or cut before it) and "
-          "are skipped",
-          s.no_target, split);
-  };
   RecordSelection train =
       select_records(train_starts_, train_tokens_.size(),
                      train_mask_.empty() ? nullptr : &train_mask_, T + 1, policy, "training");
-  report(train, "training");
+  report_records(train, "training", cfg_.data, T);
   if (train.records.empty()) throw ConfigError("data: no training record has a counted target");
   const uint64_t n = train.records.size();
   // The keys a query attends on average (each record a dense square, as FLOPs are counted):
@@ -507,6 +535,10 @@ void TrainingRun::load_records() {
                             " is more than the ", cfg_.schedule.steps, " steps of schedule.epochs ",
                             cfg_.schedule.epochs));
   }
+}
+
+void TrainingRun::load_val_records() {
+  const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len;
   if (val_starts_.empty()) {
     have_val_ = false;
     spdlog::warn("data: no validation records; validation is off");
@@ -514,8 +546,8 @@ void TrainingRun::load_records() {
   }
   RecordSelection val =
       select_records(val_starts_, val_tokens_.size(), val_mask_.empty() ? nullptr : &val_mask_,
-                     T + 1, policy, "validation");
-  report(val, "validation");
+                     T + 1, truncate_policy(cfg_.data.truncate), "validation");
+  report_records(val, "validation", cfg_.data, T);
   have_val_ = !val.records.empty();
   if (!have_val_)
     return spdlog::warn("data: no validation record has a counted target; validation is off");
@@ -586,11 +618,11 @@ void TrainingRun::load_data() {
     data_id_.val.shards[0].path = (dir_ / "data" / "val.tok").string();
   }
   if (!opts_.resume.empty() && !opts_.eval_only) check_resume_data(resumed_.data, data_id_);
-  if (!train_starts_.empty()) {
+  if (opts_.eval_only ? eval_reads_records() : !train_starts_.empty()) {
     load_records();
     return check_resumed_position();
   }
-  if (cfg_.schedule.epochs > 0)
+  if (cfg_.schedule.epochs > 0 && !opts_.eval_only)
     throw ConfigError(
         str("schedule.epochs is ", cfg_.schedule.epochs,
             " but the training data is a token stream "
@@ -995,6 +1027,12 @@ TrainSummary TrainingRun::evaluate_only() {
   } remove{tmp};
   dir_ = tmp;
   load_data();
+  if (!have_val_ && eval_reads_records() && val_starts_.empty())
+    throw ConfigError(
+        "--eval-only: the training data is records (a .rec index beside data.train_shards) but "
+        "data.val_shards have no record index, and a run on records validates records only, so "
+        "this data has no validation loss: tokenize the validation data as JSON Lines too "
+        "(fuyou-convert tokenize)");
   if (!have_val_)
     throw ConfigError(
         "--eval-only: no validation data: give data.val_shards, or data.text with "
@@ -1011,14 +1049,19 @@ TrainSummary TrainingRun::evaluate_only() {
   if (!evaluate(progress_.step, &sum_.final_val_loss)) check_stop();
   sum_.first_val_loss = sum_.final_val_loss;
   const int B = cfg_.schedule.micro_batch, T = cfg_.model.seq_len;
-  spdlog::info(
-      "validation loss {:.4f} of {} ({} windows of {} tokens, schedule.eval_batches {} x "
-      "micro_batch {}) in {:.1f} s",
-      sum_.final_val_loss,
-      !opts_.resume.empty()           ? opts_.resume
-      : cfg_.model.checkpoint.empty() ? std::string("a random initialisation")
-                                      : cfg_.model.checkpoint,
-      cfg_.schedule.eval_batches * B, T, cfg_.schedule.eval_batches, B, seconds_since(t0));
+  // The loss in full as well: metrics.jsonl holds the run's with every digit.
+  spdlog::info("validation loss {:.4f} ({}) of {} ({}) in {:.1f} s", sum_.final_val_loss,
+               sum_.final_val_loss,
+               !opts_.resume.empty()           ? opts_.resume
+               : cfg_.model.checkpoint.empty() ? std::string("a random initialisation")
+                                               : cfg_.model.checkpoint,
+               val_records_ ? str(val_micro_batches_,
+                                  " micro-batches of whole records, as training "
+                                  "validates them")
+                            : str(cfg_.schedule.eval_batches * B, " windows of ", T,
+                                  " tokens, schedule.eval_batches ", cfg_.schedule.eval_batches,
+                                  " x micro_batch ", B),
+               seconds_since(t0));
   sum_.steps = sum_.start_step = progress_.step;
   return sum_;
 }
