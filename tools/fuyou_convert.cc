@@ -60,25 +60,51 @@ void report(const fuyou::ConvertResult& r, const std::string& out) {
       r.model.seq_len, fuyou::format_size(fuyou::peak_rss_bytes()));
 }
 
+// Conversations: the template from tokenizer_config.json writes their special tokens; a given
+// --bos-token / --eos-token ('none': none) is what the template is expected to write.
+void resolve_chat_special_tokens(const std::string& tokenizer, bool bos_given, bool eos_given,
+                                 fuyou::DatasetOptions* o) {
+  const std::string config =
+      (std::filesystem::path(tokenizer).parent_path() / "tokenizer_config.json").string();
+  if (std::filesystem::exists(config)) {
+    const fuyou::SpecialTokens st = fuyou::read_special_tokens(config);
+    fuyou::use_chat_template(st, config, o);
+    spdlog::info("chat template: {} ({} characters)", config, st.chat_template.size());
+  }
+  auto expected = [](bool given, std::string* option) -> std::optional<std::string> {
+    std::string v = std::move(*option);
+    option->clear();
+    if (!given) return std::nullopt;
+    return v == "none" ? std::string() : v;
+  };
+  o->chat_bos = expected(bos_given, &o->bos_token);
+  o->chat_eos = expected(eos_given, &o->eos_token);
+  auto said = [](const std::optional<std::string>& e, const char* option) {
+    if (!e) return std::string();
+    return fmt::format("; {} {} checked on every conversation", option,
+                       e->empty() ? "none" : "'" + *e + "'");
+  };
+  spdlog::info("bos, eos: those the chat template writes, no other added{}{}",
+               said(o->chat_bos, "--bos-token"), said(o->chat_eos, "--eos-token"));
+}
+
 // BOS / EOS of `fuyou-convert tokenize`: given ones as they are ('none': none), else from
 // tokenizer_config.json beside tokenizer.json: its bos_token where it adds one (add_bos_token,
 // as transformers' encoding does), its eos_token after every JSON Lines record (so a fine-tune
 // learns to stop). Conversations take the chat template and its tokens from there, and no
-// BOS / EOS beyond what the template writes. Each choice is logged.
+// BOS / EOS beyond what the template writes: a given --bos-token / --eos-token says what the
+// template writes, checked on every conversation. Each choice is logged.
 void resolve_special_tokens(const std::string& tokenizer, bool bos_given, bool eos_given,
                             fuyou::DatasetOptions* o) {
+  if (!o->chat_field.empty())
+    return resolve_chat_special_tokens(tokenizer, bos_given, eos_given, o);
   const std::string config =
       (std::filesystem::path(tokenizer).parent_path() / "tokenizer_config.json").string();
-  const bool chat = !o->chat_field.empty();
   const bool records = !o->jsonl_field.empty() || !o->prompt_field.empty();
   if (std::filesystem::exists(config)) {
     const fuyou::SpecialTokens st = fuyou::read_special_tokens(config);
-    if (!bos_given && st.add_bos && !chat) o->bos_token = st.bos;
+    if (!bos_given && st.add_bos) o->bos_token = st.bos;
     if (!eos_given && records) o->eos_token = st.eos;
-    if (chat) {
-      fuyou::use_chat_template(st, config, o);
-      spdlog::info("chat template: {} ({} characters)", config, st.chat_template.size());
-    }
   }
   if (o->bos_token == "none") o->bos_token.clear();
   if (o->eos_token == "none") o->eos_token.clear();
@@ -174,16 +200,29 @@ CLI::App* add_tokenize_command(CLI::App& app, TokenizeArgs& a) {
       "JSON Lines field holding a conversation (list of {role, content}), rendered "
       "with tokenizer_config.json's chat_template; loss on the assistant turns");
   tokenize
+      ->add_option("--chat-format", a.opts.chat_format,
+                   "How --chat-field's turns are written: openai ({role, content}) or sharegpt "
+                   "({from, value}: human, gpt, system, tool/observation)")
+      ->check(CLI::IsMember({"openai", "sharegpt"}));
+  tokenize->add_option("--tools-field", a.opts.tools_field,
+                       "JSON Lines field of a conversation's function definitions, passed to the "
+                       "chat template as `tools` (absent or null: none)");
+  tokenize->add_option("--chat-template-kwargs", a.opts.chat_template_kwargs,
+                       "More variables for the chat template, a JSON object, e.g. "
+                       "'{\"enable_thinking\": false}'");
+  tokenize
       ->add_option("--val-fraction", a.opts.val_fraction,
                    "Share held out: the end of each text file, "
                    "the last records of each JSONL file")
       ->check(CLI::Range(0.0, 0.99));
   a.bos = tokenize->add_option("--bos-token", a.opts.bos_token,
                                "Token put before every document/record, e.g. '<s>' ('none': no "
-                               "BOS; default: tokenizer_config.json's when it adds one)");
+                               "BOS; default: tokenizer_config.json's when it adds one); with "
+                               "--chat-field, the one the chat template writes (checked)");
   a.eos = tokenize->add_option("--eos-token", a.opts.eos_token,
                                "Token put after every JSON Lines record, e.g. '<|endoftext|>' "
-                               "('none': no EOS; default: tokenizer_config.json's eos_token)");
+                               "('none': no EOS; default: tokenizer_config.json's eos_token); "
+                               "with --chat-field, the one the chat template writes (checked)");
   return tokenize;
 }
 

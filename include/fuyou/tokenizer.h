@@ -83,6 +83,22 @@ struct DatasetOptions {
   std::string chat_template;
   std::string template_source;  // names the template in errors (tokenizer_config.json)
   std::string template_bos, template_eos, template_pad, template_unk;  // the template's tokens
+  // Conversations: the BOS / EOS the caller says the template writes at the start / end of a
+  // conversation ("": none), checked on every record and never added, since the template writes
+  // a conversation's special tokens itself; unset: not checked. bos_token and eos_token are
+  // refused with chat_field (a second BOS/EOS beside the template's).
+  std::optional<std::string> chat_bos, chat_eos;
+  // Conversations: how a record's messages are written: "openai" ({"role", "content"}, as
+  // the template reads them) or "sharegpt" ({"from", "value"}, mapped to roles: human -> user,
+  // gpt -> assistant, system, tool / observation -> tool).
+  std::string chat_format = "openai";
+  // Conversations: the record's field of function definitions, passed to the template as
+  // `tools` (absent or null: none, as transformers passes them).
+  std::string tools_field = "tools";
+  // Conversations: more variables for the template, a JSON object (transformers'
+  // apply_chat_template keyword arguments, e.g. {"enable_thinking": false}); they override
+  // the special tokens of the same names. Empty: none.
+  std::string chat_template_kwargs;
   double val_fraction = 0.05;  // last share of each file (text) or of its records (JSONL)
   // Optional added tokens around every document / record, by their text (e.g. "<s>",
   // "<|endoftext|>"): BOS before (mask 0), EOS after (mask 1: ending is learned). Empty: none
@@ -120,10 +136,15 @@ void encode_pair(const Tokenizer& tok, std::string_view prompt, std::string_view
 // chat template as transformers' apply_chat_template(tokenize=True) encodes it: the rendered
 // text's ids appended to *ids. *mask gets 1 for the tokens each assistant turn adds (from the
 // end of the conversation before it rendered with add_generation_prompt to the end of the
-// conversation up to it), 0 elsewhere. Error naming `where` for a malformed conversation or a
-// template that does not render each turn as an extension of the turns before it.
+// conversation up to it; what a template writes after the last turn only, Phi-3.5's EOS, ends
+// no earlier turn), 0 elsewhere. Messages reach the template as apply_chat_template passes
+// them (null fields dropped, reasoning aliased), `opts.chat_format` maps ShareGPT turns.
+// Error naming `where` for a malformed conversation or a template that does not render each
+// turn as an extension of the turns before it.
+// `tools_json` is the record's function definitions (a JSON array, or empty: none).
 void encode_chat(const Tokenizer& tok, const DatasetOptions& opts, const std::string& messages_json,
-                 const std::string& where, std::vector<int32_t>* ids, std::vector<uint8_t>* mask);
+                 const std::string& where, std::vector<int32_t>* ids, std::vector<uint8_t>* mask,
+                 const std::string& tools_json = {});
 
 // The conversation with the generation prompt (what the model's turn follows), encoded as
 // apply_chat_template(messages, add_generation_prompt=True, tokenize=True) encodes it.

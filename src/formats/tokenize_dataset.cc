@@ -168,38 +168,119 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
 
 namespace {
 
+// ShareGPT's speakers and the roles templates read.
+const std::pair<const char*, const char*> kShareGptRoles[] = {
+    {"human", "user"},    {"user", "user"}, {"gpt", "assistant"},   {"assistant", "assistant"},
+    {"system", "system"}, {"tool", "tool"}, {"observation", "tool"}};
+
+// A ShareGPT turn ({"from": "human", "value": ...}) as a message ({"role": "user", "content":
+// ...}); its other fields stay, after these two.
+nlohmann::ordered_json sharegpt_message(const nlohmann::ordered_json& turn, size_t k,
+                                        const std::string& where) {
+  if (!turn.is_object() || !turn.contains("from") || !turn["from"].is_string() ||
+      !turn.contains("value") || !turn["value"].is_string())
+    throw IoError(str(where, ": turn ", k,
+                      " must be an object with string fields 'from' and 'value' (ShareGPT)"));
+  const std::string from = turn["from"].get<std::string>();
+  std::string known;
+  for (const auto& [speaker, role] : kShareGptRoles) {
+    if (from == speaker) {
+      nlohmann::ordered_json m{{"role", role}, {"content", turn["value"]}};
+      for (const auto& [key, v] : turn.items())
+        if (key != "from" && key != "value") m[key] = v;
+      return m;
+    }
+    known += str(known.empty() ? "" : ", ", speaker);
+  }
+  throw IoError(
+      str(where, ": turn ", k, ": 'from' is '", from, "'; ShareGPT speakers are ", known));
+}
+
+// A message as transformers hands it to the template: fields that are null dropped (a
+// template tests for a missing field, not a null one), and reasoning under each name templates
+// read it by (`thinking` first, `reasoning_content` after the message's own fields).
+nlohmann::ordered_json template_message(const nlohmann::ordered_json& m) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  const nlohmann::ordered_json* reasoning = nullptr;
+  for (const char* key : {"reasoning_content", "thinking", "reasoning"})
+    if (!reasoning && m.contains(key) && !m[key].is_null()) reasoning = &m[key];
+  if (reasoning) out["thinking"] = *reasoning;
+  for (const auto& [key, v] : m.items())
+    if (!v.is_null()) out[key] = v;
+  if (reasoning) out["reasoning_content"] = *reasoning;
+  return out;
+}
+
+// The template's variables besides the messages: the special tokens, and over them the
+// caller's keyword arguments (as apply_chat_template merges them), tools and documents.
+nlohmann::ordered_json template_vars(const DatasetOptions& o, const std::string& tools_json,
+                                     const std::string& where) {
+  nlohmann::ordered_json vars = {{"bos_token", o.template_bos},
+                                 {"eos_token", o.template_eos},
+                                 {"pad_token", o.template_pad},
+                                 {"unk_token", o.template_unk}};
+  if (!o.chat_template_kwargs.empty()) {
+    const auto kw = nlohmann::ordered_json::parse(o.chat_template_kwargs, nullptr, false);
+    if (!kw.is_object())
+      throw ConfigError(
+          str("chat_template_kwargs: expected a JSON object, got '", o.chat_template_kwargs, "'"));
+    for (const auto& [key, v] : kw.items()) {
+      if (key == "messages" || key == "tools" || key == "documents" ||
+          key == "add_generation_prompt")
+        throw ConfigError(str("chat_template_kwargs: '", key,
+                              "' is set by the tokenization itself (",
+                              key == "tools" ? "a record's tools field" : "each record", ")"));
+      vars[key] = v;
+    }
+  }
+  // As transformers passes them: tools and documents are none when a record has neither.
+  vars["tools"] = nullptr;
+  vars["documents"] = nullptr;
+  if (!tools_json.empty()) {
+    nlohmann::ordered_json tools = nlohmann::ordered_json::parse(tools_json);
+    if (!tools.is_null()) {
+      if (!tools.is_array())
+        throw IoError(str(where, ": field '", o.tools_field,
+                          "' must be a list of function definitions (objects), got ",
+                          tools.type_name()));
+      for (size_t k = 0; k < tools.size(); ++k)
+        if (!tools[k].is_object())
+          throw IoError(str(where, ": field '", o.tools_field, "': tool ", k,
+                            " must be an object (a function definition), got ",
+                            tools[k].type_name()));
+      vars["tools"] = std::move(tools);
+    }
+  }
+  return vars;
+}
+
 // A conversation checked and ready to render through the chat template, whole or in part.
 class ChatRender {
  public:
-  ChatRender(const DatasetOptions& o, const std::string& messages_json, const std::string& where)
+  ChatRender(const DatasetOptions& o, const std::string& messages_json, const std::string& where,
+             const std::string& tools_json = {})
       : where_(where) {
     if (o.chat_template.empty())
       throw ConfigError(str(where,
                             ": conversations need the model's chat_template "
                             "(tokenizer_config.json beside tokenizer.json)"));
     tpl_ = &parsed_template(o);
-    messages_ = nlohmann::ordered_json::parse(messages_json);
+    const nlohmann::ordered_json given = nlohmann::ordered_json::parse(messages_json);
     const int max_depth = jinja::Limits().max_depth;
-    if (jinja::json_depth(messages_, max_depth) > max_depth)
+    if (jinja::json_depth(given, max_depth) > max_depth)
       throw IoError(str(where, ": the messages nest more than ", max_depth,
                         " deep (the chat template's limit max_depth)"));
-    if (!messages_.is_array() || messages_.empty())
+    if (!given.is_array() || given.empty())
       throw IoError(
           str(where, ": field '", o.chat_field, "' must be a non-empty list of messages"));
-    for (size_t k = 0; k < messages_.size(); ++k) {
-      const auto& m = messages_[k];
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
-          !m.contains("content") || !m["content"].is_string())
-        throw IoError(str(where, ": message ", k,
-                          " must be an object with string fields 'role' and 'content'"));
+    const bool sharegpt = o.chat_format == "sharegpt";
+    messages_ = nlohmann::ordered_json::array();
+    for (size_t k = 0; k < given.size(); ++k) {
+      messages_.push_back(
+          template_message(sharegpt ? sharegpt_message(given[k], k, where) : given[k]));
+      check_message(messages_.back(), k);
     }
-    // As transformers passes them: tools and documents are none when a record has neither.
-    vars_ = {{"bos_token", o.template_bos},
-             {"eos_token", o.template_eos},
-             {"pad_token", o.template_pad},
-             {"unk_token", o.template_unk},
-             {"tools", nullptr},
-             {"documents", nullptr}};
+    vars_ = template_vars(o, tools_json, where);
   }
   const nlohmann::ordered_json& messages() const { return messages_; }
   // The first n messages, with the generation prompt (the assistant's turn follows) or not.
@@ -215,6 +296,17 @@ class ChatRender {
   }
 
  private:
+  // A role, and text content, except an assistant's tool calls, which may come without.
+  void check_message(const nlohmann::ordered_json& m, size_t k) const {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      throw IoError(str(where_, ": message ", k, " must be an object with a string field 'role'"));
+    if (m.contains("content") ? m["content"].is_string() : m.contains("tool_calls")) return;
+    throw IoError(str(where_, ": message ", k, " (", m["role"].get<std::string>(),
+                      "): 'content' must be a string",
+                      m.contains("content") ? str(", got ", m["content"].type_name())
+                                            : std::string(" (only tool calls may come without)")));
+  }
+
   std::string where_;
   const jinja::Template* tpl_ = nullptr;
   nlohmann::ordered_json messages_, vars_;
@@ -223,22 +315,46 @@ class ChatRender {
   jinja::Work work_{jinja::Limits().max_work};
 };
 
+// What the conversation up to an assistant turn (`upto`) renders beyond the whole conversation
+// (`full`) once they part: empty when `upto` is a prefix of `full`, or the text a template
+// writes after a conversation's last turn only (Phi-3.5's EOS) when `full` ends with it too.
+// npos when neither: the turn is not rendered in the whole as it is alone.
+size_t trailer_start(const std::string& upto, const std::string& full) {
+  size_t k = 0;
+  while (k < upto.size() && k < full.size() && upto[k] == full[k]) ++k;
+  if (k == upto.size()) return k;
+  const size_t rest = upto.size() - k;
+  if (rest <= full.size() - k && full.compare(full.size() - rest, rest, upto, k, rest) == 0)
+    return k;
+  return std::string::npos;
+}
+
 }  // namespace
 
 void encode_chat(const Tokenizer& tok, const DatasetOptions& o, const std::string& messages_json,
-                 const std::string& where, std::vector<int32_t>* ids, std::vector<uint8_t>* mask) {
-  ChatRender chat(o, messages_json, where);
+                 const std::string& where, std::vector<int32_t>* ids, std::vector<uint8_t>* mask,
+                 const std::string& tools_json) {
+  ChatRender chat(o, messages_json, where, tools_json);
   const nlohmann::ordered_json& messages = chat.messages();
   const std::string full = chat.render(messages.size(), false);
   const std::vector<int32_t> all = tok.encode(full);
   std::vector<uint8_t> m(all.size(), 0);
+  std::optional<std::string> trailer;  // what every turn rendered last adds beyond the whole
   for (size_t k = 0; k < messages.size(); ++k) {
     if (messages[k]["role"] != "assistant") continue;
     const std::string before = chat.render(k, true), upto = chat.render(k + 1, false);
-    if (upto.compare(0, before.size(), before) != 0 || full.compare(0, upto.size(), upto) != 0)
+    const size_t cut = trailer_start(upto, full);
+    const bool same_trailer =
+        cut != std::string::npos && (!trailer || k + 1 == messages.size() ||
+                                     upto.compare(cut, std::string::npos, *trailer) == 0);
+    // The turn must share its text with the whole past its header, or be told apart by nothing.
+    const bool shared = cut != std::string::npos &&
+                        (cut > before.size() || (cut == before.size() && cut == upto.size()));
+    if (upto.compare(0, before.size(), before) != 0 || !shared || !same_trailer)
       throw IoError(str(where, ": the chat template does not render assistant message ", k,
                         " as an extension of the conversation before it, so its tokens cannot be "
                         "told apart"));
+    if (k + 1 < messages.size()) trailer = upto.substr(cut);
     // The turn's tokens: from where the conversation before it (with the generation prompt)
     // stops sharing tokens with the whole, to where the conversation up to it does.
     const size_t a = common_prefix(tok.encode(before), all),
@@ -421,8 +537,18 @@ void check_dataset_options(const DatasetOptions& opts) {
     throw ConfigError(
         "--chat-field: the model has no chat_template (tokenizer_config.json beside "
         "tokenizer.json)");
-  if (kind.chat)
+  if (kind.chat) {
     parsed_template(opts);  // an unsupported template is refused before anything is written
+    template_vars(opts, {}, {});
+    if (opts.chat_format != "openai" && opts.chat_format != "sharegpt")
+      throw ConfigError(str("--chat-format '", opts.chat_format, "': expected openai or sharegpt"));
+  }
+  if (kind.chat && (!opts.bos_token.empty() || !opts.eos_token.empty()))
+    throw ConfigError(
+        str("a BOS or EOS around conversations (", opts.bos_token.empty() ? "eos" : "bos",
+            "_token) would stand beside the one the chat template writes: a conversation's special "
+            "tokens are the template's (--bos-token/--eos-token with --chat-field say what it "
+            "writes, checked on every record)"));
   if (!(opts.val_fraction >= 0 && opts.val_fraction < 1))
     throw ConfigError(str("--val-fraction ", opts.val_fraction, " must be in [0, 1)"));
 }
@@ -435,6 +561,74 @@ std::optional<int32_t> special_token_id(const Tokenizer& tok, const std::string&
   if (!id) throw ConfigError(str(option, " '", text, "' is not a token of ", tok.source()));
   return id;
 }
+
+// What --bos-token / --eos-token say a chat template writes at the start / end of every
+// conversation, checked on each record's ids: a conversation's special tokens are those the
+// template writes (apply_chat_template adds none), so a given token that differs is refused
+// with what the template does instead, and nothing is added.
+class ChatSpecialsCheck {
+ public:
+  ChatSpecialsCheck(const Tokenizer& tok, const DatasetOptions& o)
+      : tok_(tok),
+        bos_(expect(o.chat_bos, o.template_bos, "--bos-token")),
+        eos_(expect(o.chat_eos, o.template_eos, "--eos-token")) {}
+  // ids[first...] is one rendered conversation.
+  void check(const std::vector<int32_t>& ids, size_t first, const std::string& where) const {
+    if (first >= ids.size()) return;
+    if (bos_.on && bos_.id && (ids[first] == *bos_.id) != !bos_.text.empty())
+      refuse(where, bos_, "begin", tok_.id_to_token(ids[first]));
+    if (eos_.on && eos_.id && ends_with(ids, first, *eos_.id) != !eos_.text.empty())
+      refuse(where, eos_, "end", tok_.id_to_token(ids.back()));
+  }
+
+ private:
+  struct Expect {
+    bool on = false;
+    std::string text;            // the token expected, or "" for none
+    std::string option;          // --bos-token
+    std::string template_token;  // tokenizer_config.json's, for "none"
+    std::optional<int32_t> id;   // of text, or of template_token for "none"
+  };
+  Expect expect(const std::optional<std::string>& given, const std::string& template_token,
+                const char* option) const {
+    Expect e;
+    if (!given) return e;
+    e.on = true;
+    e.text = *given;
+    e.option = option;
+    e.template_token = template_token;
+    const std::string& t = given->empty() ? template_token : *given;
+    if (!t.empty()) e.id = tok_.token_to_id(t);
+    if (!given->empty() && !e.id)
+      throw ConfigError(str(option, " '", *given, "' is not a token of ", tok_.source()));
+    return e;
+  }
+  // Whether the conversation's last `id` is followed by whitespace only (ChatML's
+  // "<|im_end|>\n").
+  bool ends_with(const std::vector<int32_t>& ids, size_t first, int32_t id) const {
+    size_t k = ids.size();
+    while (k > first && ids[k - 1] != id) --k;
+    if (k == first) return false;
+    const std::string rest = tok_.decode(std::vector<int32_t>(ids.begin() + k, ids.end()));
+    return rest.find_first_not_of(" \t\r\n") == std::string::npos;
+  }
+  [[noreturn]] void refuse(const std::string& where, const Expect& e, const char* at,
+                           const std::string& found) const {
+    const std::string why =
+        e.text.empty() ? str(e.option, " none: the chat template ", at,
+                             "s this conversation with '", e.template_token,
+                             "' itself (tokenizer_config.json's ", e.option.substr(2, 3), "_token)")
+                       : str(e.option, " '", e.text, "': the chat template does not ", at,
+                             " this conversation with it (it ", at, "s with '", found, "')");
+    throw ConfigError(str(where, ": ", why,
+                          "; a conversation's special tokens are the ones its template writes, "
+                          "and no other is added: leave ",
+                          e.option, " out"));
+  }
+
+  const Tokenizer& tok_;
+  Expect bos_, eos_;
+};
 
 // out_dir, created where it does not exist; an existing one must be an empty directory.
 void make_output_dir(const std::string& out_dir) {
@@ -494,6 +688,7 @@ class DatasetWriter {
   const DatasetKind kind_;
   const std::string out_dir_;
   const std::optional<int32_t> bos_, eos_;
+  const ChatSpecialsCheck chat_specials_;
   DatasetResult r_;
   ShardStream train_, val_;
   std::unique_ptr<ShardStream> train_mask_, val_mask_;
@@ -512,6 +707,7 @@ DatasetWriter::DatasetWriter(const Tokenizer& tok, const DatasetOptions& opts,
       out_dir_(out_dir),
       bos_(bos),
       eos_(eos),
+      chat_specials_(tok, opts),
       r_(with_shard_paths(std::move(r), out_dir, kind_.masked)),
       train_(r_.train_path, kShardMagic, token_width(r_.vocab_size), r_.vocab_size),
       val_(r_.val_path, kShardMagic, token_width(r_.vocab_size), r_.vocab_size) {
@@ -588,10 +784,13 @@ void DatasetWriter::encode_record(const nlohmann::ordered_json& rec, const std::
     if (jinja::json_depth(rec[opts_.chat_field], max_depth) > max_depth)
       throw IoError(str(where, ": field '", opts_.chat_field, "' nests more than ", max_depth,
                         " deep (the chat template's limit max_depth)"));
-    mask_.assign(ids_.size(), 0);
-    encode_chat(tok_, opts_, rec[opts_.chat_field].dump(), where, &ids_, &mask_);
-    if (eos_) ids_.push_back(*eos_);
-    mask_.resize(ids_.size(), 1);
+    const bool tools = rec.contains(opts_.tools_field);
+    if (tools && jinja::json_depth(rec[opts_.tools_field], max_depth) > max_depth)
+      throw IoError(str(where, ": field '", opts_.tools_field, "' nests more than ", max_depth,
+                        " deep (the chat template's limit max_depth)"));
+    encode_chat(tok_, opts_, rec[opts_.chat_field].dump(), where, &ids_, &mask_,
+                tools ? rec[opts_.tools_field].dump() : std::string());
+    chat_specials_.check(ids_, 0, where);
   } else {
     tok_.encode_append(string_field(rec, opts_.jsonl_field, where), &ids_);
     if (eos_) ids_.push_back(*eos_);

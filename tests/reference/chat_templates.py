@@ -120,13 +120,56 @@ def single_exchanges(n, with_system):
     return out
 
 
-def assistant_spans(tok, template, messages):
+TOOLS = [{"type": "function",
+          "function": {"name": "get_weather", "description": "The weather in a city",
+                       "parameters": {"type": "object",
+                                      "properties": {"city": {"type": "string", "description": "Kraków or Łódź"}},
+                                      "required": ["city"]}}}]
+
+
+def tool_conversations(n, content_of_call=""):
+    """n conversations that call a tool: the question, the assistant's tool call (with
+    `content_of_call` as its content; None: a null content), the tool's answer and the reply."""
+    out = []
+    for i in range(n):
+        city = ["Kraków", "Łódź", "Gdańsk"][i % 3]
+        call = {"role": "assistant", "content": content_of_call,
+                "tool_calls": [{"id": "call%05d" % i, "type": "function",
+                                "function": {"name": "get_weather", "arguments": {"city": city}}}]}
+        msgs = [{"role": "user", "content": "Weather in %s?" % city}, call,
+                {"role": "tool", "tool_call_id": "call%05d" % i, "name": "get_weather",
+                 "content": "sunny, %d °C" % (15 + i)},
+                {"role": "assistant", "content": "Sunny and %d °C." % (15 + i)}]
+        if i % 2:
+            msgs.insert(0, {"role": "system", "content": "Be brief."})
+        out.append({"messages": msgs, "tools": TOOLS})
+    return out
+
+
+def reasoning_exchanges(n):
+    """Single exchanges whose reply carries reasoning, under each name transformers reads."""
+    out = []
+    for i, c in enumerate(single_exchanges(n, False)):
+        m = [dict(x) for x in c["messages"]]
+        m[-1][["reasoning_content", "thinking", "reasoning"][i % 3]] = "The user asks; answer."
+        out.append({"messages": m})
+    return out
+
+
+def sharegpt(conv):
+    """A conversation as ShareGPT writes it."""
+    speaker = {"user": "human", "assistant": "gpt", "system": "system", "tool": "observation"}
+    return {"conversations": [{"from": speaker[m["role"]], "value": m["content"]} for m in conv["messages"]]}
+
+
+def assistant_spans(tok, template, messages, **kwargs):
     """The token ranges [a, b) each assistant turn adds, by the engine's documented rule,
     computed with transformers: the turn's tokens start where the conversation before it,
     rendered with the generation prompt, stops sharing tokens with the whole, and end where
     the conversation up to it does."""
     def ids(msgs, gen):
-        text = tok.apply_chat_template(msgs, chat_template=template, tokenize=False, add_generation_prompt=gen)
+        text = tok.apply_chat_template(msgs, chat_template=template, tokenize=False, add_generation_prompt=gen,
+                                       **kwargs)
         return tok(text, add_special_tokens=False)["input_ids"]
 
     def shared(a, b):
@@ -135,7 +178,7 @@ def assistant_spans(tok, template, messages):
             k += 1
         return k
 
-    full = tok.apply_chat_template(messages, chat_template=template, tokenize=True, return_dict=False)
+    full = tok.apply_chat_template(messages, chat_template=template, tokenize=True, return_dict=False, **kwargs)
     spans = []
     for k, m in enumerate(messages):
         if m["role"] == "assistant":

@@ -7,17 +7,22 @@ For each chat template of tests/reference/chat_templates.py (Llama-2, Llama-3, M
 ChatML / Qwen2, Gemma and Phi-3 styles, and ChatML laid out over indented lines) and each of two
 tokenizers (the SentencePiece-style Llama-2 fixture and the byte-level one), conversations are
 tokenized by the engine with the template in tokenizer_config.json: every record's ids must be
-exactly those of tokenizer.apply_chat_template(messages, tokenize=True) (transformers 4.40.2,
-Debian's jinja2), and its loss mask must cover exactly the tokens each assistant turn adds
+exactly those of tokenizer.apply_chat_template(messages, tokenize=True) (the reference venv's
+transformers 5 and jinja2), and its loss mask must cover exactly the tokens each assistant turn adds
 (chat_templates.assistant_spans). Templates using a feature the engine does not have must be
-refused, naming it, with nothing written. Exit code 77 when transformers or jinja2 is missing.
+refused, naming it, with nothing written. Records that carry more go through the same check
+(check_carried): tools and tool calls, reasoning and --chat-template-kwargs (Qwen3's
+enable_thinking), ShareGPT turns (--chat-format sharegpt), and --bos-token/--eos-token with
+conversations, which follow the template or are refused with the reason. Exit code 77 when
+transformers or jinja2 is missing.
 
 The released templates of tests/reference/fixtures/chat_templates (those whose licences let
 them be shipped; see its README.md) go through the same check, and so do the *.jinja files of
 the directory FUYOU_EXTRA_CHAT_TEMPLATES names, for templates that may be tested locally but not
 committed (Llama's, Gemma's). A released template that does not render an assistant turn as an
-extension of the conversation before it (Qwen3 drops earlier turns' reasoning, Phi-3.5 ends with
-EOS) is checked on single exchanges, which it does render so. strftime_now is fixed at the
+extension of the conversation before it (Qwen3 drops earlier turns' reasoning) is checked on
+single exchanges, which it does render so; Phi-3.5's EOS after the last turn only is a trailer
+the engine's rule allows (trailer_start). strftime_now is fixed at the
 engine's date, 26 Jul 2024.
 """
 import json
@@ -90,21 +95,140 @@ def fixed_date():
     ctu._compile_jinja_template = compiled
 
 
-def extends(tok, template, convs):
+def trailer_start(upto, full):
+    """Where `upto` parts from `full`, when the rest of it is a prefix-free trailer that `full`
+    ends with too (the text a template writes after the last turn only, Phi-3.5's EOS); None
+    otherwise. The engine's rule (src/formats/tokenize_dataset.cc)."""
+    k = 0
+    while k < min(len(upto), len(full)) and upto[k] == full[k]:
+        k += 1
+    if k == len(upto) or (len(upto) - k <= len(full) - k and full.endswith(upto[k:])):
+        return k
+    return None
+
+
+def extends(tok, template, convs, **kwargs):
     """Whether each assistant turn of every conversation renders as an extension of the
-    conversation before it, which the engine's loss mask needs."""
+    conversation before it, up to one trailer every earlier turn shares, which the engine's
+    loss mask needs."""
     for c in convs:
         m = c["messages"]
-        full = tok.apply_chat_template(m, chat_template=template, tokenize=False)
+        kw = dict(kwargs, tools=c.get("tools"))
+        render = lambda msgs, gen: tok.apply_chat_template(msgs, chat_template=template, tokenize=False,
+                                                           add_generation_prompt=gen, **kw)
+        try:
+            full, trailer = render(m, False), None
+        except jinja2.exceptions.TemplateError:  # the template refuses such records
+            return False
         for k, msg in enumerate(m):
             if msg["role"] != "assistant":
                 continue
-            upto = tok.apply_chat_template(m[:k + 1], chat_template=template, tokenize=False)
-            before = tok.apply_chat_template(m[:k], chat_template=template, tokenize=False,
-                                             add_generation_prompt=True)
-            if not upto.startswith(before) or not full.startswith(upto):
+            upto, before = render(m[:k + 1], False), render(m[:k], True)
+            cut = trailer_start(upto, full)
+            if not upto.startswith(before) or cut is None or cut < len(before) or \
+                    (cut == len(before) and cut != len(upto)):
                 return False
+            if k + 1 < len(m):
+                if trailer is not None and upto[cut:] != trailer:
+                    return False
+                trailer = upto[cut:]
     return True
+
+
+def tokenize(convert, tmp, tok_name, template, records, args=(), field="messages"):
+    """The engine's shards of `records` (tokens, mask, record starts), or its error text."""
+    data = os.path.join(tmp, "data-%d.jsonl" % len(os.listdir(tmp)))
+    with open(data, "w") as f:
+        for c in records:
+            f.write(json.dumps(c, ensure_ascii=False) + "\n")
+    d = model_dir(tmp, tok_name, template)
+    out = os.path.join(tmp, "out-%d" % len(os.listdir(tmp)))
+    r = subprocess.run([convert, "tokenize", "--tokenizer", os.path.join(d, "tokenizer.json"), data, "--out", out,
+                        "--chat-field", field, "--val-fraction", "0"] + list(args),
+                       check=False, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        return r.stderr.strip()[-400:]
+    tokens, mask = read(os.path.join(out, "train.tok")), read(os.path.join(out, "train.mask"))
+    return tokens, mask, read(os.path.join(out, "train.rec")) + [len(tokens)]
+
+
+def compare(failures, name, tok, template, convs, got, **kwargs):
+    """Each record's ids against apply_chat_template's and its mask against the assistant
+    turns'; the number of conversations checked."""
+    if isinstance(got, str):
+        failures.append("%s: fuyou-convert failed: %s" % (name, got))
+        return 0
+    tokens, mask, starts = got
+    for i, c in enumerate(convs):
+        ids, spans = chat_templates.assistant_spans(tok, template, c["messages"], tools=c.get("tools"), **kwargs)
+        want_mask = [0] * len(ids)
+        for a, b in spans:
+            want_mask[a:b] = [1] * (b - a)
+        got_ids, got_mask = tokens[starts[i]:starts[i + 1]], mask[starts[i]:starts[i + 1]]
+        where = "%s, conversation %d" % (name, i)
+        if got_ids != ids:
+            failures.append("%s: ids differ from apply_chat_template's:\n  engine       %s\n  transformers %s"
+                            % (where, got_ids, ids))
+        elif got_mask != want_mask:
+            failures.append("%s: loss mask %s, expected %s" % (where, got_mask, want_mask))
+        elif not any(want_mask):
+            failures.append("%s: no assistant token counted" % where)
+    return len(convs)
+
+
+def check_carried(convert, tmp, probe, released, failures):
+    """What records carry besides plain turns: tools and tool calls (every template whose
+    renders the mask rule accepts them with), reasoning and template keyword arguments
+    (Qwen3's enable_thinking), ShareGPT turns, and --bos-token/--eos-token with conversations
+    (following the template, or refused with the reason). The conversations checked."""
+    checked = 0
+    tool_sets = [("tool calls", chat_templates.tool_conversations(6)),
+                 ("tool calls with a null content", chat_templates.tool_conversations(6, None))]
+    for family, template in released:
+        for how, convs in tool_sets:
+            if not extends(probe, template, convs):
+                print("%s: %s not checked (the template raises on them, or a turn is not an extension of "
+                      "the conversation before it)" % (family, how))
+                continue
+            tok = transformers.AutoTokenizer.from_pretrained(model_dir(tmp, "bytelevel", template))
+            checked += compare(failures, "%s template, %s" % (family, how), tok, template, convs,
+                               tokenize(convert, tmp, "bytelevel", template, convs))
+            print("%s: checked with %s" % (family, how))
+    templates = dict(released)
+    qwen3 = templates["qwen3"]
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir(tmp, "bytelevel", qwen3))
+    # Reasoning under each of its names; without thinking, the generation prompt's empty think
+    # block is prompt, not reply.
+    for how, convs, kwargs in [("reasoning", chat_templates.reasoning_exchanges(9), {}),
+                               ("enable_thinking false", chat_templates.single_exchanges(9, True),
+                                {"enable_thinking": False})]:
+        args = ["--chat-template-kwargs", json.dumps(kwargs)] if kwargs else []
+        checked += compare(failures, "qwen3 template, %s" % how, tok, qwen3, convs,
+                           tokenize(convert, tmp, "bytelevel", qwen3, convs, args), **kwargs)
+    for family in ["llama2", "chatml"]:
+        template = chat_templates.TEMPLATES[family]
+        convs = chat_templates.conversations(12, True)
+        tok = transformers.AutoTokenizer.from_pretrained(model_dir(tmp, "llama2", template))
+        checked += compare(failures, "%s template, ShareGPT records" % family, tok, template, convs,
+                           tokenize(convert, tmp, "llama2", template, [chat_templates.sharegpt(c) for c in convs],
+                                    ["--chat-format", "sharegpt"], field="conversations"))
+    # Llama 2's template writes <s> and </s> itself: given, they follow it (never doubled).
+    llama2 = chat_templates.TEMPLATES["llama2"]
+    convs = chat_templates.conversations(12, True)
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir(tmp, "llama2", llama2))
+    checked += compare(failures, "llama2 template, --bos-token '<s>' --eos-token '</s>'", tok, llama2, convs,
+                       tokenize(convert, tmp, "llama2", llama2, convs, ["--bos-token", "<s>", "--eos-token", "</s>"]))
+    for template, args, reason in [
+            (chat_templates.TEMPLATES["chatml"], ["--eos-token", "</s>"],
+             "--eos-token '</s>': the chat template does not end this conversation with it"),
+            (llama2, ["--bos-token", "none"], "--bos-token none: the chat template begins this conversation "
+             "with '<s>' itself")]:
+        got = tokenize(convert, tmp, "llama2", template, convs[:1], args)
+        if not isinstance(got, str) or reason not in got:
+            failures.append("%s: expected a refusal naming %r, got %s" % (" ".join(args), reason, got))
+        else:
+            print("refused: %s" % got.splitlines()[-1])
+    return checked
 
 
 def main():
@@ -118,7 +242,8 @@ def main():
         todo = [(f, t, chat_templates.conversations(12, f in chat_templates.WITH_SYSTEM))
                 for f, t in chat_templates.TEMPLATES.items()]
         unmaskable = []
-        for family, template in released_templates():
+        released = list(released_templates())
+        for family, template in released:
             system = "gemma" not in family
             for how, convs in [("conversations", chat_templates.conversations(12, system)),
                                ("single exchanges", chat_templates.single_exchanges(12, system)),
@@ -131,39 +256,11 @@ def main():
             else:
                 unmaskable.append((family, template))
         for family, template, convs in todo:
-            data = os.path.join(tmp, family + ".jsonl")
-            with open(data, "w") as f:
-                for c in convs:
-                    f.write(json.dumps(c) + "\n")
             for tok_name in TOKENIZERS:
-                d = model_dir(tmp, tok_name, template)
-                tok = transformers.AutoTokenizer.from_pretrained(d)
-                out = os.path.join(tmp, "%s-%s" % (family, tok_name))
-                r = subprocess.run([convert, "tokenize", "--tokenizer", os.path.join(d, "tokenizer.json"),
-                                    data, "--out", out, "--chat-field", "messages", "--val-fraction", "0"],
-                               check=False, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                if r.returncode != 0:
-                    failures.append("%s template, %s tokenizer: fuyou-convert failed: %s"
-                                    % (family, tok_name, r.stderr.strip()[-400:]))
-                    continue
-                tokens, mask = read(os.path.join(out, "train.tok")), read(os.path.join(out, "train.mask"))
-                starts = read(os.path.join(out, "train.rec")) + [len(tokens)]
-                for i, c in enumerate(convs):
-                    ids, spans = chat_templates.assistant_spans(tok, template, c["messages"])
-                    want_mask = [0] * len(ids)
-                    for a, b in spans:
-                        want_mask[a:b] = [1] * (b - a)
-                    got = tokens[starts[i]:starts[i + 1]]
-                    got_mask = mask[starts[i]:starts[i + 1]]
-                    where = "%s template, %s tokenizer, conversation %d" % (family, tok_name, i)
-                    if got != ids:
-                        failures.append("%s: ids differ from apply_chat_template's:\n  engine       %s\n  transformers %s"
-                                        % (where, got, ids))
-                    elif got_mask != want_mask:
-                        failures.append("%s: loss mask %s, expected %s" % (where, got_mask, want_mask))
-                    elif not any(want_mask):
-                        failures.append("%s: no assistant token counted" % where)
-                    checked += 1
+                tok = transformers.AutoTokenizer.from_pretrained(model_dir(tmp, tok_name, template))
+                checked += compare(failures, "%s template, %s tokenizer" % (family, tok_name), tok, template,
+                                   convs, tokenize(convert, tmp, tok_name, template, convs))
+        checked += check_carried(convert, tmp, probe, released, failures)
         # A template whose generation prompt is not where the reply starts cannot be masked by
         # the engine's rule: the record must be refused, saying so.
         unsupported = chat_templates.UNSUPPORTED + [
@@ -186,7 +283,8 @@ def main():
                 print("refused: %s" % (r.stderr + r.stdout).strip().splitlines()[-1])
     if failures:
         raise SystemExit("\n".join(failures[:10]) + "\n%d failure(s)" % len(failures))
-    print("%d conversations over %d templates and %d tokenizers: ids equal apply_chat_template's, masks cover the "
+    print("%d conversations over %d templates and %d tokenizers (and records with tools, reasoning, keyword "
+          "arguments, ShareGPT turns, given BOS/EOS): ids equal apply_chat_template's, masks cover the "
           "assistant turns" % (checked, len(todo), len(TOKENIZERS)))
 
 
