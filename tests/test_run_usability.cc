@@ -358,6 +358,8 @@ TEST_CASE("eval-only gives the logged validation loss bit for bit, on records an
     REQUIRE(std::isfinite(logged));
     CHECK(logged == s.final_val_loss);
     CHECK(logged < s.first_val_loss);  // it trained: the final weights are not the start's
+    // The run directory shows its curves (include/fuyou/curves.h).
+    CHECK_THAT(read_all(o.run_dir + "/curves.svg"), Contains("<polyline"));
 
     TrainOptions e;
     e.eval_only = true;

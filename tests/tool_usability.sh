@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# fuyou-train's job-scheduler and planning conveniences, and the flags the configs' comments
-# name, against the real binaries:
+# fuyou-train's job-scheduler and planning conveniences (and fuyou-plot's picture of the runs
+# they make), and the flags the configs' comments name, against the real binaries:
 #   tool_usability.sh resume-or-start BIN_DIR WORK_DIR
 #   tool_usability.sh dry-run BIN_DIR SOURCE_DIR
 #   tool_usability.sh config-flags SOURCE_DIR
@@ -54,6 +54,12 @@ resume-or-start)
     fail "the rerun did not say it starts over"
   cmp -s "$killed"/restarted-*/metrics.jsonl "$work/killed-metrics.jsonl" || fail "the old metrics were not kept aside"
   [ "$(cat "$killed/checkpoints/latest")" = step-4 ] || fail "the restarted run has no checkpoint at step 4"
+  # Each run directory draws its curves; fuyou-plot draws runs together, one colour each.
+  grep -q "<polyline" "$run/curves.svg" || fail "no curves in $run/curves.svg"
+  "$bin/fuyou-plot" "$run" "$killed/metrics.jsonl" --out "$work/runs.svg" 2> "$work/plot.log" ||
+    fail "fuyou-plot: $(cat "$work/plot.log")"
+  grep -q ">run</text>" "$work/runs.svg" && grep -q ">killed</text>" "$work/runs.svg" ||
+    fail "runs.svg does not name both runs"
   echo "resume-or-start: starts, then resumes from the latest checkpoint; a run killed before its first starts over"
   ;;
 dry-run)

@@ -35,7 +35,7 @@ PUBLIC = {
     "sim_bench": "runtime", "checkpoint": "runtime", "engine": "runtime",
     "generate": "runtime", "plan": "runtime", "scheduler": "runtime", "simulator": "runtime",
     "swap_search": "runtime", "train": "runtime", "resource": "runtime",
-    "step_result": "runtime", "stop": "runtime",
+    "step_result": "runtime", "stop": "runtime", "curves": "runtime",
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')

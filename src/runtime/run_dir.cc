@@ -33,7 +33,7 @@ bool checkpoint_leftover(const std::string& c) {
 // The files a run writes before its first checkpoint is committed, written or half-written.
 bool uncommitted_run_file(const fs::path& dir, const std::string& n) {
   if (start_debris(n) || starts_with(n, kRestartedPrefix)) return true;
-  for (const char* f : {"config.yaml", "metrics.jsonl", "samples.jsonl"})
+  for (const char* f : {"config.yaml", "metrics.jsonl", "samples.jsonl", "curves.svg"})
     if (n == f || n == std::string(f) + ".tmp") return true;
   for (const std::string& f : carried_file_names())
     if (n == f || n == f + ".tmp") return true;

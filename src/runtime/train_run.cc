@@ -22,6 +22,7 @@
 
 #include "fuyou/backend_select.h"
 #include "fuyou/checkpoint.h"
+#include "fuyou/curves.h"
 #include "fuyou/data.h"
 #include "fuyou/engine.h"
 #include "fuyou/error.h"
@@ -185,8 +186,9 @@ class StopPhase {
 
 // The files a run writes through NAME.tmp (write_file_atomic, SafetensorsStreamWriter); a
 // process killed while writing one leaves it, and the next start in the directory removes it.
-const char* const kRunTempFiles[] = {"model.safetensors.tmp", "summary.json.tmp", "config.yaml.tmp",
-                                     "metrics.jsonl.tmp", "samples.jsonl.tmp"};
+const char* const kRunTempFiles[] = {"model.safetensors.tmp", "summary.json.tmp",
+                                     "config.yaml.tmp",       "metrics.jsonl.tmp",
+                                     "samples.jsonl.tmp",     "curves.svg.tmp"};
 
 class TrainingRun {
  public:
@@ -230,6 +232,7 @@ class TrainingRun {
   void restore_best();
   // Every line says what it is ("train", "val") and when it was written (UTC).
   void metrics_line(nlohmann::json j, const char* type);
+  void write_curves();
   void log(const std::string& line) {
     if (opts_.progress_line) std::fprintf(stderr, "\n");
     spdlog::info("{}", line);
@@ -430,7 +433,7 @@ void TrainingRun::set_cleanup(bool finishing) {
       paths.push_back(d.string() + "/");
     }
     if (committed_)
-      for (const char* f : {"config.yaml", "metrics.jsonl", "samples.jsonl"})
+      for (const char* f : {"config.yaml", "metrics.jsonl", "samples.jsonl", "curves.svg"})
         paths.push_back((dir_ / f).string());
   }
   if (finishing)
@@ -782,6 +785,7 @@ bool TrainingRun::evaluate(int64_t step, double* loss_out) {
   if (step > 0) phase_.set(kTrainingMessage);
   const double loss = mean_over_counted(means, counts);
   metrics_line({{"step", step}, {"val_loss", loss}}, "val");
+  write_curves();
   progress_.last_val_loss = loss;
   last_eval_step_ = step;
   *loss_out = loss;
@@ -803,6 +807,19 @@ void TrainingRun::metrics_line(nlohmann::json j, const char* type) {
                           : str("its last checkpoint, ", have.back(),
                                 ", is intact: fix the cause and resume with fuyou-train --resume ",
                                 dir_.string())));
+  }
+}
+
+// curves.svg beside metrics.jsonl, drawn from it (include/fuyou/curves.h). It is a picture of
+// what metrics.jsonl holds, so a failure to write it is said and the run goes on.
+void TrainingRun::write_curves() {
+  if (!metrics_) return;
+  try {
+    const std::string name = dir_.lexically_normal().filename().string();
+    write_curves_svg((dir_ / "curves.svg").string(),
+                     {read_run_curves(metrics_->path(), name.empty() ? dir_.string() : name)});
+  } catch (const Error& e) {
+    spdlog::warn("curves: {}", e.what());
   }
 }
 
@@ -965,6 +982,7 @@ void TrainingRun::finish(clock_type::time_point start) {
     spdlog::info("step time: predicted {:.3f} s, measured {:.3f} s (median of {} steps)",
                  engine_->predicted_iteration_s(), measured, t.size());
   }
+  write_curves();
   const std::string weights = (dir_ / "model.safetensors").string();
   engine_->save_weights(weights, {{"format", "fuyou"},
                                   {"step", std::to_string(sum_.steps)},
