@@ -228,8 +228,9 @@ TEST_CASE(
   // A plain new run is refused too, naming the files.
   TrainOptions plain;
   plain.run_dir = b.run;
-  CHECK_THROWS_WITH(run_training(b.config(), plain),
-                    Contains("already holds files (checkpoints, config.yaml, metrics.jsonl)"));
+  CHECK_THROWS_WITH(
+      run_training(b.config(), plain),
+      Contains("already holds files (checkpoints, config.yaml, curves.svg, metrics.jsonl)"));
   CHECK(snapshot(run) == before);
 
   fs::remove(run / "checkpoints" / "notes.txt");
