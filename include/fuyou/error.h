@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace fuyou {
 
@@ -50,6 +51,9 @@ std::string str(const Args&... args) {
   detail::append(os, args...);
   return os.str();
 }
+
+// The items with `sep` between them: join({"a", "b"}) is "a, b".
+std::string join(const std::vector<std::string>& items, std::string_view sep = ", ");
 
 // A name or value from a file, made safe to print in an error message: control bytes (a NUL
 // would end the message early; an escape sequence would reach the terminal) are written as

@@ -12,7 +12,6 @@ namespace fuyou {
 
 struct ModelConfig;
 
-enum class Family { kGpt2, kOpt, kLlama };
 // LayerNorm (weight and bias, eps 1e-5) or RMSNorm (weight, eps model.norm_eps).
 enum class NormKind { kLayerNorm, kRmsNorm };
 // tanh-approximated GELU, ReLU, or SiLU-gated (fc packs gate|up: 2 d_ff outputs).
@@ -21,9 +20,7 @@ enum class MlpKind { kGelu, kRelu, kSwiglu };
 enum class Positions { kLearned, kRotary };
 
 struct FamilyTraits {
-  Family id;
-  const char* name;     // model.family
-  const char* summary;  // what it is, for docs and errors
+  const char* name;  // model.family
   NormKind norm;
   MlpKind mlp;
   Positions positions;

@@ -8,6 +8,15 @@ void check_failed(const char* file, int line, const char* cond, const std::strin
   throw Error(str(file, ":", line, ": check failed: ", cond, msg.empty() ? "" : ": ", msg));
 }
 
+std::string join(const std::vector<std::string>& items, std::string_view sep) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += sep;
+    out += items[i];
+  }
+  return out;
+}
+
 std::string printable(std::string_view text, size_t max_bytes) {
   std::string out;
   for (size_t i = 0; i < text.size() && i < max_bytes; ++i) {

@@ -22,12 +22,6 @@ namespace {
 // A config file is a few kilobytes; anything this large is the wrong file.
 constexpr uint64_t kMaxConfigBytes = 16ull << 20;
 
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
-  return out;
-}
-
 // Where a config's values come from: the text (a file, or "<default config>") and the
 // command line's --set overrides ("section.key" -> the assignment as given), so that an error
 // names the --set that caused it rather than the file.
@@ -707,9 +701,10 @@ void check_rope(const Section& s, const ModelConfig& m) {
             m.rope_low_freq_factor, "must be below model.rope_high_freq_factor");
   if (m.rope_type == "longrope") {
     const size_t pairs = static_cast<size_t>(m.head_size() / 2);
-    for (const char* k : {"rope_short_factor", "rope_long_factor"}) {
-      const FloatList& l =
-          std::string(k) == "rope_short_factor" ? m.rope_short_factor : m.rope_long_factor;
+    const std::pair<const char*, const FloatList*> lists[] = {
+        {"rope_short_factor", &m.rope_short_factor}, {"rope_long_factor", &m.rope_long_factor}};
+    for (const auto& [k, list] : lists) {
+      const FloatList& l = *list;
       require(l.size() == pairs, s, k, l,
               str("longrope needs one factor per rotated pair: ", pairs, " (head size / 2)"));
       for (float x : l.values)

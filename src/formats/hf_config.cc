@@ -21,12 +21,6 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
-  return out;
-}
-
 // Typed, checked access to config.json fields. Every failure names the file and the field;
 // nothing here lets a nlohmann exception escape, so a malformed file is always a
 // ConfigError (the fuzz test in tests/test_hf.cc holds us to that).

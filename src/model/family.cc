@@ -10,15 +10,14 @@ const std::vector<FamilyTraits>& family_table() {
   using M = MlpKind;
   using P = Positions;
   static const std::vector<FamilyTraits> table = {
-      // id, name, summary, norm, mlp, positions, position_offset, biases, open_shape
-      {Family::kGpt2, "gpt2", "GPT-2 / GPT-3: learned positions, LayerNorm, GELU, tied head",
-       N::kLayerNorm, M::kGelu, P::kLearned, 0, true, false},
-      {Family::kOpt, "opt", "OPT: learned positions at offset 2, pre-LN LayerNorm, ReLU, tied head",
-       N::kLayerNorm, M::kRelu, P::kLearned, 2, true, false},
-      {Family::kLlama, "llama",
-       "Llama and its kin (Qwen2/3, Mistral): RMSNorm, rotary positions, SwiGLU, "
-       "grouped-query attention",
-       N::kRmsNorm, M::kSwiglu, P::kRotary, 0, false, true},
+      // name, norm, mlp, positions, position_offset, biases, open_shape
+      // GPT-2 / GPT-3: learned positions, LayerNorm, GELU, tied head.
+      {"gpt2", N::kLayerNorm, M::kGelu, P::kLearned, 0, true, false},
+      // OPT: learned positions at offset 2, pre-LN LayerNorm, ReLU, tied head.
+      {"opt", N::kLayerNorm, M::kRelu, P::kLearned, 2, true, false},
+      // Llama and its kin (Qwen2/3, Mistral, Phi-3, SmolLM3): RMSNorm, rotary positions,
+      // SwiGLU, grouped-query attention.
+      {"llama", N::kRmsNorm, M::kSwiglu, P::kRotary, 0, false, true},
   };
   return table;
 }
@@ -32,10 +31,7 @@ std::vector<std::string> family_names() {
 const FamilyTraits& family_traits(const std::string& name) {
   for (const FamilyTraits& t : family_table())
     if (name == t.name) return t;
-  std::string names;
-  for (const FamilyTraits& t : family_table())
-    names += std::string(names.empty() ? "" : ", ") + t.name;
-  throw ConfigError(str("model.family: '", name, "' is not one of ", names));
+  throw ConfigError(str("model.family: '", name, "' is not one of ", join(family_names())));
 }
 
 const FamilyTraits& family_traits(const ModelConfig& cfg) { return family_traits(cfg.family); }
