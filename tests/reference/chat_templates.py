@@ -4,6 +4,7 @@ alternation checks with raise_exception, loop.index0 / loop.first, string method
 add_generation_prompt, whitespace control and templates laid out over indented lines), and
 conversations to render with them. Used by check_chat_templates.py and check_records_finetune.py.
 """
+import re
 
 LLAMA2 = (
     "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
@@ -71,6 +72,29 @@ CHATML_LINES = """{#- ChatML, one tag per line -#}
 
 TEMPLATES = {"llama2": LLAMA2, "llama3": LLAMA3, "mistral": MISTRAL, "chatml": CHATML, "gemma": GEMMA,
              "phi3": PHI3, "chatml_lines": CHATML_LINES}
+# A template that marks the assistant's reply with {% generation %} (the loss mask follows the
+# blocks, as transformers' return_assistant_tokens_mask does) and, as Qwen3's does, shows the
+# reasoning of the last turn only.
+CHATML_THINK_GENERATION = """{%- for message in messages %}
+    {%- if message.role == 'assistant' %}
+        {{- '<|im_start|>assistant\\n' }}
+        {%- generation %}
+            {%- if loop.last and message.reasoning_content is defined %}
+                {{- '<think>\\n' + message.reasoning_content.strip() + '\\n</think>\\n\\n' }}
+            {%- endif %}
+            {{- message.content | trim + '<|im_end|>' }}
+        {%- endgeneration %}
+        {{- '\\n' }}
+    {%- else %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+TEMPLATES_MARKED = {"chatml_think_generation": CHATML_THINK_GENERATION}
+
 # Families whose templates take a system message.
 WITH_SYSTEM = {"llama2", "llama3", "chatml", "phi3", "chatml_lines"}
 
@@ -127,22 +151,39 @@ TOOLS = [{"type": "function",
                                       "required": ["city"]}}}]
 
 
-def tool_conversations(n, content_of_call=""):
+def tool_conversations(n, content_of_call="", system=True, reasoning=False):
     """n conversations that call a tool: the question, the assistant's tool call (with
-    `content_of_call` as its content; None: a null content), the tool's answer and the reply."""
+    `content_of_call` as its content; None: a null content), the tool's answer and the reply;
+    every other one with a system message when `system`; with `reasoning`, both assistant turns
+    carry reasoning_content. Call ids have the 9 characters Mistral's templates require."""
     out = []
     for i in range(n):
         city = ["Kraków", "Łódź", "Gdańsk"][i % 3]
         call = {"role": "assistant", "content": content_of_call,
                 "tool_calls": [{"id": "call%05d" % i, "type": "function",
                                 "function": {"name": "get_weather", "arguments": {"city": city}}}]}
+        reply = {"role": "assistant", "content": "Sunny and %d °C." % (15 + i)}
+        if reasoning:
+            call["reasoning_content"] = "The user wants the weather in %s: ask the tool." % city
+            reply["reasoning_content"] = "The tool answered."
         msgs = [{"role": "user", "content": "Weather in %s?" % city}, call,
                 {"role": "tool", "tool_call_id": "call%05d" % i, "name": "get_weather",
-                 "content": "sunny, %d °C" % (15 + i)},
-                {"role": "assistant", "content": "Sunny and %d °C." % (15 + i)}]
-        if i % 2:
+                 "content": "sunny, %d °C" % (15 + i)}, reply]
+        if system and i % 2:
             msgs.insert(0, {"role": "system", "content": "Be brief."})
         out.append({"messages": msgs, "tools": TOOLS})
+    return out
+
+
+def reasoning_conversations(n):
+    """conversations(n, True) with reasoning_content on every assistant turn."""
+    out = []
+    for c in conversations(n, True):
+        m = [dict(x) for x in c["messages"]]
+        for k, x in enumerate(m):
+            if x["role"] == "assistant":
+                x["reasoning_content"] = "Turn %d: recall, then answer." % k
+        out.append({"messages": m})
     return out
 
 
@@ -160,6 +201,12 @@ def sharegpt(conv):
     """A conversation as ShareGPT writes it."""
     speaker = {"user": "human", "assistant": "gpt", "system": "system", "tool": "observation"}
     return {"conversations": [{"from": speaker[m["role"]], "value": m["content"]} for m in conv["messages"]]}
+
+
+def marks_generation(template):
+    """Whether the template marks the assistant's text with {% generation %} blocks: the loss
+    mask then follows them, as transformers' return_assistant_tokens_mask does."""
+    return re.search(r"{%-?\s*generation\s*-?%}", template) is not None
 
 
 def assistant_spans(tok, template, messages, **kwargs):
