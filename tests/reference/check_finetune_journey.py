@@ -10,8 +10,10 @@ added to prompts, bf16 weights, context 128 fine-tuned at 32) and a GPT-2 with a
 tokenizer (fp32). The export must load with AutoTokenizer and AutoModelForCausalLM with the
 base model's special-token ids, context length and dtype, and fuyou-generate's greedy tokens
 and text must equal transformers' generate() on the export (and on the base model); so must
-its --chat prompts (the model's chat template, carried through the run into the export) and
-its generation with the layers streamed through the device (--stream-layers always).
+its --chat prompts (the model's chat template, carried through the run into the export), its
+generation with the layers streamed through the device (--stream-layers always) and its batch
+mode (--input/--output: plain prompts, and --chat with --system and a conversation with earlier
+turns, one model load per batch).
 
     /usr/bin/python3 tests/reference/check_finetune_journey.py BUILD_DIR
 
@@ -122,6 +124,83 @@ def greedy_ref(model, ids):
     return out.sequences[0, len(ids):].tolist(), gaps
 
 
+def compare_greedy(what, tok, model, ids, got_prompt_ids, got_ids, got_text):
+    """fuyou-generate's prompt ids and greedy tokens and text against transformers' (up to a
+    near tie in transformers' path); 1 when compared whole, 0 when up to a tie."""
+    if got_prompt_ids != ids:
+        raise SystemExit("%s: fuyou-generate encodes %s, transformers %s" % (what, got_prompt_ids, ids))
+    ref, gaps = greedy_ref(model, ids)
+    tie = next((i for i, g in enumerate(gaps) if g < MIN_MARGIN), None)
+    if tie is not None:
+        # Up to the tie only: the token there may go either way.
+        print("%s -> %s: transformers' greedy path has a near tie at new token %d (gap %.3g); "
+              "compared the %d tokens before it" % (what, ref, tie, gaps[tie], tie))
+        if got_ids[:tie] != ref[:tie]:
+            raise SystemExit("%s: fuyou-generate gave %s, transformers %s (the first %d agree "
+                             "before a near tie)" % (what, got_ids, ref, tie))
+        return 0
+    text = tok.decode(ref, skip_special_tokens=True)
+    print("%s -> %s %r (smallest top-2 gap %.3g)" % (what, ref, text, min(gaps)))
+    if got_ids != ref:
+        raise SystemExit("%s: fuyou-generate gave %s, transformers %s" % (what, got_ids, ref))
+    if got_text != text:
+        raise SystemExit("%s: fuyou-generate's text %r, transformers' %r" % (what, got_text, text))
+    return 1
+
+
+def check_batch(build, model_dir, label, tok, model, pipeline):
+    """fuyou-generate --input/--output, one model load per batch: plain prompts, and with
+    --chat --system prompts and a conversation with earlier turns and its own system message,
+    each record's prompt ids and greedy completion equal to transformers' on the prompt alone
+    (the chat ones rendered by apply_chat_template). The records compared whole."""
+    system = "Answer in one short line."
+    history = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": PROMPTS[2]},
+               {"role": "assistant", "content": "four five six"}, {"role": "user", "content": PROMPTS[1]}]
+    chat_ids = lambda msgs: pipeline.encode(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False),
+                                            add_special_tokens=False).ids
+    batches = [([], [({"prompt": p, "id": k}, tok(p)["input_ids"]) for k, p in enumerate(PROMPTS)]),
+               (["--chat", "--system", system],
+                [({"prompt": PROMPTS[0]}, chat_ids([{"role": "system", "content": system},
+                                                     {"role": "user", "content": PROMPTS[0]}])),
+                 ({"messages": history}, chat_ids(history))])]
+    whole = 0
+    generate = [os.path.join(build, "fuyou-generate"), "--model", model_dir, "--max-new-tokens", str(NEW_TOKENS),
+                "--backend", "cpu"]
+    with tempfile.TemporaryDirectory() as d:
+        src, dst = os.path.join(d, "prompts.jsonl"), os.path.join(d, "out.jsonl")
+        # A record that is not one prompt is refused by file and line, and nothing is written.
+        for bad, why in [({"prompt": "a", "messages": []}, "give either 'prompt'"),
+                         ({"prompt": "a", "completion": "b"}, "field 'completion' is one fuyou-generate writes")]:
+            with open(src, "w") as f:
+                f.write(json.dumps({"prompt": "fine"}) + "\n" + json.dumps(bad) + "\n")
+            r = subprocess.run(generate + ["--input", src, "--output", dst], capture_output=True, text=True)
+            if r.returncode == 0 or "prompts.jsonl:2: " + why not in r.stderr or os.path.exists(dst):
+                raise SystemExit("%s: --input with %s: expected a refusal naming prompts.jsonl:2 and %r, got "
+                                 "exit %d: %s" % (label, bad, why, r.returncode, r.stderr.strip()[-300:]))
+        for flags, items in batches:
+            with open(src, "w") as f:
+                for rec, _ in items:
+                    f.write(json.dumps(rec) + "\n")
+            run(generate + ["--input", src, "--output", dst] + flags)
+            with open(dst) as f:
+                out = [json.loads(line) for line in f]
+            whole += compare_batch(label, tok, model, flags, items, out)
+    return whole
+
+
+def compare_batch(label, tok, model, flags, items, out):
+    """The output records of one batch against transformers; the records compared whole."""
+    if len(out) != len(items):
+        raise SystemExit("%s: --input of %d records gave %d" % (label, len(items), len(out)))
+    whole = 0
+    for (rec, ids), got in zip(items, out):
+        what = "%s: batch record %s %s" % (label, json.dumps(rec)[:60], " ".join(flags))
+        if {k: got.get(k) for k in rec} != rec:
+            raise SystemExit("%s: the output record does not carry the input's fields: %s" % (what, got))
+        whole += compare_greedy(what, tok, model, ids, got["prompt_ids"], got["completion_ids"], got["completion"])
+    return whole
+
+
 def check_generation(build, model_dir, label, ref_dir=None):
     """fuyou-generate on model_dir against transformers on ref_dir (default: the same): plain
     prompts, one prompt as a chat (--chat) and one with the layers streamed."""
@@ -142,27 +221,10 @@ def check_generation(build, model_dir, label, ref_dir=None):
                               "--max-new-tokens", str(NEW_TOKENS), "--backend", "cpu", "--json"] + flags,
                              stdout=subprocess.PIPE, text=True).stdout)
         what = "%s: prompt %r %s" % (label, prompt, " ".join(flags))
-        if got["prompt_ids"] != ids:
-            raise SystemExit("%s: fuyou-generate encodes %s, transformers %s" % (what, got["prompt_ids"], ids))
         if got["streamed"] != ("--stream-layers" in flags):
             raise SystemExit("%s: streamed %s" % (what, got["streamed"]))
-        ref, gaps = greedy_ref(model, ids)
-        tie = next((i for i, g in enumerate(gaps) if g < MIN_MARGIN), None)
-        if tie is not None:
-            # Up to the tie only: the token there may go either way.
-            print("%s -> %s: transformers' greedy path has a near tie at new token %d (gap %.3g); "
-                  "compared the %d tokens before it" % (what, ref, tie, gaps[tie], tie))
-            if got["ids"][:tie] != ref[:tie]:
-                raise SystemExit("%s: fuyou-generate gave %s, transformers %s (the first %d agree "
-                                 "before a near tie)" % (what, got["ids"], ref, tie))
-            continue
-        whole += 1
-        text = tok.decode(ref, skip_special_tokens=True)
-        print("%s -> %s %r (smallest top-2 gap %.3g)" % (what, ref, text, min(gaps)))
-        if got["ids"] != ref:
-            raise SystemExit("%s: fuyou-generate gave %s, transformers %s" % (what, got["ids"], ref))
-        if got["text"] != text:
-            raise SystemExit("%s: fuyou-generate's text %r, transformers' %r" % (what, got["text"], text))
+        whole += compare_greedy(what, tok, model, ids, got["prompt_ids"], got["ids"], got["text"])
+    whole += check_batch(build, model_dir, label, tok, model, pipeline)
     if whole < MIN_WHOLE:
         raise SystemExit("%s: only %d of %d cases without a near tie in transformers' greedy path "
                          "(at least %d needed): choose other prompts or seeds" % (label, whole, len(cases), MIN_WHOLE))
