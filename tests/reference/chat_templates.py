@@ -70,8 +70,45 @@ CHATML_LINES = """{#- ChatML, one tag per line -#}
 {% endif %}
 """
 
+# Gemma 3's constructs in a template of our own: the system message folded into the first
+# user turn, content tested with `is string` / `is iterable` (a list of parts), an inline if on
+# loop.first, roles checked with `is divisibleby`.
+GEMMA3_STYLE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set lead = messages[0]['content'] + '\\n\\n' -%}
+    {%- else -%}
+        {%- set lead = messages[0]['content'][0]['text'] + '\\n\\n' -%}
+    {%- endif -%}
+    {%- set turns = messages[1:] -%}
+{%- else -%}
+    {%- set lead = '' -%}
+    {%- set turns = messages -%}
+{%- endif -%}
+{%- for message in turns -%}
+    {%- if (message['role'] == 'user') != (loop.index0 is divisibleby 2) -%}
+        {{ raise_exception('Turns must alternate between user and model') }}
+    {%- endif -%}
+    {{ '<start_of_turn>' ~ ('model' if message['role'] == 'assistant' else message['role']) ~ '\\n'
+       ~ (lead if loop.first else '') }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for part in message['content'] if part['type'] == 'text' -%}
+            {{ part['text'] | trim }}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception('content must be text') }}
+    {%- endif -%}
+    {{ '<end_of_turn>\\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{ '<start_of_turn>model\\n' }}
+{%- endif -%}
+"""
+
 TEMPLATES = {"llama2": LLAMA2, "llama3": LLAMA3, "mistral": MISTRAL, "chatml": CHATML, "gemma": GEMMA,
-             "phi3": PHI3, "chatml_lines": CHATML_LINES}
+             "phi3": PHI3, "chatml_lines": CHATML_LINES, "gemma3_style": GEMMA3_STYLE}
 # A template that marks the assistant's reply with {% generation %} (the loss mask follows the
 # blocks, as transformers' return_assistant_tokens_mask does) and, as Qwen3's does, shows the
 # reasoning of the last turn only.
@@ -96,7 +133,7 @@ CHATML_THINK_GENERATION = """{%- for message in messages %}
 TEMPLATES_MARKED = {"chatml_think_generation": CHATML_THINK_GENERATION}
 
 # Families whose templates take a system message.
-WITH_SYSTEM = {"llama2", "llama3", "chatml", "phi3", "chatml_lines"}
+WITH_SYSTEM = {"llama2", "llama3", "chatml", "phi3", "chatml_lines", "gemma3_style"}
 
 # Templates jinja2 (or the engine) refuses to read, and what the refusal must name.
 UNSUPPORTED = [

@@ -13,7 +13,9 @@ and text must equal transformers' generate() on the export (and on the base mode
 its --chat prompts (the model's chat template, carried through the run into the export), its
 generation with the layers streamed through the device (--stream-layers always) and its batch
 mode (--input/--output: plain prompts, and --chat with --system and a conversation with earlier
-turns, one model load per batch).
+turns, one model load per batch). The run samples its prompt as a chat (schedule.sample_chat,
+with data.chat_template_kwargs on GPT-2): the prompt ids are apply_chat_template's and the
+tokens fuyou-generate --chat's.
 
     /usr/bin/python3 tests/reference/check_finetune_journey.py BUILD_DIR
 
@@ -45,6 +47,7 @@ TOKENIZER_FIXTURE = {"llama": "tok_llama2.json", "gpt2": "tok_bytelevel.json"}
 FIXTURES = os.path.join(HERE, "fixtures", "hf")
 PROMPTS = ["the people of the world", "Good day, how are you", "one two three"]
 NEW_TOKENS = 16
+SAMPLE_TOKENS = 8
 # transformers' greedy path is compared up to its first near tie between its two best logits:
 # the engine's fp32 arithmetic differs from PyTorch's in the last bits (measured below 1e-6
 # relative on these models), so a margin this much larger makes a differing token a real
@@ -96,14 +99,17 @@ def make_gpt2(d):
                                          unk_token="<|endoftext|>")
     # ChatML's markers spell out in bytes here (no added tokens): a short template keeps the
     # chat prompt within the 64 positions.
+    # chat prompt within the 64 positions; a keyword argument (greeting) opens the reply.
     tok.chat_template = ("{% for m in messages %}{{ m['role'][0] + ': ' + m['content'] + '\\n' }}"
-                         "{% endfor %}{% if add_generation_prompt %}{{ 'a:' }}{% endif %}")
+                         "{% endfor %}{% if add_generation_prompt %}{{ 'a:' }}"
+                         "{% if greeting is defined %}{{ ' ' + greeting }}{% endif %}{% endif %}")
     cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=len(tok), n_positions=64,
                                   activation_function="gelu_new", layer_norm_epsilon=1e-5,
                                   bos_token_id=0, eos_token_id=0)
     perturb(transformers.GPT2LMHeadModel(cfg)).save_pretrained(d, safe_serialization=True)
     tok.save_pretrained(d)
-    return {"bos": None, "eos": "<|endoftext|>", "seq_len": 64, "dtype": torch.float32}
+    return {"bos": None, "eos": "<|endoftext|>", "seq_len": 64, "dtype": torch.float32,
+            "chat_kwargs": {"greeting": "Hi."}}
 
 
 def write_records(path, n, seed):
@@ -272,6 +278,30 @@ def wait_for_step(metrics, step, proc, timeout=120):
     raise SystemExit("fuyou-train did not reach step %d in %d s" % (step, timeout))
 
 
+def check_chat_samples(build, base, run_dir, name, steps, kwargs):
+    """schedule.sample_chat with data.chat_template_kwargs: the last sample's prompt ids are
+    apply_chat_template's for the prompt as a user message with the keyword arguments, and its
+    tokens are fuyou-generate --chat's from the run's final weights."""
+    with open(os.path.join(run_dir, "samples.jsonl")) as f:
+        last = [json.loads(line) for line in f][-1]
+    if last["step"] != steps:
+        raise SystemExit("%s: the last sample is of step %d, expected %d" % (name, last["step"], steps))
+    tok = transformers.AutoTokenizer.from_pretrained(base)
+    pipeline = tokenizers.Tokenizer.from_file(os.path.join(FIXTURES, TOKENIZER_FIXTURE[name]))
+    text = tok.apply_chat_template([{"role": "user", "content": PROMPTS[0]}], add_generation_prompt=True,
+                                   tokenize=False, **kwargs)
+    ids = pipeline.encode(text, add_special_tokens=False).ids
+    if last["prompt_ids"] != ids:
+        raise SystemExit("%s: sample prompt ids %s, apply_chat_template's %s (%r)" % (name, last["prompt_ids"], ids, text))
+    flags = ["--chat-template-kwargs", json.dumps(kwargs)] if kwargs else []
+    got = json.loads(run([os.path.join(build, "fuyou-generate"), "--model", run_dir, "--prompt", PROMPTS[0], "--chat",
+                          "--max-new-tokens", str(SAMPLE_TOKENS), "--backend", "cpu", "--json"] + flags,
+                         stdout=subprocess.PIPE, text=True).stdout)
+    if got["prompt_ids"] != ids or got["ids"] != last["ids"]:
+        raise SystemExit("%s: the last sample gave %s, fuyou-generate --chat %s" % (name, last["ids"], got["ids"]))
+    print("%s: chat sample at step %d %r -> %r, as fuyou-generate --chat" % (name, steps, text, last["text"]))
+
+
 def journey(build, tmp, name, make):
     base = os.path.join(tmp, name + "_hf")
     expect = make(base)
@@ -288,11 +318,16 @@ def journey(build, tmp, name, make):
         tokenize += ["--bos-token", expect["bos"]]
     run(tokenize)
     cfg = os.path.join(tmp, name + ".yaml")
+    # Samples as chat (the base model's template, with the keyword arguments the model has).
+    kwargs = expect.get("chat_kwargs", {})
     with open(cfg, "w") as f:
         f.write("model: {checkpoint: %s, seq_len: %d}\n" % (ckpt, expect["seq_len"]) +
-                "data: {train_shards: [%s/train.tok], val_shards: [%s/val.tok]}\n" % (data, data) +
+                "data: {train_shards: [%s/train.tok], val_shards: [%s/val.tok]%s}\n"
+                % (data, data, ", chat_template_kwargs: %s" % json.dumps(kwargs) if kwargs else "") +
                 "optimizer: {lr: 0.003}\n"
-                "schedule: {steps: 100000, warmup_steps: 2, micro_batch: 2, eval_every: 0, eval_batches: 2}\n"
+                "schedule: {steps: 100000, warmup_steps: 2, micro_batch: 2, eval_every: 0, eval_batches: 2,\n"
+                "           sample_every: 1000, sample_prompts: [%s], sample_tokens: %d, sample_chat: true}\n"
+                % (json.dumps(PROMPTS[0]), SAMPLE_TOKENS) +
                 "runtime: {backend: cpu, threads: 2}\ncheckpoint: {every_steps: 3}\n")
     # Ctrl-C after a few steps: the run finishes its step, checkpoints and exits 130.
     proc = subprocess.Popen([train, "--config", cfg, "--run-dir", run_dir])
@@ -307,6 +342,7 @@ def journey(build, tmp, name, make):
         steps = json.load(f)["steps"]
     if steps != stopped + 4:
         raise SystemExit("resumed run ended at step %d, expected %d" % (steps, stopped + 4))
+    check_chat_samples(build, base, run_dir, name, steps, kwargs)
     run([convert, "to-hf", run_dir, "--out", export])  # no --dtype: the base model's
     check_export(base, export, expect)
     check_generation(build, base, name + " base")
