@@ -123,6 +123,7 @@ TEST_CASE("every key parsed is emitted into a run's config.yaml and documented, 
   std::set<std::string> emitted;
   Config c = parse_config(default_config_text(), "<default>");
   c.model.checkpoint = "base";
+  c.data.chat_template_kwargs = R"({"enable_thinking":false})";
   const YAML::Node root = YAML::Load(config_to_yaml(c));
   for (const auto& section : root)
     for (const auto& key : section.second)
@@ -161,6 +162,39 @@ TEST_CASE("every key parsed is emitted into a run's config.yaml and documented, 
     INFO(k.name);
     if (doc_values.count(k.name)) CHECK(doc_values[k.name] == k.values);
   }
+}
+
+TEST_CASE("data.chat_template_kwargs is a mapping, kept through config.yaml", "[config]") {
+  const std::string chat = "schedule: {sample_chat: true}\n";
+  const Config c = parse_config(
+      chat +
+          "data: {chat_template_kwargs: {enable_thinking: false, name: x, n: 3, r: 0.5, "
+          "tags: [a, '1'], none: null}}",
+      "x");
+  // YAML's values as JSON's, in the order written; a quoted scalar stays a string.
+  CHECK(c.data.chat_template_kwargs ==
+        R"({"enable_thinking":false,"name":"x","n":3,"r":0.5,"tags":["a","1"],"none":null})");
+  CHECK(parse_config(config_to_yaml(c), "<roundtrip>").data.chat_template_kwargs ==
+        c.data.chat_template_kwargs);
+  // --set gives it as YAML or as a JSON object's text.
+  CHECK(parse_config(chat, "x", {R"(data.chat_template_kwargs={"enable_thinking": true})"})
+            .data.chat_template_kwargs == R"({"enable_thinking":true})");
+  CHECK(parse_config(chat, "x", {R"(data.chat_template_kwargs='{"a": [1, {"b": null}]}')"})
+            .data.chat_template_kwargs == R"({"a":[1,{"b":null}]})");
+  CHECK(parse_config("data: {chat_template_kwargs: {}}", "x").data.chat_template_kwargs.empty());
+  CHECK_THROWS_WITH(parse_config(chat + "data: {chat_template_kwargs: [enable_thinking]}", "x"),
+                    Contains("x: data.chat_template_kwargs: expected a mapping of template "
+                             "variables, e.g. {enable_thinking: false}, got a list"));
+  CHECK_THROWS_WITH(parse_config(chat + "data: {chat_template_kwargs: enable_thinking}", "x"),
+                    Contains("got 'enable_thinking'"));
+  CHECK_THROWS_WITH(parse_config(chat, "x", {"data.chat_template_kwargs=3"}),
+                    Contains("--set 'data.chat_template_kwargs=3': data.chat_template_kwargs: "
+                             "expected a mapping"));
+  // Without samples rendered through the template nothing in a run would read them.
+  CHECK_THROWS_WITH(
+      parse_config("data: {chat_template_kwargs: {enable_thinking: false}}", "x"),
+      Contains("data.chat_template_kwargs: the run renders the chat template only for its "
+               "samples: set schedule.sample_chat: true"));
 }
 
 TEST_CASE("sizes parse in binary and decimal units", "[config]") {

@@ -341,6 +341,35 @@ TEST_CASE("jinja: namespace, range, loop variables, set blocks, macros, call, br
       R"J(kept 126 Jul 2024 2024-07-26 Friday)J");
 }
 
+TEST_CASE("jinja: generation blocks mark what they write, as transformers records it", "[jinja]") {
+  const std::string src =
+      "{%- for m in messages %}{{ '<' + m.role + '>' }}"
+      "{%- if m.role == 'assistant' %}{% generation %}{{ m.content | trim }}.{% endgeneration %}"
+      "{%- else %}{{ m.content }}{% endif %}{{ '\\n' }}{% endfor %}"
+      "{%- generation %}{% endgeneration %}";
+  const jinja::Template t(src, "t");
+  CHECK(t.has_generation());
+  CHECK_FALSE(jinja::Template("{{ 1 }}{# generation #}", "t").has_generation());
+  jinja::Template::Spans spans = {{7, 7}};  // a render clears what the list held
+  const std::string text = t.render(kChat, nullptr, &spans);
+  CHECK(text == "<system>Be brief.\n<user> Hi \n<assistant>Hello..\n");
+  // Empty blocks mark nothing; each block's range holds exactly what it wrote.
+  REQUIRE(spans.size() == 1);
+  CHECK(text.substr(spans[0].first, spans[0].second - spans[0].first) == "Hello..");
+  CHECK(t.render(kChat) == text);  // rendered the same when nothing is recorded
+  // Inside a macro or a set block the block's place in the text is not known: refused when
+  // recording, rendered as written otherwise.
+  const std::string in_macro =
+      "{% macro turn(c) %}{% generation %}{{ c }}{% endgeneration %}{% endmacro %}{{ turn('x') }}";
+  CHECK(jinja::Template(in_macro, "t").render(kChat) == "x");
+  CHECK_THROWS_WITH(jinja::Template(in_macro, "t").render(kChat, nullptr, &spans),
+                    Contains("inside a macro, call or set block"));
+  CHECK_THROWS_WITH(
+      jinja::Template("{% set s %}{% generation %}y{% endgeneration %}{% endset %}{{ s }}", "t")
+          .render(kChat, nullptr, &spans),
+      Contains("inside a macro, call or set block"));
+}
+
 TEST_CASE("jinja: slices, formatting, numbers and literals as Python prints them", "[jinja]") {
   CHECK(
       render(

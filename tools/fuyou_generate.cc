@@ -5,6 +5,8 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "fuyou/backend_select.h"
@@ -51,11 +53,68 @@ class TextStream {
   size_t printed_ = 0;
 };
 
+// One prompt of a batch (--input): its ids, and the record it came from.
+struct BatchItem {
+  nlohmann::ordered_json record;
+  std::vector<int32_t> ids;
+};
+
+// The fields fuyou-generate adds to each output record; an input record may not have them.
+const char* const kOutputFields[] = {"completion", "completion_ids", "prompt_ids", "stopped"};
+
+// --input FILE: one JSON object a line, {"prompt": TEXT} (with --chat a user message, after
+// --system when given) or {"messages": [...]} (a conversation, earlier turns and any system
+// message included, rendered with the chat template and the generation prompt).
+std::vector<BatchItem> read_batch(const std::string& path, const fuyou::TextCodec& codec, bool chat,
+                                  const std::string& system) {
+  std::ifstream in(path);
+  if (!in) throw fuyou::IoError(fuyou::str(path, ": cannot open"));
+  std::vector<BatchItem> items;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = fuyou::str(path, ":", n);
+    BatchItem item;
+    item.record = nlohmann::ordered_json::parse(line, nullptr, false);
+    if (item.record.is_discarded() || !item.record.is_object())
+      throw fuyou::IoError(fuyou::str(where, ": expected a JSON object"));
+    for (const char* f : kOutputFields)
+      if (item.record.contains(f))
+        throw fuyou::IoError(
+            fuyou::str(where, ": field '", f, "' is one fuyou-generate writes; rename it"));
+    const bool has_prompt = item.record.contains("prompt"),
+               has_messages = item.record.contains("messages");
+    if (has_prompt == has_messages)
+      throw fuyou::IoError(fuyou::str(where,
+                                      ": give either 'prompt' (a string) or 'messages' "
+                                      "(a list of messages), not ",
+                                      has_prompt ? "both" : "neither"));
+    if (has_messages) {
+      item.ids = codec.encode_chat_messages(item.record["messages"].dump(), where);
+    } else {
+      if (!item.record["prompt"].is_string())
+        throw fuyou::IoError(fuyou::str(where, ": 'prompt' must be a string"));
+      const std::string text = item.record["prompt"].get<std::string>();
+      if (!chat) {
+        item.ids = codec.encode_prompt(text);
+      } else {
+        nlohmann::json messages = nlohmann::json::array();
+        if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
+        messages.push_back({{"role", "user"}, {"content", text}});
+        item.ids = codec.encode_chat_messages(messages.dump(), where);
+      }
+    }
+    items.push_back(std::move(item));
+  }
+  if (items.empty()) throw fuyou::IoError(fuyou::str(path, ": no prompts"));
+  return items;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"fuyou-generate: text from a run, a checkpoint or a Hugging Face model"};
-  std::string model_path, prompt, tokenizer;
+  std::string model_path, prompt, tokenizer, input, output, system, chat_kwargs;
   std::vector<std::string> sets;
   fuyou::GenerateOptions g;
   std::string backend = "auto", device_tensors = "fp32", precision = "fp32", stream = "auto";
@@ -64,7 +123,20 @@ int main(int argc, char** argv) {
                  "fuyou-train run directory, training or engine checkpoint, or Hugging Face model "
                  "directory")
       ->required();
-  app.add_option("--prompt", prompt, "The text to continue")->required();
+  CLI::Option* prompt_opt = app.add_option("--prompt", prompt, "The text to continue");
+  CLI::Option* input_opt =
+      app.add_option("--input", input,
+                     "JSON Lines of prompts, one model load for all: {\"prompt\": TEXT} or "
+                     "{\"messages\": [...]} a line")
+          ->excludes(prompt_opt);
+  app.add_option("--output", output,
+                 "With --input: JSON Lines, each input record with completion, completion_ids, "
+                 "prompt_ids and stopped")
+      ->needs(input_opt);
+  app.add_option("--system", system, "With --chat: a system message before the prompt");
+  app.add_option("--chat-template-kwargs", chat_kwargs,
+                 "JSON object of more chat template variables, e.g. '{\"enable_thinking\": "
+                 "false}'");
   app.add_option("--max-new-tokens", g.max_new_tokens, "Tokens to generate at most")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--temperature", g.sampling.temperature, "0: greedy (default); above 0: sample")
@@ -96,6 +168,18 @@ int main(int argc, char** argv) {
   app.add_flag("-v,--verbose", verbose, "Debug logging");
   CLI11_PARSE(app, argc, argv);
   fuyou::init_logging(verbose);
+  if (prompt_opt->count() == 0 && input_opt->count() == 0) {
+    std::fprintf(stderr, "fuyou-generate: give --prompt TEXT or --input FILE\n");
+    return 2;
+  }
+  if (input_opt->count() && output.empty()) {
+    std::fprintf(stderr, "fuyou-generate: --input needs --output FILE\n");
+    return 2;
+  }
+  if (!system.empty() && !chat) {
+    std::fprintf(stderr, "fuyou-generate: --system needs --chat\n");
+    return 2;
+  }
   try {
     std::vector<std::string> overrides = {"runtime.backend=" + backend,
                                           "runtime.device_tensors=" + device_tensors,
@@ -105,15 +189,30 @@ int main(int argc, char** argv) {
     g.stop_at_eos = !ignore_eos;
 
     fuyou::GenerationModel m = fuyou::load_generation_model(model_path);
-    const fuyou::TextCodec codec = fuyou::TextCodec::for_model(m.files, m.model, tokenizer);
+    fuyou::TextCodec codec = fuyou::TextCodec::for_model(m.files, m.model, tokenizer);
+    if (!chat_kwargs.empty()) codec.set_chat_template_kwargs(chat_kwargs);
     spdlog::info("model: {} ({}), {} {} layers, d_model {}, vocab {}, context {}", model_path,
                  m.kind, m.model.family, m.model.n_layer, m.model.d_model, m.model.vocab_size,
                  m.files.context);
     spdlog::info("tokenizer: {}", codec.describe());
-    const std::vector<int32_t> ids =
-        chat ? codec.encode_chat_prompt(prompt) : codec.encode_prompt(prompt);
+    std::vector<BatchItem> batch;
+    if (!input.empty()) {
+      batch = read_batch(input, codec, chat, system);
+    } else {
+      batch.resize(1);
+      if (!chat) {
+        batch[0].ids = codec.encode_prompt(prompt);
+      } else {
+        nlohmann::json messages = nlohmann::json::array();
+        if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
+        messages.push_back({{"role", "user"}, {"content", prompt}});
+        batch[0].ids = codec.encode_chat_messages(messages.dump(), "--chat");
+      }
+    }
+    size_t longest = 0;
+    for (const BatchItem& b : batch) longest = std::max(longest, b.ids.size());
     const int capacity =
-        std::min<int64_t>(m.files.context, static_cast<int64_t>(ids.size()) + g.max_new_tokens);
+        std::min<int64_t>(m.files.context, static_cast<int64_t>(longest) + g.max_new_tokens);
     std::string why;
     std::unique_ptr<fuyou::Backend> be = fuyou::make_backend(cfg, &why);
     spdlog::info("{}", why);
@@ -132,6 +231,36 @@ int main(int argc, char** argv) {
               : "the model does not fit the device beside its key/value cache",
           fuyou::format_size(decoder.streamed_bytes_per_step()));
 
+    if (!input.empty()) {
+      // Every prompt from an empty cache with the same seed: each record's completion is the
+      // one a run with that prompt alone gives. Written beside OUTPUT and renamed when complete.
+      const std::string partial = output + ".partial";
+      std::ofstream out(partial, std::ios::trunc);
+      if (!out) throw fuyou::IoError(fuyou::str(partial, ": cannot create"));
+      size_t new_tokens = 0;
+      double generate_s = 0;
+      for (size_t i = 0; i < batch.size(); ++i) {
+        const fuyou::GenerateResult r =
+            fuyou::generate_tokens(decoder, batch[i].ids, codec.stop_ids(), g);
+        nlohmann::ordered_json rec = batch[i].record;
+        rec["completion"] = codec.decode(r.ids);
+        rec["completion_ids"] = r.ids;
+        rec["prompt_ids"] = r.prompt_ids;
+        rec["stopped"] = r.stopped;
+        out << rec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+        new_tokens += r.ids.size();
+        generate_s += r.prompt_s + r.generate_s;
+        spdlog::info("{}/{}: prompt {} tokens, {} new tokens{}", i + 1, batch.size(),
+                     r.prompt_ids.size(), r.ids.size(), r.stopped ? ", stopped" : "");
+      }
+      out.close();
+      if (!out) throw fuyou::IoError(fuyou::str(partial, ": write failed"));
+      std::filesystem::rename(partial, output);
+      spdlog::info("{} prompts, {} new tokens in {:.3f} s; written to {}", batch.size(), new_tokens,
+                   generate_s, output);
+      return 0;
+    }
+    const std::vector<int32_t>& ids = batch[0].ids;
     TextStream stream(codec);
     if (!json_out) g.on_token = [&](int32_t id) { stream.add(id); };
     fuyou::GenerateResult r = fuyou::generate_tokens(decoder, ids, codec.stop_ids(), g);

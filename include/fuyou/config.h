@@ -126,6 +126,10 @@ struct DataConfig {
   // refused (the run does not start; default), cut to its first seq_len + 1 tokens (right)
   // or left out (drop). docs/data.md, "Records".
   std::string truncate = "refuse";
+  // The chat template's keyword arguments (a JSON object's text; empty: none) where the run
+  // renders the template: its samples with schedule.sample_chat. The config form of
+  // fuyou-convert tokenize --chat-template-kwargs.
+  std::string chat_template_kwargs;
 };
 
 struct OptimizerConfig {
@@ -174,6 +178,9 @@ struct ScheduleConfig {
   int64_t sample_every = 0;
   std::vector<std::string> sample_prompts;
   int sample_tokens = 32;
+  // Each sample prompt is a user message rendered with the model's chat template and the
+  // generation prompt (fuyou-generate --chat), with data.chat_template_kwargs.
+  bool sample_chat = false;
 };
 
 enum class ActivationPolicy { kAuto, kKeep, kSwap, kRecompute };

@@ -59,6 +59,16 @@ class TextCodec {
   // add_generation_prompt=True) (the template places any BOS itself). ConfigError when the
   // model has no chat template.
   std::vector<int32_t> encode_chat_prompt(const std::string& text) const;
+  // A conversation (a JSON list of messages: a system message, earlier turns) through the chat
+  // template with the generation prompt, as apply_chat_template(messages,
+  // add_generation_prompt=True) encodes it. `where` names it in errors.
+  std::vector<int32_t> encode_chat_messages(const std::string& messages_json,
+                                            const std::string& where) const;
+  // More template variables for every render (a JSON object, transformers' **kwargs to
+  // apply_chat_template: {"enable_thinking": false}); checked when a prompt is rendered.
+  void set_chat_template_kwargs(const std::string& json_object) {
+    chat_.chat_template_kwargs = json_object;
+  }
   std::string decode(const std::vector<int32_t>& ids) const;
   // The tokens that end generation: config.json's and generation_config.json's eos_token_id.
   const std::set<int32_t>& stop_ids() const { return stop_; }

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <ostream>
 
 #include "fuyou/error.h"
@@ -66,6 +67,8 @@ struct Free {};          // any value of the field's type
 struct Size {};          // bytes, written as a size ("16GiB") or a plain number
 struct Path {};          // a file or directory (a string, or a list of them)
 struct OptionalPath {};  // a path written to config.yaml only when set
+// A mapping of chat template variables (YAML, or a JSON object's text), kept as JSON text.
+struct TemplateKwargs {};
 // "auto" (stored as -1) or a count in 0..max.
 struct AutoOrCount {
   int max;
@@ -146,6 +149,8 @@ std::string values_text(const Rule& rule) {
     return "size";
   } else if constexpr (std::is_same_v<Rule, AutoOrCount>) {
     return str("auto, or an int 0..", rule.max_name);
+  } else if constexpr (std::is_same_v<Rule, TemplateKwargs>) {
+    return "mapping";
   } else if constexpr (std::is_same_v<Rule, Path> || std::is_same_v<Rule, OptionalPath>) {
     return std::is_same_v<T, std::vector<std::string>> ? "list of paths" : "path";
   } else if constexpr (std::is_same_v<T, bool>) {
@@ -235,10 +240,31 @@ class Section {
     }
   }
 
+  // A mapping (or a JSON object's text, as --set may give it), as JSON text.
+  void get_mapping(const std::string& key, std::string& out) {
+    known_.push_back(key);
+    if (!node_ || node_.IsNull()) return;
+    YAML::Node v = node_[key];
+    if (!v || v.IsNull()) return;
+    const char* expected =
+        "expected a mapping of template variables, e.g. {enable_thinking: false}";
+    if (v.IsScalar()) {
+      const auto j = nlohmann::ordered_json::parse(v.Scalar(), nullptr, false);
+      if (j.is_discarded() || !j.is_object()) fail(key, str(expected, ", got '", v.Scalar(), "'"));
+      out = j.empty() ? "" : j.dump();
+      return;
+    }
+    if (!v.IsMap()) fail(key, str(expected, ", got a list"));
+    const nlohmann::ordered_json j = yaml_to_json(key, v, 1);
+    out = j.empty() ? "" : j.dump();
+  }
+
   // Reads one key of the section's list into its field, as the rule's kind of value.
   template <typename T, typename Rule>
   void read(const char* key, T& out, const Rule& rule) {
-    if constexpr (std::is_same_v<Rule, Size>) {
+    if constexpr (std::is_same_v<Rule, TemplateKwargs>) {
+      get_mapping(key, out);
+    } else if constexpr (std::is_same_v<Rule, Size>) {
       get_size(key, out);
     } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
       get_list(key, out);
@@ -287,8 +313,8 @@ class Section {
     } else {
       // Read already checked these: an enum's name, an AutoOrCount's count, a size's text.
       static_assert(std::is_same_v<Rule, Free> || std::is_same_v<Rule, Path> ||
-                        std::is_same_v<Rule, Size> || std::is_same_v<Rule, OptionalPath> ||
-                        std::is_same_v<Rule, AutoOrCount> ||
+                        std::is_same_v<Rule, TemplateKwargs> || std::is_same_v<Rule, Size> ||
+                        std::is_same_v<Rule, OptionalPath> || std::is_same_v<Rule, AutoOrCount> ||
                         (std::is_same_v<Rule, OneOf> && std::is_enum_v<T>),
                     "a rule Section::check does not know");
     }
@@ -341,6 +367,37 @@ class Section {
       return "a number";
     else
       return "a string";
+  }
+
+  // A YAML value as JSON: a quoted scalar is a string, an unquoted one null, a boolean or a
+  // number where it reads as one, else a string. Nesting is bounded (--set values do not go
+  // through load_yaml_checked).
+  nlohmann::ordered_json yaml_to_json(const std::string& key, const YAML::Node& n,
+                                      int depth) const {
+    constexpr int kMaxNesting = 32;
+    if (depth > kMaxNesting) fail(key, str("nests deeper than ", kMaxNesting, " levels"));
+    if (n.IsMap()) {
+      nlohmann::ordered_json j = nlohmann::ordered_json::object();
+      for (const auto& kv : n) {
+        if (!kv.first.IsScalar()) fail(key, "a template variable's name must be a string");
+        j[kv.first.Scalar()] = yaml_to_json(key, kv.second, depth + 1);
+      }
+      return j;
+    }
+    if (n.IsSequence()) {
+      nlohmann::ordered_json j = nlohmann::ordered_json::array();
+      for (const auto& item : n) j.push_back(yaml_to_json(key, item, depth + 1));
+      return j;
+    }
+    if (!n.IsScalar()) return nullptr;
+    const std::string& t = n.Scalar();
+    if (n.Tag() == "!") return t;  // quoted
+    if (t == "null" || t == "Null" || t == "NULL" || t == "~") return nullptr;
+    if (t == "true" || t == "True" || t == "TRUE") return true;
+    if (t == "false" || t == "False" || t == "FALSE") return false;
+    const auto number = nlohmann::ordered_json::parse(t, nullptr, false);
+    if (!number.is_discarded() && number.is_number()) return number;
+    return t;
   }
 
   YAML::Node node_;
@@ -428,6 +485,7 @@ void data_keys(F&& key) {
   key("val_fraction", &D::val_fraction, interval(0, 1, "[)"));
   key("tokenizer", &D::tokenizer, OneOf{{"byte"}});
   key("truncate", &D::truncate, OneOf{{"refuse", "right", "drop"}});
+  key("chat_template_kwargs", &D::chat_template_kwargs, TemplateKwargs{});
 }
 
 template <typename F>
@@ -464,6 +522,7 @@ void schedule_keys(F&& key) {
   key("sample_every", &S::sample_every, closed(int64_t{0}, kMaxSteps, " (0: no samples)"));
   key("sample_prompts", &S::sample_prompts, Free{});
   key("sample_tokens", &S::sample_tokens, closed(1, 4096));
+  key("sample_chat", &S::sample_chat, Free{});
 }
 
 // deferred_updates counts layers: its bound is the model's.
@@ -930,6 +989,13 @@ Config parse_config_in_chain(const std::string& yaml_text, const std::string& so
   const bool fine_tune = !c.model.checkpoint.empty();
   c.optimizer = parse_optimizer(r["optimizer"], origin, fine_tune);
   c.schedule = parse_schedule(r["schedule"], origin, c.model.seq_len, fine_tune);
+  // A run renders its chat template for its samples only: chat data comes tokenized.
+  if (!c.data.chat_template_kwargs.empty() && !c.schedule.sample_chat)
+    Section(r["data"], "data", origin)
+        .fail("chat_template_kwargs",
+              "the run renders the chat template only for its samples: set "
+              "schedule.sample_chat: true, or give them to fuyou-convert tokenize "
+              "--chat-template-kwargs, which renders chat data");
   c.offload = parse_offload(r["offload"], origin, c.model.n_layer);
   c.runtime = parse_runtime(r["runtime"], origin, c.offload);
   c.checkpoint = parse_checkpoint(r["checkpoint"], origin);
@@ -993,11 +1059,13 @@ class KeyWriter {
 
   template <typename T, typename Rule>
   void write(const char* key, const T& value, const Rule& rule) {
-    if constexpr (std::is_same_v<Rule, OptionalPath>) {
+    if constexpr (std::is_same_v<Rule, OptionalPath> || std::is_same_v<Rule, TemplateKwargs>) {
       if (value.empty()) return;
     }
     e_ << YAML::Key << key << YAML::Value;
-    if constexpr (std::is_same_v<Rule, Size>) {
+    if constexpr (std::is_same_v<Rule, TemplateKwargs>) {
+      e_ << YAML::DoubleQuoted << value;  // the JSON object's text, read back as such
+    } else if constexpr (std::is_same_v<Rule, Size>) {
       e_ << std::to_string(value);
     } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
       e_ << YAML::Flow << YAML::BeginSeq;

@@ -20,7 +20,9 @@ namespace {
 
 class Renderer {
  public:
-  explicit Renderer(Ctx& c) : c_(c) { frames_.emplace_back(); }
+  Renderer(Ctx& c, Template::Spans* generation) : c_(c), spans_(generation) {
+    frames_.emplace_back();
+  }
   void set_global(const std::string& name, Value v) { frames_[0].vars[name] = std::move(v); }
   std::string render(const Node& root) {
     run(root);
@@ -98,6 +100,16 @@ class Renderer {
         emit(to_string(c_, call(*n.expr, &caller)));
         return kNext;
       }
+      case Node::kGeneration: {
+        if (spans_ && capturing_ > 0)
+          c_.fail(
+              "a {% generation %} block inside a macro, call or set block cannot mark the "
+              "assistant's text (its position in the rendered text is not known there)");
+        const size_t begin = out_.size();
+        const Flow f = run(*n.body);
+        if (spans_ && out_.size() > begin) spans_->emplace_back(begin, out_.size());
+        return f;
+      }
       case Node::kBreak:
         return kBreak;
       case Node::kContinue:
@@ -109,7 +121,9 @@ class Renderer {
   std::string capture(const Node& body) {
     std::string saved;
     std::swap(saved, out_);
+    ++capturing_;
     run(body);
+    --capturing_;
     std::swap(saved, out_);
     return saved;
   }
@@ -346,14 +360,31 @@ class Renderer {
   std::vector<Frame> frames_;
   std::string out_;
   int depth_ = 0;
+  Template::Spans* spans_;  // null: generation blocks are not recorded
+  int capturing_ = 0;       // macro, call and set bodies being rendered into a value
 };
+
+// Whether the tree holds a generation block; walked with a stack of its own.
+bool holds_generation(const Node& root) {
+  std::vector<const Node*> todo = {&root};
+  while (!todo.empty()) {
+    const Node* n = todo.back();
+    todo.pop_back();
+    if (n->kind == Node::kGeneration) return true;
+    for (const NodeP& c : n->children) todo.push_back(c.get());
+    for (const auto& b : n->branches) todo.push_back(b.second.get());
+    if (n->body) todo.push_back(n->body.get());
+    if (n->otherwise) todo.push_back(n->otherwise.get());
+  }
+  return false;
+}
 
 template <class Json>
 std::string render_with(const std::string& name, const Options& options, const Node& root,
-                        const Json& vars, Work* work) {
+                        const Json& vars, Work* work, Template::Spans* generation) {
   Work own(options.limits.max_work);
   Ctx c(name, options, work ? work : &own);
-  Renderer r(c);
+  Renderer r(c, generation);
   if (vars.is_object())
     for (auto it = vars.begin(); it != vars.end(); ++it)
       r.set_global(it.key(), from_json(c, it.value()));
@@ -363,16 +394,24 @@ std::string render_with(const std::string& name, const Options& options, const N
 }  // namespace
 
 Template::Template(const std::string& source, const std::string& name, Options options)
-    : name_(name), options_(options), root_(parse_template(source, name, options.limits)) {}
+    : name_(name),
+      options_(options),
+      root_(parse_template(source, name, options.limits)),
+      has_generation_(holds_generation(*root_)) {}
 Template::~Template() = default;
 Template::Template(Template&&) noexcept = default;
 Template& Template::operator=(Template&&) noexcept = default;
 
 std::string Template::render(const nlohmann::json& vars, Work* work) const {
-  return render_with(name_, options_, *root_, vars, work);
+  return render_with(name_, options_, *root_, vars, work, nullptr);
 }
 std::string Template::render(const nlohmann::ordered_json& vars, Work* work) const {
-  return render_with(name_, options_, *root_, vars, work);
+  return render_with(name_, options_, *root_, vars, work, nullptr);
+}
+std::string Template::render(const nlohmann::ordered_json& vars, Work* work,
+                             Spans* generation) const {
+  if (generation) generation->clear();
+  return render_with(name_, options_, *root_, vars, work, generation);
 }
 
 }  // namespace fuyou::jinja

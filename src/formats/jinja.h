@@ -77,6 +77,14 @@ class Template {
   std::string render(const nlohmann::json& vars, Work* work = nullptr) const;
   // The same, with the mappings' keys in the document's order (tojson and items() keep it).
   std::string render(const nlohmann::ordered_json& vars, Work* work = nullptr) const;
+  // The byte ranges [begin, end) of the rendered text that {% generation %} blocks wrote, in
+  // the order they were written: the assistant's text, as transformers'
+  // return_assistant_tokens_mask marks it. A block inside a macro, call or set block is an
+  // Error here (transformers' positions there are not those of the text).
+  using Spans = std::vector<std::pair<size_t, size_t>>;
+  std::string render(const nlohmann::ordered_json& vars, Work* work, Spans* generation) const;
+  // Whether the template has a {% generation %} block.
+  bool has_generation() const { return has_generation_; }
 
   const Options& options() const { return options_; }
 
@@ -84,6 +92,7 @@ class Template {
   std::string name_;
   Options options_;
   std::unique_ptr<Node> root_;
+  bool has_generation_ = false;
 };
 
 // How deep a JSON document nests (a scalar 0, [] 1), found without recursion; stops counting

@@ -626,11 +626,12 @@ class Parser {
     if (word == "macro") return macro_node();
     if (word == "call") return call_node();
     if (word == "generation") {  // transformers' tag: its body renders as written
+      NodeP n = leaf(Node::kGeneration);
       tag_rest(word);
       end();
-      NodeP body = block({"endgeneration"});
+      n->body = block({"endgeneration"});
       close("endgeneration");
-      return body;
+      return n;
     }
     if (word == "break" || word == "continue") {
       if (loops_ == 0) fail(str("'", word, "' outside a loop"));

@@ -48,15 +48,16 @@ using NodeP = std::unique_ptr<Node>;
 
 struct Node {
   enum Kind {
-    kBody,       // children, in order
-    kText,       // text
-    kOutput,     // {{ expr }}
-    kIf,         // branches (a null condition: else)
-    kFor,        // for targets in expr [if cond]: body [else: otherwise]
-    kSet,        // set targets = expr; set name.attr = expr (attr not empty)
-    kSetBlock,   // set targets[0]: body
-    kMacro,      // macro name(params): body
-    kCallBlock,  // call(params) expr: body (the caller)
+    kBody,        // children, in order
+    kText,        // text
+    kOutput,      // {{ expr }}
+    kIf,          // branches (a null condition: else)
+    kFor,         // for targets in expr [if cond]: body [else: otherwise]
+    kSet,         // set targets = expr; set name.attr = expr (attr not empty)
+    kSetBlock,    // set targets[0]: body
+    kMacro,       // macro name(params): body
+    kCallBlock,   // call(params) expr: body (the caller)
+    kGeneration,  // generation: body (what the assistant writes; transformers' tag)
     kBreak,
     kContinue,
   } kind;

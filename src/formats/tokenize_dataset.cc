@@ -284,16 +284,19 @@ class ChatRender {
   }
   const nlohmann::ordered_json& messages() const { return messages_; }
   // The first n messages, with the generation prompt (the assistant's turn follows) or not.
-  std::string render(size_t n, bool generation) {
+  // `marked`, when given, receives the byte ranges the template's {% generation %} blocks wrote.
+  std::string render(size_t n, bool generation, jinja::Template::Spans* marked = nullptr) {
     vars_["messages"] =
         nlohmann::ordered_json(messages_.begin(), messages_.begin() + static_cast<ptrdiff_t>(n));
     vars_["add_generation_prompt"] = generation;
     try {
-      return tpl_->render(vars_, &work_);
+      return tpl_->render(vars_, &work_, marked);
     } catch (const Error& e) {
       throw IoError(str(where_, ": ", e.what()));
     }
   }
+  // Whether the template marks the assistant's text with {% generation %} blocks.
+  bool marks_generation() const { return tpl_->has_generation(); }
 
  private:
   // A role, and text content, except an assistant's tool calls, which may come without.
@@ -329,12 +332,44 @@ size_t trailer_start(const std::string& upto, const std::string& full) {
   return std::string::npos;
 }
 
+// The index in `all` (the tokens of `text`) of the token that holds byte `b` of the text: where
+// the tokens of the text before it stop being those of the whole.
+size_t token_holding(const Tokenizer& tok, const std::string& text, const std::vector<int32_t>& all,
+                     size_t b) {
+  return common_prefix(tok.encode(std::string_view(text).substr(0, b)), all);
+}
+
+// The loss mask of a template that marks the assistant's text with {% generation %} blocks, as
+// transformers' return_assistant_tokens_mask makes it: every token from the one holding a
+// block's first byte to the one holding its last. One render of the whole conversation.
+std::vector<int32_t> encode_marked_chat(const Tokenizer& tok, ChatRender& chat,
+                                        std::vector<uint8_t>* m) {
+  jinja::Template::Spans spans;
+  const std::string full = chat.render(chat.messages().size(), false, &spans);
+  std::vector<int32_t> all = tok.encode(full);
+  m->assign(all.size(), 0);
+  for (const auto& [b, e] : spans) {
+    const size_t first = token_holding(tok, full, all, b),
+                 last = std::min(token_holding(tok, full, all, e - 1), all.size() - 1);
+    for (size_t i = first; i <= last; ++i) (*m)[i] = 1;
+  }
+  return all;
+}
+
 }  // namespace
 
 void encode_chat(const Tokenizer& tok, const DatasetOptions& o, const std::string& messages_json,
                  const std::string& where, std::vector<int32_t>* ids, std::vector<uint8_t>* mask,
                  const std::string& tools_json) {
   ChatRender chat(o, messages_json, where, tools_json);
+  if (chat.marks_generation()) {
+    std::vector<uint8_t> m;
+    const std::vector<int32_t> all = encode_marked_chat(tok, chat, &m);
+    ids->insert(ids->end(), all.begin(), all.end());
+    mask->resize(ids->size() - all.size(), 0);
+    mask->insert(mask->end(), m.begin(), m.end());
+    return;
+  }
   const nlohmann::ordered_json& messages = chat.messages();
   const std::string full = chat.render(messages.size(), false);
   const std::vector<int32_t> all = tok.encode(full);

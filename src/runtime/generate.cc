@@ -289,13 +289,18 @@ std::vector<int32_t> TextCodec::encode_prompt(const std::string& text) const {
 }
 
 std::vector<int32_t> TextCodec::encode_chat_prompt(const std::string& text) const {
+  const json messages = json::array({json{{"role", "user"}, {"content", text}}});
+  return encode_chat_messages(messages.dump(), "--chat");
+}
+
+std::vector<int32_t> TextCodec::encode_chat_messages(const std::string& messages_json,
+                                                     const std::string& where) const {
   if (!tok_ || chat_.chat_template.empty())
-    throw ConfigError(str("--chat: the model's tokenizer has no chat_template (",
+    throw ConfigError(str(where, ": the model's tokenizer has no chat_template (",
                           tok_ ? "none in tokenizer_config.json beside tokenizer.json"
                                : "a byte-level model without tokenizer.json",
                           "); write the prompt in the model's chat format instead"));
-  const json messages = json::array({json{{"role", "user"}, {"content", text}}});
-  return fuyou::encode_chat_prompt(*tok_, chat_, messages.dump(), chat_.template_source);
+  return fuyou::encode_chat_prompt(*tok_, chat_, messages_json, where);
 }
 
 std::string TextCodec::decode(const std::vector<int32_t>& ids) const {

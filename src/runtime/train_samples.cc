@@ -42,9 +42,18 @@ RunSamples::RunSamples(const Config& cfg, const std::string& run_dir)
     : cfg_(cfg), path_(run_dir + "/samples.jsonl") {
   const ModelFiles files = find_model_files(run_dir, cfg.model);
   codec_ = std::make_unique<TextCodec>(TextCodec::for_model(files, cfg.model));
+  if (!cfg.data.chat_template_kwargs.empty())
+    codec_->set_chat_template_kwargs(cfg.data.chat_template_kwargs);
   size_t longest = 0;
-  for (const auto& p : cfg.schedule.sample_prompts) {
-    prompts_.push_back(codec_->encode_prompt(p));
+  for (size_t i = 0; i < cfg.schedule.sample_prompts.size(); ++i) {
+    const std::string& p = cfg.schedule.sample_prompts[i];
+    if (cfg.schedule.sample_chat) {
+      const nlohmann::json messages = nlohmann::json::array({{{"role", "user"}, {"content", p}}});
+      prompts_.push_back(codec_->encode_chat_messages(
+          messages.dump(), str("schedule.sample_prompts[", i, "] (schedule.sample_chat)")));
+    } else {
+      prompts_.push_back(codec_->encode_prompt(p));
+    }
     longest = std::max(longest, prompts_.back().size());
   }
   capacity_ = static_cast<int>(
@@ -66,9 +75,9 @@ RunSamples::RunSamples(const Config& cfg, const std::string& run_dir)
   decoder_ = std::make_unique<GptDecoder>(cfg.model, *backend_, capacity_);
   out_.open(path_, std::ios::app);
   if (!out_) throw IoError(str(path_, ": cannot open for writing"));
-  spdlog::info("samples: {} prompt(s), {} tokens each, every {} steps; tokenizer {}",
-               prompts_.size(), cfg.schedule.sample_tokens, cfg.schedule.sample_every,
-               codec_->describe());
+  spdlog::info("samples: {} prompt(s){}, {} tokens each, every {} steps; tokenizer {}",
+               prompts_.size(), cfg.schedule.sample_chat ? " as user messages (chat template)" : "",
+               cfg.schedule.sample_tokens, cfg.schedule.sample_every, codec_->describe());
 }
 
 RunSamples::~RunSamples() = default;
@@ -90,9 +99,13 @@ void RunSamples::write(int64_t step, TrainEngine& engine) {
     const std::string text = codec_->decode(r.ids);
     spdlog::info("step {} sample {}: {} -> {}", step, i + 1,
                  json_quoted(cfg_.schedule.sample_prompts[i]), json_quoted(text));
-    nlohmann::json line{{"type", "sample"},  {"step", step},
-                        {"time", utc_now()}, {"prompt", cfg_.schedule.sample_prompts[i]},
-                        {"text", text},      {"ids", r.ids}};
+    nlohmann::json line{{"type", "sample"},
+                        {"step", step},
+                        {"time", utc_now()},
+                        {"prompt", cfg_.schedule.sample_prompts[i]},
+                        {"text", text},
+                        {"ids", r.ids},
+                        {"prompt_ids", r.prompt_ids}};
     out_ << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   }
   out_.flush();

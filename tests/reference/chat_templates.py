@@ -4,6 +4,7 @@ alternation checks with raise_exception, loop.index0 / loop.first, string method
 add_generation_prompt, whitespace control and templates laid out over indented lines), and
 conversations to render with them. Used by check_chat_templates.py and check_records_finetune.py.
 """
+import re
 
 LLAMA2 = (
     "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
@@ -69,10 +70,70 @@ CHATML_LINES = """{#- ChatML, one tag per line -#}
 {% endif %}
 """
 
+# Gemma 3's constructs in a template of our own: the system message folded into the first
+# user turn, content tested with `is string` / `is iterable` (a list of parts), an inline if on
+# loop.first, roles checked with `is divisibleby`.
+GEMMA3_STYLE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set lead = messages[0]['content'] + '\\n\\n' -%}
+    {%- else -%}
+        {%- set lead = messages[0]['content'][0]['text'] + '\\n\\n' -%}
+    {%- endif -%}
+    {%- set turns = messages[1:] -%}
+{%- else -%}
+    {%- set lead = '' -%}
+    {%- set turns = messages -%}
+{%- endif -%}
+{%- for message in turns -%}
+    {%- if (message['role'] == 'user') != (loop.index0 is divisibleby 2) -%}
+        {{ raise_exception('Turns must alternate between user and model') }}
+    {%- endif -%}
+    {{ '<start_of_turn>' ~ ('model' if message['role'] == 'assistant' else message['role']) ~ '\\n'
+       ~ (lead if loop.first else '') }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for part in message['content'] if part['type'] == 'text' -%}
+            {{ part['text'] | trim }}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception('content must be text') }}
+    {%- endif -%}
+    {{ '<end_of_turn>\\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{ '<start_of_turn>model\\n' }}
+{%- endif -%}
+"""
+
 TEMPLATES = {"llama2": LLAMA2, "llama3": LLAMA3, "mistral": MISTRAL, "chatml": CHATML, "gemma": GEMMA,
-             "phi3": PHI3, "chatml_lines": CHATML_LINES}
+             "phi3": PHI3, "chatml_lines": CHATML_LINES, "gemma3_style": GEMMA3_STYLE}
+# A template that marks the assistant's reply with {% generation %} (the loss mask follows the
+# blocks, as transformers' return_assistant_tokens_mask does) and, as Qwen3's does, shows the
+# reasoning of the last turn only.
+CHATML_THINK_GENERATION = """{%- for message in messages %}
+    {%- if message.role == 'assistant' %}
+        {{- '<|im_start|>assistant\\n' }}
+        {%- generation %}
+            {%- if loop.last and message.reasoning_content is defined %}
+                {{- '<think>\\n' + message.reasoning_content.strip() + '\\n</think>\\n\\n' }}
+            {%- endif %}
+            {{- message.content | trim + '<|im_end|>' }}
+        {%- endgeneration %}
+        {{- '\\n' }}
+    {%- else %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+TEMPLATES_MARKED = {"chatml_think_generation": CHATML_THINK_GENERATION}
+
 # Families whose templates take a system message.
-WITH_SYSTEM = {"llama2", "llama3", "chatml", "phi3", "chatml_lines"}
+WITH_SYSTEM = {"llama2", "llama3", "chatml", "phi3", "chatml_lines", "gemma3_style"}
 
 # Templates jinja2 (or the engine) refuses to read, and what the refusal must name.
 UNSUPPORTED = [
@@ -127,22 +188,39 @@ TOOLS = [{"type": "function",
                                       "required": ["city"]}}}]
 
 
-def tool_conversations(n, content_of_call=""):
+def tool_conversations(n, content_of_call="", system=True, reasoning=False):
     """n conversations that call a tool: the question, the assistant's tool call (with
-    `content_of_call` as its content; None: a null content), the tool's answer and the reply."""
+    `content_of_call` as its content; None: a null content), the tool's answer and the reply;
+    every other one with a system message when `system`; with `reasoning`, both assistant turns
+    carry reasoning_content. Call ids have the 9 characters Mistral's templates require."""
     out = []
     for i in range(n):
         city = ["Kraków", "Łódź", "Gdańsk"][i % 3]
         call = {"role": "assistant", "content": content_of_call,
                 "tool_calls": [{"id": "call%05d" % i, "type": "function",
                                 "function": {"name": "get_weather", "arguments": {"city": city}}}]}
+        reply = {"role": "assistant", "content": "Sunny and %d °C." % (15 + i)}
+        if reasoning:
+            call["reasoning_content"] = "The user wants the weather in %s: ask the tool." % city
+            reply["reasoning_content"] = "The tool answered."
         msgs = [{"role": "user", "content": "Weather in %s?" % city}, call,
                 {"role": "tool", "tool_call_id": "call%05d" % i, "name": "get_weather",
-                 "content": "sunny, %d °C" % (15 + i)},
-                {"role": "assistant", "content": "Sunny and %d °C." % (15 + i)}]
-        if i % 2:
+                 "content": "sunny, %d °C" % (15 + i)}, reply]
+        if system and i % 2:
             msgs.insert(0, {"role": "system", "content": "Be brief."})
         out.append({"messages": msgs, "tools": TOOLS})
+    return out
+
+
+def reasoning_conversations(n):
+    """conversations(n, True) with reasoning_content on every assistant turn."""
+    out = []
+    for c in conversations(n, True):
+        m = [dict(x) for x in c["messages"]]
+        for k, x in enumerate(m):
+            if x["role"] == "assistant":
+                x["reasoning_content"] = "Turn %d: recall, then answer." % k
+        out.append({"messages": m})
     return out
 
 
@@ -160,6 +238,12 @@ def sharegpt(conv):
     """A conversation as ShareGPT writes it."""
     speaker = {"user": "human", "assistant": "gpt", "system": "system", "tool": "observation"}
     return {"conversations": [{"from": speaker[m["role"]], "value": m["content"]} for m in conv["messages"]]}
+
+
+def marks_generation(template):
+    """Whether the template marks the assistant's text with {% generation %} blocks: the loss
+    mask then follows them, as transformers' return_assistant_tokens_mask does."""
+    return re.search(r"{%-?\s*generation\s*-?%}", template) is not None
 
 
 def assistant_spans(tok, template, messages, **kwargs):

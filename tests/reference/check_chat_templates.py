@@ -22,9 +22,12 @@ the directory FUYOU_EXTRA_CHAT_TEMPLATES names, for templates that may be tested
 committed (Llama's, Gemma's). A released template that does not render an assistant turn as an
 extension of the conversation before it (Qwen3 drops earlier turns' reasoning) is checked on
 single exchanges, which it does render so; Phi-3.5's EOS after the last turn only is a trailer
-the engine's rule allows (trailer_start). strftime_now is fixed at the
-engine's date, 26 Jul 2024.
+the engine's rule allows (trailer_start). A template with {% generation %} blocks (SmolLM3's,
+and one of chat_templates.py) is masked by them: its masks must equal transformers'
+return_assistant_tokens_mask. strftime_now is fixed at the engine's date, 26 Jul 2024. The
+conversations checked are counted per template.
 """
+import collections
 import json
 import os
 import shutil
@@ -152,6 +155,9 @@ def tokenize(convert, tmp, tok_name, template, records, args=(), field="messages
     return tokens, mask, read(os.path.join(out, "train.rec")) + [len(tokens)]
 
 
+TALLY = collections.Counter()  # conversations checked, by template
+
+
 def compare(failures, name, tok, template, convs, got, **kwargs):
     """Each record's ids against apply_chat_template's and its mask against the assistant
     turns'; the number of conversations checked."""
@@ -160,10 +166,16 @@ def compare(failures, name, tok, template, convs, got, **kwargs):
         return 0
     tokens, mask, starts = got
     for i, c in enumerate(convs):
-        ids, spans = chat_templates.assistant_spans(tok, template, c["messages"], tools=c.get("tools"), **kwargs)
-        want_mask = [0] * len(ids)
-        for a, b in spans:
-            want_mask[a:b] = [1] * (b - a)
+        if chat_templates.marks_generation(template):
+            out = tok.apply_chat_template(c["messages"], chat_template=template, tokenize=True, return_dict=True,
+                                          return_assistant_tokens_mask=True, tools=c.get("tools"), **kwargs)
+            ids, want_mask = list(out["input_ids"]), list(out["assistant_masks"])
+        else:
+            ids, spans = chat_templates.assistant_spans(tok, template, c["messages"], tools=c.get("tools"),
+                                                        **kwargs)
+            want_mask = [0] * len(ids)
+            for a, b in spans:
+                want_mask[a:b] = [1] * (b - a)
         got_ids, got_mask = tokens[starts[i]:starts[i + 1]], mask[starts[i]:starts[i + 1]]
         where = "%s, conversation %d" % (name, i)
         if got_ids != ids:
@@ -173,6 +185,7 @@ def compare(failures, name, tok, template, convs, got, **kwargs):
             failures.append("%s: loss mask %s, expected %s" % (where, got_mask, want_mask))
         elif not any(want_mask):
             failures.append("%s: no assistant token counted" % where)
+    TALLY[name.split(" template")[0]] += len(convs)
     return len(convs)
 
 
@@ -183,10 +196,14 @@ def check_carried(convert, tmp, probe, released, failures):
     (following the template, or refused with the reason). The conversations checked."""
     checked = 0
     tool_sets = [("tool calls", chat_templates.tool_conversations(6)),
-                 ("tool calls with a null content", chat_templates.tool_conversations(6, None))]
+                 ("tool calls with a null content", chat_templates.tool_conversations(6, None)),
+                 ("tool calls without a system message", chat_templates.tool_conversations(6, system=False)),
+                 ("tool calls with a null content, without a system message",
+                  chat_templates.tool_conversations(6, None, system=False)),
+                 ("tool calls with reasoning", chat_templates.tool_conversations(6, reasoning=True))]
     for family, template in released:
         for how, convs in tool_sets:
-            if not extends(probe, template, convs):
+            if not chat_templates.marks_generation(template) and not extends(probe, template, convs):
                 print("%s: %s not checked (the template raises on them, or a turn is not an extension of "
                       "the conversation before it)" % (family, how))
                 continue
@@ -205,6 +222,28 @@ def check_carried(convert, tmp, probe, released, failures):
         args = ["--chat-template-kwargs", json.dumps(kwargs)] if kwargs else []
         checked += compare(failures, "qwen3 template, %s" % how, tok, qwen3, convs,
                            tokenize(convert, tmp, "bytelevel", qwen3, convs, args), **kwargs)
+    # SmolLM3's reasoning mode, off by keyword argument or by /no_think in the system message.
+    smollm3 = templates.get("smollm3-3b")
+    if smollm3:
+        tok = transformers.AutoTokenizer.from_pretrained(model_dir(tmp, "bytelevel", smollm3))
+        no_think = [{"messages": [{"role": "system", "content": "Answer briefly. /no_think"}] +
+                     [m for m in c["messages"] if m["role"] != "system"]}
+                    for c in chat_templates.conversations(12, False)]
+        for how, convs, kwargs in [("enable_thinking false", chat_templates.conversations(12, True),
+                                    {"enable_thinking": False}),
+                                   ("/no_think in the system message", no_think, {})]:
+            args = ["--chat-template-kwargs", json.dumps(kwargs)] if kwargs else []
+            checked += compare(failures, "smollm3-3b template, %s" % how, tok, smollm3, convs,
+                               tokenize(convert, tmp, "bytelevel", smollm3, convs, args), **kwargs)
+    # A template of ours that marks the reply with {% generation %} and, as Qwen3 does, drops
+    # earlier turns' reasoning, so that no turn renders as an extension of the conversation
+    # before it: the mask follows its blocks, on both tokenizers.
+    marked = chat_templates.TEMPLATES_MARKED["chatml_think_generation"]
+    convs = chat_templates.reasoning_conversations(12)
+    for tok_name in TOKENIZERS:
+        tok = transformers.AutoTokenizer.from_pretrained(model_dir(tmp, tok_name, marked))
+        checked += compare(failures, "chatml_think_generation template, %s tokenizer" % tok_name, tok, marked,
+                           convs, tokenize(convert, tmp, tok_name, marked, convs))
     for family in ["llama2", "chatml"]:
         template = chat_templates.TEMPLATES[family]
         convs = chat_templates.conversations(12, True)
@@ -244,15 +283,20 @@ def main():
         unmaskable = []
         released = list(released_templates())
         for family, template in released:
-            system = "gemma" not in family
-            for how, convs in [("conversations", chat_templates.conversations(12, system)),
-                               ("single exchanges", chat_templates.single_exchanges(12, system)),
-                               ("single exchanges without a system message",
-                                chat_templates.single_exchanges(12, False))]:
-                if extends(probe, template, convs):
-                    todo.append((family, template, convs))
-                    print("%s: checked on %s" % (family, how))
-                    break
+            # With a system message and without (a template may refuse one, or place it in the
+            # last user turn only): multi-turn conversations where the template renders each
+            # assistant turn as an extension of the conversation before it, else single exchanges.
+            # A template with {% generation %} blocks is masked by them and needs neither.
+            checked_on = []
+            for system, how in [(True, ""), (False, " without a system message")]:
+                for what, convs in [("conversations", chat_templates.conversations(12, system)),
+                                    ("single exchanges", chat_templates.single_exchanges(12, system))]:
+                    if chat_templates.marks_generation(template) or extends(probe, template, convs):
+                        todo.append((family, template, convs))
+                        checked_on.append(what + how)
+                        break
+            if checked_on:
+                print("%s: checked on %s" % (family, ", ".join(checked_on)))
             else:
                 unmaskable.append((family, template))
         for family, template, convs in todo:
@@ -283,9 +327,11 @@ def main():
                 print("refused: %s" % (r.stderr + r.stdout).strip().splitlines()[-1])
     if failures:
         raise SystemExit("\n".join(failures[:10]) + "\n%d failure(s)" % len(failures))
+    for family in sorted(TALLY):
+        print("%s: %d conversations equal" % (family, TALLY[family]))
     print("%d conversations over %d templates and %d tokenizers (and records with tools, reasoning, keyword "
           "arguments, ShareGPT turns, given BOS/EOS): ids equal apply_chat_template's, masks cover the "
-          "assistant turns" % (checked, len(todo), len(TOKENIZERS)))
+          "assistant turns" % (checked, len(TALLY), len(TOKENIZERS)))
 
 
 if __name__ == "__main__":

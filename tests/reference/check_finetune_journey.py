@@ -10,8 +10,12 @@ added to prompts, bf16 weights, context 128 fine-tuned at 32) and a GPT-2 with a
 tokenizer (fp32). The export must load with AutoTokenizer and AutoModelForCausalLM with the
 base model's special-token ids, context length and dtype, and fuyou-generate's greedy tokens
 and text must equal transformers' generate() on the export (and on the base model); so must
-its --chat prompts (the model's chat template, carried through the run into the export) and
-its generation with the layers streamed through the device (--stream-layers always).
+its --chat prompts (the model's chat template, carried through the run into the export), its
+generation with the layers streamed through the device (--stream-layers always) and its batch
+mode (--input/--output: plain prompts, and --chat with --system and a conversation with earlier
+turns, one model load per batch). The run samples its prompt as a chat (schedule.sample_chat,
+with data.chat_template_kwargs on GPT-2): the prompt ids are apply_chat_template's and the
+tokens fuyou-generate --chat's.
 
     /usr/bin/python3 tests/reference/check_finetune_journey.py BUILD_DIR
 
@@ -43,6 +47,7 @@ TOKENIZER_FIXTURE = {"llama": "tok_llama2.json", "gpt2": "tok_bytelevel.json"}
 FIXTURES = os.path.join(HERE, "fixtures", "hf")
 PROMPTS = ["the people of the world", "Good day, how are you", "one two three"]
 NEW_TOKENS = 16
+SAMPLE_TOKENS = 8
 # transformers' greedy path is compared up to its first near tie between its two best logits:
 # the engine's fp32 arithmetic differs from PyTorch's in the last bits (measured below 1e-6
 # relative on these models), so a margin this much larger makes a differing token a real
@@ -94,14 +99,17 @@ def make_gpt2(d):
                                          unk_token="<|endoftext|>")
     # ChatML's markers spell out in bytes here (no added tokens): a short template keeps the
     # chat prompt within the 64 positions.
+    # chat prompt within the 64 positions; a keyword argument (greeting) opens the reply.
     tok.chat_template = ("{% for m in messages %}{{ m['role'][0] + ': ' + m['content'] + '\\n' }}"
-                         "{% endfor %}{% if add_generation_prompt %}{{ 'a:' }}{% endif %}")
+                         "{% endfor %}{% if add_generation_prompt %}{{ 'a:' }}"
+                         "{% if greeting is defined %}{{ ' ' + greeting }}{% endif %}{% endif %}")
     cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=len(tok), n_positions=64,
                                   activation_function="gelu_new", layer_norm_epsilon=1e-5,
                                   bos_token_id=0, eos_token_id=0)
     perturb(transformers.GPT2LMHeadModel(cfg)).save_pretrained(d, safe_serialization=True)
     tok.save_pretrained(d)
-    return {"bos": None, "eos": "<|endoftext|>", "seq_len": 64, "dtype": torch.float32}
+    return {"bos": None, "eos": "<|endoftext|>", "seq_len": 64, "dtype": torch.float32,
+            "chat_kwargs": {"greeting": "Hi."}}
 
 
 def write_records(path, n, seed):
@@ -120,6 +128,83 @@ def greedy_ref(model, ids):
                              pad_token_id=model.config.eos_token_id)
     gaps = [(s[0].topk(2).values[0] - s[0].topk(2).values[1]).item() for s in out.scores]
     return out.sequences[0, len(ids):].tolist(), gaps
+
+
+def compare_greedy(what, tok, model, ids, got_prompt_ids, got_ids, got_text):
+    """fuyou-generate's prompt ids and greedy tokens and text against transformers' (up to a
+    near tie in transformers' path); 1 when compared whole, 0 when up to a tie."""
+    if got_prompt_ids != ids:
+        raise SystemExit("%s: fuyou-generate encodes %s, transformers %s" % (what, got_prompt_ids, ids))
+    ref, gaps = greedy_ref(model, ids)
+    tie = next((i for i, g in enumerate(gaps) if g < MIN_MARGIN), None)
+    if tie is not None:
+        # Up to the tie only: the token there may go either way.
+        print("%s -> %s: transformers' greedy path has a near tie at new token %d (gap %.3g); "
+              "compared the %d tokens before it" % (what, ref, tie, gaps[tie], tie))
+        if got_ids[:tie] != ref[:tie]:
+            raise SystemExit("%s: fuyou-generate gave %s, transformers %s (the first %d agree "
+                             "before a near tie)" % (what, got_ids, ref, tie))
+        return 0
+    text = tok.decode(ref, skip_special_tokens=True)
+    print("%s -> %s %r (smallest top-2 gap %.3g)" % (what, ref, text, min(gaps)))
+    if got_ids != ref:
+        raise SystemExit("%s: fuyou-generate gave %s, transformers %s" % (what, got_ids, ref))
+    if got_text != text:
+        raise SystemExit("%s: fuyou-generate's text %r, transformers' %r" % (what, got_text, text))
+    return 1
+
+
+def check_batch(build, model_dir, label, tok, model, pipeline):
+    """fuyou-generate --input/--output, one model load per batch: plain prompts, and with
+    --chat --system prompts and a conversation with earlier turns and its own system message,
+    each record's prompt ids and greedy completion equal to transformers' on the prompt alone
+    (the chat ones rendered by apply_chat_template). The records compared whole."""
+    system = "Answer in one short line."
+    history = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": PROMPTS[2]},
+               {"role": "assistant", "content": "four five six"}, {"role": "user", "content": PROMPTS[1]}]
+    chat_ids = lambda msgs: pipeline.encode(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False),
+                                            add_special_tokens=False).ids
+    batches = [([], [({"prompt": p, "id": k}, tok(p)["input_ids"]) for k, p in enumerate(PROMPTS)]),
+               (["--chat", "--system", system],
+                [({"prompt": PROMPTS[0]}, chat_ids([{"role": "system", "content": system},
+                                                     {"role": "user", "content": PROMPTS[0]}])),
+                 ({"messages": history}, chat_ids(history))])]
+    whole = 0
+    generate = [os.path.join(build, "fuyou-generate"), "--model", model_dir, "--max-new-tokens", str(NEW_TOKENS),
+                "--backend", "cpu"]
+    with tempfile.TemporaryDirectory() as d:
+        src, dst = os.path.join(d, "prompts.jsonl"), os.path.join(d, "out.jsonl")
+        # A record that is not one prompt is refused by file and line, and nothing is written.
+        for bad, why in [({"prompt": "a", "messages": []}, "give either 'prompt'"),
+                         ({"prompt": "a", "completion": "b"}, "field 'completion' is one fuyou-generate writes")]:
+            with open(src, "w") as f:
+                f.write(json.dumps({"prompt": "fine"}) + "\n" + json.dumps(bad) + "\n")
+            r = subprocess.run(generate + ["--input", src, "--output", dst], capture_output=True, text=True)
+            if r.returncode == 0 or "prompts.jsonl:2: " + why not in r.stderr or os.path.exists(dst):
+                raise SystemExit("%s: --input with %s: expected a refusal naming prompts.jsonl:2 and %r, got "
+                                 "exit %d: %s" % (label, bad, why, r.returncode, r.stderr.strip()[-300:]))
+        for flags, items in batches:
+            with open(src, "w") as f:
+                for rec, _ in items:
+                    f.write(json.dumps(rec) + "\n")
+            run(generate + ["--input", src, "--output", dst] + flags)
+            with open(dst) as f:
+                out = [json.loads(line) for line in f]
+            whole += compare_batch(label, tok, model, flags, items, out)
+    return whole
+
+
+def compare_batch(label, tok, model, flags, items, out):
+    """The output records of one batch against transformers; the records compared whole."""
+    if len(out) != len(items):
+        raise SystemExit("%s: --input of %d records gave %d" % (label, len(items), len(out)))
+    whole = 0
+    for (rec, ids), got in zip(items, out):
+        what = "%s: batch record %s %s" % (label, json.dumps(rec)[:60], " ".join(flags))
+        if {k: got.get(k) for k in rec} != rec:
+            raise SystemExit("%s: the output record does not carry the input's fields: %s" % (what, got))
+        whole += compare_greedy(what, tok, model, ids, got["prompt_ids"], got["completion_ids"], got["completion"])
+    return whole
 
 
 def check_generation(build, model_dir, label, ref_dir=None):
@@ -142,27 +227,10 @@ def check_generation(build, model_dir, label, ref_dir=None):
                               "--max-new-tokens", str(NEW_TOKENS), "--backend", "cpu", "--json"] + flags,
                              stdout=subprocess.PIPE, text=True).stdout)
         what = "%s: prompt %r %s" % (label, prompt, " ".join(flags))
-        if got["prompt_ids"] != ids:
-            raise SystemExit("%s: fuyou-generate encodes %s, transformers %s" % (what, got["prompt_ids"], ids))
         if got["streamed"] != ("--stream-layers" in flags):
             raise SystemExit("%s: streamed %s" % (what, got["streamed"]))
-        ref, gaps = greedy_ref(model, ids)
-        tie = next((i for i, g in enumerate(gaps) if g < MIN_MARGIN), None)
-        if tie is not None:
-            # Up to the tie only: the token there may go either way.
-            print("%s -> %s: transformers' greedy path has a near tie at new token %d (gap %.3g); "
-                  "compared the %d tokens before it" % (what, ref, tie, gaps[tie], tie))
-            if got["ids"][:tie] != ref[:tie]:
-                raise SystemExit("%s: fuyou-generate gave %s, transformers %s (the first %d agree "
-                                 "before a near tie)" % (what, got["ids"], ref, tie))
-            continue
-        whole += 1
-        text = tok.decode(ref, skip_special_tokens=True)
-        print("%s -> %s %r (smallest top-2 gap %.3g)" % (what, ref, text, min(gaps)))
-        if got["ids"] != ref:
-            raise SystemExit("%s: fuyou-generate gave %s, transformers %s" % (what, got["ids"], ref))
-        if got["text"] != text:
-            raise SystemExit("%s: fuyou-generate's text %r, transformers' %r" % (what, got["text"], text))
+        whole += compare_greedy(what, tok, model, ids, got["prompt_ids"], got["ids"], got["text"])
+    whole += check_batch(build, model_dir, label, tok, model, pipeline)
     if whole < MIN_WHOLE:
         raise SystemExit("%s: only %d of %d cases without a near tie in transformers' greedy path "
                          "(at least %d needed): choose other prompts or seeds" % (label, whole, len(cases), MIN_WHOLE))
@@ -210,6 +278,30 @@ def wait_for_step(metrics, step, proc, timeout=120):
     raise SystemExit("fuyou-train did not reach step %d in %d s" % (step, timeout))
 
 
+def check_chat_samples(build, base, run_dir, name, steps, kwargs):
+    """schedule.sample_chat with data.chat_template_kwargs: the last sample's prompt ids are
+    apply_chat_template's for the prompt as a user message with the keyword arguments, and its
+    tokens are fuyou-generate --chat's from the run's final weights."""
+    with open(os.path.join(run_dir, "samples.jsonl")) as f:
+        last = [json.loads(line) for line in f][-1]
+    if last["step"] != steps:
+        raise SystemExit("%s: the last sample is of step %d, expected %d" % (name, last["step"], steps))
+    tok = transformers.AutoTokenizer.from_pretrained(base)
+    pipeline = tokenizers.Tokenizer.from_file(os.path.join(FIXTURES, TOKENIZER_FIXTURE[name]))
+    text = tok.apply_chat_template([{"role": "user", "content": PROMPTS[0]}], add_generation_prompt=True,
+                                   tokenize=False, **kwargs)
+    ids = pipeline.encode(text, add_special_tokens=False).ids
+    if last["prompt_ids"] != ids:
+        raise SystemExit("%s: sample prompt ids %s, apply_chat_template's %s (%r)" % (name, last["prompt_ids"], ids, text))
+    flags = ["--chat-template-kwargs", json.dumps(kwargs)] if kwargs else []
+    got = json.loads(run([os.path.join(build, "fuyou-generate"), "--model", run_dir, "--prompt", PROMPTS[0], "--chat",
+                          "--max-new-tokens", str(SAMPLE_TOKENS), "--backend", "cpu", "--json"] + flags,
+                         stdout=subprocess.PIPE, text=True).stdout)
+    if got["prompt_ids"] != ids or got["ids"] != last["ids"]:
+        raise SystemExit("%s: the last sample gave %s, fuyou-generate --chat %s" % (name, last["ids"], got["ids"]))
+    print("%s: chat sample at step %d %r -> %r, as fuyou-generate --chat" % (name, steps, text, last["text"]))
+
+
 def journey(build, tmp, name, make):
     base = os.path.join(tmp, name + "_hf")
     expect = make(base)
@@ -226,11 +318,16 @@ def journey(build, tmp, name, make):
         tokenize += ["--bos-token", expect["bos"]]
     run(tokenize)
     cfg = os.path.join(tmp, name + ".yaml")
+    # Samples as chat (the base model's template, with the keyword arguments the model has).
+    kwargs = expect.get("chat_kwargs", {})
     with open(cfg, "w") as f:
         f.write("model: {checkpoint: %s, seq_len: %d}\n" % (ckpt, expect["seq_len"]) +
-                "data: {train_shards: [%s/train.tok], val_shards: [%s/val.tok]}\n" % (data, data) +
+                "data: {train_shards: [%s/train.tok], val_shards: [%s/val.tok]%s}\n"
+                % (data, data, ", chat_template_kwargs: %s" % json.dumps(kwargs) if kwargs else "") +
                 "optimizer: {lr: 0.003}\n"
-                "schedule: {steps: 100000, warmup_steps: 2, micro_batch: 2, eval_every: 0, eval_batches: 2}\n"
+                "schedule: {steps: 100000, warmup_steps: 2, micro_batch: 2, eval_every: 0, eval_batches: 2,\n"
+                "           sample_every: 1000, sample_prompts: [%s], sample_tokens: %d, sample_chat: true}\n"
+                % (json.dumps(PROMPTS[0]), SAMPLE_TOKENS) +
                 "runtime: {backend: cpu, threads: 2}\ncheckpoint: {every_steps: 3}\n")
     # Ctrl-C after a few steps: the run finishes its step, checkpoints and exits 130.
     proc = subprocess.Popen([train, "--config", cfg, "--run-dir", run_dir])
@@ -245,6 +342,7 @@ def journey(build, tmp, name, make):
         steps = json.load(f)["steps"]
     if steps != stopped + 4:
         raise SystemExit("resumed run ended at step %d, expected %d" % (steps, stopped + 4))
+    check_chat_samples(build, base, run_dir, name, steps, kwargs)
     run([convert, "to-hf", run_dir, "--out", export])  # no --dtype: the base model's
     check_export(base, export, expect)
     check_generation(build, base, name + " base")
