@@ -29,7 +29,7 @@ PUBLIC = {
     "hf_checkpoint": "formats", "partial_outputs": "formats", "hardware": "formats",
     "device_costs": "kernels",
     "backend": "kernels", "cuda": "kernels",
-    "model": "model", "decoder": "model", "op_class": "model", "family": "model",
+    "model": "model", "lora": "model", "decoder": "model", "op_class": "model", "family": "model",
     "optim": "optim", "ooc_adamw": "optim", "adam_bench": "optim", "loss_scale": "optim", "train_state": "optim",
     "backend_select": "runtime", "breakdown": "runtime", "checkpoint_bench": "runtime",
     "sim_bench": "runtime", "checkpoint": "runtime", "engine": "runtime",
