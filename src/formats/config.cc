@@ -11,6 +11,7 @@
 
 #include "fuyou/error.h"
 #include "fuyou/family.h"
+#include "fuyou/lora.h"
 #include "fuyou/read_file.h"
 #include "fuyou/rope.h"
 #include "fuyou/sizes.h"
@@ -514,6 +515,18 @@ void checkpoint_keys(F&& key) {
   key("keep_best", &K::keep_best, Free{});
 }
 
+template <typename F>
+void lora_keys(F&& key) {
+  using L = LoraConfig;
+  key("rank", &L::rank, closed(0, 65536, " (0: no LoRA, every weight trains)"));
+  key("alpha", &L::alpha, interval(0, 1e6, "()"));
+  key("dropout", &L::dropout, interval(0, 1, "[)"));
+  key("targets", &L::targets, Free{});
+  key("base", &L::base, OneOf{{"fp32", "bf16", "nf4"}});
+  key("init", &L::init, Free{});
+  key("use_rslora", &L::use_rslora, Free{});
+}
+
 // The sections in the order config.yaml writes them: section(name, member of Config, keys),
 // keys(key) visiting the section's key list. deferred_updates' bound is n_layer's.
 template <typename F>
@@ -525,6 +538,7 @@ void config_sections(F&& section, int n_layer) {
   section("offload", &Config::offload, [n_layer](auto&& key) { offload_keys(key, n_layer); });
   section("runtime", &Config::runtime, [](auto&& key) { runtime_keys(key); });
   section("checkpoint", &Config::checkpoint, [](auto&& key) { checkpoint_keys(key); });
+  section("lora", &Config::lora, [](auto&& key) { lora_keys(key); });
 }
 
 const std::vector<std::string>& section_names() {
@@ -909,6 +923,50 @@ CheckpointConfig parse_checkpoint(const YAML::Node& node, const Origin& source) 
   return k;
 }
 
+// The lora section: its keys, then what this build runs of them (docs/lora.md says what is
+// missing). The targets are the model's family's module names.
+LoraConfig parse_lora(const YAML::Node& node, const Origin& source, const Config& c) {
+  Section s(node, "lora", source);
+  LoraConfig l;
+  read_keys(s, l, [](auto&& key) { lora_keys(key); });
+  check_keys(s, l, [](auto&& key) { lora_keys(key); });
+  if (!l.enabled()) {
+    // Off: a key that differs from its default would be silently ignored (config.yaml writes
+    // the defaults, which read back).
+    const LoraConfig off;
+    const bool differs[] = {l.alpha != off.alpha,     l.dropout != off.dropout,
+                            l.targets != off.targets, l.base != off.base,
+                            l.init != off.init,       l.use_rslora != off.use_rslora};
+    const char* keys[] = {"alpha", "dropout", "targets", "base", "init", "use_rslora"};
+    for (size_t i = 0; i < 6; ++i)
+      if (differs[i]) s.fail(keys[i], "is set but lora.rank is 0 (LoRA off): give lora.rank");
+    return l;
+  }
+  if (l.targets.empty())
+    s.fail("targets", str("is empty: name the modules to adapt (", join(lora_module_names(c.model)),
+                          ") or all-linear"));
+  try {
+    lora_target_modules(c.model, l);
+  } catch (const ConfigError& e) {
+    s.fail("targets", e.what());
+  }
+  if (l.dropout != 0)
+    s.fail("dropout", str(l.dropout, ": adapter dropout is not implemented yet (use 0)"));
+  if (l.base != "fp32")
+    s.fail("base",
+           str(l.base, ": only an fp32 base runs yet (",
+               l.base == "nf4" ? "NF4 quantisation" : "a bf16 base", " is not implemented)"));
+  if (l.init != "peft" && !std::filesystem::is_directory(l.init))
+    s.fail("init", str("'", l.init,
+                       "' is neither peft nor a directory (a PEFT adapter "
+                       "directory: adapter_config.json, adapter_model.safetensors)"));
+  if (c.model.checkpoint.empty())
+    s.fail("rank",
+           "LoRA adapts a trained base: set model.checkpoint (a directory of "
+           "fuyou-convert from-hf)");
+  return l;
+}
+
 Config parse_config_in_chain(const std::string& yaml_text, const std::string& source,
                              const std::vector<std::string>& overrides, CheckpointChain& chain) {
   YAML::Node root = load_yaml_checked(yaml_text, source);
@@ -938,6 +996,7 @@ Config parse_config_in_chain(const std::string& yaml_text, const std::string& so
   c.offload = parse_offload(r["offload"], origin, c.model.n_layer);
   c.runtime = parse_runtime(r["runtime"], origin, c.offload);
   c.checkpoint = parse_checkpoint(r["checkpoint"], origin);
+  c.lora = parse_lora(r["lora"], origin, c);
   c.model.seed = c.runtime.seed;
   return c;
 }
