@@ -923,6 +923,30 @@ CheckpointConfig parse_checkpoint(const YAML::Node& node, const Origin& source) 
   return k;
 }
 
+// What the LoRA step runs so far (docs/lora.md): the CPU backend's fp32 tensors and GEMMs, the
+// base, activations and adapters in memory, AdamW on the host with fp32 state. Anything else
+// is refused here, naming the key that asks for it, rather than run some other way.
+void check_lora_runs(const Section& s, const Config& c) {
+  auto refuse = [&](const std::string& key, const std::string& value) {
+    s.fail("rank", str("LoRA does not run with ", key, " ", value,
+                       " yet (it runs on the CPU backend with fp32 tensors, everything in "
+                       "memory, AdamW on the host in fp32: docs/lora.md)"));
+  };
+  const RuntimeConfig& r = c.runtime;
+  if (r.backend != "cpu" && r.backend != "auto") refuse("runtime.backend", r.backend);
+  if (r.device_tensors != "fp32") refuse("runtime.device_tensors", r.device_tensors);
+  if (r.precision != "auto" && r.precision != "fp32") refuse("runtime.precision", r.precision);
+  const OffloadConfig& o = c.offload;
+  if (!o.ssd_paths.empty()) refuse("offload.ssd_paths", "(a base streamed from SSD)");
+  if (o.weights != "auto") refuse("offload.weights", o.weights);
+  if (o.optimizer_state != "auto") refuse("offload.optimizer_state", o.optimizer_state);
+  if (o.activations != ActivationPolicy::kAuto && o.activations != ActivationPolicy::kKeep)
+    refuse("offload.activations", activation_policy_name(o.activations));
+  if (c.optimizer.placement == "device") refuse("optimizer.placement", "device");
+  if (c.optimizer.state != "fp32") refuse("optimizer.state", c.optimizer.state);
+  if (c.optimizer.master != "fp32") refuse("optimizer.master", c.optimizer.master);
+}
+
 // The lora section: its keys, then what this build runs of them (docs/lora.md says what is
 // missing). The targets are the model's family's module names.
 LoraConfig parse_lora(const YAML::Node& node, const Origin& source, const Config& c) {
@@ -960,6 +984,7 @@ LoraConfig parse_lora(const YAML::Node& node, const Origin& source, const Config
     s.fail("init", str("'", l.init,
                        "' is neither peft nor a directory (a PEFT adapter "
                        "directory: adapter_config.json, adapter_model.safetensors)"));
+  check_lora_runs(s, c);
   if (c.model.checkpoint.empty())
     s.fail("rank",
            "LoRA adapts a trained base: set model.checkpoint (a directory of "
