@@ -233,6 +233,12 @@ bool wants_offload(const Config& cfg) {
 }
 
 PlanRequest plan_request(const Config& cfg) {
+  // Every plan (the engines', fuyou-bench plan and simulate, --dry-run) starts here: a LoRA
+  // config would otherwise be planned as a full fine-tune.
+  if (cfg.lora.enabled())
+    throw ConfigError(
+        "lora: the planner and the simulator do not know LoRA yet (a frozen base, no optimizer "
+        "stream): no plan is made for a lora config (docs/lora.md)");
   PlanRequest req;
   req.model = cfg.model;
   req.micro_batch = cfg.schedule.micro_batch;
