@@ -80,7 +80,8 @@ struct MemoryStats {
 //
 // matmul_forward: out(N,OC) = in(N,IC) * w(OC,IC)^T + bias(OC); bias may be null.
 // matmul_backward: din(N,IC) = dout * w (overwritten; skipped when din is null); dw(OC,IC) +=
-//   dout^T in; dbias(OC) += column sums of dout (skipped when null). din may alias in: dw is
+//   dout^T in (skipped when null: a frozen weight, lora); dbias(OC) += column sums of dout
+//   (skipped when null). din may alias in: dw is
 //   computed from in before din is written (the MLP's backward overwrites its input activation).
 //
 // Packed records (segments). `pos` (device memory, B*T int32, or null) gives each token its

@@ -249,6 +249,19 @@ struct CheckpointConfig {
   bool keep_best = false;
 };
 
+// LoRA over a frozen base (docs/config.md, "lora"; docs/lora.md), the keys named as PEFT's
+// LoraConfig names them. rank 0: no adapters, every weight trains.
+struct LoraConfig {
+  int rank = 0;                      // r: the adapters' inner size; 0 disables LoRA
+  double alpha = 8;                  // lora_alpha: the scale is alpha / rank
+  double dropout = 0;                // lora_dropout on the adapters' input (only 0 runs yet)
+  std::vector<std::string> targets;  // target_modules: HF module names, or all-linear
+  std::string base = "fp32";         // the frozen base's storage: fp32, bf16, nf4
+  std::string init = "peft";         // peft (A Kaiming-uniform, B zero) or a PEFT adapter dir
+  bool use_rslora = false;           // the scale is alpha / sqrt(rank)
+  bool enabled() const { return rank > 0; }
+};
+
 struct Config {
   ModelConfig model;
   DataConfig data;
@@ -257,6 +270,7 @@ struct Config {
   OffloadConfig offload;
   RuntimeConfig runtime;
   CheckpointConfig checkpoint;
+  LoraConfig lora;
 };
 
 // Parses and validates YAML text. `source` names it in errors (a path or "<default>").

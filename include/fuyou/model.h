@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fuyou/backend.h"
@@ -197,7 +198,12 @@ void init_gpt_group(const ModelConfig& cfg, const ParamLayout& layout, int group
 // activations (in-memory training). kWorkspace: only the per-pass workspace (tokens, head,
 // backward scratch); the scheduler owns weights, gradients and activations and passes them
 // to the per-layer calls.
-enum class ModelState { kFull, kWorkspace };
+// kFrozenBase (lora): parameters and activations as kFull, but no gradients: the base trains
+// nothing, its weight-gradient GEMMs are skipped and the adapters (attach_lora) get the
+// gradients instead.
+enum class ModelState { kFull, kWorkspace, kFrozenBase };
+
+struct LoraLayout;
 
 // The decoder-only transformer of every model family (gpt2, opt, llama: ModelConfig::family)
 // on a backend for a fixed micro-batch, all device memory sized at construction (nothing is
@@ -243,6 +249,12 @@ class Transformer {
                          float loss_scale);
   void zero_grads();
 
+  // LoRA (kFrozenBase only): every linear the layout adapts computes W x + s B (A x), with the
+  // adapters in `params` and their gradients accumulated into `grads` (both device buffers
+  // laid out as layout.params, the storage type; fp32 only). The layout must outlive the
+  // model. zero_grads() then clears the adapters' gradients.
+  void attach_lora(const LoraLayout& layout, const void* params, void* grads);
+
   // Per-layer pieces of forward() and backward(), for the scheduler to drive one at a time.
   // set_tokens copies a micro-batch's inputs (and targets) to the device first. With
   // `positions` (B*T) the rows are packed records: positions[b*T + t] is token t's position
@@ -281,6 +293,19 @@ class Transformer {
   float mean_loss();
   void head_gemm_backward(const GlobalTensors& g, const GlobalTensors& dg, int r0, int rows);
   void head_norm_backward(const GlobalTensors& g, const GlobalTensors& dg, const void* x, void* dx);
+  // The adapter of (layer, linear k) applied after the base linear's forward: out(N, out) +=
+  // s B (A in); nothing where the linear has no adapter.
+  void lora_forward(int layer, int k, void* out, const void* in);
+  // Before the base linear's backward (its input `in` may be overwritten by it): the adapter's
+  // gradients from dout and in, and its share of the input gradient into lora_dx_; false
+  // where the linear has no adapter (lora_dx_ untouched).
+  bool lora_backward(int layer, int k, const void* dout, const void* in);
+  // Adds the adapter's input gradient (lora_backward true) into din (N, in).
+  void lora_add_input_grad(int layer, int k, void* din);
+  // The gradients the backward writes: the model's own, or with a frozen base null matrices
+  // and the norms' weight gradients in a scratch that nothing reads.
+  LayerTensors layer_grads(int layer);
+  GlobalTensors global_grads();
   // A timing mark before the work of class c (Backend: step timing; only while timing).
   void mark(StepPhase p, OpClass c) {
     if (be_.timing_on()) be_.timing_mark(timing_tag(p, c));
@@ -334,7 +359,19 @@ class Transformer {
   void* dqkvc_ = nullptr;         // (N, C + 2KV)
   void* dgu_ = nullptr;           // (N, 2F) llama: gradient of gate | up
   const FamilyTraits& fam_;
-  RopeTable rope_;  // llama: the rotary frequencies of cfg_
+  RopeTable rope_;                // llama: the rotary frequencies of cfg_
+  bool frozen_ = false;           // kFrozenBase: no base gradients
+  void* frozen_grads_ = nullptr;  // (4C + 2D) the norms' discarded weight gradients
+  const LoraLayout* lora_ = nullptr;
+  const void* lora_params_ = nullptr;
+  void* lora_grads_ = nullptr;
+  size_t lora_total_ = 0;           // elements of the adapters' layout
+  void* lora_u_ = nullptr;          // (N, widest adapter) A in, then its gradient
+  void* lora_v_ = nullptr;          // (N, widest adapter) s A in, then its gradient
+  void* lora_dx_ = nullptr;         // (N, widest linear) the adapter's output / input gradient
+  std::vector<void*> lora_scales_;  // per adapter: s I (width, width), the scale as a GEMM
+  // Per adapter: the element ranges of B outside its parts' blocks, whose gradient is cleared.
+  std::vector<std::vector<std::pair<size_t, size_t>>> lora_zero_;
   std::vector<void*> owned_;
 };
 

@@ -268,8 +268,8 @@ void forward_stored(Cache& c, float* out, const uint16_t* in, const uint16_t* w,
 
 void backward_stored(Cache& c, float* din, float* dw, const uint16_t* dout, const uint16_t* in,
                      const uint16_t* w, int N, int IC, int OC) {
-  run_bf16(c, true, false, OC, IC, N, dout, in, nullptr, true, dw,
-           IC);  // dw first: din may alias in
+  if (dw)  // dw first: din may alias in
+    run_bf16(c, true, false, OC, IC, N, dout, in, nullptr, true, dw, IC);
   if (din) run_bf16(c, false, false, N, IC, OC, dout, w, nullptr, false, din, IC);
 }
 

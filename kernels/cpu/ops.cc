@@ -220,7 +220,7 @@ void CpuKernels::matmul_backward(float* din, float* dw, float* dbias, const floa
   // Without oneDNN's bf16 matmul (no AVX-512), gemm_bf16 multiplies rounded operands in fp32.
   auto gemm = precision_ == MatmulPrecision::kFp16 ? gemm_fp16 : bf16 ? gemm_bf16 : gemm_f32;
   // dw first: din may alias in (backend.h).
-  gemm(true, false, OC, IC, N, 1.0f, dout, OC, in, IC, 1.0f, dw, IC);
+  if (dw) gemm(true, false, OC, IC, N, 1.0f, dout, OC, in, IC, 1.0f, dw, IC);
   if (din) gemm(false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, din, IC);
   if (dbias) {
     // Column sums: threads own column blocks, rows stream through in order.

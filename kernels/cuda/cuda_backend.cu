@@ -453,8 +453,9 @@ void CudaBackend::matmul_forward(void* out, const void* in, const void* w, const
 void CudaBackend::matmul_backward(void* din, void* dw, void* dbias, const void* dout,
                                   const void* in, const void* w, int N, int IC, int OC) {
   // dw first: din may alias in (backend.h); both GEMMs are on the compute stream, in order.
-  gemm(true, false, OC, IC, N, 1.0f, dout, OC, 0, in, IC, 0, 1.0f, dw, IC, 0, 1, true, storage_,
-       storage_);
+  if (dw)
+    gemm(true, false, OC, IC, N, 1.0f, dout, OC, 0, in, IC, 0, 1.0f, dw, IC, 0, 1, true, storage_,
+         storage_);
   if (din)
     gemm(false, false, N, IC, OC, 1.0f, dout, OC, 0, w, IC, 0, 0.0f, din, IC, 0, 1, true, storage_,
          storage_);

@@ -12,6 +12,7 @@
 
 #include "fuyou/error.h"
 #include "fuyou/family.h"
+#include "fuyou/lora.h"
 #include "fuyou/read_file.h"
 #include "fuyou/rope.h"
 #include "fuyou/sizes.h"
@@ -567,6 +568,18 @@ void checkpoint_keys(F&& key) {
   key("keep_best", &K::keep_best, Free{});
 }
 
+template <typename F>
+void lora_keys(F&& key) {
+  using L = LoraConfig;
+  key("rank", &L::rank, closed(0, 65536, " (0: no LoRA, every weight trains)"));
+  key("alpha", &L::alpha, interval(0, 1e6, "()"));
+  key("dropout", &L::dropout, interval(0, 1, "[)"));
+  key("targets", &L::targets, Free{});
+  key("base", &L::base, OneOf{{"fp32", "bf16", "nf4"}});
+  key("init", &L::init, Free{});
+  key("use_rslora", &L::use_rslora, Free{});
+}
+
 // The sections in the order config.yaml writes them: section(name, member of Config, keys),
 // keys(key) visiting the section's key list. deferred_updates' bound is n_layer's.
 template <typename F>
@@ -578,6 +591,7 @@ void config_sections(F&& section, int n_layer) {
   section("offload", &Config::offload, [n_layer](auto&& key) { offload_keys(key, n_layer); });
   section("runtime", &Config::runtime, [](auto&& key) { runtime_keys(key); });
   section("checkpoint", &Config::checkpoint, [](auto&& key) { checkpoint_keys(key); });
+  section("lora", &Config::lora, [](auto&& key) { lora_keys(key); });
 }
 
 const std::vector<std::string>& section_names() {
@@ -963,6 +977,75 @@ CheckpointConfig parse_checkpoint(const YAML::Node& node, const Origin& source) 
   return k;
 }
 
+// What the LoRA step runs so far (docs/lora.md): the CPU backend's fp32 tensors and GEMMs, the
+// base, activations and adapters in memory, AdamW on the host with fp32 state. Anything else
+// is refused here, naming the key that asks for it, rather than run some other way.
+void check_lora_runs(const Section& s, const Config& c) {
+  auto refuse = [&](const std::string& key, const std::string& value) {
+    s.fail("rank", str("LoRA does not run with ", key, " ", value,
+                       " yet (it runs on the CPU backend with fp32 tensors, everything in "
+                       "memory, AdamW on the host in fp32: docs/lora.md)"));
+  };
+  const RuntimeConfig& r = c.runtime;
+  if (r.backend != "cpu" && r.backend != "auto") refuse("runtime.backend", r.backend);
+  if (r.device_tensors != "fp32") refuse("runtime.device_tensors", r.device_tensors);
+  if (r.precision != "auto" && r.precision != "fp32") refuse("runtime.precision", r.precision);
+  const OffloadConfig& o = c.offload;
+  if (!o.ssd_paths.empty()) refuse("offload.ssd_paths", "(a base streamed from SSD)");
+  if (o.weights != "auto") refuse("offload.weights", o.weights);
+  if (o.optimizer_state != "auto") refuse("offload.optimizer_state", o.optimizer_state);
+  if (o.activations != ActivationPolicy::kAuto && o.activations != ActivationPolicy::kKeep)
+    refuse("offload.activations", activation_policy_name(o.activations));
+  if (c.optimizer.placement == "device") refuse("optimizer.placement", "device");
+  if (c.optimizer.state != "fp32") refuse("optimizer.state", c.optimizer.state);
+  if (c.optimizer.master != "fp32") refuse("optimizer.master", c.optimizer.master);
+}
+
+// The lora section: its keys, then what this build runs of them (docs/lora.md says what is
+// missing). The targets are the model's family's module names.
+LoraConfig parse_lora(const YAML::Node& node, const Origin& source, const Config& c) {
+  Section s(node, "lora", source);
+  LoraConfig l;
+  read_keys(s, l, [](auto&& key) { lora_keys(key); });
+  check_keys(s, l, [](auto&& key) { lora_keys(key); });
+  if (!l.enabled()) {
+    // Off: a key that differs from its default would be silently ignored (config.yaml writes
+    // the defaults, which read back).
+    const LoraConfig off;
+    const bool differs[] = {l.alpha != off.alpha,     l.dropout != off.dropout,
+                            l.targets != off.targets, l.base != off.base,
+                            l.init != off.init,       l.use_rslora != off.use_rslora};
+    const char* keys[] = {"alpha", "dropout", "targets", "base", "init", "use_rslora"};
+    for (size_t i = 0; i < 6; ++i)
+      if (differs[i]) s.fail(keys[i], "is set but lora.rank is 0 (LoRA off): give lora.rank");
+    return l;
+  }
+  if (l.targets.empty())
+    s.fail("targets", str("is empty: name the modules to adapt (", join(lora_module_names(c.model)),
+                          ") or all-linear"));
+  try {
+    lora_target_modules(c.model, l);
+  } catch (const ConfigError& e) {
+    s.fail("targets", e.what());
+  }
+  if (l.dropout != 0)
+    s.fail("dropout", str(l.dropout, ": adapter dropout is not implemented yet (use 0)"));
+  if (l.base != "fp32")
+    s.fail("base",
+           str(l.base, ": only an fp32 base runs yet (",
+               l.base == "nf4" ? "NF4 quantisation" : "a bf16 base", " is not implemented)"));
+  if (l.init != "peft" && !std::filesystem::is_directory(l.init))
+    s.fail("init", str("'", l.init,
+                       "' is neither peft nor a directory (a PEFT adapter "
+                       "directory: adapter_config.json, adapter_model.safetensors)"));
+  check_lora_runs(s, c);
+  if (c.model.checkpoint.empty())
+    s.fail("rank",
+           "LoRA adapts a trained base: set model.checkpoint (a directory of "
+           "fuyou-convert from-hf)");
+  return l;
+}
+
 Config parse_config_in_chain(const std::string& yaml_text, const std::string& source,
                              const std::vector<std::string>& overrides, CheckpointChain& chain) {
   YAML::Node root = load_yaml_checked(yaml_text, source);
@@ -999,6 +1082,7 @@ Config parse_config_in_chain(const std::string& yaml_text, const std::string& so
   c.offload = parse_offload(r["offload"], origin, c.model.n_layer);
   c.runtime = parse_runtime(r["runtime"], origin, c.offload);
   c.checkpoint = parse_checkpoint(r["checkpoint"], origin);
+  c.lora = parse_lora(r["lora"], origin, c);
   c.model.seed = c.runtime.seed;
   return c;
 }

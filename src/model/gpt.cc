@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "fuyou/error.h"
+#include "fuyou/lora.h"
 #include "fuyou/model.h"
 #include "fuyou/rng.h"
 
@@ -16,6 +17,11 @@ constexpr size_t kAlign = 16;
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 bool has_layernorm(const FamilyTraits& t) { return t.norm == NormKind::kLayerNorm; }
+
+constexpr int kLoraQkv = static_cast<int>(LoraLinear::kQkv);
+constexpr int kLoraProj = static_cast<int>(LoraLinear::kProj);
+constexpr int kLoraFc = static_cast<int>(LoraLinear::kFc);
+constexpr int kLoraFcProj = static_cast<int>(LoraLinear::kFcProj);
 
 }  // namespace
 
@@ -424,17 +430,19 @@ Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int micro_bat
   if (cfg.n_head % cfg.kv_heads() != 0)
     throw ConfigError(
         str("model.n_kv_head ", cfg.kv_heads(), " does not divide model.n_head ", cfg.n_head));
-  if (state == ModelState::kFull) {
-    params_ = alloc_tensor(layout_.total, "parameters");
-    grads_ = alloc_tensor(layout_.total, "gradients");
-  }
+  frozen_ = state == ModelState::kFrozenBase;
+  if (state != ModelState::kWorkspace) params_ = alloc_tensor(layout_.total, "parameters");
+  if (state == ModelState::kFull) grads_ = alloc_tensor(layout_.total, "gradients");
+  if (frozen_)
+    frozen_grads_ = alloc_tensor(4 * static_cast<size_t>(cfg.d_model) + 2 * cfg.head_size(),
+                                 "frozen norms' discarded gradients");
   inputs_ = static_cast<int32_t*>(be_.alloc(N * sizeof(int32_t), "input tokens"));
   owned_.push_back(inputs_);
   targets_ = static_cast<int32_t*>(be_.alloc(N * sizeof(int32_t), "target tokens"));
   owned_.push_back(targets_);
   positions_ = static_cast<int32_t*>(be_.alloc(N * sizeof(int32_t), "token positions"));
   owned_.push_back(positions_);
-  if (state == ModelState::kFull) {
+  if (state != ModelState::kWorkspace) {
     x0_ = alloc_tensor(N * cfg.d_model, "embedding output");
     acts_.resize(cfg.n_layer);
     for (int l = 0; l < cfg.n_layer; ++l)
@@ -516,7 +524,10 @@ float* Transformer::alloc_floats(size_t n, const std::string& what) {
 
 void Transformer::zero_grads() {
   mark(StepPhase::kOther, OpClass::kZeroGrads);
-  be_.zero(grads_, layout_.total * es_);
+  if (grads_) be_.zero(grads_, layout_.total * es_);
+  if (frozen_grads_)
+    be_.zero(frozen_grads_, es_ * (4 * static_cast<size_t>(cfg_.d_model) + 2 * cfg_.head_size()));
+  if (lora_grads_) be_.zero(lora_grads_, lora_total_ * es_);
 }
 
 void Transformer::embed_forward(const void* wte, const void* wpe, void* x) {
@@ -568,6 +579,7 @@ void Transformer::block_forward(const LayerTensors& w, const void* x_in,
   void* qkvc = Hkv == H ? a.qkv : qkvc_;
   mark(StepPhase::kForward, OpClass::kGemmQkv);
   be_.matmul_forward(qkvc, a.ln1, w.qkv_w, w.qkv_b, N, C, A + 2 * Hkv * D);
+  lora_forward(w.layer, kLoraQkv, qkvc, a.ln1);
   if (cfg_.qk_norm) {
     mark(StepPhase::kForward, OpClass::kNorm);
     be_.qk_norm_forward(qkvc, a.qk, a.qk_rstd, w.q_norm_w, w.k_norm_w, cfg_.norm_eps, N, H, Hkv, D);
@@ -580,15 +592,18 @@ void Transformer::block_forward(const LayerTensors& w, const void* x_in,
   be_.attention_forward(a.atty, a.lse, att_scratch_, a.qkv, B_, T, A, H, pos_);
   mark(StepPhase::kForward, OpClass::kGemmAttnProj);
   be_.matmul_forward(a.res2, a.atty, w.proj_w, w.proj_b, N, A, C);
+  lora_forward(w.layer, kLoraProj, a.res2, a.atty);
   // The attention's residual add and the MLP's norm in one pass (timed as the norm).
   mark(StepPhase::kForward, OpClass::kNorm);
   residual_norm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, x_in, w.ln2_w, w.ln2_b);
   mark(StepPhase::kForward, OpClass::kGemmMlpUp);
   be_.matmul_forward(a.fch, a.ln2, w.fc_w, w.fc_b, N, C, fc_outputs(fam_, F));
+  lora_forward(w.layer, kLoraFc, a.fch, a.ln2);
   mark(StepPhase::kForward, OpClass::kActivation);
   mlp_activation_forward(be_, fam_, a.fcg, a.fch, N, F);
   mark(StepPhase::kForward, OpClass::kGemmMlpDown);
   be_.matmul_forward(a.out, a.fcg, w.fcproj_w, w.fcproj_b, N, F, C);
+  lora_forward(w.layer, kLoraFcProj, a.out, a.fcg);
   mark(StepPhase::kForward, OpClass::kResidual);
   be_.add(a.out, a.out, a.res2, static_cast<size_t>(N) * C);
 }
@@ -709,7 +724,9 @@ void Transformer::block_backward(const LayerTensors& w, const LayerTensors& dw, 
   // gradient needs no buffer of its own, the largest one of a layer's backward.
   void* dfc = a.fcg;
   mark(StepPhase::kBackward, OpClass::kGemmMlpDown);
+  const bool lora_down = lora_backward(w.layer, kLoraFcProj, dres, a.fcg);  // before fcg goes
   be_.matmul_backward(dfc, dw.fcproj_w, dw.fcproj_b, dres, a.fcg, w.fcproj_w, N, F, C);
+  if (lora_down) lora_add_input_grad(w.layer, kLoraFcProj, dfc);
   // The gradient at fc's output: in place of dfc, or (gated) the gate|up pair in dgu_.
   void* dfch = gated_mlp(fam_) ? dgu_ : dfc;
   mark(StepPhase::kBackward, OpClass::kActivation);
@@ -726,11 +743,14 @@ void Transformer::block_backward(const LayerTensors& w, const LayerTensors& dw, 
   }
   mark(StepPhase::kBackward, OpClass::kGemmMlpUp);
   be_.matmul_backward(dtmp_, dw.fc_w, dw.fc_b, dfch, a.ln2, w.fc_w, N, C, fc_outputs(fam_, F));
+  if (lora_backward(w.layer, kLoraFc, dfch, a.ln2)) lora_add_input_grad(w.layer, kLoraFc, dtmp_);
   mark(StepPhase::kBackward, OpClass::kNorm);
   norm_backward(dres, dw.ln2_w, dw.ln2_b, dtmp_, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd);
   // Attention: dres now holds dL/d(res2).
   mark(StepPhase::kBackward, OpClass::kGemmAttnProj);
   be_.matmul_backward(dtmp_, dw.proj_w, dw.proj_b, dres, a.atty, w.proj_w, N, A, C);
+  if (lora_backward(w.layer, kLoraProj, dres, a.atty))
+    lora_add_input_grad(w.layer, kLoraProj, dtmp_);
   mark(StepPhase::kBackward, OpClass::kAttention);
   be_.attention_backward(dqkv_, att_scratch_, dtmp_, a.atty, a.qkv, a.lse, B_, T, A, H, pos_);
   void* dqkvc = Hkv == H ? dqkv_ : dqkvc_;
@@ -745,11 +765,13 @@ void Transformer::block_backward(const LayerTensors& w, const LayerTensors& dw, 
   }
   mark(StepPhase::kBackward, OpClass::kGemmQkv);
   be_.matmul_backward(dtmp_, dw.qkv_w, dw.qkv_b, dqkvc, a.ln1, w.qkv_w, N, C, A + 2 * Hkv * D);
+  if (lora_backward(w.layer, kLoraQkv, dqkvc, a.ln1)) lora_add_input_grad(w.layer, kLoraQkv, dtmp_);
   mark(StepPhase::kBackward, OpClass::kNorm);
   norm_backward(dres, dw.ln1_w, dw.ln1_b, dtmp_, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd);
 }
 
 void Transformer::embed_backward(const GlobalTensors& dg, const void* dx) {
+  if (frozen_) return;  // the token and position tables train nothing
   void* dwpe = dg.wpe;
   if (dwpe)
     dwpe =
@@ -790,7 +812,7 @@ const void* Transformer::forward_layers(const int32_t* inputs, const int32_t* ta
 
 void Transformer::backward(float loss_scale) {
   GlobalTensors g = global_tensors(layout_, params_, es_);
-  GlobalTensors dg = global_tensors(layout_, grads_, es_);
+  GlobalTensors dg = global_grads();
   head_backward(g, dg, last_layer_output(), loss_scale, dres_);
   backward_layers();
 }
@@ -799,7 +821,7 @@ float Transformer::forward_backward(const int32_t* inputs, const int32_t* target
                                     const int32_t* positions, float loss_scale) {
   forward_layers(inputs, targets, positions);
   GlobalTensors g = global_tensors(layout_, params_, es_);
-  GlobalTensors dg = global_tensors(layout_, grads_, es_);
+  GlobalTensors dg = global_grads();
   const float loss = head_train(g, dg, last_layer_output(), loss_scale, dres_);
   backward_layers();
   return loss;
@@ -808,11 +830,10 @@ float Transformer::forward_backward(const int32_t* inputs, const int32_t* target
 const void* Transformer::last_layer_output() const { return cfg_.n_layer ? acts_.back().out : x0_; }
 
 void Transformer::backward_layers() {
-  GlobalTensors dg = global_tensors(layout_, grads_, es_);
+  GlobalTensors dg = global_grads();
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
     const void* x_in = l ? acts_[l - 1].out : x0_;
-    block_backward(layer_tensors(layout_, l, params_, es_), layer_tensors(layout_, l, grads_, es_),
-                   x_in, acts_[l], dres_);
+    block_backward(layer_tensors(layout_, l, params_, es_), layer_grads(l), x_in, acts_[l], dres_);
   }
   embed_backward(dg, dres_);
 }
