@@ -9,12 +9,6 @@
 namespace fuyou {
 namespace {
 
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const std::string& s : items) out += (out.empty() ? "" : ", ") + s;
-  return out;
-}
-
 constexpr size_t kAlign = 16;  // as the base's layout: tensors on 16-element boundaries
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
