@@ -91,6 +91,7 @@ struct LlamaDialect {
   // The class has SmolLM3's no_rope_layers (1: the layer rotates) and no_rope_layer_interval
   // (absent list: every interval-th layer has no rotary embeddings).
   bool nope;
+  double default_eps = 1e-6;  // the class's rms_norm_eps where the config gives none
 };
 const std::vector<LlamaDialect>& llama_dialects();
 const LlamaDialect* find_llama_dialect(const std::string& model_type);

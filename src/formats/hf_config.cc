@@ -541,7 +541,7 @@ const std::vector<LlamaDialect>& llama_dialects() {
   static const std::vector<LlamaDialect> rows = {
       // model_type, architecture, default_positions, qkv_bias, qk_norm, window,
       // default_window, attention_bias_key, mlp_bias_key, fused, class_original_context,
-      // default_theta, default_tied, nope
+      // default_theta, default_tied, nope[, default_eps (1e-6)]
       {"llama", "LlamaForCausalLM", 2048, false, false, W::kNone, 0, true, true, false, 0, 0, false,
        false},
       {"qwen2", "Qwen2ForCausalLM", 32768, true, false, W::kQwen, 0, false, false, false, 0, 0,
@@ -551,7 +551,7 @@ const std::vector<LlamaDialect>& llama_dialects() {
       {"mistral", "MistralForCausalLM", 131072, false, false, W::kUniform, 4096, false, false,
        false, 0, 0, false, false},
       {"phi3", "Phi3ForCausalLM", 4096, false, false, W::kUniform, 0, false, false, true, 4096, 0,
-       false, false},
+       false, false, 1e-5},
       {"smollm3", "SmolLM3ForCausalLM", 32768, false, false, W::kQwen, 0, true, true, false, 0,
        2000000.0f, true, true},
   };
@@ -626,7 +626,7 @@ ModelConfig parse_llama(const Fields& f, const LlamaDialect& d) {
   // 1e-46 is above 0 but rounds to 0, which the engine's config then refuses).
   const float init = static_cast<float>(f.number_or("initializer_range", 0.02));
   if (init > 0 && init < 10) m.init_std = init;
-  const double eps = f.number_or("rms_norm_eps", 1e-6);
+  const double eps = f.number_or("rms_norm_eps", d.default_eps);
   m.norm_eps = static_cast<float>(eps);
   if (!(m.norm_eps > 0 && m.norm_eps < 1))
     f.fail("rms_norm_eps", str("value ", eps, " is not in (0, 1) as a 32-bit float"));

@@ -30,6 +30,7 @@ Exit code 77 means skipped (torch or transformers 5 missing).
 import copy
 import json
 import os
+import re
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -248,6 +249,38 @@ class Checker:
                             (name, exported.get("dtype"), exported.get("torch_dtype")))
         return failures
 
+    def check_defaults(self, name, hf, ref_cfg):
+        """A config.json without a key takes the config class's default, as transformers reads
+        it: the converted engine config holds transformers' value (a change of epsilon moves
+        these tiny models' loss less than the tolerance, so the loss alone would not see it)."""
+        failures = []
+        for key, engine_key in (("rms_norm_eps", "norm_eps"),):
+            if key not in ref_cfg:
+                continue
+            d = "%s-no-%s" % (hf, key)
+            os.makedirs(d, exist_ok=True)
+            for f in os.listdir(hf):
+                if f != "config.json" and not os.path.exists(os.path.join(d, f)):
+                    os.symlink(os.path.join(hf, f), os.path.join(d, f))
+            with open(os.path.join(d, "config.json"), "w") as f:
+                json.dump({k: v for k, v in ref_cfg.items() if k != key}, f)
+            ck = d + "-fuyou"
+            run(["rm", "-rf", ck])
+            p = self.from_hf(d, ck)
+            if p.returncode != 0:
+                failures.append("%s: refused without %s: %s" % (name, key, p.stderr.strip()[-200:]))
+                continue
+            want = float(getattr(transformers.AutoConfig.from_pretrained(d), key))
+            with open(os.path.join(ck, "config.yaml")) as f:
+                m = re.search(r"^\s*%s:\s*(\S+)" % engine_key, f.read(), re.M)
+            got = float(m.group(1)) if m else None
+            pack = lambda x: struct.pack("<f", x)
+            print("%s: without %s: engine %s %s, transformers %s" % (name, key, engine_key, got, want))
+            if got is None or pack(got) != pack(want):
+                failures.append("%s: without %s the engine's %s is %s, transformers' default %s" %
+                                (name, key, engine_key, got, want))
+        return failures
+
     def perturb(self, name, hf, ref_cfg):
         """Every key of config.json changed and removed in turn: refused, or computed as
         transformers computes the changed model."""
@@ -404,6 +437,8 @@ def main():
                 failures.append("%s: transformers %s wrote no rope_parameters/dtype: the 5.x form is "
                                 "not what this test assumes" % (name, transformers.__version__))
             failures += c.check_case(name + " (5.x config)", hf, verdict)
+            if verdict is None:
+                failures += c.check_defaults(name, hf, cfg5)
             legacy = hf + "-4x"
             os.makedirs(legacy)
             for f in os.listdir(hf):
