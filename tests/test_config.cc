@@ -387,8 +387,8 @@ TEST_CASE("a vocabulary over 64k defaults to a chunked LM head", "[config]") {
   CHECK(parse_config(llama + "128256}", "x.yaml", {"model.head_chunk_tokens=0"})
             .model.head_chunk_tokens == 0);
   // The shipped configs of large-vocabulary models all chunk their head.
-  for (const char* name :
-       {"llama3-8b", "llama3-70b", "llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "qwen3-8b"}) {
+  for (const char* name : {"llama3-8b", "llama3-70b", "llama3.1-8b", "llama3.1-70b",
+                           "llama3.1-405b", "qwen3-8b", "qwen3-32b", "mistral-nemo-12b"}) {
     INFO(name);
     const Config c = load_config_file(test::source_path(str("configs/", name, ".yaml")), {});
     CHECK(c.model.vocab_size > 65536);
