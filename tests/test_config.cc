@@ -11,6 +11,7 @@
 
 #include "fuyou/config.h"
 #include "fuyou/error.h"
+#include "fuyou/model.h"
 #include "fuyou/sizes.h"
 #include "test_support.h"
 
@@ -324,6 +325,10 @@ TEST_CASE("every integer key has an upper bound", "[config]") {
       {"model: {family: llama, d_ff: 64, rope_type: yarn2}", "model.rope_type", "llama3"},
       {"model: {family: gpt2, rope_type: linear}", "model.rope_type", "no rotary embeddings"},
       {"model: {family: opt, sliding_window: 64}", "model.sliding_window", "no rotary"},
+      // A learned position table holds seq_len; rotary families have none.
+      {"model: {family: gpt2, positions: 128, seq_len: 256}", "model.seq_len",
+       "position table's 128 rows"},
+      {"model: {family: llama, d_ff: 64, positions: 512}", "model.positions", "no position table"},
   };
   for (const Case& c : cases) {
     INFO(c.yaml);
@@ -369,6 +374,29 @@ TEST_CASE("checkpoints that name each other in a cycle are refused", "[config]")
                             tmp.path + "/c" + std::to_string(i + 1));
   CHECK_THROWS_WITH(parse_config("model: {checkpoint: " + tmp.path + "/c0}", "x.yaml"),
                     Contains("more than 16 checkpoints"));
+}
+
+TEST_CASE("a gpt2/opt checkpoint trains at a shorter seq_len with its whole position table",
+          "[config]") {
+  test::TempDir tmp("ckpositions");
+  const std::string ck = tmp.path + "/ck";
+  std::filesystem::create_directories(ck);
+  test::write_all(ck + "/config.yaml", "model: {family: opt, n_layer: 2, seq_len: 64}\n");
+  const Config c = parse_config("model: {checkpoint: " + ck + ", seq_len: 16}", "x.yaml");
+  CHECK(c.model.seq_len == 16);
+  CHECK(c.model.positions == 64);
+  CHECK(position_rows(c.model) == 64 + 2);  // OPT's table starts at row 2
+  // Naming the table's rows is allowed; another number is a different model.
+  CHECK(parse_config("model: {checkpoint: " + ck + ", seq_len: 16, positions: 64}", "x.yaml")
+            .model.positions == 64);
+  CHECK_THROWS_WITH(parse_config("model: {checkpoint: " + ck + ", positions: 32}", "x.yaml"),
+                    Contains("model.positions") && Contains("the checkpoint"));
+  CHECK_THROWS_WITH(parse_config("model: {checkpoint: " + ck + ", seq_len: 65}", "x.yaml"),
+                    Contains("model.seq_len") && Contains("position table's 64 rows"));
+  // The written config says the table's rows, so a resumed run builds the same layout.
+  const Config back = parse_config(config_to_yaml(c), "back.yaml");
+  CHECK(back.model.positions == 64);
+  CHECK(back.model.seq_len == 16);
 }
 
 TEST_CASE("a vocabulary over 64k defaults to a chunked LM head", "[config]") {

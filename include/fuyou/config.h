@@ -57,6 +57,9 @@ struct ModelConfig {
   int d_ff = 0;  // 0 means 4 * d_model (gpt2, opt); llama requires it
   int vocab_size = 256;
   int seq_len = 256;
+  // gpt2/opt: the learned position table's rows (n_positions, max_position_embeddings); 0
+  // means seq_len. A fine-tune of a checkpoint may train at a shorter seq_len than its table.
+  int positions = 0;
   float init_std = 0.02f;
   uint64_t seed = 1234;  // initialisation seed; copied from runtime.seed
   // llama only (gpt2 and opt require the defaults):
@@ -110,6 +113,7 @@ struct ModelConfig {
   int kv_heads() const { return n_kv_head ? n_kv_head : n_head; }
   int head_size() const { return head_dim ? head_dim : d_model / n_head; }
   int attn_width() const { return n_head * head_size(); }  // A: q's and the projection's width
+  int position_table() const { return positions ? positions : seq_len; }
   // Whether layer l rotates q and k (rotary families; nope_layers are those that do not).
   bool rotates(int layer) const { return !nope_layers.contains(layer); }
 };

@@ -450,6 +450,7 @@ void model_keys(F&& key) {
   key("d_ff", &M::d_ff, closed(0, kMaxFfDim, " (0: 4 * d_model)"));
   key("vocab_size", &M::vocab_size, closed(2, kMaxVocab));
   key("seq_len", &M::seq_len, closed(1, kMaxModelDim));
+  key("positions", &M::positions, closed(0, kMaxModelDim, " (0: seq_len)"));
   key("init_std", &M::init_std, interval(0, 10, "()"));
   key("n_kv_head", &M::n_kv_head, closed(0, kMaxModelDim, " (0: n_head)"));
   key("head_dim", &M::head_dim, closed(0, 2 * kMaxRopePairs, " (0: d_model / n_head)"));
@@ -666,7 +667,7 @@ ModelConfig load_checkpoint_model(const std::string& dir, const Section& s,
 // model.checkpoint: the model section comes from the checkpoint's config.yaml (written by
 // fuyou-convert from-hf, or a run directory's). Keys the text also sets must agree with it,
 // so a config that names both cannot silently train a different shape; seq_len may differ
-// for llama, which has no position table to outgrow.
+// (llama has no position table; gpt2/opt keep theirs whole and train within it).
 ModelConfig model_from_checkpoint(const ModelConfig& given, const Section& s,
                                   CheckpointChain& chain) {
   ModelConfig ck;
@@ -680,15 +681,18 @@ ModelConfig model_from_checkpoint(const ModelConfig& given, const Section& s,
                              "from-hf or a fuyou-train run directory)"));
   }
   // What a config may change of a checkpoint's model: the initialisation scale (of no weight
-  // here), the head's chunking, and llama's sequence length (it has no position table to
-  // outgrow). Every other key the text sets must agree with the checkpoint.
+  // here), the head's chunking, and the sequence length (a learned position table keeps its
+  // rows: parse_model holds seq_len within it). Every other key the text sets must agree with
+  // the checkpoint; `positions` may name the table's rows that the checkpoint leaves implicit.
   ModelConfig m = ck;
+  if (!rotary(family_traits(ck))) m.positions = ck.position_table();
   model_keys([&](const char* key, auto field, const auto&) {
     const std::string k = key;
     if (k == "checkpoint" || !s.given(key)) return;
-    if (k == "init_std" || k == "head_chunk_tokens" ||
-        (k == "seq_len" && rotary(family_traits(ck)))) {
+    if (k == "init_std" || k == "head_chunk_tokens" || k == "seq_len") {
       m.*field = given.*field;
+    } else if (k == "positions" && given.positions == m.positions) {
+      return;
     } else if (!(given.*field == ck.*field)) {
       s.fail(key, str("is ", given.*field, " but the checkpoint ", given.checkpoint, " has ",
                       ck.*field, " (leave it out: the model section comes from the checkpoint)"));
@@ -840,6 +844,8 @@ ModelConfig parse_model(const YAML::Node& node, const Origin& source, Checkpoint
             m.head_dim ? m.head_dim : m.d_model,
             str("the head size (head_dim, or d_model / n_head) is at most ", 2 * kMaxRopePairs));
     check_rope(s, m);
+    require(m.positions == 0, s, "positions", m.positions,
+            str("family ", m.family, " has rotary embeddings and no position table"));
     for (size_t i = 0; i < m.nope_layers.size(); ++i) {
       const int l = m.nope_layers.values[i];
       require(l >= 0 && l < m.n_layer, s, "nope_layers", m.nope_layers,
@@ -850,6 +856,10 @@ ModelConfig parse_model(const YAML::Node& node, const Origin& source, Checkpoint
   } else {
     // The rotary and window keys are rotary families': elsewhere a value would be silently
     // ignored.
+    require(m.positions == 0 || m.positions >= m.seq_len, s, "seq_len", m.seq_len,
+            str("must be at most the position table's ", m.positions,
+                " rows (model.positions; the checkpoint's n_positions or "
+                "max_position_embeddings)"));
     const ModelConfig plain;
     model_keys([&](const char* key, auto field, const auto&) {
       const std::string k = key;

@@ -812,7 +812,7 @@ std::string hf_config_json(const ModelConfig& cfg, StDtype dtype, const std::str
     j["hidden_size"] = cfg.d_model;
     j["word_embed_proj_dim"] = cfg.d_model;
     j["ffn_dim"] = cfg.d_ff;
-    j["max_position_embeddings"] = cfg.seq_len;
+    j["max_position_embeddings"] = cfg.position_table();
     j["vocab_size"] = cfg.vocab_size;
     j["activation_function"] = "relu";
     j["do_layer_norm_before"] = true;
@@ -870,8 +870,8 @@ std::string hf_config_json(const ModelConfig& cfg, StDtype dtype, const std::str
       j["n_inner"] = nullptr;
     else
       j["n_inner"] = cfg.d_ff;
-    j["n_positions"] = cfg.seq_len;
-    if (j.contains("n_ctx")) j["n_ctx"] = cfg.seq_len;  // older configs repeat n_positions here
+    j["n_positions"] = cfg.position_table();
+    if (j.contains("n_ctx")) j["n_ctx"] = cfg.position_table();  // older configs repeat it here
     j["vocab_size"] = cfg.vocab_size;
     j["activation_function"] = "gelu_new";
     j["layer_norm_epsilon"] = kEngineLayerNormEps;
@@ -951,6 +951,7 @@ std::string engine_config_yaml(const ModelConfig& cfg) {
           "  n_head: ", cfg.n_head, "\n", "  d_model: ", cfg.d_model, "\n", "  d_ff: ", cfg.d_ff,
           "\n", "  vocab_size: ", cfg.vocab_size, "\n", "  seq_len: ", cfg.seq_len, "\n",
           "  init_std: ", cfg.init_std, "\n");
+  if (cfg.positions) out += str("  positions: ", cfg.positions, "\n");
   if (cfg.family == "llama" && cfg.head_dim) out += str("  head_dim: ", cfg.head_dim, "\n");
   if (cfg.family == "llama" && cfg.qk_norm) out += "  qk_norm: true\n";
   if (cfg.family == "llama")
@@ -1005,7 +1006,7 @@ std::vector<HfTensorMap> hf_tensor_map(const ModelConfig& cfg, const std::string
     out.push_back({engine, hf, false, full, shape, row0 * cols});
   };
   if (cfg.family == "gpt2") {
-    const int64_t T = cfg.seq_len;
+    const int64_t T = cfg.position_table();
     auto g = [&](const std::string& name, std::vector<int64_t> shape) {
       same(name, "transformer." + name, shape);
     };
@@ -1031,7 +1032,7 @@ std::vector<HfTensorMap> hf_tensor_map(const ModelConfig& cfg, const std::string
   } else if (cfg.family == "opt") {
     const std::string d = "model.decoder.";
     same("wte.weight", d + "embed_tokens.weight", {V, C});
-    same("wpe.weight", d + "embed_positions.weight", {cfg.seq_len + 2, C});
+    same("wpe.weight", d + "embed_positions.weight", {cfg.position_table() + 2, C});
     for (int l = 0; l < cfg.n_layer; ++l) {
       std::string p = str("h.", l, "."), h = str(d, "layers.", l, ".");
       same(p + "ln_1.weight", h + "self_attn_layer_norm.weight", {C});

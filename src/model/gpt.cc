@@ -27,7 +27,7 @@ constexpr int kLoraFcProj = static_cast<int>(LoraLinear::kFcProj);
 
 int position_rows(const ModelConfig& cfg) {
   const FamilyTraits& t = family_traits(cfg);
-  return rotary(t) ? 0 : cfg.seq_len + t.position_offset;
+  return rotary(t) ? 0 : cfg.position_table() + t.position_offset;
 }
 
 const TensorSpec& ParamLayout::tensor(const std::string& name) const {

@@ -151,7 +151,7 @@ ModelFiles find_model_files(const std::string& dir, const ModelConfig& model) {
     f.model_type = cfg["model_type"].get<std::string>();
   else
     f.model_type = hf_model_type(model);
-  f.context = model.seq_len;
+  f.context = model.position_table();  // a learned table's rows, trained at seq_len or not
   // Rotary positions have no table: a fine-tune may train at a shorter seq_len than the
   // base's context, which generation may use whole.
   if (rotary(family_traits(model)) && cfg.is_object() && cfg.contains("max_position_embeddings") &&

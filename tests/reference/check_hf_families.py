@@ -3,8 +3,8 @@
 
     FUYOU_PYTHON tests/reference/check_hf_families.py BUILD_DIR [--perturb] [--only=CASE,...]
 
-For each case (Llama 2, Llama 3.0, Llama 3.1 with llama3 rotary scaling, linear, dynamic and
-yarn scaling, Qwen2.5, Qwen3 (its q/k norm and a head_dim apart from hidden_size / heads),
+For each case (GPT-2 and OPT with a position table longer than the sequence, Llama 2,
+Llama 3.0, Llama 3.1 with llama3 rotary scaling, linear, dynamic and yarn scaling, Qwen2.5, Qwen3 (its q/k norm and a head_dim apart from hidden_size / heads),
 Mistral with and without a window, Mistral-Nemo's head_dim, longrope, SmolLM3's NoPE layers, Phi-3 with its fused
 tensors, a window and Phi-3.5's longrope), a tiny random model is built and
 saved by transformers (`save_pretrained`: the 5.x config keys `rope_parameters` and `dtype`),
@@ -119,14 +119,28 @@ CASES = {
         "long_factor": [1.5, 2.0, 4.0, 9.0]}), None),
 }
 
+# Learned position tables (gpt2, opt) longer than the engine's T: a fine-tune trains at a
+# shorter seq_len and keeps the whole table (exported with all its rows); one shorter than T
+# is refused at training, naming model.seq_len.
+LEARNED = dict(vocab_size=VOCAB, num_hidden_layers=2, num_attention_heads=4)
+LEARNED_CASES = {
+    "gpt2-positions-64": ("GPT2Config", dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4,
+                                             n_positions=64, **NO_IDS), None),
+    "opt-positions-64": ("OPTConfig", dict(LEARNED, hidden_size=32, word_embed_proj_dim=32,
+                                           ffn_dim=64, max_position_embeddings=64), None),
+    "gpt2-positions-16": ("GPT2Config", dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4,
+                                             n_positions=16, **NO_IDS), "seq_len"),
+}
+
 
 def legacy_form(cfg):
     """The config.json of a hub checkpoint written by transformers 4.x: rope_theta and
     rope_scaling at the top, torch_dtype."""
     out = {k: v for k, v in cfg.items() if k not in ("rope_parameters", "dtype")}
-    rp = dict(cfg.get("rope_parameters") or {})
-    out["rope_theta"] = rp.pop("rope_theta", 10000.0)
-    out["rope_scaling"] = None if rp.get("rope_type", "default") == "default" else rp
+    if "rope_parameters" in cfg:  # learned position tables (gpt2, opt) have none
+        rp = dict(cfg["rope_parameters"] or {})
+        out["rope_theta"] = rp.pop("rope_theta", 10000.0)
+        out["rope_scaling"] = None if rp.get("rope_type", "default") == "default" else rp
     if "dtype" in cfg:
         out["torch_dtype"] = cfg["dtype"]
     out["transformers_version"] = "4.46.0"
@@ -248,6 +262,26 @@ class Checker:
             failures.append("%s: the export's dtype %s and torch_dtype %s disagree" %
                             (name, exported.get("dtype"), exported.get("torch_dtype")))
         return failures
+
+    def check_run_export(self, name, hf):
+        """The last run (trained at T, shorter than the table) exports its whole position table:
+        transformers loads it with the source's rows."""
+        run_dir = os.path.join(self.tmp, "run-%d" % self.count)
+        back = hf + "-run-back"
+        p = run([self.convert, "to-hf", run_dir, "--out", back], expect_ok=False)
+        if p.returncode != 0:
+            return ["%s: to-hf of a run at seq_len %d failed: %s" % (name, T, p.stderr.strip()[-300:])]
+        src = transformers.AutoModelForCausalLM.from_pretrained(hf)
+        got = transformers.AutoModelForCausalLM.from_pretrained(back)
+        table = lambda m: [
+            t for n, t in m.named_parameters() if "wpe" in n or "embed_positions" in n][0]
+        a, b = table(src), table(got)
+        print("%s: a run at seq_len %d exports the position table %s (source %s)" %
+              (name, T, tuple(b.shape), tuple(a.shape)))
+        if a.shape != b.shape:
+            return ["%s: the run's export has position table %s, the source %s" %
+                    (name, tuple(b.shape), tuple(a.shape))]
+        return []
 
     def check_defaults(self, name, hf, ref_cfg):
         """A config.json without a key takes the config class's default, as transformers reads
@@ -427,17 +461,17 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         c = Checker(build, tmp)
         only = [a.split("=", 1)[1].split(",") for a in sys.argv[2:] if a.startswith("--only=")]
-        for name, (cls, args, verdict) in CASES.items():
+        for name, (cls, args, verdict) in list(CASES.items()) + list(LEARNED_CASES.items()):
             if only and name not in only[0]:
                 continue
             hf = c.make(name, cls, args)
             with open(os.path.join(hf, "config.json")) as f:
                 cfg5 = json.load(f)
-            if "rope_parameters" not in cfg5 or "dtype" not in cfg5:
+            if "dtype" not in cfg5 or ("rope_parameters" not in cfg5 and name in CASES):
                 failures.append("%s: transformers %s wrote no rope_parameters/dtype: the 5.x form is "
                                 "not what this test assumes" % (name, transformers.__version__))
             failures += c.check_case(name + " (5.x config)", hf, verdict)
-            if verdict is None:
+            if verdict is None and name in CASES:
                 failures += c.check_defaults(name, hf, cfg5)
             legacy = hf + "-4x"
             os.makedirs(legacy)
@@ -447,6 +481,8 @@ def main():
             with open(os.path.join(legacy, "config.json"), "w") as f:
                 json.dump(legacy_form(cfg5), f, indent=2)
             failures += c.check_case(name + " (4.x config)", legacy, verdict)
+            if name in LEARNED_CASES and verdict is None:
+                failures += c.check_run_export(name, legacy)
             if name in GREEDY_CASES:
                 failures += check_greedy(c, name, cls, args)
             if perturb and name in ("llama3.1", "qwen3", "mistral-window-64", "phi3.5-longrope"):
