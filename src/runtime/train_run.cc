@@ -184,12 +184,6 @@ class StopPhase {
   StopSignals* stop_;
 };
 
-// The files a run writes through NAME.tmp (write_file_atomic, SafetensorsStreamWriter); a
-// process killed while writing one leaves it, and the next start in the directory removes it.
-const char* const kRunTempFiles[] = {"model.safetensors.tmp", "summary.json.tmp",
-                                     "config.yaml.tmp",       "metrics.jsonl.tmp",
-                                     "samples.jsonl.tmp",     "curves.svg.tmp"};
-
 class TrainingRun {
  public:
   TrainingRun(const Config& cfg, const TrainOptions& opts) : cfg_(cfg), opts_(opts) {}
@@ -344,10 +338,10 @@ void TrainingRun::commit_run_dir() {
         aside.empty() ? std::string() : str("; its old metrics and config are kept in ", aside));
     restart_killed_ = false;
   }
-  for (const char* name : kRunTempFiles)
-    if (fs::remove(dir_ / name, ec))
+  for (const RunFile& f : kRunFiles)
+    if (fs::remove(dir_ / run_temp_file(f), ec))
       spdlog::warn("{}: removed, left half-written by a run that stopped while writing it",
-                   (dir_ / name).string());
+                   (dir_ / run_temp_file(f)).string());
   if (!opts_.resume.empty()) remove_checkpoint_leftovers(dir_.string());
   remove_start_debris();
   committed_ = true;
@@ -433,11 +427,11 @@ void TrainingRun::set_cleanup(bool finishing) {
       paths.push_back(d.string() + "/");
     }
     if (committed_)
-      for (const char* f : {"config.yaml", "metrics.jsonl", "samples.jsonl", "curves.svg"})
-        paths.push_back((dir_ / f).string());
+      for (const RunFile& f : kRunFiles)
+        if (f.before_first_checkpoint) paths.push_back((dir_ / f.name).string());
   }
   if (finishing)
-    for (const char* f : kRunTempFiles) paths.push_back((dir_ / f).string());
+    for (const RunFile& f : kRunFiles) paths.push_back((dir_ / run_temp_file(f)).string());
   if (lock_) paths.push_back(lock_->path());
   if (created_dir_ && only_ours) paths.push_back(dir_.string() + "/");
   opts_.stop->set_cleanup_paths(paths);
