@@ -3,9 +3,22 @@
 # refuses before it starts, --dry-run exits with the run's status and says the run's message,
 # and neither changes a byte of the run directory.
 #   dry_run_refusals.sh BIN_DIR WORK_DIR
+#   dry_run_refusals.sh BIN_DIR WORK_DIR no-odirect
+# The second form refuses an SSD path on a filesystem that refuses O_DIRECT: ramfs, mounted in
+# a private mount namespace (unshare: as root, or through a user namespace), or the directory
+# FUYOU_NO_ODIRECT_DIR names. Where neither can be had it exits 77, which ctest reports as
+# skipped, saying why.
 set -euo pipefail
-bin=$1 work=$2
+bin=$1 work=$2 mode=${3:-}
 fail() { echo "FAILED: $*" >&2; exit 1; }
+skip() { echo "SKIPPED: $*" >&2; exit 77; }
+if [ "$mode" = no-odirect ] && [ -z "${FUYOU_NO_ODIRECT_DIR:-}" ] && [ -z "${FUYOU_IN_MOUNT_NS:-}" ]; then
+  ns=(--mount)
+  [ "$(id -u)" = 0 ] || ns+=(--map-root-user)
+  unshare "${ns[@]}" true 2> /dev/null ||
+    skip "no private mount namespace here (unshare ${ns[*]} failed) to mount a filesystem without O_DIRECT in; set FUYOU_NO_ODIRECT_DIR to a directory on one"
+  FUYOU_IN_MOUNT_NS=1 exec unshare "${ns[@]}" bash "$0" "$@"
+fi
 logs=$work.logs
 rm -rf "$work" "$logs" && mkdir -p "$work/text" "$logs"
 for i in $(seq 200); do echo "the quick brown fox jumps over the lazy dog $i"; done > "$work/text/a.txt"
@@ -50,6 +63,28 @@ refused() {
   [ "$reported" = "refused: $msg" ] || fail "$name: the dry run's report says '$reported'"
   echo "$n $name: status $rc_run: $msg"
 }
+
+if [ "$mode" = no-odirect ]; then
+  nod=${FUYOU_NO_ODIRECT_DIR:-$work/ramfs}
+  if [ -z "${FUYOU_NO_ODIRECT_DIR:-}" ]; then
+    mkdir -p "$nod"
+    mount -t ramfs fuyou-no-odirect "$nod" 2> "$logs/mount.log" ||
+      skip "cannot mount ramfs in the mount namespace: $(cat "$logs/mount.log")"
+  fi
+  [ -d "$nod" ] && [ -z "$(ls -A "$nod")" ] || fail "$nod: not an empty directory"
+  if dd if=/dev/zero of="$nod/.probe" bs=4096 count=1 oflag=direct status=none 2> /dev/null; then
+    rm -f "$nod/.probe"
+    skip "$nod ($(stat -f -c %T "$nod")) accepts O_DIRECT on this kernel: no filesystem here refuses it"
+  fi
+  rm -f "$nod/.probe"
+  off=(--set offload.weights=ssd --set offload.optimizer_state=ssd)
+  refused "an SSD path on a filesystem without O_DIRECT ($(stat -f -c %T "$nod"))" "$work" \
+    --run-dir "$work/r1" "${tiny[@]}" "${text[@]}" "${off[@]}" --set "offload.ssd_paths=[$nod]"
+  grep -q "O_DIRECT" "$logs/run.log" || fail "the refusal does not say O_DIRECT: $(said "$logs/run.log")"
+  [ -z "$(ls -A "$nod")" ] || fail "the refused runs left files in $nod: $(ls -A "$nod")"
+  echo "dry-run refusals: an SSD path without O_DIRECT refused by --dry-run as by the run"
+  exit 0
+fi
 
 d=$work/holds; mkdir -p "$d" && echo notes > "$d/notes.txt"
 refused "a new run in a directory holding a file" "$d" --run-dir "$d" "${tiny[@]}" "${text[@]}"

@@ -32,12 +32,17 @@ fs::path existing_ancestor(const fs::path& path) {
 }
 
 // Creates and removes a file in `dir` (with O_DIRECT when asked); the errno of the failure,
-// or 0.
+// or 0. A filesystem without direct I/O creates the file before it refuses O_DIRECT (EINVAL),
+// so a failed open removes the file too, unless it was there before (EEXIST, someone else's).
 int probe_file(const fs::path& dir, bool direct) {
   const fs::path probe = dir / str(".fuyou-probe-", ::getpid());
   const int fd =
       ::open(probe.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC | (direct ? O_DIRECT : 0), 0600);
-  if (fd < 0) return errno;
+  if (fd < 0) {
+    const int err = errno;
+    if (err != EEXIST) ::unlink(probe.c_str());
+    return err;
+  }
   ::close(fd);
   ::unlink(probe.c_str());
   return 0;
@@ -89,8 +94,9 @@ void check_ssd_paths(const Config& cfg, const std::string& run_dir) {
     if (const int err = probe_file(paths[i], true))
       throw IoError(str("offload.ssd_paths[", i, "]: SSD store: cannot create a file in ", paths[i],
                         err == EINVAL ? " with O_DIRECT: " : ": ", std::strerror(err),
-                        err == EINVAL ? "; the filesystem does not support direct I/O (tmpfs "
-                                        "before Linux 6.6?)"
+                        err == EINVAL ? "; the filesystem does not support direct I/O (ramfs "
+                                        "does not, nor tmpfs before Linux 6.6): give a directory "
+                                        "on a disk's filesystem"
                                       : ""));
   }
 }
