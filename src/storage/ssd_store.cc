@@ -81,9 +81,13 @@ void SsdStore::Impl::init() {
               " already exists and no fuyou process left a lock beside it, "
               "so it may hold someone's data and the store will not overwrite it (remove it if "
               "nothing needs it)"));
-    if (fd == -EINVAL)
+    if (fd == -EINVAL) {
+      // The kernel creates the file before it refuses O_DIRECT.
+      if (!existed) layer->unlink(f.path);
       throw IoError(str("SSD store: cannot open ", f.path, " with O_DIRECT: ", errno_text(EINVAL),
-                        "; the filesystem does not support direct I/O (tmpfs before Linux 6.6?)"));
+                        "; the filesystem does not support direct I/O (ramfs does not, nor tmpfs "
+                        "before Linux 6.6): give a directory on a disk's filesystem"));
+    }
     if (fd < 0) throw IoError(str("SSD store: cannot open ", f.path, ": ", errno_text(-fd)));
     f.fd = fd;
     f.created = !existed;
