@@ -3,20 +3,21 @@
 # refuses before it starts, --dry-run exits with the run's status and says the run's message,
 # and neither changes a byte of the run directory.
 #   dry_run_refusals.sh BIN_DIR WORK_DIR
-#   dry_run_refusals.sh BIN_DIR WORK_DIR no-odirect
-# The second form refuses an SSD path on a filesystem that refuses O_DIRECT: ramfs, mounted in
-# a private mount namespace (unshare: as root, or through a user namespace), or the directory
-# FUYOU_NO_ODIRECT_DIR names. Where neither can be had it exits 77, which ctest reports as
-# skipped, saying why.
+#   dry_run_refusals.sh BIN_DIR WORK_DIR mounts
+# The second form needs filesystems of its own, mounted in a private mount namespace (unshare:
+# as root, or through a user namespace): an SSD path on ramfs, which refuses O_DIRECT (or the
+# directory FUYOU_NO_ODIRECT_DIR names), and SSD paths on a 1 MiB tmpfs, alone and beside a
+# large filesystem (the stripes divide the SSD state, so the small one refuses the run). Where
+# they cannot be had it exits 77, which ctest reports as skipped, saying why.
 set -euo pipefail
 bin=$1 work=$2 mode=${3:-}
 fail() { echo "FAILED: $*" >&2; exit 1; }
 skip() { echo "SKIPPED: $*" >&2; exit 77; }
-if [ "$mode" = no-odirect ] && [ -z "${FUYOU_NO_ODIRECT_DIR:-}" ] && [ -z "${FUYOU_IN_MOUNT_NS:-}" ]; then
+if [ "$mode" = mounts ] && [ -z "${FUYOU_IN_MOUNT_NS:-}" ]; then
   ns=(--mount)
   [ "$(id -u)" = 0 ] || ns+=(--map-root-user)
   unshare "${ns[@]}" true 2> /dev/null ||
-    skip "no private mount namespace here (unshare ${ns[*]} failed) to mount a filesystem without O_DIRECT in; set FUYOU_NO_ODIRECT_DIR to a directory on one"
+    skip "no private mount namespace here (unshare ${ns[*]} failed) to mount ramfs and a small tmpfs in"
   FUYOU_IN_MOUNT_NS=1 exec unshare "${ns[@]}" bash "$0" "$@"
 fi
 logs=$work.logs
@@ -64,7 +65,7 @@ refused() {
   echo "$n $name: status $rc_run: $msg"
 }
 
-if [ "$mode" = no-odirect ]; then
+if [ "$mode" = mounts ]; then
   nod=${FUYOU_NO_ODIRECT_DIR:-$work/ramfs}
   if [ -z "${FUYOU_NO_ODIRECT_DIR:-}" ]; then
     mkdir -p "$nod"
@@ -82,7 +83,23 @@ if [ "$mode" = no-odirect ]; then
     --run-dir "$work/r1" "${tiny[@]}" "${text[@]}" "${off[@]}" --set "offload.ssd_paths=[$nod]"
   grep -q "O_DIRECT" "$logs/run.log" || fail "the refusal does not say O_DIRECT: $(said "$logs/run.log")"
   [ -z "$(ls -A "$nod")" ] || fail "the refused runs left files in $nod: $(ls -A "$nod")"
-  echo "dry-run refusals: an SSD path without O_DIRECT refused by --dry-run as by the run"
+
+  small=$work/small-ssd big=$work/big-ssd
+  mkdir -p "$small" "$big"
+  mount -t tmpfs -o size=1m fuyou-small-ssd "$small" 2> "$logs/mount.log" ||
+    skip "cannot mount a 1 MiB tmpfs in the mount namespace: $(cat "$logs/mount.log")"
+  dd if=/dev/zero of="$small/.probe" bs=4096 count=1 oflag=direct status=none 2> /dev/null ||
+    skip "tmpfs refuses O_DIRECT on this kernel (before Linux 6.6): no small filesystem for the SSD store"
+  rm -f "$small/.probe"
+  # 49 MiB of SSD state (weights and optimizer state of 4 layers of d_model 256).
+  wide=(--set model.n_layer=4 --set model.d_model=256 --set model.n_head=4 --set model.d_ff=1024)
+  refused "an SSD path on a filesystem too small for the SSD state" "$work" --run-dir "$work/r1" \
+    "${tiny[@]}" "${text[@]}" "${wide[@]}" "${off[@]}" --set "offload.ssd_paths=[$small]"
+  refused "two SSD paths, one on a filesystem too small for its stripes" "$work" --run-dir "$work/r1" \
+    "${tiny[@]}" "${text[@]}" "${wide[@]}" "${off[@]}" --set "offload.ssd_paths=[$big, $small]"
+  grep -q "the filesystem of $small needs" "$logs/run.log" || fail "the refusal does not name $small: $(said "$logs/run.log")"
+  [ -z "$(ls -A "$small")" ] && [ -z "$(ls -A "$big")" ] || fail "the refused runs left files in the SSD paths"
+  echo "dry-run refusals: $n configurations on mounted filesystems, each refused by --dry-run as by the run"
   exit 0
 fi
 
