@@ -136,5 +136,20 @@ kb=$work/kb
 rm -f "$kb/checkpoints/best" && mkdir "$kb/checkpoints/best"
 refused "a resume whose checkpoints/best is a directory" "$kb" --resume "$kb" --set schedule.steps=4
 refused "a resume into a directory holding a file" "$work/holds" --resume "$kb/checkpoints/step-2" --run-dir "$work/holds"
+# Shards against the base model's tokenizer (model.checkpoint's tokenizer.json): one that does
+# not parse, and one of another vocabulary than the shards'.
+base=$work/base; mkdir -p "$base"
+cp "$kb/model.safetensors" "$kb/config.yaml" "$base/"
+"$bin/fuyou-convert" text "$work/text" --out "$work/shards" > /dev/null 2>&1 || fail "fuyou-convert text failed"
+cat > "$work/ft.yaml" <<EOF
+model: {checkpoint: $base}
+data: {train_shards: [$work/shards/train.tok], val_shards: [$work/shards/val.tok]}
+schedule: {steps: 2, warmup_steps: 1, micro_batch: 2, eval_batches: 1}
+runtime: {backend: cpu, threads: 2}
+EOF
+echo '{"model": ' > "$base/tokenizer.json"
+refused "a base model whose tokenizer.json does not parse" "$work" --config "$work/ft.yaml" --run-dir "$work/ft"
+cp "$(dirname "$0")/reference/fixtures/hf/tok_bytelevel.json" "$base/tokenizer.json"
+refused "shards of another vocabulary than the base model's tokenizer" "$work" --config "$work/ft.yaml" --run-dir "$work/ft"
 [ "$n" -ge 20 ] || fail "only $n configurations"
 echo "dry-run refusals: $n configurations, each refused by --dry-run as by the run"
