@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# fuyou-train --dry-run refuses what the run refuses: for each of 20 configurations the run
+# fuyou-train --dry-run refuses what the run refuses: for each of 23 configurations the run
 # refuses before it starts, --dry-run exits with the run's status and says the run's message,
 # and neither changes a byte of the run directory.
 #   dry_run_refusals.sh BIN_DIR WORK_DIR

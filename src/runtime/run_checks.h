@@ -2,7 +2,8 @@
 // the run and `fuyou-train --dry-run` both call, so that a dry run refuses exactly what the run
 // would refuse, with the same exception and the same words: the run directory's state and
 // permissions, its free space, the SSD store's directories (existing, distinct, writable with
-// O_DIRECT), the data and model files (readable), and checkpoints/best with keep_best.
+// O_DIRECT), the data and model files (readable), the shards against the run's tokenizer, and
+// checkpoints/best with keep_best.
 #pragma once
 
 #include <string>
