@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "fuyou/checkpoint.h"
+#include "fuyou/data.h"
 #include "fuyou/error.h"
+#include "fuyou/rng.h"
 #include "fuyou/safetensors.h"
 #include "fuyou/train.h"
 #include "test_support.h"
@@ -60,6 +62,75 @@ struct RunScratch {
     for (int i = 0; i < ssd_dirs; ++i)
       if (!std::filesystem::is_empty(ssd(i))) return false;
     return true;
+  }
+};
+
+// A shard of random tokens below `vocab`, its header saying `vocab` (validation on it is worse
+// than on the pattern).
+inline std::string random_shard(const std::string& path, int vocab, size_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng.below(vocab));
+  write_token_shard(path, t, vocab);
+  return path;
+}
+
+// A learnable shard: a short cycle of tokens.
+inline std::string pattern_shard(const std::string& path, int vocab, size_t n) {
+  std::vector<int32_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(i * 7 % 23);
+  write_token_shard(path, t, vocab);
+  return path;
+}
+
+// Every file under `dir` (relative path -> bytes; "<dir>" for a directory), to compare a run
+// directory byte for byte before and after a refusal.
+inline std::map<std::string, std::string> snapshot(const std::filesystem::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
+    out[std::filesystem::relative(e.path(), dir).string()] =
+        e.is_regular_file() ? read_all(e.path()) : "<dir>";
+  return out;
+}
+
+// A keep_best run: a two-layer model on the pattern shard, validated on the clean pattern,
+// 4 steps, a checkpoint every 2, checkpoint.keep 1 with keep_best. Resumed on the noise shard,
+// its later checkpoints are worse, so the best is an older one.
+struct BestRun {
+  TempDir tmp;
+  std::string shard = pattern_shard(tmp.path + "/d.tok", 256, 6000);
+  std::string clean = pattern_shard(tmp.path + "/v.tok", 256, 600);
+  std::string noise = random_shard(tmp.path + "/noise.tok", 256, 600, 11);
+  std::string run = tmp.path + "/run";
+
+  explicit BestRun(const std::string& name = "rundir-best") : tmp(name) {}
+  // The config; `schedule_more` adds keys to its schedule mapping ("sample_every: 2, ...").
+  Config config(const std::string& schedule_more = "") const {
+    return parse_config(
+        str("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 256, seq_len: 16}\n"
+            "data: {train_shards: [",
+            shard, "], val_shards: [", clean,
+            "]}\noptimizer: {lr: 3.0e-3}\n"
+            "schedule: {steps: 4, warmup_steps: 1, micro_batch: 2, eval_every: 0, eval_batches: 2",
+            schedule_more.empty() ? "" : ", ", schedule_more,
+            "}\nruntime: {backend: cpu, threads: 2}\n"
+            "checkpoint: {every_steps: 2, keep: 1, keep_best: true}\n"),
+        "<test>");
+  }
+  // Trains the config into `run`.
+  TrainSummary train(const std::string& schedule_more = "") const {
+    TrainOptions o;
+    o.run_dir = run;
+    return run_training(config(schedule_more), o);
+  }
+  // Resumes `dir` to `steps` steps validated on `val`.
+  void resume_to(const std::string& dir, int64_t steps, const std::string& val) const {
+    TrainOptions o;
+    o.resume_source = open_resume_checkpoint(dir);
+    o.resume = o.resume_source->dir();
+    run_training(resume_config(*o.resume_source, "",
+                               {str("schedule.steps=", steps), str("data.val_shards=[", val, "]")}),
+                 o);
   }
 };
 

@@ -10,10 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include "fuyou/checkpoint.h"
-#include "fuyou/data.h"
 #include "fuyou/error.h"
 #include "fuyou/rng.h"
 #include "fuyou/train.h"
+#include "run_dir_support.h"
 #include "test_support.h"
 
 namespace fs = std::filesystem;
@@ -22,62 +22,8 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// A shard of random tokens below `vocab` (validation on it is worse than on the pattern).
-std::string random_shard(const std::string& path, int vocab, size_t n, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng.below(vocab));
-  write_token_shard(path, t, vocab);
-  return path;
-}
-
-// A learnable shard: a short cycle of tokens.
-std::string pattern_shard(const std::string& path, int vocab, size_t n) {
-  std::vector<int32_t> t(n);
-  for (size_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(i * 7 % 23);
-  write_token_shard(path, t, vocab);
-  return path;
-}
-
-// Every file under `dir` (relative path -> bytes; "<dir>" for a directory).
-std::map<std::string, std::string> snapshot(const fs::path& dir) {
-  std::map<std::string, std::string> out;
-  for (const auto& e : fs::recursive_directory_iterator(dir))
-    out[fs::relative(e.path(), dir).string()] =
-        e.is_regular_file() ? test::read_all(e.path()) : "<dir>";
-  return out;
-}
-
-// Two-layer model on the pattern shard, validated on `val`, a checkpoint every 2 steps,
-// keep: 1 with keep_best.
-struct BestRun {
-  test::TempDir tmp{"rundir-best"};
-  std::string shard = pattern_shard(tmp.path + "/d.tok", 256, 6000);
-  std::string clean = pattern_shard(tmp.path + "/v.tok", 256, 600);
-  std::string noise = random_shard(tmp.path + "/noise.tok", 256, 600, 11);
-  std::string run = tmp.path + "/run";
-
-  Config config() const {
-    return parse_config(
-        str("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 64, vocab_size: 256, seq_len: 16}\n"
-            "data: {train_shards: [",
-            shard, "], val_shards: [", clean,
-            "]}\noptimizer: {lr: 3.0e-3}\n"
-            "schedule: {steps: 4, warmup_steps: 1, micro_batch: 2, eval_every: 0, "
-            "eval_batches: 2}\nruntime: {backend: cpu, threads: 2}\n"
-            "checkpoint: {every_steps: 2, keep: 1, keep_best: true}\n"),
-        "<test>");
-  }
-  // Resumes `dir` to `steps` steps validated on `val`.
-  void resume_to(const std::string& dir, int64_t steps, const std::string& val) const {
-    TrainOptions o;
-    o.resume_source = open_resume_checkpoint(dir);
-    o.resume = o.resume_source->dir();
-    run_training(resume_config(*o.resume_source, "",
-                               {str("schedule.steps=", steps), str("data.val_shards=[", val, "]")}),
-                 o);
-  }
-};
+using test::BestRun;
+using test::snapshot;
 
 // name -> recorded validation loss of every complete checkpoint of `run`.
 std::map<std::string, double> recorded_losses(const std::string& run) {
@@ -92,9 +38,7 @@ std::map<std::string, double> recorded_losses(const std::string& run) {
 TEST_CASE("keep_best keeps the lowest-loss checkpoint when best is missing or damaged",
           "[rundir][keep_best]") {
   BestRun b;
-  TrainOptions o;
-  o.run_dir = b.run;
-  run_training(b.config(), o);
+  b.train();
   const auto first = recorded_losses(b.run);
   REQUIRE(first.count("step-4"));
   REQUIRE(test::read_all(b.run + "/checkpoints/best") == "step-4\n");
@@ -131,9 +75,7 @@ TEST_CASE("keep_best keeps the lowest-loss checkpoint when best is missing or da
 TEST_CASE("a best that is not a file is refused before the run directory changes",
           "[rundir][keep_best]") {
   BestRun b;
-  TrainOptions o;
-  o.run_dir = b.run;
-  run_training(b.config(), o);
+  b.train();
   const fs::path best = fs::path(b.run) / "checkpoints" / "best";
   for (const char* kind : {"a directory", "a special file"}) {
     INFO(kind);
@@ -152,9 +94,7 @@ TEST_CASE("a best that is not a file is refused before the run directory changes
 TEST_CASE("torture: best damaged at random between resumes, the lowest-loss checkpoint survives",
           "[rundir][keep_best]") {
   BestRun b;
-  TrainOptions o;
-  o.run_dir = b.run;
-  run_training(b.config(), o);
+  b.train();
   Rng rng(54);
   std::string lowest;
   double lowest_loss = 0;
@@ -250,9 +190,7 @@ TEST_CASE(
 TEST_CASE("a manifest's version cannot be edited to switch its checksums off",
           "[rundir][manifest]") {
   BestRun b;
-  TrainOptions o;
-  o.run_dir = b.run;
-  run_training(b.config(), o);
+  b.train();
   const fs::path ck = fs::path(b.run) / "checkpoints" / "step-4";
   const fs::path saved = b.tmp.path + "/saved";
   fs::copy(ck, saved, fs::copy_options::recursive);

@@ -22,6 +22,7 @@
 #include "fuyou/tokenizer.h"
 #include "fuyou/train.h"
 #include "hf_support.h"
+#include "run_dir_support.h"
 #include "test_support.h"
 
 namespace fs = std::filesystem;
@@ -34,23 +35,6 @@ namespace {
 std::string tiny_model(int vocab) {
   return str("model: {n_layer: 2, n_head: 2, d_model: 32, d_ff: 64, vocab_size: ", vocab,
              ", seq_len: 16}\n");
-}
-
-// A shard of random tokens below `vocab`, its header saying `vocab`.
-std::string random_shard(const std::string& path, int vocab, size_t n, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng.below(vocab));
-  write_token_shard(path, t, vocab);
-  return path;
-}
-
-// A learnable shard: a short cycle of tokens.
-std::string pattern_shard(const std::string& path, int vocab, size_t n) {
-  std::vector<int32_t> t(n);
-  for (size_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(i * 7 % 23);
-  write_token_shard(path, t, vocab);
-  return path;
 }
 
 std::vector<nlohmann::json> jsonl(const fs::path& p) {
@@ -244,30 +228,16 @@ TEST_CASE("a fine-tune gets fine-tuning defaults, and schedules beside cosine", 
 }
 
 TEST_CASE("samples during training, --eval-only and checkpoint.keep_best", "[usability]") {
-  TempDir tmp("samples");
-  const std::string shard = pattern_shard(tmp.path + "/d.tok", 256, 6000);
-  const std::string val = pattern_shard(tmp.path + "/v.tok", 256, 600);
-  const std::string noise = random_shard(tmp.path + "/noise.tok", 256, 600, 11);
-  Config cfg = parse_config(tiny_model(256) + "data: {train_shards: [" + shard +
-                                "], val_shards: [" + val + "]}\n" +
-                                "optimizer: {lr: 3.0e-3}\n"
-                                "schedule: {steps: 4, warmup_steps: 1, micro_batch: 2, eval_every: "
-                                "0, eval_batches: 2, sample_every: 2,\n"
-                                "           sample_prompts: [ab, 'the '], sample_tokens: 5}\n"
-                                "runtime: {backend: cpu, threads: 2}\ncheckpoint: {every_steps: 2, "
-                                "keep: 1, keep_best: true}\n",
-                            "<test>");
-  TrainOptions o;
-  o.run_dir = tmp.path + "/run";
-  TrainSummary s = run_training(cfg, o);
+  BestRun b("samples");
+  const TrainSummary s = b.train("sample_every: 2, sample_prompts: [ab, 'the '], sample_tokens: 5");
 
   // Samples at steps 0, 2, 4: greedy continuations with the weights of that step; the last
   // equal fuyou-generate's from the run's final weights.
-  auto lines = jsonl(o.run_dir + "/samples.jsonl");
+  auto lines = jsonl(b.run + "/samples.jsonl");
   REQUIRE(lines.size() == 6);
   CHECK(lines[0]["step"] == 0);
   CHECK(lines[5]["step"] == 4);
-  GenerationModel m = load_generation_model(o.run_dir);
+  GenerationModel m = load_generation_model(b.run);
   const TextCodec codec = TextCodec::for_model(m.files, m.model);
   auto be = make_cpu_backend(2, 0);
   GptDecoder dec(m.model, *be, 16);
@@ -285,22 +255,18 @@ TEST_CASE("samples during training, --eval-only and checkpoint.keep_best", "[usa
   // --eval-only of the last checkpoint: the loss the run logged at that step, bit for bit.
   TrainOptions e;
   e.eval_only = true;
-  e.resume = resolve_checkpoint(o.run_dir);
+  e.resume = resolve_checkpoint(b.run);
   TrainSummary ev = run_training(resume_config(e.resume, "", {}), e);
   CHECK(ev.final_val_loss == s.final_val_loss);
   CHECK(ev.steps == 4);
 
   // keep_best: resumed on noisier validation data, later checkpoints are worse; the best
   // (step 4, validated on the clean data) stays beside the newest, keep: 1 notwithstanding.
-  TrainOptions r;
-  r.resume = resolve_checkpoint(o.run_dir);
-  Config more =
-      resume_config(r.resume, "", {"schedule.steps=8", str("data.val_shards=[", noise, "]")});
-  run_training(more, r);
+  b.resume_to(b.run, 8, b.noise);
   std::vector<std::string> kept;
-  for (const auto& c : list_checkpoints(o.run_dir)) kept.push_back(fs::path(c).filename().string());
+  for (const auto& c : list_checkpoints(b.run)) kept.push_back(fs::path(c).filename().string());
   CHECK(kept == std::vector<std::string>{"step-4", "step-8"});
-  CHECK(read_all(o.run_dir + "/checkpoints/best") == "step-4\n");
+  CHECK(read_all(b.run + "/checkpoints/best") == "step-4\n");
 }
 
 namespace {

@@ -144,12 +144,21 @@ class FaultyFiles : public FileLayer {
     if (free_override >= 0) *free_bytes = static_cast<uint64_t>(free_override);
     return r;
   }
+  // A filesystem without direct I/O (ramfs): the kernel creates the file, then refuses O_DIRECT.
+  int open(const std::string& path, int flags, mode_t mode) override {
+    if (!refuse_direct || !(flags & O_DIRECT)) return FileLayer::open(path, flags, mode);
+    const int fd = FileLayer::open(path, flags & ~O_DIRECT, mode);
+    if (fd < 0) return fd;
+    FileLayer::close(fd);
+    return -EINVAL;
+  }
   int fstat(int fd, FileIdentity* out) override {
     int r = FileLayer::fstat(fd, out);
     out->size = std::max<uint64_t>(out->size, fstat_min_size.load());
     return r;
   }
 
+  std::atomic<bool> refuse_direct{false};
   std::atomic<int> fallocate_error{0}, fdatasync_error{0};
   std::atomic<int64_t> free_override{-1};
   std::atomic<uint64_t> fstat_min_size{0};
@@ -367,6 +376,23 @@ TEST_CASE("storage: bad configs and requests are refused with the reason", "[sto
   CHECK_THROWS_WITH(store->submit_write(id, 8192, b.p, 8192),
                     Contains("runs past its end (10000 bytes, 12288 padded)"));
   CHECK_THROWS_WITH(store->submit_read(7, 0, b.p, 4096), Contains("no extent with id 7"));
+}
+
+TEST_CASE("storage: a filesystem without O_DIRECT is refused, leaving its directories as found",
+          "[storage]") {
+  TempDirs t("no-odirect", 2);
+  auto files = std::make_shared<FaultyFiles>();
+  files->refuse_direct = true;
+  StoreConfig cfg = config(t.dirs, 64 * KiB, 64 * KiB, 4);
+  cfg.files = files;
+  CHECK_THROWS_WITH(SsdStore::open(cfg), Contains("cannot open " + t.dirs[0]) &&
+                                             Contains("with O_DIRECT") &&
+                                             Contains("does not support direct I/O"));
+  // Neither the backing file the kernel created before refusing, nor the locks, stay.
+  for (const auto& d : t.dirs) {
+    INFO(d);
+    CHECK(fs::is_empty(d));
+  }
 }
 
 TEST_CASE("storage: ENOSPC when an extent is defined names the directory and the numbers",

@@ -1,10 +1,13 @@
 // fuyou-generate: text from a model with a key/value cache, greedy or sampled, on the CPU or
 // CUDA backend. The model is a fuyou-train run directory, a training or engine checkpoint, or a
 // Hugging Face model directory; its tokenizer comes with it (docs/generate.md).
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -16,6 +19,7 @@
 #include "fuyou/generate.h"
 #include "fuyou/log.h"
 #include "fuyou/sizes.h"
+#include "fuyou/stop.h"
 #include "tools/tool_errors.h"
 
 namespace {
@@ -110,9 +114,23 @@ std::vector<BatchItem> read_batch(const std::string& path, const fuyou::TextCode
   return items;
 }
 
+// Flushes `path` (a file, or a directory after a rename in it) to the disk.
+void fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (directory ? O_DIRECTORY : 0));
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    throw fuyou::IoError(fuyou::str(path, ": fsync failed: ", std::strerror(err)));
+  }
+  ::close(fd);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any thread exists: SIGINT and SIGTERM are received on StopSignals' own thread, which
+  // removes --output's partial file and ends the process (docs/robustness.md, "Stop signals").
+  fuyou::StopSignals stop;
   CLI::App app{"fuyou-generate: text from a run, a checkpoint or a Hugging Face model"};
   std::string model_path, prompt, tokenizer, input, output, system, chat_kwargs;
   std::vector<std::string> sets;
@@ -235,6 +253,7 @@ int main(int argc, char** argv) {
       // Every prompt from an empty cache with the same seed: each record's completion is the
       // one a run with that prompt alone gives. Written beside OUTPUT and renamed when complete.
       const std::string partial = output + ".partial";
+      stop.set_cleanup_paths({partial});  // a stop signal leaves no partial output behind
       std::ofstream out(partial, std::ios::trunc);
       if (!out) throw fuyou::IoError(fuyou::str(partial, ": cannot create"));
       size_t new_tokens = 0;
@@ -255,7 +274,12 @@ int main(int argc, char** argv) {
       }
       out.close();
       if (!out) throw fuyou::IoError(fuyou::str(partial, ": write failed"));
+      // On the disk before the rename, so that OUTPUT is never a name for incomplete bytes.
+      fsync_path(partial, false);
       std::filesystem::rename(partial, output);
+      const std::filesystem::path parent = std::filesystem::absolute(output).parent_path();
+      fsync_path(parent.string(), true);
+      stop.set_cleanup_paths({});
       spdlog::info("{} prompts, {} new tokens in {:.3f} s; written to {}", batch.size(), new_tokens,
                    generate_s, output);
       return 0;

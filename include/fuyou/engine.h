@@ -155,6 +155,10 @@ struct EngineOptions {
   double attention_keys = 0;
 };
 
+// Refuses (IoError, per filesystem, in make_train_engine's words) a plan whose SSD state the
+// filesystems of offload.ssd_paths cannot hold; opens nothing (--dry-run).
+void check_plan_ssd_space(const Config& cfg, const Plan& plan);
+
 // Opens the SSD store if offload.ssd_paths is set and builds the plan within the budgets;
 // throws Error naming what does not fit.
 std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backend,

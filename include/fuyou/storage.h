@@ -173,6 +173,10 @@ class SsdStore {
   // logical space of `logical_bytes`: what a plan will define, checked before the first
   // extent so that a run does not start and then stop half-way through its definitions.
   void check_space(uint64_t logical_bytes, const std::string& what) const;
+  // The same check, in the same words, for a store not yet opened (no backing file yet): what
+  // --dry-run asks, writing nothing.
+  static void check_space_before_open(const StoreConfig& cfg, uint64_t logical_bytes,
+                                      const std::string& what);
 
   class Impl;
 

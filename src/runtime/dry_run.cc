@@ -87,8 +87,9 @@ struct Line {
 };
 
 // The report: memory, disks, time. Adds its findings to r->lines; clears r->fits when one
-// does not fit.
-void report_fit(const Config& cfg, const std::string& run_dir, DryRun* out) {
+// does not fit; sets r->refused and *refusal where the run would refuse what it finds (the SSD
+// store's space) and nothing was refused before.
+void report_fit(const Config& cfg, const std::string& run_dir, DryRun* out, std::string* refusal) {
   DryRun& r = *out;
   std::string why;
   std::unique_ptr<Backend> be = make_backend(cfg, &why);
@@ -146,6 +147,17 @@ void report_fit(const Config& cfg, const std::string& run_dir, DryRun* out) {
           if (seen.insert(id).second) free += f;
         }
         checks.push_back({"SSD store (offload.ssd_paths)", plan.memory.ssd_bytes, free, ""});
+        // Per filesystem, as the run refuses it: the stripes divide the state between the
+        // paths, so one small filesystem refuses the run whatever the others hold.
+        try {
+          check_plan_ssd_space(cfg, plan);
+        } catch (const Error& e) {
+          if (!r.refused) {
+            r.refused = std::current_exception();
+            *refusal = e.what();
+          }
+          r.fits = false;
+        }
       }
     } catch (const Error& e) {
       r.fits = false;
@@ -211,7 +223,7 @@ DryRun dry_run(const Config& cfg, const TrainOptions& opts) {
     refusal = e.what();
   }
   try {
-    report_fit(cfg, run_dir, &r);
+    report_fit(cfg, run_dir, &r, &refusal);
   } catch (const Error& e) {
     if (!r.refused) throw;
     r.lines.push_back(str("(the rest of the report: ", e.what(), ")"));

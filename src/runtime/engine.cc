@@ -488,6 +488,27 @@ EngineChoice choose_engine(const Config& cfg, Backend& backend, double attention
   return c;
 }
 
+namespace {
+
+// What the space check of a plan's SSD state calls it, the run's and --dry-run's alike.
+constexpr const char* kPlanSsdState = "the plan's SSD state";
+
+StoreConfig store_config(const Config& cfg, std::shared_ptr<FileLayer> files) {
+  StoreConfig sc;
+  sc.dirs = cfg.offload.ssd_paths;
+  sc.files = std::move(files);
+  sc.verify = cfg.offload.verify_store;
+  return sc;
+}
+
+}  // namespace
+
+void check_plan_ssd_space(const Config& cfg, const Plan& plan) {
+  if (cfg.offload.ssd_paths.empty() || plan.memory.ssd_bytes == 0) return;
+  SsdStore::check_space_before_open(store_config(cfg, nullptr), plan.memory.ssd_bytes,
+                                    kPlanSsdState);
+}
+
 std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backend,
                                                const EngineOptions& opts) {
   EngineChoice choice = choose_engine(cfg, backend, opts.attention_keys);
@@ -506,14 +527,10 @@ std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backe
                  opts.placement_profile ? &*opts.placement_profile : nullptr, opts.attention_keys);
   std::unique_ptr<SsdStore> store;
   if (!cfg.offload.ssd_paths.empty()) {
-    StoreConfig sc;
-    sc.dirs = cfg.offload.ssd_paths;
-    sc.files = opts.store_files;
-    sc.verify = cfg.offload.verify_store;
-    store = SsdStore::open(sc);
+    store = SsdStore::open(store_config(cfg, opts.store_files));
     // The whole plan's extents at once, so a run that cannot hold them stops here with the
     // total rather than at whichever extent happens to be defined last.
-    store->check_space(plan.memory.ssd_bytes, "the plan's SSD state");
+    store->check_space(plan.memory.ssd_bytes, kPlanSsdState);
   }
   auto engine = std::make_unique<PlanEngine>(cfg, backend, std::move(store), std::move(plan));
   engine->predicted_ = predicted;

@@ -10,11 +10,15 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 
 #include "fuyou/checkpoint.h"
+#include "fuyou/data.h"
 #include "fuyou/error.h"
+#include "fuyou/hf_checkpoint.h"
 #include "fuyou/optim.h"
 #include "fuyou/sizes.h"
+#include "fuyou/tokenizer.h"
 #include "src/runtime/checkpoint_dirs.h"
 #include "src/runtime/run_dir.h"
 
@@ -32,12 +36,17 @@ fs::path existing_ancestor(const fs::path& path) {
 }
 
 // Creates and removes a file in `dir` (with O_DIRECT when asked); the errno of the failure,
-// or 0.
+// or 0. A filesystem without direct I/O creates the file before it refuses O_DIRECT (EINVAL),
+// so a failed open removes the file too, unless it was there before (EEXIST, someone else's).
 int probe_file(const fs::path& dir, bool direct) {
   const fs::path probe = dir / str(".fuyou-probe-", ::getpid());
   const int fd =
       ::open(probe.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC | (direct ? O_DIRECT : 0), 0600);
-  if (fd < 0) return errno;
+  if (fd < 0) {
+    const int err = errno;
+    if (err != EEXIST) ::unlink(probe.c_str());
+    return err;
+  }
   ::close(fd);
   ::unlink(probe.c_str());
   return 0;
@@ -89,8 +98,9 @@ void check_ssd_paths(const Config& cfg, const std::string& run_dir) {
     if (const int err = probe_file(paths[i], true))
       throw IoError(str("offload.ssd_paths[", i, "]: SSD store: cannot create a file in ", paths[i],
                         err == EINVAL ? " with O_DIRECT: " : ": ", std::strerror(err),
-                        err == EINVAL ? "; the filesystem does not support direct I/O (tmpfs "
-                                        "before Linux 6.6?)"
+                        err == EINVAL ? "; the filesystem does not support direct I/O (ramfs "
+                                        "does not, nor tmpfs before Linux 6.6): give a directory "
+                                        "on a disk's filesystem"
                                       : ""));
   }
 }
@@ -120,6 +130,30 @@ void check_inputs(const Config& cfg) {
   if (!cfg.model.checkpoint.empty()) check_readable("model.checkpoint", cfg.model.checkpoint, true);
 }
 
+// Token shards the run reads (data.train_shards and data.val_shards without data.text): the
+// run's tokenizer parses and each shard's header vocabulary is its, as load_shards checks them.
+// Only the 32-byte header is read; a shard whose header does not parse is read whole, so that
+// the error is the run's.
+void check_shard_headers(const Config& cfg, const TrainOptions& opts, const std::string& run_dir,
+                         bool same_run) {
+  const DataConfig& d = cfg.data;
+  if (!d.text.empty() || d.train_shards.empty()) return;
+  const std::string tok = run_tokenizer_path(cfg, opts, run_dir, same_run);
+  const uint32_t tok_vocab = tok.empty() ? 0 : Tokenizer::from_file(tok).vocab_size();
+  for (const auto* list : {&d.train_shards, &d.val_shards})
+    for (const std::string& p : *list) {
+      std::ifstream in(p, std::ios::binary);
+      unsigned char h[32] = {};
+      if (!in.read(reinterpret_cast<char*>(h), sizeof h) || std::memcmp(h, "FYTOKENS", 8) != 0) {
+        read_token_shard(p);  // throws the reader's error
+        continue;
+      }
+      uint32_t vocab = 0;
+      for (int i = 3; i >= 0; --i) vocab = vocab << 8 | h[24 + i];
+      check_shard_vocab(p, vocab, cfg.model.vocab_size, tok, tok_vocab);
+    }
+}
+
 uint64_t free_bytes_at(const std::string& dir) {
   const fs::path p = existing_ancestor(dir);
   struct statvfs sv {};
@@ -129,6 +163,39 @@ uint64_t free_bytes_at(const std::string& dir) {
 }
 
 }  // namespace
+
+std::string carry_source(const Config& cfg, const TrainOptions& opts, bool same_run) {
+  if (!opts.resume.empty()) return same_run ? "" : carried_files_dir(opts.resume);
+  if (cfg.model.checkpoint.empty()) return "";
+  std::error_code ec;
+  const fs::path base(cfg.model.checkpoint);
+  return carried_files_dir((fs::is_directory(base, ec) ? base : base.parent_path()).string());
+}
+
+std::string run_tokenizer_path(const Config& cfg, const TrainOptions& opts,
+                               const std::string& run_dir, bool same_run) {
+  std::error_code ec;
+  fs::path where = run_dir;
+  // A new run has not carried the base model's files yet.
+  const std::string carry = carry_source(cfg, opts, same_run);
+  if (!fs::exists(where / "tokenizer.json", ec) && !carry.empty()) where = carry;
+  if (where.empty() || !fs::is_regular_file(where / "tokenizer.json", ec)) return "";
+  return (where / "tokenizer.json").string();
+}
+
+void check_shard_vocab(const std::string& p, uint32_t shard_vocab, int model_vocab,
+                       const std::string& tokenizer, uint32_t tokenizer_vocab) {
+  if (shard_vocab > static_cast<uint32_t>(model_vocab))
+    throw ConfigError(
+        str(p, ": shard vocab size ", shard_vocab, " exceeds model.vocab_size ", model_vocab));
+  if (shard_vocab != (tokenizer.empty() ? static_cast<uint32_t>(model_vocab) : tokenizer_vocab))
+    throw ConfigError(
+        str(p, ": the shard was tokenized with a vocabulary of ", shard_vocab, " tokens, but ",
+            tokenizer.empty() ? str("the model has ", model_vocab, " (model.vocab_size)")
+                              : str("the model's tokenizer ", tokenizer, " has ", tokenizer_vocab),
+            ": tokenize the data with the model's tokenizer (fuyou-convert tokenize --tokenizer ",
+            tokenizer.empty() ? std::string("TOKENIZER.json") : tokenizer, ")"));
+}
 
 bool checkpoints_on(const CheckpointConfig& c) { return c.every_steps > 0 || c.every_minutes > 0; }
 
@@ -169,6 +236,7 @@ void check_before_run(const Config& cfg, const TrainOptions& opts, const std::st
     throw Error(r);
   check_ssd_paths(cfg, run_dir);
   check_inputs(cfg);
+  check_shard_headers(cfg, opts, run_dir, same_run);
   if (cfg.checkpoint.keep_best && same_run) find_best_checkpoint(run_dir);
   check_run_dir_space(cfg, run_dir);
 }

@@ -33,8 +33,8 @@ bool checkpoint_leftover(const std::string& c) {
 // The files a run writes before its first checkpoint is committed, written or half-written.
 bool uncommitted_run_file(const fs::path& dir, const std::string& n) {
   if (start_debris(n) || starts_with(n, kRestartedPrefix)) return true;
-  for (const char* f : {"config.yaml", "metrics.jsonl", "samples.jsonl", "curves.svg"})
-    if (n == f || n == std::string(f) + ".tmp") return true;
+  for (const RunFile& f : kRunFiles)
+    if (f.before_first_checkpoint && (n == f.name || n == run_temp_file(f))) return true;
   for (const std::string& f : carried_file_names())
     if (n == f || n == f + ".tmp") return true;
   std::error_code ec;
@@ -105,7 +105,9 @@ std::string set_aside_killed_run(const std::string& dir, const std::string& ours
     const std::string n = e.path().filename().string();
     if (n == kDirLockName || starts_with(n, kRestartedPrefix)) continue;
     if (!ours.empty() && fs::path(ours).filename() == n) continue;
-    const bool kept = n == "metrics.jsonl" || n == "samples.jsonl" || n == "config.yaml";
+    const bool kept =
+        std::any_of(std::begin(kRunFiles), std::end(kRunFiles),
+                    [&](const RunFile& f) { return f.kept_on_restart && n == f.name; });
     (kept ? keep : drop).push_back(e.path());
   }
   if (ec) throw IoError(str(dir, ": cannot list the run directory: ", ec.message()));

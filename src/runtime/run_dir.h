@@ -33,6 +33,27 @@ std::string run_dir_refusal(const std::string& dir, RunDirUse use, bool resuming
 // files went to ("" when there was nothing to keep).
 std::string set_aside_killed_run(const std::string& dir, const std::string& ours);
 
+// A file a run writes at the top of its directory. Each is written through NAME.tmp
+// (write_file_atomic, SafetensorsStreamWriter), so a process killed while writing one leaves
+// NAME.tmp behind, which the next start in the directory removes.
+struct RunFile {
+  const char* name;
+  bool before_first_checkpoint;  // written from the start: a run killed before its first
+                                 // checkpoint may have left it (foreign_run_dir_entries)
+  bool kept_on_restart;          // set aside, not removed, when such a run is started over
+};
+
+// The run's own files: the one list that the run's start (removing NAME.tmp), its stop
+// cleanup, --resume-or-start and --dry-run (foreign_run_dir_entries) read.
+inline constexpr RunFile kRunFiles[] = {
+    {"config.yaml", true, true},         {"metrics.jsonl", true, true},
+    {"samples.jsonl", true, true},       {"curves.svg", true, false},
+    {"model.safetensors", false, false}, {"summary.json", false, false},
+};
+
+// NAME.tmp, the temporary file a run writes NAME through.
+inline std::string run_temp_file(const RunFile& f) { return std::string(f.name) + ".tmp"; }
+
 // The prefix of the directories set_aside_killed_run keeps old metrics in.
 inline constexpr const char* kRestartedPrefix = "restarted-";
 

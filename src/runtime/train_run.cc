@@ -103,16 +103,7 @@ std::vector<int32_t> load_shards(const std::vector<std::string>& paths, int voca
       throw IoError(str(p, fs::exists(p, ec) ? ": not a regular file; token shards are files"
                                              : ": no such file"));
     TokenShard s = read_token_shard(p);
-    if (s.vocab_size > static_cast<uint32_t>(vocab_size))
-      throw ConfigError(
-          str(p, ": shard vocab size ", s.vocab_size, " exceeds model.vocab_size ", vocab_size));
-    if (s.vocab_size != (tokenizer.empty() ? static_cast<uint32_t>(vocab_size) : tokenizer_vocab))
-      throw ConfigError(str(
-          p, ": the shard was tokenized with a vocabulary of ", s.vocab_size, " tokens, but ",
-          tokenizer.empty() ? str("the model has ", vocab_size, " (model.vocab_size)")
-                            : str("the model's tokenizer ", tokenizer, " has ", tokenizer_vocab),
-          ": tokenize the data with the model's tokenizer (fuyou-convert tokenize --tokenizer ",
-          tokenizer.empty() ? std::string("TOKENIZER.json") : tokenizer, ")"));
+    check_shard_vocab(p, s.vocab_size, vocab_size, tokenizer, tokenizer_vocab);
     const std::string mask_path = fs::path(p).replace_extension(".mask").string();
     std::vector<uint8_t> m;
     if (mask_path != p && fs::exists(mask_path)) {
@@ -184,12 +175,6 @@ class StopPhase {
   StopSignals* stop_;
 };
 
-// The files a run writes through NAME.tmp (write_file_atomic, SafetensorsStreamWriter); a
-// process killed while writing one leaves it, and the next start in the directory removes it.
-const char* const kRunTempFiles[] = {"model.safetensors.tmp", "summary.json.tmp",
-                                     "config.yaml.tmp",       "metrics.jsonl.tmp",
-                                     "samples.jsonl.tmp",     "curves.svg.tmp"};
-
 class TrainingRun {
  public:
   TrainingRun(const Config& cfg, const TrainOptions& opts) : cfg_(cfg), opts_(opts) {}
@@ -252,6 +237,7 @@ class TrainingRun {
   std::shared_ptr<const CheckpointSource> source_;  // the checkpoint resumed from
   CheckpointManifest resumed_;
   std::string carry_from_;  // where the base model's files come from (carry_model_files)
+  bool same_run_ = false;   // a resume continuing in its checkpoint's run directory
   fs::path data_staging_;   // text data tokenized before the run directory is committed to
   std::unique_ptr<Backend> backend_;
   std::vector<int32_t> train_tokens_, val_tokens_;
@@ -299,6 +285,7 @@ void TrainingRun::claim_run_dir() {
   check_before_run(cfg_, opts_, sum_.run_dir);
   const bool same_run =
       !opts_.resume.empty() && fs::equivalent(checkpoint_run_dir(opts_.resume), dir_, ec);
+  same_run_ = same_run;
   const RunDirUse use = opts_.restart_killed ? RunDirUse::kRestart : RunDirUse::kNew;
   created_dir_ = !fs::exists(dir_, ec);
   fs::create_directories(dir_, ec);
@@ -319,14 +306,7 @@ void TrainingRun::claim_run_dir() {
   }
   // The base model's files come from the checkpoint's run (a new run directory branching
   // from it) or from model.checkpoint (a new run); a run continuing in its directory has them.
-  std::error_code e2;
-  if (!opts_.resume.empty() && !same_run) {
-    carry_from_ = carried_files_dir(opts_.resume);
-  } else if (opts_.resume.empty() && !cfg_.model.checkpoint.empty()) {
-    const fs::path base(cfg_.model.checkpoint);
-    carry_from_ =
-        carried_files_dir((fs::is_directory(base, e2) ? base : base.parent_path()).string());
-  }
+  carry_from_ = carry_source(cfg_, opts_, same_run);
   set_cleanup();
 }
 
@@ -344,10 +324,10 @@ void TrainingRun::commit_run_dir() {
         aside.empty() ? std::string() : str("; its old metrics and config are kept in ", aside));
     restart_killed_ = false;
   }
-  for (const char* name : kRunTempFiles)
-    if (fs::remove(dir_ / name, ec))
+  for (const RunFile& f : kRunFiles)
+    if (fs::remove(dir_ / run_temp_file(f), ec))
       spdlog::warn("{}: removed, left half-written by a run that stopped while writing it",
-                   (dir_ / name).string());
+                   (dir_ / run_temp_file(f)).string());
   if (!opts_.resume.empty()) remove_checkpoint_leftovers(dir_.string());
   remove_start_debris();
   committed_ = true;
@@ -433,11 +413,11 @@ void TrainingRun::set_cleanup(bool finishing) {
       paths.push_back(d.string() + "/");
     }
     if (committed_)
-      for (const char* f : {"config.yaml", "metrics.jsonl", "samples.jsonl", "curves.svg"})
-        paths.push_back((dir_ / f).string());
+      for (const RunFile& f : kRunFiles)
+        if (f.before_first_checkpoint) paths.push_back((dir_ / f.name).string());
   }
   if (finishing)
-    for (const char* f : kRunTempFiles) paths.push_back((dir_ / f).string());
+    for (const RunFile& f : kRunFiles) paths.push_back((dir_ / run_temp_file(f)).string());
   if (lock_) paths.push_back(lock_->path());
   if (created_dir_ && only_ours) paths.push_back(dir_.string() + "/");
   opts_.stop->set_cleanup_paths(paths);
@@ -595,16 +575,14 @@ void TrainingRun::load_data() {
     // The run's tokenizer: the base model's, carried into the run directory (or, evaluating
     // only, beside the model the config names).
     std::string tok;
-    uint32_t tok_vocab = 0;
     std::error_code ec;
-    fs::path where = opts_.eval_only ? fs::path(eval_model_dir()) : dir_;
-    // A new run has not carried the base model's files yet (commit_run_dir does).
-    if (!opts_.eval_only && !fs::exists(where / "tokenizer.json", ec) && !carry_from_.empty())
-      where = carry_from_;
-    if (!where.empty() && fs::is_regular_file(where / "tokenizer.json", ec)) {
+    if (!opts_.eval_only) {
+      tok = run_tokenizer_path(cfg_, opts_, dir_.string(), same_run_);
+    } else if (const fs::path where = eval_model_dir();
+               !where.empty() && fs::is_regular_file(where / "tokenizer.json", ec)) {
       tok = (where / "tokenizer.json").string();
-      tok_vocab = Tokenizer::from_file(tok).vocab_size();
     }
+    const uint32_t tok_vocab = tok.empty() ? 0 : Tokenizer::from_file(tok).vocab_size();
     if (!opts_.eval_only)
       train_tokens_ = load_shards(cfg_.data.train_shards, cfg_.model.vocab_size, tok, tok_vocab,
                                   &train_mask_, &train_starts_, opts_.stop);

@@ -81,9 +81,13 @@ void SsdStore::Impl::init() {
               " already exists and no fuyou process left a lock beside it, "
               "so it may hold someone's data and the store will not overwrite it (remove it if "
               "nothing needs it)"));
-    if (fd == -EINVAL)
+    if (fd == -EINVAL) {
+      // The kernel creates the file before it refuses O_DIRECT.
+      if (!existed) layer->unlink(f.path);
       throw IoError(str("SSD store: cannot open ", f.path, " with O_DIRECT: ", errno_text(EINVAL),
-                        "; the filesystem does not support direct I/O (tmpfs before Linux 6.6?)"));
+                        "; the filesystem does not support direct I/O (ramfs does not, nor tmpfs "
+                        "before Linux 6.6): give a directory on a disk's filesystem"));
+    }
     if (fd < 0) throw IoError(str("SSD store: cannot open ", f.path, ": ", errno_text(-fd)));
     f.fd = fd;
     f.created = !existed;
@@ -270,33 +274,71 @@ ExtentId SsdStore::define_extent(const std::string& name, uint64_t bytes) {
   return id;
 }
 
-// The space growing each file to new_size[d] takes, per filesystem (two directories on one
-// disk draw on one pool), against what statvfs says is free there.
-void SsdStore::Impl::check_space(const std::vector<uint64_t>& new_size,
-                                 const std::string& doing) const {
+namespace {
+
+// What growing directory `dir`'s backing file takes: `grow` bytes on filesystem `dev`.
+struct Growth {
+  std::string dir;
+  uint64_t dev;
+  uint64_t grow;
+};
+
+// The growths, summed per filesystem (two directories on one disk draw on one pool), against
+// what statvfs says is free there; refused naming the first directory of a filesystem short.
+void check_growth(FileLayer& layer, const std::vector<Growth>& growth, const std::string& doing) {
   std::vector<std::pair<uint64_t, uint64_t>> need_by_dev;  // (dev, bytes)
-  for (int d = 0; d < ndirs(); ++d) {
-    uint64_t delta = new_size[d] > files[d].size ? new_size[d] - files[d].size : 0;
+  for (const Growth& g : growth) {
     auto dev = std::find_if(need_by_dev.begin(), need_by_dev.end(),
-                            [&](auto& p) { return p.first == files[d].identity.dev; });
+                            [&](auto& p) { return p.first == g.dev; });
     if (dev == need_by_dev.end())
-      need_by_dev.push_back({files[d].identity.dev, delta});
+      need_by_dev.push_back({g.dev, g.grow});
     else
-      dev->second += delta;
+      dev->second += g.grow;
   }
-  for (int d = 0; d < ndirs(); ++d) {
+  for (const Growth& g : growth) {
     auto dev = std::find_if(need_by_dev.begin(), need_by_dev.end(),
-                            [&](auto& p) { return p.first == files[d].identity.dev; });
+                            [&](auto& p) { return p.first == g.dev; });
     if (dev->second == 0) continue;
     uint64_t free_bytes = 0;
-    int r = layer->statvfs_free(files[d].dir, &free_bytes);
-    if (r < 0) throw IoError(str("SSD store: statvfs of ", files[d].dir, ": ", errno_text(-r)));
+    int r = layer.statvfs_free(g.dir, &free_bytes);
+    if (r < 0) throw IoError(str("SSD store: statvfs of ", g.dir, ": ", errno_text(-r)));
     if (dev->second > free_bytes)
-      throw IoError(str("SSD store: ", doing, ": the filesystem of ", files[d].dir, " needs ",
-                        dev->second, " more bytes (", format_size(dev->second), ") but has ",
-                        free_bytes, " free (", format_size(free_bytes), ")"));
+      throw IoError(str("SSD store: ", doing, ": the filesystem of ", g.dir, " needs ", dev->second,
+                        " more bytes (", format_size(dev->second), ") but has ", free_bytes,
+                        " free (", format_size(free_bytes), ")"));
     dev->second = 0;  // checked once per filesystem
   }
+}
+
+std::string logical_what(const std::string& what, uint64_t logical_bytes) {
+  return str(what, " (", logical_bytes, " bytes in all, ", format_size(logical_bytes), ")");
+}
+
+}  // namespace
+
+// The space growing each file to new_size[d] takes.
+void SsdStore::Impl::check_space(const std::vector<uint64_t>& new_size,
+                                 const std::string& doing) const {
+  std::vector<Growth> growth;
+  for (int d = 0; d < ndirs(); ++d)
+    growth.push_back({files[d].dir, files[d].identity.dev,
+                      new_size[d] > files[d].size ? new_size[d] - files[d].size : 0});
+  check_growth(*layer, growth, doing);
+}
+
+void SsdStore::check_space_before_open(const StoreConfig& cfg, uint64_t logical_bytes,
+                                       const std::string& what) {
+  const std::shared_ptr<FileLayer> layer = cfg.files ? cfg.files : std::make_shared<FileLayer>();
+  const StripeLayout stripes{static_cast<int>(cfg.dirs.size()), cfg.stripe_unit};
+  std::vector<Growth> growth;
+  for (size_t d = 0; d < cfg.dirs.size(); ++d) {
+    FileIdentity id;
+    const int r = layer->stat(cfg.dirs[d], &id);
+    if (r < 0) throw IoError(str("SSD store: cannot stat ", cfg.dirs[d], ": ", errno_text(-r)));
+    growth.push_back(
+        {cfg.dirs[d], id.dev, stripes.file_size_for(static_cast<int>(d), logical_bytes)});
+  }
+  check_growth(*layer, growth, logical_what(what, logical_bytes));
 }
 
 void SsdStore::check_space(uint64_t logical_bytes, const std::string& what) const {
@@ -305,8 +347,7 @@ void SsdStore::check_space(uint64_t logical_bytes, const std::string& what) cons
   std::vector<uint64_t> new_size(s.ndirs());
   for (int d = 0; d < s.ndirs(); ++d)
     new_size[d] = s.layout().file_size_for(d, s.end + logical_bytes);
-  s.check_space(new_size,
-                str(what, " (", logical_bytes, " bytes in all, ", format_size(logical_bytes), ")"));
+  s.check_space(new_size, logical_what(what, logical_bytes));
 }
 
 ExtentId SsdStore::find_extent(const std::string& name) const {
