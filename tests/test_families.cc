@@ -340,6 +340,9 @@ const char* kFamilies[] = {
     // without rotary embeddings.
     "family: llama, n_head: 4, n_kv_head: 2, d_model: 16, head_dim: 6, d_ff: 24, qk_norm: true, "
     "nope_layers: [1]",
+    // OLMo 2's shape: norms after the sublayers, q/k norms over the whole projections.
+    "family: llama, n_head: 4, n_kv_head: 2, d_model: 16, d_ff: 24, qk_norm: true, "
+    "qk_norm_span: projection, norm_position: post, tie_embeddings: false",
 };
 
 }  // namespace
@@ -348,7 +351,7 @@ const char* kFamilies[] = {
 // ReLU kinks make differences of a whole model unreliable, so its gradients are compared
 // with PyTorch's instead (the next test).
 TEST_CASE("llama gradients match finite differences of the loss", "[families]") {
-  for (const char* fam : {kFamilies[1], kFamilies[2], kFamilies[3]}) {
+  for (const char* fam : {kFamilies[1], kFamilies[2], kFamilies[3], kFamilies[4]}) {
     INFO(fam);
     Config cfg = family_config(fam, 0.0, 2);
     auto be = make_cpu_backend(2, 0);

@@ -36,6 +36,30 @@ struct SquareSpan {
   size_t n = 0;
 };
 
+// The spans qk_norm_forward normalises in each row of qkvc(N, (Hq + 2Hkv) D): q_spans spans
+// of q_width values (the q part), then k_spans of k_width (the k part); v follows. Qwen3
+// normalises each head (heads()), OLMo 2 the whole q and the whole k projection
+// (projection()), each span with its own statistics and the weight of its part (q_width or
+// k_width values: one head's, or the projection's).
+struct QkNormSpans {
+  int q_spans = 0, k_spans = 0;
+  int q_width = 0, k_width = 0;
+
+  static QkNormSpans heads(int Hq, int Hkv, int D) { return {Hq, Hkv, D, D}; }
+  static QkNormSpans projection(int Hq, int Hkv, int D) { return {1, 1, Hq * D, Hkv * D}; }
+  int spans() const { return q_spans + k_spans; }
+  size_t q_values() const { return static_cast<size_t>(q_spans) * q_width; }
+  size_t k_values() const { return static_cast<size_t>(k_spans) * k_width; }
+  size_t row() const { return q_values() + 2 * k_values(); }  // qkvc's row: q, k, v
+  size_t saved_row() const { return q_values() + k_values(); }
+  // Span j's first value within a row (of qkvc, and of saved: q and k come first in both).
+  size_t offset(int j) const {
+    return j < q_spans ? static_cast<size_t>(j) * q_width
+                       : q_values() + static_cast<size_t>(j - q_spans) * k_width;
+  }
+  int width(int j) const { return j < q_spans ? q_width : k_width; }
+};
+
 // kEmulated: a GPU that does no arithmetic but takes a hardware profile's time
 // (runtime.backend: emulated, kernels/emulated/emulated_backend.h).
 enum class BackendKind { kCpu, kCuda, kEmulated };
@@ -162,12 +186,13 @@ struct MemoryStats {
 //   is rotated by the angle position * rope.inv_freq[i], cos and sin scaled by rope.scale
 //   (fuyou/rope.h; i < rope.pairs = D/2). rope_backward: the
 //   transpose (rotation by -angle), in place on the q and k parts of dqkvc(B,T,(Hq+2Hkv)D).
-// qk_norm_forward: Qwen3's RMSNorm of each q and k head of qkvc(N,(Hq+2Hkv)D), in place,
-//   before RoPE: head x (D values) becomes x * r * w with r = 1 / sqrt(mean(x^2) + eps), w = qw
-//   (D) for the q heads and kw (D) for the k heads; v is untouched. r is saved in
-//   rstd(N, Hq+Hkv) and, when saved is not null, every row's q and k heads as they were in
-//   saved(N, (Hq+Hkv)D). qk_norm_backward: the q and k parts of dqkvc (the gradient after the
-//   norm) overwritten with the gradient before it, from saved and rstd; dqw, dkw (D) += ....
+// qk_norm_forward: the RMSNorm of each span s (QkNormSpans: each q and k head for Qwen3, the
+//   whole q and k projections for OLMo 2) of qkvc(N, s.row()), in place, before RoPE: span x
+//   becomes x * r * w with r = 1 / sqrt(mean(x^2) + eps), w = qw (s.q_width) for q spans and
+//   kw (s.k_width) for k spans; v is untouched. r is saved in rstd(N, s.spans()) and, when
+//   saved is not null, every row's q and k parts as they were in saved(N, s.saved_row()).
+//   qk_norm_backward: the q and k parts of dqkvc (the gradient after the norm) overwritten
+//   with the gradient before it, from saved and rstd; dqw (s.q_width), dkw (s.k_width) += ....
 // repeat_kv_forward: grouped-query attention in its simple form: expands qkvc(N,(Hq+2Hkv)D)
 //   into the full packed qkv(N,3C) that attention_forward takes, k/v head j copied to query
 //   heads j*G .. j*G+G-1 (G = Hq/Hkv). repeat_kv_backward: dqkvc(N,(Hq+2Hkv)D) overwritten: q
@@ -222,11 +247,11 @@ struct MemoryStats {
                     const int32_t* pos),                                                         \
     (dqkvc, B, T, Hq, Hkv, D, rope, pos))                                                        \
   X(qk_norm_forward, (void* qkvc, void* saved, float* rstd, const void* qw, const void* kw,       \
-                      float eps, int N, int Hq, int Hkv, int D),                                 \
-    (qkvc, saved, rstd, qw, kw, eps, N, Hq, Hkv, D))                                             \
+                      float eps, int N, const QkNormSpans& s),                                   \
+    (qkvc, saved, rstd, qw, kw, eps, N, s))                                                      \
   X(qk_norm_backward, (void* dqkvc, void* dqw, void* dkw, const void* saved, const void* qw,     \
-                       const void* kw, const float* rstd, int N, int Hq, int Hkv, int D),        \
-    (dqkvc, dqw, dkw, saved, qw, kw, rstd, N, Hq, Hkv, D))                                       \
+                       const void* kw, const float* rstd, int N, const QkNormSpans& s),          \
+    (dqkvc, dqw, dkw, saved, qw, kw, rstd, N, s))                                                \
   X(repeat_kv_forward, (void* qkv, const void* qkvc, int N, int Hq, int Hkv, int D),             \
     (qkv, qkvc, N, Hq, Hkv, D))                                                                  \
   X(repeat_kv_backward, (void* dqkvc, const void* dqkv, int N, int Hq, int Hkv, int D),          \

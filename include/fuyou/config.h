@@ -44,6 +44,11 @@ constexpr int kMaxBatch = 1 << 16;            // micro_batch, grad_accum
 constexpr int64_t kMaxBatchTokens = 1 << 24;  // micro_batch x seq_len
 constexpr int kMaxEvalBatches = 10'000;       // eval_batches
 
+// Where a llama-family block normalises (docs/config.md, model.norm_position).
+enum class NormPosition { kPre, kPost };
+// What the q/k norm normalises: each head, or the whole q and k projections.
+enum class QkNormSpan { kHead, kProjection };
+
 // The model section. Plain fields, each documented in docs/config.md; what a family computes
 // with them is in include/fuyou/model.h.
 struct ModelConfig {
@@ -67,8 +72,14 @@ struct ModelConfig {
   // The head size; 0 means d_model / n_head. Set (Qwen3, Mistral-Nemo), the attention's width
   // A = n_head * head_dim may differ from d_model: q is (A, C), the projection (C, A).
   int head_dim = 0;
-  // RMSNorm of each q and k head (weights of head_dim, eps norm_eps) before RoPE (Qwen3).
+  // RMSNorm of q and k (eps norm_eps) before RoPE: of each head with weights of head_dim
+  // (qk_norm_span head: Qwen3), or of the whole q and k projections with weights of
+  // n_head * head_dim and n_kv_head * head_dim (projection: OLMo 2).
   bool qk_norm = false;
+  QkNormSpan qk_norm_span = QkNormSpan::kHead;
+  // pre: x + attn(norm1(x)), then + mlp(norm2(.)) (Llama); post: x + norm1(attn(x)), then
+  // + norm2(mlp(.)) (OLMo 2: the norms on the sublayers' outputs, inside the residual).
+  NormPosition norm_position = NormPosition::kPre;
   float norm_eps = 1e-5f;       // RMSNorm epsilon (gpt2/opt LayerNorm always use 1e-5)
   float rope_theta = 10000.0f;  // rotary base
   // The rotary variant and its parameters, named as transformers' rope_parameters names them

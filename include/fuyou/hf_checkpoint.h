@@ -76,7 +76,7 @@ struct LlamaDialect {
   const char* architecture;  // what an export writes: "MistralForCausalLM"
   int default_positions;     // the config class's max_position_embeddings
   bool qkv_bias;             // biases on q, k and v (Qwen2)
-  bool qk_norm;              // an RMSNorm of each q and k head (Qwen3)
+  bool qk_norm;              // an RMSNorm of q and k: each head (Qwen3), or see post_norm
   Window window;
   int default_window;
   bool attention_bias_key;  // the class has attention_bias (must be false)
@@ -92,6 +92,10 @@ struct LlamaDialect {
   // (absent list: every interval-th layer has no rotary embeddings).
   bool nope;
   double default_eps = 1e-6;  // the class's rms_norm_eps where the config gives none
+  // OLMo 2's norms: after the attention and the MLP (post_attention_layernorm,
+  // post_feedforward_layernorm, inside the residual), and q/k norms over the whole q and k
+  // projections (qk_norm then true).
+  bool post_norm = false;
 };
 const std::vector<LlamaDialect>& llama_dialects();
 const LlamaDialect* find_llama_dialect(const std::string& model_type);

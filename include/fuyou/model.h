@@ -130,9 +130,18 @@ struct LayerTensors {
   void* fc_b = nullptr;      // (F)
   void* fcproj_w = nullptr;  // (C, F)
   void* fcproj_b = nullptr;  // (C)
-  void* q_norm_w = nullptr;  // (D) llama with qk_norm: RMSNorm weight of every q head
-  void* k_norm_w = nullptr;  // (D) the same for the k heads
+  void* q_norm_w = nullptr;  // llama with qk_norm: RMSNorm weight of every q head (D), or of
+                             // the whole q projection (A, qk_norm_span projection)
+  void* k_norm_w = nullptr;  // the same for the k heads: (D), or (KV)
 };
+
+// The spans the q/k norm normalises (model.qk_norm_span): each head, or the whole projections.
+inline QkNormSpans qk_norm_spans(const ModelConfig& cfg) {
+  const int H = cfg.n_head, Hkv = cfg.kv_heads(), D = cfg.head_size();
+  return cfg.qk_norm_span == QkNormSpan::kProjection ? QkNormSpans::projection(H, Hkv, D)
+                                                     : QkNormSpans::heads(H, Hkv, D);
+}
+inline bool post_norm(const ModelConfig& cfg) { return cfg.norm_position == NormPosition::kPost; }
 
 struct GlobalTensors {
   void* wte = nullptr;      // (V, C)
@@ -156,6 +165,8 @@ GlobalTensors global_tensors(const ParamLayout& layout, void* embed, void* final
 // What one layer's forward saves for its backward, in device memory: tensors of the storage
 // type (void*) and fp32 norm statistics (float*).
 struct LayerActivations {
+  // pre-norm: ln1, ln2 the norms' outputs; post-norm (model.norm_position): their inputs,
+  // the attention projection's and the MLP's outputs.
   void* ln1 = nullptr;        // (N, C)
   float* ln1_mean = nullptr;  // (N); null for llama (RMSNorm keeps only rstd)
   float* ln1_rstd = nullptr;  // (N)
@@ -181,6 +192,8 @@ size_t model_workspace_bytes(const ModelConfig& cfg, int B, size_t elem_bytes);
 // Rows (tokens) of one chunk of the LM head at micro-batch B: model.head_chunk_tokens, or
 // all B seq_len rows when it is 0 or larger.
 int head_chunk_rows(const ModelConfig& cfg, int B);
+// Elements of a frozen base's discarded norm weight gradients (ModelState::kFrozenBase).
+size_t frozen_grad_elems(const ModelConfig& cfg);
 // Host bytes the CPU backend's kernels take beside its arena with 16-bit tensors: the fp32
 // views of the largest kernel call's tensors (kernels/cpu/stage.h), an upper bound over the
 // model's calls at micro-batch B.

@@ -247,21 +247,21 @@ void CpuBackend::rope_backward(void* dqkvc, int B, int T, int Hq, int Hkv, int D
 }
 
 void CpuBackend::qk_norm_forward(void* qkvc, void* saved, float* rstd, const void* qw,
-                                 const void* kw, float eps, int N, int Hq, int Hkv, int D) {
+                                 const void* kw, float eps, int N, const QkNormSpans& sp) {
   Stage s(storage_);
-  const size_t heads = static_cast<size_t>(N) * (Hq + Hkv) * D;
-  k_.qk_norm_forward(s.acc(qkvc, static_cast<size_t>(N) * (Hq + 2 * Hkv) * D), s.out(saved, heads),
-                     rstd, s.in(qw, D), s.in(kw, D), eps, N, Hq, Hkv, D);
+  const size_t rows = static_cast<size_t>(N);
+  k_.qk_norm_forward(s.acc(qkvc, rows * sp.row()), s.out(saved, rows * sp.saved_row()), rstd,
+                     s.in(qw, sp.q_width), s.in(kw, sp.k_width), eps, N, sp);
 }
 
 void CpuBackend::qk_norm_backward(void* dqkvc, void* dqw, void* dkw, const void* saved,
-                                  const void* qw, const void* kw, const float* rstd, int N, int Hq,
-                                  int Hkv, int D) {
+                                  const void* qw, const void* kw, const float* rstd, int N,
+                                  const QkNormSpans& sp) {
   Stage s(storage_);
-  const size_t heads = static_cast<size_t>(N) * (Hq + Hkv) * D;
-  k_.qk_norm_backward(s.acc(dqkvc, static_cast<size_t>(N) * (Hq + 2 * Hkv) * D), s.acc(dqw, D),
-                      s.acc(dkw, D), s.in(saved, heads), s.in(qw, D), s.in(kw, D), rstd, N, Hq, Hkv,
-                      D);
+  const size_t rows = static_cast<size_t>(N);
+  k_.qk_norm_backward(s.acc(dqkvc, rows * sp.row()), s.acc(dqw, sp.q_width), s.acc(dkw, sp.k_width),
+                      s.in(saved, rows * sp.saved_row()), s.in(qw, sp.q_width),
+                      s.in(kw, sp.k_width), rstd, N, sp);
 }
 
 void CpuBackend::repeat_kv_forward(void* qkv, const void* qkvc, int N, int Hq, int Hkv, int D) {

@@ -65,9 +65,9 @@ class CpuKernels {
   // Rows at positions pos0 .. pos0 + N - 1 (a decode step).
   void rope_forward_at(float* qkvc, int N, int pos0, int Hq, int Hkv, int D, const RopeTable& rope);
   void qk_norm_forward(float* qkvc, float* saved, float* rstd, const float* qw, const float* kw,
-                       float eps, int N, int Hq, int Hkv, int D);
+                       float eps, int N, const QkNormSpans& s);
   void qk_norm_backward(float* dqkvc, float* dqw, float* dkw, const float* saved, const float* qw,
-                        const float* kw, const float* rstd, int N, int Hq, int Hkv, int D);
+                        const float* kw, const float* rstd, int N, const QkNormSpans& s);
   void repeat_kv_forward(float* qkv, const float* qkvc, int N, int Hq, int Hkv, int D);
   void repeat_kv_backward(float* dqkvc, const float* dqkv, int N, int Hq, int Hkv, int D);
   void swiglu_forward(float* out, const float* gu, int N, int F);

@@ -77,45 +77,47 @@ void CpuKernels::rmsnorm_backward(float* din, float* dw, const float* dout, cons
   }
 }
 
-// Qwen3's q/k norm: the heads of each row are rows of D values, q heads first, then k heads
-// (head h of row n at n (Hq + 2Hkv) D + h D); each is normalised as rmsnorm_row does.
+// The q/k norm: span j of row n (QkNormSpans: Qwen3's heads, OLMo 2's projections) at
+// n s.row() + s.offset(j); each is normalised as rmsnorm_row does.
 void CpuKernels::qk_norm_forward(float* qkvc, float* saved, float* rstd, const float* qw,
-                                 const float* kw, float eps, int N, int Hq, int Hkv, int D) {
-  const int heads = Hq + Hkv;
+                                 const float* kw, float eps, int N, const QkNormSpans& s) {
+  const int spans = s.spans();
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
-    for (int h = 0; h < heads; ++h) {
-      float* x = qkvc + (static_cast<size_t>(n) * (Hq + 2 * Hkv) + h) * D;
-      const size_t j = static_cast<size_t>(n) * heads + h;
-      if (saved) std::copy(x, x + D, saved + j * D);
-      rmsnorm_row(x, rstd + j, x, h < Hq ? qw : kw, eps, D);
+    for (int j = 0; j < spans; ++j) {
+      float* x = qkvc + static_cast<size_t>(n) * s.row() + s.offset(j);
+      const int W = s.width(j);
+      if (saved) std::copy(x, x + W, saved + static_cast<size_t>(n) * s.saved_row() + s.offset(j));
+      rmsnorm_row(x, rstd + static_cast<size_t>(n) * spans + j, x, j < s.q_spans ? qw : kw, eps, W);
     }
   }
 }
 
 void CpuKernels::qk_norm_backward(float* dqkvc, float* dqw, float* dkw, const float* saved,
                                   const float* qw, const float* kw, const float* rstd, int N,
-                                  int Hq, int Hkv, int D) {
-  // rmsnorm_backward's formula per head, the input gradient overwriting the output's; the
-  // weight gradients summed per thread, then reduced.
-  const int heads = Hq + Hkv, nt = threads_;
-  std::vector<float> partial(static_cast<size_t>(nt) * 2 * D, 0.0f);
+                                  const QkNormSpans& s) {
+  // rmsnorm_backward's formula per span, the input gradient overwriting the output's; the
+  // weight gradients (q's, then k's) summed per thread, then reduced.
+  const int spans = s.spans(), nt = threads_;
+  const size_t weights = static_cast<size_t>(s.q_width) + s.k_width;
+  std::vector<float> partial(static_cast<size_t>(nt) * weights, 0.0f);
 #pragma omp parallel num_threads(nt)
   {
-    float* acc = partial.data() + static_cast<size_t>(omp_get_thread_num()) * 2 * D;
+    float* acc = partial.data() + static_cast<size_t>(omp_get_thread_num()) * weights;
 #pragma omp for schedule(static)
     for (int n = 0; n < N; ++n) {
-      for (int h = 0; h < heads; ++h) {
-        const size_t j = static_cast<size_t>(n) * heads + h;
-        const float* x = saved + j * D;
-        float* d = dqkvc + (static_cast<size_t>(n) * (Hq + 2 * Hkv) + h) * D;
-        const float* w = h < Hq ? qw : kw;
-        float* dw_acc = acc + (h < Hq ? 0 : D);
-        const float r = rstd[j];
+      for (int j = 0; j < spans; ++j) {
+        const bool q = j < s.q_spans;
+        const int W = s.width(j);
+        const float* x = saved + static_cast<size_t>(n) * s.saved_row() + s.offset(j);
+        float* d = dqkvc + static_cast<size_t>(n) * s.row() + s.offset(j);
+        const float* w = q ? qw : kw;
+        float* dw_acc = acc + (q ? 0 : s.q_width);
+        const float r = rstd[static_cast<size_t>(n) * spans + j];
         math::StatAcc gx = 0;
-        for (int c = 0; c < D; ++c) gx += static_cast<math::StatAcc>(d[c] * w[c]) * (x[c] * r);
-        const float gxm = static_cast<float>(gx / D);
-        for (int c = 0; c < D; ++c) {
+        for (int c = 0; c < W; ++c) gx += static_cast<math::StatAcc>(d[c] * w[c]) * (x[c] * r);
+        const float gxm = static_cast<float>(gx / W);
+        for (int c = 0; c < W; ++c) {
           const float xhat = x[c] * r;
           dw_acc[c] += d[c] * xhat;
           d[c] = (d[c] * w[c] - xhat * gxm) * r;
@@ -123,10 +125,10 @@ void CpuKernels::qk_norm_backward(float* dqkvc, float* dqw, float* dkw, const fl
       }
     }
   }
-  for (int c = 0; c < 2 * D; ++c) {
-    float s = 0;
-    for (int t = 0; t < nt; ++t) s += partial[static_cast<size_t>(t) * 2 * D + c];
-    (c < D ? dqw[c] : dkw[c - D]) += s;
+  for (size_t c = 0; c < weights; ++c) {
+    float sum = 0;
+    for (int t = 0; t < nt; ++t) sum += partial[static_cast<size_t>(t) * weights + c];
+    (c < static_cast<size_t>(s.q_width) ? dqw[c] : dkw[c - s.q_width]) += sum;
   }
 }
 

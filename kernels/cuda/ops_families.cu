@@ -146,71 +146,88 @@ __global__ void rmsnorm_dweight_k(float* part, const T* dout, const T* in, const
   part[size_t(blockIdx.y) * C + c] = s;
 }
 
-// Qwen3's q/k norm: one block per (row n, head h < Hq + Hkv), blockIdx.x = n (Hq + Hkv) + h;
-// the head's D values start at n (Hq + 2Hkv) D + h D. In place: each thread writes only the
+// The q/k norm (QkNormSpans: Qwen3's heads, OLMo 2's projections): one block per (row n,
+// span j), blockIdx.x = n s.spans() + j; the span starts at n s.row() + s.offset(j) in qkvc
+// and at n s.saved_row() + s.offset(j) in saved. In place: each thread writes only the
 // columns it read.
 constexpr int kHeadThreads = 64;
 
-__device__ inline size_t qk_head_offset(unsigned j, int Hq, int Hkv, int D) {
-  const unsigned heads = Hq + Hkv, n = j / heads, h = j % heads;
-  return (size_t(n) * (Hq + 2 * Hkv) + h) * D;
+struct QkSpan {
+  size_t at, saved_at;  // the span's first value in qkvc and in saved
+  int width;
+  bool q;
+};
+
+__device__ inline QkSpan qk_span(unsigned b, QkNormSpans s) {
+  const unsigned spans = s.q_spans + s.k_spans, n = b / spans, j = b % spans;
+  const bool q = j < unsigned(s.q_spans);
+  const size_t q_values = size_t(s.q_spans) * s.q_width, k_values = size_t(s.k_spans) * s.k_width;
+  const size_t off = q ? size_t(j) * s.q_width : q_values + size_t(j - s.q_spans) * s.k_width;
+  return {size_t(n) * (q_values + 2 * k_values) + off, size_t(n) * (q_values + k_values) + off,
+          q ? s.q_width : s.k_width, q};
 }
 
 template <typename T>
 __global__ void qk_norm_forward_k(T* qkvc, T* saved, float* rstd, const T* qw, const T* kw,
-                                  float eps, int Hq, int Hkv, int D) {
+                                  float eps, QkNormSpans s) {
   const unsigned j = blockIdx.x;
-  T* x = qkvc + qk_head_offset(j, Hq, Hkv, D);
-  const T* w = j % (Hq + Hkv) < unsigned(Hq) ? qw : kw;
+  const QkSpan sp = qk_span(j, s);
+  T* x = qkvc + sp.at;
+  const T* w = sp.q ? qw : kw;
+  const int W = sp.width;
   math::StatAcc ss = 0;
-  for (int c = threadIdx.x; c < D; c += blockDim.x) {
+  for (int c = threadIdx.x; c < W; c += blockDim.x) {
     const float xc = ld(x[c]);
     ss += static_cast<math::StatAcc>(xc) * xc;
-    if (saved) saved[size_t(j) * D + c] = x[c];
+    if (saved) saved[sp.saved_at + c] = x[c];
   }
   ss = block_reduce(ss, SumOp{}, math::StatAcc(0));
-  const float r = static_cast<float>(1.0 / sqrt(ss / D + eps));
-  for (int c = threadIdx.x; c < D; c += blockDim.x)
+  const float r = static_cast<float>(1.0 / sqrt(ss / W + eps));
+  for (int c = threadIdx.x; c < W; c += blockDim.x)
     x[c] = st<T>(math::rmsnorm_apply(ld(x[c]), r, ld(w[c])));
   if (threadIdx.x == 0) rstd[j] = r;
 }
 
-// The input gradient of each head, overwriting the output gradient (rmsnorm_backward_dx_k's
+// The input gradient of each span, overwriting the output gradient (rmsnorm_backward_dx_k's
 // formula); launched after qk_norm_dweight_k has read the output gradient.
 template <typename T>
 __global__ void qk_norm_backward_dx_k(T* dqkvc, const T* saved, const T* qw, const T* kw,
-                                      const float* rstd, int Hq, int Hkv, int D) {
+                                      const float* rstd, QkNormSpans s) {
   const unsigned j = blockIdx.x;
-  T* d = dqkvc + qk_head_offset(j, Hq, Hkv, D);
-  const T* x = saved + size_t(j) * D;
-  const T* w = j % (Hq + Hkv) < unsigned(Hq) ? qw : kw;
+  const QkSpan sp = qk_span(j, s);
+  T* d = dqkvc + sp.at;
+  const T* x = saved + sp.saved_at;
+  const T* w = sp.q ? qw : kw;
+  const int W = sp.width;
   const float r = rstd[j];
   math::StatAcc gx = 0;
-  for (int c = threadIdx.x; c < D; c += blockDim.x)
+  for (int c = threadIdx.x; c < W; c += blockDim.x)
     gx += static_cast<math::StatAcc>(ld(d[c]) * ld(w[c])) * (ld(x[c]) * r);
   gx = block_reduce(gx, SumOp{}, math::StatAcc(0));
-  const float gxm = static_cast<float>(gx / D);
-  for (int c = threadIdx.x; c < D; c += blockDim.x) {
+  const float gxm = static_cast<float>(gx / W);
+  for (int c = threadIdx.x; c < W; c += blockDim.x) {
     const float xhat = ld(x[c]) * r;
     d[c] = st<T>((ld(d[c]) * ld(w[c]) - xhat * gxm) * r);
   }
 }
 
-// part(by, c) for the q heads (which 0) or the k heads (1): the sum of dy x rstd over that
-// kind's heads j = by, by + gridDim.y, ... of every row; column_slices_add adds the slices.
+// part(by, c) for the q spans (which 0) or the k spans (1): the sum of dy x rstd over that
+// kind's spans i = by, by + gridDim.y, ... of every row; column_slices_add adds the slices.
 template <typename T>
 __global__ void qk_norm_dweight_k(float* part, const T* dqkvc, const T* saved, const float* rstd,
-                                  int N, int Hq, int Hkv, int D, int which) {
+                                  int N, QkNormSpans s, int which) {
+  const int W = which ? s.k_width : s.q_width;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= D) return;
-  const int per_row = which ? Hkv : Hq, first = which ? Hq : 0;
-  const unsigned count = unsigned(N) * per_row;
-  float s = 0.0f;
+  if (c >= W) return;
+  const int per_row = which ? s.k_spans : s.q_spans, first = which ? s.q_spans : 0;
+  const unsigned count = unsigned(N) * per_row, spans = s.q_spans + s.k_spans;
+  float sum = 0.0f;
   for (unsigned i = blockIdx.y; i < count; i += gridDim.y) {
-    const unsigned j = (i / per_row) * (Hq + Hkv) + first + i % per_row;
-    s += ld(dqkvc[qk_head_offset(j, Hq, Hkv, D) + c]) * (ld(saved[size_t(j) * D + c]) * rstd[j]);
+    const unsigned j = (i / per_row) * spans + first + i % per_row;
+    const QkSpan sp = qk_span(j, s);
+    sum += ld(dqkvc[sp.at + c]) * (ld(saved[sp.saved_at + c]) * rstd[j]);
   }
-  part[size_t(blockIdx.y) * D + c] = s;
+  part[size_t(blockIdx.y) * W + c] = sum;
 }
 
 // One thread per (row n, head h of the Hq + Hkv rotated heads, K pairs i..i+K-1 of the D/2);
@@ -375,33 +392,37 @@ void CudaBackend::rmsnorm_backward(void* din, void* dw, const void* dout, const 
 }
 
 void CudaBackend::qk_norm_forward(void* qkvc, void* saved, float* rstd, const void* qw,
-                                  const void* kw, float eps, int N, int Hq, int Hkv, int D) {
+                                  const void* kw, float eps, int N, const QkNormSpans& s) {
   if (!N) return;
-  FY_TYPED(E, FY_LAUNCH(qk_norm_forward_k<E>, N * (Hq + Hkv), kHeadThreads, static_cast<E*>(qkvc),
+  FY_TYPED(E, FY_LAUNCH(qk_norm_forward_k<E>, N * s.spans(), kHeadThreads, static_cast<E*>(qkvc),
                         static_cast<E*>(saved), rstd, static_cast<const E*>(qw),
-                        static_cast<const E*>(kw), eps, Hq, Hkv, D));
+                        static_cast<const E*>(kw), eps, s));
 }
 
 void CudaBackend::qk_norm_backward(void* dqkvc, void* dqw, void* dkw, const void* saved,
-                                   const void* qw, const void* kw, const float* rstd, int N, int Hq,
-                                   int Hkv, int D) {
+                                   const void* qw, const void* kw, const float* rstd, int N,
+                                   const QkNormSpans& s) {
   if (!N) return;
   const int slices = reduce_slices(N);
-  const unsigned cols = (D + kEltThreads - 1) / kEltThreads;
+  const int width[2] = {s.q_width, s.k_width};
   std::lock_guard<std::mutex> lock(scratch_mu());
-  float* part = static_cast<float*>(scratch(sizeof(float) * 2 * slices * size_t(D)));
+  float* part = static_cast<float*>(
+      scratch(sizeof(float) * slices * (size_t(s.q_width) + size_t(s.k_width))));
+  float* parts[2] = {part, part + size_t(slices) * s.q_width};
   FY_TYPED(E, {
     const E* x = static_cast<const E*>(saved);
     E* d = static_cast<E*>(dqkvc);
-    for (int which = 0; which < 2; ++which)
-      FY_LAUNCH(qk_norm_dweight_k<E>, dim3(cols, slices), kEltThreads,
-                part + size_t(which) * slices * D, d, x, rstd, N, Hq, Hkv, D, which);
-    FY_LAUNCH(qk_norm_backward_dx_k<E>, N * (Hq + Hkv), kHeadThreads, d, x,
-              static_cast<const E*>(qw), static_cast<const E*>(kw), rstd, Hq, Hkv, D);
-    FY_LAUNCH(column_slices_add<E>, slices_add_grid(D), slices_add_block(), static_cast<E*>(dqw),
-              part, slices, D);
-    FY_LAUNCH(column_slices_add<E>, slices_add_grid(D), slices_add_block(), static_cast<E*>(dkw),
-              part + size_t(slices) * D, slices, D);
+    for (int which = 0; which < 2; ++which) {
+      const unsigned cols = (width[which] + kEltThreads - 1) / kEltThreads;
+      FY_LAUNCH(qk_norm_dweight_k<E>, dim3(cols, slices), kEltThreads, parts[which], d, x, rstd, N,
+                s, which);
+    }
+    FY_LAUNCH(qk_norm_backward_dx_k<E>, N * s.spans(), kHeadThreads, d, x,
+              static_cast<const E*>(qw), static_cast<const E*>(kw), rstd, s);
+    FY_LAUNCH(column_slices_add<E>, slices_add_grid(s.q_width), slices_add_block(),
+              static_cast<E*>(dqw), parts[0], slices, s.q_width);
+    FY_LAUNCH(column_slices_add<E>, slices_add_grid(s.k_width), slices_add_block(),
+              static_cast<E*>(dkw), parts[1], slices, s.k_width);
   });
 }
 

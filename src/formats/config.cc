@@ -439,6 +439,15 @@ const std::vector<std::string>& activation_policy_names() {
   return names;
 }
 
+// A key's value as an error message writes it: an enum's as its name.
+template <typename T, typename Rule>
+std::string shown(const T& v, const Rule& rule) {
+  if constexpr (std::is_enum_v<T>)
+    return rule.names.at(static_cast<size_t>(v));
+  else
+    return str(v);
+}
+
 // Each section's keys in the order config.yaml writes them: key(name, field, rule).
 template <typename F>
 void model_keys(F&& key) {
@@ -455,6 +464,8 @@ void model_keys(F&& key) {
   key("n_kv_head", &M::n_kv_head, closed(0, kMaxModelDim, " (0: n_head)"));
   key("head_dim", &M::head_dim, closed(0, 2 * kMaxRopePairs, " (0: d_model / n_head)"));
   key("qk_norm", &M::qk_norm, Free{});
+  key("qk_norm_span", &M::qk_norm_span, OneOf{{"head", "projection"}});
+  key("norm_position", &M::norm_position, OneOf{{"pre", "post"}});
   key("norm_eps", &M::norm_eps, interval(0, 1, "()"));
   key("rope_theta", &M::rope_theta, interval(1, 1e12, "()"));
   key("rope_type", &M::rope_type, OneOf{rope_type_names()});
@@ -686,16 +697,18 @@ ModelConfig model_from_checkpoint(const ModelConfig& given, const Section& s,
   // the checkpoint; `positions` may name the table's rows that the checkpoint leaves implicit.
   ModelConfig m = ck;
   if (!rotary(family_traits(ck))) m.positions = ck.position_table();
-  model_keys([&](const char* key, auto field, const auto&) {
+  model_keys([&](const char* key, auto field, const auto& rule) {
     const std::string k = key;
+
     if (k == "checkpoint" || !s.given(key)) return;
     if (k == "init_std" || k == "head_chunk_tokens" || k == "seq_len") {
       m.*field = given.*field;
     } else if (k == "positions" && given.positions == m.positions) {
       return;
     } else if (!(given.*field == ck.*field)) {
-      s.fail(key, str("is ", given.*field, " but the checkpoint ", given.checkpoint, " has ",
-                      ck.*field, " (leave it out: the model section comes from the checkpoint)"));
+      s.fail(key, str("is ", shown(given.*field, rule), " but the checkpoint ", given.checkpoint,
+                      " has ", shown(ck.*field, rule),
+                      " (leave it out: the model section comes from the checkpoint)"));
     }
   });
   m.checkpoint = given.checkpoint;
@@ -763,11 +776,11 @@ namespace {
 // engine's computation equals transformers' only within a context, seq_len stays inside it.
 void check_rope(const Section& s, const ModelConfig& m) {
   const ModelConfig plain;
-  model_keys([&](const char* key, auto field, const auto&) {
+  model_keys([&](const char* key, auto field, const auto& rule) {
     const std::string k = key;
     if (k.rfind("rope_", 0) != 0 || k == "rope_type" || k == "rope_theta") return;
     if (!rope_type_reads(m.rope_type, k) && !(m.*field == plain.*field))
-      s.fail(key, str("is ", m.*field, " but model.rope_type ", m.rope_type,
+      s.fail(key, str("is ", shown(m.*field, rule), " but model.rope_type ", m.rope_type,
                       " does not use it (leave it out)"));
   });
   if (rope_type_reads(m.rope_type, "rope_original_context"))
@@ -828,6 +841,8 @@ ModelConfig parse_model(const YAML::Node& node, const Origin& source, Checkpoint
     require(m.head_dim == 0 || m.head_dim * m.n_head == m.d_model, s, "head_dim", m.head_dim,
             str("family ", m.family, " has heads of d_model / n_head; the key is for llama"));
     require(!m.qk_norm, s, "qk_norm", "true", str("family ", m.family, " has no q/k norm"));
+    require(m.norm_position == NormPosition::kPre, s, "norm_position", "post",
+            str("family ", m.family, " normalises before its sublayers"));
   } else {
     require(m.d_ff != 0, s, "d_ff", m.d_ff,
             str("family ", m.family, " needs an explicit d_ff (intermediate_size)"));
@@ -836,6 +851,8 @@ ModelConfig parse_model(const YAML::Node& node, const Origin& source, Checkpoint
     require(m.n_kv_head == 0 || m.n_head % m.n_kv_head == 0, s, "n_kv_head", m.n_kv_head,
             str("must divide model.n_head (", m.n_head, ")"));
   }
+  require(m.qk_norm || m.qk_norm_span == QkNormSpan::kHead, s, "qk_norm_span", "projection",
+          "needs model.qk_norm: true (without a q/k norm there is nothing to span)");
   if (rotary(fam)) {
     require(m.head_size() % 2 == 0, s, m.head_dim ? "head_dim" : "d_model",
             m.head_dim ? m.head_dim : m.d_model,
@@ -861,11 +878,11 @@ ModelConfig parse_model(const YAML::Node& node, const Origin& source, Checkpoint
                 " rows (model.positions; the checkpoint's n_positions or "
                 "max_position_embeddings)"));
     const ModelConfig plain;
-    model_keys([&](const char* key, auto field, const auto&) {
+    model_keys([&](const char* key, auto field, const auto& rule) {
       const std::string k = key;
       if ((k.rfind("rope_", 0) == 0 || k == "sliding_window" || k == "nope_layers") &&
           !(m.*field == plain.*field))
-        s.fail(key, str("is ", m.*field, " but family ", m.family,
+        s.fail(key, str("is ", shown(m.*field, rule), " but family ", m.family,
                         " has no rotary embeddings "
                         "or attention window (the key is for llama)"));
     });

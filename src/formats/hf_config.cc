@@ -541,7 +541,7 @@ const std::vector<LlamaDialect>& llama_dialects() {
   static const std::vector<LlamaDialect> rows = {
       // model_type, architecture, default_positions, qkv_bias, qk_norm, window,
       // default_window, attention_bias_key, mlp_bias_key, fused, class_original_context,
-      // default_theta, default_tied, nope[, default_eps (1e-6)]
+      // default_theta, default_tied, nope[, default_eps (1e-6), post_norm]
       {"llama", "LlamaForCausalLM", 2048, false, false, W::kNone, 0, true, true, false, 0, 0, false,
        false},
       {"qwen2", "Qwen2ForCausalLM", 32768, true, false, W::kQwen, 0, false, false, false, 0, 0,
@@ -554,6 +554,8 @@ const std::vector<LlamaDialect>& llama_dialects() {
        false, false, 1e-5},
       {"smollm3", "SmolLM3ForCausalLM", 32768, false, false, W::kQwen, 0, true, true, false, 0,
        2000000.0f, true, true},
+      {"olmo2", "Olmo2ForCausalLM", 2048, false, true, W::kNone, 0, true, false, false, 0, 0, false,
+       false, 1e-5, true},
   };
   return rows;
 }
@@ -596,6 +598,10 @@ ModelConfig parse_llama(const Fields& f, const LlamaDialect& d) {
   m.family = "llama";
   m.qkv_bias = d.qkv_bias;
   m.qk_norm = d.qk_norm;
+  if (d.post_norm) {
+    m.norm_position = NormPosition::kPost;
+    m.qk_norm_span = QkNormSpan::kProjection;
+  }
   m.n_layer = f.integer("num_hidden_layers", 1, kMaxLayers);
   m.n_head = f.integer("num_attention_heads", 1, kMaxDim);
   m.d_model = f.integer("hidden_size", 1, kMaxDim);
@@ -698,7 +704,10 @@ namespace {
 bool dialect_computes(const LlamaDialect& d, const ModelConfig& cfg) {
   const bool rope_ok =
       d.class_original_context == 0 || cfg.rope_type == "default" || cfg.rope_type == "longrope";
-  return d.qkv_bias == cfg.qkv_bias && d.qk_norm == cfg.qk_norm &&
+  const bool post = cfg.norm_position == NormPosition::kPost;
+  const bool projection = cfg.qk_norm && cfg.qk_norm_span == QkNormSpan::kProjection;
+  return d.qkv_bias == cfg.qkv_bias && d.qk_norm == cfg.qk_norm && d.post_norm == post &&
+         d.post_norm == projection &&
          (cfg.sliding_window == 0 || d.window == LlamaDialect::Window::kUniform) && rope_ok &&
          (cfg.nope_layers.empty() || d.nope);
 }
@@ -711,9 +720,12 @@ std::string hf_model_type(const ModelConfig& cfg, const std::string& base_model_
     if (dialect_computes(*d, cfg)) return d->model_type;
   for (const LlamaDialect& d : llama_dialects())
     if (dialect_computes(d, cfg)) return d.model_type;
-  throw ConfigError(str("no Hugging Face model type computes this llama-family model (qkv_bias ",
-                        cfg.qkv_bias, ", qk_norm ", cfg.qk_norm, ", sliding_window ",
-                        cfg.sliding_window, ", rope_type ", cfg.rope_type, ")"));
+  throw ConfigError(
+      str("no Hugging Face model type computes this llama-family model (qkv_bias ", cfg.qkv_bias,
+          ", qk_norm ", cfg.qk_norm, ", qk_norm_span ",
+          cfg.qk_norm_span == QkNormSpan::kProjection ? "projection" : "head", ", norm_position ",
+          cfg.norm_position == NormPosition::kPost ? "post" : "pre", ", sliding_window ",
+          cfg.sliding_window, ", rope_type ", cfg.rope_type, ")"));
 }
 
 ModelConfig load_hf_config(const std::string& path, std::string* model_type) {
@@ -954,6 +966,8 @@ std::string engine_config_yaml(const ModelConfig& cfg) {
   if (cfg.positions) out += str("  positions: ", cfg.positions, "\n");
   if (cfg.family == "llama" && cfg.head_dim) out += str("  head_dim: ", cfg.head_dim, "\n");
   if (cfg.family == "llama" && cfg.qk_norm) out += "  qk_norm: true\n";
+  if (cfg.qk_norm_span == QkNormSpan::kProjection) out += "  qk_norm_span: projection\n";
+  if (cfg.norm_position == NormPosition::kPost) out += "  norm_position: post\n";
   if (cfg.family == "llama")
     out += str("  n_kv_head: ", cfg.kv_heads(), "\n", "  norm_eps: ", std::setprecision(9),
                cfg.norm_eps, "\n", "  rope_theta: ", cfg.rope_theta, "\n",
@@ -1061,7 +1075,11 @@ std::vector<HfTensorMap> hf_tensor_map(const ModelConfig& cfg, const std::string
     same("wte.weight", "model.embed_tokens.weight", {V, C});
     for (int l = 0; l < cfg.n_layer; ++l) {
       std::string p = str("h.", l, "."), h = str("model.layers.", l, ".");
-      same(p + "ln_1.weight", h + "input_layernorm.weight", {C});
+      // Post-norm (OLMo 2): ln_1 and ln_2 normalise the attention's and the MLP's outputs.
+      const std::string ln1 = d->post_norm ? "post_attention_layernorm" : "input_layernorm";
+      const std::string ln2 =
+          d->post_norm ? "post_feedforward_layernorm" : "post_attention_layernorm";
+      same(p + "ln_1.weight", h + ln1 + ".weight", {C});
       const std::vector<int64_t> qkv_w = {A + 2 * KV, C}, qkv_b = {A + 2 * KV};
       if (d->fused) {  // q|k|v in the engine's order already
         same(p + "attn.c_attn.weight", h + "self_attn.qkv_proj.weight", qkv_w);
@@ -1076,11 +1094,15 @@ std::vector<HfTensorMap> hf_tensor_map(const ModelConfig& cfg, const std::string
         part(p + "attn.c_attn.bias", h + "self_attn.v_proj.bias", qkv_b, A + KV, KV);
       }
       if (cfg.qk_norm) {
-        same(p + "attn.q_norm.weight", h + "self_attn.q_norm.weight", {cfg.head_size()});
-        same(p + "attn.k_norm.weight", h + "self_attn.k_norm.weight", {cfg.head_size()});
+        // Per head (Qwen3) or over the whole projections (OLMo 2).
+        const bool whole = cfg.qk_norm_span == QkNormSpan::kProjection;
+        same(p + "attn.q_norm.weight", h + "self_attn.q_norm.weight",
+             {whole ? A : cfg.head_size()});
+        same(p + "attn.k_norm.weight", h + "self_attn.k_norm.weight",
+             {whole ? KV : cfg.head_size()});
       }
       same(p + "attn.c_proj.weight", h + "self_attn.o_proj.weight", {C, A});
-      same(p + "ln_2.weight", h + "post_attention_layernorm.weight", {C});
+      same(p + "ln_2.weight", h + ln2 + ".weight", {C});
       if (d->fused) {  // gate|up, as the engine packs them
         same(p + "mlp.c_fc.weight", h + "mlp.gate_up_proj.weight", {2 * F, C});
       } else {

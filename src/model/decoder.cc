@@ -215,21 +215,34 @@ void GptDecoder::run_layer(const LayerTensors& w, int l, int n) {
   const int C = cfg_.d_model, F = cfg_.d_ff;
   const int H = cfg_.n_head, Hkv = cfg_.kv_heads(), D = cfg_.head_size(), A = cfg_.attn_width();
   const int QKV = A + 2 * Hkv * D;
-  norm(ln_, x_, w.ln1_w, w.ln1_b, n);
-  be_.matmul_forward(qkvc_, ln_, w.qkv_w, w.qkv_b, n, C, QKV);
+  const size_t nc = static_cast<size_t>(n) * C;
+  const bool post = post_norm(cfg_);  // the norms on the sublayers' outputs (OLMo 2)
+  if (!post) norm(ln_, x_, w.ln1_w, w.ln1_b, n);
+  be_.matmul_forward(qkvc_, post ? x_ : ln_, w.qkv_w, w.qkv_b, n, C, QKV);
   if (cfg_.qk_norm)
-    be_.qk_norm_forward(qkvc_, nullptr, qk_rstd_, w.q_norm_w, w.k_norm_w, cfg_.norm_eps, n, H, Hkv,
-                        D);
+    be_.qk_norm_forward(qkvc_, nullptr, qk_rstd_, w.q_norm_w, w.k_norm_w, cfg_.norm_eps, n,
+                        qk_norm_spans(cfg_));
   if (rotary(fam_) && cfg_.rotates(l)) be_.rope_forward_at(qkvc_, n, pos_, H, Hkv, D, rope_);
   be_.attention_decode(atty_, k_cache_[l], v_cache_[l], qkvc_, n, pos_, H, Hkv, D);
-  be_.matmul_forward(res_, atty_, w.proj_w, w.proj_b, n, A, C);
-  residual_norm(res_, ln_, res_, x_, w.ln2_w, w.ln2_b, n);
-  be_.matmul_forward(fch_, ln_, w.fc_w, w.fc_b, n, C, fc_outputs(fam_, F));
+  if (!post) {
+    be_.matmul_forward(res_, atty_, w.proj_w, w.proj_b, n, A, C);
+    residual_norm(res_, ln_, res_, x_, w.ln2_w, w.ln2_b, n);
+  } else {
+    be_.matmul_forward(ln_, atty_, w.proj_w, w.proj_b, n, A, C);
+    norm(res_, ln_, w.ln1_w, w.ln1_b, n);
+    be_.add(res_, res_, x_, nc);
+  }
+  be_.matmul_forward(fch_, post ? res_ : ln_, w.fc_w, w.fc_b, n, C, fc_outputs(fam_, F));
   mlp_activation_forward(be_, fam_, fcg_, fch_, n, F);
   // The block's input is not needed any more (res_ holds it plus attention): its buffer
   // takes the block's output.
-  be_.matmul_forward(x_, fcg_, w.fcproj_w, w.fcproj_b, n, F, C);
-  be_.add(x_, x_, res_, static_cast<size_t>(n) * C);
+  if (!post) {
+    be_.matmul_forward(x_, fcg_, w.fcproj_w, w.fcproj_b, n, F, C);
+  } else {
+    be_.matmul_forward(ln_, fcg_, w.fcproj_w, w.fcproj_b, n, F, C);
+    norm(x_, ln_, w.ln2_w, w.ln2_b, n);
+  }
+  be_.add(x_, x_, res_, nc);
 }
 
 // The forward of n tokens at pos_ .. pos_+n-1, leaving the last row's logits in logits_.

@@ -92,8 +92,9 @@ ParamLayout make_gpt_layout(const ModelConfig& cfg) {
     add(p + "attn.c_attn.weight", {A + 2 * KV, C}, kQkvW);
     if (bias || cfg.qkv_bias) add(p + "attn.c_attn.bias", {A + 2 * KV}, kQkvB);
     if (cfg.qk_norm) {
-      add(p + "attn.q_norm.weight", {D}, kQNormW);
-      add(p + "attn.k_norm.weight", {D}, kKNormW);
+      const QkNormSpans spans = qk_norm_spans(cfg);
+      add(p + "attn.q_norm.weight", {spans.q_width}, kQNormW);
+      add(p + "attn.k_norm.weight", {spans.k_width}, kKNormW);
     }
     add(p + "attn.c_proj.weight", {C, A}, kProjW);
     if (bias) add(p + "attn.c_proj.bias", {C}, kProjB);
@@ -324,7 +325,8 @@ void for_each_workspace(const ModelConfig& cfg, int B, Workspace& w, Fn&& fn) {
   fn(w.lse, N, "losses");
   fn(w.dres, N * C, "backward scratch");
   fn(w.dtmp, N * std::max(C, A), "backward scratch");  // d(ln1 output) and d(attention output)
-  fn(w.dqkv, N * 3 * A, "backward scratch");
+  // Also the post-norm attention norm's input gradient (N, C).
+  fn(w.dqkv, N * std::max(3 * A, C), "backward scratch");
   fn(w.att_scratch, 2 * T * T, "attention scratch");
   if (KV != A) {  // grouped-query attention: the compact q|k|v before heads are repeated
     fn(w.qkvc, N * (A + 2 * KV), "grouped-query attention scratch");
@@ -339,6 +341,13 @@ void for_each_workspace(const ModelConfig& cfg, int B, Workspace& w, Fn&& fn) {
 template <typename P>
 size_t entry_bytes(P*, size_t k, size_t es) {
   return k * (std::is_same_v<P, float> ? sizeof(float) : es);
+}
+
+// A frozen base's norm weight gradients (computed with the input gradients, read by nothing):
+// ln_1 and ln_2 weight and bias (C each), then the q and k norms' weights.
+size_t frozen_grad_elems(const ModelConfig& cfg) {
+  const QkNormSpans s = qk_norm_spans(cfg);
+  return 4 * static_cast<size_t>(cfg.d_model) + s.q_width + s.k_width;
 }
 
 int head_chunk_rows(const ModelConfig& cfg, int B) {
@@ -434,8 +443,7 @@ Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int micro_bat
   if (state != ModelState::kWorkspace) params_ = alloc_tensor(layout_.total, "parameters");
   if (state == ModelState::kFull) grads_ = alloc_tensor(layout_.total, "gradients");
   if (frozen_)
-    frozen_grads_ = alloc_tensor(4 * static_cast<size_t>(cfg.d_model) + 2 * cfg.head_size(),
-                                 "frozen norms' discarded gradients");
+    frozen_grads_ = alloc_tensor(frozen_grad_elems(cfg), "frozen norms' discarded gradients");
   inputs_ = static_cast<int32_t*>(be_.alloc(N * sizeof(int32_t), "input tokens"));
   owned_.push_back(inputs_);
   targets_ = static_cast<int32_t*>(be_.alloc(N * sizeof(int32_t), "target tokens"));
@@ -525,8 +533,7 @@ float* Transformer::alloc_floats(size_t n, const std::string& what) {
 void Transformer::zero_grads() {
   mark(StepPhase::kOther, OpClass::kZeroGrads);
   if (grads_) be_.zero(grads_, layout_.total * es_);
-  if (frozen_grads_)
-    be_.zero(frozen_grads_, es_ * (4 * static_cast<size_t>(cfg_.d_model) + 2 * cfg_.head_size()));
+  if (frozen_grads_) be_.zero(frozen_grads_, es_ * frozen_grad_elems(cfg_));
   if (lora_grads_) be_.zero(lora_grads_, lora_total_ * es_);
 }
 
@@ -571,18 +578,25 @@ void Transformer::block_forward(const LayerTensors& w, const void* x_in,
                                 const LayerActivations& a) {
   const int N = N_, C = cfg_.d_model, F = cfg_.d_ff, T = cfg_.seq_len;
   const int H = cfg_.n_head, Hkv = cfg_.kv_heads(), D = cfg_.head_size(), A = cfg_.attn_width();
-  mark(StepPhase::kForward, OpClass::kNorm);
-  norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, w.ln1_w, w.ln1_b);
+  // Pre-norm: the sublayers read the norms' outputs ln1, ln2. Post-norm (OLMo 2): they read
+  // the residual stream, and ln1, ln2 hold their outputs, which the norms read.
+  const bool post = post_norm(cfg_);
+  if (!post) {
+    mark(StepPhase::kForward, OpClass::kNorm);
+    norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, w.ln1_w, w.ln1_b);
+  }
+  const void* attn_in = post ? x_in : a.ln1;
   // Grouped-query attention in its simple form: project to the compact q|k|v, normalise and
   // rotate q and k, then copy each k/v head to the query heads sharing it so the ordinary
   // multi-head attention kernel runs; the backward sums the copies' gradients.
   void* qkvc = Hkv == H ? a.qkv : qkvc_;
   mark(StepPhase::kForward, OpClass::kGemmQkv);
-  be_.matmul_forward(qkvc, a.ln1, w.qkv_w, w.qkv_b, N, C, A + 2 * Hkv * D);
-  lora_forward(w.layer, kLoraQkv, qkvc, a.ln1);
+  be_.matmul_forward(qkvc, attn_in, w.qkv_w, w.qkv_b, N, C, A + 2 * Hkv * D);
+  lora_forward(w.layer, kLoraQkv, qkvc, attn_in);
   if (cfg_.qk_norm) {
     mark(StepPhase::kForward, OpClass::kNorm);
-    be_.qk_norm_forward(qkvc, a.qk, a.qk_rstd, w.q_norm_w, w.k_norm_w, cfg_.norm_eps, N, H, Hkv, D);
+    be_.qk_norm_forward(qkvc, a.qk, a.qk_rstd, w.q_norm_w, w.k_norm_w, cfg_.norm_eps, N,
+                        qk_norm_spans(cfg_));
   }
   const bool rope = rotary(fam_) && cfg_.rotates(w.layer);
   if (rope || Hkv != H) mark(StepPhase::kForward, OpClass::kRope);
@@ -591,19 +605,32 @@ void Transformer::block_forward(const LayerTensors& w, const void* x_in,
   mark(StepPhase::kForward, OpClass::kAttention);
   be_.attention_forward(a.atty, a.lse, att_scratch_, a.qkv, B_, T, A, H, pos_);
   mark(StepPhase::kForward, OpClass::kGemmAttnProj);
-  be_.matmul_forward(a.res2, a.atty, w.proj_w, w.proj_b, N, A, C);
-  lora_forward(w.layer, kLoraProj, a.res2, a.atty);
-  // The attention's residual add and the MLP's norm in one pass (timed as the norm).
+  void* proj_out = post ? a.ln1 : a.res2;
+  be_.matmul_forward(proj_out, a.atty, w.proj_w, w.proj_b, N, A, C);
+  lora_forward(w.layer, kLoraProj, proj_out, a.atty);
   mark(StepPhase::kForward, OpClass::kNorm);
-  residual_norm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, x_in, w.ln2_w, w.ln2_b);
+  if (!post) {
+    // The attention's residual add and the MLP's norm in one pass (timed as the norm).
+    residual_norm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, x_in, w.ln2_w, w.ln2_b);
+  } else {
+    norm_forward(a.res2, a.ln1_mean, a.ln1_rstd, a.ln1, w.ln1_w, w.ln1_b);
+    mark(StepPhase::kForward, OpClass::kResidual);
+    be_.add(a.res2, a.res2, x_in, static_cast<size_t>(N) * C);
+  }
+  const void* mlp_in = post ? a.res2 : a.ln2;
   mark(StepPhase::kForward, OpClass::kGemmMlpUp);
-  be_.matmul_forward(a.fch, a.ln2, w.fc_w, w.fc_b, N, C, fc_outputs(fam_, F));
-  lora_forward(w.layer, kLoraFc, a.fch, a.ln2);
+  be_.matmul_forward(a.fch, mlp_in, w.fc_w, w.fc_b, N, C, fc_outputs(fam_, F));
+  lora_forward(w.layer, kLoraFc, a.fch, mlp_in);
   mark(StepPhase::kForward, OpClass::kActivation);
   mlp_activation_forward(be_, fam_, a.fcg, a.fch, N, F);
   mark(StepPhase::kForward, OpClass::kGemmMlpDown);
-  be_.matmul_forward(a.out, a.fcg, w.fcproj_w, w.fcproj_b, N, F, C);
-  lora_forward(w.layer, kLoraFcProj, a.out, a.fcg);
+  void* down_out = post ? a.ln2 : a.out;
+  be_.matmul_forward(down_out, a.fcg, w.fcproj_w, w.fcproj_b, N, F, C);
+  lora_forward(w.layer, kLoraFcProj, down_out, a.fcg);
+  if (post) {
+    mark(StepPhase::kForward, OpClass::kNorm);
+    norm_forward(a.out, a.ln2_mean, a.ln2_rstd, a.ln2, w.ln2_w, w.ln2_b);
+  }
   mark(StepPhase::kForward, OpClass::kResidual);
   be_.add(a.out, a.out, a.res2, static_cast<size_t>(N) * C);
 }
@@ -718,14 +745,24 @@ void Transformer::block_backward(const LayerTensors& w, const LayerTensors& dw, 
                                  const LayerActivations& a, void* dres) {
   const int N = N_, C = cfg_.d_model, F = cfg_.d_ff, T = cfg_.seq_len;
   const int H = cfg_.n_head, Hkv = cfg_.kv_heads(), D = cfg_.head_size(), A = cfg_.attn_width();
-  // MLP: dres holds dL/d(block output), which is also dL/d(fc projection output). The
-  // activation's gradient dL/d(fcg) overwrites fcg itself (matmul_backward computes dw from
-  // its input before din): the backward consumes the layer's activations, and the (N, F)
+  const bool post = post_norm(cfg_);
+  const size_t NC = static_cast<size_t>(N) * C;
+  // dres holds dL/d(block output): the fc projection's output gradient (pre-norm), or the
+  // MLP norm's output gradient (post-norm), whose input gradient goes to dtmp_.
+  void* ddown = dres;
+  if (post) {
+    mark(StepPhase::kBackward, OpClass::kNorm);
+    be_.zero(dtmp_, es_ * NC);
+    norm_backward(dtmp_, dw.ln2_w, dw.ln2_b, dres, a.ln2, w.ln2_w, a.ln2_mean, a.ln2_rstd);
+    ddown = dtmp_;
+  }
+  // The activation's gradient dL/d(fcg) overwrites fcg itself (matmul_backward computes dw
+  // from its input before din): the backward consumes the layer's activations, and the (N, F)
   // gradient needs no buffer of its own, the largest one of a layer's backward.
   void* dfc = a.fcg;
   mark(StepPhase::kBackward, OpClass::kGemmMlpDown);
-  const bool lora_down = lora_backward(w.layer, kLoraFcProj, dres, a.fcg);  // before fcg goes
-  be_.matmul_backward(dfc, dw.fcproj_w, dw.fcproj_b, dres, a.fcg, w.fcproj_w, N, F, C);
+  const bool lora_down = lora_backward(w.layer, kLoraFcProj, ddown, a.fcg);  // before fcg goes
+  be_.matmul_backward(dfc, dw.fcproj_w, dw.fcproj_b, ddown, a.fcg, w.fcproj_w, N, F, C);
   if (lora_down) lora_add_input_grad(w.layer, kLoraFcProj, dfc);
   // The gradient at fc's output: in place of dfc, or (gated) the gate|up pair in dgu_.
   void* dfch = gated_mlp(fam_) ? dgu_ : dfc;
@@ -741,15 +778,30 @@ void Transformer::block_backward(const LayerTensors& w, const LayerTensors& dw, 
       be_.swiglu_backward(dgu_, a.fch, dfc, N, F);
       break;
   }
+  const void* mlp_in = post ? a.res2 : a.ln2;
   mark(StepPhase::kBackward, OpClass::kGemmMlpUp);
-  be_.matmul_backward(dtmp_, dw.fc_w, dw.fc_b, dfch, a.ln2, w.fc_w, N, C, fc_outputs(fam_, F));
-  if (lora_backward(w.layer, kLoraFc, dfch, a.ln2)) lora_add_input_grad(w.layer, kLoraFc, dtmp_);
-  mark(StepPhase::kBackward, OpClass::kNorm);
-  norm_backward(dres, dw.ln2_w, dw.ln2_b, dtmp_, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd);
-  // Attention: dres now holds dL/d(res2).
+  be_.matmul_backward(dtmp_, dw.fc_w, dw.fc_b, dfch, mlp_in, w.fc_w, N, C, fc_outputs(fam_, F));
+  if (lora_backward(w.layer, kLoraFc, dfch, mlp_in)) lora_add_input_grad(w.layer, kLoraFc, dtmp_);
+  if (!post) {
+    mark(StepPhase::kBackward, OpClass::kNorm);
+    norm_backward(dres, dw.ln2_w, dw.ln2_b, dtmp_, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd);
+  } else {
+    mark(StepPhase::kBackward, OpClass::kResidual);
+    be_.add(dres, dres, dtmp_, NC);
+  }
+  // Attention: dres now holds dL/d(res2), the projection's output gradient (pre-norm) or the
+  // attention norm's (post-norm), whose input gradient goes to dqkv_ (free until the
+  // attention's backward, which the projection's backward precedes).
+  void* dproj = dres;
+  if (post) {
+    mark(StepPhase::kBackward, OpClass::kNorm);
+    be_.zero(dqkv_, es_ * NC);
+    norm_backward(dqkv_, dw.ln1_w, dw.ln1_b, dres, a.ln1, w.ln1_w, a.ln1_mean, a.ln1_rstd);
+    dproj = dqkv_;
+  }
   mark(StepPhase::kBackward, OpClass::kGemmAttnProj);
-  be_.matmul_backward(dtmp_, dw.proj_w, dw.proj_b, dres, a.atty, w.proj_w, N, A, C);
-  if (lora_backward(w.layer, kLoraProj, dres, a.atty))
+  be_.matmul_backward(dtmp_, dw.proj_w, dw.proj_b, dproj, a.atty, w.proj_w, N, A, C);
+  if (lora_backward(w.layer, kLoraProj, dproj, a.atty))
     lora_add_input_grad(w.layer, kLoraProj, dtmp_);
   mark(StepPhase::kBackward, OpClass::kAttention);
   be_.attention_backward(dqkv_, att_scratch_, dtmp_, a.atty, a.qkv, a.lse, B_, T, A, H, pos_);
@@ -761,13 +813,20 @@ void Transformer::block_backward(const LayerTensors& w, const LayerTensors& dw, 
   if (cfg_.qk_norm) {
     mark(StepPhase::kBackward, OpClass::kNorm);
     be_.qk_norm_backward(dqkvc, dw.q_norm_w, dw.k_norm_w, a.qk, w.q_norm_w, w.k_norm_w, a.qk_rstd,
-                         N, H, Hkv, D);
+                         N, qk_norm_spans(cfg_));
   }
+  const void* attn_in = post ? x_in : a.ln1;
   mark(StepPhase::kBackward, OpClass::kGemmQkv);
-  be_.matmul_backward(dtmp_, dw.qkv_w, dw.qkv_b, dqkvc, a.ln1, w.qkv_w, N, C, A + 2 * Hkv * D);
-  if (lora_backward(w.layer, kLoraQkv, dqkvc, a.ln1)) lora_add_input_grad(w.layer, kLoraQkv, dtmp_);
-  mark(StepPhase::kBackward, OpClass::kNorm);
-  norm_backward(dres, dw.ln1_w, dw.ln1_b, dtmp_, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd);
+  be_.matmul_backward(dtmp_, dw.qkv_w, dw.qkv_b, dqkvc, attn_in, w.qkv_w, N, C, A + 2 * Hkv * D);
+  if (lora_backward(w.layer, kLoraQkv, dqkvc, attn_in))
+    lora_add_input_grad(w.layer, kLoraQkv, dtmp_);
+  if (!post) {
+    mark(StepPhase::kBackward, OpClass::kNorm);
+    norm_backward(dres, dw.ln1_w, dw.ln1_b, dtmp_, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd);
+  } else {
+    mark(StepPhase::kBackward, OpClass::kResidual);
+    be_.add(dres, dres, dtmp_, NC);
+  }
 }
 
 void Transformer::embed_backward(const GlobalTensors& dg, const void* dx) {

@@ -122,7 +122,7 @@ LayerTensors Transformer::layer_grads(int layer) {
   d.ln2_w = f + es_ * 2 * C;
   d.ln2_b = f + es_ * 3 * C;
   d.q_norm_w = f + es_ * 4 * C;
-  d.k_norm_w = f + es_ * (4 * C + cfg_.head_size());
+  d.k_norm_w = f + es_ * (4 * C + qk_norm_spans(cfg_).q_width);
   return d;  // matrices and biases null: their gradients are not computed
 }
 

@@ -405,37 +405,43 @@ TEST_CASE("cuda llama-family kernels (rope, repeat_kv, swiglu) match the CPU", "
 }
 
 TEST_CASE("cuda qk_norm forward and backward match the CPU", "[cuda]") {
-  // Qwen3's per-head RMSNorm of q and k in place (v untouched), its saved input, rstd, and the
-  // backward's input gradient over the q and k parts and the two weight gradients.
+  // The RMSNorm of q and k in place (v untouched) over each head (Qwen3) and over the whole q
+  // and k projections (OLMo 2), its saved input, rstd, and the backward's input gradient over
+  // the q and k parts and the two weight gradients.
   Pair p;
-  const int N = 19, Hq = 6, Hkv = 2, D = 32, heads = Hq + Hkv;
-  const size_t row = size_t(Hq + 2 * Hkv) * D;
-  auto qkvc = random_normal(N * row, 40, 2.0f), qw = random_normal(D, 41),
-       kw = random_normal(D, 42), d = random_normal(N * row, 43);
-  std::vector<float> c = qkvc, saved(size_t(N) * heads * D), rstd(size_t(N) * heads), dqw(D, 0.5f),
-                     dkw(D, 0.25f), dc = d;
-  DeviceVec<float> g(*p.gpu, qkvc), gqw(*p.gpu, qw), gkw(*p.gpu, kw), gsaved(*p.gpu, saved.size()),
-      grstd(*p.gpu, rstd.size()), gdqw(*p.gpu, dqw), gdkw(*p.gpu, dkw), gd(*p.gpu, d);
-  p.cpu->qk_norm_forward(c.data(), saved.data(), rstd.data(), qw.data(), kw.data(), 1e-6f, N, Hq,
-                         Hkv, D);
-  p.gpu->qk_norm_forward(g.get(), gsaved.get(), grstd.get(), gqw.get(), gkw.get(), 1e-6f, N, Hq,
-                         Hkv, D);
-  check_within("qk_norm saved", gsaved.host(), saved, 0.0);  // copies
-  check_within("qk_norm rstd", grstd.host(), rstd, 4 * kU * max_abs(rstd));
-  const double xhat = max_abs(qkvc) * max_abs(rstd), wmax = std::max(max_abs(qw), max_abs(kw));
-  // x r w: two roundings relative to |xhat w|; v copied through untouched (within that bound).
-  check_within("qk_norm out", g.host(), c, 4 * kU * xhat * wmax);
-  p.cpu->qk_norm_backward(dc.data(), dqw.data(), dkw.data(), saved.data(), qw.data(), kw.data(),
-                          rstd.data(), N, Hq, Hkv, D);
-  p.gpu->qk_norm_backward(gd.get(), gdqw.get(), gdkw.get(), gsaved.get(), gqw.get(), gkw.get(),
-                          grstd.get(), N, Hq, Hkv, D);
-  // As rmsnorm's din: |g| (1 + xhat^2) r with g = d w; the weight gradients: column sums of N Hq
-  // (or N Hkv) terms |d xhat| in another order.
-  const double g_max = max_abs(d) * wmax;
-  check_within("qk_norm dx", gd.host(), dc,
-               16 * kU * (1 + (1 + xhat * xhat) * g_max * max_abs(rstd)));
-  check_within("qk_norm dqw", gdqw.host(), dqw, 2 * N * Hq * kU * N * Hq * max_abs(d) * xhat);
-  check_within("qk_norm dkw", gdkw.host(), dkw, 2 * N * Hkv * kU * N * Hkv * max_abs(d) * xhat);
+  const int N = 19, Hq = 6, Hkv = 2, D = 32;
+  for (const bool projection : {false, true}) {
+    CAPTURE(projection);
+    const QkNormSpans s =
+        projection ? QkNormSpans::projection(Hq, Hkv, D) : QkNormSpans::heads(Hq, Hkv, D);
+    const size_t row = s.row();
+    auto qkvc = random_normal(N * row, 40, 2.0f), qw = random_normal(s.q_width, 41),
+         kw = random_normal(s.k_width, 42), d = random_normal(N * row, 43);
+    std::vector<float> c = qkvc, saved(size_t(N) * s.saved_row()), rstd(size_t(N) * s.spans()),
+                       dqw(s.q_width, 0.5f), dkw(s.k_width, 0.25f), dc = d;
+    DeviceVec<float> g(*p.gpu, qkvc), gqw(*p.gpu, qw), gkw(*p.gpu, kw),
+        gsaved(*p.gpu, saved.size()), grstd(*p.gpu, rstd.size()), gdqw(*p.gpu, dqw),
+        gdkw(*p.gpu, dkw), gd(*p.gpu, d);
+    p.cpu->qk_norm_forward(c.data(), saved.data(), rstd.data(), qw.data(), kw.data(), 1e-6f, N, s);
+    p.gpu->qk_norm_forward(g.get(), gsaved.get(), grstd.get(), gqw.get(), gkw.get(), 1e-6f, N, s);
+    check_within("qk_norm saved", gsaved.host(), saved, 0.0);  // copies
+    check_within("qk_norm rstd", grstd.host(), rstd, 4 * kU * max_abs(rstd));
+    const double xhat = max_abs(qkvc) * max_abs(rstd), wmax = std::max(max_abs(qw), max_abs(kw));
+    // x r w: two roundings relative to |xhat w|; v copied through untouched (within that bound).
+    check_within("qk_norm out", g.host(), c, 4 * kU * xhat * wmax);
+    p.cpu->qk_norm_backward(dc.data(), dqw.data(), dkw.data(), saved.data(), qw.data(), kw.data(),
+                            rstd.data(), N, s);
+    p.gpu->qk_norm_backward(gd.get(), gdqw.get(), gdkw.get(), gsaved.get(), gqw.get(), gkw.get(),
+                            grstd.get(), N, s);
+    // As rmsnorm's din: |g| (1 + xhat^2) r with g = d w, the sums over a span of its width; the
+    // weight gradients: column sums of N q_spans (or N k_spans) terms |d xhat| in another order.
+    const double g_max = max_abs(d) * wmax, width = std::max(s.q_width, s.k_width) / double(D);
+    check_within("qk_norm dx", gd.host(), dc,
+                 16 * width * kU * (1 + (1 + xhat * xhat) * g_max * max_abs(rstd)));
+    const int nq = N * s.q_spans, nk = N * s.k_spans;
+    check_within("qk_norm dqw", gdqw.host(), dqw, 2 * nq * kU * nq * max_abs(d) * xhat);
+    check_within("qk_norm dkw", gdkw.host(), dkw, 2 * nk * kU * nk * max_abs(d) * xhat);
+  }
 }
 
 TEST_CASE("cuda cross-entropy over a padded vocabulary equals the unpadded rows", "[cuda]") {

@@ -6,7 +6,7 @@
 For each case (GPT-2 and OPT with a position table longer than the sequence, Llama 2,
 Llama 3.0, Llama 3.1 with llama3 rotary scaling, linear, dynamic and yarn scaling, Qwen2.5, Qwen3 (its q/k norm and a head_dim apart from hidden_size / heads),
 Mistral with and without a window, Mistral-Nemo's head_dim, longrope, SmolLM3's NoPE layers, Phi-3 with its fused
-tensors, a window and Phi-3.5's longrope), a tiny random model is built and
+tensors, a window and Phi-3.5's longrope, OLMo 2's post-norm blocks and q/k norms over the projections), a tiny random model is built and
 saved by transformers (`save_pretrained`: the 5.x config keys `rope_parameters` and `dtype`),
 and again with the config.json a hub checkpoint of 2024-25 carries (4.x keys: `rope_theta`,
 `rope_scaling`, `torch_dtype`). Each is converted with `fuyou-convert from-hf`; then
@@ -15,13 +15,13 @@ and again with the config.json a hub checkpoint of 2024-25 carries (4.x keys: `r
   backend) equals transformers' loss on the same windows to 1e-5 relative;
 - `fuyou-convert to-hf` of the conversion loads in transformers with max |logit diff| <= 1e-5
   against the original model, its config saying the same rotary settings;
-- for five cases (GREEDY_CASES), with a 512-token byte-level tokenizer, fuyou-generate's greedy
+- for six cases (GREEDY_CASES), with a 512-token byte-level tokenizer, fuyou-generate's greedy
   tokens on the Hugging Face directory (layers resident and streamed) equal transformers'
   generate() up to its first near tie.
 
 A config the engine does not compute as transformers does must be refused: cases that need a
 context the engine does not model (a window shorter than the sequence) are refused with the
-key named. With --perturb, every key of four cases' config.json is changed (and removed) in
+key named. With --perturb, every key of five cases' config.json is changed (and removed) in
 turn: either the conversion is refused, or the engine's loss equals transformers' on the
 changed model (the "no silent wrong model" check).
 
@@ -117,6 +117,11 @@ CASES = {
                                            original_max_position_embeddings=32, rope_parameters={
         "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.1, 1.7, 2.5],
         "long_factor": [1.5, 2.0, 4.0, 9.0]}), None),
+    # OLMo 2: the norms after the attention and the MLP, q/k norms over the whole projections
+    # (grouped-query as OLMo-2-32B, and multi-head as the 7B and 13B)
+    "olmo2": ("Olmo2Config", dict(BASE, **NO_IDS, rope_parameters={"rope_type": "default",
+                                                                  "rope_theta": 500000.0}), None),
+    "olmo2-mha": ("Olmo2Config", dict(BASE, **NO_IDS, num_key_value_heads=4), None),
 }
 
 # Learned position tables (gpt2, opt) longer than the engine's T: a fine-tune trains at a
@@ -370,7 +375,7 @@ class Checker:
 # generate(), for these cases, with a real byte-level tokenizer (512 tokens) in place of the
 # tiny vocabulary. Compared up to transformers' first near tie between its two best logits
 # (the fp32 arithmetic differs in the last bits; past a tie either token is right).
-GREEDY_CASES = ("llama3.1", "qwen3", "mistral-window-64", "smollm3", "phi3.5-longrope")
+GREEDY_CASES = ("llama3.1", "qwen3", "mistral-window-64", "smollm3", "phi3.5-longrope", "olmo2")
 GREEDY_PROMPT = "the people of the world"
 GREEDY_TOKENS = 12
 MIN_MARGIN = 1e-3
@@ -485,7 +490,8 @@ def main():
                 failures += c.check_run_export(name, legacy)
             if name in GREEDY_CASES:
                 failures += check_greedy(c, name, cls, args)
-            if perturb and name in ("llama3.1", "qwen3", "mistral-window-64", "phi3.5-longrope"):
+            if perturb and name in ("llama3.1", "qwen3", "mistral-window-64", "phi3.5-longrope",
+                                    "olmo2"):
                 failures += c.perturb(name, hf, cfg5)
     for f in failures:
         print("FAIL " + f)
