@@ -10,8 +10,6 @@
 
 namespace fuyou {
 
-struct ModelConfig;
-
 // LayerNorm (weight and bias, eps 1e-5) or RMSNorm (weight, eps model.norm_eps).
 enum class NormKind { kLayerNorm, kRmsNorm };
 // tanh-approximated GELU, ReLU, or SiLU-gated (fc packs gate|up: 2 d_ff outputs).
@@ -38,7 +36,6 @@ struct FamilyTraits {
 const std::vector<FamilyTraits>& family_table();
 // The row of a family name; ConfigError listing the names for any other.
 const FamilyTraits& family_traits(const std::string& name);
-const FamilyTraits& family_traits(const ModelConfig& cfg);
 std::vector<std::string> family_names();
 
 inline bool gated_mlp(const FamilyTraits& t) { return t.mlp == MlpKind::kSwiglu; }

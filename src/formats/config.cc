@@ -696,7 +696,7 @@ ModelConfig model_from_checkpoint(const ModelConfig& given, const Section& s,
   // rows: parse_model holds seq_len within it). Every other key the text sets must agree with
   // the checkpoint; `positions` may name the table's rows that the checkpoint leaves implicit.
   ModelConfig m = ck;
-  if (!rotary(family_traits(ck))) m.positions = ck.position_table();
+  if (!rotary(family_traits(ck.family))) m.positions = ck.position_table();
   model_keys([&](const char* key, auto field, const auto& rule) {
     const std::string k = key;
 
@@ -828,7 +828,7 @@ ModelConfig parse_model(const YAML::Node& node, const Origin& source, Checkpoint
     require(
         m.d_model % m.n_head == 0, s, "d_model", m.d_model,
         str("must be a multiple of model.n_head (", m.n_head, ") unless model.head_dim is given"));
-  const FamilyTraits& fam = family_traits(m);
+  const FamilyTraits& fam = family_traits(m.family);
   if (!fam.open_shape) {
     // Only a family of open shape computes with these; a value elsewhere would be silently
     // ignored.

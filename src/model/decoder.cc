@@ -25,7 +25,7 @@ template <typename Fn>
 void for_each_decoder_buffer(const ModelConfig& cfg, int rows, DecoderBuffers& b, Fn&& fn) {
   const size_t C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size, R = rows, A = cfg.attn_width();
   const size_t KV = static_cast<size_t>(cfg.kv_heads()) * cfg.head_size();
-  const size_t fc = fc_outputs(family_traits(cfg), cfg.d_ff);
+  const size_t fc = fc_outputs(family_traits(cfg.family), cfg.d_ff);
   fn(b.x, R * C, "decoder residual stream");
   fn(b.ln, R * C, "decoder norm output");
   fn(b.qkvc, R * (A + 2 * KV), "decoder q|k|v");
@@ -89,7 +89,7 @@ GptDecoder::GptDecoder(const ModelConfig& cfg, Backend& backend, int capacity,
       capacity_(capacity),
       es_(backend.storage_bytes()),
       layout_(make_gpt_layout(cfg)),
-      fam_(family_traits(cfg)),
+      fam_(family_traits(cfg.family)),
       rope_(rope_table(cfg)) {
   if (capacity < 1)
     throw Error(str("decoder: capacity ", capacity, " positions; at least 1 is needed"));

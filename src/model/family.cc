@@ -1,6 +1,5 @@
 #include "fuyou/family.h"
 
-#include "fuyou/config.h"
 #include "fuyou/error.h"
 
 namespace fuyou {
@@ -33,7 +32,5 @@ const FamilyTraits& family_traits(const std::string& name) {
     if (name == t.name) return t;
   throw ConfigError(str("model.family: '", name, "' is not one of ", join(family_names())));
 }
-
-const FamilyTraits& family_traits(const ModelConfig& cfg) { return family_traits(cfg.family); }
 
 }  // namespace fuyou

@@ -26,7 +26,7 @@ constexpr int kLoraFcProj = static_cast<int>(LoraLinear::kFcProj);
 }  // namespace
 
 int position_rows(const ModelConfig& cfg) {
-  const FamilyTraits& t = family_traits(cfg);
+  const FamilyTraits& t = family_traits(cfg.family);
   return rotary(t) ? 0 : cfg.position_table() + t.position_offset;
 }
 
@@ -46,7 +46,7 @@ size_t ParamLayout::num_params() const {
 // role has one name), so init rules, checkpoints and tools treat them alike; the Hugging
 // Face names of each family are mapped in src/formats/hf_config.cc.
 ParamLayout make_gpt_layout(const ModelConfig& cfg) {
-  const FamilyTraits& fam = family_traits(cfg);
+  const FamilyTraits& fam = family_traits(cfg.family);
   const int64_t C = cfg.d_model, F = cfg.d_ff, V = cfg.vocab_size, A = cfg.attn_width();
   const int64_t D = cfg.head_size(), KV = static_cast<int64_t>(cfg.kv_heads()) * D;
   const bool ln = has_layernorm(fam), bias = fam.biases;
@@ -262,7 +262,7 @@ void init_gpt_params(const ModelConfig& cfg, const ParamLayout& layout, float* p
 double layer_forward_flops_per_token(const ModelConfig& cfg) {
   const double C = cfg.d_model, F = cfg.d_ff, T = cfg.seq_len, A = cfg.attn_width();
   const double KV = static_cast<double>(cfg.kv_heads()) * cfg.head_size();
-  const double mlp_matrices = gated_mlp(family_traits(cfg)) ? 3 : 2;
+  const double mlp_matrices = gated_mlp(family_traits(cfg.family)) ? 3 : 2;
   return 2 * C * (A + 2 * KV)         // q, k, v projections
          + 2 * T * A                  // q k^T
          + 2 * T * A                  // att v
@@ -284,8 +284,8 @@ void for_each_activation(const ModelConfig& cfg, int B, LayerActivations& a, Fn&
   const size_t C = cfg.d_model, F = cfg.d_ff, T = cfg.seq_len, H = cfg.n_head;
   const size_t A = cfg.attn_width(), Hkv = cfg.kv_heads(), D = cfg.head_size();
   const size_t N = static_cast<size_t>(B) * T;
-  const bool ln = has_layernorm(family_traits(cfg));
-  const size_t fc = fc_outputs(family_traits(cfg), cfg.d_ff);
+  const bool ln = has_layernorm(family_traits(cfg.family));
+  const size_t fc = fc_outputs(family_traits(cfg.family), cfg.d_ff);
   fn(a.ln1, N * C);
   if (ln) fn(a.ln1_mean, N);
   fn(a.ln1_rstd, N);
@@ -316,7 +316,7 @@ void for_each_workspace(const ModelConfig& cfg, int B, Workspace& w, Fn&& fn) {
   const size_t C = cfg.d_model, F = cfg.d_ff, T = cfg.seq_len, A = cfg.attn_width();
   const size_t N = static_cast<size_t>(B) * T;
   const size_t KV = static_cast<size_t>(cfg.kv_heads()) * cfg.head_size();
-  const FamilyTraits& fam = family_traits(cfg);
+  const FamilyTraits& fam = family_traits(cfg.family);
   fn(w.lnf, N * C, "final norm");
   if (has_layernorm(fam)) fn(w.lnf_mean, N, "final norm");
   fn(w.lnf_rstd, N, "final norm");
@@ -375,7 +375,7 @@ size_t cpu_kernel_scratch_bytes(const ModelConfig& cfg, int B) {
   const size_t V = padded_vocab(cfg), N = static_cast<size_t>(B) * cfg.seq_len;
   // The attention's width may exceed d_model (head_dim): the larger bounds every view.
   const size_t C = std::max<size_t>(cfg.d_model, cfg.attn_width());
-  const size_t F = fc_outputs(family_traits(cfg), cfg.d_ff);  // fc's outputs
+  const size_t F = fc_outputs(family_traits(cfg.family), cfg.d_ff);  // fc's outputs
   const size_t QKV = cfg.attn_width() + 2 * static_cast<size_t>(cfg.kv_heads()) * cfg.head_size();
   // Every view of one call, per kernel: a matmul backward's din, dw, dbias, dout, in and w;
   // the attention backward's dqkv, dout and qkv (3C wide after repeating k/v heads); a norm
@@ -433,7 +433,7 @@ Transformer::Transformer(const ModelConfig& cfg, Backend& backend, int micro_bat
       N_(micro_batch * cfg.seq_len),
       es_(backend.storage_bytes()),
       layout_(make_gpt_layout(cfg)),
-      fam_(family_traits(cfg)),
+      fam_(family_traits(cfg.family)),
       rope_(rope_table(cfg)) {
   const size_t N = N_;
   if (cfg.n_head % cfg.kv_heads() != 0)

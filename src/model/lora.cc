@@ -73,7 +73,7 @@ void linear_shape(const ModelConfig& cfg, LoraLinear k, int* out, int* in) {
       *out = C, *in = A;
       return;
     case LoraLinear::kFc:
-      *out = fc_outputs(family_traits(cfg), F), *in = C;
+      *out = fc_outputs(family_traits(cfg.family), F), *in = C;
       return;
     case LoraLinear::kFcProj:
       *out = C, *in = F;

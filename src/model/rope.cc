@@ -87,7 +87,7 @@ RopeTable default_rope_table(int D, float theta) {
 }
 
 RopeTable rope_table(const ModelConfig& cfg) {
-  if (!rotary(family_traits(cfg))) return RopeTable{};
+  if (!rotary(family_traits(cfg.family))) return RopeTable{};
   const int D = cfg.head_size();
   RopeTable t = default_rope_table(D, cfg.rope_theta);
   const std::string& type = cfg.rope_type;

@@ -154,8 +154,8 @@ ModelFiles find_model_files(const std::string& dir, const ModelConfig& model) {
   f.context = model.position_table();  // a learned table's rows, trained at seq_len or not
   // Rotary positions have no table: a fine-tune may train at a shorter seq_len than the
   // base's context, which generation may use whole.
-  if (rotary(family_traits(model)) && cfg.is_object() && cfg.contains("max_position_embeddings") &&
-      cfg["max_position_embeddings"].is_number_integer())
+  if (rotary(family_traits(model.family)) && cfg.is_object() &&
+      cfg.contains("max_position_embeddings") && cfg["max_position_embeddings"].is_number_integer())
     f.context = std::max(f.context, cfg["max_position_embeddings"].get<int>());
   // Where the engine's computation equals transformers' only within a context (a sliding
   // window, dynamic NTK rotary embeddings), generation stays inside it as training does.

@@ -509,7 +509,7 @@ nlohmann::json run_cuda_gemm_bench(const Config& cfg, int reps) {
   const ModelConfig& m = cfg.model;
   const int N = cfg.schedule.micro_batch * m.seq_len, C = m.d_model;
   const int KV = m.kv_heads() * m.head_size(), F = m.d_ff, A = m.attn_width();
-  const int fc_out = fc_outputs(family_traits(m), F);
+  const int fc_out = fc_outputs(family_traits(m.family), F);
   const int V = padded_vocab(m);
   const std::vector<LayerGemm> gemms = {{"qkv", C, A + 2 * KV},
                                         {"proj", A, C},
