@@ -5,6 +5,8 @@
 //
 // Durations are chosen as small integers or halves (flops / peak and bytes / bandwidth are
 // exact in binary), so the simulated times are exact and compared with ==.
+#include <sys/statvfs.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 
@@ -826,4 +828,28 @@ TEST_CASE("swap search: the number of deferred updates is the simulated optimum"
   // A fixed count is taken as given.
   req.deferred_updates = 0;
   CHECK(search_swap(req, hw).plan.deferred_updates == 0);
+}
+
+TEST_CASE("a run's plan is timed on as many SSDs as offload.ssd_paths' filesystems",
+          "[simulator]") {
+  // The store stripes over the paths: paths on distinct filesystems add disks, two on one
+  // share it. --dry-run and the placement search time the plan on this count, not the
+  // profile's.
+  test::TempDir tmp("ssdcount");
+  Config cfg;
+  cfg.offload.hardware = test::source_path("configs/hardware/rtx4090.yaml");
+  const int profile_ssds = load_hardware_profile(cfg.offload.hardware).ssds;
+  CHECK(run_hardware_profile(cfg).ssds == profile_ssds);  // no SSD store: the profile's
+  cfg.offload.ssd_paths = {tmp.path + "/a", tmp.path + "/b/not-yet"};
+  CHECK(run_hardware_profile(cfg).ssds == 1);
+  cfg.offload.ssd_paths = {tmp.path + "/a"};
+  CHECK(run_hardware_profile(cfg).ssds == 1);
+  // A second filesystem where the machine has one apart from the temporary directory's.
+  struct statvfs a {
+  }, b{};
+  if (::statvfs(tmp.path.c_str(), &a) == 0 && ::statvfs("/dev/shm", &b) == 0 &&
+      a.f_fsid != b.f_fsid) {
+    cfg.offload.ssd_paths = {tmp.path + "/a", "/dev/shm/fuyou-ssd-count", tmp.path + "/c"};
+    CHECK(run_hardware_profile(cfg).ssds == 2);
+  }
 }

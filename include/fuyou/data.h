@@ -33,6 +33,13 @@ void write_token_shard(const std::string& path, const std::vector<int32_t>& toke
 // Reads and validates (magic, version, width, vocab size <= kMaxVocab, count against file
 // size, every token < vocab).
 TokenShard read_token_shard(const std::string& path);
+// A shard's 32-byte header, validated as read_token_shard validates it (all but the tokens).
+struct TokenShardHeader {
+  uint32_t width = 0;  // bytes per token
+  uint64_t count = 0;  // tokens
+  uint32_t vocab_size = 0;
+};
+TokenShardHeader read_token_shard_header(const std::string& path);
 // The same for a shard's bytes in memory; `path` names it in errors.
 TokenShard parse_token_shard(std::string_view bytes, const std::string& path);
 

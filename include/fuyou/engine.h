@@ -155,6 +155,11 @@ struct EngineOptions {
   double attention_keys = 0;
 };
 
+// offload.hardware's profile as the run's plan is timed on it: with offload.ssd_paths, as many
+// SSDs as the distinct filesystems those paths are on (the store stripes over the paths; two
+// paths on one filesystem share its disk), each at the profile's per-SSD rates.
+HardwareProfile run_hardware_profile(const Config& cfg);
+
 // Refuses (IoError, per filesystem, in make_train_engine's words) a plan whose SSD state the
 // filesystems of offload.ssd_paths cannot hold; opens nothing (--dry-run).
 void check_plan_ssd_space(const Config& cfg, const Plan& plan);

@@ -53,20 +53,14 @@ void write_token_shard(const std::string& path, const std::vector<int32_t>& toke
 
 namespace {
 
-struct ShardHeader {
-  uint32_t width = 0;
-  uint64_t count = 0;
-  uint32_t vocab_size = 0;
-};
-
 // Checks the 32-byte header `h` of a shard file of `file_size` bytes.
-ShardHeader check_shard_header(const char* h, uint64_t file_size, const std::string& path) {
+TokenShardHeader check_shard_header(const char* h, uint64_t file_size, const std::string& path) {
   if (std::memcmp(h, kShardMagic, 8) != 0)
     throw IoError(str(path,
                       ": not a token shard (bad magic at offset 0; build shards with "
                       "'fuyou-convert text')"));
   const uint32_t version = get32(h + 8);
-  ShardHeader sh;
+  TokenShardHeader sh;
   sh.width = get32(h + 12);
   sh.count = get64(h + 16);
   sh.vocab_size = get32(h + 24);
@@ -86,7 +80,7 @@ ShardHeader check_shard_header(const char* h, uint64_t file_size, const std::str
   return sh;
 }
 
-void decode_tokens(const char* raw, const ShardHeader& sh, const std::string& path,
+void decode_tokens(const char* raw, const TokenShardHeader& sh, const std::string& path,
                    TokenShard* shard) {
   shard->vocab_size = sh.vocab_size;
   shard->tokens.resize(sh.count);
@@ -108,15 +102,31 @@ void decode_tokens(const char* raw, const ShardHeader& sh, const std::string& pa
 
 }  // namespace
 
-TokenShard read_token_shard(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+namespace {
+
+// Opens a shard and reads and checks its header, leaving `in` at the first token.
+TokenShardHeader open_shard(std::ifstream& in, const std::string& path) {
+  in.open(path, std::ios::binary);
   if (!in) throw IoError(str(path, ": cannot open token shard"));
   char h[32];
   if (!in.read(h, 32)) throw IoError(str(path, ": shorter than the 32-byte shard header"));
   in.seekg(0, std::ios::end);
   const uint64_t size = static_cast<uint64_t>(in.tellg());
-  const ShardHeader sh = check_shard_header(h, size, path);
+  const TokenShardHeader sh = check_shard_header(h, size, path);
   in.seekg(32);
+  return sh;
+}
+
+}  // namespace
+
+TokenShardHeader read_token_shard_header(const std::string& path) {
+  std::ifstream in;
+  return open_shard(in, path);
+}
+
+TokenShard read_token_shard(const std::string& path) {
+  std::ifstream in;
+  const TokenShardHeader sh = open_shard(in, path);
   std::vector<char> raw(sh.count * sh.width);
   if (!in.read(raw.data(), static_cast<std::streamsize>(raw.size())))
     throw IoError(str(path, ": read failed"));
@@ -128,7 +138,7 @@ TokenShard read_token_shard(const std::string& path) {
 
 TokenShard parse_token_shard(std::string_view bytes, const std::string& path) {
   if (bytes.size() < 32) throw IoError(str(path, ": shorter than the 32-byte shard header"));
-  const ShardHeader sh = check_shard_header(bytes.data(), bytes.size(), path);
+  const TokenShardHeader sh = check_shard_header(bytes.data(), bytes.size(), path);
   TokenShard shard;
   shard.path = path;
   decode_tokens(bytes.data() + 32, sh, path, &shard);

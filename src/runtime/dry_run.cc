@@ -47,18 +47,11 @@ uint64_t free_bytes_at(const fs::path& path, uint64_t* fsid) {
   return static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
 }
 
-// Training tokens of the config's data without reading it: shard headers (count at byte 16),
+// Training tokens of the config's data without reading it: shard headers,
 // or the text files' bytes less the validation share.
 uint64_t train_tokens(const DataConfig& d) {
   uint64_t n = 0;
-  for (const auto& p : d.train_shards) {
-    std::ifstream in(p, std::ios::binary);
-    char h[32] = {};
-    if (!in.read(h, sizeof h)) throw IoError(str(p, ": cannot read a token shard header"));
-    uint64_t count = 0;
-    for (int i = 7; i >= 0; --i) count = count << 8 | static_cast<unsigned char>(h[16 + i]);
-    n += count;
-  }
+  for (const auto& p : d.train_shards) n += read_token_shard_header(p).count;
   std::error_code ec;
   for (const auto& t : d.text) {
     if (fs::is_regular_file(t, ec)) n += fs::file_size(t, ec);
@@ -84,6 +77,7 @@ struct Line {
   std::string what;
   uint64_t need = 0, have = 0;
   std::string note;
+  std::string refused;  // the run's own refusal, which decides the verdict where it is set
 };
 
 // The report: memory, disks, time. Adds its findings to r->lines; clears r->fits when one
@@ -146,8 +140,8 @@ void report_fit(const Config& cfg, const std::string& run_dir, DryRun* out, std:
           const uint64_t f = free_bytes_at(p, &id);
           if (seen.insert(id).second) free += f;
         }
-        checks.push_back({"SSD store (offload.ssd_paths)", plan.memory.ssd_bytes, free, ""});
-        // Per filesystem, as the run refuses it: the stripes divide the state between the
+        Line ssd{"SSD store (offload.ssd_paths)", plan.memory.ssd_bytes, free, "", ""};
+        // The verdict is the run's, per filesystem: the stripes divide the state between the
         // paths, so one small filesystem refuses the run whatever the others hold.
         try {
           check_plan_ssd_space(cfg, plan);
@@ -156,8 +150,9 @@ void report_fit(const Config& cfg, const std::string& run_dir, DryRun* out, std:
             r.refused = std::current_exception();
             *refusal = e.what();
           }
-          r.fits = false;
+          ssd.refused = e.what();
         }
+        checks.push_back(ssd);
       }
     } catch (const Error& e) {
       r.fits = false;
@@ -171,13 +166,14 @@ void report_fit(const Config& cfg, const std::string& run_dir, DryRun* out, std:
                     free_bytes_at(run_dir.empty() ? fs::path("runs") : fs::path(run_dir), nullptr),
                     str("final weights + ", keep + 1, " checkpoints")});
   for (const Line& c : checks) {
-    const bool ok = c.have == 0 || c.need <= c.have;
+    const bool ok = c.refused.empty() && (c.have == 0 || c.need <= c.have);
     if (!ok) r.fits = false;
     r.lines.push_back(str(c.what, ": needs ", format_size(c.need),
                           c.note.empty() || c.note == "MemAvailable" ? "" : " (" + c.note + ")",
                           ", has ", c.have ? format_size(c.have) : std::string("?"),
                           c.note == "MemAvailable" ? " available" : "",
-                          ok ? ": fits" : ": DOES NOT FIT"));
+                          ok ? ": fits" : ": DOES NOT FIT",
+                          c.refused.empty() ? "" : " (" + c.refused + ")"));
   }
   // Time: the simulator's steady-state step of the plan on offload.hardware.
   if (cfg.offload.hardware.empty()) {
@@ -185,7 +181,7 @@ void report_fit(const Config& cfg, const std::string& run_dir, DryRun* out, std:
         "time: no prediction without a hardware profile: set offload.hardware (this machine's: "
         "fuyou-bench profile --dir DIR --out FILE)");
   } else {
-    const HardwareProfile hw = load_hardware_profile(cfg.offload.hardware);
+    const HardwareProfile hw = run_hardware_profile(cfg);
     if (!have_plan) plan = train_plan(cfg, *be);
     const SimResult sim = simulate(plan, hw);
     r.step_s = sim.period_s;
@@ -195,8 +191,11 @@ void report_fit(const Config& cfg, const std::string& run_dir, DryRun* out, std:
     r.epoch_s = tokens ? tokens / tokens_per_step * sim.period_s : 0;
     r.lines.push_back(
         str("time: a step ", std::round(sim.period_s * 1000) / 1000, " s on ", hw.name,
-            " (simulated, ", cfg.offload.hardware, "); ", cfg.schedule.steps, " steps ",
-            duration(sim.period_s * cfg.schedule.steps),
+            " (simulated, ", cfg.offload.hardware,
+            cfg.offload.ssd_paths.empty() ? std::string()
+                                          : str(", ", hw.ssds, " SSD", hw.ssds > 1 ? "s" : "",
+                                                ": the filesystems of offload.ssd_paths"),
+            "); ", cfg.schedule.steps, " steps ", duration(sim.period_s * cfg.schedule.steps),
             tokens ? str("; an epoch (", tokens, " training tokens) ", duration(r.epoch_s))
                    : std::string("; no training data to size an epoch")));
   }

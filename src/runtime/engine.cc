@@ -1,6 +1,10 @@
 #include "fuyou/engine.h"
 
+#include <sys/statvfs.h>
 #include <unistd.h>
+
+#include <filesystem>
+#include <set>
 
 #include "fuyou/backend_select.h"
 #include "fuyou/error.h"
@@ -422,7 +426,7 @@ Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s,
   if (cfg.offload.activations == ActivationPolicy::kAuto &&
       (placement || !cfg.offload.hardware.empty())) {
     // Automatic activation placement: the simulator's best plan on this profile.
-    const HardwareProfile hw = placement ? *placement : load_hardware_profile(cfg.offload.hardware);
+    const HardwareProfile hw = placement ? *placement : run_hardware_profile(cfg);
     if (!req.device_budget) req.device_budget = capacity;
     SwapSearchResult s = search_swap(req, hw);
     spdlog::info(
@@ -502,6 +506,22 @@ StoreConfig store_config(const Config& cfg, std::shared_ptr<FileLayer> files) {
 }
 
 }  // namespace
+
+HardwareProfile run_hardware_profile(const Config& cfg) {
+  namespace fs = std::filesystem;
+  HardwareProfile hw = load_hardware_profile(cfg.offload.hardware);
+  std::set<std::string> filesystems;  // a path whose filesystem is unknown counts as its own
+  for (const std::string& p : cfg.offload.ssd_paths) {
+    // The nearest existing directory's filesystem: the store creates the path there.
+    std::error_code ec;
+    fs::path at = fs::absolute(p, ec);
+    while (!at.empty() && !fs::exists(at, ec) && at != at.root_path()) at = at.parent_path();
+    struct statvfs sv {};
+    filesystems.insert(::statvfs(at.c_str(), &sv) == 0 ? str("fs ", sv.f_fsid) : "path " + p);
+  }
+  if (!filesystems.empty()) hw.ssds = static_cast<int>(filesystems.size());
+  return hw;
+}
 
 void check_plan_ssd_space(const Config& cfg, const Plan& plan) {
   if (cfg.offload.ssd_paths.empty() || plan.memory.ssd_bytes == 0) return;

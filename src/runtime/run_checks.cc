@@ -141,17 +141,9 @@ void check_shard_headers(const Config& cfg, const TrainOptions& opts, const std:
   const std::string tok = run_tokenizer_path(cfg, opts, run_dir, same_run);
   const uint32_t tok_vocab = tok.empty() ? 0 : Tokenizer::from_file(tok).vocab_size();
   for (const auto* list : {&d.train_shards, &d.val_shards})
-    for (const std::string& p : *list) {
-      std::ifstream in(p, std::ios::binary);
-      unsigned char h[32] = {};
-      if (!in.read(reinterpret_cast<char*>(h), sizeof h) || std::memcmp(h, "FYTOKENS", 8) != 0) {
-        read_token_shard(p);  // throws the reader's error
-        continue;
-      }
-      uint32_t vocab = 0;
-      for (int i = 3; i >= 0; --i) vocab = vocab << 8 | h[24 + i];
-      check_shard_vocab(p, vocab, cfg.model.vocab_size, tok, tok_vocab);
-    }
+    for (const std::string& p : *list)
+      check_shard_vocab(p, read_token_shard_header(p).vocab_size, cfg.model.vocab_size, tok,
+                        tok_vocab);
 }
 
 uint64_t free_bytes_at(const std::string& dir) {
