@@ -1009,6 +1009,11 @@ void check_lora_runs(const Section& s, const Config& c) {
   if (c.optimizer.placement == "device") refuse("optimizer.placement", "device");
   if (c.optimizer.state != "fp32") refuse("optimizer.state", c.optimizer.state);
   if (c.optimizer.master != "fp32") refuse("optimizer.master", c.optimizer.master);
+  if (c.schedule.sample_every > 0)
+    s.fail("rank",
+           str("LoRA does not write samples yet (schedule.sample_every ", c.schedule.sample_every,
+               "): generation with the adapters applied is not done; set "
+               "schedule.sample_every: 0 (docs/lora.md)"));
 }
 
 // The lora section: its keys, then what this build runs of them (docs/lora.md says what is
@@ -1206,6 +1211,9 @@ std::string config_to_yaml(const Config& c) {
 }
 
 std::string config_to_self_contained_yaml(const Config& c) {
+  // A LoRA run's weights are its adapters over model.checkpoint's frozen base, which the run
+  // does not copy: the key stays (a checkpoint's manifest names the base by its checksum).
+  if (c.lora.enabled()) return config_to_yaml(c);
   Config resolved = c;
   resolved.model.checkpoint.clear();
   std::string text = config_to_yaml(resolved);
