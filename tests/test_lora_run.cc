@@ -81,11 +81,10 @@ TEST_CASE("a LoRA run resumes bit for bit and refuses another base", "[lora][che
   // Over another base of the same shape, moved to the same path: refused with both checksums.
   const std::string other = make_base(s, "other", 4);
   CHECK(tensors(other + "/model.safetensors") != tensors(base + "/model.safetensors"));
-  REQUIRE_THROWS_WITH(resume(s.run("lora") + "/checkpoints/step-4", s.run("wrong"),
-                             {"model.checkpoint=" + other}),
-                      Catch::Contains("holds adapters trained over a base of checksum " +
-                                      m.base_xxh3) &&
-                          Catch::Contains("model.checkpoint " + other));
+  REQUIRE_THROWS_WITH(
+      resume(s.run("lora") + "/checkpoints/step-4", s.run("wrong"), {"model.checkpoint=" + other}),
+      Catch::Contains("holds adapters trained over a base of checksum " + m.base_xxh3) &&
+          Catch::Contains("model.checkpoint " + other));
   CHECK(!std::filesystem::exists(s.run("wrong")));  // refused before the directory changed
   // The same base at another path resumes: the checksum names the base, not its path.
   std::filesystem::copy(base, s.run("moved"), std::filesystem::copy_options::recursive);
@@ -94,15 +93,22 @@ TEST_CASE("a LoRA run resumes bit for bit and refuses another base", "[lora][che
   CHECK(tensors(s.run("lora-moved") + "/model.safetensors") == final);
 }
 
-TEST_CASE("a LoRA config refuses samples and a LoRA run is not a base", "[lora]") {
+TEST_CASE("a LoRA config refuses samples and a host budget, and a LoRA run is not a base",
+          "[lora]") {
   test::RunScratch s("lora-run", "refusals", 0);
   const std::string base = make_base(s, "base", 3);
-  REQUIRE_THROWS_WITH(
-      parse_config(str("model: {checkpoint: ", base,
-                       "}\nschedule: {sample_every: 2, sample_prompts: [hi]}\n"
-                       "lora: {rank: 2, targets: all-linear}\n"),
-                   "<test>"),
-      Catch::Contains("schedule.sample_every 2"));
+  REQUIRE_THROWS_WITH(parse_config(str("model: {checkpoint: ", base,
+                                       "}\nschedule: {sample_every: 2, sample_prompts: [hi]}\n"
+                                       "lora: {rank: 2, targets: all-linear}\n"),
+                                   "<test>"),
+                      Catch::Contains("schedule.sample_every 2"));
+  // A host budget the LoRA step cannot hold yet (its memory is not planned) is refused, not
+  // ignored.
+  REQUIRE_THROWS_WITH(parse_config(str("model: {checkpoint: ", base,
+                                       "}\noffload: {host_memory: 1GiB}\n"
+                                       "lora: {rank: 2, targets: all-linear}\n"),
+                                   "<test>"),
+                      Catch::Contains("LoRA does not run with offload.host_memory"));
   Config cfg = lora_config(s, base);
   cfg.schedule.steps = 1;
   cfg.checkpoint.every_steps = 0;

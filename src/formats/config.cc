@@ -1006,6 +1006,8 @@ void check_lora_runs(const Section& s, const Config& c) {
   if (o.optimizer_state != "auto") refuse("offload.optimizer_state", o.optimizer_state);
   if (o.activations != ActivationPolicy::kAuto && o.activations != ActivationPolicy::kKeep)
     refuse("offload.activations", activation_policy_name(o.activations));
+  // The LoRA step's host memory is not planned yet, so a budget for it could not be held.
+  if (o.host_memory) refuse("offload.host_memory", format_size(o.host_memory));
   if (c.optimizer.placement == "device") refuse("optimizer.placement", "device");
   if (c.optimizer.state != "fp32") refuse("optimizer.state", c.optimizer.state);
   if (c.optimizer.master != "fp32") refuse("optimizer.master", c.optimizer.master);
