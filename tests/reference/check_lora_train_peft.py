@@ -21,7 +21,8 @@ number; evenly spaced fixed windows), not read from the engine. Checked:
     validation losses as the run of N steps straight, and ends with the same adapter bytes; so
     does a new run directory branching from the straight run's step-K checkpoint;
   - a resume on a different base (--set model.checkpoint=another base of the same shape) is
-    refused with the base checksums, and to-hf --dtype bf16 of a LoRA run is refused.
+    refused with the base checksums; to-hf --dtype bf16 of a LoRA run and fuyou-bench train of
+    a LoRA config are refused.
 Exit status 1 on any mismatch, 77 (skipped) without torch, transformers 5 or peft.
 """
 import json
@@ -315,6 +316,12 @@ def check_case(tmp, build, name, case):
              "bf16"], "", problems, expect_ok=False)
     if p.returncode == 0 or "exports its adapters as PEFT saves them, in fp32" not in p.stderr:
         problems.append("%s: to-hf --dtype bf16 of a LoRA run was not refused (exit %d): %s"
+                        % (name, p.returncode, p.stderr.strip()[-600:]))
+
+    bench = os.path.join(build, "fuyou-bench")
+    p = run([bench, "train", "--config", config], "", problems, expect_ok=False)
+    if p.returncode == 0 or "fuyou-bench train does not time LoRA yet" not in p.stderr:
+        problems.append("%s: fuyou-bench train of a LoRA config was not refused (exit %d): %s"
                         % (name, p.returncode, p.stderr.strip()[-600:]))
 
     print("%s: %d steps of %d x %d rows; worst relative differences to PEFT: losses %.2g, "
