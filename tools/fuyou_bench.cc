@@ -203,6 +203,13 @@ class TrainBench {
 };
 
 TrainBench::TrainBench(const fuyou::Config& cfg, const TrainArgs& a) : cfg_(cfg), a_(a) {
+  // Its FLOP count, engine label and figures are a full fine-tune's: a LoRA step (no
+  // weight-gradient GEMMs of the base) would be reported as something it is not.
+  if (cfg.lora.enabled())
+    throw fuyou::ConfigError(fuyou::str(
+        "lora: fuyou-bench train does not time LoRA yet (lora.rank ", cfg.lora.rank,
+        "): its FLOP count and figures are a full fine-tune's; time a LoRA run with fuyou-train, "
+        "whose metrics.jsonl has step_s and tokens_per_s (docs/lora.md)"));
   std::string why;
   backend_ = fuyou::make_backend(cfg, &why);
   if (!a.json) spdlog::info("{}", why);

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "fuyou/config.h"
+#include "fuyou/model.h"
 #include "fuyou/optim.h"
 #include "fuyou/train_state.h"
 
@@ -94,7 +95,15 @@ struct CheckpointManifest {
   // How the moments are stored in optimizer.safetensors (manifest "optimizer_state"; absent:
   // fp32) and the master format of the run that wrote it (the master is fp32 in the file).
   OptimFormat optim_format;
+  // A LoRA run's (manifest "lora_base_xxh3"): TrainEngine::base_xxh3 of the frozen base it
+  // trained over; empty for a full fine-tune.
+  std::string base_xxh3;
 };
+
+// The parameters a checkpoint of this config holds, group by group: the model's
+// (make_gpt_layout), or with a lora section the adapters' only (LoraLayout::params; the base
+// is model.checkpoint's, named by its checksum).
+ParamLayout checkpoint_layout(const Config& cfg);
 
 // Test seam: replaces pwrite(2) for the bytes of the checkpoint's tensor files (ENOSPC, EIO,
 // short writes); called from the file writer's background threads, several at once.
@@ -152,6 +161,13 @@ class CheckpointSource {
   std::unique_ptr<Impl> impl_;
 };
 
+// Refuses (ConfigError naming both checksums and model.checkpoint) a resume whose engine's base
+// (TrainEngine::base_xxh3) is not the one the checkpoint's adapters were trained over, and a
+// LoRA checkpoint resumed without LoRA or the reverse. restore() checks it too; a run calls it
+// first so that its refusal is not taken for a damaged checkpoint.
+void check_resume_base(const CheckpointManifest& m, const std::string& dir,
+                       const ModelConfig& model, const TrainEngine& engine);
+
 // resolve_checkpoint and CheckpointSource together, for --resume: when the checkpoint that
 // `latest` named was removed before its files could be opened (the run it belongs to is still
 // training and pruned it), `latest` is read again.
@@ -201,5 +217,8 @@ uint64_t weights_file_bytes(const ModelConfig& model);
 // Bytes one checkpoint of this model takes with the optimizer's state in `format` (the fp32
 // weights, both moments as stored, headers), for preflight and --dry-run.
 uint64_t checkpoint_bytes(const ModelConfig& model, const OptimFormat& format = {});
+// The same for a run of `cfg` (checkpoint_layout: a LoRA run's adapters only).
+uint64_t weights_file_bytes(const Config& cfg);
+uint64_t checkpoint_bytes(const Config& cfg);
 
 }  // namespace fuyou

@@ -314,7 +314,8 @@ const std::vector<std::string>& optimizer_state_names();
 const std::vector<std::string>& optimizer_master_names();
 // The same for a run directory or a checkpoint: the model section is already resolved, so
 // model.checkpoint (the directory the run started from) is left out and the text loads
-// without that directory; the origin is kept as a comment.
+// without that directory; the origin is kept as a comment. With a lora section it stays: the
+// run's weights are adapters over that base.
 std::string config_to_self_contained_yaml(const Config& c);
 
 const char* activation_policy_name(ActivationPolicy p);

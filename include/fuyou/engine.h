@@ -68,6 +68,9 @@ class TrainEngine {
   virtual double predicted_iteration_s() const { return 0; }
   // The plan the offloading engine runs; null in memory.
   virtual const Plan* plan() const { return nullptr; }
+  // A LoRA run's frozen base as LoraStep::base_xxh3 gives it; empty for a full fine-tune. A
+  // checkpoint records it and a resume on a base of another checksum is refused.
+  virtual std::string base_xxh3() const { return {}; }
 };
 
 // Bytes per element of the device's tensors under runtime.device_tensors.
@@ -131,8 +134,9 @@ std::optional<Plan> in_memory_plan(const Config& cfg, Backend& backend, double a
 // reports the same): offloaded where the config asks for it (wants_offload); else in memory as
 // a plan (in_memory_plan) where it fits; else offloaded, the scheduler placing what the device
 // cannot hold. The in-memory step only for runtime.in_memory step, where the model fits the
-// device (offload.device_memory, or a GPU's capacity: in_memory_device_bytes).
-enum class EngineKind { kOffloaded, kInMemoryPlan, kInMemoryStep };
+// device (offload.device_memory, or a GPU's capacity: in_memory_device_bytes). A config with a
+// lora section: the LoRA step (LoraStep, docs/lora.md), whatever else it says.
+enum class EngineKind { kOffloaded, kInMemoryPlan, kInMemoryStep, kLora };
 struct EngineChoice {
   EngineKind kind = EngineKind::kOffloaded;
   std::optional<Plan> plan;  // kInMemoryPlan's

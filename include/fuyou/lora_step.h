@@ -15,6 +15,7 @@
 #include "fuyou/model.h"
 #include "fuyou/ooc_adamw.h"
 #include "fuyou/step_result.h"
+#include "fuyou/train_state.h"
 
 namespace fuyou {
 
@@ -43,6 +44,18 @@ class LoraStep {
   // The adapters as a PEFT adapter directory.
   void write_peft(const std::string& dir) const;
 
+  // Checkpoints (TrainEngine::read_state): one kind of one adapter group (layout().params) in
+  // pieces; a master written sets the group's adapters on the device too, and leaves the
+  // moments as they are.
+  void read_state(int group, StateKind kind, const StateSink& sink);
+  void write_state(int group, StateKind kind, const StateSource& source);
+  OptimizerCounters counters() const;
+  void set_counters(const OptimizerCounters& c);
+  // XXH3-64 (16 hex digits) of the base's fp32 parameters as loaded (make_gpt_layout order,
+  // padding zero): a LoRA checkpoint records it, so that a resume on another base is refused
+  // whatever the base's files are called or where they moved.
+  const std::string& base_xxh3() const { return base_xxh3_; }
+
  private:
   Config cfg_;
   Backend& be_;
@@ -54,6 +67,7 @@ class LoraStep {
   std::unique_ptr<OocAdamW> opt_;
   std::vector<int32_t> inputs_, targets_;
   int64_t t_ = 0;  // AdamW steps taken
+  std::string base_xxh3_;
 };
 
 }  // namespace fuyou

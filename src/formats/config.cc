@@ -1023,9 +1023,16 @@ void check_lora_runs(const Section& s, const Config& c) {
   if (o.optimizer_state != "auto") refuse("offload.optimizer_state", o.optimizer_state);
   if (o.activations != ActivationPolicy::kAuto && o.activations != ActivationPolicy::kKeep)
     refuse("offload.activations", activation_policy_name(o.activations));
+  // The LoRA step's host memory is not planned yet, so a budget for it could not be held.
+  if (o.host_memory) refuse("offload.host_memory", format_size(o.host_memory));
   if (c.optimizer.placement == "device") refuse("optimizer.placement", "device");
   if (c.optimizer.state != "fp32") refuse("optimizer.state", c.optimizer.state);
   if (c.optimizer.master != "fp32") refuse("optimizer.master", c.optimizer.master);
+  if (c.schedule.sample_every > 0)
+    s.fail("rank",
+           str("LoRA does not write samples yet (schedule.sample_every ", c.schedule.sample_every,
+               "): generation with the adapters applied is not done; set "
+               "schedule.sample_every: 0 (docs/lora.md)"));
 }
 
 // The lora section: its keys, then what this build runs of them (docs/lora.md says what is
@@ -1223,6 +1230,9 @@ std::string config_to_yaml(const Config& c) {
 }
 
 std::string config_to_self_contained_yaml(const Config& c) {
+  // A LoRA run's weights are its adapters over model.checkpoint's frozen base, which the run
+  // does not copy: the key stays (a checkpoint's manifest names the base by its checksum).
+  if (c.lora.enabled()) return config_to_yaml(c);
   Config resolved = c;
   resolved.model.checkpoint.clear();
   std::string text = config_to_yaml(resolved);

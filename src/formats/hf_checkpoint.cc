@@ -19,7 +19,9 @@
 #include <sstream>
 
 #include "fuyou/error.h"
+#include "fuyou/lora.h"
 #include "fuyou/model.h"
+#include "fuyou/peft_adapter.h"
 #include "fuyou/safetensors.h"
 #include "fuyou/tokenizer.h"
 #include "src/formats/safetensors_stream.h"
@@ -374,6 +376,7 @@ ModelConfig validated(const ModelConfig& m, const std::string& source) {
 
 struct EngineSource {
   ModelConfig model;
+  LoraConfig lora;  // a LoRA run's: its tensors are the adapters (make_lora_layout)
   TensorSet set;
   fs::path dir;  // where tokenizer files and hf_config.json are looked for
 };
@@ -381,35 +384,81 @@ struct EngineSource {
 EngineSource open_engine_source(const std::string& checkpoint) {
   std::error_code ec;
   fs::path p(checkpoint);
-  auto from_metadata = [](const TensorSet& set, ModelConfig* m) {
+  auto from_metadata = [](const TensorSet& set, Config* c) {
     auto it = set.metadata().find("config");
     if (it == set.metadata().end()) return false;
-    *m = parse_config(it->second, set.source() + " (metadata 'config')").model;
+    *c = parse_config(it->second, set.source() + " (metadata 'config')");
     return true;
   };
+  Config c;
   if (fs::is_directory(p, ec)) {
     TensorSet set = TensorSet::open_dir(p.string());
-    ModelConfig m;
     fs::path yaml = p / kEngineConfigFile;
     if (fs::exists(yaml, ec))
-      m = load_config_file(yaml.string()).model;
-    else if (!from_metadata(set, &m))
+      c = load_config_file(yaml.string());
+    else if (!from_metadata(set, &c))
       throw ConfigError(str(checkpoint, ": no ", kEngineConfigFile, " and no 'config' entry in ",
                             set.source(), "'s metadata: cannot tell the model's shape"));
-    return {m, std::move(set), p};
+    return {c.model, c.lora, std::move(set), p};
   }
   if (!fs::is_regular_file(p, ec))
     throw IoError(str(checkpoint, ": no such checkpoint directory or safetensors file"));
   TensorSet set = TensorSet::open_file(p.string());
-  ModelConfig m;
   fs::path yaml = p.parent_path() / kEngineConfigFile;
-  if (!from_metadata(set, &m)) {
+  if (!from_metadata(set, &c)) {
     if (!fs::exists(yaml, ec))
       throw ConfigError(str(checkpoint, ": no 'config' entry in the metadata and no ",
                             yaml.string(), ": cannot tell the model's shape"));
-    m = load_config_file(yaml.string()).model;
+    c = load_config_file(yaml.string());
   }
-  return {m, std::move(set), p.parent_path()};
+  return {c.model, c.lora, std::move(set), p.parent_path()};
+}
+
+// A LoRA run's weights are its adapters: what reads a whole model from them says so.
+void refuse_lora_weights(const EngineSource& src, const std::string& checkpoint,
+                         const std::string& what) {
+  if (!src.lora.enabled()) return;
+  throw ConfigError(
+      str(checkpoint, ": a LoRA run's weights are its adapters (its config has a lora ",
+          "section of rank ", src.lora.rank, "), not a whole model; ", what,
+          " does not apply adapters yet: export them with fuyou-convert to-hf (a "
+          "PEFT adapter directory) and give the base model.checkpoint (docs/lora.md)"));
+}
+
+// A LoRA run's to-hf: its adapters (engine names, fp32) as a PEFT adapter directory
+// (write_peft_adapter), which PeftModel.from_pretrained loads over the base.
+ConvertResult export_peft_adapter(const EngineSource& src, const fs::path& out,
+                                  const ConvertOptions& opts) {
+  if (opts.dtype && *opts.dtype != StDtype::kF32)
+    throw ConfigError(str("--dtype ", st_dtype_name(*opts.dtype),
+                          ": a LoRA run exports its adapters as PEFT saves them, in fp32 (give "
+                          "--dtype f32 or none; docs/lora.md)"));
+  ConvertResult r;
+  r.model = src.model;
+  const LoraLayout layout = make_lora_layout(src.model, src.lora);
+  const ParamLayout& pl = layout.params;
+  std::vector<float> params(pl.total, 0.0f);
+  for (const TensorSpec& t : pl.tensors) {
+    if (!src.set.has(t.name))
+      throw IoError(str(src.set.source(), ": missing adapter tensor '", t.name,
+                        "' of the run's lora section"));
+    const StTensorInfo& info = src.set.info(t.name);
+    if (info.dtype != StDtype::kF32 || info.shape != t.shape)
+      throw IoError(str(src.set.file(t.name).path(), ": adapter tensor '", t.name, "' is ",
+                        st_dtype_name(info.dtype), " ", shape_str(info.shape),
+                        "; the lora section ", "makes it F32 ", shape_str(t.shape)));
+    src.set.file(t.name).read(info, 0, params.data() + t.offset, 4 * t.numel);
+    src.set.check(t.name, params.data() + t.offset);
+  }
+  StagingDir stage(out);
+  write_peft_adapter(stage.path().string(), src.lora, src.model, layout, params.data());
+  stage.commit();
+  r.tensors = peft_tensors(layout).size();
+  r.bytes = 4 * pl.num_params();
+  r.files = {"adapter_config.json", "adapter_model.safetensors"};
+  r.dtype = StDtype::kF32;
+  r.dtype_origin = "a LoRA run: its adapters as a PEFT adapter directory, fp32";
+  return r;
 }
 
 // The jobs that read a Hugging Face checkpoint into the engine's tensors, each source checked
@@ -530,6 +579,7 @@ ConvertResult convert_engine_to_hf(const std::string& checkpoint, const std::str
   const fs::path out = normalized_out(out_dir);
   check_output_dir(out);
   EngineSource src = open_engine_source(checkpoint);
+  if (src.lora.enabled()) return export_peft_adapter(src, out, opts);
   ConvertResult r;
   r.model = validated(src.model, checkpoint);
   // The base model's config.json and tokenizer: beside the weights, or in the run directory
@@ -579,6 +629,7 @@ ConvertResult convert_engine_to_hf(const std::string& checkpoint, const std::str
 
 LoadedCheckpoint load_engine_checkpoint(const std::string& checkpoint) {
   EngineSource src = open_engine_source(checkpoint);
+  refuse_lora_weights(src, checkpoint, "loading it as a whole model (fuyou-generate)");
   LoadedCheckpoint out;
   out.model = validated(src.model, checkpoint);
   const ParamLayout layout = make_gpt_layout(out.model);
@@ -639,6 +690,7 @@ struct CheckpointGroupReader::Impl {
 CheckpointGroupReader::CheckpointGroupReader(const std::string& checkpoint,
                                              const ModelConfig& model)
     : impl_(std::make_unique<Impl>(Impl{open_engine_source(checkpoint), make_gpt_layout(model)})) {
+  refuse_lora_weights(impl_->src, checkpoint, "model.checkpoint (a base)");
   const TensorSet& set = impl_->src.set;
   for (const TensorSpec& t : impl_->layout.tensors) {
     if (!set.has(t.name))

@@ -14,6 +14,7 @@
 #include "fuyou/error.h"
 #include "fuyou/hf_checkpoint.h"
 #include "fuyou/log.h"
+#include "fuyou/lora.h"
 #include "fuyou/model.h"
 #include "fuyou/read_file.h"
 #include "fuyou/safetensors.h"
@@ -70,9 +71,10 @@ std::string kind_prefix(StateKind k) {
 CheckpointManifest write_files(const fs::path& dir, const Config& cfg, TrainEngine& engine,
                                const TrainProgress& progress, const DataIdentity& data,
                                const CheckpointIo& io) {
-  const ParamLayout layout = make_gpt_layout(cfg.model);
+  const ParamLayout layout = checkpoint_layout(cfg);
   const std::string yaml = config_to_self_contained_yaml(cfg);
   CheckpointManifest m;
+  m.base_xxh3 = engine.base_xxh3();
   m.step = progress.step;
   m.engine = engine.offloaded() ? "offloaded" : "in-memory";
   m.counters = engine.counters();
@@ -130,15 +132,20 @@ namespace {
 constexpr uint64_t kHeaderEntryBytes = 256;
 }  // namespace
 
-uint64_t weights_file_bytes(const ModelConfig& model) {
-  const ParamLayout layout = make_gpt_layout(model);
+ParamLayout checkpoint_layout(const Config& cfg) {
+  return cfg.lora.enabled() ? make_lora_layout(cfg.model, cfg.lora).params
+                            : make_gpt_layout(cfg.model);
+}
+
+namespace {
+
+uint64_t layout_weights_bytes(const ParamLayout& layout) {
   // fp32 tensors and a header entry per tensor (name, shape, offsets and checksum: 100-150
   // bytes in practice; 256 counted).
   return 4ull * layout.num_params() + kHeaderEntryBytes * layout.tensors.size() + (1u << 16);
 }
 
-uint64_t checkpoint_bytes(const ModelConfig& model, const OptimFormat& format) {
-  const ParamLayout layout = make_gpt_layout(model);
+uint64_t layout_checkpoint_bytes(const ParamLayout& layout, const OptimFormat& format) {
   // The moments as stored (fp32 per tensor; packed per group, int8 with a scale entry each),
   // with headers of the same few hundred bytes per entry.
   const uint64_t entries = format.moments == MomentFormat::kF32    ? 2 * layout.tensors.size()
@@ -146,7 +153,22 @@ uint64_t checkpoint_bytes(const ModelConfig& model, const OptimFormat& format) {
                                                                    : 2 * layout.groups.size();
   uint64_t moments = 0;
   for (const auto& g : layout.groups) moments += 2 * moment_bytes(format.moments, g.numel);
-  return weights_file_bytes(model) + moments + kHeaderEntryBytes * entries + (1u << 16);
+  return layout_weights_bytes(layout) + moments + kHeaderEntryBytes * entries + (1u << 16);
+}
+
+}  // namespace
+
+uint64_t weights_file_bytes(const ModelConfig& model) {
+  return layout_weights_bytes(make_gpt_layout(model));
+}
+uint64_t checkpoint_bytes(const ModelConfig& model, const OptimFormat& format) {
+  return layout_checkpoint_bytes(make_gpt_layout(model), format);
+}
+uint64_t weights_file_bytes(const Config& cfg) {
+  return layout_weights_bytes(checkpoint_layout(cfg));
+}
+uint64_t checkpoint_bytes(const Config& cfg) {
+  return layout_checkpoint_bytes(checkpoint_layout(cfg), optim_format(cfg.optimizer));
 }
 
 SavedCheckpoint save_checkpoint(const std::string& run_dir, const Config& cfg, TrainEngine& engine,
@@ -234,7 +256,11 @@ void CheckpointSource::restore(const ModelConfig& model, TrainEngine& engine,
                                const std::function<void()>& between_groups) const {
   const Impl& c = *impl_;
   const CheckpointManifest& m = c.manifest;
-  const ParamLayout layout = make_gpt_layout(model);
+  // The checkpoint's own lora section (a resume may not change it: check_resume_config).
+  Config shape = c.config;
+  shape.model = model;
+  const ParamLayout layout = checkpoint_layout(shape);
+  check_resume_base(m, c.dir, model, engine);
   for (const auto& sums : m.group_xxh3)
     if (sums.size() != layout.groups.size())
       throw IoError(str(c.dir, "/", kManifestFile, ": ", sums.size(),
@@ -276,6 +302,21 @@ void CheckpointSource::restore(const ModelConfig& model, TrainEngine& engine,
     }
   }
   engine.set_counters(m.counters);
+}
+
+void check_resume_base(const CheckpointManifest& m, const std::string& dir,
+                       const ModelConfig& model, const TrainEngine& engine) {
+  if (m.base_xxh3 == engine.base_xxh3()) return;
+  throw ConfigError(
+      m.base_xxh3.empty()
+          ? str("resume: ", dir, " is a full fine-tune's checkpoint, and this run is LoRA")
+      : engine.base_xxh3().empty()
+          ? str("resume: ", dir, " is a LoRA run's checkpoint, and this run is not LoRA")
+          : str("resume: ", dir, " holds adapters trained over a base of checksum ", m.base_xxh3,
+                " (", kManifestFile, " lora_base_xxh3), but model.checkpoint ", model.checkpoint,
+                " now holds a base of checksum ", engine.base_xxh3(),
+                ": a LoRA run resumes only on the base it was trained over (put that base back, "
+                "or start a new run with lora.init: a PEFT directory of these adapters)"));
 }
 
 std::shared_ptr<const CheckpointSource> open_resume_checkpoint(const std::string& path) {

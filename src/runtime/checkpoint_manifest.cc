@@ -157,6 +157,7 @@ std::string manifest_text(const CheckpointManifest& m, const std::string& config
           {{"moments", moment_format_name(m.optim_format.moments)},
            {"master", master_format_name(m.optim_format.master)},
            {"block", kStateBlock}}}};
+  if (!m.base_xxh3.empty()) j["lora_base_xxh3"] = m.base_xxh3;
   j["loss_scale"] = nullptr;
   if (m.counters.has_loss_scale)
     j["loss_scale"] = {{"scale", m.counters.loss_scale.scale},
@@ -241,6 +242,7 @@ ParsedManifest parse_manifest(const std::string& text, const std::string& path) 
   m.data.val = split_from_json(f, f.at(data, "val", "data.val"), "data.val");
   m.created = f.string(f.at(j, "created", "created"), "created");
   read_files(f, j, &p, version);
+  if (j.contains("lora_base_xxh3")) m.base_xxh3 = f.hex(j.at("lora_base_xxh3"), "lora_base_xxh3");
   const json& sums = f.at(j, "group_xxh3", "group_xxh3");
   for (const char* k : {"master", "adam_m", "adam_v"}) {
     const std::string field = str("group_xxh3.", k);
@@ -312,6 +314,14 @@ void check_manifest_against(const CheckpointManifest& m, const std::string& dir,
   if (named >= 0 && named != m.step)
     throw IoError(str(path, ": step ", m.step, " but the directory is ", name.filename().string(),
                       " (the checkpoint was renamed, edited or damaged)"));
+  if (cfg.lora.enabled() == m.base_xxh3.empty())
+    throw IoError(str(path,
+                      cfg.lora.enabled()
+                          ? ": no lora_base_xxh3, but the checkpoint's config has a lora "
+                            "section"
+                          : ": lora_base_xxh3 is set, but the checkpoint's config has no "
+                            "lora section",
+                      " (the checkpoint is damaged or was edited)"));
   if (m.step > cfg.schedule.steps)
     throw IoError(
         str(path, ": step ", m.step, " is beyond the ", cfg.schedule.steps,

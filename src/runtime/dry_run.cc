@@ -15,6 +15,7 @@
 #include "fuyou/error.h"
 #include "fuyou/hardware.h"
 #include "fuyou/log.h"
+#include "fuyou/lora.h"
 #include "fuyou/model.h"
 #include "fuyou/simulator.h"
 #include "fuyou/sizes.h"
@@ -115,6 +116,21 @@ void report_fit(const Config& cfg, const std::string& run_dir, DryRun* out, std:
     if (!device_in_host)
       checks.push_back({"device memory", plan.memory.device_bytes, device_cap, ""});
     checks.push_back({"host memory", plan.memory.host_bytes, mem_available(), "MemAvailable"});
+  } else if (choice.kind == EngineKind::kLora) {
+    const LoraLayout lora = make_lora_layout(m, cfg.lora);
+    r.lines.push_back(str("engine: LoRA (", choice.why, "): rank ", lora.rank, ", scale ",
+                          lora.scale, ", ", lora.adapters.size(), " adapted linears, ",
+                          lora.params.num_params(),
+                          " adapter parameters; AdamW over them on the "
+                          "host"));
+    // The LoRA step's memory is not modelled: the in-memory step's estimate is a bound (it
+    // counts a gradient and moments of the base that a frozen base does not have).
+    r.lines.push_back(str(
+        "memory: not predicted for LoRA (the planner does not know it yet); at most the in-memory "
+        "step's ",
+        format_size(
+            in_memory_host_bytes(m, cfg.schedule.micro_batch, device_in_host, be->storage_bytes())),
+        " of host memory, ", format_size(mem_available()), " available"));
   } else if (choice.kind == EngineKind::kInMemoryStep) {
     r.lines.push_back(str("engine: in memory, the in-memory step (", choice.why, ")"));
     const uint64_t dev = in_memory_device_bytes(m, cfg.schedule.micro_batch, be->storage_bytes());
@@ -160,9 +176,9 @@ void report_fit(const Config& cfg, const std::string& run_dir, DryRun* out, std:
     }
   }
   const int keep = cfg.checkpoint.keep + (cfg.checkpoint.keep_best ? 1 : 0);
-  const uint64_t ckpt = checkpoint_bytes(m, optim_format(cfg.optimizer));
+  const uint64_t ckpt = checkpoint_bytes(cfg);
   checks.push_back({str("run directory ", run_dir.empty() ? std::string("runs/") : run_dir),
-                    weights_file_bytes(m) + (keep + 1) * ckpt,
+                    weights_file_bytes(cfg) + (keep + 1) * ckpt,
                     free_bytes_at(run_dir.empty() ? fs::path("runs") : fs::path(run_dir), nullptr),
                     str("final weights + ", keep + 1, " checkpoints")});
   for (const Line& c : checks) {
@@ -176,7 +192,11 @@ void report_fit(const Config& cfg, const std::string& run_dir, DryRun* out, std:
                           c.refused.empty() ? "" : " (" + c.refused + ")"));
   }
   // Time: the simulator's steady-state step of the plan on offload.hardware.
-  if (cfg.offload.hardware.empty()) {
+  if (choice.kind == EngineKind::kLora) {
+    r.lines.push_back(
+        "time: no prediction for LoRA: the simulator does not know the LoRA step yet "
+        "(docs/lora.md)");
+  } else if (cfg.offload.hardware.empty()) {
     r.lines.push_back(
         "time: no prediction without a hardware profile: set offload.hardware (this machine's: "
         "fuyou-bench profile --dir DIR --out FILE)");

@@ -14,6 +14,7 @@
 #include "fuyou/sizes.h"
 #include "fuyou/swap_search.h"
 #include "src/formats/safetensors_stream.h"
+#include "src/runtime/lora_engine.h"
 
 namespace fuyou {
 namespace {
@@ -450,14 +451,14 @@ Plan train_plan(const Config& cfg, Backend& backend, double* predicted_s,
 }
 
 EngineChoice choose_engine(const Config& cfg, Backend& backend, double attention_keys) {
-  // A LoRA run is LoraStep's (include/fuyou/lora_step.h), which no engine of fuyou-train wraps
-  // yet: refused here rather than trained as a full fine-tune.
-  if (cfg.lora.enabled())
-    throw ConfigError(
-        "lora: fuyou-train does not run LoRA yet (the LoRA step exists in the library, "
-        "LoraStep, and is checked against PEFT by tests/reference/check_lora_peft.py; its run "
-        "directories, checkpoints and exports are not done: docs/lora.md)");
   EngineChoice c;
+  // A LoRA run is LoraStep's (include/fuyou/lora_step.h): the base in memory, frozen. The config
+  // check refused the offloading settings it does not run.
+  if (cfg.lora.enabled()) {
+    c.kind = EngineKind::kLora;
+    c.why = "a lora section: the base frozen in memory, the adapters trained";
+    return c;
+  }
   if (wants_offload(cfg)) {
     c.why = !cfg.offload.ssd_paths.empty()
                 ? "offload.ssd_paths is set"
@@ -532,6 +533,10 @@ void check_plan_ssd_space(const Config& cfg, const Plan& plan) {
 std::unique_ptr<TrainEngine> make_train_engine(const Config& cfg, Backend& backend,
                                                const EngineOptions& opts) {
   EngineChoice choice = choose_engine(cfg, backend, opts.attention_keys);
+  if (choice.kind == EngineKind::kLora) {
+    spdlog::info("LoRA training: {}", choice.why);
+    return make_lora_engine(cfg, backend);
+  }
   if (choice.kind != EngineKind::kOffloaded)
     check_in_memory_host_budget(cfg, backend.device_is_host_memory());
   if (choice.kind == EngineKind::kInMemoryStep) {

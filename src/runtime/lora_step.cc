@@ -10,6 +10,7 @@
 #include "fuyou/peft_adapter.h"
 #include "fuyou/sizes.h"
 #include "fuyou/train.h"
+#include "src/common/xxh3.h"
 
 namespace fuyou {
 
@@ -32,6 +33,7 @@ LoraStep::LoraStep(const Config& cfg, Backend& backend)
     CheckpointGroupReader reader(cfg.model.checkpoint, cfg.model);
     for (size_t g = 0; g < base.groups.size(); ++g)
       reader.read_group(static_cast<int>(g), host.data() + base.groups[g].offset);
+    base_xxh3_ = hex64(xxh3_64(host.data(), 4 * host.size()));
     be_.copy_to_device(model_.params(), host.data(), 4 * host.size());
   }
   const size_t n = layout_.params.total;
@@ -129,6 +131,27 @@ void LoraStep::logits(const int32_t* inputs, float* dst) {
 
 void LoraStep::write_peft(const std::string& dir) const {
   write_peft_adapter(dir, cfg_.lora, cfg_.model, layout_, master_.data());
+}
+
+void LoraStep::read_state(int group, StateKind kind, const StateSink& sink) {
+  opt_->read_state(group, kind, sink);
+}
+
+void LoraStep::write_state(int group, StateKind kind, const StateSource& source) {
+  if (kind != StateKind::kMaster) return opt_->write_state(group, kind, source);
+  const ParamGroup& g = layout_.params.groups.at(group);
+  float* master = master_.data() + g.offset;
+  source(0, master, g.numel);
+  opt_->write_state(group, kind, [&](size_t begin, float* data, size_t n) {
+    std::copy(master + begin, master + begin + n, data);
+  });
+  be_.copy_to_device(static_cast<char*>(d_params_) + 4 * g.offset, master, 4 * g.numel);
+}
+
+OptimizerCounters LoraStep::counters() const { return optimizer_counters(t_, nullptr); }
+
+void LoraStep::set_counters(const OptimizerCounters& c) {
+  restore_optimizer_counters(c, &t_, nullptr);
 }
 
 }  // namespace fuyou

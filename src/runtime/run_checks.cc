@@ -201,8 +201,8 @@ std::string resolved_run_dir(const TrainOptions& opts) {
 }
 
 void check_run_dir_space(const Config& cfg, const std::string& run_dir) {
-  const uint64_t ckpt = checkpoint_bytes(cfg.model, optim_format(cfg.optimizer));
-  const uint64_t weights = weights_file_bytes(cfg.model);
+  const uint64_t ckpt = checkpoint_bytes(cfg);
+  const uint64_t weights = weights_file_bytes(cfg);
   const int keep =
       checkpoints_on(cfg.checkpoint) ? cfg.checkpoint.keep + (cfg.checkpoint.keep_best ? 1 : 0) : 1;
   const int existing = std::min<int>(keep, static_cast<int>(list_checkpoints(run_dir).size()));

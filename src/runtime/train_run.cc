@@ -681,6 +681,7 @@ void TrainingRun::start_state() {
     return;
   }
   auto t0 = clock_type::now();
+  check_resume_base(resumed_, opts_.resume, cfg_.model, *engine_);
   try {
     source_->restore(cfg_.model, *engine_, [this] { check_stop(); });
   } catch (const Error& e) {
