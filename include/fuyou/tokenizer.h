@@ -152,10 +152,10 @@ void encode_pair(const Tokenizer& tok, std::string_view prompt, std::string_view
 // the header the generation prompt writes before it; the last one also what a template writes
 // after the last turn only, Phi-3.5's EOS), 0 elsewhere; a template with {% generation %}
 // blocks is masked by them. Messages reach the template as apply_chat_template passes them
-// (null fields dropped, reasoning aliased),
+// (null fields dropped, reasoning aliased, content a string or a list of text parts),
 // `opts.chat_format` maps ShareGPT turns. The cost is linear in the conversation's length where
 // the template writes an added token in each turn. Error naming `where` for a malformed
-// conversation or, for a template that writes its messages in no loop
+// conversation, a part that is not text, or, for a template that writes its messages in no loop
 // of their own, a turn that does not render as an extension of the turns before it.
 // `tools_json` is the record's function definitions (a JSON array, or empty: none).
 void encode_chat(const Tokenizer& tok, const DatasetOptions& opts, const std::string& messages_json,

@@ -300,15 +300,35 @@ class ChatRender {
   bool marks_generation() const { return tpl_->has_generation(); }
 
  private:
-  // A role, and text content, except an assistant's tool calls, which may come without.
+  // A role, and text content, except an assistant's tool calls, which may come without. The
+  // content is a string or a list of text parts ({"type": "text", "text": ...}), which reaches
+  // the template as the list it is, as transformers passes it.
   void check_message(const nlohmann::ordered_json& m, size_t k) const {
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
       throw IoError(str(where_, ": message ", k, " must be an object with a string field 'role'"));
+    const std::string who = str(where_, ": message ", k, " (", m["role"].get<std::string>(), ")");
+    if (m.contains("content") && m["content"].is_array()) return check_parts(m["content"], who);
     if (m.contains("content") ? m["content"].is_string() : m.contains("tool_calls")) return;
-    throw IoError(str(where_, ": message ", k, " (", m["role"].get<std::string>(),
-                      "): 'content' must be a string",
+    throw IoError(str(who, ": 'content' must be a string or a list of text parts",
                       m.contains("content") ? str(", got ", m["content"].type_name())
                                             : std::string(" (only tool calls may come without)")));
+  }
+  // Text parts only: an image or audio part would need the model's processor, which renders
+  // and encodes what the tokenizer alone cannot.
+  static void check_parts(const nlohmann::ordered_json& parts, const std::string& who) {
+    for (size_t p = 0; p < parts.size(); ++p) {
+      const auto& part = parts[p];
+      if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+        throw IoError(str(who, ": content part ", p,
+                          " must be an object with a string field 'type' (\"text\")"));
+      const std::string type = part["type"].get<std::string>();
+      if (type != "text")
+        throw IoError(str(who, ": content part ", p, " is of type '", type,
+                          "'; only text parts are supported (the tokenizer cannot encode an ", type,
+                          " part)"));
+      if (!part.contains("text") || !part["text"].is_string())
+        throw IoError(str(who, ": content part ", p, " (text) must have a string field 'text'"));
+    }
   }
 
   std::string where_;

@@ -333,3 +333,33 @@ def contributed_spans(tok, template, marked, messages, **kwargs):
             e = len(text)
         spans.append((shared(text[:b + k]), shared(text[:e])))
     return full, spans
+
+
+def with_text_parts(convs):
+    """The conversations with each message's content as a list of text parts, split after its
+    first word, as multimodal templates (Gemma 3's) iterate them."""
+    out = []
+    for c in convs:
+        msgs = []
+        for m in c["messages"]:
+            m = dict(m)
+            head, sep, tail = m["content"].partition(" ")
+            m["content"] = [{"type": "text", "text": head + sep}] + ([{"type": "text", "text": tail}] if tail else [])
+            msgs.append(m)
+        out.append(dict(c, messages=msgs))
+    return out
+
+
+# Gemma 3's layout for its content: a string, or a list of parts it iterates (an image part
+# writes <start_of_image>; the engine refuses those).
+GEMMA3_PARTS = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+    "{% endif %}{{ '<start_of_turn>' + role + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] | trim }}"
+    "{% elif message['content'] is iterable %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}{{ '<start_of_image>' }}"
+    "{% elif item['type'] == 'text' %}{{ item['text'] | trim }}{% endif %}{% endfor %}"
+    "{% else %}{{ raise_exception('Invalid content type') }}{% endif %}"
+    "{{ '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")

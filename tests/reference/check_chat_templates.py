@@ -23,7 +23,8 @@ committed (Llama's, Gemma's). A released template that does not render an assist
 extension of the conversation before it (Qwen3 drops earlier turns' reasoning) is checked on
 single exchanges, which it does render so, and, where chat_templates.MARKERS wraps its assistant
 messages in generation blocks, on multi-turn conversations, tool calls and reasoning by what
-each message writes in the whole render (chat_templates.contributed_spans). A template with {% generation %} blocks (SmolLM3's,
+each message writes in the whole render (chat_templates.contributed_spans). Content as lists of
+text parts goes through a template of Gemma 3's layout; an image part must be refused. A template with {% generation %} blocks (SmolLM3's,
 and one of chat_templates.py) is masked by them: its masks must equal transformers'
 return_assistant_tokens_mask. strftime_now is fixed at the engine's date, 26 Jul 2024. The
 conversations checked are counted per template.
@@ -243,6 +244,23 @@ def check_carried(convert, tmp, probe, released, failures):
         checked += compare(failures, "qwen3 template, %s" % how, tok, qwen3, convs,
                            tokenize(convert, tmp, "bytelevel", qwen3, convs, args), marked=marked, **kwargs)
         print("qwen3: checked with %s" % how)
+    # Content as a list of text parts, iterated by a template of Gemma 3's layout, and by the
+    # same template as strings; an image part is refused, naming the record and the part.
+    for tok_name in TOKENIZERS:
+        tok = transformers.AutoTokenizer.from_pretrained(model_dir(tmp, tok_name, chat_templates.GEMMA3_PARTS))
+        for how, convs in [("text parts", chat_templates.with_text_parts(chat_templates.conversations(12, False))),
+                           ("string content", chat_templates.conversations(12, False))]:
+            checked += compare(failures, "gemma3-parts template, %s, %s tokenizer" % (how, tok_name), tok,
+                               chat_templates.GEMMA3_PARTS, convs,
+                               tokenize(convert, tmp, tok_name, chat_templates.GEMMA3_PARTS, convs))
+    image = chat_templates.with_text_parts(chat_templates.single_exchanges(2, False))
+    image[1]["messages"][0]["content"].insert(0, {"type": "image", "url": "cat.png"})
+    got = tokenize(convert, tmp, "bytelevel", chat_templates.GEMMA3_PARTS, image)
+    reason = ":2: message 0 (user): content part 0 is of type 'image'"
+    if not isinstance(got, str) or reason not in got:
+        failures.append("an image part: expected a refusal naming %r, got %s" % (reason, got))
+    else:
+        print("refused: %s" % got.splitlines()[-1])
     tok = transformers.AutoTokenizer.from_pretrained(model_dir(tmp, "bytelevel", qwen3))
     # Reasoning under each of its names; without thinking, the generation prompt's empty think
     # block is prompt, not reply.
