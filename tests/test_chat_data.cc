@@ -4,6 +4,7 @@
 // a conversation with EOS. tests/reference/check_chat_templates.py compares the same with
 // transformers.
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
@@ -152,8 +153,10 @@ TEST_CASE(
   o.chat_template_kwargs.clear();
   CHECK_THROWS_WITH(rendered(tok, o, messages, R"("get")"),
                     Contains("chat.jsonl:1: field 'tools' must be a list of function definitions"));
-  CHECK_THROWS_WITH(rendered(tok, o, R"([{"role": "user"}])"),
-                    Contains("message 0 (user): 'content' must be a string (only tool calls"));
+  CHECK_THROWS_WITH(
+      rendered(tok, o, R"([{"role": "user"}])"),
+      Contains(
+          "message 0 (user): 'content' must be a string or a list of text parts (only tool calls"));
 }
 
 TEST_CASE("chat: ShareGPT turns are the messages they name", "[chat]") {
@@ -197,13 +200,45 @@ TEST_CASE("chat: a template that ends the conversation with EOS masks each turn 
   for (size_t i = 0; i < ids.size(); ++i)
     if (mask[i]) counted += tok.decode({ids[i]});
   CHECK(counted == "Hello<|end|>\nCiao<|end|>\n<|endoftext|>");
-  // A template whose earlier turns render otherwise in the whole (not a trailer) is refused.
-  DatasetOptions drops = chat_options(
-      "{% for m in messages %}{% if loop.last or m.role != 'assistant' %}{{ m.content }}"
-      "{% else %}.{% endif %}{% endfor %}");
-  CHECK_THROWS_WITH(encode_chat(tok, drops,
-                                R"([{"role": "user", "content": "Hi"}, {"role": "assistant",)"
-                                R"( "content": "Hello"}, {"role": "user", "content": "o"}])",
-                                "chat.jsonl:2", &ids, &mask),
-                    Contains("does not render assistant message 1 as an extension"));
+}
+
+TEST_CASE("chat: content as a list of text parts reaches the template as the list it is",
+          "[chat]") {
+  // Gemma 3's layout: a string content written as it is, a list's text parts one by one.
+  const char* const parts =
+      "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}{% if m.content is string %}"
+      "{{ m.content }}{% else %}{% for p in m.content %}{% if p.type == 'text' %}{{ p.text }}"
+      "{% endif %}{% endfor %}{% endif %}{{ '<|im_end|>\\n' }}{% endfor %}"
+      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+  const Tokenizer tok = Tokenizer::from_file(hf_fixture("tok_bytelevel.json"));
+  const DatasetOptions o = chat_options(parts);
+  std::vector<int32_t> ids, split_ids;
+  std::vector<uint8_t> mask, split_mask;
+  encode_chat(
+      tok, o,
+      R"([{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello you"}])",
+      "chat.jsonl:1", &ids, &mask);
+  encode_chat(
+      tok, o,
+      R"([{"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},)"
+      R"( {"role": "assistant", "content": [{"type": "text", "text": "Hello"},)"
+      R"( {"type": "text", "text": " you"}]}])",
+      "chat.jsonl:1", &split_ids, &split_mask);
+  CHECK(split_ids == ids);
+  CHECK(split_mask == mask);
+  CHECK(std::count(mask.begin(), mask.end(), 1) > 0);
+  // A part that is not text, named with its record and type; a malformed one.
+  ChatData d;
+  write_all(d.input,
+            "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", "
+            "\"content\": \"Hello\"}]}\n"
+            "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": "
+            "\"Look\"}, {\"type\": \"image\", \"url\": \"cat.png\"}]}]}\n");
+  CHECK_THROWS_WITH(d.tokenize(tok, o),
+                    Contains("chat.jsonl:2: message 0 (user): content part 1 is of type 'image'; "
+                             "only text parts are supported"));
+  CHECK_THROWS_WITH(rendered(tok, o, R"([{"role": "user", "content": [{"type": "text"}]}])"),
+                    Contains("message 0 (user): content part 0 (text) must have a string field"));
+  CHECK_THROWS_WITH(rendered(tok, o, R"([{"role": "user", "content": ["Hi"]}])"),
+                    Contains("content part 0 must be an object with a string field 'type'"));
 }

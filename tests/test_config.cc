@@ -241,11 +241,9 @@ TEST_CASE("data.chat_template_kwargs is a mapping, kept through config.yaml", "[
   CHECK_THROWS_WITH(parse_config(chat, "x", {"data.chat_template_kwargs=3"}),
                     Contains("--set 'data.chat_template_kwargs=3': data.chat_template_kwargs: "
                              "expected a mapping"));
-  // Without samples rendered through the template nothing in a run would read them.
-  CHECK_THROWS_WITH(
-      parse_config("data: {chat_template_kwargs: {enable_thinking: false}}", "x"),
-      Contains("data.chat_template_kwargs: the run renders the chat template only for its "
-               "samples: set schedule.sample_chat: true"));
+  // Kept without samples too: fuyou-generate --chat reads them from a run's config.yaml.
+  CHECK(parse_config("data: {chat_template_kwargs: {enable_thinking: false}}", "x")
+            .data.chat_template_kwargs == R"({"enable_thinking":false})");
 }
 
 TEST_CASE("sizes parse in binary and decimal units", "[config]") {

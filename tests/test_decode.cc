@@ -14,6 +14,7 @@
 
 #include "fd_check.h"
 #include "fuyou/backend.h"
+#include "fuyou/config.h"
 #include "fuyou/decoder.h"
 #include "fuyou/error.h"
 #include "fuyou/generate.h"
@@ -338,4 +339,38 @@ TEST_CASE("decoded text cleans up spaces as transformers does when asked", "[dec
   CHECK_THROWS_WITH(TextCodec::for_model(files, gpt2), Contains("--tokenizer"));
   gpt2.vocab_size = 256;
   CHECK(TextCodec::for_model(files, gpt2).encode_prompt("ab") == std::vector<int32_t>{'a', 'b'});
+}
+
+TEST_CASE(
+    "a run's data.chat_template_kwargs render its chat prompts, --chat-template-kwargs over them",
+    "[decode][chat]") {
+  TempDir tmp("codec-kwargs");
+  const fs::path d = tmp.path;
+  fs::copy_file(hf_fixture("tok_bytelevel.json"), d / "tokenizer.json");
+  nlohmann::json tc = {
+      {"tokenizer_class", "PreTrainedTokenizerFast"},
+      {"chat_template",
+       "{% for m in messages %}{{ m.content }}{% endfor %}{% if add_generation_prompt %}"
+       "{% if enable_thinking is defined and enable_thinking is false %} quiet{% else %} "
+       "think{% endif %}{% endif %}"}};
+  write_all(d / "tokenizer_config.json", tc.dump());
+  ModelConfig gpt2 = family_config("gpt2", false, 16);
+  gpt2.vocab_size = 512;
+  const Tokenizer tok = Tokenizer::from_file(hf_fixture("tok_bytelevel.json"));
+  const std::string messages = R"([{"role": "user", "content": "hi"}])";
+  auto rendered = [&](const TextCodec& c) {
+    return tok.decode(c.encode_chat_messages(messages, "--chat"));
+  };
+  // A directory without config.yaml: no variables.
+  CHECK(rendered(TextCodec::for_model(find_model_files(tmp.path, gpt2), gpt2)) == "hi think");
+  // A run directory's config.yaml: its variables, as its chat data was rendered with.
+  Config cfg = parse_config("data: {chat_template_kwargs: {enable_thinking: false}}", "x");
+  cfg.model = gpt2;
+  write_all(d / "config.yaml", config_to_yaml(cfg));
+  const ModelFiles files = find_model_files(tmp.path, gpt2);
+  CHECK(files.chat_template_kwargs == R"({"enable_thinking":false})");
+  TextCodec c = TextCodec::for_model(files, gpt2);
+  CHECK(rendered(c) == "hi quiet");
+  c.set_chat_template_kwargs(R"({"enable_thinking": true})");
+  CHECK(rendered(c) == "hi think");
 }

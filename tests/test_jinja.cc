@@ -565,3 +565,36 @@ Tools: brave_search, wolfram_alpha
 <|assistant|>A cat.<|end|>
 )J");
 }
+
+TEST_CASE("jinja: the text each message's loop turn writes, through slices and filters",
+          "[jinja]") {
+  const nlohmann::ordered_json vars = {{"messages",
+                                        {{{"role", "system"}, {"content", "s"}},
+                                         {{"role", "user"}, {"content", "u"}},
+                                         {{"role", "assistant"}, {"content", "a"}}}}};
+  auto turns = [&](const std::string& src, std::string* text = nullptr) {
+    jinja::Template::Turns t;
+    const std::string out = jinja::Template(src, "t").render(vars, nullptr, nullptr, &t);
+    if (text) *text = out;
+    std::string s;
+    for (const auto& x : t) s += str(x.message, ":", out.substr(x.begin, x.end - x.begin), " ");
+    return s;
+  };
+  // A slice and a filter keep the messages' mappings; a turn that writes nothing is left out;
+  // a loop over the messages inside one counts for the outer one.
+  CHECK(turns("[{% for m in messages[1:] %}<{{ m.content }}>{% endfor %}]") == "1:<u> 2:<a> ");
+  CHECK(turns("{% for m in messages | selectattr('role', 'ne', 'user') %}{{ m.role[0] }}"
+              "{% if m.role == 'system' %}{% endif %}{% endfor %}") == "0:s 2:a ");
+  CHECK(turns("{% for m in messages %}{% if m.role != 'user' %}{{ m.content }}"
+              "{% for n in messages %}.{% endfor %}{% endif %}{% endfor %}") == "0:s... 2:a... ");
+  // A mapping equal to a message is not that message.
+  CHECK(turns("{% for m in [{'role': 'user', 'content': 'u'}] %}{{ m.content }}{% endfor %}")
+            .empty());
+  // In a macro or a set block the text's positions are not known: no turns at all.
+  std::string text;
+  CHECK(turns("{% macro f() %}{% for m in messages %}{{ m.content }}{% endfor %}{% endmacro %}"
+              "{% for m in messages %}{{ m.role[0] }}{% endfor %}{{ f() }}",
+              &text)
+            .empty());
+  CHECK(text == "suasua");
+}

@@ -156,15 +156,22 @@ TEST_CASE("chat records: a deep field or a long conversation ends with an error 
     encode_chat(tok, o, "[{\"role\": \"user\", \"content\": \"a\", \"x\": " + deep + "}]",
                 "chat.jsonl:1", &ids, &mask);
   });
-  // 4,000 assistant turns: each renders the conversation before it, so the renders of one
-  // record share one budget.
+  // A template that renders its turns outside a loop of their own is masked by rendering each
+  // turn's prefixes: 2,000 assistant turns pass the budget that the renders of one record share.
+  DatasetOptions by_prefixes = o;
+  by_prefixes.chat_template =
+      "{% macro turn(m) %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+      "{% endmacro %}{% set ns = namespace(text='') %}{% for m in messages %}"
+      "{% set ns.text = ns.text + turn(m) %}{% endfor %}{{ ns.text }}"
+      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
   std::string turns = "[";
-  for (int k = 0; k < 4000; ++k)
+  for (int k = 0; k < 2000; ++k)
     turns += std::string(k ? "," : "") +
              "{\"role\": \"user\", \"content\": \"What is two plus two?\"},"
              "{\"role\": \"assistant\", \"content\": \"Two plus two is four.\"}";
   turns += "]";
-  refused("the limit max_work", [&] { encode_chat(tok, o, turns, "chat.jsonl:2", &ids, &mask); });
+  refused("the limit max_work",
+          [&] { encode_chat(tok, by_prefixes, turns, "chat.jsonl:2", &ids, &mask); });
   // A conversation of ordinary length renders.
   ids.clear();
   mask.clear();

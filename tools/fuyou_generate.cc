@@ -154,7 +154,8 @@ int main(int argc, char** argv) {
   app.add_option("--system", system, "With --chat: a system message before the prompt");
   app.add_option("--chat-template-kwargs", chat_kwargs,
                  "JSON object of more chat template variables, e.g. '{\"enable_thinking\": "
-                 "false}'");
+                 "false}'; for a run directory or checkpoint, instead of its config.yaml's "
+                 "data.chat_template_kwargs");
   app.add_option("--max-new-tokens", g.max_new_tokens, "Tokens to generate at most")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--temperature", g.sampling.temperature, "0: greedy (default); above 0: sample")
@@ -209,6 +210,12 @@ int main(int argc, char** argv) {
     fuyou::GenerationModel m = fuyou::load_generation_model(model_path);
     fuyou::TextCodec codec = fuyou::TextCodec::for_model(m.files, m.model, tokenizer);
     if (!chat_kwargs.empty()) codec.set_chat_template_kwargs(chat_kwargs);
+    if (chat)
+      spdlog::info("chat template variables: {}",
+                   !chat_kwargs.empty() ? chat_kwargs + " (--chat-template-kwargs)"
+                   : !m.files.chat_template_kwargs.empty()
+                       ? m.files.chat_template_kwargs + " (the run's data.chat_template_kwargs)"
+                       : std::string("none"));
     spdlog::info("model: {} ({}), {} {} layers, d_model {}, vocab {}, context {}", model_path,
                  m.kind, m.model.family, m.model.n_layer, m.model.d_model, m.model.vocab_size,
                  m.files.context);

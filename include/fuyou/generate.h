@@ -25,6 +25,10 @@ struct ModelFiles {
   std::string
       hf_config;  // the base model's config.json text (config.json or hf_config.json); empty: none
   std::string model_type;  // its model_type ("" without one)
+  // config.yaml's data.chat_template_kwargs where the model is a run directory or an engine
+  // checkpoint (a JSON object's text, "" for none): the template variables its chat data was
+  // rendered with, so that --chat renders prompts as training did.
+  std::string chat_template_kwargs;
   // Positions the model was made for: the base's max_position_embeddings (llama) or the
   // position table (gpt2, opt); the engine's seq_len when nothing says more.
   int context = 0;

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace fuyou {
@@ -31,6 +32,18 @@ class Tokenizer {
   // no BOS/EOS are added (the post-processor is not applied).
   std::vector<int32_t> encode(std::string_view text) const;
   void encode_append(std::string_view text, std::vector<int32_t>* out) const;
+  // A text's tokens, and where their encoding splits: after each added token the raw text
+  // holds (rstrip ones aside), since the text before it encodes as it does whatever follows.
+  struct Encoding {
+    std::vector<int32_t> ids;
+    std::vector<std::pair<size_t, size_t>>
+        splits;  // (byte, tokens): text[0, byte) is ids[0, tokens)
+  };
+  Encoding encode_with_splits(std::string_view text) const;
+  // How many leading tokens the encoding of text's first x bytes shares with `whole` (the
+  // encoding of `text`): encode(text.substr(0, x)) compared with whole.ids, found by encoding
+  // from the last split before x only, so the cost is that of the text since that split.
+  size_t shared_prefix(std::string_view text, const Encoding& whole, size_t x) const;
   // Text of `ids` through the tokenizer's decoder, special tokens included.
   std::string decode(const std::vector<int32_t>& ids) const;
 
@@ -134,13 +147,16 @@ void encode_pair(const Tokenizer& tok, std::string_view prompt, std::string_view
 
 // A conversation (`messages`: a JSON array of {"role": ..., "content": ...} objects) through a
 // chat template as transformers' apply_chat_template(tokenize=True) encodes it: the rendered
-// text's ids appended to *ids. *mask gets 1 for the tokens each assistant turn adds (from the
-// end of the conversation before it rendered with add_generation_prompt to the end of the
-// conversation up to it; what a template writes after the last turn only, Phi-3.5's EOS, ends
-// no earlier turn), 0 elsewhere. Messages reach the template as apply_chat_template passes
-// them (null fields dropped, reasoning aliased), `opts.chat_format` maps ShareGPT turns.
-// Error naming `where` for a malformed conversation or a template that does not render each
-// turn as an extension of the turns before it.
+// text's ids appended to *ids. *mask gets 1 for the tokens each assistant message contributes
+// to the render of the whole conversation (what the template's loop turn over it writes, past
+// the header the generation prompt writes before it; the last one also what a template writes
+// after the last turn only, Phi-3.5's EOS), 0 elsewhere; a template with {% generation %}
+// blocks is masked by them. Messages reach the template as apply_chat_template passes them
+// (null fields dropped, reasoning aliased, content a string or a list of text parts),
+// `opts.chat_format` maps ShareGPT turns. The cost is linear in the conversation's length where
+// the template writes an added token in each turn. Error naming `where` for a malformed
+// conversation, a part that is not text, or, for a template that writes its messages in no loop
+// of their own, a turn that does not render as an extension of the turns before it.
 // `tools_json` is the record's function definitions (a JSON array, or empty: none).
 void encode_chat(const Tokenizer& tok, const DatasetOptions& opts, const std::string& messages_json,
                  const std::string& where, std::vector<int32_t>* ids, std::vector<uint8_t>* mask,

@@ -1106,13 +1106,6 @@ Config parse_config_in_chain(const std::string& yaml_text, const std::string& so
   const bool fine_tune = !c.model.checkpoint.empty();
   c.optimizer = parse_optimizer(r["optimizer"], origin, fine_tune);
   c.schedule = parse_schedule(r["schedule"], origin, c.model.seq_len, fine_tune);
-  // A run renders its chat template for its samples only: chat data comes tokenized.
-  if (!c.data.chat_template_kwargs.empty() && !c.schedule.sample_chat)
-    Section(r["data"], "data", origin)
-        .fail("chat_template_kwargs",
-              "the run renders the chat template only for its samples: set "
-              "schedule.sample_chat: true, or give them to fuyou-convert tokenize "
-              "--chat-template-kwargs, which renders chat data");
   c.offload = parse_offload(r["offload"], origin, c.model.n_layer);
   c.runtime = parse_runtime(r["runtime"], origin, c.offload);
   c.checkpoint = parse_checkpoint(r["checkpoint"], origin);

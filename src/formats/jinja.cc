@@ -20,12 +20,19 @@ namespace {
 
 class Renderer {
  public:
-  Renderer(Ctx& c, Template::Spans* generation) : c_(c), spans_(generation) {
+  Renderer(Ctx& c, Template::Spans* generation, Template::Turns* turns)
+      : c_(c), spans_(generation), turns_(turns) {
     frames_.emplace_back();
   }
-  void set_global(const std::string& name, Value v) { frames_[0].vars[name] = std::move(v); }
+  void set_global(const std::string& name, Value v) {
+    if (turns_ && name == "messages" && v.kind == Value::kList)
+      for (size_t k = 0; k < v.list->size(); ++k)
+        if ((*v.list)[k].kind == Value::kDict) message_index_[(*v.list)[k].dict.get()] = k;
+    frames_[0].vars[name] = std::move(v);
+  }
   std::string render(const Node& root) {
     run(root);
+    if (turns_ && turns_lost_) turns_->clear();
     return std::move(out_);
   }
 
@@ -202,11 +209,31 @@ class Renderer {
       loop.loop = true;
       f.vars["loop"] = std::move(loop);
       bind(n.targets, items[k], f);
+      const size_t message = turn_of(items[k]), begin = out_.size();
+      if (message != kNoTurn) in_turn_ = true;
       const Flow flow = run(*n.body);
+      if (message != kNoTurn) {
+        in_turn_ = false;
+        if (out_.size() > begin) turns_->push_back({message, begin, out_.size()});
+      }
       frames_.pop_back();
       if (flow == kBreak) break;
     }
     return kNext;
+  }
+
+  static constexpr size_t kNoTurn = ~size_t(0);
+  // The index of the message a loop turn's item is, when turns are recorded and no loop around
+  // this one has a message for its item; kNoTurn otherwise.
+  size_t turn_of(const Value& item) {
+    if (!turns_ || in_turn_ || item.kind != Value::kDict) return kNoTurn;
+    auto it = message_index_.find(item.dict.get());
+    if (it == message_index_.end()) return kNoTurn;
+    if (capturing_ > 0) {
+      turns_lost_ = true;
+      return kNoTurn;
+    }
+    return it->second;
   }
 
   Value eval(const Expr& e) {
@@ -362,6 +389,10 @@ class Renderer {
   int depth_ = 0;
   Template::Spans* spans_;  // null: generation blocks are not recorded
   int capturing_ = 0;       // macro, call and set bodies being rendered into a value
+  Template::Turns* turns_;  // null: the messages' turns are not recorded
+  std::unordered_map<const Dict*, size_t> message_index_;  // the messages' mappings
+  bool in_turn_ = false;     // inside a loop turn whose item is a message
+  bool turns_lost_ = false;  // a message's turn ran where positions are not known
 };
 
 // Whether the tree holds a generation block; walked with a stack of its own.
@@ -381,10 +412,11 @@ bool holds_generation(const Node& root) {
 
 template <class Json>
 std::string render_with(const std::string& name, const Options& options, const Node& root,
-                        const Json& vars, Work* work, Template::Spans* generation) {
+                        const Json& vars, Work* work, Template::Spans* generation,
+                        Template::Turns* turns = nullptr) {
   Work own(options.limits.max_work);
   Ctx c(name, options, work ? work : &own);
-  Renderer r(c, generation);
+  Renderer r(c, generation, turns);
   if (vars.is_object())
     for (auto it = vars.begin(); it != vars.end(); ++it)
       r.set_global(it.key(), from_json(c, it.value()));
@@ -412,6 +444,12 @@ std::string Template::render(const nlohmann::ordered_json& vars, Work* work,
                              Spans* generation) const {
   if (generation) generation->clear();
   return render_with(name_, options_, *root_, vars, work, generation);
+}
+std::string Template::render(const nlohmann::ordered_json& vars, Work* work, Spans* generation,
+                             Turns* turns) const {
+  if (generation) generation->clear();
+  if (turns) turns->clear();
+  return render_with(name_, options_, *root_, vars, work, generation, turns);
 }
 
 }  // namespace fuyou::jinja

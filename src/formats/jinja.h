@@ -83,6 +83,17 @@ class Template {
   // Error here (transformers' positions there are not those of the text).
   using Spans = std::vector<std::pair<size_t, size_t>>;
   std::string render(const nlohmann::ordered_json& vars, Work* work, Spans* generation) const;
+  // The same, and the byte ranges of the rendered text that each message of the top-level list
+  // `messages` wrote: what a for loop's body wrote in the turns whose item was that message
+  // (the outermost such loop; empty ranges left out), in the order they were written. `turns`
+  // is left empty when such a loop runs inside a macro, call or set block, where positions in
+  // the text are not known.
+  struct Turn {
+    size_t message, begin, end;
+  };
+  using Turns = std::vector<Turn>;
+  std::string render(const nlohmann::ordered_json& vars, Work* work, Spans* generation,
+                     Turns* turns) const;
   // Whether the template has a {% generation %} block.
   bool has_generation() const { return has_generation_; }
 

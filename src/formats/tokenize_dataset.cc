@@ -157,13 +157,6 @@ const jinja::Template& parsed_template(const DatasetOptions& o) {
   return *t;
 }
 
-// How many leading tokens `a` and `b` share.
-size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-  size_t k = 0;
-  while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
-  return k;
-}
-
 }  // namespace
 
 namespace {
@@ -284,13 +277,21 @@ class ChatRender {
   }
   const nlohmann::ordered_json& messages() const { return messages_; }
   // The first n messages, with the generation prompt (the assistant's turn follows) or not.
-  // `marked`, when given, receives the byte ranges the template's {% generation %} blocks wrote.
-  std::string render(size_t n, bool generation, jinja::Template::Spans* marked = nullptr) {
-    vars_["messages"] =
-        nlohmann::ordered_json(messages_.begin(), messages_.begin() + static_cast<ptrdiff_t>(n));
+  // `marked`, when given, receives the byte ranges the template's {% generation %} blocks wrote,
+  // `turns` those each message's loop turns wrote (jinja::Template::render).
+  std::string render(size_t n, bool generation, jinja::Template::Spans* marked = nullptr,
+                     jinja::Template::Turns* turns = nullptr) {
+    return render_window(0, n, generation, marked, turns);
+  }
+  // Messages [first, end) as if they were the whole conversation.
+  std::string render_window(size_t first, size_t end, bool generation,
+                            jinja::Template::Spans* marked = nullptr,
+                            jinja::Template::Turns* turns = nullptr) {
+    vars_["messages"] = nlohmann::ordered_json(messages_.begin() + static_cast<ptrdiff_t>(first),
+                                               messages_.begin() + static_cast<ptrdiff_t>(end));
     vars_["add_generation_prompt"] = generation;
     try {
-      return tpl_->render(vars_, &work_, marked);
+      return tpl_->render(vars_, &work_, marked, turns);
     } catch (const Error& e) {
       throw IoError(str(where_, ": ", e.what()));
     }
@@ -299,22 +300,42 @@ class ChatRender {
   bool marks_generation() const { return tpl_->has_generation(); }
 
  private:
-  // A role, and text content, except an assistant's tool calls, which may come without.
+  // A role, and text content, except an assistant's tool calls, which may come without. The
+  // content is a string or a list of text parts ({"type": "text", "text": ...}), which reaches
+  // the template as the list it is, as transformers passes it.
   void check_message(const nlohmann::ordered_json& m, size_t k) const {
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
       throw IoError(str(where_, ": message ", k, " must be an object with a string field 'role'"));
+    const std::string who = str(where_, ": message ", k, " (", m["role"].get<std::string>(), ")");
+    if (m.contains("content") && m["content"].is_array()) return check_parts(m["content"], who);
     if (m.contains("content") ? m["content"].is_string() : m.contains("tool_calls")) return;
-    throw IoError(str(where_, ": message ", k, " (", m["role"].get<std::string>(),
-                      "): 'content' must be a string",
+    throw IoError(str(who, ": 'content' must be a string or a list of text parts",
                       m.contains("content") ? str(", got ", m["content"].type_name())
                                             : std::string(" (only tool calls may come without)")));
+  }
+  // Text parts only: an image or audio part would need the model's processor, which renders
+  // and encodes what the tokenizer alone cannot.
+  static void check_parts(const nlohmann::ordered_json& parts, const std::string& who) {
+    for (size_t p = 0; p < parts.size(); ++p) {
+      const auto& part = parts[p];
+      if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+        throw IoError(str(who, ": content part ", p,
+                          " must be an object with a string field 'type' (\"text\")"));
+      const std::string type = part["type"].get<std::string>();
+      if (type != "text")
+        throw IoError(str(who, ": content part ", p, " is of type '", type,
+                          "'; only text parts are supported (the tokenizer cannot encode an ", type,
+                          " part)"));
+      if (!part.contains("text") || !part["text"].is_string())
+        throw IoError(str(who, ": content part ", p, " (text) must have a string field 'text'"));
+    }
   }
 
   std::string where_;
   const jinja::Template* tpl_ = nullptr;
   nlohmann::ordered_json messages_, vars_;
-  // The renders of one conversation share one work budget: each assistant turn renders the
-  // conversation before it, so a long one costs the square of its length.
+  // The renders of one conversation share one work budget (where a template's turns are not
+  // known, each assistant turn renders the conversation before it).
   jinja::Work work_{jinja::Limits().max_work};
 };
 
@@ -332,48 +353,106 @@ size_t trailer_start(const std::string& upto, const std::string& full) {
   return std::string::npos;
 }
 
-// The index in `all` (the tokens of `text`) of the token that holds byte `b` of the text: where
-// the tokens of the text before it stop being those of the whole.
-size_t token_holding(const Tokenizer& tok, const std::string& text, const std::vector<int32_t>& all,
-                     size_t b) {
-  return common_prefix(tok.encode(std::string_view(text).substr(0, b)), all);
-}
+// Byte ranges of a rendered conversation and the rule that maps them to tokens.
+struct MaskedText {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> spans;  // [begin, end) bytes of text, in order
+  // true: every token from the one holding a span's first byte to the one holding its last
+  // (transformers' return_assistant_tokens_mask); false: the tokens from where those of the text
+  // before the span stop being the whole's to where those of the text up to its end do.
+  bool holding = false;
+};
 
-// The loss mask of a template that marks the assistant's text with {% generation %} blocks, as
-// transformers' return_assistant_tokens_mask makes it: every token from the one holding a
-// block's first byte to the one holding its last. One render of the whole conversation.
-std::vector<int32_t> encode_marked_chat(const Tokenizer& tok, ChatRender& chat,
-                                        std::vector<uint8_t>* m) {
-  jinja::Template::Spans spans;
-  const std::string full = chat.render(chat.messages().size(), false, &spans);
-  std::vector<int32_t> all = tok.encode(full);
-  m->assign(all.size(), 0);
-  for (const auto& [b, e] : spans) {
-    const size_t first = token_holding(tok, full, all, b),
-                 last = std::min(token_holding(tok, full, all, e - 1), all.size() - 1);
-    for (size_t i = first; i <= last; ++i) (*m)[i] = 1;
-  }
-  return all;
-}
-
-}  // namespace
-
-void encode_chat(const Tokenizer& tok, const DatasetOptions& o, const std::string& messages_json,
-                 const std::string& where, std::vector<int32_t>* ids, std::vector<uint8_t>* mask,
-                 const std::string& tools_json) {
-  ChatRender chat(o, messages_json, where, tools_json);
-  if (chat.marks_generation()) {
-    std::vector<uint8_t> m;
-    const std::vector<int32_t> all = encode_marked_chat(tok, chat, &m);
-    ids->insert(ids->end(), all.begin(), all.end());
-    mask->resize(ids->size() - all.size(), 0);
-    mask->insert(mask->end(), m.begin(), m.end());
-    return;
-  }
-  const nlohmann::ordered_json& messages = chat.messages();
-  const std::string full = chat.render(messages.size(), false);
-  const std::vector<int32_t> all = tok.encode(full);
+// The text's ids appended to *ids and its mask to *mask. Each span's ends are found by encoding
+// from the last added token before them (Tokenizer::shared_prefix), so the cost is linear in
+// the text when the template writes an added token in each turn.
+void encode_masked(const Tokenizer& tok, const MaskedText& t, std::vector<int32_t>* ids,
+                   std::vector<uint8_t>* mask) {
+  const Tokenizer::Encoding whole = tok.encode_with_splits(t.text);
+  const std::vector<int32_t>& all = whole.ids;
   std::vector<uint8_t> m(all.size(), 0);
+  for (const auto& [b, e] : t.spans) {
+    if (all.empty() || e <= b) continue;
+    const size_t first = tok.shared_prefix(t.text, whole, b);
+    const size_t end = t.holding
+                           ? std::min(tok.shared_prefix(t.text, whole, e - 1), all.size() - 1) + 1
+                           : tok.shared_prefix(t.text, whole, e);
+    for (size_t i = first; i < end; ++i) m[i] = 1;
+  }
+  ids->insert(ids->end(), all.begin(), all.end());
+  mask->resize(ids->size() - all.size(), 0);
+  mask->insert(mask->end(), m.begin(), m.end());
+}
+
+// What the generation prompt writes after messages [first, k) rendered as a conversation: the
+// text past the end of the last turn its loop over them wrote.
+std::string opening_after(ChatRender& chat, size_t first, size_t k) {
+  jinja::Template::Turns turns;
+  const std::string text = chat.render_window(first, k, true, nullptr, &turns);
+  size_t end = 0;
+  for (const auto& t : turns) end = std::max(end, t.end);
+  return text.substr(end);
+}
+
+// The header of assistant message k: what the generation prompt writes after the conversation
+// before it (`<|im_start|>assistant\n`; `<｜tool▁outputs▁end｜>` after DeepSeek-R1's tool
+// answers). Rendered from the last user message before it, so that the cost is the exchange's,
+// not the conversation's; from the first message where a template refuses such a start (one
+// that asks for a system message first).
+std::string header_of(ChatRender& chat, size_t k) {
+  const nlohmann::ordered_json& messages = chat.messages();
+  size_t first = k;
+  while (first > 0 && messages[first - 1]["role"] != "user") --first;
+  first = first > 0 ? first - 1 : 0;
+  if (first > 0) {
+    try {
+      return opening_after(chat, first, k);
+    } catch (const IoError&) {
+      // Rendered below from the first message, where the template raises, if it does, as the
+      // whole conversation's render would not.
+    }
+  }
+  return opening_after(chat, 0, k);
+}
+
+// What each assistant message contributes to the render of the whole conversation: the text its
+// loop turns wrote, less its header (the longest part of header_of that the turn's text begins
+// with), and, for the turn written last when it ends the conversation, what the template writes
+// after it (Phi-3.5's EOS). One render of the whole and one of each exchange, so the cost is
+// linear in the conversation's length. False when the template's turns are not known (it writes
+// no message in a loop over them, or writes them in a macro or set block).
+bool assistant_turns(ChatRender& chat, MaskedText* out) {
+  const nlohmann::ordered_json& messages = chat.messages();
+  const size_t n = messages.size();
+  jinja::Template::Turns turns;
+  out->text = chat.render(n, false, nullptr, &turns);
+  if (turns.empty()) return false;
+  std::vector<bool> opened(n, false);
+  for (size_t i = 0; i < turns.size(); ++i) {
+    const jinja::Template::Turn& t = turns[i];
+    if (messages[t.message]["role"] != "assistant") continue;
+    size_t begin = t.begin;
+    if (!opened[t.message]) {
+      opened[t.message] = true;
+      const std::string header = header_of(chat, t.message);
+      while (begin < t.end && begin - t.begin < header.size() &&
+             out->text[begin] == header[begin - t.begin])
+        ++begin;
+    }
+    const bool ends = t.message + 1 == n && i + 1 == turns.size();
+    out->spans.emplace_back(begin, ends ? out->text.size() : t.end);
+  }
+  return true;
+}
+
+// The assistant turns of a template whose turns are not known, by rendering the conversation
+// before each (with the generation prompt) and up to it: each must render as an extension of
+// the one before, else the record is refused. Costs the square of the conversation's length.
+MaskedText assistant_turns_by_prefixes(ChatRender& chat, const std::string& where) {
+  const nlohmann::ordered_json& messages = chat.messages();
+  MaskedText out;
+  out.text = chat.render(messages.size(), false);
+  const std::string& full = out.text;
   std::optional<std::string> trailer;  // what every turn rendered last adds beyond the whole
   for (size_t k = 0; k < messages.size(); ++k) {
     if (messages[k]["role"] != "assistant") continue;
@@ -390,15 +469,25 @@ void encode_chat(const Tokenizer& tok, const DatasetOptions& o, const std::strin
                         " as an extension of the conversation before it, so its tokens cannot be "
                         "told apart"));
     if (k + 1 < messages.size()) trailer = upto.substr(cut);
-    // The turn's tokens: from where the conversation before it (with the generation prompt)
-    // stops sharing tokens with the whole, to where the conversation up to it does.
-    const size_t a = common_prefix(tok.encode(before), all),
-                 b = common_prefix(tok.encode(upto), all);
-    for (size_t i = a; i < b; ++i) m[i] = 1;
+    out.spans.emplace_back(before.size(), cut);
   }
-  ids->insert(ids->end(), all.begin(), all.end());
-  mask->resize(ids->size() - all.size(), 0);
-  mask->insert(mask->end(), m.begin(), m.end());
+  return out;
+}
+
+}  // namespace
+
+void encode_chat(const Tokenizer& tok, const DatasetOptions& o, const std::string& messages_json,
+                 const std::string& where, std::vector<int32_t>* ids, std::vector<uint8_t>* mask,
+                 const std::string& tools_json) {
+  ChatRender chat(o, messages_json, where, tools_json);
+  MaskedText t;
+  if (chat.marks_generation()) {
+    t.text = chat.render(chat.messages().size(), false, &t.spans);
+    t.holding = true;
+  } else if (!assistant_turns(chat, &t)) {
+    t = assistant_turns_by_prefixes(chat, where);
+  }
+  encode_masked(tok, t, ids, mask);
 }
 
 std::vector<int32_t> encode_chat_prompt(const Tokenizer& tok, const DatasetOptions& o,

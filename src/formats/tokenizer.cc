@@ -370,19 +370,24 @@ uint64_t id_space(const Node& root) {
   return n;
 }
 
+// The segments of s[from, end): added tokens and the text between them. `from` is 0, or where
+// a scan of the whole of `s` resumes after an added token (Encoding::splits), so that the
+// segments are those of the whole past it; the text before it is still read as context (the
+// character before a single_word token).
 std::vector<Segment> split_added(const Tokenizer::Impl& t, std::string_view s,
-                                 const std::vector<std::pair<std::string, size_t>>& patterns) {
+                                 const std::vector<std::pair<std::string, size_t>>& patterns,
+                                 size_t from = 0) {
   // Empty text has no segments at all, so nothing downstream (a prefix space, a Metaspace
   // prepend) can turn it into tokens.
   std::vector<Segment> out;
-  if (s.empty()) return out;
+  if (s.size() <= from) return out;
   if (patterns.empty()) {
-    out.push_back({0, s.size(), std::string::npos});
+    out.push_back({from, s.size(), std::string::npos});
     return out;
   }
   // Leftmost-longest matches first, as the Aho-Corasick automaton finds them.
   std::vector<std::pair<size_t, size_t>> matches;  // (position, pattern index)
-  for (size_t i = 0; i < s.size();) {
+  for (size_t i = from; i < s.size();) {
     size_t best = std::string::npos, best_len = 0;
     for (size_t p = 0; p < patterns.size(); ++p) {
       const std::string& pat = patterns[p].first;
@@ -403,7 +408,7 @@ std::vector<Segment> split_added(const Tokenizer::Impl& t, std::string_view s,
     size_t len;
     return at == 0 ? 0 : unicode::decode(s, k, &len);
   };
-  size_t pos = 0;
+  size_t pos = from;
   for (auto [b, p] : matches) {
     const tok::AddedToken& a = t.added[patterns[p].second];
     size_t e = b + patterns[p].first.size();
@@ -516,11 +521,18 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& sourc
   return Tokenizer(std::move(impl));
 }
 
-void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>* out) const {
-  const Impl& t = *impl_;
-  for (const Segment& raw : split_added(t, text, t.raw_patterns)) {
+namespace {
+
+// The tokens of text[from, end) appended to *out, as the encoding of the whole of `text` has
+// them past `from` (0, or one of its splits). *splits, when given, receives the splits past
+// `from`: the ends of the added tokens found in the raw text where the scan for the next one
+// resumes (an rstrip token's swallowed whitespace is scanned for matches that it then drops).
+void encode_from(const Tokenizer::Impl& t, std::string_view text, size_t from,
+                 std::vector<int32_t>* out, std::vector<std::pair<size_t, size_t>>* splits) {
+  for (const Segment& raw : split_added(t, text, t.raw_patterns, from)) {
     if (raw.added != std::string::npos) {
       out->push_back(t.added[raw.added].id);
+      if (splits && !t.added[raw.added].rstrip) splits->emplace_back(raw.e, out->size());
       continue;
     }
     std::string normalized =
@@ -536,6 +548,32 @@ void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>* out) 
       for (const auto& p : pieces) t.model.tokenize(p.text, out);
     }
   }
+}
+
+}  // namespace
+
+void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>* out) const {
+  encode_from(*impl_, text, 0, out, nullptr);
+}
+
+Tokenizer::Encoding Tokenizer::encode_with_splits(std::string_view text) const {
+  Encoding e;
+  encode_from(*impl_, text, 0, &e.ids, &e.splits);
+  return e;
+}
+
+size_t Tokenizer::shared_prefix(std::string_view text, const Encoding& whole, size_t x) const {
+  x = std::min(x, text.size());
+  // The last split before x: the text up to it encodes as the whole does, whatever follows.
+  auto it =
+      std::lower_bound(whole.splits.begin(), whole.splits.end(), std::make_pair(x, size_t(0)));
+  const size_t from = it == whole.splits.begin() ? 0 : std::prev(it)->first;
+  const size_t n = it == whole.splits.begin() ? 0 : std::prev(it)->second;
+  std::vector<int32_t> tail;
+  encode_from(*impl_, text.substr(0, x), from, &tail, nullptr);
+  size_t k = 0;
+  while (k < tail.size() && n + k < whole.ids.size() && tail[k] == whole.ids[n + k]) ++k;
+  return n + k;
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "fuyou/checkpoint.h"
+#include "fuyou/config.h"
 #include "fuyou/data.h"
 #include "fuyou/error.h"
 #include "fuyou/family.h"
@@ -146,6 +147,9 @@ ModelFiles find_model_files(const std::string& dir, const ModelConfig& model) {
       break;
     }
   }
+  if (is_engine_dir(fs::path(dir)))
+    f.chat_template_kwargs =
+        load_config_file((fs::path(dir) / kEngineConfigFile).string()).data.chat_template_kwargs;
   json cfg = f.hf_config.empty() ? json(nullptr) : json::parse(f.hf_config, nullptr, false);
   if (cfg.is_object() && cfg.contains("model_type") && cfg["model_type"].is_string())
     f.model_type = cfg["model_type"].get<std::string>();
@@ -210,6 +214,7 @@ GenerationModel load_generation_model(const std::string& path) {
 TextCodec TextCodec::for_model(const ModelFiles& files, const ModelConfig& model,
                                const std::string& tokenizer_json) {
   TextCodec c;
+  c.set_chat_template_kwargs(files.chat_template_kwargs);
   const fs::path dir(files.dir);
   const std::string tok_path =
       tokenizer_json.empty() ? (dir / "tokenizer.json").string() : tokenizer_json;

@@ -268,3 +268,98 @@ def assistant_spans(tok, template, messages, **kwargs):
         if m["role"] == "assistant":
             spans.append((shared(ids(messages[:k], True), full), shared(ids(messages[:k + 1], False), full)))
     return full, spans
+
+
+def qwen3_marked(template):
+    """Qwen3's template with each assistant message's text wrapped in a {% generation %} block,
+    so that jinja2 itself says which characters of the whole render each assistant message
+    wrote: the reference for the engine's rule on templates that render an earlier turn
+    otherwise in the whole than alone (contributed_spans)."""
+    start = '{%- elif message.role == "assistant" %}'
+    end = "{{- '<|im_end|>\\n' }}\n    {%- elif message.role == \"tool\" %}"
+    assert template.count(start) == 1 and template.count(end) == 1, "Qwen3's template changed"
+    marked = template.replace(start, start + "{%- generation %}")
+    return marked.replace(end, end.replace("}}\n", "}}{%- endgeneration %}\n"))
+
+
+def deepseek_think_marked(template):
+    """The current DeepSeek-R1 template (its generation prompt opens a <think> block the turns
+    do not have) with each assistant reply in a {% generation %} block."""
+    reply = "{{'<｜Assistant｜>' + content + '<｜end▁of▁sentence｜>'}}"
+    assert template.count(reply) == 1, "DeepSeek-R1's template changed"
+    return template.replace(reply, "{% generation %}" + reply + "{% endgeneration %}")
+
+
+# Released templates that render an earlier turn otherwise in the whole than alone, or whose
+# generation prompt is not where the reply starts, with what marks their assistant messages.
+MARKERS = {"qwen3": qwen3_marked, "deepseek-r1-distill-qwen-think": deepseek_think_marked}
+
+
+def contributed_spans(tok, template, marked, messages, **kwargs):
+    """The token ranges [a, b) each assistant message contributes to the render of the whole
+    conversation, by the engine's documented rule, computed with transformers and jinja2:
+    `marked` is `template` with each assistant message's text in a {% generation %} block; a
+    block's characters count from past the longest part of the generation prompt (what
+    add_generation_prompt adds to the whole) that they begin with, and the conversation's last
+    message, an assistant's, counts to the end of the render; a range [b, e) of characters is the
+    tokens from where those of text[:b] stop being the whole's to where those of text[:e] do."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    def render(gen):
+        return tok.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=gen,
+                                       **kwargs)
+
+    def shared(text):
+        a = tok(text, add_special_tokens=False)["input_ids"]
+        k = 0
+        while k < min(len(a), len(full)) and a[k] == full[k]:
+            k += 1
+        return k
+
+    text, prompted = render(False), render(True)
+    assert prompted.startswith(text)
+    opening = prompted[len(text):]
+    rendered, marks = render_jinja_template(conversations=[messages], chat_template=marked,
+                                            return_assistant_tokens_mask=True, **tok.special_tokens_map,
+                                            **kwargs)
+    assert rendered[0] == text, "the marked template renders otherwise"
+    full = tok.apply_chat_template(messages, chat_template=template, tokenize=True, return_dict=False, **kwargs)
+    spans = []
+    for i, (b, e) in enumerate(marks[0]):
+        k = 0
+        while k < min(len(opening), e - b) and text[b + k] == opening[k]:
+            k += 1
+        if i + 1 == len(marks[0]) and messages[-1]["role"] == "assistant":
+            e = len(text)
+        spans.append((shared(text[:b + k]), shared(text[:e])))
+    return full, spans
+
+
+def with_text_parts(convs):
+    """The conversations with each message's content as a list of text parts, split after its
+    first word, as multimodal templates (Gemma 3's) iterate them."""
+    out = []
+    for c in convs:
+        msgs = []
+        for m in c["messages"]:
+            m = dict(m)
+            head, sep, tail = m["content"].partition(" ")
+            m["content"] = [{"type": "text", "text": head + sep}] + ([{"type": "text", "text": tail}] if tail else [])
+            msgs.append(m)
+        out.append(dict(c, messages=msgs))
+    return out
+
+
+# Gemma 3's layout for its content: a string, or a list of parts it iterates (an image part
+# writes <start_of_image>; the engine refuses those).
+GEMMA3_PARTS = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+    "{% endif %}{{ '<start_of_turn>' + role + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] | trim }}"
+    "{% elif message['content'] is iterable %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}{{ '<start_of_image>' }}"
+    "{% elif item['type'] == 'text' %}{{ item['text'] | trim }}{% endif %}{% endfor %}"
+    "{% else %}{{ raise_exception('Invalid content type') }}{% endif %}"
+    "{{ '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")

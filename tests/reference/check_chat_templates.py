@@ -21,8 +21,10 @@ them be shipped; see its README.md) go through the same check, and so do the *.j
 the directory FUYOU_EXTRA_CHAT_TEMPLATES names, for templates that may be tested locally but not
 committed (Llama's, Gemma's). A released template that does not render an assistant turn as an
 extension of the conversation before it (Qwen3 drops earlier turns' reasoning) is checked on
-single exchanges, which it does render so; Phi-3.5's EOS after the last turn only is a trailer
-the engine's rule allows (trailer_start). A template with {% generation %} blocks (SmolLM3's,
+single exchanges, which it does render so, and, where chat_templates.MARKERS wraps its assistant
+messages in generation blocks, on multi-turn conversations, tool calls and reasoning by what
+each message writes in the whole render (chat_templates.contributed_spans). Content as lists of
+text parts goes through a template of Gemma 3's layout; an image part must be refused. A template with {% generation %} blocks (SmolLM3's,
 and one of chat_templates.py) is masked by them: its masks must equal transformers'
 return_assistant_tokens_mask. strftime_now is fixed at the engine's date, 26 Jul 2024. The
 conversations checked are counted per template.
@@ -158,15 +160,23 @@ def tokenize(convert, tmp, tok_name, template, records, args=(), field="messages
 TALLY = collections.Counter()  # conversations checked, by template
 
 
-def compare(failures, name, tok, template, convs, got, **kwargs):
+def compare(failures, name, tok, template, convs, got, marked=None, **kwargs):
     """Each record's ids against apply_chat_template's and its mask against the assistant
-    turns'; the number of conversations checked."""
+    turns' (with `marked`, the template with its assistant messages in generation blocks: what
+    they contribute to the whole, chat_templates.contributed_spans); the number of conversations
+    checked."""
     if isinstance(got, str):
         failures.append("%s: fuyou-convert failed: %s" % (name, got))
         return 0
     tokens, mask, starts = got
     for i, c in enumerate(convs):
-        if chat_templates.marks_generation(template):
+        if marked:
+            ids, spans = chat_templates.contributed_spans(tok, template, marked, c["messages"], tools=c.get("tools"),
+                                                          **kwargs)
+            want_mask = [0] * len(ids)
+            for a, b in spans:
+                want_mask[a:b] = [1] * (b - a)
+        elif chat_templates.marks_generation(template):
             out = tok.apply_chat_template(c["messages"], chat_template=template, tokenize=True, return_dict=True,
                                           return_assistant_tokens_mask=True, tools=c.get("tools"), **kwargs)
             ids, want_mask = list(out["input_ids"]), list(out["assistant_masks"])
@@ -203,6 +213,8 @@ def check_carried(convert, tmp, probe, released, failures):
                  ("tool calls with reasoning", chat_templates.tool_conversations(6, reasoning=True))]
     for family, template in released:
         for how, convs in tool_sets:
+            if family == "qwen3":  # checked below, on what each turn contributes to the whole
+                continue
             if not chat_templates.marks_generation(template) and not extends(probe, template, convs):
                 print("%s: %s not checked (the template raises on them, or a turn is not an extension of "
                       "the conversation before it)" % (family, how))
@@ -213,6 +225,42 @@ def check_carried(convert, tmp, probe, released, failures):
             print("%s: checked with %s" % (family, how))
     templates = dict(released)
     qwen3 = templates["qwen3"]
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir(tmp, "bytelevel", qwen3))
+    # Qwen3 renders an earlier turn otherwise in the whole (its reasoning dropped, a tool call
+    # without the empty think block it has when last): multi-turn conversations, tool calls with
+    # and without reasoning, are masked by what each assistant message writes in the whole.
+    marked = chat_templates.qwen3_marked(qwen3)
+    for how, convs, kwargs in [("multi-turn reasoning", chat_templates.reasoning_conversations(12), {}),
+                               ("multi-turn, enable_thinking false", chat_templates.conversations(12, True),
+                                {"enable_thinking": False})] + [(h, c, {}) for h, c in tool_sets]:
+        try:
+            for c in convs:
+                tok.apply_chat_template(c["messages"], chat_template=qwen3, tools=c.get("tools"), tokenize=False,
+                                        **kwargs)
+        except (jinja2.exceptions.TemplateError, TypeError):
+            print("qwen3: %s not checked (the template raises on them)" % how)
+            continue
+        args = ["--chat-template-kwargs", json.dumps(kwargs)] if kwargs else []
+        checked += compare(failures, "qwen3 template, %s" % how, tok, qwen3, convs,
+                           tokenize(convert, tmp, "bytelevel", qwen3, convs, args), marked=marked, **kwargs)
+        print("qwen3: checked with %s" % how)
+    # Content as a list of text parts, iterated by a template of Gemma 3's layout, and by the
+    # same template as strings; an image part is refused, naming the record and the part.
+    for tok_name in TOKENIZERS:
+        tok = transformers.AutoTokenizer.from_pretrained(model_dir(tmp, tok_name, chat_templates.GEMMA3_PARTS))
+        for how, convs in [("text parts", chat_templates.with_text_parts(chat_templates.conversations(12, False))),
+                           ("string content", chat_templates.conversations(12, False))]:
+            checked += compare(failures, "gemma3-parts template, %s, %s tokenizer" % (how, tok_name), tok,
+                               chat_templates.GEMMA3_PARTS, convs,
+                               tokenize(convert, tmp, tok_name, chat_templates.GEMMA3_PARTS, convs))
+    image = chat_templates.with_text_parts(chat_templates.single_exchanges(2, False))
+    image[1]["messages"][0]["content"].insert(0, {"type": "image", "url": "cat.png"})
+    got = tokenize(convert, tmp, "bytelevel", chat_templates.GEMMA3_PARTS, image)
+    reason = ":2: message 0 (user): content part 0 is of type 'image'"
+    if not isinstance(got, str) or reason not in got:
+        failures.append("an image part: expected a refusal naming %r, got %s" % (reason, got))
+    else:
+        print("refused: %s" % got.splitlines()[-1])
     tok = transformers.AutoTokenizer.from_pretrained(model_dir(tmp, "bytelevel", qwen3))
     # Reasoning under each of its names; without thinking, the generation prompt's empty think
     # block is prompt, not reply.
@@ -280,7 +328,7 @@ def main():
         probe = transformers.AutoTokenizer.from_pretrained(model_dir(tmp, "bytelevel", ""))
         todo = [(f, t, chat_templates.conversations(12, f in chat_templates.WITH_SYSTEM))
                 for f, t in chat_templates.TEMPLATES.items()]
-        unmaskable = []
+        unmaskable, marked_todo = [], []
         released = list(released_templates())
         for family, template in released:
             # With a system message and without (a template may refuse one, or place it in the
@@ -295,6 +343,10 @@ def main():
                         todo.append((family, template, convs))
                         checked_on.append(what + how)
                         break
+            if family in chat_templates.MARKERS:
+                # Multi-turn, masked by what each assistant message writes in the whole render.
+                marked_todo.append((family, template, chat_templates.MARKERS[family](template)))
+                checked_on.append("multi-turn conversations, by what each turn writes in the whole")
             if checked_on:
                 print("%s: checked on %s" % (family, ", ".join(checked_on)))
             else:
@@ -304,6 +356,14 @@ def main():
                 tok = transformers.AutoTokenizer.from_pretrained(model_dir(tmp, tok_name, template))
                 checked += compare(failures, "%s template, %s tokenizer" % (family, tok_name), tok, template,
                                    convs, tokenize(convert, tmp, tok_name, template, convs))
+        for family, template, marked in marked_todo:
+            for tok_name in TOKENIZERS:
+                tok = transformers.AutoTokenizer.from_pretrained(model_dir(tmp, tok_name, template))
+                for system in [True, False]:
+                    convs = chat_templates.conversations(12, system)
+                    checked += compare(failures, "%s template, multi-turn, %s tokenizer" % (family, tok_name), tok,
+                                       template, convs, tokenize(convert, tmp, tok_name, template, convs),
+                                       marked=marked)
         checked += check_carried(convert, tmp, probe, released, failures)
         # A template whose generation prompt is not where the reply starts cannot be masked by
         # the engine's rule: the record must be refused, saying so.
