@@ -154,7 +154,7 @@ def compare_greedy(what, tok, model, ids, got_prompt_ids, got_ids, got_text):
     return 1
 
 
-def check_batch(build, model_dir, label, tok, model, pipeline):
+def check_batch(build, model_dir, label, tok, model, pipeline, chat_kwargs=None):
     """fuyou-generate --input/--output, one model load per batch: plain prompts, and with
     --chat --system prompts and a conversation with earlier turns and its own system message,
     each record's prompt ids and greedy completion equal to transformers' on the prompt alone
@@ -162,7 +162,8 @@ def check_batch(build, model_dir, label, tok, model, pipeline):
     system = "Answer in one short line."
     history = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": PROMPTS[2]},
                {"role": "assistant", "content": "four five six"}, {"role": "user", "content": PROMPTS[1]}]
-    chat_ids = lambda msgs: pipeline.encode(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False),
+    chat_ids = lambda msgs: pipeline.encode(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False,
+                                                                    **(chat_kwargs or {})),
                                             add_special_tokens=False).ids
     batches = [([], [({"prompt": p, "id": k}, tok(p)["input_ids"]) for k, p in enumerate(PROMPTS)]),
                (["--chat", "--system", system],
@@ -207,9 +208,10 @@ def compare_batch(label, tok, model, flags, items, out):
     return whole
 
 
-def check_generation(build, model_dir, label, ref_dir=None):
+def check_generation(build, model_dir, label, ref_dir=None, chat_kwargs=None):
     """fuyou-generate on model_dir against transformers on ref_dir (default: the same): plain
-    prompts, one prompt as a chat (--chat) and one with the layers streamed."""
+    prompts, one prompt as a chat (--chat) and one with the layers streamed. chat_kwargs: the
+    template variables fuyou-generate takes from a run directory's data.chat_template_kwargs."""
     tok = transformers.AutoTokenizer.from_pretrained(ref_dir or model_dir)
     model = transformers.AutoModelForCausalLM.from_pretrained(ref_dir or model_dir, torch_dtype=torch.float32).eval()
     cases = [(p, [], tok(p)["input_ids"]) for p in PROMPTS]
@@ -217,7 +219,7 @@ def check_generation(build, model_dir, label, ref_dir=None):
     # transformers 5, LlamaTokenizerFast drops the '▁' that tokenizer.json puts after a special
     # token, which the engine does not follow (docs/data.md, "Known differences").
     chat_text = tok.apply_chat_template([{"role": "user", "content": PROMPTS[0]}], add_generation_prompt=True,
-                                        tokenize=False)
+                                        tokenize=False, **(chat_kwargs or {}))
     pipeline = tokenizers.Tokenizer.from_file(os.path.join(FIXTURES, TOKENIZER_FIXTURE[label.split()[0]]))
     cases.append((PROMPTS[0], ["--chat"], pipeline.encode(chat_text, add_special_tokens=False).ids))
     cases.append((PROMPTS[1], ["--stream-layers", "always"], tok(PROMPTS[1])["input_ids"]))
@@ -230,7 +232,7 @@ def check_generation(build, model_dir, label, ref_dir=None):
         if got["streamed"] != ("--stream-layers" in flags):
             raise SystemExit("%s: streamed %s" % (what, got["streamed"]))
         whole += compare_greedy(what, tok, model, ids, got["prompt_ids"], got["ids"], got["text"])
-    whole += check_batch(build, model_dir, label, tok, model, pipeline)
+    whole += check_batch(build, model_dir, label, tok, model, pipeline, chat_kwargs)
     if whole < MIN_WHOLE:
         raise SystemExit("%s: only %d of %d cases without a near tie in transformers' greedy path "
                          "(at least %d needed): choose other prompts or seeds" % (label, whole, len(cases), MIN_WHOLE))
@@ -348,7 +350,8 @@ def journey(build, tmp, name, make):
     check_generation(build, base, name + " base")
     check_generation(build, export, name + " export")
     if expect["dtype"] == torch.float32:  # the run's own fp32 weights are the export's
-        check_generation(build, run_dir, name + " run directory", ref_dir=export)
+        # A run directory's --chat renders with its data.chat_template_kwargs, as training did.
+        check_generation(build, run_dir, name + " run directory", ref_dir=export, chat_kwargs=kwargs)
 
 
 def main():
