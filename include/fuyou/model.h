@@ -332,6 +332,10 @@ class Transformer {
                     const void* b);
   void norm_backward(void* din, void* dw, void* db, const void* dout, const void* in, const void* w,
                      const float* mean, const float* rstd);
+  // The same into din alone (zeroed first: the norm kernels add into din, for the residual
+  // stream): a norm's input gradient that is not a residual's.
+  void norm_backward_into(void* din, void* dw, void* db, const void* dout, const void* in,
+                          const void* w, const float* mean, const float* rstd);
   // res = a + b, then out = the norm of res: one fused kernel (the same bits as the two).
   void residual_norm_forward(void* res, void* out, float* mean, float* rstd, const void* a,
                              const void* b, const void* w, const void* bias);

@@ -574,6 +574,13 @@ void Transformer::norm_backward(void* din, void* dw, void* db, const void* dout,
     be_.layernorm_backward(din, dw, db, dout, in, w, mean, rstd, N_, cfg_.d_model);
 }
 
+void Transformer::norm_backward_into(void* din, void* dw, void* db, const void* dout,
+                                     const void* in, const void* w, const float* mean,
+                                     const float* rstd) {
+  be_.zero(din, es_ * static_cast<size_t>(N_) * cfg_.d_model);
+  norm_backward(din, dw, db, dout, in, w, mean, rstd);
+}
+
 void Transformer::block_forward(const LayerTensors& w, const void* x_in,
                                 const LayerActivations& a) {
   const int N = N_, C = cfg_.d_model, F = cfg_.d_ff, T = cfg_.seq_len;
@@ -737,8 +744,7 @@ void Transformer::head_gemm_backward(const GlobalTensors& g, const GlobalTensors
 void Transformer::head_norm_backward(const GlobalTensors& g, const GlobalTensors& dg, const void* x,
                                      void* dx) {
   mark(StepPhase::kBackward, OpClass::kNorm);
-  be_.zero(dx, es_ * static_cast<size_t>(N_) * cfg_.d_model);
-  norm_backward(dx, dg.lnf_w, dg.lnf_b, dtmp_, x, g.lnf_w, lnf_mean_, lnf_rstd_);
+  norm_backward_into(dx, dg.lnf_w, dg.lnf_b, dtmp_, x, g.lnf_w, lnf_mean_, lnf_rstd_);
 }
 
 void Transformer::block_backward(const LayerTensors& w, const LayerTensors& dw, const void* x_in,
@@ -752,8 +758,7 @@ void Transformer::block_backward(const LayerTensors& w, const LayerTensors& dw, 
   void* ddown = dres;
   if (post) {
     mark(StepPhase::kBackward, OpClass::kNorm);
-    be_.zero(dtmp_, es_ * NC);
-    norm_backward(dtmp_, dw.ln2_w, dw.ln2_b, dres, a.ln2, w.ln2_w, a.ln2_mean, a.ln2_rstd);
+    norm_backward_into(dtmp_, dw.ln2_w, dw.ln2_b, dres, a.ln2, w.ln2_w, a.ln2_mean, a.ln2_rstd);
     ddown = dtmp_;
   }
   // The activation's gradient dL/d(fcg) overwrites fcg itself (matmul_backward computes dw
@@ -795,8 +800,7 @@ void Transformer::block_backward(const LayerTensors& w, const LayerTensors& dw, 
   void* dproj = dres;
   if (post) {
     mark(StepPhase::kBackward, OpClass::kNorm);
-    be_.zero(dqkv_, es_ * NC);
-    norm_backward(dqkv_, dw.ln1_w, dw.ln1_b, dres, a.ln1, w.ln1_w, a.ln1_mean, a.ln1_rstd);
+    norm_backward_into(dqkv_, dw.ln1_w, dw.ln1_b, dres, a.ln1, w.ln1_w, a.ln1_mean, a.ln1_rstd);
     dproj = dqkv_;
   }
   mark(StepPhase::kBackward, OpClass::kGemmAttnProj);

@@ -39,9 +39,7 @@ uint64_t mem_available() {
 // Free bytes of the filesystem `path` is on (or would be: its nearest existing ancestor),
 // and that filesystem's id.
 uint64_t free_bytes_at(const fs::path& path, uint64_t* fsid) {
-  fs::path p = fs::absolute(path);
-  std::error_code ec;
-  while (!p.empty() && !fs::exists(p, ec) && p != p.root_path()) p = p.parent_path();
+  const fs::path p = existing_ancestor(path);
   struct statvfs sv {};
   if (::statvfs(p.c_str(), &sv) != 0) return 0;
   if (fsid) *fsid = sv.f_fsid;

@@ -3,7 +3,6 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <set>
 
 #include "fuyou/backend_select.h"
@@ -15,6 +14,7 @@
 #include "fuyou/swap_search.h"
 #include "src/formats/safetensors_stream.h"
 #include "src/runtime/lora_engine.h"
+#include "src/runtime/run_checks.h"
 
 namespace fuyou {
 namespace {
@@ -509,14 +509,11 @@ StoreConfig store_config(const Config& cfg, std::shared_ptr<FileLayer> files) {
 }  // namespace
 
 HardwareProfile run_hardware_profile(const Config& cfg) {
-  namespace fs = std::filesystem;
   HardwareProfile hw = load_hardware_profile(cfg.offload.hardware);
   std::set<std::string> filesystems;  // a path whose filesystem is unknown counts as its own
   for (const std::string& p : cfg.offload.ssd_paths) {
     // The nearest existing directory's filesystem: the store creates the path there.
-    std::error_code ec;
-    fs::path at = fs::absolute(p, ec);
-    while (!at.empty() && !fs::exists(at, ec) && at != at.root_path()) at = at.parent_path();
+    const std::string at = existing_ancestor(p).string();
     struct statvfs sv {};
     filesystems.insert(::statvfs(at.c_str(), &sv) == 0 ? str("fs ", sv.f_fsid) : "path " + p);
   }

@@ -25,15 +25,15 @@
 namespace fs = std::filesystem;
 
 namespace fuyou {
-namespace {
 
-// The directory itself when it exists, else its nearest existing ancestor.
 fs::path existing_ancestor(const fs::path& path) {
   fs::path p = fs::absolute(path);
   std::error_code ec;
   while (!fs::exists(p, ec) && p != p.root_path()) p = p.parent_path();
   return p;
 }
+
+namespace {
 
 // Creates and removes a file in `dir` (with O_DIRECT when asked); the errno of the failure,
 // or 0. A filesystem without direct I/O creates the file before it refuses O_DIRECT (EINVAL),

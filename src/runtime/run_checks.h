@@ -6,12 +6,17 @@
 // checkpoints/best with keep_best.
 #pragma once
 
+#include <filesystem>
 #include <string>
 
 #include "fuyou/config.h"
 #include "fuyou/train.h"
 
 namespace fuyou {
+
+// The path itself when it exists, else its nearest existing ancestor (absolute): where a
+// directory the run creates will be, for its filesystem's free space and identity.
+std::filesystem::path existing_ancestor(const std::filesystem::path& path);
 
 // The run directory a run with these options uses: opts.run_dir; else, resuming, the
 // checkpoint's run; else runs/<UTC date-time>.
